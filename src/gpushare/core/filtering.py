@@ -1,0 +1,160 @@
+"""Filter: can this pod's request be placed on this node, and if not, why.
+
+Outcomes follow the kube-scheduler framework: ``FITS``, ``UNSCHEDULABLE`` (could fit once
+something is freed) and ``UNRESOLVABLE`` (never on this node as it is: wrong mode, unit or size,
+so preemption would not help). Every failure carries reasons a person can act on, such as
+``GPU0: 2/15 GiB free < 3 GiB requested``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory
+from gpushare.core.ledger import NodeUsage
+from gpushare.core.names import LABEL_MODE, LABEL_POD_GPU_COUNT
+from gpushare.core.placing import choose_gpus
+from gpushare.core.requests import PodRequest
+from gpushare.core.units import MemoryUnit
+
+
+class Code(Enum):
+    """The filter's outcome, named as the kube-scheduler names them."""
+
+    FITS = "Success"
+    UNSCHEDULABLE = "Unschedulable"
+    UNRESOLVABLE = "UnschedulableAndUnresolvable"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A node's answer for one pod, with the GPUs it would use when it fits."""
+
+    node: str
+    code: Code
+    reasons: tuple[str, ...] = ()
+    gpus: tuple[int, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        """Whether the pod can be placed on this node now."""
+        return self.code is Code.FITS
+
+    @property
+    def message(self) -> str:
+        """All reasons in one line."""
+        return "; ".join(self.reasons)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Cluster-wide settings the filter applies."""
+
+    cluster_unit: MemoryUnit = MemoryUnit.GiB
+    max_pods_per_gpu: int | None = None
+    """Pods per GPU under isolation; None takes the seed's 20 (16 at the 128 MiB unit)."""
+
+    def pod_limit(self, unit: MemoryUnit) -> int:
+        """The per-GPU pod limit at a unit."""
+        return self.max_pods_per_gpu or unit.default_max_pods_per_gpu
+
+
+def _never(node: str, reason: str) -> Verdict:
+    return Verdict(node=node, code=Code.UNRESOLVABLE, reasons=(reason,))
+
+
+def _node_rules(request: PodRequest, node: NodeInventory, rules: Rules) -> str:
+    """The reason the node can never take the pod, or an empty string."""
+    if node.problem:
+        return node.problem
+    if node.mode is Mode.NONE:
+        return (
+            f"node is not shared: label {LABEL_MODE} must be share, cgpu or core_mem to place "
+            f"pods that ask for GPU memory"
+        )
+    if node.unit_declared and node.unit is not rules.cluster_unit:
+        return (
+            f"node advertises GPU memory in {node.unit.value} units but the scheduler counts "
+            f"{rules.cluster_unit.value}; set gpuMemoryUnit the same everywhere"
+        )
+    if request.wants_core and node.mode is not Mode.CORE_MEM:
+        return (
+            f"pod asks for {request.core_pct}% computing power but node mode is "
+            f"{node.mode.value}; only {LABEL_MODE}=core_mem nodes share computing power"
+        )
+    if not request.wants_core and node.mode is Mode.CORE_MEM:
+        return (
+            "pod asks for GPU memory only but node mode is core_mem; memory-only and "
+            "memory+computing-power pods never share a node: add gpu-core.percentage or "
+            "use a share/cgpu node"
+        )
+    if len(node.gpus) < request.gpu_count:
+        return (
+            f"pod needs {request.gpu_count} GPUs ({LABEL_POD_GPU_COUNT}) but node has "
+            f"{len(node.gpus)}"
+        )
+    return ""
+
+
+def filter_node(
+    request: PodRequest, node: NodeInventory, usage: NodeUsage, *, rules: Rules
+) -> Verdict:
+    """Decide whether the pod fits on the node now, choosing its GPUs if it does."""
+    never = _node_rules(request, node, rules)
+    if never:
+        return _never(node.name, never)
+    unit = node.unit
+    want = request.mem_per_gpu
+    want_core = request.core_per_gpu
+    limit = rules.pod_limit(unit)
+    big_enough = 0
+    fitting: list[int] = []
+    reasons: list[str] = []
+    for gpu in node.gpus:
+        label = f"GPU{gpu.index}"
+        if gpu.mem_units < want:
+            reasons.append(f"{label}: {unit.describe(gpu.mem_units)} total < {unit.describe(want)} requested")
+            continue
+        big_enough += 1
+        held = usage.on(gpu.index)
+        free = gpu.mem_units - held.mem_units
+        if not gpu.healthy:
+            reasons.append(f"{label}: unhealthy")
+        elif free < want:
+            reasons.append(
+                f"{label}: {unit.describe_ratio(free, gpu.mem_units)} free < "
+                f"{unit.describe(want)} requested"
+            )
+        elif node.mode is Mode.CORE_MEM and CORE_PER_GPU - held.core_pct < want_core:
+            reasons.append(
+                f"{label}: {CORE_PER_GPU - held.core_pct}/{CORE_PER_GPU}% computing power free "
+                f"< {want_core}% requested"
+            )
+        elif node.mode.isolated and held.pods >= limit:
+            reasons.append(f"{label}: {held.pods}/{limit} pods, the isolation limit per GPU")
+        else:
+            fitting.append(gpu.index)
+    if big_enough < request.gpu_count:
+        return Verdict(node=node.name, code=Code.UNRESOLVABLE, reasons=tuple(reasons))
+    if len(fitting) < request.gpu_count:
+        if request.gpu_count > 1:
+            reasons.insert(
+                0, f"{len(fitting)} of {request.gpu_count} GPUs needed have room"
+            )
+        return Verdict(node=node.name, code=Code.UNSCHEDULABLE, reasons=tuple(reasons))
+    if usage.unplaced_mem_units:
+        free_total = node.mem_units_total - usage.mem_units
+        if free_total < request.mem_units:
+            return Verdict(
+                node=node.name,
+                code=Code.UNSCHEDULABLE,
+                reasons=(
+                    f"node: {unit.describe_ratio(free_total, node.mem_units_total)} free < "
+                    f"{unit.describe(request.mem_units)} requested ("
+                    f"{unit.describe(usage.unplaced_mem_units)} held by pods on unknown GPUs)",
+                ),
+            )
+    return Verdict(
+        node=node.name, code=Code.FITS, gpus=choose_gpus(request, node, usage, fitting)
+    )

@@ -1,0 +1,242 @@
+"""What a node offers: its GPUs (each with its own memory size), mode, placement and unit.
+
+The device plugin writes the per-GPU list (``gpushare.io/gpus``) and the unit
+(``gpushare.io/gpu-mem-unit``) on the node, so heterogeneous cards and the 128 MiB unit are
+never guessed. Nodes without that detail (installed by another device plugin) are derived from
+``aliyun.com/gpu-mem`` / ``aliyun.com/gpu-count`` capacity, splitting memory evenly, which is the
+best that can be known about them. A node whose detail is unreadable gets a ``problem`` instead
+of GPUs, and the filter reports it as the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from gpushare.core.kubejson import (
+    KubeObject,
+    annotations_of,
+    internal_ip,
+    labels_of,
+    name_of,
+    status_of,
+)
+from gpushare.core.names import (
+    ANN_NODE_GPUS,
+    ANN_NODE_UNIT,
+    DEFAULT_NAMES,
+    LABEL_MODE,
+    LABEL_PLACEMENT,
+    ResourceNames,
+)
+from gpushare.core.units import MemoryUnit
+
+CORE_PER_GPU = 100
+"""Computing power of one GPU, in percent."""
+
+
+class Mode(Enum):
+    """Sharing mode from ``ack.node.gpu.schedule``."""
+
+    SHARE = "share"
+    """Sharing without isolation: the app limits itself from env variables."""
+    CGPU = "cgpu"
+    """Sharing with memory isolation."""
+    CORE_MEM = "core_mem"
+    """Sharing with memory and computing-power isolation."""
+    NONE = "none"
+    """Any other value, or no label: the node is not shared."""
+
+    @property
+    def isolated(self) -> bool:
+        """Whether the isolation layer runs (and its per-GPU pod limit applies)."""
+        return self in (Mode.CGPU, Mode.CORE_MEM)
+
+    @classmethod
+    def from_label(cls, value: str | None) -> Mode:
+        """Map a label value; unknown values mean not shared."""
+        for mode in (cls.SHARE, cls.CGPU, cls.CORE_MEM):
+            if value == mode.value:
+                return mode
+        return cls.NONE
+
+
+class Placement(Enum):
+    """GPU choice inside a node, from ``ack.node.gpu.placement``."""
+
+    BINPACK = "binpack"
+    SPREAD = "spread"
+
+    @classmethod
+    def from_label(cls, value: str | None) -> Placement:
+        """``spread`` when asked for; ``binpack`` otherwise (the seed's default)."""
+        return cls.SPREAD if value == cls.SPREAD.value else cls.BINPACK
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One physical GPU as the scheduler sees it."""
+
+    index: int
+    mem_units: int
+    healthy: bool = True
+    uuid: str = ""
+    model: str = ""
+    core_pct: int = CORE_PER_GPU
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    """A node's shareable GPUs and the rules it is shared under."""
+
+    name: str
+    ip: str
+    mode: Mode
+    placement: Placement
+    unit: MemoryUnit
+    gpus: tuple[Gpu, ...]
+    unit_declared: bool = False
+    """True when the node carries the unit annotation (else the cluster unit was assumed)."""
+    problem: str = ""
+    """Why the GPU detail could not be read; empty when it could."""
+
+    @property
+    def mem_units_total(self) -> int:
+        """Memory of all GPUs, in units."""
+        return sum(gpu.mem_units for gpu in self.gpus)
+
+    def gpu(self, index: int) -> Gpu | None:
+        """The GPU with that index, if the node has it."""
+        for gpu in self.gpus:
+            if gpu.index == index:
+                return gpu
+        return None
+
+
+def _int_quantity(value: Any) -> int | None:
+    """A plain integer quantity (``"60"`` or ``60``), or None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
+
+
+def _gpus_from_annotation(text: str, node: str) -> tuple[tuple[Gpu, ...], str]:
+    """Parse ``gpushare.io/gpus``; return GPUs or a problem message."""
+    hint = f'node {node}: annotation {ANN_NODE_GPUS}'
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as err:
+        return (), f"{hint} is not JSON ({err.msg}); the device plugin must rewrite it"
+    if not isinstance(raw, list) or not raw:
+        return (), f"{hint} must be a non-empty JSON list of GPUs"
+    gpus: list[Gpu] = []
+    for position, entry in enumerate(raw):
+        if not isinstance(entry, Mapping):
+            return (), f"{hint}[{position}]={entry!r} must be an object"
+        index = entry.get("index")
+        mem = entry.get("memUnits")
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            return (), f"{hint}[{position}].index={index!r} must be an integer >= 0"
+        if not isinstance(mem, int) or isinstance(mem, bool) or mem < 0:
+            return (), f"{hint}[{position}].memUnits={mem!r} must be an integer >= 0"
+        gpus.append(
+            Gpu(
+                index=index,
+                mem_units=mem,
+                healthy=bool(entry.get("healthy", True)),
+                uuid=str(entry.get("uuid", "")),
+                model=str(entry.get("model", "")),
+            )
+        )
+    indexes = [gpu.index for gpu in gpus]
+    if len(set(indexes)) != len(indexes):
+        return (), f"{hint} lists a GPU index twice: {sorted(indexes)}"
+    return tuple(sorted(gpus, key=lambda gpu: gpu.index)), ""
+
+
+def _gpus_from_capacity(
+    node: KubeObject, name: str, names: ResourceNames
+) -> tuple[tuple[Gpu, ...], str]:
+    """Derive equal GPUs from capacity when the node carries no per-GPU detail."""
+    status = status_of(node)
+    capacity = status.get("capacity") or {}
+    allocatable = status.get("allocatable") or {}
+    mem = _int_quantity(capacity.get(names.mem))
+    count = _int_quantity(capacity.get(names.count))
+    if mem is None and count is None:
+        return (), f"node {name} reports no {names.mem} capacity and no {ANN_NODE_GPUS} annotation"
+    if mem is None or count is None or count <= 0:
+        return (), (
+            f"node {name}: capacity {names.mem}={capacity.get(names.mem)!r}, "
+            f"{names.count}={capacity.get(names.count)!r}; both are needed to know the GPUs "
+            f"(or the device plugin's {ANN_NODE_GPUS} annotation)"
+        )
+    per_gpu = mem // count
+    # Allocatable below capacity is how kubelet shows withdrawn (unhealthy) devices; without
+    # per-GPU detail we cannot tell which GPU, so the whole node is treated as degraded only
+    # when nothing is allocatable.
+    alloc_mem = _int_quantity(allocatable.get(names.mem))
+    healthy = alloc_mem is None or alloc_mem > 0
+    return tuple(Gpu(index=i, mem_units=per_gpu, healthy=healthy) for i in range(count)), ""
+
+
+def read_node(
+    node: KubeObject,
+    *,
+    cluster_unit: MemoryUnit = MemoryUnit.GiB,
+    names: ResourceNames = DEFAULT_NAMES,
+) -> NodeInventory:
+    """Build a node's inventory from its labels, annotations and capacity."""
+    name = name_of(node)
+    labels = labels_of(node)
+    annotations = annotations_of(node)
+    mode = Mode.from_label(labels.get(LABEL_MODE))
+    placement = Placement.from_label(labels.get(LABEL_PLACEMENT))
+    problem = ""
+    unit = cluster_unit
+    declared = ANN_NODE_UNIT in annotations
+    if declared:
+        try:
+            unit = MemoryUnit.parse(str(annotations[ANN_NODE_UNIT]))
+        except ValueError as err:
+            problem = f"node {name}: annotation {ANN_NODE_UNIT}: {err}"
+    gpus: tuple[Gpu, ...] = ()
+    if not problem:
+        if ANN_NODE_GPUS in annotations:
+            gpus, problem = _gpus_from_annotation(str(annotations[ANN_NODE_GPUS]), name)
+        else:
+            gpus, problem = _gpus_from_capacity(node, name, names)
+    return NodeInventory(
+        name=name,
+        ip=internal_ip(node),
+        mode=mode,
+        placement=placement,
+        unit=unit,
+        gpus=gpus,
+        unit_declared=declared,
+        problem=problem,
+    )
+
+
+def inventory_annotation(gpus: tuple[Gpu, ...]) -> str:
+    """Encode GPUs as the device plugin writes them into ``gpushare.io/gpus``."""
+    return json.dumps(
+        [
+            {
+                "index": gpu.index,
+                "uuid": gpu.uuid,
+                "model": gpu.model,
+                "memUnits": gpu.mem_units,
+                "healthy": gpu.healthy,
+            }
+            for gpu in gpus
+        ],
+        separators=(",", ":"),
+    )

@@ -1,0 +1,233 @@
+"""The ledger: who holds how much memory and computing power on which GPU.
+
+Three kinds of entry, keyed by pod UID:
+
+- confirmed: read from a pod's annotations as the API server returned it;
+- assumed: reserved by bind before the annotations are seen back through the watch (the
+  kube-scheduler "assume" idea). An assumption outlives stale watch events of the same pod and is
+  dropped only when the pod is seen with the same placement, finishes, is deleted, or bind gives
+  it back; this closes the window in which a lagging watch could hide a fresh booking;
+- unplaced: a pod bound to a node that asks for GPU memory but carries no allocation (placed by
+  another scheduler, or an unreadable record). Its GPU is unknown, so it counts against the
+  node as a whole; ``kubectl inspect cgpu`` shows it in the PENDING column.
+
+Succeeded and Failed pods free their share; terminating pods keep it until they are gone,
+because their containers may still be running on the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from gpushare.core.allocation import Allocation, from_pod
+from gpushare.core.kubejson import KubeObject, name_of, namespace_of, spec_of, status_of, uid_of
+from gpushare.core.names import DEFAULT_NAMES, ResourceNames
+from gpushare.core.requests import PodRequest, read_pod
+from gpushare.core.units import MemoryUnit
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class Unplaced:
+    """GPU memory held on a node by a pod whose GPU is unknown."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    mem_units: int
+
+
+@dataclass(frozen=True)
+class GpuUsage:
+    """What is held on one GPU."""
+
+    mem_units: int = 0
+    core_pct: int = 0
+    pods: int = 0
+
+
+@dataclass(frozen=True)
+class NodeUsage:
+    """What is held on one node, GPU by GPU."""
+
+    gpus: Mapping[int, GpuUsage] = field(default_factory=dict)
+    allocations: tuple[Allocation, ...] = ()
+    unplaced: tuple[Unplaced, ...] = ()
+
+    def on(self, index: int) -> GpuUsage:
+        """Usage of one GPU (zero when nothing is held there)."""
+        return self.gpus.get(index, GpuUsage())
+
+    @property
+    def unplaced_mem_units(self) -> int:
+        """Memory held on an unknown GPU of this node."""
+        return sum(entry.mem_units for entry in self.unplaced)
+
+    @property
+    def mem_units(self) -> int:
+        """All memory held on the node."""
+        return sum(u.mem_units for u in self.gpus.values()) + self.unplaced_mem_units
+
+
+def is_terminal(pod: KubeObject) -> bool:
+    """Whether the pod has finished and holds nothing any more."""
+    return str(status_of(pod).get("phase") or "") in TERMINAL_PHASES
+
+
+class Ledger:
+    """Holdings per pod and per node; pure bookkeeping, no I/O."""
+
+    def __init__(
+        self, *, names: ResourceNames = DEFAULT_NAMES, unit: MemoryUnit = MemoryUnit.GiB
+    ) -> None:
+        self._names = names
+        self._unit = unit
+        self._confirmed: dict[str, Allocation] = {}
+        self._assumed: dict[str, Allocation] = {}
+        self._unplaced: dict[str, Unplaced] = {}
+        self._by_node: dict[str, set[str]] = {}
+        self._nodes_of: dict[str, set[str]] = {}
+
+    @classmethod
+    def from_pods(
+        cls,
+        pods: Iterable[KubeObject],
+        *,
+        names: ResourceNames = DEFAULT_NAMES,
+        unit: MemoryUnit = MemoryUnit.GiB,
+    ) -> Ledger:
+        """Rebuild a ledger from pods alone, as after a restart."""
+        ledger = cls(names=names, unit=unit)
+        for pod in pods:
+            ledger.observe(pod)
+        return ledger
+
+    # -- changes ---------------------------------------------------------------------------
+
+    def observe(self, pod: KubeObject) -> None:
+        """Take in a pod as the API server shows it (added or modified)."""
+        uid = uid_of(pod)
+        if is_terminal(pod):
+            self.forget(uid)
+            return
+        allocation = from_pod(pod)
+        if allocation is not None:
+            self._confirmed[uid] = allocation
+            self._unplaced.pop(uid, None)
+            assumed = self._assumed.get(uid)
+            if assumed is not None and assumed.same_placement(allocation):
+                del self._assumed[uid]
+        else:
+            self._confirmed.pop(uid, None)
+            node = str(spec_of(pod).get("nodeName") or "")
+            request = read_pod(pod, names=self._names, unit=self._unit) if node else None
+            if node and isinstance(request, PodRequest) and request.wants_gpu:
+                self._unplaced[uid] = Unplaced(
+                    uid=uid,
+                    namespace=namespace_of(pod),
+                    name=name_of(pod),
+                    node=node,
+                    mem_units=request.mem_units,
+                )
+            else:
+                self._unplaced.pop(uid, None)
+        self._reindex(uid)
+
+    def forget(self, uid: str) -> None:
+        """Drop everything a pod held (deleted, Succeeded or Failed)."""
+        self._confirmed.pop(uid, None)
+        self._assumed.pop(uid, None)
+        self._unplaced.pop(uid, None)
+        self._reindex(uid)
+
+    def assume(self, allocation: Allocation) -> None:
+        """Reserve at bind time, before the annotations are seen back."""
+        self._assumed[allocation.uid] = allocation
+        self._reindex(allocation.uid)
+
+    def unassume(self, uid: str) -> None:
+        """Give back a reservation whose bind failed; idempotent."""
+        self._assumed.pop(uid, None)
+        self._reindex(uid)
+
+    def _reindex(self, uid: str) -> None:
+        for node in self._nodes_of.pop(uid, set()):
+            members = self._by_node.get(node)
+            if members is not None:
+                members.discard(uid)
+                if not members:
+                    del self._by_node[node]
+        nodes = set()
+        holding = self.holding(uid)
+        if holding is not None:
+            nodes.add(holding.node)
+        if uid in self._unplaced:
+            nodes.add(self._unplaced[uid].node)
+        if nodes:
+            self._nodes_of[uid] = nodes
+            for node in nodes:
+                self._by_node.setdefault(node, set()).add(uid)
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def holding(self, uid: str) -> Allocation | None:
+        """The pod's effective allocation: its assumption if any, else what was observed."""
+        return self._assumed.get(uid) or self._confirmed.get(uid)
+
+    def is_assumed(self, uid: str) -> bool:
+        """Whether the pod's holding is a bind-time reservation not yet seen back."""
+        return uid in self._assumed
+
+    def allocations(self) -> Iterator[Allocation]:
+        """Every effective allocation, in UID order."""
+        for uid in sorted(set(self._confirmed) | set(self._assumed)):
+            holding = self.holding(uid)
+            if holding is not None:
+                yield holding
+
+    def unplaced(self) -> Iterator[Unplaced]:
+        """Every holding whose GPU is unknown, in UID order."""
+        for uid in sorted(self._unplaced):
+            yield self._unplaced[uid]
+
+    def nodes(self) -> set[str]:
+        """Nodes where anything is held."""
+        return set(self._by_node)
+
+    def usage(self, node: str, *, excluding: str = "") -> NodeUsage:
+        """What is held on a node; ``excluding`` leaves one pod out (for re-binding it)."""
+        mem: dict[int, int] = {}
+        core: dict[int, int] = {}
+        pods: dict[int, int] = {}
+        allocations = []
+        unplaced = []
+        for uid in sorted(self._by_node.get(node, ())):
+            if uid == excluding:
+                continue
+            holding = self.holding(uid)
+            if holding is not None and holding.node == node:
+                allocations.append(holding)
+                for share in holding.gpus:
+                    mem[share.index] = mem.get(share.index, 0) + share.mem_units
+                    core[share.index] = core.get(share.index, 0) + share.core_pct
+                    pods[share.index] = pods.get(share.index, 0) + 1
+            entry = self._unplaced.get(uid)
+            if entry is not None and entry.node == node:
+                unplaced.append(entry)
+        gpus = {i: GpuUsage(mem_units=mem[i], core_pct=core[i], pods=pods[i]) for i in mem}
+        return NodeUsage(gpus=gpus, allocations=tuple(allocations), unplaced=tuple(unplaced))
+
+    def state(self) -> dict[str, tuple[object, ...]]:
+        """A comparable summary of every node's holdings (for tests and invariants)."""
+        out: dict[str, tuple[object, ...]] = {}
+        for node in sorted(self._by_node):
+            usage = self.usage(node)
+            out[node] = (
+                tuple(sorted(usage.gpus.items())),
+                usage.unplaced_mem_units,
+                tuple(sorted((a.uid, a.gpus) for a in usage.allocations)),
+            )
+        return out

@@ -1,0 +1,44 @@
+"""Wire names: resources, labels and annotations, spelled exactly as users and tools expect.
+
+The resource names are a value (``ResourceNames``) rather than bare constants so a cluster that
+prefers its own domain can rename them in one place; the defaults are ACK's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEDULER_NAME = "ack-co-scheduler"
+
+LABEL_MODE = "ack.node.gpu.schedule"
+LABEL_PLACEMENT = "ack.node.gpu.placement"
+
+# Pod label asking for multi-GPU sharing (the pod's memory is split evenly over N GPUs).
+LABEL_POD_GPU_COUNT = "aliyun.com/gpu-count"
+
+# The predecessor's hand-off annotations (gpushare-scheduler-extender / device plugin).
+ANN_IDX = "ALIYUN_COM_GPU_MEM_IDX"
+ANN_POD = "ALIYUN_COM_GPU_MEM_POD"
+ANN_DEV = "ALIYUN_COM_GPU_MEM_DEV"
+ANN_ASSIGNED = "ALIYUN_COM_GPU_MEM_ASSIGNED"
+ANN_ASSUME_TIME = "ALIYUN_COM_GPU_MEM_ASSUME_TIME"
+
+# gpushare's own annotations.
+ANN_ALLOCATION = "gpushare.io/allocation"
+"""Pod: the full per-container, per-GPU allocation with its unit (JSON, see core.allocation)."""
+ANN_NODE_GPUS = "gpushare.io/gpus"
+"""Node: per-GPU inventory written by the device plugin (JSON list, see core.inventory)."""
+ANN_NODE_UNIT = "gpushare.io/gpu-mem-unit"
+"""Node: the memory unit its device plugin advertises (``1GiB`` or ``128MiB``)."""
+
+
+@dataclass(frozen=True)
+class ResourceNames:
+    """Extended-resource names; defaults follow ACK so seed manifests run unchanged."""
+
+    mem: str = "aliyun.com/gpu-mem"
+    core: str = "aliyun.com/gpu-core.percentage"
+    count: str = "aliyun.com/gpu-count"
+
+
+DEFAULT_NAMES = ResourceNames()

@@ -1,0 +1,297 @@
+"""What a pod asks for, read from container ``limits`` and checked against every rule.
+
+Invalid requests are outcomes, not exceptions: ``read_pod`` returns a ``Rejection`` whose reasons
+each name the container, the field, the value and the rule, and say what to write instead. The
+webhook, the extender's filter and the demo all print these same sentences.
+
+Kubernetes counts init containers by taking, per resource, the larger of the app containers'
+sum and each init container's own request (sidecars, init containers with ``restartPolicy:
+Always``, add to everything started after them). The pod's effective amount is what it holds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from gpushare.core.kubejson import KubeObject, labels_of, name_of, namespace_of, spec_of, uid_of
+from gpushare.core.names import DEFAULT_NAMES, LABEL_POD_GPU_COUNT, ResourceNames
+from gpushare.core.units import MemoryUnit
+
+CORE_STEP = 5
+CORE_MIN = 5
+CORE_MAX_PER_GPU = 100
+
+
+class ContainerKind(Enum):
+    """Where a container sits in the pod, which decides how Kubernetes counts it."""
+
+    APP = "app"
+    INIT = "init"
+    SIDECAR = "sidecar"
+
+
+@dataclass(frozen=True)
+class ContainerRequest:
+    """One container's GPU request; containers without one are not listed."""
+
+    name: str
+    kind: ContainerKind
+    mem_units: int
+    core_pct: int = 0
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """A valid pod request; ``mem_units == 0`` means the pod wants no shared GPU."""
+
+    namespace: str
+    name: str
+    uid: str
+    containers: tuple[ContainerRequest, ...]
+    gpu_count: int
+    mem_units: int
+    """Effective memory of the whole pod, as Kubernetes counts init containers."""
+    core_pct: int = 0
+    """Effective computing power of the whole pod, in percent of one GPU."""
+
+    @property
+    def wants_gpu(self) -> bool:
+        """Whether the pod asks for shared GPU memory at all."""
+        return self.mem_units > 0
+
+    @property
+    def wants_core(self) -> bool:
+        """Whether the pod asks for computing power (it then needs a core_mem node)."""
+        return self.core_pct > 0
+
+    @property
+    def mem_per_gpu(self) -> int:
+        """Units the pod holds on each of its GPUs."""
+        return self.mem_units // self.gpu_count
+
+    @property
+    def core_per_gpu(self) -> int:
+        """Percent the pod holds on each of its GPUs."""
+        return self.core_pct // self.gpu_count
+
+    @property
+    def key(self) -> str:
+        """``namespace/name`` for messages."""
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a pod's GPU request is invalid; each reason is a complete sentence."""
+
+    namespace: str
+    name: str
+    reasons: tuple[str, ...]
+
+    @property
+    def message(self) -> str:
+        """All reasons in one line, for events and HTTP replies."""
+        return "; ".join(self.reasons)
+
+
+_INTEGER = re.compile(r"^[0-9]+$")
+_NEGATIVE = re.compile(r"^-[0-9]+(\.[0-9]+)?$")
+_FRACTION = re.compile(r"^[0-9]*\.[0-9]+$|^[0-9]+\.[0-9]*$")
+_SUFFIXED = re.compile(r"^[0-9.]+[A-Za-z]+$")
+
+
+def _parse_count(
+    raw: Any, *, where: str, field: str, what: str, example: str
+) -> tuple[int | None, str]:
+    """Parse a whole-number resource value; return (value, "") or (None, reason)."""
+    shown = f"{where}: {field}={raw!r}"
+    if isinstance(raw, bool) or raw is None:
+        return None, f"{shown} is not a number; write a plain integer such as {example}"
+    if isinstance(raw, float):
+        if raw.is_integer():
+            raw = int(raw)
+        else:
+            return None, f"{shown} is fractional; {what} counts whole units: write an integer >= 1"
+    text = str(raw).strip()
+    if isinstance(raw, int) or _INTEGER.match(text):
+        value = int(text)
+        if value == 0:
+            return None, f"{shown} asks for nothing; write an integer >= 1 or remove the resource"
+        return value, ""
+    if _NEGATIVE.match(text):
+        return None, f"{shown} is negative; write an integer >= 1"
+    if _FRACTION.match(text):
+        return None, f"{shown} is fractional; {what} counts whole units: write an integer >= 1"
+    if _SUFFIXED.match(text):
+        return None, (
+            f"{shown} has a unit suffix; {what} is a plain count, so write an integer "
+            f"such as {example}"
+        )
+    return None, f"{shown} is not a whole number; write a plain integer such as {example}"
+
+
+def _resources(container: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    resources = container.get("resources") or {}
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    return limits, requests
+
+
+def _read_container(
+    container: Mapping[str, Any],
+    kind: ContainerKind,
+    where: str,
+    names: ResourceNames,
+    unit: MemoryUnit,
+    reasons: list[str],
+) -> ContainerRequest | None:
+    limits, requests = _resources(container)
+    mem = core = 0
+    mem_what = f"gpu-mem ({unit.value} per unit)"
+    for resource in (names.mem, names.core):
+        if resource in requests and resource not in limits:
+            reasons.append(
+                f'{where}: requests["{resource}"]={requests[resource]!r} is set without '
+                f'limits["{resource}"]; extended resources are asked for under limits: move it there'
+            )
+        elif resource in requests and str(requests[resource]) != str(limits[resource]):
+            reasons.append(
+                f'{where}: requests["{resource}"]={requests[resource]!r} differs from '
+                f'limits["{resource}"]={limits[resource]!r}; extended resources need requests '
+                f"equal to limits: set only limits"
+            )
+    if names.mem in limits:
+        value, reason = _parse_count(
+            limits[names.mem],
+            where=where,
+            field=f'limits["{names.mem}"]',
+            what=mem_what,
+            example="3",
+        )
+        if reason:
+            reasons.append(reason)
+        else:
+            mem = value or 0
+    if names.core in limits:
+        value, reason = _parse_count(
+            limits[names.core],
+            where=where,
+            field=f'limits["{names.core}"]',
+            what="gpu-core.percentage",
+            example="30",
+        )
+        if reason:
+            reasons.append(reason)
+        elif value is not None and value % CORE_STEP:
+            reasons.append(
+                f'{where}: limits["{names.core}"]={limits[names.core]!r} is not a multiple of '
+                f"{CORE_STEP}, so the job cannot be submitted; use 5, 10, ... 100"
+            )
+        else:
+            core = value or 0
+        if names.mem not in limits:
+            reasons.append(
+                f'{where}: limits["{names.core}"]={limits[names.core]!r} is set without '
+                f'limits["{names.mem}"]; computing power is shared only with GPU memory: '
+                f"add {names.mem}"
+            )
+    if mem == 0 and core == 0:
+        return None
+    name = str(container.get("name") or "")
+    return ContainerRequest(name=name, kind=kind, mem_units=mem, core_pct=core)
+
+
+def effective_amount(containers: Sequence[ContainerRequest], amount: str) -> int:
+    """The pod-level amount as Kubernetes counts it (init, sidecar and app containers)."""
+    running_sidecars = 0
+    peak = 0
+    app_total = 0
+    for container in containers:
+        value = int(getattr(container, amount))
+        if container.kind is ContainerKind.APP:
+            app_total += value
+        elif container.kind is ContainerKind.SIDECAR:
+            peak = max(peak, running_sidecars + value)
+            running_sidecars += value
+        else:
+            peak = max(peak, running_sidecars + value)
+    return max(peak, app_total + running_sidecars)
+
+
+def _read_gpu_count(pod: KubeObject, reasons: list[str]) -> int:
+    raw = labels_of(pod).get(LABEL_POD_GPU_COUNT)
+    if raw is None:
+        return 1
+    text = str(raw).strip()
+    if not _INTEGER.match(text) or int(text) < 1:
+        reasons.append(
+            f'pod label {LABEL_POD_GPU_COUNT}={raw!r} must be a whole number >= 1 '
+            f"(the number of GPUs to spread the pod's memory over); fix or remove the label"
+        )
+        return 1
+    return int(text)
+
+
+def read_pod(
+    pod: KubeObject,
+    *,
+    names: ResourceNames = DEFAULT_NAMES,
+    unit: MemoryUnit = MemoryUnit.GiB,
+) -> PodRequest | Rejection:
+    """Read and validate a pod's GPU request from its spec and labels."""
+    spec = spec_of(pod)
+    reasons: list[str] = []
+    containers: list[ContainerRequest] = []
+    for position, container in enumerate(spec.get("initContainers") or []):
+        kind = (
+            ContainerKind.SIDECAR
+            if container.get("restartPolicy") == "Always"
+            else ContainerKind.INIT
+        )
+        where = f'container "{container.get("name", "")}" (spec.initContainers[{position}])'
+        read = _read_container(container, kind, where, names, unit, reasons)
+        if read:
+            containers.append(read)
+    for position, container in enumerate(spec.get("containers") or []):
+        where = f'container "{container.get("name", "")}" (spec.containers[{position}])'
+        read = _read_container(container, ContainerKind.APP, where, names, unit, reasons)
+        if read:
+            containers.append(read)
+    gpu_count = _read_gpu_count(pod, reasons)
+    mem = effective_amount(containers, "mem_units")
+    core = effective_amount(containers, "core_pct")
+    label = f"{LABEL_POD_GPU_COUNT}={gpu_count}"
+    if not reasons:
+        if LABEL_POD_GPU_COUNT in labels_of(pod) and mem == 0:
+            reasons.append(
+                f"pod label {label} is set but no container asks for {names.mem}; "
+                f"add {names.mem} limits or remove the label"
+            )
+        if mem % gpu_count:
+            reasons.append(
+                f"pod memory {unit.describe(mem)} does not divide evenly over label {label}; "
+                f"ask for a multiple of {gpu_count} units in total"
+            )
+        if core:
+            per_gpu, rest = divmod(core, gpu_count)
+            if rest or per_gpu % CORE_STEP or not CORE_MIN <= per_gpu <= CORE_MAX_PER_GPU:
+                reasons.append(
+                    f"pod computing power {names.core}={core} over {gpu_count} GPU(s) is "
+                    f"{core / gpu_count:g}% per GPU; each GPU gives a multiple of {CORE_STEP} "
+                    f"from {CORE_MIN} to {CORE_MAX_PER_GPU}: lower the request or raise {label}"
+                )
+    if reasons:
+        return Rejection(namespace=namespace_of(pod), name=name_of(pod), reasons=tuple(reasons))
+    return PodRequest(
+        namespace=namespace_of(pod),
+        name=name_of(pod),
+        uid=uid_of(pod),
+        containers=tuple(containers),
+        gpu_count=gpu_count,
+        mem_units=mem,
+        core_pct=core,
+    )

@@ -1,0 +1,145 @@
+"""The scheduler's extension points over an explicit snapshot: filter, score, reserve.
+
+``Scheduler`` holds only settings; every call gets the node inventories and the ledger it
+should decide on. The extender, the demo and the simulator all drive this one class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from gpushare.core.allocation import Allocation, plan
+from gpushare.core.filtering import Code, Rules, Verdict, filter_node
+from gpushare.core.inventory import NodeInventory
+from gpushare.core.kubejson import KubeObject
+from gpushare.core.ledger import Ledger
+from gpushare.core.names import DEFAULT_NAMES, ResourceNames
+from gpushare.core.requests import PodRequest, Rejection, read_pod
+from gpushare.core.scoring import PolicyRegistry, default_policies
+from gpushare.core.units import MemoryUnit
+
+MAX_SCORE = 10
+"""The kube-scheduler extender's maximum priority."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Cluster-wide scheduling settings, validated at the config edge."""
+
+    unit: MemoryUnit = MemoryUnit.GiB
+    max_pods_per_gpu: int | None = None
+    policy: str = "binpack"
+    names: ResourceNames = DEFAULT_NAMES
+
+    @property
+    def rules(self) -> Rules:
+        """The filter's view of these settings."""
+        return Rules(cluster_unit=self.unit, max_pods_per_gpu=self.max_pods_per_gpu)
+
+
+@dataclass(frozen=True)
+class FilterResult:
+    """A pod's verdict on every node asked about."""
+
+    request: PodRequest | Rejection
+    verdicts: tuple[Verdict, ...] = ()
+
+    @property
+    def passing(self) -> list[str]:
+        """Names of the nodes that fit."""
+        return [v.node for v in self.verdicts if v.fits]
+
+
+@dataclass
+class Scheduler:
+    """Filter, score and reserve for shared-GPU pods."""
+
+    settings: Settings = field(default_factory=Settings)
+    registry: PolicyRegistry = field(default_factory=default_policies)
+
+    def __post_init__(self) -> None:
+        self.registry.get(self.settings.policy)  # fail at construction on an unknown policy
+
+    def read(self, pod: KubeObject) -> PodRequest | Rejection:
+        """Read a pod's request under these settings."""
+        return read_pod(pod, names=self.settings.names, unit=self.settings.unit)
+
+    def verdict(self, request: PodRequest, node: NodeInventory, ledger: Ledger) -> Verdict:
+        """Filter one node, leaving the pod's own earlier holding out of the count."""
+        usage = ledger.usage(node.name, excluding=request.uid)
+        return filter_node(request, node, usage, rules=self.settings.rules)
+
+    def filter(
+        self, pod: KubeObject, nodes: Iterable[NodeInventory], ledger: Ledger
+    ) -> FilterResult:
+        """Verdicts for every node; an invalid pod fails everywhere with its reasons."""
+        request = self.read(pod)
+        nodes = list(nodes)
+        if isinstance(request, Rejection):
+            verdicts = tuple(
+                Verdict(node=n.name, code=Code.UNRESOLVABLE, reasons=request.reasons)
+                for n in nodes
+            )
+            return FilterResult(request=request, verdicts=verdicts)
+        if not request.wants_gpu:
+            return FilterResult(
+                request=request,
+                verdicts=tuple(Verdict(node=n.name, code=Code.FITS) for n in nodes),
+            )
+        return FilterResult(
+            request=request, verdicts=tuple(self.verdict(request, n, ledger) for n in nodes)
+        )
+
+    def score(self, request: PodRequest, node: NodeInventory, ledger: Ledger) -> float:
+        """The policy's liking in [0, 1]; 0 for nodes that do not fit."""
+        if not request.wants_gpu:
+            return 0.0
+        verdict = self.verdict(request, node, ledger)
+        if not verdict.fits:
+            return 0.0
+        usage = ledger.usage(node.name, excluding=request.uid)
+        policy = self.registry.get(self.settings.policy)
+        return max(0.0, min(1.0, policy.score(request, node, usage, verdict.gpus)))
+
+    def prioritize(
+        self, pod: KubeObject, nodes: Iterable[NodeInventory], ledger: Ledger
+    ) -> dict[str, int]:
+        """Extender scores 0..10 per node."""
+        request = self.read(pod)
+        if isinstance(request, Rejection):
+            return {n.name: 0 for n in nodes}
+        return {
+            n.name: round(self.score(request, n, ledger) * MAX_SCORE) for n in nodes
+        }
+
+    def reserve(
+        self,
+        request: PodRequest,
+        node: NodeInventory,
+        ledger: Ledger,
+        *,
+        now_ns: int = 0,
+    ) -> Allocation | Verdict:
+        """Choose GPUs and book them in the ledger; a failing verdict when it no longer fits.
+
+        Check and booking happen with no I/O between them, so callers running on one event
+        loop cannot double-book.
+        """
+        verdict = self.verdict(request, node, ledger)
+        if not verdict.fits:
+            return verdict
+        allocation = plan(
+            request, node=node.name, indexes=verdict.gpus, unit=node.unit, assume_time_ns=now_ns
+        )
+        ledger.assume(allocation)
+        return allocation
+
+    def unreserve(self, uid: str, ledger: Ledger) -> None:
+        """Give back a reservation; idempotent."""
+        ledger.unassume(uid)
+
+
+def inventories_by_name(nodes: Iterable[NodeInventory]) -> Mapping[str, NodeInventory]:
+    """Index inventories by node name."""
+    return {n.name: n for n in nodes}
