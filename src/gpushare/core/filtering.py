@@ -85,9 +85,8 @@ def _node_rules(request: PodRequest, node: NodeInventory, rules: Rules) -> str:
         )
     if not request.wants_core and node.mode is Mode.CORE_MEM:
         return (
-            "pod asks for GPU memory only but node mode is core_mem; memory-only and "
-            "memory+computing-power pods never share a node: add gpu-core.percentage or "
-            "use a share/cgpu node"
+            "node is core_mem and takes only pods that also ask for computing power "
+            "(memory-only and memory+core pods never share a node)"
         )
     if len(node.gpus) < request.gpu_count:
         return (

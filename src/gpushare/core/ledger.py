@@ -177,6 +177,11 @@ class Ledger:
         """The pod's effective allocation: its assumption if any, else what was observed."""
         return self._assumed.get(uid) or self._confirmed.get(uid)
 
+    def assumptions(self) -> Iterator[Allocation]:
+        """Bind-time reservations not yet seen back, in UID order."""
+        for uid in sorted(self._assumed):
+            yield self._assumed[uid]
+
     def is_assumed(self, uid: str) -> bool:
         """Whether the pod's holding is a bind-time reservation not yet seen back."""
         return uid in self._assumed

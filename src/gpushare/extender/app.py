@@ -1,0 +1,95 @@
+"""The extender's HTTP service (FastAPI): filter, prioritize, bind, inspect and probes.
+
+Routes are the verbs configured in ``KubeSchedulerConfiguration`` (``filterVerb: filter`` and
+so on) under the extender's ``urlPrefix``. The cache runs as a background task for the app's
+lifetime when ``run_cache`` is set; tests drive it by hand instead.
+
+Every route is ``async`` on purpose: FastAPI would run plain functions in a thread pool, where
+they would read the cache while the watch task changes it. On the event loop they never race.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gpushare.extender.service import Extender
+from gpushare.extender.wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+)
+from gpushare.inspect.view import build_view, to_json
+
+
+def create_app(extender: Extender, *, run_cache: bool = False) -> FastAPI:
+    """Build the ASGI app around an extender."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(extender.cache.run()) if run_cache else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    app = FastAPI(title="gpushare extender", lifespan=lifespan)
+    latency = extender.metrics.latency
+
+    @app.post("/filter", response_model=ExtenderFilterResult)
+    async def filter_(args: ExtenderArgs) -> ExtenderFilterResult:
+        start = time.perf_counter()
+        try:
+            return extender.filter(args)
+        finally:
+            latency.labels("filter").observe(time.perf_counter() - start)
+
+    @app.post("/prioritize", response_model=list[HostPriority])
+    async def prioritize(args: ExtenderArgs) -> list[HostPriority]:
+        start = time.perf_counter()
+        try:
+            return extender.prioritize(args)
+        finally:
+            latency.labels("prioritize").observe(time.perf_counter() - start)
+
+    @app.post("/bind", response_model=ExtenderBindingResult)
+    async def bind(args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        start = time.perf_counter()
+        try:
+            return await extender.bind(args)
+        finally:
+            latency.labels("bind").observe(time.perf_counter() - start)
+
+    @app.get("/inspect")
+    async def inspect() -> dict[str, Any]:
+        cache = extender.cache
+        return to_json(build_view(cache.nodes.values(), cache.ledger))
+
+    @app.get("/healthz", response_class=PlainTextResponse)
+    async def healthz() -> str:
+        return "ok"
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        if extender.cache.synced:
+            return PlainTextResponse("ok")
+        return JSONResponse({"ready": False, "reason": "cache has not listed nodes and pods yet"},
+                            status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(extender.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,78 @@
+"""Calls the extender the way kube-scheduler does, for the demo and in-process tests.
+
+For each pod: POST filter with every node name (``nodeCacheCapable``), POST prioritize with the
+nodes that passed, pick the highest score (ties to the first name, where kube-scheduler picks at
+random), POST bind. The outcome is a value: bound, or unschedulable with the per-node reasons
+that kube-scheduler would put into the pod's FailedScheduling event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one pod."""
+
+    pod: str
+    node: str = ""
+    failed: Mapping[str, str] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def bound(self) -> bool:
+        """Whether the pod was bound."""
+        return bool(self.node) and not self.error
+
+    def event(self, total_nodes: int) -> str:
+        """The FailedScheduling message kube-scheduler would record."""
+        if self.bound:
+            return f"Successfully assigned {self.pod} to {self.node}"
+        if self.error:
+            return f"binding rejected: {self.error}"
+        counts: dict[str, int] = {}
+        for reason in self.failed.values():
+            counts[reason] = counts.get(reason, 0) + 1
+        parts = ", ".join(f"{n} {r}" for r, n in sorted(counts.items()))
+        return f"0/{total_nodes} nodes are available: {parts}."
+
+
+class ExtenderDriver:
+    """A minimal kube-scheduler loop over the extender's HTTP API."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self._client = client
+
+    async def _post(self, verb: str, body: Mapping[str, Any]) -> Any:
+        response = await self._client.post(f"/{verb}", json=body)
+        response.raise_for_status()
+        return response.json()
+
+    async def schedule(self, pod: Mapping[str, Any], node_names: Sequence[str]) -> Outcome:
+        """Filter, prioritize and bind one pod."""
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+        args = {"Pod": pod, "NodeNames": list(node_names)}
+        result = await self._post("filter", args)
+        if result.get("Error"):
+            return Outcome(pod=key, error=result["Error"])
+        failed = {**(result.get("FailedNodes") or {}),
+                  **(result.get("FailedAndUnresolvableNodes") or {})}
+        passing = result.get("NodeNames") or []
+        if not passing:
+            return Outcome(pod=key, failed=failed)
+        scores = await self._post("prioritize", {"Pod": pod, "NodeNames": passing})
+        best = max(scores, key=lambda s: s["Score"])["Host"] if scores else passing[0]
+        bound = await self._post(
+            "bind",
+            {"PodName": meta.get("name", ""), "PodNamespace": meta.get("namespace", "default"),
+             "PodUID": meta.get("uid", ""), "Node": best},
+        )
+        if bound.get("Error"):
+            return Outcome(pod=key, error=bound["Error"], failed=failed)
+        return Outcome(pod=key, node=best, failed=failed)

@@ -1,0 +1,202 @@
+"""The extender's decisions: filter, prioritize and bind over the cache.
+
+Bind is where double-booking could happen, so it goes in this order:
+
+1. read the pod fresh from the API (its resourceVersion guards the next write);
+2. filter the node again and book the chosen GPUs in the ledger as an assumption; there is no
+   ``await`` between check and booking, so two binds on one event loop cannot both pass;
+3. write the annotations with a merge patch that carries the resourceVersion: if the pod
+   changed meanwhile the server answers 409, the booking is given back and bind starts again
+   (up to ``attempts`` times);
+4. create the ``pods/binding``; if that fails, the booking and the annotations are removed and
+   the error goes back to kube-scheduler, which retries the pod later.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from gpushare.core.allocation import Allocation, to_annotations
+from gpushare.core.filtering import Code, Verdict
+from gpushare.core.inventory import NodeInventory, read_node
+from gpushare.core.kubejson import name_of
+from gpushare.core.names import (
+    ANN_ALLOCATION,
+    ANN_ASSIGNED,
+    ANN_ASSUME_TIME,
+    ANN_DEV,
+    ANN_IDX,
+    ANN_POD,
+)
+from gpushare.core.requests import Rejection
+from gpushare.core.scheduling import Scheduler
+from gpushare.extender.metrics import ExtenderMetrics
+from gpushare.extender.wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+    NodeList,
+)
+from gpushare.kube.cache import ClusterCache
+from gpushare.kube.port import Conflict, KubeAPI, KubeError
+
+log = logging.getLogger(__name__)
+
+OUR_KEYS = (ANN_ALLOCATION, ANN_IDX, ANN_POD, ANN_DEV, ANN_ASSIGNED, ANN_ASSUME_TIME)
+
+
+class Extender:
+    """Serves kube-scheduler's filter, prioritize and bind calls."""
+
+    def __init__(
+        self,
+        *,
+        api: KubeAPI,
+        cache: ClusterCache,
+        scheduler: Scheduler,
+        metrics: ExtenderMetrics | None = None,
+        attempts: int = 3,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.api = api
+        self.cache = cache
+        self.scheduler = scheduler
+        self.metrics = metrics or ExtenderMetrics(lambda: cache)
+        self.attempts = attempts
+        self.clock_ns = clock_ns
+
+    def _nodes(self, args: ExtenderArgs) -> tuple[list[NodeInventory], dict[str, str]]:
+        """Inventories for the nodes asked about, and reasons for names we do not know."""
+        settings = self.scheduler.settings
+        if args.Nodes is not None:
+            found = [
+                read_node(n, cluster_unit=settings.unit, names=settings.names)
+                for n in args.Nodes.items
+            ]
+            return found, {}
+        known: list[NodeInventory] = []
+        missing: dict[str, str] = {}
+        for name in args.NodeNames or []:
+            node = self.cache.nodes.get(name)
+            if node is None:
+                missing[name] = "node is not in gpushare's cache yet; it will be after the next watch event"
+            else:
+                known.append(node)
+        return known, missing
+
+    def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        """Split the given nodes into passing, failed and unresolvable, with reasons."""
+        nodes, missing = self._nodes(args)
+        result = self.scheduler.filter(args.Pod, nodes, self.cache.ledger)
+        failed = dict(missing)
+        unresolvable: dict[str, str] = {}
+        for verdict in result.verdicts:
+            if verdict.code is Code.UNSCHEDULABLE:
+                failed[verdict.node] = verdict.message
+            elif verdict.code is Code.UNRESOLVABLE:
+                unresolvable[verdict.node] = verdict.message
+        passing = set(result.passing)
+        outcome = "rejected" if isinstance(result.request, Rejection) else (
+            "fits" if passing else "unschedulable"
+        )
+        self.metrics.requests.labels("filter", outcome).inc()
+        if args.Nodes is not None:
+            kept = [n for n in args.Nodes.items if name_of(n) in passing]
+            return ExtenderFilterResult(
+                Nodes=NodeList(items=kept), FailedNodes=failed,
+                FailedAndUnresolvableNodes=unresolvable,
+            )
+        order = [n for n in args.NodeNames or [] if n in passing]
+        return ExtenderFilterResult(
+            NodeNames=order, FailedNodes=failed, FailedAndUnresolvableNodes=unresolvable
+        )
+
+    def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+        """Scores 0..10 for the given nodes."""
+        nodes, missing = self._nodes(args)
+        scores = self.scheduler.prioritize(args.Pod, nodes, self.cache.ledger)
+        self.metrics.requests.labels("prioritize", "ok").inc()
+        names = [name_of(n) for n in args.Nodes.items] if args.Nodes else args.NodeNames or []
+        return [HostPriority(Host=n, Score=scores.get(n, 0)) for n in names if n not in missing]
+
+    async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        """Annotate then bind, never double-booking; see the module docstring."""
+        key = f"{args.PodNamespace}/{args.PodName}"
+        error = ""
+        for attempt in range(1, self.attempts + 1):
+            outcome, error = await self._bind_once(args, key)
+            self.metrics.binds.labels(outcome).inc()
+            if outcome == "bound":
+                self.metrics.requests.labels("bind", "bound").inc()
+                return ExtenderBindingResult()
+            if outcome != "conflict":
+                break
+            log.info("pod=%s node=%s phase=bind conflict attempt=%d", key, args.Node, attempt)
+        self.metrics.requests.labels("bind", "error").inc()
+        log.warning("pod=%s node=%s phase=bind error=%r", key, args.Node, error)
+        return ExtenderBindingResult(Error=error)
+
+    async def _bind_once(self, args: ExtenderBindingArgs, key: str) -> tuple[str, str]:
+        try:
+            pod = await self.api.get_pod(args.PodNamespace, args.PodName)
+        except KubeError as err:
+            return "error", f"cannot read pod {key}: {err}"
+        uid = str(pod.get("metadata", {}).get("uid", ""))
+        if args.PodUID and uid != args.PodUID:
+            return "error", f"pod {key} was recreated (UID {uid}, scheduler asked for {args.PodUID})"
+        request = self.scheduler.read(pod)
+        if isinstance(request, Rejection):
+            return "rejected", f"pod {key}: {request.message}"
+        node = self.cache.nodes.get(args.Node)
+        if node is None:
+            return "error", f"node {args.Node} is not in gpushare's cache"
+        if not request.wants_gpu:
+            try:
+                await self.api.bind_pod(args.PodNamespace, args.PodName, uid, args.Node)
+            except KubeError as err:
+                return "error", f"bind {key} to {args.Node}: {err}"
+            return "bound", ""
+        booked = self.scheduler.reserve(request, node, self.cache.ledger, now_ns=self.clock_ns())
+        if isinstance(booked, Verdict):
+            return "unfit", f"pod {key} no longer fits node {args.Node}: {booked.message}"
+        dev = node.gpu(booked.indexes[0])
+        annotations = to_annotations(booked, dev_units=dev.mem_units if dev else 0)
+        version = str(pod.get("metadata", {}).get("resourceVersion", ""))
+        try:
+            await self.api.patch_pod_annotations(
+                args.PodNamespace, args.PodName, annotations, resource_version=version
+            )
+        except Conflict as err:
+            self.scheduler.unreserve(uid, self.cache.ledger)
+            return "conflict", f"pod {key} kept changing while binding: {err}"
+        except KubeError as err:
+            self.scheduler.unreserve(uid, self.cache.ledger)
+            return "error", f"annotate {key}: {err}"
+        try:
+            await self.api.bind_pod(args.PodNamespace, args.PodName, uid, args.Node)
+        except KubeError as err:
+            self.scheduler.unreserve(uid, self.cache.ledger)
+            await self._clear(args, key)
+            return "error", f"bind {key} to {args.Node}: {err}"
+        log.info(
+            "pod=%s node=%s gpu=%s mem=%d phase=bind bound",
+            key, args.Node, ",".join(map(str, booked.indexes)), booked.mem_units,
+        )
+        return "bound", ""
+
+    async def _clear(self, args: ExtenderBindingArgs, key: str) -> None:
+        """Remove our annotations after a failed binding (best effort)."""
+        try:
+            await self.api.patch_pod_annotations(
+                args.PodNamespace, args.PodName, dict.fromkeys(OUR_KEYS), resource_version=""
+            )
+        except KubeError as err:
+            log.warning("pod=%s phase=unreserve cannot clear annotations: %s", key, err)
+
+    def allocations(self) -> list[Allocation]:
+        """Every holding in the ledger."""
+        return list(self.cache.ledger.allocations())

@@ -1,0 +1,130 @@
+"""Text rendering of the inspect view, in the layout the seed documents show.
+
+Summary::
+
+    NAME      IPADDRESS  GPU0(Allocated/Total)  GPU Memory(GiB)
+    node-a    10.0.0.1   3/15                   3/15
+    -------------------------------------------------------------
+    Allocated/Total GPU Memory In Cluster:
+    3/15 (20%)
+
+Columns are padded to their widest cell and separated by two spaces. Amounts are in GiB when
+every node counts 1 GiB units, otherwise in MiB (the header says which). A ``PENDING(Allocated)``
+column appears when some pod holds memory on an unknown GPU. Percentages are truncated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpushare.inspect.view import ClusterView, NodeView
+
+MIN_RULE = 75
+
+
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])] + [row[-1]]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def _pct(part: int, whole: int) -> int:
+    return part * 100 // whole if whole else 0
+
+
+class _Amounts:
+    """Formats amounts in GiB when all nodes use 1 GiB units, else in MiB."""
+
+    def __init__(self, view: ClusterView) -> None:
+        self.mib = any(n.unit_mib != 1024 for n in view.nodes)
+        self.label = "MiB" if self.mib else "GiB"
+
+    def of(self, node: NodeView, units: int) -> str:
+        return str(units * node.unit_mib if self.mib else units)
+
+    def cluster(self, mib: int) -> str:
+        return str(mib if self.mib else mib // 1024)
+
+
+def render_summary(view: ClusterView) -> str:
+    """The default ``kubectl inspect cgpu`` table."""
+    amounts = _Amounts(view)
+    width = max((len(n.gpus) for n in view.nodes), default=0)
+    pending = any(n.pending_units for n in view.nodes)
+    header = ["NAME", "IPADDRESS"] + [f"GPU{i}(Allocated/Total)" for i in range(width)]
+    if pending:
+        header.append("PENDING(Allocated)")
+    header.append(f"GPU Memory({amounts.label})")
+    rows = [header]
+    for node in view.nodes:
+        by_index = {g.index: g for g in node.gpus}
+        row = [node.name, node.ip or "-"]
+        for i in range(width):
+            gpu = by_index.get(i)
+            row.append(
+                f"{amounts.of(node, gpu.allocated_units)}/{amounts.of(node, gpu.total_units)}"
+                if gpu else "-"
+            )
+        if pending:
+            row.append(amounts.of(node, node.pending_units) if node.pending_units else "0")
+        row.append(f"{amounts.of(node, node.allocated_units)}/{amounts.of(node, node.total_units)}")
+        rows.append(row)
+    lines = _table(rows)
+    rule = "-" * max(MIN_RULE, max(len(line) for line in lines))
+    return "\n".join([*lines, rule, *_cluster_lines(view, amounts)]) + "\n"
+
+
+def _cluster_lines(view: ClusterView, amounts: _Amounts) -> list[str]:
+    total, allocated = view.total_mib(), view.allocated_mib()
+    return [
+        f"Allocated/Total GPU Memory In Cluster{'' if not amounts.mib else ' (MiB)'}:",
+        f"{amounts.cluster(allocated)}/{amounts.cluster(total)} ({_pct(allocated, total)}%)",
+    ]
+
+
+def render_details(view: ClusterView) -> str:
+    """``kubectl inspect cgpu -d``: per node, its pods and what each holds per GPU."""
+    amounts = _Amounts(view)
+    out: list[str] = []
+    for node in view.nodes:
+        core = node.mode == "core_mem"
+        out += [f"NAME:       {node.name}", f"IPADDRESS:  {node.ip or '-'}",
+                f"MODE:       {node.mode}"]
+        if node.problem:
+            out.append(f"PROBLEM:    {node.problem}")
+        out.append("")
+        indexes = [g.index for g in node.gpus]
+        header = ["NAME", "NAMESPACE"] + [f"GPU{i}(Allocated)" for i in indexes]
+        if core:
+            header += [f"GPU{i}(Core%)" for i in indexes]
+        if node.pending_units:
+            header.append("PENDING(Allocated)")
+        header.append("STATE")
+        rows = [header]
+        for pod in node.pods:
+            row = [pod.name, pod.namespace]
+            row += [amounts.of(node, pod.mem_units.get(i, 0)) for i in indexes]
+            if core:
+                row += [str(pod.core_pct.get(i, 0)) for i in indexes]
+            if node.pending_units:
+                row.append(amounts.of(node, pod.pending_units))
+            row.append(pod.state)
+            rows.append(row)
+        out += _table(rows)
+        allocated, total = node.allocated_units, node.total_units
+        out.append(
+            f"Allocated :  {amounts.of(node, allocated)} ({_pct(allocated, total)}%)"
+        )
+        out.append(f"Total :      {amounts.of(node, total)}")
+        if core:
+            out.append(
+                f"Core :       {node.core_allocated_pct}/{node.core_capacity_pct}% "
+                f"({_pct(node.core_allocated_pct, node.core_capacity_pct)}%)"
+            )
+        out.append("-" * MIN_RULE)
+        out.append("")
+    out += _cluster_lines(view, amounts)
+    return "\n".join(out) + "\n"

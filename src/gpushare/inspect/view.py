@@ -1,0 +1,176 @@
+"""What ``kubectl inspect cgpu`` shows, built from inventories and the ledger alone (pure).
+
+The extender's ``GET /inspect`` returns the same view as JSON, so a person and a dashboard see
+the same numbers. Nodes appear when they are shared (a known mode with GPUs) or hold anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpushare.core.inventory import Mode, NodeInventory
+from gpushare.core.ledger import Ledger
+
+
+@dataclass(frozen=True)
+class PodView:
+    """One pod's holding on a node."""
+
+    namespace: str
+    name: str
+    mem_units: Mapping[int, int]
+    core_pct: Mapping[int, int]
+    pending_units: int = 0
+    """Memory held on an unknown GPU."""
+    state: str = "bound"
+    """``assumed`` (bind in flight), ``bound`` or ``assigned`` (served by the device plugin)."""
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """One GPU's totals."""
+
+    index: int
+    total_units: int
+    allocated_units: int
+    core_allocated_pct: int
+    pods: int
+    healthy: bool
+    model: str = ""
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One node's GPUs and pods."""
+
+    name: str
+    ip: str
+    mode: str
+    unit: str
+    unit_mib: int
+    gpus: tuple[GpuView, ...]
+    pods: tuple[PodView, ...]
+    pending_units: int = 0
+    problem: str = ""
+
+    @property
+    def total_units(self) -> int:
+        """Memory of all GPUs."""
+        return sum(g.total_units for g in self.gpus)
+
+    @property
+    def allocated_units(self) -> int:
+        """Memory held on the node, pending included."""
+        return sum(g.allocated_units for g in self.gpus) + self.pending_units
+
+    @property
+    def core_capacity_pct(self) -> int:
+        """Computing power of all GPUs (core_mem nodes)."""
+        return 100 * len(self.gpus)
+
+    @property
+    def core_allocated_pct(self) -> int:
+        """Computing power held on the node."""
+        return sum(g.core_allocated_pct for g in self.gpus)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """Every shared node."""
+
+    nodes: tuple[NodeView, ...]
+
+    @property
+    def mixed_units(self) -> bool:
+        """Whether nodes count memory in different units (then totals are shown in MiB)."""
+        return len({n.unit for n in self.nodes}) > 1
+
+    def total_mib(self) -> int:
+        """Cluster memory in MiB."""
+        return sum(n.total_units * n.unit_mib for n in self.nodes)
+
+    def allocated_mib(self) -> int:
+        """Cluster memory held, in MiB."""
+        return sum(n.allocated_units * n.unit_mib for n in self.nodes)
+
+
+def build_view(nodes: Iterable[NodeInventory], ledger: Ledger) -> ClusterView:
+    """Join inventories and holdings into the inspect view."""
+    busy = ledger.nodes()
+    views = []
+    for node in sorted(nodes, key=lambda n: n.name):
+        if not (node.mode is not Mode.NONE and node.gpus) and node.name not in busy:
+            continue
+        usage = ledger.usage(node.name)
+        gpus = tuple(
+            GpuView(
+                index=g.index,
+                total_units=g.mem_units,
+                allocated_units=usage.on(g.index).mem_units,
+                core_allocated_pct=usage.on(g.index).core_pct,
+                pods=usage.on(g.index).pods,
+                healthy=g.healthy,
+                model=g.model,
+            )
+            for g in node.gpus
+        )
+        pods = [
+            PodView(
+                namespace=a.namespace,
+                name=a.name,
+                mem_units={s.index: s.mem_units for s in a.gpus},
+                core_pct={s.index: s.core_pct for s in a.gpus if s.core_pct},
+                state="assumed" if ledger.is_assumed(a.uid) else (
+                    "assigned" if a.assigned else "bound"
+                ),
+            )
+            for a in usage.allocations
+        ]
+        pods += [
+            PodView(namespace=u.namespace, name=u.name, mem_units={}, core_pct={},
+                    pending_units=u.mem_units)
+            for u in usage.unplaced
+        ]
+        views.append(
+            NodeView(
+                name=node.name,
+                ip=node.ip,
+                mode=node.mode.value,
+                unit=node.unit.value,
+                unit_mib=node.unit.mib,
+                gpus=gpus,
+                pods=tuple(sorted(pods, key=lambda p: (p.namespace, p.name))),
+                pending_units=usage.unplaced_mem_units,
+                problem=node.problem,
+            )
+        )
+    return ClusterView(nodes=tuple(views))
+
+
+def to_json(view: ClusterView) -> dict[str, Any]:
+    """The view as plain JSON (``-o json`` and ``GET /inspect``)."""
+    nodes = []
+    for node in view.nodes:
+        data = asdict(node)
+        data["totalUnits"] = node.total_units
+        data["allocatedUnits"] = node.allocated_units
+        data["pods"] = [
+            {
+                **asdict(p),
+                "mem_units": {str(k): v for k, v in p.mem_units.items()},
+                "core_pct": {str(k): v for k, v in p.core_pct.items()},
+            }
+            for p in node.pods
+        ]
+        nodes.append(data)
+    total, allocated = view.total_mib(), view.allocated_mib()
+    return {
+        "nodes": nodes,
+        "cluster": {
+            "totalMiB": total,
+            "allocatedMiB": allocated,
+            "allocatedPercent": (allocated * 100 // total) if total else 0,
+        },
+    }

@@ -1,0 +1,164 @@
+"""The KubeAPI port over lightkube: the only module that imports the client library.
+
+Library errors are translated into gpushare's own tree (``gpushare.kube.port``) here, so no
+``httpx`` or ``lightkube`` exception leaks into the extender or the CLI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx2
+from lightkube import AsyncClient, KubeConfig
+from lightkube.config.kubeconfig import SingleConfig
+from lightkube.core.exceptions import ApiError, ConfigError
+from lightkube.models.core_v1 import ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.types import PatchType
+
+from gpushare.kube.port import (
+    Conflict,
+    Gone,
+    KubeDict,
+    KubeError,
+    NotFound,
+    Unreachable,
+    WatchEvent,
+)
+
+
+def _translate(err: Exception, what: str) -> KubeError:
+    if isinstance(err, ApiError):
+        code = err.status.code
+        message = f"{what}: {err.status.message}"
+        if code == 404:
+            return NotFound(message)
+        if code == 409:
+            return Conflict(message)
+        if code == 410:
+            return Gone(message)
+        if code in (401, 403):
+            return Unreachable(f"{message} (check the credentials in your kubeconfig)")
+        return KubeError(f"{message} (HTTP {code})")
+    return Unreachable(f"{what}: {type(err).__name__}: {err}")
+
+
+def load_config(kubeconfig: str | None = None, context: str | None = None) -> SingleConfig:
+    """The cluster config from a file, $KUBECONFIG, ~/.kube/config or in-cluster."""
+    try:
+        if kubeconfig:
+            config = KubeConfig.from_file(kubeconfig)
+        else:
+            config = KubeConfig.from_env()
+        single = config.get(context_name=context)
+    except (ConfigError, OSError, KeyError) as err:
+        where = kubeconfig or "$KUBECONFIG, ~/.kube/config or the in-cluster service account"
+        raise Unreachable(f"cannot load a kubeconfig from {where}: {err}") from None
+    if single is None:
+        raise Unreachable(f"kubeconfig has no context {context!r}")
+    return single
+
+
+def _to_dict(obj: Any) -> KubeDict:
+    data = obj.to_dict()
+    assert isinstance(data, dict)
+    return data
+
+
+class LightkubeAPI:
+    """KubeAPI backed by a lightkube AsyncClient."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None, context: str | None = None) -> LightkubeAPI:
+        """A client for the given kubeconfig and context."""
+        return cls(AsyncClient(config=load_config(kubeconfig, context), field_manager="gpushare"))
+
+    @property
+    def server(self) -> str:
+        """The API server's address, for messages."""
+        return str(self._client.config.cluster.server)
+
+    async def close(self) -> None:
+        """Close the HTTP connections."""
+        await self._client.close()
+
+    async def _list(self, kind: type[Node] | type[Pod], what: str) -> tuple[list[KubeDict], str]:
+        try:
+            listing: Any = (
+                self._client.list(kind, namespace="*") if kind is Pod else self._client.list(kind)
+            )
+            items = [_to_dict(item) async for item in listing]
+            return items, str(getattr(listing, "_resourceVersion", None) or "")
+        except (ApiError, httpx2.HTTPError, OSError) as err:
+            raise _translate(err, what) from None
+
+    async def list_nodes(self) -> tuple[list[KubeDict], str]:
+        """All nodes."""
+        return await self._list(Node, "list nodes")
+
+    async def list_pods(self) -> tuple[list[KubeDict], str]:
+        """All pods in all namespaces."""
+        return await self._list(Pod, "list pods")
+
+    async def _watch(
+        self, kind: type[Node] | type[Pod], resource_version: str, what: str
+    ) -> AsyncIterator[WatchEvent]:
+        try:
+            stream: Any = (
+                self._client.watch(kind, namespace="*", resource_version=resource_version)
+                if kind is Pod
+                else self._client.watch(kind, resource_version=resource_version)
+            )
+            async for type_, obj in stream:
+                yield WatchEvent(type=type_, object=_to_dict(obj))
+        except (ApiError, httpx2.HTTPError, OSError) as err:
+            raise _translate(err, what) from None
+
+    def watch_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """Node changes."""
+        return self._watch(Node, resource_version, "watch nodes")
+
+    def watch_pods(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """Pod changes."""
+        return self._watch(Pod, resource_version, "watch pods")
+
+    async def get_pod(self, namespace: str, name: str) -> KubeDict:
+        """One pod."""
+        try:
+            return _to_dict(await self._client.get(Pod, name, namespace=namespace))
+        except (ApiError, httpx2.HTTPError, OSError) as err:
+            raise _translate(err, f"get pod {namespace}/{name}") from None
+
+    async def patch_pod_annotations(
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str | None],
+        *,
+        resource_version: str,
+    ) -> KubeDict:
+        """JSON merge patch carrying metadata.resourceVersion, which the server checks."""
+        body = {"metadata": {"annotations": dict(annotations), "resourceVersion": resource_version}}
+        try:
+            patched = await self._client.patch(
+                Pod, name, body, namespace=namespace, patch_type=PatchType.MERGE
+            )
+            return _to_dict(patched)
+        except (ApiError, httpx2.HTTPError, OSError) as err:
+            raise _translate(err, f"annotate pod {namespace}/{name}") from None
+
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """POST the ``pods/binding`` subresource."""
+        binding = Pod.Binding(
+            metadata=ObjectMeta(name=name, namespace=namespace, uid=uid),
+            target=ObjectReference(apiVersion="v1", kind="Node", name=node),
+        )
+        try:
+            await self._client.create(binding, name=name, namespace=namespace)
+        except (ApiError, httpx2.HTTPError, OSError) as err:
+            raise _translate(err, f"bind pod {namespace}/{name} to {node}") from None

@@ -1,0 +1,194 @@
+"""An in-memory Kubernetes API: resourceVersions, conflicts, bindings and watches.
+
+It backs unit and integration tests and the demo, so the extender and the cache run unchanged
+without a cluster. It keeps an event log like etcd's; ``compact`` drops it so watches from an
+older resourceVersion get ``Gone``, as a real API server does after compaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gpushare.kube.port import Conflict, EventType, Gone, KubeDict, NotFound, WatchEvent
+
+Kind = Literal["nodes", "pods"]
+
+
+@dataclass(frozen=True)
+class _Logged:
+    version: int
+    kind: Kind
+    type: EventType
+    object: KubeDict
+
+
+class MemoryKube:
+    """A small, faithful-enough API server in a dict."""
+
+    def __init__(self) -> None:
+        self._version = 0
+        self._nodes: dict[str, KubeDict] = {}
+        self._pods: dict[tuple[str, str], KubeDict] = {}
+        self._log: list[_Logged] = []
+        self._compacted = 0
+        self._waiters: list[asyncio.Future[None]] = []
+        self._uids = 0
+        self.calls: list[str] = []
+        """Names of port methods called, in order (tests assert on the protocol used)."""
+
+    # -- writes used by tests and the demo ---------------------------------------------------
+
+    def _record(self, kind: Kind, type_: EventType, obj: KubeDict) -> KubeDict:
+        self._version += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self._version)
+        self._log.append(_Logged(self._version, kind, type_, copy.deepcopy(obj)))
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        return copy.deepcopy(obj)
+
+    def put_node(self, node: Mapping[str, Any]) -> KubeDict:
+        """Create or replace a node."""
+        obj = copy.deepcopy(dict(node))
+        name = obj["metadata"]["name"]
+        type_: EventType = "MODIFIED" if name in self._nodes else "ADDED"
+        self._nodes[name] = obj
+        return self._record("nodes", type_, obj)
+
+    def delete_node(self, name: str) -> None:
+        """Remove a node."""
+        obj = self._nodes.pop(name)
+        self._record("nodes", "DELETED", obj)
+
+    def create_pod(self, pod: Mapping[str, Any]) -> KubeDict:
+        """Store a new pod, giving it a UID and the default namespace if missing."""
+        obj = copy.deepcopy(dict(pod))
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("namespace", "default")
+        self._uids += 1
+        meta.setdefault("uid", f"00000000-0000-0000-0000-{self._uids:012d}")
+        obj.setdefault("status", {}).setdefault("phase", "Pending")
+        key = (meta["namespace"], meta["name"])
+        if key in self._pods:
+            raise Conflict(f"pod {key[0]}/{key[1]} already exists")
+        self._pods[key] = obj
+        return self._record("pods", "ADDED", obj)
+
+    def update_pod(self, namespace: str, name: str, **status: Any) -> KubeDict:
+        """Change a pod's status fields (for example ``phase="Succeeded"``)."""
+        obj = self._pod(namespace, name)
+        obj.setdefault("status", {}).update(status)
+        return self._record("pods", "MODIFIED", obj)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """Remove a pod at once (no grace period)."""
+        obj = self._pods.pop((namespace, name), None)
+        if obj is None:
+            raise NotFound(f"pod {namespace}/{name} not found")
+        self._record("pods", "DELETED", obj)
+
+    def pods(self) -> list[KubeDict]:
+        """Copies of all pods."""
+        return [copy.deepcopy(p) for p in self._pods.values()]
+
+    def nodes(self) -> list[KubeDict]:
+        """Copies of all nodes."""
+        return [copy.deepcopy(n) for n in self._nodes.values()]
+
+    def compact(self) -> None:
+        """Forget the event log, so older watches get Gone."""
+        self._compacted = self._version
+        self._log.clear()
+
+    def _pod(self, namespace: str, name: str) -> KubeDict:
+        try:
+            return self._pods[(namespace, name)]
+        except KeyError:
+            raise NotFound(f"pod {namespace}/{name} not found") from None
+
+    # -- the port ------------------------------------------------------------------------------
+
+    async def list_nodes(self) -> tuple[list[KubeDict], str]:
+        """All nodes and the current resourceVersion."""
+        self.calls.append("list_nodes")
+        return self.nodes(), str(self._version)
+
+    async def list_pods(self) -> tuple[list[KubeDict], str]:
+        """All pods and the current resourceVersion."""
+        self.calls.append("list_pods")
+        return self.pods(), str(self._version)
+
+    async def _watch(self, kind: Kind, resource_version: str) -> AsyncIterator[WatchEvent]:
+        position = int(resource_version or 0)
+        while True:
+            if position < self._compacted:
+                raise Gone(f"too old resource version: {position} ({self._compacted})")
+            pending = [e for e in self._log if e.version > position]
+            for event in pending:
+                position = event.version
+                if event.kind == kind:
+                    yield WatchEvent(type=event.type, object=copy.deepcopy(event.object))
+            if position >= self._version:
+                waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+                await waiter
+
+    def watch_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """Node events after ``resource_version``."""
+        self.calls.append("watch_nodes")
+        return self._watch("nodes", resource_version)
+
+    def watch_pods(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """Pod events after ``resource_version``."""
+        self.calls.append("watch_pods")
+        return self._watch("pods", resource_version)
+
+    async def get_pod(self, namespace: str, name: str) -> KubeDict:
+        """One pod."""
+        self.calls.append("get_pod")
+        return copy.deepcopy(self._pod(namespace, name))
+
+    async def patch_pod_annotations(
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str | None],
+        *,
+        resource_version: str,
+    ) -> KubeDict:
+        """Merge annotations with an optimistic-concurrency check."""
+        self.calls.append("patch_pod_annotations")
+        obj = self._pod(namespace, name)
+        current = obj["metadata"].get("resourceVersion")
+        if resource_version and current != resource_version:
+            raise Conflict(
+                f"pod {namespace}/{name}: resourceVersion {resource_version} is stale (now {current})"
+            )
+        stored = obj["metadata"].setdefault("annotations", {})
+        for key, value in annotations.items():
+            if value is None:
+                stored.pop(key, None)
+            else:
+                stored[key] = value
+        return self._record("pods", "MODIFIED", obj)
+
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """Bind like the ``pods/binding`` subresource: once, and only the same UID."""
+        self.calls.append("bind_pod")
+        obj = self._pod(namespace, name)
+        if obj["metadata"].get("uid") != uid:
+            raise Conflict(f"pod {namespace}/{name}: UID {uid} does not match")
+        if obj.get("spec", {}).get("nodeName"):
+            raise Conflict(f"pod {namespace}/{name} is already assigned to node {obj['spec']['nodeName']}")
+        if node not in self._nodes:
+            raise NotFound(f"node {node} not found")
+        obj.setdefault("spec", {})["nodeName"] = node
+        obj.setdefault("status", {})["phase"] = "Pending"
+        conditions = obj["status"].setdefault("conditions", [])
+        conditions.append({"type": "PodScheduled", "status": "True"})
+        self._record("pods", "MODIFIED", obj)

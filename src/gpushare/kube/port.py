@@ -1,0 +1,88 @@
+"""The Kubernetes API as gpushare needs it, as a port with its own error tree.
+
+Errors (raised by every implementation, never the client library's own)::
+
+    KubeError                 any failure talking to the API
+    ├── Unreachable           no connection, TLS or auth failure
+    ├── NotFound              404: the object is gone
+    ├── Conflict              409: resourceVersion changed, or the pod is already bound
+    └── Gone                  410: the watch's resourceVersion is too old; relist
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+KubeDict = dict[str, Any]
+
+
+class KubeError(Exception):
+    """A failure talking to the Kubernetes API."""
+
+
+class Unreachable(KubeError):
+    """The API server could not be reached or refused our credentials."""
+
+
+class NotFound(KubeError):
+    """The object does not exist (any more)."""
+
+
+class Conflict(KubeError):
+    """An optimistic-concurrency or binding conflict: re-read and try again."""
+
+
+class Gone(KubeError):
+    """A watch started from a resourceVersion the server no longer has."""
+
+
+EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change from a watch stream."""
+
+    type: EventType
+    object: KubeDict
+
+
+class KubeAPI(Protocol):
+    """What the extender, the cache and ``kubectl inspect cgpu`` need from the API server."""
+
+    async def list_nodes(self) -> tuple[list[KubeDict], str]:
+        """All nodes and the list's resourceVersion."""
+        ...
+
+    async def list_pods(self) -> tuple[list[KubeDict], str]:
+        """All pods in all namespaces and the list's resourceVersion."""
+        ...
+
+    def watch_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """Node changes after ``resource_version``; raises Gone when it is too old."""
+        ...
+
+    def watch_pods(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """Pod changes after ``resource_version``; raises Gone when it is too old."""
+        ...
+
+    async def get_pod(self, namespace: str, name: str) -> KubeDict:
+        """One pod as stored now."""
+        ...
+
+    async def patch_pod_annotations(
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str | None],
+        *,
+        resource_version: str,
+    ) -> KubeDict:
+        """Merge annotations (None deletes) if the pod is still at ``resource_version``."""
+        ...
+
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """Create the pod's ``pods/binding`` to the node."""
+        ...
