@@ -124,7 +124,11 @@ class Demo:
         ]
         for pod in refused:
             limits = pod["spec"]["containers"][0]["resources"]["limits"]
-            self.shell(f"kubectl describe pod {pod['metadata']['name']}   # limits {json.dumps(limits)}")
+            labels = pod["metadata"]["labels"]
+            self.shell(
+                f"kubectl describe pod {pod['metadata']['name']}   # limits {json.dumps(limits)}"
+                + (f" labels {json.dumps(labels)}" if labels else "")
+            )
             self.report(await self.submit(pod))
         await self.inspect()
 

@@ -117,7 +117,7 @@ def _parse_count(
         else:
             return None, f"{shown} is fractional; {what} counts whole units: write an integer >= 1"
     text = str(raw).strip()
-    if isinstance(raw, int) or _INTEGER.match(text):
+    if _INTEGER.match(text):
         value = int(text)
         if value == 0:
             return None, f"{shown} asks for nothing; write an integer >= 1 or remove the resource"

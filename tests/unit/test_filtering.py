@@ -1,0 +1,165 @@
+"""Filter rules and their reasons, GPU choice, and scoring."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpushare.core.allocation import plan
+from gpushare.core.filtering import Code, Rules, filter_node
+from gpushare.core.inventory import NodeInventory, read_node
+from gpushare.core.ledger import Ledger, NodeUsage
+from gpushare.core.requests import PodRequest, read_pod
+from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.core.units import MemoryUnit
+from gpushare.kube.objects import gpu_node, gpu_pod
+
+
+def req(mem: int, core: int | None = None, count: str | None = None, name: str = "p") -> PodRequest:
+    pod = gpu_pod(name, mem=mem, core=core, gpu_count=count)
+    pod["metadata"]["uid"] = f"uid-{name}"
+    result = read_pod(pod)
+    assert isinstance(result, PodRequest)
+    return result
+
+
+def node(gpus: list[int], **kwargs: object) -> NodeInventory:
+    return read_node(gpu_node("n", gpus_units=gpus, **kwargs))  # type: ignore[arg-type]
+
+
+def hold(ledger: Ledger, inv: NodeInventory, request: PodRequest, *indexes: int) -> None:
+    ledger.assume(plan(request, node=inv.name, indexes=indexes, unit=inv.unit))
+
+
+def test_seed_reason_names_gpu_free_and_request() -> None:
+    inv, ledger = node([15]), Ledger()
+    hold(ledger, inv, req(13, name="big"), 0)
+    verdict = filter_node(req(3), inv, ledger.usage("n"), rules=Rules())
+    assert verdict.code is Code.UNSCHEDULABLE
+    assert verdict.reasons == ("GPU0: 2/15 GiB free < 3 GiB requested",)
+
+
+def test_fits_and_picks_best_fit_gpu_for_binpack() -> None:
+    inv, ledger = node([15, 15, 15]), Ledger()
+    hold(ledger, inv, req(10, name="a"), 1)
+    hold(ledger, inv, req(5, name="b"), 2)
+    verdict = filter_node(req(4), inv, ledger.usage("n"), rules=Rules())
+    assert verdict.fits and verdict.gpus == (1,)
+
+
+def test_spread_picks_most_free_gpu() -> None:
+    inv, ledger = node([15, 15, 15], placement="spread"), Ledger()
+    hold(ledger, inv, req(10, name="a"), 0)
+    hold(ledger, inv, req(5, name="b"), 2)
+    assert filter_node(req(4), inv, ledger.usage("n"), rules=Rules()).gpus == (1,)
+
+
+def test_heterogeneous_gpus_are_judged_each_by_its_size() -> None:
+    inv = node([8, 40])
+    verdict = filter_node(req(16), inv, NodeUsage(), rules=Rules())
+    assert verdict.fits and verdict.gpus == (1,)
+
+
+def test_core_pod_only_fits_core_mem() -> None:
+    verdict = filter_node(req(2, core=30), node([15]), NodeUsage(), rules=Rules())
+    assert verdict.code is Code.UNRESOLVABLE
+    assert "only ack.node.gpu.schedule=core_mem nodes share computing power" in verdict.message
+
+
+def test_memory_only_pod_never_fits_core_mem() -> None:
+    verdict = filter_node(req(2), node([15], mode="core_mem"), NodeUsage(), rules=Rules())
+    assert verdict.code is Code.UNRESOLVABLE and "never share a node" in verdict.message
+
+
+def test_core_is_counted_per_gpu() -> None:
+    inv, ledger = node([15], mode="core_mem"), Ledger()
+    hold(ledger, inv, req(2, core=80, name="a"), 0)
+    verdict = filter_node(req(2, core=30), inv, ledger.usage("n"), rules=Rules())
+    assert verdict.reasons == ("GPU0: 20/100% computing power free < 30% requested",)
+
+
+def test_not_shared_node_is_unresolvable() -> None:
+    verdict = filter_node(req(1), node([15], mode="default"), NodeUsage(), rules=Rules())
+    assert verdict.code is Code.UNRESOLVABLE and "node is not shared" in verdict.message
+
+
+def test_unhealthy_gpu_takes_nothing() -> None:
+    verdict = filter_node(req(1), node([15, 15], unhealthy=[0, 1]), NodeUsage(), rules=Rules())
+    assert verdict.code is Code.UNSCHEDULABLE
+    assert verdict.reasons == ("GPU0: unhealthy", "GPU1: unhealthy")
+    assert filter_node(req(1), node([15, 15], unhealthy=[0]), NodeUsage(), rules=Rules()).gpus == (1,)
+
+
+@pytest.mark.parametrize(("mode", "limited"), [("cgpu", True), ("core_mem", True), ("share", False)])
+def test_isolation_limits_pods_per_gpu(mode: str, limited: bool) -> None:
+    inv, ledger = node([100], mode=mode), Ledger()
+    core = 5 if mode == "core_mem" else None
+    # 20 pods x 5% would also fill core_mem's computing power, so that case uses limit 4.
+    limit = 4 if mode == "core_mem" else 20
+    for i in range(limit):
+        hold(ledger, inv, req(1, core=core, name=f"p{i}"), 0)
+    rules = Rules(max_pods_per_gpu=4) if mode == "core_mem" else Rules()
+    verdict = filter_node(req(1, core=core), inv, ledger.usage("n"), rules=rules)
+    assert verdict.fits is not limited
+    if limited:
+        assert verdict.reasons == (f"GPU0: {limit}/{limit} pods, the isolation limit per GPU",)
+
+
+def test_isolation_limit_is_16_at_128mib_and_configurable() -> None:
+    assert Rules().pod_limit(MemoryUnit.MiB128) == 16
+    assert Rules(max_pods_per_gpu=4).pod_limit(MemoryUnit.GiB) == 4
+
+
+def test_multi_gpu_needs_n_gpus_each_with_its_share() -> None:
+    inv, ledger = node([15, 15, 15]), Ledger()
+    hold(ledger, inv, req(12, name="a"), 0)
+    verdict = filter_node(req(8, count="2"), inv, ledger.usage("n"), rules=Rules())
+    assert verdict.fits and verdict.gpus == (1, 2)
+    hold(ledger, inv, req(12, name="b"), 1)
+    verdict = filter_node(req(8, count="2"), inv, ledger.usage("n"), rules=Rules())
+    assert verdict.code is Code.UNSCHEDULABLE
+    assert verdict.reasons[0] == "1 of 2 GPUs needed have room"
+
+
+def test_more_gpus_than_the_node_has_is_unresolvable() -> None:
+    verdict = filter_node(req(4, count="4"), node([15, 15]), NodeUsage(), rules=Rules())
+    assert verdict.code is Code.UNRESOLVABLE and "needs 4 GPUs" in verdict.message
+
+
+def test_request_larger_than_any_gpu_is_unresolvable() -> None:
+    verdict = filter_node(req(16), node([15]), NodeUsage(), rules=Rules())
+    assert verdict.code is Code.UNRESOLVABLE
+    assert verdict.reasons == ("GPU0: 15 GiB total < 16 GiB requested",)
+
+
+def test_unit_mismatch_is_unresolvable() -> None:
+    inv = node([120], unit=MemoryUnit.MiB128)
+    verdict = filter_node(req(1), inv, NodeUsage(), rules=Rules(cluster_unit=MemoryUnit.GiB))
+    assert verdict.code is Code.UNRESOLVABLE and "set gpuMemoryUnit the same" in verdict.message
+
+
+def test_unplaced_memory_counts_against_the_node() -> None:
+    foreign = gpu_pod("foreign", mem=10, scheduler="default-scheduler")
+    foreign["metadata"]["uid"] = "f"
+    foreign["spec"]["nodeName"] = "n"
+    ledger = Ledger.from_pods([foreign])
+    verdict = filter_node(req(8), node([15]), ledger.usage("n"), rules=Rules())
+    assert verdict.code is Code.UNSCHEDULABLE
+    assert "held by pods on unknown GPUs" in verdict.message
+
+
+def test_binpack_prefers_the_fuller_node_and_spread_the_emptier() -> None:
+    busy, empty = read_node(gpu_node("busy", gpus_units=[15, 15])), read_node(
+        gpu_node("empty", gpus_units=[15, 15]))
+    ledger = Ledger()
+    hold(ledger, busy, req(6, name="a"), 0)
+    pod = gpu_pod("new", mem=3)
+    binpack = Scheduler(Settings()).prioritize(pod, [busy, empty], ledger)
+    spread = Scheduler(Settings(policy="spread")).prioritize(pod, [busy, empty], ledger)
+    assert binpack["busy"] > binpack["empty"]
+    assert spread["busy"] < spread["empty"]
+    assert all(0 <= s <= 10 for s in [*binpack.values(), *spread.values()])
+
+
+def test_unknown_policy_fails_at_construction() -> None:
+    with pytest.raises(ValueError, match="choose one of: binpack, spread"):
+        Scheduler(Settings(policy="magic"))

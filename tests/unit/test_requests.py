@@ -1,0 +1,177 @@
+"""Pod requests: valid shapes, Kubernetes' init-container counting, every invalid input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpushare.core.requests import ContainerKind, PodRequest, Rejection, read_pod
+from gpushare.core.units import MemoryUnit
+
+MEM = "aliyun.com/gpu-mem"
+CORE = "aliyun.com/gpu-core.percentage"
+
+
+def pod(*containers: dict[str, Any], init: tuple[dict[str, Any], ...] = (),
+        labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": labels or {}},
+        "spec": {"containers": list(containers), "initContainers": list(init)},
+    }
+
+
+def c(name: str = "main", limits: dict[str, Any] | None = None,
+      requests: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    resources: dict[str, Any] = {}
+    if limits is not None:
+        resources["limits"] = limits
+    if requests is not None:
+        resources["requests"] = requests
+    return {"name": name, "resources": resources, **extra}
+
+
+def ok(p: dict[str, Any]) -> PodRequest:
+    result = read_pod(p)
+    assert isinstance(result, PodRequest), getattr(result, "message", result)
+    return result
+
+
+def rejected(p: dict[str, Any], unit: MemoryUnit = MemoryUnit.GiB) -> str:
+    result = read_pod(p, unit=unit)
+    assert isinstance(result, Rejection), result
+    return result.message
+
+
+def test_seed_request_reads_three_units() -> None:
+    request = ok(pod(c("gpu-share-sample", {MEM: 3})))
+    assert (request.mem_units, request.core_pct, request.gpu_count) == (3, 0, 1)
+    assert request.wants_gpu and not request.wants_core
+
+
+def test_string_quantities_and_equal_requests_are_accepted() -> None:
+    request = ok(pod(c(limits={MEM: "2", CORE: "30"}, requests={MEM: "2", CORE: 30})))
+    assert (request.mem_units, request.core_pct) == (2, 30)
+
+
+def test_pod_without_gpu_resources_wants_nothing() -> None:
+    request = ok(pod(c(limits={"cpu": "1"})))
+    assert not request.wants_gpu
+
+
+def test_app_containers_add_up() -> None:
+    assert ok(pod(c("a", {MEM: 2}), c("b", {MEM: 3}))).mem_units == 5
+
+
+def test_init_container_counts_as_its_own_maximum() -> None:
+    request = ok(pod(c("a", {MEM: 2}), init=(c("i", {MEM: 6}),)))
+    assert request.mem_units == 6
+    assert [x.kind for x in request.containers] == [ContainerKind.INIT, ContainerKind.APP]
+
+
+def test_sidecar_adds_to_everything_after_it() -> None:
+    sidecar = c("s", {MEM: 1}, restartPolicy="Always")
+    request = ok(pod(c("a", {MEM: 2}), init=(sidecar, c("i", {MEM: 4}))))
+    # init "i" runs beside the sidecar: 1 + 4 = 5 > app 2 + sidecar 1
+    assert request.mem_units == 5
+
+
+def test_multi_gpu_splits_evenly() -> None:
+    request = ok(pod(c(limits={MEM: 8, CORE: 60}), labels={"aliyun.com/gpu-count": "2"}))
+    assert (request.gpu_count, request.mem_per_gpu, request.core_per_gpu) == (2, 4, 30)
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        (0, "asks for nothing"),
+        ("0", "asks for nothing"),
+        (-1, "is negative"),
+        ("-2", "is negative"),
+        (1.5, "is fractional"),
+        ("1.5", "is fractional"),
+        ("3Gi", "has a unit suffix"),
+        ("3G", "has a unit suffix"),
+        ("1k", "has a unit suffix"),
+        ("three", "is not a whole number"),
+        (True, "is not a number"),
+    ],
+)
+def test_bad_gpu_mem_names_container_field_value_and_rule(value: Any, needle: str) -> None:
+    message = rejected(pod(c("trainer", {MEM: value})))
+    assert 'container "trainer" (spec.containers[0])' in message
+    assert f'limits["{MEM}"]={value!r}' in message
+    assert needle in message
+    assert "write" in message  # says what to do
+
+
+def test_requests_differing_from_limits_are_rejected() -> None:
+    message = rejected(pod(c(limits={MEM: 3}, requests={MEM: 2})))
+    assert f'requests["{MEM}"]=2 differs from limits["{MEM}"]=3' in message
+    assert "set only limits" in message
+
+
+def test_request_without_limit_is_rejected() -> None:
+    message = rejected(pod(c(requests={MEM: 2})))
+    assert f'requests["{MEM}"]=2 is set without limits["{MEM}"]' in message
+
+
+@pytest.mark.parametrize("core", [33, "12", 7])
+def test_core_not_multiple_of_five_cannot_be_submitted(core: Any) -> None:
+    message = rejected(pod(c(limits={MEM: 2, CORE: core})))
+    assert f'limits["{CORE}"]={core!r} is not a multiple of 5' in message
+    assert "cannot be submitted" in message
+
+
+def test_core_zero_is_rejected() -> None:
+    assert "asks for nothing" in rejected(pod(c(limits={MEM: 2, CORE: 0})))
+
+
+@pytest.mark.parametrize(("core", "labels"), [(105, None), (250, {"aliyun.com/gpu-count": "2"})])
+def test_core_above_100_per_gpu_is_rejected(core: int, labels: dict[str, str] | None) -> None:
+    message = rejected(pod(c(limits={MEM: 2, CORE: core}), labels=labels))
+    assert "per GPU" in message and "from 5 to 100" in message
+
+
+def test_core_below_five_per_gpu_over_several_gpus_is_rejected() -> None:
+    message = rejected(pod(c(limits={MEM: 4, CORE: 5}), labels={"aliyun.com/gpu-count": "2"}))
+    assert "2.5% per GPU" in message
+
+
+def test_core_without_memory_is_rejected() -> None:
+    message = rejected(pod(c("infer", {CORE: 30})))
+    assert 'container "infer"' in message
+    assert f'limits["{CORE}"]=30 is set without limits["{MEM}"]' in message
+    assert f"add {MEM}" in message
+
+
+@pytest.mark.parametrize("label", ["0", "-1", "two", "1.5", ""])
+def test_bad_gpu_count_label_is_rejected(label: str) -> None:
+    message = rejected(pod(c(limits={MEM: 4}), labels={"aliyun.com/gpu-count": label}))
+    assert f"pod label aliyun.com/gpu-count={label!r} must be a whole number >= 1" in message
+
+
+def test_memory_not_dividing_by_gpu_count_is_rejected() -> None:
+    message = rejected(pod(c(limits={MEM: 5}), labels={"aliyun.com/gpu-count": "2"}))
+    assert "pod memory 5 GiB does not divide evenly over label aliyun.com/gpu-count=2" in message
+
+
+def test_gpu_count_label_without_memory_is_rejected() -> None:
+    message = rejected(pod(c(limits={"cpu": 1}), labels={"aliyun.com/gpu-count": "2"}))
+    assert "no container asks for aliyun.com/gpu-mem" in message
+
+
+def test_init_container_errors_name_the_init_container() -> None:
+    message = rejected(pod(c(limits={MEM: 1}), init=(c("setup", {MEM: "2Gi"}),)))
+    assert 'container "setup" (spec.initContainers[0])' in message
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    result = read_pod(pod(c("a", {MEM: "3Gi"}), c("b", {CORE: 7})))
+    assert isinstance(result, Rejection)
+    assert len(result.reasons) == 3
+
+
+def test_unit_appears_in_messages_at_128mib() -> None:
+    message = rejected(pod(c(limits={MEM: "2Gi"})), unit=MemoryUnit.MiB128)
+    assert "128MiB per unit" in message
