@@ -75,7 +75,9 @@ class Demo:
     async def submit(self, pod: dict[str, Any]) -> Outcome:
         stored = self.kube.create_pod(pod)
         await self.settle()
-        outcome = await self.driver.schedule(stored, [n["metadata"]["name"] for n in self.kube.nodes()])
+        outcome = await self.driver.schedule(
+            stored, [n["metadata"]["name"] for n in self.kube.nodes()]
+        )
         await self.settle()
         return outcome
 
@@ -100,8 +102,13 @@ class Demo:
 
         self.step("2. Computing power: a core_mem node with 4 GPUs x 15 GiB")
         self.kube.put_node(
-            gpu_node(CORE_NODE, ip="192.168.66.140", gpus_units=[15] * 4, mode="core_mem",
-                     placement="binpack")
+            gpu_node(
+                CORE_NODE,
+                ip="192.168.66.140",
+                gpus_units=[15] * 4,
+                mode="core_mem",
+                placement="binpack",
+            )
         )
         self.shell(f"kubectl get node {CORE_NODE} -o yaml   # capacity and allocatable")
         status = next(n for n in self.kube.nodes() if n["metadata"]["name"] == CORE_NODE)["status"]
@@ -136,7 +143,8 @@ class Demo:
         total = len(self.kube.nodes())
         if outcome.bound:
             pod = next(
-                p for p in self.kube.pods()
+                p
+                for p in self.kube.pods()
                 if f"{p['metadata']['namespace']}/{p['metadata']['name']}" == outcome.pod
             )
             annotations = pod["metadata"].get("annotations", {})

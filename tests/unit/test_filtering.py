@@ -86,10 +86,14 @@ def test_unhealthy_gpu_takes_nothing() -> None:
     verdict = filter_node(req(1), node([15, 15], unhealthy=[0, 1]), NodeUsage(), rules=Rules())
     assert verdict.code is Code.UNSCHEDULABLE
     assert verdict.reasons == ("GPU0: unhealthy", "GPU1: unhealthy")
-    assert filter_node(req(1), node([15, 15], unhealthy=[0]), NodeUsage(), rules=Rules()).gpus == (1,)
+    assert filter_node(req(1), node([15, 15], unhealthy=[0]), NodeUsage(), rules=Rules()).gpus == (
+        1,
+    )
 
 
-@pytest.mark.parametrize(("mode", "limited"), [("cgpu", True), ("core_mem", True), ("share", False)])
+@pytest.mark.parametrize(
+    ("mode", "limited"), [("cgpu", True), ("core_mem", True), ("share", False)]
+)
 def test_isolation_limits_pods_per_gpu(mode: str, limited: bool) -> None:
     inv, ledger = node([100], mode=mode), Ledger()
     core = 5 if mode == "core_mem" else None
@@ -148,8 +152,10 @@ def test_unplaced_memory_counts_against_the_node() -> None:
 
 
 def test_binpack_prefers_the_fuller_node_and_spread_the_emptier() -> None:
-    busy, empty = read_node(gpu_node("busy", gpus_units=[15, 15])), read_node(
-        gpu_node("empty", gpus_units=[15, 15]))
+    busy, empty = (
+        read_node(gpu_node("busy", gpus_units=[15, 15])),
+        read_node(gpu_node("empty", gpus_units=[15, 15])),
+    )
     ledger = Ledger()
     hold(ledger, busy, req(6, name="a"), 0)
     pod = gpu_pod("new", mem=3)

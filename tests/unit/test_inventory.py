@@ -12,8 +12,11 @@ from gpushare.core.units import MemoryUnit
 from gpushare.kube.objects import gpu_node
 
 
-def bare(labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
-         capacity: dict[str, str] | None = None) -> dict[str, Any]:
+def bare(
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    capacity: dict[str, str] | None = None,
+) -> dict[str, Any]:
     return {
         "metadata": {"name": "n", "labels": labels or {}, "annotations": annotations or {}},
         "status": {"capacity": capacity or {}, "allocatable": capacity or {}},
@@ -22,8 +25,14 @@ def bare(labels: dict[str, str] | None = None, annotations: dict[str, str] | Non
 
 @pytest.mark.parametrize(
     ("label", "mode"),
-    [("share", Mode.SHARE), ("cgpu", Mode.CGPU), ("core_mem", Mode.CORE_MEM),
-     ("default", Mode.NONE), ("mps", Mode.NONE), (None, Mode.NONE)],
+    [
+        ("share", Mode.SHARE),
+        ("cgpu", Mode.CGPU),
+        ("core_mem", Mode.CORE_MEM),
+        ("default", Mode.NONE),
+        ("mps", Mode.NONE),
+        (None, Mode.NONE),
+    ],
 )
 def test_mode_from_label(label: str | None, mode: Mode) -> None:
     labels = {"ack.node.gpu.schedule": label} if label else {}

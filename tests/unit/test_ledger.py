@@ -25,8 +25,12 @@ def placed(name: str, mem: int, node: str = "n", index: int = 0, **status: Any) 
 
 
 def test_rebuild_counts_running_and_frees_finished() -> None:
-    pods = [placed("a", 3), placed("b", 4, index=1), placed("done", 5, phase="Succeeded"),
-            placed("bad", 6, phase="Failed")]
+    pods = [
+        placed("a", 3),
+        placed("b", 4, index=1),
+        placed("done", 5, phase="Succeeded"),
+        placed("bad", 6, phase="Failed"),
+    ]
     usage = Ledger.from_pods(pods).usage("n")
     assert usage.on(0).mem_units == 3 and usage.on(1).mem_units == 4
     assert usage.mem_units == 7

@@ -13,16 +13,23 @@ MEM = "aliyun.com/gpu-mem"
 CORE = "aliyun.com/gpu-core.percentage"
 
 
-def pod(*containers: dict[str, Any], init: tuple[dict[str, Any], ...] = (),
-        labels: dict[str, str] | None = None) -> dict[str, Any]:
+def pod(
+    *containers: dict[str, Any],
+    init: tuple[dict[str, Any], ...] = (),
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
     return {
         "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": labels or {}},
         "spec": {"containers": list(containers), "initContainers": list(init)},
     }
 
 
-def c(name: str = "main", limits: dict[str, Any] | None = None,
-      requests: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+def c(
+    name: str = "main",
+    limits: dict[str, Any] | None = None,
+    requests: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     resources: dict[str, Any] = {}
     if limits is not None:
         resources["limits"] = limits

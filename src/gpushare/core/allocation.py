@@ -159,9 +159,7 @@ def plan(
                 ),
             )
 
-    running = [
-        (p, c) for p, c in enumerate(request.containers) if c.kind is not ContainerKind.INIT
-    ]
+    running = [(p, c) for p, c in enumerate(request.containers) if c.kind is not ContainerKind.INIT]
     lay(running)
     for position, container in enumerate(request.containers):
         if container.kind is ContainerKind.INIT:
@@ -214,10 +212,11 @@ def _shares(raw: Any) -> tuple[GpuShare, ...]:
     for entry in raw:
         if not isinstance(entry, Mapping):
             raise ValueError("each GPU share must be an object")
-        index, mem, core = entry.get("index"), entry.get("mem"), entry.get("core", 0)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (index, mem, core)):
+        values = [entry.get("index"), entry.get("mem"), entry.get("core", 0)]
+        numbers = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
+        if len(numbers) != len(values):
             raise ValueError(f"GPU share {dict(entry)!r} needs integers index, mem, core >= 0")
-        out.append(GpuShare(index=int(index), mem_units=int(mem), core_pct=int(core)))
+        out.append(GpuShare(index=numbers[0], mem_units=numbers[1], core_pct=numbers[2]))
     return tuple(out)
 
 
@@ -235,13 +234,7 @@ def from_pod(pod: KubeObject) -> Allocation | None:
     annotations = annotations_of(pod)
     assigned = str(annotations.get(ANN_ASSIGNED, "")).lower() == "true"
     assume = _int_annotation(annotations, ANN_ASSUME_TIME)
-    base = {
-        "uid": uid_of(pod),
-        "namespace": namespace_of(pod),
-        "name": name_of(pod),
-        "assigned": assigned,
-        "assume_time_ns": assume,
-    }
+    uid, namespace, name = uid_of(pod), namespace_of(pod), name_of(pod)
     if ANN_ALLOCATION in annotations:
         try:
             record = json.loads(str(annotations[ANN_ALLOCATION]))
@@ -260,7 +253,11 @@ def from_pod(pod: KubeObject) -> Allocation | None:
                 unit=MemoryUnit.parse(str(record.get("unit", "1GiB"))),
                 gpus=_shares(record.get("gpus")),
                 containers=containers,
-                **base,
+                uid=uid,
+                namespace=namespace,
+                name=name,
+                assigned=assigned,
+                assume_time_ns=assume,
             )
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
@@ -278,5 +275,9 @@ def from_pod(pod: KubeObject) -> Allocation | None:
         node=node,
         unit=MemoryUnit.GiB,
         gpus=tuple(GpuShare(index=i, mem_units=each) for i in indexes),
-        **base,
+        uid=uid,
+        namespace=namespace,
+        name=name,
+        assigned=assigned,
+        assume_time_ns=assume,
     )

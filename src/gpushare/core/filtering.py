@@ -113,7 +113,9 @@ def filter_node(
     for gpu in node.gpus:
         label = f"GPU{gpu.index}"
         if gpu.mem_units < want:
-            reasons.append(f"{label}: {unit.describe(gpu.mem_units)} total < {unit.describe(want)} requested")
+            reasons.append(
+                f"{label}: {unit.describe(gpu.mem_units)} total < {unit.describe(want)} requested"
+            )
             continue
         big_enough += 1
         held = usage.on(gpu.index)
@@ -138,9 +140,7 @@ def filter_node(
         return Verdict(node=node.name, code=Code.UNRESOLVABLE, reasons=tuple(reasons))
     if len(fitting) < request.gpu_count:
         if request.gpu_count > 1:
-            reasons.insert(
-                0, f"{len(fitting)} of {request.gpu_count} GPUs needed have room"
-            )
+            reasons.insert(0, f"{len(fitting)} of {request.gpu_count} GPUs needed have room")
         return Verdict(node=node.name, code=Code.UNSCHEDULABLE, reasons=tuple(reasons))
     if usage.unplaced_mem_units:
         free_total = node.mem_units_total - usage.mem_units
@@ -154,6 +154,4 @@ def filter_node(
                     f"{unit.describe(usage.unplaced_mem_units)} held by pods on unknown GPUs)",
                 ),
             )
-    return Verdict(
-        node=node.name, code=Code.FITS, gpus=choose_gpus(request, node, usage, fitting)
-    )
+    return Verdict(node=node.name, code=Code.FITS, gpus=choose_gpus(request, node, usage, fitting))

@@ -129,7 +129,7 @@ def _int_quantity(value: Any) -> int | None:
 
 def _gpus_from_annotation(text: str, node: str) -> tuple[tuple[Gpu, ...], str]:
     """Parse ``gpushare.io/gpus``; return GPUs or a problem message."""
-    hint = f'node {node}: annotation {ANN_NODE_GPUS}'
+    hint = f"node {node}: annotation {ANN_NODE_GPUS}"
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as err:

@@ -28,6 +28,7 @@ def choose_gpus(
     fitting: Sequence[int],
 ) -> tuple[int, ...]:
     """Pick ``request.gpu_count`` GPUs among those that fit, by the node's placement."""
+
     def key(index: int) -> tuple[int, int, int]:
         left = free_after(request, node, usage, index)
         core_left = 100 - usage.on(index).core_pct - request.core_per_gpu

@@ -156,7 +156,8 @@ def _read_container(
         if resource in requests and resource not in limits:
             reasons.append(
                 f'{where}: requests["{resource}"]={requests[resource]!r} is set without '
-                f'limits["{resource}"]; extended resources are asked for under limits: move it there'
+                f'limits["{resource}"]; extended resources are asked for under limits: '
+                f"move it there"
             )
         elif resource in requests and str(requests[resource]) != str(limits[resource]):
             reasons.append(
@@ -229,7 +230,7 @@ def _read_gpu_count(pod: KubeObject, reasons: list[str]) -> int:
     text = str(raw).strip()
     if not _INTEGER.match(text) or int(text) < 1:
         reasons.append(
-            f'pod label {LABEL_POD_GPU_COUNT}={raw!r} must be a whole number >= 1 '
+            f"pod label {LABEL_POD_GPU_COUNT}={raw!r} must be a whole number >= 1 "
             f"(the number of GPUs to spread the pod's memory over); fix or remove the label"
         )
         return 1

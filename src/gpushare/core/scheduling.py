@@ -78,8 +78,7 @@ class Scheduler:
         nodes = list(nodes)
         if isinstance(request, Rejection):
             verdicts = tuple(
-                Verdict(node=n.name, code=Code.UNRESOLVABLE, reasons=request.reasons)
-                for n in nodes
+                Verdict(node=n.name, code=Code.UNRESOLVABLE, reasons=request.reasons) for n in nodes
             )
             return FilterResult(request=request, verdicts=verdicts)
         if not request.wants_gpu:
@@ -109,9 +108,7 @@ class Scheduler:
         request = self.read(pod)
         if isinstance(request, Rejection):
             return {n.name: 0 for n in nodes}
-        return {
-            n.name: round(self.score(request, n, ledger) * MAX_SCORE) for n in nodes
-        }
+        return {n.name: round(self.score(request, n, ledger) * MAX_SCORE) for n in nodes}
 
     def reserve(
         self,

@@ -85,8 +85,9 @@ def create_app(extender: Extender, *, run_cache: bool = False) -> FastAPI:
     async def readyz() -> Response:
         if extender.cache.synced:
             return PlainTextResponse("ok")
-        return JSONResponse({"ready": False, "reason": "cache has not listed nodes and pods yet"},
-                            status_code=503)
+        return JSONResponse(
+            {"ready": False, "reason": "cache has not listed nodes and pods yet"}, status_code=503
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -61,8 +61,10 @@ class ExtenderDriver:
         result = await self._post("filter", args)
         if result.get("Error"):
             return Outcome(pod=key, error=result["Error"])
-        failed = {**(result.get("FailedNodes") or {}),
-                  **(result.get("FailedAndUnresolvableNodes") or {})}
+        failed = {
+            **(result.get("FailedNodes") or {}),
+            **(result.get("FailedAndUnresolvableNodes") or {}),
+        }
         passing = result.get("NodeNames") or []
         if not passing:
             return Outcome(pod=key, failed=failed)
@@ -70,8 +72,12 @@ class ExtenderDriver:
         best = max(scores, key=lambda s: s["Score"])["Host"] if scores else passing[0]
         bound = await self._post(
             "bind",
-            {"PodName": meta.get("name", ""), "PodNamespace": meta.get("namespace", "default"),
-             "PodUID": meta.get("uid", ""), "Node": best},
+            {
+                "PodName": meta.get("name", ""),
+                "PodNamespace": meta.get("namespace", "default"),
+                "PodUID": meta.get("uid", ""),
+                "Node": best,
+            },
         )
         if bound.get("Error"):
             return Outcome(pod=key, error=bound["Error"], failed=failed)

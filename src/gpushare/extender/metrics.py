@@ -24,15 +24,18 @@ class _LedgerCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         cache = self._cache()
         total = GaugeMetricFamily(
-            "gpushare_gpu_memory_units", "GPU memory per GPU, in memory units",
+            "gpushare_gpu_memory_units",
+            "GPU memory per GPU, in memory units",
             labels=["node", "gpu", "unit"],
         )
         used = GaugeMetricFamily(
-            "gpushare_gpu_memory_allocated_units", "GPU memory allocated per GPU, in memory units",
+            "gpushare_gpu_memory_allocated_units",
+            "GPU memory allocated per GPU, in memory units",
             labels=["node", "gpu", "unit"],
         )
         core = GaugeMetricFamily(
-            "gpushare_gpu_core_allocated_percent", "Computing power allocated per GPU, percent",
+            "gpushare_gpu_core_allocated_percent",
+            "Computing power allocated per GPU, percent",
             labels=["node", "gpu"],
         )
         pods = GaugeMetricFamily(
@@ -59,12 +62,16 @@ class ExtenderMetrics:
     def __init__(self, cache: Callable[[], ClusterCache | None]) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "gpushare_extender_requests_total", "Extender calls by verb and outcome",
-            ["verb", "outcome"], registry=self.registry,
+            "gpushare_extender_requests_total",
+            "Extender calls by verb and outcome",
+            ["verb", "outcome"],
+            registry=self.registry,
         )
         self.latency = Histogram(
-            "gpushare_extender_request_duration_seconds", "Extender call latency by verb",
-            ["verb"], registry=self.registry,
+            "gpushare_extender_request_duration_seconds",
+            "Extender call latency by verb",
+            ["verb"],
+            registry=self.registry,
         )
         self.binds = Counter(
             "gpushare_bind_total", "Bind attempts by outcome", ["outcome"], registry=self.registry

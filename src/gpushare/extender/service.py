@@ -83,7 +83,9 @@ class Extender:
         for name in args.NodeNames or []:
             node = self.cache.nodes.get(name)
             if node is None:
-                missing[name] = "node is not in gpushare's cache yet; it will be after the next watch event"
+                missing[name] = (
+                    "node is not in gpushare's cache yet; it will be after the next watch event"
+                )
             else:
                 known.append(node)
         return known, missing
@@ -100,14 +102,17 @@ class Extender:
             elif verdict.code is Code.UNRESOLVABLE:
                 unresolvable[verdict.node] = verdict.message
         passing = set(result.passing)
-        outcome = "rejected" if isinstance(result.request, Rejection) else (
-            "fits" if passing else "unschedulable"
+        outcome = (
+            "rejected"
+            if isinstance(result.request, Rejection)
+            else ("fits" if passing else "unschedulable")
         )
         self.metrics.requests.labels("filter", outcome).inc()
         if args.Nodes is not None:
             kept = [n for n in args.Nodes.items if name_of(n) in passing]
             return ExtenderFilterResult(
-                Nodes=NodeList(items=kept), FailedNodes=failed,
+                Nodes=NodeList(items=kept),
+                FailedNodes=failed,
                 FailedAndUnresolvableNodes=unresolvable,
             )
         order = [n for n in args.NodeNames or [] if n in passing]
@@ -147,7 +152,10 @@ class Extender:
             return "error", f"cannot read pod {key}: {err}"
         uid = str(pod.get("metadata", {}).get("uid", ""))
         if args.PodUID and uid != args.PodUID:
-            return "error", f"pod {key} was recreated (UID {uid}, scheduler asked for {args.PodUID})"
+            return (
+                "error",
+                f"pod {key} was recreated (UID {uid}, scheduler asked for {args.PodUID})",
+            )
         request = self.scheduler.read(pod)
         if isinstance(request, Rejection):
             return "rejected", f"pod {key}: {request.message}"
@@ -184,7 +192,10 @@ class Extender:
             return "error", f"bind {key} to {args.Node}: {err}"
         log.info(
             "pod=%s node=%s gpu=%s mem=%d phase=bind bound",
-            key, args.Node, ",".join(map(str, booked.indexes)), booked.mem_units,
+            key,
+            args.Node,
+            ",".join(map(str, booked.indexes)),
+            booked.mem_units,
         )
         return "bound", ""
 

@@ -56,7 +56,9 @@ async def _fetch(kubeconfig: str | None, context: str | None, unit: MemoryUnit) 
 @click.option("--kubeconfig", envvar=None, help="Path to a kubeconfig (default: $KUBECONFIG).")
 @click.option("--context", help="The kubeconfig context to use.")
 @click.option(
-    "--unit", default="1GiB", show_default=True,
+    "--unit",
+    default="1GiB",
+    show_default=True,
     help="gpuMemoryUnit assumed for nodes that do not declare theirs.",
 )
 def main(

@@ -66,7 +66,8 @@ def render_summary(view: ClusterView) -> str:
             gpu = by_index.get(i)
             row.append(
                 f"{amounts.of(node, gpu.allocated_units)}/{amounts.of(node, gpu.total_units)}"
-                if gpu else "-"
+                if gpu
+                else "-"
             )
         if pending:
             row.append(amounts.of(node, node.pending_units) if node.pending_units else "0")
@@ -91,8 +92,11 @@ def render_details(view: ClusterView) -> str:
     out: list[str] = []
     for node in view.nodes:
         core = node.mode == "core_mem"
-        out += [f"NAME:       {node.name}", f"IPADDRESS:  {node.ip or '-'}",
-                f"MODE:       {node.mode}"]
+        out += [
+            f"NAME:       {node.name}",
+            f"IPADDRESS:  {node.ip or '-'}",
+            f"MODE:       {node.mode}",
+        ]
         if node.problem:
             out.append(f"PROBLEM:    {node.problem}")
         out.append("")
@@ -115,9 +119,7 @@ def render_details(view: ClusterView) -> str:
             rows.append(row)
         out += _table(rows)
         allocated, total = node.allocated_units, node.total_units
-        out.append(
-            f"Allocated :  {amounts.of(node, allocated)} ({_pct(allocated, total)}%)"
-        )
+        out.append(f"Allocated :  {amounts.of(node, allocated)} ({_pct(allocated, total)}%)")
         out.append(f"Total :      {amounts.of(node, total)}")
         if core:
             out.append(

@@ -25,7 +25,8 @@ class PodView:
     pending_units: int = 0
     """Memory held on an unknown GPU."""
     state: str = "bound"
-    """``assumed`` (bind in flight), ``bound`` or ``assigned`` (served by the device plugin)."""
+    """``assumed`` (bind in flight), ``bound``, ``assigned`` (served by the device plugin) or
+    ``unplaced`` (holds memory but carries no GPU record)."""
 
 
 @dataclass(frozen=True)
@@ -122,15 +123,21 @@ def build_view(nodes: Iterable[NodeInventory], ledger: Ledger) -> ClusterView:
                 name=a.name,
                 mem_units={s.index: s.mem_units for s in a.gpus},
                 core_pct={s.index: s.core_pct for s in a.gpus if s.core_pct},
-                state="assumed" if ledger.is_assumed(a.uid) else (
-                    "assigned" if a.assigned else "bound"
-                ),
+                state="assumed"
+                if ledger.is_assumed(a.uid)
+                else ("assigned" if a.assigned else "bound"),
             )
             for a in usage.allocations
         ]
         pods += [
-            PodView(namespace=u.namespace, name=u.name, mem_units={}, core_pct={},
-                    pending_units=u.mem_units)
+            PodView(
+                namespace=u.namespace,
+                name=u.name,
+                mem_units={},
+                core_pct={},
+                pending_units=u.mem_units,
+                state="unplaced",
+            )
             for u in usage.unplaced
         ]
         views.append(

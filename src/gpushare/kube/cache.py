@@ -106,5 +106,7 @@ class ClusterCache:
             except* Gone as group:
                 log.info("watch expired (%s); relisting", group.exceptions[0])
             except* KubeError as group:
-                log.warning("API error (%s); relisting in %.1fs", group.exceptions[0], self._retry_seconds)
+                log.warning(
+                    "API error (%s); relisting in %.1fs", group.exceptions[0], self._retry_seconds
+                )
                 await asyncio.sleep(self._retry_seconds)

@@ -48,10 +48,7 @@ def _translate(err: Exception, what: str) -> KubeError:
 def load_config(kubeconfig: str | None = None, context: str | None = None) -> SingleConfig:
     """The cluster config from a file, $KUBECONFIG, ~/.kube/config or in-cluster."""
     try:
-        if kubeconfig:
-            config = KubeConfig.from_file(kubeconfig)
-        else:
-            config = KubeConfig.from_env()
+        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
         single = config.get(context_name=context)
     except (ConfigError, OSError, KeyError) as err:
         where = kubeconfig or "$KUBECONFIG, ~/.kube/config or the in-cluster service account"

@@ -167,7 +167,8 @@ class MemoryKube:
         current = obj["metadata"].get("resourceVersion")
         if resource_version and current != resource_version:
             raise Conflict(
-                f"pod {namespace}/{name}: resourceVersion {resource_version} is stale (now {current})"
+                f"pod {namespace}/{name}: resourceVersion {resource_version} is stale "
+                f"(now {current})"
             )
         stored = obj["metadata"].setdefault("annotations", {})
         for key, value in annotations.items():
@@ -184,7 +185,9 @@ class MemoryKube:
         if obj["metadata"].get("uid") != uid:
             raise Conflict(f"pod {namespace}/{name}: UID {uid} does not match")
         if obj.get("spec", {}).get("nodeName"):
-            raise Conflict(f"pod {namespace}/{name} is already assigned to node {obj['spec']['nodeName']}")
+            raise Conflict(
+                f"pod {namespace}/{name} is already assigned to node {obj['spec']['nodeName']}"
+            )
         if node not in self._nodes:
             raise NotFound(f"node {node} not found")
         obj.setdefault("spec", {})["nodeName"] = node

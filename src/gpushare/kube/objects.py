@@ -97,9 +97,7 @@ def gpu_pod(
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "spec": {
             "schedulerName": scheduler,
-            "containers": [
-                {"name": "main", "image": "busybox", "resources": {"limits": limits}}
-            ],
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
         },
     }
 

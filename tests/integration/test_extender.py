@@ -1,0 +1,291 @@
+"""The extender app in-process: wire format, bind safety, cache sync and restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED, ANN_IDX
+from gpushare.kube.memory import MemoryKube
+from gpushare.kube.objects import gpu_node, gpu_pod
+from gpushare.kube.port import Conflict, KubeDict, KubeError
+
+from .conftest import Rig, run_with_rig
+
+SEED = "cn-zhangjiakou.192.168.66.139"
+
+
+def seed_cluster() -> MemoryKube:
+    kube = MemoryKube()
+    kube.put_node(gpu_node(SEED, ip="192.168.66.139", gpus_units=[15]))
+    kube.put_node(gpu_node("core-node", ip="10.0.0.2", gpus_units=[15] * 4, mode="core_mem"))
+    return kube
+
+
+def dump(data: Any) -> str:
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def test_wire_format_of_filter_prioritize_and_bind(golden: Callable[[str, str], None]) -> None:
+    kube = seed_cluster()
+    pod = kube.create_pod(gpu_pod("gpu-share-sample-66191", mem=3))
+
+    async def body(rig: Rig) -> None:
+        names = [SEED, "core-node", "ghost-node"]
+        filtered = await rig.post("filter", {"Pod": pod, "NodeNames": names})
+        golden("extender_filter.json", dump(filtered))
+        assert filtered["NodeNames"] == [SEED]
+        assert set(filtered) == {
+            "Nodes",
+            "NodeNames",
+            "FailedNodes",
+            "FailedAndUnresolvableNodes",
+            "Error",
+        }
+        scores = await rig.post("prioritize", {"Pod": pod, "NodeNames": [SEED]})
+        golden("extender_prioritize.json", dump(scores))
+        assert scores == [{"Host": SEED, "Score": 2}]
+        bound = await rig.post(
+            "bind",
+            {
+                "PodName": pod["metadata"]["name"],
+                "PodNamespace": "default",
+                "PodUID": pod["metadata"]["uid"],
+                "Node": SEED,
+            },
+        )
+        assert bound == {"Error": ""}
+        stored = await rig.kube.get_pod("default", pod["metadata"]["name"])
+        annotations = stored["metadata"]["annotations"]
+        golden("extender_bind_annotations.json", dump(annotations))
+        assert stored["spec"]["nodeName"] == SEED
+        assert annotations[ANN_IDX] == "0" and annotations[ANN_ASSIGNED] == "false"
+
+    run_with_rig(kube, body)
+
+
+def test_filter_with_full_node_objects_returns_nodes() -> None:
+    kube = seed_cluster()
+    pod = gpu_pod("p", mem=3)
+
+    async def body(rig: Rig) -> None:
+        filtered = await rig.post("filter", {"Pod": pod, "Nodes": {"items": rig.kube.nodes()}})
+        assert [n["metadata"]["name"] for n in filtered["Nodes"]["items"]] == [SEED]
+        assert filtered["NodeNames"] is None
+        assert "core-node" in filtered["FailedAndUnresolvableNodes"]
+
+    run_with_rig(kube, body)
+
+
+def test_invalid_pod_fails_every_node_with_its_reason() -> None:
+    kube = seed_cluster()
+    pod = gpu_pod("bad", mem=2, core=33)
+
+    async def body(rig: Rig) -> None:
+        filtered = await rig.post("filter", {"Pod": pod, "NodeNames": [SEED, "core-node"]})
+        reasons = filtered["FailedAndUnresolvableNodes"]
+        assert set(reasons) == {SEED, "core-node"}
+        assert "is not a multiple of 5" in reasons["core-node"]
+
+    run_with_rig(kube, body)
+
+
+def test_readyz_waits_for_the_first_sync() -> None:
+    async def body(rig: Rig) -> None:
+        rig.cache.synced = False
+        response = await rig.client.get("/readyz")
+        assert response.status_code == 503
+        await rig.cache.sync()
+        assert (await rig.client.get("/readyz")).status_code == 200
+        assert (await rig.client.get("/healthz")).text == "ok"
+
+    run_with_rig(seed_cluster(), body)
+
+
+def test_relists_after_410_gone() -> None:
+    async def body(rig: Rig) -> None:
+        assert rig.cache.relists == 1
+        # The event lands and the log is compacted before the watch reads it: Gone.
+        rig.kube.put_node(gpu_node("late-node", gpus_units=[24]))
+        rig.kube.compact()
+        for _ in range(20):
+            await rig.settle()
+            if "late-node" in rig.cache.nodes:
+                break
+        assert rig.cache.relists == 2 and "late-node" in rig.cache.nodes
+
+    run_with_rig(seed_cluster(), body)
+
+
+class ConflictOnce(MemoryKube):
+    """Changes the pod between the extender's read and its patch, once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conflicts = 0
+
+    async def patch_pod_annotations(
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str | None],
+        *,
+        resource_version: str,
+    ) -> KubeDict:
+        if self.conflicts == 0 and resource_version:
+            self.conflicts += 1
+            self.update_pod(namespace, name, message="touched by someone else")
+        return await super().patch_pod_annotations(
+            namespace, name, annotations, resource_version=resource_version
+        )
+
+
+def test_bind_retries_after_a_resource_version_conflict() -> None:
+    kube = ConflictOnce()
+    kube.put_node(gpu_node(SEED, gpus_units=[15]))
+    pod = kube.create_pod(gpu_pod("p", mem=3))
+
+    async def body(rig: Rig) -> None:
+        outcome = await rig.driver.schedule(pod, [SEED])
+        assert outcome.bound
+        assert kube.conflicts == 1
+        metrics = (await rig.client.get("/metrics")).text
+        assert 'gpushare_bind_total{outcome="conflict"} 1.0' in metrics
+        assert 'gpushare_bind_total{outcome="bound"} 1.0' in metrics
+        assert rig.cache.ledger.usage(SEED).mem_units == 3
+
+    run_with_rig(kube, body)
+
+
+class AlwaysConflict(MemoryKube):
+    async def patch_pod_annotations(
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str | None],
+        *,
+        resource_version: str,
+    ) -> KubeDict:
+        raise Conflict("the object has been modified")
+
+
+def test_bind_gives_up_after_repeated_conflicts_and_frees_the_booking() -> None:
+    kube = AlwaysConflict()
+    kube.put_node(gpu_node(SEED, gpus_units=[15]))
+    pod = kube.create_pod(gpu_pod("p", mem=3))
+
+    async def body(rig: Rig) -> None:
+        outcome = await rig.driver.schedule(pod, [SEED])
+        assert not outcome.bound and "kept changing while binding" in outcome.error
+        assert rig.cache.ledger.usage(SEED).mem_units == 0
+
+    run_with_rig(kube, body)
+
+
+class BindingFails(MemoryKube):
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        raise KubeError("pods/binding refused")
+
+
+def test_failed_binding_clears_annotations_and_booking() -> None:
+    kube = BindingFails()
+    kube.put_node(gpu_node(SEED, gpus_units=[15]))
+    pod = kube.create_pod(gpu_pod("p", mem=3))
+
+    async def body(rig: Rig) -> None:
+        outcome = await rig.driver.schedule(pod, [SEED])
+        assert "pods/binding refused" in outcome.error
+        await rig.settle()
+        stored = await rig.kube.get_pod("default", "p")
+        assert ANN_ALLOCATION not in stored["metadata"].get("annotations", {})
+        assert rig.cache.ledger.usage(SEED).mem_units == 0
+
+    run_with_rig(kube, body)
+
+
+def test_concurrent_binds_never_double_book() -> None:
+    kube = MemoryKube()
+    kube.put_node(gpu_node(SEED, gpus_units=[15]))
+    pods = [kube.create_pod(gpu_pod(f"p{i}", mem=10)) for i in range(4)]
+
+    async def body(rig: Rig) -> None:
+        results = await asyncio.gather(
+            *(
+                rig.post(
+                    "bind",
+                    {
+                        "PodName": p["metadata"]["name"],
+                        "PodNamespace": "default",
+                        "PodUID": p["metadata"]["uid"],
+                        "Node": SEED,
+                    },
+                )
+                for p in pods
+            )
+        )
+        errors = [r["Error"] for r in results]
+        assert errors.count("") == 1
+        assert all("no longer fits" in e for e in errors if e)
+        await rig.settle()
+        assert rig.cache.ledger.usage(SEED).on(0).mem_units == 10
+
+    run_with_rig(kube, body)
+
+
+def test_restart_rebuilds_the_ledger_from_annotations() -> None:
+    kube = seed_cluster()
+    pods = [kube.create_pod(gpu_pod(f"p{i}", mem=4)) for i in range(3)]
+
+    async def first(rig: Rig) -> Any:
+        for pod in pods:
+            assert (await rig.driver.schedule(pod, [SEED, "core-node"])).bound
+        await rig.settle()
+        return (await rig.client.get("/inspect")).json()
+
+    async def second(rig: Rig) -> Any:
+        return (await rig.client.get("/inspect")).json()
+
+    before = run_with_rig(kube, first)
+    after = run_with_rig(kube, second)
+    assert before == after
+    by_name = {n["name"]: n for n in after["nodes"]}
+    assert by_name[SEED]["allocatedUnits"] == 12
+
+
+def test_finished_and_deleted_pods_free_their_share() -> None:
+    kube = seed_cluster()
+    pods = [kube.create_pod(gpu_pod(f"p{i}", mem=5)) for i in range(3)]
+
+    async def body(rig: Rig) -> None:
+        for pod in pods:
+            assert (await rig.driver.schedule(pod, [SEED])).bound
+        await rig.settle()
+        fourth = kube.create_pod(gpu_pod("p3", mem=5))
+        assert not (await rig.driver.schedule(fourth, [SEED])).bound
+        kube.update_pod("default", "p0", phase="Succeeded")
+        kube.delete_pod("default", "p1")
+        await rig.settle()
+        assert rig.cache.ledger.usage(SEED).mem_units == 5
+        assert (await rig.driver.schedule(fourth, [SEED])).bound
+
+    run_with_rig(kube, body)
+
+
+def test_metrics_expose_gpu_allocation() -> None:
+    kube = seed_cluster()
+    pod = kube.create_pod(gpu_pod("p", mem=2, core=30))
+
+    async def body(rig: Rig) -> None:
+        assert (await rig.driver.schedule(pod, [SEED, "core-node"])).bound
+        await rig.settle()
+        text = (await rig.client.get("/metrics")).text
+        assert (
+            'gpushare_gpu_memory_allocated_units{gpu="0",node="core-node",unit="1GiB"} 2.0' in text
+        )
+        assert 'gpushare_gpu_core_allocated_percent{gpu="0",node="core-node"} 30.0' in text
+        assert "gpushare_cache_synced 1.0" in text
+        assert 'gpushare_extender_requests_total{outcome="fits",verb="filter"} 1.0' in text
+
+    run_with_rig(kube, body)

@@ -1,0 +1,153 @@
+"""Properties over random clusters and request streams (hypothesis)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpushare.core.allocation import Allocation, to_annotations
+from gpushare.core.inventory import NodeInventory, read_node
+from gpushare.core.ledger import Ledger
+from gpushare.core.requests import PodRequest
+from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.kube.objects import gpu_node, gpu_pod
+
+MODES = ["share", "cgpu", "core_mem"]
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> list[NodeInventory]:
+    count = draw(st.integers(1, 4))
+    nodes = []
+    for i in range(count):
+        gpus = draw(st.lists(st.integers(1, 40), min_size=1, max_size=4))
+        unhealthy = draw(st.lists(st.integers(0, len(gpus) - 1), max_size=1))
+        node = gpu_node(
+            f"n{i}",
+            gpus_units=gpus,
+            mode=draw(st.sampled_from(MODES)),
+            placement=draw(st.sampled_from(["binpack", "spread"])),
+            unhealthy=unhealthy,
+        )
+        nodes.append(read_node(node))
+    return nodes
+
+
+@st.composite
+def pods(draw: st.DrawFn, index: int) -> dict[str, Any]:
+    count = draw(st.integers(1, 3))
+    mem = draw(st.integers(1, 12)) * count
+    core = draw(st.sampled_from([None, 5, 10, 30, 50, 100]))
+    pod = gpu_pod(
+        f"p{index}",
+        mem=mem,
+        core=None if core is None else core * count,
+        gpu_count=str(count) if count > 1 else None,
+    )
+    pod["metadata"]["uid"] = f"uid-{index}"
+    return pod
+
+
+Step = tuple[str, int]
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[Step]]:
+    size = draw(st.integers(1, 40))
+    all_pods = [draw(pods(i)) for i in range(size)]
+    steps: list[Step] = []
+    for i in range(size):
+        steps.append(("place", i))
+        if draw(st.booleans()) and i:
+            steps.append(("remove", draw(st.integers(0, i))))
+    return all_pods, steps
+
+
+def place(
+    scheduler: Scheduler, pod: dict[str, Any], nodes: list[NodeInventory], ledger: Ledger
+) -> Allocation | None:
+    request = scheduler.read(pod)
+    if not isinstance(request, PodRequest):
+        return None
+    fits = [n for n in nodes if scheduler.verdict(request, n, ledger).fits]
+    if not fits:
+        return None
+    best = max(fits, key=lambda n: scheduler.score(request, n, ledger))
+    booked = scheduler.reserve(request, best, ledger)
+    return booked if isinstance(booked, Allocation) else None
+
+
+def assert_never_overcommitted(nodes: list[NodeInventory], ledger: Ledger) -> None:
+    for node in nodes:
+        usage = ledger.usage(node.name)
+        for gpu in node.gpus:
+            held = usage.on(gpu.index)
+            assert held.mem_units <= gpu.mem_units, (node.name, gpu.index, held)
+            assert held.core_pct <= 100, (node.name, gpu.index, held)
+            if node.mode.isolated:
+                assert held.pods <= node.unit.default_max_pods_per_gpu
+        for index in usage.gpus:
+            assert node.gpu(index) is not None
+
+
+@settings(max_examples=150, deadline=None)
+@given(nodes=clusters(), stream=streams())
+def test_no_gpu_is_ever_overcommitted(
+    nodes: list[NodeInventory], stream: tuple[list[dict[str, Any]], list[Step]]
+) -> None:
+    scheduler, ledger = Scheduler(Settings()), Ledger()
+    all_pods, steps = stream
+    for action, index in steps:
+        if action == "place":
+            place(scheduler, all_pods[index], nodes, ledger)
+        else:
+            scheduler.unreserve(f"uid-{index}", ledger)
+        assert_never_overcommitted(nodes, ledger)
+
+
+@settings(max_examples=150, deadline=None)
+@given(nodes=clusters(), stream=streams(), extra=pods(999))
+def test_reserve_then_unreserve_is_identity(
+    nodes: list[NodeInventory],
+    stream: tuple[list[dict[str, Any]], list[Step]],
+    extra: dict[str, Any],
+) -> None:
+    scheduler, ledger = Scheduler(Settings()), Ledger()
+    for _, index in stream[1]:
+        place(scheduler, stream[0][index], nodes, ledger)
+    before = ledger.state()
+    place(scheduler, extra, nodes, ledger)
+    scheduler.unreserve("uid-999", ledger)
+    assert ledger.state() == before
+
+
+@settings(max_examples=150, deadline=None)
+@given(nodes=clusters(), stream=streams())
+def test_rebuilding_from_annotations_gives_the_same_state(
+    nodes: list[NodeInventory], stream: tuple[list[dict[str, Any]], list[Step]]
+) -> None:
+    scheduler, ledger = Scheduler(Settings()), Ledger()
+    all_pods, steps = stream
+    placed: dict[str, dict[str, Any]] = {}
+    for action, index in steps:
+        pod = all_pods[index]
+        if action == "place":
+            booked = place(scheduler, pod, nodes, ledger)
+            if booked is not None:
+                node = next(n for n in nodes if n.name == booked.node)
+                stored = {
+                    **pod,
+                    "metadata": {
+                        **pod["metadata"],
+                        "annotations": to_annotations(booked, dev_units=node.gpus[0].mem_units),
+                    },
+                    "spec": {**pod["spec"], "nodeName": booked.node},
+                }
+                placed[booked.uid] = stored
+        else:
+            scheduler.unreserve(f"uid-{index}", ledger)
+            placed.pop(f"uid-{index}", None)
+    rebuilt = Ledger.from_pods(placed.values())
+    assert rebuilt.state() == ledger.state()

@@ -1,0 +1,85 @@
+"""``kubectl inspect cgpu`` rendering: golden text and JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from gpushare.core.allocation import plan
+from gpushare.core.inventory import read_node
+from gpushare.core.ledger import Ledger
+from gpushare.core.requests import PodRequest, read_pod
+from gpushare.core.units import MemoryUnit
+from gpushare.inspect.render import render_details, render_summary
+from gpushare.inspect.view import ClusterView, build_view, to_json
+from gpushare.kube.objects import gpu_node, gpu_pod
+
+SEED_NODE = "cn-zhangjiakou.192.168.66.139"
+
+
+def seed_view(with_pod: bool) -> ClusterView:
+    node = read_node(gpu_node(SEED_NODE, ip="192.168.66.139", gpus_units=[15]))
+    ledger = Ledger()
+    if with_pod:
+        pod = gpu_pod("gpu-share-sample-66191", mem=3)
+        pod["metadata"]["uid"] = "u"
+        request = read_pod(pod)
+        assert isinstance(request, PodRequest)
+        ledger.observe({**pod, "metadata": {**pod["metadata"], "annotations": {}}})
+        ledger.assume(plan(request, node=SEED_NODE, indexes=[0], unit=MemoryUnit.GiB))
+    return build_view([node], ledger)
+
+
+def test_seed_summary_before_and_after(golden: Callable[[str, str], None]) -> None:
+    empty = render_summary(seed_view(False))
+    after = render_summary(seed_view(True))
+    golden("inspect_seed_empty.txt", empty)
+    golden("inspect_seed_3of15.txt", after)
+    lines = after.splitlines()
+    assert lines[0].split() == ["NAME", "IPADDRESS", "GPU0(Allocated/Total)", "GPU", "Memory(GiB)"]
+    assert lines[1].split() == [SEED_NODE, "192.168.66.139", "3/15", "3/15"]
+    assert set(lines[2]) == {"-"}
+    assert lines[3:] == ["Allocated/Total GPU Memory In Cluster:", "3/15 (20%)"]
+    assert empty.splitlines()[-1] == "0/15 (0%)"
+
+
+def mixed_view() -> ClusterView:
+    share = read_node(gpu_node("a-share", ip="10.0.0.1", gpus_units=[15, 15]))
+    core = read_node(gpu_node("b-core", ip="10.0.0.2", gpus_units=[15] * 4, mode="core_mem"))
+    ledger = Ledger()
+    for name, node, mem, core_pct, index in [
+        ("train", share, 7, None, 1),
+        ("infer", core, 2, 30, 0),
+        ("infer2", core, 4, 50, 0),
+    ]:
+        pod = gpu_pod(name, mem=mem, core=core_pct)
+        pod["metadata"]["uid"] = name
+        request = read_pod(pod)
+        assert isinstance(request, PodRequest)
+        ledger.assume(plan(request, node=node.name, indexes=[index], unit=node.unit))
+    foreign = gpu_pod("foreign", mem=2, scheduler="default-scheduler")
+    foreign["metadata"]["uid"] = "f"
+    foreign["spec"]["nodeName"] = "a-share"
+    ledger.observe(foreign)
+    return build_view([share, core], ledger)
+
+
+def test_details_with_core_and_pending(golden: Callable[[str, str], None]) -> None:
+    view = mixed_view()
+    golden("inspect_mixed_summary.txt", render_summary(view))
+    details = render_details(view)
+    golden("inspect_mixed_details.txt", details)
+    assert "PENDING(Allocated)" in render_summary(view)
+    assert "Core :       80/400% (20%)" in details
+
+
+def test_json_output(golden: Callable[[str, str], None]) -> None:
+    data = to_json(mixed_view())
+    golden("inspect_mixed.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
+    assert data["cluster"] == {"totalMiB": 92160, "allocatedMiB": 15360, "allocatedPercent": 16}
+
+
+def test_128mib_nodes_are_shown_in_mib() -> None:
+    node = read_node(gpu_node("n", ip="10.0.0.3", gpus_units=[120], unit=MemoryUnit.MiB128))
+    text = render_summary(build_view([node], Ledger(unit=MemoryUnit.MiB128)))
+    assert "GPU Memory(MiB)" in text and "0/15360" in text
