@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED, ANN_IDX
+from gpushare.core.requests import Rejection
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import Conflict, KubeDict, KubeError
@@ -287,5 +288,23 @@ def test_metrics_expose_gpu_allocation() -> None:
         assert 'gpushare_gpu_core_allocated_percent{gpu="0",node="core-node"} 30.0' in text
         assert "gpushare_cache_synced 1.0" in text
         assert 'gpushare_extender_requests_total{outcome="fits",verb="filter"} 1.0' in text
+
+    run_with_rig(kube, body)
+
+
+def test_relist_drops_assumptions_of_pods_that_vanished() -> None:
+    kube = seed_cluster()
+    pod = kube.create_pod(gpu_pod("p", mem=5))
+
+    async def body(rig: Rig) -> None:
+        request = rig.extender.scheduler.read(pod)
+        node = rig.cache.nodes[SEED]
+        assert not isinstance(request, Rejection)
+        rig.extender.scheduler.reserve(request, node, rig.cache.ledger)
+        await rig.cache.sync()  # the pod still exists: the booking stays
+        assert rig.cache.ledger.usage(SEED).mem_units == 5
+        kube.delete_pod_unseen("default", "p")
+        await rig.cache.sync()
+        assert rig.cache.ledger.usage(SEED).mem_units == 0
 
     run_with_rig(kube, body)

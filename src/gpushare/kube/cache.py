@@ -3,7 +3,8 @@
 It lists both kinds, rebuilds the ledger from pod annotations (so a restart loses nothing), and
 then follows both watches from the lists' resourceVersions. A ``Gone`` (410) or any other watch
 failure leads to a fresh list, with a short back-off on errors. Bind-time assumptions survive a
-relist, because the pods behind them may not show their annotations yet.
+relist while their pods still exist, because those pods may not show their annotations yet; an
+assumption whose pod vanished or finished while the watch was down is dropped.
 
 ``synced`` stays False until the first full list, and ``/readyz`` reports it.
 """
@@ -16,7 +17,7 @@ from collections.abc import Callable
 
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.kubejson import name_of, uid_of
-from gpushare.core.ledger import Ledger
+from gpushare.core.ledger import Ledger, is_terminal
 from gpushare.core.scheduling import Settings
 from gpushare.kube.port import Gone, KubeAPI, KubeDict, KubeError, WatchEvent
 
@@ -51,8 +52,10 @@ class ClusterCache:
         nodes, node_rv = await self._api.list_nodes()
         pods, pod_rv = await self._api.list_pods()
         ledger = Ledger(names=self._settings.names, unit=self._settings.unit)
+        alive = {uid_of(p) for p in pods if not is_terminal(p)}
         for assumed in self.ledger.assumptions():
-            ledger.assume(assumed)
+            if assumed.uid in alive:  # a pod deleted while we were not watching frees it
+                ledger.assume(assumed)
         for pod in pods:
             ledger.observe(pod)
         self.nodes = {name_of(n): self._read(n) for n in nodes}

@@ -12,7 +12,7 @@ from typing import Any
 import httpx2
 from lightkube import AsyncClient, KubeConfig
 from lightkube.config.kubeconfig import SingleConfig
-from lightkube.core.exceptions import ApiError, ConfigError
+from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
@@ -90,7 +90,11 @@ class LightkubeAPI:
                 self._client.list(kind, namespace="*") if kind is Pod else self._client.list(kind)
             )
             items = [_to_dict(item) async for item in listing]
-            return items, str(getattr(listing, "_resourceVersion", None) or "")
+            try:
+                version = str(listing.resourceVersion)
+            except NotReadyError:
+                version = ""
+            return items, version
         except (ApiError, httpx2.HTTPError, OSError) as err:
             raise _translate(err, what) from None
 

@@ -92,6 +92,12 @@ class MemoryKube:
             raise NotFound(f"pod {namespace}/{name} not found")
         self._record("pods", "DELETED", obj)
 
+    def delete_pod_unseen(self, namespace: str, name: str) -> None:
+        """Remove a pod and compact, as if the deletion happened while no watch was open."""
+        self._pods.pop((namespace, name), None)
+        self._version += 1
+        self.compact()
+
     def pods(self) -> list[KubeDict]:
         """Copies of all pods."""
         return [copy.deepcopy(p) for p in self._pods.values()]
