@@ -32,6 +32,10 @@ ANN_NODE_UNIT = "gpushare.io/gpu-mem-unit"
 """Node: the memory unit its device plugin advertises (``1GiB`` or ``128MiB``)."""
 
 
+POD_ANNOTATIONS = (ANN_ALLOCATION, ANN_IDX, ANN_POD, ANN_DEV, ANN_ASSIGNED, ANN_ASSUME_TIME)
+"""Every annotation bind writes on a pod (and removes again when binding fails)."""
+
+
 @dataclass(frozen=True)
 class ResourceNames:
     """Extended-resource names; defaults follow ACK so seed manifests run unchanged."""

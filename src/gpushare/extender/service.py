@@ -22,14 +22,7 @@ from gpushare.core.allocation import Allocation, to_annotations
 from gpushare.core.filtering import Code, Verdict
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.kubejson import name_of
-from gpushare.core.names import (
-    ANN_ALLOCATION,
-    ANN_ASSIGNED,
-    ANN_ASSUME_TIME,
-    ANN_DEV,
-    ANN_IDX,
-    ANN_POD,
-)
+from gpushare.core.names import POD_ANNOTATIONS
 from gpushare.core.requests import Rejection
 from gpushare.core.scheduling import Scheduler
 from gpushare.extender.metrics import ExtenderMetrics
@@ -45,8 +38,6 @@ from gpushare.kube.cache import ClusterCache
 from gpushare.kube.port import Conflict, KubeAPI, KubeError
 
 log = logging.getLogger(__name__)
-
-OUR_KEYS = (ANN_ALLOCATION, ANN_IDX, ANN_POD, ANN_DEV, ANN_ASSIGNED, ANN_ASSUME_TIME)
 
 
 class Extender:
@@ -203,7 +194,7 @@ class Extender:
         """Remove our annotations after a failed binding (best effort)."""
         try:
             await self.api.patch_pod_annotations(
-                args.PodNamespace, args.PodName, dict.fromkeys(OUR_KEYS), resource_version=""
+                args.PodNamespace, args.PodName, dict.fromkeys(POD_ANNOTATIONS), resource_version=""
             )
         except KubeError as err:
             log.warning("pod=%s phase=unreserve cannot clear annotations: %s", key, err)
