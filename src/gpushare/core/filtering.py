@@ -14,7 +14,7 @@ from enum import Enum
 from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory
 from gpushare.core.ledger import NodeUsage
 from gpushare.core.names import LABEL_MODE, LABEL_POD_GPU_COUNT
-from gpushare.core.placing import choose_gpus
+from gpushare.core.placing import Candidate, choose_gpus
 from gpushare.core.requests import PodRequest
 from gpushare.core.units import MemoryUnit
 
@@ -107,8 +107,10 @@ def filter_node(
     want = request.mem_per_gpu
     want_core = request.core_per_gpu
     limit = rules.pod_limit(unit)
+    check_core = node.mode is Mode.CORE_MEM
+    check_pods = node.mode.isolated
     big_enough = 0
-    fitting: list[int] = []
+    fitting: list[Candidate] = []
     reasons: list[str] = []
     for gpu in node.gpus:
         label = f"GPU{gpu.index}"
@@ -127,15 +129,17 @@ def filter_node(
                 f"{label}: {unit.describe_ratio(free, gpu.mem_units)} free < "
                 f"{unit.describe(want)} requested"
             )
-        elif node.mode is Mode.CORE_MEM and CORE_PER_GPU - held.core_pct < want_core:
+        elif check_core and CORE_PER_GPU - held.core_pct < want_core:
             reasons.append(
                 f"{label}: {CORE_PER_GPU - held.core_pct}/{CORE_PER_GPU}% computing power free "
                 f"< {want_core}% requested"
             )
-        elif node.mode.isolated and held.pods >= limit:
+        elif check_pods and held.pods >= limit:
             reasons.append(f"{label}: {held.pods}/{limit} pods, the isolation limit per GPU")
         else:
-            fitting.append(gpu.index)
+            fitting.append(
+                Candidate(gpu.index, free - want, CORE_PER_GPU - held.core_pct - want_core)
+            )
     if big_enough < request.gpu_count:
         return Verdict(node=node.name, code=Code.UNRESOLVABLE, reasons=tuple(reasons))
     if len(fitting) < request.gpu_count:
@@ -154,4 +158,6 @@ def filter_node(
                     f"{unit.describe(usage.unplaced_mem_units)} held by pods on unknown GPUs)",
                 ),
             )
-    return Verdict(node=node.name, code=Code.FITS, gpus=choose_gpus(request, node, usage, fitting))
+    return Verdict(
+        node=node.name, code=Code.FITS, gpus=choose_gpus(fitting, request.gpu_count, node.placement)
+    )

@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 from typing import Any
 
 from gpushare.core.kubejson import (
@@ -103,17 +104,18 @@ class NodeInventory:
     problem: str = ""
     """Why the GPU detail could not be read; empty when it could."""
 
-    @property
+    @cached_property
     def mem_units_total(self) -> int:
         """Memory of all GPUs, in units."""
         return sum(gpu.mem_units for gpu in self.gpus)
 
+    @cached_property
+    def _by_index(self) -> dict[int, Gpu]:
+        return {gpu.index: gpu for gpu in self.gpus}
+
     def gpu(self, index: int) -> Gpu | None:
         """The GPU with that index, if the node has it."""
-        for gpu in self.gpus:
-            if gpu.index == index:
-                return gpu
-        return None
+        return self._by_index.get(index)
 
 
 def _int_quantity(value: Any) -> int | None:

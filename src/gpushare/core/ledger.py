@@ -49,6 +49,9 @@ class GpuUsage:
     pods: int = 0
 
 
+NOTHING = GpuUsage()
+
+
 @dataclass(frozen=True)
 class NodeUsage:
     """What is held on one node, GPU by GPU."""
@@ -59,7 +62,7 @@ class NodeUsage:
 
     def on(self, index: int) -> GpuUsage:
         """Usage of one GPU (zero when nothing is held there)."""
-        return self.gpus.get(index, GpuUsage())
+        return self.gpus.get(index, NOTHING)
 
     @property
     def unplaced_mem_units(self) -> int:
@@ -70,6 +73,9 @@ class NodeUsage:
     def mem_units(self) -> int:
         """All memory held on the node."""
         return sum(u.mem_units for u in self.gpus.values()) + self.unplaced_mem_units
+
+
+EMPTY_NODE = NodeUsage()
 
 
 def is_terminal(pod: KubeObject) -> bool:
@@ -90,6 +96,11 @@ class Ledger:
         self._unplaced: dict[str, Unplaced] = {}
         self._by_node: dict[str, set[str]] = {}
         self._nodes_of: dict[str, set[str]] = {}
+        self._node_versions: dict[str, int] = {}
+        self.epoch = 0
+        """Counts changes; equal epochs mean equal holdings (for reusing filter verdicts)."""
+        self._usage: dict[str, NodeUsage] = {}
+        """Per-node usage, computed on demand and dropped whenever the node's holdings change."""
 
     @classmethod
     def from_pods(
@@ -154,6 +165,10 @@ class Ledger:
         self._reindex(uid)
 
     def _reindex(self, uid: str) -> None:
+        self.epoch += 1
+        for node in self._nodes_of.get(uid, ()):
+            self._usage.pop(node, None)
+            self._node_versions[node] = self.epoch
         for node in self._nodes_of.pop(uid, set()):
             members = self._by_node.get(node)
             if members is not None:
@@ -170,6 +185,8 @@ class Ledger:
             self._nodes_of[uid] = nodes
             for node in nodes:
                 self._by_node.setdefault(node, set()).add(uid)
+                self._usage.pop(node, None)
+                self._node_versions[node] = self.epoch
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -202,8 +219,27 @@ class Ledger:
         """Nodes where anything is held."""
         return set(self._by_node)
 
+    def node_version(self, node: str) -> int:
+        """Changes whenever the node's holdings change (0 for a node never touched)."""
+        return self._node_versions.get(node, 0)
+
+    def holds_on(self, uid: str, node: str) -> bool:
+        """Whether the pod holds anything on the node."""
+        return uid in self._by_node.get(node, ())
+
     def usage(self, node: str, *, excluding: str = "") -> NodeUsage:
         """What is held on a node; ``excluding`` leaves one pod out (for re-binding it)."""
+        members = self._by_node.get(node)
+        if not members:
+            return EMPTY_NODE
+        if excluding in members:
+            return self._compute_usage(node, excluding)
+        cached = self._usage.get(node)
+        if cached is None:
+            cached = self._usage[node] = self._compute_usage(node, "")
+        return cached
+
+    def _compute_usage(self, node: str, excluding: str) -> NodeUsage:
         mem: dict[int, int] = {}
         core: dict[int, int] = {}
         pods: dict[int, int] = {}

@@ -1,40 +1,40 @@
 """GPU choice inside a node: best fit for ``binpack``, most free for ``spread``.
 
 Best fit leaves the smallest hole on the chosen GPU, which keeps whole GPUs free for big
-requests; most free evens the load for latency-sensitive work. Ties go to the lower index so the
-choice is deterministic.
+requests; most free evens the load for latency-sensitive work. Computing power left breaks ties
+the same way, then the lower index, so the choice is deterministic.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
-from gpushare.core.inventory import NodeInventory, Placement
-from gpushare.core.ledger import NodeUsage
-from gpushare.core.requests import PodRequest
+from gpushare.core.inventory import Placement
 
 
-def free_after(request: PodRequest, node: NodeInventory, usage: NodeUsage, index: int) -> int:
-    """Memory units left on a GPU if the pod's share went there."""
-    gpu = node.gpu(index)
-    total = gpu.mem_units if gpu else 0
-    return total - usage.on(index).mem_units - request.mem_per_gpu
+class Candidate(NamedTuple):
+    """A GPU the pod fits on, with what would be left there after placing it."""
+
+    gpu: int
+    mem_left: int
+    core_left: int
+
+
+def _best_fit(c: Candidate) -> tuple[int, int, int]:
+    return (c.mem_left, c.core_left, c.gpu)
+
+
+def _most_free(c: Candidate) -> tuple[int, int, int]:
+    return (-c.mem_left, -c.core_left, c.gpu)
 
 
 def choose_gpus(
-    request: PodRequest,
-    node: NodeInventory,
-    usage: NodeUsage,
-    fitting: Sequence[int],
+    candidates: Sequence[Candidate], count: int, placement: Placement
 ) -> tuple[int, ...]:
-    """Pick ``request.gpu_count`` GPUs among those that fit, by the node's placement."""
-
-    def key(index: int) -> tuple[int, int, int]:
-        left = free_after(request, node, usage, index)
-        core_left = 100 - usage.on(index).core_pct - request.core_per_gpu
-        if node.placement is Placement.SPREAD:
-            return (-left, -core_left, index)
-        return (left, core_left, index)
-
-    ranked = sorted(fitting, key=key)
-    return tuple(sorted(ranked[: request.gpu_count]))
+    """Pick ``count`` GPUs among the candidates, by the node's placement, in index order."""
+    key = _most_free if placement is Placement.SPREAD else _best_fit
+    if count == 1:
+        return (min(candidates, key=key).gpu,)
+    ranked = sorted(candidates, key=key)
+    return tuple(sorted(c.gpu for c in ranked[:count]))

@@ -51,15 +51,56 @@ class FilterResult:
         return [v.node for v in self.verdicts if v.fits]
 
 
+class VerdictMemo:
+    """Remembers verdicts per node and request shape while the node's holdings stay the same.
+
+    A verdict depends only on the node's inventory, what is held there and the request's shape
+    (per-GPU memory and core, GPU count), not on which pod asks. Pods come in few shapes, and a
+    bind changes one node, so most filter calls on a large cluster become dictionary look-ups.
+    """
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self._limit = limit
+        self._items: dict[tuple[object, ...], tuple[NodeInventory, Ledger, Verdict]] = {}
+
+    def verdict(
+        self, request: PodRequest, node: NodeInventory, ledger: Ledger, rules: Rules
+    ) -> Verdict:
+        """The cached verdict, or a fresh one (which is then remembered)."""
+        if ledger.holds_on(request.uid, node.name):  # re-binding: its own share is left out
+            return filter_node(
+                request, node, ledger.usage(node.name, excluding=request.uid), rules=rules
+            )
+        key = (
+            node.name,
+            id(node),
+            id(ledger),
+            ledger.node_version(node.name),
+            request.mem_per_gpu,
+            request.core_per_gpu,
+            request.gpu_count,
+        )
+        hit = self._items.get(key)
+        if hit is not None and hit[0] is node and hit[1] is ledger:
+            return hit[2]
+        verdict = filter_node(request, node, ledger.usage(node.name), rules=rules)
+        if len(self._items) >= self._limit:
+            self._items.clear()
+        self._items[key] = (node, ledger, verdict)
+        return verdict
+
+
 @dataclass
 class Scheduler:
     """Filter, score and reserve for shared-GPU pods."""
 
     settings: Settings = field(default_factory=Settings)
     registry: PolicyRegistry = field(default_factory=default_policies)
+    memo: VerdictMemo = field(default_factory=VerdictMemo)
 
     def __post_init__(self) -> None:
         self.registry.get(self.settings.policy)  # fail at construction on an unknown policy
+        self._rules = self.settings.rules
 
     def read(self, pod: KubeObject) -> PodRequest | Rejection:
         """Read a pod's request under these settings."""
@@ -67,8 +108,7 @@ class Scheduler:
 
     def verdict(self, request: PodRequest, node: NodeInventory, ledger: Ledger) -> Verdict:
         """Filter one node, leaving the pod's own earlier holding out of the count."""
-        usage = ledger.usage(node.name, excluding=request.uid)
-        return filter_node(request, node, usage, rules=self.settings.rules)
+        return self.memo.verdict(request, node, ledger, self._rules)
 
     def filter(
         self, pod: KubeObject, nodes: Iterable[NodeInventory], ledger: Ledger
@@ -90,11 +130,22 @@ class Scheduler:
             request=request, verdicts=tuple(self.verdict(request, n, ledger) for n in nodes)
         )
 
-    def score(self, request: PodRequest, node: NodeInventory, ledger: Ledger) -> float:
-        """The policy's liking in [0, 1]; 0 for nodes that do not fit."""
+    def score(
+        self,
+        request: PodRequest,
+        node: NodeInventory,
+        ledger: Ledger,
+        *,
+        verdict: Verdict | None = None,
+    ) -> float:
+        """The policy's liking in [0, 1]; 0 for nodes that do not fit.
+
+        ``verdict`` may pass this node's filter verdict computed on the same ledger state.
+        """
         if not request.wants_gpu:
             return 0.0
-        verdict = self.verdict(request, node, ledger)
+        if verdict is None:
+            verdict = self.verdict(request, node, ledger)
         if not verdict.fits:
             return 0.0
         usage = ledger.usage(node.name, excluding=request.uid)
@@ -102,13 +153,22 @@ class Scheduler:
         return max(0.0, min(1.0, policy.score(request, node, usage, verdict.gpus)))
 
     def prioritize(
-        self, pod: KubeObject, nodes: Iterable[NodeInventory], ledger: Ledger
+        self,
+        pod: KubeObject,
+        nodes: Iterable[NodeInventory],
+        ledger: Ledger,
+        *,
+        verdicts: Mapping[str, Verdict] | None = None,
     ) -> dict[str, int]:
-        """Extender scores 0..10 per node."""
+        """Extender scores 0..10 per node, reusing filter verdicts of the same ledger state."""
         request = self.read(pod)
         if isinstance(request, Rejection):
             return {n.name: 0 for n in nodes}
-        return {n.name: round(self.score(request, n, ledger) * MAX_SCORE) for n in nodes}
+        known = verdicts or {}
+        return {
+            n.name: round(self.score(request, n, ledger, verdict=known.get(n.name)) * MAX_SCORE)
+            for n in nodes
+        }
 
     def reserve(
         self,

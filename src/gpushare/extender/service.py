@@ -59,6 +59,9 @@ class Extender:
         self.metrics = metrics or ExtenderMetrics(lambda: cache)
         self.attempts = attempts
         self.clock_ns = clock_ns
+        self._last_filter: tuple[str, int, dict[str, Verdict]] = ("", -1, {})
+        """(pod UID, ledger epoch, verdicts) of the last filter call, which kube-scheduler
+        follows with prioritize for the same pod; reused only while the ledger is unchanged."""
 
     def _nodes(self, args: ExtenderArgs) -> tuple[list[NodeInventory], dict[str, str]]:
         """Inventories for the nodes asked about, and reasons for names we do not know."""
@@ -84,7 +87,11 @@ class Extender:
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
         """Split the given nodes into passing, failed and unresolvable, with reasons."""
         nodes, missing = self._nodes(args)
-        result = self.scheduler.filter(args.Pod, nodes, self.cache.ledger)
+        ledger = self.cache.ledger
+        result = self.scheduler.filter(args.Pod, nodes, ledger)
+        if not isinstance(result.request, Rejection):
+            verdicts = {v.node: v for v in result.verdicts}
+            self._last_filter = (result.request.uid, ledger.epoch, verdicts)
         failed = dict(missing)
         unresolvable: dict[str, str] = {}
         for verdict in result.verdicts:
@@ -114,7 +121,13 @@ class Extender:
     def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
         """Scores 0..10 for the given nodes."""
         nodes, missing = self._nodes(args)
-        scores = self.scheduler.prioritize(args.Pod, nodes, self.cache.ledger)
+        ledger = self.cache.ledger
+        uid, epoch, verdicts = self._last_filter
+        request = self.scheduler.read(args.Pod)
+        fresh = not isinstance(request, Rejection) and request.uid == uid and ledger.epoch == epoch
+        scores = self.scheduler.prioritize(
+            args.Pod, nodes, ledger, verdicts=verdicts if fresh else None
+        )
         self.metrics.requests.labels("prioritize", "ok").inc()
         names = [name_of(n) for n in args.Nodes.items] if args.Nodes else args.NodeNames or []
         return [HostPriority(Host=n, Score=scores.get(n, 0)) for n in names if n not in missing]
