@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+CLUSTER_DIR ?= .cluster
 
-.PHONY: demo test lint typecheck unit integration clean
+.PHONY: demo test unit e2e lint typecheck controlplane cluster cluster-down bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,14 +17,39 @@ demo: $(STAMP)
 	$(BIN)/gpushare demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-test: $(STAMP) lint typecheck
-	$(BIN)/python -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+# Build (once; cached under ~/.cache/gpushare by version) etcd, the Kubernetes control plane,
+# kubectl, kwok and helm from the Go module proxy.
+controlplane:
+	bash tests/e2e/controlplane/build.sh > /dev/null
+
+# Unit and integration tests only (no control plane).
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit tests/integration
+
+# End-to-end tests on the real control plane.
+e2e: $(STAMP) controlplane
+	GPUSHARE_E2E=1 $(BIN)/python -m pytest -q tests/e2e
+
+# Everything: lint, types, unit, integration and end-to-end. pytest's exit code 5 (no tests) is
+# not a failure.
+test: $(STAMP) lint typecheck controlplane
+	GPUSHARE_E2E=1 $(BIN)/python -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+# A control plane with the gpushare extender and kwok, for a person with kubectl.
+cluster: $(STAMP) controlplane
+	$(BIN)/python -m tests.e2e.cluster up --dir $(CLUSTER_DIR)
+
+cluster-down: $(STAMP)
+	$(BIN)/python -m tests.e2e.cluster down --dir $(CLUSTER_DIR)
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/extender_latency.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,615 @@
+"""A real Kubernetes control plane on 127.0.0.1, for end-to-end tests and for people.
+
+It starts, in order: etcd, kube-apiserver (real TLS, client certificates and service-account keys
+made at start-up with openssl), kube-controller-manager (so Jobs create pods),
+kube-scheduler (profiles ``default-scheduler`` and ``ack-co-scheduler``, wired to the gpushare
+extender by the same ``KubeSchedulerConfiguration`` that ``gpushare scheduler-config`` prints),
+the gpushare extender, and kwok for nodes without kubelets. Every process is stopped by PID; a
+component that fails to start has its log tail printed.
+
+    python -m tests.e2e.cluster up [--dir .cluster]   # start and wait; prints how to stop
+    python -m tests.e2e.cluster down [--dir .cluster]
+
+The binaries come from ``tests/e2e/controlplane/build.sh`` (built once, cached by version).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpushare.schedconfig import scheduler_configuration
+
+HERE = Path(__file__).resolve().parent
+BUILD = HERE / "controlplane" / "build.sh"
+STAGES = HERE / "controlplane" / "kwok-stages.yaml"
+KWOK_SELECTOR = "kwok.x-k8s.io/node=fake"
+
+
+class StartError(RuntimeError):
+    """A component did not come up; the message carries its log tail."""
+
+
+def build_binaries() -> dict[str, Path]:
+    """Run build.sh (a no-op when cached) and map each binary name to its path."""
+    result = subprocess.run(["bash", str(BUILD)], check=True, stdout=subprocess.PIPE, text=True)
+    found: dict[str, Path] = {}
+    for line in result.stdout.split():
+        for binary in Path(line).iterdir():
+            found[binary.name] = binary
+    return found
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_pki(pki: Path) -> None:
+    """CA, serving and client certificates, front-proxy pair and service-account keys."""
+    pki.mkdir(parents=True, exist_ok=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for ca in ("ca", "front-proxy-ca"):
+        _openssl(
+            "req",
+            "-x509",
+            *ec,
+            "-keyout",
+            f"{ca}.key",
+            "-out",
+            f"{ca}.crt",
+            "-days",
+            "3650",
+            "-subj",
+            f"/CN=gpushare-e2e-{ca}",
+            cwd=pki,
+        )
+    leaves = [
+        (
+            "apiserver",
+            "ca",
+            "/CN=kube-apiserver",
+            "serverAuth",
+            "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+            "DNS:kubernetes.default.svc,IP:10.0.0.1",
+        ),
+        ("admin", "ca", "/O=system:masters/CN=kubernetes-admin", "clientAuth", ""),
+        ("scheduler", "ca", "/CN=system:kube-scheduler", "clientAuth", ""),
+        ("controller-manager", "ca", "/CN=system:kube-controller-manager", "clientAuth", ""),
+        ("front-proxy-client", "front-proxy-ca", "/CN=front-proxy-client", "clientAuth", ""),
+    ]
+    for name, ca, subject, usage, sans in leaves:
+        _openssl(
+            "req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject, cwd=pki
+        )
+        ext = pki / f"{name}.ext"
+        ext.write_text(
+            f"extendedKeyUsage={usage}\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+            + (f"subjectAltName={sans}\n" if sans else "")
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            f"{ca}.crt",
+            "-CAkey",
+            f"{ca}.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "365",
+            "-extfile",
+            ext.name,
+            cwd=pki,
+        )
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
+
+
+def write_kubeconfig(path: Path, server: str, pki: Path, user: str) -> None:
+    """A kubeconfig that authenticates with a client certificate."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "gpushare-e2e",
+                "cluster": {"server": server, "certificate-authority": str(pki / "ca.crt")},
+            }
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {
+                    "client-certificate": str(pki / f"{user}.crt"),
+                    "client-key": str(pki / f"{user}.key"),
+                },
+            }
+        ],
+        "contexts": [
+            {"name": "gpushare-e2e", "context": {"cluster": "gpushare-e2e", "user": user}}
+        ],
+        "current-context": "gpushare-e2e",
+    }
+    path.write_text(yaml.safe_dump(config))
+
+
+@dataclass
+class Process:
+    """One started component."""
+
+    name: str
+    argv: list[str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: dict[str, str] | None = None) -> None:
+        handle = self.log.open("ab")
+        self.popen = subprocess.Popen(
+            self.argv,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
+        handle.close()
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def tail(self, lines: int = 30) -> str:
+        if not self.log.exists():
+            return "(no log)"
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, grace: float = 5.0) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        stop_pid(self.popen.pid, grace)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=1)
+
+
+def stop_pid(pid: int, grace: float = 5.0) -> None:
+    """SIGTERM the process group, then SIGKILL after ``grace`` seconds."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        # a child of ours stays a zombie until reaped; reap it if it is ours
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def wait_for(
+    what: str, check: Callable[[], bool], timeout: float, process: Process | None = None
+) -> None:
+    """Poll ``check`` until true; fail with the component's log tail."""
+    deadline = time.monotonic() + timeout
+    last_error = ""
+    while time.monotonic() < deadline:
+        if process is not None and not process.alive():
+            raise StartError(f"{process.name} exited while waiting for {what}:\n{process.tail()}")
+        try:
+            if check():
+                return
+        except Exception as err:
+            last_error = f"{type(err).__name__}: {err}"
+        time.sleep(0.3)
+    tail = f"\n--- {process.name} log ---\n{process.tail()}" if process else ""
+    raise StartError(f"timed out after {timeout:.0f}s waiting for {what} ({last_error}){tail}")
+
+
+@dataclass
+class Cluster:
+    """The running control plane and the paths a test needs."""
+
+    root: Path
+    binaries: dict[str, Path]
+    processes: dict[str, Process] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "admin.kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    @property
+    def extender_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['extender']}"
+
+    def env(self) -> dict[str, str]:
+        """Environment for kubectl and kubectl-inspect-cgpu against this cluster."""
+        path = os.pathsep.join(
+            [
+                str(self.binaries["kubectl"].parent),
+                str(Path(sys.executable).parent),
+                os.environ.get("PATH", ""),
+            ]
+        )
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PATH": path}
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against the cluster."""
+        result = subprocess.run(
+            [str(self.binaries["kubectl"]), *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            input=input,
+            timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
+        return result
+
+    def kubectl_json(self, *args: str) -> Any:
+        """kubectl ... -o json, parsed."""
+        return json.loads(self.kubectl(*args, "-o", "json").stdout)
+
+    def _https_ok(self, url: str, *, client: bool) -> bool:
+        context = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        if client:
+            context.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        else:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        with urllib.request.urlopen(url, context=context, timeout=2) as response:
+            return bool(response.status == 200)
+
+    @staticmethod
+    def _http_ok(url: str) -> bool:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+
+    def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Process:
+        process = Process(name, list(argv), self.root / "logs" / f"{name}.log")
+        process.start(env)
+        self.processes[name] = process
+        (self.root / "pids").write_text(
+            "".join(f"{p.name} {p.pid}\n" for p in self.processes.values())
+        )
+        return process
+
+    # -- components -------------------------------------------------------------------------
+
+    def start(self, progress: Callable[[str], None] = lambda _: None) -> None:
+        """Start everything and wait until pods can be created and scheduled."""
+        (self.root / "logs").mkdir(parents=True, exist_ok=True)
+        progress("certificates")
+        make_pki(self.pki)
+        for name in (
+            "etcd",
+            "etcd-peer",
+            "apiserver",
+            "controller-manager",
+            "scheduler",
+            "extender",
+            "kwok",
+        ):
+            self.ports[name] = free_port()
+        for user in ("admin", "scheduler", "controller-manager"):
+            write_kubeconfig(self.root / f"{user}.kubeconfig", self.server, self.pki, user)
+        try:
+            self._start_etcd(progress)
+            self._start_apiserver(progress)
+            self._start_controller_manager(progress)
+            self.start_extender(progress)
+            self._start_scheduler(progress)
+            self._start_kwok(progress)
+            progress("default service account")
+            wait_for(
+                "the default ServiceAccount",
+                lambda: (
+                    self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0
+                ),
+                60,
+                self.processes["controller-manager"],
+            )
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_etcd(self, progress: Callable[[str], None]) -> None:
+        progress("etcd")
+        port = self.ports["etcd"]
+        process = self._spawn(
+            "etcd",
+            [
+                str(self.binaries["etcd"]),
+                "--name",
+                "e2e",
+                "--data-dir",
+                str(self.root / "etcd"),
+                "--listen-client-urls",
+                f"http://127.0.0.1:{port}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{port}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{self.ports['etcd-peer']}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{self.ports['etcd-peer']}",
+                "--initial-cluster",
+                f"e2e=http://127.0.0.1:{self.ports['etcd-peer']}",
+                "--quota-backend-bytes",
+                str(4 * 1024**3),
+                "--log-level",
+                "warn",
+                "--unsafe-no-fsync",
+            ],
+        )
+        wait_for(
+            "etcd /health", lambda: self._http_ok(f"http://127.0.0.1:{port}/health"), 30, process
+        )
+
+    def _start_apiserver(self, progress: Callable[[str], None]) -> None:
+        progress("kube-apiserver")
+        pki = self.pki
+        process = self._spawn(
+            "kube-apiserver",
+            [
+                str(self.binaries["kube-apiserver"]),
+                f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
+                f"--secure-port={self.ports['apiserver']}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                "--authorization-mode=Node,RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--endpoint-reconciler-type=none",
+                f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                f"--cert-dir={self.root / 'apiserver-certs'}",
+                "--profiling=false",
+                "--max-requests-inflight=1000",
+                "--max-mutating-requests-inflight=500",
+            ],
+        )
+        wait_for(
+            "kube-apiserver /readyz",
+            lambda: self._https_ok(f"{self.server}/readyz", client=True),
+            120,
+            process,
+        )
+
+    def _start_controller_manager(self, progress: Callable[[str], None]) -> None:
+        progress("kube-controller-manager")
+        kubeconfig = self.root / "controller-manager.kubeconfig"
+        port = self.ports["controller-manager"]
+        process = self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.binaries["kube-controller-manager"]),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                f"--secure-port={port}",
+                "--bind-address=127.0.0.1",
+                f"--service-account-private-key-file={self.pki / 'sa.key'}",
+                f"--root-ca-file={self.pki / 'ca.crt'}",
+                "--use-service-account-credentials=true",
+                "--leader-elect=false",
+                f"--cert-dir={self.root / 'cm-certs'}",
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+            ],
+        )
+        wait_for(
+            "kube-controller-manager /healthz",
+            lambda: self._https_ok(f"https://127.0.0.1:{port}/healthz", client=False),
+            60,
+            process,
+        )
+
+    def start_extender(self, progress: Callable[[str], None] = lambda _: None) -> None:
+        """Start (or restart) the gpushare extender on its fixed port."""
+        progress("gpushare extender")
+        old = self.processes.get("gpushare-extender")
+        if old is not None:
+            old.stop()
+        gpushare = Path(sys.executable).parent / "gpushare"
+        process = self._spawn(
+            "gpushare-extender",
+            [
+                str(gpushare),
+                "extender",
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--port",
+                str(self.ports["extender"]),
+                "--log-level",
+                "warning",
+            ],
+        )
+        wait_for(
+            "gpushare extender /readyz",
+            lambda: self._http_ok(f"{self.extender_url}/readyz"),
+            60,
+            process,
+        )
+
+    def kill_extender(self) -> None:
+        """SIGKILL the extender, as a crash would."""
+        process = self.processes["gpushare-extender"]
+        if process.alive():
+            os.killpg(process.pid, signal.SIGKILL)
+            assert process.popen is not None
+            process.popen.wait(timeout=10)
+
+    def _start_scheduler(self, progress: Callable[[str], None]) -> None:
+        progress("kube-scheduler")
+        config = scheduler_configuration(
+            url=self.extender_url,
+            kubeconfig=str(self.root / "scheduler.kubeconfig"),
+            leader_elect=False,
+        )
+        config["clientConnection"].update(qps=200, burst=400)
+        path = self.root / "scheduler-config.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        port = self.ports["scheduler"]
+        kubeconfig = self.root / "scheduler.kubeconfig"
+        process = self._spawn(
+            "kube-scheduler",
+            [
+                str(self.binaries["kube-scheduler"]),
+                f"--config={path}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                f"--secure-port={port}",
+                "--bind-address=127.0.0.1",
+                f"--cert-dir={self.root / 'scheduler-certs'}",
+            ],
+        )
+        wait_for(
+            "kube-scheduler /healthz",
+            lambda: self._https_ok(f"https://127.0.0.1:{port}/healthz", client=False),
+            60,
+            process,
+        )
+
+    def _start_kwok(self, progress: Callable[[str], None]) -> None:
+        progress("kwok")
+        port = self.ports["kwok"]
+        process = self._spawn(
+            "kwok",
+            [
+                str(self.binaries["kwok"]),
+                f"--kubeconfig={self.kubeconfig}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_SELECTOR}",
+                "--node-lease-duration-seconds=40",
+                f"--server-address=127.0.0.1:{port}",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=10.2.0.1",
+                "-c",
+                str(STAGES),
+            ],
+        )
+        wait_for(
+            "kwok /healthz", lambda: self._http_ok(f"http://127.0.0.1:{port}/healthz"), 60, process
+        )
+
+    def stop(self) -> None:
+        """Stop everything this cluster started, newest first, by PID."""
+        for process in reversed(list(self.processes.values())):
+            process.stop()
+        self.processes.clear()
+
+
+@contextlib.contextmanager
+def running_cluster(
+    root: Path, progress: Callable[[str], None] = lambda _: None
+) -> Iterator[Cluster]:
+    """Build (cached), start, yield, stop."""
+    cluster = Cluster(root=root, binaries=build_binaries())
+    cluster.start(progress)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _up(root: Path) -> None:
+    if (root / "pids").exists():
+        _down(root)
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    cluster = Cluster(root=root, binaries=build_binaries())
+    cluster.start(lambda step: print(f"starting {step} ...", flush=True))
+    print(f"\ncluster is up: {cluster.server}")
+    print(f"  export KUBECONFIG={cluster.kubeconfig}")
+    print(f"  export PATH={cluster.binaries['kubectl'].parent}:{Path(sys.executable).parent}:$PATH")
+    print("  kubectl get nodes; kubectl inspect cgpu")
+    print(f"  gpushare extender at {cluster.extender_url}; logs in {root / 'logs'}")
+    print(
+        f"stop it with: make cluster-down   (or: {sys.executable} -m tests.e2e.cluster down "
+        f"--dir {root})"
+    )
+
+
+def _down(root: Path) -> None:
+    pids = root / "pids"
+    if not pids.exists():
+        print(f"no cluster recorded in {root}")
+        return
+    for line in reversed(pids.read_text().splitlines()):
+        name, pid = line.split()
+        stop_pid(int(pid))
+        print(f"stopped {name} (pid {pid})")
+    pids.unlink()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=["up", "down"])
+    parser.add_argument("--dir", default=".cluster", type=Path)
+    args = parser.parse_args()
+    root = args.dir.resolve()
+    try:
+        _up(root) if args.action == "up" else _down(root)
+    except StartError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

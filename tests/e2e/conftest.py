@@ -1,0 +1,89 @@
+"""End-to-end fixtures: one real control plane per test session.
+
+These tests run only with ``GPUSHARE_E2E=1`` (``make e2e`` and ``make test`` set it), because
+they build and start the upstream binaries; plain ``pytest`` skips them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpushare.core.units import MemoryUnit
+from gpushare.kube.objects import gpu_node
+
+from .cluster import Cluster, running_cluster
+
+ENABLED = os.environ.get("GPUSHARE_E2E") == "1"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    skip = pytest.mark.skip(reason="end-to-end: set GPUSHARE_E2E=1 (make e2e) to run")
+    for item in items:
+        if "tests/e2e/" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.e2e)
+            if not ENABLED:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("cluster")
+    started = time.monotonic()
+    with running_cluster(root, progress=lambda s: print(f"[e2e] starting {s}", flush=True)) as c:
+        print(f"[e2e] control plane up in {time.monotonic() - started:.1f}s", flush=True)
+        yield c
+
+
+def kwok_node(name: str, **kwargs: Any) -> dict[str, Any]:
+    """A GPU node as the device plugin would describe it, managed by kwok."""
+    node = gpu_node(name, **kwargs)
+    node["metadata"]["annotations"]["kwok.x-k8s.io/node"] = "fake"
+    return node
+
+
+def eventually(check: Callable[[], Any], timeout: float = 60, what: str = "") -> Any:
+    """Poll until ``check`` returns something truthy; return it."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or check}: last={last!r}")
+
+
+def create_nodes(cluster: Cluster, nodes: list[dict[str, Any]]) -> None:
+    """kubectl apply the nodes and wait until kwok reports them Ready."""
+    body = yaml.safe_dump_all(nodes)
+    cluster.kubectl("apply", "-f", "-", input=body, timeout=300)
+    names = {n["metadata"]["name"] for n in nodes}
+
+    def ready() -> bool:
+        items = cluster.kubectl_json("get", "nodes")["items"]
+        done = {
+            n["metadata"]["name"]
+            for n in items
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in n.get("status", {}).get("conditions", [])
+            )
+        }
+        return names <= done
+
+    eventually(ready, 120, f"{len(names)} nodes Ready")
+
+
+def delete_nodes(cluster: Cluster, names: list[str]) -> None:
+    cluster.kubectl("delete", "node", *names, "--wait=false", check=False)
+
+
+__all__ = ["REPO", "MemoryUnit", "create_nodes", "delete_nodes", "eventually", "kwok_node"]

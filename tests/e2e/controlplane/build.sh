@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Builds, once, the upstream binaries the end-to-end tests run, from the Go module proxy:
+#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm.
+# They land in a cache outside the repository, keyed by version, so a second run builds nothing:
+#   ${GPUSHARE_CACHE:-~/.cache/gpushare}/bin/<component>-<version>/<binary>
+# It prints the directory of each binary set; `bin-dir` prints one line PATH entries for all.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+K8S_VERSION=v1.36.3
+ETCD_VERSION=v3.6.16
+KWOK_VERSION=v0.8.0
+HELM_VERSION=v3.22.0
+CACHE="${GPUSHARE_CACHE:-$HOME/.cache/gpushare}/bin"
+
+# Go 1.27 turns on jsonv2, which breaks kube-openapi's output; pin the local Go 1.26 toolchain.
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+case "$(go env GOVERSION)" in
+  go1.26*) ;;
+  go1.27*|go1.28*) export GOEXPERIMENT=nojsonv2 ;;
+esac
+
+log() { printf '[controlplane] %s\n' "$*" >&2; }
+
+build_kubernetes() {
+  local out="$CACHE/kubernetes-$K8S_VERSION"
+  if [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-scheduler" ] && \
+     [ -x "$out/kube-controller-manager" ] && [ -x "$out/kubectl" ]; then
+    echo "$out"; return
+  fi
+  log "building Kubernetes $K8S_VERSION (kube-apiserver alone takes about 3 minutes and 2 GiB)"
+  local start=$SECONDS tmp="$out.tmp.$$"
+  mkdir -p "$tmp"
+  (cd "$HERE/kubernetes" && go build -trimpath -o "$tmp/" \
+    -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+  rm -rf "$out" && mv "$tmp" "$out"
+  log "Kubernetes built in $((SECONDS - start)) s"
+  echo "$out"
+}
+
+build_etcd() {
+  local out="$CACHE/etcd-$ETCD_VERSION"
+  if [ -x "$out/etcd" ]; then echo "$out"; return; fi
+  log "building etcd $ETCD_VERSION"
+  local start=$SECONDS
+  mkdir -p "$out"
+  (cd "$HERE/etcd" && go build -trimpath -ldflags "-s -w" -o "$out/etcd.tmp" .)
+  mv "$out/etcd.tmp" "$out/etcd"
+  log "etcd built in $((SECONDS - start)) s"
+  echo "$out"
+}
+
+install_module() {  # name package version binary
+  local out="$CACHE/$1-$3"
+  if [ -x "$out/$4" ]; then echo "$out"; return; fi
+  log "building $1 $3"
+  local start=$SECONDS
+  mkdir -p "$out.tmp.$$"
+  GOBIN="$out.tmp.$$" go install -trimpath -ldflags "-s -w" "$2@$3"
+  rm -rf "$out" && mv "$out.tmp.$$" "$out"
+  log "$1 built in $((SECONDS - start)) s"
+  echo "$out"
+}
+
+main() {
+  mkdir -p "$CACHE"
+  build_etcd
+  build_kubernetes
+  install_module kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" kwok
+  install_module helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" helm
+}
+
+main "$@"
