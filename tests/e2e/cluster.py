@@ -352,7 +352,7 @@ class Cluster:
                     self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0
                 ),
                 60,
-                self.processes["controller-manager"],
+                self.processes["kube-controller-manager"],
             )
         except BaseException:
             self.stop()

@@ -137,7 +137,12 @@ class Extender:
         key = f"{args.PodNamespace}/{args.PodName}"
         error = ""
         for attempt in range(1, self.attempts + 1):
-            outcome, error = await self._bind_once(args, key)
+            try:
+                outcome, error = await self._bind_once(args, key)
+            except Exception as err:  # a bug must not become a 500 with a booking left behind
+                log.exception("pod=%s node=%s phase=bind unexpected error", key, args.Node)
+                self.scheduler.unreserve(args.PodUID, self.cache.ledger)
+                outcome, error = "error", f"bind {key}: internal error {type(err).__name__}: {err}"
             self.metrics.binds.labels(outcome).inc()
             if outcome == "bound":
                 self.metrics.requests.labels("bind", "bound").inc()

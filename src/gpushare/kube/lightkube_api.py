@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx2
+import msgspec
 from lightkube import AsyncClient, KubeConfig
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
@@ -161,5 +162,9 @@ class LightkubeAPI:
         )
         try:
             await self._client.create(binding, name=name, namespace=namespace)
+        except msgspec.ValidationError:
+            # The server answers a successful binding with a Status, not a Binding; lightkube
+            # cannot decode it as the type it posted. Errors arrive as ApiError instead.
+            return
         except (ApiError, httpx2.HTTPError, OSError) as err:
             raise _translate(err, f"bind pod {namespace}/{name} to {node}") from None
