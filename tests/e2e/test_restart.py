@@ -28,8 +28,11 @@ def test_extender_restart_loses_nothing(cluster: Cluster) -> None:
         first = [gpu_pod_manifest(f"a{i}", NS, 5, selector=selector) for i in range(6)]
         second = [gpu_pod_manifest(f"b{i}", NS, 5, selector=selector) for i in range(8)]
         apply_all(cluster, first)
-        eventually(lambda: sum(bool(p["spec"].get("nodeName")) for p in pods(cluster, NS)) == 6,
-                   60, "the first six pods bound")
+        eventually(
+            lambda: sum(bool(p["spec"].get("nodeName")) for p in pods(cluster, NS)) == 6,
+            60,
+            "the first six pods bound",
+        )
         apply_all(cluster, second)
         cluster.kill_extender()
         killed_at = sum(bool(p["spec"].get("nodeName")) for p in pods(cluster, NS))

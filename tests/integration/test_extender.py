@@ -308,3 +308,24 @@ def test_relist_drops_assumptions_of_pods_that_vanished() -> None:
         assert rig.cache.ledger.usage(SEED).mem_units == 0
 
     run_with_rig(kube, body)
+
+
+class Exploding(MemoryKube):
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        raise RuntimeError("unexpected")
+
+
+def test_unexpected_bind_failure_is_an_error_reply_not_a_500() -> None:
+    kube = Exploding()
+    kube.put_node(gpu_node(SEED, gpus_units=[15]))
+    pod = kube.create_pod(gpu_pod("p", mem=3))
+
+    async def body(rig: Rig) -> None:
+        outcome = await rig.driver.schedule(pod, [SEED])
+        assert "internal error RuntimeError: unexpected" in outcome.error
+        await rig.settle()
+        stored = await rig.kube.get_pod("default", "p")
+        assert ANN_ALLOCATION not in stored["metadata"].get("annotations", {})
+        assert rig.cache.ledger.usage(SEED).mem_units == 0
+
+    run_with_rig(kube, body)

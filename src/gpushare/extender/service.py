@@ -142,6 +142,7 @@ class Extender:
             except Exception as err:  # a bug must not become a 500 with a booking left behind
                 log.exception("pod=%s node=%s phase=bind unexpected error", key, args.Node)
                 self.scheduler.unreserve(args.PodUID, self.cache.ledger)
+                await self._clear(args, key)
                 outcome, error = "error", f"bind {key}: internal error {type(err).__name__}: {err}"
             self.metrics.binds.labels(outcome).inc()
             if outcome == "bound":
