@@ -5,10 +5,11 @@ gpushare writes its own annotation (``gpushare.io/allocation``: per-container, p
 and the unit) plus the predecessor's five ``ALIYUN_COM_GPU_MEM_*`` keys, so existing device
 plugins and tools keep working. Pods placed by the predecessor alone are read back from its keys.
 
-Splitting a pod over N GPUs lays its containers end to end on a tape of the pod's total and cuts
-the tape into N equal pieces: each GPU gets exactly the pod's per-GPU share, and each container
-knows how much of it sits on which GPU. Init containers run before the app containers and reuse
-the same memory, so each gets its own tape.
+Splitting a pod over N GPUs gives every container an even share of each of the pod's GPUs (so
+containers of equal size get equal layouts, which the hand-off needs); what does not divide by N
+is laid end to end on a tape that is cut into N equal pieces, so each GPU still gets exactly the
+pod's per-GPU share. Init containers run before the app containers and reuse the same memory,
+so each gets its own split.
 """
 
 from __future__ import annotations
@@ -140,13 +141,18 @@ def plan(
     )
     shares: dict[int, ContainerShare] = {}
 
+    def split(amounts: list[int]) -> list[list[int]]:
+        """Each amount evenly over the GPUs; the remainders laid on one tape and cut."""
+        bases = [a // count for a in amounts]
+        rests = [a - b * count for a, b in zip(amounts, bases, strict=True)]
+        cut = _cut(rests, count, sum(rests))
+        return [[b + r for r in parts] for b, parts in zip(bases, cut, strict=True)]
+
     def lay(group: list[tuple[int, ContainerRequest]]) -> None:
         if not group:
             return
-        mems = [c.mem_units for _, c in group]
-        cores = [c.core_pct for _, c in group]
-        mem_cut = _cut(mems, count, sum(mems))
-        core_cut = _cut(cores, count, sum(cores))
+        mem_cut = split([c.mem_units for _, c in group])
+        core_cut = split([c.core_pct for _, c in group])
         for (position, container), mem_parts, core_parts in zip(
             group, mem_cut, core_cut, strict=True
         ):

@@ -97,7 +97,12 @@ def _node_rules(request: PodRequest, node: NodeInventory, rules: Rules) -> str:
 
 
 def filter_node(
-    request: PodRequest, node: NodeInventory, usage: NodeUsage, *, rules: Rules
+    request: PodRequest,
+    node: NodeInventory,
+    usage: NodeUsage,
+    *,
+    rules: Rules,
+    prefer: tuple[int, ...] = (),
 ) -> Verdict:
     """Decide whether the pod fits on the node now, choosing its GPUs if it does."""
     never = _node_rules(request, node, rules)
@@ -159,5 +164,7 @@ def filter_node(
                 ),
             )
     return Verdict(
-        node=node.name, code=Code.FITS, gpus=choose_gpus(fitting, request.gpu_count, node.placement)
+        node=node.name,
+        code=Code.FITS,
+        gpus=choose_gpus(fitting, request.gpu_count, node.placement, prefer),
     )

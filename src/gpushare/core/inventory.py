@@ -27,8 +27,10 @@ from gpushare.core.kubejson import (
 )
 from gpushare.core.names import (
     ANN_NODE_GPUS,
+    ANN_NODE_HANDOFF,
     ANN_NODE_UNIT,
     DEFAULT_NAMES,
+    HANDOFF_PODRESOURCES,
     LABEL_MODE,
     LABEL_PLACEMENT,
     ResourceNames,
@@ -103,6 +105,8 @@ class NodeInventory:
     """True when the node carries the unit annotation (else the cluster unit was assumed)."""
     problem: str = ""
     """Why the GPU detail could not be read; empty when it could."""
+    handoff: bool = False
+    """Whether gpushare's device plugin serves the node (the hand-off invariant applies)."""
 
     @cached_property
     def mem_units_total(self) -> int:
@@ -224,6 +228,7 @@ def read_node(
         gpus=gpus,
         unit_declared=declared,
         problem=problem,
+        handoff=annotations.get(ANN_NODE_HANDOFF) == HANDOFF_PODRESOURCES,
     )
 
 

@@ -30,10 +30,20 @@ def _most_free(c: Candidate) -> tuple[int, int, int]:
 
 
 def choose_gpus(
-    candidates: Sequence[Candidate], count: int, placement: Placement
+    candidates: Sequence[Candidate],
+    count: int,
+    placement: Placement,
+    prefer: tuple[int, ...] = (),
 ) -> tuple[int, ...]:
-    """Pick ``count`` GPUs among the candidates, by the node's placement, in index order."""
-    key = _most_free if placement is Placement.SPREAD else _best_fit
+    """Pick ``count`` GPUs among the candidates, by the node's placement, in index order.
+
+    GPUs in ``prefer`` come first (the hand-off invariant asks for them), then placement decides.
+    """
+    order = _most_free if placement is Placement.SPREAD else _best_fit
+
+    def key(c: Candidate) -> tuple[int, tuple[int, int, int]]:
+        return (0 if c.gpu in prefer else 1, order(c))
+
     if count == 1:
         return (min(candidates, key=key).gpu,)
     ranked = sorted(candidates, key=key)

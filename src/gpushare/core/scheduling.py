@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 
 from gpushare.core.allocation import Allocation, plan
 from gpushare.core.filtering import Code, Rules, Verdict, filter_node
+from gpushare.core.handoff import conflict, pending_of, preferred_gpus
 from gpushare.core.inventory import NodeInventory
 from gpushare.core.kubejson import KubeObject
-from gpushare.core.ledger import Ledger
+from gpushare.core.ledger import Ledger, NodeUsage
 from gpushare.core.names import DEFAULT_NAMES, ResourceNames
 from gpushare.core.requests import PodRequest, Rejection, read_pod
 from gpushare.core.scoring import PolicyRegistry, default_policies
@@ -51,6 +52,29 @@ class FilterResult:
         return [v.node for v in self.verdicts if v.fits]
 
 
+def _with_handoff(
+    request: PodRequest, node: NodeInventory, usage: NodeUsage, rules: Rules
+) -> Verdict:
+    """Filter, then keep the hand-off invariant on nodes whose device plugin relies on it."""
+    verdict = filter_node(request, node, usage, rules=rules)
+    if not (verdict.fits and node.handoff):
+        return verdict
+    pending = pending_of(usage.allocations)
+    if not pending:
+        return verdict
+    reason = conflict(plan(request, node=node.name, indexes=verdict.gpus, unit=node.unit), pending)
+    if not reason:
+        return verdict
+    prefer = preferred_gpus((c.mem_units for c in request.containers), pending)
+    if prefer:
+        again = filter_node(request, node, usage, rules=rules, prefer=prefer)
+        if again.fits and not conflict(
+            plan(request, node=node.name, indexes=again.gpus, unit=node.unit), pending
+        ):
+            return again
+    return Verdict(node=node.name, code=Code.UNSCHEDULABLE, reasons=(reason,))
+
+
 class VerdictMemo:
     """Remembers verdicts per node and request shape while the node's holdings stay the same.
 
@@ -68,9 +92,8 @@ class VerdictMemo:
     ) -> Verdict:
         """The cached verdict, or a fresh one (which is then remembered)."""
         if ledger.holds_on(request.uid, node.name):  # re-binding: its own share is left out
-            return filter_node(
-                request, node, ledger.usage(node.name, excluding=request.uid), rules=rules
-            )
+            usage = ledger.usage(node.name, excluding=request.uid)
+            return _with_handoff(request, node, usage, rules)
         key = (
             node.name,
             id(node),
@@ -79,11 +102,13 @@ class VerdictMemo:
             request.mem_per_gpu,
             request.core_per_gpu,
             request.gpu_count,
+            request.mem_units,
+            tuple((c.kind, c.mem_units, c.core_pct) for c in request.containers),
         )
         hit = self._items.get(key)
         if hit is not None and hit[0] is node and hit[1] is ledger:
             return hit[2]
-        verdict = filter_node(request, node, ledger.usage(node.name), rules=rules)
+        verdict = _with_handoff(request, node, ledger.usage(node.name), rules)
         if len(self._items) >= self._limit:
             self._items.clear()
         self._items[key] = (node, ledger, verdict)
