@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip==26.3
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
+	$(BIN)/python -m gpushare.deviceplugin.genproto
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -85,10 +85,15 @@ class LightkubeAPI:
         """Close the HTTP connections."""
         await self._client.close()
 
-    async def _list(self, kind: type[Node] | type[Pod], what: str) -> tuple[list[KubeDict], str]:
+    async def _list(
+        self, kind: type[Node] | type[Pod], what: str, node: str = ""
+    ) -> tuple[list[KubeDict], str]:
         try:
+            fields = {"spec.nodeName": node} if node else None
             listing: Any = (
-                self._client.list(kind, namespace="*") if kind is Pod else self._client.list(kind)
+                self._client.list(kind, namespace="*", fields=fields)
+                if kind is Pod
+                else self._client.list(kind)
             )
             items = [_to_dict(item) async for item in listing]
             try:
@@ -103,9 +108,9 @@ class LightkubeAPI:
         """All nodes."""
         return await self._list(Node, "list nodes")
 
-    async def list_pods(self) -> tuple[list[KubeDict], str]:
-        """All pods in all namespaces."""
-        return await self._list(Pod, "list pods")
+    async def list_pods(self, node: str = "") -> tuple[list[KubeDict], str]:
+        """All pods in all namespaces (only those bound to ``node`` if given)."""
+        return await self._list(Pod, "list pods", node)
 
     async def _watch(
         self, kind: type[Node] | type[Pod], resource_version: str, what: str
@@ -153,6 +158,35 @@ class LightkubeAPI:
             return _to_dict(patched)
         except (ApiError, httpx2.HTTPError, OSError) as err:
             raise _translate(err, f"annotate pod {namespace}/{name}") from None
+
+    async def get_node(self, name: str) -> KubeDict:
+        """One node."""
+        try:
+            return _to_dict(await self._client.get(Node, name))
+        except (ApiError, httpx2.HTTPError, OSError) as err:
+            raise _translate(err, f"get node {name}") from None
+
+    async def patch_node(
+        self,
+        name: str,
+        *,
+        annotations: Mapping[str, str | None] | None = None,
+        capacity: Mapping[str, str] | None = None,
+    ) -> None:
+        """Merge-patch annotations, then status capacity/allocatable (the status subresource)."""
+        try:
+            if annotations:
+                await self._client.patch(
+                    Node,
+                    name,
+                    {"metadata": {"annotations": dict(annotations)}},
+                    patch_type=PatchType.MERGE,
+                )
+            if capacity:
+                body = {"status": {"capacity": dict(capacity), "allocatable": dict(capacity)}}
+                await self._client.patch(Node.Status, name, body, patch_type=PatchType.MERGE)
+        except (ApiError, httpx2.HTTPError, OSError) as err:
+            raise _translate(err, f"patch node {name}") from None
 
     async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         """POST the ``pods/binding`` subresource."""

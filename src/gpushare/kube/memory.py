@@ -124,10 +124,11 @@ class MemoryKube:
         self.calls.append("list_nodes")
         return self.nodes(), str(self._version)
 
-    async def list_pods(self) -> tuple[list[KubeDict], str]:
-        """All pods and the current resourceVersion."""
+    async def list_pods(self, node: str = "") -> tuple[list[KubeDict], str]:
+        """All pods (or those bound to ``node``) and the current resourceVersion."""
         self.calls.append("list_pods")
-        return self.pods(), str(self._version)
+        pods = [p for p in self.pods() if not node or p.get("spec", {}).get("nodeName") == node]
+        return pods, str(self._version)
 
     async def _watch(self, kind: Kind, resource_version: str) -> AsyncIterator[WatchEvent]:
         position = int(resource_version or 0)
@@ -183,6 +184,37 @@ class MemoryKube:
             else:
                 stored[key] = value
         return self._record("pods", "MODIFIED", obj)
+
+    async def get_node(self, name: str) -> KubeDict:
+        """One node."""
+        self.calls.append("get_node")
+        try:
+            return copy.deepcopy(self._nodes[name])
+        except KeyError:
+            raise NotFound(f"node {name} not found") from None
+
+    async def patch_node(
+        self,
+        name: str,
+        *,
+        annotations: Mapping[str, str | None] | None = None,
+        capacity: Mapping[str, str] | None = None,
+    ) -> None:
+        """Merge annotations and status capacity/allocatable."""
+        self.calls.append("patch_node")
+        if name not in self._nodes:
+            raise NotFound(f"node {name} not found")
+        obj = self._nodes[name]
+        stored = obj.setdefault("metadata", {}).setdefault("annotations", {})
+        for key, value in (annotations or {}).items():
+            if value is None:
+                stored.pop(key, None)
+            else:
+                stored[key] = value
+        status = obj.setdefault("status", {})
+        for field in ("capacity", "allocatable"):
+            status.setdefault(field, {}).update(capacity or {})
+        self._record("nodes", "MODIFIED", obj)
 
     async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         """Bind like the ``pods/binding`` subresource: once, and only the same UID."""

@@ -56,8 +56,8 @@ class KubeAPI(Protocol):
         """All nodes and the list's resourceVersion."""
         ...
 
-    async def list_pods(self) -> tuple[list[KubeDict], str]:
-        """All pods in all namespaces and the list's resourceVersion."""
+    async def list_pods(self, node: str = "") -> tuple[list[KubeDict], str]:
+        """All pods in all namespaces (only those bound to ``node`` if given)."""
         ...
 
     def watch_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]:
@@ -85,4 +85,18 @@ class KubeAPI(Protocol):
 
     async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         """Create the pod's ``pods/binding`` to the node."""
+        ...
+
+    async def get_node(self, name: str) -> KubeDict:
+        """One node."""
+        ...
+
+    async def patch_node(
+        self,
+        name: str,
+        *,
+        annotations: Mapping[str, str | None] | None = None,
+        capacity: Mapping[str, str] | None = None,
+    ) -> None:
+        """Merge annotations, and extended resources into status capacity and allocatable."""
         ...

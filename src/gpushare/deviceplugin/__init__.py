@@ -1,0 +1,1 @@
+"""The device plugin: the node side of sharing (kubelet's v1beta1 API over unix sockets)."""

@@ -1,0 +1,41 @@
+"""Generate the gRPC stubs from gpushare's own copies of kubelet's .proto files.
+
+Run at install time (``make`` does it; so does the image build): ``python -m
+gpushare.deviceplugin.genproto``. The stubs are build output and are not kept in git.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+PROTOS = ("v1beta1/api.proto", "podresources_v1/api.proto")
+
+
+def generate() -> list[Path]:
+    """Write ``*_pb2.py`` and ``*_pb2_grpc.py`` beside each .proto; return the paths."""
+    from grpc_tools import protoc
+
+    src = Path(__file__).resolve().parents[2]  # the directory that holds the gpushare package
+    written = []
+    for proto in PROTOS:
+        relative = Path("gpushare/deviceplugin/protos") / proto
+        code = protoc.main(
+            [
+                "protoc",
+                f"-I{src}",
+                f"--python_out={src}",
+                f"--grpc_python_out={src}",
+                f"--pyi_out={src}",
+                str(relative),
+            ]
+        )
+        if code != 0:
+            raise SystemExit(f"protoc failed on {relative} (exit {code})")
+        written.append(src / relative.with_name("api_pb2.py"))
+    return written
+
+
+if __name__ == "__main__":
+    for path in generate():
+        print(f"generated {path}", file=sys.stderr)

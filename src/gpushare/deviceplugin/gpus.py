@@ -1,0 +1,175 @@
+"""Where the GPUs come from: NVML on a real node, or a fake backend for tests and kwok clusters.
+
+Both sit behind one small port (``GpuSource``): the list of GPUs and a way to wait for a change
+of health. The NVML backend watches XID critical-error events in a thread; the fake one changes
+health when told to (``set_health``), which is how tests withdraw a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One physical GPU as the device plugin sees it."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    healthy: bool = True
+
+
+class GpuSource(Protocol):
+    """The GPUs of this node."""
+
+    def gpus(self) -> list[GpuInfo]:
+        """The current list, in index order."""
+        ...
+
+    async def changed(self) -> None:
+        """Return when health (or the list) changes."""
+        ...
+
+
+class _Notifier:
+    """Lets threads and the event loop wake waiters of ``changed``."""
+
+    def __init__(self) -> None:
+        self._generation = 0
+        self._cond: asyncio.Condition | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def wait(self) -> None:
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+            self._loop = asyncio.get_running_loop()
+        seen = self._generation
+        async with self._cond:
+            await self._cond.wait_for(lambda: self._generation != seen)
+
+    def notify(self) -> None:
+        self._generation += 1
+        if self._cond is None or self._loop is None:
+            return
+        cond = self._cond
+
+        async def wake() -> None:
+            async with cond:
+                cond.notify_all()
+
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self._loop.create_task(wake())
+        else:
+            asyncio.run_coroutine_threadsafe(wake(), self._loop)
+
+
+_SPEC = re.compile(r"^(?:(?P<count>\d+)x)?(?:(?P<model>[^:,]+):)?(?P<size>\d+)(?P<unit>GiB|MiB)$")
+
+
+class FakeGpus:
+    """GPUs described by a flag: ``4x15GiB`` or ``T4:15GiB,A10:24GiB``."""
+
+    def __init__(self, gpus: list[GpuInfo]) -> None:
+        self._gpus = gpus
+        self._notifier = _Notifier()
+
+    @classmethod
+    def parse(cls, spec: str, *, node: str = "fake") -> FakeGpus:
+        """Read the flag; a ValueError names the part that is wrong and the accepted forms."""
+        gpus: list[GpuInfo] = []
+        for part in spec.replace(" ", "").split(","):
+            match = _SPEC.match(part)
+            if not match:
+                raise ValueError(
+                    f"--fake-gpus part {part!r} is not understood; write COUNTxSIZE "
+                    f"(4x15GiB) or MODEL:SIZE (T4:15GiB), SIZE in GiB or MiB, comma-separated"
+                )
+            size = int(match["size"]) * (1024 if match["unit"] == "GiB" else 1)
+            for _ in range(int(match["count"] or 1)):
+                index = len(gpus)
+                gpus.append(
+                    GpuInfo(index, f"GPU-fake-{node}-{index}", match["model"] or "Fake GPU", size)
+                )
+        return cls(gpus)
+
+    def gpus(self) -> list[GpuInfo]:
+        """The current list."""
+        return list(self._gpus)
+
+    def set_health(self, index: int, healthy: bool) -> None:
+        """Flip one GPU's health, as an XID error (or its recovery) would."""
+        self._gpus = [replace(g, healthy=healthy) if g.index == index else g for g in self._gpus]
+        self._notifier.notify()
+
+    async def changed(self) -> None:
+        """Return after the next ``set_health``."""
+        await self._notifier.wait()
+
+
+class NvmlGpus:
+    """GPUs from NVML (nvidia-ml-py); XID critical errors mark a GPU unhealthy."""
+
+    APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+    """XIDs caused by applications, not the GPU; they do not withdraw it."""
+
+    def __init__(self) -> None:
+        import pynvml
+
+        self._nvml: Any = pynvml
+        pynvml.nvmlInit()
+        self._gpus: list[GpuInfo] = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            self._gpus.append(
+                GpuInfo(
+                    index,
+                    uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                    name.decode() if isinstance(name, bytes) else str(name),
+                    int(memory.total) // (1024 * 1024),
+                )
+            )
+        self._notifier = _Notifier()
+        self._thread = threading.Thread(target=self._watch, name="nvml-xid", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        nvml = self._nvml
+        try:
+            events = nvml.nvmlEventSetCreate()
+            for gpu in self._gpus:
+                handle = nvml.nvmlDeviceGetHandleByIndex(gpu.index)
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, events)
+        except nvml.NVMLError:
+            return  # events unsupported (e.g. in some VMs): health stays as found
+        while True:
+            try:
+                data = nvml.nvmlEventSetWait(events, 5000)
+            except nvml.NVMLError:
+                continue
+            if data.eventData in self.APPLICATION_XIDS:
+                continue
+            uuid = nvml.nvmlDeviceGetUUID(data.device)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+            self._gpus = [replace(g, healthy=False) if g.uuid == uuid else g for g in self._gpus]
+            self._notifier.notify()
+
+    def gpus(self) -> list[GpuInfo]:
+        """The GPUs found at start, with their current health."""
+        return list(self._gpus)
+
+    async def changed(self) -> None:
+        """Return after the next XID critical error."""
+        await self._notifier.wait()

@@ -1,0 +1,110 @@
+"""What the device plugin advertises and what Allocate answers (pure, no gRPC here).
+
+Memory is advertised as one device per memory unit per GPU (``<uuid>-mem-<k>``), computing power
+as one device per 5 % per GPU (``<uuid>-core-<k>``, 20 per GPU) on core_mem nodes. The device
+IDs are tokens for kubelet's counting only: which GPU a container really gets comes from its
+pod's allocation, found through the hand-off invariant (core.handoff), and is put into the
+container's environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpushare.core.handoff import CORE, CORE_DEVICE_PCT, MEM, Signature
+from gpushare.core.units import MemoryUnit
+from gpushare.deviceplugin.gpus import GpuInfo
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+
+
+@dataclass(frozen=True)
+class DeviceEntry:
+    """One advertised device."""
+
+    id: str
+    healthy: bool
+
+
+def mem_units(gpu: GpuInfo, unit: MemoryUnit) -> int:
+    """Whole memory units a GPU offers."""
+    return gpu.memory_mib // unit.mib
+
+
+def devices(resource: str, gpus: list[GpuInfo], unit: MemoryUnit) -> list[DeviceEntry]:
+    """The device list for ListAndWatch; an unhealthy GPU's devices are Unhealthy."""
+    out = []
+    for gpu in gpus:
+        if resource == MEM:
+            count, tag = mem_units(gpu, unit), "mem"
+        else:
+            count, tag = 100 // CORE_DEVICE_PCT, "core"
+        out.extend(DeviceEntry(f"{gpu.uuid}-{tag}-{k}", gpu.healthy) for k in range(count))
+    return out
+
+
+@dataclass(frozen=True)
+class ContainerAnswer:
+    """The environment and mounts one container gets."""
+
+    envs: Mapping[str, str]
+    mounts: tuple[tuple[str, str, bool], ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+class IsolationHook(Protocol):
+    """Adds what the isolation layer needs (preload, accounting dir) to a container's answer."""
+
+    def extend(self, answer: ContainerAnswer, signature: Signature, mode: str) -> ContainerAnswer:
+        """Return the answer with the isolation layer's additions."""
+        ...
+
+
+class NoIsolation:
+    """The default hook: share nodes, and nodes whose isolation is not installed."""
+
+    def extend(self, answer: ContainerAnswer, signature: Signature, mode: str) -> ContainerAnswer:
+        """Leave the answer as it is."""
+        return answer
+
+
+def container_answer(
+    signature: Signature, gpus: list[GpuInfo], unit: MemoryUnit, mode: str
+) -> ContainerAnswer:
+    """The environment of a container served by a signature."""
+    by_index = {g.index: g for g in gpus}
+    indexes = [i for i, _ in signature.layout]
+    mem_layout = signature.layout if signature.resource == MEM else ()
+    first = by_index.get(indexes[0]) if indexes else None
+    envs = {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(by_index[i].uuid for i in indexes if i in by_index),
+        "ALIYUN_COM_GPU_MEM_IDX": ",".join(str(i) for i in indexes),
+        "ALIYUN_COM_GPU_MEM_POD": str(signature.pod_mem_units),
+        "ALIYUN_COM_GPU_MEM_DEV": str(mem_units(first, unit) if first else 0),
+        "GPUSHARE_MEM_UNIT": unit.value,
+        "GPUSHARE_MODE": mode,
+    }
+    if mem_layout:
+        envs["ALIYUN_COM_GPU_MEM_CONTAINER"] = str(sum(m for _, m in mem_layout))
+        envs["GPUSHARE_MEM_PER_GPU"] = ",".join(f"{i}:{m}" for i, m in mem_layout)
+    if signature.core_layout:
+        per_gpu = {pct for _, pct in signature.core_layout}
+        envs["ALIYUN_COM_GPU_CORE_PERCENTAGE"] = str(max(per_gpu))
+        envs["GPUSHARE_CORE_PER_GPU"] = ",".join(f"{i}:{p}" for i, p in signature.core_layout)
+    return ContainerAnswer(envs=envs)
+
+
+__all__ = [
+    "CORE",
+    "MEM",
+    "ContainerAnswer",
+    "DeviceEntry",
+    "IsolationHook",
+    "NoIsolation",
+    "container_answer",
+    "devices",
+    "mem_units",
+]

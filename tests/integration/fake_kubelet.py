@@ -1,0 +1,205 @@
+"""A fake kubelet: the device-plugin side of kubelet, on temporary unix sockets.
+
+It serves ``Registration`` on ``kubelet.sock`` and the ``PodResourcesLister`` API, follows each
+registered plugin's ``ListAndWatch``, and admits pods as kubelet does: one ``Allocate`` call per
+container and resource, with device IDs it picks itself from the healthy, unused ones (asking
+``GetPreferredAllocation`` first). It never tells the plugin which pod it is admitting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from gpushare.deviceplugin.protos.podresources_v1 import api_pb2 as pr
+from gpushare.deviceplugin.protos.podresources_v1 import api_pb2_grpc as pr_grpc
+from gpushare.deviceplugin.protos.v1beta1 import api_pb2 as dp
+from gpushare.deviceplugin.protos.v1beta1 import api_pb2_grpc as dp_grpc
+
+CORE_STEP = 5
+
+
+@dataclass
+class Admitted:
+    namespace: str
+    name: str
+    containers: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    envs: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServicer):
+    def __init__(self, plugin_dir: Path, pod_resources_socket: Path) -> None:
+        self.plugin_dir = plugin_dir
+        self.pod_resources_socket = pod_resources_socket
+        self.registrations: dict[str, str] = {}
+        self.register_count = 0
+        self.devices: dict[str, dict[str, str]] = {}
+        self.admitted: dict[tuple[str, str], Admitted] = {}
+        self._server: grpc.aio.Server | None = None
+        self._podres: grpc.aio.Server | None = None
+        self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._changed = asyncio.Event()
+
+    async def start(self) -> None:
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        server = grpc.aio.server()
+        dp_grpc.add_RegistrationServicer_to_server(self, server)
+        server.add_insecure_port(f"unix://{self.plugin_dir / 'kubelet.sock'}")
+        await server.start()
+        self._server = server
+        if self._podres is None:
+            podres = grpc.aio.server()
+            pr_grpc.add_PodResourcesListerServicer_to_server(self, podres)
+            podres.add_insecure_port(f"unix://{self.pod_resources_socket}")
+            await podres.start()
+            self._podres = podres
+
+    async def stop(self) -> None:
+        for task in self._watchers.values():
+            task.cancel()
+        for server in (self._server, self._podres):
+            if server is not None:
+                await server.stop(grace=0.1)
+
+    async def restart(self) -> None:
+        """Like a kubelet restart: the socket directory is wiped and kubelet.sock re-created."""
+        if self._server is not None:
+            await self._server.stop(grace=0.1)
+        for task in self._watchers.values():
+            task.cancel()
+        self._watchers.clear()
+        self.registrations.clear()
+        for path in self.plugin_dir.iterdir():
+            with contextlib.suppress(OSError):
+                path.unlink()
+        self._server = None
+        await self.start()
+
+    # -- Registration --------------------------------------------------------------------------
+
+    async def Register(self, request: dp.RegisterRequest, context: Any) -> dp.Empty:
+        assert request.version == "v1beta1"
+        self.registrations[request.resource_name] = request.endpoint
+        self.register_count += 1
+        old = self._watchers.pop(request.resource_name, None)
+        if old is not None:
+            old.cancel()
+        self._watchers[request.resource_name] = asyncio.create_task(
+            self._follow(request.resource_name, request.endpoint)
+        )
+        return dp.Empty()
+
+    def _channel(self, endpoint: str) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(f"unix://{self.plugin_dir / endpoint}")
+
+    async def _follow(self, resource: str, endpoint: str) -> None:
+        async with self._channel(endpoint) as channel:
+            stub = dp_grpc.DevicePluginStub(channel)
+            async for response in stub.ListAndWatch(dp.Empty()):
+                self.devices[resource] = {d.ID: d.health for d in response.devices}
+                self._changed.set()
+
+    async def wait_devices(
+        self, resource: str, count: int, healthy: int | None = None, timeout: float = 5
+    ) -> dict[str, str]:
+        async def ready() -> dict[str, str]:
+            while True:
+                devs = self.devices.get(resource, {})
+                good = sum(h == "Healthy" for h in devs.values())
+                if len(devs) == count and (healthy is None or good == healthy):
+                    return devs
+                self._changed.clear()
+                await self._changed.wait()
+
+        return await asyncio.wait_for(ready(), timeout)
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def _in_use(self, resource: str) -> set[str]:
+        used: set[str] = set()
+        for pod in self.admitted.values():
+            for per_resource in pod.containers.values():
+                used.update(per_resource.get(resource, []))
+        return used
+
+    async def admit(self, pod: dict[str, Any]) -> Admitted:
+        """Allocate every container of the pod, in order, one call per container and resource."""
+        meta = pod["metadata"]
+        admitted = Admitted(meta.get("namespace", "default"), meta["name"])
+        self.admitted[(admitted.namespace, admitted.name)] = admitted
+        spec = pod["spec"]
+        for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+            limits = container.get("resources", {}).get("limits", {})
+            envs: dict[str, str] = {}
+            for resource, endpoint in sorted(self.registrations.items()):
+                if resource not in limits:
+                    continue
+                count = int(limits[resource])
+                if resource.endswith("gpu-core.percentage"):
+                    count //= CORE_STEP
+                used = self._in_use(resource)
+                available = sorted(
+                    d
+                    for d, h in self.devices.get(resource, {}).items()
+                    if h == "Healthy" and d not in used
+                )
+                async with self._channel(endpoint) as channel:
+                    stub = dp_grpc.DevicePluginStub(channel)
+                    preferred = await stub.GetPreferredAllocation(
+                        dp.PreferredAllocationRequest(
+                            container_requests=[
+                                dp.ContainerPreferredAllocationRequest(
+                                    available_deviceIDs=available, allocation_size=count
+                                )
+                            ]
+                        )
+                    )
+                    chosen = list(preferred.container_responses[0].deviceIDs)[:count]
+                    response = await stub.Allocate(
+                        dp.AllocateRequest(
+                            container_requests=[dp.ContainerAllocateRequest(devices_ids=chosen)]
+                        )
+                    )
+                admitted.containers.setdefault(container["name"], {})[resource] = chosen
+                envs.update(response.container_responses[0].envs)
+            if envs:
+                admitted.envs[container["name"]] = envs
+        return admitted
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.admitted.pop((namespace, name), None)
+
+    # -- PodResources --------------------------------------------------------------------------
+
+    async def List(
+        self, request: pr.ListPodResourcesRequest, context: Any
+    ) -> pr.ListPodResourcesResponse:
+        return pr.ListPodResourcesResponse(
+            pod_resources=[
+                pr.PodResources(
+                    name=p.name,
+                    namespace=p.namespace,
+                    containers=[
+                        pr.ContainerResources(
+                            name=c,
+                            devices=[
+                                pr.ContainerDevices(resource_name=r, device_ids=ids)
+                                for r, ids in per_resource.items()
+                            ],
+                        )
+                        for c, per_resource in p.containers.items()
+                    ],
+                )
+                for p in self.admitted.values()
+            ]
+        )
+
+    async def Get(
+        self, request: pr.GetPodResourcesRequest, context: Any
+    ) -> pr.GetPodResourcesResponse:
+        raise NotImplementedError

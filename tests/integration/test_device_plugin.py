@@ -1,0 +1,375 @@
+"""The device plugin against a fake kubelet on temporary unix sockets, with the real extender."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import random
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import httpx
+import pytest
+
+from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED
+from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.deviceplugin.gpus import FakeGpus
+from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig, refuse_static_cpu_policy
+from gpushare.extender.app import create_app
+from gpushare.extender.driver import ExtenderDriver
+from gpushare.extender.service import Extender
+from gpushare.kube.cache import ClusterCache
+from gpushare.kube.memory import MemoryKube
+
+from .fake_kubelet import FakeKubelet
+
+# grpc.aio servers finalise in __del__, which may run after a test's event loop has closed;
+# that raises "Event loop is closed" inside grpc's own finaliser, not in gpushare.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+T = TypeVar("T")
+NODE = "gpu-node-1"
+MEM = "aliyun.com/gpu-mem"
+CORE = "aliyun.com/gpu-core.percentage"
+
+
+def bare_node(mode: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": NODE, "labels": {"ack.node.gpu.schedule": mode}},
+        "status": {"capacity": {}, "allocatable": {}},
+    }
+
+
+def pod(
+    name: str, *sizes: int, core: int | None = None, gpu_count: int = 1, init: int | None = None
+) -> dict[str, Any]:
+    def container(cname: str, size: int) -> dict[str, Any]:
+        limits: dict[str, Any] = {MEM: size}
+        if core is not None:
+            limits[CORE] = core
+        return {"name": cname, "image": "x", "resources": {"limits": limits}}
+
+    spec: dict[str, Any] = {
+        "schedulerName": "ack-co-scheduler",
+        "containers": [container(f"c{i}", s) for i, s in enumerate(sizes)],
+    }
+    if init is not None:
+        spec["initContainers"] = [container("init", init)]
+    labels = {"aliyun.com/gpu-count": str(gpu_count)} if gpu_count > 1 else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "spec": spec,
+    }
+
+
+@dataclass
+class Rig:
+    kube: MemoryKube
+    cache: ClusterCache
+    driver: ExtenderDriver
+    kubelet: FakeKubelet
+    plugin: DevicePlugin
+    gpus: FakeGpus
+    root: Path
+
+    async def settle(self) -> None:
+        for _ in range(50):
+            await asyncio.sleep(0)
+
+    async def place(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        stored = self.kube.create_pod(manifest)
+        await self.settle()
+        outcome = await self.driver.schedule(stored, [NODE])
+        await self.settle()
+        if not outcome.bound:
+            return None
+        return await self.kube.get_pod("default", manifest["metadata"]["name"])
+
+    def new_plugin(self) -> DevicePlugin:
+        return DevicePlugin(api=self.kube, source=self.gpus, config=self.plugin.config)
+
+
+@contextlib.asynccontextmanager
+async def rig(mode: str = "share", gpus: str = "2x15GiB") -> AsyncIterator[Rig]:
+    root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
+    kube = MemoryKube()
+    kube.put_node(bare_node(mode))
+    kubelet = FakeKubelet(root / "dp", root / "podres.sock")
+    await kubelet.start()
+    source = FakeGpus.parse(gpus, node=NODE)
+    config = PluginConfig(
+        node=NODE,
+        plugin_dir=root / "dp",
+        pod_resources_socket=root / "podres.sock",
+        state_dir=root / "state",
+        check_interval=0.05,
+    )
+    plugin = DevicePlugin(api=kube, source=source, config=config)
+    await plugin.start()
+    settings = Settings()
+    cache = ClusterCache(kube, settings=settings, retry_seconds=0.01)
+    extender = Extender(api=kube, cache=cache, scheduler=Scheduler(settings))
+    client = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(extender)), base_url="http://extender"
+    )
+    task = asyncio.create_task(cache.run())
+    try:
+        yield Rig(kube, cache, ExtenderDriver(client), kubelet, plugin, source, root)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await client.aclose()
+        await plugin.stop()
+        await kubelet.stop()
+        gc.collect()  # let stopped gRPC servers go while their event loop still runs
+        await asyncio.sleep(0)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run(body: Callable[[Rig], Awaitable[T]], **kwargs: Any) -> T:
+    async def main() -> T:
+        async with rig(**kwargs) as r:
+            return await asyncio.wait_for(body(r), 60)
+
+    return asyncio.run(main())
+
+
+def test_registers_advertises_and_publishes_the_node() -> None:
+    async def body(r: Rig) -> None:
+        assert r.kubelet.registrations == {MEM: "gpushare-mem.sock"}
+        devices = await r.kubelet.wait_devices(MEM, 30)
+        assert all(h == "Healthy" for h in devices.values())
+        node = await r.kube.get_node(NODE)
+        annotations = node["metadata"]["annotations"]
+        inventory = json.loads(annotations["gpushare.io/gpus"])
+        assert [(g["index"], g["memUnits"], g["uuid"]) for g in inventory] == [
+            (0, 15, f"GPU-fake-{NODE}-0"),
+            (1, 15, f"GPU-fake-{NODE}-1"),
+        ]
+        assert annotations["gpushare.io/gpu-mem-unit"] == "1GiB"
+        assert annotations["gpushare.io/handoff"] == "podresources"
+        assert node["status"]["capacity"]["aliyun.com/gpu-count"] == "2"
+
+    run(body)
+
+
+def test_core_mem_nodes_also_serve_computing_power() -> None:
+    async def body(r: Rig) -> None:
+        assert r.kubelet.registrations == {MEM: "gpushare-mem.sock", CORE: "gpushare-core.sock"}
+        assert len(await r.kubelet.wait_devices(CORE, 40)) == 40  # 20 devices of 5 % per GPU
+        placed = await r.place(pod("cuda-sample", 2, core=30))
+        assert placed is not None
+        admitted = await r.kubelet.admit(placed)
+        envs = admitted.envs["c0"]
+        assert envs["ALIYUN_COM_GPU_CORE_PERCENTAGE"] == "30"
+        assert envs["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2"
+        assert len(admitted.containers["c0"][CORE]) == 6
+
+    run(body, mode="core_mem")
+
+
+def test_seed_pod_gets_its_gpu_and_is_marked_served() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        placed = await r.place(pod("gpu-share-sample", 3))
+        assert placed is not None
+        record = json.loads(placed["metadata"]["annotations"][ANN_ALLOCATION])
+        index = record["gpus"][0]["index"]
+        admitted = await r.kubelet.admit(placed)
+        envs = admitted.envs["c0"]
+        assert envs["NVIDIA_VISIBLE_DEVICES"] == f"GPU-fake-{NODE}-{index}"
+        assert envs["ALIYUN_COM_GPU_MEM_IDX"] == str(index)
+        assert (
+            envs["ALIYUN_COM_GPU_MEM_POD"],
+            envs["ALIYUN_COM_GPU_MEM_CONTAINER"],
+            envs["ALIYUN_COM_GPU_MEM_DEV"],
+        ) == ("3", "3", "15")
+        for _ in range(100):
+            stored = await r.kube.get_pod("default", "gpu-share-sample")
+            if stored["metadata"]["annotations"][ANN_ASSIGNED] == "true":
+                break
+            await asyncio.sleep(0.05)
+        assert stored["metadata"]["annotations"][ANN_ASSIGNED] == "true"
+        assert r.plugin.stats.mismatches == 0 and r.plugin.stats.served_pods == 1
+
+    run(body)
+
+
+def test_multi_container_and_multi_gpu_pods_get_all_their_gpus() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 45)
+        placed = await r.place(pod("trainer", 4, 2, gpu_count=2, init=6))
+        assert placed is not None
+        admitted = await r.kubelet.admit(placed)
+        record = json.loads(placed["metadata"]["annotations"][ANN_ALLOCATION])
+        for container in record["containers"]:
+            name = "init" if container["kind"] == "init" else container["name"]
+            envs = admitted.envs[name]
+            layout = ",".join(f"{g['index']}:{g['mem']}" for g in container["gpus"] if g["mem"])
+            assert envs["GPUSHARE_MEM_PER_GPU"] == layout
+            assert len(envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == 2
+
+    run(body, gpus="3x15GiB")
+
+
+def test_a_pod_gpushare_did_not_place_gets_a_clear_error() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        stray = r.kube.create_pod(pod("stray", 2))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await r.kubelet.admit(stray)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "no pod bound to this node is waiting for 2 mem device(s)" in str(
+            err.value.details()
+        )
+        assert r.plugin.stats.refused == 1
+
+    run(body)
+
+
+def test_kubelet_restart_leads_to_re_registration() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        before = r.kubelet.register_count
+        await r.kubelet.restart()
+        for _ in range(100):
+            if r.kubelet.registrations.get(MEM):
+                break
+            await asyncio.sleep(0.05)
+        assert r.kubelet.register_count == before + 1
+        assert len(await r.kubelet.wait_devices(MEM, 30)) == 30
+
+    run(body)
+
+
+def test_unhealthy_gpu_is_withdrawn_and_avoided() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30, healthy=30)
+        r.gpus.set_health(0, False)
+        await r.kubelet.wait_devices(MEM, 30, healthy=15)
+        for _ in range(100):
+            await r.settle()
+            node = r.cache.nodes.get(NODE)
+            if node is not None and not node.gpus[0].healthy:
+                break
+            await asyncio.sleep(0.02)
+        placed = await r.place(pod("after-xid", 1))
+        assert placed is not None
+        assert (
+            json.loads(placed["metadata"]["annotations"][ANN_ALLOCATION])["gpus"][0]["index"] == 1
+        )
+        r.gpus.set_health(1, False)
+        await r.kubelet.wait_devices(MEM, 30, healthy=0)
+        await asyncio.sleep(0.1)
+        await r.settle()
+        assert await r.place(pod("nowhere", 1)) is None
+
+    run(body)
+
+
+def test_plugin_restart_loses_nothing() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        placed = await r.place(pod("before-restart", 5))
+        assert placed is not None
+        await r.plugin.stop()
+        # kubelet admits the pod while the plugin is down? No: it admits, then the plugin dies
+        plugin = r.new_plugin()
+        await plugin.start()
+        r.plugin = plugin
+        await r.kubelet.wait_devices(MEM, 30)
+        await r.kubelet.admit(placed)
+        await plugin.stop()
+        gc.collect()
+        again = r.new_plugin()  # reads the checkpoint of what was served
+        await again.start()
+        r.plugin = again
+        for _ in range(100):
+            stored = await r.kube.get_pod("default", "before-restart")
+            if stored["metadata"]["annotations"][ANN_ASSIGNED] == "true":
+                break
+            await asyncio.sleep(0.05)
+        assert stored["metadata"]["annotations"][ANN_ASSIGNED] == "true"
+        assert again.stats.mismatches == 0
+        assert (
+            again.served_signature(
+                r.kubelet.admitted[("default", "before-restart")].containers["c0"][MEM]
+            )
+            is not None
+        )
+
+    run(body)
+
+
+INTERLEAVINGS = 60
+
+
+def test_random_interleavings_over_grpc_never_serve_the_wrong_gpu() -> None:
+    """Pods bound in one order, admitted by kubelet in another: every container checks out."""
+
+    async def body(r: Rig) -> tuple[int, int]:
+        await r.kubelet.wait_devices(MEM, 45)
+        rng = random.Random(7)
+        checked = mismatched = 0
+        serial = 0
+        for _ in range(INTERLEAVINGS):
+            waiting: list[dict[str, Any]] = []
+            for _ in range(rng.randint(3, 8)):
+                serial += 1
+                sizes = [rng.choice([1, 2, 2, 3]) for _ in range(rng.choice([1, 1, 2]))]
+                placed = await r.place(pod(f"p{serial}", *sizes))
+                if placed is not None:
+                    waiting.append(placed)
+                if waiting and rng.random() < 0.4:
+                    chosen = waiting.pop(rng.randrange(len(waiting)))
+                    checked, mismatched = await admit_and_check(r, chosen, checked, mismatched)
+            rng.shuffle(waiting)
+            for chosen in waiting:
+                checked, mismatched = await admit_and_check(r, chosen, checked, mismatched)
+            for key in list(r.kubelet.admitted):  # the pods finish; the GPUs empty out
+                r.kube.delete_pod(*key)
+                r.kubelet.forget(*key)
+            await r.settle()
+        return checked, mismatched
+
+    checked, mismatched = run(body, gpus="3x15GiB")
+    print(
+        f"{INTERLEAVINGS} interleavings over gRPC: {checked} containers checked, "
+        f"{mismatched} mismatches"
+    )
+    assert checked > 100 and mismatched == 0
+
+
+async def admit_and_check(
+    r: Rig, placed: dict[str, Any], checked: int, mismatched: int
+) -> tuple[int, int]:
+    admitted = await r.kubelet.admit(placed)
+    record = json.loads(placed["metadata"]["annotations"][ANN_ALLOCATION])
+    for container in record["containers"]:
+        layout = ",".join(f"{g['index']}:{g['mem']}" for g in container["gpus"] if g["mem"])
+        checked += 1
+        if admitted.envs[container["name"]]["GPUSHARE_MEM_PER_GPU"] != layout:
+            mismatched += 1
+    return checked, mismatched
+
+
+def test_static_cpu_manager_policy_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("kind: KubeletConfiguration\ncpuManagerPolicy: static\n")
+    reason = refuse_static_cpu_policy(config, tmp_path / "missing")
+    assert "cpuManagerPolicy: static" in reason and "set cpuManagerPolicy: none" in reason
+    state = tmp_path / "cpu_manager_state"
+    state.write_text('{"policyName":"none","defaultCpuSet":""}')
+    assert refuse_static_cpu_policy(tmp_path / "missing", state) == ""
