@@ -169,4 +169,3 @@ async def scenario(cluster: Cluster, plugin: Process, root: Path) -> dict[str, A
         }
     finally:
         await kubelet.stop()
-
