@@ -22,3 +22,9 @@ def check_golden(name: str, text: str) -> None:
 @pytest.fixture
 def golden() -> object:
     return check_golden
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from tests import grpc_loop
+
+    grpc_loop.close()

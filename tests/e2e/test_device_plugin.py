@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tests import grpc_loop
 from tests.integration.fake_kubelet import FakeKubelet
 
 from .cluster import Cluster, Process
@@ -85,7 +86,7 @@ def test_device_plugin_serves_pods_placed_through_the_real_scheduler(cluster: Cl
         cluster.root / "logs" / "device-plugin.log",
     )
     try:
-        result = asyncio.run(asyncio.wait_for(scenario(cluster, plugin, root), 240))
+        result = grpc_loop.run(asyncio.wait_for(scenario(cluster, plugin, root), 240))
         print(f"[e2e device plugin] {json.dumps(result)}")
         assert result["mismatches"] == 0 and result["admitted"] == 8
     finally:

@@ -27,12 +27,9 @@ from gpushare.extender.driver import ExtenderDriver
 from gpushare.extender.service import Extender
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
+from tests import grpc_loop
 
 from .fake_kubelet import FakeKubelet
-
-# grpc.aio servers finalise in __del__, which may run after a test's event loop has closed;
-# that raises "Event loop is closed" inside grpc's own finaliser, not in gpushare.
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 T = TypeVar("T")
 NODE = "gpu-node-1"
@@ -124,14 +121,15 @@ async def rig(mode: str = "share", gpus: str = "2x15GiB") -> AsyncIterator[Rig]:
         transport=httpx.ASGITransport(app=create_app(extender)), base_url="http://extender"
     )
     task = asyncio.create_task(cache.run())
+    current = Rig(kube, cache, ExtenderDriver(client), kubelet, plugin, source, root)
     try:
-        yield Rig(kube, cache, ExtenderDriver(client), kubelet, plugin, source, root)
+        yield current
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await client.aclose()
-        await plugin.stop()
+        await current.plugin.stop()  # the test may have replaced the first plugin
         await kubelet.stop()
         gc.collect()  # let stopped gRPC servers go while their event loop still runs
         await asyncio.sleep(0)
@@ -143,7 +141,7 @@ def run(body: Callable[[Rig], Awaitable[T]], **kwargs: Any) -> T:
         async with rig(**kwargs) as r:
             return await asyncio.wait_for(body(r), 60)
 
-    return asyncio.run(main())
+    return grpc_loop.run(main())
 
 
 def test_registers_advertises_and_publishes_the_node() -> None:
