@@ -148,4 +148,16 @@ def test_thousand_nodes_five_thousand_pods(
         "delete", "namespace", "e2e-scale-gpu", "e2e-scale-plain", "--wait=false", check=False
     )
     # Later tests count every GPU in the cluster, so wait until the scale nodes are gone.
-    cluster.kubectl("delete", "nodes", "-l", "gpushare-e2e=scale", timeout=600)
+    # (kubectl delete --wait watches each of the 1,000 objects and can hang; poll instead.)
+    cluster.kubectl(
+        "delete", "nodes", "-l", "gpushare-e2e=scale", "--wait=false", check=False, timeout=300
+    )
+    eventually(
+        lambda: (
+            not cluster.kubectl(
+                "get", "nodes", "-l", "gpushare-e2e=scale", "-o", "name", timeout=120
+            ).stdout.strip()
+        ),
+        300,
+        "scale nodes deleted",
+    )
