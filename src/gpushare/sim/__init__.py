@@ -1,0 +1,1 @@
+"""The simulator: replay a workload against a cluster through gpushare's scheduling policies."""
