@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare.core.units import MemoryUnit
 from gpushare.kube.objects import gpu_node
 
 from .cluster import Cluster, running_cluster
@@ -49,6 +48,14 @@ def kwok_node(name: str, **kwargs: Any) -> dict[str, Any]:
     node = gpu_node(name, **kwargs)
     node["metadata"]["annotations"]["kwok.x-k8s.io/node"] = "fake"
     return node
+
+
+def labelled_kwok_nodes(names: list[str], label: str, **kwargs: Any) -> list[dict[str, Any]]:
+    """kwok nodes carrying ``gpushare-e2e=<label>``, so a test's pods can select only them."""
+    nodes = [kwok_node(name, **kwargs) for name in names]
+    for node in nodes:
+        node["metadata"]["labels"]["gpushare-e2e"] = label
+    return nodes
 
 
 def eventually(check: Callable[[], Any], timeout: float = 60, what: str = "") -> Any:
@@ -86,6 +93,3 @@ def create_nodes(cluster: Cluster, nodes: list[dict[str, Any]]) -> None:
 
 def delete_nodes(cluster: Cluster, names: list[str]) -> None:
     cluster.kubectl("delete", "node", *names, "--wait=false", check=False)
-
-
-__all__ = ["REPO", "MemoryUnit", "create_nodes", "delete_nodes", "eventually", "kwok_node"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .cluster import Cluster
-from .conftest import create_nodes, delete_nodes, eventually, kwok_node
+from .conftest import create_nodes, delete_nodes, eventually, labelled_kwok_nodes
 from .helpers import apply_all, gpu_pod_manifest, per_gpu_memory, pods
 
 NS = "e2e-pack"
@@ -11,10 +11,7 @@ NS = "e2e-pack"
 
 def test_twenty_pods_fill_four_gpus_and_the_21st_waits(cluster: Cluster) -> None:
     names = ["pack-0", "pack-1"]
-    nodes = [kwok_node(n, gpus_units=[15, 15], mode="cgpu") for n in names]
-    for node in nodes:
-        node["metadata"]["labels"]["gpushare-e2e"] = "pack"
-    create_nodes(cluster, nodes)
+    create_nodes(cluster, labelled_kwok_nodes(names, "pack", gpus_units=[15, 15], mode="cgpu"))
     cluster.kubectl("create", "namespace", NS)
     try:
         selector = {"gpushare-e2e": "pack"}

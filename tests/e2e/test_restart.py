@@ -7,7 +7,7 @@ import time
 import urllib.request
 
 from .cluster import Cluster
-from .conftest import create_nodes, delete_nodes, eventually, kwok_node
+from .conftest import create_nodes, delete_nodes, eventually, labelled_kwok_nodes
 from .helpers import apply_all, gpu_pod_manifest, per_gpu_memory, pods
 
 NS = "e2e-restart"
@@ -15,10 +15,7 @@ NS = "e2e-restart"
 
 def test_extender_restart_loses_nothing(cluster: Cluster) -> None:
     names = ["restart-0", "restart-1"]
-    nodes = [kwok_node(n, gpus_units=[15, 15], mode="share") for n in names]
-    for node in nodes:
-        node["metadata"]["labels"]["gpushare-e2e"] = "restart"
-    create_nodes(cluster, nodes)
+    create_nodes(cluster, labelled_kwok_nodes(names, "restart", gpus_units=[15, 15], mode="share"))
     cluster.kubectl("create", "namespace", NS)
     selector = {"gpushare-e2e": "restart"}
     try:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from .cluster import Cluster
-from .conftest import eventually, kwok_node
+from .conftest import eventually, labelled_kwok_nodes
 from .helpers import gpu_pod_manifest, per_gpu_memory
 
 NODES = int(os.environ.get("GPUSHARE_E2E_SCALE_NODES", "1000"))
@@ -68,9 +68,7 @@ def test_thousand_nodes_five_thousand_pods(
 ) -> None:
     rng = random.Random(2026)
     names = [f"scale-{i:04d}" for i in range(NODES)]
-    nodes = [kwok_node(n, gpus_units=[15] * 8, mode="cgpu") for n in names]
-    for node in nodes:
-        node["metadata"]["labels"]["gpushare-e2e"] = "scale"
+    nodes = labelled_kwok_nodes(names, "scale", gpus_units=[15] * 8, mode="cgpu")
     started = time.monotonic()
     create_in_parallel(cluster, nodes)
 

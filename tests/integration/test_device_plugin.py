@@ -15,20 +15,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
-import httpx
 import pytest
 
 from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED
-from gpushare.core.scheduling import Scheduler, Settings
 from gpushare.deviceplugin.gpus import FakeGpus
 from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig, refuse_static_cpu_policy
-from gpushare.extender.app import create_app
 from gpushare.extender.driver import ExtenderDriver
-from gpushare.extender.service import Extender
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from tests import grpc_loop
 
+from .conftest import rig_for
 from .fake_kubelet import FakeKubelet
 
 T = TypeVar("T")
@@ -114,22 +111,14 @@ async def rig(mode: str = "share", gpus: str = "2x15GiB") -> AsyncIterator[Rig]:
     )
     plugin = DevicePlugin(api=kube, source=source, config=config)
     await plugin.start()
-    settings = Settings()
-    cache = ClusterCache(kube, settings=settings, retry_seconds=0.01)
-    extender = Extender(api=kube, cache=cache, scheduler=Scheduler(settings))
-    client = httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=create_app(extender)), base_url="http://extender"
-    )
-    task = asyncio.create_task(cache.run())
-    current = Rig(kube, cache, ExtenderDriver(client), kubelet, plugin, source, root)
+    current: Rig | None = None
     try:
-        yield current
+        async with rig_for(kube) as extender:
+            current = Rig(kube, extender.cache, extender.driver, kubelet, plugin, source, root)
+            yield current
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await client.aclose()
-        await current.plugin.stop()  # the test may have replaced the first plugin
+        # the test may have replaced the first plugin
+        await (current.plugin if current is not None else plugin).stop()
         await kubelet.stop()
         gc.collect()  # let stopped gRPC servers go while their event loop still runs
         await asyncio.sleep(0)

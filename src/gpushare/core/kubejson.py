@@ -58,11 +58,6 @@ def status_of(obj: KubeObject) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def pod_key(obj: KubeObject) -> str:
-    """``namespace/name`` for messages."""
-    return f"{namespace_of(obj)}/{name_of(obj)}"
-
-
 def internal_ip(node: KubeObject) -> str:
     """The node's first InternalIP address, or an empty string."""
     for address in status_of(node).get("addresses") or []:

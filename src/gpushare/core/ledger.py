@@ -210,11 +210,6 @@ class Ledger:
             if holding is not None:
                 yield holding
 
-    def unplaced(self) -> Iterator[Unplaced]:
-        """Every holding whose GPU is unknown, in UID order."""
-        for uid in sorted(self._unplaced):
-            yield self._unplaced[uid]
-
     def nodes(self) -> set[str]:
         """Nodes where anything is held."""
         return set(self._by_node)

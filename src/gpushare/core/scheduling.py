@@ -184,9 +184,14 @@ class Scheduler:
         ledger: Ledger,
         *,
         verdicts: Mapping[str, Verdict] | None = None,
+        request: PodRequest | Rejection | None = None,
     ) -> dict[str, int]:
-        """Extender scores 0..10 per node, reusing filter verdicts of the same ledger state."""
-        request = self.read(pod)
+        """Extender scores 0..10 per node, reusing filter verdicts of the same ledger state.
+
+        ``request`` may pass the pod's request when the caller has already read it.
+        """
+        if request is None:
+            request = self.read(pod)
         if isinstance(request, Rejection):
             return {n.name: 0 for n in nodes}
         known = verdicts or {}
@@ -220,8 +225,3 @@ class Scheduler:
     def unreserve(self, uid: str, ledger: Ledger) -> None:
         """Give back a reservation; idempotent."""
         ledger.unassume(uid)
-
-
-def inventories_by_name(nodes: Iterable[NodeInventory]) -> Mapping[str, NodeInventory]:
-    """Index inventories by node name."""
-    return {n.name: n for n in nodes}

@@ -27,18 +27,18 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
+import yaml
 
 from gpushare.core.allocation import Allocation, from_pod
 from gpushare.core.handoff import (
     CORE,
     MEM,
-    Pending,
     Signature,
     container_signatures,
     pending_of,
@@ -340,23 +340,17 @@ class DevicePlugin:
 
     # -- Allocate ----------------------------------------------------------------------------
 
-    async def pending(self) -> tuple[list[Pending], dict[str, Allocation]]:
-        """Containers bound to this node and not served yet, from the API."""
+    async def bound_allocations(self) -> list[Allocation]:
+        """Allocations of the live pods bound to this node, from the API."""
         pods, _ = await self.api.list_pods(self.config.node)
-        allocations = {}
-        for pod in pods:
-            if is_terminal(pod):
-                continue
-            allocation = from_pod(pod)
-            if allocation is not None and allocation.node == self.config.node:
-                allocations[allocation.uid] = allocation
-        return pending_of(allocations.values()), allocations
+        allocations = (from_pod(pod) for pod in pods if not is_terminal(pod))
+        return [a for a in allocations if a is not None and a.node == self.config.node]
 
     async def allocate(self, resource: str, device_ids: list[str]) -> tuple[Any, str]:
         """Answer one container; (response, "") or (None, reason)."""
         count = len(device_ids)
         try:
-            pending, _ = await self.pending()
+            pending = pending_of(await self.bound_allocations())
         except KubeError as err:
             self.stats.refused += 1
             return None, f"gpushare: cannot read the pods bound to {self.config.node}: {err}"
@@ -425,8 +419,7 @@ class DevicePlugin:
             listing = await pr_grpc.PodResourcesListerStub(ch).List(
                 pr.ListPodResourcesRequest(), timeout=10
             )
-        _, allocations = await self.pending()
-        by_key = {(a.namespace, a.name): a for a in allocations.values()}
+        by_key = {(a.namespace, a.name): a for a in await self.bound_allocations()}
         ours = {self.resource_name(r): r for r in self.resources}
         for pod in listing.pod_resources:
             allocation = by_key.get((pod.namespace, pod.name))
@@ -475,20 +468,16 @@ class DevicePlugin:
                 log.debug("PodResources check skipped: %s", err)
 
 
-def refuse_static_cpu_policy(
-    kubelet_config: Path, cpu_manager_state: Path, read: Callable[[Path], str] = Path.read_text
-) -> str:
+def refuse_static_cpu_policy(kubelet_config: Path, cpu_manager_state: Path) -> str:
     """Why the plugin must not start (kubelet runs the static CPU policy), or ''."""
     for path, key in ((kubelet_config, "cpuManagerPolicy"), (cpu_manager_state, "policyName")):
         try:
-            text = read(path)
+            text = path.read_text()
         except OSError:
             continue
         try:
-            import yaml
-
-            data = yaml.safe_load(text)
-        except Exception:
+            data = yaml.safe_load(text)  # JSON (cpu_manager_state) is YAML too
+        except yaml.YAMLError:
             continue
         if isinstance(data, dict) and str(data.get(key, "")).lower() == "static":
             return (

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpushare.core.handoff import CORE, CORE_DEVICE_PCT, MEM, Signature
+from gpushare.core.handoff import CORE_DEVICE_PCT, MEM, Signature
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.gpus import GpuInfo
 
@@ -95,16 +95,3 @@ def container_answer(
         envs["ALIYUN_COM_GPU_CORE_PERCENTAGE"] = str(max(per_gpu))
         envs["GPUSHARE_CORE_PER_GPU"] = ",".join(f"{i}:{p}" for i, p in signature.core_layout)
     return ContainerAnswer(envs=envs)
-
-
-__all__ = [
-    "CORE",
-    "MEM",
-    "ContainerAnswer",
-    "DeviceEntry",
-    "IsolationHook",
-    "NoIsolation",
-    "container_answer",
-    "devices",
-    "mem_units",
-]

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from gpushare.core.allocation import Allocation, to_annotations
+from gpushare.core.allocation import to_annotations
 from gpushare.core.filtering import Code, Verdict
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.kubejson import name_of
@@ -126,7 +126,7 @@ class Extender:
         request = self.scheduler.read(args.Pod)
         fresh = not isinstance(request, Rejection) and request.uid == uid and ledger.epoch == epoch
         scores = self.scheduler.prioritize(
-            args.Pod, nodes, ledger, verdicts=verdicts if fresh else None
+            args.Pod, nodes, ledger, verdicts=verdicts if fresh else None, request=request
         )
         self.metrics.requests.labels("prioritize", "ok").inc()
         names = [name_of(n) for n in args.Nodes.items] if args.Nodes else args.NodeNames or []
@@ -217,7 +217,3 @@ class Extender:
             )
         except KubeError as err:
             log.warning("pod=%s phase=unreserve cannot clear annotations: %s", key, err)
-
-    def allocations(self) -> list[Allocation]:
-        """Every holding in the ledger."""
-        return list(self.cache.ledger.allocations())
