@@ -203,3 +203,138 @@ def scheduler_config(url: str, kubeconfig: str, no_leader_elect: bool) -> None:
         ),
         nl=False,
     )
+
+
+@main.command()
+@click.option(
+    "--nodes",
+    "nodes_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Node list: openb CSV (sn,cpu_milli,memory_mib,gpu,model).",
+)
+@click.option(
+    "--pods",
+    "pods_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Pod list: openb CSV. Without --nodes/--pods: the built-in synthetic run.",
+)
+@click.option(
+    "--policy",
+    "policies",
+    multiple=True,
+    help="bestfit, fgd, fgd-continuous, gpushare (repeatable; default: all but fgd-continuous).",
+)
+@click.option(
+    "--seeds",
+    type=int,
+    default=None,
+    help="How many seeds (default 10 with a trace, 3 for the built-in run).",
+)
+@click.option("--first-seed", type=int, default=0, show_default=True)
+@click.option(
+    "--tune",
+    type=float,
+    default=1.3,
+    show_default=True,
+    help="Inflate the stream with clones up to this multiple of GPU capacity.",
+)
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    help="Parallel processes (default: the machine's CPU count, at most 4).",
+)
+@click.option("--out", type=click.Path(file_okay=False), default="sim-report", show_default=True)
+@click.option("--no-offline", is_flag=True, help="Skip the offline first-fit-decreasing reference.")
+@click.option("--no-plots", is_flag=True)
+def simulate(
+    nodes_path: str | None,
+    pods_path: str | None,
+    policies: tuple[str, ...],
+    seeds: int | None,
+    first_seed: int,
+    tune: float,
+    workers: int | None,
+    out: str,
+    no_offline: bool,
+    no_plots: bool,
+) -> None:
+    """Replay a workload under several policies with the FGD paper's protocol and report."""
+    import os
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from gpushare.sim import report, synthetic
+    from gpushare.sim.experiment import run_experiment
+    from gpushare.sim.openb import TraceError, read_nodes, read_pods
+    from gpushare.sim.paper import POLICIES
+
+    console = Console()
+    chosen = list(policies) or ["bestfit", "fgd", "gpushare"]
+    for name in chosen:
+        if name not in POLICIES:
+            raise click.BadParameter(
+                f"{name!r} is not a policy; choose from {', '.join(POLICIES)}",
+                param_hint="--policy",
+            )
+    if (nodes_path is None) != (pods_path is None):
+        raise click.UsageError("give both --nodes and --pods, or neither for the built-in run")
+    if not 1.0 <= tune <= 3.0:
+        raise click.BadParameter(f"{tune} must be between 1.0 and 3.0", param_hint="--tune")
+    try:
+        if nodes_path and pods_path:
+            nodes = read_nodes(Path(nodes_path))
+            pods = read_pods(Path(pods_path))
+            stem = Path(pods_path).stem
+            trace = stem.removeprefix("openb_pod_list_")
+        else:
+            nodes = synthetic.nodes()
+            pods = synthetic.pods(nodes)
+            trace = "synthetic"
+    except TraceError as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(2)
+    if not nodes or not pods:
+        click.echo("error: the node list and the pod list must not be empty", err=True)
+        sys.exit(2)
+    count = seeds if seeds is not None else (10 if nodes_path else 3)
+    if count < 1:
+        raise click.BadParameter(f"{count} must be at least 1", param_hint="--seeds")
+    seed_list = list(range(first_seed, first_seed + count))
+    jobs = (len(chosen) + (0 if no_offline else 1)) * count
+    workers = workers or min(4, os.cpu_count() or 1)
+    console.print(
+        f"{trace}: {len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs, {len(pods)} pods; "
+        f"policies {', '.join(chosen)}; seeds {seed_list[0]}..{seed_list[-1]}; "
+        f"{workers} worker(s)"
+    )
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("replaying", total=jobs)
+        experiment = run_experiment(
+            trace,
+            nodes,
+            pods,
+            chosen,
+            seed_list,
+            tune=tune,
+            workers=workers,
+            offline=not no_offline,
+            progress=lambda r: bar.advance(task),
+        )
+    rows = report.table(experiment)
+    grid = Table(title=f"unallocated GPU % at arrived % ({trace}, mean +- sd over {count} seeds)")
+    for header in rows[0]:
+        grid.add_column(header)
+    for row in rows[1:]:
+        grid.add_row(*row)
+    console.print(grid)
+    for policy, reasons in report.failures(experiment).items():
+        text = ", ".join(f"{reason} {n:.0f}" for reason, n in reasons.items())
+        console.print(f"failed pods per seed, {policy}: {text}")
+    files = report.write(experiment, Path(out), plots=not no_plots)
+    console.print("wrote " + ", ".join(str(f) for f in files))

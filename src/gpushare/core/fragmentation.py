@@ -1,0 +1,154 @@
+"""GPU fragmentation measured against the workload expected next (the FGD paper's measure).
+
+Free GPU share on a node is a *fragment* for a pod shape when that shape cannot use it: all of
+the node's idle share if the shape cannot run there at all (CPU short, model excluded, not enough
+GPUs with room, or a CPU-only shape), otherwise the idle share of the GPUs too small for the
+shape's per-GPU need. A node's fragmentation is the expectation over the target workload.
+
+Everything is in the caller's unit (milli-GPU for the paper's trace, memory units for gpushare),
+so the simulator and the extender share one definition.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A pod shape of the target workload."""
+
+    cpu: int
+    """Milli-CPU (0 when the caller does not track CPU)."""
+    per_gpu: int
+    """Share needed on each GPU, in the node's unit; 0 for a CPU-only shape."""
+    count: int
+    """How many GPUs."""
+    models: tuple[str, ...] = ()
+    """GPU models the shape accepts; empty means any."""
+    mem: int = 0
+    """Host memory in MiB (0 when the caller does not track memory)."""
+
+
+Workload = tuple[tuple[Shape, float], ...]
+"""Shapes with their probabilities (summing to 1)."""
+
+
+def fragmentation(
+    free: Sequence[int],
+    cpu_free: int,
+    model: str,
+    workload: Workload,
+    *,
+    cpu_weight: float = 0.0,
+    mem_free: int | None = None,
+) -> float:
+    """Expected idle share on a node that the next pod could not use.
+
+    With ``cpu_weight`` > 0, idle CPU that a shape cannot use because the node's GPUs cannot
+    host it (wrong model, too little GPU share) counts too, at ``cpu_weight`` GPU units per
+    milli-CPU: when CPU binds, CPU stranded beside full GPUs is lost capacity as well.
+    """
+    idle = sum(free)
+    total = 0.0
+    for shape, weight in workload:
+        if shape.count == 0 or shape.per_gpu == 0:
+            total += weight * idle
+            continue
+        if shape.models and model not in shape.models:
+            total += weight * (idle + cpu_weight * cpu_free)
+            continue
+        fitting = 0
+        stranded = 0
+        for share in free:
+            if share >= shape.per_gpu:
+                fitting += 1
+            else:
+                stranded += share
+        if fitting < shape.count:
+            total += weight * (idle + cpu_weight * cpu_free)
+        elif cpu_free < shape.cpu or (mem_free is not None and mem_free < shape.mem):
+            total += weight * idle
+        else:
+            total += weight * stranded
+    return total
+
+
+def fgd_score(growth: float, scale: float, *, truncate: bool = True) -> float:
+    """The paper's node score, 0..100: ``100 * sigmoid(-growth / scale)``.
+
+    ``scale`` is one GPU in the caller's unit (1000 milli-GPU). The paper truncates to an
+    integer, which turns small differences into ties.
+    """
+    value = 100.0 / (1.0 + math.exp(min(700.0, growth / scale)))
+    return float(math.floor(value)) if truncate else value
+
+
+class WorkloadEstimate:
+    """The target workload learned online from the pods seen so far.
+
+    The most frequent shapes are kept until they cover ``coverage`` of the pods seen, and
+    their frequencies are renormalised. ``top`` is recomputed every ``refresh`` observations so
+    that callers can cache per-node values between refreshes (``version`` says when).
+    """
+
+    def __init__(self, *, coverage: float = 0.95, refresh: int = 100) -> None:
+        if not 0.0 < coverage <= 1.0:
+            raise ValueError(f"coverage={coverage} must be in (0, 1]")
+        if refresh < 1:
+            raise ValueError(f"refresh={refresh} must be at least 1")
+        self.coverage = coverage
+        self.refresh = refresh
+        self.version = 0
+        self._counts: dict[Shape, int] = {}
+        self._seen = 0
+        self._since = 0
+        self._top: Workload = ()
+
+    @classmethod
+    def of(cls, shapes: Sequence[Shape], *, coverage: float = 0.95) -> WorkloadEstimate:
+        """An estimate fixed from a known list of pod shapes (the paper's offline M)."""
+        estimate = cls(coverage=coverage, refresh=max(1, len(shapes)))
+        for shape in shapes:
+            estimate._counts[shape] = estimate._counts.get(shape, 0) + 1
+        estimate._seen = len(shapes)
+        estimate._recompute()
+        return estimate
+
+    @property
+    def seen(self) -> int:
+        """How many pods were observed."""
+        return self._seen
+
+    def observe(self, shape: Shape) -> None:
+        """Count one arriving pod; refresh the top shapes now and then."""
+        self._counts[shape] = self._counts.get(shape, 0) + 1
+        self._seen += 1
+        self._since += 1
+        if self._since >= self.refresh or not self._top:
+            self._recompute()
+
+    def top(self) -> Workload:
+        """The current target workload."""
+        return self._top
+
+    def _recompute(self) -> None:
+        self._since = 0
+        ranked = sorted(self._counts.items(), key=lambda kv: (-kv[1], _order(kv[0])))
+        chosen: list[tuple[Shape, int]] = []
+        covered = 0
+        for shape, count in ranked:
+            if covered >= self.coverage * self._seen:
+                break
+            chosen.append((shape, count))
+            covered += count
+        total = sum(count for _, count in chosen)
+        self._top = tuple((shape, count / total) for shape, count in chosen) if total else ()
+        self.version += 1
+
+
+def _order(shape: Shape) -> tuple[int, int, int, tuple[str, ...]]:
+    """A stable order among equally frequent shapes."""
+    return (shape.cpu, shape.per_gpu, shape.count, shape.models)

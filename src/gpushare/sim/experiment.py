@@ -1,0 +1,185 @@
+"""Several policies over several seeds of the paper's protocol, optionally in parallel processes.
+
+Each (policy, seed) replay is independent, so they run in a process pool when ``workers`` > 1;
+results come back as plain values (``SeedResult``) for the report.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+
+from gpushare.core.fragmentation import WorkloadEstimate
+from gpushare.sim.openb import TraceNode, TracePod
+from gpushare.sim.paper import BestFit, Cluster, make_policy, replay, shape_of
+from gpushare.sim.stream import arrival_stream
+
+POINTS = (90, 95, 100, 110, 130)
+"""Arrived % at which the protocol reports unallocated %."""
+
+OFFLINE = "offline-ffd"
+"""The offline reference's name in results."""
+
+CURVE_POINTS = 261
+"""Arrived % grid (0..130 by 0.5) on which curves are kept for the plot."""
+
+
+@dataclass
+class SeedResult:
+    """One policy on one seed."""
+
+    policy: str
+    seed: int
+    points: dict[int, float]
+    curve: list[float] = field(default_factory=list)
+    """Unallocated % on the arrived grid (NaN past the end of the stream)."""
+    fragmentation: list[tuple[float, float]] = field(default_factory=list)
+    failed: dict[str, int] = field(default_factory=dict)
+    pods: int = 0
+    seconds: float = 0.0
+
+
+def _grid(arrived: Sequence[float], unallocated: Sequence[float]) -> list[float]:
+    """Sample a step curve on the 0.5 % grid."""
+    out: list[float] = []
+    j = 0
+    last = 100.0
+    for k in range(CURVE_POINTS):
+        x = k * 0.5
+        while j < len(arrived) and arrived[j] <= x:
+            last = unallocated[j]
+            j += 1
+        out.append(last if arrived and x <= arrived[-1] else math.nan)
+    return out
+
+
+def run_seed(
+    nodes: Sequence[TraceNode],
+    pods: Sequence[TracePod],
+    policy: str,
+    seed: int,
+    tune: float,
+    samples: int = 40,
+) -> SeedResult:
+    """Replay one seed's stream under one policy (or the offline reference)."""
+    started = time.perf_counter()
+    stream = arrival_stream(pods, nodes, seed=seed, tune=tune)
+    if policy == OFFLINE:
+        points = offline_reference(nodes, stream, seed=seed)
+        return SeedResult(
+            OFFLINE, seed, points, pods=len(stream), seconds=time.perf_counter() - started
+        )
+    measure = WorkloadEstimate.of([shape_of(p) for p in pods])
+    run = replay(
+        nodes, stream, make_policy(policy, pods), seed=seed, measure=measure, samples=samples
+    )
+    return SeedResult(
+        policy,
+        seed,
+        {x: run.at(x) for x in POINTS},
+        _grid(run.arrived, run.unallocated),
+        run.fragmentation,
+        dict(run.failed),
+        len(stream),
+        time.perf_counter() - started,
+    )
+
+
+def offline_reference(
+    nodes: Sequence[TraceNode], stream: Sequence[TracePod], *, seed: int = 0
+) -> dict[int, float]:
+    """Unallocated % when the pods that arrived by each point are packed knowing them all.
+
+    First-fit-decreasing by GPU request (then CPU), each pod on the BestFit node. Not a bound:
+    with CPU, memory and models binding too, a one-dimensional decreasing order can do worse
+    than a good online policy, and the report says so.
+    """
+    capacity = Cluster(nodes).capacity
+    out: dict[int, float] = {}
+    for point in POINTS:
+        limit = point / 100 * capacity
+        arrived: list[TracePod] = []
+        total = 0
+        for pod in stream:
+            if total + pod.gpu_request_milli > limit:
+                break
+            total += pod.gpu_request_milli
+            arrived.append(pod)
+        cluster = Cluster(nodes, seed=seed)
+        policy = BestFit()
+        allocated = 0
+        for pod in sorted(arrived, key=lambda p: (-p.gpu_request_milli, -p.cpu_milli)):
+            mask = cluster.feasible(pod)
+            if mask.any():
+                node, gpus = policy.choose(cluster, pod, mask)
+                cluster.place(node, pod, gpus)
+                allocated += pod.gpu_request_milli
+        out[point] = 100.0 - 100.0 * allocated / capacity
+    return out
+
+
+@dataclass
+class Experiment:
+    """Everything one ``gpushare simulate`` run measured."""
+
+    trace: str
+    nodes: int
+    gpus: int
+    tune: float
+    seeds: list[int]
+    policies: list[str]
+    results: list[SeedResult]
+
+    def of(self, policy: str) -> list[SeedResult]:
+        return [r for r in self.results if r.policy == policy]
+
+    def summary(self, policy: str, point: int) -> tuple[float, float]:
+        """Mean and sample standard deviation over seeds."""
+        values = [r.points[point] for r in self.of(policy) if not math.isnan(r.points[point])]
+        if not values:
+            return math.nan, math.nan
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        return statistics.fmean(values), sd
+
+
+Progress = Callable[[SeedResult], None]
+
+
+def run_experiment(
+    trace: str,
+    nodes: Sequence[TraceNode],
+    pods: Sequence[TracePod],
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    tune: float = 1.3,
+    workers: int = 1,
+    offline: bool = True,
+    progress: Progress | None = None,
+) -> Experiment:
+    """Every policy (and the offline reference) on every seed."""
+    names = list(policies) + ([OFFLINE] if offline else [])
+    jobs = [(name, seed) for name in names for seed in seeds]
+    results: list[SeedResult] = []
+    if workers <= 1:
+        for name, seed in jobs:
+            result = run_seed(nodes, pods, name, seed, tune)
+            results.append(result)
+            if progress:
+                progress(result)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = [pool.submit(run_seed, nodes, pods, name, seed, tune) for name, seed in jobs]
+            for future in as_completed(futures):
+                result = future.result()
+                results.append(result)
+                if progress:
+                    progress(result)
+    results.sort(key=lambda r: (names.index(r.policy), r.seed))
+    return Experiment(
+        trace, len(nodes), sum(n.gpus for n in nodes), tune, list(seeds), names, results
+    )
