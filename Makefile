@@ -50,8 +50,12 @@ cluster: $(STAMP) controlplane
 cluster-down: $(STAMP)
 	$(BIN)/python -m tests.e2e.cluster down --dir $(CLUSTER_DIR)
 
+# Benchmarks (not timed tests): the policy table on the shared openb traces (10 seeds, every
+# gpushare variant), decision speed at 1213 and 4852 nodes, and the extender's HTTP latency.
 bench: $(STAMP)
+	$(BIN)/python benchmarks/policy_table.py
+	$(BIN)/python benchmarks/decision_speed.py
 	$(BIN)/python benchmarks/extender_latency.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build bench-out sim-report *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
