@@ -13,7 +13,7 @@ import argparse
 import statistics
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpushare.sim.openb import TraceNode, TracePod, read_nodes, read_pods
@@ -32,7 +32,20 @@ def replicate(nodes: list[TraceNode], pods: list[TracePod], k: int):
     return bigger_nodes, bigger_pods
 
 
-def measure(nodes, pods, policy_name: str, seed: int = 0) -> dict[str, object]:
+Quantiles = tuple[float, float, float]
+
+
+@dataclass
+class Measured:
+    """One policy's decision latencies (p50, p99, max in microseconds) and throughput."""
+
+    pods: int
+    pods_per_s: float
+    bands: dict[str, Quantiles]
+    overall: Quantiles
+
+
+def measure(nodes, pods, policy_name: str, seed: int = 0) -> Measured:
     stream = arrival_stream(pods, nodes, seed=seed)
     cluster = Cluster(nodes, seed=seed)
     policy = make_policy(policy_name, pods)
@@ -55,17 +68,15 @@ def measure(nodes, pods, policy_name: str, seed: int = 0) -> dict[str, object]:
                 bands[(low, high)].append((t1 - t0) / 1000)
     total = (clock() - started) / 1e9
     everything = [v for values in bands.values() for v in values]
-    return {
-        "pods": len(stream),
-        "pods_per_s": len(stream) / total,
-        "bands": {
-            f"{low}-{min(high, 130)}": _quantiles(values) for (low, high), values in bands.items()
-        },
-        "all": _quantiles(everything),
-    }
+    return Measured(
+        len(stream),
+        len(stream) / total,
+        {f"{low}-{min(high, 130)}": _quantiles(v) for (low, high), v in bands.items()},
+        _quantiles(everything),
+    )
 
 
-def _quantiles(values: list[float]) -> tuple[float, float, float]:
+def _quantiles(values: list[float]) -> Quantiles:
     if not values:
         return (0.0, 0.0, 0.0)
     ordered = sorted(values)
@@ -97,12 +108,12 @@ def main() -> int:
         reference = None
         for name in policies:
             result = measure(nodes, pods, name)
-            rate = float(result["pods_per_s"])  # type: ignore[arg-type]
+            rate = result.pods_per_s
             reference = reference or rate
-            p50, p99, top = result["all"]  # type: ignore[misc]
-            bands = " / ".join(f"{q[1]:.0f}" for q in result["bands"].values())  # type: ignore[union-attr]
+            p50, p99, top = result.overall
+            bands = " / ".join(f"{q[1]:.0f}" for q in result.bands.values())
             print(
-                f"| {name} | {result['pods']} | {rate:.0f} | {rate / reference:.2f} | "
+                f"| {name} | {result.pods} | {rate:.0f} | {rate / reference:.2f} | "
                 f"{p50:.0f} | {p99:.0f} | {top:.0f} | {bands} |",
                 flush=True,
             )

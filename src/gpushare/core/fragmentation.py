@@ -28,8 +28,6 @@ class Shape:
     """How many GPUs."""
     models: tuple[str, ...] = ()
     """GPU models the shape accepts; empty means any."""
-    mem: int = 0
-    """Host memory in MiB (0 when the caller does not track memory)."""
 
 
 Workload = tuple[tuple[Shape, float], ...]
@@ -43,7 +41,6 @@ def fragmentation(
     workload: Workload,
     *,
     cpu_weight: float = 0.0,
-    mem_free: int | None = None,
 ) -> float:
     """Expected idle share on a node that the next pod could not use.
 
@@ -69,7 +66,7 @@ def fragmentation(
                 stranded += share
         if fitting < shape.count:
             total += weight * (idle + cpu_weight * cpu_free)
-        elif cpu_free < shape.cpu or (mem_free is not None and mem_free < shape.mem):
+        elif cpu_free < shape.cpu:
             total += weight * idle
         else:
             total += weight * stranded

@@ -16,13 +16,16 @@ from dataclasses import dataclass, field
 from gpushare.core.fragmentation import WorkloadEstimate
 from gpushare.sim.openb import TraceNode, TracePod
 from gpushare.sim.paper import BestFit, Cluster, make_policy, replay, shape_of
-from gpushare.sim.stream import arrival_stream
+from gpushare.sim.stream import arrival_stream, capacity_milli
 
 POINTS = (90, 95, 100, 110, 130)
 """Arrived % at which the protocol reports unallocated %."""
 
 OFFLINE = "offline-ffd"
 """The offline reference's name in results."""
+
+FRAGMENTATION_SAMPLES = 40
+"""How often fragmentation is measured along the first seed's run (the plot shows that seed)."""
 
 CURVE_POINTS = 261
 """Arrived % grid (0..130 by 0.5) on which curves are kept for the plot."""
@@ -63,7 +66,7 @@ def run_seed(
     policy: str,
     seed: int,
     tune: float,
-    samples: int = 40,
+    samples: int = FRAGMENTATION_SAMPLES,
 ) -> SeedResult:
     """Replay one seed's stream under one policy (or the offline reference).
 
@@ -102,7 +105,7 @@ def offline_reference(
     with CPU, memory and models binding too, a one-dimensional decreasing order can do worse
     than a good online policy, and the report says so.
     """
-    capacity = Cluster(nodes).capacity
+    capacity = capacity_milli(nodes)
     out: dict[int, float] = {}
     for point in POINTS:
         limit = point / 100 * capacity
@@ -168,17 +171,21 @@ def run_experiment(
     """Every policy (and the offline reference) on every seed; fragmentation on the first."""
     names = list(policies) + ([OFFLINE] if offline else [])
     jobs = [(name, seed) for name in names for seed in seeds]
+
+    def samples(seed: int) -> int:
+        return FRAGMENTATION_SAMPLES if seed == seeds[0] else 0
+
     results: list[SeedResult] = []
     if workers <= 1:
         for name, seed in jobs:
-            result = run_seed(nodes, pods, name, seed, tune, 40 if seed == seeds[0] else 0)
+            result = run_seed(nodes, pods, name, seed, tune, samples(seed))
             results.append(result)
             if progress:
                 progress(result)
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = [
-                pool.submit(run_seed, nodes, pods, name, seed, tune, 40 if seed == seeds[0] else 0)
+                pool.submit(run_seed, nodes, pods, name, seed, tune, samples(seed))
                 for name, seed in jobs
             ]
             for future in as_completed(futures):

@@ -135,10 +135,15 @@ class Cluster:
                 return int(candidates[0])
         return int(candidates[np.argmin(self.rank[candidates])])
 
+    def idle(self) -> IntArray:
+        """Free GPU share per node (the -1 padding of absent GPUs left out)."""
+        idle: IntArray = np.where(self.free > 0, self.free, 0).sum(axis=1)
+        return idle
+
     def balance_scores(self, pod: TracePod) -> FloatArray:
         """How evenly CPU and GPU stay free after placement (0 is even; higher is better)."""
         cpu_frac = (self.cpu - pod.cpu_milli) / self.cpu_total
-        gpu_frac = (np.where(self.free > 0, self.free, 0).sum(axis=1) - pod.gpu_request_milli) / (
+        gpu_frac = (self.idle() - pod.gpu_request_milli) / (
             np.maximum(self.gpus, 1) * MILLI_PER_GPU
         )
         scores: FloatArray = -np.abs(cpu_frac - gpu_frac)
@@ -147,9 +152,7 @@ class Cluster:
     def bestfit_scores(self, pod: TracePod) -> FloatArray:
         """The paper's BestFit score for every node."""
         cpu_left = (self.cpu - pod.cpu_milli) / CPU_NORM
-        gpu_left = (np.where(self.free > 0, self.free, 0).sum(axis=1) - pod.gpu_request_milli) / (
-            GPU_NORM
-        )
+        gpu_left = (self.idle() - pod.gpu_request_milli) / (GPU_NORM)
         scores: FloatArray = 1.0 - (cpu_left + gpu_left) / 2
         return scores
 
@@ -211,7 +214,6 @@ class FragmentationPolicy:
         ties: str = "rank",
         tight_gpu: bool = False,
         cpu_weight: float = 0.0,
-        mem_aware: bool = False,
         scale: float = MILLI_PER_GPU,
     ) -> None:
         self.name = name
@@ -221,18 +223,17 @@ class FragmentationPolicy:
         self.ties = ties
         self.tight_gpu = tight_gpu
         self.cpu_weight = cpu_weight
-        self.mem_aware = mem_aware
         self.scale = scale
         self._cache: dict[tuple[int, int, int], _Scores] = {}
-        self._memo: dict[tuple[int, tuple[int, ...], str, int], float] = {}
+        self._memo: dict[tuple[int, tuple[int, ...], str], float] = {}
         self._workload_version = workload.version
 
     def observe(self, pod: TracePod) -> None:
         if self.online:
             self.workload.observe(shape_of(pod))
 
-    def _frag(self, cpu_free: int, free: tuple[int, ...], model: str, mem_free: int) -> float:
-        key = (cpu_free, free, model, mem_free)
+    def _frag(self, cpu_free: int, free: tuple[int, ...], model: str) -> float:
+        key = (cpu_free, free, model)
         value = self._memo.get(key)
         if value is None:
             value = fragmentation(
@@ -241,7 +242,6 @@ class FragmentationPolicy:
                 model,
                 self.workload.top(),
                 cpu_weight=self.cpu_weight,
-                mem_free=mem_free if self.mem_aware else None,
             )
             if len(self._memo) > 1_000_000:
                 self._memo.clear()
@@ -253,9 +253,7 @@ class FragmentationPolicy:
         free = cluster.free_of(i)
         cpu = int(cluster.cpu[i])
         model = cluster.nodes[i].model
-        mem = int(cluster.mem[i]) if self.mem_aware else 0
-        after_mem = mem - pod.memory_mib if self.mem_aware else 0
-        before = self._frag(cpu, tuple(free), model, mem)
+        before = self._frag(cpu, tuple(free), model)
         after_cpu = cpu - pod.cpu_milli
         if pod.num_gpu == 1 and pod.gpu_milli < MILLI_PER_GPU:
             best_key: tuple[float, ...] | None = None
@@ -265,7 +263,7 @@ class FragmentationPolicy:
                     continue
                 after = list(free)
                 after[g] -= pod.gpu_milli
-                growth = self._frag(after_cpu, tuple(after), model, after_mem) - before
+                growth = self._frag(after_cpu, tuple(after), model) - before
                 score = fgd_score(growth, self.scale, truncate=self.truncate)
                 # the artifact keeps the first GPU with the best truncated score; the tight
                 # variant prefers the least growth, then the least free share left
@@ -276,7 +274,7 @@ class FragmentationPolicy:
         after = list(free)
         for g in cluster.best_fit_gpus(i, pod):
             after[g] -= pod.gpu_milli
-        growth = self._frag(after_cpu, tuple(after), model, after_mem) - before
+        growth = self._frag(after_cpu, tuple(after), model) - before
         return fgd_score(growth, self.scale, truncate=self.truncate), -1
 
     def choose(self, cluster: Cluster, pod: TracePod, mask: BoolArray) -> Choice:
