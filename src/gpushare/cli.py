@@ -28,9 +28,11 @@ def demo() -> None:
 
 def _scheduling_options(func: click.decorators.FC) -> click.decorators.FC:
     func = click.option("--gpu-memory-unit", default=None, help="1GiB (default) or 128MiB.")(func)
-    func = click.option("--policy", default=None, help="Node-level policy: binpack or spread.")(
-        func
-    )
+    func = click.option(
+        "--policy",
+        default=None,
+        help="Node-level policy: binpack (default), spread, fgd or gpushare (fragmentation-aware).",
+    )(func)
     func = click.option(
         "--max-pods-per-gpu",
         type=int,
@@ -81,8 +83,9 @@ def extender(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     settings = config.settings()
-    cache = ClusterCache(api, settings=settings)
-    service = Extender(api=api, cache=cache, scheduler=Scheduler(settings))
+    scheduler = Scheduler(settings)
+    cache = ClusterCache(api, settings=settings, workload=scheduler.workload)
+    service = Extender(api=api, cache=cache, scheduler=scheduler)
     uvicorn.run(create_app(service, run_cache=True), host=host, port=port, log_level=log_level)
 
 

@@ -10,9 +10,9 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gpushare.core.defragmenting import all_policies
 from gpushare.core.names import ResourceNames
 from gpushare.core.scheduling import Settings
-from gpushare.core.scoring import default_policies
 from gpushare.core.units import MemoryUnit
 
 
@@ -26,7 +26,9 @@ class SchedulingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     gpu_memory_unit: str = Field(default="1GiB", description="1GiB (default) or 128MiB.")
-    policy: str = Field(default="binpack", description="Node-level policy.")
+    policy: str = Field(
+        default="binpack", description="Node-level policy: binpack, spread, fgd or gpushare."
+    )
     max_pods_per_gpu: Annotated[int, Field(ge=1, le=64)] | None = Field(
         default=None, description="Pods per GPU under isolation; default 20 (16 at 128MiB)."
     )
@@ -43,7 +45,7 @@ class SchedulingConfig(BaseModel):
     @field_validator("policy")
     @classmethod
     def _policy(cls, value: str) -> str:
-        default_policies().get(value)
+        all_policies().get(value)
         return value
 
     def settings(self) -> Settings:

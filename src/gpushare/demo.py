@@ -44,8 +44,9 @@ class Demo:
         self.console = console
         self.kube = MemoryKube()
         settings = Settings()
-        self.cache = ClusterCache(self.kube, settings=settings)
-        self.extender = Extender(api=self.kube, cache=self.cache, scheduler=Scheduler(settings))
+        scheduler = Scheduler(settings)
+        self.cache = ClusterCache(self.kube, settings=settings, workload=scheduler.workload)
+        self.extender = Extender(api=self.kube, cache=self.cache, scheduler=scheduler)
         self.client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=create_app(self.extender)),
             base_url="http://gpushare-extender",

@@ -41,9 +41,10 @@ class Rig:
 @contextlib.asynccontextmanager
 async def rig_for(kube: MemoryKube, settings: Settings | None = None) -> AsyncIterator[Rig]:
     settings = settings or Settings()
-    cache = ClusterCache(kube, settings=settings, retry_seconds=0.01)
+    scheduler = Scheduler(settings)
+    cache = ClusterCache(kube, settings=settings, retry_seconds=0.01, workload=scheduler.workload)
     extender = Extender(
-        api=kube, cache=cache, scheduler=Scheduler(settings), clock_ns=lambda: 1700000000000000000
+        api=kube, cache=cache, scheduler=scheduler, clock_ns=lambda: 1700000000000000000
     )
     client = httpx.AsyncClient(
         transport=httpx.ASGITransport(app=create_app(extender)), base_url="http://extender"

@@ -167,5 +167,5 @@ def test_binpack_prefers_the_fuller_node_and_spread_the_emptier() -> None:
 
 
 def test_unknown_policy_fails_at_construction() -> None:
-    with pytest.raises(ValueError, match="choose one of: binpack, spread"):
+    with pytest.raises(ValueError, match="choose one of: binpack, fgd, gpushare, spread"):
         Scheduler(Settings(policy="magic"))

@@ -8,10 +8,12 @@ so preemption would not help). Every failure carries reasons a person can act on
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 
-from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory
+from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory, Placement
 from gpushare.core.ledger import NodeUsage
 from gpushare.core.names import LABEL_MODE, LABEL_POD_GPU_COUNT
 from gpushare.core.placing import Candidate, choose_gpus
@@ -41,9 +43,9 @@ class Verdict:
         """Whether the pod can be placed on this node now."""
         return self.code is Code.FITS
 
-    @property
+    @cached_property
     def message(self) -> str:
-        """All reasons in one line."""
+        """All reasons in one line (kept: the extender sends it for every failing node)."""
         return "; ".join(self.reasons)
 
 
@@ -96,6 +98,10 @@ def _node_rules(request: PodRequest, node: NodeInventory, rules: Rules) -> str:
     return ""
 
 
+GpuChooser = Callable[[Sequence[Candidate]], tuple[int, ...]]
+"""Picks GPUs among the fitting ones (a policy's choice); () leaves it to the placement."""
+
+
 def filter_node(
     request: PodRequest,
     node: NodeInventory,
@@ -103,8 +109,13 @@ def filter_node(
     *,
     rules: Rules,
     prefer: tuple[int, ...] = (),
+    chooser: GpuChooser | None = None,
 ) -> Verdict:
-    """Decide whether the pod fits on the node now, choosing its GPUs if it does."""
+    """Decide whether the pod fits on the node now, choosing its GPUs if it does.
+
+    ``chooser`` replaces best fit on ``binpack`` nodes when nothing is preferred; a node
+    labelled ``spread`` keeps its most-free choice, and the hand-off's preference comes first.
+    """
     never = _node_rules(request, node, rules)
     if never:
         return _never(node.name, never)
@@ -163,8 +174,11 @@ def filter_node(
                     f"{unit.describe(usage.unplaced_mem_units)} held by pods on unknown GPUs)",
                 ),
             )
+    chosen: tuple[int, ...] = ()
+    if chooser is not None and not prefer and node.placement is Placement.BINPACK:
+        chosen = chooser(fitting)
     return Verdict(
         node=node.name,
         code=Code.FITS,
-        gpus=choose_gpus(fitting, request.gpu_count, node.placement, prefer),
+        gpus=chosen or choose_gpus(fitting, request.gpu_count, node.placement, prefer),
     )

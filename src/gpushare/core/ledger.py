@@ -76,6 +76,7 @@ class NodeUsage:
 
 
 EMPTY_NODE = NodeUsage()
+_NONE: frozenset[str] = frozenset()
 
 
 def is_terminal(pod: KubeObject) -> bool:
@@ -217,6 +218,15 @@ class Ledger:
     def node_version(self, node: str) -> int:
         """Changes whenever the node's holdings change (0 for a node never touched)."""
         return self._node_versions.get(node, 0)
+
+    @property
+    def node_versions(self) -> Mapping[str, int]:
+        """``node_version`` of every node ever touched, for look-ups in a tight loop."""
+        return self._node_versions
+
+    def nodes_held_by(self, uid: str) -> frozenset[str] | set[str]:
+        """Nodes where the pod holds anything (do not modify)."""
+        return self._nodes_of.get(uid, _NONE)
 
     def holds_on(self, uid: str, node: str) -> bool:
         """Whether the pod holds anything on the node."""

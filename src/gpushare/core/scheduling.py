@@ -6,18 +6,20 @@ should decide on. The extender, the demo and the simulator all drive this one cl
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpushare.core.allocation import Allocation, plan
-from gpushare.core.filtering import Code, Rules, Verdict, filter_node
+from gpushare.core.defragmenting import WorkloadFeed, all_policies
+from gpushare.core.filtering import Code, GpuChooser, Rules, Verdict, filter_node
 from gpushare.core.handoff import conflict, pending_of, preferred_gpus
 from gpushare.core.inventory import NodeInventory
 from gpushare.core.kubejson import KubeObject
 from gpushare.core.ledger import Ledger, NodeUsage
 from gpushare.core.names import DEFAULT_NAMES, ResourceNames
+from gpushare.core.placing import Candidate
 from gpushare.core.requests import PodRequest, Rejection, read_pod
-from gpushare.core.scoring import PolicyRegistry, default_policies
+from gpushare.core.scoring import ChoosingPolicy, NodePolicy, PolicyRegistry
 from gpushare.core.units import MemoryUnit
 
 MAX_SCORE = 10
@@ -53,10 +55,14 @@ class FilterResult:
 
 
 def _with_handoff(
-    request: PodRequest, node: NodeInventory, usage: NodeUsage, rules: Rules
+    request: PodRequest,
+    node: NodeInventory,
+    usage: NodeUsage,
+    rules: Rules,
+    chooser: GpuChooser | None = None,
 ) -> Verdict:
     """Filter, then keep the hand-off invariant on nodes whose device plugin relies on it."""
-    verdict = filter_node(request, node, usage, rules=rules)
+    verdict = filter_node(request, node, usage, rules=rules, chooser=chooser)
     if not (verdict.fits and node.handoff):
         return verdict
     pending = pending_of(usage.allocations)
@@ -75,65 +81,122 @@ def _with_handoff(
     return Verdict(node=node.name, code=Code.UNSCHEDULABLE, reasons=(reason,))
 
 
+Decision = tuple[NodeInventory, int, int, Verdict, float]
+"""(node, ledger node version, policy version, verdict, score) as remembered."""
+
+
 class VerdictMemo:
-    """Remembers verdicts per node and request shape while the node's holdings stay the same.
+    """Remembers verdicts and scores per node and request shape while nothing they use changes.
 
     A verdict depends only on the node's inventory, what is held there and the request's shape
-    (per-GPU memory and core, GPU count), not on which pod asks. Pods come in few shapes, and a
-    bind changes one node, so most filter calls on a large cluster become dictionary look-ups.
+    (per-GPU memory and core, GPU count, containers), not on which pod asks; the score also on
+    the policy's state. Pods come in few shapes and a bind changes one node, so on a large
+    cluster most filter and prioritize calls become one dictionary look-up per node. Entries
+    are grouped by shape, so a look-up needs no key tuple per node.
     """
 
-    def __init__(self, limit: int = 200_000) -> None:
+    def __init__(self, limit: int = 1024) -> None:
         self._limit = limit
-        self._items: dict[tuple[object, ...], tuple[NodeInventory, Ledger, Verdict]] = {}
+        """Shapes remembered before starting over."""
+        self._ledger: Ledger | None = None
+        self._tables: dict[tuple[object, ...], dict[str, Decision]] = {}
 
-    def verdict(
-        self, request: PodRequest, node: NodeInventory, ledger: Ledger, rules: Rules
-    ) -> Verdict:
-        """The cached verdict, or a fresh one (which is then remembered)."""
-        if ledger.holds_on(request.uid, node.name):  # re-binding: its own share is left out
-            usage = ledger.usage(node.name, excluding=request.uid)
-            return _with_handoff(request, node, usage, rules)
+    def table(self, request: PodRequest, ledger: Ledger) -> dict[str, Decision]:
+        """The node-name -> decision table for the request's shape on this ledger."""
+        if ledger is not self._ledger or len(self._tables) >= self._limit:
+            self._tables.clear()
+            self._ledger = ledger
         key = (
-            node.name,
-            id(node),
-            id(ledger),
-            ledger.node_version(node.name),
             request.mem_per_gpu,
             request.core_per_gpu,
             request.gpu_count,
             request.mem_units,
             tuple((c.kind, c.mem_units, c.core_pct) for c in request.containers),
         )
-        hit = self._items.get(key)
-        if hit is not None and hit[0] is node and hit[1] is ledger:
-            return hit[2]
-        verdict = _with_handoff(request, node, ledger.usage(node.name), rules)
-        if len(self._items) >= self._limit:
-            self._items.clear()
-        self._items[key] = (node, ledger, verdict)
-        return verdict
+        table = self._tables.get(key)
+        if table is None:
+            table = self._tables[key] = {}
+        return table
 
 
 @dataclass
 class Scheduler:
-    """Filter, score and reserve for shared-GPU pods."""
+    """Filter, score and reserve for shared-GPU pods.
+
+    With a ``ChoosingPolicy`` (``fgd``, ``gpushare``) the policy also picks the GPU inside each
+    node, so the filter's verdict, the score and the booking at bind all use its choice.
+    """
 
     settings: Settings = field(default_factory=Settings)
-    registry: PolicyRegistry = field(default_factory=default_policies)
+    workload: WorkloadFeed | None = None
+    """The target workload the fragmentation-aware policies learn; the cache feeds it."""
+    registry: PolicyRegistry | None = None
     memo: VerdictMemo = field(default_factory=VerdictMemo)
 
     def __post_init__(self) -> None:
-        self.registry.get(self.settings.policy)  # fail at construction on an unknown policy
+        if self.workload is None:
+            self.workload = WorkloadFeed(names=self.settings.names, unit=self.settings.unit)
+        if self.registry is None:
+            self.registry = all_policies(self.workload)
+        self.policy: NodePolicy = self.registry.get(self.settings.policy)  # fails early
+        self._choosing = self.policy if isinstance(self.policy, ChoosingPolicy) else None
         self._rules = self.settings.rules
 
     def read(self, pod: KubeObject) -> PodRequest | Rejection:
         """Read a pod's request under these settings."""
         return read_pod(pod, names=self.settings.names, unit=self.settings.unit)
 
+    def _decide(self, request: PodRequest, node: NodeInventory, usage: NodeUsage) -> Verdict:
+        """The filter's verdict, with the policy's GPU choice where it makes one."""
+        policy = self._choosing
+        chooser: GpuChooser | None = None
+        if policy is not None:
+
+            def chooser(fitting: Sequence[Candidate]) -> tuple[int, ...]:
+                return policy.choose(request, node, usage, fitting)
+
+        return _with_handoff(request, node, usage, self._rules, chooser)
+
+    def _score(
+        self, request: PodRequest, node: NodeInventory, usage: NodeUsage, v: Verdict
+    ) -> float:
+        if not v.fits:
+            return 0.0
+        return max(0.0, min(1.0, self.policy.score(request, node, usage, v.gpus)))
+
+    def decisions(
+        self, request: PodRequest, nodes: Sequence[NodeInventory], ledger: Ledger
+    ) -> list[tuple[Verdict, float]]:
+        """Verdict and score (0..1, 0 when it does not fit) per node, remembered per shape.
+
+        The pod's own earlier holding is left out of the count (re-binding it).
+        """
+        table = self.memo.table(request, ledger)
+        version = self._choosing.version if self._choosing is not None else 0
+        versions = ledger.node_versions
+        held = ledger.nodes_held_by(request.uid)
+        out: list[tuple[Verdict, float]] = []
+        append = out.append
+        for node in nodes:
+            name = node.name
+            if name in held:  # re-binding: its own share is left out, nothing remembered
+                usage = ledger.usage(name, excluding=request.uid)
+                verdict = self._decide(request, node, usage)
+                append((verdict, self._score(request, node, usage, verdict)))
+                continue
+            hit = table.get(name)
+            current = versions.get(name, 0)
+            if hit is None or hit[0] is not node or hit[1] != current or hit[2] != version:
+                usage = ledger.usage(name)
+                verdict = self._decide(request, node, usage)
+                hit = (node, current, version, verdict, self._score(request, node, usage, verdict))
+                table[name] = hit
+            append((hit[3], hit[4]))
+        return out
+
     def verdict(self, request: PodRequest, node: NodeInventory, ledger: Ledger) -> Verdict:
         """Filter one node, leaving the pod's own earlier holding out of the count."""
-        return self.memo.verdict(request, node, ledger, self._rules)
+        return self.decisions(request, [node], ledger)[0][0]
 
     def filter(
         self, pod: KubeObject, nodes: Iterable[NodeInventory], ledger: Ledger
@@ -152,7 +215,7 @@ class Scheduler:
                 verdicts=tuple(Verdict(node=n.name, code=Code.FITS) for n in nodes),
             )
         return FilterResult(
-            request=request, verdicts=tuple(self.verdict(request, n, ledger) for n in nodes)
+            request=request, verdicts=tuple(v for v, _ in self.decisions(request, nodes, ledger))
         )
 
     def score(
@@ -167,15 +230,9 @@ class Scheduler:
 
         ``verdict`` may pass this node's filter verdict computed on the same ledger state.
         """
-        if not request.wants_gpu:
+        if not request.wants_gpu or (verdict is not None and not verdict.fits):
             return 0.0
-        if verdict is None:
-            verdict = self.verdict(request, node, ledger)
-        if not verdict.fits:
-            return 0.0
-        usage = ledger.usage(node.name, excluding=request.uid)
-        policy = self.registry.get(self.settings.policy)
-        return max(0.0, min(1.0, policy.score(request, node, usage, verdict.gpus)))
+        return self.decisions(request, [node], ledger)[0][1]
 
     def prioritize(
         self,
@@ -183,22 +240,37 @@ class Scheduler:
         nodes: Iterable[NodeInventory],
         ledger: Ledger,
         *,
-        verdicts: Mapping[str, Verdict] | None = None,
         request: PodRequest | Rejection | None = None,
     ) -> dict[str, int]:
-        """Extender scores 0..10 per node, reusing filter verdicts of the same ledger state.
+        """Extender scores 0..10 per node.
 
+        A ``ChoosingPolicy``'s scores are normalised over the nodes given: the best fitting node
+        gets 10, the worst 0, linearly between (floored, so only the best get 10); otherwise
+        sigmoid values of nearby growths would all round to the same integer.
         ``request`` may pass the pod's request when the caller has already read it.
         """
         if request is None:
             request = self.read(pod)
-        if isinstance(request, Rejection):
+        nodes = list(nodes)
+        if isinstance(request, Rejection) or not request.wants_gpu:
             return {n.name: 0 for n in nodes}
-        known = verdicts or {}
-        return {
-            n.name: round(self.score(request, n, ledger, verdict=known.get(n.name)) * MAX_SCORE)
-            for n in nodes
-        }
+        decided = self.decisions(request, nodes, ledger)
+        if self._choosing is None:
+            return {n.name: round(s * MAX_SCORE) for n, (_, s) in zip(nodes, decided, strict=True)}
+        fitting = [s for v, s in decided if v.fits]
+        if not fitting:
+            return {n.name: 0 for n in nodes}
+        low, high = min(fitting), max(fitting)
+        span = high - low
+        out: dict[str, int] = {}
+        for node, (verdict, value) in zip(nodes, decided, strict=True):
+            if not verdict.fits:
+                out[node.name] = 0
+            elif span <= 0 or value >= high:
+                out[node.name] = MAX_SCORE
+            else:
+                out[node.name] = min(MAX_SCORE - 1, int((value - low) / span * MAX_SCORE))
+        return out
 
     def reserve(
         self,

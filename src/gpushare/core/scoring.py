@@ -3,15 +3,18 @@
 A policy returns a float in [0, 1]; adapters scale it (the extender to 0..10). ``binpack`` (the
 default) fills the chosen GPUs and already-busy nodes first, so whole GPUs and whole nodes stay
 free for large requests; ``spread`` does the opposite. More policies plug in through
-``PolicyRegistry.register`` (the simulator adds fragmentation-aware ones).
+``PolicyRegistry.register``; a ``ChoosingPolicy`` also picks the GPU inside the node and learns
+as pods arrive (``core.defragmenting`` adds ``fgd`` and ``gpushare`` that way).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory
 from gpushare.core.ledger import NodeUsage
+from gpushare.core.placing import Candidate
 from gpushare.core.requests import PodRequest
 
 
@@ -28,6 +31,30 @@ class NodePolicy(Protocol):
         gpus: tuple[int, ...],
     ) -> float:
         """How much this node is liked for the pod, placed on ``gpus``."""
+        ...
+
+
+@runtime_checkable
+class ChoosingPolicy(NodePolicy, Protocol):
+    """A policy with state that also picks the GPU inside a node.
+
+    Its scores are relative, so adapters normalise them over the nodes asked about (the best
+    gets the maximum), as kube-scheduler's NormalizeScore does.
+    """
+
+    @property
+    def version(self) -> int:
+        """Changes whenever scores or choices cached before may be stale."""
+        ...
+
+    def choose(
+        self,
+        request: PodRequest,
+        node: NodeInventory,
+        usage: NodeUsage,
+        fitting: Sequence[Candidate],
+    ) -> tuple[int, ...]:
+        """GPUs for the pod among ``fitting``, or () to keep the filter's choice."""
         ...
 
 

@@ -39,6 +39,8 @@ from gpushare.kube.port import Conflict, KubeAPI, KubeError
 
 log = logging.getLogger(__name__)
 
+MISSING = "node is not in gpushare's cache yet; it will be after the next watch event"
+
 
 class Extender:
     """Serves kube-scheduler's filter, prioritize and bind calls."""
@@ -59,9 +61,6 @@ class Extender:
         self.metrics = metrics or ExtenderMetrics(lambda: cache)
         self.attempts = attempts
         self.clock_ns = clock_ns
-        self._last_filter: tuple[str, int, dict[str, Verdict]] = ("", -1, {})
-        """(pod UID, ledger epoch, verdicts) of the last filter call, which kube-scheduler
-        follows with prioritize for the same pod; reused only while the ledger is unchanged."""
 
     def _nodes(self, args: ExtenderArgs) -> tuple[list[NodeInventory], dict[str, str]]:
         """Inventories for the nodes asked about, and reasons for names we do not know."""
@@ -74,12 +73,11 @@ class Extender:
             return found, {}
         known: list[NodeInventory] = []
         missing: dict[str, str] = {}
+        cached = self.cache.nodes
         for name in args.NodeNames or []:
-            node = self.cache.nodes.get(name)
+            node = cached.get(name)
             if node is None:
-                missing[name] = (
-                    "node is not in gpushare's cache yet; it will be after the next watch event"
-                )
+                missing[name] = MISSING
             else:
                 known.append(node)
         return known, missing
@@ -87,19 +85,18 @@ class Extender:
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
         """Split the given nodes into passing, failed and unresolvable, with reasons."""
         nodes, missing = self._nodes(args)
-        ledger = self.cache.ledger
-        result = self.scheduler.filter(args.Pod, nodes, ledger)
-        if not isinstance(result.request, Rejection):
-            verdicts = {v.node: v for v in result.verdicts}
-            self._last_filter = (result.request.uid, ledger.epoch, verdicts)
+        result = self.scheduler.filter(args.Pod, nodes, self.cache.ledger)
         failed = dict(missing)
         unresolvable: dict[str, str] = {}
+        passing: list[str] = []
         for verdict in result.verdicts:
-            if verdict.code is Code.UNSCHEDULABLE:
+            code = verdict.code
+            if code is Code.FITS:
+                passing.append(verdict.node)
+            elif code is Code.UNSCHEDULABLE:
                 failed[verdict.node] = verdict.message
-            elif verdict.code is Code.UNRESOLVABLE:
+            else:
                 unresolvable[verdict.node] = verdict.message
-        passing = set(result.passing)
         outcome = (
             "rejected"
             if isinstance(result.request, Rejection)
@@ -107,27 +104,21 @@ class Extender:
         )
         self.metrics.requests.labels("filter", outcome).inc()
         if args.Nodes is not None:
-            kept = [n for n in args.Nodes.items if name_of(n) in passing]
+            keep = set(passing)
+            kept = [n for n in args.Nodes.items if name_of(n) in keep]
             return ExtenderFilterResult(
                 Nodes=NodeList(items=kept),
                 FailedNodes=failed,
                 FailedAndUnresolvableNodes=unresolvable,
             )
-        order = [n for n in args.NodeNames or [] if n in passing]
         return ExtenderFilterResult(
-            NodeNames=order, FailedNodes=failed, FailedAndUnresolvableNodes=unresolvable
+            NodeNames=passing, FailedNodes=failed, FailedAndUnresolvableNodes=unresolvable
         )
 
     def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
         """Scores 0..10 for the given nodes."""
         nodes, missing = self._nodes(args)
-        ledger = self.cache.ledger
-        uid, epoch, verdicts = self._last_filter
-        request = self.scheduler.read(args.Pod)
-        fresh = not isinstance(request, Rejection) and request.uid == uid and ledger.epoch == epoch
-        scores = self.scheduler.prioritize(
-            args.Pod, nodes, ledger, verdicts=verdicts if fresh else None, request=request
-        )
+        scores = self.scheduler.prioritize(args.Pod, nodes, self.cache.ledger)
         self.metrics.requests.labels("prioritize", "ok").inc()
         names = [name_of(n) for n in args.Nodes.items] if args.Nodes else args.NodeNames or []
         return [HostPriority(Host=n, Score=scores.get(n, 0)) for n in names if n not in missing]

@@ -7,6 +7,9 @@ relist while their pods still exist, because those pods may not show their annot
 assumption whose pod vanished or finished while the watch was down is dropped.
 
 ``synced`` stays False until the first full list, and ``/readyz`` reports it.
+
+Every pod listed or watched is also handed to the ``workload`` feed, which counts each pod with
+a GPU request once (by UID): the fragmentation-aware policies learn the workload from it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from gpushare.core.defragmenting import WorkloadFeed
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.kubejson import name_of, uid_of
 from gpushare.core.ledger import Ledger, is_terminal
@@ -34,11 +38,13 @@ class ClusterCache:
         settings: Settings,
         on_change: Callable[[], None] | None = None,
         retry_seconds: float = 1.0,
+        workload: WorkloadFeed | None = None,
     ) -> None:
         self._api = api
         self._settings = settings
         self._on_change = on_change
         self._retry_seconds = retry_seconds
+        self.workload = workload
         self.nodes: dict[str, NodeInventory] = {}
         self.ledger = Ledger(names=settings.names, unit=settings.unit)
         self.synced = False
@@ -58,6 +64,10 @@ class ClusterCache:
                 ledger.assume(assumed)
         for pod in pods:
             ledger.observe(pod)
+        if self.workload is not None:
+            self.workload.retain({uid_of(p) for p in pods})
+            for pod in pods:
+                self.workload.observe(pod)
         self.nodes = {name_of(n): self._read(n) for n in nodes}
         self.ledger = ledger
         self.synced = True
@@ -79,8 +89,12 @@ class ClusterCache:
         """Take in one pod event."""
         if event.type == "DELETED":
             self.ledger.forget(uid_of(event.object))
+            if self.workload is not None:
+                self.workload.forget(uid_of(event.object))
         elif event.type in ("ADDED", "MODIFIED"):
             self.ledger.observe(event.object)
+            if self.workload is not None:
+                self.workload.observe(event.object)
         self._changed()
 
     def _changed(self) -> None:
