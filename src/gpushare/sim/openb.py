@@ -28,6 +28,10 @@ class TraceNode:
     memory_mib: int
     gpus: int
     model: str
+    gpu_mem_mib: int = 0
+    """Memory of one GPU when the input says it (Kubernetes YAML); 0: look the model up."""
+    mode: str = ""
+    """The node's ``ack.node.gpu.schedule`` label when the input has one (memory mode)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,11 @@ class TracePod:
     num_gpu: int
     gpu_milli: int
     gpu_spec: tuple[str, ...] = ()
+    gpu_mem_mib: int = 0
+    """Memory per GPU when the pod asked in memory (Kubernetes YAML); memory mode asks for
+    exactly that instead of converting ``gpu_milli`` back, which would round up twice."""
+    gpu_core_pct: int = 0
+    """Computing power per GPU when the pod asked for it (Kubernetes YAML)."""
 
     @property
     def gpu_request_milli(self) -> int:
