@@ -14,6 +14,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from gpushare.core.fragmentation import WorkloadEstimate
+from gpushare.sim import memory as memory_mode
 from gpushare.sim.openb import TraceNode, TracePod
 from gpushare.sim.paper import BestFit, Cluster, make_policy, replay, shape_of
 from gpushare.sim.stream import arrival_stream, capacity_milli
@@ -67,23 +68,28 @@ def run_seed(
     seed: int,
     tune: float,
     samples: int = FRAGMENTATION_SAMPLES,
+    memory: memory_mode.MemorySettings | None = None,
 ) -> SeedResult:
     """Replay one seed's stream under one policy (or the offline reference).
 
     Fragmentation is sampled ``samples`` times along the run (0: not at all; it costs more
-    than the replay itself on large clusters).
+    than the replay itself on large clusters). With ``memory`` the extender's core places the
+    pods in memory units (``sim.memory``) and ``policy`` is one of its node policies.
     """
     started = time.perf_counter()
     stream = arrival_stream(pods, nodes, seed=seed, tune=tune)
-    if policy == OFFLINE:
+    if memory is not None:
+        run = memory_mode.replay(nodes, stream, policy, seed=seed, settings=memory)
+    elif policy == OFFLINE:
         points = offline_reference(nodes, stream, seed=seed)
         return SeedResult(
             OFFLINE, seed, points, pods=len(stream), seconds=time.perf_counter() - started
         )
-    measure = WorkloadEstimate.of([shape_of(p) for p in pods]) if samples else None
-    run = replay(
-        nodes, stream, make_policy(policy, pods), seed=seed, measure=measure, samples=samples
-    )
+    else:
+        measure = WorkloadEstimate.of([shape_of(p) for p in pods]) if samples else None
+        run = replay(
+            nodes, stream, make_policy(policy, pods), seed=seed, measure=measure, samples=samples
+        )
     return SeedResult(
         policy,
         seed,
@@ -167,25 +173,30 @@ def run_experiment(
     workers: int = 1,
     offline: bool = True,
     progress: Progress | None = None,
+    memory: memory_mode.MemorySettings | None = None,
 ) -> Experiment:
-    """Every policy (and the offline reference) on every seed; fragmentation on the first."""
-    names = list(policies) + ([OFFLINE] if offline else [])
+    """Every policy (and the offline reference) on every seed; fragmentation on the first.
+
+    With ``memory``, the memory-unit mode: no offline reference and no fragmentation (both
+    count milli-GPU).
+    """
+    names = list(policies) + ([OFFLINE] if offline and memory is None else [])
     jobs = [(name, seed) for name in names for seed in seeds]
 
     def samples(seed: int) -> int:
-        return FRAGMENTATION_SAMPLES if seed == seeds[0] else 0
+        return FRAGMENTATION_SAMPLES if seed == seeds[0] and memory is None else 0
 
     results: list[SeedResult] = []
     if workers <= 1:
         for name, seed in jobs:
-            result = run_seed(nodes, pods, name, seed, tune, samples(seed))
+            result = run_seed(nodes, pods, name, seed, tune, samples(seed), memory)
             results.append(result)
             if progress:
                 progress(result)
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = [
-                pool.submit(run_seed, nodes, pods, name, seed, tune, samples(seed))
+                pool.submit(run_seed, nodes, pods, name, seed, tune, samples(seed), memory)
                 for name, seed in jobs
             ]
             for future in as_completed(futures):

@@ -137,7 +137,8 @@ def _plots(experiment: Experiment, out: Path) -> list[Path]:
     ax.set_ylabel("fragmented idle GPU, % of capacity")
     ax.set_title("fragmentation against the trace's target workload")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.lines:  # the memory mode does not sample fragmentation
+        ax.legend()
     frag = out / "fragmentation.png"
     fig.savefig(frag, dpi=110, bbox_inches="tight")
     plt.close(fig)

@@ -1,0 +1,342 @@
+"""The memory-unit mode: the extender's own scheduler core places the trace, in gpu-mem units.
+
+The paper mode counts milli-GPU so its numbers compare with the published ones; this mode asks
+what gpushare itself would do. Every trace node becomes the node JSON the device plugin leaves
+(``kube.objects.gpu_node``: each card's memory at the unit, rounded down as the plugin counts
+it; mode label from the node, else ``node_mode``), every pod the pod JSON a user would write,
+and ``core.scheduling.Scheduler`` filters, scores with the named node policy and reserves into a
+``Ledger``: the code the extender runs, decisions and messages included.
+
+The mapping of a share: ``gpu_milli`` of a card is the same fraction of that card's units,
+rounded up (470 milli of a 15109 MiB T4, 14 units at 1 GiB, is 7 GiB), and on ``core_mem``
+nodes the same percentage of computing power rounded up to a multiple of 5 (470 -> 50 %). A
+whole GPU is all of a card's memory (and 100 %); k GPUs ask for k times that with the label
+``aliyun.com/gpu-count: k``. Because the amount depends on the card, a pod is priced once per
+card size (and per core_mem or not) among the nodes it could go to, and the best score over
+all of them wins, as if the user had written the right amount for each card. A pod read from a
+manifest asks for exactly the memory (and computing power) written there.
+
+gpu-mem says nothing of CPU and memory, which the extender leaves to kube-scheduler, so the
+simulator checks the trace's CPU, memory and GPU model per node before the core filter (numpy
+over all nodes), and keeps a mirror of free units per GPU to skip nodes that cannot fit. Both
+only narrow the nodes the core is asked about; the core decides. CPU-only pods never reach
+the extender: they take the first node with room in the seeded node order.
+
+Ties between equal scores go to the earliest node in the same seeded order as the paper mode.
+Scores are the policy's float before the extender rounds them to 0..10.
+
+Accounting in the protocol's terms: unallocated % = 100 - booked units / all units of the
+cluster (booked amounts include the rounding up to whole units, a real cost of the memory
+contract). Arrived % = requested memory / all memory, where a share of ``gpu_milli`` requests
+that fraction of the cluster's mean card, whatever card it lands on (so arrived % is the paper
+mode's, the same for every policy), and a manifest's gpu-mem requests what it says.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from gpushare.core.allocation import Allocation
+from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory, read_node
+from gpushare.core.ledger import Ledger
+from gpushare.core.requests import CORE_STEP, PodRequest
+from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.core.units import MemoryUnit
+from gpushare.kube.objects import gpu_node, gpu_pod
+from gpushare.kube.port import KubeDict
+from gpushare.sim import cards
+from gpushare.sim.kubeyaml import card_units
+from gpushare.sim.openb import MILLI_PER_GPU, TraceError, TraceNode, TracePod
+from gpushare.sim.paper import Run
+
+NODE_MODES = ("share", "cgpu", "core_mem")
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """How the trace is turned into gpushare nodes and pods."""
+
+    unit: MemoryUnit = MemoryUnit.GiB
+    """The cluster's gpu-mem unit (``--gpu-memory-unit``)."""
+    node_mode: str = "share"
+    """``ack.node.gpu.schedule`` for nodes that carry no mode of their own."""
+    max_pods_per_gpu: int | None = None
+    """The isolation limit on cgpu/core_mem nodes; None: the extender's default."""
+
+
+def policies() -> list[str]:
+    """The extender's node policies, by name (whatever its scheduler's registry holds)."""
+    registry = Scheduler().registry
+    return registry.names() if registry is not None else []
+
+
+def check(nodes: Sequence[TraceNode], unit: MemoryUnit) -> None:
+    """Refuse nodes whose card size is unknown, rather than counting their GPUs as empty."""
+    for node in nodes:
+        if node.gpus and not card_units(node, unit):
+            raise TraceError(
+                f"node {node.name}: model={node.model!r} is not in the per-model memory table "
+                f"({cards.known_models()}); the memory mode needs each card's size: describe "
+                f"the node in Kubernetes YAML with aliyun.com/gpu-mem or nvidia.com/gpu.memory"
+            )
+
+
+def share_units(milli: int, units: int) -> int:
+    """``milli`` thousandths of a card of ``units`` units, rounded up to whole units."""
+    return -(-milli * units // MILLI_PER_GPU)
+
+
+def core_percent(milli: int) -> int:
+    """The same share of computing power, rounded up to the contract's multiple of 5."""
+    return min(CORE_PER_GPU, max(CORE_STEP, -(-milli // (10 * CORE_STEP)) * CORE_STEP))
+
+
+def pod_units(pod: TracePod, units: int, unit: MemoryUnit) -> int:
+    """Units the pod asks for on each of its GPUs, on a card of ``units`` units."""
+    if pod.gpu_mem_mib:
+        return -(-pod.gpu_mem_mib // unit.mib)
+    return share_units(pod.gpu_milli, units)
+
+
+def pod_core(pod: TracePod, core_mem: bool) -> int:
+    """Percent per GPU: what the manifest wrote, else the share's percentage on core_mem."""
+    if pod.gpu_core_pct:
+        return pod.gpu_core_pct
+    return core_percent(pod.gpu_milli) if core_mem else 0
+
+
+def node_json(node: TraceNode, settings: MemorySettings) -> KubeDict:
+    """The node as gpushare's device plugin would leave it, with the trace's CPU and memory."""
+    units = card_units(node, settings.unit)
+    obj = gpu_node(
+        node.name,
+        gpus_units=[units] * node.gpus,
+        mode=node.mode or settings.node_mode,
+        unit=settings.unit,
+        model=node.model,
+    )
+    for part in ("capacity", "allocatable"):
+        obj["status"][part].update(cpu=f"{node.cpu_milli}m", memory=f"{node.memory_mib}Mi")
+    return obj
+
+
+def pod_json(
+    pod: TracePod, *, uid: str, units_per_gpu: int, core_per_gpu: int, unit: MemoryUnit
+) -> KubeDict:
+    """The pod a user would write for this share: gpu-mem, computing power, CPU and memory."""
+    count = max(1, pod.num_gpu)
+    obj = gpu_pod(
+        f"{pod.name}-{uid}",
+        mem=units_per_gpu * count if pod.num_gpu else None,
+        core=core_per_gpu * count if core_per_gpu else None,
+        gpu_count=str(count) if count > 1 else None,
+    )
+    obj["metadata"]["uid"] = uid
+    obj["spec"]["containers"][0]["resources"]["requests"] = {
+        "cpu": f"{pod.cpu_milli}m",
+        "memory": f"{pod.memory_mib}Mi",
+    }
+    return obj
+
+
+class MemoryCluster:
+    """The trace's nodes as inventories, a ledger, and the CPU/memory the core does not see."""
+
+    def __init__(
+        self,
+        nodes: Sequence[TraceNode],
+        *,
+        policy: str = "binpack",
+        seed: int = 0,
+        settings: MemorySettings | None = None,
+    ) -> None:
+        self.settings = settings or MemorySettings()
+        unit = self.settings.unit
+        check(nodes, unit)
+        self.nodes = list(nodes)
+        self.scheduler = Scheduler(
+            Settings(unit=unit, max_pods_per_gpu=self.settings.max_pods_per_gpu, policy=policy)
+        )
+        self.ledger = Ledger(unit=unit)
+        self.inventories: list[NodeInventory] = [
+            read_node(node_json(n, self.settings), cluster_unit=unit) for n in self.nodes
+        ]
+        self.index = {n.name: i for i, n in enumerate(self.nodes)}
+        self.units: IntArray = np.array([card_units(n, unit) for n in self.nodes], dtype=np.int64)
+        self.core_mem: BoolArray = np.array(
+            [inv.mode is Mode.CORE_MEM for inv in self.inventories], dtype=np.bool_
+        )
+        self.cpu: IntArray = np.array([n.cpu_milli for n in self.nodes], dtype=np.int64)
+        self.mem: IntArray = np.array([n.memory_mib for n in self.nodes], dtype=np.int64)
+        width = max((n.gpus for n in self.nodes), default=1) or 1
+        self.free: IntArray = np.full((len(self.nodes), width), -1, dtype=np.int64)
+        for i, node in enumerate(self.nodes):
+            self.free[i, : node.gpus] = self.units[i]
+        self.capacity = int(sum(self.units[i] * n.gpus for i, n in enumerate(self.nodes)))
+        order = list(range(len(self.nodes)))
+        random.Random(seed).shuffle(order)
+        self.rank: IntArray = np.empty(len(self.nodes), dtype=np.int64)
+        self.rank[order] = np.arange(len(self.nodes))
+        self._models: dict[tuple[str, ...], BoolArray] = {}
+
+    def model_mask(self, spec: tuple[str, ...]) -> BoolArray:
+        """Nodes whose model the pod allows (all when it names none)."""
+        mask = self._models.get(spec)
+        if mask is None:
+            mask = np.array([not spec or n.model in spec for n in self.nodes], dtype=np.bool_)
+            self._models[spec] = mask
+        return mask
+
+    def need(self, pod: TracePod) -> IntArray:
+        """Units per GPU the pod asks for on each node's card."""
+        if pod.gpu_mem_mib:
+            return np.full(len(self.nodes), pod_units(pod, 0, self.settings.unit), dtype=np.int64)
+        return -(-pod.gpu_milli * self.units // MILLI_PER_GPU)
+
+    def requested(self, pod: TracePod) -> float:
+        """The pod's request in units, for arrived % (see the module docstring)."""
+        if pod.gpu_mem_mib:
+            return float(pod_units(pod, 0, self.settings.unit) * pod.num_gpu)
+        gpus = sum(n.gpus for n in self.nodes)
+        return pod.gpu_request_milli * self.capacity / (MILLI_PER_GPU * gpus) if gpus else 0.0
+
+    def place(self, pod: TracePod, uid: str) -> tuple[int, str]:
+        """Place one pod: (units booked, failure reason or "")."""
+        model = self.model_mask(pod.gpu_spec)
+        room = (self.cpu >= pod.cpu_milli) & (self.mem >= pod.memory_mib)
+        if not pod.num_gpu:
+            candidates = np.flatnonzero(model & room)
+            if not len(candidates):
+                return 0, self._failure(model, np.ones_like(model), room, pod)
+            self._take(int(candidates[np.argmin(self.rank[candidates])]), pod, None)
+            return 0, ""
+        need = self.need(pod)
+        self._announce(pod, uid, need, model)
+        gpus = ((self.free >= need[:, None]).sum(axis=1) >= pod.num_gpu) & (need > 0)
+        candidates = np.flatnonzero(model & room & gpus)
+        best: tuple[float, int, PodRequest] | None = None
+        reasons: list[str] = []
+        for group in self._groups(candidates, need):
+            first = int(group[0])
+            core_mem = bool(self.core_mem[first])
+            obj = pod_json(
+                pod,
+                uid=uid,
+                units_per_gpu=int(need[first]),
+                core_per_gpu=pod_core(pod, core_mem),
+                unit=self.settings.unit,
+            )
+            nodes = [self.inventories[int(i)] for i in group]
+            result = self.scheduler.filter(obj, nodes, self.ledger)
+            request = result.request
+            if not isinstance(request, PodRequest):
+                reasons += request.reasons
+                continue
+            for i, inv, verdict in zip(group, nodes, result.verdicts, strict=True):
+                if not verdict.fits:
+                    reasons += verdict.reasons
+                    continue
+                score = self.scheduler.score(request, inv, self.ledger, verdict=verdict)
+                key = (score, -int(self.rank[i]))
+                if best is None or key > (best[0], -int(self.rank[best[1]])):
+                    best = (score, int(i), request)
+        if best is None:
+            reason = self._failure(model, gpus, room, pod) if not len(candidates) else ""
+            return 0, reason or _core_reason(reasons)
+        _, i, request = best
+        booked = self.scheduler.reserve(request, self.inventories[i], self.ledger)
+        if not isinstance(booked, Allocation):
+            raise AssertionError(f"the core refused a node it had just passed: {booked.message}")
+        self._take(i, pod, booked)
+        return booked.mem_units, ""
+
+    def _announce(self, pod: TracePod, uid: str, need: IntArray, model: BoolArray) -> None:
+        """Show the pending pod to the workload feed, as the extender's cache would.
+
+        The fragmentation-aware policies learn the target workload from it. The pod is shown
+        once, priced on the smallest card it may use.
+        """
+        if self.scheduler.workload is None:
+            return
+        allowed = need[model & (self.units > 0)]
+        units = int(allowed.min()) if len(allowed) else int(need.max())
+        obj = pod_json(pod, uid=uid, units_per_gpu=units, core_per_gpu=0, unit=self.settings.unit)
+        self.scheduler.workload.observe(obj)
+
+    def _groups(self, candidates: IntArray, need: IntArray) -> list[IntArray]:
+        """Candidate nodes split by what the pod JSON must say there (units, computing power)."""
+        if not len(candidates):
+            return []
+        keys = need[candidates] * 2 + self.core_mem[candidates]
+        return [candidates[keys == k] for k in np.unique(keys)]
+
+    def _take(self, i: int, pod: TracePod, allocation: Allocation | None) -> None:
+        self.cpu[i] -= pod.cpu_milli
+        self.mem[i] -= pod.memory_mib
+        for share in allocation.gpus if allocation else ():
+            self.free[i, share.index] -= share.mem_units
+
+    @staticmethod
+    def _failure(model: BoolArray, gpus: BoolArray, room: BoolArray, pod: TracePod) -> str:
+        """The first requirement, in the paper mode's order, that leaves no node."""
+        whole = pod.num_gpu > 1 or pod.gpu_milli == MILLI_PER_GPU
+        checks = [
+            ("GPU model", model),
+            (f"{pod.num_gpu} whole GPU(s)" if whole else "GPU share", gpus),
+            ("CPU/memory", room),
+        ]
+        mask = np.ones_like(model)
+        for name, check in checks:
+            mask &= check
+            if not mask.any():
+                return name
+        return "combination"
+
+
+def _core_reason(reasons: Sequence[str]) -> str:
+    """Name what the core refused with, by kind (computing power, isolation limit, mode)."""
+    text = " ".join(reasons)
+    for needle, name in (
+        ("node mode is", "node mode"),
+        ("takes only pods", "node mode"),
+        ("not shared", "node mode"),
+        ("computing power free", "computing power"),
+        ("isolation limit", "isolation pod limit"),
+        ("unhealthy", "unhealthy GPU"),
+    ):
+        if needle in text:
+            return name
+    return "core filter"
+
+
+def replay(
+    nodes: Sequence[TraceNode],
+    stream: Sequence[TracePod],
+    policy: str,
+    *,
+    seed: int = 0,
+    settings: MemorySettings | None = None,
+) -> Run:
+    """Place every pod of the stream once, in order, with the extender's core."""
+    cluster = MemoryCluster(nodes, policy=policy, seed=seed, settings=settings)
+    run = Run(policy=policy)
+    requested = 0.0
+    allocated = 0
+    capacity = max(1, cluster.capacity)
+    for step, pod in enumerate(stream):
+        requested += cluster.requested(pod)
+        booked, reason = cluster.place(pod, str(step))
+        allocated += booked
+        if reason:
+            run.failed[reason] = run.failed.get(reason, 0) + 1
+        run.arrived.append(100.0 * requested / capacity)
+        run.unallocated.append(100.0 - 100.0 * allocated / capacity)
+    return run
