@@ -212,22 +212,47 @@ def scheduler_config(url: str, kubeconfig: str, no_leader_elect: bool) -> None:
 @click.option(
     "--nodes",
     "nodes_path",
-    type=click.Path(dir_okay=False),
+    type=click.Path(),
     default=None,
-    help="Node list: openb CSV (sn,cpu_milli,memory_mib,gpu,model).",
+    help="Nodes: openb CSV (sn,cpu_milli,memory_mib,gpu,model) or Node manifests (file or "
+    "directory; chosen by content).",
 )
 @click.option(
     "--pods",
     "pods_path",
-    type=click.Path(dir_okay=False),
+    type=click.Path(),
     default=None,
-    help="Pod list: openb CSV. Without --nodes/--pods: the built-in synthetic run.",
+    help="Pods: openb CSV or Pod/Job/Deployment manifests. Without --nodes/--pods: the "
+    "built-in synthetic run.",
 )
 @click.option(
     "--policy",
     "policies",
     multiple=True,
-    help="bestfit, fgd, fgd-continuous, gpushare (repeatable; default: all but fgd-continuous).",
+    help="milli: bestfit, fgd, fgd-continuous, gpushare (default: all but fgd-continuous); "
+    "memory: the core's node policies (default: all). Repeatable.",
+)
+@click.option(
+    "--accounting",
+    type=click.Choice(["milli", "memory"]),
+    default="milli",
+    show_default=True,
+    help="milli: the paper's milli-GPU; memory: the extender's core places gpu-mem pods.",
+)
+@click.option(
+    "--gpu-memory-unit",
+    "unit_text",
+    type=click.Choice(["1GiB", "128MiB"]),
+    default="1GiB",
+    show_default=True,
+    help="The gpu-mem unit (memory mode, and reading manifests).",
+)
+@click.option(
+    "--node-mode",
+    type=click.Choice(["share", "cgpu", "core_mem"]),
+    default="share",
+    show_default=True,
+    help="Memory mode: ack.node.gpu.schedule of nodes without their own label.",
 )
 @click.option(
     "--seeds",
@@ -256,6 +281,9 @@ def simulate(
     nodes_path: str | None,
     pods_path: str | None,
     policies: tuple[str, ...],
+    accounting: str,
+    unit_text: str,
+    node_mode: str,
     seeds: int | None,
     first_seed: int,
     tune: float,
@@ -272,17 +300,23 @@ def simulate(
     from rich.progress import Progress
     from rich.table import Table
 
-    from gpushare.sim import report, synthetic
+    from gpushare.core.units import MemoryUnit
+    from gpushare.sim import memory, report, synthetic
     from gpushare.sim.experiment import run_experiment
-    from gpushare.sim.openb import TraceError, read_nodes, read_pods
+    from gpushare.sim.kubeyaml import read_workload
+    from gpushare.sim.openb import TraceError
     from gpushare.sim.paper import POLICIES
 
     console = Console()
-    chosen = list(policies) or ["bestfit", "fgd", "gpushare"]
+    unit = MemoryUnit.parse(unit_text)
+    settings = memory.MemorySettings(unit, node_mode) if accounting == "memory" else None
+    known = memory.policies() if settings else list(POLICIES)
+    chosen = list(policies) or (known if settings else ["bestfit", "fgd", "gpushare"])
     for name in chosen:
-        if name not in POLICIES:
+        if name not in known:
             raise click.BadParameter(
-                f"{name!r} is not a policy; choose from {', '.join(POLICIES)}",
+                f"{name!r} is not a policy in {accounting} accounting; choose from "
+                f"{', '.join(known)}",
                 param_hint="--policy",
             )
     if (nodes_path is None) != (pods_path is None):
@@ -291,14 +325,16 @@ def simulate(
         raise click.BadParameter(f"{tune} must be between 1.0 and 3.0", param_hint="--tune")
     try:
         if nodes_path and pods_path:
-            nodes = read_nodes(Path(nodes_path))
-            pods = read_pods(Path(pods_path))
+            nodes, pods = read_workload(Path(nodes_path), Path(pods_path), unit=unit)
             stem = Path(pods_path).stem
             trace = stem.removeprefix("openb_pod_list_")
         else:
             nodes = synthetic.nodes()
             pods = synthetic.pods(nodes)
             trace = "synthetic"
+        if settings:
+            memory.check(nodes, unit)
+            trace += f" (memory, {unit.value}, {node_mode})"
     except TraceError as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(2)
@@ -309,7 +345,7 @@ def simulate(
     if count < 1:
         raise click.BadParameter(f"{count} must be at least 1", param_hint="--seeds")
     seed_list = list(range(first_seed, first_seed + count))
-    jobs = (len(chosen) + (0 if no_offline else 1)) * count
+    jobs = (len(chosen) + (0 if no_offline or settings else 1)) * count
     workers = workers or min(4, os.cpu_count() or 1)
     console.print(
         f"{trace}: {len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs, {len(pods)} pods; "
@@ -328,6 +364,7 @@ def simulate(
             workers=workers,
             offline=not no_offline,
             progress=lambda r: bar.advance(task),
+            memory=settings,
         )
     rows = report.table(experiment)
     grid = Table(title=f"unallocated GPU % at arrived % ({trace}, mean +- sd over {count} seeds)")
