@@ -75,7 +75,7 @@ def test_binpack_packs_shares_and_counts_failures_by_reason() -> None:
     assert [usage.on(i).mem_units for i in (0, 1)] == [14, 14]  # two per GPU, GPU 0 first
     roomy = MemoryCluster([T4])
     assert _place(roomy, [TracePod("big", 20_000, 1, 1, 100), TracePod("c", 1, 1, 0, 0)]) == [
-        (0, "CPU/memory"),
+        (0, "CPU"),
         (0, ""),
     ]
     assert roomy.cpu[0] == 16_000 - 1

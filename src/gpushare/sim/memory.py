@@ -211,11 +211,13 @@ class MemoryCluster:
     def place(self, pod: TracePod, uid: str) -> tuple[int, str]:
         """Place one pod: (units booked, failure reason or "")."""
         model = self.model_mask(pod.gpu_spec)
-        room = (self.cpu >= pod.cpu_milli) & (self.mem >= pod.memory_mib)
+        cpu = self.cpu >= pod.cpu_milli
+        mem = self.mem >= pod.memory_mib
+        room = cpu & mem
         if not pod.num_gpu:
             candidates = np.flatnonzero(model & room)
             if not len(candidates):
-                return 0, self._failure(model, np.ones_like(model), room, pod)
+                return 0, self._failure(pod, model, np.ones_like(model), cpu, mem)
             self._take(int(candidates[np.argmin(self.rank[candidates])]), pod, None)
             return 0, ""
         need = self.need(pod)
@@ -249,7 +251,7 @@ class MemoryCluster:
                 if best is None or key > (best[0], -int(self.rank[best[1]])):
                     best = (score, int(i), request)
         if best is None:
-            reason = self._failure(model, gpus, room, pod) if not len(candidates) else ""
+            reason = self._failure(pod, model, gpus, cpu, mem) if not len(candidates) else ""
             return 0, reason or _core_reason(reasons)
         _, i, request = best
         booked = self.scheduler.reserve(request, self.inventories[i], self.ledger)
@@ -285,13 +287,16 @@ class MemoryCluster:
             self.free[i, share.index] -= share.mem_units
 
     @staticmethod
-    def _failure(model: BoolArray, gpus: BoolArray, room: BoolArray, pod: TracePod) -> str:
+    def _failure(
+        pod: TracePod, model: BoolArray, gpus: BoolArray, cpu: BoolArray, mem: BoolArray
+    ) -> str:
         """The first requirement, in the paper mode's order, that leaves no node."""
         whole = pod.num_gpu > 1 or pod.gpu_milli == MILLI_PER_GPU
         checks = [
             ("GPU model", model),
             (f"{pod.num_gpu} whole GPU(s)" if whole else "GPU share", gpus),
-            ("CPU/memory", room),
+            ("CPU", cpu),
+            ("memory", mem),
         ]
         mask = np.ones_like(model)
         for name, check in checks:
