@@ -134,7 +134,7 @@ def test_cli_memory_mode(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     document = json.loads((out / "report.json").read_text())
-    assert document["policies"] == ["binpack"]
+    assert document["policies"] == ["binpack"] and not (out / "fragmentation.png").exists()
     assert document["trace"] == "synthetic (memory, 128MiB, share)"
     bad = CliRunner().invoke(main, [*args, "--policy", "bestfit"])
     assert bad.exit_code == 2 and "'bestfit' is not a policy in memory accounting" in bad.output

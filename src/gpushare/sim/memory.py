@@ -54,8 +54,6 @@ from gpushare.sim.kubeyaml import card_units
 from gpushare.sim.openb import MILLI_PER_GPU, TraceError, TraceNode, TracePod
 from gpushare.sim.paper import Run
 
-NODE_MODES = ("share", "cgpu", "core_mem")
-
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
@@ -181,6 +179,8 @@ class MemoryCluster:
         for i, node in enumerate(self.nodes):
             self.free[i, : node.gpus] = self.units[i]
         self.capacity = int(sum(self.units[i] * n.gpus for i, n in enumerate(self.nodes)))
+        gpus = sum(n.gpus for n in self.nodes)
+        self._mean_card = self.capacity / gpus if gpus else 0.0
         order = list(range(len(self.nodes)))
         random.Random(seed).shuffle(order)
         self.rank: IntArray = np.empty(len(self.nodes), dtype=np.int64)
@@ -205,8 +205,7 @@ class MemoryCluster:
         """The pod's request in units, for arrived % (see the module docstring)."""
         if pod.gpu_mem_mib:
             return float(pod_units(pod, 0, self.settings.unit) * pod.num_gpu)
-        gpus = sum(n.gpus for n in self.nodes)
-        return pod.gpu_request_milli * self.capacity / (MILLI_PER_GPU * gpus) if gpus else 0.0
+        return pod.gpu_request_milli * self._mean_card / MILLI_PER_GPU
 
     def place(self, pod: TracePod, uid: str) -> tuple[int, str]:
         """Place one pod: (units booked, failure reason or "")."""

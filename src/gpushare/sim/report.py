@@ -124,6 +124,8 @@ def _plots(experiment: Experiment, out: Path) -> list[Path]:
     fig.savefig(curve, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
+    if not any(r.fragmentation for r in experiment.results):
+        return [curve]  # the memory mode does not sample fragmentation
     fig, ax = plt.subplots(figsize=(8, 5))
     for policy in experiment.policies:
         runs = [r for r in experiment.of(policy) if r.fragmentation]
@@ -137,8 +139,7 @@ def _plots(experiment: Experiment, out: Path) -> list[Path]:
     ax.set_ylabel("fragmented idle GPU, % of capacity")
     ax.set_title("fragmentation against the trace's target workload")
     ax.grid(alpha=0.3)
-    if ax.lines:  # the memory mode does not sample fragmentation
-        ax.legend()
+    ax.legend()
     frag = out / "fragmentation.png"
     fig.savefig(frag, dpi=110, bbox_inches="tight")
     plt.close(fig)
