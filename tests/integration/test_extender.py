@@ -9,8 +9,11 @@ from typing import Any
 
 import pytest
 
+from gpushare.core.allocation import plan, to_annotations
 from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED, ANN_IDX
-from gpushare.core.requests import Rejection
+from gpushare.core.requests import PodRequest, Rejection, read_pod
+from gpushare.core.scheduling import Settings
+from gpushare.core.units import MemoryUnit
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import Conflict, KubeDict, KubeError
@@ -325,3 +328,46 @@ def test_relist_drops_assumptions_of_pods_that_vanished() -> None:
         assert rig.cache.ledger.usage(SEED).mem_units == 0
 
     run_with_rig(kube, body)
+
+
+def placed_pod(name: str, mem: int, node: str) -> KubeDict:
+    """A pod already bound to GPU 0 of ``node``, with the annotations gpushare writes."""
+    obj = gpu_pod(name, mem=mem)
+    obj["metadata"]["uid"] = f"uid-{name}"
+    request = read_pod(obj)
+    assert isinstance(request, PodRequest)
+    allocation = plan(request, node=node, indexes=[0], unit=MemoryUnit.GiB)
+    obj["metadata"]["annotations"] = to_annotations(allocation, dev_units=15)
+    obj["spec"]["nodeName"] = node
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"), [("binpack", "full"), ("fgd", "roomy"), ("gpushare", "roomy")]
+)
+def test_fragmentation_aware_policy_learns_from_the_cache_and_avoids_fragments(
+    policy: str, expected: str
+) -> None:
+    kube = MemoryKube()
+    kube.put_node(gpu_node("full", gpus_units=[15]))
+    kube.put_node(gpu_node("roomy", gpus_units=[15]))
+    for name, mem, where in (("a", 4, "full"), ("b", 5, "full"), ("c", 5, "roomy")):
+        kube.create_pod(placed_pod(name, mem, where))
+    for i in range(3):  # pending 4 GiB pods: the workload the cache sees coming
+        kube.create_pod(gpu_pod(f"w{i}", mem=4))
+
+    async def body(rig: Rig) -> None:
+        pod = rig.kube.create_pod(gpu_pod("new", mem=3))
+        await rig.settle()
+        assert rig.extender.scheduler.workload is rig.cache.workload
+        assert rig.cache.workload is not None and rig.cache.workload.seen == 7
+        scores = await rig.post("prioritize", {"Pod": pod, "NodeNames": ["full", "roomy"]})
+        outcome = await rig.driver.schedule(pod, ["full", "roomy"])
+        assert outcome.node == expected, scores
+        await rig.settle()
+        # "full" keeps 6 GiB for the 4 GiB pods only when the 3 GiB pod went elsewhere
+        stored = await rig.kube.get_pod("default", "new")
+        assert stored["spec"]["nodeName"] == expected
+        assert rig.cache.workload.seen == 7  # the bind's MODIFIED events count nothing again
+
+    run_with_rig(kube, body, Settings(policy=policy))

@@ -81,8 +81,8 @@ def _with_handoff(
     return Verdict(node=node.name, code=Code.UNSCHEDULABLE, reasons=(reason,))
 
 
-Decision = tuple[NodeInventory, int, int, Verdict, float]
-"""(node, ledger node version, policy version, verdict, score) as remembered."""
+Decision = tuple[NodeInventory, int, tuple[Verdict, float]]
+"""(node, ledger node version, (verdict, score)) as remembered."""
 
 
 class VerdictMemo:
@@ -92,20 +92,22 @@ class VerdictMemo:
     (per-GPU memory and core, GPU count, containers), not on which pod asks; the score also on
     the policy's state. Pods come in few shapes and a bind changes one node, so on a large
     cluster most filter and prioritize calls become one dictionary look-up per node. Entries
-    are grouped by shape, so a look-up needs no key tuple per node.
+    are grouped by shape (one table per shape, dropped when the ledger object or the policy's
+    version changes), so a look-up builds no key per node.
     """
 
     def __init__(self, limit: int = 1024) -> None:
         self._limit = limit
         """Shapes remembered before starting over."""
-        self._ledger: Ledger | None = None
+        self._state: tuple[Ledger | None, int] = (None, 0)
         self._tables: dict[tuple[object, ...], dict[str, Decision]] = {}
 
-    def table(self, request: PodRequest, ledger: Ledger) -> dict[str, Decision]:
+    def table(self, request: PodRequest, ledger: Ledger, version: int = 0) -> dict[str, Decision]:
         """The node-name -> decision table for the request's shape on this ledger."""
-        if ledger is not self._ledger or len(self._tables) >= self._limit:
+        state = self._state
+        if state[0] is not ledger or state[1] != version or len(self._tables) >= self._limit:
             self._tables.clear()
-            self._ledger = ledger
+            self._state = (ledger, version)
         key = (
             request.mem_per_gpu,
             request.core_per_gpu,
@@ -171,27 +173,30 @@ class Scheduler:
 
         The pod's own earlier holding is left out of the count (re-binding it).
         """
-        table = self.memo.table(request, ledger)
         version = self._choosing.version if self._choosing is not None else 0
-        versions = ledger.node_versions
+        table = self.memo.table(request, ledger, version)
+        get = table.get
+        current = ledger.node_versions.get
         held = ledger.nodes_held_by(request.uid)
         out: list[tuple[Verdict, float]] = []
         append = out.append
         for node in nodes:
             name = node.name
+            hit = get(name)
+            if hit is not None and hit[0] is node and hit[1] == current(name, 0):
+                if name not in held:
+                    append(hit[2])
+                    continue
             if name in held:  # re-binding: its own share is left out, nothing remembered
                 usage = ledger.usage(name, excluding=request.uid)
                 verdict = self._decide(request, node, usage)
                 append((verdict, self._score(request, node, usage, verdict)))
                 continue
-            hit = table.get(name)
-            current = versions.get(name, 0)
-            if hit is None or hit[0] is not node or hit[1] != current or hit[2] != version:
-                usage = ledger.usage(name)
-                verdict = self._decide(request, node, usage)
-                hit = (node, current, version, verdict, self._score(request, node, usage, verdict))
-                table[name] = hit
-            append((hit[3], hit[4]))
+            usage = ledger.usage(name)
+            verdict = self._decide(request, node, usage)
+            pair = (verdict, self._score(request, node, usage, verdict))
+            table[name] = (node, current(name, 0), pair)
+            append(pair)
         return out
 
     def verdict(self, request: PodRequest, node: NodeInventory, ledger: Ledger) -> Verdict:
@@ -255,7 +260,7 @@ class Scheduler:
         if isinstance(request, Rejection) or not request.wants_gpu:
             return {n.name: 0 for n in nodes}
         decided = self.decisions(request, nodes, ledger)
-        if self._choosing is None:
+        if self._choosing is None or not self._choosing.active:
             return {n.name: round(s * MAX_SCORE) for n, (_, s) in zip(nodes, decided, strict=True)}
         fitting = [s for v, s in decided if v.fits]
         if not fitting:

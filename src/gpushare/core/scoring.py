@@ -47,6 +47,11 @@ class ChoosingPolicy(NodePolicy, Protocol):
         """Changes whenever scores or choices cached before may be stale."""
         ...
 
+    @property
+    def active(self) -> bool:
+        """False while it has nothing to learn from and scores as a plain policy (absolute)."""
+        ...
+
     def choose(
         self,
         request: PodRequest,

@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpushare.extender.service import Extender
 from gpushare.extender.wire import (
+    PRIORITIES,
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,
@@ -29,6 +30,10 @@ from gpushare.extender.wire import (
     HostPriority,
 )
 from gpushare.inspect.view import build_view, to_json
+
+
+def _json(body: str | bytes) -> Response:
+    return Response(content=body, media_type="application/json")
 
 
 def create_app(extender: Extender, *, run_cache: bool = False) -> FastAPI:
@@ -49,18 +54,18 @@ def create_app(extender: Extender, *, run_cache: bool = False) -> FastAPI:
     latency = extender.metrics.latency
 
     @app.post("/filter", response_model=ExtenderFilterResult)
-    async def filter_(args: ExtenderArgs) -> ExtenderFilterResult:
+    async def filter_(args: ExtenderArgs) -> Response:
         start = time.perf_counter()
-        try:
-            return extender.filter(args)
+        try:  # written here: FastAPI would validate the large reply a second time
+            return _json(extender.filter(args).model_dump_json())
         finally:
             latency.labels("filter").observe(time.perf_counter() - start)
 
     @app.post("/prioritize", response_model=list[HostPriority])
-    async def prioritize(args: ExtenderArgs) -> list[HostPriority]:
+    async def prioritize(args: ExtenderArgs) -> Response:
         start = time.perf_counter()
         try:
-            return extender.prioritize(args)
+            return _json(PRIORITIES.dump_json(extender.prioritize(args)))
         finally:
             latency.labels("prioritize").observe(time.perf_counter() - start)
 

@@ -27,6 +27,7 @@ from gpushare.core.requests import Rejection
 from gpushare.core.scheduling import Scheduler
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.wire import (
+    PRIORITIES,
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,
@@ -121,7 +122,9 @@ class Extender:
         scores = self.scheduler.prioritize(args.Pod, nodes, self.cache.ledger)
         self.metrics.requests.labels("prioritize", "ok").inc()
         names = [name_of(n) for n in args.Nodes.items] if args.Nodes else args.NodeNames or []
-        return [HostPriority(Host=n, Score=scores.get(n, 0)) for n in names if n not in missing]
+        return PRIORITIES.validate_python(
+            [{"Host": n, "Score": scores.get(n, 0)} for n in names if n not in missing]
+        )
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
         """Annotate then bind, never double-booking; see the module docstring."""

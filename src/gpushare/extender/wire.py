@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 
 class _Wire(BaseModel):
@@ -44,6 +44,10 @@ class HostPriority(_Wire):
 
     Host: str
     Score: int
+
+
+PRIORITIES = TypeAdapter(list[HostPriority])
+"""Prioritize's reply as a whole: validated and written in one call, not one model per node."""
 
 
 class ExtenderBindingArgs(_Wire):

@@ -8,6 +8,7 @@ older resourceVersion get ``Gone``, as a real API server does after compaction.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import copy
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -135,7 +136,9 @@ class MemoryKube:
         while True:
             if position < self._compacted:
                 raise Gone(f"too old resource version: {position} ({self._compacted})")
-            pending = [e for e in self._log if e.version > position]
+            # the log is in version order: start after ``position`` instead of scanning it all
+            start = bisect.bisect_right(self._log, position, key=lambda e: e.version)
+            pending = self._log[start:]
             for event in pending:
                 position = event.version
                 if event.kind == kind:

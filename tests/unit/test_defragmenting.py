@@ -1,0 +1,137 @@
+"""Fragmentation-aware extender policies: node and GPU choice, the learned workload, errors."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpushare.config import ConfigError, load
+from gpushare.core.allocation import Allocation, plan
+from gpushare.core.defragmenting import WorkloadFeed
+from gpushare.core.inventory import NodeInventory, read_node
+from gpushare.core.ledger import Ledger
+from gpushare.core.requests import PodRequest, read_pod
+from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.kube.cache import ClusterCache
+from gpushare.kube.memory import MemoryKube
+from gpushare.kube.objects import gpu_node, gpu_pod
+from gpushare.kube.port import WatchEvent
+
+
+def pod(name: str, mem: int) -> dict[str, object]:
+    obj = gpu_pod(name, mem=mem)
+    obj["metadata"]["uid"] = f"uid-{name}"
+    return obj
+
+
+def req(name: str, mem: int) -> PodRequest:
+    result = read_pod(pod(name, mem))
+    assert isinstance(result, PodRequest)
+    return result
+
+
+def node(name: str, gpus: list[int]) -> NodeInventory:
+    return read_node(gpu_node(name, gpus_units=gpus))
+
+
+def hold(ledger: Ledger, inv: NodeInventory, name: str, mem: int, index: int = 0) -> None:
+    ledger.assume(plan(req(name, mem), node=inv.name, indexes=[index], unit=inv.unit))
+
+
+def scheduler(policy: str, *seen: tuple[str, int]) -> Scheduler:
+    result = Scheduler(Settings(policy=policy))
+    assert result.workload is not None
+    for name, mem in seen:
+        result.workload.observe(pod(name, mem))
+    return result
+
+
+WORKLOAD = (("w1", 4), ("w2", 4), ("w3", 4), ("w4", 5))
+"""Mostly 4 GiB pods: a GPU left with less than 4 GiB free is a fragment."""
+
+
+@pytest.mark.parametrize("policy", ["fgd", "gpushare"])
+def test_prefers_the_node_that_leaves_no_fragment_where_binpack_fills_the_fuller(
+    policy: str,
+) -> None:
+    full, roomy, ledger = node("full", [15]), node("roomy", [15]), Ledger()
+    hold(ledger, full, "a", 9)  # 6 free: a 3 GiB pod would leave 3, too small for 4
+    hold(ledger, roomy, "b", 5)  # 10 free: 7 left still takes a 4
+    new = pod("new", 3)
+    binpack = scheduler("binpack", *WORKLOAD).prioritize(new, [full, roomy], ledger)
+    aware = scheduler(policy, *WORKLOAD).prioritize(new, [full, roomy], ledger)
+    assert binpack["full"] > binpack["roomy"]
+    assert aware == {"full": 0, "roomy": 10}
+
+
+def test_gpu_choice_is_the_least_growth_then_the_tightest() -> None:
+    inv, ledger = node("n", [15, 15, 15]), Ledger()
+    hold(ledger, inv, "a", 9, 0)  # GPU0: 6 free, a 3 would strand 3
+    hold(ledger, inv, "b", 3, 1)  # GPU1: 12 free, 9 left
+    hold(ledger, inv, "c", 5, 2)  # GPU2: 10 free, 7 left: as good as GPU1 and tighter
+    gpushare = scheduler("gpushare", *WORKLOAD)
+    assert gpushare.verdict(req("new", 3), inv, ledger).gpus == (2,)
+    fgd = scheduler("fgd", *WORKLOAD)
+    assert fgd.verdict(req("new", 3), inv, ledger).gpus == (1,)  # equal scores: lowest index
+    assert scheduler("binpack").verdict(req("new", 3), inv, ledger).gpus == (0,)
+    booked = gpushare.reserve(req("new", 3), inv, ledger)
+    assert isinstance(booked, Allocation) and booked.indexes == (2,)
+
+
+@pytest.mark.parametrize("policy", ["fgd", "gpushare"])
+def test_with_no_pod_seen_it_is_binpack(policy: str) -> None:
+    full, roomy, ledger = node("full", [15]), node("roomy", [15, 15]), Ledger()
+    hold(ledger, full, "a", 9)
+    hold(ledger, roomy, "b", 9, 1)
+    new = pod("new", 3)
+    binpack = scheduler("binpack")
+    aware = scheduler(policy)
+    assert aware.prioritize(new, [full, roomy], ledger) == binpack.prioritize(
+        new, [full, roomy], ledger
+    )
+    assert aware.verdict(req("new", 3), roomy, ledger).gpus == (1,)
+
+
+def test_feed_counts_each_gpu_pod_once_by_uid() -> None:
+    feed = WorkloadFeed()
+    assert feed.observe(pod("a", 4)) and not feed.observe(pod("a", 4))
+    plain = gpu_pod("plain", mem=None)
+    plain["metadata"]["uid"] = "uid-plain"
+    assert not feed.observe(plain)  # no GPU memory asked for
+    bad = pod("bad", 2)
+    bad["spec"]["containers"][0]["resources"]["limits"]["aliyun.com/gpu-mem"] = "2.5"
+    assert not feed.observe(bad)
+    feed.observe(pod("b", 4))
+    assert feed.seen == 2
+    assert [(s.per_gpu, s.count, p) for s, p in feed.workload()] == [(4, 1, 1.0)]
+
+
+def test_cache_feeds_the_workload_from_list_and_watch() -> None:
+    kube = MemoryKube()
+    kube.put_node(gpu_node("n", gpus_units=[15]))
+    kube.create_pod(pod("listed", 4))
+    kube.create_pod(gpu_pod("cpu-only", mem=None))
+    feed = WorkloadFeed()
+    cache = ClusterCache(kube, settings=Settings(), workload=feed)
+    asyncio.run(cache.sync())
+    assert feed.seen == 1
+    watched = pod("watched", 6)
+    for kind in ("ADDED", "MODIFIED", "MODIFIED"):
+        cache.apply_pod(WatchEvent(type=kind, object=watched))  # type: ignore[arg-type]
+    cache.apply_pod(WatchEvent(type="MODIFIED", object=pod("listed", 4)))
+    assert feed.seen == 2
+    cache.apply_pod(WatchEvent(type="DELETED", object=watched))
+    assert feed.seen == 2  # the history stays; only the UID is forgotten
+    asyncio.run(cache.sync())  # a relist does not count the listed pod again
+    assert feed.seen == 2
+
+
+def test_unknown_policy_names_field_value_and_choices() -> None:
+    with pytest.raises(ConfigError) as err:
+        load(policy="fgdx")
+    assert str(err.value) == (
+        "policy='fgdx': policy='fgdx' is not known; choose one of: binpack, fgd, gpushare, spread"
+    )
+    with pytest.raises(ValueError, match="policy='fgdx' is not known; choose one of: binpack"):
+        Scheduler(Settings(policy="fgdx"))
