@@ -30,7 +30,8 @@ def test_defaults() -> None:
         ),
         (
             {"policy": "best"},
-            "policy='best': policy='best' is not known; choose one of: binpack, fgd, gpushare, spread",
+            "policy='best': policy='best' is not known; choose one of: binpack, fgd, gpushare, "
+            "spread",
         ),
         ({"max_pods_per_gpu": 0}, "max_pods_per_gpu=0"),
         ({"colour": "blue"}, "colour='blue'"),

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
 from gpushare.config import ConfigError, load
 from gpushare.core.allocation import Allocation, plan
+from gpushare.core.changes import NodeTable
 from gpushare.core.defragmenting import WorkloadFeed
+from gpushare.core.filtering import Code
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import PodRequest, read_pod
@@ -135,3 +138,36 @@ def test_unknown_policy_names_field_value_and_choices() -> None:
     )
     with pytest.raises(ValueError, match="policy='fgdx' is not known; choose one of: binpack"):
         Scheduler(Settings(policy="fgdx"))
+
+
+@pytest.mark.parametrize("policy", ["binpack", "gpushare"])
+def test_names_view_answers_as_the_node_by_node_filter(policy: str) -> None:
+    """The extender's fast path (per-shape views over change logs) never disagrees."""
+    rng = random.Random(5)
+    table = NodeTable((f"n{i}", node(f"n{i}", [15, 15] if i % 2 else [24])) for i in range(6))
+    names = [*table, "ghost"]
+    ledger, fast, slow = Ledger(), scheduler(policy), scheduler(policy)
+    for step in range(60):
+        new = pod(f"p{step}", rng.choice([2, 3, 5, 8, 12]))
+        for s in (fast, slow):
+            assert s.workload is not None
+            s.workload.observe(new)
+        result = fast.filter_names(new, names, table, ledger)
+        verdicts = slow.filter(new, table.values(), ledger).verdicts
+        assert result.passing == [v.node for v in verdicts if v.fits]
+        assert result.failed == {
+            v.node: v.message for v in verdicts if v.code is Code.UNSCHEDULABLE
+        }
+        assert result.missing == ["ghost"]
+        scores = fast.prioritize_names(new, result.passing, table, ledger)
+        passing = [table[n] for n in result.passing]
+        assert scores == list(slow.prioritize(new, passing, ledger).values())
+        if result.passing:
+            request = read_pod(new)
+            assert isinstance(request, PodRequest)
+            booked = slow.reserve(request, table[result.passing[0]], ledger)
+            assert isinstance(booked, Allocation)
+        if step % 7 == 6:  # a node is replaced, as a watch event would
+            table["n1"] = node("n1", [15, 15])
+        if step % 11 == 10:
+            ledger.forget(f"uid-p{step - 5}")

@@ -72,6 +72,8 @@ class WorkloadFeed:
         self.names = names
         self.unit = unit
         self.estimate = estimate or WorkloadEstimate()
+        self.refresh = self.estimate.refresh
+        """The least number of pods between refreshes; later every quarter of those seen."""
         self._uids: set[str] = set()
 
     @property
@@ -97,7 +99,11 @@ class WorkloadFeed:
         if not isinstance(request, PodRequest) or not request.wants_gpu:
             return False
         self._uids.add(uid)
-        self.estimate.observe(shape_of(request))
+        estimate = self.estimate
+        # refresh less often as the estimate settles: every refresh makes every cached score
+        # stale, and re-scoring thousands of nodes per shape is the policies' main cost
+        estimate.refresh = max(self.refresh, estimate.seen // 4)
+        estimate.observe(shape_of(request))
         return True
 
     def forget(self, uid: str) -> None:

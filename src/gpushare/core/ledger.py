@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from gpushare.core.allocation import Allocation, from_pod
+from gpushare.core.changes import ChangeLog
 from gpushare.core.kubejson import KubeObject, name_of, namespace_of, spec_of, status_of, uid_of
 from gpushare.core.names import DEFAULT_NAMES, ResourceNames
 from gpushare.core.requests import PodRequest, read_pod
@@ -102,6 +103,8 @@ class Ledger:
         """Counts changes; equal epochs mean equal holdings (for reusing filter verdicts)."""
         self._usage: dict[str, NodeUsage] = {}
         """Per-node usage, computed on demand and dropped whenever the node's holdings change."""
+        self.changes = ChangeLog()
+        """Nodes whose holdings changed, in order (for memos that must not scan every node)."""
 
     @classmethod
     def from_pods(
@@ -170,6 +173,7 @@ class Ledger:
         for node in self._nodes_of.get(uid, ()):
             self._usage.pop(node, None)
             self._node_versions[node] = self.epoch
+            self.changes.add(node)
         for node in self._nodes_of.pop(uid, set()):
             members = self._by_node.get(node)
             if members is not None:
@@ -188,6 +192,7 @@ class Ledger:
                 self._by_node.setdefault(node, set()).add(uid)
                 self._usage.pop(node, None)
                 self._node_versions[node] = self.epoch
+                self.changes.add(node)
 
     # -- queries ---------------------------------------------------------------------------
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from gpushare.core.allocation import Allocation, plan
+from gpushare.core.changes import NodeTable
 from gpushare.core.defragmenting import WorkloadFeed, all_policies
 from gpushare.core.filtering import Code, GpuChooser, Rules, Verdict, filter_node
 from gpushare.core.handoff import conflict, pending_of, preferred_gpus
@@ -81,6 +83,39 @@ def _with_handoff(
     return Verdict(node=node.name, code=Code.UNSCHEDULABLE, reasons=(reason,))
 
 
+def shape_key(request: PodRequest) -> tuple[object, ...]:
+    """What a verdict depends on in a request: pods with equal keys get equal verdicts."""
+    return (
+        request.mem_per_gpu,
+        request.core_per_gpu,
+        request.gpu_count,
+        request.mem_units,
+        tuple((c.kind, c.mem_units, c.core_pct) for c in request.containers),
+    )
+
+
+def normalized(scores: Sequence[float | None]) -> list[int]:
+    """Relative scores as 0..10: the best fitting node 10, the worst 0, None (no fit) 0.
+
+    Floored, so only the best get 10; otherwise sigmoid values of nearby growths would all
+    round to the same integer.
+    """
+    fitting = [s for s in scores if s is not None]
+    if not fitting:
+        return [0] * len(scores)
+    low, high = min(fitting), max(fitting)
+    span = high - low
+    out: list[int] = []
+    for value in scores:
+        if value is None:
+            out.append(0)
+        elif span <= 0 or value >= high:
+            out.append(MAX_SCORE)
+        else:
+            out.append(min(MAX_SCORE - 1, int((value - low) / span * MAX_SCORE)))
+    return out
+
+
 Decision = tuple[NodeInventory, int, tuple[Verdict, float]]
 """(node, ledger node version, (verdict, score)) as remembered."""
 
@@ -108,17 +143,80 @@ class VerdictMemo:
         if state[0] is not ledger or state[1] != version or len(self._tables) >= self._limit:
             self._tables.clear()
             self._state = (ledger, version)
-        key = (
-            request.mem_per_gpu,
-            request.core_per_gpu,
-            request.gpu_count,
-            request.mem_units,
-            tuple((c.kind, c.mem_units, c.core_pct) for c in request.containers),
-        )
+        key = shape_key(request)
         table = self._tables.get(key)
         if table is None:
             table = self._tables[key] = {}
         return table
+
+
+@dataclass(frozen=True)
+class NamesResult:
+    """A filter over node names, as kube-scheduler gets it back with ``nodeCacheCapable``."""
+
+    request: PodRequest | Rejection
+    passing: list[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+    missing: list[str]
+
+
+class ShapeView:
+    """Known nodes' verdicts and scores for one request shape, grouped by outcome.
+
+    It follows the change logs of the node table and the ledger and decides a node only when
+    asked about it and not decided since it last changed, so answering a filter or a
+    prioritize over thousands of names costs a few set operations in C plus the nodes a bind
+    changed, instead of a Python step per node.
+    """
+
+    def __init__(self, nodes: NodeTable, ledger: Ledger, version: int) -> None:
+        self.nodes = nodes
+        self.ledger = ledger
+        self.version = version
+        self.positions = (nodes.changes.position, ledger.changes.position)
+        self.decided: set[str] = set()
+        """Names whose outcome below is current."""
+        self.fits: dict[str, float] = {}
+        """Score in [0, 1] of every node that fits."""
+        self.tens: dict[str, int] = {}
+        """The same as 0..10 (absolute policies)."""
+        self.failed: dict[str, str] = {}
+        self.unresolvable: dict[str, str] = {}
+
+    def catch_up(self) -> None:
+        """Forget the decisions on nodes that changed since the last call."""
+        node_log, ledger_log = self.nodes.changes, self.ledger.changes
+        by_node = node_log.since(self.positions[0])
+        by_ledger = ledger_log.since(self.positions[1])
+        self.positions = (node_log.position, ledger_log.position)
+        if by_node is None or by_ledger is None:
+            self.decided.clear()
+            self.fits.clear()
+            self.tens.clear()
+            self.failed.clear()
+            self.unresolvable.clear()
+            return
+        for name in {*by_node, *by_ledger}:
+            self.put(name, None, 0.0)
+            self.decided.discard(name)
+
+    def put(self, name: str, verdict: Verdict | None, score: float) -> None:
+        """Record one node's decision (None: the node is gone)."""
+        self.decided.add(name)
+        self.fits.pop(name, None)
+        self.tens.pop(name, None)
+        self.failed.pop(name, None)
+        self.unresolvable.pop(name, None)
+        if verdict is None:
+            return
+        if verdict.fits:
+            self.fits[name] = score
+            self.tens[name] = round(score * MAX_SCORE)
+        elif verdict.code is Code.UNSCHEDULABLE:
+            self.failed[name] = verdict.message
+        else:
+            self.unresolvable[name] = verdict.message
 
 
 @dataclass
@@ -134,8 +232,11 @@ class Scheduler:
     """The target workload the fragmentation-aware policies learn; the cache feeds it."""
     registry: PolicyRegistry | None = None
     memo: VerdictMemo = field(default_factory=VerdictMemo)
+    view_limit: int = 256
+    """Request shapes whose views are kept before starting over."""
 
     def __post_init__(self) -> None:
+        self._views: dict[tuple[object, ...], ShapeView] = {}
         if self.workload is None:
             self.workload = WorkloadFeed(names=self.settings.names, unit=self.settings.unit)
         if self.registry is None:
@@ -183,10 +284,10 @@ class Scheduler:
         for node in nodes:
             name = node.name
             hit = get(name)
-            if hit is not None and hit[0] is node and hit[1] == current(name, 0):
-                if name not in held:
-                    append(hit[2])
-                    continue
+            fresh = hit is not None and hit[0] is node and hit[1] == current(name, 0)
+            if fresh and name not in held and hit is not None:
+                append(hit[2])
+                continue
             if name in held:  # re-binding: its own share is left out, nothing remembered
                 usage = ledger.usage(name, excluding=request.uid)
                 verdict = self._decide(request, node, usage)
@@ -198,6 +299,101 @@ class Scheduler:
             table[name] = (node, current(name, 0), pair)
             append(pair)
         return out
+
+    def _view(
+        self, request: PodRequest, nodes: NodeTable, ledger: Ledger, wanted: set[str]
+    ) -> ShapeView:
+        """The request shape's view, current for every name in ``wanted``."""
+        version = self._choosing.version if self._choosing is not None else 0
+        key = shape_key(request)
+        view = self._views.get(key)
+        if (
+            view is None
+            or view.nodes is not nodes
+            or view.ledger is not ledger
+            or view.version != version
+        ):
+            if len(self._views) >= self.view_limit:
+                self._views.clear()
+            view = self._views[key] = ShapeView(nodes, ledger, version)
+        else:
+            view.catch_up()
+        if view.decided >= wanted:
+            return view
+        for name in wanted - view.decided:
+            node = nodes.get(name)
+            if node is None:
+                view.put(name, None, 0.0)
+                continue
+            usage = ledger.usage(name)
+            verdict = self._decide(request, node, usage)
+            view.put(name, verdict, self._score(request, node, usage, verdict))
+        return view
+
+    def _rebinding(
+        self, request: PodRequest, names: Iterable[str], nodes: NodeTable, ledger: Ledger
+    ) -> dict[str, tuple[Verdict, float]]:
+        """Decisions on the nodes where the pod already holds something, its share left out."""
+        out: dict[str, tuple[Verdict, float]] = {}
+        held = ledger.nodes_held_by(request.uid)
+        if not held:  # the usual case: no set of thousands of names to build
+            return out
+        for name in held & set(names):
+            node = nodes.get(name)
+            if node is not None:
+                usage = ledger.usage(name, excluding=request.uid)
+                verdict = self._decide(request, node, usage)
+                out[name] = (verdict, self._score(request, node, usage, verdict))
+        return out
+
+    def filter_names(
+        self, pod: KubeObject, names: list[str], nodes: NodeTable, ledger: Ledger
+    ) -> NamesResult:
+        """``filter`` over node names from the cache's table, answered from the shape's view."""
+        request = self.read(pod)
+        wanted = set(names)
+        missing = [] if nodes.keys() >= wanted else [n for n in names if n not in nodes]
+        if isinstance(request, Rejection):
+            reason = request.message
+            known = {n: reason for n in names if n in nodes}
+            return NamesResult(request, [], {}, known, missing)
+        if not request.wants_gpu:
+            return NamesResult(request, [n for n in names if n in nodes], {}, {}, missing)
+        view = self._view(request, nodes, ledger, wanted)
+        passing = list(filter(view.fits.__contains__, names))
+        failed = {n: view.failed[n] for n in view.failed.keys() & wanted}
+        unresolvable = {n: view.unresolvable[n] for n in view.unresolvable.keys() & wanted}
+        again = self._rebinding(request, wanted, nodes, ledger)
+        if again:
+            for name, (verdict, _) in again.items():
+                failed.pop(name, None)
+                unresolvable.pop(name, None)
+                if verdict.code is Code.UNSCHEDULABLE:
+                    failed[name] = verdict.message
+                elif verdict.code is Code.UNRESOLVABLE:
+                    unresolvable[name] = verdict.message
+            fits = {n for n, (v, _) in again.items() if v.fits}
+            passing = [n for n in names if (n in fits or (n in view.fits and n not in again))]
+        return NamesResult(request, passing, failed, unresolvable, missing)
+
+    def prioritize_names(
+        self, pod: KubeObject, names: list[str], nodes: NodeTable, ledger: Ledger
+    ) -> list[int]:
+        """``prioritize`` over node names from the cache's table: 0..10 per name, in order."""
+        request = self.read(pod)
+        if isinstance(request, Rejection) or not request.wants_gpu:
+            return [0] * len(names)
+        view = self._view(request, nodes, ledger, set(names))
+        again = self._rebinding(request, names, nodes, ledger)
+        if self._choosing is None or not self._choosing.active:
+            if not again:
+                return list(map(view.tens.get, names, repeat(0)))
+            return [
+                round(again[n][1] * MAX_SCORE) if n in again else view.tens.get(n, 0) for n in names
+            ]
+        fits = view.fits.get
+        raw = [again[n][1] if n in again and again[n][0].fits else fits(n) for n in names]
+        return normalized(raw)
 
     def verdict(self, request: PodRequest, node: NodeInventory, ledger: Ledger) -> Verdict:
         """Filter one node, leaving the pod's own earlier holding out of the count."""
@@ -262,20 +458,13 @@ class Scheduler:
         decided = self.decisions(request, nodes, ledger)
         if self._choosing is None or not self._choosing.active:
             return {n.name: round(s * MAX_SCORE) for n, (_, s) in zip(nodes, decided, strict=True)}
-        fitting = [s for v, s in decided if v.fits]
-        if not fitting:
-            return {n.name: 0 for n in nodes}
-        low, high = min(fitting), max(fitting)
-        span = high - low
-        out: dict[str, int] = {}
-        for node, (verdict, value) in zip(nodes, decided, strict=True):
-            if not verdict.fits:
-                out[node.name] = 0
-            elif span <= 0 or value >= high:
-                out[node.name] = MAX_SCORE
-            else:
-                out[node.name] = min(MAX_SCORE - 1, int((value - low) / span * MAX_SCORE))
-        return out
+        return dict(
+            zip(
+                (n.name for n in nodes),
+                normalized([s if v.fits else None for v, s in decided]),
+                strict=True,
+            )
+        )
 
     def reserve(
         self,

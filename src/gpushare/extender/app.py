@@ -22,12 +22,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpushare.extender.service import Extender
 from gpushare.extender.wire import (
-    PRIORITIES,
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
     HostPriority,
+    priorities_json,
 )
 from gpushare.inspect.view import build_view, to_json
 
@@ -65,7 +65,7 @@ def create_app(extender: Extender, *, run_cache: bool = False) -> FastAPI:
     async def prioritize(args: ExtenderArgs) -> Response:
         start = time.perf_counter()
         try:
-            return _json(PRIORITIES.dump_json(extender.prioritize(args)))
+            return _json(priorities_json(*extender.prioritize(args)))
         finally:
             latency.labels("prioritize").observe(time.perf_counter() - start)
 

@@ -23,16 +23,14 @@ from gpushare.core.filtering import Code, Verdict
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.kubejson import name_of
 from gpushare.core.names import POD_ANNOTATIONS
-from gpushare.core.requests import Rejection
+from gpushare.core.requests import PodRequest, Rejection
 from gpushare.core.scheduling import Scheduler
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.wire import (
-    PRIORITIES,
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
-    HostPriority,
     NodeList,
 )
 from gpushare.kube.cache import ClusterCache
@@ -63,68 +61,67 @@ class Extender:
         self.attempts = attempts
         self.clock_ns = clock_ns
 
-    def _nodes(self, args: ExtenderArgs) -> tuple[list[NodeInventory], dict[str, str]]:
-        """Inventories for the nodes asked about, and reasons for names we do not know."""
+    def _read_nodes(self, nodes: NodeList) -> list[NodeInventory]:
+        """Inventories of whole node objects sent by a scheduler without a node cache."""
         settings = self.scheduler.settings
-        if args.Nodes is not None:
-            found = [
-                read_node(n, cluster_unit=settings.unit, names=settings.names)
-                for n in args.Nodes.items
-            ]
-            return found, {}
-        known: list[NodeInventory] = []
-        missing: dict[str, str] = {}
-        cached = self.cache.nodes
-        for name in args.NodeNames or []:
-            node = cached.get(name)
-            if node is None:
-                missing[name] = MISSING
-            else:
-                known.append(node)
-        return known, missing
+        return [read_node(n, cluster_unit=settings.unit, names=settings.names) for n in nodes.items]
 
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
         """Split the given nodes into passing, failed and unresolvable, with reasons."""
-        nodes, missing = self._nodes(args)
+        if args.Nodes is None:
+            return self._filter_names(args)
+        nodes = self._read_nodes(args.Nodes)
         result = self.scheduler.filter(args.Pod, nodes, self.cache.ledger)
-        failed = dict(missing)
+        failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        passing: list[str] = []
+        passing: set[str] = set()
         for verdict in result.verdicts:
-            code = verdict.code
-            if code is Code.FITS:
-                passing.append(verdict.node)
-            elif code is Code.UNSCHEDULABLE:
+            if verdict.code is Code.FITS:
+                passing.add(verdict.node)
+            elif verdict.code is Code.UNSCHEDULABLE:
                 failed[verdict.node] = verdict.message
             else:
                 unresolvable[verdict.node] = verdict.message
-        outcome = (
-            "rejected"
-            if isinstance(result.request, Rejection)
-            else ("fits" if passing else "unschedulable")
-        )
-        self.metrics.requests.labels("filter", outcome).inc()
-        if args.Nodes is not None:
-            keep = set(passing)
-            kept = [n for n in args.Nodes.items if name_of(n) in keep]
-            return ExtenderFilterResult(
-                Nodes=NodeList(items=kept),
-                FailedNodes=failed,
-                FailedAndUnresolvableNodes=unresolvable,
-            )
+        self._count_filter(result.request, bool(passing))
+        kept = [n for n in args.Nodes.items if name_of(n) in passing]
         return ExtenderFilterResult(
-            NodeNames=passing, FailedNodes=failed, FailedAndUnresolvableNodes=unresolvable
+            Nodes=NodeList(items=kept), FailedNodes=failed, FailedAndUnresolvableNodes=unresolvable
         )
 
-    def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
-        """Scores 0..10 for the given nodes."""
-        nodes, missing = self._nodes(args)
-        scores = self.scheduler.prioritize(args.Pod, nodes, self.cache.ledger)
-        self.metrics.requests.labels("prioritize", "ok").inc()
-        names = [name_of(n) for n in args.Nodes.items] if args.Nodes else args.NodeNames or []
-        return PRIORITIES.validate_python(
-            [{"Host": n, "Score": scores.get(n, 0)} for n in names if n not in missing]
+    def _filter_names(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        """The ``nodeCacheCapable`` path: names in, names out, answered from the cache."""
+        result = self.scheduler.filter_names(
+            args.Pod, args.NodeNames or [], self.cache.nodes, self.cache.ledger
         )
+        failed = result.failed
+        for name in result.missing:
+            failed[name] = MISSING
+        self._count_filter(result.request, bool(result.passing))
+        # built without validation: the scheduler's values already have the wire's types, and
+        # checking thousands of names again costs more than the decision
+        return ExtenderFilterResult.model_construct(
+            NodeNames=result.passing,
+            FailedNodes=failed,
+            FailedAndUnresolvableNodes=result.unresolvable,
+        )
+
+    def _count_filter(self, request: PodRequest | Rejection, fits: bool) -> None:
+        outcome = (
+            "rejected" if isinstance(request, Rejection) else ("fits" if fits else "unschedulable")
+        )
+        self.metrics.requests.labels("filter", outcome).inc()
+
+    def prioritize(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
+        """Scores 0..10 for the given nodes, as (hosts, scores); unknown names are left out."""
+        self.metrics.requests.labels("prioritize", "ok").inc()
+        if args.Nodes is None:
+            nodes = self.cache.nodes
+            names = list(filter(nodes.__contains__, args.NodeNames or []))
+            scores = self.scheduler.prioritize_names(args.Pod, names, nodes, self.cache.ledger)
+            return names, scores
+        found = self._read_nodes(args.Nodes)
+        by_name = self.scheduler.prioritize(args.Pod, found, self.cache.ledger)
+        return [n.name for n in found], [by_name.get(n.name, 0) for n in found]
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
         """Annotate then bind, never double-booking; see the module docstring."""

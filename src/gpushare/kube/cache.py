@@ -18,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from gpushare.core.changes import NodeTable
 from gpushare.core.defragmenting import WorkloadFeed
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.kubejson import name_of, uid_of
@@ -45,7 +46,7 @@ class ClusterCache:
         self._on_change = on_change
         self._retry_seconds = retry_seconds
         self.workload = workload
-        self.nodes: dict[str, NodeInventory] = {}
+        self.nodes = NodeTable()
         self.ledger = Ledger(names=settings.names, unit=settings.unit)
         self.synced = False
         self.relists = 0
@@ -68,7 +69,7 @@ class ClusterCache:
             self.workload.retain({uid_of(p) for p in pods})
             for pod in pods:
                 self.workload.observe(pod)
-        self.nodes = {name_of(n): self._read(n) for n in nodes}
+        self.nodes = NodeTable((name_of(n), self._read(n)) for n in nodes)
         self.ledger = ledger
         self.synced = True
         self.relists += 1
