@@ -48,7 +48,6 @@ class HostPriority(_Wire):
     Score: int
 
 
-
 def priorities_json(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
     """Prioritize's reply written straight from names and scores.
 
