@@ -51,11 +51,15 @@ cluster-down: $(STAMP)
 	$(BIN)/python -m tests.e2e.cluster down --dir $(CLUSTER_DIR)
 
 # Benchmarks (not timed tests): the policy table on the shared openb traces (10 seeds, every
-# gpushare variant), decision speed at 1213 and 4852 nodes, and the extender's HTTP latency.
+# gpushare variant), decision speed at 1213 and 4852 nodes, the extender's HTTP latency, and
+# its filter + prioritize + bind round trips over a real socket for binpack, fgd and gpushare
+# (every node name, then kube-scheduler's own sample of names).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/policy_table.py
 	$(BIN)/python benchmarks/decision_speed.py
 	$(BIN)/python benchmarks/extender_latency.py
+	$(BIN)/python benchmarks/extender_http_speed.py --names all
+	$(BIN)/python benchmarks/extender_http_speed.py --names sample
 
 clean:
 	rm -rf $(VENV) build bench-out sim-report *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -14,13 +14,15 @@ The target workload is learned from the extender's own view of past pods: the cl
 hands every pod it lists or watches to ``WorkloadFeed.observe``, which counts each pod with a GPU
 request once (by UID). Until one has been seen both policies behave exactly as ``binpack``.
 
-- ``fgd``: the paper's score, ``floor(100 * sigmoid(-growth / one GPU))``; a one-GPU pod goes
-  to the fitting GPU with the least growth, the lowest index among equals.
+- ``fgd``: the paper's score, ``floor(100 * sigmoid(-growth / one GPU))``, one GPU being the
+  node's mean GPU memory; a one-GPU pod goes to the fitting GPU with the best truncated score,
+  the lowest index among equals (as the artifact's first-best).
 - ``gpushare``: the same without the integer truncation (few ties); among GPUs of equal growth
   the tightest (least memory left) wins, then the lowest index.
 
 Pods over several GPUs keep the filter's best-fit choice, and nodes labelled
 ``ack.node.gpu.placement=spread`` keep their most-free choice: the policy only scores them.
+So does a node whose hand-off invariant needs particular GPUs (the filter decides there).
 """
 
 from __future__ import annotations
