@@ -9,35 +9,39 @@ of ``gpu_milli`` asks for that fraction of its card's memory rounded up, a whole
 of it on each of its GPUs with the ``aliyun.com/gpu-count`` label. The card is the first model
 of the pod's ``gpu_spec``, or the cluster's most common model when the pod names none.
 
-Each policy gets a fresh API, cache and extender served by uvicorn on 127.0.0.1 (a real socket),
-in the same process and event loop as the httpx client, so the round trip includes the
-client's JSON work. The cache runs its list-then-watch task as in production, so the
-fragmentation-aware policies learn the workload from the pods it sees. For each pod: POST
-/filter with every node name (``nodeCacheCapable``), POST /prioritize with the names that
-passed, pick the best score (ties to the first), POST /bind. Creating the pod in the API is not
-timed. ``--transport asgi`` drives the app through httpx's ASGITransport instead (no socket).
+Two processes, as in a cluster where kube-scheduler is a Go process of its own: each policy gets
+a fresh server process (the real app over the in-memory API, its cache's list-then-watch task
+running, served by uvicorn with the options ``gpushare extender`` uses, on 127.0.0.1), and this
+process drives it over one keep-alive connection with TCP_NODELAY, writing pre-serialised
+request bytes and reading only the reply fields it needs (msgspec), so the client takes as
+little of the two cores as it can. For each pod: create it in the API through a benchmark route
+(not timed), POST /filter with the node names (``nodeCacheCapable``), POST /prioritize with the
+names that passed, pick the best score (ties to the first), POST /bind.
 
 ``--names all`` (the default) sends every node name to filter, as B3 asks; ``--names sample``
 sends what kube-scheduler itself would at that size: ``numFeasibleNodesToFind`` names (its
 adaptive ``percentageOfNodesToScore``: 50 % - 1 % per 125 nodes, at least 5 % and 100 nodes),
 taken round-robin from where the previous pod stopped (its other plugins assumed to pass all).
 
-Reported per policy: p50 / p99 / max of the per-pod round trip in ms, the p50 of the time spent
-inside the app for the pod's three calls (the extender's own work, FastAPI's parsing and
-writing included; the rest is uvicorn, the socket and the client), pods/s (pods / summed round
-trips), pods bound, and pods/s as a ratio to binpack measured in the same run.
+Reported per policy: p50 / p99 / max of the per-pod round trip in ms; the p50 of the time spent
+inside the app for the pod's three calls (the extender's own work, FastAPI's parsing and writing
+included; the rest is uvicorn, the socket and the client); the p50 of the client's own CPU time
+per pod; a bare GET /healthz round trip with the same client in the same server (the floor of
+one call); pods/s (pods / summed round trips), pods bound, and pods/s as a ratio to binpack
+measured in the same run. ``--profile DIR`` writes each server's cProfile to DIR.
 
     .venv/bin/python benchmarks/extender_http_speed.py [--replicas 1 4] [--pods 2000] \
-        [--names all|sample] [--transport http|asgi]
+        [--names all|sample] [--policy fgd ...] [--profile DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
+import cProfile
 import math
+import multiprocessing
 import operator
+import os
 import socket
 import statistics
 import sys
@@ -45,14 +49,16 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import httpx
+import msgspec
 import uvicorn
 
 from gpushare.core.scheduling import Scheduler, Settings
-from gpushare.extender.app import create_app
+from gpushare.extender.app import create_app, server_config
 from gpushare.extender.service import Extender
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
@@ -73,7 +79,7 @@ CARD_MIB = {
 }
 """BENCHMARKS.md's per-model memory."""
 MIB_PER_UNIT = 1024
-by_score = operator.itemgetter("Score")
+by_score = operator.attrgetter("Score")
 
 
 def card_units(model: str) -> int:
@@ -127,19 +133,143 @@ def feasible_to_find(nodes: int) -> int:
     return max(100, nodes * percent // 100)
 
 
-class Timed:
-    """ASGI middleware adding up the time requests spend inside the app."""
+class BenchApp:
+    """The extender app, timed, beside the benchmark's own routes (outside the timing).
 
-    def __init__(self, app: Any) -> None:
+    ``POST /bench/pod`` creates a pod in the in-memory API and answers it with the seconds
+    spent inside the app so far; ``POST /bench/stop`` ends the server.
+    """
+
+    def __init__(self, app: Any, kube: MemoryKube) -> None:
         self.app = app
+        self.kube = kube
         self.seconds = 0.0
+        self.server: uvicorn.Server | None = None
+
+    async def _reply(self, send: Any, body: bytes) -> None:
+        length = str(len(body)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", length)]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if path == "/bench/pod":
+            chunks = []
+            more = True
+            while more:
+                message = await receive()
+                chunks.append(message.get("body", b""))
+                more = message.get("more_body", False)
+            pod = self.kube.create_pod(msgspec.json.decode(b"".join(chunks)))
+            await self._reply(send, msgspec.json.encode({"inside": self.seconds, "pod": pod}))
+            return
+        if path == "/bench/stop":
+            if self.server is not None:
+                self.server.should_exit = True
+            await self._reply(send, b"{}")
+            return
         start = time.perf_counter()
         try:
             await self.app(scope, receive, send)
         finally:
             self.seconds += time.perf_counter() - start
+
+
+def serve(policy: str, nodes: Sequence[TraceNode], ports: Connection, profile: str) -> None:
+    """The server process: a fresh API, cache and extender for one policy."""
+    kube = MemoryKube()
+    for node in nodes:
+        units = card_units(node.model)
+        kube.put_node(gpu_node(node.name, gpus_units=[units] * node.gpus, model=node.model))
+    settings = Settings(policy=policy)
+    scheduler = Scheduler(settings)
+    cache = ClusterCache(kube, settings=settings, workload=scheduler.workload)
+    app = BenchApp(
+        create_app(Extender(api=kube, cache=cache, scheduler=scheduler), run_cache=True), kube
+    )
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    app.server = server = uvicorn.Server(
+        server_config(app, host="127.0.0.1", port=0, log_level="warning")
+    )
+    ports.send(sock.getsockname()[1])
+    if not profile:
+        server.run(sockets=[sock])
+        return
+    profiler = cProfile.Profile()
+    profiler.runcall(server.run, sockets=[sock])
+    profiler.dump_stats(profile)
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection with TCP_NODELAY, as Go's net/http keeps one."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.rest = b""
+
+    def request(self, method: bytes, path: bytes, body: bytes = b"") -> tuple[int, bytes]:
+        """Send one request; the reply's status and body."""
+        self.sock.sendall(
+            b"%s %s HTTP/1.1\r\nhost: extender\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (method, path, len(body), body)
+        )
+        data = self.rest
+        while (end := data.find(b"\r\n\r\n")) < 0:
+            data += self._recv()
+        status, *headers = data[:end].split(b"\r\n")
+        length = -1
+        for line in headers:
+            key, _, value = line.partition(b":")
+            if key.lower() == b"content-length":
+                length = int(value)
+        if length < 0:
+            raise SystemExit(f"error: {path.decode()} answered without content-length")
+        chunks = [data[end + 4 :]]
+        have = len(chunks[0])
+        while have < length:
+            chunk = self._recv()
+            chunks.append(chunk)
+            have += len(chunk)
+        data = b"".join(chunks)
+        self.rest = data[length:]
+        return int(status.split()[1]), data[:length]
+
+    def call(self, method: bytes, path: bytes, body: bytes = b"") -> bytes:
+        """The body of a 200 reply; any other status ends the benchmark."""
+        status, reply = self.request(method, path, body)
+        if status != 200:
+            raise SystemExit(f"error: {path.decode()} answered {status}: {reply[:300]!r}")
+        return reply
+
+    def _recv(self) -> bytes:
+        chunk = self.sock.recv(1 << 20)
+        if not chunk:
+            raise SystemExit("error: the extender closed the connection")
+        return chunk
+
+
+class Created(msgspec.Struct):
+    inside: float
+    pod: msgspec.Raw
+
+
+class Filtered(msgspec.Struct):
+    NodeNames: list[str] | None = None
+
+
+class Priority(msgspec.Struct):
+    Host: str
+    Score: int
+
+
+class Bound(msgspec.Struct):
+    Error: str = ""
 
 
 @dataclass
@@ -149,122 +279,110 @@ class Measured:
     pods: int
     bound: int
     app_p50_ms: float
+    client_p50_ms: float
+    healthz_p50_ms: float
     p50_ms: float
     p99_ms: float
     max_ms: float
     pods_per_s: float
 
 
-async def _post(client: httpx.AsyncClient, verb: str, body: bytes) -> Any:
-    response = await client.post(
-        f"/{verb}", content=body, headers={"content-type": "application/json"}
-    )
-    response.raise_for_status()
-    return response.json()
-
-
-async def measure(
-    policy: str,
-    nodes: Sequence[TraceNode],
-    stream: Sequence[dict[str, Any]],
-    transport: str,
-    sample: int = 0,
+def drive(
+    client: Client, stream: Sequence[dict[str, Any]], names: Sequence[str], sample: int
 ) -> Measured:
-    """Schedule the stream through a fresh extender with one policy."""
-    kube = MemoryKube()
-    for node in nodes:
-        units = card_units(node.model)
-        kube.put_node(gpu_node(node.name, gpus_units=[units] * node.gpus, model=node.model))
-    settings = Settings(policy=policy)
-    scheduler = Scheduler(settings)
-    cache = ClusterCache(kube, settings=settings, workload=scheduler.workload)
-    app = Timed(create_app(Extender(api=kube, cache=cache, scheduler=scheduler), run_cache=True))
-    server: uvicorn.Server | None = None
-    serving: asyncio.Task[None] | None = None
-    cache_task: asyncio.Task[None] | None = None
-    if transport == "http":
-        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so, and
-        # without it small writes wait for the peer's delayed ACK (about 40 ms a call), as
-        # they would not with uvicorn binding host and port itself
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
-        server = uvicorn.Server(config)
-        serving = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started:
-            await asyncio.sleep(0.01)
-        # Go's net/http (kube-scheduler) sets TCP_NODELAY too
-        nodelay = httpx.AsyncHTTPTransport(
-            socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-        )
-        client = httpx.AsyncClient(
-            transport=nodelay, base_url=f"http://127.0.0.1:{port}", trust_env=False
-        )
-    else:
-        cache_task = asyncio.create_task(cache.run())
-        client = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://extender"
-        )
-    while not cache.synced:
-        await asyncio.sleep(0.01)
-    all_names = [n.name for n in nodes]
-    names_json = json.dumps(all_names).encode()
+    """Schedule the stream through the server behind ``client``."""
+    healthz = []
+    for _ in range(300):
+        start = time.perf_counter()
+        client.call(b"GET", b"/healthz")
+        healthz.append(time.perf_counter() - start)
+    encode = msgspec.json.encode
+    created_of = msgspec.json.Decoder(Created).decode
+    filtered_of = msgspec.json.Decoder(Filtered).decode
+    priorities_of = msgspec.json.Decoder(list[Priority]).decode
+    bound_of = msgspec.json.Decoder(Bound).decode
+    names_json = encode(list(names))
     latencies: list[float] = []
-    inside: list[float] = []
+    client_cpu: list[float] = []
+    marks: list[float] = []
     bound = 0
     offset = 0
-    try:
-        for obj in stream:
-            pod = kube.create_pod(obj)
-            pod_json = json.dumps(pod).encode()
-            if sample:
-                window = [all_names[(offset + i) % len(all_names)] for i in range(sample)]
-                offset = (offset + sample) % len(all_names)
-                names_json = json.dumps(window).encode()
-            before = app.seconds
-            start = time.perf_counter()
-            filtered = await _post(
-                client, "filter", b'{"Pod":' + pod_json + b',"NodeNames":' + names_json + b"}"
+    for obj in stream:
+        created = created_of(client.call(b"POST", b"/bench/pod", encode(obj)))
+        marks.append(created.inside)
+        pod = bytes(created.pod)
+        if sample:
+            window = [names[(offset + i) % len(names)] for i in range(sample)]
+            offset = (offset + sample) % len(names)
+            names_json = encode(window)
+        cpu = time.process_time()
+        start = time.perf_counter()
+        body = b'{"Pod":%s,"NodeNames":%s}' % (pod, names_json)
+        passing = filtered_of(client.call(b"POST", b"/filter", body)).NodeNames
+        if passing:
+            body = b'{"Pod":%s,"NodeNames":%s}' % (pod, encode(passing))
+            scores = priorities_of(client.call(b"POST", b"/prioritize", body))
+            best = max(scores, key=by_score).Host
+            meta = obj["metadata"]
+            body = encode(
+                {
+                    "PodName": meta["name"],
+                    "PodNamespace": "default",
+                    "PodUID": meta["uid"],
+                    "Node": best,
+                }
             )
-            passing = filtered.get("NodeNames") or []
-            if passing:
-                body = b'{"Pod":' + pod_json + b',"NodeNames":' + json.dumps(passing).encode()
-                scores = await _post(client, "prioritize", body + b"}")
-                best = max(scores, key=by_score)["Host"]
-                meta = pod["metadata"]
-                result = await _post(
-                    client,
-                    "bind",
-                    json.dumps(
-                        {
-                            "PodName": meta["name"],
-                            "PodNamespace": meta["namespace"],
-                            "PodUID": meta["uid"],
-                            "Node": best,
-                        }
-                    ).encode(),
-                )
-                bound += not result.get("Error")
-            latencies.append(time.perf_counter() - start)
-            inside.append(app.seconds - before)
-    finally:
-        await client.aclose()
-        if server is not None and serving is not None:
-            server.should_exit = True
-            await serving
-        elif cache_task is not None:
-            cache_task.cancel()
+            bound += not bound_of(client.call(b"POST", b"/bind", body)).Error
+        latencies.append(time.perf_counter() - start)
+        client_cpu.append(time.process_time() - cpu)
+    marks.append(
+        created_of(client.call(b"POST", b"/bench/pod", encode(gpu_pod("last", mem=1)))).inside
+    )
+    inside = [b - a for a, b in pairwise(marks)]
     ordered = sorted(latencies)
     return Measured(
         pods=len(ordered),
         bound=bound,
         app_p50_ms=statistics.median(inside) * 1e3,
+        client_p50_ms=statistics.median(client_cpu) * 1e3,
+        healthz_p50_ms=statistics.median(healthz) * 1e3,
         p50_ms=statistics.median(ordered) * 1e3,
         p99_ms=ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3,
         max_ms=ordered[-1] * 1e3,
         pods_per_s=len(ordered) / sum(ordered),
     )
+
+
+def measure(
+    policy: str,
+    nodes: Sequence[TraceNode],
+    stream: Sequence[dict[str, Any]],
+    sample: int,
+    profile: str,
+) -> Measured:
+    """Start a server process for one policy, drive it, stop it."""
+    fork = multiprocessing.get_context("fork")
+    ours, theirs = fork.Pipe()
+    process = fork.Process(target=serve, args=(policy, nodes, theirs, profile))
+    process.start()
+    try:
+        port = ours.recv()
+        client: Client | None = None
+        while client is None:
+            try:
+                client = Client(port)
+            except ConnectionRefusedError:
+                time.sleep(0.05)
+        while client.request(b"GET", b"/readyz")[0] != 200:  # 503 until the cache has listed
+            time.sleep(0.05)
+        result = drive(client, stream, [n.name for n in nodes], sample)
+        client.call(b"POST", b"/bench/stop")
+        process.join(timeout=60)
+    finally:
+        if process.is_alive():
+            process.terminate()
+            process.join()
+    return result
 
 
 def main() -> int:
@@ -273,10 +391,13 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=2000, help="GPU pods per run; 0: all")
     parser.add_argument("--names", choices=("all", "sample"), default="all")
     parser.add_argument("--policy", action="append", help="repeatable; binpack always runs")
-    parser.add_argument("--transport", choices=("http", "asgi"), default="http")
+    parser.add_argument("--profile", default="", help="folder for each server's cProfile")
     args = parser.parse_args()
     policies = args.policy or ["binpack", "fgd", "gpushare"]
     policies = ["binpack", *(p for p in policies if p != "binpack")]
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     for k in args.replicas:
         nodes, trace, source = load(k)
         default_model = Counter(n.model for n in nodes for _ in range(n.gpus)).most_common(1)[0][0]
@@ -290,24 +411,24 @@ def main() -> int:
         gpus = sum(n.gpus for n in nodes)
         sample = feasible_to_find(len(nodes)) if args.names == "sample" else 0
         sent = f"{sample} names a pod (kube-scheduler's sample)" if sample else "all names"
+        print(f"\n{len(nodes)} nodes ({gpus} GPUs, {source}, x{k}), {len(stream)} GPU pods, {sent}")
         print(
-            f"\n{len(nodes)} nodes ({gpus} GPUs, {source}, x{k}), {len(stream)} GPU pods, "
-            f"{sent}, transport={args.transport}"
+            "| policy | pods | bound | p50 ms | p99 ms | max ms | in app p50 ms | "
+            "client CPU p50 ms | /healthz p50 ms | pods/s | ratio to binpack |"
         )
-        print(
-            "| policy | pods | bound | p50 ms | p99 ms | max ms | in app p50 ms | pods/s | "
-            "ratio to binpack |"
-        )
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         reference = 0.0
         for name in policies:
-            result = asyncio.run(measure(name, nodes, stream, args.transport, sample))
+            profile = (
+                f"{args.profile}/{name}-{len(nodes)}-{args.names}.prof" if args.profile else ""
+            )
+            result = measure(name, nodes, stream, sample, profile)
             reference = reference or result.pods_per_s
             print(
                 f"| {name} | {result.pods} | {result.bound} | {result.p50_ms:.2f} | "
                 f"{result.p99_ms:.2f} | {result.max_ms:.2f} | {result.app_p50_ms:.2f} | "
-                f"{result.pods_per_s:.0f} | "
-                f"{result.pods_per_s / reference:.2f} |",
+                f"{result.client_p50_ms:.2f} | {result.healthz_p50_ms:.2f} | "
+                f"{result.pods_per_s:.0f} | {result.pods_per_s / reference:.2f} |",
                 flush=True,
             )
     return 0

@@ -65,7 +65,7 @@ def extender(
     import uvicorn
 
     from gpushare.core.scheduling import Scheduler
-    from gpushare.extender.app import create_app
+    from gpushare.extender.app import create_app, server_config
     from gpushare.extender.service import Extender
     from gpushare.kube.cache import ClusterCache
     from gpushare.kube.lightkube_api import LightkubeAPI
@@ -86,7 +86,8 @@ def extender(
     scheduler = Scheduler(settings)
     cache = ClusterCache(api, settings=settings, workload=scheduler.workload)
     service = Extender(api=api, cache=cache, scheduler=scheduler)
-    uvicorn.run(create_app(service, run_cache=True), host=host, port=port, log_level=log_level)
+    app = create_app(service, run_cache=True)
+    uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level)).run()
 
 
 @main.command("device-plugin")
