@@ -371,3 +371,26 @@ def test_fragmentation_aware_policy_learns_from_the_cache_and_avoids_fragments(
         assert rig.cache.workload.seen == 7  # the bind's MODIFIED events count nothing again
 
     run_with_rig(kube, body, Settings(policy=policy))
+
+
+@pytest.mark.parametrize(
+    ("body", "loc", "msg"),
+    [
+        (b'{"NodeNames": []}', ["body"], "missing required field `Pod`"),
+        (b'{"Pod": 1}', ["body", "Pod"], "Expected `object`, got `int`"),
+        (b'{"Pod": {}, "NodeNames": ["a", 3]}', ["body", "NodeNames", 1], "got `int`"),
+        (b'{"Pod": {}, "Nodes": {"items": [1]}}', ["body", "Nodes", "items", 0], "`object`"),
+        (b"{nope", ["body"], "not JSON"),
+    ],
+)
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+def test_bad_bodies_get_422_naming_the_field(
+    verb: str, body: bytes, loc: list[object], msg: str
+) -> None:
+    async def check(rig: Rig) -> None:
+        response = await rig.client.post(f"/{verb}", content=body)
+        assert response.status_code == 422
+        [detail] = response.json()["detail"]
+        assert detail["loc"] == loc and msg in detail["msg"]
+
+    run_with_rig(seed_cluster(), check)
