@@ -140,11 +140,18 @@ def test_unknown_policy_names_field_value_and_choices() -> None:
         Scheduler(Settings(policy="fgdx"))
 
 
-@pytest.mark.parametrize("policy", ["binpack", "gpushare"])
+@pytest.mark.parametrize("policy", ["binpack", "spread", "fgd", "gpushare"])
 def test_names_view_answers_as_the_node_by_node_filter(policy: str) -> None:
     """The extender's fast path (per-shape views over change logs) never disagrees."""
     rng = random.Random(5)
-    table = NodeTable((f"n{i}", node(f"n{i}", [15, 15] if i % 2 else [24])) for i in range(6))
+
+    def made(i: int) -> NodeInventory:
+        obj = gpu_node(f"n{i}", gpus_units=[15, 15] if i % 2 else [24])
+        if i in (0, 3):  # look-alikes of n2/n4 and n1/n5 whose pending pods matter
+            obj["metadata"]["annotations"]["gpushare.io/handoff"] = "podresources"
+        return read_node(obj)
+
+    table = NodeTable((f"n{i}", made(i)) for i in range(8))
     names = [*table, "ghost"]
     ledger, fast, slow = Ledger(), scheduler(policy), scheduler(policy)
     for step in range(60):
@@ -169,5 +176,6 @@ def test_names_view_answers_as_the_node_by_node_filter(policy: str) -> None:
             assert isinstance(booked, Allocation)
         if step % 7 == 6:  # a node is replaced, as a watch event would
             table["n1"] = node("n1", [15, 15])
+            table["n3"] = made(3)
         if step % 11 == 10:
             ledger.forget(f"uid-p{step - 5}")

@@ -6,7 +6,10 @@ import dataclasses
 import random
 from typing import Any
 
+import pytest
+
 from gpushare.core.allocation import Allocation
+from gpushare.core.changes import NodeTable
 from gpushare.core.handoff import conflict, container_signatures, pending_of, resolve
 from gpushare.core.inventory import read_node
 from gpushare.core.ledger import Ledger
@@ -140,3 +143,24 @@ def test_conflict_within_one_pod_is_reported() -> None:
 
     allocation = plan(request, node="n", indexes=[0, 1], unit=node.unit)
     assert conflict(allocation, []) == ""
+
+
+@pytest.mark.parametrize("order", [["a", "b"], ["b", "a"]])
+def test_names_path_tells_look_alike_nodes_apart_by_their_pending_pods(order: list[str]) -> None:
+    """Same kind and usage, but only node a waits for its device plugin: a defers, b fits."""
+    table = NodeTable()
+    for name in ("a", "b"):
+        obj = gpu_node(name, gpus_units=[4, 15])
+        obj["metadata"]["annotations"]["gpushare.io/handoff"] = "podresources"
+        table[name] = read_node(obj)
+    ledger, scheduler = Ledger(), Scheduler(Settings())
+    for name in ("a", "b"):
+        booked = scheduler.reserve(scheduler.read(pod(f"on-{name}", [4])), table[name], ledger)  # type: ignore[arg-type]
+        assert isinstance(booked, Allocation) and booked.indexes == (0,)
+        if name == "b":
+            ledger.assume(dataclasses.replace(booked, assigned=True))
+    assert table["a"].kind == table["b"].kind
+    assert ledger.usage("a").signature == ledger.usage("b").signature
+    result = scheduler.filter_names(pod("next", [4]), order, table, ledger)
+    assert result.passing == ["b"]
+    assert "waiting for pod ns/on-a to start" in result.failed["a"]

@@ -109,6 +109,23 @@ class NodeInventory:
     """Whether gpushare's device plugin serves the node (the hand-off invariant applies)."""
 
     @cached_property
+    def kind(self) -> tuple[object, ...]:
+        """Everything a decision reads from the node, without its name, address or GPU UUIDs.
+
+        Nodes of one kind holding the same usage get the same verdict and score, so a filter
+        over thousands of look-alike nodes decides each kind once (``Scheduler``).
+        """
+        return (
+            self.mode.value,
+            self.placement.value,
+            self.unit.value,
+            self.unit_declared,
+            self.problem,
+            self.handoff,
+            tuple((g.index, g.mem_units, g.healthy, g.model, g.core_pct) for g in self.gpus),
+        )
+
+    @cached_property
     def mem_units_total(self) -> int:
         """Memory of all GPUs, in units."""
         return sum(gpu.mem_units for gpu in self.gpus)

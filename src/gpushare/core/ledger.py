@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from gpushare.core.allocation import Allocation, from_pod
 from gpushare.core.changes import ChangeLog
@@ -74,6 +75,18 @@ class NodeUsage:
     def mem_units(self) -> int:
         """All memory held on the node."""
         return sum(u.mem_units for u in self.gpus.values()) + self.unplaced_mem_units
+
+    @cached_property
+    def signature(self) -> tuple[int, ...]:
+        """What the filter and the scores read from this usage, as plain numbers.
+
+        Equal signatures on nodes of one ``kind`` decide alike, unless the node's hand-off
+        has pending allocations (their containers are compared too; see ``Scheduler``).
+        """
+        out = [self.mem_units, self.unplaced_mem_units]
+        for index, held in sorted(self.gpus.items()):
+            out += (index, held.mem_units, held.core_pct, held.pods)
+        return tuple(out)
 
 
 EMPTY_NODE = NodeUsage()

@@ -187,6 +187,8 @@ class ShapeView:
         """The same as 0..10 (absolute policies)."""
         self.failed: dict[str, str] = {}
         self.unresolvable: dict[str, str] = {}
+        self.alike: dict[tuple[object, ...], tuple[Verdict, float]] = {}
+        """Decisions by (node kind, usage signature): look-alike nodes are decided once."""
 
     def catch_up(self) -> None:
         """Forget the decisions on nodes that changed since the last call."""
@@ -324,14 +326,24 @@ class Scheduler:
             view.catch_up()
         if view.decided >= wanted:
             return view
+        alike = view.alike
         for name in wanted - view.decided:
             node = nodes.get(name)
             if node is None:
                 view.put(name, None, 0.0)
                 continue
             usage = ledger.usage(name)
-            verdict = self._decide(request, node, usage)
-            view.put(name, verdict, self._score(request, node, usage, verdict))
+            if node.handoff and any(not a.assigned for a in usage.allocations):
+                # the hand-off compares pending containers, which the signature leaves out
+                verdict = self._decide(request, node, usage)
+                view.put(name, verdict, self._score(request, node, usage, verdict))
+                continue
+            key = (node.kind, usage.signature)
+            pair = alike.get(key)
+            if pair is None:
+                verdict = self._decide(request, node, usage)
+                pair = alike[key] = (verdict, self._score(request, node, usage, verdict))
+            view.put(name, *pair)
         return view
 
     def _rebinding(
