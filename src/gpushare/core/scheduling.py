@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import cast
 
 from gpushare.core.allocation import Allocation, plan
 from gpushare.core.changes import NodeTable
@@ -104,20 +105,21 @@ def normalized(scores: Sequence[float | None]) -> list[int]:
     Floored, so only the best get 10; otherwise sigmoid values of nearby growths would all
     round to the same integer.
     """
-    fitting = [s for s in scores if s is not None]
-    if not fitting:
+    distinct = set(scores)
+    distinct.discard(None)
+    if not distinct:
         return [0] * len(scores)
+    fitting = cast("set[float]", distinct)
     low, high = min(fitting), max(fitting)
     span = high - low
-    out: list[int] = []
-    for value in scores:
-        if value is None:
-            out.append(0)
-        elif span <= 0 or value >= high:
-            out.append(MAX_SCORE)
-        else:
-            out.append(min(MAX_SCORE - 1, int((value - low) / span * MAX_SCORE)))
-    return out
+    # thousands of nodes share few values: each distinct value is scaled once
+    scaled = {
+        value: MAX_SCORE
+        if span <= 0 or value >= high
+        else min(MAX_SCORE - 1, int((value - low) / span * MAX_SCORE))
+        for value in fitting
+    }
+    return list(map(scaled.get, scores, repeat(0)))  # type: ignore[arg-type]
 
 
 Decision = tuple[NodeInventory, int, tuple[Verdict, float]]
@@ -204,16 +206,15 @@ class ShapeView:
             self.unresolvable.clear()
             return
         for name in {*by_node, *by_ledger}:
-            self.put(name, None, 0.0)
             self.decided.discard(name)
+            self.fits.pop(name, None)
+            self.tens.pop(name, None)
+            self.failed.pop(name, None)
+            self.unresolvable.pop(name, None)
 
     def put(self, name: str, verdict: Verdict | None, score: float) -> None:
-        """Record one node's decision (None: the node is gone)."""
+        """Record the decision on a node not decided yet (None: the node is gone)."""
         self.decided.add(name)
-        self.fits.pop(name, None)
-        self.tens.pop(name, None)
-        self.failed.pop(name, None)
-        self.unresolvable.pop(name, None)
         if verdict is None:
             return
         if verdict.fits:
@@ -408,6 +409,8 @@ class Scheduler:
                 round(again[n][1] * MAX_SCORE) if n in again else view.tens.get(n, 0) for n in names
             ]
         fits = view.fits.get
+        if not again:
+            return normalized(list(map(fits, names)))
         raw = [again[n][1] if n in again and again[n][0].fits else fits(n) for n in names]
         return normalized(raw)
 
