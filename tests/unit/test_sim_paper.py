@@ -13,7 +13,15 @@ from gpushare.core.fragmentation import Shape, WorkloadEstimate, fgd_score, frag
 from gpushare.sim import synthetic
 from gpushare.sim.experiment import OFFLINE, run_experiment
 from gpushare.sim.openb import TraceError, TraceNode, TracePod, read_nodes, read_pods
-from gpushare.sim.paper import BestFit, Cluster, fgd, make_policy, replay, shape_of
+from gpushare.sim.paper import (
+    BestFit,
+    Cluster,
+    FragmentationPolicy,
+    fgd,
+    make_policy,
+    replay,
+    shape_of,
+)
 from gpushare.sim.report import table
 from gpushare.sim.stream import arrival_stream, capacity_milli
 
@@ -67,6 +75,22 @@ def test_bestfit_takes_the_fullest_node_and_the_tightest_gpu() -> None:
     run = replay(nodes, pods, BestFit())
     assert sum(run.failed.values()) == 0
     assert run.arrived == [15.0, 22.5, 32.5] and run.at(32) == run.at(33) == 67.5
+
+
+def test_gpushare_keeps_large_nodes_for_later_among_equal_scores() -> None:
+    nodes = [TraceNode(f"big{i}", 96000, 1 << 20, 8, "G2") for i in range(3)]
+    nodes += [TraceNode(f"small{i}", 104000, 1 << 20, 2, "T4") for i in range(3)]
+    pod = TracePod("x", 1000, 1, 1, 470)
+    for seed in range(5):
+        fgd_like = FragmentationPolicy("f", WorkloadEstimate.of([shape_of(pod)]))
+        cluster = Cluster(nodes, seed=seed)
+        node, _ = fgd_like.choose(cluster, pod, cluster.feasible(pod))
+        assert node == int(cluster.rank.argmin())  # FGD: the seed's first node, any size
+        policy = make_policy("gpushare", [])
+        policy.observe(pod)
+        node, gpus = policy.choose(cluster, pod, cluster.feasible(pod))
+        assert cluster.nodes[node].gpus == 2 and len(gpus) == 1
+        assert node == min(range(3, 6), key=lambda i: int(cluster.rank[i]))
 
 
 def test_failures_are_counted_by_the_requirement_that_leaves_no_node() -> None:
