@@ -55,7 +55,9 @@ cluster-down: $(STAMP)
 # its filter + prioritize + bind round trips over a real socket for binpack, fgd and gpushare
 # (every node name, then kube-scheduler's own sample of names).
 bench: $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[bench]'
 	$(BIN)/python benchmarks/policy_table.py
+	$(BIN)/python benchmarks/lp_bound.py
 	$(BIN)/python benchmarks/decision_speed.py
 	$(BIN)/python benchmarks/extender_latency.py
 	$(BIN)/python benchmarks/extender_http_speed.py --names all

@@ -159,6 +159,13 @@ def test_experiment_report_and_cli_on_the_built_in_workload(tmp_path: Path) -> N
     assert rows[0][:4] == ["policy", "90%", "95%", "100%"] and len(rows) == 4
     mean, sd = experiment.summary("gpushare", 100)
     assert 0 < mean < 20 and sd >= 0
+    diffs = [
+        g.points[100] - b.points[100]
+        for g, b in zip(experiment.of("gpushare"), experiment.of("bestfit"), strict=True)
+    ]
+    paired = experiment.paired("gpushare", "bestfit", 100)
+    assert paired[0] == pytest.approx(sum(diffs) / 2)
+    assert experiment.paired("gpushare", "gpushare", 100) == (0.0, 0.0)
     result = CliRunner().invoke(
         main, ["simulate", "--seeds", "1", "--workers", "1", "--out", str(tmp_path / "r")]
     )

@@ -150,6 +150,23 @@ class Experiment:
     def of(self, policy: str) -> list[SeedResult]:
         return [r for r in self.results if r.policy == policy]
 
+    def paired(self, policy: str, reference: str, point: int) -> tuple[float, float]:
+        """Mean and sd over seeds of (policy - reference), seed by seed.
+
+        The same seed gives both policies the same stream and node order, so the paired
+        difference shows an effect that the spread between seeds would hide.
+        """
+        theirs = {r.seed: r.points[point] for r in self.of(reference)}
+        diffs = [
+            r.points[point] - theirs[r.seed]
+            for r in self.of(policy)
+            if r.seed in theirs and not math.isnan(r.points[point] - theirs[r.seed])
+        ]
+        if not diffs:
+            return math.nan, math.nan
+        sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+        return statistics.fmean(diffs), sd
+
     def summary(self, policy: str, point: int) -> tuple[float, float]:
         """Mean and sample standard deviation over seeds."""
         values = [r.points[point] for r in self.of(policy) if not math.isnan(r.points[point])]
