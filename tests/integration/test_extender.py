@@ -14,6 +14,7 @@ from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED, ANN_IDX
 from gpushare.core.requests import PodRequest, Rejection, read_pod
 from gpushare.core.scheduling import Settings
 from gpushare.core.units import MemoryUnit
+from gpushare.extender.app import server_config
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import Conflict, KubeDict, KubeError
@@ -394,3 +395,11 @@ def test_bad_bodies_get_422_naming_the_field(
         assert detail["loc"] == loc and msg in detail["msg"]
 
     run_with_rig(seed_cluster(), check)
+
+
+def test_server_config_uses_the_c_loop_and_parser_and_logs_access_only_at_debug() -> None:
+    config = server_config(object(), host="127.0.0.1", port=0, log_level="info")
+    assert (config.loop, config.http, config.access_log) == ("uvloop", "httptools", False)
+    assert server_config(object(), host="h", port=1, log_level="DEBUG").access_log
+    config.load()  # both are installed: uvicorn resolves them without falling back
+    assert config.http_protocol_class.__name__ == "HttpToolsProtocol"

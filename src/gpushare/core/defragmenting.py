@@ -140,13 +140,19 @@ class FragmentationPolicy:
         return self.feed.seen > 0
 
     def _fragmentation(self, free: tuple[int, ...]) -> float:
-        """The node's fragmentation for a free vector, remembered per workload version."""
+        """The node's fragmentation for a free vector, remembered per workload version.
+
+        The measure counts GPUs, not their order (no CPU or model here), so the vector is
+        remembered sorted: nodes holding the same shares on other GPUs share one entry, which
+        keeps re-scoring after a workload refresh cheap on a filling cluster.
+        """
         if self._memo_version != self.feed.version or len(self._memo) >= MEMO_LIMIT:
             self._memo.clear()
             self._memo_version = self.feed.version
-        value = self._memo.get(free)
+        key = tuple(sorted(free))
+        value = self._memo.get(key)
         if value is None:
-            value = self._memo[free] = fragmentation(free, 0, "", self.feed.workload())
+            value = self._memo[key] = fragmentation(key, 0, "", self.feed.workload())
         return value
 
     def growth(
