@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -75,14 +76,28 @@ def create_app(extender: Extender, *, run_cache: bool = False) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(extender.cache.run()) if run_cache else None
+        tasks = []
+        if run_cache:
+            tasks = [asyncio.create_task(extender.cache.run()), asyncio.create_task(_freeze())]
         try:
             yield
         finally:
-            if task is not None:
+            for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    async def _freeze() -> None:
+        """Once the cache has listed, keep what it built out of later full collections.
+
+        Python's full collection walks every tracked object: with thousands of nodes and pods
+        in the cache that is a pause of 50-90 ms in the middle of a filter call. Frozen objects
+        are still freed when unreferenced; only cycles among them would stay.
+        """
+        while not extender.cache.synced:
+            await asyncio.sleep(0.05)
+        gc.collect()
+        gc.freeze()
 
     app = FastAPI(title="gpushare extender", lifespan=lifespan)
     latency = extender.metrics.latency
