@@ -4,8 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CLUSTER_DIR ?= .cluster
+VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= gpushare:$(VERSION)
 
-.PHONY: demo test unit e2e lint typecheck controlplane cluster cluster-down bench clean
+.PHONY: demo test unit e2e lint typecheck controlplane cluster cluster-down bench image clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,6 +64,12 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/extender_latency.py
 	$(BIN)/python benchmarks/extender_http_speed.py --names all
 	$(BIN)/python benchmarks/extender_http_speed.py --names sample
+
+# The container image for every component (Dockerfile). Needs a Docker engine with BuildKit,
+# which this repository's CI machines lack: there the Dockerfile is checked statically instead
+# (hadolint and tests/unit/test_dockerfile.py).
+image:
+	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) build bench-out sim-report *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
