@@ -242,8 +242,13 @@ def read_pod(
     *,
     names: ResourceNames = DEFAULT_NAMES,
     unit: MemoryUnit = MemoryUnit.GiB,
+    spec_path: str = "spec",
 ) -> PodRequest | Rejection:
-    """Read and validate a pod's GPU request from its spec and labels."""
+    """Read and validate a pod's GPU request from its spec and labels.
+
+    ``spec_path`` is where the pod spec sits in the object the user wrote (for a Job's pod
+    template ``spec.template.spec``), so each reason points at the line to change.
+    """
     spec = spec_of(pod)
     reasons: list[str] = []
     containers: list[ContainerRequest] = []
@@ -253,12 +258,12 @@ def read_pod(
             if container.get("restartPolicy") == "Always"
             else ContainerKind.INIT
         )
-        where = f'container "{container.get("name", "")}" (spec.initContainers[{position}])'
+        where = f'container "{container.get("name", "")}" ({spec_path}.initContainers[{position}])'
         read = _read_container(container, kind, where, names, unit, reasons)
         if read:
             containers.append(read)
     for position, container in enumerate(spec.get("containers") or []):
-        where = f'container "{container.get("name", "")}" (spec.containers[{position}])'
+        where = f'container "{container.get("name", "")}" ({spec_path}.containers[{position}])'
         read = _read_container(container, ContainerKind.APP, where, names, unit, reasons)
         if read:
             containers.append(read)

@@ -1,0 +1,240 @@
+"""The admission decision: an AdmissionReview v1 request in, the review's response out.
+
+A bad GPU request should fail where the user types it, at ``kubectl apply``, rather than as a
+pod that stays Pending with a filter reason. So the webhook checks pods and every workload that
+carries a pod template (Job, CronJob, Deployment, StatefulSet, DaemonSet, ReplicaSet,
+ReplicationController) with the very rules the extender's filter applies
+(``core.requests.read_pod``); it adds no rule of its own, so the two can never disagree.
+
+Outcomes are values: a ``Decision`` holds the response document and a summary for metrics.
+
+- A GPU request the core rejects is denied with 422 (``Invalid``); the message names the object,
+  the pod template's path and, per reason, the container, field, value, rule and what to write.
+- A request that is not an AdmissionReview v1 (or an object the webhook cannot read) is denied
+  with 400 and says what was wrong: a denial that explains beats a crash that the API server
+  turns into its failure policy.
+- A pod template asking for GPU memory without ``schedulerName: ack-co-scheduler`` is allowed
+  with a warning, because clusters that wire the extender into every profile still place it.
+- An UPDATE whose object was already invalid before (no reason that ``oldObject`` did not have) is
+  allowed with a warning: refusing it would block removing a finalizer from a pod created
+  before the webhook existed, and it makes nothing worse.
+- Everything else (no GPU resource, DELETE, CONNECT, other kinds) is allowed untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gpushare.core.names import DEFAULT_NAMES, SCHEDULER_NAME, ResourceNames
+from gpushare.core.requests import PodRequest, Rejection, read_pod
+from gpushare.core.units import MemoryUnit
+
+API_VERSION = "admission.k8s.io/v1"
+
+DecisionKind = Literal["allowed", "warned", "denied", "malformed"]
+
+TEMPLATE_PATHS: Mapping[str, tuple[str, ...]] = {
+    "Pod": (),
+    "Job": ("spec", "template"),
+    "Deployment": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "DaemonSet": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "ReplicationController": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+}
+"""Where each kind keeps its pod (template); the webhook's rules list the same kinds."""
+
+_CONTAINER_LISTS = ("initContainers", "containers")
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    """What the decision depends on: resource names, the memory unit and the scheduler name."""
+
+    names: ResourceNames = DEFAULT_NAMES
+    unit: MemoryUnit = MemoryUnit.GiB
+    scheduler_name: str = SCHEDULER_NAME
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The AdmissionReview to send back, and what it decided (for metrics and logs)."""
+
+    review: dict[str, Any]
+    kind: str
+    """The admitted object's kind (``Job``), or ``unknown`` when the request was unreadable."""
+    decision: DecisionKind
+    reasons: tuple[str, ...] = field(default=())
+
+    @property
+    def allowed(self) -> bool:
+        """Whether the API server may store the object."""
+        return bool(self.review["response"]["allowed"])
+
+
+def _response(
+    uid: str,
+    *,
+    allowed: bool,
+    code: int = 200,
+    reason: str = "",
+    message: str = "",
+    warnings: Sequence[str] = (),
+) -> dict[str, Any]:
+    response: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if not allowed:
+        response["status"] = {"code": code, "reason": reason, "message": message}
+    if warnings:
+        response["warnings"] = list(warnings)
+    return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+def malformed(uid: str, kind: str, problem: str) -> Decision:
+    """Deny a request that cannot be read, saying what was wrong with it."""
+    message = f"gpushare cannot read this admission request: {problem}"
+    review = _response(uid, allowed=False, code=400, reason="BadRequest", message=message)
+    return Decision(review=review, kind=kind, decision="malformed", reasons=(problem,))
+
+
+def _shape_problem(template: Any, where: str) -> str:
+    """Why the pod (template) cannot be read as Kubernetes JSON, or ''."""
+    prefix = f"{where}." if where else ""
+    if not isinstance(template, Mapping):
+        return f"{where or 'the object'} is {type(template).__name__}, not an object"
+    for key in ("metadata", "spec"):
+        if not isinstance(template.get(key) or {}, Mapping):
+            return f"{prefix}{key} is not an object"
+    labels = (template.get("metadata") or {}).get("labels") or {}
+    if not isinstance(labels, Mapping):
+        return f"{prefix}metadata.labels is not an object"
+    spec = template.get("spec") or {}
+    spec_where = f"{prefix}spec"
+    for key in _CONTAINER_LISTS:
+        containers = spec.get(key) or []
+        if not isinstance(containers, list):
+            return f"{spec_where}.{key} is not a list"
+        for position, container in enumerate(containers):
+            here = f"{spec_where}.{key}[{position}]"
+            if not isinstance(container, Mapping):
+                return f"{here} is not an object"
+            resources = container.get("resources") or {}
+            if not isinstance(resources, Mapping):
+                return f"{here}.resources is not an object"
+            for part in ("limits", "requests"):
+                if not isinstance(resources.get(part) or {}, Mapping):
+                    return f"{here}.resources.{part} is not an object"
+    return ""
+
+
+def _template(obj: Mapping[str, Any], path: tuple[str, ...]) -> tuple[Any, str]:
+    """The pod or pod template inside ``obj``, and its path; (None, path) when absent."""
+    node: Any = obj
+    walked: list[str] = []
+    for key in path:
+        walked.append(key)
+        if not isinstance(node, Mapping) or node.get(key) is None:
+            return None, ".".join(walked)
+        node = node[key]
+    return node, ".".join(path)
+
+
+def _read(
+    obj: Mapping[str, Any], kind: str, settings: AdmissionSettings
+) -> tuple[PodRequest | Rejection | None, str, str]:
+    """(request or rejection or None when there is no pod template, its path, a shape problem)."""
+    template, where = _template(obj, TEMPLATE_PATHS[kind])
+    if template is None:
+        return None, where, ""
+    problem = _shape_problem(template, where)
+    if problem:
+        return None, where, problem
+    spec_path = f"{where}.spec" if where else "spec"
+    read = read_pod(template, names=settings.names, unit=settings.unit, spec_path=spec_path)
+    return read, where, ""
+
+
+def _scheduler_warning(template: Mapping[str, Any], where: str, settings: AdmissionSettings) -> str:
+    spec = template.get("spec") or {}
+    scheduler = spec.get("schedulerName")
+    if scheduler == settings.scheduler_name:
+        return ""
+    field_path = f"{where}.spec.schedulerName" if where else "spec.schedulerName"
+    shown = f"is {scheduler!r}" if scheduler else "is not set (default-scheduler)"
+    return (
+        f"{field_path} {shown} but the pod asks for {settings.names.mem}; set schedulerName: "
+        f"{settings.scheduler_name}, or the pod is placed by a scheduler that may not know "
+        f"shared GPUs"
+    )
+
+
+def _object_name(obj: Mapping[str, Any], request: Mapping[str, Any]) -> str:
+    raw = obj.get("metadata")
+    metadata: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    name = str(metadata.get("name") or request.get("name") or "")
+    if not name and metadata.get("generateName"):
+        name = f"{metadata['generateName']}*"
+    namespace = str(request.get("namespace") or metadata.get("namespace") or "")
+    return f"{namespace}/{name}" if namespace else name
+
+
+def decide(body: Any, settings: AdmissionSettings | None = None) -> Decision:
+    """Answer one AdmissionReview v1 request (any JSON value) with its response."""
+    settings = settings or AdmissionSettings()
+    if not isinstance(body, Mapping):
+        return malformed("", "unknown", f"the body is {type(body).__name__}, not an object")
+    request = body.get("request")
+    uid = str(request.get("uid") or "") if isinstance(request, Mapping) else ""
+    if body.get("apiVersion") != API_VERSION or body.get("kind") != "AdmissionReview":
+        return malformed(
+            uid,
+            "unknown",
+            f"apiVersion={body.get('apiVersion')!r} kind={body.get('kind')!r}; expected "
+            f"apiVersion {API_VERSION} kind AdmissionReview "
+            f"(set admissionReviewVersions: [v1] in the webhook configuration)",
+        )
+    if not isinstance(request, Mapping) or not uid:
+        return malformed(uid, "unknown", "request or request.uid is missing")
+    gvk = request.get("kind")
+    kind = str(gvk.get("kind") or "") if isinstance(gvk, Mapping) else ""
+    kind = kind or "unknown"
+    operation = request.get("operation")
+    if kind not in TEMPLATE_PATHS or operation not in ("CREATE", "UPDATE"):
+        return Decision(review=_response(uid, allowed=True), kind=kind, decision="allowed")
+    obj = request.get("object")
+    if not isinstance(obj, Mapping):
+        return malformed(uid, kind, f"request.object of the {operation} is missing")
+    read, where, problem = _read(obj, kind, settings)
+    if problem:
+        return malformed(uid, kind, f"{kind} {_object_name(obj, request)}: {problem}")
+    if read is None:
+        return Decision(review=_response(uid, allowed=True), kind=kind, decision="allowed")
+    template, _ = _template(obj, TEMPLATE_PATHS[kind])
+    if isinstance(read, Rejection):
+        label = f"{kind} {_object_name(obj, request)}"
+        if where:
+            label += f" (pod template {where})"
+        if operation == "UPDATE" and _same_rejection(
+            request.get("oldObject"), kind, read, settings
+        ):
+            warning = f"{label} keeps a GPU request gpushare cannot place: {read.message}"
+            review = _response(uid, allowed=True, warnings=[warning])
+            return Decision(review=review, kind=kind, decision="warned", reasons=read.reasons)
+        message = f"{label} asks for GPU resources gpushare cannot place: {read.message}"
+        review = _response(uid, allowed=False, code=422, reason="Invalid", message=message)
+        return Decision(review=review, kind=kind, decision="denied", reasons=read.reasons)
+    warning = _scheduler_warning(template, where, settings) if read.wants_gpu else ""
+    if warning:
+        review = _response(uid, allowed=True, warnings=[warning])
+        return Decision(review=review, kind=kind, decision="warned", reasons=(warning,))
+    return Decision(review=_response(uid, allowed=True), kind=kind, decision="allowed")
+
+
+def _same_rejection(old: Any, kind: str, new: Rejection, settings: AdmissionSettings) -> bool:
+    """Whether the object before the UPDATE was already refused for (at least) these reasons."""
+    if not isinstance(old, Mapping):
+        return False
+    read, _, problem = _read(old, kind, settings)
+    return not problem and isinstance(read, Rejection) and set(new.reasons) <= set(read.reasons)
