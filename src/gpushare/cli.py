@@ -127,7 +127,12 @@ def device_plugin(
 
     from gpushare.core.units import MemoryUnit
     from gpushare.deviceplugin.gpus import FakeGpus, GpuSource, NvmlGpus
-    from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig, refuse_static_cpu_policy
+    from gpushare.deviceplugin.plugin import (
+        DevicePlugin,
+        PluginConfig,
+        StartRefused,
+        refuse_static_cpu_policy,
+    )
     from gpushare.kube.lightkube_api import LightkubeAPI
     from gpushare.kube.port import KubeError
 
@@ -177,8 +182,12 @@ def device_plugin(
         finally:
             await plugin.stop()
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve())
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve())
+    except StartRefused as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(2)
 
 
 @main.command("scheduler-config")

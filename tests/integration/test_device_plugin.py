@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import json
 import random
@@ -18,8 +19,14 @@ import grpc
 import pytest
 
 from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED
+from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.gpus import FakeGpus
-from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig, refuse_static_cpu_policy
+from gpushare.deviceplugin.plugin import (
+    DevicePlugin,
+    PluginConfig,
+    StartRefused,
+    refuse_static_cpu_policy,
+)
 from gpushare.extender.driver import ExtenderDriver
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
@@ -360,3 +367,25 @@ def test_static_cpu_manager_policy_is_refused(tmp_path: Path) -> None:
     state = tmp_path / "cpu_manager_state"
     state.write_text('{"policyName":"none","defaultCpuSet":""}')
     assert refuse_static_cpu_policy(tmp_path / "missing", state) == ""
+
+
+def test_changing_the_unit_while_pods_hold_memory_is_refused() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        placed = await r.place(pod("holder", 3))
+        assert placed is not None
+        await r.plugin.stop()
+        config = dataclasses.replace(r.plugin.config, unit=MemoryUnit.MiB128)
+        changed = DevicePlugin(api=r.kube, source=r.gpus, config=config)
+        with pytest.raises(StartRefused) as refused:
+            await changed.start()
+        assert "default/holder" in str(refused.value) and "128MiB" in str(refused.value)
+        node = await r.kube.get_node(NODE)
+        assert node["metadata"]["annotations"]["gpushare.io/gpu-mem-unit"] == "1GiB"
+        r.kube.delete_pod("default", "holder")
+        await changed.start()  # nobody holds memory any more: the new unit is published
+        r.plugin = changed
+        node = await r.kube.get_node(NODE)
+        assert node["metadata"]["annotations"]["gpushare.io/gpu-mem-unit"] == "128MiB"
+
+    run(body)

@@ -57,6 +57,7 @@ from gpushare.core.names import (
     LABEL_MODE,
     ResourceNames,
 )
+from gpushare.core.unitchange import refuse_unit_change
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.gpus import GpuSource
 from gpushare.deviceplugin.protos.podresources_v1 import api_pb2 as pr
@@ -105,6 +106,10 @@ class PluginConfig:
     @property
     def kubelet_socket(self) -> Path:
         return self.plugin_dir / "kubelet.sock"
+
+
+class StartRefused(Exception):
+    """The plugin must not start; the message says why and what to do."""
 
 
 class _Servicer(dp_grpc.DevicePluginServicer):
@@ -215,8 +220,16 @@ class DevicePlugin:
     # -- start and stop ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Publish the node, serve and register every resource, start the watchers."""
+        """Publish the node, serve and register every resource, start the watchers.
+
+        Raises StartRefused, before anything is published, when the configured unit differs
+        from the node's published one while pods still hold GPU memory counted in it.
+        """
         node = await self.api.get_node(self.config.node)
+        pods, _ = await self.api.list_pods(self.config.node)
+        reason = refuse_unit_change(node, pods, self.config.unit, names=self.config.names)
+        if reason:
+            raise StartRefused(reason)
         self.mode = labels_of(node).get(LABEL_MODE, "share")
         self.resources = [MEM, CORE] if self.mode == "core_mem" else [MEM]
         await self.publish()
