@@ -190,6 +190,151 @@ def device_plugin(
         sys.exit(2)
 
 
+@main.command()
+@click.option("--host", default="0.0.0.0", show_default=True)
+@click.option("--port", default=9443, show_default=True, type=int)
+@click.option("--tls-cert-file", required=True, help="PEM serving certificate (with chain).")
+@click.option("--tls-private-key-file", required=True, help="PEM private key of the certificate.")
+@click.option("--gpu-memory-unit", default=None, help="1GiB (default) or 128MiB.")
+@click.option(
+    "--max-pods-per-gpu",
+    type=int,
+    default=None,
+    help="Accepted so the chart can pass one argument list; no pod-level rule uses it.",
+)
+@click.option("--mem-resource", default=None, help="Default aliyun.com/gpu-mem.")
+@click.option("--core-resource", default=None, help="Default aliyun.com/gpu-core.percentage.")
+@click.option("--count-resource", default=None, help="Default aliyun.com/gpu-count.")
+@click.option("--log-level", default="info", show_default=True)
+def webhook(
+    host: str,
+    port: int,
+    tls_cert_file: str,
+    tls_private_key_file: str,
+    gpu_memory_unit: str | None,
+    max_pods_per_gpu: int | None,
+    mem_resource: str | None,
+    core_resource: str | None,
+    count_resource: str | None,
+    log_level: str,
+) -> None:
+    """Serve the validating admission webhook (POST /validate) over HTTPS."""
+    from pathlib import Path
+
+    import uvicorn
+
+    from gpushare.core.admission import AdmissionSettings
+    from gpushare.webhook.app import create_app, server_config
+
+    try:
+        scheduling = load(
+            gpu_memory_unit=gpu_memory_unit,
+            max_pods_per_gpu=max_pods_per_gpu,
+            mem_resource=mem_resource,
+            core_resource=core_resource,
+            count_resource=count_resource,
+        ).settings()
+    except ConfigError as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(2)
+    settings = AdmissionSettings(names=scheduling.names, unit=scheduling.unit)
+    for flag, path in (
+        ("--tls-cert-file", tls_cert_file),
+        ("--tls-private-key-file", tls_private_key_file),
+    ):
+        if not Path(path).is_file():
+            click.echo(f"error: {flag}={path!r} is not a readable file", err=True)
+            sys.exit(2)
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    app = create_app(settings)
+    config = server_config(
+        app,
+        host=host,
+        port=port,
+        cert_file=tls_cert_file,
+        key_file=tls_private_key_file,
+        log_level=log_level,
+    )
+    uvicorn.Server(config).run()
+
+
+@main.command("webhook-config")
+@click.option("--url", default=None, help="https://HOST:PORT/validate, for a webhook outside.")
+@click.option(
+    "--service",
+    default=None,
+    help="NAMESPACE/NAME[:PORT] of the webhook's Service (port default 443).",
+)
+@click.option("--ca-bundle-file", required=True, help="PEM CA that signed the serving cert.")
+@click.option(
+    "--failure-policy",
+    type=click.Choice(["Ignore", "Fail"]),
+    default="Ignore",
+    show_default=True,
+    help="Ignore: a down webhook never blocks workloads (the extender refuses the same pods).",
+)
+@click.option("--timeout-seconds", type=int, default=5, show_default=True)
+@click.option(
+    "--exclude-namespace",
+    multiple=True,
+    help="Namespace never checked (repeatable; default kube-system).",
+)
+@click.option(
+    "--namespace-label", multiple=True, help="KEY=VALUE a namespace must carry (repeatable)."
+)
+def webhook_config(
+    url: str | None,
+    service: str | None,
+    ca_bundle_file: str,
+    failure_policy: str,
+    timeout_seconds: int,
+    exclude_namespace: tuple[str, ...],
+    namespace_label: tuple[str, ...],
+) -> None:
+    """Print the ValidatingWebhookConfiguration that sends reviews to gpushare webhook."""
+    import base64
+    from pathlib import Path
+
+    import yaml
+
+    from gpushare.webhook.configuration import (
+        DEFAULT_EXCLUDED_NAMESPACES,
+        webhook_configuration,
+    )
+
+    labels = {}
+    for item in namespace_label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r}: write KEY=VALUE", param_hint="--namespace-label")
+        labels[key] = value
+    target: dict[str, object] | None = None
+    if service:
+        namespace, _, rest = service.partition("/")
+        name, _, port = rest.partition(":")
+        if not namespace or not name or (port and not port.isdigit()):
+            raise click.BadParameter(
+                f"{service!r}: write NAMESPACE/NAME or NAMESPACE/NAME:PORT", param_hint="--service"
+            )
+        target = {"namespace": namespace, "name": name, "port": int(port or 443)}
+    ca = base64.b64encode(Path(ca_bundle_file).read_bytes()).decode()
+    try:
+        document = webhook_configuration(
+            ca_bundle=ca,
+            url=url,
+            service=target,
+            failure_policy="Fail" if failure_policy == "Fail" else "Ignore",
+            timeout_seconds=timeout_seconds,
+            excluded_namespaces=exclude_namespace or DEFAULT_EXCLUDED_NAMESPACES,
+            namespace_labels=labels,
+        )
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    click.echo(yaml.safe_dump(document, sort_keys=False), nl=False)
+
+
 @main.command("scheduler-config")
 @click.option(
     "--url",

@@ -1,0 +1,1 @@
+"""The validating admission webhook: HTTPS adapter around ``core.admission.decide``."""

@@ -1,0 +1,118 @@
+"""The webhook's HTTP service (FastAPI): ``POST /validate``, probes and metrics.
+
+The decision is ``core.admission.decide``; this module only reads the body, times the call,
+counts it and logs it. A body that is not JSON is answered like any unreadable review, with an
+HTTP 200 AdmissionReview that denies and says why: a non-200 reply would make the API server
+apply the failure policy instead, and the user would never see the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import PlainTextResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+
+from gpushare.core.admission import AdmissionSettings, Decision, decide, malformed
+
+log = logging.getLogger(__name__)
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+"""Seconds; a decision takes well under a millisecond, the API server waits at most 30 s."""
+
+
+class WebhookMetrics:
+    """Reviews by kind and decision, and their latency, on a registry owned by the app."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.reviews = Counter(
+            "gpushare_webhook_reviews_total",
+            "Admission reviews by object kind and decision (allowed, warned, denied, malformed)",
+            ["kind", "decision"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "gpushare_webhook_review_duration_seconds",
+            "Time to read, decide and answer one admission review",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+
+def _review(body: bytes, settings: AdmissionSettings) -> Decision:
+    try:
+        data: Any = json.loads(body)
+    except ValueError as err:
+        return malformed("", "unknown", f"the body is not JSON ({err})")
+    return decide(data, settings)
+
+
+def create_app(settings: AdmissionSettings, metrics: WebhookMetrics | None = None) -> FastAPI:
+    """Build the ASGI app for these admission settings."""
+    metrics = metrics or WebhookMetrics()
+    app = FastAPI(title="gpushare admission webhook", docs_url=None, redoc_url=None)
+    app.state.metrics = metrics
+
+    @app.post("/validate")
+    async def validate(request: Request) -> Response:
+        started = time.perf_counter()
+        decision = _review(await request.body(), settings)
+        body = json.dumps(decision.review)
+        metrics.reviews.labels(decision.kind, decision.decision).inc()
+        metrics.latency.observe(time.perf_counter() - started)
+        response = decision.review["response"]
+        log.log(
+            logging.INFO if decision.decision != "allowed" else logging.DEBUG,
+            "uid=%s kind=%s decision=%s phase=admission %s",
+            response.get("uid", ""),
+            decision.kind,
+            decision.decision,
+            "; ".join(decision.reasons),
+        )
+        return Response(content=body, media_type="application/json")
+
+    @app.get("/healthz", response_class=PlainTextResponse)
+    async def healthz() -> str:
+        return "ok"
+
+    @app.get("/readyz", response_class=PlainTextResponse)
+    async def readyz() -> str:
+        # no cache to sync: the decision needs nothing but the request
+        return "ok"
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def server_config(
+    app: Any, *, host: str, port: int, cert_file: str, key_file: str, log_level: str
+) -> uvicorn.Config:
+    """How ``gpushare webhook`` serves the app: HTTPS only, as the API server requires.
+
+    uvicorn reads the certificate once at start: when cert-manager or a cert Job renews it,
+    the process must be restarted to serve the new one.
+    """
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        ssl_certfile=cert_file,
+        ssl_keyfile=key_file,
+        access_log=log_level.lower() == "debug",
+    )

@@ -1,0 +1,142 @@
+"""The webhook app in-process over ASGI, its commands, and its configuration renderer."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from gpushare.cli import main as gpushare
+from gpushare.core.admission import AdmissionSettings
+from gpushare.core.units import MemoryUnit
+from gpushare.webhook.app import create_app
+from gpushare.webhook.configuration import webhook_configuration
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+
+def golden_request(case: str) -> Any:
+    return json.loads((GOLDEN / f"admission_{case}.json").read_text())["in"]
+
+
+async def exchange(
+    calls: list[tuple[str, bytes]], settings: AdmissionSettings | None = None
+) -> list[httpx.Response]:
+    app = create_app(settings or AdmissionSettings())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="https://webhook") as client:
+        answers = []
+        for path, body in calls:
+            if body:
+                answers.append(
+                    await client.post(
+                        path, content=body, headers={"content-type": "application/json"}
+                    )
+                )
+            else:
+                answers.append(await client.get(path))
+        return answers
+
+
+def test_validate_answers_the_golden_reviews_and_counts_them() -> None:
+    cases = ["valid_pod", "job_bad_core", "missing_scheduler_warning", "malformed_request"]
+    calls = [("/validate", json.dumps(golden_request(c)).encode()) for c in cases]
+    calls += [("/validate", b"{not json"), ("/metrics", b""), ("/healthz", b""), ("/readyz", b"")]
+    *reviews, metrics, healthz, readyz = asyncio.run(exchange(calls))
+    for case, answer in zip(cases, reviews, strict=False):
+        assert answer.status_code == 200
+        expected = json.loads((GOLDEN / f"admission_{case}.json").read_text())["out"]
+        assert answer.json() == expected
+    unreadable = reviews[-1].json()["response"]
+    assert (
+        unreadable["allowed"] is False and "the body is not JSON" in unreadable["status"]["message"]
+    )
+    text = metrics.text
+    assert 'gpushare_webhook_reviews_total{decision="allowed",kind="Pod"} 1.0' in text
+    assert 'gpushare_webhook_reviews_total{decision="denied",kind="Job"} 1.0' in text
+    assert 'gpushare_webhook_reviews_total{decision="warned",kind="Pod"} 1.0' in text
+    assert 'gpushare_webhook_reviews_total{decision="malformed",kind="unknown"} 2.0' in text
+    assert "gpushare_webhook_review_duration_seconds_count 5.0" in text
+    assert healthz.status_code == 200 and readyz.status_code == 200
+
+
+def test_the_app_uses_its_configured_unit() -> None:
+    request = golden_request("gpu_count_not_dividing")
+    (answer,) = asyncio.run(
+        exchange(
+            [("/validate", json.dumps(request).encode())],
+            AdmissionSettings(unit=MemoryUnit.MiB128),
+        )
+    )
+    assert "3x128MiB" in answer.json()["response"]["status"]["message"]
+
+
+def test_webhook_command_refuses_bad_flags_before_serving(tmp_path: Path) -> None:
+    runner = CliRunner()
+    missing = runner.invoke(
+        gpushare,
+        ["webhook", "--tls-cert-file", str(tmp_path / "no.crt"), "--tls-private-key-file", "x"],
+    )
+    assert missing.exit_code == 2 and "--tls-cert-file" in missing.output
+    cert = tmp_path / "tls.crt"
+    cert.write_text("x")
+    unit = runner.invoke(
+        gpushare,
+        [
+            "webhook",
+            "--tls-cert-file",
+            str(cert),
+            "--tls-private-key-file",
+            str(cert),
+            "--gpu-memory-unit",
+            "1MiB",
+        ],
+    )
+    assert unit.exit_code == 2 and "gpuMemoryUnit='1MiB' is not supported" in unit.output
+
+
+def test_webhook_config_renders_url_or_service_with_the_chosen_failure_policy(
+    tmp_path: Path,
+) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    result = CliRunner().invoke(
+        gpushare,
+        [
+            "webhook-config",
+            "--service",
+            "gpushare/gpushare-webhook:9443",
+            "--ca-bundle-file",
+            str(ca),
+            "--namespace-label",
+            "gpushare.io/validate=on",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    document = yaml.safe_load(result.output)
+    (hook,) = document["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert hook["clientConfig"]["service"] == {
+        "path": "/validate",
+        "namespace": "gpushare",
+        "name": "gpushare-webhook",
+        "port": 9443,
+    }
+    assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca.read_bytes()
+    assert hook["namespaceSelector"]["matchLabels"] == {"gpushare.io/validate": "on"}
+    pods = [r for r in hook["rules"] if r["resources"] == ["pods"]]
+    assert pods[0]["operations"] == ["CREATE"]  # bind's annotation patches never wait on it
+    failing = webhook_configuration(
+        ca_bundle="", url="https://127.0.0.1:9443/validate", failure_policy="Fail"
+    )
+    assert failing["webhooks"][0]["failurePolicy"] == "Fail"
+    with pytest.raises(ValueError, match="exactly one"):
+        webhook_configuration(ca_bundle="")
