@@ -12,6 +12,7 @@ from gpushare.core.allocation import Allocation, plan
 from gpushare.core.changes import NodeTable
 from gpushare.core.defragmenting import WorkloadFeed
 from gpushare.core.filtering import Code
+from gpushare.core.fragmentation import WorkloadEstimate
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import PodRequest, read_pod
@@ -140,9 +141,13 @@ def test_unknown_policy_names_field_value_and_choices() -> None:
         Scheduler(Settings(policy="fgdx"))
 
 
+@pytest.mark.parametrize("refresh", [100, 2])
 @pytest.mark.parametrize("policy", ["binpack", "spread", "fgd", "gpushare"])
-def test_names_view_answers_as_the_node_by_node_filter(policy: str) -> None:
-    """The extender's fast path (per-shape views over change logs) never disagrees."""
+def test_names_view_answers_as_the_node_by_node_filter(policy: str, refresh: int) -> None:
+    """The extender's fast path (per-shape views over change logs) never disagrees.
+
+    ``refresh=2`` changes the workload every few pods, so views are re-scored by group.
+    """
     rng = random.Random(5)
 
     def made(i: int) -> NodeInventory:
@@ -153,7 +158,14 @@ def test_names_view_answers_as_the_node_by_node_filter(policy: str) -> None:
 
     table = NodeTable((f"n{i}", made(i)) for i in range(8))
     names = [*table, "ghost"]
-    ledger, fast, slow = Ledger(), scheduler(policy), scheduler(policy)
+    ledger = Ledger()
+    fast, slow = (
+        Scheduler(
+            Settings(policy=policy),
+            workload=WorkloadFeed(estimate=WorkloadEstimate(refresh=refresh)),
+        )
+        for _ in range(2)
+    )
     for step in range(60):
         new = pod(f"p{step}", rng.choice([2, 3, 5, 8, 12]))
         for s in (fast, slow):

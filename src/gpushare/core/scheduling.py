@@ -191,6 +191,9 @@ class ShapeView:
         self.unresolvable: dict[str, str] = {}
         self.alike: dict[tuple[object, ...], tuple[Verdict, float]] = {}
         """Decisions by (node kind, usage signature): look-alike nodes are decided once."""
+        self.groups: dict[tuple[object, ...], set[str]] = {}
+        """The current names decided through each ``alike`` key."""
+        self.key_of: dict[str, tuple[object, ...]] = {}
 
     def catch_up(self) -> None:
         """Forget the decisions on nodes that changed since the last call."""
@@ -204,17 +207,38 @@ class ShapeView:
             self.tens.clear()
             self.failed.clear()
             self.unresolvable.clear()
+            self.groups.clear()
+            self.key_of.clear()
             return
         for name in {*by_node, *by_ledger}:
             self.decided.discard(name)
+            key = self.key_of.pop(name, None)
+            if key is not None:
+                self.groups[key].discard(name)
             self.fits.pop(name, None)
             self.tens.pop(name, None)
             self.failed.pop(name, None)
             self.unresolvable.pop(name, None)
 
-    def put(self, name: str, verdict: Verdict | None, score: float) -> None:
-        """Record the decision on a node not decided yet (None: the node is gone)."""
+    def put(
+        self,
+        name: str,
+        verdict: Verdict | None,
+        score: float,
+        key: tuple[object, ...] | None = None,
+    ) -> None:
+        """Record the decision on a node not decided yet (None: the node is gone).
+
+        ``key``: the node's ``alike`` key, when its decision follows from it alone.
+        """
         self.decided.add(name)
+        if key is not None:
+            self.key_of[name] = key
+            group = self.groups.get(key)
+            if group is None:
+                self.groups[key] = {name}
+            else:
+                group.add(name)
         if verdict is None:
             return
         if verdict.fits:
@@ -224,6 +248,22 @@ class ShapeView:
             self.failed[name] = verdict.message
         else:
             self.unresolvable[name] = verdict.message
+
+    def put_group(
+        self, key: tuple[object, ...], names: set[str], verdict: Verdict, score: float
+    ) -> None:
+        """Record one decision for every name of an ``alike`` group (none decided yet)."""
+        self.alike[key] = (verdict, score)
+        self.groups[key] = names
+        self.decided |= names
+        self.key_of.update(dict.fromkeys(names, key))
+        if verdict.fits:
+            self.fits.update(dict.fromkeys(names, score))
+            self.tens.update(dict.fromkeys(names, round(score * MAX_SCORE)))
+        elif verdict.code is Code.UNSCHEDULABLE:
+            self.failed.update(dict.fromkeys(names, verdict.message))
+        else:
+            self.unresolvable.update(dict.fromkeys(names, verdict.message))
 
 
 @dataclass
@@ -314,15 +354,12 @@ class Scheduler:
         version = self._choosing.version if self._choosing is not None else 0
         key = shape_key(request)
         view = self._views.get(key)
-        if (
-            view is None
-            or view.nodes is not nodes
-            or view.ledger is not ledger
-            or view.version != version
-        ):
+        if view is None or view.nodes is not nodes or view.ledger is not ledger:
             if len(self._views) >= self.view_limit:
                 self._views.clear()
             view = self._views[key] = ShapeView(nodes, ledger, version)
+        elif view.version != version:
+            view = self._views[key] = self._rescored(request, view, version)
         else:
             view.catch_up()
         if view.decided >= wanted:
@@ -344,7 +381,27 @@ class Scheduler:
             if pair is None:
                 verdict = self._decide(request, node, usage)
                 pair = alike[key] = (verdict, self._score(request, node, usage, verdict))
-            view.put(name, *pair)
+            view.put(name, *pair, key)
+        return view
+
+    def _rescored(self, request: PodRequest, old: ShapeView, version: int) -> ShapeView:
+        """A view under the policy's new version, re-deciding each ``alike`` group once.
+
+        After a workload refresh every score is stale, but nodes that looked alike still do:
+        one node per group is decided again and its outcome given to the whole group, so a
+        refresh costs one decision per kind of node and usage, not one per node.
+        """
+        old.catch_up()
+        view = ShapeView(old.nodes, old.ledger, version)
+        view.positions = old.positions
+        for key, names in old.groups.items():
+            if not names:
+                continue
+            name = next(iter(names))
+            node = old.nodes[name]
+            usage = old.ledger.usage(name)
+            verdict = self._decide(request, node, usage)
+            view.put_group(key, names, verdict, self._score(request, node, usage, verdict))
         return view
 
     def _rebinding(
