@@ -65,7 +65,7 @@ class Decision:
 
     review: dict[str, Any]
     kind: str
-    """The admitted object's kind (``Job``), or ``unknown`` when the request was unreadable."""
+    """The admitted kind (``Job``); ``other`` for kinds not read, ``unknown`` if unreadable."""
     decision: DecisionKind
     reasons: tuple[str, ...] = field(default=())
 
@@ -201,7 +201,9 @@ def decide(body: Any, settings: AdmissionSettings | None = None) -> Decision:
     kind = str(gvk.get("kind") or "") if isinstance(gvk, Mapping) else ""
     kind = kind or "unknown"
     operation = request.get("operation")
-    if kind not in TEMPLATE_PATHS or operation not in ("CREATE", "UPDATE"):
+    if kind not in TEMPLATE_PATHS:  # "other" keeps the metrics' kind label bounded
+        return Decision(review=_response(uid, allowed=True), kind="other", decision="allowed")
+    if operation not in ("CREATE", "UPDATE"):
         return Decision(review=_response(uid, allowed=True), kind=kind, decision="allowed")
     obj = request.get("object")
     if not isinstance(obj, Mapping):
