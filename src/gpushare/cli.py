@@ -42,6 +42,17 @@ def _scheduling_options(func: click.decorators.FC) -> click.decorators.FC:
     return func
 
 
+def _resource_name_options(func: click.decorators.FC) -> click.decorators.FC:
+    func = click.option("--count-resource", default=None, help="Default aliyun.com/gpu-count.")(
+        func
+    )
+    func = click.option(
+        "--core-resource", default=None, help="Default aliyun.com/gpu-core.percentage."
+    )(func)
+    func = click.option("--mem-resource", default=None, help="Default aliyun.com/gpu-mem.")(func)
+    return func
+
+
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=32766, show_default=True, type=int)
@@ -51,6 +62,7 @@ def _scheduling_options(func: click.decorators.FC) -> click.decorators.FC:
 @click.option("--context", default=None)
 @click.option("--log-level", default="info", show_default=True)
 @_scheduling_options
+@_resource_name_options
 def extender(
     host: str,
     port: int,
@@ -60,6 +72,9 @@ def extender(
     gpu_memory_unit: str | None,
     policy: str | None,
     max_pods_per_gpu: int | None,
+    mem_resource: str | None,
+    core_resource: str | None,
+    count_resource: str | None,
 ) -> None:
     """Serve the kube-scheduler extender (filter, prioritize, bind) over HTTP."""
     import uvicorn
@@ -73,7 +88,12 @@ def extender(
 
     try:
         config = load(
-            gpu_memory_unit=gpu_memory_unit, policy=policy, max_pods_per_gpu=max_pods_per_gpu
+            gpu_memory_unit=gpu_memory_unit,
+            policy=policy,
+            max_pods_per_gpu=max_pods_per_gpu,
+            mem_resource=mem_resource,
+            core_resource=core_resource,
+            count_resource=count_resource,
         )
         api = LightkubeAPI.connect(kubeconfig, context)
     except (ConfigError, KubeError) as err:
@@ -109,6 +129,7 @@ def extender(
 )
 @click.option("--kubeconfig", default=None)
 @click.option("--log-level", default="info", show_default=True)
+@_resource_name_options
 def device_plugin(
     node_name: str,
     fake_gpus: str | None,
@@ -120,11 +141,15 @@ def device_plugin(
     cpu_manager_state: str,
     kubeconfig: str | None,
     log_level: str,
+    mem_resource: str | None,
+    core_resource: str | None,
+    count_resource: str | None,
 ) -> None:
     """Serve kubelet's device plugin API for this node's shared GPUs."""
     import asyncio
     from pathlib import Path
 
+    from gpushare.core.names import ResourceNames
     from gpushare.core.units import MemoryUnit
     from gpushare.deviceplugin.gpus import FakeGpus, GpuSource, NvmlGpus
     from gpushare.deviceplugin.plugin import (
@@ -172,6 +197,17 @@ def device_plugin(
         pod_resources_socket=Path(pod_resources_socket),
         state_dir=Path(state_dir),
         unit=unit,
+        names=ResourceNames(
+            **{
+                key: value
+                for key, value in (
+                    ("mem", mem_resource),
+                    ("core", core_resource),
+                    ("count", count_resource),
+                )
+                if value
+            }
+        ),
     )
 
     async def serve() -> None:

@@ -27,14 +27,20 @@ def scheduler_configuration(
     names: ResourceNames = DEFAULT_NAMES,
     default_profile: bool = True,
     http_timeout: str = "5s",
+    scheduler_name: str = SCHEDULER_NAME,
+    lease: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The configuration as a dict."""
+    """The configuration as a dict; ``lease`` is the (namespace, name) of the leader Lease."""
+    election: dict[str, Any] = {"leaderElect": leader_elect}
+    if leader_elect and lease is not None:
+        namespace, name = lease
+        election.update(resourceLock="leases", resourceNamespace=namespace, resourceName=name)
     config: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
-        "leaderElection": {"leaderElect": leader_elect},
+        "leaderElection": election,
         "profiles": ([{"schedulerName": "default-scheduler"}] if default_profile else [])
-        + [{"schedulerName": SCHEDULER_NAME}],
+        + [{"schedulerName": scheduler_name}],
         "extenders": [
             {
                 "urlPrefix": url,
