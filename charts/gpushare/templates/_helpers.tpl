@@ -1,0 +1,85 @@
+{{/* Names. */}}
+{{- define "gpushare.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpushare.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else if contains (include "gpushare.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "gpushare.name" .) | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels: common ones, and the selector of one component (the argument's .component). */}}
+{{- define "gpushare.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "gpushare.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpushare.componentLabels" -}}
+{{ include "gpushare.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "gpushare.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpushare.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* The gpushare image. */}}
+{{- define "gpushare.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* Settings every gpushare component shares, as command-line arguments. Resource names are
+passed only when they differ from ACK's, which every component defaults to. */}}
+{{- define "gpushare.unitArgs" -}}
+- --gpu-memory-unit={{ .Values.gpuMemoryUnit }}
+{{- end -}}
+
+{{- define "gpushare.maxPodsArgs" -}}
+{{- if not (kindIs "invalid" .Values.maxPodsPerGpu) }}
+- --max-pods-per-gpu={{ int .Values.maxPodsPerGpu }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpushare.resourceNameArgs" -}}
+{{- $names := .Values.resourceNames -}}
+{{- if ne $names.mem "aliyun.com/gpu-mem" }}
+- --mem-resource={{ $names.mem }}
+{{- end }}
+{{- if ne $names.core "aliyun.com/gpu-core.percentage" }}
+- --core-resource={{ $names.core }}
+{{- end }}
+{{- if ne $names.count "aliyun.com/gpu-count" }}
+- --count-resource={{ $names.count }}
+{{- end }}
+{{- end -}}
+
+{{/* A probe that runs inside a gpushare container (for servers bound to 127.0.0.1). */}}
+{{- define "gpushare.execProbe" -}}
+exec:
+  command:
+    - python
+    - -c
+    - "import sys, urllib.request; sys.exit(urllib.request.urlopen('{{ .url }}', timeout=3).status != 200)"
+{{- end -}}
+
+{{/* Components' names. */}}
+{{- define "gpushare.scheduler.fullname" -}}{{ include "gpushare.fullname" . }}-scheduler{{- end -}}
+{{- define "gpushare.devicePlugin.fullname" -}}{{ include "gpushare.fullname" . }}-device-plugin{{- end -}}
+{{- define "gpushare.webhook.fullname" -}}{{ include "gpushare.fullname" . }}-webhook{{- end -}}
+{{- define "gpushare.webhook.secretName" -}}
+{{- default (printf "%s-tls" (include "gpushare.webhook.fullname" .)) .Values.webhook.certs.secretName -}}
+{{- end -}}
+{{- define "gpushare.webhook.certJobName" -}}{{ include "gpushare.fullname" . }}-webhook-certs{{- end -}}

@@ -1,0 +1,298 @@
+"""The Helm chart: ``helm lint``, ``helm template`` and what it renders.
+
+The helm binary is the one ``tests/e2e/controlplane/build.sh`` builds into its cache (``make
+controlplane``); without it these tests skip and say so. The chart's KubeSchedulerConfiguration
+must equal ``gpushare.schedconfig.scheduler_configuration`` for the same values (the e2e
+tests run kube-scheduler with that function's output), its webhook configuration must equal
+``gpushare.webhook.configuration.webhook_configuration``, and every flag it passes to a
+``gpushare`` subcommand must exist.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from gpushare.cli import main as cli
+from gpushare.core.names import ResourceNames
+from gpushare.schedconfig import scheduler_configuration
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "gpushare"
+CI_VALUES = CHART / "ci" / "fgd-128mib-certmanager-values.yaml"
+HELM_VERSION = "v3.22.0"
+NAMESPACE = "gpushare-system"
+RELEASE = "gpushare"
+
+
+def find_helm() -> Path | None:
+    """The helm that build.sh caches, else none (no other helm: versions must agree)."""
+    cache = Path(os.environ.get("GPUSHARE_CACHE", Path.home() / ".cache" / "gpushare"))
+    binary = cache / "bin" / f"helm-{HELM_VERSION}" / "helm"
+    return binary if binary.is_file() and os.access(binary, os.X_OK) else None
+
+
+HELM = find_helm()
+pytestmark = pytest.mark.skipif(
+    HELM is None,
+    reason=f"helm {HELM_VERSION} not built: run `make controlplane` (controlplane/build.sh)",
+)
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    assert HELM is not None
+    env = {**os.environ, "HELM_CACHE_HOME": "/tmp/gpushare-helm/cache"}
+    env["HELM_CONFIG_HOME"] = "/tmp/gpushare-helm/config"
+    env["HELM_DATA_HOME"] = "/tmp/gpushare-helm/data"
+    env.pop("KUBECONFIG", None)
+    result = subprocess.run(
+        [str(HELM), *args], capture_output=True, text=True, timeout=120, env=env
+    )
+    if check:
+        assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stdout}{result.stderr}"
+    return result
+
+
+def render(*args: str) -> list[dict[str, Any]]:
+    out = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def find(docs: list[dict[str, Any]], kind: str, suffix: str = "") -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
+    assert len(found) == 1, f"{kind} *{suffix}: {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def containers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    found = []
+    for doc in docs:
+        spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+        found.extend(spec.get("containers", []))
+    return found
+
+
+@pytest.fixture(scope="module")
+def default_docs() -> list[dict[str, Any]]:
+    return render()
+
+
+@pytest.fixture(scope="module")
+def ci_docs() -> list[dict[str, Any]]:
+    return render("-f", str(CI_VALUES))
+
+
+@pytest.mark.parametrize("values", [None, CI_VALUES], ids=["default", "ci-values"])
+def test_helm_lint(values: Path | None) -> None:
+    args = ["lint", "--strict", str(CHART), "--namespace", NAMESPACE]
+    if values:
+        args += ["-f", str(values)]
+    result = helm(*args)
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_default_objects(default_docs: list[dict[str, Any]]) -> None:
+    kinds = {d["kind"] for d in default_docs}
+    assert {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ConfigMap",
+        "Deployment",
+        "DaemonSet",
+        "Service",
+        "Job",
+        "PodDisruptionBudget",
+        "ValidatingWebhookConfiguration",
+    } <= kinds
+    assert "Certificate" not in kinds
+    for doc in default_docs:
+        if doc["kind"] not in {
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ValidatingWebhookConfiguration",
+        }:
+            assert doc["metadata"].get("namespace") in (NAMESPACE, "kube-system"), doc["kind"]
+
+
+def scheduler_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    data = find(docs, "ConfigMap", "-scheduler")["data"]["scheduler-config.yaml"]
+    config: dict[str, Any] = yaml.safe_load(data)
+    return config
+
+
+def test_scheduler_config_equals_schedconfig(default_docs: list[dict[str, Any]]) -> None:
+    assert scheduler_config(default_docs) == scheduler_configuration(
+        url="http://127.0.0.1:32766",
+        kubeconfig=None,
+        leader_elect=True,
+        default_profile=False,
+        lease=(NAMESPACE, f"{RELEASE}-scheduler"),
+    )
+
+
+def test_scheduler_config_follows_values(ci_docs: list[dict[str, Any]]) -> None:
+    names = ResourceNames(
+        mem="example.com/gpu-mem",
+        core="example.com/gpu-core.percentage",
+        count="example.com/gpu-count",
+    )
+    assert scheduler_config(ci_docs) == scheduler_configuration(
+        url="http://127.0.0.1:32766",
+        kubeconfig=None,
+        leader_elect=True,
+        names=names,
+        default_profile=True,
+        lease=(NAMESPACE, f"{RELEASE}-scheduler"),
+    )
+    other = render(
+        "--set", "scheduler.schedulerName=gpu-share", "--set", "scheduler.httpTimeout=10s"
+    )
+    assert scheduler_config(other) == scheduler_configuration(
+        url="http://127.0.0.1:32766",
+        kubeconfig=None,
+        default_profile=False,
+        scheduler_name="gpu-share",
+        http_timeout="10s",
+        lease=(NAMESPACE, f"{RELEASE}-scheduler"),
+    )
+
+
+def test_scheduler_pod(default_docs: list[dict[str, Any]]) -> None:
+    deployment = find(default_docs, "Deployment", "-scheduler")
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    scheduler, extender = pod["containers"]
+    assert scheduler["image"] == "registry.k8s.io/kube-scheduler:v1.36.3"
+    assert "--config=/etc/gpushare/scheduler-config.yaml" in scheduler["command"]
+    assert scheduler["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert extender["args"][:3] == ["extender", "--host=127.0.0.1", "--port=32766"]
+    assert "--gpu-memory-unit=1GiB" in extender["args"]
+    assert "readinessProbe" in extender and "livenessProbe" in extender
+
+
+def test_device_plugin_daemonset(default_docs: list[dict[str, Any]]) -> None:
+    daemonset = find(default_docs, "DaemonSet", "-device-plugin")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    expression = terms["nodeSelectorTerms"][0]["matchExpressions"][0]
+    assert expression == {
+        "key": "ack.node.gpu.schedule",
+        "operator": "In",
+        "values": ["share", "cgpu", "core_mem"],
+    }
+    assert {t["key"] for t in pod["tolerations"]} == {"nvidia.com/gpu", "CriticalAddonsOnly"}
+    (container,) = pod["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert container["securityContext"]["privileged"] is True
+    paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert {
+        "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/pod-resources",
+        "/var/lib/kubelet/config.yaml",
+        "/var/lib/kubelet/cpu_manager_state",
+    } <= paths
+
+
+def webhook_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return find(docs, "ValidatingWebhookConfiguration", "-webhook")
+
+
+def test_webhook_config_equals_renderer(
+    default_docs: list[dict[str, Any]], ci_docs: list[dict[str, Any]]
+) -> None:
+    configuration = pytest.importorskip("gpushare.webhook.configuration")
+    for docs, policy in ((default_docs, "Ignore"), (ci_docs, "Fail")):
+        chart = webhook_config(docs)
+        expected = configuration.webhook_configuration(
+            ca_bundle="",
+            service={"namespace": NAMESPACE, "name": f"{RELEASE}-webhook", "port": 443},
+            failure_policy=policy,
+            excluded_namespaces=["kube-system", NAMESPACE],
+        )
+        for document in (chart, expected):
+            document.pop("metadata")
+            for webhook in document["webhooks"]:
+                webhook["clientConfig"].pop("caBundle", None)
+        assert chart == expected
+
+
+def test_cert_modes(default_docs: list[dict[str, Any]], ci_docs: list[dict[str, Any]]) -> None:
+    job = find(default_docs, "Job", "-webhook-certs-1")
+    script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    assert "openssl" in script and "caBundle" in script
+    assert "cert-manager.io/inject-ca-from" not in webhook_config(default_docs)["metadata"].get(
+        "annotations", {}
+    )
+    assert not [d for d in ci_docs if d["kind"] == "Job"]
+    certificate = find(ci_docs, "Certificate")
+    assert f"{RELEASE}-webhook.{NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
+    find(ci_docs, "Issuer")
+    annotations = webhook_config(ci_docs)["metadata"]["annotations"]
+    assert annotations["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{RELEASE}-webhook"
+
+
+def test_gpushare_flags_exist(
+    default_docs: list[dict[str, Any]], ci_docs: list[dict[str, Any]]
+) -> None:
+    runner = CliRunner()
+    helps: dict[str, str] = {}
+    checked = 0
+    for container in containers(default_docs) + containers(ci_docs):
+        if not container["image"].startswith("gpushare:"):
+            continue
+        command, *args = container["args"]
+        if command not in helps:
+            result = runner.invoke(cli, [command, "--help"])
+            assert result.exit_code == 0, f"gpushare {command}: {result.output}"
+            helps[command] = result.output
+        for arg in args:
+            flag = arg.split("=")[0]
+            assert re.search(rf"{re.escape(flag)}\b", helps[command]), f"gpushare {command} {flag}"
+            checked += 1
+    assert set(helps) == {"extender", "device-plugin", "webhook"}
+    assert checked > 20
+
+
+def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> None:
+    for container in containers(ci_docs):
+        if container["image"].startswith("gpushare:") and container["args"][0] != "x":
+            assert "--gpu-memory-unit=128MiB" in container["args"]
+            assert "--mem-resource=example.com/gpu-mem" in container["args"]
+    extender = find(ci_docs, "Deployment", "-scheduler")["spec"]["template"]["spec"]
+    args = extender["containers"][1]["args"]
+    assert "--policy=fgd" in args and "--max-pods-per-gpu=16" in args
+
+
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        ("gpuMemoryUnit=2GiB", "gpuMemoryUnit"),
+        ("policy=mostfree", "policy"),
+        ("maxPodsPerGpu=0", "maxPodsPerGpu"),
+        ("webhook.failurePolicy=Never", "failurePolicy"),
+        ("webhook.certs.mode=vault", "mode"),
+        ("resourceNames.mem=gpu-mem", "mem"),
+    ],
+)
+def test_schema_refuses(setting: str, words: str) -> None:
+    result = helm("template", RELEASE, str(CHART), "--set", setting, check=False)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert words in result.stderr
+
+
+def test_without_a_cluster_the_unit_guard_renders_nothing() -> None:
+    docs = render("--set", "gpuMemoryUnit=128MiB")
+    assert not [d for d in docs if d["metadata"]["name"].endswith("unit-guard")]
