@@ -55,7 +55,8 @@ cluster-down: $(STAMP)
 # Benchmarks (not timed tests): the policy table on the shared openb traces (10 seeds, every
 # gpushare variant), decision speed at 1213 and 4852 nodes, the extender's HTTP latency, and
 # its filter + prioritize + bind round trips over a real socket for binpack, fgd and gpushare
-# (every node name, then kube-scheduler's own sample of names).
+# (the server in its own process, served as `gpushare extender` serves it; every node name,
+# then kube-scheduler's own sample of names).
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[bench]'
 	$(BIN)/python benchmarks/policy_table.py
