@@ -1,0 +1,209 @@
+"""The admission webhook on the real control plane: kubectl apply of a bad Job is refused.
+
+``gpushare webhook`` runs as its own process with an openssl-made serving certificate for
+127.0.0.1; the ValidatingWebhookConfiguration is the one ``gpushare webhook-config`` prints
+(default failurePolicy), with ``clientConfig.url`` and a namespace label so only this test's
+namespace is checked. The configuration is deleted at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .cluster import Cluster, Process, free_port, wait_for
+
+NS = "e2e-webhook"
+SELECTOR = ("gpushare-e2e-webhook", "on")
+MEM = "aliyun.com/gpu-mem"
+CORE = "aliyun.com/gpu-core.percentage"
+DENIED = 'admission webhook "validate.gpushare.io" denied the request'
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def serving_pki(root: Path) -> tuple[Path, Path, Path]:
+    """A CA and a serving certificate for 127.0.0.1 signed by it: (ca, cert, key)."""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl(
+        "req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+        "-subj", "/CN=gpushare-webhook-e2e-ca", cwd=root,
+    )  # fmt: skip
+    _openssl(
+        "req", *ec, "-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=gpushare-webhook",
+        cwd=root,
+    )  # fmt: skip
+    (root / "tls.ext").write_text(
+        "extendedKeyUsage=serverAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+    )
+    _openssl(
+        "x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "tls.crt", "-days", "2", "-extfile", "tls.ext", cwd=root,
+    )  # fmt: skip
+    return root / "ca.crt", root / "tls.crt", root / "tls.key"
+
+
+def job(name: str, limits: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "schedulerName": "ack-co-scheduler",
+                    "restartPolicy": "Never",
+                    # no node carries this label: the pod is created (and admitted) but
+                    # stays Pending, so it takes no GPU from the other e2e tests
+                    "nodeSelector": {"gpushare-e2e": "webhook-nowhere"},
+                    "containers": [
+                        {"name": "trainer", "image": "busybox", "resources": {"limits": limits}}
+                    ],
+                }
+            },
+        },
+    }
+
+
+def apply(cluster: Cluster, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest), check=False)
+
+
+@pytest.fixture(scope="module")
+def webhook(cluster: Cluster) -> Iterator[tuple[str, ssl.SSLContext]]:
+    """Run gpushare webhook, register it for the test namespace; yield its URL and CA."""
+    root = Path(tempfile.mkdtemp(prefix="gs-webhook-", dir="/tmp"))
+    ca, cert, key = serving_pki(root)
+    port = free_port()
+    url = f"https://127.0.0.1:{port}"
+    process = Process(
+        "gpushare-webhook",
+        [
+            str(Path(sys.executable).parent / "gpushare"),
+            "webhook",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--tls-cert-file",
+            str(cert),
+            "--tls-private-key-file",
+            str(key),
+        ],
+        cluster.root / "logs" / "webhook.log",
+    )
+    process.start()
+    context = ssl.create_default_context(cafile=str(ca))
+
+    def healthy() -> bool:
+        with urllib.request.urlopen(f"{url}/healthz", context=context, timeout=2) as answer:
+            return bool(answer.status == 200)
+
+    rendered = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "gpushare"),
+            "webhook-config",
+            "--url",
+            f"{url}/validate",
+            "--ca-bundle-file",
+            str(ca),
+            "--namespace-label",
+            "=".join(SELECTOR),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    configuration = yaml.safe_load(rendered)
+    name = configuration["metadata"]["name"]
+    try:
+        wait_for("gpushare webhook /healthz over TLS", healthy, 30, process)
+        cluster.kubectl("create", "namespace", NS)
+        cluster.kubectl("label", "namespace", NS, "=".join(SELECTOR))
+        cluster.kubectl("apply", "-f", "-", input=rendered)
+        probe = json.dumps(job("probe", {MEM: 2, CORE: 33}))
+
+        def active() -> bool:
+            # the API server picks the configuration up asynchronously: wait for a refusal
+            result = cluster.kubectl(
+                "create", "--dry-run=server", "-f", "-", input=probe, check=False
+            )
+            return DENIED in result.stderr
+
+        wait_for("the webhook configuration to take effect", active, 60, process)
+        yield url, context
+    finally:
+        cluster.kubectl("delete", "validatingwebhookconfiguration", name, check=False)
+        cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
+        process.stop()
+        print(f"[e2e] webhook log tail:\n{process.tail(15)}", flush=True)
+
+
+def test_kubectl_apply_of_a_bad_job_is_refused_with_the_reason(
+    cluster: Cluster, webhook: tuple[str, ssl.SSLContext]
+) -> None:
+    started = time.monotonic()
+    bad = apply(cluster, job("bad-core", {MEM: 2, CORE: 33}))
+    assert bad.returncode != 0, bad.stdout
+    print(f"[e2e] kubectl apply of the bad Job:\n{bad.stderr}", flush=True)
+    assert DENIED in bad.stderr
+    assert "Job e2e-webhook/bad-core" in bad.stderr
+    assert 'container "trainer" (spec.template.spec.containers[0])' in bad.stderr
+    assert f"limits[\"{CORE}\"]='33' is not a multiple of 5" in bad.stderr
+    assert "the job cannot be submitted; use 5, 10, ... 100" in bad.stderr
+    missing = cluster.kubectl("get", "job", "bad-core", "-n", NS, check=False)
+    assert missing.returncode != 0  # nothing was stored
+
+    good = apply(cluster, job("good-core", {MEM: 2, CORE: 30}))
+    assert good.returncode == 0, good.stderr
+    assert "job.batch/good-core created" in good.stdout
+    assert "Warning:" not in good.stderr
+
+    # the Job controller's pod passes the same webhook (Pod CREATE)
+    def pod_created() -> bool:
+        pods = cluster.kubectl_json("get", "pods", "-n", NS, "-l", "job-name=good-core")
+        return bool(pods["items"])
+
+    wait_for("the good Job's pod", pod_created, 60)
+    print(f"[e2e] bad refused and good accepted in {time.monotonic() - started:.1f}s")
+
+
+def test_gpu_pod_without_the_scheduler_name_is_accepted_with_a_warning(
+    cluster: Cluster, webhook: tuple[str, ssl.SSLContext]
+) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "no-scheduler", "namespace": NS},
+        "spec": {
+            "nodeSelector": {"gpushare-e2e": "webhook-nowhere"},
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": {MEM: 3}}}],
+        },
+    }
+    result = apply(cluster, pod)
+    assert result.returncode == 0, result.stderr
+    print(f"[e2e] kubectl apply of the pod without schedulerName:\n{result.stderr}", flush=True)
+    assert "pod/no-scheduler created" in result.stdout
+    # the API server defaults schedulerName before admission, so the webhook sees its value
+    assert "Warning: spec.schedulerName is 'default-scheduler'" in result.stderr
+    assert "set schedulerName: ack-co-scheduler" in result.stderr
+
+    url, context = webhook
+    with urllib.request.urlopen(f"{url}/metrics", context=context, timeout=5) as answer:
+        metrics = answer.read().decode()
+    assert 'gpushare_webhook_reviews_total{decision="warned",kind="Pod"}' in metrics
