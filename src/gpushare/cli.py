@@ -129,6 +129,13 @@ def extender(
 )
 @click.option("--kubeconfig", default=None)
 @click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=9400,
+    show_default=True,
+    help="Serve Prometheus /metrics on this port (0 disables).",
+)
 @_resource_name_options
 def device_plugin(
     node_name: str,
@@ -141,6 +148,7 @@ def device_plugin(
     cpu_manager_state: str,
     kubeconfig: str | None,
     log_level: str,
+    metrics_port: int,
     mem_resource: str | None,
     core_resource: str | None,
     count_resource: str | None,
@@ -152,6 +160,7 @@ def device_plugin(
     from gpushare.core.names import ResourceNames
     from gpushare.core.units import MemoryUnit
     from gpushare.deviceplugin.gpus import FakeGpus, GpuSource, NvmlGpus
+    from gpushare.deviceplugin.metrics import registry_for, serve_metrics
     from gpushare.deviceplugin.plugin import (
         DevicePlugin,
         PluginConfig,
@@ -210,8 +219,14 @@ def device_plugin(
         ),
     )
 
+    plugin = DevicePlugin(api=api, source=source, config=config)
+    try:
+        serve_metrics(registry_for(plugin, node_name), port=metrics_port)
+    except OSError as err:
+        click.echo(f"error: cannot serve metrics on port {metrics_port}: {err}", err=True)
+        sys.exit(2)
+
     async def serve() -> None:
-        plugin = DevicePlugin(api=api, source=source, config=config)
         await plugin.start()
         try:
             await asyncio.Event().wait()

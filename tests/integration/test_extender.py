@@ -303,10 +303,9 @@ def test_metrics_expose_gpu_allocation() -> None:
         assert (await rig.driver.schedule(pod, [SEED, "core-node"])).bound
         await rig.settle()
         text = (await rig.client.get("/metrics")).text
-        assert (
-            'gpushare_gpu_memory_allocated_units{gpu="0",node="core-node",unit="1GiB"} 2.0' in text
-        )
-        assert 'gpushare_gpu_core_allocated_percent{gpu="0",node="core-node"} 30.0' in text
+        labels = 'gpu="0",model="Tesla T4",node="core-node"'
+        assert f"gpushare_gpu_memory_allocated_bytes{{{labels}}} 2.147483648e+09" in text
+        assert f"gpushare_gpu_core_allocated_ratio{{{labels}}} 0.3" in text
         assert "gpushare_cache_synced 1.0" in text
         assert 'gpushare_extender_requests_total{outcome="fits",verb="filter"} 1.0' in text
 

@@ -24,6 +24,8 @@ from gpushare.core.allocation import Allocation, ContainerShare
 
 MEM = "mem"
 CORE = "core"
+DEFERRAL = "waiting for pod "
+"""How a hand-off deferral's reason starts (the pod fits once the other pod has started)."""
 CORE_DEVICE_PCT = 5
 """Computing power advertised per device: one ``gpu-core.percentage`` device is 5 %."""
 
@@ -98,11 +100,16 @@ def conflict(candidate: Allocation, pending: Iterable[Pending]) -> str:
         if key in by_key and by_key[key] != entry.signature:
             gpus = ",".join(str(i) for i, _ in entry.signature.layout)
             return (
-                f"waiting for pod {entry.pod} to start: its container {entry.container} asks for "
+                f"{DEFERRAL}{entry.pod} to start: its container {entry.container} asks for "
                 f"the same {entry.signature.count} {entry.signature.resource} devices on GPU "
                 f"{gpus}, and the device plugin must tell the two apart"
             )
     return ""
+
+
+def is_deferral(message: str) -> bool:
+    """Whether a filter reason is a hand-off deferral rather than a lack of room."""
+    return message.startswith(DEFERRAL)
 
 
 def preferred_gpus(candidate_sizes: Iterable[int], pending: Iterable[Pending]) -> tuple[int, ...]:

@@ -1,7 +1,8 @@
 """Prometheus metrics of the extender, on a registry owned by the app (no globals).
 
-All names start with ``gpushare_``; counters end in ``_total``; memory is in units of the
-node's ``gpuMemoryUnit``, with the unit as a label, because the count is what users ask for.
+All names start with ``gpushare_``, in base units (bytes, seconds, ratios); counters end in
+``_total``. Per-GPU gauges are computed from the ledger when scraped, never updated per event,
+so a busy 5000-node cluster pays for them once per scrape, not once per bind.
 """
 
 from __future__ import annotations
@@ -12,7 +13,41 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpushare.core.inventory import CORE_PER_GPU
 from gpushare.kube.cache import ClusterCache
+
+MIB = 1024 * 1024
+
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+"""Seconds: filter and prioritize take about a millisecond, bind two API round trips, and
+kube-scheduler gives up after 5 s (``httpTimeout``)."""
+
+GPU_LABELS = ["node", "gpu", "model"]
+
+LEDGER_METRICS = (
+    "gpushare_gpu_memory_bytes",
+    "gpushare_gpu_memory_allocated_bytes",
+    "gpushare_gpu_core_allocated_ratio",
+    "gpushare_gpu_pods",
+    "gpushare_gpu_unhealthy",
+    "gpushare_node_memory_unplaced_bytes",
+    "gpushare_cache_synced",
+)
+"""Series the scrape-time collector exports (the dashboard test reads this list)."""
 
 
 class _LedgerCollector(Collector):
@@ -24,36 +59,51 @@ class _LedgerCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         cache = self._cache()
         total = GaugeMetricFamily(
-            "gpushare_gpu_memory_units",
-            "GPU memory per GPU, in memory units",
-            labels=["node", "gpu", "unit"],
+            "gpushare_gpu_memory_bytes", "GPU memory of each shared GPU", labels=GPU_LABELS
         )
         used = GaugeMetricFamily(
-            "gpushare_gpu_memory_allocated_units",
-            "GPU memory allocated per GPU, in memory units",
-            labels=["node", "gpu", "unit"],
+            "gpushare_gpu_memory_allocated_bytes",
+            "GPU memory allocated to pods on each GPU (bookings in flight included)",
+            labels=GPU_LABELS,
         )
         core = GaugeMetricFamily(
-            "gpushare_gpu_core_allocated_percent",
-            "Computing power allocated per GPU, percent",
-            labels=["node", "gpu"],
+            "gpushare_gpu_core_allocated_ratio",
+            "Computing power allocated on each GPU, 0..1 (core_mem nodes)",
+            labels=GPU_LABELS,
         )
         pods = GaugeMetricFamily(
-            "gpushare_gpu_pods", "Pods holding a share of each GPU", labels=["node", "gpu"]
+            "gpushare_gpu_pods", "Pods holding a share of each GPU", labels=GPU_LABELS
+        )
+        unhealthy = GaugeMetricFamily(
+            "gpushare_gpu_unhealthy",
+            "1 when the node's inventory marks the GPU unhealthy (the filter avoids it)",
+            labels=GPU_LABELS,
+        )
+        unplaced = GaugeMetricFamily(
+            "gpushare_node_memory_unplaced_bytes",
+            "GPU memory held on a node by pods whose GPU is unknown (placed by something else)",
+            labels=["node"],
         )
         synced = GaugeMetricFamily("gpushare_cache_synced", "1 once the cache has listed")
         synced.add_metric([], 1.0 if cache and cache.synced else 0.0)
         if cache is not None:
-            for name, node in sorted(cache.nodes.items()):
-                usage = cache.ledger.usage(name)
+            ledger = cache.ledger
+            for name, node in cache.nodes.items():
+                if not node.gpus:
+                    continue
+                usage = ledger.usage(name)
+                unit_bytes = node.unit.mib * MIB
                 for gpu in node.gpus:
-                    labels = [name, str(gpu.index)]
+                    labels = [name, str(gpu.index), gpu.model]
                     held = usage.on(gpu.index)
-                    total.add_metric([*labels, node.unit.value], gpu.mem_units)
-                    used.add_metric([*labels, node.unit.value], held.mem_units)
-                    core.add_metric(labels, held.core_pct)
+                    total.add_metric(labels, gpu.mem_units * unit_bytes)
+                    used.add_metric(labels, held.mem_units * unit_bytes)
+                    core.add_metric(labels, held.core_pct / CORE_PER_GPU)
                     pods.add_metric(labels, held.pods)
-        yield from (total, used, core, pods, synced)
+                    unhealthy.add_metric(labels, 0.0 if gpu.healthy else 1.0)
+                if usage.unplaced:
+                    unplaced.add_metric([name], usage.unplaced_mem_units * unit_bytes)
+        yield from (total, used, core, pods, unhealthy, unplaced, synced)
 
 
 class ExtenderMetrics:
@@ -69,11 +119,33 @@ class ExtenderMetrics:
         )
         self.latency = Histogram(
             "gpushare_extender_request_duration_seconds",
-            "Extender call latency by verb",
+            "Extender call latency by verb (filter, prioritize, bind)",
             ["verb"],
+            buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.binds = Counter(
-            "gpushare_bind_total", "Bind attempts by outcome", ["outcome"], registry=self.registry
+            "gpushare_bind_total",
+            "Bind attempts by outcome (bound, conflict, unfit, rejected, error)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.conflicts = Counter(
+            "gpushare_bind_conflicts_total",
+            "Annotation writes answered 409 (the pod changed meanwhile); bind gave the booking "
+            "back and retried",
+            registry=self.registry,
+        )
+        self.deferrals = Counter(
+            "gpushare_handoff_deferrals_total",
+            "Nodes that deferred a pod in filter to keep the device plugin's hand-off "
+            "unambiguous (it fits once the pod it collides with has started)",
+            registry=self.registry,
+        )
+        self.events = Counter(
+            "gpushare_events_total",
+            "Pod events queued by reason",
+            ["reason"],
+            registry=self.registry,
         )
         self.registry.register(_LedgerCollector(cache))

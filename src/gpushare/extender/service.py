@@ -18,13 +18,16 @@ import logging
 import time
 from collections.abc import Callable
 
-from gpushare.core.allocation import to_annotations
+from gpushare.core.allocation import Allocation, to_annotations
+from gpushare.core.explain import placement_message, refusal_summary
 from gpushare.core.filtering import Code, Verdict
+from gpushare.core.handoff import is_deferral
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.kubejson import name_of
 from gpushare.core.names import POD_ANNOTATIONS
 from gpushare.core.requests import PodRequest, Rejection
 from gpushare.core.scheduling import Scheduler
+from gpushare.extender.events import SCHEDULED, UNSCHEDULABLE, EventRecorder, PodRef
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.wire import (
     ExtenderArgs,
@@ -53,8 +56,10 @@ class Extender:
         metrics: ExtenderMetrics | None = None,
         attempts: int = 3,
         clock_ns: Callable[[], int] = time.time_ns,
+        events: EventRecorder | None = None,
     ) -> None:
         self.api = api
+        self.events = events if events is not None else EventRecorder(api)
         self.cache = cache
         self.scheduler = scheduler
         self.metrics = metrics or ExtenderMetrics(lambda: cache)
@@ -83,6 +88,7 @@ class Extender:
             else:
                 unresolvable[verdict.node] = verdict.message
         self._count_filter(result.request, bool(passing))
+        self._explain_filter(args.Pod, result.request, bool(passing), failed, unresolvable)
         kept = [n for n in args.Nodes.items if name_of(n) in passing]
         return ExtenderFilterResult(
             Nodes=NodeList(items=kept), FailedNodes=failed, FailedAndUnresolvableNodes=unresolvable
@@ -97,6 +103,9 @@ class Extender:
         for name in result.missing:
             failed[name] = MISSING
         self._count_filter(result.request, bool(result.passing))
+        self._explain_filter(
+            args.Pod, result.request, bool(result.passing), failed, result.unresolvable
+        )
         # built without validation: the scheduler's values already have the wire's types, and
         # checking thousands of names again costs more than the decision
         return ExtenderFilterResult.model_construct(
@@ -110,6 +119,43 @@ class Extender:
             "rejected" if isinstance(request, Rejection) else ("fits" if fits else "unschedulable")
         )
         self.metrics.requests.labels("filter", outcome).inc()
+
+    def _explain_filter(
+        self,
+        pod: dict[str, object],
+        request: PodRequest | Rejection,
+        fits: bool,
+        failed: dict[str, str],
+        unresolvable: dict[str, str],
+    ) -> None:
+        """Count hand-off deferrals; when no node fits, say why on the pod (an Event)."""
+        if failed:
+            distinct = set(failed.values())  # few distinct messages, even over thousands of nodes
+            if any(map(is_deferral, distinct)):
+                self.metrics.deferrals.inc(sum(map(is_deferral, failed.values())))
+        if fits or not (failed or unresolvable):
+            return
+        if isinstance(request, PodRequest) and not request.wants_gpu:
+            return
+        reasons = [*failed.values(), *unresolvable.values()]
+        meta = pod.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        ref = PodRef(
+            namespace=str(meta.get("namespace") or "default"),
+            name=str(meta.get("name") or ""),
+            uid=str(meta.get("uid") or ""),
+        )
+        self.metrics.events.labels(UNSCHEDULABLE).inc()
+        self.events.record(ref, "Warning", UNSCHEDULABLE, refusal_summary(reasons, len(reasons)))
+
+    def _explain_bind(
+        self, args: ExtenderBindingArgs, booked: Allocation, node: NodeInventory
+    ) -> None:
+        """Say on the pod where it went and how full its GPUs are now."""
+        usage = self.cache.ledger.usage(node.name)
+        ref = PodRef(namespace=args.PodNamespace, name=args.PodName, uid=booked.uid)
+        self.metrics.events.labels(SCHEDULED).inc()
+        self.events.record(ref, "Normal", SCHEDULED, placement_message(booked, node, usage))
 
     def prioritize(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
         """Scores 0..10 for the given nodes, as (hosts, scores); unknown names are left out."""
@@ -181,6 +227,7 @@ class Extender:
             )
         except Conflict as err:
             self.scheduler.unreserve(uid, self.cache.ledger)
+            self.metrics.conflicts.inc()
             return "conflict", f"pod {key} kept changing while binding: {err}"
         except KubeError as err:
             self.scheduler.unreserve(uid, self.cache.ledger)
@@ -191,6 +238,7 @@ class Extender:
             self.scheduler.unreserve(uid, self.cache.ledger)
             await self._clear(args, key)
             return "error", f"bind {key} to {args.Node}: {err}"
+        self._explain_bind(args, booked, node)
         log.info(
             "pod=%s node=%s gpu=%s mem=%d phase=bind bound",
             key,

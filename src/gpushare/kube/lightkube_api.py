@@ -16,7 +16,7 @@ from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.types import PatchType
 
 from gpushare.kube.port import (
@@ -202,3 +202,19 @@ class LightkubeAPI:
             return
         except (ApiError, httpx2.HTTPError, OSError) as err:
             raise _translate(err, f"bind pod {namespace}/{name} to {node}") from None
+
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        """POST a core/v1 Event in the namespace."""
+        try:
+            await self._client.create(Event.from_dict(dict(event)), namespace=namespace)
+        except (ApiError, httpx2.HTTPError, OSError) as err:
+            raise _translate(err, f"create event in {namespace}") from None
+
+    async def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge-patch an Event."""
+        try:
+            await self._client.patch(
+                Event, name, dict(patch), namespace=namespace, patch_type=PatchType.MERGE
+            )
+        except (ApiError, httpx2.HTTPError, OSError) as err:
+            raise _translate(err, f"patch event {namespace}/{name}") from None

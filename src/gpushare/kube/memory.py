@@ -38,6 +38,7 @@ class MemoryKube:
         self._compacted = 0
         self._waiters: list[asyncio.Future[None]] = []
         self._uids = 0
+        self._events: dict[tuple[str, str], KubeDict] = {}
         self.calls: list[str] = []
         """Names of port methods called, in order (tests assert on the protocol used)."""
 
@@ -106,6 +107,10 @@ class MemoryKube:
     def nodes(self) -> list[KubeDict]:
         """Copies of all nodes."""
         return [copy.deepcopy(n) for n in self._nodes.values()]
+
+    def events(self) -> list[KubeDict]:
+        """Copies of all Events, in creation order."""
+        return [copy.deepcopy(e) for e in self._events.values()]
 
     def compact(self) -> None:
         """Forget the event log, so older watches get Gone."""
@@ -236,3 +241,24 @@ class MemoryKube:
         conditions = obj["status"].setdefault("conditions", [])
         conditions.append({"type": "PodScheduled", "status": "True"})
         self._record("pods", "MODIFIED", obj)
+
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        """Store an Event; a name taken already is a Conflict, as on a real server."""
+        self.calls.append("create_event")
+        obj = copy.deepcopy(dict(event))
+        meta = obj.setdefault("metadata", {})
+        meta["namespace"] = namespace
+        key = (namespace, str(meta.get("name", "")))
+        if key in self._events:
+            raise Conflict(f"event {key[0]}/{key[1]} already exists")
+        self._version += 1
+        meta["resourceVersion"] = str(self._version)
+        self._events[key] = obj
+
+    async def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge top-level fields into an Event."""
+        self.calls.append("patch_event")
+        obj = self._events.get((namespace, name))
+        if obj is None:
+            raise NotFound(f"event {namespace}/{name} not found")
+        obj.update(copy.deepcopy(dict(patch)))

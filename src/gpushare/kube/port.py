@@ -100,3 +100,11 @@ class KubeAPI(Protocol):
     ) -> None:
         """Merge annotations, and extended resources into status capacity and allocatable."""
         ...
+
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        """Create a core/v1 Event (its ``metadata.name`` is chosen by the caller)."""
+        ...
+
+    async def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge-patch an Event (its count and lastTimestamp, for a repeat)."""
+        ...

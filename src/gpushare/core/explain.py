@@ -1,0 +1,65 @@
+"""Sentences that explain a placement or a refusal to a person (pure).
+
+The extender puts them into pod Events and ``kubectl inspect cgpu --explain`` prints them, so
+``kubectl describe pod`` and the what-if view say the same thing: where a pod went with how full
+its GPUs are now, or, when no node fits, how many nodes refused it for each reason.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from gpushare.core.allocation import Allocation
+from gpushare.core.inventory import CORE_PER_GPU, NodeInventory
+from gpushare.core.ledger import NodeUsage
+
+MAX_MESSAGE = 1000
+"""Longest message written (events.k8s.io caps ``note`` at 1 kB; kubectl wraps longer)."""
+
+SHOWN_REASONS = 5
+"""Distinct refusal reasons spelled out; the rest are counted."""
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
+
+
+def placement_message(allocation: Allocation, node: NodeInventory, usage: NodeUsage) -> str:
+    """Where a pod was placed and how full its GPUs are with it: ``GPU1 on node-a, 3/15 GiB``.
+
+    ``usage`` is the node's holding after the booking, so the numbers are the ones
+    ``kubectl inspect cgpu`` shows next. Computing power is added where the pod holds some.
+    """
+    parts = []
+    for share in allocation.gpus:
+        gpu = node.gpu(share.index)
+        held = usage.on(share.index)
+        text = node.unit.describe_ratio(held.mem_units, gpu.mem_units if gpu else 0)
+        if share.core_pct:
+            text += f", {held.core_pct}/{CORE_PER_GPU}% computing power"
+        parts.append((share.index, text))
+    if len(parts) == 1:
+        index, text = parts[0]
+        return _clip(f"GPU{index} on {allocation.node}, {text}")
+    where = "+".join(f"GPU{i}" for i, _ in parts)
+    detail = "; ".join(f"GPU{i} {text}" for i, text in parts)
+    return _clip(f"{where} on {allocation.node}: {detail}")
+
+
+def refusal_summary(reasons: Iterable[str], total_nodes: int) -> str:
+    """Why no node fits, counted per reason: ``0/12 nodes fit: 8 × ...; 4 × ...``.
+
+    ``reasons`` has one message per refusing node. The most frequent reasons come first; past
+    ``SHOWN_REASONS`` distinct ones the rest are counted, and the text is clipped to
+    ``MAX_MESSAGE``, so a scheduler retrying a pod never writes an unbounded event.
+    """
+    counts = Counter(reasons)
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    shown = [f"{n} × {reason}" for reason, n in ranked[:SHOWN_REASONS]]
+    rest = ranked[SHOWN_REASONS:]
+    if rest:
+        nodes = sum(n for _, n in rest)
+        shown.append(f"{nodes} node(s) for {len(rest)} other reason(s)")
+    head = f"0/{total_nodes} nodes fit"
+    return _clip(f"{head}: {'; '.join(shown)}" if shown else head)

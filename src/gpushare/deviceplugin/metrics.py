@@ -1,0 +1,116 @@
+"""Prometheus metrics of the device plugin, served on their own port (``--metrics-port``).
+
+The plugin's hot path is kubelet's gRPC, so metrics use prometheus-client's own HTTP server in a
+thread. Values are read from the plugin's counters and GPU list when scraped; nothing is
+updated per call besides the plain integers the plugin keeps anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gpushare.deviceplugin.gpus import GpuSource
+
+MIB = 1024 * 1024
+
+DEVICE_PLUGIN_METRICS = (
+    "gpushare_device_plugin_allocations_total",
+    "gpushare_device_plugin_allocation_failures_total",
+    "gpushare_device_plugin_pods_served_total",
+    "gpushare_device_plugin_podresources_mismatches_total",
+    "gpushare_device_plugin_registrations_total",
+    "gpushare_device_plugin_gpu_memory_bytes",
+    "gpushare_device_plugin_gpu_unhealthy",
+)
+"""Series this collector exports (the dashboard test reads this list)."""
+
+
+class _Stats(Protocol):
+    allocations: int
+    refused: int
+    served_pods: int
+    mismatches: int
+    registrations: int
+
+
+class _Plugin(Protocol):
+    @property
+    def stats(self) -> _Stats: ...
+
+    @property
+    def source(self) -> GpuSource: ...
+
+
+class DevicePluginCollector(Collector):
+    """Reads one plugin's counters and GPUs at scrape time."""
+
+    def __init__(self, plugin: _Plugin, node: str) -> None:
+        self._plugin = plugin
+        self._node = node
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        stats = self._plugin.stats
+        for name, text, value in (
+            (
+                "gpushare_device_plugin_allocations",
+                "Containers Allocate served (one call answers each container)",
+                stats.allocations,
+            ),
+            (
+                "gpushare_device_plugin_allocation_failures",
+                "Allocate requests refused: no pending pod, or pods that disagree",
+                stats.refused,
+            ),
+            (
+                "gpushare_device_plugin_pods_served",
+                "Pods confirmed through PodResources and marked ALIYUN_COM_GPU_MEM_ASSIGNED=true",
+                stats.served_pods,
+            ),
+            (
+                "gpushare_device_plugin_podresources_mismatches",
+                "Containers whose devices per PodResources were served for another placement",
+                stats.mismatches,
+            ),
+            (
+                "gpushare_device_plugin_registrations",
+                "Registrations with kubelet (one per resource, again after kubelet restarts)",
+                stats.registrations,
+            ),
+        ):
+            family = CounterMetricFamily(name, text, labels=["node"])
+            family.add_metric([self._node], value)
+            yield family
+        memory = GaugeMetricFamily(
+            "gpushare_device_plugin_gpu_memory_bytes",
+            "Memory of each GPU as the device plugin reads it",
+            labels=["node", "gpu", "model"],
+        )
+        unhealthy = GaugeMetricFamily(
+            "gpushare_device_plugin_gpu_unhealthy",
+            "1 when the GPU is unhealthy (XID error); its devices are withdrawn from kubelet",
+            labels=["node", "gpu", "model"],
+        )
+        for gpu in self._plugin.source.gpus():
+            labels = [self._node, str(gpu.index), gpu.model]
+            memory.add_metric(labels, gpu.memory_mib * MIB)
+            unhealthy.add_metric(labels, 0.0 if gpu.healthy else 1.0)
+        yield memory
+        yield unhealthy
+
+
+def registry_for(plugin: _Plugin, node: str) -> CollectorRegistry:
+    """A registry holding only this plugin's metrics (no process-wide default registry)."""
+    registry = CollectorRegistry()
+    registry.register(DevicePluginCollector(plugin, node))
+    return registry
+
+
+def serve_metrics(registry: CollectorRegistry, *, port: int, host: str = "0.0.0.0") -> None:
+    """Serve ``/metrics`` on a daemon thread; port 0 disables it."""
+    if port:
+        start_http_server(port, addr=host, registry=registry)

@@ -1,0 +1,187 @@
+"""Kubernetes Events on pods: where a pod was placed, or why no node fits.
+
+kube-scheduler retries an unschedulable pod many times a minute, so events are deduplicated:
+the same pod with the same reason and message updates one Event's ``count`` and
+``lastTimestamp`` (at most once per ``min_interval_s``) instead of creating a new one, as
+kubelet and kube-scheduler do. Writes happen on one background worker in order, never in the
+decision's path; a failed write is logged and forgotten, so events can never break scheduling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from gpushare.kube.port import KubeAPI, KubeError
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "gpushare-extender"
+SCHEDULED = "GPUShareScheduled"
+UNSCHEDULABLE = "GPUShareUnschedulable"
+
+EventKind = Literal["Normal", "Warning"]
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """The pod an event is about (``involvedObject``)."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass
+class _Seen:
+    name: str
+    count: int
+    first: str
+    sent_at: float
+    created: bool = False
+
+
+@dataclass(frozen=True)
+class _Write:
+    pod: PodRef
+    kind: EventKind
+    reason: str
+    message: str
+    key: tuple[str, str, str]
+
+
+def _timestamp(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class EventRecorder:
+    """Records deduplicated core/v1 Events through the Kubernetes port."""
+
+    def __init__(
+        self,
+        api: KubeAPI,
+        *,
+        instance: str = "",
+        min_interval_s: float = 10.0,
+        max_remembered: int = 4096,
+        max_queued: int = 1024,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._api = api
+        self._instance = instance or socket.gethostname()
+        self._min_interval = min_interval_s
+        self._max_remembered = max_remembered
+        self._clock = clock
+        self._seen: OrderedDict[tuple[str, str, str], _Seen] = OrderedDict()
+        self._queue: asyncio.Queue[_Write] = asyncio.Queue(maxsize=max_queued)
+        self._worker: asyncio.Task[None] | None = None
+        self.dropped = 0
+        """Events not written because the queue was full or no event loop ran."""
+        self.failures = 0
+        """Writes the API refused (logged, never raised)."""
+
+    def record(self, pod: PodRef, kind: EventKind, reason: str, message: str) -> None:
+        """Queue an event; returns at once and never raises."""
+        if not pod.name:
+            return
+        key = (pod.uid or f"{pod.namespace}/{pod.name}", reason, message)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.dropped += 1
+            return
+        if self._worker is None or self._worker.done():
+            self._worker = loop.create_task(self._work())
+        try:
+            self._queue.put_nowait(_Write(pod, kind, reason, message, key))
+        except asyncio.QueueFull:
+            self.dropped += 1
+
+    async def drain(self) -> None:
+        """Wait until every queued event was written (tests, shutdown)."""
+        if self._worker is not None and not self._worker.done():
+            await self._queue.join()
+
+    async def close(self) -> None:
+        """Stop the worker."""
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+
+    async def _work(self) -> None:
+        while True:
+            write = await self._queue.get()
+            try:
+                await self._write(write)
+            except KubeError as err:
+                self.failures += 1
+                log.warning(
+                    "pod=%s/%s reason=%s phase=event cannot write: %s",
+                    write.pod.namespace,
+                    write.pod.name,
+                    write.reason,
+                    err,
+                )
+            except Exception:  # an event must never take the extender down
+                self.failures += 1
+                log.exception(
+                    "pod=%s/%s phase=event unexpected error", write.pod.namespace, write.pod.name
+                )
+            finally:
+                self._queue.task_done()
+
+    async def _write(self, write: _Write) -> None:
+        now = self._clock()
+        seen = self._seen.get(write.key)
+        if seen is not None and seen.created:
+            seen.count += 1
+            self._seen.move_to_end(write.key)
+            if now - seen.sent_at < self._min_interval:
+                return
+            seen.sent_at = now
+            await self._api.patch_event(
+                write.pod.namespace,
+                seen.name,
+                {"count": seen.count, "lastTimestamp": _timestamp(now)},
+            )
+            return
+        if seen is not None and now - seen.sent_at < self._min_interval:
+            return  # creating it failed a moment ago: do not hammer the API
+        name = f"{write.pod.name[:200]}.{time.time_ns():x}"
+        seen = _Seen(name=name, count=1, first=_timestamp(now), sent_at=now)
+        self._seen[write.key] = seen
+        while len(self._seen) > self._max_remembered:
+            self._seen.popitem(last=False)
+        await self._api.create_event(write.pod.namespace, self._body(write, seen))
+        seen.created = True
+
+    def _body(self, write: _Write, seen: _Seen) -> dict[str, Any]:
+        pod = write.pod
+        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name}
+        if pod.uid:
+            involved["uid"] = pod.uid
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": seen.name, "namespace": pod.namespace},
+            "involvedObject": involved,
+            "type": write.kind,
+            "reason": write.reason,
+            "message": write.message,
+            "count": 1,
+            "firstTimestamp": seen.first,
+            "lastTimestamp": seen.first,
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self._instance,
+            "action": "Scheduling",
+        }

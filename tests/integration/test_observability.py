@@ -1,0 +1,232 @@
+"""Metrics and pod Events of the extender and the device plugin, in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpushare.core.names import ANN_NODE_HANDOFF, HANDOFF_PODRESOURCES
+from gpushare.deviceplugin.gpus import FakeGpus
+from gpushare.deviceplugin.metrics import registry_for, serve_metrics
+from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
+from gpushare.extender.events import SCHEDULED, UNSCHEDULABLE, EventRecorder
+from gpushare.kube.memory import MemoryKube
+from gpushare.kube.objects import gpu_node, gpu_pod
+from gpushare.kube.port import KubeError
+
+from .conftest import Rig, run_with_rig
+from .test_extender import ConflictOnce
+
+GIB = 2**30
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def samples(text: str) -> Samples:
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def gpu(node: str, index: int, model: str = "Tesla T4") -> tuple[tuple[str, str], ...]:
+    return (("gpu", str(index)), ("model", model), ("node", node))
+
+
+def cluster() -> MemoryKube:
+    kube = MemoryKube()
+    kube.put_node(gpu_node("node-a", gpus_units=[15, 15]))
+    kube.put_node(gpu_node("node-c", gpus_units=[16], mode="core_mem", model="A10"))
+    kube.put_node(gpu_node("node-sick", gpus_units=[15, 15], unhealthy=[1]))
+    return kube
+
+
+async def scrape(rig: Rig) -> Samples:
+    response = await rig.client.get("/metrics")
+    assert response.status_code == 200
+    return samples(response.text)
+
+
+def test_metrics_show_memory_core_pods_health_and_latency() -> None:
+    kube = cluster()
+    first = kube.create_pod(gpu_pod("first", mem=3))
+    second = kube.create_pod(gpu_pod("second", mem=4))
+    core = kube.create_pod(gpu_pod("infer", mem=4, core=30))
+    nodes = ["node-a", "node-c", "node-sick"]
+
+    async def body(rig: Rig) -> None:
+        for pod in (first, second, core):
+            assert (await rig.driver.schedule(pod, nodes)).bound
+        await rig.settle()
+        got = await scrape(rig)
+        memory = {k[1]: v for k, v in got.items() if k[0] == "gpushare_gpu_memory_bytes"}
+        assert memory[gpu("node-a", 0)] == 15 * GIB and memory[gpu("node-c", 0, "A10")] == 16 * GIB
+        assert len(memory) == 5
+        held = {k[1]: v for k, v in got.items() if k[0] == "gpushare_gpu_memory_allocated_bytes"}
+        assert sum(held.values()) == 11 * GIB
+        assert held[gpu("node-c", 0, "A10")] == 4 * GIB
+        assert got[("gpushare_gpu_core_allocated_ratio", gpu("node-c", 0, "A10"))] == 0.3
+        pods = {k[1]: v for k, v in got.items() if k[0] == "gpushare_gpu_pods"}
+        assert sum(pods.values()) == 3
+        assert got[("gpushare_gpu_unhealthy", gpu("node-sick", 1))] == 1.0
+        assert got[("gpushare_gpu_unhealthy", gpu("node-sick", 0))] == 0.0
+        for verb, calls in (("filter", 3), ("prioritize", 3), ("bind", 3)):
+            key = ("gpushare_extender_request_duration_seconds_count", (("verb", verb),))
+            assert got[key] == calls
+            bucket = (
+                "gpushare_extender_request_duration_seconds_bucket",
+                (("le", "+Inf"), ("verb", verb)),
+            )
+            assert got[bucket] == calls
+        assert got[("gpushare_bind_total", (("outcome", "bound"),))] == 3
+        assert got[("gpushare_events_total", (("reason", SCHEDULED),))] == 3
+        assert got[("gpushare_cache_synced", ())] == 1.0
+
+    run_with_rig(kube, body)
+
+
+def test_bind_conflicts_are_counted() -> None:
+    kube = ConflictOnce()
+    kube.put_node(gpu_node("node-a", gpus_units=[15]))
+    pod = kube.create_pod(gpu_pod("p", mem=3))
+
+    async def body(rig: Rig) -> None:
+        assert (await rig.driver.schedule(pod, ["node-a"])).bound
+        got = await scrape(rig)
+        assert got[("gpushare_bind_conflicts_total", ())] == 1
+        assert got[("gpushare_handoff_deferrals_total", ())] == 0
+
+    run_with_rig(kube, body)
+
+
+def test_handoff_deferrals_are_counted() -> None:
+    kube = MemoryKube()
+    node = gpu_node("node-h", gpus_units=[15, 15])
+    node["metadata"]["annotations"][ANN_NODE_HANDOFF] = HANDOFF_PODRESOURCES
+    kube.put_node(node)
+    waiting = kube.create_pod(gpu_pod("waiting", mem=10))
+    later = kube.create_pod(gpu_pod("later", mem=10))
+
+    async def body(rig: Rig) -> None:
+        assert (await rig.driver.schedule(waiting, ["node-h"])).bound
+        await rig.settle()
+        outcome = await rig.driver.schedule(later, ["node-h"])
+        assert not outcome.bound and "waiting for pod default/waiting" in outcome.failed["node-h"]
+        got = await scrape(rig)
+        assert got[("gpushare_handoff_deferrals_total", ())] == 1
+
+    run_with_rig(kube, body)
+
+
+def pod_events(kube: MemoryKube, name: str) -> list[dict[str, Any]]:
+    return [e for e in kube.events() if e["involvedObject"]["name"] == name]
+
+
+def test_events_explain_placement_and_refusal_once_per_message() -> None:
+    kube = cluster()
+    placed = kube.create_pod(gpu_pod("placed", mem=3))
+    huge = kube.create_pod(gpu_pod("huge", mem=16))
+    nodes = ["node-a", "node-c", "node-sick"]
+
+    async def body(rig: Rig) -> None:
+        rig.extender.events = EventRecorder(kube, instance="test", min_interval_s=0)
+        assert (await rig.driver.schedule(placed, nodes)).bound
+        for _ in range(3):  # kube-scheduler retries an unschedulable pod
+            assert not (await rig.driver.schedule(huge, nodes)).bound
+        await rig.extender.events.drain()
+        [scheduled] = pod_events(kube, "placed")
+        assert scheduled["reason"] == SCHEDULED and scheduled["type"] == "Normal"
+        assert scheduled["message"] == "GPU0 on node-a, 3/15 GiB"
+        assert scheduled["involvedObject"] == {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": "default",
+            "name": "placed",
+            "uid": placed["metadata"]["uid"],
+        }
+        assert scheduled["reportingComponent"] == "gpushare-extender"
+        assert scheduled["source"] == {"component": "gpushare-extender"}
+        [refused] = pod_events(kube, "huge")
+        assert refused["reason"] == UNSCHEDULABLE and refused["type"] == "Warning"
+        assert refused["count"] == 3
+        assert refused["message"] == (
+            "0/3 nodes fit: 2 × GPU0: 15 GiB total < 16 GiB requested; GPU1: 15 GiB total < "
+            "16 GiB requested; 1 × node is core_mem and takes only pods that also ask for "
+            "computing power (memory-only and memory+core pods never share a node)"
+        )
+
+    run_with_rig(kube, body)
+
+
+def test_repeats_within_the_interval_write_nothing_new() -> None:
+    kube = cluster()
+    huge = kube.create_pod(gpu_pod("huge", mem=16))
+
+    async def body(rig: Rig) -> None:
+        rig.extender.events = EventRecorder(kube, instance="test", min_interval_s=60)
+        for _ in range(5):
+            await rig.driver.schedule(huge, ["node-a"])
+        await rig.extender.events.drain()
+        [refused] = pod_events(kube, "huge")
+        assert refused["count"] == 1
+        assert kube.calls.count("create_event") == 1 and "patch_event" not in kube.calls
+
+    run_with_rig(kube, body)
+
+
+class NoEvents(MemoryKube):
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        raise KubeError("events are forbidden")
+
+
+def test_event_failures_never_break_scheduling() -> None:
+    kube = NoEvents()
+    kube.put_node(gpu_node("node-a", gpus_units=[15]))
+    pod = kube.create_pod(gpu_pod("p", mem=3))
+    huge = kube.create_pod(gpu_pod("huge", mem=16))
+
+    async def body(rig: Rig) -> None:
+        recorder = rig.extender.events = EventRecorder(kube, instance="test", min_interval_s=0)
+        assert not (await rig.driver.schedule(huge, ["node-a"])).bound
+        assert (await rig.driver.schedule(pod, ["node-a"])).bound
+        await recorder.drain()
+        assert recorder.failures == 2
+
+    run_with_rig(kube, body)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_device_plugin_serves_metrics(tmp_path: Path) -> None:
+    source = FakeGpus.parse("T4:15GiB,T4:15GiB", node="n1")
+    plugin = DevicePlugin(
+        api=MemoryKube(), source=source, config=PluginConfig(node="n1", state_dir=tmp_path)
+    )
+    plugin.stats.allocations = 3
+    plugin.stats.refused = 1
+    plugin.stats.mismatches = 2
+    source.set_health(1, False)
+    port = free_port()
+    serve_metrics(registry_for(plugin, "n1"), port=port, host="127.0.0.1")
+
+    def get() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            return str(reply.read().decode())
+
+    got = samples(asyncio.run(asyncio.to_thread(get)))
+    node = (("node", "n1"),)
+    assert got[("gpushare_device_plugin_allocations_total", node)] == 3
+    assert got[("gpushare_device_plugin_allocation_failures_total", node)] == 1
+    assert got[("gpushare_device_plugin_podresources_mismatches_total", node)] == 2
+    assert got[("gpushare_device_plugin_gpu_unhealthy", gpu("n1", 1, "T4"))] == 1
+    assert got[("gpushare_device_plugin_gpu_memory_bytes", gpu("n1", 0, "T4"))] == 15 * GIB
