@@ -14,9 +14,12 @@ import sys
 import click
 
 from gpushare.core.inventory import read_node
+from gpushare.core.kubejson import name_of, namespace_of
 from gpushare.core.ledger import Ledger
+from gpushare.core.scheduling import Scheduler, Settings
 from gpushare.core.units import MemoryUnit
-from gpushare.inspect.render import render_details, render_summary
+from gpushare.inspect.explain import Explanation, explain_pod, explanation_json
+from gpushare.inspect.render import render_details, render_explanation, render_summary
 from gpushare.inspect.view import ClusterView, build_view, to_json
 from gpushare.kube.port import KubeAPI, KubeError
 
@@ -29,6 +32,31 @@ async def collect(api: KubeAPI, *, unit: MemoryUnit = MemoryUnit.GiB) -> Cluster
     return build_view((read_node(n, cluster_unit=unit) for n in nodes), ledger)
 
 
+class PodNotFound(KubeError):
+    """The pod to explain is not in the cluster."""
+
+
+async def collect_explanation(
+    api: KubeAPI, namespace: str, name: str, *, settings: Settings
+) -> Explanation:
+    """List nodes and pods, rebuild the ledger and run the extender's filter for one pod."""
+    nodes, _ = await api.list_nodes()
+    pods, _ = await api.list_pods()
+    found = [p for p in pods if namespace_of(p) == namespace and name_of(p) == name]
+    if not found:
+        raise PodNotFound(f"pod {namespace}/{name} not found")
+    ledger = Ledger.from_pods(pods, names=settings.names, unit=settings.unit)
+    inventories = [read_node(n, cluster_unit=settings.unit, names=settings.names) for n in nodes]
+    return explain_pod(found[0], inventories, ledger, Scheduler(settings))
+
+
+def render_explained(explanation: Explanation, *, output: str) -> str:
+    """The chosen rendering of an explanation."""
+    if output == "json":
+        return json.dumps(explanation_json(explanation), indent=2, sort_keys=True) + "\n"
+    return render_explanation(explanation)
+
+
 def render(view: ClusterView, *, details: bool, output: str) -> str:
     """The chosen rendering of a view."""
     if output == "json":
@@ -36,12 +64,21 @@ def render(view: ClusterView, *, details: bool, output: str) -> str:
     return render_details(view) if details else render_summary(view)
 
 
-async def _fetch(kubeconfig: str | None, context: str | None, unit: MemoryUnit) -> ClusterView:
+async def _fetch(
+    kubeconfig: str | None,
+    context: str | None,
+    unit: MemoryUnit,
+    explain: tuple[str, str, Settings] | None = None,
+) -> ClusterView | Explanation:
     from gpushare.kube.lightkube_api import LightkubeAPI
 
     api = LightkubeAPI.connect(kubeconfig, context)
     try:
+        if explain is not None:
+            return await collect_explanation(api, explain[0], explain[1], settings=explain[2])
         return await collect(api, unit=unit)
+    except PodNotFound:
+        raise
     except KubeError as err:
         raise KubeError(f"cannot read from the Kubernetes API at {api.server}: {err}") from None
     finally:
@@ -53,6 +90,22 @@ async def _fetch(kubeconfig: str | None, context: str | None, unit: MemoryUnit) 
 @click.option(
     "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
 )
+@click.option(
+    "-e",
+    "--explain",
+    metavar="[NAMESPACE/]POD",
+    default=None,
+    help="Say, node by node, whether this pod would fit now and why not (a what-if).",
+)
+@click.option(
+    "-n", "--namespace", default="default", show_default=True, help="Namespace of --explain's pod."
+)
+@click.option(
+    "--policy",
+    default="binpack",
+    show_default=True,
+    help="The extender's --policy, for --explain's GPU choice and scores.",
+)
 @click.option("--kubeconfig", envvar=None, help="Path to a kubeconfig (default: $KUBECONFIG).")
 @click.option("--context", help="The kubeconfig context to use.")
 @click.option(
@@ -62,15 +115,36 @@ async def _fetch(kubeconfig: str | None, context: str | None, unit: MemoryUnit) 
     help="gpuMemoryUnit assumed for nodes that do not declare theirs.",
 )
 def main(
-    details: bool, output: str, kubeconfig: str | None, context: str | None, unit: str
+    details: bool,
+    output: str,
+    explain: str | None,
+    namespace: str,
+    policy: str,
+    kubeconfig: str | None,
+    context: str | None,
+    unit: str,
 ) -> None:
-    """Show how much GPU memory each node's GPUs have allocated."""
+    """Show how much GPU memory each node's GPUs have allocated, or explain one pod."""
     try:
         memory_unit = MemoryUnit.parse(unit)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--unit") from None
+    target: tuple[str, str, Settings] | None = None
+    if explain is not None:
+        pod_ns, _, pod_name = explain.rpartition("/")
+        if not pod_name:
+            raise click.BadParameter(f"{explain!r}: write NAMESPACE/POD or POD", param_hint="-e")
+        settings = Settings(unit=memory_unit, policy=policy)
+        try:
+            Scheduler(settings)
+        except (KeyError, ValueError) as err:
+            raise click.BadParameter(str(err), param_hint="--policy") from None
+        target = (pod_ns or namespace, pod_name, settings)
     try:
-        view = asyncio.run(_fetch(kubeconfig, context, memory_unit))
+        result = asyncio.run(_fetch(kubeconfig, context, memory_unit, target))
+    except PodNotFound as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(1)
     except KubeError as err:
         click.echo(f"error: {err}", err=True)
         click.echo(
@@ -79,4 +153,7 @@ def main(
             err=True,
         )
         sys.exit(1)
-    click.echo(render(view, details=details, output=output), nl=False)
+    if isinstance(result, Explanation):
+        click.echo(render_explained(result, output=output), nl=False)
+    else:
+        click.echo(render(result, details=details, output=output), nl=False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpushare.inspect.explain import Explanation
 from gpushare.inspect.view import ClusterView, NodeView
 
 MIN_RULE = 75
@@ -129,4 +130,32 @@ def render_details(view: ClusterView) -> str:
         out.append("-" * MIN_RULE)
         out.append("")
     out += _cluster_lines(view, amounts)
+    return "\n".join(out) + "\n"
+
+
+def render_explanation(explanation: Explanation) -> str:
+    """``kubectl inspect cgpu --explain``: the pod, then per node whether it fits and why not."""
+    e = explanation
+    where = f", bound to {e.bound_to}" if e.bound_to else ""
+    out = [
+        f"POD:      {e.namespace}/{e.name} ({e.phase}{where})",
+        f"ASKS:     {e.asks}",
+    ]
+    out += [f"INVALID:  {reason}" for reason in e.rejection]
+    out.append(f"VERDICT:  {e.verdict}")
+    out.append("")
+    rows = [["NODE", "FITS", "GPUS", "SCORE", "WHY / WOULD GET"]]
+    for node in e.nodes:
+        gpus = "+".join(f"GPU{i}" for i in node.gpus) or "-"
+        why = node.placement if node.fits == "yes" else "; ".join(node.reasons)
+        score = str(node.score) if node.fits == "yes" else "-"
+        rows.append([node.node, node.fits, gpus, score, why or "-"])
+    out += _table(rows)
+    if not e.nodes:
+        out.append("(no nodes)")
+    out += [
+        "",
+        "FITS: yes = fits now; no = could fit once GPU memory, computing power or a waiting pod",
+        "frees up; never = not on this node as it is (mode, size, unit, invalid request).",
+    ]
     return "\n".join(out) + "\n"

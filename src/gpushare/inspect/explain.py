@@ -1,0 +1,137 @@
+"""``kubectl inspect cgpu --explain``: would this pod fit each node now, and if not why (pure).
+
+It runs the extender's own filter and scores (``gpushare.core.scheduling``) over the ledger
+rebuilt from pod annotations, so the answer is the one kube-scheduler would get from the
+extender at this moment: per node a verdict with its reasons, and on nodes that fit the GPUs
+the pod would get and how full they would be. A pod that already holds GPUs is judged with its
+own share left out, as a re-bind would be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpushare.core.allocation import plan
+from gpushare.core.explain import placement_message, refusal_summary
+from gpushare.core.filtering import Code
+from gpushare.core.inventory import NodeInventory
+from gpushare.core.kubejson import KubeObject, name_of, namespace_of, spec_of, status_of
+from gpushare.core.ledger import Ledger
+from gpushare.core.requests import PodRequest, Rejection
+from gpushare.core.scheduling import Scheduler
+
+OUTCOMES = {Code.FITS: "yes", Code.UNSCHEDULABLE: "no", Code.UNRESOLVABLE: "never"}
+"""``no``: it could fit once something is freed; ``never``: not on this node as it is."""
+
+
+@dataclass(frozen=True)
+class NodeExplanation:
+    """One node's answer for the pod."""
+
+    node: str
+    fits: str
+    gpus: tuple[int, ...] = ()
+    score: int = 0
+    reasons: tuple[str, ...] = ()
+    placement: str = ""
+    """On nodes that fit: where the pod would go and how full those GPUs would be."""
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The what-if view of one pod."""
+
+    namespace: str
+    name: str
+    phase: str
+    bound_to: str
+    asks: str
+    nodes: tuple[NodeExplanation, ...]
+    verdict: str
+    """One line: the best node and its GPUs, or the refusals counted per reason."""
+    rejection: tuple[str, ...] = ()
+
+
+def _asks(request: PodRequest | Rejection, scheduler: Scheduler) -> str:
+    if isinstance(request, Rejection):
+        return "an invalid GPU request (see the reasons)"
+    if not request.wants_gpu:
+        return "no shared GPU memory: gpushare lets every node pass"
+    unit = scheduler.settings.unit
+    text = f"{unit.describe(request.mem_units)} GPU memory"
+    if request.core_pct:
+        text += f" and {request.core_pct}% computing power"
+    if request.gpu_count > 1:
+        text += f" over {request.gpu_count} GPUs ({unit.describe(request.mem_per_gpu)} each)"
+    return text
+
+
+def explain_pod(
+    pod: KubeObject, nodes: Iterable[NodeInventory], ledger: Ledger, scheduler: Scheduler
+) -> Explanation:
+    """Filter and score the pod on every node, as the extender would now.
+
+    The ledger is borrowed: a fitting node's placement is booked and given back at once to
+    read how full its GPUs would be.
+    """
+    nodes = sorted(nodes, key=lambda n: n.name)
+    result = scheduler.filter(pod, nodes, ledger)
+    request = result.request
+    scores = scheduler.prioritize(pod, nodes, ledger, request=request)
+    by_name = {n.name: n for n in nodes}
+    out = []
+    for verdict in result.verdicts:
+        node = by_name[verdict.node]
+        placement = ""
+        if verdict.fits and isinstance(request, PodRequest) and request.wants_gpu:
+            allocation = plan(request, node=node.name, indexes=verdict.gpus, unit=node.unit)
+            before = ledger.holding(request.uid) if request.uid else None
+            was_assumed = bool(request.uid) and ledger.is_assumed(request.uid)
+            ledger.assume(allocation)
+            placement = placement_message(allocation, node, ledger.usage(node.name))
+            ledger.unassume(request.uid)
+            if was_assumed and before is not None:
+                ledger.assume(before)
+        out.append(
+            NodeExplanation(
+                node=verdict.node,
+                fits=OUTCOMES[verdict.code],
+                gpus=verdict.gpus,
+                score=scores.get(verdict.node, 0) if verdict.fits else 0,
+                reasons=verdict.reasons,
+                placement=placement,
+            )
+        )
+    fitting = [n for n in out if n.fits == "yes"]
+    if fitting:
+        best = min(
+            fitting, key=lambda n: (-n.score, n.node)
+        )  # kube-scheduler breaks ties at random
+        verdict_line = (
+            f"{len(fitting)}/{len(out)} nodes fit; best score {best.score}: "
+            f"{best.placement or best.node}"
+        )
+    else:
+        verdict_line = refusal_summary(["; ".join(n.reasons) for n in out], len(out))
+    return Explanation(
+        namespace=namespace_of(pod),
+        name=name_of(pod),
+        phase=str(status_of(pod).get("phase") or "Pending"),
+        bound_to=str(spec_of(pod).get("nodeName") or ""),
+        asks=_asks(request, scheduler),
+        nodes=tuple(out),
+        verdict=verdict_line,
+        rejection=request.reasons if isinstance(request, Rejection) else (),
+    )
+
+
+def explanation_json(explanation: Explanation) -> dict[str, Any]:
+    """The explanation as plain JSON (``--explain -o json``)."""
+    data = asdict(explanation)
+    data["nodes"] = [
+        {**n, "gpus": list(n["gpus"]), "reasons": list(n["reasons"])} for n in data["nodes"]
+    ]
+    data["rejection"] = list(data["rejection"])
+    return data
