@@ -405,6 +405,8 @@ class Cluster:
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--client-ca-file={pki / 'ca.crt'}",
                 "--authorization-mode=Node,RBAC",
+                # As kubeadm and managed clusters do: the chart's device plugin is privileged.
+                "--allow-privileged=true",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",

@@ -10,6 +10,7 @@ tests run kube-scheduler with that function's output), its webhook configuration
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import subprocess
@@ -27,16 +28,34 @@ from gpushare.schedconfig import scheduler_configuration
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "gpushare"
 CI_VALUES = CHART / "ci" / "fgd-128mib-certmanager-values.yaml"
-HELM_VERSION = "v3.22.0"
+BUILD_SH = REPO / "tests" / "e2e" / "controlplane" / "build.sh"
+
+
+def pinned(name: str) -> str:
+    """A version build.sh pins (``K8S_VERSION=v1.36.3``): one place says which."""
+    found = re.search(rf"^{name}=(\S+)$", BUILD_SH.read_text(), re.MULTILINE)
+    assert found, f"{name} not in {BUILD_SH}"
+    return found.group(1)
+
+
+HELM_VERSION = pinned("HELM_VERSION")
+# helm built by `go install` (no release ldflags) assumes Kubernetes v1.20.0 when it has no
+# cluster to ask, which the chart's kubeVersion refuses; render for the pinned control plane.
+KUBE_VERSION = pinned("K8S_VERSION")
 NAMESPACE = "gpushare-system"
 RELEASE = "gpushare"
 
 
-def find_helm() -> Path | None:
-    """The helm that build.sh caches, else none (no other helm: versions must agree)."""
+def cached(directory: str, name: str) -> Path | None:
+    """A binary build.sh caches, else none (no other one: versions must agree)."""
     cache = Path(os.environ.get("GPUSHARE_CACHE", Path.home() / ".cache" / "gpushare"))
-    binary = cache / "bin" / f"helm-{HELM_VERSION}" / "helm"
+    binary = cache / "bin" / directory / name
     return binary if binary.is_file() and os.access(binary, os.X_OK) else None
+
+
+def find_helm() -> Path | None:
+    """The helm that build.sh caches, else none."""
+    return cached(f"helm-{HELM_VERSION}", "helm")
 
 
 HELM = find_helm()
@@ -60,8 +79,20 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return result
 
 
+def template_args() -> list[str]:
+    return [
+        "template",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--kube-version",
+        KUBE_VERSION,
+    ]
+
+
 def render(*args: str) -> list[dict[str, Any]]:
-    out = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args).stdout
+    out = helm(*template_args(), *args).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
@@ -92,6 +123,7 @@ def ci_docs() -> list[dict[str, Any]]:
 @pytest.mark.parametrize("values", [None, CI_VALUES], ids=["default", "ci-values"])
 def test_helm_lint(values: Path | None) -> None:
     args = ["lint", "--strict", str(CHART), "--namespace", NAMESPACE]
+    args += ["--kube-version", KUBE_VERSION]
     if values:
         args += ["-f", str(values)]
     result = helm(*args)
@@ -167,6 +199,56 @@ def test_scheduler_config_follows_values(ci_docs: list[dict[str, Any]]) -> None:
     )
 
 
+KUBE_SCHEDULER = cached(f"kubernetes-{KUBE_VERSION}", "kube-scheduler")
+# A kubeconfig the configuration must name (the pod's in-cluster connection does not exist
+# here); kube-scheduler only builds a client from it, and connects to nothing.
+NOWHERE = """apiVersion: v1
+kind: Config
+clusters: [{name: nowhere, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: nobody, user: {token: unused}}]
+contexts: [{name: nowhere, context: {cluster: nowhere, user: nobody}}]
+current-context: nowhere
+"""
+
+
+@pytest.mark.skipif(
+    KUBE_SCHEDULER is None, reason=f"kube-scheduler {KUBE_VERSION} not built: `make controlplane`"
+)
+@pytest.mark.parametrize("values", [None, CI_VALUES], ids=["default", "ci-values"])
+def test_kube_scheduler_accepts_the_chart(values: Path | None, tmp_path: Path) -> None:
+    """kube-scheduler validates the ConfigMap (leader election included) and the pod's flags.
+
+    ``--write-config-to`` loads, defaults and validates the configuration, writes it and exits
+    before scheduling; ``--secure-port=0`` keeps it from listening.
+    """
+    assert KUBE_SCHEDULER is not None
+    docs = render(*(["-f", str(values)] if values else []))
+    config = scheduler_config(docs)
+    (tmp_path / "kubeconfig").write_text(NOWHERE)
+    config["clientConnection"] = {"kubeconfig": str(tmp_path / "kubeconfig")}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    pod = find(docs, "Deployment", "-scheduler")["spec"]["template"]["spec"]
+    binary, *flags = pod["containers"][0]["command"]
+    assert binary == "kube-scheduler"
+    flags = [
+        f"--config={tmp_path / 'config.yaml'}" if f.startswith("--config=") else f
+        for f in flags
+        if not f.startswith("--secure-port=")
+    ]
+    result = subprocess.run(
+        [str(KUBE_SCHEDULER), *flags, "--secure-port=0", f"--write-config-to={tmp_path / 'out'}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = yaml.safe_load((tmp_path / "out").read_text())
+    assert written["leaderElection"]["resourceName"] == f"{RELEASE}-scheduler"
+    assert [p["schedulerName"] for p in written["profiles"]] == [
+        p["schedulerName"] for p in config["profiles"]
+    ]
+
+
 def test_scheduler_pod(default_docs: list[dict[str, Any]]) -> None:
     deployment = find(default_docs, "Deployment", "-scheduler")
     assert deployment["spec"]["replicas"] == 2
@@ -214,7 +296,8 @@ def test_webhook_config_equals_renderer(
 ) -> None:
     configuration = pytest.importorskip("gpushare.webhook.configuration")
     for docs, policy in ((default_docs, "Ignore"), (ci_docs, "Fail")):
-        chart = webhook_config(docs)
+        # A copy: the documents are the module's fixtures, and metadata is popped below.
+        chart = copy.deepcopy(webhook_config(docs))
         expected = configuration.webhook_configuration(
             ca_bundle="",
             service={"namespace": NAMESPACE, "name": f"{RELEASE}-webhook", "port": 443},
@@ -287,7 +370,7 @@ def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> No
     ],
 )
 def test_schema_refuses(setting: str, words: str) -> None:
-    result = helm("template", RELEASE, str(CHART), "--set", setting, check=False)
+    result = helm(*template_args(), "--set", setting, check=False)
     assert result.returncode != 0
     assert "values don't meet the specifications of the schema" in result.stderr
     assert words in result.stderr
