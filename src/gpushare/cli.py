@@ -61,11 +61,20 @@ def _resource_name_options(func: click.decorators.FC) -> click.decorators.FC:
 )
 @click.option("--context", default=None)
 @click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Also serve /metrics alone on 0.0.0.0:PORT (0: only on --port), for Prometheus when "
+    "--host is 127.0.0.1.",
+)
 @_scheduling_options
 @_resource_name_options
 def extender(
     host: str,
     port: int,
+    metrics_port: int,
     kubeconfig: str | None,
     context: str | None,
     log_level: str,
@@ -77,10 +86,12 @@ def extender(
     count_resource: str | None,
 ) -> None:
     """Serve the kube-scheduler extender (filter, prioritize, bind) over HTTP."""
+    import asyncio
+
     import uvicorn
 
     from gpushare.core.scheduling import Scheduler
-    from gpushare.extender.app import create_app, server_config
+    from gpushare.extender.app import create_app, create_metrics_app, server_config
     from gpushare.extender.service import Extender
     from gpushare.kube.cache import ClusterCache
     from gpushare.kube.lightkube_api import LightkubeAPI
@@ -107,7 +118,20 @@ def extender(
     cache = ClusterCache(api, settings=settings, workload=scheduler.workload)
     service = Extender(api=api, cache=cache, scheduler=scheduler)
     app = create_app(service, run_cache=True)
-    uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level)).run()
+    main_server = uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level))
+    if not metrics_port:
+        main_server.run()
+        return
+    metrics_config = server_config(
+        create_metrics_app(service), host="0.0.0.0", port=metrics_port, log_level=log_level
+    )
+
+    async def both() -> None:
+        metrics_server = uvicorn.Server(metrics_config)
+        await asyncio.gather(main_server.serve(), metrics_server.serve())
+
+    with asyncio.Runner(loop_factory=main_server.config.get_loop_factory()) as runner:
+        runner.run(both())
 
 
 @main.command("device-plugin")

@@ -71,6 +71,21 @@ _ARGS_BODY = {
 """The OpenAPI entry FastAPI would write for an ``ExtenderArgs`` parameter."""
 
 
+def create_metrics_app(extender: Extender) -> FastAPI:
+    """``/metrics`` alone, for a port Prometheus may reach while the verbs stay on 127.0.0.1.
+
+    It runs on the same event loop as the extender, so scrapes never read the cache while the
+    watch changes it.
+    """
+    app = FastAPI(title="gpushare extender metrics", openapi_url=None)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(extender.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
 def create_app(extender: Extender, *, run_cache: bool = False) -> FastAPI:
     """Build the ASGI app around an extender."""
 
