@@ -5,8 +5,9 @@ ConfigMap and Deployment, the device-plugin DaemonSet with system-node-critical 
 hostPaths, the webhook's Service, Deployment and ValidatingWebhookConfiguration, the cert Job);
 the DaemonSet controller places a device-plugin pod on a node labelled
 ``ack.node.gpu.schedule``; the chart's KubeSchedulerConfiguration is the one kube-scheduler runs
-with here (the URL apart); and an upgrade that changes ``gpuMemoryUnit`` while a pod holds GPU
-memory is refused with the chart's message.
+with here (the URL apart) and its ValidatingWebhookConfiguration the one test_webhook.py
+registers (where to call apart); and an upgrade (a server-side dry run) that changes
+``gpuMemoryUnit`` while a pod holds GPU memory is refused with the chart's message.
 
 What it cannot show: nothing the chart starts runs. The nodes are kwok's, without kubelets and
 without the image: pods the chart creates are either unscheduled or bound to a kwok node and
@@ -27,6 +28,7 @@ import pytest
 import yaml
 
 from gpushare.core.names import ANN_NODE_UNIT
+from gpushare.webhook.configuration import webhook_configuration
 
 from .cluster import Cluster
 from .conftest import create_nodes, delete_nodes, eventually, kwok_node
@@ -53,6 +55,11 @@ def helm(cluster: Cluster, *args: str, check: bool = True) -> Any:
     if check:
         assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stdout}{result.stderr}"
     return result
+
+
+def without_client(webhook: dict[str, Any]) -> dict[str, Any]:
+    """A webhook of a configuration, without clientConfig (URL here, Service in the chart)."""
+    return {k: v for k, v in webhook.items() if k != "clientConfig"}
 
 
 def semantic(config: dict[str, Any]) -> dict[str, Any]:
@@ -103,6 +110,28 @@ def test_helm_install(cluster: Cluster) -> None:
         )["webhooks"][0]
         assert webhook["failurePolicy"] == "Ignore"
         assert webhook["namespaceSelector"]["matchLabels"] == {"gpushare.io/e2e-webhook": namespace}
+        # ... and it is what `gpushare webhook-config` gives test_webhook.py, both as the API
+        # server stores them (defaults filled in), apart from where to call (URL vs Service).
+        rendered_config = webhook_configuration(
+            ca_bundle="",
+            url="https://127.0.0.1:1/validate",
+            failure_policy="Ignore",
+            excluded_namespaces=["kube-system", namespace],
+            namespace_labels={"gpushare.io/e2e-webhook": namespace},
+            name=f"{RELEASE}-renderer",
+        )
+        stored = json.loads(
+            cluster.kubectl(
+                "create",
+                "--dry-run=server",
+                "-o",
+                "json",
+                "-f",
+                "-",
+                input=json.dumps(rendered_config),
+            ).stdout
+        )["webhooks"][0]
+        assert without_client(webhook) == without_client(stored)
 
         # The DaemonSet controller puts a device-plugin pod on the labelled node.
         def daemon_pods() -> list[str]:
