@@ -120,7 +120,11 @@ def ci_docs() -> list[dict[str, Any]]:
     return render("-f", str(CI_VALUES))
 
 
-@pytest.mark.parametrize("values", [None, CI_VALUES], ids=["default", "ci-values"])
+@pytest.mark.parametrize(
+    "values",
+    [None, *sorted(CHART.glob("ci/*.yaml"))],
+    ids=lambda v: v.name if v else "default",
+)
 def test_helm_lint(values: Path | None) -> None:
     args = ["lint", "--strict", str(CHART), "--namespace", NAMESPACE]
     args += ["--kube-version", KUBE_VERSION]
