@@ -93,6 +93,19 @@ def test_gpushare_keeps_large_nodes_for_later_among_equal_scores() -> None:
         assert node == min(range(3, 6), key=lambda i: int(cluster.rank[i]))
 
 
+def test_workload_estimate_refreshes_less_often_as_it_settles() -> None:
+    shape = Shape(1000, 500, 1)
+    fixed, settling = WorkloadEstimate(refresh=10), WorkloadEstimate(refresh=10, settle=0.5)
+    for _ in range(200):
+        fixed.observe(shape)
+        settling.observe(shape)
+    assert fixed.version == 20  # the first pod, then every 10
+    # after the first pod: every 10 until 20 seen, then every half of those seen (20, 30, 45, ...)
+    assert 5 < settling.version < 10
+    with pytest.raises(ValueError, match="settle=2"):
+        WorkloadEstimate(settle=2)
+
+
 def test_failures_are_counted_by_the_requirement_that_leaves_no_node() -> None:
     nodes = [TraceNode("a", 8000, 1 << 20, 1, "T4")]
     pods = [

@@ -39,6 +39,9 @@ from gpushare.core.requests import PodRequest, read_pod
 from gpushare.core.scoring import Binpack, PolicyRegistry, Spread
 from gpushare.core.units import MemoryUnit
 
+SETTLE = 0.25
+"""After the first 100 pods, the target workload is refreshed every quarter of the pods seen."""
+
 MEMO_LIMIT = 500_000
 """Fragmentation values remembered per workload version before the memo starts over."""
 
@@ -73,9 +76,7 @@ class WorkloadFeed:
     ) -> None:
         self.names = names
         self.unit = unit
-        self.estimate = estimate or WorkloadEstimate()
-        self.refresh = self.estimate.refresh
-        """The least number of pods between refreshes; later every quarter of those seen."""
+        self.estimate = estimate or WorkloadEstimate(settle=SETTLE)
         self._uids: set[str] = set()
 
     @property
@@ -101,11 +102,7 @@ class WorkloadFeed:
         if not isinstance(request, PodRequest) or not request.wants_gpu:
             return False
         self._uids.add(uid)
-        estimate = self.estimate
-        # refresh less often as the estimate settles: every refresh makes every cached score
-        # stale, and re-scoring thousands of nodes per shape is the policies' main cost
-        estimate.refresh = max(self.refresh, estimate.seen // 4)
-        estimate.observe(shape_of(request))
+        self.estimate.observe(shape_of(request))
         return True
 
     def forget(self, uid: str) -> None:

@@ -88,16 +88,21 @@ class WorkloadEstimate:
 
     The most frequent shapes are kept until they cover ``coverage`` of the pods seen, and
     their frequencies are renormalised. ``top`` is recomputed every ``refresh`` observations so
-    that callers can cache per-node values between refreshes (``version`` says when).
+    that callers can cache per-node values between refreshes (``version`` says when). With
+    ``settle`` > 0 the interval grows to ``settle`` x the pods seen: the estimate changes less
+    as it grows, while every refresh makes every cached per-node score stale.
     """
 
-    def __init__(self, *, coverage: float = 0.95, refresh: int = 100) -> None:
+    def __init__(self, *, coverage: float = 0.95, refresh: int = 100, settle: float = 0.0) -> None:
         if not 0.0 < coverage <= 1.0:
             raise ValueError(f"coverage={coverage} must be in (0, 1]")
         if refresh < 1:
             raise ValueError(f"refresh={refresh} must be at least 1")
+        if not 0.0 <= settle <= 1.0:
+            raise ValueError(f"settle={settle} must be in [0, 1]")
         self.coverage = coverage
         self.refresh = refresh
+        self.settle = settle
         self.version = 0
         self._counts: dict[Shape, int] = {}
         self._seen = 0
@@ -124,7 +129,8 @@ class WorkloadEstimate:
         self._counts[shape] = self._counts.get(shape, 0) + 1
         self._seen += 1
         self._since += 1
-        if self._since >= self.refresh or not self._top:
+        interval = max(self.refresh, int(self.settle * self._seen))
+        if self._since >= interval or not self._top:
             self._recompute()
 
     def top(self) -> Workload:

@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from gpushare.core.defragmenting import SETTLE
 from gpushare.core.fragmentation import Shape, WorkloadEstimate, fgd_score, fragmentation
 from gpushare.sim.openb import MILLI_PER_GPU, TraceNode, TracePod
 from gpushare.sim.stream import capacity_milli
@@ -354,7 +355,7 @@ def make_policy(name: str, pods: Sequence[TracePod]) -> Policy:
         return FragmentationPolicy(name, workload, truncate=False)
     if name == "gpushare":
         return FragmentationPolicy(
-            name, WorkloadEstimate(), online=True, large_last=LARGE_NODE_GPUS
+            name, WorkloadEstimate(settle=SETTLE), online=True, large_last=LARGE_NODE_GPUS
         )
     known = ", ".join(POLICIES)
     raise ValueError(f"policy={name!r} is not known; choose one of: {known}")
