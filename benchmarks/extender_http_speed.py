@@ -64,20 +64,13 @@ from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.sim import synthetic
+from gpushare.sim.cards import MEMORY_MIB
 from gpushare.sim.openb import MILLI_PER_GPU, TraceNode, TracePod, read_nodes, read_pods
 from gpushare.sim.stream import arrival_stream
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "openb"
-CARD_MIB = {
-    "T4": 15109,
-    "V100M16": 16160,
-    "P100": 16280,
-    "A10": 22731,
-    "V100M32": 32510,
-    "G2": 20000,
-    "G3": 30000,
-}
-"""BENCHMARKS.md's per-model memory."""
+CARD_MIB = MEMORY_MIB
+"""BENCHMARKS.md's per-model memory (the simulator's table)."""
 MIB_PER_UNIT = 1024
 by_score = operator.attrgetter("Score")
 
