@@ -92,7 +92,7 @@ def test_unhealthy_gpu_takes_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    ("mode", "limited"), [("cgpu", True), ("core_mem", True), ("share", False)]
+    ("mode", "limited"), [("cgpu", True), ("core_mem", True), ("mps", True), ("share", False)]
 )
 def test_isolation_limits_pods_per_gpu(mode: str, limited: bool) -> None:
     inv, ledger = node([100], mode=mode), Ledger()
@@ -106,6 +106,25 @@ def test_isolation_limits_pods_per_gpu(mode: str, limited: bool) -> None:
     assert verdict.fits is not limited
     if limited:
         assert verdict.reasons == (f"GPU0: {limit}/{limit} pods, the isolation limit per GPU",)
+
+
+def test_mps_nodes_hold_16_pods_per_gpu_at_128mib() -> None:
+    inv, ledger = node([120], mode="mps", unit=MemoryUnit.MiB128), Ledger()
+    assert inv.mode.isolated
+    for i in range(16):
+        hold(ledger, inv, req(1, name=f"p{i}"), 0)
+    rules = Rules(cluster_unit=MemoryUnit.MiB128)
+    verdict = filter_node(req(1), inv, ledger.usage("n"), rules=rules)
+    assert verdict.reasons == ("GPU0: 16/16 pods, the isolation limit per GPU",)
+
+
+def test_mps_nodes_take_one_gpu_pods_without_computing_power() -> None:
+    inv = node([15, 15], mode="mps")
+    assert filter_node(req(4), inv, NodeUsage(), rules=Rules()).fits
+    two = filter_node(req(4, count="2"), inv, NodeUsage(), rules=Rules())
+    assert two.code is Code.UNRESOLVABLE and "node mode is mps" in two.message
+    core = filter_node(req(4, core=30), inv, NodeUsage(), rules=Rules())
+    assert core.code is Code.UNRESOLVABLE and "node mode is mps" in core.message
 
 
 def test_isolation_limit_is_16_at_128mib_and_configurable() -> None:

@@ -30,7 +30,8 @@ def bare(
         ("cgpu", Mode.CGPU),
         ("core_mem", Mode.CORE_MEM),
         ("default", Mode.NONE),
-        ("mps", Mode.NONE),
+        ("mps", Mode.MPS),
+        ("topology", Mode.NONE),
         (None, Mode.NONE),
     ],
 )

@@ -72,7 +72,7 @@ def _node_rules(request: PodRequest, node: NodeInventory, rules: Rules) -> str:
         return node.problem
     if node.mode is Mode.NONE:
         return (
-            f"node is not shared: label {LABEL_MODE} must be share, cgpu or core_mem to place "
+            f"node is not shared: label {LABEL_MODE} must be share, cgpu, core_mem or mps to place "
             f"pods that ask for GPU memory"
         )
     if node.unit_declared and node.unit is not rules.cluster_unit:
@@ -89,6 +89,11 @@ def _node_rules(request: PodRequest, node: NodeInventory, rules: Rules) -> str:
         return (
             "node is core_mem and takes only pods that also ask for computing power "
             "(memory-only and memory+core pods never share a node)"
+        )
+    if node.mode is Mode.MPS and request.gpu_count > 1:
+        return (
+            f"pod needs {request.gpu_count} GPUs ({LABEL_POD_GPU_COUNT}) but node mode is mps: "
+            f"an MPS client reaches one per-GPU control daemon, so mps nodes serve one GPU a pod"
         )
     if len(node.gpus) < request.gpu_count:
         return (

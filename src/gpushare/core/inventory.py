@@ -50,18 +50,20 @@ class Mode(Enum):
     """Sharing with memory isolation."""
     CORE_MEM = "core_mem"
     """Sharing with memory and computing-power isolation."""
+    MPS = "mps"
+    """Memory-only sharing like cgpu, enforced by NVIDIA MPS (one GPU a pod)."""
     NONE = "none"
     """Any other value, or no label: the node is not shared."""
 
     @property
     def isolated(self) -> bool:
         """Whether the isolation layer runs (and its per-GPU pod limit applies)."""
-        return self in (Mode.CGPU, Mode.CORE_MEM)
+        return self in (Mode.CGPU, Mode.CORE_MEM, Mode.MPS)
 
     @classmethod
     def from_label(cls, value: str | None) -> Mode:
         """Map a label value; unknown values mean not shared."""
-        for mode in (cls.SHARE, cls.CGPU, cls.CORE_MEM):
+        for mode in (cls.SHARE, cls.CGPU, cls.CORE_MEM, cls.MPS):
             if value == mode.value:
                 return mode
         return cls.NONE
