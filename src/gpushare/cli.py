@@ -146,7 +146,26 @@ def extender(
     default="/var/lib/kubelet/pod-resources/kubelet.sock",
     show_default=True,
 )
-@click.option("--state-dir", default="/var/lib/gpushare", show_default=True)
+@click.option(
+    "--state-dir",
+    default="/var/lib/gpushare",
+    show_default=True,
+    help="Checkpoint, accounting and MPS directories; the same path as on the host.",
+)
+@click.option(
+    "--isolation",
+    type=click.Choice(["auto", "none"]),
+    default="auto",
+    show_default=True,
+    help="auto: enforce cgpu/core_mem (interposer) and mps limits, refusing to start when it "
+    "cannot; none: serve every mode without isolation.",
+)
+@click.option(
+    "--isolation-lib-dir",
+    default="/usr/local/gpushare",
+    show_default=True,
+    help="Host directory the interposer library is copied into and mounted from.",
+)
 @click.option("--kubelet-config", default="/var/lib/kubelet/config.yaml", show_default=True)
 @click.option(
     "--cpu-manager-state", default="/var/lib/kubelet/cpu_manager_state", show_default=True
@@ -168,6 +187,8 @@ def device_plugin(
     device_plugin_dir: str,
     pod_resources_socket: str,
     state_dir: str,
+    isolation: str,
+    isolation_lib_dir: str,
     kubelet_config: str,
     cpu_manager_state: str,
     kubeconfig: str | None,
@@ -184,6 +205,7 @@ def device_plugin(
     from gpushare.core.names import ResourceNames
     from gpushare.core.units import MemoryUnit
     from gpushare.deviceplugin.gpus import FakeGpus, GpuSource, NvmlGpus
+    from gpushare.deviceplugin.isolation import NodeIsolation, packaged_library
     from gpushare.deviceplugin.metrics import registry_for, serve_metrics
     from gpushare.deviceplugin.plugin import (
         DevicePlugin,
@@ -243,7 +265,15 @@ def device_plugin(
         ),
     )
 
-    plugin = DevicePlugin(api=api, source=source, config=config)
+    hook = NodeIsolation(
+        policy=isolation,
+        lib_dir=Path(isolation_lib_dir),
+        state_dir=Path(state_dir),
+        unit=unit,
+        source=source,
+        packaged=packaged_library(),
+    )
+    plugin = DevicePlugin(api=api, source=source, config=config, hook=hook)
     try:
         serve_metrics(registry_for(plugin, node_name), port=metrics_port)
     except OSError as err:

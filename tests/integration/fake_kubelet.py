@@ -30,6 +30,7 @@ class Admitted:
     name: str
     containers: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     envs: dict[str, dict[str, str]] = field(default_factory=dict)
+    mounts: dict[str, list[tuple[str, str, bool]]] = field(default_factory=dict)
 
 
 class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServicer):
@@ -136,6 +137,7 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
         for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
             limits = container.get("resources", {}).get("limits", {})
             envs: dict[str, str] = {}
+            mounts: list[tuple[str, str, bool]] = []
             for resource, endpoint in sorted(self.registrations.items()):
                 if resource not in limits:
                     continue
@@ -167,8 +169,14 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
                     )
                 admitted.containers.setdefault(container["name"], {})[resource] = chosen
                 envs.update(response.container_responses[0].envs)
+                mounts.extend(
+                    (m.container_path, m.host_path, m.read_only)
+                    for m in response.container_responses[0].mounts
+                )
             if envs:
                 admitted.envs[container["name"]] = envs
+            if mounts:
+                admitted.mounts[container["name"]] = mounts
         return admitted
 
     def forget(self, namespace: str, name: str) -> None:

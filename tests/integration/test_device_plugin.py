@@ -27,6 +27,7 @@ from gpushare.deviceplugin.plugin import (
     StartRefused,
     refuse_static_cpu_policy,
 )
+from gpushare.deviceplugin.serving import IsolationHook
 from gpushare.extender.driver import ExtenderDriver
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
@@ -98,11 +99,17 @@ class Rig:
         return await self.kube.get_pod("default", manifest["metadata"]["name"])
 
     def new_plugin(self) -> DevicePlugin:
-        return DevicePlugin(api=self.kube, source=self.gpus, config=self.plugin.config)
+        return DevicePlugin(
+            api=self.kube, source=self.gpus, config=self.plugin.config, hook=self.plugin.hook
+        )
 
 
 @contextlib.asynccontextmanager
-async def rig(mode: str = "share", gpus: str = "2x15GiB") -> AsyncIterator[Rig]:
+async def rig(
+    mode: str = "share",
+    gpus: str = "2x15GiB",
+    hook: Callable[[Path, FakeGpus], IsolationHook] | None = None,
+) -> AsyncIterator[Rig]:
     root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
     kube = MemoryKube()
     kube.put_node(bare_node(mode))
@@ -116,7 +123,9 @@ async def rig(mode: str = "share", gpus: str = "2x15GiB") -> AsyncIterator[Rig]:
         state_dir=root / "state",
         check_interval=0.05,
     )
-    plugin = DevicePlugin(api=kube, source=source, config=config)
+    plugin = DevicePlugin(
+        api=kube, source=source, config=config, hook=hook(root, source) if hook else None
+    )
     await plugin.start()
     current: Rig | None = None
     try:

@@ -67,8 +67,10 @@ from gpushare.deviceplugin.protos.v1beta1 import api_pb2_grpc as dp_grpc
 from gpushare.deviceplugin.serving import (
     HEALTHY,
     UNHEALTHY,
+    IsolationError,
     IsolationHook,
     NoIsolation,
+    Target,
     container_answer,
     devices,
     mem_units,
@@ -223,7 +225,8 @@ class DevicePlugin:
         """Publish the node, serve and register every resource, start the watchers.
 
         Raises StartRefused, before anything is published, when the configured unit differs
-        from the node's published one while pods still hold GPU memory counted in it.
+        from the node's published one while pods still hold GPU memory counted in it, or when
+        the isolation hook cannot serve the node's mode.
         """
         node = await self.api.get_node(self.config.node)
         pods, _ = await self.api.list_pods(self.config.node)
@@ -232,6 +235,9 @@ class DevicePlugin:
             raise StartRefused(reason)
         self.mode = labels_of(node).get(LABEL_MODE, "share")
         self.resources = [MEM, CORE] if self.mode == "core_mem" else [MEM]
+        reason = self.hook.prepare(self.mode)
+        if reason:
+            raise StartRefused(reason)
         await self.publish()
         await self._bump()
         await self.serve_and_register()
@@ -258,6 +264,7 @@ class DevicePlugin:
         for server in self._servers.values():
             await server.stop(grace=0.5)
         self._servers.clear()
+        self.hook.close()
 
     async def publish(self) -> None:
         """Write the inventory, unit and hand-off marker on the node, and gpu-count in status."""
@@ -374,11 +381,16 @@ class DevicePlugin:
                 "resource=%s count=%d phase=allocate refused: %s", resource, count, answer.error
             )
             return None, f"gpushare: {answer.error}"
-        result = self.hook.extend(
-            container_answer(answer.signature, self.source.gpus(), self.config.unit, self.mode),
-            answer.signature,
-            self.mode,
-        )
+        target = Target(answer.signature, self.mode, answer.candidates, tuple(device_ids))
+        try:
+            result = self.hook.extend(
+                container_answer(answer.signature, self.source.gpus(), self.config.unit, self.mode),
+                target,
+            )
+        except IsolationError as err:
+            self.stats.refused += 1
+            log.error("resource=%s count=%d phase=allocate isolation: %s", resource, count, err)
+            return None, f"gpushare: {err}"
         self._remember(device_ids, answer.signature)
         self.stats.allocations += 1
         response = dp.ContainerAllocateResponse(

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpushare.core.handoff import CORE_DEVICE_PCT, MEM, Signature
+from gpushare.core.handoff import CORE_DEVICE_PCT, MEM, Pending, Signature
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.gpus import GpuInfo
 
@@ -55,20 +55,58 @@ class ContainerAnswer:
     annotations: Mapping[str, str] = field(default_factory=dict)
 
 
-class IsolationHook(Protocol):
-    """Adds what the isolation layer needs (preload, accounting dir) to a container's answer."""
+class IsolationError(Exception):
+    """An isolation hook cannot serve a container; Allocate fails with this message."""
 
-    def extend(self, answer: ContainerAnswer, signature: Signature, mode: str) -> ContainerAnswer:
+
+@dataclass(frozen=True)
+class Target:
+    """What one Allocate call serves: the signature, the node's mode, and who may be admitted.
+
+    ``candidates`` are the pending containers sharing the signature; kubelet does not say which
+    of them it is admitting, so when there are several the hook must not name one. The device
+    IDs are kubelet's, unique among live containers.
+    """
+
+    signature: Signature
+    mode: str
+    candidates: tuple[Pending, ...] = ()
+    device_ids: tuple[str, ...] = ()
+
+
+class IsolationHook(Protocol):
+    """Adds what the isolation layer needs (preload, accounting dir) to a container's answer.
+
+    ``prepare`` runs once when the plugin starts, with the node's mode, and returns why the
+    plugin must not start (or ""); ``close`` runs when it stops and must be idempotent.
+    """
+
+    def prepare(self, mode: str) -> str:
+        """Get ready to serve a node of this mode; the reason to refuse, or ""."""
+        ...
+
+    def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
         """Return the answer with the isolation layer's additions."""
+        ...
+
+    def close(self) -> None:
+        """Release what ``prepare`` and ``extend`` started."""
         ...
 
 
 class NoIsolation:
-    """The default hook: share nodes, and nodes whose isolation is not installed."""
+    """The default hook: share nodes, and nodes served with ``--isolation none``."""
 
-    def extend(self, answer: ContainerAnswer, signature: Signature, mode: str) -> ContainerAnswer:
+    def prepare(self, mode: str) -> str:
+        """Nothing to prepare."""
+        return ""
+
+    def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
         """Leave the answer as it is."""
         return answer
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 def container_answer(

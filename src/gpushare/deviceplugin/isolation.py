@@ -1,0 +1,365 @@
+"""Isolation hooks: what Allocate adds to a container so that its GPU share is enforced.
+
+One hook per node mode (``ack.node.gpu.schedule``), picked when the plugin starts:
+
+- ``cgpu`` and ``core_mem``: :class:`InterposerIsolation` preloads the native interposer
+  (``gpushare/isolation/native``) and gives each container its memory limit in bytes per visible
+  GPU, its SM percentage on core_mem, and a fresh accounting directory of its own in which the
+  interposer counts usage across the container's processes.
+- ``mps``: :class:`MpsIsolation` runs one NVIDIA MPS control daemon per GPU and points each
+  container at its GPU's pipe directory, with MPS's own pinned-memory limit.
+- ``share`` (and ``--isolation none``): :class:`~gpushare.deviceplugin.serving.NoIsolation`; the
+  container gets the ``ALIYUN_COM_GPU_MEM_*`` variables only and limits itself
+  (``gpushare.isolation.share``).
+
+Mount sources are host paths: kubelet reads them on the host. The plugin creates the accounting
+and pipe directories and copies the library through its own mounts, so the state and library
+directories must be mounted at the same path in the plugin's container (the chart does so).
+
+Kubelet calls Allocate once per container and resource, and merges the answers: on core_mem
+nodes the memory answer carries everything, so that the mounts are not given twice.
+
+Kubelet does not say which pod it admits. When one pending container has the signature its
+accounting directory is ``<state>/accounting/<pod-uid>/<container>``; when several identical
+ones wait, it is named after kubelet's device IDs, which no two live containers share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+from typing import Protocol
+
+from gpushare.core.handoff import MEM
+from gpushare.core.units import MemoryUnit
+from gpushare.deviceplugin.gpus import GpuInfo, GpuSource
+from gpushare.deviceplugin.serving import (
+    ContainerAnswer,
+    IsolationError,
+    IsolationHook,
+    NoIsolation,
+    Target,
+)
+
+log = logging.getLogger(__name__)
+
+LIB_NAME = "libgpushare-cuda.so"
+DEFAULT_LIB_DIR = Path("/usr/local/gpushare")
+CONTAINER_LIB_DIR = "/usr/local/gpushare"
+CONTAINER_ACCOUNTING_DIR = "/var/run/gpushare"
+CONTAINER_MPS_PIPE_DIR = "/var/run/gpushare-mps"
+INTERPOSER_MODES = ("cgpu", "core_mem")
+MPS_MODE = "mps"
+POLICIES = ("auto", "none")
+
+
+def packaged_library() -> Path | None:
+    """The interposer built into this package, if the build produced it."""
+    try:
+        path = Path(str(resources.files("gpushare.isolation") / "native" / LIB_NAME))
+    except ModuleNotFoundError:
+        return None
+    return path if path.is_file() else None
+
+
+def install_library(source: Path | None, lib_dir: Path) -> str:
+    """Copy the library into ``lib_dir`` (atomically); the reason it is unusable, or ""."""
+    target = lib_dir / LIB_NAME
+    if source is None:
+        if target.is_file():
+            log.warning("no packaged %s; serving the one already in %s", LIB_NAME, lib_dir)
+            return ""
+        return (
+            f"isolation needs the interposer library {LIB_NAME}, but this gpushare package has "
+            f"none (gpushare/isolation/native/{LIB_NAME}) and {lib_dir} has none either: build "
+            f"it (python -m gpushare.isolation.build, or the image), or start with "
+            f"--isolation none to serve this node without isolation"
+        )
+    try:
+        lib_dir.mkdir(parents=True, exist_ok=True)
+        tmp = lib_dir / f".{LIB_NAME}.tmp"
+        shutil.copyfile(source, tmp)
+        tmp.chmod(0o755)
+        # a rename: running containers keep the file they mapped
+        tmp.replace(target)
+    except OSError as err:
+        return f"cannot install {LIB_NAME} into --isolation-lib-dir {lib_dir}: {err}"
+    return ""
+
+
+def accounting_key(target: Target) -> str:
+    """The container's accounting directory, relative to ``<state>/accounting``."""
+    who = {(c.uid, c.container) for c in target.candidates}
+    if len(who) == 1:
+        uid, container = next(iter(who))
+        if uid and "/" not in uid and container and "/" not in container:
+            return f"{uid}/{container}"
+    digest = hashlib.sha256(",".join(sorted(target.device_ids)).encode()).hexdigest()[:16]
+    return f"by-devices/{digest}"
+
+
+def fresh_dir(path: Path) -> None:
+    """Create ``path`` empty and writable by any user of the one container it is mounted in."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    path.chmod(0o777)  # the container's user is unknown; only that container mounts it
+
+
+class InterposerIsolation:
+    """cgpu and core_mem: preload the interposer with the container's limits."""
+
+    def __init__(
+        self,
+        *,
+        lib_dir: Path,
+        state_dir: Path,
+        unit: MemoryUnit,
+        packaged: Path | None = None,
+    ) -> None:
+        self.lib_dir = lib_dir
+        self.state_dir = state_dir
+        self.unit = unit
+        self.packaged = packaged
+
+    def prepare(self, mode: str) -> str:
+        """Install the library; refuse to start without one."""
+        return install_library(self.packaged, self.lib_dir)
+
+    def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
+        """Add the preload, the limits and the accounting directory to a memory answer."""
+        signature = target.signature
+        if signature.resource != MEM:
+            return answer
+        accounting = self.state_dir / "accounting" / accounting_key(target)
+        try:
+            fresh_dir(accounting)
+        except OSError as err:
+            raise IsolationError(
+                f"cannot create the accounting directory {accounting}: {err}"
+            ) from err
+        limits = [units * self.unit.mib * 2**20 for _, units in signature.layout]
+        envs = {
+            **answer.envs,
+            "LD_PRELOAD": f"{CONTAINER_LIB_DIR}/{LIB_NAME}",
+            "GPUSHARE_MEM_LIMIT": (
+                str(limits[0]) if len(set(limits)) == 1 else ",".join(map(str, limits))
+            ),
+            "GPUSHARE_ACCOUNTING_DIR": CONTAINER_ACCOUNTING_DIR,
+        }
+        if target.mode == "core_mem" and signature.core_layout:
+            envs["GPUSHARE_CORE_LIMIT"] = str(max(p for _, p in signature.core_layout))
+        mounts = (
+            *answer.mounts,
+            (CONTAINER_LIB_DIR, str(self.lib_dir), True),
+            (CONTAINER_ACCOUNTING_DIR, str(accounting), False),
+        )
+        return replace(answer, envs=envs, mounts=mounts)
+
+    def close(self) -> None:
+        """Nothing runs; the library stays for the containers that use it."""
+
+
+class DaemonRunner(Protocol):
+    """Starts, probes and stops one MPS control daemon, named by its pipe directory."""
+
+    def missing(self) -> str:
+        """Why no daemon can be run on this node, or ""."""
+        ...
+
+    def start(self, gpu: GpuInfo, pipe_dir: Path, log_dir: Path) -> None:
+        """Start a daemon that serves only this GPU; raise OSError when it cannot."""
+        ...
+
+    def alive(self, pipe_dir: Path) -> bool:
+        """Whether the daemon behind this pipe directory answers."""
+        ...
+
+    def stop(self, pipe_dir: Path) -> None:
+        """Ask the daemon to quit."""
+        ...
+
+
+class MpsControl:
+    """The real runner: ``nvidia-cuda-mps-control`` (needs the NVIDIA driver's MPS tools)."""
+
+    binary = "nvidia-cuda-mps-control"
+
+    def _env(self, pipe_dir: Path, **extra: str) -> dict[str, str]:
+        return {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir), **extra}
+
+    def missing(self) -> str:
+        """Why MPS cannot run here, or ""."""
+        if shutil.which(self.binary) is None:
+            return (
+                f"node mode is mps but {self.binary} is not on PATH in the device plugin's "
+                f"container: mount the NVIDIA driver's MPS tools, or start with --isolation none"
+            )
+        return ""
+
+    def start(self, gpu: GpuInfo, pipe_dir: Path, log_dir: Path) -> None:
+        """``nvidia-cuda-mps-control -d`` with only this GPU visible."""
+        env = self._env(
+            pipe_dir, CUDA_MPS_LOG_DIRECTORY=str(log_dir), CUDA_VISIBLE_DEVICES=gpu.uuid
+        )
+        done = subprocess.run(
+            [self.binary, "-d"], env=env, capture_output=True, text=True, timeout=30
+        )
+        if done.returncode != 0:
+            raise OSError(f"{self.binary} -d exited {done.returncode}: {done.stderr.strip()}")
+
+    def _ask(self, pipe_dir: Path, command: str) -> bool:
+        try:
+            done = subprocess.run(
+                [self.binary],
+                input=command + "\n",
+                env=self._env(pipe_dir),
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return done.returncode == 0
+
+    def alive(self, pipe_dir: Path) -> bool:
+        """``get_server_list`` answers."""
+        return self._ask(pipe_dir, "get_server_list")
+
+    def stop(self, pipe_dir: Path) -> None:
+        """``quit``."""
+        self._ask(pipe_dir, "quit")
+
+
+class MpsIsolation:
+    """mps: one control daemon per GPU, started lazily, restarted when dead, stopped at the end."""
+
+    def __init__(
+        self, *, runner: DaemonRunner, state_dir: Path, source: GpuSource, unit: MemoryUnit
+    ) -> None:
+        self.runner = runner
+        self.state_dir = state_dir
+        self.source = source
+        self.unit = unit
+        self.started: dict[str, Path] = {}
+
+    def prepare(self, mode: str) -> str:
+        """Refuse to start when MPS cannot run."""
+        return self.runner.missing()
+
+    def pipe_dir(self, gpu: GpuInfo) -> Path:
+        """The GPU's pipe directory on the host."""
+        return self.state_dir / "mps" / gpu.uuid / "pipe"
+
+    def ensure(self, gpu: GpuInfo) -> Path:
+        """Start the GPU's daemon unless it answers; return its pipe directory."""
+        pipe = self.pipe_dir(gpu)
+        if gpu.uuid in self.started and self.runner.alive(pipe):
+            return pipe
+        logs = pipe.parent / "log"
+        try:
+            pipe.mkdir(parents=True, exist_ok=True)
+            logs.mkdir(parents=True, exist_ok=True)
+            self.runner.start(gpu, pipe, logs)
+        except OSError as err:
+            raise IsolationError(
+                f"cannot start the MPS control daemon for GPU {gpu.index}: {err}"
+            ) from err
+        verb = "restarted" if gpu.uuid in self.started else "started"
+        self.started[gpu.uuid] = pipe
+        log.info("gpu=%d uuid=%s pipe=%s phase=mps %s", gpu.index, gpu.uuid, pipe, verb)
+        return pipe
+
+    def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
+        """Point the container at its GPU's daemon, with its pinned-memory limit."""
+        signature = target.signature
+        if signature.resource != MEM:
+            return answer
+        if len(signature.layout) != 1:
+            raise IsolationError(
+                f"mps nodes serve one GPU a container, this one got {len(signature.layout)}"
+            )
+        index, units = signature.layout[0]
+        gpu = next((g for g in self.source.gpus() if g.index == index), None)
+        if gpu is None:
+            raise IsolationError(f"GPU {index} is not on this node any more")
+        pipe = self.ensure(gpu)
+        envs = {
+            **answer.envs,
+            "CUDA_MPS_PIPE_DIRECTORY": CONTAINER_MPS_PIPE_DIR,
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={units * self.unit.mib}M",
+        }
+        if signature.core_layout:
+            envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(signature.core_layout[0][1])
+        mounts = (*answer.mounts, (CONTAINER_MPS_PIPE_DIR, str(pipe), False))
+        return replace(answer, envs=envs, mounts=mounts)
+
+    def close(self) -> None:
+        """Stop every daemon this hook started."""
+        for pipe in self.started.values():
+            with contextlib.suppress(OSError):
+                self.runner.stop(pipe)
+        self.started.clear()
+
+
+class NodeIsolation:
+    """The plugin's hook: picks the one for the node's mode when the plugin starts.
+
+    ``policy`` is ``auto`` (enforce what the mode promises, refusing to start when that is not
+    possible) or ``none`` (serve every mode without isolation: the limits become advisory).
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: str,
+        lib_dir: Path,
+        state_dir: Path,
+        unit: MemoryUnit,
+        source: GpuSource,
+        runner: DaemonRunner | None = None,
+        packaged: Path | None = None,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"--isolation={policy!r} is not supported: use auto or none")
+        self.policy = policy
+        self.lib_dir = lib_dir
+        self.state_dir = state_dir
+        self.unit = unit
+        self.source = source
+        self.runner = runner or MpsControl()
+        self.packaged = packaged
+        self.chosen: IsolationHook = NoIsolation()
+
+    def prepare(self, mode: str) -> str:
+        """Pick the hook for ``mode`` and prepare it."""
+        if self.policy == "none" or mode not in (*INTERPOSER_MODES, MPS_MODE):
+            if mode in (*INTERPOSER_MODES, MPS_MODE):
+                log.warning("mode=%s isolation=none: limits are not enforced on this node", mode)
+            self.chosen = NoIsolation()
+        elif mode == MPS_MODE:
+            self.chosen = MpsIsolation(
+                runner=self.runner, state_dir=self.state_dir, source=self.source, unit=self.unit
+            )
+        else:
+            self.chosen = InterposerIsolation(
+                lib_dir=self.lib_dir,
+                state_dir=self.state_dir,
+                unit=self.unit,
+                packaged=self.packaged,
+            )
+        return self.chosen.prepare(mode)
+
+    def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
+        """Delegate to the chosen hook."""
+        return self.chosen.extend(answer, target)
+
+    def close(self) -> None:
+        """Delegate to the chosen hook."""
+        self.chosen.close()

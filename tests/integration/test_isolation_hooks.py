@@ -1,0 +1,211 @@
+"""What Allocate injects per node mode, over gRPC with the fake kubelet (no GPU, no MPS here)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpushare.core.units import MemoryUnit
+from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo
+from gpushare.deviceplugin.isolation import (
+    CONTAINER_ACCOUNTING_DIR,
+    CONTAINER_LIB_DIR,
+    CONTAINER_MPS_PIPE_DIR,
+    LIB_NAME,
+    NodeIsolation,
+)
+from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig, StartRefused
+from gpushare.kube.memory import MemoryKube
+from tests import grpc_loop
+
+from .test_device_plugin import CORE, MEM, NODE, Rig, bare_node, pod, run
+
+GiB = 2**30
+PRELOAD = f"{CONTAINER_LIB_DIR}/{LIB_NAME}"
+
+
+class FakeDaemons:
+    """MPS control daemons as a dictionary: pipe directory -> GPU uuid."""
+
+    def __init__(self) -> None:
+        self.running: dict[Path, str] = {}
+        self.starts: list[str] = []
+        self.stops: list[Path] = []
+
+    def missing(self) -> str:
+        return ""
+
+    def start(self, gpu: GpuInfo, pipe_dir: Path, log_dir: Path) -> None:
+        assert pipe_dir.is_dir() and log_dir.is_dir()
+        self.running[pipe_dir] = gpu.uuid
+        self.starts.append(gpu.uuid)
+
+    def alive(self, pipe_dir: Path) -> bool:
+        return pipe_dir in self.running
+
+    def stop(self, pipe_dir: Path) -> None:
+        self.stops.append(pipe_dir)
+        self.running.pop(pipe_dir, None)
+
+
+def fake_library() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="gs-lib-", dir="/tmp")) / LIB_NAME
+    path.write_bytes(b"\x7fELF fake interposer")
+    return path
+
+
+def isolation(
+    policy: str = "auto", packaged: Path | None = None, daemons: FakeDaemons | None = None
+) -> Any:
+    def make(root: Path, source: FakeGpus) -> NodeIsolation:
+        return NodeIsolation(
+            policy=policy,
+            lib_dir=root / "lib",
+            state_dir=root / "state",
+            unit=MemoryUnit.GiB,
+            source=source,
+            runner=daemons or FakeDaemons(),
+            packaged=packaged,
+        )
+
+    return make
+
+
+async def admit(r: Rig, manifest: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    placed = await r.place(manifest)
+    assert placed is not None
+    return placed, await r.kubelet.admit(placed)
+
+
+def test_cgpu_containers_get_the_interposer_their_limit_and_their_own_accounting() -> None:
+    library = fake_library()
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        assert (r.root / "lib" / LIB_NAME).read_bytes() == library.read_bytes()
+        placed, admitted = await admit(r, pod("trainer", 3, 2))
+        uid = placed["metadata"]["uid"]
+        for name, size in (("c0", 3), ("c1", 2)):
+            envs = admitted.envs[name]
+            assert envs["LD_PRELOAD"] == PRELOAD
+            assert envs["GPUSHARE_MEM_LIMIT"] == str(size * GiB)
+            assert envs["GPUSHARE_ACCOUNTING_DIR"] == CONTAINER_ACCOUNTING_DIR
+            assert "GPUSHARE_CORE_LIMIT" not in envs
+            assert envs["ALIYUN_COM_GPU_MEM_CONTAINER"] == str(size)
+            accounting = r.root / "state" / "accounting" / uid / name
+            assert accounting.is_dir() and not any(accounting.iterdir())
+            assert admitted.mounts[name] == [
+                (CONTAINER_LIB_DIR, str(r.root / "lib"), True),
+                (CONTAINER_ACCOUNTING_DIR, str(accounting), False),
+            ]
+
+    run(body, mode="cgpu", hook=isolation(packaged=library))
+
+
+def test_core_mem_adds_the_compute_limit_and_mounts_once_per_container() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(CORE, 40)
+        _, admitted = await admit(r, pod("cuda-sample", 2, core=30))
+        envs = admitted.envs["c0"]
+        assert envs["GPUSHARE_CORE_LIMIT"] == "30"
+        assert envs["GPUSHARE_MEM_LIMIT"] == str(2 * GiB)
+        assert envs["LD_PRELOAD"] == PRELOAD
+        # the memory and the core answers are merged by kubelet: the mounts come once
+        assert [m[0] for m in admitted.mounts["c0"]] == [
+            CONTAINER_LIB_DIR,
+            CONTAINER_ACCOUNTING_DIR,
+        ]
+
+    run(body, mode="core_mem", hook=isolation(packaged=fake_library()))
+
+
+def test_identical_pending_containers_get_distinct_accounting_dirs() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        first = await r.place(pod("a", 2))
+        second = await r.place(pod("b", 2))
+        assert first is not None and second is not None
+        dirs = set()
+        for placed in (first, second):
+            admitted = await r.kubelet.admit(placed)
+            (host,) = [h for c, h, _ in admitted.mounts["c0"] if c == CONTAINER_ACCOUNTING_DIR]
+            assert Path(host).is_dir()
+            dirs.add(host)
+        assert len(dirs) == 2
+
+    run(body, mode="cgpu", hook=isolation(packaged=fake_library()))
+
+
+def test_share_nodes_get_the_variables_and_nothing_enforced() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        _, admitted = await admit(r, pod("app", 4))
+        envs = admitted.envs["c0"]
+        assert (envs["ALIYUN_COM_GPU_MEM_CONTAINER"], envs["ALIYUN_COM_GPU_MEM_DEV"]) == ("4", "15")
+        assert "LD_PRELOAD" not in envs and "c0" not in admitted.mounts
+
+    run(body, mode="share", hook=isolation(packaged=fake_library()))
+
+
+def test_isolation_none_serves_cgpu_without_the_interposer() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        _, admitted = await admit(r, pod("app", 4))
+        assert "LD_PRELOAD" not in admitted.envs["c0"] and "c0" not in admitted.mounts
+
+    run(body, mode="cgpu", hook=isolation(policy="none"))
+
+
+def test_cgpu_without_the_library_refuses_to_start(tmp_path: Path) -> None:
+    kube = MemoryKube()
+    kube.put_node(bare_node("cgpu"))
+    source = FakeGpus.parse("1x15GiB", node=NODE)
+    config = PluginConfig(node=NODE, plugin_dir=tmp_path / "dp", state_dir=tmp_path / "state")
+    hook = isolation(packaged=None)(tmp_path, source)
+    plugin = DevicePlugin(api=kube, source=source, config=config, hook=hook)
+    with pytest.raises(StartRefused) as err:
+        grpc_loop.run(plugin.start())
+    assert LIB_NAME in str(err.value) and "--isolation none" in str(err.value)
+    node = grpc_loop.run(kube.get_node(NODE))
+    assert "gpushare.io/gpus" not in node["metadata"].get("annotations", {})  # nothing published
+
+
+def test_mps_starts_one_daemon_per_gpu_lazily_and_injects_its_limits() -> None:
+    daemons = FakeDaemons()
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        assert daemons.starts == []  # lazily
+        _, admitted = await admit(r, pod("a", 2))
+        index = int(admitted.envs["c0"]["ALIYUN_COM_GPU_MEM_IDX"])
+        uuid = f"GPU-fake-{NODE}-{index}"
+        pipe = r.root / "state" / "mps" / uuid / "pipe"
+        envs = admitted.envs["c0"]
+        assert envs["CUDA_MPS_PIPE_DIRECTORY"] == CONTAINER_MPS_PIPE_DIR
+        assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
+        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in envs
+        assert "LD_PRELOAD" not in envs
+        assert admitted.mounts["c0"] == [(CONTAINER_MPS_PIPE_DIR, str(pipe), False)]
+        assert daemons.starts == [uuid]
+        # a second pod on the same GPU reuses the daemon
+        second = await r.place(pod("b", 3))
+        assert second is not None
+        more = await r.kubelet.admit(second)
+        if more.envs["c0"]["ALIYUN_COM_GPU_MEM_IDX"] == str(index):
+            assert daemons.starts == [uuid]
+        assert more.envs["c0"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=3072M"
+        # a dead daemon is started again on the next Allocate for its GPU
+        daemons.running.clear()
+        third = await r.place(pod("c", 1))
+        assert third is not None
+        last = await r.kubelet.admit(third)
+        assert len(daemons.starts) >= 2
+        assert daemons.starts[-1].endswith(last.envs["c0"]["ALIYUN_COM_GPU_MEM_IDX"])
+        assert set(daemons.starts) <= {f"GPU-fake-{NODE}-{i}" for i in range(2)}
+
+    run(body, mode="mps", hook=isolation(daemons=daemons))
+    # the plugin stopped: every daemon it started was asked to quit
+    assert daemons.running == {} and daemons.stops
