@@ -275,7 +275,7 @@ def test_device_plugin_daemonset(default_docs: list[dict[str, Any]]) -> None:
     assert expression == {
         "key": "ack.node.gpu.schedule",
         "operator": "In",
-        "values": ["share", "cgpu", "core_mem"],
+        "values": ["share", "cgpu", "core_mem", "mps"],
     }
     assert {t["key"] for t in pod["tolerations"]} == {"nvidia.com/gpu", "CriticalAddonsOnly"}
     (container,) = pod["containers"]
@@ -288,7 +288,15 @@ def test_device_plugin_daemonset(default_docs: list[dict[str, Any]]) -> None:
         "/var/lib/kubelet/pod-resources",
         "/var/lib/kubelet/config.yaml",
         "/var/lib/kubelet/cpu_manager_state",
+        "/var/lib/gpushare",
+        "/usr/local/gpushare",
     } <= paths
+    # the plugin hands kubelet host paths, so it sees them at the same paths
+    mounted = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/var/lib/gpushare", "/usr/local/gpushare"} <= mounted
+    args = container["args"]
+    assert "--state-dir=/var/lib/gpushare" in args and "--isolation=auto" in args
+    assert "--isolation-lib-dir=/usr/local/gpushare" in args
 
 
 def webhook_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
