@@ -7,13 +7,14 @@ CLUSTER_DIR ?= .cluster
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= gpushare:$(VERSION)
 
-.PHONY: demo test unit e2e lint typecheck controlplane cluster cluster-down bench image clean
+.PHONY: demo test unit native e2e lint typecheck controlplane cluster cluster-down bench image clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip==26.3
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
 	$(BIN)/python -m gpushare.deviceplugin.genproto
+	$(BIN)/python -m gpushare.isolation.build
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -31,9 +32,13 @@ typecheck: $(STAMP)
 controlplane:
 	bash tests/e2e/controlplane/build.sh > /dev/null
 
-# Unit and integration tests only (no control plane).
+# The native interposer (src/gpushare/isolation/native/libgpushare-cuda.so; needs gcc only).
+native: $(STAMP)
+	$(BIN)/python -m gpushare.isolation.build
+
+# Unit and integration tests only (no control plane), with the interposer's CPU-side proofs.
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q tests/unit tests/integration
+	$(BIN)/python -m pytest -q tests/unit tests/integration tests/isolation
 
 # End-to-end tests on the real control plane.
 e2e: $(STAMP) controlplane
@@ -43,7 +48,7 @@ e2e: $(STAMP) controlplane
 # order, so the busy control plane of the e2e tests runs last. pytest's exit code 5 (no tests)
 # is not a failure.
 test: $(STAMP) lint typecheck controlplane
-	GPUSHARE_E2E=1 $(BIN)/python -m pytest -q tests/unit tests/integration tests/gpu tests/e2e; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	GPUSHARE_E2E=1 $(BIN)/python -m pytest -q tests/unit tests/integration tests/isolation tests/gpu tests/e2e; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 # A control plane with the gpushare extender and kwok, for a person with kubectl.
 cluster: $(STAMP) controlplane

@@ -1,0 +1,90 @@
+"""Build the native interposer: ``python -m gpushare.isolation.build``.
+
+The interposer is plain C (``native/interposer.c`` and its own ``native/gpushare_cuda.h``, which
+declares the few CUDA driver and NVML types it needs), so building it needs only a C compiler,
+the C library, libdl, libpthread and libm: no CUDA toolkit. The library lands next to its
+sources, ``native/libgpushare-cuda.so``, where the package data and the device plugin find it.
+Warnings are errors, so a compiler upgrade that notices something fails the build loudly.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+NATIVE = Path(__file__).parent / "native"
+LIB_NAME = "libgpushare-cuda.so"
+SOURCES = ("interposer.c",)
+CFLAGS = ("-O2", "-fPIC", "-Wall", "-Wextra", "-Werror", "-std=gnu11")
+LIBS = ("-ldl", "-lpthread", "-lm")
+
+
+class BuildError(Exception):
+    """The interposer (or a test double) could not be compiled."""
+
+
+def compiler(cc: str = "gcc") -> str:
+    """Path of the C compiler, or BuildError saying how to get one."""
+    path = shutil.which(cc)
+    if path is None:
+        raise BuildError(
+            f"C compiler {cc!r} not found on PATH: install gcc (Debian/Ubuntu: apt-get install "
+            "gcc; the image's build stage has it) to build the gpushare interposer"
+        )
+    return path
+
+
+def compile_shared(
+    sources: Sequence[Path],
+    out: Path,
+    *,
+    cc: str = "gcc",
+    extra: Sequence[str] = (),
+    libs: Sequence[str] = LIBS,
+) -> Path:
+    """Compile C sources into the shared library out, with the headers of NATIVE in reach."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        compiler(cc),
+        *CFLAGS,
+        "-shared",
+        f"-I{NATIVE}",
+        *extra,
+        "-o",
+        str(out),
+        *(str(s) for s in sources),
+        *libs,
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise BuildError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n{done.stderr}")
+    return out
+
+
+def build(out: Path | None = None, *, cc: str = "gcc") -> Path:
+    """Build the interposer (into native/ unless out is given) and return its path."""
+    return compile_shared(
+        [NATIVE / s for s in SOURCES],
+        out or NATIVE / LIB_NAME,
+        cc=cc,
+        extra=("-fvisibility=hidden",),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Build the interposer; print its path, or the error and exit 1."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        path = build(Path(args[0]) if args else None)
+    except BuildError as err:
+        print(f"gpushare.isolation.build: {err}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,981 @@
+/*
+ * gpushare's CUDA driver / NVML interposer (LD_PRELOAD=libgpushare-cuda.so).
+ *
+ * Memory: every driver allocation path (cuMemAlloc, pitch, async and pool, VMM cuMemCreate) is
+ * reserved against GPUSHARE_MEM_LIMIT before the real call and given back on free or failure.
+ * Usage is kept per container in a shared mmap'ed table under GPUSHARE_ACCOUNTING_DIR, one entry
+ * per process (pid, start time, bytes per device), under an exclusive flock plus a process-local
+ * mutex (flock does not exclude threads of one process). Entries of dead processes are reclaimed
+ * on each reservation (kill(pid, 0) == ESRCH), and before refusing, entries whose pid was reused
+ * (start time differs) are reclaimed too. IPC-imported memory is counted in the exporting process
+ * (where it was allocated), so it is not counted twice. Managed memory is refused.
+ *
+ * Resolution: the real driver and NVML are dlopen'ed (GPUSHARE_REAL_CUDA / GPUSHARE_REAL_NVML,
+ * defaults libcuda.so.1 / libnvidia-ml.so.1). CUDA 11.3+ runtimes dlopen libcuda and resolve
+ * entry points by handle (dlsym) and through cuGetProcAddress, which bypass LD_PRELOAD; so dlsym
+ * itself is wrapped and cuGetProcAddress(_v2) hands out this library's functions for the names it
+ * intercepts.
+ *
+ * Compute: launches pass a per-device token bucket whose rate a background thread sets every
+ * 100 ms: a model-based feed-forward (rate = target / k, where k, the GPU time per launch, is
+ * estimated from NVML utilisation over the observed launch rate) times an integral correction
+ * that removes the remaining error. It holds when the pod is alone on the GPU because it targets
+ * the measured utilisation, not the headroom left by others.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpushare_cuda.h"
+
+#define GS_EXPORT __attribute__((visibility("default")))
+#define GS_MAX_DEVS 16
+#define GS_MAX_PROCS 1024
+#define GS_MAGIC 0x6770757368617265ULL /* "gpushare" */
+#define GS_TABLE_FILE "gpushare-usage.v1"
+
+/* ------------------------------------------------------------------ configuration, logging */
+
+static int gs_log_on = -1;
+
+static void gs_log(const char *fmt, ...) {
+    if (gs_log_on < 0) {
+        const char *v = getenv("GPUSHARE_LOG");
+        gs_log_on = v != NULL && strcmp(v, "1") == 0;
+    }
+    if (!gs_log_on)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "gpushare[%d]: ", (int)getpid());
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static pthread_once_t gs_config_once = PTHREAD_ONCE_INIT;
+static unsigned long long gs_limit[GS_MAX_DEVS]; /* 0 = no limit */
+static int gs_any_limit;
+static int gs_core_pct; /* 0 = no throttle */
+
+static void gs_config_init(void) {
+    const char *mem = getenv("GPUSHARE_MEM_LIMIT");
+    if (mem != NULL && *mem != '\0') {
+        const char *p = mem;
+        int n = 0;
+        while (n < GS_MAX_DEVS && *p != '\0') {
+            char *end = NULL;
+            unsigned long long v = strtoull(p, &end, 10);
+            if (end == p)
+                break;
+            gs_limit[n++] = v;
+            p = *end == ',' ? end + 1 : end;
+            if (*end != ',')
+                break;
+        }
+        if (n == 1)
+            for (int i = 1; i < GS_MAX_DEVS; i++)
+                gs_limit[i] = gs_limit[0];
+        for (int i = 0; i < GS_MAX_DEVS; i++)
+            gs_any_limit |= gs_limit[i] != 0;
+    }
+    const char *core = getenv("GPUSHARE_CORE_LIMIT");
+    if (core != NULL && *core != '\0') {
+        int v = atoi(core);
+        gs_core_pct = v > 0 && v < 100 ? v : 0;
+    }
+    gs_log("memory limit device0=%llu bytes, core limit=%d%%", gs_limit[0], gs_core_pct);
+}
+
+static void gs_config(void) { pthread_once(&gs_config_once, gs_config_init); }
+
+static unsigned long long gs_limit_of(int dev) {
+    gs_config();
+    return dev >= 0 && dev < GS_MAX_DEVS ? gs_limit[dev] : 0;
+}
+
+/* ------------------------------------------------------------------ symbol resolution */
+
+typedef void *(*dlsym_fn)(void *, const char *);
+static dlsym_fn gs_real_dlsym_fn;
+
+static void *gs_real_dlsym(void *handle, const char *name) {
+    if (gs_real_dlsym_fn == NULL) {
+        static const char *versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0"};
+        for (size_t i = 0; i < sizeof versions / sizeof *versions && !gs_real_dlsym_fn; i++)
+            gs_real_dlsym_fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+        if (gs_real_dlsym_fn == NULL)
+            return NULL;
+    }
+    return gs_real_dlsym_fn(handle, name);
+}
+
+static void *gs_cuda_handle, *gs_nvml_handle;
+static pthread_mutex_t gs_resolve_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void *gs_open(void **slot, const char *env, const char *dflt) {
+    pthread_mutex_lock(&gs_resolve_lock);
+    if (*slot == NULL) {
+        const char *path = getenv(env);
+        *slot = dlopen(path != NULL && *path != '\0' ? path : dflt, RTLD_NOW | RTLD_GLOBAL);
+        if (*slot == NULL)
+            gs_log("cannot open %s: %s", path ? path : dflt, dlerror());
+    }
+    pthread_mutex_unlock(&gs_resolve_lock);
+    return *slot;
+}
+
+static void *gs_real_cuda(const char *name) {
+    void *h = gs_open(&gs_cuda_handle, "GPUSHARE_REAL_CUDA", "libcuda.so.1");
+    return h ? gs_real_dlsym(h, name) : NULL;
+}
+
+static void *gs_real_nvml(const char *name) {
+    void *h = gs_open(&gs_nvml_handle, "GPUSHARE_REAL_NVML", "libnvidia-ml.so.1");
+    return h ? gs_real_dlsym(h, name) : NULL;
+}
+
+#define REAL_CUDA(type, name)                                                                  \
+    static __typeof__(type) real_fn;                                                                     \
+    if (real_fn == NULL)                                                                       \
+        real_fn = (type)gs_real_cuda(name);                                                    \
+    if (real_fn == NULL)                                                                       \
+        return CUDA_ERROR_NOT_FOUND;
+
+#define REAL_NVML(type, name)                                                                  \
+    static __typeof__(type) real_fn;                                                                     \
+    if (real_fn == NULL)                                                                       \
+        real_fn = (type)gs_real_nvml(name);                                                    \
+    if (real_fn == NULL)                                                                       \
+        return NVML_ERROR_NOT_FOUND;
+
+/* ------------------------------------------------------------------ the shared usage table */
+
+struct gs_proc {
+    int32_t pid;
+    int32_t pad;
+    uint64_t start_time;
+    uint64_t bytes[GS_MAX_DEVS];
+};
+
+struct gs_table {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t pad;
+    struct gs_proc procs[GS_MAX_PROCS];
+};
+
+static pthread_mutex_t gs_table_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct gs_table *gs_table;
+static int gs_table_fd = -1;
+static pid_t gs_my_pid;
+static struct gs_proc *gs_me;
+
+static uint64_t gs_start_time(pid_t pid) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* the command name may contain spaces */
+    if (p == NULL)
+        return 0;
+    /* after ") " come fields 3.. ; starttime is field 22 */
+    int field = 2;
+    for (p++; *p != '\0' && field < 21; p++)
+        if (*p == ' ')
+            field++;
+    return strtoull(p, NULL, 10);
+}
+
+
+static int gs_table_attach(void);
+
+/* Lock the table (threads: the mutex; processes: flock) and attach; 0 when usable. */
+static int gs_table_lock_acquire(void) {
+    pthread_mutex_lock(&gs_table_lock);
+    int rc = gs_table_attach();
+    if (gs_table_fd >= 0)
+        while (flock(gs_table_fd, LOCK_EX) != 0 && errno == EINTR) {
+        }
+    return rc;
+}
+
+static void gs_table_lock_release(void) {
+    if (gs_table_fd >= 0)
+        flock(gs_table_fd, LOCK_UN);
+    pthread_mutex_unlock(&gs_table_lock);
+}
+
+static void gs_local_reset(void);
+
+/* Map the table and claim this process's entry; call with gs_table_lock held (not flock). */
+static int gs_table_attach(void) {
+    pid_t pid = getpid();
+    if (gs_table != NULL && gs_my_pid == pid)
+        return gs_me ? 0 : -1;
+    if (gs_table != NULL && gs_table_fd >= 0) {
+        /* forked: flock belongs to the open file description shared with the parent */
+        munmap(gs_table, sizeof(struct gs_table));
+        close(gs_table_fd);
+        gs_table = NULL;
+        gs_table_fd = -1;
+    }
+    if (gs_table == NULL) {
+        const char *dir = getenv("GPUSHARE_ACCOUNTING_DIR");
+        if (dir != NULL && *dir != '\0') {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%s", dir, GS_TABLE_FILE);
+            mode_t old = umask(0);
+            int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+            umask(old);
+            if (fd >= 0) {
+                flock(fd, LOCK_EX);
+                struct stat st;
+                if (fstat(fd, &st) == 0 && st.st_size < (off_t)sizeof(struct gs_table) &&
+                    ftruncate(fd, sizeof(struct gs_table)) != 0) {
+                    flock(fd, LOCK_UN);
+                    close(fd);
+                    fd = -1;
+                }
+                if (fd >= 0) {
+                    void *m = mmap(NULL, sizeof(struct gs_table), PROT_READ | PROT_WRITE,
+                                   MAP_SHARED, fd, 0);
+                    flock(fd, LOCK_UN);
+                    if (m == MAP_FAILED) {
+                        close(fd);
+                        fd = -1;
+                    } else {
+                        gs_table = m;
+                        gs_table_fd = fd;
+                    }
+                }
+            }
+            if (gs_table == NULL)
+                fprintf(stderr,
+                        "gpushare: cannot use the accounting file %s (%s); counting this "
+                        "process alone\n",
+                        path, strerror(errno));
+        }
+        if (gs_table == NULL) {
+            void *m = mmap(NULL, sizeof(struct gs_table), PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (m == MAP_FAILED)
+                return -1;
+            gs_table = m;
+        }
+    }
+    if (gs_my_pid != 0 && gs_my_pid != pid)
+        gs_local_reset(); /* a forked child owns none of its parent's device memory */
+    gs_my_pid = pid;
+    gs_me = NULL;
+    if (gs_table_fd >= 0)
+        flock(gs_table_fd, LOCK_EX);
+    if (gs_table->magic != GS_MAGIC) {
+        memset(gs_table, 0, sizeof *gs_table);
+        gs_table->magic = GS_MAGIC;
+        gs_table->version = 1;
+    }
+    uint64_t start = gs_start_time(pid);
+    struct gs_proc *free_slot = NULL;
+    for (int i = 0; i < GS_MAX_PROCS; i++) {
+        struct gs_proc *e = &gs_table->procs[i];
+        if (e->pid == pid) { /* a dead process with our pid: its memory is gone */
+            memset(e, 0, sizeof *e);
+            free_slot = free_slot ? free_slot : e;
+        } else if (e->pid == 0 && free_slot == NULL) {
+            free_slot = e;
+        }
+    }
+    if (free_slot != NULL) {
+        free_slot->pid = pid;
+        free_slot->start_time = start;
+        gs_me = free_slot;
+    }
+    if (gs_table_fd >= 0)
+        flock(gs_table_fd, LOCK_UN);
+    return gs_me ? 0 : -1;
+}
+
+/* Reclaim dead entries; with thorough, also entries whose pid now names another process. */
+static void gs_reclaim(int thorough) {
+    for (int i = 0; i < GS_MAX_PROCS; i++) {
+        struct gs_proc *e = &gs_table->procs[i];
+        if (e->pid == 0 || e == gs_me)
+            continue;
+        int dead = kill(e->pid, 0) != 0 && errno == ESRCH;
+        if (!dead && thorough && e->start_time != 0)
+            dead = gs_start_time(e->pid) != e->start_time;
+        if (dead) {
+            gs_log("reclaiming entry of dead pid %d", e->pid);
+            memset(e, 0, sizeof *e);
+        }
+    }
+}
+
+static unsigned long long gs_used_locked(int dev) {
+    unsigned long long sum = 0;
+    for (int i = 0; i < GS_MAX_PROCS; i++)
+        if (gs_table->procs[i].pid != 0)
+            sum += gs_table->procs[i].bytes[dev];
+    return sum;
+}
+
+/* Container usage of a device in bytes. */
+static unsigned long long gs_used(int dev) {
+    if (dev < 0 || dev >= GS_MAX_DEVS)
+        return 0;
+    unsigned long long used = 0;
+    if (gs_table_lock_acquire() == 0) {
+        gs_reclaim(0);
+        used = gs_used_locked(dev);
+    }
+    gs_table_lock_release();
+    return used;
+}
+
+/* Reserve bytes on dev for this process; CUDA_ERROR_OUT_OF_MEMORY if over the limit. */
+static CUresult gs_reserve(int dev, unsigned long long bytes) {
+    unsigned long long limit = gs_limit_of(dev);
+    if (limit == 0)
+        return CUDA_SUCCESS;
+    CUresult rc = CUDA_SUCCESS;
+    if (gs_table_lock_acquire() != 0) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        gs_reclaim(0);
+        unsigned long long used = gs_used_locked(dev);
+        if (used + bytes > limit) {
+            gs_reclaim(1);
+            used = gs_used_locked(dev);
+        }
+        if (used + bytes > limit) {
+            gs_log("refusing %llu bytes on device %d: %llu used of %llu", bytes, dev, used, limit);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            gs_me->bytes[dev] += bytes;
+        }
+    }
+    gs_table_lock_release();
+    return rc;
+}
+
+static void gs_unreserve(int dev, unsigned long long bytes) {
+    if (gs_limit_of(dev) == 0)
+        return;
+    if (gs_table_lock_acquire() == 0)
+        gs_me->bytes[dev] -= bytes < gs_me->bytes[dev] ? bytes : gs_me->bytes[dev];
+    gs_table_lock_release();
+}
+
+/* ------------------------------------------------------------------ process-local allocations */
+
+enum { GS_PTR = 1, GS_VMM = 2 };
+
+struct gs_alloc {
+    unsigned long long key;
+    unsigned long long bytes;
+    int kind;
+    int dev;
+    struct gs_alloc *next;
+};
+
+#define GS_BUCKETS 4096
+static struct gs_alloc *gs_buckets[GS_BUCKETS];
+static pthread_mutex_t gs_alloc_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t gs_bucket(unsigned long long key) { return (size_t)((key >> 8) ^ (key >> 20)) % GS_BUCKETS; }
+
+static void gs_local_reset(void) {
+    pthread_mutex_lock(&gs_alloc_lock);
+    for (size_t i = 0; i < GS_BUCKETS; i++) {
+        while (gs_buckets[i] != NULL) {
+            struct gs_alloc *a = gs_buckets[i];
+            gs_buckets[i] = a->next;
+            free(a);
+        }
+    }
+    pthread_mutex_unlock(&gs_alloc_lock);
+}
+
+static void gs_remember(int kind, unsigned long long key, int dev, unsigned long long bytes) {
+    struct gs_alloc *a = malloc(sizeof *a);
+    if (a == NULL)
+        return;
+    a->key = key;
+    a->kind = kind;
+    a->dev = dev;
+    a->bytes = bytes;
+    pthread_mutex_lock(&gs_alloc_lock);
+    size_t b = gs_bucket(key);
+    a->next = gs_buckets[b];
+    gs_buckets[b] = a;
+    pthread_mutex_unlock(&gs_alloc_lock);
+}
+
+/* Forget an allocation and give its bytes back. */
+static void gs_forget(int kind, unsigned long long key) {
+    pthread_mutex_lock(&gs_alloc_lock);
+    struct gs_alloc **pp = &gs_buckets[gs_bucket(key)], *found = NULL;
+    for (; *pp != NULL; pp = &(*pp)->next) {
+        if ((*pp)->key == key && (*pp)->kind == kind) {
+            found = *pp;
+            *pp = found->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&gs_alloc_lock);
+    if (found != NULL) {
+        gs_unreserve(found->dev, found->bytes);
+        free(found);
+    }
+}
+
+static int gs_current_device(void) {
+    typedef CUresult (*fn_t)(CUdevice *);
+    static fn_t get;
+    if (get == NULL)
+        get = (fn_t)gs_real_cuda("cuCtxGetDevice");
+    CUdevice dev = 0;
+    if (get == NULL || get(&dev) != CUDA_SUCCESS)
+        return 0;
+    return dev;
+}
+
+/* ------------------------------------------------------------------ memory entry points */
+
+GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+    REAL_CUDA(CUresult(*)(CUdeviceptr *, size_t), "cuMemAlloc_v2");
+    int dev = gs_current_device();
+    if (gs_reserve(dev, bytesize) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real_fn(dptr, bytesize);
+    if (rc == CUDA_SUCCESS)
+        gs_remember(GS_PTR, *dptr, dev, bytesize);
+    else
+        gs_unreserve(dev, bytesize);
+    return rc;
+}
+
+GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
+                                      size_t height, unsigned int elementSizeBytes) {
+    REAL_CUDA(CUresult(*)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int),
+              "cuMemAllocPitch_v2");
+    int dev = gs_current_device();
+    unsigned long long want = (unsigned long long)width * height;
+    if (gs_reserve(dev, want) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real_fn(dptr, pitch, width, height, elementSizeBytes);
+    if (rc != CUDA_SUCCESS) {
+        gs_unreserve(dev, want);
+        return rc;
+    }
+    unsigned long long got = (unsigned long long)*pitch * height;
+    if (got > want && gs_reserve(dev, got - want) != CUDA_SUCCESS) {
+        typedef CUresult (*free_t)(CUdeviceptr);
+        free_t real_free = (free_t)gs_real_cuda("cuMemFree_v2");
+        if (real_free != NULL)
+            real_free(*dptr);
+        gs_unreserve(dev, want);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    gs_remember(GS_PTR, *dptr, dev, got > want ? got : want);
+    return rc;
+}
+
+#define GS_ASYNC_ALLOC(NAME, REALNAME)                                                         \
+    GS_EXPORT CUresult NAME(CUdeviceptr *dptr, size_t bytesize, CUstream stream) {             \
+        REAL_CUDA(CUresult(*)(CUdeviceptr *, size_t, CUstream), REALNAME);                     \
+        int dev = gs_current_device();                                                         \
+        if (gs_reserve(dev, bytesize) != CUDA_SUCCESS)                                         \
+            return CUDA_ERROR_OUT_OF_MEMORY;                                                   \
+        CUresult rc = real_fn(dptr, bytesize, stream);                                         \
+        if (rc == CUDA_SUCCESS)                                                                \
+            gs_remember(GS_PTR, *dptr, dev, bytesize);                                         \
+        else                                                                                   \
+            gs_unreserve(dev, bytesize);                                                       \
+        return rc;                                                                             \
+    }
+GS_ASYNC_ALLOC(cuMemAllocAsync, "cuMemAllocAsync")
+GS_ASYNC_ALLOC(cuMemAllocAsync_ptsz, "cuMemAllocAsync_ptsz")
+
+#define GS_POOL_ALLOC(NAME, REALNAME)                                                          \
+    GS_EXPORT CUresult NAME(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,             \
+                            CUstream stream) {                                                 \
+        REAL_CUDA(CUresult(*)(CUdeviceptr *, size_t, CUmemoryPool, CUstream), REALNAME);       \
+        int dev = gs_current_device();                                                         \
+        if (gs_reserve(dev, bytesize) != CUDA_SUCCESS)                                         \
+            return CUDA_ERROR_OUT_OF_MEMORY;                                                   \
+        CUresult rc = real_fn(dptr, bytesize, pool, stream);                                   \
+        if (rc == CUDA_SUCCESS)                                                                \
+            gs_remember(GS_PTR, *dptr, dev, bytesize);                                         \
+        else                                                                                   \
+            gs_unreserve(dev, bytesize);                                                       \
+        return rc;                                                                             \
+    }
+GS_POOL_ALLOC(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync")
+GS_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync_ptsz")
+
+GS_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    REAL_CUDA(CUresult(*)(CUdeviceptr), "cuMemFree_v2");
+    CUresult rc = real_fn(dptr);
+    if (rc == CUDA_SUCCESS)
+        gs_forget(GS_PTR, dptr);
+    return rc;
+}
+
+#define GS_ASYNC_FREE(NAME, REALNAME)                                                          \
+    GS_EXPORT CUresult NAME(CUdeviceptr dptr, CUstream stream) {                               \
+        REAL_CUDA(CUresult(*)(CUdeviceptr, CUstream), REALNAME);                               \
+        CUresult rc = real_fn(dptr, stream);                                                   \
+        if (rc == CUDA_SUCCESS)                                                                \
+            gs_forget(GS_PTR, dptr);                                                           \
+        return rc;                                                                             \
+    }
+GS_ASYNC_FREE(cuMemFreeAsync, "cuMemFreeAsync")
+GS_ASYNC_FREE(cuMemFreeAsync_ptsz, "cuMemFreeAsync_ptsz")
+
+GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                               const CUmemAllocationProp *prop, unsigned long long flags) {
+    REAL_CUDA(CUresult(*)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                          unsigned long long),
+              "cuMemCreate");
+    int dev = prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
+                  ? prop->location.id
+                  : gs_current_device();
+    if (gs_reserve(dev, size) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real_fn(handle, size, prop, flags);
+    if (rc == CUDA_SUCCESS)
+        gs_remember(GS_VMM, *handle, dev, size);
+    else
+        gs_unreserve(dev, size);
+    return rc;
+}
+
+GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    REAL_CUDA(CUresult(*)(CUmemGenericAllocationHandle), "cuMemRelease");
+    CUresult rc = real_fn(handle);
+    if (rc == CUDA_SUCCESS)
+        gs_forget(GS_VMM, handle);
+    return rc;
+}
+
+GS_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    REAL_CUDA(CUresult(*)(CUdeviceptr *, size_t, unsigned int), "cuMemAllocManaged");
+    gs_config();
+    if (gs_any_limit) {
+        fprintf(stderr,
+                "gpushare: managed memory (cuMemAllocManaged) is not allowed under a GPU memory "
+                "limit (GPUSHARE_MEM_LIMIT); allocate with cudaMalloc/cuMemAlloc instead\n");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    return real_fn(dptr, bytesize, flags);
+}
+
+GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+    REAL_CUDA(CUresult(*)(size_t *, size_t *), "cuMemGetInfo_v2");
+    size_t real_free = 0, real_total = 0;
+    CUresult rc = real_fn(&real_free, &real_total);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    int dev = gs_current_device();
+    unsigned long long limit = gs_limit_of(dev);
+    if (limit == 0) {
+        *free_bytes = real_free;
+        *total_bytes = real_total;
+        return rc;
+    }
+    unsigned long long used = gs_used(dev);
+    unsigned long long left = used < limit ? limit - used : 0;
+    *free_bytes = left < real_free ? left : real_free;
+    *total_bytes = limit;
+    return rc;
+}
+
+GS_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    REAL_CUDA(CUresult(*)(size_t *, CUdevice), "cuDeviceTotalMem_v2");
+    CUresult rc = real_fn(bytes, dev);
+    unsigned long long limit = gs_limit_of(dev);
+    if (rc == CUDA_SUCCESS && limit != 0 && limit < *bytes)
+        *bytes = limit;
+    return rc;
+}
+
+/* ------------------------------------------------------------------ NVML memory */
+
+static int gs_nvml_index(nvmlDevice_t device) {
+    typedef nvmlReturn_t (*fn_t)(nvmlDevice_t, unsigned int *);
+    static fn_t get;
+    if (get == NULL)
+        get = (fn_t)gs_real_nvml("nvmlDeviceGetIndex");
+    unsigned int index = 0;
+    if (get == NULL || get(device, &index) != NVML_SUCCESS)
+        return -1;
+    return (int)index;
+}
+
+GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    REAL_NVML(nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_t *), "nvmlDeviceGetMemoryInfo");
+    nvmlReturn_t rc = real_fn(device, memory);
+    int dev = gs_nvml_index(device);
+    unsigned long long limit = gs_limit_of(dev);
+    if (rc != NVML_SUCCESS || limit == 0)
+        return rc;
+    unsigned long long used = gs_used(dev);
+    memory->total = limit;
+    memory->used = used < limit ? used : limit;
+    memory->free = limit - memory->used;
+    return rc;
+}
+
+GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    REAL_NVML(nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_v2_t *), "nvmlDeviceGetMemoryInfo_v2");
+    nvmlReturn_t rc = real_fn(device, memory);
+    int dev = gs_nvml_index(device);
+    unsigned long long limit = gs_limit_of(dev);
+    if (rc != NVML_SUCCESS || limit == 0)
+        return rc;
+    unsigned long long used = gs_used(dev);
+    memory->total = limit;
+    memory->reserved = 0;
+    memory->used = used < limit ? used : limit;
+    memory->free = limit - memory->used;
+    return rc;
+}
+
+/* ------------------------------------------------------------------ compute throttle */
+
+struct gs_bucket {
+    pthread_mutex_t lock;
+    double tokens;
+    double rate;  /* launches per second; 0 = not limited (yet) */
+    double k_est; /* estimated GPU seconds per launch */
+    double gain;  /* integral correction, multiplicative */
+    uint64_t last_ns;
+    unsigned long launches; /* in the current control period */
+    int waited;             /* a launch waited for a token in this period */
+    int seen;
+};
+
+static struct gs_bucket gs_buckets_dev[GS_MAX_DEVS];
+static pthread_once_t gs_throttle_once = PTHREAD_ONCE_INIT;
+
+static uint64_t gs_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* Container SM utilisation of a device in percent, or -1 if NVML cannot tell. */
+static double gs_measure(unsigned int index) {
+    typedef nvmlReturn_t (*handle_t)(unsigned int, nvmlDevice_t *);
+    typedef nvmlReturn_t (*rates_t)(nvmlDevice_t, nvmlUtilization_t *);
+    typedef nvmlReturn_t (*procs_t)(nvmlDevice_t, nvmlProcessUtilizationSample_t *,
+                                    unsigned int *, unsigned long long);
+    static handle_t get_handle;
+    static rates_t rates;
+    static procs_t procs;
+    if (get_handle == NULL) {
+        get_handle = (handle_t)gs_real_nvml("nvmlDeviceGetHandleByIndex_v2");
+        rates = (rates_t)gs_real_nvml("nvmlDeviceGetUtilizationRates");
+        procs = (procs_t)gs_real_nvml("nvmlDeviceGetProcessUtilization");
+    }
+    nvmlDevice_t device;
+    if (get_handle == NULL || get_handle(index, &device) != NVML_SUCCESS)
+        return -1;
+    /* Prefer per-process samples of this container's pids: right even when the GPU is shared. */
+    if (procs != NULL && gs_table != NULL) {
+        nvmlProcessUtilizationSample_t samples[64];
+        unsigned int count = 64;
+        unsigned long long since = (gs_now_ns() / 1000ULL) - 1000000ULL; /* last second, us */
+        if (procs(device, samples, &count, since) == NVML_SUCCESS) {
+            double sum = 0;
+            int matched = 0;
+            pthread_mutex_lock(&gs_table_lock);
+            for (unsigned int s = 0; s < count; s++)
+                for (int i = 0; i < GS_MAX_PROCS; i++)
+                    if (gs_table->procs[i].pid != 0 &&
+                        (unsigned int)gs_table->procs[i].pid == samples[s].pid) {
+                        sum += samples[s].smUtil;
+                        matched = 1;
+                        break;
+                    }
+            pthread_mutex_unlock(&gs_table_lock);
+            if (matched)
+                return sum;
+        }
+    }
+    nvmlUtilization_t u;
+    if (rates == NULL || rates(device, &u) != NVML_SUCCESS)
+        return -1;
+    return u.gpu;
+}
+
+static void *gs_controller(void *arg) {
+    (void)arg;
+    typedef nvmlReturn_t (*init_t)(void);
+    init_t init = (init_t)gs_real_nvml("nvmlInit_v2");
+    if (init == NULL || init() != NVML_SUCCESS) {
+        fprintf(stderr, "gpushare: NVML unavailable; GPUSHARE_CORE_LIMIT is not enforced\n");
+        return NULL;
+    }
+    const double period = 0.1, target = gs_core_pct;
+    uint64_t last = gs_now_ns();
+    for (;;) {
+        struct timespec ts = {0, 100000000L};
+        nanosleep(&ts, NULL);
+        uint64_t now = gs_now_ns();
+        double dt = (double)(now - last) / 1e9;
+        last = now;
+        if (dt <= 0)
+            dt = period;
+        for (int d = 0; d < GS_MAX_DEVS; d++) {
+            struct gs_bucket *b = &gs_buckets_dev[d];
+            if (!b->seen)
+                continue;
+            pthread_mutex_lock(&b->lock);
+            unsigned long n = b->launches;
+            int waited = b->waited;
+            b->launches = 0;
+            b->waited = 0;
+            pthread_mutex_unlock(&b->lock);
+            double u = gs_measure((unsigned int)d);
+            if (u < 0)
+                continue;
+            double r_obs = (double)n / dt;
+            if (n > 0 && u > 0.5) {
+                double k = (u / 100.0) / r_obs;
+                b->k_est = b->k_est > 0 ? 0.7 * b->k_est + 0.3 * k : k;
+            }
+            /* integral action in log space; no wind-up while the app is not launch-limited */
+            if (waited || u > target) {
+                b->gain *= exp(0.8 * (target - u) / 100.0);
+                b->gain = b->gain < 0.05 ? 0.05 : b->gain > 20 ? 20 : b->gain;
+            }
+            pthread_mutex_lock(&b->lock);
+            if (b->k_est > 0)
+                b->rate = b->gain * (target / 100.0) / b->k_est;
+            pthread_mutex_unlock(&b->lock);
+            gs_log("device %d: util %.1f%% target %.0f%% launches/s %.0f k %.6fs rate %.1f/s",
+                   d, u, target, r_obs, b->k_est, b->rate);
+        }
+    }
+    return NULL;
+}
+
+static void gs_throttle_init(void) {
+    for (int d = 0; d < GS_MAX_DEVS; d++) {
+        pthread_mutex_init(&gs_buckets_dev[d].lock, NULL);
+        gs_buckets_dev[d].gain = 1.0;
+    }
+    if (gs_core_pct == 0)
+        return;
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, gs_controller, NULL) != 0)
+        fprintf(stderr, "gpushare: cannot start the throttle thread\n");
+    pthread_attr_destroy(&attr);
+}
+
+/* Wait for a launch token on the current device. */
+static void gs_throttle(void) {
+    gs_config();
+    if (gs_core_pct == 0)
+        return;
+    pthread_once(&gs_throttle_once, gs_throttle_init);
+    int dev = gs_current_device();
+    if (dev < 0 || dev >= GS_MAX_DEVS)
+        return;
+    struct gs_bucket *b = &gs_buckets_dev[dev];
+    double wait = 0;
+    pthread_mutex_lock(&b->lock);
+    b->seen = 1;
+    b->launches++;
+    uint64_t now = gs_now_ns();
+    if (b->rate > 0) {
+        double burst = b->rate * 0.02 > 1 ? b->rate * 0.02 : 1;
+        b->tokens += b->rate * (double)(now - b->last_ns) / 1e9;
+        if (b->tokens > burst)
+            b->tokens = burst;
+        b->tokens -= 1;
+        if (b->tokens < 0) {
+            wait = -b->tokens / b->rate;
+            b->waited = 1;
+        }
+    }
+    b->last_ns = now;
+    pthread_mutex_unlock(&b->lock);
+    if (wait > 0) {
+        struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+#define GS_LAUNCH(NAME, REALNAME)                                                              \
+    GS_EXPORT CUresult NAME(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,   \
+                            unsigned int bx, unsigned int by, unsigned int bz,                 \
+                            unsigned int shmem, CUstream stream, void **params,                \
+                            void **extra) {                                                    \
+        REAL_CUDA(CUresult(*)(CUfunction, unsigned int, unsigned int, unsigned int,            \
+                              unsigned int, unsigned int, unsigned int, unsigned int,          \
+                              CUstream, void **, void **),                                     \
+                  REALNAME);                                                                   \
+        gs_throttle();                                                                         \
+        return real_fn(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);               \
+    }
+GS_LAUNCH(cuLaunchKernel, "cuLaunchKernel")
+GS_LAUNCH(cuLaunchKernel_ptsz, "cuLaunchKernel_ptsz")
+
+#define GS_LAUNCH_EX(NAME, REALNAME)                                                           \
+    GS_EXPORT CUresult NAME(const CUlaunchConfig *config, CUfunction f, void **params,         \
+                            void **extra) {                                                    \
+        REAL_CUDA(CUresult(*)(const CUlaunchConfig *, CUfunction, void **, void **), REALNAME); \
+        gs_throttle();                                                                         \
+        return real_fn(config, f, params, extra);                                              \
+    }
+GS_LAUNCH_EX(cuLaunchKernelEx, "cuLaunchKernelEx")
+GS_LAUNCH_EX(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx_ptsz")
+
+#define GS_LAUNCH_COOP(NAME, REALNAME)                                                         \
+    GS_EXPORT CUresult NAME(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,   \
+                            unsigned int bx, unsigned int by, unsigned int bz,                 \
+                            unsigned int shmem, CUstream stream, void **params) {              \
+        REAL_CUDA(CUresult(*)(CUfunction, unsigned int, unsigned int, unsigned int,            \
+                              unsigned int, unsigned int, unsigned int, unsigned int,          \
+                              CUstream, void **),                                              \
+                  REALNAME);                                                                   \
+        gs_throttle();                                                                         \
+        return real_fn(f, gx, gy, gz, bx, by, bz, shmem, stream, params);                      \
+    }
+GS_LAUNCH_COOP(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel")
+GS_LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel_ptsz")
+
+/* ------------------------------------------------------------------ cuGetProcAddress, dlsym */
+
+struct gs_sym {
+    const char *name; /* as asked for (base name or exact symbol) */
+    void *fn;
+    void *fn_ptsz; /* per-thread default stream variant, or NULL */
+    int v1_name;   /* a base name whose exported symbol has the 32-bit v1 ABI */
+};
+
+static const struct gs_sym gs_syms[] = {
+    {"cuMemAlloc", (void *)cuMemAlloc_v2, NULL, 1},
+    {"cuMemAlloc_v2", (void *)cuMemAlloc_v2, NULL, 0},
+    {"cuMemAllocPitch", (void *)cuMemAllocPitch_v2, NULL, 1},
+    {"cuMemAllocPitch_v2", (void *)cuMemAllocPitch_v2, NULL, 0},
+    {"cuMemAllocAsync", (void *)cuMemAllocAsync, (void *)cuMemAllocAsync_ptsz, 0},
+    {"cuMemAllocAsync_ptsz", (void *)cuMemAllocAsync_ptsz, NULL, 0},
+    {"cuMemAllocFromPoolAsync", (void *)cuMemAllocFromPoolAsync,
+     (void *)cuMemAllocFromPoolAsync_ptsz, 0},
+    {"cuMemAllocFromPoolAsync_ptsz", (void *)cuMemAllocFromPoolAsync_ptsz, NULL, 0},
+    {"cuMemFree", (void *)cuMemFree_v2, NULL, 1},
+    {"cuMemFree_v2", (void *)cuMemFree_v2, NULL, 0},
+    {"cuMemFreeAsync", (void *)cuMemFreeAsync, (void *)cuMemFreeAsync_ptsz, 0},
+    {"cuMemFreeAsync_ptsz", (void *)cuMemFreeAsync_ptsz, NULL, 0},
+    {"cuMemCreate", (void *)cuMemCreate, NULL, 0},
+    {"cuMemRelease", (void *)cuMemRelease, NULL, 0},
+    {"cuMemAllocManaged", (void *)cuMemAllocManaged, NULL, 0},
+    {"cuMemGetInfo", (void *)cuMemGetInfo_v2, NULL, 1},
+    {"cuMemGetInfo_v2", (void *)cuMemGetInfo_v2, NULL, 0},
+    {"cuDeviceTotalMem", (void *)cuDeviceTotalMem_v2, NULL, 1},
+    {"cuDeviceTotalMem_v2", (void *)cuDeviceTotalMem_v2, NULL, 0},
+    {"cuLaunchKernel", (void *)cuLaunchKernel, (void *)cuLaunchKernel_ptsz, 0},
+    {"cuLaunchKernel_ptsz", (void *)cuLaunchKernel_ptsz, NULL, 0},
+    {"cuLaunchKernelEx", (void *)cuLaunchKernelEx, (void *)cuLaunchKernelEx_ptsz, 0},
+    {"cuLaunchKernelEx_ptsz", (void *)cuLaunchKernelEx_ptsz, NULL, 0},
+    {"cuLaunchCooperativeKernel", (void *)cuLaunchCooperativeKernel,
+     (void *)cuLaunchCooperativeKernel_ptsz, 0},
+    {"cuLaunchCooperativeKernel_ptsz", (void *)cuLaunchCooperativeKernel_ptsz, NULL, 0},
+    {"cuGetProcAddress", (void *)cuGetProcAddress_v2, NULL, 0}, /* see gs_substitute */
+    {"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2, NULL, 0},
+    {"nvmlDeviceGetMemoryInfo", (void *)nvmlDeviceGetMemoryInfo, NULL, 0},
+    {"nvmlDeviceGetMemoryInfo_v2", (void *)nvmlDeviceGetMemoryInfo_v2, NULL, 0},
+};
+
+static const struct gs_sym *gs_find(const char *name) {
+    if (name == NULL || (name[0] != 'c' && name[0] != 'n'))
+        return NULL;
+    for (size_t i = 0; i < sizeof gs_syms / sizeof *gs_syms; i++)
+        if (strcmp(gs_syms[i].name, name) == 0)
+            return &gs_syms[i];
+    return NULL;
+}
+
+/* Replace the real driver's pointer by ours for the names we intercept. */
+static void gs_substitute(const char *symbol, void **pfn, cuuint64_t flags, int cudaVersion) {
+    const struct gs_sym *s = gs_find(symbol);
+    if (s == NULL || pfn == NULL || *pfn == NULL)
+        return;
+    if (s->v1_name && cudaVersion < 3020)
+        return; /* the 32-bit v1 ABI: not ours to replace */
+    if (strcmp(symbol, "cuGetProcAddress") == 0) {
+        /* the 4-argument form before CUDA 12, the 5-argument one after */
+        *pfn = cudaVersion >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
+        return;
+    }
+    *pfn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && s->fn_ptsz ? s->fn_ptsz
+                                                                                  : s->fn;
+    gs_log("cuGetProcAddress(%s) -> interposer", symbol);
+}
+
+GS_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                       cuuint64_t flags,
+                                       CUdriverProcAddressQueryResult *symbolStatus) {
+    REAL_CUDA(CUresult(*)(const char *, void **, int, cuuint64_t,
+                          CUdriverProcAddressQueryResult *),
+              "cuGetProcAddress_v2");
+    CUresult rc = real_fn(symbol, pfn, cudaVersion, flags, symbolStatus);
+    if (rc == CUDA_SUCCESS)
+        gs_substitute(symbol, pfn, flags, cudaVersion);
+    return rc;
+}
+
+GS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                    cuuint64_t flags) {
+    REAL_CUDA(CUresult(*)(const char *, void **, int, cuuint64_t), "cuGetProcAddress");
+    CUresult rc = real_fn(symbol, pfn, cudaVersion, flags);
+    if (rc == CUDA_SUCCESS)
+        gs_substitute(symbol, pfn, flags, cudaVersion);
+    return rc;
+}
+
+/*
+ * dlsym(handle, name) on the driver's own handle bypasses LD_PRELOAD, and that is how the CUDA
+ * runtime finds cuGetProcAddress; answer with ours for intercepted names that the handle has.
+ * Known limit: dlsym(RTLD_NEXT, ...) called by the application is answered relative to this
+ * library, not the caller.
+ */
+GS_EXPORT void *dlsym(void *handle, const char *name) {
+    void *real = gs_real_dlsym(handle, name);
+    if (real == NULL)
+        return NULL;
+    const struct gs_sym *s = gs_find(name);
+    if (s == NULL || s->v1_name || real == s->fn)
+        return real;
+    if (strcmp(name, "cuGetProcAddress") == 0)
+        return (void *)cuGetProcAddress;
+    return s->fn;
+}

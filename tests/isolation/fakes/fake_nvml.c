@@ -1,0 +1,84 @@
+/*
+ * A test double of libnvidia-ml.so.1. Utilisation follows the fake driver's model: the busy time
+ * of its fake SM over the last FAKE_NVML_WINDOW_MS milliseconds (default 200), as a percentage;
+ * the per-process samples attribute it all to this process. Memory: 16 GiB, nothing used.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "gpushare_cuda.h"
+
+typedef uint64_t (*busy_t)(uint64_t, uint64_t);
+typedef uint64_t (*now_t)(void);
+
+static double util_pct(void) {
+    static busy_t busy;
+    static now_t now;
+    if (busy == NULL) {
+        busy = (busy_t)dlsym(RTLD_DEFAULT, "fakecuda_busy_ns");
+        now = (now_t)dlsym(RTLD_DEFAULT, "fakecuda_now_ns");
+    }
+    if (busy == NULL || now == NULL)
+        return 0;
+    const char *w = getenv("FAKE_NVML_WINDOW_MS");
+    uint64_t window = (w ? strtoull(w, NULL, 10) : 200ULL) * 1000000ULL;
+    uint64_t t = now();
+    return 100.0 * (double)busy(t - window, t) / (double)window;
+}
+
+nvmlReturn_t nvmlInit_v2(void) { return NVML_SUCCESS; }
+nvmlReturn_t nvmlInit(void) { return NVML_SUCCESS; }
+nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    *count = 2;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    if (index >= 2)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *device = (nvmlDevice_t)(uintptr_t)(index + 1);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    *index = (unsigned int)(uintptr_t)device - 1;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    (void)device;
+    memory->total = 16ULL << 30;
+    memory->used = 0;
+    memory->free = memory->total;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    (void)device;
+    memory->total = 16ULL << 30;
+    memory->reserved = 0;
+    memory->used = 0;
+    memory->free = memory->total;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *u) {
+    (void)device;
+    u->gpu = (unsigned int)(util_pct() + 0.5);
+    u->memory = 0;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                             nvmlProcessUtilizationSample_t *samples,
+                                             unsigned int *count, unsigned long long since) {
+    (void)device, (void)since;
+    if (samples == NULL || *count < 1) {
+        *count = 1;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    samples[0].pid = (unsigned int)getpid();
+    samples[0].timeStamp = 0;
+    samples[0].smUtil = (unsigned int)(util_pct() + 0.5);
+    samples[0].memUtil = samples[0].encUtil = samples[0].decUtil = 0;
+    *count = 1;
+    return NVML_SUCCESS;
+}

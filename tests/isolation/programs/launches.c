@@ -1,0 +1,39 @@
+/*
+ * Launches fake kernels flat out (cuLaunchKernel; every 4th through cuLaunchKernelEx /
+ * cuLaunchCooperativeKernel) for SECONDS and prints the fake SM's utilisation over the second
+ * half of the run: "util=<percent> launches=<n>".
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "gpushare_cuda.h"
+
+uint64_t fakecuda_busy_ns(uint64_t since, uint64_t until);
+uint64_t fakecuda_now_ns(void);
+
+int main(int argc, char **argv) {
+    double seconds = argc > 1 ? atof(argv[1]) : 3.0;
+    CUcontext ctx;
+    cuInit(0);
+    cuCtxCreate_v2(&ctx, 0, 0);
+    uint64_t start = fakecuda_now_ns();
+    uint64_t end = start + (uint64_t)(seconds * 1e9);
+    uint64_t half = start + (uint64_t)(seconds * 0.5e9);
+    unsigned long n = 0;
+    while (fakecuda_now_ns() < end) {
+        if (n % 4 == 1)
+            cuLaunchKernelEx(NULL, (CUfunction)1, NULL, NULL);
+        else if (n % 4 == 3)
+            cuLaunchCooperativeKernel((CUfunction)1, 1, 1, 1, 1, 1, 1, 0, NULL, NULL);
+        else
+            cuLaunchKernel((CUfunction)1, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+        n++;
+    }
+    cuCtxSynchronize();
+    uint64_t stop = fakecuda_now_ns();
+    double util = 100.0 * (double)fakecuda_busy_ns(half, stop) / (double)(stop - half);
+    printf("util=%.1f launches=%lu\n", util, n);
+    return 0;
+}

@@ -1,0 +1,281 @@
+"""The interposer, proved on the CPU: real C programs call the driver API through it.
+
+A fake driver (``fakes/fake_cuda.c``: host memory, a fake SM that each launch occupies for 1 ms)
+and a fake NVML (``fakes/fake_nvml.c``: utilisation = the fake SM's busy time over a sliding
+200 ms window) stand in for libcuda and libnvidia-ml. The programs in ``programs/`` are linked
+against them and run with ``LD_PRELOAD`` = the interposer, exactly as in a container. Everything
+is compiled into a temporary directory with gcc; without gcc the module is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpushare.isolation import build
+
+HERE = Path(__file__).parent
+MiB = 2**20
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("gcc") is None, reason="gcc not found: the interposer tests compile C"
+)
+
+
+@dataclass(frozen=True)
+class Built:
+    """The compiled interposer, fakes and programs."""
+
+    dir: Path
+    interposer: Path
+    cuda: Path
+    nvml: Path
+
+    def env(self, accounting: Path, **extra: str) -> dict[str, str]:
+        """Environment of a container process: preload, accounting dir, fake real libraries."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
+        env.update(
+            LD_PRELOAD=str(self.interposer),
+            GPUSHARE_ACCOUNTING_DIR=str(accounting),
+            GPUSHARE_REAL_CUDA=str(self.cuda),
+            GPUSHARE_REAL_NVML=str(self.nvml),
+            MEMOPS_DRIVER=str(self.cuda),
+        )
+        env.update(extra)
+        return env
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    out = tmp_path_factory.mktemp("native")
+    interposer = build.build(out / build.LIB_NAME)
+    cuda = build.compile_shared(
+        [HERE / "fakes" / "fake_cuda.c"],
+        out / "libfakecuda.so",
+        extra=("-Wl,-soname,libfakecuda.so",),
+        libs=("-lpthread",),
+    )
+    nvml = build.compile_shared(
+        [HERE / "fakes" / "fake_nvml.c"],
+        out / "libfakenvml.so",
+        extra=("-Wl,-soname,libfakenvml.so",),
+        libs=("-ldl",),
+    )
+    for program in ("memops", "launches"):
+        cmd = [
+            "gcc",
+            *build.CFLAGS,
+            f"-I{build.NATIVE}",
+            "-o",
+            str(out / program),
+            str(HERE / "programs" / f"{program}.c"),
+            f"-L{out}",
+            "-lfakecuda",
+            "-lfakenvml",
+            "-ldl",
+            f"-Wl,-rpath,{out}",
+        ]
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return Built(out, interposer, cuda, nvml)
+
+
+@pytest.fixture
+def accounting(tmp_path: Path) -> Path:
+    path = tmp_path / "accounting"
+    path.mkdir()
+    return path
+
+
+def memops(built: Built, env: dict[str, str], *ops: str) -> tuple[list[str], str]:
+    """Run memops with ops; its output lines and stderr."""
+    done = subprocess.run(
+        [str(built.dir / "memops"), *ops],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return done.stdout.splitlines(), done.stderr
+
+
+def rcs(lines: list[str]) -> list[int]:
+    """The CUresult of each operation line."""
+    return [int(re.search(r"rc=(-?\d+)", line).group(1)) for line in lines]  # type: ignore[union-attr]
+
+
+def fields(line: str) -> dict[str, int]:
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)}
+
+
+@pytest.fixture
+def holder(built: Built) -> Iterator[list[subprocess.Popen[str]]]:
+    """Processes started by a test (killed at the end)."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=10)
+        if p.stdout:
+            p.stdout.close()
+
+
+def hold(
+    built: Built, env: dict[str, str], procs: list[subprocess.Popen[str]], *ops: str
+) -> subprocess.Popen[str]:
+    """Start memops with ops, then hold: return once it holds its memory."""
+    p = subprocess.Popen(
+        [str(built.dir / "memops"), *ops, "hold"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    procs.append(p)
+    assert p.stdout is not None
+    for line in p.stdout:
+        if line.startswith("hold"):
+            return p
+        assert "rc=0" in line, line
+    raise AssertionError("memops ended before holding")
+
+
+GiB_LIMIT = str(1024 * MiB)
+
+
+def test_the_limit_holds_across_the_processes_of_a_container(
+    built: Built, accounting: Path, holder: list[subprocess.Popen[str]]
+) -> None:
+    env = built.env(accounting, GPUSHARE_MEM_LIMIT=GiB_LIMIT)
+    hold(built, env, holder, "alloc:300")
+    hold(built, env, holder, "alloc:300")
+    lines, _ = memops(built, env, "alloc:500", "alloc:400", "info")
+    print("third process:", lines)
+    assert rcs(lines) == [2, 0, 0]
+    assert fields(lines[2])["free"] == (1024 - 1000) * MiB
+    # another container (its own accounting dir) is not charged for this one's memory
+    other = accounting.parent / "other"
+    other.mkdir()
+    lines, _ = memops(built, built.env(other, GPUSHARE_MEM_LIMIT=GiB_LIMIT), "alloc:1000")
+    assert rcs(lines) == [0]
+
+
+def test_a_killed_process_gives_its_memory_back(
+    built: Built, accounting: Path, holder: list[subprocess.Popen[str]]
+) -> None:
+    env = built.env(accounting, GPUSHARE_MEM_LIMIT=GiB_LIMIT)
+    victim = hold(built, env, holder, "alloc:800")
+    assert rcs(memops(built, env, "alloc:800")[0]) == [2]
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=10)
+    lines, _ = memops(built, env, "alloc:800", "info")
+    print("after SIGKILL:", lines)
+    assert rcs(lines) == [0, 0]
+    assert fields(lines[1])["free"] == 224 * MiB
+
+
+def test_calls_resolved_through_cuGetProcAddress_are_counted(
+    built: Built, accounting: Path
+) -> None:
+    env = built.env(accounting, GPUSHARE_MEM_LIMIT=GiB_LIMIT)
+    lines, _ = memops(built, env, "procaddr:600", "procaddr:600", "alloc:600", "info")
+    print(lines)
+    assert rcs(lines) == [0, 2, 2, 0]
+    assert fields(lines[3])["free"] == 424 * MiB
+
+
+def test_managed_memory_is_refused_with_a_message(built: Built, accounting: Path) -> None:
+    lines, err = memops(built, built.env(accounting, GPUSHARE_MEM_LIMIT=GiB_LIMIT), "managed:16")
+    assert rcs(lines) == [801]  # CUDA_ERROR_NOT_SUPPORTED
+    assert "gpushare: managed memory (cuMemAllocManaged) is not allowed" in err
+    print(err.strip())
+    lines, err = memops(built, built.env(accounting), "managed:16")
+    assert rcs(lines) == [0] and err == ""  # no limit, nothing refused
+
+
+def test_memory_info_reports_the_limit(built: Built, accounting: Path) -> None:
+    limit = 2 * 1024 * MiB
+    env = built.env(accounting, GPUSHARE_MEM_LIMIT=str(limit))
+    lines, _ = memops(built, env, "alloc:256", "info", "nvml")
+    print(lines)
+    info, nvml = fields(lines[1]), fields(lines[2])
+    assert info["total"] == info["device_total"] == limit
+    assert info["free"] == limit - 256 * MiB
+    assert nvml["total"] == nvml["v2_total"] == limit
+    assert nvml["used"] == nvml["v2_used"] == 256 * MiB
+    assert nvml["free"] == limit - 256 * MiB
+    # without a limit the real (fake) driver's numbers pass through
+    lines, _ = memops(built, built.env(accounting), "info")
+    assert fields(lines[0])["total"] == 16 * 1024 * MiB
+
+
+def test_per_device_limits(built: Built, accounting: Path) -> None:
+    env = built.env(accounting, GPUSHARE_MEM_LIMIT=f"{GiB_LIMIT},{2 * 1024 * MiB}")
+    lines, _ = memops(built, {**env, "MEMOPS_DEVICE": "1"}, "alloc:1500", "info")
+    assert rcs(lines) == [0, 0]
+    assert fields(lines[1])["total"] == 2 * 1024 * MiB
+    assert rcs(memops(built, env, "alloc:1500")[0]) == [2]
+
+
+def test_vmm_cuMemCreate_is_counted_and_cuMemRelease_gives_back(
+    built: Built, accounting: Path
+) -> None:
+    env = built.env(accounting, GPUSHARE_MEM_LIMIT=GiB_LIMIT)
+    lines, _ = memops(built, env, "vmm:600", "vmm:600", "release", "vmm:1000", "info")
+    assert rcs(lines) == [0, 2, 0, 0, 0]
+    assert fields(lines[4])["free"] == 24 * MiB
+
+
+def test_pitch_async_and_pool_allocations_are_counted(built: Built, accounting: Path) -> None:
+    env = built.env(accounting, GPUSHARE_MEM_LIMIT=str(64 * MiB))
+    lines, _ = memops(
+        built, env, "async:40", "pool:40", "freeasync", "pool:20", "pitch:1000:4096", "info"
+    )
+    print(lines)
+    assert rcs(lines) == [2 if i == 1 else 0 for i in range(6)]
+    # pitch rounds the 1000-byte rows up to 1024: 4 MiB counted
+    assert fields(lines[5])["free"] == (64 - 20 - 4) * MiB
+
+
+@pytest.mark.parametrize("target", [30, 60])
+def test_the_launch_throttle_converges_to_the_target(
+    built: Built, accounting: Path, target: int
+) -> None:
+    done = subprocess.run(
+        [str(built.dir / "launches"), "3"],
+        env=built.env(accounting, GPUSHARE_CORE_LIMIT=str(target)),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    util = float(re.search(r"util=([\d.]+)", done.stdout).group(1))  # type: ignore[union-attr]
+    print(f"GPUSHARE_CORE_LIMIT={target}: fake SM utilisation {util:.1f}% ({done.stdout.strip()})")
+    assert abs(util - target) <= 5
+
+
+def test_without_a_core_limit_launches_are_not_throttled(built: Built, accounting: Path) -> None:
+    done = subprocess.run(
+        [str(built.dir / "launches"), "1"],
+        env=built.env(accounting),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    util = float(re.search(r"util=([\d.]+)", done.stdout).group(1))  # type: ignore[union-attr]
+    print(f"no core limit: fake SM utilisation {util:.1f}%")
+    assert util > 80
+
+
+def test_a_missing_compiler_is_a_clear_error() -> None:
+    with pytest.raises(build.BuildError, match="not found on PATH: install gcc"):
+        build.compiler("no-such-cc-for-gpushare")
