@@ -214,6 +214,11 @@ CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int g
     return launch();
 }
 
+CUresult cuGraphLaunch(CUgraphExec graph, CUstream stream) {
+    (void)graph, (void)stream;
+    return launch();
+}
+
 /* The driver answers with its own functions, as the real one does. */
 static const struct {
     const char *name;
@@ -234,6 +239,7 @@ static const struct {
     {"cuLaunchKernel", (void *)cuLaunchKernel},
     {"cuLaunchKernelEx", (void *)cuLaunchKernelEx},
     {"cuLaunchCooperativeKernel", (void *)cuLaunchCooperativeKernel},
+    {"cuGraphLaunch", (void *)cuGraphLaunch},
     {"cuCtxGetDevice", (void *)cuCtxGetDevice},
     {"cuGetProcAddress", (void *)cuGetProcAddress_v2},
 };

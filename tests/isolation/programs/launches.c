@@ -1,6 +1,6 @@
 /*
- * Launches fake kernels flat out (cuLaunchKernel; every 4th through cuLaunchKernelEx /
- * cuLaunchCooperativeKernel) for SECONDS and prints the fake SM's utilisation over the second
+ * Launches fake kernels flat out (cuLaunchKernel; one in four each through cuLaunchKernelEx,
+ * cuLaunchCooperativeKernel and cuGraphLaunch) for SECONDS and prints the fake SM's utilisation over the second
  * half of the run: "util=<percent> launches=<n>".
  */
 #define _GNU_SOURCE
@@ -25,8 +25,10 @@ int main(int argc, char **argv) {
     while (fakecuda_now_ns() < end) {
         if (n % 4 == 1)
             cuLaunchKernelEx(NULL, (CUfunction)1, NULL, NULL);
-        else if (n % 4 == 3)
+        else if (n % 4 == 2)
             cuLaunchCooperativeKernel((CUfunction)1, 1, 1, 1, 1, 1, 1, 0, NULL, NULL);
+        else if (n % 4 == 3)
+            cuGraphLaunch(NULL, NULL);
         else
             cuLaunchKernel((CUfunction)1, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
         n++;

@@ -16,7 +16,8 @@
  * itself is wrapped and cuGetProcAddress(_v2) hands out this library's functions for the names it
  * intercepts.
  *
- * Compute: launches pass a per-device token bucket whose rate a background thread sets every
+ * Compute: launches (cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel, cuGraphLaunch)
+ * pass a per-device token bucket whose rate a background thread sets every
  * 100 ms: a model-based feed-forward (rate = target / k, where k, the GPU time per launch, is
  * estimated from NVML utilisation over the observed launch rate) times an integral correction
  * that removes the remaining error. It holds when the pod is alone on the GPU because it targets
@@ -872,6 +873,16 @@ GS_LAUNCH_EX(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx_ptsz")
 GS_LAUNCH_COOP(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel")
 GS_LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel_ptsz")
 
+/* A CUDA graph launch takes one token: k_est then measures GPU time per graph. */
+#define GS_GRAPH(NAME, REALNAME)                                                               \
+    GS_EXPORT CUresult NAME(CUgraphExec graph, CUstream stream) {                              \
+        REAL_CUDA(CUresult(*)(CUgraphExec, CUstream), REALNAME);                               \
+        gs_throttle();                                                                         \
+        return real_fn(graph, stream);                                                         \
+    }
+GS_GRAPH(cuGraphLaunch, "cuGraphLaunch")
+GS_GRAPH(cuGraphLaunch_ptsz, "cuGraphLaunch_ptsz")
+
 /* ------------------------------------------------------------------ cuGetProcAddress, dlsym */
 
 struct gs_sym {
@@ -909,6 +920,8 @@ static const struct gs_sym gs_syms[] = {
     {"cuLaunchCooperativeKernel", (void *)cuLaunchCooperativeKernel,
      (void *)cuLaunchCooperativeKernel_ptsz, 0},
     {"cuLaunchCooperativeKernel_ptsz", (void *)cuLaunchCooperativeKernel_ptsz, NULL, 0},
+    {"cuGraphLaunch", (void *)cuGraphLaunch, (void *)cuGraphLaunch_ptsz, 0},
+    {"cuGraphLaunch_ptsz", (void *)cuGraphLaunch_ptsz, NULL, 0},
     {"cuGetProcAddress", (void *)cuGetProcAddress_v2, NULL, 0}, /* see gs_substitute */
     {"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2, NULL, 0},
     {"nvmlDeviceGetMemoryInfo", (void *)nvmlDeviceGetMemoryInfo, NULL, 0},
