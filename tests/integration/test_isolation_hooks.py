@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +14,14 @@ import pytest
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo
 from gpushare.deviceplugin.isolation import (
+    BY_DEVICES,
     CONTAINER_ACCOUNTING_DIR,
     CONTAINER_LIB_DIR,
     CONTAINER_MPS_PIPE_DIR,
     LIB_NAME,
     NodeIsolation,
+    devices_key,
+    prune_accounting,
 )
 from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig, StartRefused
 from gpushare.kube.memory import MemoryKube
@@ -209,3 +215,57 @@ def test_mps_starts_one_daemon_per_gpu_lazily_and_injects_its_limits() -> None:
     run(body, mode="mps", hook=isolation(daemons=daemons))
     # the plugin stopped: every daemon it started was asked to quit
     assert daemons.running == {} and daemons.stops
+
+
+def test_accounting_dirs_of_gone_containers_are_pruned_after_the_grace(tmp_path: Path) -> None:
+    root = tmp_path / "accounting"
+    live_devices = ("GPU-a-mem-0", "GPU-a-mem-1")
+    for rel in ("uid-live/c0", "uid-gone/c0", "uid-new/c0"):
+        (root / rel).mkdir(parents=True)
+    for key in (devices_key(live_devices), devices_key(("GPU-a-mem-7",))):
+        (root / BY_DEVICES / key).mkdir(parents=True)
+    now = time.time()
+    for path in (*root.iterdir(), *(root / BY_DEVICES).iterdir()):
+        os.utime(path, (now - 120, now - 120))
+    os.utime(root / "uid-new", (now - 5, now - 5))  # admitted after the live lists were read
+    removed = prune_accounting(
+        root, frozenset({"uid-live"}), frozenset({tuple(sorted(live_devices))}), now=now
+    )
+    assert sorted(p.relative_to(root).as_posix() for p in removed) == [
+        f"{BY_DEVICES}/{devices_key(('GPU-a-mem-7',))}",
+        "uid-gone",
+    ]
+    assert sorted(p.name for p in root.iterdir()) == [BY_DEVICES, "uid-live", "uid-new"]
+
+
+def test_the_plugin_check_hands_the_live_pods_and_devices_to_the_hook() -> None:
+    seen: list[tuple[frozenset[str], frozenset[tuple[str, ...]]]] = []
+
+    class Recording(NodeIsolation):
+        def prune(
+            self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]
+        ) -> None:
+            seen.append((live_uids, live_devices))
+
+    def make(root: Path, source: FakeGpus) -> NodeIsolation:
+        return Recording(
+            policy="auto",
+            lib_dir=root / "lib",
+            state_dir=root / "state",
+            unit=MemoryUnit.GiB,
+            source=source,
+            packaged=fake_library(),
+        )
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        placed, admitted = await admit(r, pod("a", 2))
+        for _ in range(100):
+            if seen and placed["metadata"]["uid"] in seen[-1][0]:
+                break
+            await asyncio.sleep(0.05)
+        uids, devices = seen[-1]
+        assert placed["metadata"]["uid"] in uids
+        assert tuple(sorted(admitted.containers["c0"][MEM])) in devices
+
+    run(body, mode="cgpu", hook=make)

@@ -21,7 +21,13 @@ nodes the memory answer carries everything, so that the mounts are not given twi
 
 Kubelet does not say which pod it admits. When one pending container has the signature its
 accounting directory is ``<state>/accounting/<pod-uid>/<container>``; when several identical
-ones wait, it is named after kubelet's device IDs, which no two live containers share.
+ones wait, it is named after kubelet's device IDs, which no two live containers share. Each
+Allocate starts the directory empty (kubelet calls it once per container, not on restarts); the
+plugin's PodResources check removes those of pods that are gone and of device sets no longer in
+use, once they are a minute old.
+
+The MPS daemon commands run inside Allocate (which kubelet awaits anyway): at most one start per
+GPU, and one liveness probe per container.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -58,6 +65,9 @@ CONTAINER_MPS_PIPE_DIR = "/var/run/gpushare-mps"
 INTERPOSER_MODES = ("cgpu", "core_mem")
 MPS_MODE = "mps"
 POLICIES = ("auto", "none")
+BY_DEVICES = "by-devices"
+PRUNE_GRACE_S = 60.0
+"""Accounting directories younger than this are kept: the live lists may predate them."""
 
 
 def packaged_library() -> Path | None:
@@ -94,6 +104,11 @@ def install_library(source: Path | None, lib_dir: Path) -> str:
     return ""
 
 
+def devices_key(device_ids: tuple[str, ...]) -> str:
+    """The directory name of a container known only by its device IDs."""
+    return hashlib.sha256(",".join(sorted(device_ids)).encode()).hexdigest()[:16]
+
+
 def accounting_key(target: Target) -> str:
     """The container's accounting directory, relative to ``<state>/accounting``."""
     who = {(c.uid, c.container) for c in target.candidates}
@@ -101,8 +116,40 @@ def accounting_key(target: Target) -> str:
         uid, container = next(iter(who))
         if uid and "/" not in uid and container and "/" not in container:
             return f"{uid}/{container}"
-    digest = hashlib.sha256(",".join(sorted(target.device_ids)).encode()).hexdigest()[:16]
-    return f"by-devices/{digest}"
+    return f"{BY_DEVICES}/{devices_key(target.device_ids)}"
+
+
+def prune_accounting(
+    root: Path,
+    live_uids: frozenset[str],
+    live_devices: frozenset[tuple[str, ...]],
+    *,
+    now: float,
+    grace_s: float = PRUNE_GRACE_S,
+) -> list[Path]:
+    """Remove the accounting directories of gone containers older than the grace; list them."""
+    keep_devices = {devices_key(d) for d in live_devices}
+    candidates = [
+        *(p for p in _children(root) if p.name != BY_DEVICES and p.name not in live_uids),
+        *(p for p in _children(root / BY_DEVICES) if p.name not in keep_devices),
+    ]
+    removed = []
+    for path in candidates:
+        try:
+            young = now - path.stat().st_mtime < grace_s
+        except OSError:
+            continue
+        if not young:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _children(path: Path) -> list[Path]:
+    try:
+        return [p for p in path.iterdir() if p.is_dir()]
+    except OSError:
+        return []
 
 
 def fresh_dir(path: Path) -> None:
@@ -161,6 +208,13 @@ class InterposerIsolation:
             (CONTAINER_ACCOUNTING_DIR, str(accounting), False),
         )
         return replace(answer, envs=envs, mounts=mounts)
+
+    def prune(self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]) -> None:
+        """Remove the accounting directories of containers that are gone."""
+        for path in prune_accounting(
+            self.state_dir / "accounting", live_uids, live_devices, now=time.time()
+        ):
+            log.info("accounting=%s phase=prune", path)
 
     def close(self) -> None:
         """Nothing runs; the library stays for the containers that use it."""
@@ -300,6 +354,9 @@ class MpsIsolation:
         mounts = (*answer.mounts, (CONTAINER_MPS_PIPE_DIR, str(pipe), False))
         return replace(answer, envs=envs, mounts=mounts)
 
+    def prune(self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]) -> None:
+        """Nothing per container: the daemons live as long as the plugin."""
+
     def close(self) -> None:
         """Stop every daemon this hook started."""
         for pipe in self.started.values():
@@ -359,6 +416,10 @@ class NodeIsolation:
     def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
         """Delegate to the chosen hook."""
         return self.chosen.extend(answer, target)
+
+    def prune(self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]) -> None:
+        """Delegate to the chosen hook."""
+        self.chosen.prune(live_uids, live_devices)
 
     def close(self) -> None:
         """Delegate to the chosen hook."""

@@ -439,13 +439,24 @@ class DevicePlugin:
         )
 
     async def check_served(self) -> None:
-        """Read PodResources; mark pods served, count mismatches."""
+        """Read PodResources; mark pods served, count mismatches, let the hook prune."""
         async with grpc.aio.insecure_channel(f"unix://{self.config.pod_resources_socket}") as ch:
             listing = await pr_grpc.PodResourcesListerStub(ch).List(
                 pr.ListPodResourcesRequest(), timeout=10
             )
         by_key = {(a.namespace, a.name): a for a in await self.bound_allocations()}
         ours = {self.resource_name(r): r for r in self.resources}
+        mem_name = self.resource_name(MEM)
+        self.hook.prune(
+            frozenset(a.uid for a in by_key.values()),
+            frozenset(
+                tuple(sorted(dev.device_ids))
+                for pod in listing.pod_resources
+                for container in pod.containers
+                for dev in container.devices
+                if dev.resource_name == mem_name
+            ),
+        )
         for pod in listing.pod_resources:
             allocation = by_key.get((pod.namespace, pod.name))
             if allocation is None or allocation.assigned:

@@ -89,6 +89,15 @@ class IsolationHook(Protocol):
         """Return the answer with the isolation layer's additions."""
         ...
 
+    def prune(self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]) -> None:
+        """Drop per-container state of pods not in ``live_uids`` and device sets not in use.
+
+        ``live_devices`` are the sorted memory device IDs of each container kubelet reports.
+        Both are snapshots that may predate an Allocate running meanwhile, so state younger than
+        a short grace period must be kept.
+        """
+        ...
+
     def close(self) -> None:
         """Release what ``prepare`` and ``extend`` started."""
         ...
@@ -104,6 +113,9 @@ class NoIsolation:
     def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
         """Leave the answer as it is."""
         return answer
+
+    def prune(self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]) -> None:
+        """Nothing kept."""
 
     def close(self) -> None:
         """Nothing to release."""
