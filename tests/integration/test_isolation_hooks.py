@@ -19,6 +19,7 @@ from gpushare.deviceplugin.isolation import (
     CONTAINER_LIB_DIR,
     CONTAINER_MPS_PIPE_DIR,
     LIB_NAME,
+    MpsControl,
     NodeIsolation,
     devices_key,
     prune_accounting,
@@ -269,3 +270,43 @@ def test_the_plugin_check_hands_the_live_pods_and_devices_to_the_hook() -> None:
         assert tuple(sorted(admitted.containers["c0"][MEM])) in devices
 
     run(body, mode="cgpu", hook=make)
+
+
+FAKE_MPS_CONTROL = """#!/bin/sh
+# A stand-in for nvidia-cuda-mps-control: -d "starts" a daemon (a file in the pipe directory);
+# commands on stdin answer only while it runs.
+pipe="$CUDA_MPS_PIPE_DIRECTORY"
+if [ "$1" = "-d" ]; then
+    echo "$CUDA_VISIBLE_DEVICES $CUDA_MPS_LOG_DIRECTORY" > "$pipe/control"
+    exit 0
+fi
+[ -f "$pipe/control" ] || exit 1
+read -r command
+echo "$command" >> "$pipe/commands"
+[ "$command" = quit ] && rm "$pipe/control"
+exit 0
+"""
+
+
+def test_the_real_runner_speaks_nvidia_cuda_mps_control(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = MpsControl()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert "nvidia-cuda-mps-control is not on PATH" in runner.missing()
+    binary = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    binary.parent.mkdir()
+    binary.write_text(FAKE_MPS_CONTROL)
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{binary.parent}:/usr/bin:/bin")
+    assert runner.missing() == ""
+    pipe, logs = tmp_path / "pipe", tmp_path / "log"
+    pipe.mkdir()
+    assert not runner.alive(pipe)
+    gpu = GpuInfo(index=1, uuid="GPU-1234", model="H100", memory_mib=81559)
+    runner.start(gpu, pipe, logs)
+    assert (pipe / "control").read_text().split() == ["GPU-1234", str(logs)]
+    assert runner.alive(pipe)
+    runner.stop(pipe)
+    assert not runner.alive(pipe)
+    assert (pipe / "commands").read_text().split() == ["get_server_list", "quit"]
