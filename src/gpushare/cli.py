@@ -509,7 +509,7 @@ def scheduler_config(url: str, kubeconfig: str, no_leader_elect: bool) -> None:
 )
 @click.option(
     "--node-mode",
-    type=click.Choice(["share", "cgpu", "core_mem"]),
+    type=click.Choice(["share", "cgpu", "core_mem", "mps"]),
     default="share",
     show_default=True,
     help="Memory mode: ack.node.gpu.schedule of nodes without their own label.",

@@ -14,7 +14,7 @@ from gpushare.core.requests import PodRequest
 from gpushare.core.scheduling import Scheduler, Settings
 from gpushare.kube.objects import gpu_node, gpu_pod
 
-MODES = ["share", "cgpu", "core_mem"]
+MODES = ["share", "cgpu", "core_mem", "mps"]
 
 
 @st.composite
