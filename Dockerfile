@@ -4,10 +4,13 @@
 #
 # Stage 1 builds wheels: gpushare's own (with the gRPC stubs generated from its .proto copies,
 # which git does not keep) and every dependency pinned by constraints.txt, so the runtime stage
-# installs offline from that directory and carries no compiler, cache or source tree.
+# installs offline from that directory and carries no compiler, cache or source tree. The builder
+# is the full Debian image, whose gcc compiles the CUDA interposer (libgpushare-cuda.so, package
+# data of the wheel) on the runtime's Debian release, so the two agree on glibc.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG BUILDER_IMAGE=python:3.11-bookworm
 
-FROM ${PYTHON_IMAGE} AS builder
+FROM ${BUILDER_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -16,6 +19,7 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY src ./src
 RUN python -m pip install --no-cache-dir -c constraints.txt "grpcio-tools==1.85.1" \
     && PYTHONPATH=src python -m gpushare.deviceplugin.genproto \
+    && PYTHONPATH=src python -m gpushare.isolation.build \
     && python -m pip wheel --no-cache-dir -c constraints.txt --wheel-dir /wheels .
 
 # Stage 2: the runtime. Non-root by default (uid 65532). Only the device plugin needs root: it

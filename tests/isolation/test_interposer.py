@@ -276,6 +276,19 @@ def test_without_a_core_limit_launches_are_not_throttled(built: Built, accountin
     assert util > 80
 
 
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump not found")
+def test_the_interposer_loads_on_old_glibc(built: Built) -> None:
+    """CUDA images on Ubuntu 20.04 have glibc 2.31: nothing newer than 2.17 may be required."""
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        pytest.skip(f"symbol versions are pinned for x86_64 and aarch64, not {os.uname().machine}")
+    dump = subprocess.run(
+        ["objdump", "-T", str(built.interposer)], capture_output=True, text=True, check=True
+    ).stdout
+    versions = {tuple(int(p) for p in v.split(".")) for v in re.findall(r"GLIBC_(\d+\.\d+)", dump)}
+    print("glibc versions required:", sorted(versions))
+    assert versions and max(versions) <= (2, 17)
+
+
 def test_a_missing_compiler_is_a_clear_error() -> None:
     with pytest.raises(build.BuildError, match="not found on PATH: install gcc"):
         build.compiler("no-such-cc-for-gpushare")

@@ -2,7 +2,7 @@
 
 The interposer is plain C (``native/interposer.c`` and its own ``native/gpushare_cuda.h``, which
 declares the few CUDA driver and NVML types it needs), so building it needs only a C compiler,
-the C library, libdl, libpthread and libm: no CUDA toolkit. The library lands next to its
+the C library, libdl and libpthread: no CUDA toolkit. The library lands next to its
 sources, ``native/libgpushare-cuda.so``, where the package data and the device plugin find it.
 Warnings are errors, so a compiler upgrade that notices something fails the build loudly.
 """
@@ -19,7 +19,10 @@ NATIVE = Path(__file__).parent / "native"
 LIB_NAME = "libgpushare-cuda.so"
 SOURCES = ("interposer.c",)
 CFLAGS = ("-O2", "-fPIC", "-Wall", "-Wextra", "-Werror", "-std=gnu11")
-LIBS = ("-ldl", "-lpthread", "-lm")
+LIBS = ("-ldl", "-lpthread")
+# The interposer needs libdl.so.2 and libpthread.so.0 on glibc < 2.34, where dlopen and
+# pthread_create still live there (interposer.c binds to their old symbol versions).
+INTERPOSER_LIBS = ("-Wl,--no-as-needed", "-l:libdl.so.2", "-l:libpthread.so.0")
 
 
 class BuildError(Exception):
@@ -71,6 +74,7 @@ def build(out: Path | None = None, *, cc: str = "gcc") -> Path:
         out or NATIVE / LIB_NAME,
         cc=cc,
         extra=("-fvisibility=hidden",),
+        libs=INTERPOSER_LIBS,
     )
 
 

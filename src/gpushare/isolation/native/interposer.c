@@ -27,7 +27,6 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -42,6 +41,27 @@
 #include <unistd.h>
 
 #include "gpushare_cuda.h"
+
+/*
+ * Containers run older C libraries than the build host (CUDA images on Ubuntu 20.04 have glibc
+ * 2.31). glibc 2.34 moved dlopen and pthread_create into libc under new symbol versions, which an
+ * older ld.so refuses to preload; bind to the versions every glibc since the architecture's first
+ * has (libdl.so.2 and libpthread.so.0 are linked in for those).
+ */
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+#if defined(__x86_64__)
+#define GS_BASE_GLIBC "GLIBC_2.2.5"
+#elif defined(__aarch64__)
+#define GS_BASE_GLIBC "GLIBC_2.17"
+#endif
+#ifdef GS_BASE_GLIBC
+__asm__(".symver dlopen,dlopen@" GS_BASE_GLIBC);
+__asm__(".symver dlerror,dlerror@" GS_BASE_GLIBC);
+__asm__(".symver dlvsym,dlvsym@" GS_BASE_GLIBC);
+__asm__(".symver pthread_create,pthread_create@" GS_BASE_GLIBC);
+__asm__(".symver pthread_once,pthread_once@" GS_BASE_GLIBC);
+#endif
+#endif
 
 #define GS_EXPORT __attribute__((visibility("default")))
 #define GS_MAX_DEVS 16
@@ -251,8 +271,8 @@ static int gs_table_attach(void) {
             umask(old);
             if (fd >= 0) {
                 flock(fd, LOCK_EX);
-                struct stat st;
-                if (fstat(fd, &st) == 0 && st.st_size < (off_t)sizeof(struct gs_table) &&
+                off_t size = lseek(fd, 0, SEEK_END); /* not fstat: GLIBC_2.33 */
+                if (size >= 0 && size < (off_t)sizeof(struct gs_table) &&
                     ftruncate(fd, sizeof(struct gs_table)) != 0) {
                     flock(fd, LOCK_UN);
                     close(fd);
@@ -740,6 +760,9 @@ static void *gs_controller(void *arg) {
         fprintf(stderr, "gpushare: NVML unavailable; GPUSHARE_CORE_LIMIT is not enforced\n");
         return NULL;
     }
+    if (gs_table_lock_acquire() != 0) /* register, so that NVML's samples of this pid count */
+        gs_log("no accounting entry: measuring device utilisation");
+    gs_table_lock_release();
     const double period = 0.1, target = gs_core_pct;
     uint64_t last = gs_now_ns();
     for (;;) {
@@ -770,7 +793,7 @@ static void *gs_controller(void *arg) {
             }
             /* integral action in log space; no wind-up while the app is not launch-limited */
             if (waited || u > target) {
-                b->gain *= exp(0.8 * (target - u) / 100.0);
+                b->gain *= 1.0 + 0.8 * (target - u) / 100.0; /* first order: no libm */
                 b->gain = b->gain < 0.05 ? 0.05 : b->gain > 20 ? 20 : b->gain;
             }
             pthread_mutex_lock(&b->lock);
