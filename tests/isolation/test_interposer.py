@@ -69,6 +69,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
         extra=("-Wl,-soname,libfakenvml.so",),
         libs=("-ldl",),
     )
+    build.compile_shared([HERE / "fakes" / "next_hook.c"], out / "libnexthook.so", libs=("-ldl",))
     for program in ("memops", "launches"):
         cmd = [
             "gcc",
@@ -274,6 +275,15 @@ def test_without_a_core_limit_launches_are_not_throttled(built: Built, accountin
     util = float(re.search(r"util=([\d.]+)", done.stdout).group(1))  # type: ignore[union-attr]
     print(f"no core limit: fake SM utilisation {util:.1f}%")
     assert util > 80
+
+
+def test_a_hook_preloaded_after_the_interposer_gets_the_next_symbol(
+    built: Built, accounting: Path
+) -> None:
+    env = built.env(accounting)
+    env["LD_PRELOAD"] = f"{built.interposer} {built.dir / 'libnexthook.so'}"
+    lines, _ = memops(built, env, "init")
+    assert rcs(lines) == [0]  # 999: dlsym(RTLD_NEXT) gave the hook itself back
 
 
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump not found")

@@ -2,7 +2,7 @@
  * Runs driver API memory operations given as arguments and prints one line per operation:
  *   alloc:MiB  pitch:WIDTH:HEIGHT  async:MiB  pool:MiB  vmm:MiB  managed:MiB  free  release
  *   procaddr:MiB (cuMemAlloc through cuGetProcAddress on a dlopen'ed driver handle)
- *   info (cuMemGetInfo, cuDeviceTotalMem)  nvml (nvmlDeviceGetMemoryInfo, _v2)  ready  hold
+ *   info (cuMemGetInfo, cuDeviceTotalMem)  nvml (nvmlDeviceGetMemoryInfo, _v2)  init  hold
  * Lines read "<op> rc=<CUresult> ...". Linked against the fake driver and NVML.
  */
 #define _GNU_SOURCE
@@ -91,6 +91,8 @@ int main(int argc, char **argv) {
             nvmlDeviceGetMemoryInfo_v2(d, &m2);
             printf("total=%llu used=%llu free=%llu v2_total=%llu v2_used=%llu ", m.total, m.used,
                    m.free, m2.total, m2.used);
+        } else if (strcmp(op, "init") == 0) {
+            rc = cuInit(0);
         } else if (strcmp(op, "hold") == 0) {
             printf("hold rc=0\n");
             pause();

@@ -27,6 +27,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -51,13 +52,17 @@
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
 #if defined(__x86_64__)
 #define GS_BASE_GLIBC "GLIBC_2.2.5"
+#define GS_DLADDR1_GLIBC "GLIBC_2.3.3"
 #elif defined(__aarch64__)
 #define GS_BASE_GLIBC "GLIBC_2.17"
+#define GS_DLADDR1_GLIBC "GLIBC_2.17"
 #endif
 #ifdef GS_BASE_GLIBC
 __asm__(".symver dlopen,dlopen@" GS_BASE_GLIBC);
 __asm__(".symver dlerror,dlerror@" GS_BASE_GLIBC);
 __asm__(".symver dlvsym,dlvsym@" GS_BASE_GLIBC);
+__asm__(".symver dladdr1,dladdr1@" GS_DLADDR1_GLIBC);
+__asm__(".symver dlclose,dlclose@" GS_BASE_GLIBC);
 __asm__(".symver pthread_create,pthread_create@" GS_BASE_GLIBC);
 __asm__(".symver pthread_once,pthread_once@" GS_BASE_GLIBC);
 #endif
@@ -999,17 +1004,38 @@ GS_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVers
 }
 
 /*
+ * RTLD_NEXT asked by another object: glibc would answer relative to the caller of the real dlsym,
+ * which is now this library (a preloaded hook after us would get itself back and recurse). Search
+ * the objects after the caller's in load order instead.
+ */
+static void *gs_dlsym_next(const void *caller, const char *name) {
+    Dl_info info;
+    struct link_map *lm = NULL;
+    if (dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) == 0 || lm == NULL)
+        return gs_real_dlsym(RTLD_NEXT, name);
+    for (struct link_map *l = lm->l_next; l != NULL; l = l->l_next) {
+        void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
+        if (h == NULL)
+            continue;
+        void *sym = gs_real_dlsym(h, name);
+        dlclose(h);
+        if (sym != NULL)
+            return sym;
+    }
+    return NULL;
+}
+
+/*
  * dlsym(handle, name) on the driver's own handle bypasses LD_PRELOAD, and that is how the CUDA
  * runtime finds cuGetProcAddress; answer with ours for intercepted names that the handle has.
- * Known limit: dlsym(RTLD_NEXT, ...) called by the application is answered relative to this
- * library, not the caller.
  */
 GS_EXPORT void *dlsym(void *handle, const char *name) {
-    void *real = gs_real_dlsym(handle, name);
+    void *real = handle == RTLD_NEXT ? gs_dlsym_next(__builtin_return_address(0), name)
+                                     : gs_real_dlsym(handle, name);
     if (real == NULL)
         return NULL;
     const struct gs_sym *s = gs_find(name);
-    if (s == NULL || s->v1_name || real == s->fn)
+    if (s == NULL || s->v1_name || real == s->fn || handle == RTLD_NEXT)
         return real;
     if (strcmp(name, "cuGetProcAddress") == 0)
         return (void *)cuGetProcAddress;
