@@ -246,6 +246,13 @@ def test_pitch_async_and_pool_allocations_are_counted(built: Built, accounting: 
     assert fields(lines[5])["free"] == (64 - 20 - 4) * MiB
 
 
+def test_cuda_arrays_are_counted(built: Built, accounting: Path) -> None:
+    env = built.env(accounting, GPUSHARE_MEM_LIMIT=str(64 * MiB))
+    lines, _ = memops(built, env, "array:40", "array3d:40", "destroy", "array3d:20", "info")
+    assert rcs(lines) == [0, 2, 0, 0, 0]
+    assert fields(lines[4])["free"] == (64 - 20) * MiB
+
+
 @pytest.mark.parametrize("target", [30, 60])
 def test_the_launch_throttle_converges_to_the_target(
     built: Built, accounting: Path, target: int

@@ -181,6 +181,22 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     return rc;
 }
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) { return host_free(handle); }
+CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc) {
+    CUdeviceptr p;
+    CUresult rc = host_alloc(&p, desc->Width * desc->Height * desc->NumChannels * 4);
+    if (rc == CUDA_SUCCESS)
+        *array = (CUarray)(uintptr_t)p;
+    return rc;
+}
+CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
+    CUdeviceptr p;
+    CUresult rc =
+        host_alloc(&p, desc->Width * desc->Height * desc->Depth * desc->NumChannels * 4);
+    if (rc == CUDA_SUCCESS)
+        *array = (CUarray)(uintptr_t)p;
+    return rc;
+}
+CUresult cuArrayDestroy(CUarray array) { return host_free((CUdeviceptr)(uintptr_t)array); }
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     pthread_mutex_lock(&lock);
     *free_bytes = FAKE_TOTAL - used_bytes;

@@ -1,6 +1,7 @@
 /*
  * Runs driver API memory operations given as arguments and prints one line per operation:
  *   alloc:MiB  pitch:WIDTH:HEIGHT  async:MiB  pool:MiB  vmm:MiB  managed:MiB  free  release
+ *   array:MiB (a 2D float4 array)  array3d:MiB (a 3D 8-bit array)  destroy
  *   procaddr:MiB (cuMemAlloc through cuGetProcAddress on a dlopen'ed driver handle)
  *   info (cuMemGetInfo, cuDeviceTotalMem)  nvml (nvmlDeviceGetMemoryInfo, _v2)  init  hold
  * Lines read "<op> rc=<CUresult> ...". Linked against the fake driver and NVML.
@@ -19,7 +20,8 @@
 int main(int argc, char **argv) {
     CUdeviceptr ptrs[256];
     CUmemGenericAllocationHandle handles[256];
-    int np = 0, nh = 0;
+    CUarray arrays[256];
+    int np = 0, nh = 0, na = 0;
     CUcontext ctx;
     cuInit(0);
     const char *dev_env = getenv("MEMOPS_DEVICE");
@@ -54,6 +56,16 @@ int main(int argc, char **argv) {
             prop.location.id = 0;
             rc = cuMemCreate(&handles[nh], mib * MIB, &prop, 0);
             nh += rc == 0;
+        } else if (strncmp(op, "array:", 6) == 0) {
+            CUDA_ARRAY_DESCRIPTOR d = {1024, mib * 64, 0x20, 4}; /* 1024 x 64m float4 = m MiB */
+            rc = cuArrayCreate_v2(&arrays[na], &d);
+            na += rc == 0;
+        } else if (strncmp(op, "array3d:", 8) == 0) {
+            CUDA_ARRAY3D_DESCRIPTOR d = {1024, 1024, mib, 0x01, 1, 0}; /* 1 MiB per slice */
+            rc = cuArray3DCreate_v2(&arrays[na], &d);
+            na += rc == 0;
+        } else if (strcmp(op, "destroy") == 0) {
+            rc = na > 0 ? cuArrayDestroy(arrays[--na]) : CUDA_ERROR_INVALID_VALUE;
         } else if (strncmp(op, "managed:", 8) == 0) {
             CUdeviceptr p;
             rc = cuMemAllocManaged(&p, mib * MIB, 1);

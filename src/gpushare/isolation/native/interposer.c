@@ -1,7 +1,8 @@
 /*
  * gpushare's CUDA driver / NVML interposer (LD_PRELOAD=libgpushare-cuda.so).
  *
- * Memory: every driver allocation path (cuMemAlloc, pitch, async and pool, VMM cuMemCreate) is
+ * Memory: every driver allocation path (cuMemAlloc, pitch, async and pool, VMM cuMemCreate, CUDA
+ * arrays, counted by their element size as a lower bound) is
  * reserved against GPUSHARE_MEM_LIMIT before the real call and given back on free or failure.
  * Usage is kept per container in a shared mmap'ed table under GPUSHARE_ACCOUNTING_DIR, one entry
  * per process (pid, start time, bytes per device), under an exclusive flock plus a process-local
@@ -415,7 +416,7 @@ static void gs_unreserve(int dev, unsigned long long bytes) {
 
 /* ------------------------------------------------------------------ process-local allocations */
 
-enum { GS_PTR = 1, GS_VMM = 2 };
+enum { GS_PTR = 1, GS_VMM = 2, GS_ARRAY = 3 };
 
 struct gs_alloc {
     unsigned long long key;
@@ -603,6 +604,68 @@ GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     CUresult rc = real_fn(handle);
     if (rc == CUDA_SUCCESS)
         gs_forget(GS_VMM, handle);
+    return rc;
+}
+
+/* Bytes of a CUDA array: a lower bound (the driver pads and aligns), by element format. */
+static unsigned long long gs_array_bytes(size_t w, size_t h, size_t d, int format,
+                                         unsigned int channels) {
+    unsigned long long elem;
+    switch (format) {
+    case 0x01: /* UNSIGNED_INT8 */
+    case 0x08: /* SIGNED_INT8 */
+        elem = 1;
+        break;
+    case 0x02: /* UNSIGNED_INT16 */
+    case 0x09: /* SIGNED_INT16 */
+    case 0x10: /* HALF */
+        elem = 2;
+        break;
+    default: /* 32-bit formats, and newer ones counted as 32-bit */
+        elem = 4;
+    }
+    return (unsigned long long)w * (h ? h : 1) * (d ? d : 1) * (channels ? channels : 1) * elem;
+}
+
+GS_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc) {
+    REAL_CUDA(CUresult(*)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *), "cuArrayCreate_v2");
+    if (desc == NULL)
+        return real_fn(array, desc);
+    int dev = gs_current_device();
+    unsigned long long bytes =
+        gs_array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
+    if (gs_reserve(dev, bytes) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real_fn(array, desc);
+    if (rc == CUDA_SUCCESS)
+        gs_remember(GS_ARRAY, (unsigned long long)(uintptr_t)*array, dev, bytes);
+    else
+        gs_unreserve(dev, bytes);
+    return rc;
+}
+
+GS_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
+    REAL_CUDA(CUresult(*)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *), "cuArray3DCreate_v2");
+    if (desc == NULL)
+        return real_fn(array, desc);
+    int dev = gs_current_device();
+    unsigned long long bytes =
+        gs_array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
+    if (gs_reserve(dev, bytes) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = real_fn(array, desc);
+    if (rc == CUDA_SUCCESS)
+        gs_remember(GS_ARRAY, (unsigned long long)(uintptr_t)*array, dev, bytes);
+    else
+        gs_unreserve(dev, bytes);
+    return rc;
+}
+
+GS_EXPORT CUresult cuArrayDestroy(CUarray array) {
+    REAL_CUDA(CUresult(*)(CUarray), "cuArrayDestroy");
+    CUresult rc = real_fn(array);
+    if (rc == CUDA_SUCCESS)
+        gs_forget(GS_ARRAY, (unsigned long long)(uintptr_t)array);
     return rc;
 }
 
@@ -937,6 +1000,11 @@ static const struct gs_sym gs_syms[] = {
     {"cuMemCreate", (void *)cuMemCreate, NULL, 0},
     {"cuMemRelease", (void *)cuMemRelease, NULL, 0},
     {"cuMemAllocManaged", (void *)cuMemAllocManaged, NULL, 0},
+    {"cuArrayCreate", (void *)cuArrayCreate_v2, NULL, 1},
+    {"cuArrayCreate_v2", (void *)cuArrayCreate_v2, NULL, 0},
+    {"cuArray3DCreate", (void *)cuArray3DCreate_v2, NULL, 1},
+    {"cuArray3DCreate_v2", (void *)cuArray3DCreate_v2, NULL, 0},
+    {"cuArrayDestroy", (void *)cuArrayDestroy, NULL, 0},
     {"cuMemGetInfo", (void *)cuMemGetInfo_v2, NULL, 1},
     {"cuMemGetInfo_v2", (void *)cuMemGetInfo_v2, NULL, 0},
     {"cuDeviceTotalMem", (void *)cuDeviceTotalMem_v2, NULL, 1},
