@@ -213,9 +213,18 @@ def test_memory_info_reports_the_limit(built: Built, accounting: Path) -> None:
     assert nvml["total"] == nvml["v2_total"] == limit
     assert nvml["used"] == nvml["v2_used"] == 256 * MiB
     assert nvml["free"] == limit - 256 * MiB
-    # without a limit the real (fake) driver's numbers pass through
+    # without a limit, or with one above the GPU's memory, the real (fake) numbers pass through
     lines, _ = memops(built, built.env(accounting), "info")
     assert fields(lines[0])["total"] == 16 * 1024 * MiB
+    env = built.env(accounting, GPUSHARE_MEM_LIMIT=str(32 * 1024 * MiB))
+    lines, _ = memops(built, env, "info", "nvml")
+    assert fields(lines[0])["total"] == fields(lines[1])["total"] == 16 * 1024 * MiB
+
+
+def test_a_malformed_limit_is_said_on_stderr(built: Built, accounting: Path) -> None:
+    lines, err = memops(built, built.env(accounting, GPUSHARE_MEM_LIMIT="2Gi"), "alloc:1")
+    assert rcs(lines) == [0]
+    assert "GPUSHARE_MEM_LIMIT=2Gi is not a byte count" in err
 
 
 def test_per_device_limits(built: Built, accounting: Path) -> None:

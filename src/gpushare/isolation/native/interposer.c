@@ -109,11 +109,22 @@ static void gs_config_init(void) {
             unsigned long long v = strtoull(p, &end, 10);
             if (end == p)
                 break;
+            if (*end != ',' && *end != '\0') { /* "2Gi": not bytes; refuse the whole value */
+                n = 0;
+                break;
+            }
             gs_limit[n++] = v;
             p = *end == ',' ? end + 1 : end;
             if (*end != ',')
                 break;
         }
+        if (n == 0)
+            memset(gs_limit, 0, sizeof gs_limit);
+        if (n == 0)
+            fprintf(stderr,
+                    "gpushare: GPUSHARE_MEM_LIMIT=%s is not a byte count (or a comma-separated "
+                    "list of them); no GPU memory limit is enforced\n",
+                    mem);
         if (n == 1)
             for (int i = 1; i < GS_MAX_DEVS; i++)
                 gs_limit[i] = gs_limit[0];
@@ -697,7 +708,7 @@ GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     unsigned long long used = gs_used(dev);
     unsigned long long left = used < limit ? limit - used : 0;
     *free_bytes = left < real_free ? left : real_free;
-    *total_bytes = limit;
+    *total_bytes = limit < real_total ? limit : real_total;
     return rc;
 }
 
@@ -728,8 +739,8 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t
     nvmlReturn_t rc = real_fn(device, memory);
     int dev = gs_nvml_index(device);
     unsigned long long limit = gs_limit_of(dev);
-    if (rc != NVML_SUCCESS || limit == 0)
-        return rc;
+    if (rc != NVML_SUCCESS || limit == 0 || limit >= memory->total)
+        return rc; /* a limit above the GPU's memory is no limit */
     unsigned long long used = gs_used(dev);
     memory->total = limit;
     memory->used = used < limit ? used : limit;
@@ -742,8 +753,8 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemor
     nvmlReturn_t rc = real_fn(device, memory);
     int dev = gs_nvml_index(device);
     unsigned long long limit = gs_limit_of(dev);
-    if (rc != NVML_SUCCESS || limit == 0)
-        return rc;
+    if (rc != NVML_SUCCESS || limit == 0 || limit >= memory->total)
+        return rc; /* a limit above the GPU's memory is no limit */
     unsigned long long used = gs_used(dev);
     memory->total = limit;
     memory->reserved = 0;
