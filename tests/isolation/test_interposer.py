@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -181,6 +182,27 @@ def test_a_killed_process_gives_its_memory_back(
     print("after SIGKILL:", lines)
     assert rcs(lines) == [0, 0]
     assert fields(lines[1])["free"] == 224 * MiB
+
+
+def write_table(accounting: Path, pid: int, start_time: int, bytes_dev0: int) -> None:
+    """A usage table with one entry: what a process with pid and start time left behind."""
+    header = struct.pack("<QII", 0x6770757368617265, 1, 0)
+    entry = struct.pack("<iiQ16Q", pid, 0, start_time, bytes_dev0, *([0] * 15))
+    (accounting / "gpushare-usage.v1").write_bytes(header + entry + bytes(144 * 1023))
+
+
+def start_time(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def test_an_entry_whose_pid_was_reused_is_reclaimed(built: Built, accounting: Path) -> None:
+    env = built.env(accounting, GPUSHARE_MEM_LIMIT=GiB_LIMIT)
+    me = os.getpid()  # alive: kill(pid, 0) succeeds, only the start time tells
+    write_table(accounting, me, start_time(me), 900 * MiB)
+    assert rcs(memops(built, env, "alloc:800")[0]) == [2]  # a live owner keeps its memory
+    write_table(accounting, me, start_time(me) + 1, 900 * MiB)
+    assert rcs(memops(built, env, "alloc:800")[0]) == [0]  # the owner died, its pid was reused
 
 
 def test_calls_resolved_through_cuGetProcAddress_are_counted(

@@ -239,7 +239,7 @@ static uint64_t gs_start_time(pid_t pid) {
         return 0;
     /* after ") " come fields 3.. ; starttime is field 22 */
     int field = 2;
-    for (p++; *p != '\0' && field < 21; p++)
+    for (p++; *p != '\0' && field < 22; p++)
         if (*p == ' ')
             field++;
     return strtoull(p, NULL, 10);
@@ -271,10 +271,12 @@ static int gs_table_attach(void) {
     pid_t pid = getpid();
     if (gs_table != NULL && gs_my_pid == pid)
         return gs_me ? 0 : -1;
-    if (gs_table != NULL && gs_table_fd >= 0) {
-        /* forked: flock belongs to the open file description shared with the parent */
+    if (gs_table != NULL) {
+        /* forked: flock belongs to the open file description shared with the parent (and a
+         * private table is the parent's copy) */
         munmap(gs_table, sizeof(struct gs_table));
-        close(gs_table_fd);
+        if (gs_table_fd >= 0)
+            close(gs_table_fd);
         gs_table = NULL;
         gs_table_fd = -1;
     }
