@@ -301,6 +301,26 @@ def test_the_launch_throttle_converges_to_the_target(
     assert abs(util - target) <= 5
 
 
+def test_two_processes_of_a_container_share_one_compute_limit(
+    built: Built, accounting: Path
+) -> None:
+    """Both launch flat out on one fake GPU; together they hold the container's 40%."""
+    env = built.env(
+        accounting, GPUSHARE_CORE_LIMIT="40", FAKE_GPU_STATE=str(accounting.parent / "gpu")
+    )
+    procs = [
+        subprocess.Popen(
+            [str(built.dir / "launches"), "4"], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=30)[0] for p in procs]
+    utils = [float(re.search(r"util=([\d.]+)", o).group(1)) for o in outs]  # type: ignore[union-attr]
+    launches = [int(re.search(r"launches=(\d+)", o).group(1)) for o in outs]  # type: ignore[union-attr]
+    print(f"two processes at GPUSHARE_CORE_LIMIT=40: GPU {utils}%, launches {launches}")
+    assert all(abs(u - 40) <= 5 for u in utils)
+
+
 def test_without_a_core_limit_launches_are_not_throttled(built: Built, accounting: Path) -> None:
     done = subprocess.run(
         [str(built.dir / "launches"), "1"],

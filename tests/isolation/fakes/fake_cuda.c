@@ -3,9 +3,15 @@
  * Device memory is malloc'ed; "kernels" occupy one fake SM for FAKE_KERNEL_US microseconds each
  * (default 1000), queued back to back like a stream; a launch blocks once two kernels are queued,
  * as a real driver's launch queue does. fakecuda_busy_ns() gives the fake NVML its utilisation.
+ * With FAKE_GPU_STATE=<file>, the SM's timeline lives in that shared file, so the processes that
+ * name the same file share one fake GPU.
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,9 +25,47 @@
 static __thread int current_dev = -1;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned long long used_bytes;
-static uint64_t ring_start[RING], ring_end[RING];
-static unsigned long ring_n;
-static uint64_t last_end;
+struct sm {
+    uint64_t last_end;
+    uint64_t ring_n;
+    uint64_t start[RING];
+    uint64_t end[RING];
+};
+static struct sm *sm;
+static int sm_fd = -1;
+static pthread_once_t sm_once = PTHREAD_ONCE_INIT;
+
+static void sm_init(void) {
+    const char *path = getenv("FAKE_GPU_STATE");
+    if (path != NULL && *path != '\0') {
+        sm_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+        if (sm_fd >= 0) {
+            flock(sm_fd, LOCK_EX);
+            if (lseek(sm_fd, 0, SEEK_END) < (off_t)sizeof(struct sm) &&
+                ftruncate(sm_fd, sizeof(struct sm)) != 0)
+                abort();
+            flock(sm_fd, LOCK_UN);
+            sm = mmap(NULL, sizeof(struct sm), PROT_READ | PROT_WRITE, MAP_SHARED, sm_fd, 0);
+            if (sm == MAP_FAILED)
+                abort();
+            return;
+        }
+    }
+    sm = calloc(1, sizeof(struct sm));
+}
+
+static void sm_lock(void) {
+    pthread_once(&sm_once, sm_init);
+    pthread_mutex_lock(&lock);
+    if (sm_fd >= 0)
+        flock(sm_fd, LOCK_EX);
+}
+
+static void sm_unlock(void) {
+    if (sm_fd >= 0)
+        flock(sm_fd, LOCK_UN);
+    pthread_mutex_unlock(&lock);
+}
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -40,18 +84,18 @@ static void sleep_until(uint64_t t) {
 /* Busy nanoseconds of the fake SM within [since, until]. */
 uint64_t fakecuda_busy_ns(uint64_t since, uint64_t until) {
     uint64_t busy = 0;
-    pthread_mutex_lock(&lock);
-    unsigned long n = ring_n < RING ? ring_n : RING;
-    for (unsigned long i = 0; i < n; i++) {
-        unsigned long j = (ring_n - 1 - i) % RING;
-        if (ring_end[j] <= since)
+    sm_lock();
+    uint64_t n = sm->ring_n < RING ? sm->ring_n : RING;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t j = (sm->ring_n - 1 - i) % RING;
+        if (sm->end[j] <= since)
             break;
-        uint64_t s = ring_start[j] > since ? ring_start[j] : since;
-        uint64_t e = ring_end[j] < until ? ring_end[j] : until;
+        uint64_t s = sm->start[j] > since ? sm->start[j] : since;
+        uint64_t e = sm->end[j] < until ? sm->end[j] : until;
         if (e > s)
             busy += e - s;
     }
-    pthread_mutex_unlock(&lock);
+    sm_unlock();
     return busy;
 }
 
@@ -63,15 +107,15 @@ static CUresult launch(void) {
         const char *v = getenv("FAKE_KERNEL_US");
         kernel_ns = (v ? strtoull(v, NULL, 10) : 1000ULL) * 1000ULL;
     }
-    pthread_mutex_lock(&lock);
+    sm_lock();
     uint64_t n = now_ns();
-    uint64_t start = last_end > n ? last_end : n;
+    uint64_t start = sm->last_end > n ? sm->last_end : n;
     uint64_t end = start + kernel_ns;
-    ring_start[ring_n % RING] = start;
-    ring_end[ring_n % RING] = end;
-    ring_n++;
-    last_end = end;
-    pthread_mutex_unlock(&lock);
+    sm->start[sm->ring_n % RING] = start;
+    sm->end[sm->ring_n % RING] = end;
+    sm->ring_n++;
+    sm->last_end = end;
+    sm_unlock();
     if (end > n + 2 * kernel_ns)
         sleep_until(end - 2 * kernel_ns);
     return CUDA_SUCCESS;
@@ -112,7 +156,10 @@ CUresult cuCtxGetDevice(CUdevice *device) {
     return CUDA_SUCCESS;
 }
 CUresult cuCtxSynchronize(void) {
-    sleep_until(last_end);
+    sm_lock();
+    uint64_t end = sm->last_end;
+    sm_unlock();
+    sleep_until(end);
     return CUDA_SUCCESS;
 }
 
