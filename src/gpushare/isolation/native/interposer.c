@@ -503,17 +503,19 @@ static int gs_current_device(void) {
 
 /* ------------------------------------------------------------------ memory entry points */
 
+/* After the real call: on success remember the allocation (the handle is read only then), on
+ * failure give the reservation back; either way the driver's answer goes to the caller. */
+#define GS_SETTLE(rc, kind, handle, dev, bytes)                                                 \
+    ((rc) == CUDA_SUCCESS ? (gs_remember((kind), (handle), (dev), (bytes)), (rc))               \
+                          : (gs_unreserve((dev), (bytes)), (rc)))
+
 GS_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
     REAL_CUDA(CUresult(*)(CUdeviceptr *, size_t), "cuMemAlloc_v2");
     int dev = gs_current_device();
     if (gs_reserve(dev, bytesize) != CUDA_SUCCESS)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real_fn(dptr, bytesize);
-    if (rc == CUDA_SUCCESS)
-        gs_remember(GS_PTR, *dptr, dev, bytesize);
-    else
-        gs_unreserve(dev, bytesize);
-    return rc;
+    return GS_SETTLE(rc, GS_PTR, *dptr, dev, bytesize);
 }
 
 GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
@@ -549,11 +551,7 @@ GS_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
         if (gs_reserve(dev, bytesize) != CUDA_SUCCESS)                                         \
             return CUDA_ERROR_OUT_OF_MEMORY;                                                   \
         CUresult rc = real_fn(dptr, bytesize, stream);                                         \
-        if (rc == CUDA_SUCCESS)                                                                \
-            gs_remember(GS_PTR, *dptr, dev, bytesize);                                         \
-        else                                                                                   \
-            gs_unreserve(dev, bytesize);                                                       \
-        return rc;                                                                             \
+        return GS_SETTLE(rc, GS_PTR, *dptr, dev, bytesize);                                    \
     }
 GS_ASYNC_ALLOC(cuMemAllocAsync, "cuMemAllocAsync")
 GS_ASYNC_ALLOC(cuMemAllocAsync_ptsz, "cuMemAllocAsync_ptsz")
@@ -566,11 +564,7 @@ GS_ASYNC_ALLOC(cuMemAllocAsync_ptsz, "cuMemAllocAsync_ptsz")
         if (gs_reserve(dev, bytesize) != CUDA_SUCCESS)                                         \
             return CUDA_ERROR_OUT_OF_MEMORY;                                                   \
         CUresult rc = real_fn(dptr, bytesize, pool, stream);                                   \
-        if (rc == CUDA_SUCCESS)                                                                \
-            gs_remember(GS_PTR, *dptr, dev, bytesize);                                         \
-        else                                                                                   \
-            gs_unreserve(dev, bytesize);                                                       \
-        return rc;                                                                             \
+        return GS_SETTLE(rc, GS_PTR, *dptr, dev, bytesize);                                    \
     }
 GS_POOL_ALLOC(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync")
 GS_POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync_ptsz")
@@ -605,11 +599,7 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     if (gs_reserve(dev, size) != CUDA_SUCCESS)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real_fn(handle, size, prop, flags);
-    if (rc == CUDA_SUCCESS)
-        gs_remember(GS_VMM, *handle, dev, size);
-    else
-        gs_unreserve(dev, size);
-    return rc;
+    return GS_SETTLE(rc, GS_VMM, *handle, dev, size);
 }
 
 GS_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
@@ -650,11 +640,7 @@ GS_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR 
     if (gs_reserve(dev, bytes) != CUDA_SUCCESS)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real_fn(array, desc);
-    if (rc == CUDA_SUCCESS)
-        gs_remember(GS_ARRAY, (unsigned long long)(uintptr_t)*array, dev, bytes);
-    else
-        gs_unreserve(dev, bytes);
-    return rc;
+    return GS_SETTLE(rc, GS_ARRAY, (unsigned long long)(uintptr_t)*array, dev, bytes);
 }
 
 GS_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
@@ -667,11 +653,7 @@ GS_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIP
     if (gs_reserve(dev, bytes) != CUDA_SUCCESS)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = real_fn(array, desc);
-    if (rc == CUDA_SUCCESS)
-        gs_remember(GS_ARRAY, (unsigned long long)(uintptr_t)*array, dev, bytes);
-    else
-        gs_unreserve(dev, bytes);
-    return rc;
+    return GS_SETTLE(rc, GS_ARRAY, (unsigned long long)(uintptr_t)*array, dev, bytes);
 }
 
 GS_EXPORT CUresult cuArrayDestroy(CUarray array) {
