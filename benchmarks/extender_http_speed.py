@@ -63,27 +63,29 @@ from gpushare.extender.service import Extender
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
-from gpushare.sim import synthetic
-from gpushare.sim.cards import MEMORY_MIB
+from gpushare.sim import cards, synthetic
 from gpushare.sim.openb import MILLI_PER_GPU, TraceNode, TracePod, read_nodes, read_pods
 from gpushare.sim.stream import arrival_stream
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "openb"
-CARD_MIB = MEMORY_MIB
-"""BENCHMARKS.md's per-model memory (the simulator's table)."""
 MIB_PER_UNIT = 1024
 by_score = operator.attrgetter("Score")
 
 
-def card_units(model: str) -> int:
-    """A card's memory in 1 GiB units, rounded down as the device plugin counts it."""
-    try:
-        return CARD_MIB[model] // MIB_PER_UNIT
-    except KeyError:
+def card_mib(model: str) -> int:
+    """A card's memory in MiB, from the simulator's per-model table (BENCHMARKS.md)."""
+    mib = cards.memory_mib(model)
+    if mib is None:
         raise SystemExit(
             f"error: model={model!r} has no memory in the per-model table "
-            f"({', '.join(CARD_MIB)}); add it to CARD_MIB"
-        ) from None
+            f"({cards.known_models()}); add it to gpushare.sim.cards"
+        )
+    return mib
+
+
+def card_units(model: str) -> int:
+    """A card's memory in 1 GiB units, rounded down as the device plugin counts it."""
+    return card_mib(model) // MIB_PER_UNIT
 
 
 def load(replicas: int) -> tuple[list[TraceNode], list[TracePod], str]:
@@ -111,7 +113,7 @@ def pod_object(pod: TracePod, index: int, default_model: str) -> dict[str, Any] 
     if pod.gpu_milli >= MILLI_PER_GPU:
         per_gpu = card_units(model)
     else:
-        per_gpu = math.ceil(pod.gpu_milli * CARD_MIB[model] / MILLI_PER_GPU / MIB_PER_UNIT)
+        per_gpu = math.ceil(pod.gpu_milli * card_mib(model) / MILLI_PER_GPU / MIB_PER_UNIT)
     count = str(pod.num_gpu) if pod.num_gpu > 1 else None
     obj = gpu_pod(f"p{index:06d}", mem=per_gpu * pod.num_gpu, gpu_count=count)
     obj["metadata"]["uid"] = f"uid-{index:06d}"

@@ -718,32 +718,35 @@ static int gs_nvml_index(nvmlDevice_t device) {
     return (int)index;
 }
 
+/* The container's view of a device whose real total is *total: the limit as the total, the
+ * container's usage as used. 0 (leave NVML's answer alone) when the device has no limit, or a
+ * limit above the GPU's memory, which is no limit. */
+static int gs_nvml_view(nvmlDevice_t device, unsigned long long *total, unsigned long long *used,
+                        unsigned long long *free_bytes) {
+    int dev = gs_nvml_index(device);
+    unsigned long long limit = gs_limit_of(dev);
+    if (limit == 0 || limit >= *total)
+        return 0;
+    unsigned long long usage = gs_used(dev);
+    *total = limit;
+    *used = usage < limit ? usage : limit;
+    *free_bytes = limit - *used;
+    return 1;
+}
+
 GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     REAL_NVML(nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_t *), "nvmlDeviceGetMemoryInfo");
     nvmlReturn_t rc = real_fn(device, memory);
-    int dev = gs_nvml_index(device);
-    unsigned long long limit = gs_limit_of(dev);
-    if (rc != NVML_SUCCESS || limit == 0 || limit >= memory->total)
-        return rc; /* a limit above the GPU's memory is no limit */
-    unsigned long long used = gs_used(dev);
-    memory->total = limit;
-    memory->used = used < limit ? used : limit;
-    memory->free = limit - memory->used;
+    if (rc == NVML_SUCCESS)
+        gs_nvml_view(device, &memory->total, &memory->used, &memory->free);
     return rc;
 }
 
 GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     REAL_NVML(nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_v2_t *), "nvmlDeviceGetMemoryInfo_v2");
     nvmlReturn_t rc = real_fn(device, memory);
-    int dev = gs_nvml_index(device);
-    unsigned long long limit = gs_limit_of(dev);
-    if (rc != NVML_SUCCESS || limit == 0 || limit >= memory->total)
-        return rc; /* a limit above the GPU's memory is no limit */
-    unsigned long long used = gs_used(dev);
-    memory->total = limit;
-    memory->reserved = 0;
-    memory->used = used < limit ? used : limit;
-    memory->free = limit - memory->used;
+    if (rc == NVML_SUCCESS && gs_nvml_view(device, &memory->total, &memory->used, &memory->free))
+        memory->reserved = 0;
     return rc;
 }
 
