@@ -62,7 +62,6 @@ class Cluster:
         self.rank: IntArray = np.empty(count, dtype=np.int64)
         self.rank[order] = np.arange(count)
         self.version: IntArray = np.zeros(count, dtype=np.int64)
-        self.cpu_total: IntArray = np.maximum(self.cpu.copy(), 1)
         self.capacity = capacity_milli(self.nodes)
         self._spec_masks: dict[tuple[str, ...], BoolArray] = {}
         self._small_keys: dict[int, FloatArray] = {}
@@ -150,15 +149,6 @@ class Cluster:
             self._small_keys[large] = key
         return key
 
-    def balance_scores(self, pod: TracePod) -> FloatArray:
-        """How evenly CPU and GPU stay free after placement (0 is even; higher is better)."""
-        cpu_frac = (self.cpu - pod.cpu_milli) / self.cpu_total
-        gpu_frac = (self.idle() - pod.gpu_request_milli) / (
-            np.maximum(self.gpus, 1) * MILLI_PER_GPU
-        )
-        scores: FloatArray = -np.abs(cpu_frac - gpu_frac)
-        return scores
-
     def bestfit_scores(self, pod: TracePod) -> FloatArray:
         """The paper's BestFit score for every node."""
         cpu_left = (self.cpu - pod.cpu_milli) / CPU_NORM
@@ -221,7 +211,6 @@ class FragmentationPolicy:
         *,
         online: bool = False,
         truncate: bool = True,
-        ties: str = "rank",
         large_last: int = 0,
         tight_gpu: bool = False,
         cpu_weight: float = 0.0,
@@ -231,7 +220,6 @@ class FragmentationPolicy:
         self.workload = workload
         self.online = online
         self.truncate = truncate
-        self.ties = ties
         self.large_last = large_last
         self.tight_gpu = tight_gpu
         self.cpu_weight = cpu_weight
@@ -311,12 +299,6 @@ class FragmentationPolicy:
         keys = [entry.score]
         if self.large_last:
             keys.append(cluster.small_node_key(self.large_last))
-        if self.ties == "bestfit":
-            keys.append(cluster.bestfit_scores(pod))
-        elif self.ties == "balance" or (
-            self.ties == "share-balance" and pod.gpu_milli < MILLI_PER_GPU
-        ):
-            keys.append(cluster.balance_scores(pod))
         node = cluster.pick(mask, *keys)
         gpu = int(entry.gpu[node])
         return node, ([gpu] if gpu >= 0 else cluster.best_fit_gpus(node, pod))
