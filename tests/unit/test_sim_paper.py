@@ -9,7 +9,13 @@ import pytest
 from click.testing import CliRunner
 
 from gpushare.cli import main
-from gpushare.core.fragmentation import Shape, WorkloadEstimate, fgd_score, fragmentation
+from gpushare.core.fragmentation import (
+    Shape,
+    WorkloadEstimate,
+    fgd_score,
+    fragmentation,
+    unused_by_copies,
+)
 from gpushare.sim import synthetic
 from gpushare.sim.experiment import OFFLINE, run_experiment
 from gpushare.sim.openb import TraceError, TraceNode, TracePod, read_nodes, read_pods
@@ -77,20 +83,21 @@ def test_bestfit_takes_the_fullest_node_and_the_tightest_gpu() -> None:
     assert run.arrived == [15.0, 22.5, 32.5] and run.at(32) == run.at(33) == 67.5
 
 
-def test_gpushare_keeps_large_nodes_for_later_among_equal_scores() -> None:
-    nodes = [TraceNode(f"big{i}", 96000, 1 << 20, 8, "G2") for i in range(3)]
-    nodes += [TraceNode(f"small{i}", 104000, 1 << 20, 2, "T4") for i in range(3)]
-    pod = TracePod("x", 1000, 1, 1, 470)
-    for seed in range(5):
-        fgd_like = FragmentationPolicy("f", WorkloadEstimate.of([shape_of(pod)]))
+def test_gpushare_leaves_cpu_beside_idle_gpus_that_fgd_calls_usable() -> None:
+    # two 4-GPU nodes, one with CPU for two one-GPU pods of the workload, one with CPU for five
+    nodes = [TraceNode("lean", 24000, 1 << 20, 4, "G2"), TraceNode("rich", 60000, 1 << 20, 4, "G2")]
+    whole = TracePod("w", 11000, 1, 1, 1000)
+    heavy = TracePod("h", 13000, 1, 0, 0)
+    for seed in range(6):
+        fgd_like = FragmentationPolicy("f", WorkloadEstimate.of([shape_of(whole)]))
         cluster = Cluster(nodes, seed=seed)
-        node, _ = fgd_like.choose(cluster, pod, cluster.feasible(pod))
-        assert node == int(cluster.rank.argmin())  # FGD: the seed's first node, any size
+        node, _ = fgd_like.choose(cluster, heavy, cluster.feasible(heavy))
+        assert node == int(cluster.rank.argmin())  # one-pod test: the same growth on both
         policy = make_policy("gpushare", [])
-        policy.observe(pod)
-        node, gpus = policy.choose(cluster, pod, cluster.feasible(pod))
-        assert cluster.nodes[node].gpus == 2 and len(gpus) == 1
-        assert node == min(range(3, 6), key=lambda i: int(cluster.rank[i]))
+        policy.observe(whole)
+        node, gpus = policy.choose(cluster, heavy, cluster.feasible(heavy))
+        # on "lean" the CPU-only pod would leave CPU for one whole-GPU pod beside four idle GPUs
+        assert cluster.nodes[node].name == "rich" and gpus == []
 
 
 def test_workload_estimate_refreshes_less_often_as_it_settles() -> None:
@@ -132,6 +139,23 @@ def test_fragmentation_counts_what_the_workload_cannot_use() -> None:
     # stranded CPU beside full GPUs counts only when asked to
     assert fragmentation([0, 0], 4000, "T4", workload, cpu_weight=0.1) == pytest.approx(400)
     assert fgd_score(0, 1000) == 50 and fgd_score(-100, 1000) == 52
+    assert fgd_score(-100, 1000, truncate=False) == pytest.approx(52.4979, abs=1e-3)
+
+
+def test_counting_copies_sees_gpus_that_lose_their_cpu() -> None:
+    whole = Shape(cpu=11000, per_gpu=1000, count=1)
+    pair = Shape(cpu=1000, per_gpu=1000, count=2)
+    # CPU for two one-GPU pods beside four idle GPUs: two GPUs are stranded
+    assert unused_by_copies([1000, 1000, 1000, 1000], 24000, whole) == 2000
+    assert fragmentation([1000] * 4, 24000, "G2", ((whole, 1.0),)) == 0  # the one-pod test
+    assert fragmentation([1000] * 4, 24000, "G2", ((whole, 1.0),), copies=True) == 2000
+    # three free GPUs hold one two-GPU pod; the roomiest GPUs are taken, the odd one is left
+    assert unused_by_copies([1000, 300, 1000, 1000], 64000, pair) == 1300
+    # CPU for two half-GPU pods: they take the two roomiest GPUs, the third stays unused
+    half = Shape(cpu=1000, per_gpu=500, count=1)
+    assert unused_by_copies([1000, 500, 1000], 2000, half) == 500
+    assert unused_by_copies([1000, 500, 1000], 3000, half) == 0
+    assert unused_by_copies([1000, 500, 1000], 0, half) == 2500
     assert fgd_score(-100, 1000, truncate=False) == pytest.approx(52.4979, abs=1e-3)
 
 

@@ -5,6 +5,12 @@ the node's idle share if the shape cannot run there at all (CPU short, model exc
 GPUs with room, or a CPU-only shape), otherwise the idle share of the GPUs too small for the
 shape's per-GPU need. A node's fragmentation is the expectation over the target workload.
 
+That test asks whether *one* more pod of the shape fits. With ``copies`` the measure asks how
+much idle share *as many pods of the shape as the node can hold* would use: a node with four
+idle GPUs and CPU for two one-GPU pods strands two GPUs, which the one-pod test calls usable.
+On the openb traces CPU binds on the 8-GPU nodes (12 cores per GPU), and counting copies is what
+lets a policy see idle GPUs losing their CPU before the last one is gone.
+
 Everything is in the caller's unit (milli-GPU for the paper's trace, memory units for gpushare),
 so the simulator and the extender share one definition.
 """
@@ -41,12 +47,14 @@ def fragmentation(
     workload: Workload,
     *,
     cpu_weight: float = 0.0,
+    copies: bool = False,
 ) -> float:
     """Expected idle share on a node that the next pod could not use.
 
     With ``cpu_weight`` > 0, idle CPU that a shape cannot use because the node's GPUs cannot
     host it (wrong model, too little GPU share) counts too, at ``cpu_weight`` GPU units per
     milli-CPU: when CPU binds, CPU stranded beside full GPUs is lost capacity as well.
+    With ``copies`` a shape that fits counts what its copies would leave (``unused_by_copies``).
     """
     idle = sum(free)
     total = 0.0
@@ -56,6 +64,9 @@ def fragmentation(
             continue
         if shape.models and model not in shape.models:
             total += weight * (idle + cpu_weight * cpu_free)
+            continue
+        if copies:
+            total += weight * unused_by_copies(free, cpu_free, shape)
             continue
         fitting = 0
         stranded = 0
@@ -71,6 +82,24 @@ def fragmentation(
         else:
             total += weight * stranded
     return total
+
+
+def unused_by_copies(free: Sequence[int], cpu_free: int, shape: Shape) -> int:
+    """Idle share left unused after placing as many copies of a GPU shape as the node holds.
+
+    A copy needs ``count`` GPUs with room for ``per_gpu`` and the shape's CPU. Copies go to the
+    roomiest fitting GPUs, one GPU set each, and a GPU that hosts a copy counts as used whole,
+    as in the one-pod test. When the copies cover every fitting GPU this equals the one-pod
+    value; it is never smaller.
+    """
+    idle = sum(free)
+    fitting = sorted((share for share in free if share >= shape.per_gpu), reverse=True)
+    room = len(fitting) // shape.count
+    if shape.cpu > 0:
+        room = min(room, cpu_free // shape.cpu)
+    if room <= 0:
+        return idle
+    return idle - sum(fitting[: room * shape.count])
 
 
 def fgd_score(growth: float, scale: float, *, truncate: bool = True) -> float:

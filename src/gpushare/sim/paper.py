@@ -64,7 +64,6 @@ class Cluster:
         self.version: IntArray = np.zeros(count, dtype=np.int64)
         self.capacity = capacity_milli(self.nodes)
         self._spec_masks: dict[tuple[str, ...], BoolArray] = {}
-        self._small_keys: dict[int, FloatArray] = {}
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -141,14 +140,6 @@ class Cluster:
         idle: IntArray = np.where(self.free > 0, self.free, 0).sum(axis=1)
         return idle
 
-    def small_node_key(self, large: int) -> FloatArray:
-        """1 for nodes with fewer than ``large`` GPUs, 0 for the others (a tie-break key)."""
-        key = self._small_keys.get(large)
-        if key is None:
-            key = (self.gpus < large).astype(np.float64)
-            self._small_keys[large] = key
-        return key
-
     def bestfit_scores(self, pod: TracePod) -> FloatArray:
         """The paper's BestFit score for every node."""
         cpu_left = (self.cpu - pod.cpu_milli) / CPU_NORM
@@ -211,19 +202,19 @@ class FragmentationPolicy:
         *,
         online: bool = False,
         truncate: bool = True,
-        large_last: int = 0,
         tight_gpu: bool = False,
         cpu_weight: float = 0.0,
         scale: float = MILLI_PER_GPU,
+        copies: bool = False,
     ) -> None:
         self.name = name
         self.workload = workload
         self.online = online
         self.truncate = truncate
-        self.large_last = large_last
         self.tight_gpu = tight_gpu
         self.cpu_weight = cpu_weight
         self.scale = scale
+        self.copies = copies
         self._cache: dict[tuple[int, int, int], _Scores] = {}
         self._memo: dict[tuple[int, tuple[int, ...], str], float] = {}
         self._workload_version = workload.version
@@ -242,6 +233,7 @@ class FragmentationPolicy:
                 model,
                 self.workload.top(),
                 cpu_weight=self.cpu_weight,
+                copies=self.copies,
             )
             if len(self._memo) > 1_000_000:
                 self._memo.clear()
@@ -296,10 +288,7 @@ class FragmentationPolicy:
         for i in stale.tolist():
             entry.score[i], entry.gpu[i] = self.node_score(cluster, i, pod)
             entry.version[i] = cluster.version[i]
-        keys = [entry.score]
-        if self.large_last:
-            keys.append(cluster.small_node_key(self.large_last))
-        node = cluster.pick(mask, *keys)
+        node = cluster.pick(mask, entry.score)
         gpu = int(entry.gpu[node])
         return node, ([gpu] if gpu >= 0 else cluster.best_fit_gpus(node, pod))
 
@@ -308,9 +297,6 @@ def fgd(pods: Sequence[TracePod]) -> FragmentationPolicy:
     """The paper's FGD, with its target workload taken from the whole original trace."""
     return FragmentationPolicy("fgd", WorkloadEstimate.of([shape_of(p) for p in pods]))
 
-
-LARGE_NODE_GPUS = 8
-"""Nodes with this many GPUs or more come last among equal scores in the ``gpushare`` policy."""
 
 POLICIES = ("bestfit", "fgd", "fgd-continuous", "gpushare")
 """Policies the simulator knows, by name."""
@@ -321,12 +307,10 @@ def make_policy(name: str, pods: Sequence[TracePod]) -> Policy:
 
     - ``bestfit`` and ``fgd``: the paper's definitions.
     - ``fgd-continuous``: FGD without the integer truncation (nearly no ties).
-    - ``gpushare``: FGD's truncated fragmentation growth, with the target workload learned
-      online from the pods that arrived so far (nothing from the future of the stream); among
-      equal scores, nodes with fewer than 8 GPUs come first, then the seed's order. Large
-      nodes stay whole longer for multi-GPU pods, and their CPU (12 cores per GPU on the
-      trace's G2 nodes, against 52 on its 2-GPU T4 nodes) is not spent on small pods that
-      CPU-rich small nodes can take.
+    - ``gpushare``: FGD's truncated score over fragmentation counted by copies (see
+      ``core.fragmentation``: the idle share that as many pods of each shape as the node can
+      hold, by GPU room and CPU, would leave), with the target workload learned online from
+      the pods that arrived so far (nothing from the future of the stream). Ties as FGD's.
     """
     if name == "bestfit":
         return BestFit()
@@ -336,9 +320,7 @@ def make_policy(name: str, pods: Sequence[TracePod]) -> Policy:
         workload = WorkloadEstimate.of([shape_of(p) for p in pods])
         return FragmentationPolicy(name, workload, truncate=False)
     if name == "gpushare":
-        return FragmentationPolicy(
-            name, WorkloadEstimate(settle=SETTLE), online=True, large_last=LARGE_NODE_GPUS
-        )
+        return FragmentationPolicy(name, WorkloadEstimate(settle=SETTLE), online=True, copies=True)
     known = ", ".join(POLICIES)
     raise ValueError(f"policy={name!r} is not known; choose one of: {known}")
 
