@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from gpushare.core.allocation import plan
+from gpushare.core.changes import NodeTable
 from gpushare.core.filtering import Code, Rules, filter_node
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.ledger import Ledger, NodeUsage
 from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.core.scheduling import Scheduler, Settings, single_top
 from gpushare.core.units import MemoryUnit
 from gpushare.kube.objects import gpu_node, gpu_pod
 
@@ -183,6 +184,30 @@ def test_binpack_prefers_the_fuller_node_and_spread_the_emptier() -> None:
     assert binpack["busy"] > binpack["empty"]
     assert spread["busy"] < spread["empty"]
     assert all(0 <= s <= 10 for s in [*binpack.values(), *spread.values()])
+
+
+@pytest.mark.parametrize("policy", ["binpack", "spread", "fgd", "gpushare"])
+def test_one_node_alone_keeps_the_top_score_among_equals(policy: str) -> None:
+    # kube-scheduler picks at random among equal totals (and likes empty nodes): equal
+    # candidates must resolve to the same node every time, the first name among them
+    nodes = [read_node(gpu_node(n, gpus_units=[15, 15])) for n in ("c", "a", "b")]
+    full = read_node(gpu_node("full", gpus_units=[2]))
+    pod = gpu_pod("new", mem=3)
+    scheduler = Scheduler(Settings(policy=policy))
+    scores = scheduler.prioritize(pod, [*nodes, full], Ledger())
+    top = max(scores.values())
+    assert [n for n, v in scores.items() if v == top] == ["a"]
+    assert scores["b"] == scores["c"] == top - 1 and scores["full"] == 0
+    table = NodeTable((n.name, n) for n in [*nodes, full])
+    names = ["c", "full", "a", "b"]
+    assert scheduler.prioritize_names(pod, names, table, Ledger()) == [scores[n] for n in names]
+
+
+def test_single_top_lifts_the_chosen_node_when_every_score_is_zero() -> None:
+    raw = {"x": 0.01, "y": 0.02, "z": 0.02, "gone": None}
+    assert single_top(["x", "y", "z", "gone"], [0, 0, 0, 0], raw.get) == [0, 1, 0, 0]
+    assert single_top(["x", "y"], [3, 7], raw.get) == [3, 7]
+    assert single_top([], [], raw.get) == []
 
 
 def test_unknown_policy_fails_at_construction() -> None:

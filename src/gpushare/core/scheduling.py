@@ -10,7 +10,7 @@ node by node) and node names from the cache's ``NodeTable`` (``filter_names``,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import cast
@@ -120,6 +120,35 @@ def normalized(scores: Sequence[float | None]) -> list[int]:
         for value in fitting
     }
     return list(map(scaled.get, scores, repeat(0)))  # type: ignore[arg-type]
+
+
+def single_top(
+    names: Sequence[str], tens: list[int], raw: Callable[[str], float | None]
+) -> list[int]:
+    """The 0..10 scores with one node alone at the top: the best raw score, then the first name.
+
+    kube-scheduler adds these (times weight) to its plugins' scores and picks at random among
+    equal totals, and its LeastAllocated plugin likes empty nodes. Nodes sharing the top
+    score would so scatter pods over empty nodes, and pods scheduled before the previous
+    bind reached the extender would each land somewhere else. With one node on top, equal
+    candidates resolve the same way every time (the FGD artifact keeps the first name too).
+    The others at the top drop one point; when the top is 0 the chosen node gets 1 instead.
+    """
+    if not tens:
+        return tens
+    top = max(tens)
+    if tens.count(top) < 2:
+        return tens
+    tied = [n for n, v in zip(names, tens, strict=True) if v == top and raw(n) is not None]
+    if not tied:
+        return tens
+    best = max(raw(n) or 0.0 for n in tied)
+    winner = min(n for n in tied if (raw(n) or 0.0) >= best)
+    if top == 0:
+        return [1 if n == winner else v for n, v in zip(names, tens, strict=True)]
+    return [
+        v - 1 if v == top and n != winner else v for n, v in zip(names, tens, strict=True)
+    ]
 
 
 Decision = tuple[NodeInventory, int, tuple[Verdict, float]]
@@ -459,17 +488,27 @@ class Scheduler:
             return [0] * len(names)
         view = self._view(request, nodes, ledger, set(names))
         again = self._rebinding(request, names, nodes, ledger)
+        fits = view.fits.get
+
+        def raw(name: str) -> float | None:
+            if name in again:
+                verdict, score = again[name]
+                return score if verdict.fits else None
+            return fits(name)
+
         if self._choosing is None or not self._choosing.active:
             if not again:
-                return list(map(view.tens.get, names, repeat(0)))
-            return [
-                round(again[n][1] * MAX_SCORE) if n in again else view.tens.get(n, 0) for n in names
-            ]
-        fits = view.fits.get
-        if not again:
-            return normalized(list(map(fits, names)))
-        raw = [again[n][1] if n in again and again[n][0].fits else fits(n) for n in names]
-        return normalized(raw)
+                tens = list(map(view.tens.get, names, repeat(0)))
+            else:
+                tens = [
+                    round(again[n][1] * MAX_SCORE) if n in again else view.tens.get(n, 0)
+                    for n in names
+                ]
+        elif not again:
+            tens = normalized(list(map(fits, names)))
+        else:
+            tens = normalized(list(map(raw, names)))
+        return single_top(names, tens, raw)
 
     def verdict(self, request: PodRequest, node: NodeInventory, ledger: Ledger) -> Verdict:
         """Filter one node, leaving the pod's own earlier holding out of the count."""
@@ -523,7 +562,8 @@ class Scheduler:
 
         A ``ChoosingPolicy``'s scores are normalised over the nodes given: the best fitting node
         gets 10, the worst 0, linearly between (floored, so only the best get 10); otherwise
-        sigmoid values of nearby growths would all round to the same integer.
+        sigmoid values of nearby growths would all round to the same integer. Either way one
+        node alone keeps the top score (``single_top``).
         ``request`` may pass the pod's request when the caller has already read it.
         """
         if request is None:
@@ -532,15 +572,13 @@ class Scheduler:
         if isinstance(request, Rejection) or not request.wants_gpu:
             return {n.name: 0 for n in nodes}
         decided = self.decisions(request, nodes, ledger)
+        names = [n.name for n in nodes]
+        raw = {n: s if v.fits else None for n, (v, s) in zip(names, decided, strict=True)}
         if self._choosing is None or not self._choosing.active:
-            return {n.name: round(s * MAX_SCORE) for n, (_, s) in zip(nodes, decided, strict=True)}
-        return dict(
-            zip(
-                (n.name for n in nodes),
-                normalized([s if v.fits else None for v, s in decided]),
-                strict=True,
-            )
-        )
+            tens = [round(s * MAX_SCORE) for _, s in decided]
+        else:
+            tens = normalized(list(raw.values()))
+        return dict(zip(names, single_top(names, tens, raw.get), strict=True))
 
     def reserve(
         self,
