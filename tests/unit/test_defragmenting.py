@@ -83,6 +83,24 @@ def test_gpu_choice_is_the_least_growth_then_the_tightest() -> None:
     assert isinstance(booked, Allocation) and booked.indexes == (2,)
 
 
+def test_gpushare_counts_the_two_gpu_pods_a_node_can_still_hold() -> None:
+    # two-GPU pods expected: three free GPUs hold one of them and strand the third
+    three, four, ledger = node("three", [15] * 4), node("four", [15] * 4), Ledger()
+    hold(ledger, three, "a", 15, 0)
+    pairs = Scheduler(Settings(policy="gpushare"))
+    fgd = Scheduler(Settings(policy="fgd"))
+    for i in range(4):
+        pair = gpu_pod(f"pair{i}", mem=30, gpu_count="2")
+        pair["metadata"]["uid"] = f"uid-pair{i}"
+        for chooser in (pairs, fgd):
+            assert chooser.workload is not None and chooser.workload.observe(pair)
+    new = pod("new", 15)  # one whole GPU
+    # on "three" it leaves two GPUs, one pair; on "four" three GPUs, one pair and a stray
+    assert pairs.prioritize(new, [three, four], ledger) == {"three": 10, "four": 0}
+    # the one-pod test sees a pair fitting either way: equal, the first name wins
+    assert fgd.prioritize(new, [three, four], ledger) == {"three": 9, "four": 10}
+
+
 @pytest.mark.parametrize("policy", ["fgd", "gpushare"])
 def test_with_no_pod_seen_it_is_binpack(policy: str) -> None:
     full, roomy, ledger = node("full", [15]), node("roomy", [15, 15]), Ledger()

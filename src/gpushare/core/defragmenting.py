@@ -17,8 +17,10 @@ request once (by UID). Until one has been seen both policies behave exactly as `
 - ``fgd``: the paper's score, ``floor(100 * sigmoid(-growth / one GPU))``, one GPU being the
   node's mean GPU memory; a one-GPU pod goes to the fitting GPU with the best truncated score,
   the lowest index among equals (as the artifact's first-best).
-- ``gpushare``: the same without the integer truncation (few ties); among GPUs of equal growth
-  the tightest (least memory left) wins, then the lowest index.
+- ``gpushare``: the same without the integer truncation (few ties), with fragmentation counted
+  by copies (``core.fragmentation``): three free GPUs hold one two-GPU pod, not one and a half.
+  Without CPU here this only changes multi-GPU shapes. Among GPUs of equal growth the tightest
+  (least memory left) wins, then the lowest index.
 
 Pods over several GPUs keep the filter's best-fit choice, and nodes labelled
 ``ack.node.gpu.placement=spread`` keep their most-free choice: the policy only scores them.
@@ -117,11 +119,14 @@ class WorkloadFeed:
 class FragmentationPolicy:
     """Likes a node by how little the placement grows its fragmentation (see module docstring)."""
 
-    def __init__(self, name: str, feed: WorkloadFeed, *, truncate: bool, tight: bool) -> None:
+    def __init__(
+        self, name: str, feed: WorkloadFeed, *, truncate: bool, tight: bool, copies: bool = False
+    ) -> None:
         self.name = name
         self.feed = feed
         self.truncate = truncate
         self.tight = tight
+        self.copies = copies
         self._fallback = Binpack()
         self._memo: dict[tuple[int, ...], float] = {}
         self._memo_version = -1
@@ -149,7 +154,9 @@ class FragmentationPolicy:
         key = tuple(sorted(free))
         value = self._memo.get(key)
         if value is None:
-            value = self._memo[key] = fragmentation(key, 0, "", self.feed.workload())
+            value = self._memo[key] = fragmentation(
+                key, 0, "", self.feed.workload(), copies=self.copies
+            )
         return value
 
     def growth(
@@ -204,7 +211,7 @@ def fragmentation_policies(feed: WorkloadFeed) -> tuple[FragmentationPolicy, ...
     """``fgd`` and ``gpushare`` over one workload feed."""
     return (
         FragmentationPolicy("fgd", feed, truncate=True, tight=False),
-        FragmentationPolicy("gpushare", feed, truncate=False, tight=True),
+        FragmentationPolicy("gpushare", feed, truncate=False, tight=True, copies=True),
     )
 
 
