@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpushare.core.allocation import Allocation, to_annotations
+from gpushare.core.fragmentation import Shape, fragmentation, unused_by_copies
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import PodRequest
@@ -151,3 +152,30 @@ def test_rebuilding_from_annotations_gives_the_same_state(
             placed.pop(f"uid-{index}", None)
     rebuilt = Ledger.from_pods(placed.values())
     assert rebuilt.state() == ledger.state()
+
+
+shapes = st.builds(
+    Shape,
+    cpu=st.integers(0, 20_000),
+    per_gpu=st.integers(1, 1000),
+    count=st.integers(1, 4),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    free=st.lists(st.integers(0, 1000), min_size=1, max_size=8),
+    cpu_free=st.integers(0, 200_000),
+    shape=shapes,
+)
+def test_counting_copies_finds_no_less_fragment_than_the_one_pod_test(
+    free: list[int], cpu_free: int, shape: Shape
+) -> None:
+    one = fragmentation(free, cpu_free, "G2", ((shape, 1.0),))
+    copies = unused_by_copies(free, cpu_free, shape)
+    assert 0 <= copies <= sum(free) + 1e-6
+    if cpu_free >= shape.cpu:  # below one copy's CPU the fraction counts, the one-pod test not
+        assert copies >= one - 1e-6
+    fitting = sum(share >= shape.per_gpu for share in free)
+    if shape.count == 1 and cpu_free >= shape.cpu * fitting:  # CPU for a copy on every GPU
+        assert copies == one

@@ -84,22 +84,32 @@ def fragmentation(
     return total
 
 
-def unused_by_copies(free: Sequence[int], cpu_free: int, shape: Shape) -> int:
+def unused_by_copies(free: Sequence[int], cpu_free: int, shape: Shape) -> float:
     """Idle share left unused after placing as many copies of a GPU shape as the node holds.
 
     A copy needs ``count`` GPUs with room for ``per_gpu`` and the shape's CPU. Copies go to the
     roomiest fitting GPUs, one GPU set each, and a GPU that hosts a copy counts as used whole,
-    as in the one-pod test. When the copies cover every fitting GPU this equals the one-pod
-    value; it is never smaller.
+    as in the one-pod test. GPUs bound the copies in whole numbers; CPU bounds them by
+    ``cpu_free / cpu``, fractions included: CPU for 2.5 copies uses two GPU sets and half of
+    the next, CPU for half a copy half of one. The fraction stands for the pods of lighter
+    shapes that could still use that CPU, and it makes every milli-CPU spent count before
+    the next whole copy is lost (on the openb default trace about 0.1 point better than
+    whole copies, and about 0.07 better than counting all idle share below one copy's CPU).
+    When the copies cover every fitting GPU this equals the one-pod value; with CPU for at
+    least one copy it is never smaller.
     """
     idle = sum(free)
     fitting = sorted((share for share in free if share >= shape.per_gpu), reverse=True)
-    room = len(fitting) // shape.count
+    room: float = len(fitting) // shape.count
     if shape.cpu > 0:
-        room = min(room, cpu_free // shape.cpu)
+        room = min(room, cpu_free / shape.cpu)
     if room <= 0:
         return idle
-    return idle - sum(fitting[: room * shape.count])
+    whole = int(room)
+    used = sum(fitting[: whole * shape.count])
+    if room > whole:
+        used += (room - whole) * sum(fitting[whole * shape.count : (whole + 1) * shape.count])
+    return idle - used
 
 
 def fgd_score(growth: float, scale: float, *, truncate: bool = True) -> float:
