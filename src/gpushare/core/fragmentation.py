@@ -18,6 +18,8 @@ so the simulator and the extender share one definition.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
+from itertools import accumulate
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,6 +60,7 @@ def fragmentation(
     """
     idle = sum(free)
     total = 0.0
+    roomiest = _Roomiest(free) if copies else None
     for shape, weight in workload:
         if shape.count == 0 or shape.per_gpu == 0:
             total += weight * idle
@@ -65,8 +68,8 @@ def fragmentation(
         if shape.models and model not in shape.models:
             total += weight * (idle + cpu_weight * cpu_free)
             continue
-        if copies:
-            total += weight * unused_by_copies(free, cpu_free, shape)
+        if roomiest is not None:
+            total += weight * roomiest.unused(cpu_free, shape)
             continue
         fitting = 0
         stranded = 0
@@ -98,18 +101,33 @@ def unused_by_copies(free: Sequence[int], cpu_free: int, shape: Shape) -> float:
     When the copies cover every fitting GPU this equals the one-pod value; with CPU for at
     least one copy it is never smaller.
     """
-    idle = sum(free)
-    fitting = sorted((share for share in free if share >= shape.per_gpu), reverse=True)
-    room: float = len(fitting) // shape.count
-    if shape.cpu > 0:
-        room = min(room, cpu_free / shape.cpu)
-    if room <= 0:
-        return idle
-    whole = int(room)
-    used = sum(fitting[: whole * shape.count])
-    if room > whole:
-        used += (room - whole) * sum(fitting[whole * shape.count : (whole + 1) * shape.count])
-    return idle - used
+    return _Roomiest(free).unused(cpu_free, shape)
+
+
+class _Roomiest:
+    """A node's free shares, roomiest first, with prefix sums: each shape costs a bisection."""
+
+    __slots__ = ("idle", "ascending", "prefix")
+
+    def __init__(self, free: Sequence[int]) -> None:
+        descending = sorted(free, reverse=True)
+        self.idle = sum(descending)
+        self.ascending = descending[::-1]
+        self.prefix = [0, *accumulate(descending)]
+
+    def unused(self, cpu_free: int, shape: Shape) -> float:
+        fitting = len(self.ascending) - bisect_left(self.ascending, shape.per_gpu)
+        room: float = fitting // shape.count
+        if shape.cpu > 0:
+            room = min(room, cpu_free / shape.cpu)
+        if room <= 0:
+            return self.idle
+        whole = int(room)
+        used: float = self.prefix[whole * shape.count]
+        if room > whole:
+            end = min(len(self.prefix) - 1, (whole + 1) * shape.count)
+            used += (room - whole) * (self.prefix[end] - self.prefix[whole * shape.count])
+        return self.idle - used
 
 
 def fgd_score(growth: float, scale: float, *, truncate: bool = True) -> float:

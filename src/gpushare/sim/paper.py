@@ -224,7 +224,8 @@ class FragmentationPolicy:
             self.workload.observe(shape_of(pod))
 
     def _frag(self, cpu_free: int, free: tuple[int, ...], model: str) -> float:
-        key = (cpu_free, free, model)
+        # the measure counts GPUs, not their order: nodes holding the same shares share a key
+        key = (cpu_free, tuple(sorted(free)), model)
         value = self._memo.get(key)
         if value is None:
             value = fragmentation(
