@@ -299,6 +299,12 @@ def fgd(pods: Sequence[TracePod]) -> FragmentationPolicy:
     return FragmentationPolicy("fgd", WorkloadEstimate.of([shape_of(p) for p in pods]))
 
 
+GPUSHARE_COVERAGE = 0.97
+"""The ``gpushare`` policy's workload keeps shapes up to 97 % of the pods seen (FGD: 95 %).
+
+On the default trace that is 42 shapes instead of 35 and about 0.06 point better at 100 %
+arrived; 99 % (57 shapes) and all shapes (91) gain nothing more and cost speed."""
+
 POLICIES = ("bestfit", "fgd", "fgd-continuous", "gpushare")
 """Policies the simulator knows, by name."""
 
@@ -311,7 +317,8 @@ def make_policy(name: str, pods: Sequence[TracePod]) -> Policy:
     - ``gpushare``: FGD's truncated score over fragmentation counted by copies (see
       ``core.fragmentation``: the idle share that as many pods of each shape as the node can
       hold, by GPU room and CPU, would leave), with the target workload learned online from
-      the pods that arrived so far (nothing from the future of the stream). Ties as FGD's.
+      the pods that arrived so far (nothing from the future of the stream) and covering 97 %
+      of them. Ties as FGD's.
     """
     if name == "bestfit":
         return BestFit()
@@ -321,7 +328,8 @@ def make_policy(name: str, pods: Sequence[TracePod]) -> Policy:
         workload = WorkloadEstimate.of([shape_of(p) for p in pods])
         return FragmentationPolicy(name, workload, truncate=False)
     if name == "gpushare":
-        return FragmentationPolicy(name, WorkloadEstimate(settle=SETTLE), online=True, copies=True)
+        workload = WorkloadEstimate(settle=SETTLE, coverage=GPUSHARE_COVERAGE)
+        return FragmentationPolicy(name, workload, online=True, copies=True)
     known = ", ".join(POLICIES)
     raise ValueError(f"policy={name!r} is not known; choose one of: {known}")
 
