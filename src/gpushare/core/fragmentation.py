@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from itertools import accumulate
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +107,7 @@ def unused_by_copies(free: Sequence[int], cpu_free: int, shape: Shape) -> float:
 class _Roomiest:
     """A node's free shares, roomiest first, with prefix sums: each shape costs a bisection."""
 
-    __slots__ = ("idle", "ascending", "prefix")
+    __slots__ = ("ascending", "idle", "prefix")
 
     def __init__(self, free: Sequence[int]) -> None:
         descending = sorted(free, reverse=True)

@@ -139,16 +139,19 @@ def single_top(
     top = max(tens)
     if tens.count(top) < 2:
         return tens
-    tied = [n for n, v in zip(names, tens, strict=True) if v == top and raw(n) is not None]
+    tied = [
+        (score, n)
+        for n, v in zip(names, tens, strict=True)
+        if v == top
+        if (score := raw(n)) is not None
+    ]
     if not tied:
         return tens
-    best = max(raw(n) or 0.0 for n in tied)
-    winner = min(n for n in tied if (raw(n) or 0.0) >= best)
+    best = max(score for score, _ in tied)
+    winner = min(n for score, n in tied if score >= best)
     if top == 0:
         return [1 if n == winner else v for n, v in zip(names, tens, strict=True)]
-    return [
-        v - 1 if v == top and n != winner else v for n, v in zip(names, tens, strict=True)
-    ]
+    return [v - 1 if v == top and n != winner else v for n, v in zip(names, tens, strict=True)]
 
 
 Decision = tuple[NodeInventory, int, tuple[Verdict, float]]
@@ -508,7 +511,7 @@ class Scheduler:
             tens = normalized(list(map(fits, names)))
         else:
             tens = normalized(list(map(raw, names)))
-        return single_top(names, tens, raw)
+        return single_top(names, tens, raw if again else fits)
 
     def verdict(self, request: PodRequest, node: NodeInventory, ledger: Ledger) -> Verdict:
         """Filter one node, leaving the pod's own earlier holding out of the count."""
