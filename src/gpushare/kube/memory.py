@@ -9,12 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import copy
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import msgspec
+
 from gpushare.kube.port import Conflict, EventType, Gone, KubeDict, NotFound, WatchEvent
+
+_ENCODE = msgspec.json.Encoder()
+_DECODE = msgspec.json.Decoder()
+
+
+def _copy(obj: Any) -> Any:
+    """A deep copy of a JSON-shaped object (all the API stores): a msgspec round trip, several
+    times faster than ``copy.deepcopy`` (unit and integration tests: 31 s instead of 44).
+    """
+    return _DECODE.decode(_ENCODE.encode(obj))
+
 
 Kind = Literal["nodes", "pods"]
 
@@ -47,16 +59,16 @@ class MemoryKube:
     def _record(self, kind: Kind, type_: EventType, obj: KubeDict) -> KubeDict:
         self._version += 1
         obj.setdefault("metadata", {})["resourceVersion"] = str(self._version)
-        self._log.append(_Logged(self._version, kind, type_, copy.deepcopy(obj)))
+        self._log.append(_Logged(self._version, kind, type_, _copy(obj)))
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
-        return copy.deepcopy(obj)
+        return _copy(obj)
 
     def put_node(self, node: Mapping[str, Any]) -> KubeDict:
         """Create or replace a node."""
-        obj = copy.deepcopy(dict(node))
+        obj = _copy(dict(node))
         name = obj["metadata"]["name"]
         type_: EventType = "MODIFIED" if name in self._nodes else "ADDED"
         self._nodes[name] = obj
@@ -69,7 +81,7 @@ class MemoryKube:
 
     def create_pod(self, pod: Mapping[str, Any]) -> KubeDict:
         """Store a new pod, giving it a UID and the default namespace if missing."""
-        obj = copy.deepcopy(dict(pod))
+        obj = _copy(dict(pod))
         meta = obj.setdefault("metadata", {})
         meta.setdefault("namespace", "default")
         self._uids += 1
@@ -102,15 +114,15 @@ class MemoryKube:
 
     def pods(self) -> list[KubeDict]:
         """Copies of all pods."""
-        return [copy.deepcopy(p) for p in self._pods.values()]
+        return [_copy(p) for p in self._pods.values()]
 
     def nodes(self) -> list[KubeDict]:
         """Copies of all nodes."""
-        return [copy.deepcopy(n) for n in self._nodes.values()]
+        return [_copy(n) for n in self._nodes.values()]
 
     def events(self) -> list[KubeDict]:
         """Copies of all Events, in creation order."""
-        return [copy.deepcopy(e) for e in self._events.values()]
+        return [_copy(e) for e in self._events.values()]
 
     def compact(self) -> None:
         """Forget the event log, so older watches get Gone."""
@@ -147,7 +159,7 @@ class MemoryKube:
             for event in pending:
                 position = event.version
                 if event.kind == kind:
-                    yield WatchEvent(type=event.type, object=copy.deepcopy(event.object))
+                    yield WatchEvent(type=event.type, object=_copy(event.object))
             if position >= self._version:
                 waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 self._waiters.append(waiter)
@@ -166,7 +178,7 @@ class MemoryKube:
     async def get_pod(self, namespace: str, name: str) -> KubeDict:
         """One pod."""
         self.calls.append("get_pod")
-        return copy.deepcopy(self._pod(namespace, name))
+        return _copy(self._pod(namespace, name))
 
     async def patch_pod_annotations(
         self,
@@ -197,7 +209,7 @@ class MemoryKube:
         """One node."""
         self.calls.append("get_node")
         try:
-            return copy.deepcopy(self._nodes[name])
+            return _copy(self._nodes[name])
         except KeyError:
             raise NotFound(f"node {name} not found") from None
 
@@ -245,7 +257,7 @@ class MemoryKube:
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         """Store an Event; a name taken already is a Conflict, as on a real server."""
         self.calls.append("create_event")
-        obj = copy.deepcopy(dict(event))
+        obj = _copy(dict(event))
         meta = obj.setdefault("metadata", {})
         meta["namespace"] = namespace
         key = (namespace, str(meta.get("name", "")))
@@ -261,4 +273,4 @@ class MemoryKube:
         obj = self._events.get((namespace, name))
         if obj is None:
             raise NotFound(f"event {namespace}/{name} not found")
-        obj.update(copy.deepcopy(dict(patch)))
+        obj.update(_copy(dict(patch)))
