@@ -191,8 +191,9 @@ class FragmentationPolicy:
     """Scores nodes by how little the placement grows fragmentation (FGD and refinements).
 
     ``fgd`` is the paper's definition: truncated integer scores, the whole trace's shape
-    statistics, the first GPU with the best truncated score. The knobs exist to measure what
-    each refinement is worth.
+    statistics, the first GPU with the best truncated score. ``online`` learns the workload
+    from the arriving pods, ``truncate=False`` keeps the sigmoid's fraction, and ``copies``
+    counts fragmentation by copies (``core.fragmentation``).
     """
 
     def __init__(
@@ -202,18 +203,12 @@ class FragmentationPolicy:
         *,
         online: bool = False,
         truncate: bool = True,
-        tight_gpu: bool = False,
-        cpu_weight: float = 0.0,
-        scale: float = MILLI_PER_GPU,
         copies: bool = False,
     ) -> None:
         self.name = name
         self.workload = workload
         self.online = online
         self.truncate = truncate
-        self.tight_gpu = tight_gpu
-        self.cpu_weight = cpu_weight
-        self.scale = scale
         self.copies = copies
         self._cache: dict[tuple[int, int, int], _Scores] = {}
         self._memo: dict[tuple[int, tuple[int, ...], str], float] = {}
@@ -225,17 +220,11 @@ class FragmentationPolicy:
 
     def _frag(self, cpu_free: int, free: tuple[int, ...], model: str) -> float:
         # the measure counts GPUs, not their order: nodes holding the same shares share a key
-        key = (cpu_free, tuple(sorted(free)), model)
+        shares = tuple(sorted(free))
+        key = (cpu_free, shares, model)
         value = self._memo.get(key)
         if value is None:
-            value = fragmentation(
-                free,
-                cpu_free,
-                model,
-                self.workload.top(),
-                cpu_weight=self.cpu_weight,
-                copies=self.copies,
-            )
+            value = fragmentation(shares, cpu_free, model, self.workload.top(), copies=self.copies)
             if len(self._memo) > 1_000_000:
                 self._memo.clear()
             self._memo[key] = value
@@ -249,26 +238,22 @@ class FragmentationPolicy:
         before = self._frag(cpu, tuple(free), model)
         after_cpu = cpu - pod.cpu_milli
         if pod.num_gpu == 1 and pod.gpu_milli < MILLI_PER_GPU:
-            best_key: tuple[float, ...] | None = None
-            best_gpu, best_score = -1, 0.0
+            best_gpu, best_score = -1, -1.0
             for g, share in enumerate(free):
                 if share < pod.gpu_milli:
                     continue
                 after = list(free)
                 after[g] -= pod.gpu_milli
                 growth = self._frag(after_cpu, tuple(after), model) - before
-                score = fgd_score(growth, self.scale, truncate=self.truncate)
-                # the artifact keeps the first GPU with the best truncated score; the tight
-                # variant prefers the least growth, then the least free share left
-                key = (score, -growth, -share) if self.tight_gpu else (score,)
-                if best_key is None or key > best_key:
-                    best_key, best_gpu, best_score = key, g, score
+                score = fgd_score(growth, MILLI_PER_GPU, truncate=self.truncate)
+                if score > best_score:  # the artifact keeps the first GPU with the best score
+                    best_gpu, best_score = g, score
             return best_score, best_gpu
         after = list(free)
         for g in cluster.best_fit_gpus(i, pod):
             after[g] -= pod.gpu_milli
         growth = self._frag(after_cpu, tuple(after), model) - before
-        return fgd_score(growth, self.scale, truncate=self.truncate), -1
+        return fgd_score(growth, MILLI_PER_GPU, truncate=self.truncate), -1
 
     def choose(self, cluster: Cluster, pod: TracePod, mask: BoolArray) -> Choice:
         if self.workload.version != self._workload_version:
