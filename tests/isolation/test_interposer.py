@@ -284,20 +284,31 @@ def test_cuda_arrays_are_counted(built: Built, accounting: Path) -> None:
     assert fields(lines[4])["free"] == (64 - 20) * MiB
 
 
-@pytest.mark.parametrize("target", [30, 60])
-def test_the_launch_throttle_converges_to_the_target(
-    built: Built, accounting: Path, target: int
-) -> None:
+def utilisation(output: str) -> float:
+    """The fake GPU's SM utilisation that the ``launches`` program prints."""
+    return float(re.search(r"util=([\d.]+)", output).group(1))  # type: ignore[union-attr]
+
+
+def launch_for(built: Built, seconds: int, env: dict[str, str]) -> str:
+    """Run the ``launches`` program for ``seconds`` and return what it printed."""
     done = subprocess.run(
-        [str(built.dir / "launches"), "3"],
-        env=built.env(accounting, GPUSHARE_CORE_LIMIT=str(target)),
+        [str(built.dir / "launches"), str(seconds)],
+        env=env,
         capture_output=True,
         text=True,
         timeout=30,
         check=True,
     )
-    util = float(re.search(r"util=([\d.]+)", done.stdout).group(1))  # type: ignore[union-attr]
-    print(f"GPUSHARE_CORE_LIMIT={target}: fake SM utilisation {util:.1f}% ({done.stdout.strip()})")
+    return done.stdout
+
+
+@pytest.mark.parametrize("target", [30, 60])
+def test_the_launch_throttle_converges_to_the_target(
+    built: Built, accounting: Path, target: int
+) -> None:
+    out = launch_for(built, 3, built.env(accounting, GPUSHARE_CORE_LIMIT=str(target)))
+    util = utilisation(out)
+    print(f"GPUSHARE_CORE_LIMIT={target}: fake SM utilisation {util:.1f}% ({out.strip()})")
     assert abs(util - target) <= 5
 
 
@@ -315,22 +326,14 @@ def test_two_processes_of_a_container_share_one_compute_limit(
         for _ in range(2)
     ]
     outs = [p.communicate(timeout=30)[0] for p in procs]
-    utils = [float(re.search(r"util=([\d.]+)", o).group(1)) for o in outs]  # type: ignore[union-attr]
+    utils = [utilisation(o) for o in outs]
     launches = [int(re.search(r"launches=(\d+)", o).group(1)) for o in outs]  # type: ignore[union-attr]
     print(f"two processes at GPUSHARE_CORE_LIMIT=40: GPU {utils}%, launches {launches}")
     assert all(abs(u - 40) <= 5 for u in utils)
 
 
 def test_without_a_core_limit_launches_are_not_throttled(built: Built, accounting: Path) -> None:
-    done = subprocess.run(
-        [str(built.dir / "launches"), "1"],
-        env=built.env(accounting),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    util = float(re.search(r"util=([\d.]+)", done.stdout).group(1))  # type: ignore[union-attr]
+    util = utilisation(launch_for(built, 1, built.env(accounting)))
     print(f"no core limit: fake SM utilisation {util:.1f}%")
     assert util > 80
 
