@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds, once, the upstream binaries the end-to-end tests run, from the Go module proxy:
-#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, helm.
+#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kwok, helm.
 # They land in a cache outside the repository, keyed by version, so a second run builds nothing:
 #   ${GPUSHARE_CACHE:-~/.cache/gpushare}/bin/<component>-<version>/<binary>
 # It prints the directory of each binary set; `bin-dir` prints one line PATH entries for all.
@@ -25,7 +25,7 @@ log() { printf '[controlplane] %s\n' "$*" >&2; }
 build_kubernetes() {
   local out="$CACHE/kubernetes-$K8S_VERSION"
   if [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-scheduler" ] && \
-     [ -x "$out/kube-controller-manager" ] && [ -x "$out/kubectl" ]; then
+     [ -x "$out/kube-controller-manager" ] && [ -x "$out/kubectl" ] && [ -x "$out/kubelet" ]; then
     echo "$out"; return
   fi
   log "building Kubernetes $K8S_VERSION (kube-apiserver alone takes about 3 minutes and 2 GiB)"
@@ -34,7 +34,7 @@ build_kubernetes() {
   (cd "$HERE/kubernetes" && go build -trimpath -o "$tmp/" \
     -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet)
   rm -rf "$out" && mv "$tmp" "$out"
   log "Kubernetes built in $((SECONDS - start)) s"
   echo "$out"
