@@ -29,8 +29,10 @@ typecheck: $(STAMP)
 
 # Build (once; cached under ~/.cache/gpushare by version) etcd, the Kubernetes control plane,
 # kubectl, kwok and helm from the Go module proxy.
+# Also installs, as root, the real node's Debian packages (containerd, runc, CNI plugins).
 controlplane:
 	bash tests/e2e/controlplane/build.sh > /dev/null
+	bash tests/e2e/node/setup.sh
 
 # The native interposer (src/gpushare/isolation/native/libgpushare-cuda.so; needs gcc only).
 native: $(STAMP)
@@ -50,9 +52,10 @@ e2e: $(STAMP) controlplane
 test: $(STAMP) lint typecheck controlplane
 	GPUSHARE_E2E=1 $(BIN)/python -m pytest -q tests/unit tests/integration tests/isolation tests/gpu tests/e2e; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
-# A control plane with the gpushare extender and kwok, for a person with kubectl.
+# A control plane with the gpushare extender and kwok, for a person with kubectl;
+# REAL_NODE=1 adds one real node (containerd, kubelet, the device plugin; needs root).
 cluster: $(STAMP) controlplane
-	$(BIN)/python -m tests.e2e.cluster up --dir $(CLUSTER_DIR)
+	$(BIN)/python -m tests.e2e.cluster up --dir $(CLUSTER_DIR) $(if $(REAL_NODE),--real-node)
 
 cluster-down: $(STAMP)
 	$(BIN)/python -m tests.e2e.cluster down --dir $(CLUSTER_DIR)

@@ -139,6 +139,11 @@ def extender(
 @click.option(
     "--fake-gpus", default=None, help="Fake GPUs instead of NVML: 4x15GiB or T4:15GiB,A10:24GiB."
 )
+@click.option(
+    "--fake-health-file",
+    default=None,
+    help="With --fake-gpus: a file listing the indexes of failed GPUs (tests withdraw GPUs).",
+)
 @click.option("--gpu-memory-unit", default="1GiB", show_default=True)
 @click.option("--device-plugin-dir", default="/var/lib/kubelet/device-plugins", show_default=True)
 @click.option(
@@ -183,6 +188,7 @@ def extender(
 def device_plugin(
     node_name: str,
     fake_gpus: str | None,
+    fake_health_file: str | None,
     gpu_memory_unit: str,
     device_plugin_dir: str,
     pod_resources_socket: str,
@@ -225,7 +231,12 @@ def device_plugin(
         sys.exit(2)
     try:
         unit = MemoryUnit.parse(gpu_memory_unit)
-        source: GpuSource = FakeGpus.parse(fake_gpus, node=node_name) if fake_gpus else NvmlGpus()
+        health = Path(fake_health_file) if fake_health_file else None
+        source: GpuSource = (
+            FakeGpus.parse(fake_gpus, node=node_name, health_file=health)
+            if fake_gpus
+            else NvmlGpus()
+        )
         api = LightkubeAPI.connect(kubeconfig)
     except ValueError as err:
         click.echo(f"error: {err}", err=True)

@@ -7,7 +7,7 @@ extender by the same ``KubeSchedulerConfiguration`` that ``gpushare scheduler-co
 the gpushare extender, and kwok for nodes without kubelets. Every process is stopped by PID; a
 component that fails to start has its log tail printed.
 
-    python -m tests.e2e.cluster up [--dir .cluster]   # start and wait; prints how to stop
+    python -m tests.e2e.cluster up [--dir .cluster] [--real-node]   # start; prints how to stop
     python -m tests.e2e.cluster down [--dir .cluster]
 
 The binaries come from ``tests/e2e/controlplane/build.sh`` (built once, cached by version).
@@ -423,6 +423,10 @@ class Cluster:
                 "--profiling=false",
                 "--max-requests-inflight=1000",
                 "--max-mutating-requests-inflight=500",
+                # the real node's kubelet trusts the cluster CA; logs and exec dial its InternalIP
+                f"--kubelet-client-certificate={pki / 'admin.crt'}",
+                f"--kubelet-client-key={pki / 'admin.key'}",
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
             ],
         )
         wait_for(
@@ -569,14 +573,32 @@ def running_cluster(
         cluster.stop()
 
 
-def _up(root: Path) -> None:
-    if (root / "pids").exists():
+def _up(root: Path, *, real_node: bool = False) -> None:
+    if (root / "pids").exists() or (root / "realnode" / "pids").exists():
         _down(root)
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
     cluster = Cluster(root=root, binaries=build_binaries())
     cluster.start(lambda step: print(f"starting {step} ...", flush=True))
+    if real_node:
+        from .realnode import RealNode, unavailable
+
+        reason = unavailable()
+        if reason:
+            cluster.stop()
+            raise StartError(f"cannot start the real node: {reason}")
+        node = RealNode(cluster=cluster, root=root / "realnode", taint=False)
+        try:
+            node.start(lambda step: print(f"starting {step} ...", flush=True))
+        except BaseException:
+            cluster.stop()
+            raise
+        print(
+            f"real node {node.name} is Ready (containerd, kubelet, gpushare device plugin with "
+            f"{node.fake_gpus} fake GPUs, mode {node.mode}); pods run image {node_image()} "
+            f"with imagePullPolicy: Never"
+        )
     print(f"\ncluster is up: {cluster.server}")
     print(f"  export KUBECONFIG={cluster.kubeconfig}")
     print(f"  export PATH={cluster.binaries['kubectl'].parent}:{Path(sys.executable).parent}:$PATH")
@@ -588,7 +610,18 @@ def _up(root: Path) -> None:
     )
 
 
+def node_image() -> str:
+    from .images import TEST_IMAGE
+
+    return TEST_IMAGE
+
+
 def _down(root: Path) -> None:
+    if (root / "realnode" / "pids").exists():
+        from .realnode import stop_recorded
+
+        stop_recorded(root / "realnode")
+        print("stopped the real node")
     pids = root / "pids"
     if not pids.exists():
         print(f"no cluster recorded in {root}")
@@ -604,10 +637,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--dir", default=".cluster", type=Path)
+    parser.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also start one real node (containerd, kubelet, device plugin); needs root",
+    )
     args = parser.parse_args()
     root = args.dir.resolve()
     try:
-        _up(root) if args.action == "up" else _down(root)
+        _up(root, real_node=args.real_node) if args.action == "up" else _down(root)
     except StartError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

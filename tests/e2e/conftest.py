@@ -18,6 +18,7 @@ import yaml
 from gpushare.kube.objects import gpu_node
 
 from .cluster import Cluster, running_cluster
+from .realnode import RealNode, unavailable
 
 ENABLED = os.environ.get("GPUSHARE_E2E") == "1"
 REPO = Path(__file__).resolve().parents[2]
@@ -41,6 +42,28 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with running_cluster(root, progress=lambda s: print(f"[e2e] starting {s}", flush=True)) as c:
         print(f"[e2e] control plane up in {time.monotonic() - started:.1f}s", flush=True)
         yield c
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster: Cluster) -> Iterator[RealNode]:
+    """One kubelet-backed node with containerd and the device plugin, for the whole session.
+
+    Where it cannot run (no root, packages missing) its tests skip, except under CI, where a
+    missing real node is a failure rather than a silent skip.
+    """
+    reason = unavailable()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"real node unavailable in CI: {reason}")
+        pytest.skip(f"real node unavailable: {reason}")
+    started = time.monotonic()
+    node = RealNode(cluster=cluster, root=cluster.root / "realnode")
+    node.start(progress=lambda s: print(f"[e2e] starting {s}", flush=True))
+    print(f"[e2e] real node up in {time.monotonic() - started:.1f}s", flush=True)
+    try:
+        yield node
+    finally:
+        node.stop()
 
 
 def kwok_node(name: str, **kwargs: Any) -> dict[str, Any]:

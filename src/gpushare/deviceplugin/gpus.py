@@ -11,6 +11,7 @@ import asyncio
 import re
 import threading
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -77,14 +78,22 @@ _SPEC = re.compile(r"^(?:(?P<count>\d+)x)?(?:(?P<model>[^:,]+):)?(?P<size>\d+)(?
 
 
 class FakeGpus:
-    """GPUs described by a flag: ``4x15GiB`` or ``T4:15GiB,A10:24GiB``."""
+    """GPUs described by a flag: ``4x15GiB`` or ``T4:15GiB,A10:24GiB``.
 
-    def __init__(self, gpus: list[GpuInfo]) -> None:
+    Health changes by ``set_health`` in the same process, or, when ``health_file`` is given,
+    by writing the indexes of the failed GPUs into that file (comma- or line-separated; empty
+    means all healthy): a test drives a device plugin running as its own process that way.
+    """
+
+    def __init__(self, gpus: list[GpuInfo], *, health_file: Path | None = None) -> None:
         self._gpus = gpus
         self._notifier = _Notifier()
+        self._health_file = health_file
+        if health_file is not None:
+            self._apply(self._read_failed())
 
     @classmethod
-    def parse(cls, spec: str, *, node: str = "fake") -> FakeGpus:
+    def parse(cls, spec: str, *, node: str = "fake", health_file: Path | None = None) -> FakeGpus:
         """Read the flag; a ValueError names the part that is wrong and the accepted forms."""
         gpus: list[GpuInfo] = []
         for part in spec.replace(" ", "").split(","):
@@ -100,7 +109,7 @@ class FakeGpus:
                 gpus.append(
                     GpuInfo(index, f"GPU-fake-{node}-{index}", match["model"] or "Fake GPU", size)
                 )
-        return cls(gpus)
+        return cls(gpus, health_file=health_file)
 
     def gpus(self) -> list[GpuInfo]:
         """The current list."""
@@ -111,9 +120,27 @@ class FakeGpus:
         self._gpus = [replace(g, healthy=healthy) if g.index == index else g for g in self._gpus]
         self._notifier.notify()
 
+    def _read_failed(self) -> frozenset[int]:
+        assert self._health_file is not None
+        try:
+            text = self._health_file.read_text()
+        except OSError:
+            return frozenset()
+        return frozenset(int(t) for t in re.split(r"[,\s]+", text) if t.isdigit())
+
+    def _apply(self, failed: frozenset[int]) -> bool:
+        new = [replace(g, healthy=g.index not in failed) for g in self._gpus]
+        changed = new != self._gpus
+        self._gpus = new
+        return changed
+
     async def changed(self) -> None:
-        """Return after the next ``set_health``."""
-        await self._notifier.wait()
+        """Return after the next ``set_health`` (or change of the health file)."""
+        if self._health_file is None:
+            await self._notifier.wait()
+            return
+        while not self._apply(self._read_failed()):
+            await asyncio.sleep(0.5)
 
 
 class NvmlGpus:

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs, once, what the real node of the end-to-end tests needs from Debian's packages:
+# containerd and runc (the container runtime), the CNI plugins (bridge, host-local, loopback),
+# busybox-static (the root filesystem of the local images), gcc (the dynamically linked probe).
+# kubelet itself is built from the pinned Kubernetes modules by controlplane/build.sh.
+# Without root it installs nothing and says what is missing; the real-node tests then skip.
+set -euo pipefail
+
+missing=()
+command -v containerd >/dev/null || missing+=(containerd)
+command -v runc >/dev/null || missing+=(runc)
+[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+{ [ -x /bin/busybox ] && file -L /bin/busybox 2>/dev/null | grep -q 'statically linked'; } \
+  || missing+=(busybox-static)
+command -v gcc >/dev/null || missing+=(gcc)
+command -v file >/dev/null || missing+=(file)
+command -v ip >/dev/null || missing+=(iproute2)
+
+if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
+if [ "$(id -u)" != 0 ]; then
+  echo "[realnode] missing Debian packages: ${missing[*]} (run as root to install them);" \
+       "the real-node tests will skip" >&2
+  exit 0
+fi
+echo "[realnode] installing ${missing[*]} from Debian's packages" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,599 @@
+"""One real node beside the kwok nodes: containerd, runc, a real kubelet and the device plugin.
+
+The control plane's fake nodes cannot start a container, so they cannot tell whether the device
+plugin works with kubelet. This node can: containerd and runc come from Debian's packages
+(``node/setup.sh``), kubelet is built from the same pinned Kubernetes modules as the control
+plane (``controlplane/build.sh``), the pause and test images are built locally
+(``images.py``), and ``gpushare device-plugin --fake-gpus`` runs as a process registered with
+that kubelet. The facts it depends on (settings, pitfalls) are in ``shared/docs/KUBELET.md``.
+
+Choices, and why:
+
+- kubelet authenticates callers by client certificate (the cluster CA) and authorizes every
+  authenticated caller (``AlwaysAllow``): kube-apiserver reaches it with the admin certificate
+  for ``kubectl logs``/``exec``, and nothing else on the loopback holds a CA-signed certificate.
+- The node carries the taint ``gpushare-e2e/real-node:NoSchedule`` in tests, so the kwok tests'
+  pods never land on it; the pods of the real-node tests tolerate it.
+- kubelet always keeps device-plugin sockets in ``/var/lib/kubelet/device-plugins`` whatever its
+  root directory, so one real node runs per machine; :func:`RealNode.stop` removes that directory.
+- Process state is recorded in ``<root>/pids`` like the control plane's, so ``cluster down``
+  stops what runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .cluster import Cluster, Process, StartError, _openssl, free_port, stop_pid, wait_for
+from .images import PAUSE_IMAGE, TEST_IMAGE, build_images
+
+HERE = Path(__file__).resolve().parent
+SETUP = HERE / "node" / "setup.sh"
+DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+TAINT_KEY = "gpushare-e2e/real-node"
+TOLERATION = {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+BRIDGE = "gse2e0"
+SUBNET = "10.88.77.0/24"
+NODE_NAME = "gpushare-real-0"
+
+
+def unavailable() -> str:
+    """Why a real node cannot run on this machine, or ''."""
+    if os.geteuid() != 0:
+        return "the real node needs root (kubelet and containerd manage cgroups and mounts)"
+    subprocess.run(["bash", str(SETUP)], check=False)
+    for tool in ("containerd", "runc", "ctr", "gcc", "ip"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (tests/e2e/node/setup.sh installs it as root)"
+    if not Path("/usr/lib/cni/bridge").exists():
+        return "the CNI plugins are not installed (Debian package containernetworking-plugins)"
+    return ""
+
+
+@dataclass
+class RealNode:
+    """A kubelet-backed node and its device plugin, started against a running :class:`Cluster`."""
+
+    cluster: Cluster
+    root: Path
+    name: str = NODE_NAME
+    mode: str = "share"
+    fake_gpus: str = "4x15GiB"
+    unit: str = "1GiB"
+    taint: bool = True
+    max_pods: int = 250
+    processes: dict[str, Process] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    _plugin_log_offset: int = 0
+
+    # -- paths --------------------------------------------------------------------------------
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.root / "containerd" / "containerd.sock"
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        return self.kubelet_root / "pod-resources" / "kubelet.sock"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "gpushare-state"
+
+    @property
+    def lib_dir(self) -> Path:
+        return self.root / "gpushare-lib"
+
+    @property
+    def kubelet_config(self) -> Path:
+        return self.root / "kubelet-config.yaml"
+
+    def _spawn(self, name: str, argv: list[str]) -> Process:
+        old = self.processes.get(name)
+        if old is not None:
+            old.stop()
+        process = Process(name, argv, self.cluster.root / "logs" / f"{name}.log")
+        process.start()
+        self.processes[name] = process
+        self._record()
+        return process
+
+    def _record(self) -> None:
+        (self.root / "pids").write_text(
+            "".join(f"{p.name} {p.pid}\n" for p in self.processes.values() if p.alive())
+        )
+
+    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run containerd's ``ctr`` in the CRI namespace."""
+        return subprocess.run(
+            ["ctr", "--address", str(self.containerd_socket), "-n", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=120,
+        )
+
+    # -- start --------------------------------------------------------------------------------
+
+    def start(self, progress: Callable[[str], None] = lambda _: None) -> None:
+        """containerd, images, kubelet, node Ready, device plugin, GPU capacity visible."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for name in ("kubelet", "kubelet-healthz"):
+            self.ports[name] = free_port()
+        try:
+            progress("real node: images")
+            cache = Path(os.environ.get("GPUSHARE_CACHE", Path.home() / ".cache" / "gpushare"))
+            archives = build_images(cache / "images")
+            progress("real node: containerd")
+            self.start_containerd()
+            for archive in archives.values():
+                self.ctr("images", "import", str(archive))
+            progress("real node: kubelet")
+            self._write_kubelet_files()
+            self.start_kubelet()
+            self.wait_ready()
+            progress("real node: device plugin")
+            self.start_plugin()
+            self.wait_capacity()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _containerd_config(self) -> str:
+        base = self.root / "containerd"
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        return f"""version = 2
+root = "{base / "root"}"
+state = "{base / "state"}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = "{self.containerd_socket}"
+[ttrpc]
+  address = "{base / "containerd.ttrpc.sock"}"
+[{cri}]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # this VM lacks CAP_SYS_RESOURCE: runc cannot lower the sandbox's oom_score_adj
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{cri}.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [{cri}.cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{base / "cni"}"
+"""
+
+    def start_containerd(self) -> None:
+        """Start (or restart) containerd with the node's own configuration."""
+        base = self.root / "containerd"
+        (base / "cni").mkdir(parents=True, exist_ok=True)
+        (base / "cni" / "10-gpushare-e2e.conflist").write_text(
+            json.dumps(
+                {
+                    "cniVersion": "0.4.0",
+                    "name": "gpushare-e2e",
+                    "plugins": [
+                        {
+                            "type": "bridge",
+                            "bridge": BRIDGE,
+                            "isGateway": False,
+                            "ipMasq": False,
+                            "ipam": {
+                                "type": "host-local",
+                                "ranges": [[{"subnet": SUBNET}]],
+                                "dataDir": str(base / "ipam"),
+                            },
+                        }
+                    ],
+                }
+            )
+        )
+        config = base / "config.toml"
+        config.write_text(self._containerd_config())
+        process = self._spawn("containerd", ["containerd", "--config", str(config)])
+        wait_for(
+            "containerd's socket",
+            lambda: self.ctr("version", check=False).returncode == 0,
+            60,
+            process,
+        )
+
+    def _write_kubelet_files(self) -> None:
+        pki = self.cluster.pki
+        user = f"node-{self.name}"
+        key, csr, ext = f"{user}.key", f"{user}.csr", f"{user}.ext"
+        if not (pki / f"{user}.crt").exists():
+            _openssl(
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                key,
+                "-out",
+                csr,
+                "-subj",
+                f"/O=system:nodes/CN=system:node:{self.name}",
+                cwd=pki,
+            )
+            (pki / ext).write_text(
+                "extendedKeyUsage=clientAuth\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+            )
+            _openssl(
+                "x509",
+                "-req",
+                "-in",
+                csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                f"{user}.crt",
+                "-days",
+                "365",
+                "-extfile",
+                ext,
+                cwd=pki,
+            )
+        from .cluster import write_kubeconfig
+
+        write_kubeconfig(self.root / "kubelet.kubeconfig", self.cluster.server, pki, user)
+        config: dict[str, Any] = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            # this machine kind mounts cgroup v1; v1.36 refuses it unless told otherwise
+            "failCgroupV1": False,
+            "failSwapOn": False,
+            "cgroupDriver": "cgroupfs",
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            "address": "127.0.0.1",
+            "port": self.ports["kubelet"],
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": self.ports["kubelet-healthz"],
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": False},
+                "x509": {"clientCAFile": str(pki / "ca.crt")},
+            },
+            "authorization": {"mode": "AlwaysAllow"},
+            "evictionHard": {
+                "memory.available": "50Mi",
+                "nodefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+                "imagefs.available": "1%",
+            },
+            # the imported images cannot be pulled again: never collect them
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "podLogsDir": str(self.root / "pod-logs"),
+            "maxPods": self.max_pods,
+            "serializeImagePulls": False,
+            "nodeStatusUpdateFrequency": "4s",
+            "nodeStatusReportFrequency": "10s",
+            "syncFrequency": "10s",
+            "fileCheckFrequency": "60s",
+            "resolvConf": "",
+            "cpuManagerPolicy": "none",
+            "registerNode": True,
+            "shutdownGracePeriod": "0s",
+            "containerLogMaxSize": "1Mi",
+        }
+        if self.taint:
+            config["registerWithTaints"] = [{"key": TAINT_KEY, "value": "true", **_no_schedule()}]
+        self.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def start_kubelet(self) -> None:
+        """Start (or restart) kubelet; the node registers itself with its mode label."""
+        self.kubelet_root.mkdir(parents=True, exist_ok=True)
+        labels = f"ack.node.gpu.schedule={self.mode},gpushare-e2e=real"
+        self._spawn(
+            "kubelet",
+            [
+                str(self.cluster.binaries["kubelet"]),
+                f"--config={self.kubelet_config}",
+                f"--kubeconfig={self.root / 'kubelet.kubeconfig'}",
+                f"--root-dir={self.kubelet_root}",
+                f"--cert-dir={self.root / 'kubelet-pki'}",
+                f"--hostname-override={self.name}",
+                "--node-ip=127.0.0.1",
+                f"--node-labels={labels}",
+                "--v=1",
+            ],
+        )
+
+    def node(self) -> dict[str, Any]:
+        node: dict[str, Any] = self.cluster.kubectl_json("get", "node", self.name)
+        return node
+
+    def ready(self) -> bool:
+        """Whether the node reports Ready."""
+        result = self.cluster.kubectl("get", "node", self.name, "-o", "json", check=False)
+        if result.returncode != 0:
+            return False
+        conditions = json.loads(result.stdout).get("status", {}).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        wait_for(f"node {self.name} Ready", self.ready, timeout, self.processes["kubelet"])
+
+    def start_plugin(self, *, extra: tuple[str, ...] = ()) -> Process:
+        """Start (or restart) ``gpushare device-plugin`` for this node."""
+        gpushare = Path(sys.executable).parent / "gpushare"
+        log = self.cluster.root / "logs" / "gpushare-device-plugin.log"
+        self._plugin_log_offset = log.stat().st_size if log.exists() else 0
+        return self._spawn(
+            "gpushare-device-plugin",
+            [
+                str(gpushare),
+                "device-plugin",
+                "--node-name",
+                self.name,
+                "--fake-gpus",
+                self.fake_gpus,
+                "--gpu-memory-unit",
+                self.unit,
+                "--kubeconfig",
+                str(self.cluster.kubeconfig),
+                "--device-plugin-dir",
+                str(DEVICE_PLUGIN_DIR),
+                "--pod-resources-socket",
+                str(self.pod_resources_socket),
+                "--state-dir",
+                str(self.state_dir),
+                "--isolation-lib-dir",
+                str(self.lib_dir),
+                "--kubelet-config",
+                str(self.kubelet_config),
+                "--cpu-manager-state",
+                str(self.kubelet_root / "cpu_manager_state"),
+                "--metrics-port",
+                "0",
+                "--fake-health-file",
+                str(self.root / "fake-health"),
+                *extra,
+            ],
+        )
+
+    def expect_registration(self) -> None:
+        """Make :meth:`wait_capacity` wait for registrations logged from now on (after a
+        kubelet restart the plugin registers again without restarting)."""
+        log = self.cluster.root / "logs" / "gpushare-device-plugin.log"
+        self._plugin_log_offset = log.stat().st_size if log.exists() else 0
+
+    def gpu_count(self) -> int:
+        return int(self.fake_gpus.split("x")[0]) if "x" in self.fake_gpus else 1
+
+    def expected_mem(self) -> int:
+        per_gpu = self.fake_gpus.split("x")[-1]
+        gib = int(per_gpu.removesuffix("GiB"))
+        return self.gpu_count() * gib * (8 if self.unit == "128MiB" else 1)
+
+    def wait_capacity(self, timeout: float = 90) -> None:
+        """Until kubelet reports the plugin's devices as allocatable on the node."""
+        want = str(self.expected_mem())
+        resources = 2 if self.mode == "core_mem" else 1
+        log = self.cluster.root / "logs" / "gpushare-device-plugin.log"
+
+        def visible() -> bool:
+            with log.open("rb") as handle:
+                handle.seek(self._plugin_log_offset)
+                registered = handle.read().count(b"phase=register")
+            if registered < resources:
+                return False
+            status = self.node().get("status", {})
+            return bool(status.get("allocatable", {}).get("aliyun.com/gpu-mem") == want)
+
+        wait_for(
+            f"aliyun.com/gpu-mem={want} allocatable on {self.name}",
+            visible,
+            timeout,
+            self.processes["gpushare-device-plugin"],
+        )
+
+    def set_mode(self, mode: str, *, unit: str | None = None, fake_gpus: str | None = None) -> None:
+        """Relabel the node and restart the plugin in the new mode (no pods may hold GPUs)."""
+        self.mode = mode
+        if unit is not None:
+            self.unit = unit
+        if fake_gpus is not None:
+            self.fake_gpus = fake_gpus
+        self.cluster.kubectl(
+            "label", "node", self.name, f"ack.node.gpu.schedule={mode}", "--overwrite"
+        )
+        self.start_plugin()
+        self.wait_capacity()
+
+    # -- restarts a test can inflict ----------------------------------------------------------
+
+    def kill(self, name: str, sig: int = 9) -> None:
+        """Send ``sig`` to one component (kubelet, containerd, gpushare-device-plugin)."""
+        process = self.processes[name]
+        if process.alive():
+            os.kill(process.pid, sig)
+            assert process.popen is not None
+            process.popen.wait(timeout=30)
+
+    # -- stop ---------------------------------------------------------------------------------
+
+    def delete_pods(self) -> None:
+        """Delete every pod bound to this node and wait (briefly) until kubelet has removed them."""
+        selector = f"spec.nodeName={self.name}"
+        self.cluster.kubectl(
+            "delete",
+            "pods",
+            "--all-namespaces",
+            f"--field-selector={selector}",
+            "--grace-period=1",
+            "--wait=false",
+            check=False,
+            timeout=120,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            left = self.cluster.kubectl(
+                "get", "pods", "-A", f"--field-selector={selector}", "-o", "name", check=False
+            ).stdout.split()
+            if not left:
+                return
+            time.sleep(1)
+
+    def stop(self) -> None:
+        """Pods first, then the plugin, kubelet and containerd; then mounts, bridge, sockets."""
+        if self.processes.get("kubelet") and self.processes["kubelet"].alive():
+            with contextlib.suppress(Exception):
+                self.delete_pods()
+        for name in ("gpushare-device-plugin", "kubelet"):
+            process = self.processes.get(name)
+            if process is not None:
+                process.stop()
+        # the pods' containers live under containerd's shims, not under containerd itself
+        if self.containerd_socket.exists():
+            listing = self.ctr("tasks", "list", "-q", check=False).stdout.split()
+            for task in listing:
+                self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False)
+        process = self.processes.get("containerd")
+        if process is not None:
+            process.stop()
+        subprocess.run(
+            ["pkill", "-9", "-f", f"containerd-shim-runc-v2 .*-address {self.containerd_socket}"],
+            check=False,
+        )
+        self.processes.clear()
+        unmount_under(self.root)
+        subprocess.run(["ip", "link", "del", BRIDGE], check=False, capture_output=True)
+        shutil.rmtree(DEVICE_PLUGIN_DIR, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            (self.root / "pids").unlink()
+
+
+def _no_schedule() -> dict[str, str]:
+    return {"effect": "NoSchedule"}
+
+
+def unmount_under(root: Path) -> None:
+    """Lazily unmount everything mounted below ``root`` (deepest first)."""
+    prefix = str(root.resolve()) + "/"
+    mounts = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            target = line.split()[1].replace("\\040", " ")
+            if target.startswith(prefix):
+                mounts.append(target)
+    for target in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", target], check=False, capture_output=True)
+
+
+def stop_recorded(root: Path) -> None:
+    """Stop a real node recorded in ``root/pids`` by an earlier process (``cluster down``)."""
+    pids = root / "pids"
+    if pids.exists():
+        for line in reversed(pids.read_text().splitlines()):
+            _, pid = line.split()
+            stop_pid(int(pid))
+        pids.unlink()
+    unmount_under(root)
+    subprocess.run(["ip", "link", "del", BRIDGE], check=False, capture_output=True)
+    shutil.rmtree(DEVICE_PLUGIN_DIR, ignore_errors=True)
+
+
+def pod(
+    name: str,
+    namespace: str,
+    containers: list[dict[str, Any]],
+    *,
+    node: str = NODE_NAME,
+    labels: dict[str, str] | None = None,
+    init: list[dict[str, Any]] | None = None,
+    restart: str = "Never",
+) -> dict[str, Any]:
+    """A pod for the real node: the local test image, the taint tolerated, quick to stop."""
+    spec: dict[str, Any] = {
+        "schedulerName": "ack-co-scheduler",
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "tolerations": [TOLERATION],
+        "restartPolicy": restart,
+        "terminationGracePeriodSeconds": 1,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "containers": [_local(c) for c in containers],
+    }
+    if init:
+        spec["initContainers"] = [_local(c) for c in init]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {"app": "real"}},
+        "spec": spec,
+    }
+
+
+def _local(container: dict[str, Any]) -> dict[str, Any]:
+    return {"image": TEST_IMAGE, "imagePullPolicy": "Never", **container}
+
+
+def container(
+    name: str, mem: int | None = None, *, core: int | None = None, command: str = ""
+) -> dict[str, Any]:
+    """A container that prints what the device plugin gave it, then ``command`` (or exits)."""
+    limits: dict[str, Any] = {}
+    if mem is not None:
+        limits["aliyun.com/gpu-mem"] = mem
+    if core is not None:
+        limits["aliyun.com/gpu-core.percentage"] = core
+    script = "/probe; /probe > /dev/termination-log; " + (command or "true")
+    return {
+        "name": name,
+        "command": ["/bin/sh", "-c", script],
+        "resources": {"limits": limits},
+    }
+
+
+def probe_env(text: str) -> dict[str, str]:
+    """The ``KEY=value`` lines /probe printed."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+__all__ = [
+    "NODE_NAME",
+    "TEST_IMAGE",
+    "TOLERATION",
+    "RealNode",
+    "StartError",
+    "container",
+    "pod",
+    "probe_env",
+    "stop_recorded",
+    "unavailable",
+]

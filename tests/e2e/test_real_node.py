@@ -1,0 +1,476 @@
+"""The device plugin on a real node: containerd, runc and a real kubelet, with real containers.
+
+Every container here runs ``/probe`` (tests/e2e/node/probe.c), a dynamically linked program
+that prints whether the gpushare interposer is mapped into it and the environment the device
+plugin owns. It writes the same lines to its termination message, so a test reads every
+container's environment back from the pod status (and ``kubectl logs`` for the seed examples),
+and compares it with what the pod's ``gpushare.io/allocation`` says it should be.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import yaml
+
+from .cluster import Cluster
+from .conftest import REPO, eventually
+from .images import TEST_IMAGE
+from .realnode import NODE_NAME, TOLERATION, RealNode, container, pod, probe_env
+
+NS = "e2e-real"
+
+
+# -- reading containers back -----------------------------------------------------------------
+
+
+def statuses(item: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every container status of a pod (init containers included), by container name."""
+    status = item.get("status", {})
+    out = {}
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for entry in status.get(key) or []:
+            out[entry["name"]] = entry
+    return out
+
+
+def probed(entry: dict[str, Any]) -> dict[str, str] | None:
+    """What /probe printed in a container, from its termination message, if it has one."""
+    for state in ("terminated", "running"):
+        terminated = (entry.get("state", {}).get(state) or {}).get("message")
+        if terminated:
+            return probe_env(terminated)
+    last = (entry.get("lastState", {}).get("terminated") or {}).get("message")
+    return probe_env(last) if last else None
+
+
+def expected(item: dict[str, Any], name: str, uuids: dict[int, str]) -> dict[str, str]:
+    """The variables a container must have, from its pod's allocation record."""
+    record = json.loads(item["metadata"]["annotations"]["gpushare.io/allocation"])
+    entry = next((c for c in record["containers"] if c["name"] == name), None)
+    if entry is None:
+        return {}
+    gpus = [g for g in entry["gpus"] if g["mem"] or g["core"]]
+    out = {
+        "ALIYUN_COM_GPU_MEM_IDX": ",".join(str(g["index"]) for g in gpus),
+        "NVIDIA_VISIBLE_DEVICES": ",".join(uuids[g["index"]] for g in gpus),
+        "ALIYUN_COM_GPU_MEM_POD": str(sum(g["mem"] for g in record["gpus"])),
+    }
+    mem = [g for g in gpus if g["mem"]]
+    if mem:
+        out["ALIYUN_COM_GPU_MEM_CONTAINER"] = str(sum(g["mem"] for g in mem))
+        out["GPUSHARE_MEM_PER_GPU"] = ",".join(f"{g['index']}:{g['mem']}" for g in mem)
+    cores = [g for g in gpus if g["core"]]
+    if cores:
+        out["ALIYUN_COM_GPU_CORE_PERCENTAGE"] = str(max(g["core"] for g in cores))
+    return out
+
+
+def gpu_uuids(cluster: Cluster, node: str = NODE_NAME) -> dict[int, str]:
+    annotations = cluster.kubectl_json("get", "node", node)["metadata"]["annotations"]
+    return {g["index"]: g["uuid"] for g in json.loads(annotations["gpushare.io/gpus"])}
+
+
+def gpu_containers(item: dict[str, Any]) -> list[str]:
+    """Names of the pod's containers that ask for GPU memory or computing power."""
+    spec = item["spec"]
+    names = []
+    for c in [*(spec.get("initContainers") or []), *spec["containers"]]:
+        limits = c.get("resources", {}).get("limits", {})
+        if "aliyun.com/gpu-mem" in limits or "aliyun.com/gpu-core.percentage" in limits:
+            names.append(c["name"])
+    return names
+
+
+def compare(
+    items: list[dict[str, Any]], uuids: dict[int, str]
+) -> tuple[int, list[str], dict[str, dict[str, str]]]:
+    """(containers checked, mismatches, env by pod/container) for pods whose containers ran."""
+    checked, mismatches, seen = 0, [], {}
+    for item in items:
+        states = statuses(item)
+        for name in gpu_containers(item):
+            got = probed(states.get(name, {}))
+            if got is None:
+                continue
+            key = f"{item['metadata']['name']}/{name}"
+            seen[key] = got
+            want = expected(item, name, uuids)
+            checked += 1
+            wrong = {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v}
+            if wrong:
+                mismatches.append(f"{key}: {wrong}")
+    return checked, mismatches, seen
+
+
+def ns_pods(cluster: Cluster, namespace: str = NS) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = cluster.kubectl_json("get", "pods", "-n", namespace)["items"]
+    return items
+
+
+def create(cluster: Cluster, manifests: list[dict[str, Any]]) -> None:
+    body = json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests})
+    cluster.kubectl("create", "-f", "-", input=body, timeout=300)
+
+
+def wait_done(cluster: Cluster, names: set[str], timeout: float = 180) -> list[dict[str, Any]]:
+    """Until every named pod has Succeeded; fail with the others' phase and last event."""
+
+    def done() -> list[dict[str, Any]] | None:
+        items = [p for p in ns_pods(cluster) if p["metadata"]["name"] in names]
+        if len(items) == len(names) and all(p["status"].get("phase") == "Succeeded" for p in items):
+            return items
+        return None
+
+    try:
+        result: list[dict[str, Any]] = eventually(done, timeout, f"{len(names)} pods Succeeded")
+    except AssertionError:
+        lines = []
+        for p in ns_pods(cluster):
+            if p["metadata"]["name"] in names and p["status"].get("phase") != "Succeeded":
+                lines.append(f"{p['metadata']['name']}: {p['status'].get('phase')} {reasons(p)}")
+        raise AssertionError("pods not Succeeded:\n" + "\n".join(lines)) from None
+    return result
+
+
+def reasons(item: dict[str, Any]) -> str:
+    status = item.get("status", {})
+    parts = [f"{c.get('reason')}: {c.get('message')}" for c in status.get("conditions") or []]
+    if status.get("message"):
+        parts.append(f"{status.get('reason')}: {status['message']}")
+    return "; ".join(p for p in parts if "None: None" not in p)
+
+
+def served(item: dict[str, Any]) -> bool:
+    return (item["metadata"].get("annotations") or {}).get("ALIYUN_COM_GPU_MEM_ASSIGNED") == "true"
+
+
+def fresh_namespace(cluster: Cluster) -> None:
+    cluster.kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=true", timeout=180)
+    cluster.kubectl("create", "namespace", NS)
+
+
+def local_job(path: str, *, command: list[str]) -> dict[str, Any]:
+    """A seed manifest with the local image, its command replaced by the probe, on this node."""
+    manifest: dict[str, Any] = yaml.safe_load((REPO / "examples" / path).read_text())
+    spec = manifest["spec"]["template"]["spec"]
+    spec["nodeSelector"] = {"kubernetes.io/hostname": NODE_NAME}
+    spec["tolerations"] = [TOLERATION]
+    spec["terminationGracePeriodSeconds"] = 1
+    for c in spec["containers"]:
+        c.update(image=TEST_IMAGE, imagePullPolicy="Never", command=command, workingDir="/")
+        c.pop("args", None)
+    manifest["metadata"]["namespace"] = NS
+    return manifest
+
+
+PROBE_THEN = "/probe; /probe > /dev/termination-log; "
+
+
+# -- the seed examples ------------------------------------------------------------------------
+
+
+def test_seed_walkthrough_on_a_real_share_node(real_node: RealNode) -> None:
+    cluster = real_node.cluster
+    real_node.set_mode("share", unit="1GiB")
+    fresh_namespace(cluster)
+    job = local_job("GPUtest.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 2"])
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
+    items = eventually(
+        lambda: [p for p in ns_pods(cluster) if p["status"].get("phase") == "Succeeded"],
+        120,
+        "GPUtest pod Succeeded",
+    )
+    name = items[0]["metadata"]["name"]
+    logs = cluster.kubectl("logs", "-n", NS, name).stdout
+    print(logs)
+    env = probe_env(logs)
+    assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "3"
+    assert env["ALIYUN_COM_GPU_MEM_POD"] == "3"
+    assert env["ALIYUN_COM_GPU_MEM_DEV"] == "15"
+    checked, mismatches, _ = compare(items, gpu_uuids(cluster))
+    assert checked == 1 and not mismatches, mismatches
+    cluster.kubectl("delete", "namespace", NS, "--wait=false")
+
+
+def test_cuda_sample_on_a_real_core_mem_node(real_node: RealNode) -> None:
+    cluster = real_node.cluster
+    real_node.set_mode("core_mem", unit="1GiB")
+    fresh_namespace(cluster)
+    status = real_node.node()["status"]
+    for key in ("capacity", "allocatable"):
+        assert status[key]["aliyun.com/gpu-core.percentage"] == "400", status[key]
+        assert status[key]["aliyun.com/gpu-mem"] == "60"
+        assert status[key]["aliyun.com/gpu-count"] == "4"
+    job = local_job("cuda-sample.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 2"])
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
+    items = wait_done_label(cluster, "job-name=cuda-sample")
+    name = items[0]["metadata"]["name"]
+    env = probe_env(cluster.kubectl("logs", "-n", NS, name).stdout)
+    print(env)
+    assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2"
+    assert env["ALIYUN_COM_GPU_CORE_PERCENTAGE"] == "30"
+    assert env["GPUSHARE_CORE_LIMIT"] == "30"
+    assert env["GPUSHARE_MEM_LIMIT"] == str(2 * 1024**3)
+    assert "libgpushare-cuda.so" in env["PROBE_MAPPED"], env
+    checked, mismatches, _ = compare(items, gpu_uuids(cluster))
+    assert checked == 1 and not mismatches, mismatches
+    cluster.kubectl("delete", "namespace", NS, "--wait=false")
+
+
+def wait_done_label(cluster: Cluster, selector: str, timeout: float = 120) -> list[dict[str, Any]]:
+    def done() -> list[dict[str, Any]] | None:
+        items: list[dict[str, Any]] = cluster.kubectl_json("get", "pods", "-n", NS, "-l", selector)[
+            "items"
+        ]
+        ok = [p for p in items if p["status"].get("phase") == "Succeeded"]
+        if ok:
+            return ok
+        failed = [p for p in items if p["status"].get("phase") == "Failed"]
+        assert not failed, [reasons(p) for p in failed]
+        return None
+
+    result: list[dict[str, Any]] = eventually(done, timeout, f"{selector} Succeeded")
+    return result
+
+
+def test_128mib_unit_and_a_statefulset_pod_recreated_under_its_name(real_node: RealNode) -> None:
+    cluster = real_node.cluster
+    real_node.set_mode("share", unit="128MiB")
+    fresh_namespace(cluster)
+    try:
+        assert real_node.node()["status"]["allocatable"]["aliyun.com/gpu-mem"] == "480"
+        manifest = yaml.safe_load((REPO / "examples" / "binpack-128mib.yaml").read_text())
+        manifest["metadata"]["namespace"] = NS
+        spec = manifest["spec"]["template"]["spec"]
+        spec.update(
+            nodeSelector={"kubernetes.io/hostname": NODE_NAME},
+            tolerations=[TOLERATION],
+            terminationGracePeriodSeconds=1,
+        )
+        for c in spec["containers"]:
+            c.update(
+                image=TEST_IMAGE,
+                imagePullPolicy="Never",
+                command=["/bin/sh", "-c", PROBE_THEN + "sleep 3600"],
+            )
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+        uuids = gpu_uuids(cluster)
+        for round_ in range(3):
+            # the StatefulSet controller re-creates binpack-0 under the same name, new UID
+            item = eventually(
+                lambda: next(
+                    (
+                        p
+                        for p in ns_pods(cluster)
+                        if p["metadata"]["name"] == "binpack-0"
+                        and p["status"].get("phase") == "Running"
+                        and served(p)
+                    ),
+                    None,
+                ),
+                120,
+                f"binpack-0 running and served (round {round_})",
+            )
+            env = probe_env(cluster.kubectl("logs", "-n", NS, "binpack-0").stdout)
+            assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "16"
+            assert env["GPUSHARE_MEM_UNIT"] == "128MiB"
+            want = expected(item, "binpack-1", uuids)
+            assert {k: env.get(k) for k in want} == want
+            uid = item["metadata"]["uid"]
+            cluster.kubectl("delete", "pod", "-n", NS, "binpack-0", "--wait=false")
+            eventually(
+                lambda uid=uid: all(  # type: ignore[misc]
+                    p["metadata"]["uid"] != uid
+                    for p in ns_pods(cluster)
+                    if p["metadata"]["name"] == "binpack-0"
+                ),
+                60,
+                "binpack-0 re-created",
+            )
+        # a second pod of the same size is not held behind the re-created one
+        create(
+            cluster,
+            [pod("same-size", NS, [container("main", 16)])],
+        )
+        wait_done(cluster, {"same-size"}, 120)
+    finally:
+        cluster.kubectl("delete", "namespace", NS, "--wait=true", timeout=180, check=False)
+        real_node.set_mode("share", unit="1GiB")
+
+
+# -- pod shapes -------------------------------------------------------------------------------
+
+
+def test_multi_container_init_sidecar_and_multi_gpu_pods(real_node: RealNode) -> None:
+    cluster = real_node.cluster
+    real_node.set_mode("share", unit="1GiB")
+    fresh_namespace(cluster)
+    sidecar = container("sidecar", 1, command="sleep 5")
+    sidecar["restartPolicy"] = "Always"
+    manifests = [
+        pod("two", NS, [container("a", 3), container("b", 2), container("plain")]),
+        pod("init", NS, [container("main", 2)], init=[container("setup", 2)]),
+        pod("init-bigger", NS, [container("main", 1)], init=[container("setup", 4)]),
+        pod("sidecar", NS, [container("main", 2)], init=[sidecar]),
+        pod(
+            "multi-gpu",
+            NS,
+            [container("main", 4)],
+            labels={"app": "real", "aliyun.com/gpu-count": "2"},
+        ),
+        pod(
+            "multi-gpu-odd",
+            NS,
+            [container("a", 3), container("b", 3)],
+            labels={"app": "real", "aliyun.com/gpu-count": "2"},
+        ),
+    ]
+    create(cluster, manifests)
+    names = {m["metadata"]["name"] for m in manifests}
+    items = wait_done(cluster, names, 180)
+    checked, mismatches, seen = compare(items, gpu_uuids(cluster))
+    print(json.dumps(seen, indent=1))
+    assert not mismatches, mismatches
+    assert checked == sum(len(gpu_containers(p)) for p in items)
+    # pods of the same sizes arrive after them and must not wait behind them
+    again = [pod(f"{m['metadata']['name']}-again", NS, m["spec"]["containers"]) for m in manifests]
+    for original, copy in zip(manifests, again, strict=True):
+        copy["metadata"]["labels"] = original["metadata"]["labels"]
+        if "initContainers" in original["spec"]:
+            copy["spec"]["initContainers"] = original["spec"]["initContainers"]
+    create(cluster, again)
+    items = wait_done(cluster, {m["metadata"]["name"] for m in again}, 180)
+    checked, mismatches, _ = compare(items, gpu_uuids(cluster))
+    assert not mismatches, mismatches
+    cluster.kubectl("delete", "namespace", NS, "--wait=false")
+
+
+def test_cgpu_container_has_the_interposer_preloaded(real_node: RealNode) -> None:
+    cluster = real_node.cluster
+    real_node.set_mode("cgpu", unit="1GiB")
+    fresh_namespace(cluster)
+    try:
+        check = "grep -c gpushare /proc/mounts > /tmp/m; touch /var/run/gpushare/ok 2>/dev/null"
+        probe = container("main", 5, command=check)
+        create(cluster, [pod("cgpu", NS, [probe])])
+        items = wait_done(cluster, {"cgpu"}, 120)
+        env = probe_env(cluster.kubectl("logs", "-n", NS, "cgpu").stdout)
+        print(env)
+        assert "libgpushare-cuda.so" in env["PROBE_MAPPED"]
+        assert env["LD_PRELOAD"].endswith("libgpushare-cuda.so")
+        assert env["GPUSHARE_MEM_LIMIT"] == str(5 * 1024**3)
+        assert env["GPUSHARE_ACCOUNTING_DIR"]
+        checked, mismatches, _ = compare(items, gpu_uuids(cluster))
+        assert checked == 1 and not mismatches, mismatches
+    finally:
+        cluster.kubectl("delete", "namespace", NS, "--wait=true", timeout=180, check=False)
+        real_node.set_mode("share", unit="1GiB")
+
+
+# -- restarts and health ----------------------------------------------------------------------
+
+
+def test_restarts_of_kubelet_plugin_and_containerd(real_node: RealNode) -> None:
+    cluster = real_node.cluster
+    real_node.set_mode("share", unit="1GiB")
+    fresh_namespace(cluster)
+    uuids = gpu_uuids(cluster)
+    long = [
+        pod(f"long-{i}", NS, [container("main", 2 + i % 3, command="sleep 600")]) for i in range(4)
+    ]
+    create(cluster, long)
+    running = eventually(
+        lambda: (
+            items
+            if len(items := [p for p in ns_pods(cluster) if p["status"].get("phase") == "Running"])
+            == 4
+            else None
+        ),
+        120,
+        "4 long pods Running",
+    )
+    checked, mismatches, _ = compare(running, uuids)
+    assert checked == 4 and not mismatches, mismatches
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in running}
+    steps = [
+        ("device plugin kill -9", lambda: restart_plugin(real_node, 9)),
+        ("device plugin SIGTERM", lambda: restart_plugin(real_node, 15)),
+        ("kubelet", lambda: restart_kubelet(real_node)),
+        ("containerd", lambda: restart_containerd(real_node)),
+    ]
+    for step, (what, action) in enumerate(steps):
+        # pods arrive while the component is down and right after it comes back
+        early = [pod(f"s{step}-early-{i}", NS, [container("main", 1 + i)]) for i in range(3)]
+        action_started = time.monotonic()
+        action()
+        create(cluster, early)
+        late = [pod(f"s{step}-late-{i}", NS, [container("main", 1 + i)]) for i in range(3)]
+        create(cluster, late)
+        names = {m["metadata"]["name"] for m in early + late}
+        items = wait_done(cluster, names, 240)
+        checked, mismatches, _ = compare(items, uuids)
+        print(
+            f"[real node] after {what} restart: {checked} containers checked, "
+            f"{len(mismatches)} mismatches, {time.monotonic() - action_started:.1f}s"
+        )
+        assert checked == 6 and not mismatches, (what, mismatches)
+        cluster.kubectl("delete", "pods", "-n", NS, *sorted(names), "--wait=false")
+    still = {
+        p["metadata"]["name"]: p["metadata"]["uid"]
+        for p in ns_pods(cluster)
+        if p["metadata"]["name"].startswith("long-") and p["status"].get("phase") == "Running"
+    }
+    assert still == before, "the long-running pods survive every restart"
+    cluster.kubectl("delete", "namespace", NS, "--wait=false")
+
+
+def restart_plugin(node: RealNode, sig: int) -> None:
+    node.kill("gpushare-device-plugin", sig)
+    node.start_plugin()
+    node.wait_capacity()
+
+
+def restart_kubelet(node: RealNode) -> None:
+    node.expect_registration()
+    node.kill("kubelet", 15)
+    node.start_kubelet()
+    node.wait_ready()
+    node.wait_capacity()
+
+
+def restart_containerd(node: RealNode) -> None:
+    node.kill("containerd", 15)
+    node.start_containerd()
+    node.wait_ready()
+
+
+def test_unhealthy_gpu_gets_no_new_pod(real_node: RealNode) -> None:
+    cluster = real_node.cluster
+    real_node.set_mode("share", unit="1GiB")
+    fresh_namespace(cluster)
+    health = real_node.root / "fake-health"
+    health.write_text("0\n")  # GPU 0 fails, as an XID error would
+    try:
+
+        def withdrawn() -> bool:
+            gpus = json.loads(real_node.node()["metadata"]["annotations"]["gpushare.io/gpus"])
+            return any(g["index"] == 0 and g.get("healthy") is False for g in gpus)
+
+        eventually(withdrawn, 30, "GPU 0 published unhealthy")
+        manifests = [pod(f"h{i}", NS, [container("main", 4)]) for i in range(6)]
+        create(cluster, manifests)
+        items = wait_done(cluster, {m["metadata"]["name"] for m in manifests}, 180)
+        used = {
+            g["index"]
+            for p in items
+            for g in json.loads(p["metadata"]["annotations"]["gpushare.io/allocation"])["gpus"]
+        }
+        assert 0 not in used, used
+        checked, mismatches, _ = compare(items, gpu_uuids(cluster))
+        assert checked == 6 and not mismatches, mismatches
+    finally:
+        health.write_text("")
+        cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
