@@ -341,7 +341,32 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
     def wait_ready(self, timeout: float = 120) -> None:
+        """Until the node is Ready, then give it its loopback address.
+
+        kubelet refuses a loopback node IP ("nodeIP can't be loopback address",
+        pkg/kubelet/nodestatus/setters.go) and then leaves ``status.addresses`` alone, while
+        without ``--node-ip`` it would publish this machine's own network address. Writing
+        127.0.0.1 into the node status keeps ``kubectl logs`` and ``exec`` (the apiserver dials
+        the node's InternalIP) on the loopback.
+        """
         wait_for(f"node {self.name} Ready", self.ready, timeout, self.processes["kubelet"])
+        patch = {
+            "status": {
+                "addresses": [
+                    {"type": "InternalIP", "address": "127.0.0.1"},
+                    {"type": "Hostname", "address": self.name},
+                ]
+            }
+        }
+        self.cluster.kubectl(
+            "patch",
+            "node",
+            self.name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps(patch),
+        )
 
     def start_plugin(self, *, extra: tuple[str, ...] = ()) -> Process:
         """Start (or restart) ``gpushare device-plugin`` for this node."""
@@ -481,10 +506,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         process = self.processes.get("containerd")
         if process is not None:
             process.stop()
-        subprocess.run(
-            ["pkill", "-9", "-f", f"containerd-shim-runc-v2 .*-address {self.containerd_socket}"],
-            check=False,
-        )
+        kill_shims(self.containerd_socket)
         self.processes.clear()
         unmount_under(self.root)
         subprocess.run(["ip", "link", "del", BRIDGE], check=False, capture_output=True)
@@ -495,6 +517,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
 def _no_schedule() -> dict[str, str]:
     return {"effect": "NoSchedule"}
+
+
+def kill_shims(socket: Path) -> None:
+    """SIGKILL the runc shims (and so the containers) of the containerd at ``socket``."""
+    subprocess.run(
+        ["pkill", "-9", "-f", f"containerd-shim-runc-v2 .*-address {socket}"],
+        check=False,
+        capture_output=True,
+    )
 
 
 def unmount_under(root: Path) -> None:
@@ -518,6 +549,7 @@ def stop_recorded(root: Path) -> None:
             _, pid = line.split()
             stop_pid(int(pid))
         pids.unlink()
+    kill_shims(root / "containerd" / "containerd.sock")
     unmount_under(root)
     subprocess.run(["ip", "link", "del", BRIDGE], check=False, capture_output=True)
     shutil.rmtree(DEVICE_PLUGIN_DIR, ignore_errors=True)
