@@ -487,3 +487,17 @@ def test_server_config_uses_the_c_loop_and_parser_and_logs_access_only_at_debug(
     assert server_config(object(), host="h", port=1, log_level="DEBUG").access_log
     config.load()  # both are installed: uvicorn resolves them without falling back
     assert config.http_protocol_class.__name__ == "HttpToolsProtocol"
+
+
+def test_a_quantity_the_api_server_keeps_as_written_is_placed_as_its_number() -> None:
+    kube = seed_cluster()
+    # kube-apiserver stores "+3" and "3e0" as written (they are already short)
+    pods = [kube.create_pod(gpu_pod(f"p{i}", mem=mem)) for i, mem in enumerate(["+3", "3e0"])]
+
+    async def body(rig: Rig) -> None:
+        for pod in pods:
+            assert (await rig.driver.schedule(pod, [SEED])).bound
+        await rig.settle()
+        assert rig.cache.ledger.usage(SEED).mem_units == 6
+
+    run_with_rig(kube, body)

@@ -83,6 +83,14 @@ def test_unreadable_bodies_are_denied_with_a_reason_not_a_500(body: bytes, needl
     assert needle in response["status"]["message"]
 
 
+def test_a_quantity_kubernetes_counts_as_three_is_admitted() -> None:
+    request = golden_request("valid_pod")
+    limits = request["request"]["object"]["spec"]["containers"][0]["resources"]["limits"]
+    limits["aliyun.com/gpu-mem"] = "+3"
+    (answer,) = asyncio.run(exchange([("/validate", json.dumps(request).encode())]))
+    assert answer.json()["response"]["allowed"] is True
+
+
 def test_the_app_uses_its_configured_unit() -> None:
     request = golden_request("gpu_count_not_dividing")
     (answer,) = asyncio.run(

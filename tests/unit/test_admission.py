@@ -206,7 +206,8 @@ def test_configured_names_and_unit_are_respected() -> None:
     settings = AdmissionSettings(names=names, unit=MemoryUnit.MiB128)
     renamed = review(pod("r", pod_template(container({names.mem: "1.5"}))))
     message = response(renamed, settings)["status"]["message"]
-    assert 'limits["example.com/vgpu-mem"]' in message and "128MiB per unit" in message
+    assert 'limits["example.com/vgpu-mem"]' in message
+    assert "counts whole units of 128MiB" in message
     # the default names mean nothing to this cluster
     assert response(CASES["bad_core_percentage"], settings)["allowed"] is True
     split = review(
