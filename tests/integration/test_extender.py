@@ -373,23 +373,108 @@ def test_fragmentation_aware_policy_learns_from_the_cache_and_avoids_fragments(
     run_with_rig(kube, body, Settings(policy=policy))
 
 
+def nested(depth: int) -> bytes:
+    return b'{"Pod": ' + b'{"a": ' * depth + b"{}" + b"}" * depth + b"}"
+
+
+def pod_with(spec: object) -> bytes:
+    return json.dumps(
+        {"Pod": {"metadata": {"name": "p"}, "spec": spec}, "NodeNames": [SEED]}
+    ).encode()
+
+
 @pytest.mark.parametrize(
     ("body", "loc", "msg"),
     [
         (b'{"NodeNames": []}', ["body"], "missing required field `Pod`"),
-        (b'{"Pod": 1}', ["body", "Pod"], "Expected `object`, got `int`"),
-        (b'{"Pod": {}, "NodeNames": ["a", 3]}', ["body", "NodeNames", 1], "got `int`"),
-        (b'{"Pod": {}, "Nodes": {"items": [1]}}', ["body", "Nodes", "items", 0], "`object`"),
+        (b'{"Pod": 1}', ["body", "Pod"], "Pod: expected an object, got a number"),
+        (b'{"Pod": {}, "NodeNames": ["a", 3]}', ["body", "NodeNames", 1], "got a number"),
+        (b'{"Pod": {}, "Nodes": {"items": [1]}}', ["body", "Nodes", "items", 0], "an object"),
         (b"{nope", ["body"], "not JSON"),
+        (
+            pod_with({"containers": None}),
+            ["body", "Pod", "spec", "containers"],
+            "Pod.spec.containers: expected a list, got null",
+        ),
+        (
+            pod_with({"containers": "main"}),
+            ["body", "Pod", "spec", "containers"],
+            "Pod.spec.containers: expected a list, got a string",
+        ),
+        (
+            pod_with({"containers": [None]}),
+            ["body", "Pod", "spec", "containers", 0],
+            "Pod.spec.containers[0]: expected an object, got null",
+        ),
+        (
+            pod_with({"containers": [{"name": "c", "resources": {"limits": 3}}]}),
+            ["body", "Pod", "spec", "containers", 0, "resources", "limits"],
+            "Pod.spec.containers[0].resources.limits: expected an object, got a number",
+        ),
+        (
+            pod_with({"initContainers": [{"name": "c", "resources": []}]}),
+            ["body", "Pod", "spec", "initContainers", 0, "resources"],
+            "expected an object, got a list",
+        ),
+        (pod_with(3), ["body", "Pod", "spec"], "Pod.spec: expected an object, got a number"),
+        (
+            b'{"Pod": {"metadata": {"labels": {"a": 1}}}, "NodeNames": []}',
+            ["body", "Pod", "metadata", "labels", "a"],
+            "expected a string, got a number",
+        ),
+        (
+            b'{"Pod": {}, "Nodes": {"items": [{"metadata": null}]}}',
+            ["body", "Nodes", "items", 0, "metadata"],
+            "Nodes.items[0].metadata: expected an object, got null",
+        ),
+        (
+            b'{"Pod": {}, "Nodes": {"items": [{"metadata": {}}]}}',
+            ["body", "Nodes", "items", 0, "metadata", "name"],
+            "Nodes.items[0].metadata.name: expected a non-empty string, got nothing",
+        ),
+        (
+            b'{"Pod": {}, "Nodes": {"items": [{"metadata": {"name": "n"}, "status": '
+            b'{"capacity": []}}]}}',
+            ["body", "Nodes", "items", 0, "status", "capacity"],
+            "expected an object, got a list",
+        ),
+        (nested(5000), ["body"], "nested too deeply"),
+        (b'{"Pod": {}, "NodeNames": ["n\xff"]}', ["body"], "not UTF-8: byte 0xff at offset 28"),
     ],
 )
 @pytest.mark.parametrize("verb", ["filter", "prioritize"])
-def test_bad_bodies_get_422_naming_the_field(
+def test_bad_bodies_get_400_naming_the_field_and_rule(
     verb: str, body: bytes, loc: list[object], msg: str
 ) -> None:
     async def check(rig: Rig) -> None:
         response = await rig.client.post(f"/{verb}", content=body)
-        assert response.status_code == 422
+        assert response.status_code == 400, response.text
+        [detail] = response.json()["detail"]
+        assert detail["loc"] == loc and msg in detail["msg"]
+
+    run_with_rig(seed_cluster(), check)
+
+
+BIND = {"PodName": "p", "PodNamespace": "default", "PodUID": "u", "Node": SEED}
+
+
+@pytest.mark.parametrize(
+    ("body", "loc", "msg"),
+    [
+        (json.dumps({**BIND, "Node": None}).encode(), ["body", "Node"], "Node: expected a string"),
+        (json.dumps({"PodName": "p"}).encode(), ["body"], "missing required field `PodNamespace`"),
+        (b"[]", ["body"], "expected an object, got a list"),
+        (b"{nope", ["body"], "not JSON"),
+        (b'{"PodName": "p\xff"}', ["body"], "not UTF-8: byte 0xff at offset 14"),
+        (b'{"x": ' * 5000 + b"{}" + b"}" * 5000, ["body"], "nested too deeply"),
+    ],
+)
+def test_bad_bind_bodies_get_400_naming_the_field_and_rule(
+    body: bytes, loc: list[object], msg: str
+) -> None:
+    async def check(rig: Rig) -> None:
+        response = await rig.client.post("/bind", content=body)
+        assert response.status_code == 400, response.text
         [detail] = response.json()["detail"]
         assert detail["loc"] == loc and msg in detail["msg"]
 
@@ -402,3 +487,17 @@ def test_server_config_uses_the_c_loop_and_parser_and_logs_access_only_at_debug(
     assert server_config(object(), host="h", port=1, log_level="DEBUG").access_log
     config.load()  # both are installed: uvicorn resolves them without falling back
     assert config.http_protocol_class.__name__ == "HttpToolsProtocol"
+
+
+def test_a_quantity_the_api_server_keeps_as_written_is_placed_as_its_number() -> None:
+    kube = seed_cluster()
+    # kube-apiserver stores "+3" and "3e0" as written (they are already short)
+    pods = [kube.create_pod(gpu_pod(f"p{i}", mem=mem)) for i, mem in enumerate(["+3", "3e0"])]
+
+    async def body(rig: Rig) -> None:
+        for pod in pods:
+            assert (await rig.driver.schedule(pod, [SEED])).bound
+        await rig.settle()
+        assert rig.cache.ledger.usage(SEED).mem_units == 6
+
+    run_with_rig(kube, body)

@@ -67,6 +67,30 @@ def test_validate_answers_the_golden_reviews_and_counts_them() -> None:
     assert healthz.status_code == 200 and readyz.status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "the body is JSON nested too deeply"),
+        (b'{"a": ' * 100_000 + b"{}" + b"}" * 100_000, "the body is JSON nested too deeply"),
+        (b'{"apiVersion": "admission.k8s.io/v1\xff"}', "the body is not UTF-8"),
+    ],
+)
+def test_unreadable_bodies_are_denied_with_a_reason_not_a_500(body: bytes, needle: str) -> None:
+    (answer,) = asyncio.run(exchange([("/validate", body)]))
+    assert answer.status_code == 200  # a denial the API server shows; a 5xx is its failurePolicy
+    response = answer.json()["response"]
+    assert response["allowed"] is False and response["status"]["code"] == 400
+    assert needle in response["status"]["message"]
+
+
+def test_a_quantity_kubernetes_counts_as_three_is_admitted() -> None:
+    request = golden_request("valid_pod")
+    limits = request["request"]["object"]["spec"]["containers"][0]["resources"]["limits"]
+    limits["aliyun.com/gpu-mem"] = "+3"
+    (answer,) = asyncio.run(exchange([("/validate", json.dumps(request).encode())]))
+    assert answer.json()["response"]["allowed"] is True
+
+
 def test_the_app_uses_its_configured_unit() -> None:
     request = golden_request("gpu_count_not_dividing")
     (answer,) = asyncio.run(

@@ -206,7 +206,8 @@ def test_configured_names_and_unit_are_respected() -> None:
     settings = AdmissionSettings(names=names, unit=MemoryUnit.MiB128)
     renamed = review(pod("r", pod_template(container({names.mem: "1.5"}))))
     message = response(renamed, settings)["status"]["message"]
-    assert 'limits["example.com/vgpu-mem"]' in message and "128MiB per unit" in message
+    assert 'limits["example.com/vgpu-mem"]' in message
+    assert "counts whole units of 128MiB" in message
     # the default names mean nothing to this cluster
     assert response(CASES["bad_core_percentage"], settings)["allowed"] is True
     split = review(
@@ -242,14 +243,23 @@ def test_unreadable_requests_are_denied_with_a_reason(body: Any, needle: str) ->
 @pytest.mark.parametrize(
     ("mutate", "needle"),
     [
-        (lambda o: o.update(spec="x"), "spec is not an object"),
-        (lambda o: o["spec"].update(containers="x"), "spec.containers is not a list"),
-        (lambda o: o["spec"].update(containers=[3]), "spec.containers[0] is not an object"),
+        (lambda o: o.update(spec="x"), "spec: expected an object, got a string"),
+        (
+            lambda o: o["spec"].update(containers="x"),
+            "spec.containers: expected a list, got a string",
+        ),
+        (
+            lambda o: o["spec"].update(containers=[3]),
+            "spec.containers[0]: expected an object, got a number",
+        ),
         (
             lambda o: o["spec"]["containers"][0]["resources"].update(limits=["x"]),
-            "spec.containers[0].resources.limits is not an object",
+            "spec.containers[0].resources.limits: expected an object, got a list",
         ),
-        (lambda o: o["metadata"].update(labels=[1]), "metadata.labels is not an object"),
+        (
+            lambda o: o["metadata"].update(labels=[1]),
+            "metadata.labels: expected an object, got a list",
+        ),
         (lambda o: o.pop("spec") and None, ""),
     ],
 )

@@ -72,6 +72,15 @@ def test_derived_from_capacity_when_no_annotation() -> None:
         ({ANN_NODE_GPUS: '[{"index": 0, "memUnits": "15"}]'}, "memUnits='15'"),
         ({ANN_NODE_GPUS: '[{"index":0,"memUnits":1},{"index":0,"memUnits":1}]'}, "twice"),
         ({ANN_NODE_UNIT: "1MiB"}, "gpuMemoryUnit='1MiB' is not supported"),
+        (
+            {ANN_NODE_GPUS: '[{"index": 0, "memUnits": 1000000000000000000000000000000}]'},
+            "[0].memUnits=1000000000000000000000000000000 is more than any GPU has "
+            "(at most 1048576 units of 1GiB, 1 PiB)",
+        ),
+        (
+            {ANN_NODE_GPUS: '[{"index": 0, "memUnits": 16106127360}]', ANN_NODE_UNIT: "128MiB"},
+            "at most 8388608 units of 128MiB",
+        ),
     ],
 )
 def test_unreadable_annotations_become_a_problem(annotations: dict[str, str], needle: str) -> None:
@@ -91,3 +100,22 @@ def test_no_gpu_at_all_is_a_problem() -> None:
 def test_unit_parse_rejects_others_with_advice() -> None:
     with pytest.raises(ValueError, match="use 1GiB \\(default\\) or 128MiB"):
         MemoryUnit.parse("512MiB")
+
+
+@pytest.mark.parametrize(
+    ("mem", "count", "per_gpu"),
+    [("1k", "4", 250), ("+60", "4", 15), ("60", "4e0", 15), ("6e1", "+4", 15)],
+)
+def test_capacity_in_any_spelling_kubelet_or_the_api_server_keeps(
+    mem: str, count: str, per_gpu: int
+) -> None:
+    # kubelet writes 1000 devices as "1k" (Quantity's canonical form)
+    node = read_node(bare(capacity={"aliyun.com/gpu-mem": mem, "aliyun.com/gpu-count": count}))
+    assert not node.problem and [g.mem_units for g in node.gpus] == [per_gpu] * 4
+
+
+def test_capacity_above_any_gpu_is_a_problem_naming_field_value_and_rule() -> None:
+    capacity = {"aliyun.com/gpu-mem": "64Gi", "aliyun.com/gpu-count": "1"}
+    problem = read_node(bare(capacity=capacity)).problem
+    assert "capacity aliyun.com/gpu-mem='64Gi'" in problem
+    assert "more than any GPU has (at most 1048576 units of 1GiB, 1 PiB)" in problem

@@ -97,11 +97,21 @@ def test_multi_gpu_splits_evenly() -> None:
         ("-2", "is negative"),
         (1.5, "is fractional"),
         ("1.5", "is fractional"),
-        ("3Gi", "has a unit suffix"),
+        ("3Gi", "counts units of 1GiB, not bytes"),
+        ("1.5Gi", "counts units of 1GiB, not bytes"),
         ("3G", "has a unit suffix"),
         ("1k", "has a unit suffix"),
+        ("3500m", "is fractional"),
+        ("2.5e0", "is fractional"),
         ("three", "is not a whole number"),
+        ("3 Gi", "is not a whole number"),
+        ("0x10", "is not a whole number"),
+        ("", "is not a whole number"),
+        ("1" * 65, "longer than"),
+        ("3221225472", "counts units of 1GiB, not bytes"),
+        ("1e30", "more than any GPU has"),
         (True, "is not a number"),
+        (None, "is not a number"),
     ],
 )
 def test_bad_gpu_mem_names_container_field_value_and_rule(value: Any, needle: str) -> None:
@@ -110,6 +120,56 @@ def test_bad_gpu_mem_names_container_field_value_and_rule(value: Any, needle: st
     assert f'limits["{MEM}"]={value!r}' in message
     assert needle in message
     assert "write" in message  # says what to do
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        3,
+        3.0,
+        "3",
+        "+3",
+        "03",
+        " 3 ",
+        "3.",
+        "3.000",
+        "3e0",
+        "3E0",
+        "0.3e1",
+        "30e-1",
+        "3000m",
+        "3000000u",
+        "3000000000n",
+        "+0.003e3",
+    ],
+)
+def test_every_spelling_kubernetes_counts_as_three_reads_three(spelling: Any) -> None:
+    request = ok(pod(c(limits={MEM: spelling})))
+    assert request.mem_units == 3
+
+
+def test_core_spellings_kubernetes_counts_alike_are_accepted() -> None:
+    assert ok(pod(c(limits={MEM: 1, CORE: "+30"}))).core_pct == 30
+    assert ok(pod(c(limits={MEM: 1, CORE: "3e1"}))).core_pct == 30
+
+
+def test_core_in_bytes_notation_says_it_counts_percent() -> None:
+    message = rejected(pod(c(limits={MEM: 1, CORE: "1Ki"})))
+    assert "counts percent of one GPU, not bytes" in message
+
+
+def test_the_memory_ceiling_follows_the_unit() -> None:
+    most = 1 << 20  # 1 PiB of 1 GiB units
+    assert ok(pod(c(limits={MEM: most}))).mem_units == most
+    assert "more than any GPU has" in rejected(pod(c(limits={MEM: most + 1})))
+    at_128 = read_pod(pod(c(limits={MEM: most * 8})), unit=MemoryUnit.MiB128)
+    assert isinstance(at_128, PodRequest)
+    message = rejected(pod(c(limits={MEM: "2Gi"})), unit=MemoryUnit.MiB128)
+    assert "counts units of 128MiB, not bytes: for 3 GiB write 24" in message
+
+
+def test_requests_equal_to_limits_in_another_spelling_are_accepted() -> None:
+    assert ok(pod(c(limits={MEM: "+3"}, requests={MEM: "3"}))).mem_units == 3
 
 
 def test_requests_differing_from_limits_are_rejected() -> None:
@@ -180,5 +240,5 @@ def test_every_problem_is_reported_at_once() -> None:
 
 
 def test_unit_appears_in_messages_at_128mib() -> None:
-    message = rejected(pod(c(limits={MEM: "2Gi"})), unit=MemoryUnit.MiB128)
-    assert "128MiB per unit" in message
+    message = rejected(pod(c(limits={MEM: "1.5"})), unit=MemoryUnit.MiB128)
+    assert "counts whole units of 128MiB" in message

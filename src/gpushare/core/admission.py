@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from gpushare.core.names import DEFAULT_NAMES, SCHEDULER_NAME, ResourceNames
 from gpushare.core.requests import PodRequest, Rejection, read_pod
+from gpushare.core.shape import pod_shape
 from gpushare.core.units import MemoryUnit
 
 API_VERSION = "admission.k8s.io/v1"
@@ -46,8 +47,6 @@ TEMPLATE_PATHS: Mapping[str, tuple[str, ...]] = {
     "CronJob": ("spec", "jobTemplate", "spec", "template"),
 }
 """Where each kind keeps its pod (template); the webhook's rules list the same kinds."""
-
-_CONTAINER_LISTS = ("initContainers", "containers")
 
 
 @dataclass(frozen=True)
@@ -99,36 +98,6 @@ def malformed(uid: str, kind: str, problem: str) -> Decision:
     return Decision(review=review, kind=kind, decision="malformed", reasons=(problem,))
 
 
-def _shape_problem(template: Any, where: str) -> str:
-    """Why the pod (template) cannot be read as Kubernetes JSON, or ''."""
-    prefix = f"{where}." if where else ""
-    if not isinstance(template, Mapping):
-        return f"{where or 'the object'} is {type(template).__name__}, not an object"
-    for key in ("metadata", "spec"):
-        if not isinstance(template.get(key) or {}, Mapping):
-            return f"{prefix}{key} is not an object"
-    labels = (template.get("metadata") or {}).get("labels") or {}
-    if not isinstance(labels, Mapping):
-        return f"{prefix}metadata.labels is not an object"
-    spec = template.get("spec") or {}
-    spec_where = f"{prefix}spec"
-    for key in _CONTAINER_LISTS:
-        containers = spec.get(key) or []
-        if not isinstance(containers, list):
-            return f"{spec_where}.{key} is not a list"
-        for position, container in enumerate(containers):
-            here = f"{spec_where}.{key}[{position}]"
-            if not isinstance(container, Mapping):
-                return f"{here} is not an object"
-            resources = container.get("resources") or {}
-            if not isinstance(resources, Mapping):
-                return f"{here}.resources is not an object"
-            for part in ("limits", "requests"):
-                if not isinstance(resources.get(part) or {}, Mapping):
-                    return f"{here}.resources.{part} is not an object"
-    return ""
-
-
 def _template(obj: Mapping[str, Any], path: tuple[str, ...]) -> tuple[Any, str]:
     """The pod or pod template inside ``obj``, and its path; (None, path) when absent."""
     node: Any = obj
@@ -148,9 +117,9 @@ def _read(
     template, where = _template(obj, TEMPLATE_PATHS[kind])
     if template is None:
         return None, where, ""
-    problem = _shape_problem(template, where)
-    if problem:
-        return None, where, problem
+    shape = pod_shape(template)
+    if shape:
+        return None, where, shape.message(where)
     spec_path = f"{where}.spec" if where else "spec"
     read = read_pod(template, names=settings.names, unit=settings.unit, spec_path=spec_path)
     return read, where, ""

@@ -35,7 +35,8 @@ from gpushare.core.names import (
     LABEL_PLACEMENT,
     ResourceNames,
 )
-from gpushare.core.units import MemoryUnit
+from gpushare.core.quantity import parse_quantity
+from gpushare.core.units import MAX_GPU_MEMORY, MemoryUnit
 
 CORE_PER_GPU = 100
 """Computing power of one GPU, in percent."""
@@ -142,17 +143,24 @@ class NodeInventory:
 
 
 def _int_quantity(value: Any) -> int | None:
-    """A plain integer quantity (``"60"`` or ``60``), or None."""
-    if isinstance(value, bool):
+    """A whole number >= 0 in any spelling (``60``, ``"60"``, ``"+60"``, ``"1k"``), or None.
+
+    kubelet writes 1000 devices as ``"1k"``, Quantity's canonical form, so suffixes count here.
+    """
+    parsed = parse_quantity(value)
+    if isinstance(parsed, str) or parsed.value.denominator != 1 or parsed.value < 0:
         return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
-    return None
+    return int(parsed.value)
 
 
-def _gpus_from_annotation(text: str, node: str) -> tuple[tuple[Gpu, ...], str]:
+def _above_any_gpu(unit: MemoryUnit) -> str:
+    return (
+        f"is more than any GPU has (at most {unit.max_units} units of {unit.value}, "
+        f"{MAX_GPU_MEMORY})"
+    )
+
+
+def _gpus_from_annotation(text: str, node: str, unit: MemoryUnit) -> tuple[tuple[Gpu, ...], str]:
     """Parse ``gpushare.io/gpus``; return GPUs or a problem message."""
     hint = f"node {node}: annotation {ANN_NODE_GPUS}"
     try:
@@ -171,6 +179,11 @@ def _gpus_from_annotation(text: str, node: str) -> tuple[tuple[Gpu, ...], str]:
             return (), f"{hint}[{position}].index={index!r} must be an integer >= 0"
         if not isinstance(mem, int) or isinstance(mem, bool) or mem < 0:
             return (), f"{hint}[{position}].memUnits={mem!r} must be an integer >= 0"
+        if mem > unit.max_units:
+            return (), (
+                f"{hint}[{position}].memUnits={mem} {_above_any_gpu(unit)}; the device plugin "
+                f"must count memory in units of {unit.value}, not bytes: fix or restart it"
+            )
         gpus.append(
             Gpu(
                 index=index,
@@ -187,7 +200,7 @@ def _gpus_from_annotation(text: str, node: str) -> tuple[tuple[Gpu, ...], str]:
 
 
 def _gpus_from_capacity(
-    node: KubeObject, name: str, names: ResourceNames
+    node: KubeObject, name: str, names: ResourceNames, unit: MemoryUnit
 ) -> tuple[tuple[Gpu, ...], str]:
     """Derive equal GPUs from capacity when the node carries no per-GPU detail."""
     status = status_of(node)
@@ -204,6 +217,12 @@ def _gpus_from_capacity(
             f"(or the device plugin's {ANN_NODE_GPUS} annotation)"
         )
     per_gpu = mem // count
+    if per_gpu > unit.max_units:
+        return (), (
+            f"node {name}: capacity {names.mem}={capacity.get(names.mem)!r} over "
+            f"{names.count}={capacity.get(names.count)!r} GPUs {_above_any_gpu(unit)}; the "
+            f"device plugin must advertise one device per unit of {unit.value}, not per byte"
+        )
     # Allocatable below capacity is how kubelet shows withdrawn (unhealthy) devices; without
     # per-GPU detail we cannot tell which GPU, so the whole node is treated as degraded only
     # when nothing is allocatable.
@@ -235,9 +254,9 @@ def read_node(
     gpus: tuple[Gpu, ...] = ()
     if not problem:
         if ANN_NODE_GPUS in annotations:
-            gpus, problem = _gpus_from_annotation(str(annotations[ANN_NODE_GPUS]), name)
+            gpus, problem = _gpus_from_annotation(str(annotations[ANN_NODE_GPUS]), name, unit)
         else:
-            gpus, problem = _gpus_from_capacity(node, name, names)
+            gpus, problem = _gpus_from_capacity(node, name, names, unit)
     return NodeInventory(
         name=name,
         ip=internal_ip(node),

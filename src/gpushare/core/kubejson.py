@@ -52,6 +52,11 @@ def spec_of(obj: KubeObject) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def node_name_of(pod: KubeObject) -> str:
+    """spec.nodeName (the node the pod is bound to), or an empty string while unbound."""
+    return str(spec_of(pod).get("nodeName") or "")
+
+
 def status_of(obj: KubeObject) -> Mapping[str, Any]:
     """The object's status, or an empty mapping."""
     value = obj.get("status") or {}

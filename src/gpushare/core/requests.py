@@ -19,7 +19,8 @@ from typing import Any
 
 from gpushare.core.kubejson import KubeObject, labels_of, name_of, namespace_of, spec_of, uid_of
 from gpushare.core.names import DEFAULT_NAMES, LABEL_POD_GPU_COUNT, ResourceNames
-from gpushare.core.units import MemoryUnit
+from gpushare.core.quantity import Quantity, parse_quantity
+from gpushare.core.units import MAX_GPU_MEMORY, MemoryUnit
 
 CORE_STEP = 5
 CORE_MIN = 5
@@ -99,39 +100,96 @@ class Rejection:
 
 
 _INTEGER = re.compile(r"^[0-9]+$")
-_NEGATIVE = re.compile(r"^-[0-9]+(\.[0-9]+)?$")
-_FRACTION = re.compile(r"^[0-9]*\.[0-9]+$|^[0-9]+\.[0-9]*$")
-_SUFFIXED = re.compile(r"^[0-9.]+[A-Za-z]+$")
 
 
-def _parse_count(
-    raw: Any, *, where: str, field: str, what: str, example: str
-) -> tuple[int | None, str]:
-    """Parse a whole-number resource value; return (value, "") or (None, reason)."""
+@dataclass(frozen=True)
+class _Count:
+    """How one resource is counted, for its messages and its ceiling."""
+
+    what: str
+    """The resource as messages name it."""
+    units: str
+    """What it counts: ``units of 1GiB``, ``percent``."""
+    counts: str
+    """What one unit is, and how to write an amount: ``units of 1GiB, not bytes: ...``."""
+    example: str
+    ceiling: int = 0
+    """The most a container may ask for (0: no ceiling here; later rules bound it)."""
+    ceiling_why: str = ""
+
+
+def _mem_count(names: ResourceNames, unit: MemoryUnit) -> _Count:
+    return _Count(
+        what=names.mem,
+        units=f"units of {unit.value}",
+        counts=f"units of {unit.value}, not bytes: for 3 GiB write {3 * 1024 // unit.mib}",
+        example="3",
+        ceiling=unit.max_units,
+        ceiling_why=f"at most {unit.max_units} units of {unit.value}, {MAX_GPU_MEMORY}",
+    )
+
+
+def _core_count(names: ResourceNames) -> _Count:
+    return _Count(
+        what=names.core,
+        units="percent",
+        counts="percent of one GPU, not bytes: write 30 for 30%",
+        example="30",
+    )
+
+
+def _parse_count(raw: Any, *, where: str, field: str, count: _Count) -> tuple[int | None, str]:
+    """Read a whole-number resource value; return (value, "") or (None, reason).
+
+    Accepted is every spelling Kubernetes counts as the same whole number: ``3``, ``"+3"``,
+    ``"3."``, ``"3e0"``, ``"0.3e1"``, ``"3000m"`` (``core.quantity``). Refused, each with its
+    own sentence: zero, negative and fractional values, a multiplying suffix (``k``, ``G``,
+    ``Gi``, ...: a count is written as itself, and ``Gi`` is how sizes in bytes are written), and
+    more memory than any GPU has (a size in bytes written as a bare number).
+    """
     shown = f"{where}: {field}={raw!r}"
-    if isinstance(raw, bool) or raw is None:
-        return None, f"{shown} is not a number; write a plain integer such as {example}"
-    if isinstance(raw, float):
-        if raw.is_integer():
-            raw = int(raw)
-        else:
-            return None, f"{shown} is fractional; {what} counts whole units: write an integer >= 1"
-    text = str(raw).strip()
-    if _INTEGER.match(text):
-        value = int(text)
-        if value == 0:
-            return None, f"{shown} asks for nothing; write an integer >= 1 or remove the resource"
-        return value, ""
-    if _NEGATIVE.match(text):
-        return None, f"{shown} is negative; write an integer >= 1"
-    if _FRACTION.match(text):
-        return None, f"{shown} is fractional; {what} counts whole units: write an integer >= 1"
-    if _SUFFIXED.match(text):
+    parsed = parse_quantity(raw)
+    if isinstance(parsed, str):
+        if parsed == "is not a number":
+            return None, f"{shown} is not a number; write a plain integer such as {count.example}"
         return None, (
-            f"{shown} has a unit suffix; {what} is a plain count, so write an integer "
-            f"such as {example}"
+            f"{shown} is not a whole number Kubernetes can read ({parsed}); write a plain "
+            f"integer such as {count.example}"
         )
-    return None, f"{shown} is not a whole number; write a plain integer such as {example}"
+    value = parsed.value
+    if value < 0:
+        return None, f"{shown} is negative; write an integer >= 1"
+    if value == 0:
+        return None, f"{shown} asks for nothing; write an integer >= 1 or remove the resource"
+    if parsed.binary:
+        return None, (
+            f"{shown} has a unit suffix ({parsed.suffix}, {parsed.factor}), the notation of "
+            f"sizes in bytes; {count.what} counts {count.counts}"
+        )
+    if parsed.multiplied:
+        return None, (
+            f"{shown} has a unit suffix ({parsed.suffix}, {parsed.factor}); {count.what} is a "
+            f"plain count: write the number itself, such as {count.example}"
+        )
+    if value.denominator != 1:
+        return None, (
+            f"{shown} is fractional ({float(value):g}); {count.what} counts whole "
+            f"{count.units}: write an integer >= 1"
+        )
+    if count.ceiling and value > count.ceiling:
+        return None, (
+            f"{shown} is more than any GPU has ({count.ceiling_why}); {count.what} counts "
+            f"{count.counts}"
+        )
+    return int(value), ""
+
+
+def _same_amount(a: Any, b: Any) -> bool:
+    """Whether two resource values are equal as Kubernetes compares them (``"+3"`` is 3)."""
+    left, right = parse_quantity(a), parse_quantity(b)
+    if isinstance(left, Quantity) and isinstance(right, Quantity):
+        return left.value == right.value
+    return str(a) == str(b)
 
 
 def _resources(container: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
@@ -151,7 +209,6 @@ def _read_container(
 ) -> ContainerRequest | None:
     limits, requests = _resources(container)
     mem = core = 0
-    mem_what = f"gpu-mem ({unit.value} per unit)"
     for resource in (names.mem, names.core):
         if resource in requests and resource not in limits:
             reasons.append(
@@ -159,7 +216,7 @@ def _read_container(
                 f'limits["{resource}"]; extended resources are asked for under limits: '
                 f"move it there"
             )
-        elif resource in requests and str(requests[resource]) != str(limits[resource]):
+        elif resource in requests and not _same_amount(requests[resource], limits[resource]):
             reasons.append(
                 f'{where}: requests["{resource}"]={requests[resource]!r} differs from '
                 f'limits["{resource}"]={limits[resource]!r}; extended resources need requests '
@@ -170,8 +227,7 @@ def _read_container(
             limits[names.mem],
             where=where,
             field=f'limits["{names.mem}"]',
-            what=mem_what,
-            example="3",
+            count=_mem_count(names, unit),
         )
         if reason:
             reasons.append(reason)
@@ -182,8 +238,7 @@ def _read_container(
             limits[names.core],
             where=where,
             field=f'limits["{names.core}"]',
-            what="gpu-core.percentage",
-            example="30",
+            count=_core_count(names),
         )
         if reason:
             reasons.append(reason)

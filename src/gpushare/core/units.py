@@ -8,6 +8,16 @@ from __future__ import annotations
 
 from enum import Enum
 
+MAX_GPU_MEMORY_MIB = 1 << 30
+"""The most memory gpushare believes one GPU can have: 1 PiB (2^20 GiB).
+
+The largest GPUs carry a few hundred GiB and announced ones about 1 TiB, so this leaves a
+thousandfold headroom; yet any GPU's size in bytes (2^30 and up) is above it in either unit
+(2^20 units of 1 GiB, 2^23 of 128 MiB). A count above it is a size in bytes, or a typo, and is
+refused where it is read, instead of making a node look endless or a pod wait forever.
+"""
+MAX_GPU_MEMORY = "1 PiB"
+
 
 class MemoryUnit(Enum):
     """One ``aliyun.com/gpu-mem`` device: 1 GiB (default) or 128 MiB."""
@@ -19,6 +29,11 @@ class MemoryUnit(Enum):
     def mib(self) -> int:
         """Size of one unit in MiB."""
         return 1024 if self is MemoryUnit.GiB else 128
+
+    @property
+    def max_units(self) -> int:
+        """``MAX_GPU_MEMORY_MIB`` in this unit: the most units one GPU can have."""
+        return MAX_GPU_MEMORY_MIB // self.mib
 
     @property
     def default_max_pods_per_gpu(self) -> int:

@@ -33,6 +33,7 @@ from gpushare.extender.wire import (
     filter_json,
     priorities_json,
     read_args,
+    read_binding_args,
 )
 from gpushare.inspect.view import build_view, to_json
 
@@ -60,7 +61,8 @@ def _json(body: str | bytes) -> Response:
 
 
 def _invalid(err: WireError) -> Response:
-    return JSONResponse({"detail": err.detail()}, status_code=422)
+    """400: the body is not the wire format (kube-scheduler logs the message)."""
+    return JSONResponse({"detail": err.detail()}, status_code=400)
 
 
 _ARGS_SCHEMA = ExtenderArgs.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -69,6 +71,12 @@ _ARGS_BODY = {
     "requestBody": {"required": True, "content": {"application/json": {"schema": _ARGS_SCHEMA}}}
 }
 """The OpenAPI entry FastAPI would write for an ``ExtenderArgs`` parameter."""
+_BINDING_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": ExtenderBindingArgs.model_json_schema()}},
+    }
+}
 
 
 def create_metrics_app(extender: Extender) -> FastAPI:
@@ -117,9 +125,10 @@ def create_app(extender: Extender, *, run_cache: bool = False) -> FastAPI:
     app = FastAPI(title="gpushare extender", lifespan=lifespan)
     latency = extender.metrics.latency
 
-    # filter and prioritize read their bodies themselves (``read_args``) and write their
-    # replies as bytes: FastAPI would parse, then validate thousands of names, and validate the
-    # large reply once more
+    # the verbs read their bodies themselves (``read_args``, ``read_binding_args``), so every
+    # bad body is a 400 naming the field; filter and prioritize also write their replies as
+    # bytes: FastAPI would parse, then validate thousands of names, and validate the large
+    # reply once more
     @app.post("/filter", response_model=ExtenderFilterResult, openapi_extra=_ARGS_BODY)
     async def filter_(request: Request) -> Response:
         start = time.perf_counter()
@@ -142,11 +151,14 @@ def create_app(extender: Extender, *, run_cache: bool = False) -> FastAPI:
         finally:
             latency.labels("prioritize").observe(time.perf_counter() - start)
 
-    @app.post("/bind", response_model=ExtenderBindingResult)
-    async def bind(args: ExtenderBindingArgs) -> ExtenderBindingResult:
+    @app.post("/bind", response_model=ExtenderBindingResult, openapi_extra=_BINDING_BODY)
+    async def bind(request: Request) -> Response:
         start = time.perf_counter()
         try:
-            return await extender.bind(args)
+            args = read_binding_args(await request.body())
+            return _json((await extender.bind(args)).model_dump_json())
+        except WireError as err:
+            return _invalid(err)
         finally:
             latency.labels("bind").observe(time.perf_counter() - start)
 

@@ -126,7 +126,7 @@ class ExtenderMetrics:
         )
         self.binds = Counter(
             "gpushare_bind_total",
-            "Bind attempts by outcome (bound, conflict, unfit, rejected, error)",
+            "Bind attempts by outcome (bound, already_bound, conflict, unfit, rejected, error)",
             ["outcome"],
             registry=self.registry,
         )

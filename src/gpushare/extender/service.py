@@ -10,20 +10,37 @@ Bind is where double-booking could happen, so it goes in this order:
    (up to ``attempts`` times);
 4. create the ``pods/binding``; if that fails, the booking and the annotations are removed and
    the error goes back to kube-scheduler, which retries the pod later.
+
+A bound pod is never re-planned, rewritten or cleared. kube-scheduler retries a bind whose reply
+was late, and a binding can time out after the API server stored it; clearing then would leave
+a running pod with no record of its GPU, and the next pod would be booked on top of it. So:
+
+- a bind for a pod the API already shows bound writes nothing: it succeeds when the pod is on
+  that node with its allocation (``core.binding``), and fails otherwise, changing nothing;
+- after a failed binding the pod is read again: bound to the booked node means success (the
+  binding went through), bound elsewhere means failure with the annotations kept, and only a
+  pod still unbound is cleared, with its resourceVersion, so a binding that lands meanwhile
+  turns the clearing into a 409 instead of a bound pod without annotations. When the pod cannot
+  be read, annotations and booking stay (holding a GPU too long is safe; double-booking is not);
+- binds of one pod run one at a time, so a retry arriving while the first bind is still
+  waiting on the API finds its outcome instead of racing it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from gpushare.core.allocation import Allocation, to_annotations
+from gpushare.core.binding import already_bound
 from gpushare.core.explain import placement_message, refusal_summary
 from gpushare.core.filtering import Code, Verdict
 from gpushare.core.handoff import is_deferral
 from gpushare.core.inventory import NodeInventory, read_node
-from gpushare.core.kubejson import name_of
+from gpushare.core.kubejson import annotations_of, name_of, node_name_of, uid_of
 from gpushare.core.names import POD_ANNOTATIONS
 from gpushare.core.requests import PodRequest, Rejection
 from gpushare.core.scheduling import Scheduler
@@ -37,11 +54,35 @@ from gpushare.extender.wire import (
     NodeList,
 )
 from gpushare.kube.cache import ClusterCache
-from gpushare.kube.port import Conflict, KubeAPI, KubeError
+from gpushare.kube.port import Conflict, KubeAPI, KubeDict, KubeError, NotFound
 
 log = logging.getLogger(__name__)
 
 MISSING = "node is not in gpushare's cache yet; it will be after the next watch event"
+
+SUCCESS = frozenset({"bound", "already_bound"})
+"""Bind outcomes that answer kube-scheduler with success."""
+
+
+class _OnePerKey:
+    """One holder at a time per key; a key's lock lives only while someone holds or waits."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
 
 
 class Extender:
@@ -65,6 +106,7 @@ class Extender:
         self.metrics = metrics or ExtenderMetrics(lambda: cache)
         self.attempts = attempts
         self.clock_ns = clock_ns
+        self._binding = _OnePerKey()
 
     def _read_nodes(self, nodes: NodeList) -> list[NodeInventory]:
         """Inventories of whole node objects sent by a scheduler without a node cache."""
@@ -172,17 +214,20 @@ class Extender:
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
         """Annotate then bind, never double-booking; see the module docstring."""
         key = f"{args.PodNamespace}/{args.PodName}"
+        async with self._binding.hold(key):
+            return await self._bind(args, key)
+
+    async def _bind(self, args: ExtenderBindingArgs, key: str) -> ExtenderBindingResult:
         error = ""
         for attempt in range(1, self.attempts + 1):
             try:
                 outcome, error = await self._bind_once(args, key)
             except Exception as err:  # a bug must not become a 500 with a booking left behind
                 log.exception("pod=%s node=%s phase=bind unexpected error", key, args.Node)
-                self.scheduler.unreserve(args.PodUID, self.cache.ledger)
-                await self._clear(args, key)
-                outcome, error = "error", f"bind {key}: internal error {type(err).__name__}: {err}"
+                error = f"bind {key}: internal error {type(err).__name__}: {err}"
+                outcome, error = await self._settle(args, key, args.PodUID, error)
             self.metrics.binds.labels(outcome).inc()
-            if outcome == "bound":
+            if outcome in SUCCESS:
                 self.metrics.requests.labels("bind", "bound").inc()
                 return ExtenderBindingResult()
             if outcome != "conflict":
@@ -204,6 +249,8 @@ class Extender:
                 f"pod {key} was recreated (UID {uid}, scheduler asked for {args.PodUID})",
             )
         request = self.scheduler.read(pod)
+        if node_name_of(pod):
+            return self._already_bound(pod, args, key, request)
         if isinstance(request, Rejection):
             return "rejected", f"pod {key}: {request.message}"
         node = self.cache.nodes.get(args.Node)
@@ -213,7 +260,7 @@ class Extender:
             try:
                 await self.api.bind_pod(args.PodNamespace, args.PodName, uid, args.Node)
             except KubeError as err:
-                return "error", f"bind {key} to {args.Node}: {err}"
+                return await self._settle(args, key, uid, f"bind {key} to {args.Node}: {err}")
             return "bound", ""
         booked = self.scheduler.reserve(request, node, self.cache.ledger, now_ns=self.clock_ns())
         if isinstance(booked, Verdict):
@@ -235,9 +282,9 @@ class Extender:
         try:
             await self.api.bind_pod(args.PodNamespace, args.PodName, uid, args.Node)
         except KubeError as err:
-            self.scheduler.unreserve(uid, self.cache.ledger)
-            await self._clear(args, key)
-            return "error", f"bind {key} to {args.Node}: {err}"
+            outcome, error = await self._settle(args, key, uid, f"bind {key} to {args.Node}: {err}")
+            if outcome not in SUCCESS:
+                return outcome, error
         self._explain_bind(args, booked, node)
         log.info(
             "pod=%s node=%s gpu=%s mem=%d phase=bind bound",
@@ -248,11 +295,66 @@ class Extender:
         )
         return "bound", ""
 
-    async def _clear(self, args: ExtenderBindingArgs, key: str) -> None:
-        """Remove our annotations after a failed binding (best effort)."""
-        try:
-            await self.api.patch_pod_annotations(
-                args.PodNamespace, args.PodName, dict.fromkeys(POD_ANNOTATIONS), resource_version=""
-            )
-        except KubeError as err:
-            log.warning("pod=%s phase=unreserve cannot clear annotations: %s", key, err)
+    def _already_bound(
+        self, pod: KubeDict, args: ExtenderBindingArgs, key: str, request: PodRequest | Rejection
+    ) -> tuple[str, str]:
+        """A pod the API shows bound: nothing is written, whatever the answer."""
+        wants_gpu = isinstance(request, PodRequest) and request.wants_gpu
+        reason = already_bound(pod, node=args.Node, wants_gpu=wants_gpu)
+        if reason:
+            return "error", reason
+        log.info("pod=%s node=%s phase=bind already bound there; nothing to do", key, args.Node)
+        return "already_bound", ""
+
+    async def _settle(
+        self, args: ExtenderBindingArgs, key: str, uid: str, error: str
+    ) -> tuple[str, str]:
+        """After a failed or unknown binding, read the pod to learn what happened.
+
+        Annotations are removed only from a pod seen unbound, and only at the resourceVersion it
+        was seen at; a pod bound meanwhile keeps them (see the module docstring).
+        """
+        ledger = self.cache.ledger
+        for _ in range(self.attempts):
+            try:
+                pod = await self.api.get_pod(args.PodNamespace, args.PodName)
+            except NotFound:
+                self.scheduler.unreserve(uid, ledger)
+                return "error", f"{error}; pod {key} no longer exists"
+            except KubeError as err:
+                return "error", (
+                    f"{error}; cannot read pod {key} to learn whether it is bound ({err}): its "
+                    f"annotations and booking stay until the watch shows it"
+                )
+            seen = uid_of(pod)
+            if uid and seen != uid:
+                self.scheduler.unreserve(uid, ledger)
+                return "error", f"{error}; pod {key} was recreated (UID {seen})"
+            uid = seen
+            bound_to = node_name_of(pod)
+            if bound_to == args.Node:
+                log.info("pod=%s node=%s phase=bind bound despite: %s", key, args.Node, error)
+                return "bound", ""
+            if bound_to:
+                self.scheduler.unreserve(uid, ledger)
+                return "error", (
+                    f"{error}; pod {key} is bound to node {bound_to}: its annotations are kept"
+                )
+            self.scheduler.unreserve(uid, ledger)
+            if not any(name in annotations_of(pod) for name in POD_ANNOTATIONS):
+                return "error", error
+            version = str(pod.get("metadata", {}).get("resourceVersion", ""))
+            try:
+                await self.api.patch_pod_annotations(
+                    args.PodNamespace,
+                    args.PodName,
+                    dict.fromkeys(POD_ANNOTATIONS),
+                    resource_version=version,
+                )
+            except Conflict:
+                continue  # changed meanwhile, perhaps bound: look again
+            except KubeError as err:
+                log.warning("pod=%s phase=unreserve cannot clear annotations: %s", key, err)
+            return "error", error
+        log.warning("pod=%s phase=unreserve pod kept changing; annotations left", key)
+        return "error", error

@@ -6,16 +6,26 @@ sent (caches off), are a ``v1.NodeList`` in ordinary Kubernetes JSON.
 The pydantic models describe the format (and the OpenAPI page); filter and prioritize bodies
 carry thousands of names per call, so they are read with msgspec (typed decoding straight from
 bytes, several times faster than parsing then validating) and their replies written with it.
+Bind's small body is read the same way, so every verb refuses a bad body alike.
+
+A body that is not the wire format is a ``WireError`` and an HTTP 400 whose message names the
+field and the rule (``Pod.spec.containers: expected a list, got null``): JSON that is malformed,
+not UTF-8 or nested deeper than the decoder goes, a field of the wrong type, and a pod or node
+that ``core.shape`` finds unreadable. kube-scheduler shows the message in the pod's events.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field
+
+from gpushare.core.shape import Path, ShapeProblem, node_shape, pod_shape, render_path
+
+T = TypeVar("T")
 
 
 class _Wire(BaseModel):
@@ -54,16 +64,28 @@ class HostPriority(_Wire):
 
 
 class WireError(ValueError):
-    """A body that is not the wire format; ``loc`` names the field, as FastAPI's errors do."""
+    """A body that is not the wire format; ``loc`` names the field, as FastAPI's errors do.
+
+    ``msg`` starts with the field's path, so it reads alone: ``NodeNames[1]: expected a string,
+    got a number``.
+    """
 
     def __init__(self, loc: tuple[str | int, ...], msg: str, kind: str = "value_error") -> None:
-        super().__init__(f"{'.'.join(map(str, loc))}: {msg}")
+        field = render_path("", loc[1:]) if len(loc) > 1 else "body"
         self.loc = loc
-        self.msg = msg
+        self.msg = f"{field}: {msg}"
         self.kind = kind
+        super().__init__(self.msg)
+
+    @classmethod
+    def of_shape(cls, problem: ShapeProblem, prefix: Path) -> WireError:
+        """A pod or node field of the wrong type, under ``prefix`` in the body."""
+        return cls(
+            ("body", *prefix, *problem.path), f"expected {problem.expected}, got {problem.got}"
+        )
 
     def detail(self) -> list[dict[str, Any]]:
-        """The error as a 422 reply's ``detail``."""
+        """The error as a 400 reply's ``detail``."""
         return [{"loc": list(self.loc), "msg": self.msg, "type": self.kind}]
 
 
@@ -85,21 +107,75 @@ class _Priority(msgspec.Struct):
 _read_args = msgspec.json.Decoder(_Args).decode
 _write = msgspec.json.encode
 _STEP = re.compile(r"\.(\w+)|\[(\d+)\]")
+_TYPES = {
+    "object": "an object",
+    "array": "a list",
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean",
+    "null": "null",
+}
+_EXPECTED = re.compile(r"^Expected `(\w+)`(?: \| `null`)?, got `(\w+)`$")
 
 
-def read_args(body: bytes) -> ExtenderArgs:
-    """Filter's and prioritize's body; ``WireError`` names the field and the rule it broke."""
+def _json_type(name: str) -> str:
+    # msgspec names a decoded JSON number by the Python type it fits (int or float)
+    return "a number" if name in ("int", "float") else _TYPES.get(name, f"`{name}`")
+
+
+def _decode(decode: Callable[[bytes], T], body: bytes) -> T:
+    """Decode a typed body; every way it can fail becomes a ``WireError``."""
     try:
-        args = _read_args(body)
+        return decode(body)
     except msgspec.ValidationError as err:
         # msgspec says "Expected `array`, got `str` - at `$.NodeNames`"
         msg, _, path = str(err).partition(" - at `$")
         loc = tuple(key or int(index) for key, index in _STEP.findall(path.rstrip("`")))
+        match = _EXPECTED.match(msg)
+        if match:
+            expected = _TYPES.get(match[1], f"`{match[1]}`")
+            msg = f"expected {expected}, got {_json_type(match[2])}"
+        elif msg.startswith("Object missing"):
+            msg = msg.replace("Object missing", "missing", 1)
         raise WireError(("body", *loc), msg) from None
     except msgspec.DecodeError as err:
         raise WireError(("body",), f"not JSON: {err}", "json_invalid") from None
-    nodes = None if args.Nodes is None else NodeList.model_construct(items=args.Nodes.items)
-    # built without validation: msgspec has checked every type
+    except UnicodeDecodeError:
+        try:
+            body.decode("utf-8")  # where in the body, not in the string msgspec was reading
+        except UnicodeDecodeError as where:
+            bad = body[where.start : where.start + 1].hex()
+            raise WireError(
+                ("body",),
+                f"not UTF-8: byte 0x{bad} at offset {where.start} ({where.reason}); "
+                f"JSON must be sent as UTF-8",
+                "json_invalid",
+            ) from None
+        raise  # pragma: no cover - the body is UTF-8 after all: not ours to explain
+    except RecursionError:
+        raise WireError(
+            ("body",),
+            "JSON nested too deeply to read; a Kubernetes object is a few dozen levels deep at "
+            "most: send the object as the API server returned it",
+            "json_invalid",
+        ) from None
+
+
+def read_args(body: bytes) -> ExtenderArgs:
+    """Filter's and prioritize's body; ``WireError`` names the field and the rule it broke."""
+    args = _decode(_read_args, body)
+    problem = pod_shape(args.Pod)
+    if problem:
+        raise WireError.of_shape(problem, ("Pod",))
+    nodes = None
+    if args.Nodes is not None:
+        for position, item in enumerate(args.Nodes.items):
+            problem = node_shape(item)
+            if problem:
+                raise WireError.of_shape(problem, ("Nodes", "items", position))
+        nodes = NodeList.model_construct(items=args.Nodes.items)
+    # built without validation: msgspec and core.shape have checked every type read later
     return ExtenderArgs.model_construct(Pod=args.Pod, Nodes=nodes, NodeNames=args.NodeNames)
 
 
@@ -134,6 +210,24 @@ class ExtenderBindingArgs(_Wire):
     PodNamespace: str
     PodUID: str
     Node: str
+
+
+class _Binding(msgspec.Struct):
+    PodName: str
+    PodNamespace: str
+    PodUID: str
+    Node: str
+
+
+_read_binding = msgspec.json.Decoder(_Binding).decode
+
+
+def read_binding_args(body: bytes) -> ExtenderBindingArgs:
+    """Bind's body; ``WireError`` names the field and the rule it broke."""
+    args = _decode(_read_binding, body)
+    return ExtenderBindingArgs.model_construct(
+        PodName=args.PodName, PodNamespace=args.PodNamespace, PodUID=args.PodUID, Node=args.Node
+    )
 
 
 class ExtenderBindingResult(_Wire):

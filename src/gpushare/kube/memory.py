@@ -237,14 +237,22 @@ class MemoryKube:
         self._record("nodes", "MODIFIED", obj)
 
     async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """Bind like the ``pods/binding`` subresource: once, and only the same UID."""
+        """Bind like the ``pods/binding`` subresource: once, and only the same UID.
+
+        kube-apiserver refuses any second binding, even to the same node: ``BindingREST``'s
+        ``setPodHostAndAnnotations`` (pkg/registry/core/pod/storage/storage.go) fails when
+        ``pod.Spec.NodeName`` is already set, and ``assignPod`` turns that into a 409 Conflict
+        on ``pods/binding``, with the message below.
+        """
         self.calls.append("bind_pod")
         obj = self._pod(namespace, name)
         if obj["metadata"].get("uid") != uid:
             raise Conflict(f"pod {namespace}/{name}: UID {uid} does not match")
-        if obj.get("spec", {}).get("nodeName"):
+        assigned = obj.get("spec", {}).get("nodeName")
+        if assigned:
             raise Conflict(
-                f"pod {namespace}/{name} is already assigned to node {obj['spec']['nodeName']}"
+                f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is already '
+                f'assigned to node "{assigned}"'
             )
         if node not in self._nodes:
             raise NotFound(f"node {node} not found")

@@ -1,9 +1,10 @@
 """The webhook's HTTP service (FastAPI): ``POST /validate``, probes and metrics.
 
 The decision is ``core.admission.decide``; this module only reads the body, times the call,
-counts it and logs it. A body that is not JSON is answered like any unreadable review, with an
-HTTP 200 AdmissionReview that denies and says why: a non-200 reply would make the API server
-apply the failure policy instead, and the user would never see the reason.
+counts it and logs it. A body that is not JSON (malformed, not UTF-8, or nested deeper than the
+decoder goes) is answered like any unreadable review, with an HTTP 200 AdmissionReview that
+denies with code 400 and says why: a non-200 reply would make the API server apply the failure
+policy instead (with ``Ignore``, admit the object), and the user would never see the reason.
 """
 
 from __future__ import annotations
@@ -54,8 +55,18 @@ class WebhookMetrics:
 def _review(body: bytes, settings: AdmissionSettings) -> Decision:
     try:
         data: Any = json.loads(body)
+    except UnicodeDecodeError as err:
+        where = f"byte 0x{err.object[err.start : err.start + 1].hex()} at offset {err.start}"
+        return malformed("", "unknown", f"the body is not UTF-8 ({where}); send JSON as UTF-8")
     except ValueError as err:
         return malformed("", "unknown", f"the body is not JSON ({err})")
+    except RecursionError:
+        return malformed(
+            "",
+            "unknown",
+            "the body is JSON nested too deeply to read; an AdmissionReview is a few dozen "
+            "levels deep at most",
+        )
     return decide(data, settings)
 
 
