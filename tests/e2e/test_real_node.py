@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import yaml
 
 from .cluster import Cluster
@@ -169,13 +171,39 @@ def local_job(path: str, *, command: list[str]) -> dict[str, Any]:
 PROBE_THEN = "/probe; /probe > /dev/termination-log; "
 
 
+@pytest.fixture
+def ns(real_node: RealNode) -> Iterator[str]:
+    """A fresh namespace for the test's pods, deleted (and waited for) afterwards, so the next
+    test starts on a node that holds no GPU memory."""
+    fresh_namespace(real_node.cluster)
+    yield NS
+    real_node.cluster.kubectl(
+        "delete", "namespace", NS, "--ignore-not-found", "--wait=true", timeout=300, check=False
+    )
+
+
+def logged(cluster: Cluster, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pods with each GPU container's /probe output from ``kubectl logs`` put where
+    :func:`compare` reads it (for containers still running)."""
+    out = []
+    for item in items:
+        copy = json.loads(json.dumps(item))
+        for entry in statuses(copy).values():
+            if entry["name"] in gpu_containers(copy) and not probed(entry):
+                text = cluster.kubectl(
+                    "logs", "-n", NS, copy["metadata"]["name"], "-c", entry["name"]
+                ).stdout
+                entry.setdefault("state", {})["terminated"] = {"message": text}
+        out.append(copy)
+    return out
+
+
 # -- the seed examples ------------------------------------------------------------------------
 
 
-def test_seed_walkthrough_on_a_real_share_node(real_node: RealNode) -> None:
+def test_seed_walkthrough_on_a_real_share_node(real_node: RealNode, ns: str) -> None:
     cluster = real_node.cluster
     real_node.set_mode("share", unit="1GiB")
-    fresh_namespace(cluster)
     job = local_job("GPUtest.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 2"])
     cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
     items = eventually(
@@ -192,13 +220,11 @@ def test_seed_walkthrough_on_a_real_share_node(real_node: RealNode) -> None:
     assert env["ALIYUN_COM_GPU_MEM_DEV"] == "15"
     checked, mismatches, _ = compare(items, gpu_uuids(cluster))
     assert checked == 1 and not mismatches, mismatches
-    cluster.kubectl("delete", "namespace", NS, "--wait=false")
 
 
-def test_cuda_sample_on_a_real_core_mem_node(real_node: RealNode) -> None:
+def test_cuda_sample_on_a_real_core_mem_node(real_node: RealNode, ns: str) -> None:
     cluster = real_node.cluster
     real_node.set_mode("core_mem", unit="1GiB")
-    fresh_namespace(cluster)
     status = real_node.node()["status"]
     for key in ("capacity", "allocatable"):
         assert status[key]["aliyun.com/gpu-core.percentage"] == "400", status[key]
@@ -217,7 +243,6 @@ def test_cuda_sample_on_a_real_core_mem_node(real_node: RealNode) -> None:
     assert "libgpushare-cuda.so" in env["PROBE_MAPPED"], env
     checked, mismatches, _ = compare(items, gpu_uuids(cluster))
     assert checked == 1 and not mismatches, mismatches
-    cluster.kubectl("delete", "namespace", NS, "--wait=false")
 
 
 def wait_done_label(cluster: Cluster, selector: str, timeout: float = 120) -> list[dict[str, Any]]:
@@ -236,78 +261,74 @@ def wait_done_label(cluster: Cluster, selector: str, timeout: float = 120) -> li
     return result
 
 
-def test_128mib_unit_and_a_statefulset_pod_recreated_under_its_name(real_node: RealNode) -> None:
+def test_128mib_unit_and_a_statefulset_pod_recreated_under_its_name(
+    real_node: RealNode, ns: str
+) -> None:
     cluster = real_node.cluster
     real_node.set_mode("share", unit="128MiB")
-    fresh_namespace(cluster)
-    try:
-        assert real_node.node()["status"]["allocatable"]["aliyun.com/gpu-mem"] == "480"
-        manifest = yaml.safe_load((REPO / "examples" / "binpack-128mib.yaml").read_text())
-        manifest["metadata"]["namespace"] = NS
-        spec = manifest["spec"]["template"]["spec"]
-        spec.update(
-            nodeSelector={"kubernetes.io/hostname": NODE_NAME},
-            tolerations=[TOLERATION],
-            terminationGracePeriodSeconds=1,
+    assert real_node.node()["status"]["allocatable"]["aliyun.com/gpu-mem"] == "480"
+    manifest = yaml.safe_load((REPO / "examples" / "binpack-128mib.yaml").read_text())
+    manifest["metadata"]["namespace"] = NS
+    spec = manifest["spec"]["template"]["spec"]
+    spec.update(
+        nodeSelector={"kubernetes.io/hostname": NODE_NAME},
+        tolerations=[TOLERATION],
+        terminationGracePeriodSeconds=1,
+    )
+    for c in spec["containers"]:
+        c.update(
+            image=TEST_IMAGE,
+            imagePullPolicy="Never",
+            command=["/bin/sh", "-c", PROBE_THEN + "sleep 3600"],
         )
-        for c in spec["containers"]:
-            c.update(
-                image=TEST_IMAGE,
-                imagePullPolicy="Never",
-                command=["/bin/sh", "-c", PROBE_THEN + "sleep 3600"],
-            )
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
-        uuids = gpu_uuids(cluster)
-        for round_ in range(3):
-            # the StatefulSet controller re-creates binpack-0 under the same name, new UID
-            item = eventually(
-                lambda: next(
-                    (
-                        p
-                        for p in ns_pods(cluster)
-                        if p["metadata"]["name"] == "binpack-0"
-                        and p["status"].get("phase") == "Running"
-                        and served(p)
-                    ),
-                    None,
-                ),
-                120,
-                f"binpack-0 running and served (round {round_})",
-            )
-            env = probe_env(cluster.kubectl("logs", "-n", NS, "binpack-0").stdout)
-            assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "16"
-            assert env["GPUSHARE_MEM_UNIT"] == "128MiB"
-            want = expected(item, "binpack-1", uuids)
-            assert {k: env.get(k) for k in want} == want
-            uid = item["metadata"]["uid"]
-            cluster.kubectl("delete", "pod", "-n", NS, "binpack-0", "--wait=false")
-            eventually(
-                lambda uid=uid: all(  # type: ignore[misc]
-                    p["metadata"]["uid"] != uid
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    uuids = gpu_uuids(cluster)
+    for round_ in range(3):
+        # the StatefulSet controller re-creates binpack-0 under the same name, new UID
+        item = eventually(
+            lambda: next(
+                (
+                    p
                     for p in ns_pods(cluster)
                     if p["metadata"]["name"] == "binpack-0"
+                    and p["status"].get("phase") == "Running"
+                    and served(p)
                 ),
-                60,
-                "binpack-0 re-created",
-            )
-        # a second pod of the same size is not held behind the re-created one
-        create(
-            cluster,
-            [pod("same-size", NS, [container("main", 16)])],
+                None,
+            ),
+            120,
+            f"binpack-0 running and served (round {round_})",
         )
-        wait_done(cluster, {"same-size"}, 120)
-    finally:
-        cluster.kubectl("delete", "namespace", NS, "--wait=true", timeout=180, check=False)
-        real_node.set_mode("share", unit="1GiB")
+        env = probe_env(cluster.kubectl("logs", "-n", NS, "binpack-0").stdout)
+        assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "16"
+        assert env["GPUSHARE_MEM_UNIT"] == "128MiB"
+        want = expected(item, "binpack-1", uuids)
+        assert {k: env.get(k) for k in want} == want
+        uid = item["metadata"]["uid"]
+        cluster.kubectl("delete", "pod", "-n", NS, "binpack-0", "--wait=false")
+        eventually(
+            lambda uid=uid: all(  # type: ignore[misc]
+                p["metadata"]["uid"] != uid
+                for p in ns_pods(cluster)
+                if p["metadata"]["name"] == "binpack-0"
+            ),
+            60,
+            "binpack-0 re-created",
+        )
+    # a second pod of the same size is not held behind the re-created one
+    create(
+        cluster,
+        [pod("same-size", NS, [container("main", 16)])],
+    )
+    wait_done(cluster, {"same-size"}, 120)
 
 
 # -- pod shapes -------------------------------------------------------------------------------
 
 
-def test_multi_container_init_sidecar_and_multi_gpu_pods(real_node: RealNode) -> None:
+def test_multi_container_init_sidecar_and_multi_gpu_pods(real_node: RealNode, ns: str) -> None:
     cluster = real_node.cluster
     real_node.set_mode("share", unit="1GiB")
-    fresh_namespace(cluster)
     sidecar = container("sidecar", 1, command="sleep 5")
     sidecar["restartPolicy"] = "Always"
     manifests = [
@@ -345,38 +366,31 @@ def test_multi_container_init_sidecar_and_multi_gpu_pods(real_node: RealNode) ->
     items = wait_done(cluster, {m["metadata"]["name"] for m in again}, 180)
     checked, mismatches, _ = compare(items, gpu_uuids(cluster))
     assert not mismatches, mismatches
-    cluster.kubectl("delete", "namespace", NS, "--wait=false")
 
 
-def test_cgpu_container_has_the_interposer_preloaded(real_node: RealNode) -> None:
+def test_cgpu_container_has_the_interposer_preloaded(real_node: RealNode, ns: str) -> None:
     cluster = real_node.cluster
     real_node.set_mode("cgpu", unit="1GiB")
-    fresh_namespace(cluster)
-    try:
-        check = "grep -c gpushare /proc/mounts > /tmp/m; touch /var/run/gpushare/ok 2>/dev/null"
-        probe = container("main", 5, command=check)
-        create(cluster, [pod("cgpu", NS, [probe])])
-        items = wait_done(cluster, {"cgpu"}, 120)
-        env = probe_env(cluster.kubectl("logs", "-n", NS, "cgpu").stdout)
-        print(env)
-        assert "libgpushare-cuda.so" in env["PROBE_MAPPED"]
-        assert env["LD_PRELOAD"].endswith("libgpushare-cuda.so")
-        assert env["GPUSHARE_MEM_LIMIT"] == str(5 * 1024**3)
-        assert env["GPUSHARE_ACCOUNTING_DIR"]
-        checked, mismatches, _ = compare(items, gpu_uuids(cluster))
-        assert checked == 1 and not mismatches, mismatches
-    finally:
-        cluster.kubectl("delete", "namespace", NS, "--wait=true", timeout=180, check=False)
-        real_node.set_mode("share", unit="1GiB")
+    check = "grep -c gpushare /proc/mounts > /tmp/m; touch /var/run/gpushare/ok 2>/dev/null"
+    probe = container("main", 5, command=check)
+    create(cluster, [pod("cgpu", NS, [probe])])
+    items = wait_done(cluster, {"cgpu"}, 120)
+    env = probe_env(cluster.kubectl("logs", "-n", NS, "cgpu").stdout)
+    print(env)
+    assert "libgpushare-cuda.so" in env["PROBE_MAPPED"]
+    assert env["LD_PRELOAD"].endswith("libgpushare-cuda.so")
+    assert env["GPUSHARE_MEM_LIMIT"] == str(5 * 1024**3)
+    assert env["GPUSHARE_ACCOUNTING_DIR"]
+    checked, mismatches, _ = compare(items, gpu_uuids(cluster))
+    assert checked == 1 and not mismatches, mismatches
 
 
 # -- restarts and health ----------------------------------------------------------------------
 
 
-def test_restarts_of_kubelet_plugin_and_containerd(real_node: RealNode) -> None:
+def test_restarts_of_kubelet_plugin_and_containerd(real_node: RealNode, ns: str) -> None:
     cluster = real_node.cluster
     real_node.set_mode("share", unit="1GiB")
-    fresh_namespace(cluster)
     uuids = gpu_uuids(cluster)
     long = [
         pod(f"long-{i}", NS, [container("main", 2 + i % 3, command="sleep 600")]) for i in range(4)
@@ -392,7 +406,7 @@ def test_restarts_of_kubelet_plugin_and_containerd(real_node: RealNode) -> None:
         120,
         "4 long pods Running",
     )
-    checked, mismatches, _ = compare(running, uuids)
+    checked, mismatches, _ = compare(logged(cluster, running), uuids)
     assert checked == 4 and not mismatches, mismatches
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in running}
     steps = [
@@ -424,7 +438,6 @@ def test_restarts_of_kubelet_plugin_and_containerd(real_node: RealNode) -> None:
         if p["metadata"]["name"].startswith("long-") and p["status"].get("phase") == "Running"
     }
     assert still == before, "the long-running pods survive every restart"
-    cluster.kubectl("delete", "namespace", NS, "--wait=false")
 
 
 def restart_plugin(node: RealNode, sig: int) -> None:
@@ -447,10 +460,9 @@ def restart_containerd(node: RealNode) -> None:
     node.wait_ready()
 
 
-def test_unhealthy_gpu_gets_no_new_pod(real_node: RealNode) -> None:
+def test_unhealthy_gpu_gets_no_new_pod(real_node: RealNode, ns: str) -> None:
     cluster = real_node.cluster
     real_node.set_mode("share", unit="1GiB")
-    fresh_namespace(cluster)
     health = real_node.root / "fake-health"
     health.write_text("0\n")  # GPU 0 fails, as an XID error would
     try:
@@ -473,4 +485,3 @@ def test_unhealthy_gpu_gets_no_new_pod(real_node: RealNode) -> None:
         assert checked == 6 and not mismatches, mismatches
     finally:
         health.write_text("")
-        cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
