@@ -4,6 +4,12 @@ It serves ``Registration`` on ``kubelet.sock`` and the ``PodResourcesLister`` AP
 registered plugin's ``ListAndWatch``, and admits pods as kubelet does: one ``Allocate`` call per
 container and resource, with device IDs it picks itself from the healthy, unused ones (asking
 ``GetPreferredAllocation`` first). It never tells the plugin which pod it is admitting.
+
+What it copies from kubelet's device manager (kubernetes/kubernetes
+pkg/kubelet/cm/devicemanager/manager.go, ``allocateContainerResources``): the number of device
+IDs in a container's ``Allocate`` is exactly the container's limit of that resource
+(``needed := int(v.Value())``), whatever the plugin advertises per device, so
+``gpu-core.percentage: 30`` asks for 30 devices.
 """
 
 from __future__ import annotations
@@ -20,8 +26,6 @@ from gpushare.deviceplugin.protos.podresources_v1 import api_pb2 as pr
 from gpushare.deviceplugin.protos.podresources_v1 import api_pb2_grpc as pr_grpc
 from gpushare.deviceplugin.protos.v1beta1 import api_pb2 as dp
 from gpushare.deviceplugin.protos.v1beta1 import api_pb2_grpc as dp_grpc
-
-CORE_STEP = 5
 
 
 @dataclass
@@ -141,9 +145,7 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
             for resource, endpoint in sorted(self.registrations.items()):
                 if resource not in limits:
                     continue
-                count = int(limits[resource])
-                if resource.endswith("gpu-core.percentage"):
-                    count //= CORE_STEP
+                count = int(limits[resource])  # one device per unit of the limit, as kubelet
                 used = self._in_use(resource)
                 available = sorted(
                     d

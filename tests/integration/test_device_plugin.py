@@ -168,17 +168,24 @@ def test_registers_advertises_and_publishes_the_node() -> None:
     run(body)
 
 
-def test_core_mem_nodes_also_serve_computing_power() -> None:
+def test_core_mem_nodes_serve_computing_power_one_device_per_percent() -> None:
+    """kubelet asks for as many devices as the limit says (30 %: 30), as ACK counts (100/GPU)."""
+
     async def body(r: Rig) -> None:
         assert r.kubelet.registrations == {MEM: "gpushare-mem.sock", CORE: "gpushare-core.sock"}
-        assert len(await r.kubelet.wait_devices(CORE, 40)) == 40  # 20 devices of 5 % per GPU
+        await r.kubelet.wait_devices(MEM, 30)
+        for _ in range(100):
+            if r.kubelet.devices.get(CORE):
+                break
+            await asyncio.sleep(0.05)
         placed = await r.place(pod("cuda-sample", 2, core=30))
         assert placed is not None
         admitted = await r.kubelet.admit(placed)
         envs = admitted.envs["c0"]
         assert envs["ALIYUN_COM_GPU_CORE_PERCENTAGE"] == "30"
         assert envs["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2"
-        assert len(admitted.containers["c0"][CORE]) == 6
+        assert len(admitted.containers["c0"][CORE]) == 30
+        assert len(r.kubelet.devices[CORE]) == 200  # capacity "400" on the seed's 4-GPU node
 
     run(body, mode="core_mem")
 

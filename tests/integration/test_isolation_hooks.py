@@ -114,7 +114,7 @@ def test_cgpu_containers_get_the_interposer_their_limit_and_their_own_accounting
 
 def test_core_mem_adds_the_compute_limit_and_mounts_once_per_container() -> None:
     async def body(r: Rig) -> None:
-        await r.kubelet.wait_devices(CORE, 40)
+        await r.kubelet.wait_devices(CORE, 200)  # one device per percent per GPU
         _, admitted = await admit(r, pod("cuda-sample", 2, core=30))
         envs = admitted.envs["c0"]
         assert envs["GPUSHARE_CORE_LIMIT"] == "30"

@@ -26,8 +26,6 @@ MEM = "mem"
 CORE = "core"
 DEFERRAL = "waiting for pod "
 """How a hand-off deferral's reason starts (the pod fits once the other pod has started)."""
-CORE_DEVICE_PCT = 5
-"""Computing power advertised per device: one ``gpu-core.percentage`` device is 5 %."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +34,7 @@ class Signature:
 
     resource: str
     count: int
+    """How many devices kubelet names: memory units, or percent of computing power."""
     layout: tuple[tuple[int, int], ...]
     """(GPU index, amount) pairs: memory units, or core percent."""
     pod_mem_units: int
@@ -60,11 +59,8 @@ def container_signatures(allocation: Allocation, container: ContainerShare) -> l
     if container.mem_units:
         out.append(Signature(MEM, container.mem_units, layout, allocation.mem_units, cores))
     if container.core_pct:
-        out.append(
-            Signature(
-                CORE, container.core_pct // CORE_DEVICE_PCT, cores, allocation.mem_units, cores
-            )
-        )
+        # kubelet asks for as many devices as the limit's value: one device per percent
+        out.append(Signature(CORE, container.core_pct, cores, allocation.mem_units, cores))
     return out
 
 
