@@ -52,7 +52,12 @@ def bare_node(mode: str) -> dict[str, Any]:
 
 
 def pod(
-    name: str, *sizes: int, core: int | None = None, gpu_count: int = 1, init: int | None = None
+    name: str,
+    *sizes: int,
+    core: int | None = None,
+    gpu_count: int = 1,
+    init: int | None = None,
+    sidecar: int | None = None,
 ) -> dict[str, Any]:
     def container(cname: str, size: int) -> dict[str, Any]:
         limits: dict[str, Any] = {MEM: size}
@@ -66,6 +71,10 @@ def pod(
     }
     if init is not None:
         spec["initContainers"] = [container("init", init)]
+    if sidecar is not None:
+        spec.setdefault("initContainers", []).append(
+            {**container("sidecar", sidecar), "restartPolicy": "Always"}
+        )
     labels = {"aliyun.com/gpu-count": str(gpu_count)} if gpu_count > 1 else {}
     return {
         "apiVersion": "v1",
@@ -213,6 +222,48 @@ def test_seed_pod_gets_its_gpu_and_is_marked_served() -> None:
             await asyncio.sleep(0.05)
         assert stored["metadata"]["annotations"][ANN_ASSIGNED] == "true"
         assert r.plugin.stats.mismatches == 0 and r.plugin.stats.served_pods == 1
+
+    run(body)
+
+
+async def served(r: Rig, name: str) -> bool:
+    """Whether the plugin marks the pod served within a few seconds."""
+    for _ in range(100):
+        stored = await r.kube.get_pod("default", name)
+        if stored["metadata"]["annotations"].get(ANN_ASSIGNED) == "true":
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+def test_a_pod_whose_init_container_asks_for_memory_is_served_and_marked() -> None:
+    """kubelet lists no ordinary init container, and its app container reuses the init's IDs."""
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        placed = await r.place(pod("loader", 2, init=4))
+        assert placed is not None
+        admitted = await r.kubelet.admit(placed)
+        assert set(admitted.containers["c0"][MEM]) < set(admitted.containers["init"][MEM])
+        assert admitted.envs["init"]["ALIYUN_COM_GPU_MEM_CONTAINER"] == "4"
+        assert admitted.envs["c0"]["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2"
+        assert admitted.envs["c0"]["ALIYUN_COM_GPU_MEM_POD"] == "4"
+        assert await served(r, "loader")
+        assert r.plugin.stats.mismatches == 0 and r.plugin.stats.served_pods == 1
+
+    run(body)
+
+
+def test_a_sidecar_asking_for_memory_is_listed_and_waited_for() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        placed = await r.place(pod("with-sidecar", 2, init=3, sidecar=1))
+        assert placed is not None
+        admitted = await r.kubelet.admit(placed)
+        assert admitted.listed == ["sidecar", "c0"]
+        assert admitted.envs["sidecar"]["ALIYUN_COM_GPU_MEM_CONTAINER"] == "1"
+        assert await served(r, "with-sidecar")
+        assert r.plugin.stats.mismatches == 0
 
     run(body)
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpushare.core.allocation import Allocation, ContainerShare
+from gpushare.core.requests import ContainerKind
 
 MEM = "mem"
 CORE = "core"
@@ -62,6 +63,23 @@ def container_signatures(allocation: Allocation, container: ContainerShare) -> l
         # kubelet asks for as many devices as the limit's value: one device per percent
         out.append(Signature(CORE, container.core_pct, cores, allocation.mem_units, cores))
     return out
+
+
+def listed_signatures(allocation: Allocation) -> dict[tuple[str, str], Signature]:
+    """The signatures kubelet's PodResources reports for a pod, by (container, resource).
+
+    PodResources lists a pod's restartable init containers (sidecars) and its regular
+    containers, never its ordinary init containers (kubernetes/kubernetes
+    pkg/kubelet/apis/podresources/server_v1.go, ``List``), so a served-check that waits for an
+    ordinary init container waits forever. Those get their devices through Allocate all the
+    same, and their devices are reused by the containers after them.
+    """
+    return {
+        (c.name, s.resource): s
+        for c in allocation.containers
+        if c.kind is not ContainerKind.INIT
+        for s in container_signatures(allocation, c)
+    }
 
 
 def pending_of(allocations: Iterable[Allocation]) -> list[Pending]:

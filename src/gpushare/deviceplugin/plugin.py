@@ -10,7 +10,8 @@ Life cycle:
    wiped the socket directory);
 4. on a health change, send the new device list on every ListAndWatch stream and republish the
    inventory, so the scheduler stops placing pods on the GPU;
-5. every second, read kubelet's PodResources API: each pod whose containers all got devices is
+5. every second, read kubelet's PodResources API: each pod whose listed containers (regular and
+   restartable init containers; kubelet never lists ordinary ones) all got devices is
    checked against what Allocate served for those device IDs and marked served
    (``ALIYUN_COM_GPU_MEM_ASSIGNED=true``); a difference is counted and logged as a mismatch.
 
@@ -40,7 +41,7 @@ from gpushare.core.handoff import (
     CORE,
     MEM,
     Signature,
-    container_signatures,
+    listed_signatures,
     pending_of,
     resolve,
 )
@@ -466,11 +467,7 @@ class DevicePlugin:
                 for dev in container.devices:
                     if dev.resource_name in ours:
                         got[(container.name, ours[dev.resource_name])] = list(dev.device_ids)
-            expected = {
-                (c.name, s.resource): s
-                for c in allocation.containers
-                for s in container_signatures(allocation, c)
-            }
+            expected = listed_signatures(allocation)
             if set(expected) - set(got):
                 continue  # not every container admitted yet
             ok = True
