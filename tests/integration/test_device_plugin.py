@@ -268,6 +268,27 @@ def test_a_sidecar_asking_for_memory_is_listed_and_waited_for() -> None:
     run(body)
 
 
+def test_a_pod_re_created_under_the_same_name_is_marked_served_again() -> None:
+    """A StatefulSet re-creates web-0 with a new UID; PodResources names only web-0."""
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        uids = []
+        for _ in range(2):
+            placed = await r.place(pod("web-0", 3))
+            assert placed is not None
+            uids.append(placed["metadata"]["uid"])
+            await r.kubelet.admit(placed)
+            assert await served(r, "web-0")
+            r.kube.delete_pod("default", "web-0")
+            r.kubelet.forget("default", "web-0")
+            await r.settle()
+        assert uids[0] != uids[1]
+        assert r.plugin.stats.served_pods == 2
+
+    run(body)
+
+
 def test_multi_container_and_multi_gpu_pods_get_all_their_gpus() -> None:
     async def body(r: Rig) -> None:
         await r.kubelet.wait_devices(MEM, 45)

@@ -192,7 +192,9 @@ class DevicePlugin:
         self._gen_cond: asyncio.Condition | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._served: dict[str, dict[str, Any]] = self._load_checkpoint()
-        self._marked: set[tuple[str, str]] = set()
+        self._marked: set[str] = set()
+        """UIDs of pods marked served. PodResources names pods by namespace and name only, and a
+        StatefulSet re-creates a pod under the same name; the UID comes from the pod bound now."""
         self.mismatch_log: list[str] = []
 
     # -- names -----------------------------------------------------------------------------
@@ -446,6 +448,7 @@ class DevicePlugin:
                 pr.ListPodResourcesRequest(), timeout=10
             )
         by_key = {(a.namespace, a.name): a for a in await self.bound_allocations()}
+        self._marked &= {a.uid for a in by_key.values()}  # forget pods that are gone
         ours = {self.resource_name(r): r for r in self.resources}
         mem_name = self.resource_name(MEM)
         self.hook.prune(
@@ -482,12 +485,12 @@ class DevicePlugin:
                     )
                     self.mismatch_log.append(message)
                     log.error("phase=check mismatch: %s", message)
-            if ok and (pod.namespace, pod.name) not in self._marked:
+            if ok and allocation.uid not in self._marked:
                 try:
                     await self.api.patch_pod_annotations(
                         pod.namespace, pod.name, {ANN_ASSIGNED: "true"}, resource_version=""
                     )
-                    self._marked.add((pod.namespace, pod.name))
+                    self._marked.add(allocation.uid)
                     self.stats.served_pods += 1
                 except KubeError as err:
                     log.warning("pod=%s cannot mark served: %s", allocation.key, err)
