@@ -306,6 +306,32 @@ def test_multi_container_and_multi_gpu_pods_get_all_their_gpus() -> None:
     run(body, gpus="3x15GiB")
 
 
+@pytest.mark.parametrize("another_waits", [False, True])
+def test_equal_containers_that_do_not_divide_over_the_gpus_are_placed_and_served(
+    another_waits: bool,
+) -> None:
+    """gpu-count 2, two containers of 3 units: one layout for both, or Allocate cannot tell."""
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        if another_waits:  # a pod of another size, bound and not yet started
+            assert await r.place(pod("first", 5)) is not None
+        placed = await r.place(pod("twins", 3, 3, gpu_count=2))
+        assert placed is not None, "the extender refused the pod"
+        admitted = await r.kubelet.admit(placed)
+        record = json.loads(placed["metadata"]["annotations"][ANN_ALLOCATION])
+        first, second = (c["gpus"] for c in record["containers"])
+        assert first == second
+        assert sorted(g["mem"] for g in record["gpus"]) == [2, 4]
+        layout = ",".join(f"{g['index']}:{g['mem']}" for g in first if g["mem"])
+        assert admitted.envs["c0"]["GPUSHARE_MEM_PER_GPU"] == layout
+        assert admitted.envs["c1"]["GPUSHARE_MEM_PER_GPU"] == layout
+        assert await served(r, "twins")
+        assert r.plugin.stats.mismatches == 0
+
+    run(body)
+
+
 def test_a_pod_gpushare_did_not_place_gets_a_clear_error() -> None:
     async def body(r: Rig) -> None:
         await r.kubelet.wait_devices(MEM, 30)
