@@ -18,7 +18,10 @@ takes them first (``devicesToAllocate``) and kubelet still calls ``Allocate`` wi
 plugin answers twice for the same device IDs. A restartable init container (``restartPolicy:
 Always``, a sidecar) keeps its devices to itself. PodResources ``List``
 (pkg/kubelet/apis/podresources/server_v1.go) reports a pod's restartable init containers and its
-regular containers, each with its own device IDs; ordinary init containers are not listed.
+regular containers, each with its own device IDs; ordinary init containers are not listed. Each
+device ID comes in a ``ContainerDevices`` entry of its own (one per NUMA node, or one when the
+plugin reports no topology, as gpushare's does: ``containerDevicesFromResourceDeviceInstances``
+in pkg/kubelet/cm/container_manager.go), so a container's set is the union of its entries.
 """
 
 from __future__ import annotations
@@ -239,8 +242,9 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
                         pr.ContainerResources(
                             name=c,
                             devices=[
-                                pr.ContainerDevices(resource_name=r, device_ids=ids)
+                                pr.ContainerDevices(resource_name=r, device_ids=[device])
                                 for r, ids in p.containers.get(c, {}).items()
+                                for device in ids
                             ],
                         )
                         for c in p.listed

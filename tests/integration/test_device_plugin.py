@@ -27,7 +27,7 @@ from gpushare.deviceplugin.plugin import (
     StartRefused,
     refuse_static_cpu_policy,
 )
-from gpushare.deviceplugin.serving import IsolationHook
+from gpushare.deviceplugin.serving import IsolationHook, NoIsolation
 from gpushare.extender.driver import ExtenderDriver
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
@@ -330,6 +330,32 @@ def test_equal_containers_that_do_not_divide_over_the_gpus_are_placed_and_served
         assert r.plugin.stats.mismatches == 0
 
     run(body)
+
+
+class PruneRecorder(NoIsolation):
+    """Keeps what the served-check tells the hook is still in use."""
+
+    def __init__(self) -> None:
+        self.live_devices: frozenset[tuple[str, ...]] = frozenset()
+
+    def prune(self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]) -> None:
+        self.live_devices = live_devices
+
+
+def test_the_served_check_reads_each_containers_whole_device_set() -> None:
+    """kubelet lists one entry per device ID; a container's set is their union."""
+    recorder = PruneRecorder()
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        placed = await r.place(pod("four", 4))
+        assert placed is not None
+        admitted = await r.kubelet.admit(placed)
+        assert await served(r, "four")
+        assert tuple(sorted(admitted.containers["c0"][MEM])) in recorder.live_devices
+        assert r.plugin.served_signature(admitted.containers["c0"][MEM]) is not None
+
+    run(body, hook=lambda root, gpus: recorder)
 
 
 def test_a_pod_gpushare_did_not_place_gets_a_clear_error() -> None:

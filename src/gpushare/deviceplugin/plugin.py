@@ -450,26 +450,31 @@ class DevicePlugin:
         by_key = {(a.namespace, a.name): a for a in await self.bound_allocations()}
         self._marked &= {a.uid for a in by_key.values()}  # forget pods that are gone
         ours = {self.resource_name(r): r for r in self.resources}
-        mem_name = self.resource_name(MEM)
+        # kubelet reports each device ID in an entry of its own (one per NUMA node), so a
+        # container's set is the union of its entries (kubernetes/kubernetes
+        # pkg/kubelet/cm/container_manager.go, containerDevicesFromResourceDeviceInstances)
+        sets: dict[tuple[str, str], dict[tuple[str, str], set[str]]] = {}
+        for pod in listing.pod_resources:
+            per_pod = sets.setdefault((pod.namespace, pod.name), {})
+            for container in pod.containers:
+                for dev in container.devices:
+                    if dev.resource_name in ours:
+                        key = (container.name, ours[dev.resource_name])
+                        per_pod.setdefault(key, set()).update(dev.device_ids)
         self.hook.prune(
             frozenset(a.uid for a in by_key.values()),
             frozenset(
-                tuple(sorted(dev.device_ids))
-                for pod in listing.pod_resources
-                for container in pod.containers
-                for dev in container.devices
-                if dev.resource_name == mem_name
+                tuple(sorted(ids))
+                for per_pod in sets.values()
+                for (_, resource), ids in per_pod.items()
+                if resource == MEM
             ),
         )
         for pod in listing.pod_resources:
             allocation = by_key.get((pod.namespace, pod.name))
             if allocation is None or allocation.assigned:
                 continue
-            got: dict[tuple[str, str], list[str]] = {}
-            for container in pod.containers:
-                for dev in container.devices:
-                    if dev.resource_name in ours:
-                        got[(container.name, ours[dev.resource_name])] = list(dev.device_ids)
+            got = {key: sorted(ids) for key, ids in sets[(pod.namespace, pod.name)].items()}
             expected = listed_signatures(allocation)
             if set(expected) - set(got):
                 continue  # not every container admitted yet
