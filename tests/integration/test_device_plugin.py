@@ -20,13 +20,10 @@ import pytest
 
 from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED
 from gpushare.core.units import MemoryUnit
+from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus
-from gpushare.deviceplugin.plugin import (
-    DevicePlugin,
-    PluginConfig,
-    StartRefused,
-    refuse_static_cpu_policy,
-)
+from gpushare.deviceplugin.plugin import DevicePlugin
+from gpushare.deviceplugin.preflight import StartRefused, refuse_static_cpu_policy
 from gpushare.deviceplugin.serving import IsolationHook, NoIsolation
 from gpushare.extender.driver import ExtenderDriver
 from gpushare.kube.cache import ClusterCache

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gpushare.core.units import MemoryUnit
+from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo
 from gpushare.deviceplugin.isolation import (
     BY_DEVICES,
@@ -24,7 +25,8 @@ from gpushare.deviceplugin.isolation import (
     devices_key,
     prune_accounting,
 )
-from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig, StartRefused
+from gpushare.deviceplugin.plugin import DevicePlugin
+from gpushare.deviceplugin.preflight import StartRefused
 from gpushare.kube.memory import MemoryKube
 from tests import grpc_loop
 

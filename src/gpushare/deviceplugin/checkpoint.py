@@ -60,7 +60,7 @@ class ServedCheckpoint:
         return Signature(
             resource=raw["resource"],
             count=raw["count"],
-            layout=tuple(tuple(x) for x in raw["layout"]),  # type: ignore[misc]
+            layout=tuple(tuple(x) for x in raw["layout"]),
             pod_mem_units=raw["pod_mem_units"],
-            core_layout=tuple(tuple(x) for x in raw["core_layout"]),  # type: ignore[misc]
+            core_layout=tuple(tuple(x) for x in raw["core_layout"]),
         )
