@@ -210,15 +210,12 @@ def device_plugin(
 
     from gpushare.core.names import ResourceNames
     from gpushare.core.units import MemoryUnit
+    from gpushare.deviceplugin.config import PluginConfig
     from gpushare.deviceplugin.gpus import FakeGpus, GpuSource, NvmlGpus
     from gpushare.deviceplugin.isolation import NodeIsolation, packaged_library
     from gpushare.deviceplugin.metrics import registry_for, serve_metrics
-    from gpushare.deviceplugin.plugin import (
-        DevicePlugin,
-        PluginConfig,
-        StartRefused,
-        refuse_static_cpu_policy,
-    )
+    from gpushare.deviceplugin.plugin import DevicePlugin
+    from gpushare.deviceplugin.preflight import StartRefused, refuse_static_cpu_policy
     from gpushare.kube.lightkube_api import LightkubeAPI
     from gpushare.kube.port import KubeError
 

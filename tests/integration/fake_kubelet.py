@@ -4,6 +4,24 @@ It serves ``Registration`` on ``kubelet.sock`` and the ``PodResourcesLister`` AP
 registered plugin's ``ListAndWatch``, and admits pods as kubelet does: one ``Allocate`` call per
 container and resource, with device IDs it picks itself from the healthy, unused ones (asking
 ``GetPreferredAllocation`` first). It never tells the plugin which pod it is admitting.
+
+What it copies from kubelet's device manager (kubernetes/kubernetes
+pkg/kubelet/cm/devicemanager/manager.go, ``allocateContainerResources``): the number of device
+IDs in a container's ``Allocate`` is exactly the container's limit of that resource
+(``needed := int(v.Value())``), whatever the plugin advertises per device, so
+``gpu-core.percentage: 30`` asks for 30 devices.
+
+Init containers, as there and in pod_devices.go: kubelet calls ``Allocate`` for every container,
+init containers first. The devices of an ordinary init container stay recorded as its own (and
+in use), and are offered again to the containers after it (``devicesToReuse``): a later container
+takes them first (``devicesToAllocate``) and kubelet still calls ``Allocate`` with them, so the
+plugin answers twice for the same device IDs. A restartable init container (``restartPolicy:
+Always``, a sidecar) keeps its devices to itself. PodResources ``List``
+(pkg/kubelet/apis/podresources/server_v1.go) reports a pod's restartable init containers and its
+regular containers, each with its own device IDs; ordinary init containers are not listed. Each
+device ID comes in a ``ContainerDevices`` entry of its own (one per NUMA node, or one when the
+plugin reports no topology, as gpushare's does: ``containerDevicesFromResourceDeviceInstances``
+in pkg/kubelet/cm/container_manager.go), so a container's set is the union of its entries.
 """
 
 from __future__ import annotations
@@ -21,14 +39,15 @@ from gpushare.deviceplugin.protos.podresources_v1 import api_pb2_grpc as pr_grpc
 from gpushare.deviceplugin.protos.v1beta1 import api_pb2 as dp
 from gpushare.deviceplugin.protos.v1beta1 import api_pb2_grpc as dp_grpc
 
-CORE_STEP = 5
-
 
 @dataclass
 class Admitted:
     namespace: str
     name: str
     containers: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    """Device IDs per container (init containers too) and resource."""
+    listed: list[str] = field(default_factory=list)
+    """The containers PodResources reports: restartable init containers, then regular ones."""
     envs: dict[str, dict[str, str]] = field(default_factory=dict)
     mounts: dict[str, list[tuple[str, str, bool]]] = field(default_factory=dict)
 
@@ -134,50 +153,77 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
         admitted = Admitted(meta.get("namespace", "default"), meta["name"])
         self.admitted[(admitted.namespace, admitted.name)] = admitted
         spec = pod["spec"]
-        for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
-            limits = container.get("resources", {}).get("limits", {})
-            envs: dict[str, str] = {}
-            mounts: list[tuple[str, str, bool]] = []
-            for resource, endpoint in sorted(self.registrations.items()):
-                if resource not in limits:
-                    continue
-                count = int(limits[resource])
-                if resource.endswith("gpu-core.percentage"):
-                    count //= CORE_STEP
-                used = self._in_use(resource)
-                available = sorted(
-                    d
-                    for d, h in self.devices.get(resource, {}).items()
-                    if h == "Healthy" and d not in used
-                )
-                async with self._channel(endpoint) as channel:
-                    stub = dp_grpc.DevicePluginStub(channel)
+        inits = spec.get("initContainers", [])
+        admitted.listed = [
+            *(c["name"] for c in inits if c.get("restartPolicy") == "Always"),
+            *(c["name"] for c in spec.get("containers", [])),
+        ]
+        reuse: dict[str, set[str]] = {}
+        for container in [*inits, *spec.get("containers", [])]:
+            chosen = await self._allocate(admitted, container, reuse)
+            is_init = any(container is c for c in inits)
+            for resource, ids in chosen.items():
+                if is_init and container.get("restartPolicy") != "Always":
+                    reuse.setdefault(resource, set()).update(ids)
+                else:
+                    reuse.setdefault(resource, set()).difference_update(ids)
+        return admitted
+
+    async def _allocate(
+        self, admitted: Admitted, container: dict[str, Any], reuse: dict[str, set[str]]
+    ) -> dict[str, list[str]]:
+        """One container: reused devices first, then the plugin's preference among free ones."""
+        limits = container.get("resources", {}).get("limits", {})
+        envs: dict[str, str] = {}
+        mounts: list[tuple[str, str, bool]] = []
+        chosen_by_resource: dict[str, list[str]] = {}
+        for resource, endpoint in sorted(self.registrations.items()):
+            if resource not in limits:
+                continue
+            count = int(limits[resource])  # one device per unit of the limit, as kubelet
+            chosen = sorted(reuse.get(resource, set()))[:count]
+            async with self._channel(endpoint) as channel:
+                stub = dp_grpc.DevicePluginStub(channel)
+                if len(chosen) < count:
+                    used = self._in_use(resource)
+                    available = sorted(
+                        d
+                        for d, h in self.devices.get(resource, {}).items()
+                        if h == "Healthy" and d not in used
+                    )
                     preferred = await stub.GetPreferredAllocation(
                         dp.PreferredAllocationRequest(
                             container_requests=[
                                 dp.ContainerPreferredAllocationRequest(
-                                    available_deviceIDs=available, allocation_size=count
+                                    available_deviceIDs=sorted({*available, *chosen}),
+                                    must_include_deviceIDs=chosen,
+                                    allocation_size=count,
                                 )
                             ]
                         )
                     )
-                    chosen = list(preferred.container_responses[0].deviceIDs)[:count]
-                    response = await stub.Allocate(
-                        dp.AllocateRequest(
-                            container_requests=[dp.ContainerAllocateRequest(devices_ids=chosen)]
-                        )
+                    for device in [*preferred.container_responses[0].deviceIDs, *available]:
+                        if len(chosen) == count:
+                            break
+                        if device in available and device not in chosen:
+                            chosen.append(device)
+                response = await stub.Allocate(
+                    dp.AllocateRequest(
+                        container_requests=[dp.ContainerAllocateRequest(devices_ids=chosen)]
                     )
-                admitted.containers.setdefault(container["name"], {})[resource] = chosen
-                envs.update(response.container_responses[0].envs)
-                mounts.extend(
-                    (m.container_path, m.host_path, m.read_only)
-                    for m in response.container_responses[0].mounts
                 )
-            if envs:
-                admitted.envs[container["name"]] = envs
-            if mounts:
-                admitted.mounts[container["name"]] = mounts
-        return admitted
+            admitted.containers.setdefault(container["name"], {})[resource] = chosen
+            chosen_by_resource[resource] = chosen
+            envs.update(response.container_responses[0].envs)
+            mounts.extend(
+                (m.container_path, m.host_path, m.read_only)
+                for m in response.container_responses[0].mounts
+            )
+        if envs:
+            admitted.envs[container["name"]] = envs
+        if mounts:
+            admitted.mounts[container["name"]] = mounts
+        return chosen_by_resource
 
     def forget(self, namespace: str, name: str) -> None:
         self.admitted.pop((namespace, name), None)
@@ -196,11 +242,12 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
                         pr.ContainerResources(
                             name=c,
                             devices=[
-                                pr.ContainerDevices(resource_name=r, device_ids=ids)
-                                for r, ids in per_resource.items()
+                                pr.ContainerDevices(resource_name=r, device_ids=[device])
+                                for r, ids in p.containers.get(c, {}).items()
+                                for device in ids
                             ],
                         )
-                        for c, per_resource in p.containers.items()
+                        for c in p.listed
                     ],
                 )
                 for p in self.admitted.values()

@@ -12,9 +12,10 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from gpushare.core.scheduling import Settings
+from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus
 from gpushare.deviceplugin.metrics import DEVICE_PLUGIN_METRICS, registry_for
-from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
+from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.extender.metrics import LEDGER_METRICS, ExtenderMetrics
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube

@@ -20,14 +20,11 @@ import pytest
 
 from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED
 from gpushare.core.units import MemoryUnit
+from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus
-from gpushare.deviceplugin.plugin import (
-    DevicePlugin,
-    PluginConfig,
-    StartRefused,
-    refuse_static_cpu_policy,
-)
-from gpushare.deviceplugin.serving import IsolationHook
+from gpushare.deviceplugin.plugin import DevicePlugin
+from gpushare.deviceplugin.preflight import StartRefused, refuse_static_cpu_policy
+from gpushare.deviceplugin.serving import IsolationHook, NoIsolation
 from gpushare.extender.driver import ExtenderDriver
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
@@ -52,7 +49,12 @@ def bare_node(mode: str) -> dict[str, Any]:
 
 
 def pod(
-    name: str, *sizes: int, core: int | None = None, gpu_count: int = 1, init: int | None = None
+    name: str,
+    *sizes: int,
+    core: int | None = None,
+    gpu_count: int = 1,
+    init: int | None = None,
+    sidecar: int | None = None,
 ) -> dict[str, Any]:
     def container(cname: str, size: int) -> dict[str, Any]:
         limits: dict[str, Any] = {MEM: size}
@@ -66,6 +68,10 @@ def pod(
     }
     if init is not None:
         spec["initContainers"] = [container("init", init)]
+    if sidecar is not None:
+        spec.setdefault("initContainers", []).append(
+            {**container("sidecar", sidecar), "restartPolicy": "Always"}
+        )
     labels = {"aliyun.com/gpu-count": str(gpu_count)} if gpu_count > 1 else {}
     return {
         "apiVersion": "v1",
@@ -168,17 +174,24 @@ def test_registers_advertises_and_publishes_the_node() -> None:
     run(body)
 
 
-def test_core_mem_nodes_also_serve_computing_power() -> None:
+def test_core_mem_nodes_serve_computing_power_one_device_per_percent() -> None:
+    """kubelet asks for as many devices as the limit says (30 %: 30), as ACK counts (100/GPU)."""
+
     async def body(r: Rig) -> None:
         assert r.kubelet.registrations == {MEM: "gpushare-mem.sock", CORE: "gpushare-core.sock"}
-        assert len(await r.kubelet.wait_devices(CORE, 40)) == 40  # 20 devices of 5 % per GPU
+        await r.kubelet.wait_devices(MEM, 30)
+        for _ in range(100):
+            if r.kubelet.devices.get(CORE):
+                break
+            await asyncio.sleep(0.05)
         placed = await r.place(pod("cuda-sample", 2, core=30))
         assert placed is not None
         admitted = await r.kubelet.admit(placed)
         envs = admitted.envs["c0"]
         assert envs["ALIYUN_COM_GPU_CORE_PERCENTAGE"] == "30"
         assert envs["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2"
-        assert len(admitted.containers["c0"][CORE]) == 6
+        assert len(admitted.containers["c0"][CORE]) == 30
+        assert len(r.kubelet.devices[CORE]) == 200  # capacity "400" on the seed's 4-GPU node
 
     run(body, mode="core_mem")
 
@@ -210,6 +223,69 @@ def test_seed_pod_gets_its_gpu_and_is_marked_served() -> None:
     run(body)
 
 
+async def served(r: Rig, name: str) -> bool:
+    """Whether the plugin marks the pod served within a few seconds."""
+    for _ in range(100):
+        stored = await r.kube.get_pod("default", name)
+        if stored["metadata"]["annotations"].get(ANN_ASSIGNED) == "true":
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+def test_a_pod_whose_init_container_asks_for_memory_is_served_and_marked() -> None:
+    """kubelet lists no ordinary init container, and its app container reuses the init's IDs."""
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        placed = await r.place(pod("loader", 2, init=4))
+        assert placed is not None
+        admitted = await r.kubelet.admit(placed)
+        assert set(admitted.containers["c0"][MEM]) < set(admitted.containers["init"][MEM])
+        assert admitted.envs["init"]["ALIYUN_COM_GPU_MEM_CONTAINER"] == "4"
+        assert admitted.envs["c0"]["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2"
+        assert admitted.envs["c0"]["ALIYUN_COM_GPU_MEM_POD"] == "4"
+        assert await served(r, "loader")
+        assert r.plugin.stats.mismatches == 0 and r.plugin.stats.served_pods == 1
+
+    run(body)
+
+
+def test_a_sidecar_asking_for_memory_is_listed_and_waited_for() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        placed = await r.place(pod("with-sidecar", 2, init=3, sidecar=1))
+        assert placed is not None
+        admitted = await r.kubelet.admit(placed)
+        assert admitted.listed == ["sidecar", "c0"]
+        assert admitted.envs["sidecar"]["ALIYUN_COM_GPU_MEM_CONTAINER"] == "1"
+        assert await served(r, "with-sidecar")
+        assert r.plugin.stats.mismatches == 0
+
+    run(body)
+
+
+def test_a_pod_re_created_under_the_same_name_is_marked_served_again() -> None:
+    """A StatefulSet re-creates web-0 with a new UID; PodResources names only web-0."""
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        uids = []
+        for _ in range(2):
+            placed = await r.place(pod("web-0", 3))
+            assert placed is not None
+            uids.append(placed["metadata"]["uid"])
+            await r.kubelet.admit(placed)
+            assert await served(r, "web-0")
+            r.kube.delete_pod("default", "web-0")
+            r.kubelet.forget("default", "web-0")
+            await r.settle()
+        assert uids[0] != uids[1]
+        assert r.plugin.stats.served_pods == 2
+
+    run(body)
+
+
 def test_multi_container_and_multi_gpu_pods_get_all_their_gpus() -> None:
     async def body(r: Rig) -> None:
         await r.kubelet.wait_devices(MEM, 45)
@@ -225,6 +301,58 @@ def test_multi_container_and_multi_gpu_pods_get_all_their_gpus() -> None:
             assert len(envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == 2
 
     run(body, gpus="3x15GiB")
+
+
+@pytest.mark.parametrize("another_waits", [False, True])
+def test_equal_containers_that_do_not_divide_over_the_gpus_are_placed_and_served(
+    another_waits: bool,
+) -> None:
+    """gpu-count 2, two containers of 3 units: one layout for both, or Allocate cannot tell."""
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        if another_waits:  # a pod of another size, bound and not yet started
+            assert await r.place(pod("first", 5)) is not None
+        placed = await r.place(pod("twins", 3, 3, gpu_count=2))
+        assert placed is not None, "the extender refused the pod"
+        admitted = await r.kubelet.admit(placed)
+        record = json.loads(placed["metadata"]["annotations"][ANN_ALLOCATION])
+        first, second = (c["gpus"] for c in record["containers"])
+        assert first == second
+        assert sorted(g["mem"] for g in record["gpus"]) == [2, 4]
+        layout = ",".join(f"{g['index']}:{g['mem']}" for g in first if g["mem"])
+        assert admitted.envs["c0"]["GPUSHARE_MEM_PER_GPU"] == layout
+        assert admitted.envs["c1"]["GPUSHARE_MEM_PER_GPU"] == layout
+        assert await served(r, "twins")
+        assert r.plugin.stats.mismatches == 0
+
+    run(body)
+
+
+class PruneRecorder(NoIsolation):
+    """Keeps what the served-check tells the hook is still in use."""
+
+    def __init__(self) -> None:
+        self.live_devices: frozenset[tuple[str, ...]] = frozenset()
+
+    def prune(self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]) -> None:
+        self.live_devices = live_devices
+
+
+def test_the_served_check_reads_each_containers_whole_device_set() -> None:
+    """kubelet lists one entry per device ID; a container's set is their union."""
+    recorder = PruneRecorder()
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        placed = await r.place(pod("four", 4))
+        assert placed is not None
+        admitted = await r.kubelet.admit(placed)
+        assert await served(r, "four")
+        assert tuple(sorted(admitted.containers["c0"][MEM])) in recorder.live_devices
+        assert r.plugin.served_signature(admitted.containers["c0"][MEM]) is not None
+
+    run(body, hook=lambda root, gpus: recorder)
 
 
 def test_a_pod_gpushare_did_not_place_gets_a_clear_error() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gpushare.core.units import MemoryUnit
+from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo
 from gpushare.deviceplugin.isolation import (
     BY_DEVICES,
@@ -24,7 +25,8 @@ from gpushare.deviceplugin.isolation import (
     devices_key,
     prune_accounting,
 )
-from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig, StartRefused
+from gpushare.deviceplugin.plugin import DevicePlugin
+from gpushare.deviceplugin.preflight import StartRefused
 from gpushare.kube.memory import MemoryKube
 from tests import grpc_loop
 
@@ -114,7 +116,7 @@ def test_cgpu_containers_get_the_interposer_their_limit_and_their_own_accounting
 
 def test_core_mem_adds_the_compute_limit_and_mounts_once_per_container() -> None:
     async def body(r: Rig) -> None:
-        await r.kubelet.wait_devices(CORE, 40)
+        await r.kubelet.wait_devices(CORE, 200)  # one device per percent per GPU
         _, admitted = await admit(r, pod("cuda-sample", 2, core=30))
         envs = admitted.envs["c0"]
         assert envs["GPUSHARE_CORE_LIMIT"] == "30"

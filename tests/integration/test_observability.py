@@ -12,9 +12,10 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.core.names import ANN_NODE_HANDOFF, HANDOFF_PODRESOURCES
+from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus
 from gpushare.deviceplugin.metrics import registry_for, serve_metrics
-from gpushare.deviceplugin.plugin import DevicePlugin, PluginConfig
+from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.extender.events import SCHEDULED, UNSCHEDULABLE, EventRecorder
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from gpushare.core.allocation import from_pod, plan, to_annotations
-from gpushare.core.requests import ContainerKind, ContainerRequest, PodRequest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpushare.core.allocation import Allocation, from_pod, plan, to_annotations
+from gpushare.core.requests import (
+    ContainerKind,
+    ContainerRequest,
+    PodRequest,
+    counted,
+    effective_amount,
+)
 from gpushare.core.units import MemoryUnit
 
 
@@ -21,7 +30,12 @@ def request(
     )
 
 
-def test_two_containers_over_two_gpus_give_each_gpu_its_half() -> None:
+def layouts(allocation: Allocation) -> dict[str, dict[int, int]]:
+    return {c.name: {s.index: s.mem_units for s in c.gpus} for c in allocation.containers}
+
+
+def test_equal_containers_get_equal_layouts_when_the_memory_does_not_divide() -> None:
+    """gpu-count 2, two containers of 3: the device plugin can only serve equal layouts."""
     req = request(
         ContainerRequest("a", ContainerKind.APP, 3),
         ContainerRequest("b", ContainerKind.APP, 3),
@@ -29,16 +43,54 @@ def test_two_containers_over_two_gpus_give_each_gpu_its_half() -> None:
         mem=6,
     )
     allocation = plan(req, node="n", indexes=[1, 3], unit=MemoryUnit.GiB)
-    assert [(s.index, s.mem_units) for s in allocation.gpus] == [(1, 3), (3, 3)]
-    per_gpu = {1: 0, 3: 0}
-    for container in allocation.containers:
-        for share in container.gpus:
-            per_gpu[share.index] += share.mem_units
-    assert per_gpu == {1: 3, 3: 3}
-    assert [c.mem_units for c in allocation.containers] == [3, 3]
+    assert layouts(allocation) == {"a": {1: 2, 3: 1}, "b": {1: 2, 3: 1}}
+    assert [(s.index, s.mem_units) for s in allocation.gpus] == [(1, 4), (3, 2)]
+    assert req.mem_per_gpu == 4  # what the filter asks of each GPU
 
 
-def test_init_container_gets_its_own_tape() -> None:
+def test_different_containers_still_give_each_gpu_its_half() -> None:
+    req = request(
+        ContainerRequest("a", ContainerKind.APP, 3),
+        ContainerRequest("b", ContainerKind.APP, 1),
+        gpu_count=2,
+        mem=4,
+    )
+    allocation = plan(req, node="n", indexes=[0, 1], unit=MemoryUnit.GiB)
+    assert layouts(allocation) == {"a": {0: 2, 1: 1}, "b": {0: 0, 1: 1}}
+    assert [s.mem_units for s in allocation.gpus] == [2, 2] and req.mem_per_gpu == 2
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(list(ContainerKind)), st.integers(1, 9)), min_size=1, max_size=6
+    ),
+    st.integers(1, 4),
+)
+def test_every_split_serves_equal_containers_alike_and_holds_what_they_use(
+    containers: list[tuple[ContainerKind, int]], gpu_count: int
+) -> None:
+    asks = tuple(ContainerRequest(f"c{i}", k, m) for i, (k, m) in enumerate(containers))
+    req = request(*asks, gpu_count=gpu_count, mem=effective_amount(asks, "mem_units"))
+    allocation = plan(req, node="n", indexes=list(range(gpu_count)), unit=MemoryUnit.GiB)
+    by_amount: dict[int, tuple[int, ...]] = {}
+    for ask, share in zip(asks, allocation.containers, strict=True):
+        layout = tuple(s.mem_units for s in share.gpus)
+        assert sum(layout) == ask.mem_units and max(layout) - min(layout) <= 1
+        assert by_amount.setdefault(ask.mem_units, layout) == layout
+    for position, held in enumerate(allocation.gpus):
+        stages = [
+            (a.kind, c.gpus[position].mem_units)
+            for a, c in zip(asks, allocation.containers, strict=True)
+        ]
+        assert held.mem_units == counted(stages)
+    assert sum(s.mem_units for s in allocation.gpus) >= req.mem_units
+    if len({a.mem_units for a in asks}) == len(asks) and all(
+        a.kind is ContainerKind.APP for a in asks
+    ):
+        assert max(req.mem_holding) - min(req.mem_holding) <= 1  # distinct sizes stay even
+
+
+def test_init_container_gets_its_own_split() -> None:
     req = request(
         ContainerRequest("i", ContainerKind.INIT, 4),
         ContainerRequest("a", ContainerKind.APP, 2),

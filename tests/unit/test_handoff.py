@@ -8,9 +8,15 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.allocation import Allocation
+from gpushare.core.allocation import Allocation, plan
 from gpushare.core.changes import NodeTable
-from gpushare.core.handoff import conflict, container_signatures, pending_of, resolve
+from gpushare.core.handoff import (
+    conflict,
+    container_signatures,
+    listed_signatures,
+    pending_of,
+    resolve,
+)
 from gpushare.core.inventory import read_node
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import PodRequest
@@ -164,3 +170,19 @@ def test_names_path_tells_look_alike_nodes_apart_by_their_pending_pods(order: li
     result = scheduler.filter_names(pod("next", [4]), order, table, ledger)
     assert result.passing == ["b"]
     assert "waiting for pod ns/on-a to start" in result.failed["a"]
+
+
+def test_kubelet_lists_sidecars_and_regular_containers_but_no_init_container() -> None:
+    spec = pod("staged", [2])
+    spec["spec"]["initContainers"] = [
+        {"name": "fetch", "resources": {"limits": {"aliyun.com/gpu-mem": 4}}},
+        {
+            "name": "proxy",
+            "restartPolicy": "Always",
+            "resources": {"limits": {"aliyun.com/gpu-mem": 1}},
+        },
+    ]
+    request = Scheduler(Settings()).read(spec)
+    assert isinstance(request, PodRequest)
+    allocation = plan(request, node="n", indexes=[0], unit=handoff_node([15]).unit)
+    assert sorted(listed_signatures(allocation)) == [("c0", "mem"), ("proxy", "mem")]

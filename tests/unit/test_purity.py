@@ -52,3 +52,17 @@ def test_only_one_module_imports_the_kubernetes_client() -> None:
         if "import lightkube" in p.read_text() or "from lightkube" in p.read_text()
     )
     assert users == ["kube/lightkube_api.py"]
+
+
+def test_only_the_device_plugins_wire_adapters_import_grpc() -> None:
+    """Allocate's answer, the checkpoint, preflight and publishing stay free of gRPC."""
+    root = Path(gpushare.core.__file__).parent.parent / "deviceplugin"
+    users = sorted(
+        p.name
+        for p in root.glob("*.py")
+        if any(
+            line.startswith(("import grpc", "from grpc", "from gpushare.deviceplugin.protos"))
+            for line in p.read_text().splitlines()
+        )
+    )
+    assert users == ["reconcile.py", "registration.py", "servicer.py"]

@@ -5,11 +5,10 @@ gpushare writes its own annotation (``gpushare.io/allocation``: per-container, p
 and the unit) plus the predecessor's five ``ALIYUN_COM_GPU_MEM_*`` keys, so existing device
 plugins and tools keep working. Pods placed by the predecessor alone are read back from its keys.
 
-Splitting a pod over N GPUs gives every container an even share of each of the pod's GPUs (so
-containers of equal size get equal layouts, which the hand-off needs); what does not divide by N
-is laid end to end on a tape that is cut into N equal pieces, so each GPU still gets exactly the
-pod's per-GPU share. Init containers run before the app containers and reuse the same memory,
-so each gets its own split.
+Splitting a pod over N GPUs gives every container a share of each of the pod's GPUs, the same
+for containers of equal size, which the hand-off needs (core.spreading chooses them); the pod
+holds on each GPU what its containers' shares there add up to, counted as Kubernetes counts a
+pod (init containers run before the others and reuse the same memory).
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from gpushare.core.names import (
     ANN_IDX,
     ANN_POD,
 )
-from gpushare.core.requests import ContainerKind, ContainerRequest, PodRequest
+from gpushare.core.requests import ContainerKind, PodRequest
 from gpushare.core.units import MemoryUnit
 
 FORMAT_VERSION = 1
@@ -79,7 +78,7 @@ class Allocation:
     node: str
     unit: MemoryUnit
     gpus: tuple[GpuShare, ...]
-    """The pod's holding per GPU (its effective amount split evenly)."""
+    """The pod's holding per GPU (even, unless equal containers cannot split evenly)."""
     containers: tuple[ContainerShare, ...] = ()
     assigned: bool = False
     """True once the device plugin has served the pod."""
@@ -110,21 +109,6 @@ class Allocation:
         return self.node == other.node and self.gpus == other.gpus
 
 
-def _cut(lengths: Sequence[int], pieces: int, total: int) -> list[list[int]]:
-    """Lay ``lengths`` end to end and cut ``[0, total)`` into ``pieces`` near-equal parts.
-
-    Returns, per item, how much of it falls in each part.
-    """
-    bounds = [total * k // pieces for k in range(pieces + 1)]
-    out: list[list[int]] = []
-    start = 0
-    for length in lengths:
-        end = start + length
-        out.append([max(0, min(end, bounds[k + 1]) - max(start, bounds[k])) for k in range(pieces)])
-        start = end
-    return out
-
-
 def plan(
     request: PodRequest,
     *,
@@ -133,43 +117,26 @@ def plan(
     unit: MemoryUnit,
     assume_time_ns: int = 0,
 ) -> Allocation:
-    """Split a valid request over the chosen GPUs of a node."""
-    count = len(indexes)
+    """Split a valid request over the chosen GPUs of a node, position by position."""
+    if len(indexes) != request.gpu_count:
+        raise ValueError(f"pod {request.key} needs {request.gpu_count} GPUs, got {list(indexes)}")
     gpus = tuple(
-        GpuShare(index=i, mem_units=request.mem_per_gpu, core_pct=request.core_per_gpu)
-        for i in indexes
+        GpuShare(index=i, mem_units=m, core_pct=c)
+        for i, m, c in zip(indexes, request.mem_holding, request.core_holding, strict=True)
     )
-    shares: dict[int, ContainerShare] = {}
-
-    def split(amounts: list[int]) -> list[list[int]]:
-        """Each amount evenly over the GPUs; the remainders laid on one tape and cut."""
-        bases = [a // count for a in amounts]
-        rests = [a - b * count for a, b in zip(amounts, bases, strict=True)]
-        cut = _cut(rests, count, sum(rests))
-        return [[b + r for r in parts] for b, parts in zip(bases, cut, strict=True)]
-
-    def lay(group: list[tuple[int, ContainerRequest]]) -> None:
-        if not group:
-            return
-        mem_cut = split([c.mem_units for _, c in group])
-        core_cut = split([c.core_pct for _, c in group])
-        for (position, container), mem_parts, core_parts in zip(
-            group, mem_cut, core_cut, strict=True
-        ):
-            shares[position] = ContainerShare(
-                name=container.name,
-                kind=container.kind,
-                gpus=tuple(
-                    GpuShare(index=i, mem_units=m, core_pct=c)
-                    for i, m, c in zip(indexes, mem_parts, core_parts, strict=True)
-                ),
-            )
-
-    running = [(p, c) for p, c in enumerate(request.containers) if c.kind is not ContainerKind.INIT]
-    lay(running)
-    for position, container in enumerate(request.containers):
-        if container.kind is ContainerKind.INIT:
-            lay([(position, container)])
+    containers = tuple(
+        ContainerShare(
+            name=container.name,
+            kind=container.kind,
+            gpus=tuple(
+                GpuShare(index=i, mem_units=m, core_pct=c)
+                for i, m, c in zip(indexes, mem, core, strict=True)
+            ),
+        )
+        for container, mem, core in zip(
+            request.containers, request.mem_layouts, request.core_layouts, strict=True
+        )
+    )
     return Allocation(
         uid=request.uid,
         namespace=request.namespace,
@@ -177,7 +144,7 @@ def plan(
         node=node,
         unit=unit,
         gpus=gpus,
-        containers=tuple(shares[p] for p in sorted(shares)),
+        containers=containers,
         assume_time_ns=assume_time_ns,
     )
 

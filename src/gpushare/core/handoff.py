@@ -21,13 +21,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpushare.core.allocation import Allocation, ContainerShare
+from gpushare.core.requests import ContainerKind
 
 MEM = "mem"
 CORE = "core"
 DEFERRAL = "waiting for pod "
 """How a hand-off deferral's reason starts (the pod fits once the other pod has started)."""
-CORE_DEVICE_PCT = 5
-"""Computing power advertised per device: one ``gpu-core.percentage`` device is 5 %."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +35,7 @@ class Signature:
 
     resource: str
     count: int
+    """How many devices kubelet names: memory units, or percent of computing power."""
     layout: tuple[tuple[int, int], ...]
     """(GPU index, amount) pairs: memory units, or core percent."""
     pod_mem_units: int
@@ -60,12 +60,26 @@ def container_signatures(allocation: Allocation, container: ContainerShare) -> l
     if container.mem_units:
         out.append(Signature(MEM, container.mem_units, layout, allocation.mem_units, cores))
     if container.core_pct:
-        out.append(
-            Signature(
-                CORE, container.core_pct // CORE_DEVICE_PCT, cores, allocation.mem_units, cores
-            )
-        )
+        # kubelet asks for as many devices as the limit's value: one device per percent
+        out.append(Signature(CORE, container.core_pct, cores, allocation.mem_units, cores))
     return out
+
+
+def listed_signatures(allocation: Allocation) -> dict[tuple[str, str], Signature]:
+    """The signatures kubelet's PodResources reports for a pod, by (container, resource).
+
+    PodResources lists a pod's restartable init containers (sidecars) and its regular
+    containers, never its ordinary init containers (kubernetes/kubernetes
+    pkg/kubelet/apis/podresources/server_v1.go, ``List``), so a served-check that waits for an
+    ordinary init container waits forever. Those get their devices through Allocate all the
+    same, and their devices are reused by the containers after them.
+    """
+    return {
+        (c.name, s.resource): s
+        for c in allocation.containers
+        if c.kind is not ContainerKind.INIT
+        for s in container_signatures(allocation, c)
+    }
 
 
 def pending_of(allocations: Iterable[Allocation]) -> list[Pending]:

@@ -12,14 +12,16 @@ Always``, add to everything started after them). The pod's effective amount is w
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 from typing import Any
 
 from gpushare.core.kubejson import KubeObject, labels_of, name_of, namespace_of, spec_of, uid_of
 from gpushare.core.names import DEFAULT_NAMES, LABEL_POD_GPU_COUNT, ResourceNames
 from gpushare.core.quantity import Quantity, parse_quantity
+from gpushare.core.spreading import spread
 from gpushare.core.units import MAX_GPU_MEMORY, MemoryUnit
 
 CORE_STEP = 5
@@ -69,15 +71,50 @@ class PodRequest:
         """Whether the pod asks for computing power (it then needs a core_mem node)."""
         return self.core_pct > 0
 
+    @cached_property
+    def mem_layouts(self) -> tuple[tuple[int, ...], ...]:
+        """Each container's memory units on each of the pod's GPUs, by position."""
+        return self._layouts([c.mem_units for c in self.containers])
+
+    @cached_property
+    def core_layouts(self) -> tuple[tuple[int, ...], ...]:
+        """Each container's percent of computing power on each of the pod's GPUs, by position."""
+        return self._layouts([c.core_pct for c in self.containers])
+
+    @cached_property
+    def mem_holding(self) -> tuple[int, ...]:
+        """Memory units the pod holds on each of its GPUs, by position."""
+        return self._holding(self.mem_layouts)
+
+    @cached_property
+    def core_holding(self) -> tuple[int, ...]:
+        """Percent the pod holds on each of its GPUs, by position."""
+        return self._holding(self.core_layouts)
+
     @property
     def mem_per_gpu(self) -> int:
-        """Units the pod holds on each of its GPUs."""
-        return self.mem_units // self.gpu_count
+        """Units the pod needs free on each of its GPUs: its largest holding on one of them.
+
+        That is the even share ``mem_units / gpu_count`` unless equal containers cannot split
+        evenly (core.spreading); a GPU chosen for a smaller share then keeps the difference.
+        """
+        return max(self.mem_holding)
 
     @property
     def core_per_gpu(self) -> int:
-        """Percent the pod holds on each of its GPUs."""
-        return self.core_pct // self.gpu_count
+        """Percent the pod needs free on each of its GPUs: its largest holding on one of them."""
+        return max(self.core_holding)
+
+    def _layouts(self, amounts: list[int]) -> tuple[tuple[int, ...], ...]:
+        running = [c.kind is not ContainerKind.INIT for c in self.containers]
+        return tuple(spread(amounts, running, self.gpu_count))
+
+    def _holding(self, layouts: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+        kinds = [c.kind for c in self.containers]
+        return tuple(
+            counted(zip(kinds, (layout[p] for layout in layouts), strict=True))
+            for p in range(self.gpu_count)
+        )
 
     @property
     def key(self) -> str:
@@ -263,14 +300,18 @@ def _read_container(
 
 def effective_amount(containers: Sequence[ContainerRequest], amount: str) -> int:
     """The pod-level amount as Kubernetes counts it (init, sidecar and app containers)."""
+    return counted((c.kind, int(getattr(c, amount))) for c in containers)
+
+
+def counted(values: Iterable[tuple[ContainerKind, int]]) -> int:
+    """What containers' amounts, in spec order, add up to as Kubernetes counts a pod."""
     running_sidecars = 0
     peak = 0
     app_total = 0
-    for container in containers:
-        value = int(getattr(container, amount))
-        if container.kind is ContainerKind.APP:
+    for kind, value in values:
+        if kind is ContainerKind.APP:
             app_total += value
-        elif container.kind is ContainerKind.SIDECAR:
+        elif kind is ContainerKind.SIDECAR:
             peak = max(peak, running_sidecars + value)
             running_sidecars += value
         else:

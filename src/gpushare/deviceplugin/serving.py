@@ -1,10 +1,14 @@
 """What the device plugin advertises and what Allocate answers (pure, no gRPC here).
 
 Memory is advertised as one device per memory unit per GPU (``<uuid>-mem-<k>``), computing power
-as one device per 5 % per GPU (``<uuid>-core-<k>``, 20 per GPU) on core_mem nodes. The device
-IDs are tokens for kubelet's counting only: which GPU a container really gets comes from its
-pod's allocation, found through the hand-off invariant (core.handoff), and is put into the
-container's environment.
+as one device per percent per GPU (``<uuid>-core-<k>``, 100 per GPU) on core_mem nodes. One device
+per unit of the resource as users write it is forced by kubelet: it asks a plugin for exactly as
+many device IDs as the container's limit (kubernetes/kubernetes
+pkg/kubelet/cm/devicemanager/manager.go, ``allocateContainerResources``), so a 30 % container
+names 30 devices, and node capacity (the number of healthy devices) reads 100 per GPU, as ACK
+shows it. The device IDs are tokens for kubelet's counting only: which GPU a container really
+gets comes from its pod's allocation, found through the hand-off invariant (core.handoff), and is
+put into the container's environment.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpushare.core.handoff import CORE_DEVICE_PCT, MEM, Pending, Signature
+from gpushare.core.handoff import MEM, Pending, Signature
+from gpushare.core.inventory import CORE_PER_GPU
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.gpus import GpuInfo
 
@@ -41,7 +46,7 @@ def devices(resource: str, gpus: list[GpuInfo], unit: MemoryUnit) -> list[Device
         if resource == MEM:
             count, tag = mem_units(gpu, unit), "mem"
         else:
-            count, tag = 100 // CORE_DEVICE_PCT, "core"
+            count, tag = CORE_PER_GPU, "core"
         out.extend(DeviceEntry(f"{gpu.uuid}-{tag}-{k}", gpu.healthy) for k in range(count))
     return out
 

@@ -64,7 +64,12 @@ def _asks(request: PodRequest | Rejection, scheduler: Scheduler) -> str:
     if request.core_pct:
         text += f" and {request.core_pct}% computing power"
     if request.gpu_count > 1:
-        text += f" over {request.gpu_count} GPUs ({unit.describe(request.mem_per_gpu)} each)"
+        held = request.mem_holding
+        if len(set(held)) == 1:
+            text += f" over {request.gpu_count} GPUs ({unit.describe(held[0])} each)"
+        else:
+            shares = ", ".join(unit.describe(h) for h in held)
+            text += f" over {request.gpu_count} GPUs ({shares}: equal containers split alike)"
     return text
 
 

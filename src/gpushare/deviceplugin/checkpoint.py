@@ -1,0 +1,66 @@
+"""What Allocate served, per device-ID set, kept on disk so a restart of the plugin loses nothing.
+
+kubelet names a container's devices in ``Allocate`` and later reports them per container through
+PodResources; the served-check (reconcile.py) compares what was served for those IDs with where
+the pod was placed. kubelet's device IDs are unique among live containers, except that a
+container after an ordinary init container reuses the init container's IDs: the later answer
+then replaces the earlier, which is the one PodResources will report.
+
+The file is ``<state>/served-<node>.json``, written atomically (a rename) after every answer.
+An unreadable file starts empty: the check then treats those containers as unknown, not wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from gpushare.core.handoff import Signature
+
+log = logging.getLogger(__name__)
+
+
+def _key(device_ids: list[str]) -> str:
+    return ",".join(sorted(device_ids))
+
+
+class ServedCheckpoint:
+    """Signatures served, by sorted device IDs; loaded when made, saved on each change."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._served: dict[str, dict[str, Any]] = self._load()
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads(self.path.read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def remember(self, device_ids: list[str], signature: Signature) -> None:
+        """Record an answer; a failed write is logged, the answer stands."""
+        self._served[_key(device_ids)] = asdict(signature)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self._served))
+            tmp.replace(self.path)
+        except OSError as err:
+            log.warning("cannot write the checkpoint %s: %s", self.path, err)
+
+    def signature(self, device_ids: list[str]) -> Signature | None:
+        """What Allocate answered for exactly these device IDs, if it did."""
+        raw = self._served.get(_key(device_ids))
+        if raw is None:
+            return None
+        return Signature(
+            resource=raw["resource"],
+            count=raw["count"],
+            layout=tuple(tuple(x) for x in raw["layout"]),
+            pod_mem_units=raw["pod_mem_units"],
+            core_layout=tuple(tuple(x) for x in raw["core_layout"]),
+        )

@@ -1,0 +1,53 @@
+"""What one node's device plugin is told, and the plain counters its parts share.
+
+Every part of the plugin (registration, Allocate, the served-check) gets the same ``PluginConfig``
+and adds to the same ``Stats``; the metrics collector reads ``Stats`` when scraped, so nothing is
+updated per call beyond these integers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpushare.core.handoff import MEM
+from gpushare.core.names import DEFAULT_NAMES, ResourceNames
+from gpushare.core.units import MemoryUnit
+
+
+@dataclass
+class Stats:
+    """Counters the tests and the metrics read."""
+
+    allocations: int = 0
+    refused: int = 0
+    served_pods: int = 0
+    mismatches: int = 0
+    registrations: int = 0
+
+
+@dataclass
+class PluginConfig:
+    """Where things are and what to serve."""
+
+    node: str
+    plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    state_dir: Path = Path("/var/lib/gpushare")
+    unit: MemoryUnit = MemoryUnit.GiB
+    names: ResourceNames = field(default_factory=lambda: DEFAULT_NAMES)
+    check_interval: float = 1.0
+
+    @property
+    def kubelet_socket(self) -> Path:
+        """kubelet's Registration socket; re-created (new inode) when kubelet restarts."""
+        return self.plugin_dir / "kubelet.sock"
+
+    def resource_name(self, resource: str) -> str:
+        """The extended resource name kubelet knows a resource by (``aliyun.com/gpu-mem``)."""
+        return self.names.mem if resource == MEM else self.names.core
+
+    @staticmethod
+    def endpoint(resource: str) -> str:
+        """The socket file name, under ``plugin_dir``, serving a resource."""
+        return f"gpushare-{resource}.sock"
