@@ -247,6 +247,7 @@ class Cluster:
     binaries: dict[str, Path]
     processes: dict[str, Process] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
+    extender_unit: str = "1GiB"
 
     @property
     def pki(self) -> Path:
@@ -465,9 +466,13 @@ class Cluster:
             process,
         )
 
-    def start_extender(self, progress: Callable[[str], None] = lambda _: None) -> None:
-        """Start (or restart) the gpushare extender on its fixed port."""
+    def start_extender(
+        self, progress: Callable[[str], None] = lambda _: None, *, unit: str | None = None
+    ) -> None:
+        """Start (or restart) the gpushare extender on its fixed port, counting ``unit``."""
         progress("gpushare extender")
+        if unit is not None:
+            self.extender_unit = unit
         old = self.processes.get("gpushare-extender")
         if old is not None:
             old.stop()
@@ -481,6 +486,8 @@ class Cluster:
                 str(self.kubeconfig),
                 "--port",
                 str(self.ports["extender"]),
+                "--gpu-memory-unit",
+                self.extender_unit,
                 "--log-level",
                 "warning",
             ],

@@ -443,7 +443,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         )
 
     def set_mode(self, mode: str, *, unit: str | None = None, fake_gpus: str | None = None) -> None:
-        """Relabel the node and restart the plugin in the new mode (no pods may hold GPUs)."""
+        """Relabel the node and restart the plugin in the new mode (no pods may hold GPUs).
+
+        A new unit restarts the extender with it too: the scheduler and the device plugin must
+        count GPU memory in the same unit (the chart's one ``gpuMemoryUnit``).
+        """
+        if unit is not None and unit != self.cluster.extender_unit:
+            self.cluster.start_extender(unit=unit)
         self.mode = mode
         if unit is not None:
             self.unit = unit
