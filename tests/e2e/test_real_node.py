@@ -371,16 +371,23 @@ def test_multi_container_init_sidecar_and_multi_gpu_pods(real_node: RealNode, ns
 def test_cgpu_container_has_the_interposer_preloaded(real_node: RealNode, ns: str) -> None:
     cluster = real_node.cluster
     real_node.set_mode("cgpu", unit="1GiB")
-    check = "grep -c gpushare /proc/mounts > /tmp/m; touch /var/run/gpushare/ok 2>/dev/null"
+    # the mounts as the container sees them: the library read-only, the accounting dir writable
+    check = (
+        'awk \'$2 ~ /gpushare/ {print "MOUNT_" $2 "=" substr($4, 1, 2)}\' /proc/mounts; '
+        "touch /var/run/gpushare/written && echo ACCOUNTING_WRITABLE=yes"
+    )
     probe = container("main", 5, command=check)
     create(cluster, [pod("cgpu", NS, [probe])])
     items = wait_done(cluster, {"cgpu"}, 120)
     env = probe_env(cluster.kubectl("logs", "-n", NS, "cgpu").stdout)
     print(env)
     assert "libgpushare-cuda.so" in env["PROBE_MAPPED"]
-    assert env["LD_PRELOAD"].endswith("libgpushare-cuda.so")
+    assert env["LD_PRELOAD"] == "/usr/local/gpushare/libgpushare-cuda.so"
     assert env["GPUSHARE_MEM_LIMIT"] == str(5 * 1024**3)
-    assert env["GPUSHARE_ACCOUNTING_DIR"]
+    assert env["GPUSHARE_ACCOUNTING_DIR"] == "/var/run/gpushare"
+    assert env["MOUNT_/usr/local/gpushare"] == "ro"
+    assert env["MOUNT_/var/run/gpushare"] == "rw"
+    assert env["ACCOUNTING_WRITABLE"] == "yes"
     checked, mismatches, _ = compare(items, gpu_uuids(cluster))
     assert checked == 1 and not mismatches, mismatches
 
