@@ -514,6 +514,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             process.stop()
         kill_shims(self.containerd_socket)
         self.processes.clear()
+        # the Node object would stay NotReady with its GPUs counted by inspect and the extender
+        with contextlib.suppress(Exception):
+            self.cluster.kubectl("delete", "node", self.name, "--ignore-not-found", check=False)
         unmount_under(self.root)
         subprocess.run(["ip", "link", "del", BRIDGE], check=False, capture_output=True)
         shutil.rmtree(DEVICE_PLUGIN_DIR, ignore_errors=True)

@@ -395,7 +395,9 @@ def test_cgpu_container_has_the_interposer_preloaded(real_node: RealNode, ns: st
 # -- restarts and health ----------------------------------------------------------------------
 
 
-def test_restarts_of_kubelet_plugin_and_containerd(real_node: RealNode, ns: str) -> None:
+def test_restarts_of_kubelet_plugin_and_containerd(
+    real_node: RealNode, ns: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     cluster = real_node.cluster
     real_node.set_mode("share", unit="1GiB")
     uuids = gpu_uuids(cluster)
@@ -433,10 +435,12 @@ def test_restarts_of_kubelet_plugin_and_containerd(real_node: RealNode, ns: str)
         names = {m["metadata"]["name"] for m in early + late}
         items = wait_done(cluster, names, 240)
         checked, mismatches, _ = compare(items, uuids)
-        print(
-            f"[real node] after {what} restart: {checked} containers checked, "
-            f"{len(mismatches)} mismatches, {time.monotonic() - action_started:.1f}s"
-        )
+        with capsys.disabled():
+            print(
+                f"\n[real node] after {what}: {checked} containers checked, "
+                f"{len(mismatches)} mismatches, {time.monotonic() - action_started:.1f}s",
+                flush=True,
+            )
         assert checked == 6 and not mismatches, (what, mismatches)
         cluster.kubectl("delete", "pods", "-n", NS, *sorted(names), "--wait=false")
     still = {

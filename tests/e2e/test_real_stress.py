@@ -14,6 +14,8 @@ import random
 import time
 from typing import Any
 
+import pytest
+
 from .cluster import Cluster
 from .realnode import RealNode, container, pod
 from .test_real_node import NS, compare, fresh_namespace, gpu_uuids, ns_pods, reasons
@@ -53,7 +55,9 @@ def create(cluster: Cluster, manifests: list[dict[str, Any]]) -> None:
     cluster.kubectl("create", "-f", "-", input=body, timeout=300)
 
 
-def test_randomized_stress_on_the_real_node(real_node: RealNode) -> None:
+def test_randomized_stress_on_the_real_node(
+    real_node: RealNode, capsys: pytest.CaptureFixture[str]
+) -> None:
     cluster = real_node.cluster
     real_node.set_mode("share", unit="1GiB", fake_gpus="8x32GiB")
     fresh_namespace(cluster)
@@ -109,14 +113,15 @@ def test_randomized_stress_on_the_real_node(real_node: RealNode) -> None:
             if p["metadata"]["name"] not in done | deleted_early
         ]
         elapsed = time.monotonic() - started
-        print(
-            f"[stress] {created} pods in {elapsed:.0f}s: {len(done)} finished, "
-            f"{len(deleted_early)} deleted early; {checked} containers checked, "
-            f"{len(mismatches)} mismatches; {len(pending)} left Pending",
-            flush=True,
-        )
-        for line in mismatches[:20] + pending[:20]:
-            print(f"[stress]   {line}")
+        with capsys.disabled():
+            print(
+                f"\n[stress] {created} pods in {elapsed:.0f}s: {len(done)} finished, "
+                f"{len(deleted_early)} deleted early; {checked} containers checked, "
+                f"{len(mismatches)} mismatches; {len(pending)} left Pending",
+                flush=True,
+            )
+            for line in mismatches[:20] + pending[:20]:
+                print(f"[stress]   {line}", flush=True)
         assert created == TOTAL
         assert not mismatches, mismatches[:20]
         assert not pending, pending[:20]
