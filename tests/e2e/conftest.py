@@ -44,9 +44,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def real_node(cluster: Cluster) -> Iterator[RealNode]:
-    """One kubelet-backed node with containerd and the device plugin, for the whole session.
+    """One kubelet-backed node with containerd and the device plugin, for a test module.
+
+    Module scope (it starts in about 6 s): the node and its GPUs are gone again before the kwok
+    tests that count every node's GPUs, such as the seed walkthrough.
 
     Where it cannot run (no root, packages missing) its tests skip, except under CI, where a
     missing real node is a failure rather than a silent skip.

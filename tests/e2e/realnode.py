@@ -432,8 +432,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 registered = handle.read().count(b"phase=register")
             if registered < resources:
                 return False
-            status = self.node().get("status", {})
-            return bool(status.get("allocatable", {}).get("aliyun.com/gpu-mem") == want)
+            allocatable = self.node().get("status", {}).get("allocatable", {})
+            if self.mode == "core_mem":
+                core = str(100 * self.gpu_count())
+                if allocatable.get("aliyun.com/gpu-core.percentage") != core:
+                    return False
+            return bool(allocatable.get("aliyun.com/gpu-mem") == want)
 
         wait_for(
             f"aliyun.com/gpu-mem={want} allocatable on {self.name}",
