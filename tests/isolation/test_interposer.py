@@ -335,7 +335,10 @@ def test_two_processes_of_a_container_share_one_compute_limit(
 def test_without_a_core_limit_launches_are_not_throttled(built: Built, accounting: Path) -> None:
     util = utilisation(launch_for(built, 1, built.env(accounting)))
     print(f"no core limit: fake SM utilisation {util:.1f}%")
-    assert util > 80
+    # Flat out the fake GPU is busy nearly all the time on an idle machine; a busy 2-core
+    # machine steals the launcher's CPU (79.9 % was seen while other tests ran). Above 70 is
+    # still well clear of the throttled targets' 30 and 60 +- 5.
+    assert util > 70
 
 
 def test_a_hook_preloaded_after_the_interposer_gets_the_next_symbol(
