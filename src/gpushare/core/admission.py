@@ -29,7 +29,7 @@ Outcomes are values: a ``Decision`` holds the response document and a summary fo
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from gpushare.core.names import DEFAULT_NAMES, SCHEDULER_NAME, ResourceNames
@@ -75,6 +75,8 @@ class Decision:
     """The admitted kind (``Job``); ``other`` for kinds not read, ``unknown`` if unreadable."""
     decision: DecisionKind
     reasons: tuple[str, ...] = field(default=())
+    user: str = ""
+    """Who asked (``request.userInfo.username``), so a refused forgery is logged with its author."""
 
     @property
     def allowed(self) -> bool:
@@ -174,6 +176,11 @@ def decide(body: Any, settings: AdmissionSettings | None = None) -> Decision:
         )
     if not isinstance(request, Mapping) or not uid:
         return malformed(uid, "unknown", "request or request.uid is missing")
+    decision = _decide(request, uid, settings)
+    return replace(decision, user=Requester.from_user_info(request.get("userInfo")).username)
+
+
+def _decide(request: Mapping[str, Any], uid: str, settings: AdmissionSettings) -> Decision:
     gvk = request.get("kind")
     kind = str(gvk.get("kind") or "") if isinstance(gvk, Mapping) else ""
     kind = kind or "unknown"

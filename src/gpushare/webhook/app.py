@@ -86,9 +86,10 @@ def create_app(settings: AdmissionSettings, metrics: WebhookMetrics | None = Non
         response = decision.review["response"]
         log.log(
             logging.INFO if decision.decision != "allowed" else logging.DEBUG,
-            "uid=%s kind=%s decision=%s phase=admission %s",
+            "uid=%s kind=%s user=%s decision=%s phase=admission %s",
             response.get("uid", ""),
             decision.kind,
+            decision.user,
             decision.decision,
             "; ".join(decision.reasons),
         )
