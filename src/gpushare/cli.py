@@ -318,6 +318,14 @@ def device_plugin(
 @click.option("--mem-resource", default=None, help="Default aliyun.com/gpu-mem.")
 @click.option("--core-resource", default=None, help="Default aliyun.com/gpu-core.percentage.")
 @click.option("--count-resource", default=None, help="Default aliyun.com/gpu-count.")
+@click.option(
+    "--trusted-user",
+    multiple=True,
+    help="Username whose writes of gpushare.io/* and ALIYUN_COM_GPU_MEM_* pod annotations (and "
+    "nodeName on GPU pods) pass: the extender's and the device plugin's ServiceAccounts, "
+    "system:serviceaccount:NAMESPACE:NAME (repeatable).",
+)
+@click.option("--trusted-group", multiple=True, help="Group trusted the same way (repeatable).")
 @click.option("--log-level", default="info", show_default=True)
 def webhook(
     host: str,
@@ -329,6 +337,8 @@ def webhook(
     mem_resource: str | None,
     core_resource: str | None,
     count_resource: str | None,
+    trusted_user: tuple[str, ...],
+    trusted_group: tuple[str, ...],
     log_level: str,
 ) -> None:
     """Serve the validating admission webhook (POST /validate) over HTTPS."""
@@ -337,6 +347,7 @@ def webhook(
     import uvicorn
 
     from gpushare.core.admission import AdmissionSettings
+    from gpushare.core.tampering import Trust
     from gpushare.webhook.app import create_app, server_config
 
     try:
@@ -350,7 +361,11 @@ def webhook(
     except ConfigError as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(2)
-    settings = AdmissionSettings(names=scheduling.names, unit=scheduling.unit)
+    settings = AdmissionSettings(
+        names=scheduling.names,
+        unit=scheduling.unit,
+        trust=Trust(users=frozenset(trusted_user), groups=frozenset(trusted_group)),
+    )
     for flag, path in (
         ("--tls-cert-file", tls_cert_file),
         ("--tls-private-key-file", tls_private_key_file),
@@ -383,10 +398,11 @@ def webhook(
 @click.option("--ca-bundle-file", required=True, help="PEM CA that signed the serving cert.")
 @click.option(
     "--failure-policy",
-    type=click.Choice(["Ignore", "Fail"]),
-    default="Ignore",
+    type=click.Choice(["Fail", "Ignore"]),
+    default="Fail",
     show_default=True,
-    help="Ignore: a down webhook never blocks workloads (the extender refuses the same pods).",
+    help="Fail: nothing the webhook refuses is admitted while it is down (Ignore lets every "
+    "forged annotation, nodeName and isolation variable through then).",
 )
 @click.option("--timeout-seconds", type=int, default=5, show_default=True)
 @click.option(
@@ -397,6 +413,20 @@ def webhook(
 @click.option(
     "--namespace-label", multiple=True, help="KEY=VALUE a namespace must carry (repeatable)."
 )
+@click.option(
+    "--trusted-user",
+    multiple=True,
+    help="Username left out by a matchCondition (the webhook's own --trusted-user; repeatable).",
+)
+@click.option("--trusted-group", multiple=True, help="Group left out the same way (repeatable).")
+@click.option(
+    "--with-policy",
+    is_flag=True,
+    help="Also print the ValidatingAdmissionPolicy and its binding that keep the annotation "
+    "and nodeName rules while the webhook is down.",
+)
+@click.option("--mem-resource", default="aliyun.com/gpu-mem", show_default=True)
+@click.option("--core-resource", default="aliyun.com/gpu-core.percentage", show_default=True)
 def webhook_config(
     url: str | None,
     service: str | None,
@@ -405,6 +435,11 @@ def webhook_config(
     timeout_seconds: int,
     exclude_namespace: tuple[str, ...],
     namespace_label: tuple[str, ...],
+    trusted_user: tuple[str, ...],
+    trusted_group: tuple[str, ...],
+    with_policy: bool,
+    mem_resource: str,
+    core_resource: str,
 ) -> None:
     """Print the ValidatingWebhookConfiguration that sends reviews to gpushare webhook."""
     import base64
@@ -412,10 +447,12 @@ def webhook_config(
 
     import yaml
 
+    from gpushare.core.names import ResourceNames
     from gpushare.webhook.configuration import (
         DEFAULT_EXCLUDED_NAMESPACES,
         webhook_configuration,
     )
+    from gpushare.webhook.policy import handoff_policy
 
     labels = {}
     for item in namespace_label:
@@ -442,10 +479,21 @@ def webhook_config(
             timeout_seconds=timeout_seconds,
             excluded_namespaces=exclude_namespace or DEFAULT_EXCLUDED_NAMESPACES,
             namespace_labels=labels,
+            trusted_users=trusted_user,
+            trusted_groups=trusted_group,
         )
     except ValueError as err:
         raise click.UsageError(str(err)) from None
-    click.echo(yaml.safe_dump(document, sort_keys=False), nl=False)
+    documents = [document]
+    if with_policy:
+        documents += handoff_policy(
+            names=ResourceNames(mem=mem_resource, core=core_resource),
+            trusted_users=trusted_user,
+            trusted_groups=trusted_group,
+            excluded_namespaces=exclude_namespace or DEFAULT_EXCLUDED_NAMESPACES,
+            namespace_labels=labels,
+        )
+    click.echo(yaml.safe_dump_all(documents, sort_keys=False), nl=False)
 
 
 @main.command("scheduler-config")

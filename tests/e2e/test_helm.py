@@ -13,8 +13,9 @@ What it cannot show: nothing the chart starts runs. The nodes are kwok's, withou
 without the image: pods the chart creates are either unscheduled or bound to a kwok node and
 marked Running by kwok without executing anything, so the cert Job never writes its Secret and
 the webhook never answers. The webhook configuration is therefore installed with
-``failurePolicy: Ignore`` and scoped to namespaces carrying a label nobody has, so it cannot get
-in the way of the other tests, and the release is uninstalled at the end.
+``failurePolicy: Ignore`` and scoped to namespaces carrying a label nobody has (the chart's
+ValidatingAdmissionPolicy binding takes the same scope), so neither can get in the way of the
+other tests, and the release is uninstalled at the end.
 """
 
 from __future__ import annotations
@@ -118,6 +119,10 @@ def test_helm_install(cluster: Cluster) -> None:
             failure_policy="Ignore",
             excluded_namespaces=["kube-system", namespace],
             namespace_labels={"gpushare.io/e2e-webhook": namespace},
+            trusted_users=[
+                f"system:serviceaccount:{namespace}:{RELEASE}-scheduler",
+                f"system:serviceaccount:{namespace}:{RELEASE}-device-plugin",
+            ],
             name=f"{RELEASE}-renderer",
         )
         stored = json.loads(

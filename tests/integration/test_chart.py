@@ -11,6 +11,7 @@ tests run kube-scheduler with that function's output), its webhook configuration
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import subprocess
@@ -149,6 +150,8 @@ def test_default_objects(default_docs: list[dict[str, Any]]) -> None:
         "Job",
         "PodDisruptionBudget",
         "ValidatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     } <= kinds
     assert "Certificate" not in kinds
     for doc in default_docs:
@@ -156,6 +159,8 @@ def test_default_objects(default_docs: list[dict[str, Any]]) -> None:
             "ClusterRole",
             "ClusterRoleBinding",
             "ValidatingWebhookConfiguration",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         }:
             assert doc["metadata"].get("namespace") in (NAMESPACE, "kube-system"), doc["kind"]
 
@@ -303,24 +308,99 @@ def webhook_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return find(docs, "ValidatingWebhookConfiguration", "-webhook")
 
 
+TRUSTED = [
+    f"system:serviceaccount:{NAMESPACE}:{RELEASE}-scheduler",
+    f"system:serviceaccount:{NAMESPACE}:{RELEASE}-device-plugin",
+]
+
+
 def test_webhook_config_equals_renderer(
     default_docs: list[dict[str, Any]], ci_docs: list[dict[str, Any]]
 ) -> None:
     configuration = pytest.importorskip("gpushare.webhook.configuration")
-    for docs, policy in ((default_docs, "Ignore"), (ci_docs, "Fail")):
+    for docs in (default_docs, ci_docs):
         # A copy: the documents are the module's fixtures, and metadata is popped below.
         chart = copy.deepcopy(webhook_config(docs))
         expected = configuration.webhook_configuration(
             ca_bundle="",
             service={"namespace": NAMESPACE, "name": f"{RELEASE}-webhook", "port": 443},
-            failure_policy=policy,
+            failure_policy="Fail",
             excluded_namespaces=["kube-system", NAMESPACE],
+            trusted_users=TRUSTED,
         )
         for document in (chart, expected):
             document.pop("metadata")
             for webhook in document["webhooks"]:
                 webhook["clientConfig"].pop("caBundle", None)
         assert chart == expected
+
+
+def test_webhook_trusts_the_extender_and_the_device_plugin(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    args = find(default_docs, "Deployment", "-webhook")["spec"]["template"]["spec"]
+    flags = [a for a in args["containers"][0]["args"] if a.startswith("--trusted-")]
+    assert flags == [f"--trusted-user={user}" for user in TRUSTED]
+    # the names are the ServiceAccounts the scheduler and the device plugin run as
+    scheduler = find(default_docs, "Deployment", "-scheduler")["spec"]["template"]["spec"]
+    plugin = find(default_docs, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    assert [scheduler["serviceAccountName"], plugin["serviceAccountName"]] == [
+        user.rsplit(":", 1)[1] for user in TRUSTED
+    ]
+    docs = render(
+        "--set",
+        "devicePlugin.enabled=false",
+        "--set",
+        "webhook.trustedUsers[0]=ops",
+        "--set",
+        "webhook.trustedGroups[0]=gpushare:writers",
+    )
+    args = find(docs, "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"][0]
+    assert [a for a in args["args"] if a.startswith("--trusted-")] == [
+        f"--trusted-user={TRUSTED[0]}",
+        "--trusted-user=ops",
+        "--trusted-group=gpushare:writers",
+    ]
+    (condition,) = webhook_config(docs)["webhooks"][0]["matchConditions"]
+    assert condition["expression"] == (
+        f'!(request.userInfo.username in ["{TRUSTED[0]}","ops"]) && '
+        '!request.userInfo.groups.exists(g, g in ["gpushare:writers"])'
+    )
+
+
+def policy_docs(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        copy.deepcopy(find(docs, "ValidatingAdmissionPolicy", "-handoff")),
+        copy.deepcopy(find(docs, "ValidatingAdmissionPolicyBinding", "-handoff")),
+    ]
+
+
+def test_policy_equals_renderer(
+    default_docs: list[dict[str, Any]], ci_docs: list[dict[str, Any]]
+) -> None:
+    """The chart's CEL is the renderer's, character for character, for both value sets."""
+    policy = pytest.importorskip("gpushare.webhook.policy")
+    renamed = ResourceNames(
+        mem="example.com/gpu-mem",
+        core="example.com/gpu-core.percentage",
+        count="example.com/gpu-count",
+    )
+    for docs, names in ((default_docs, ResourceNames()), (ci_docs, renamed)):
+        chart = policy_docs(docs)
+        expected = policy.handoff_policy(
+            names=names,
+            trusted_users=TRUSTED,
+            excluded_namespaces=["kube-system", NAMESPACE],
+            name=f"{RELEASE}-handoff",
+        )
+        for document in (*chart, *expected):
+            document.pop("metadata")
+        assert chart == expected
+    (policy_doc, _) = policy_docs(default_docs)
+    variables = {v["name"]: v["expression"] for v in policy_doc["spec"]["variables"]}
+    assert "'aliyun.com/gpu-mem', 'aliyun.com/gpu-core.percentage'" in variables["asksGpushare"]
+    assert "example.com/gpu-mem" in json.dumps(policy_docs(ci_docs)[0])
+    assert not [d for d in render("--set", "webhook.policy.enabled=false") if "Policy" in d["kind"]]
 
 
 def test_cert_modes(default_docs: list[dict[str, Any]], ci_docs: list[dict[str, Any]]) -> None:
@@ -378,6 +458,8 @@ def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> No
         ("maxPodsPerGpu=0", "maxPodsPerGpu"),
         ("webhook.failurePolicy=Never", "failurePolicy"),
         ("webhook.certs.mode=vault", "mode"),
+        ("webhook.trustedUsers[0]=", "trustedUsers"),
+        ("webhook.policy.enabled=maybe", "enabled"),
         ("resourceNames.mem=gpu-mem", "mem"),
     ],
 )

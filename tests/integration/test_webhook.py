@@ -146,7 +146,7 @@ def test_webhook_config_renders_url_or_service_with_the_chosen_failure_policy(
     assert result.exit_code == 0, result.output
     document = yaml.safe_load(result.output)
     (hook,) = document["webhooks"]
-    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
     assert hook["admissionReviewVersions"] == ["v1"]
     assert hook["clientConfig"]["service"] == {
         "path": "/validate",
@@ -157,10 +157,91 @@ def test_webhook_config_renders_url_or_service_with_the_chosen_failure_policy(
     assert base64.b64decode(hook["clientConfig"]["caBundle"]) == ca.read_bytes()
     assert hook["namespaceSelector"]["matchLabels"] == {"gpushare.io/validate": "on"}
     pods = [r for r in hook["rules"] if r["resources"] == ["pods"]]
-    assert pods[0]["operations"] == ["CREATE"]  # bind's annotation patches never wait on it
-    failing = webhook_configuration(
-        ca_bundle="", url="https://127.0.0.1:9443/validate", failure_policy="Fail"
+    assert pods[0]["operations"] == ["CREATE", "UPDATE"]  # annotation patches are UPDATEs
+    debug = [r for r in hook["rules"] if r["resources"] == ["pods/ephemeralcontainers"]]
+    assert debug[0]["operations"] == ["UPDATE"]
+    assert "matchConditions" not in hook  # nobody trusted, nobody left out
+    ignoring = webhook_configuration(
+        ca_bundle="", url="https://127.0.0.1:9443/validate", failure_policy="Ignore"
     )
-    assert failing["webhooks"][0]["failurePolicy"] == "Fail"
+    assert ignoring["webhooks"][0]["failurePolicy"] == "Ignore"
     with pytest.raises(ValueError, match="exactly one"):
         webhook_configuration(ca_bundle="")
+
+
+def test_webhook_config_leaves_trusted_identities_out_and_prints_the_policy(
+    tmp_path: Path,
+) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    extender = "system:serviceaccount:gpushare:gpushare-scheduler"
+    plugin = "system:serviceaccount:gpushare:gpushare-device-plugin"
+    result = CliRunner().invoke(
+        gpushare,
+        [
+            "webhook-config",
+            "--url",
+            "https://127.0.0.1:9443/validate",
+            "--ca-bundle-file",
+            str(ca),
+            "--trusted-user",
+            extender,
+            "--trusted-user",
+            plugin,
+            "--trusted-group",
+            "gpushare:writers",
+            "--with-policy",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    configuration, policy, binding = yaml.safe_load_all(result.output)
+    (condition,) = configuration["webhooks"][0]["matchConditions"]
+    assert condition == {
+        "name": "not-trusted",
+        "expression": f'!(request.userInfo.username in ["{extender}","{plugin}"]) && '
+        '!request.userInfo.groups.exists(g, g in ["gpushare:writers"])',
+    }
+    assert policy["kind"] == "ValidatingAdmissionPolicy"
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert policy["spec"]["matchConditions"] == [condition]
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["pods", "pods/status"]
+    assert binding["kind"] == "ValidatingAdmissionPolicyBinding"
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert (
+        binding["spec"]["matchResources"]["namespaceSelector"]
+        == (configuration["webhooks"][0]["namespaceSelector"])
+    )
+
+
+def test_the_app_refuses_tampering_and_passes_the_trusted_identities() -> None:
+    from gpushare.core.tampering import Trust
+
+    request = golden_request("tampered_pod")
+    plugin = "system:serviceaccount:gpushare:gpushare-device-plugin"
+    settings = AdmissionSettings(trust=Trust(users=frozenset({plugin})))
+    before = request["request"]["object"]
+    before["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_ASSIGNED"] = "false"
+    before["spec"]["containers"][0].pop("env")
+    after = json.loads(json.dumps(before))
+    after["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_ASSIGNED"] = "true"
+    request["request"].update(operation="UPDATE", object=after, oldObject=before)
+    tenant = json.loads(json.dumps(request))
+    tenant["request"]["userInfo"] = {"username": "alice", "groups": ["system:authenticated"]}
+    request["request"]["userInfo"] = {"username": plugin}
+    served, forged, metrics = asyncio.run(
+        exchange(
+            [
+                ("/validate", json.dumps(request).encode()),
+                ("/validate", json.dumps(tenant).encode()),
+                ("/metrics", b""),
+            ],
+            settings,
+        )
+    )
+    assert served.json()["response"]["allowed"] is True
+    refusal = forged.json()["response"]
+    assert refusal["allowed"] is False and refusal["status"]["code"] == 403
+    assert 'by "alice"' in refusal["status"]["message"]
+    assert 'gpushare_webhook_reviews_total{decision="denied",kind="Pod"} 1.0' in metrics.text

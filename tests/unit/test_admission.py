@@ -48,6 +48,16 @@ def job(name: str, template: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def tampered() -> dict[str, Any]:
+    """A pod that names its node, forges its hand-off and switches the isolation off."""
+    main = container({MEM: "1"})
+    main["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    obj = pod("tampered", pod_template(main))
+    obj["metadata"]["annotations"] = {"ALIYUN_COM_GPU_MEM_ASSIGNED": "true"}
+    obj["spec"]["nodeName"] = "gpu-node-1"
+    return obj
+
+
 GROUPS = {"Pod": ("", "pods"), "Job": ("batch", "jobs"), "CronJob": ("batch", "cronjobs")}
 
 
@@ -93,6 +103,7 @@ CASES: dict[str, Any] = {
     ),
     "job_valid": review(job("infer", pod_template(container({MEM: "4", CORE: "30"})))),
     "malformed_request": {"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"},
+    "tampered_pod": review(tampered()),
 }
 
 

@@ -83,3 +83,50 @@ exec:
 {{- default (printf "%s-tls" (include "gpushare.webhook.fullname" .)) .Values.webhook.certs.secretName -}}
 {{- end -}}
 {{- define "gpushare.webhook.certJobName" -}}{{ include "gpushare.fullname" . }}-webhook-certs{{- end -}}
+
+{{/* Who may write gpushare.io/* and ALIYUN_COM_GPU_MEM_* pod annotations (and nodeName on GPU
+pods), as a JSON list: the extender's and the device plugin's ServiceAccounts when this release
+runs them, then webhook.trustedUsers. The webhook's flags, its matchConditions and the policy
+all read this one list. */}}
+{{- define "gpushare.webhook.trustedUsers" -}}
+{{- $users := list -}}
+{{- if .Values.scheduler.enabled -}}
+{{- $users = append $users (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gpushare.scheduler.fullname" .)) -}}
+{{- end -}}
+{{- if .Values.devicePlugin.enabled -}}
+{{- $users = append $users (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gpushare.devicePlugin.fullname" .)) -}}
+{{- end -}}
+{{- concat $users .Values.webhook.trustedUsers | uniq | toJson -}}
+{{- end -}}
+
+{{/* The matchCondition that leaves the trusted identities out (webhook/configuration.py
+not_trusted); nothing when nobody is trusted. */}}
+{{- define "gpushare.webhook.notTrusted" -}}
+{{- $users := include "gpushare.webhook.trustedUsers" . | fromJsonArray -}}
+{{- $groups := .Values.webhook.trustedGroups -}}
+{{- $terms := list -}}
+{{- if $users -}}
+{{- $terms = append $terms (printf "!(request.userInfo.username in %s)" (toJson $users)) -}}
+{{- end -}}
+{{- if $groups -}}
+{{- $terms = append $terms (printf "!request.userInfo.groups.exists(g, g in %s)" (toJson $groups)) -}}
+{{- end -}}
+{{- if $terms -}}
+- name: not-trusted
+  expression: {{ join " && " $terms | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/* Namespaces the webhook and the policy check: all but kube-system (and the other excluded
+ones) and the release namespace, whose pods must start while the webhook cannot answer yet. */}}
+{{- define "gpushare.webhook.namespaceSelector" -}}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: NotIn
+    values:
+      {{- toYaml (uniq (concat .Values.webhook.excludedNamespaces (list .Release.Namespace))) | nindent 6 }}
+{{- with .Values.webhook.namespaceLabels }}
+matchLabels:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}

@@ -4,10 +4,14 @@ A bad GPU request should fail where the user types it, at ``kubectl apply``, rat
 pod that stays Pending with a filter reason. So the webhook checks pods and every workload that
 carries a pod template (Job, CronJob, Deployment, StatefulSet, DaemonSet, ReplicaSet,
 ReplicationController) with the very rules the extender's filter applies
-(``core.requests.read_pod``); it adds no rule of its own, so the two can never disagree.
+(``core.requests.read_pod``), so the two can never disagree. It also refuses what only gpushare
+may write into a pod (``core.tampering``: hand-off annotations, the isolation's variables,
+``nodeName`` on GPU pods), which no later stage can tell from the truth.
 
 Outcomes are values: a ``Decision`` holds the response document and a summary for metrics.
 
+- Tampering is denied with 403 (``Forbidden``), every reason at once, each naming the field path,
+  the value, the rule and what to do; an invalid GPU request in the same object is named too.
 - A GPU request the core rejects is denied with 422 (``Invalid``); the message names the object,
   the pod template's path and, per reason, the container, field, value, rule and what to write.
 - A request that is not an AdmissionReview v1 (or an object the webhook cannot read) is denied
@@ -15,21 +19,23 @@ Outcomes are values: a ``Decision`` holds the response document and a summary fo
   turns into its failure policy.
 - A pod template asking for GPU memory without ``schedulerName: ack-co-scheduler`` is allowed
   with a warning, because clusters that wire the extender into every profile still place it.
-- An UPDATE whose object was already invalid before (no reason that ``oldObject`` did not have) is
-  allowed with a warning: refusing it would block removing a finalizer from a pod created
-  before the webhook existed, and it makes nothing worse.
+- An UPDATE judges only what it changes: an invalid request or a refused variable that
+  ``oldObject`` already had is allowed with a warning (refusing it would block removing a
+  finalizer from a pod created before the webhook, and it makes nothing worse). The
+  ``ephemeralcontainers`` subresource arrives as an UPDATE of the whole Pod and is read the same.
 - Everything else (no GPU resource, DELETE, CONNECT, other kinds) is allowed untouched.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from gpushare.core.names import DEFAULT_NAMES, SCHEDULER_NAME, ResourceNames
 from gpushare.core.requests import PodRequest, Rejection, read_pod
 from gpushare.core.shape import pod_shape
+from gpushare.core.tampering import Checked, Requester, Tampering, Trust, check
 from gpushare.core.units import MemoryUnit
 
 API_VERSION = "admission.k8s.io/v1"
@@ -51,11 +57,13 @@ TEMPLATE_PATHS: Mapping[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class AdmissionSettings:
-    """What the decision depends on: resource names, the memory unit and the scheduler name."""
+    """What the decision depends on: names, the unit, the scheduler and whose writes pass."""
 
     names: ResourceNames = DEFAULT_NAMES
     unit: MemoryUnit = MemoryUnit.GiB
     scheduler_name: str = SCHEDULER_NAME
+    trust: Trust = field(default_factory=Trust)
+    """The extender's and device plugin's identities (``--trusted-user``); none by default."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,8 @@ class Decision:
     """The admitted kind (``Job``); ``other`` for kinds not read, ``unknown`` if unreadable."""
     decision: DecisionKind
     reasons: tuple[str, ...] = field(default=())
+    user: str = ""
+    """Who asked (``request.userInfo.username``), so a refused forgery is logged with its author."""
 
     @property
     def allowed(self) -> bool:
@@ -166,6 +176,11 @@ def decide(body: Any, settings: AdmissionSettings | None = None) -> Decision:
         )
     if not isinstance(request, Mapping) or not uid:
         return malformed(uid, "unknown", "request or request.uid is missing")
+    decision = _decide(request, uid, settings)
+    return replace(decision, user=Requester.from_user_info(request.get("userInfo")).username)
+
+
+def _decide(request: Mapping[str, Any], uid: str, settings: AdmissionSettings) -> Decision:
     gvk = request.get("kind")
     kind = str(gvk.get("kind") or "") if isinstance(gvk, Mapping) else ""
     kind = kind or "unknown"
@@ -183,24 +198,74 @@ def decide(body: Any, settings: AdmissionSettings | None = None) -> Decision:
     if read is None:
         return Decision(review=_response(uid, allowed=True), kind=kind, decision="allowed")
     template, _ = _template(obj, TEMPLATE_PATHS[kind])
-    if isinstance(read, Rejection):
-        label = f"{kind} {_object_name(obj, request)}"
-        if where:
-            label += f" (pod template {where})"
-        if operation == "UPDATE" and _same_rejection(
-            request.get("oldObject"), kind, read, settings
-        ):
-            warning = f"{label} keeps a GPU request gpushare cannot place: {read.message}"
-            review = _response(uid, allowed=True, warnings=[warning])
-            return Decision(review=review, kind=kind, decision="warned", reasons=read.reasons)
-        message = f"{label} asks for GPU resources gpushare cannot place: {read.message}"
+    label = f"{kind} {_object_name(obj, request)}"
+    if where:
+        label += f" (pod template {where})"
+    old = request.get("oldObject") if operation == "UPDATE" else None
+    tampering = _tampering(template, where, kind, old, request, settings)
+    rejection = read if isinstance(read, Rejection) else None
+    kept_rejection = rejection is not None and _same_rejection(old, kind, rejection, settings)
+    if tampering.refused:
+        message = f"{label} is refused: {'; '.join(tampering.refused)}"
+        reasons = tampering.refused
+        if rejection is not None and not kept_rejection:
+            message += (
+                f"; it also asks for GPU resources gpushare cannot place: {rejection.message}"
+            )
+            reasons += rejection.reasons
+        review = _response(uid, allowed=False, code=403, reason="Forbidden", message=message)
+        return Decision(review=review, kind=kind, decision="denied", reasons=reasons)
+    warnings = [
+        f"{label} keeps what gpushare refuses in a new one: {kept}" for kept in tampering.kept
+    ]
+    if rejection is not None:
+        if kept_rejection:
+            warnings.insert(
+                0, f"{label} keeps a GPU request gpushare cannot place: {rejection.message}"
+            )
+            review = _response(uid, allowed=True, warnings=warnings)
+            return Decision(review=review, kind=kind, decision="warned", reasons=rejection.reasons)
+        message = f"{label} asks for GPU resources gpushare cannot place: {rejection.message}"
         review = _response(uid, allowed=False, code=422, reason="Invalid", message=message)
-        return Decision(review=review, kind=kind, decision="denied", reasons=read.reasons)
-    warning = _scheduler_warning(template, where, settings) if read.wants_gpu else ""
-    if warning:
-        review = _response(uid, allowed=True, warnings=[warning])
-        return Decision(review=review, kind=kind, decision="warned", reasons=(warning,))
+        return Decision(review=review, kind=kind, decision="denied", reasons=rejection.reasons)
+    assert isinstance(read, PodRequest)
+    scheduler = _scheduler_warning(template, where, settings) if read.wants_gpu else ""
+    if scheduler:
+        warnings.insert(0, scheduler)
+    if warnings:
+        review = _response(uid, allowed=True, warnings=warnings)
+        return Decision(review=review, kind=kind, decision="warned", reasons=tuple(warnings))
     return Decision(review=_response(uid, allowed=True), kind=kind, decision="allowed")
+
+
+def _tampering(
+    template: Mapping[str, Any],
+    where: str,
+    kind: str,
+    old: Any,
+    request: Mapping[str, Any],
+    settings: AdmissionSettings,
+) -> Tampering:
+    """What the object newly sets that only gpushare may write (``core.tampering``).
+
+    An ``oldObject`` that cannot be read counts as absent, so the UPDATE is judged as strictly
+    as a CREATE.
+    """
+    old_template = None
+    if isinstance(old, Mapping):
+        found, _ = _template(old, TEMPLATE_PATHS[kind])
+        if isinstance(found, Mapping) and not pod_shape(found):
+            old_template = found
+    checked = Checked(
+        template=template,
+        where=where,
+        is_pod=kind == "Pod",
+        old=old_template,
+        requester=Requester.from_user_info(request.get("userInfo")),
+    )
+    return check(
+        checked, names=settings.names, trust=settings.trust, scheduler_name=settings.scheduler_name
+    )
 
 
 def _same_rejection(old: Any, kind: str, new: Rejection, settings: AdmissionSettings) -> bool:

@@ -1,10 +1,11 @@
 """The webhook's HTTP service (FastAPI): ``POST /validate``, probes and metrics.
 
 The decision is ``core.admission.decide``; this module only reads the body, times the call,
-counts it and logs it. A body that is not JSON (malformed, not UTF-8, or nested deeper than the
-decoder goes) is answered like any unreadable review, with an HTTP 200 AdmissionReview that
-denies with code 400 and says why: a non-200 reply would make the API server apply the failure
-policy instead (with ``Ignore``, admit the object), and the user would never see the reason.
+counts it and logs it, with the requester (``user=``) so a refused forgery names its author. A
+body that is not JSON (malformed, not UTF-8, or nested deeper than the decoder goes) is answered
+like any unreadable review, with an HTTP 200 AdmissionReview that denies with code 400 and says
+why: a non-200 reply would make the API server apply the failure policy instead (with ``Fail``,
+refuse without the reason; with ``Ignore``, admit the object).
 """
 
 from __future__ import annotations
@@ -86,9 +87,10 @@ def create_app(settings: AdmissionSettings, metrics: WebhookMetrics | None = Non
         response = decision.review["response"]
         log.log(
             logging.INFO if decision.decision != "allowed" else logging.DEBUG,
-            "uid=%s kind=%s decision=%s phase=admission %s",
+            "uid=%s kind=%s user=%s decision=%s phase=admission %s",
             response.get("uid", ""),
             decision.kind,
+            decision.user,
             decision.decision,
             "; ".join(decision.reasons),
         )

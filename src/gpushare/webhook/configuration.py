@@ -3,27 +3,38 @@
 One renderer serves ``gpushare webhook-config``, the chart's reference and the e2e test, so
 what is tested is what is installed.
 
-**failurePolicy defaults to Ignore.** The webhook only moves a refusal earlier: the extender's
-filter applies the same rules (``core.requests``) and leaves an invalid pod Pending with the
-same sentences, so nothing unsafe gets through while the webhook is down. ``Fail`` would block
-the creation of every matched Pod, Job and Deployment in the selected namespaces, GPU or not
-(a webhook cannot be scoped by resource name), whenever the webhook is unreachable: a
-scheduling add-on must not take the cluster's workloads down with it. Choose ``Fail`` when
-refusals at ``kubectl apply`` time must hold, and run two webhook replicas.
+**Pods are matched on CREATE and UPDATE, and ``pods/ephemeralcontainers`` on UPDATE**: the
+hand-off annotations must not be forged at creation nor patched in later (a merge patch is an
+UPDATE of the pod), and ``kubectl debug`` adds containers through that subresource. Workloads
+are matched on CREATE and UPDATE so that a changed pod template is checked too.
 
-Pods are matched on CREATE only: the extender's bind patches pod annotations, and an UPDATE
-rule would put the webhook in the path of every bind. Workloads are matched on CREATE and
-UPDATE so that a changed pod template is checked too.
+**Trusted identities skip the webhook** (``matchConditions``): the extender's bind and the
+device plugin's ``ASSIGNED`` patch are UPDATEs of tenants' pods, and they must neither wait on
+the webhook nor fail with it. The webhook trusts the same names (``--trusted-user``), so a
+configuration without the condition decides the same.
+
+**failurePolicy defaults to Fail.** With ``Ignore``, anyone who can make the webhook slow past
+``timeoutSeconds`` (or who acts while it is down or being upgraded) gets every bypass it refuses:
+forged allocations, ``nodeName``, the isolation's variables. Those are not refused again later:
+the extender never sees a pod created with ``nodeName``, and kubelet runs whatever env it is
+given. With ``Fail`` the cost is availability: while no replica answers, matched pods and
+workloads in the selected namespaces cannot be created or updated (the extender and the device
+plugin pass, by the condition above). So run two replicas with a PodDisruptionBudget, and keep
+the webhook's own namespace and ``kube-system`` out of the namespaceSelector so the webhook and
+the control plane can always start. The chart adds a ValidatingAdmissionPolicy
+(``webhook.policy``) that the API server evaluates itself, so the annotation and ``nodeName``
+rules hold even when the webhook cannot be reached.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 FailurePolicy = Literal["Ignore", "Fail"]
 
-DEFAULT_FAILURE_POLICY: FailurePolicy = "Ignore"
+DEFAULT_FAILURE_POLICY: FailurePolicy = "Fail"
 WEBHOOK_NAME = "validate.gpushare.io"
 CONFIGURATION_NAME = "gpushare-webhook"
 PATH = "/validate"
@@ -31,7 +42,8 @@ DEFAULT_PORT = 9443
 DEFAULT_EXCLUDED_NAMESPACES = ("kube-system",)
 
 RULES: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = (
-    ("", "v1", ("pods",), ("CREATE",)),
+    ("", "v1", ("pods",), ("CREATE", "UPDATE")),
+    ("", "v1", ("pods/ephemeralcontainers",), ("UPDATE",)),
     ("", "v1", ("replicationcontrollers",), ("CREATE", "UPDATE")),
     ("batch", "v1", ("jobs", "cronjobs"), ("CREATE", "UPDATE")),
     (
@@ -44,6 +56,44 @@ RULES: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = (
 """(API group, version, resources, operations): the kinds ``core.admission`` reads."""
 
 
+def not_trusted(users: Sequence[str], groups: Sequence[str]) -> dict[str, str] | None:
+    """The matchCondition that leaves the trusted identities out; None when there are none.
+
+    The lists are JSON arrays, which CEL reads as list literals; the chart writes them with
+    Helm's ``toJson``, hence no spaces.
+    """
+    terms = []
+    if users:
+        terms.append(f"!(request.userInfo.username in {_cel_list(users)})")
+    if groups:
+        terms.append(f"!request.userInfo.groups.exists(g, g in {_cel_list(groups)})")
+    if not terms:
+        return None
+    return {"name": "not-trusted", "expression": " && ".join(terms)}
+
+
+def _cel_list(items: Sequence[str]) -> str:
+    return json.dumps(list(items), separators=(",", ":"))
+
+
+def namespace_selector(
+    excluded_namespaces: Sequence[str], namespace_labels: Mapping[str, str] | None
+) -> dict[str, Any]:
+    """Namespaces checked: all but the excluded ones, and only those with the labels if given."""
+    selector: dict[str, Any] = {}
+    if excluded_namespaces:
+        selector["matchExpressions"] = [
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": list(excluded_namespaces),
+            }
+        ]
+    if namespace_labels:
+        selector["matchLabels"] = dict(namespace_labels)
+    return selector
+
+
 def webhook_configuration(
     *,
     ca_bundle: str,
@@ -54,30 +104,21 @@ def webhook_configuration(
     excluded_namespaces: Sequence[str] = DEFAULT_EXCLUDED_NAMESPACES,
     namespace_labels: Mapping[str, str] | None = None,
     object_labels: Mapping[str, str] | None = None,
+    trusted_users: Sequence[str] = (),
+    trusted_groups: Sequence[str] = (),
     name: str = CONFIGURATION_NAME,
 ) -> dict[str, Any]:
     """The configuration as a dict; ``ca_bundle`` is base64 PEM, one of url/service is given."""
     if (url is None) == (service is None):
         raise ValueError("give exactly one of url (outside the cluster) or service")
     if failure_policy not in ("Ignore", "Fail"):
-        raise ValueError(f"failurePolicy={failure_policy!r}: use Ignore (default) or Fail")
+        raise ValueError(f"failurePolicy={failure_policy!r}: use Fail (default) or Ignore")
     client: dict[str, Any] = {"caBundle": ca_bundle}
     if url is not None:
         client["url"] = url
     else:
         assert service is not None
         client["service"] = {"path": PATH, **service}
-    namespace_selector: dict[str, Any] = {}
-    if excluded_namespaces:
-        namespace_selector["matchExpressions"] = [
-            {
-                "key": "kubernetes.io/metadata.name",
-                "operator": "NotIn",
-                "values": list(excluded_namespaces),
-            }
-        ]
-    if namespace_labels:
-        namespace_selector["matchLabels"] = dict(namespace_labels)
     webhook: dict[str, Any] = {
         "name": WEBHOOK_NAME,
         "admissionReviewVersions": ["v1"],
@@ -86,7 +127,7 @@ def webhook_configuration(
         "matchPolicy": "Equivalent",
         "timeoutSeconds": timeout_seconds,
         "clientConfig": client,
-        "namespaceSelector": namespace_selector,
+        "namespaceSelector": namespace_selector(excluded_namespaces, namespace_labels),
         "rules": [
             {
                 "apiGroups": [group],
@@ -100,6 +141,9 @@ def webhook_configuration(
     }
     if object_labels:
         webhook["objectSelector"] = {"matchLabels": dict(object_labels)}
+    condition = not_trusted(trusted_users, trusted_groups)
+    if condition:
+        webhook["matchConditions"] = [condition]
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
