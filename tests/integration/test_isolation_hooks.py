@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpushare.core.tampering import ISOLATION_PATHS
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo
@@ -178,6 +179,18 @@ def test_identical_pending_containers_get_distinct_accounting_dirs() -> None:
         assert len(dirs) == 4
 
     run(body, mode="cgpu", hook=isolation(packaged=fake_library()))
+
+
+def test_admission_refuses_volumes_over_every_path_the_plugin_mounts() -> None:
+    """core.tampering keeps its own list (the core imports no adapter): it must cover these."""
+    for path in (
+        CONTAINER_LIB_DIR,
+        CONTAINER_PRELOAD_FILE,
+        CONTAINER_LIMITS_FILE,
+        CONTAINER_TABLE_FILE,
+        CONTAINER_MPS_PIPE_DIR,
+    ):
+        assert any(path == p or path.startswith(p + "/") for p in ISOLATION_PATHS), path
 
 
 def test_share_nodes_get_the_variables_and_nothing_enforced() -> None:
