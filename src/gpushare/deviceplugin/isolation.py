@@ -200,10 +200,17 @@ def fresh_table(directory: Path) -> Path:
     must count itself; only that container mounts it. The interposer sizes it on first use.
     """
     shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
+    # What rmtree could not remove (a directory of an older plugin, which containers could
+    # write, holding one of a container user's with mode 0700: the plugin has no
+    # CAP_DAC_OVERRIDE) is left there; it is not mounted anywhere.
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o755)
     table = directory / TABLE_NAME
-    table.touch()
-    table.chmod(0o666)
+    tmp = directory / f".{TABLE_NAME}.tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.touch()
+    tmp.chmod(0o666)
+    tmp.replace(table)
     return table
 
 
