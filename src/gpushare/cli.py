@@ -244,7 +244,10 @@ def device_plugin(
     except Exception as err:
         click.echo(
             f"error: cannot read GPUs through NVML ({type(err).__name__}: {err}); "
-            f"is the NVIDIA driver installed? For tests use --fake-gpus",
+            f"is the NVIDIA driver installed, and does this container see /dev/nvidiactl, "
+            f"/dev/nvidia<N> and libnvidia-ml.so.1? The chart gets them from the NVIDIA "
+            f"container runtime (NVIDIA_VISIBLE_DEVICES=all; set devicePlugin.runtimeClassName "
+            f"where it is not the node's default runtime). For tests use --fake-gpus",
             err=True,
         )
         sys.exit(2)

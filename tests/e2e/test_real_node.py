@@ -371,10 +371,18 @@ def test_multi_container_init_sidecar_and_multi_gpu_pods(real_node: RealNode, ns
 def test_cgpu_container_has_the_interposer_preloaded(real_node: RealNode, ns: str) -> None:
     cluster = real_node.cluster
     real_node.set_mode("cgpu", unit="1GiB")
-    # the mounts as the container sees them: the library read-only, the accounting dir writable
+    # the mounts as the container sees them: the library, the limits file and the preload list
+    # read-only, the usage table (alone, not its directory) writable; /probe run with
+    # LD_PRELOAD emptied still maps the interposer, through /etc/ld.so.preload
     check = (
-        'awk \'$2 ~ /gpushare/ {print "MOUNT_" $2 "=" substr($4, 1, 2)}\' /proc/mounts; '
-        "touch /var/run/gpushare/written && echo ACCOUNTING_WRITABLE=yes"
+        'awk \'$2 ~ /gpushare|ld[.]so[.]preload/ {print "MOUNT_" $2 "=" substr($4, 1, 2)}\' '
+        "/proc/mounts; "
+        "env LD_PRELOAD= /probe | sed -n 's/^PROBE_MAPPED=/UNSET_MAPPED=/p'; "
+        "echo PRELOAD_LIST=$(cat /etc/ld.so.preload); "
+        "sed -n 's/^mem_limit=/LIMITS_MEM=/p' /etc/gpushare/limits; "
+        "if (echo >> /etc/gpushare/limits) 2>/dev/null; then echo LIMITS_WRITABLE=yes; "
+        "else echo LIMITS_WRITABLE=no; fi; "
+        "(: >> /var/run/gpushare/gpushare-usage.v1) && echo TABLE_WRITABLE=yes"
     )
     probe = container("main", 5, command=check)
     create(cluster, [pod("cgpu", NS, [probe])])
@@ -386,8 +394,14 @@ def test_cgpu_container_has_the_interposer_preloaded(real_node: RealNode, ns: st
     assert env["GPUSHARE_MEM_LIMIT"] == str(5 * 1024**3)
     assert env["GPUSHARE_ACCOUNTING_DIR"] == "/var/run/gpushare"
     assert env["MOUNT_/usr/local/gpushare"] == "ro"
-    assert env["MOUNT_/var/run/gpushare"] == "rw"
-    assert env["ACCOUNTING_WRITABLE"] == "yes"
+    assert env["MOUNT_/etc/gpushare/limits"] == "ro"
+    assert env["MOUNT_/etc/ld.so.preload"] == "ro"
+    assert env["MOUNT_/var/run/gpushare/gpushare-usage.v1"] == "rw"
+    assert "MOUNT_/var/run/gpushare" not in env
+    assert "libgpushare-cuda.so" in env["UNSET_MAPPED"]
+    assert env["PRELOAD_LIST"] == "/usr/local/gpushare/libgpushare-cuda.so"
+    assert env["LIMITS_MEM"] == str(5 * 1024**3)
+    assert (env["LIMITS_WRITABLE"], env["TABLE_WRITABLE"]) == ("no", "yes")
     checked, mismatches, _ = compare(items, gpu_uuids(cluster))
     assert checked == 1 and not mismatches, mismatches
 

@@ -286,7 +286,19 @@ def test_device_plugin_daemonset(default_docs: list[dict[str, Any]]) -> None:
     (container,) = pod["containers"]
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    assert container["securityContext"]["privileged"] is True
+    # not privileged: root for the root-owned hostPaths, nothing else; NVML's devices and library
+    # come from the NVIDIA container runtime
+    assert container["securityContext"] == {
+        "runAsUser": 0,
+        "runAsNonRoot": False,
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "compute,utility"
+    assert pod["automountServiceAccountToken"] is True and "runtimeClassName" not in pod
     paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert {
         "/var/lib/kubelet/device-plugins",
@@ -302,6 +314,50 @@ def test_device_plugin_daemonset(default_docs: list[dict[str, Any]]) -> None:
     args = container["args"]
     assert "--state-dir=/var/lib/gpushare" in args and "--isolation=auto" in args
     assert "--isolation-lib-dir=/usr/local/gpushare" in args
+
+
+def test_device_plugin_can_be_privileged_again_and_name_the_nvidia_runtime() -> None:
+    docs = render(
+        "--set", "devicePlugin.privileged=true", "--set", "devicePlugin.runtimeClassName=nvidia"
+    )
+    pod = find(docs, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["containers"][0]["securityContext"] == {
+        "runAsUser": 0,
+        "runAsNonRoot": False,
+        "privileged": True,
+    }
+
+
+def plugin_policy_docs(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        copy.deepcopy(find(docs, kind, f"-device-plugin-{what}"))
+        for what in ("nodes", "pods")
+        for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    ]
+
+
+def test_device_plugin_policies_equal_the_renderer(
+    default_docs: list[dict[str, Any]], ci_docs: list[dict[str, Any]]
+) -> None:
+    """The chart's CEL is webhook/noderestriction.py's, character for character."""
+    from gpushare.webhook.noderestriction import device_plugin_policies
+
+    plugin = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-device-plugin"
+    for docs, count in ((default_docs, "aliyun.com/gpu-count"), (ci_docs, "example.com/gpu-count")):
+        chart = plugin_policy_docs(docs)
+        expected = device_plugin_policies(
+            service_account=plugin, count_resource=count, name=f"{RELEASE}-device-plugin"
+        )
+        assert [d["metadata"]["name"] for d in chart] == [d["metadata"]["name"] for d in expected]
+        for document in (*chart, *expected):
+            document.pop("metadata")
+        assert chart == expected
+    for setting in ("devicePlugin.nodeRestriction.enabled=false", "devicePlugin.enabled=false"):
+        docs = render("--set", setting)
+        assert not [
+            d for d in docs if d["metadata"]["name"].startswith(f"{RELEASE}-device-plugin-")
+        ]
 
 
 def webhook_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -400,7 +456,8 @@ def test_policy_equals_renderer(
     variables = {v["name"]: v["expression"] for v in policy_doc["spec"]["variables"]}
     assert "'aliyun.com/gpu-mem', 'aliyun.com/gpu-core.percentage'" in variables["asksGpushare"]
     assert "example.com/gpu-mem" in json.dumps(policy_docs(ci_docs)[0])
-    assert not [d for d in render("--set", "webhook.policy.enabled=false") if "Policy" in d["kind"]]
+    without = render("--set", "webhook.policy.enabled=false")
+    assert not [d for d in without if d["metadata"]["name"].endswith("-handoff")]
 
 
 def test_cert_modes(default_docs: list[dict[str, Any]], ci_docs: list[dict[str, Any]]) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpushare.core.tampering import ISOLATION_PATHS
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo
@@ -19,7 +20,11 @@ from gpushare.deviceplugin.isolation import (
     CONTAINER_ACCOUNTING_DIR,
     CONTAINER_LIB_DIR,
     CONTAINER_MPS_PIPE_DIR,
+    CONTAINER_PRELOAD_FILE,
+    CONTAINER_TABLE_FILE,
     LIB_NAME,
+    PRELOAD_NAME,
+    TABLE_NAME,
     MpsControl,
     NodeIsolation,
     devices_key,
@@ -27,6 +32,7 @@ from gpushare.deviceplugin.isolation import (
 )
 from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.deviceplugin.preflight import StartRefused
+from gpushare.isolation.limits import CONTAINER_LIMITS_FILE
 from gpushare.kube.memory import MemoryKube
 from tests import grpc_loop
 
@@ -89,12 +95,24 @@ async def admit(r: Rig, manifest: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     return placed, await r.kubelet.admit(placed)
 
 
+def limits_text(mem: str, core: int = 0) -> str:
+    """The limits file the plugin writes, as tests/golden/limits_file.txt spells it."""
+    return (
+        "# gpushare: this container's GPU limits, written by the device plugin and read by\n"
+        "# libgpushare-cuda.so; they win over GPUSHARE_* in the environment.\n"
+        f"version=1\nmem_limit={mem}\ncore_limit={core}\nunit=1GiB\n"
+        "accounting_dir=/var/run/gpushare\n"
+    )
+
+
 def test_cgpu_containers_get_the_interposer_their_limit_and_their_own_accounting() -> None:
     library = fake_library()
 
     async def body(r: Rig) -> None:
         await r.kubelet.wait_devices(MEM, 30)
         assert (r.root / "lib" / LIB_NAME).read_bytes() == library.read_bytes()
+        preload = r.root / "lib" / PRELOAD_NAME
+        assert preload.read_text() == f"{PRELOAD}\n"
         placed, admitted = await admit(r, pod("trainer", 3, 2))
         uid = placed["metadata"]["uid"]
         for name, size in (("c0", 3), ("c1", 2)):
@@ -105,10 +123,20 @@ def test_cgpu_containers_get_the_interposer_their_limit_and_their_own_accounting
             assert "GPUSHARE_CORE_LIMIT" not in envs
             assert envs["ALIYUN_COM_GPU_MEM_CONTAINER"] == str(size)
             accounting = r.root / "state" / "accounting" / uid / name
-            assert accounting.is_dir() and not any(accounting.iterdir())
+            table = accounting / TABLE_NAME
+            limits = r.root / "state" / "limits" / uid / name / "limits"
+            # the container gets the table alone, writable by its users (unknown), and nothing
+            # else writable: the directory stays root's
+            assert [p.name for p in accounting.iterdir()] == [TABLE_NAME]
+            assert table.stat().st_size == 0 and table.stat().st_mode & 0o777 == 0o666
+            assert accounting.stat().st_mode & 0o777 == 0o755
+            assert limits.read_text() == limits_text(str(size * GiB))
+            assert limits.stat().st_mode & 0o777 == 0o444
             assert admitted.mounts[name] == [
                 (CONTAINER_LIB_DIR, str(r.root / "lib"), True),
-                (CONTAINER_ACCOUNTING_DIR, str(accounting), False),
+                (CONTAINER_PRELOAD_FILE, str(preload), True),
+                (CONTAINER_LIMITS_FILE, str(limits), True),
+                (CONTAINER_TABLE_FILE, str(table), False),
             ]
 
     run(body, mode="cgpu", hook=isolation(packaged=library))
@@ -125,8 +153,12 @@ def test_core_mem_adds_the_compute_limit_and_mounts_once_per_container() -> None
         # the memory and the core answers are merged by kubelet: the mounts come once
         assert [m[0] for m in admitted.mounts["c0"]] == [
             CONTAINER_LIB_DIR,
-            CONTAINER_ACCOUNTING_DIR,
+            CONTAINER_PRELOAD_FILE,
+            CONTAINER_LIMITS_FILE,
+            CONTAINER_TABLE_FILE,
         ]
+        (limits,) = [h for c, h, _ in admitted.mounts["c0"] if c == CONTAINER_LIMITS_FILE]
+        assert Path(limits).read_text() == limits_text(str(2 * GiB), core=30)
 
     run(body, mode="core_mem", hook=isolation(packaged=fake_library()))
 
@@ -140,12 +172,25 @@ def test_identical_pending_containers_get_distinct_accounting_dirs() -> None:
         dirs = set()
         for placed in (first, second):
             admitted = await r.kubelet.admit(placed)
-            (host,) = [h for c, h, _ in admitted.mounts["c0"] if c == CONTAINER_ACCOUNTING_DIR]
-            assert Path(host).is_dir()
-            dirs.add(host)
-        assert len(dirs) == 2
+            (host,) = [h for c, h, _ in admitted.mounts["c0"] if c == CONTAINER_TABLE_FILE]
+            (limits,) = [h for c, h, _ in admitted.mounts["c0"] if c == CONTAINER_LIMITS_FILE]
+            assert Path(host).is_file() and Path(limits).is_file()
+            dirs.update({Path(host).parent, Path(limits).parent})
+        assert len(dirs) == 4
 
     run(body, mode="cgpu", hook=isolation(packaged=fake_library()))
+
+
+def test_admission_refuses_volumes_over_every_path_the_plugin_mounts() -> None:
+    """core.tampering keeps its own list (the core imports no adapter): it must cover these."""
+    for path in (
+        CONTAINER_LIB_DIR,
+        CONTAINER_PRELOAD_FILE,
+        CONTAINER_LIMITS_FILE,
+        CONTAINER_TABLE_FILE,
+        CONTAINER_MPS_PIPE_DIR,
+    ):
+        assert any(path == p or path.startswith(p + "/") for p in ISOLATION_PATHS), path
 
 
 def test_share_nodes_get_the_variables_and_nothing_enforced() -> None:
@@ -239,6 +284,19 @@ def test_accounting_dirs_of_gone_containers_are_pruned_after_the_grace(tmp_path:
         "uid-gone",
     ]
     assert sorted(p.name for p in root.iterdir()) == [BY_DEVICES, "uid-live", "uid-new"]
+
+
+def test_the_interposer_hook_prunes_tables_and_limits_alike(tmp_path: Path) -> None:
+    hook = isolation(packaged=fake_library())(tmp_path, FakeGpus.parse("1x15GiB", node=NODE))
+    assert hook.prepare("cgpu") == ""
+    old = time.time() - 120
+    for kind in ("accounting", "limits"):
+        for uid in ("uid-live", "uid-gone"):
+            (tmp_path / "state" / kind / uid / "c0").mkdir(parents=True)
+            os.utime(tmp_path / "state" / kind / uid, (old, old))
+    hook.prune(frozenset({"uid-live"}), frozenset())
+    for kind in ("accounting", "limits"):
+        assert sorted(p.name for p in (tmp_path / "state" / kind).iterdir()) == ["uid-live"]
 
 
 def test_the_plugin_check_hands_the_live_pods_and_devices_to_the_hook() -> None:

@@ -5,6 +5,12 @@ and a fake NVML (``fakes/fake_nvml.c``: utilisation = the fake SM's busy time ov
 200 ms window) stand in for libcuda and libnvidia-ml. The programs in ``programs/`` are linked
 against them and run with ``LD_PRELOAD`` = the interposer, exactly as in a container. Everything
 is compiled into a temporary directory with gcc; without gcc the module is skipped.
+
+The limits file's path is compiled in, and this machine's /etc is every process's, so the file
+tests use a copy built to read a temporary path. What glibc's loader does with
+/etc/ld.so.preload is shown inside a private mount namespace (``unshare -m``, as root) where an
+overlay over /etc holds the preload list and the limits file: nothing outside that one process
+tree sees them. Without root or ``unshare`` those tests skip.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from gpushare.isolation import build
+from gpushare.isolation.limits import CONTAINER_LIMITS_FILE, ContainerLimits
 
 HERE = Path(__file__).parent
 MiB = 2**20
@@ -39,6 +46,9 @@ class Built:
     interposer: Path
     cuda: Path
     nvml: Path
+    file_interposer: Path
+    """A copy that reads its limits file at ``limits`` instead of /etc/gpushare/limits."""
+    limits: Path
 
     def env(self, accounting: Path, **extra: str) -> dict[str, str]:
         """Environment of a container process: preload, accounting dir, fake real libraries."""
@@ -58,6 +68,8 @@ class Built:
 def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     out = tmp_path_factory.mktemp("native")
     interposer = build.build(out / build.LIB_NAME)
+    limits = out / "etc-gpushare" / "limits"
+    file_interposer = build.build(out / "file" / build.LIB_NAME, limits_file=str(limits))
     cuda = build.compile_shared(
         [HERE / "fakes" / "fake_cuda.c"],
         out / "libfakecuda.so",
@@ -86,7 +98,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
             f"-Wl,-rpath,{out}",
         ]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return Built(out, interposer, cuda, nvml)
+    return Built(out, interposer, cuda, nvml, file_interposer, limits)
 
 
 @pytest.fixture
@@ -348,6 +360,289 @@ def test_a_hook_preloaded_after_the_interposer_gets_the_next_symbol(
     env["LD_PRELOAD"] = f"{built.interposer} {built.dir / 'libnexthook.so'}"
     lines, _ = memops(built, env, "init")
     assert rcs(lines) == [0]  # 999: dlsym(RTLD_NEXT) gave the hook itself back
+
+
+# -- the limits file ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def limits(built: Built) -> Iterator[Path]:
+    """The test copy's limits file (absent until a test writes it; removed afterwards)."""
+    built.limits.parent.mkdir(exist_ok=True)
+    yield built.limits
+    if built.limits.is_dir():
+        shutil.rmtree(built.limits)
+    built.limits.unlink(missing_ok=True)
+
+
+def plugin_limits(mem_bytes: int, accounting: Path, core_pct: int = 0) -> str:
+    """The file as the device plugin writes it (its own renderer, read here by the C parser)."""
+    return ContainerLimits((mem_bytes,), core_pct, "1GiB", str(accounting)).render()
+
+
+def test_the_limits_file_wins_over_the_environment(
+    built: Built, accounting: Path, limits: Path, tmp_path: Path
+) -> None:
+    limits.write_text(plugin_limits(1024 * MiB, accounting))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = built.env(
+        elsewhere, GPUSHARE_MEM_LIMIT=str(8 * 1024 * MiB), LD_PRELOAD=str(built.file_interposer)
+    )
+    lines, err = memops(built, env, "alloc:1500", "alloc:900", "alloc:200", "info")
+    print(err.strip())
+    assert rcs(lines) == [2, 0, 2, 0]
+    assert fields(lines[3])["total"] == 1024 * MiB
+    # said once per process, for each variable that disagrees, and the file's table is used
+    assert err.count("disagrees") == 2
+    assert (
+        f"gpushare: GPUSHARE_MEM_LIMIT={8 * 1024 * MiB} in the environment disagrees with "
+        f"mem_limit={1024 * MiB} in {limits}; the file's value is used"
+    ) in err
+    assert f"GPUSHARE_ACCOUNTING_DIR={elsewhere} in the environment disagrees" in err
+    assert [p.name for p in accounting.iterdir()] == ["gpushare-usage.v1"]
+    assert not any(elsewhere.iterdir())
+
+
+def test_without_the_environment_the_file_still_holds(
+    built: Built, accounting: Path, limits: Path, holder: list[subprocess.Popen[str]]
+) -> None:
+    """A process that clears its children's environment does not lift their limit."""
+    limits.write_text(plugin_limits(1024 * MiB, accounting))
+    env = {
+        k: v
+        for k, v in built.env(accounting, LD_PRELOAD=str(built.file_interposer)).items()
+        if k != "GPUSHARE_ACCOUNTING_DIR"
+    }
+    hold(built, env, holder, "alloc:600")
+    lines, err = memops(built, env, "alloc:600", "alloc:400")
+    assert rcs(lines) == [2, 0]  # the two processes share the file's table and limit
+    assert err == ""  # nothing to disagree with
+
+
+def test_the_file_core_limit_wins_over_the_environment(
+    built: Built, accounting: Path, limits: Path
+) -> None:
+    limits.write_text(plugin_limits(1024 * MiB, accounting, core_pct=30))
+    env = built.env(accounting, GPUSHARE_CORE_LIMIT="90", LD_PRELOAD=str(built.file_interposer))
+    util = utilisation(launch_for(built, 3, env))
+    print(f"file core_limit=30, GPUSHARE_CORE_LIMIT=90: fake SM utilisation {util:.1f}%")
+    assert abs(util - 30) <= 5
+
+
+GOOD = "version=1\nmem_limit=1073741824\ncore_limit=0\nunit=1GiB\naccounting_dir=/acct\n"
+MALFORMED = {
+    "cut short": (GOOD[:-1], "it does not end with a newline (cut short?)"),
+    "unknown setting": (GOOD + "gpus=all\n", "line 6: unknown setting 'gpus'"),
+    "newer version": (
+        GOOD.replace("version=1", "version=2"),
+        "version=2, but this interposer reads version 1",
+    ),
+    "a unit suffix": (
+        GOOD.replace("1073741824", "1Gi"),
+        "mem_limit=1Gi is not a positive byte count, or a list of at most 16",
+    ),
+    "zero bytes": (GOOD.replace("1073741824", "0"), "mem_limit=0 is not a positive byte count"),
+    "overflow": (
+        GOOD.replace("1073741824", "18446744073709551616"),
+        "mem_limit=18446744073709551616 is not",
+    ),
+    "set twice": (GOOD + "mem_limit=1\n", "line 6: mem_limit is set twice"),
+    "missing": (GOOD.replace("accounting_dir=/acct\n", ""), "accounting_dir is missing"),
+    "version not first": (
+        "mem_limit=1\n" + GOOD,
+        "line 1: the first setting must be version=1",
+    ),
+    "a space": (
+        GOOD.replace("=1073741824", "= 1073741824"),
+        "line 2: mem_limit is empty or has spaces or control characters",
+    ),
+    "CRLF": (GOOD.replace("\n", "\r\n"), "line 1: version is empty or has spaces"),
+    "empty line": (GOOD.replace("unit", "\nunit"), "line 4 is not key=value"),
+    "core over 100": (GOOD.replace("core_limit=0", "core_limit=101"), "core_limit=101 is not"),
+    "relative accounting": (
+        GOOD.replace("=/acct", "=acct"),
+        "accounting_dir=acct is not an absolute path",
+    ),
+    "too large": ("#" * 5000 + "\n" + GOOD, "it is larger than 4096 bytes"),
+    "a NUL byte": (GOOD.replace("unit=1GiB", "unit=1G\0iB"), "it contains a NUL byte"),
+}
+
+
+@pytest.mark.parametrize("case", [*MALFORMED, "a directory"])
+def test_a_malformed_limits_file_refuses_every_allocation(
+    built: Built, accounting: Path, limits: Path, case: str
+) -> None:
+    if case == "a directory":
+        limits.mkdir()
+        reason = "cannot read it: Is a directory"
+    else:
+        text, reason = MALFORMED[case]
+        limits.write_bytes(text.encode())
+    env = built.env(accounting, GPUSHARE_MEM_LIMIT=GiB_LIMIT, LD_PRELOAD=str(built.file_interposer))
+    lines, err = memops(built, env, "alloc:1", "alloc:1", "info", "managed:1")
+    print(err.strip())
+    assert rcs(lines) == [2, 2, 0, 801]
+    assert fields(lines[2])["free"] == 0
+    assert err.count("is unusable") == 1
+    assert (
+        f"gpushare: {limits} is unusable ({reason}"
+        if case != "a directory"
+        else f"gpushare: {limits} is unusable ({reason})"
+    ) in err
+    assert "every GPU memory allocation is refused rather than run without" in err
+
+
+# -- /etc/ld.so.preload, in a private mount namespace ---------------------------------------
+
+IN_NAMESPACE = r"""
+set -eu
+# never touch this machine's /etc: refuse to go on unless unshare gave a mount namespace
+if [ "$(readlink /proc/self/ns/mnt)" = "$GS_HOST_MNT_NS" ]; then
+    echo "same mount namespace as the test" >&2
+    exit 99
+fi
+mount --make-rprivate /
+mkdir -p "$GS_OVERLAY/upper" "$GS_OVERLAY/work"
+mount -t overlay overlay -o "lowerdir=/etc,upperdir=$GS_OVERLAY/upper,workdir=$GS_OVERLAY/work" /etc
+mkdir -p /etc/gpushare
+cp "$GS_LIMITS" /etc/gpushare/limits
+# last: from here on every dynamically linked program preloads it
+printf '%s\n' "$GS_PRELOAD" > /etc/ld.so.preload
+exec "$@"
+"""
+
+
+def interposers(built: Built, line: str) -> int:
+    """How many of the objects an ``objects`` line lists are the interposer (by content)."""
+    paths = [Path(w.removeprefix("object=")) for w in line.split() if w.startswith("object=")]
+    code = built.interposer.read_bytes()
+    return sum(p.is_file() and p.read_bytes() == code for p in paths)
+
+
+def namespace_problem() -> str:
+    """Why the loader cannot be shown here, or ""."""
+    if os.geteuid() != 0:
+        return "needs root for a private mount namespace"
+    if shutil.which("unshare") is None:
+        return "unshare (util-linux) not found"
+    return ""
+
+
+def in_namespace(
+    built: Built, tmp_path: Path, env: dict[str, str], preload: str, limits_text: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """Run args where /etc/ld.so.preload says ``preload`` and /etc/gpushare/limits holds text."""
+    source = tmp_path / "limits-source"
+    source.write_text(limits_text)
+    ns_env = {
+        **env,
+        "GS_HOST_MNT_NS": os.readlink("/proc/self/ns/mnt"),
+        "GS_OVERLAY": str(tmp_path / "overlay"),
+        "GS_LIMITS": str(source),
+        "GS_PRELOAD": preload,
+    }
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", IN_NAMESPACE, "sh", *args],
+        env=ns_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if done.returncode == 99 or "unshare failed" in done.stderr or "overlay" in done.stderr:
+        pytest.skip(f"no private mount namespace with an overlay on /etc here: {done.stderr}")
+    return done
+
+
+needs_namespace = pytest.mark.skipif(bool(namespace_problem()), reason=namespace_problem())
+
+
+@needs_namespace
+def test_etc_ld_so_preload_loads_the_interposer_with_LD_PRELOAD_emptied(
+    built: Built, accounting: Path, tmp_path: Path
+) -> None:
+    env = built.env(accounting, LD_PRELOAD="", GPUSHARE_MEM_LIMIT=str(8 * 1024 * MiB))
+    done = in_namespace(
+        built,
+        tmp_path,
+        env,
+        str(built.interposer),
+        plugin_limits(1024 * MiB, accounting),
+        str(built.dir / "memops"),
+        "objects",
+        "alloc:1500",
+        "alloc:900",
+    )
+    print(done.stdout, done.stderr)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and rcs(lines) == [0, 2, 0]
+    assert interposers(built, lines[0]) == 1
+    assert f"mem_limit={1024 * MiB} in {CONTAINER_LIMITS_FILE}" in done.stderr
+
+
+@needs_namespace
+@pytest.mark.parametrize(
+    ("named_by", "objects"), [("the same path", 1), ("a symlink", 1), ("a copy", 2)]
+)
+def test_preloaded_twice_it_is_one_object_that_reads_its_limits_once(
+    built: Built, accounting: Path, tmp_path: Path, named_by: str, objects: int
+) -> None:
+    """LD_PRELOAD and /etc/ld.so.preload both name it: glibc maps one object (path, then inode).
+
+    A copy (another inode) is mapped twice, which shows that the count would see a second one;
+    the plugin names the same path in both.
+    """
+    preload = built.interposer
+    if named_by == "a symlink":
+        preload = tmp_path / "link-to-interposer.so"
+        preload.symlink_to(built.interposer)
+    if named_by == "a copy":
+        preload = tmp_path / "copy" / build.LIB_NAME
+        preload.parent.mkdir()
+        shutil.copyfile(built.interposer, preload)
+    env = built.env(accounting, LD_PRELOAD=str(preload), GPUSHARE_LOG="1")
+    done = in_namespace(
+        built,
+        tmp_path,
+        env,
+        str(built.interposer),
+        plugin_limits(1024 * MiB, accounting),
+        str(built.dir / "memops"),
+        "objects",
+        "alloc:1500",
+    )
+    print(done.stdout, done.stderr)
+    lines = done.stdout.splitlines()
+    assert rcs(lines) == [0, 2]
+    assert interposers(built, lines[0]) == objects
+    # the first object in load order answers every call, so its limits are read once
+    assert done.stderr.count(f"limits from {CONTAINER_LIMITS_FILE}") == 1
+
+
+@needs_namespace
+def test_a_missing_library_in_etc_ld_so_preload_is_reported_and_ignored(
+    built: Built, accounting: Path, tmp_path: Path
+) -> None:
+    """glibc's behaviour, which the plugin must not rely on: the program runs, unlimited."""
+    env = built.env(accounting, LD_PRELOAD="")
+    missing = "/nonexistent/gpushare/libgpushare-cuda.so"
+    done = in_namespace(
+        built,
+        tmp_path,
+        env,
+        missing,
+        plugin_limits(1024 * MiB, accounting),
+        str(built.dir / "memops"),
+        "objects",
+        "alloc:1500",
+    )
+    print(done.stdout, done.stderr)
+    assert done.returncode == 0
+    assert rcs(done.stdout.splitlines()) == [0, 0]
+    assert (
+        f"ERROR: ld.so: object '{missing}' from /etc/ld.so.preload cannot be preloaded "
+        "(cannot open shared object file): ignored."
+    ) in done.stderr
 
 
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump not found")

@@ -362,6 +362,51 @@ def test_the_extenders_bind_and_unbind_pass() -> None:
     ]
 
 
+# 5b. Volumes over the isolation's mounts ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mount_path", "covered"),
+    [
+        ("/etc/ld.so.preload", "/etc/ld.so.preload"),
+        ("/etc/gpushare/limits", "/etc/gpushare"),
+        ("/usr/local/gpushare/libgpushare-cuda.so", "/usr/local/gpushare"),
+        ("/var/run/gpushare/gpushare-usage.v1", "/var/run/gpushare"),
+        ("/run/gpushare/gpushare-usage.v1", "/run/gpushare"),
+        ("/var/run/gpushare-mps", "/var/run/gpushare-mps"),
+        ("//etc/./gpushare/", "/etc/gpushare"),
+    ],
+)
+def test_a_volume_over_the_isolation_is_refused_on_a_gpu_pod(mount_path: str, covered: str) -> None:
+    pod = gpu_pod()
+    pod["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "data", "mountPath": "/data"},
+        {"name": "fake", "mountPath": mount_path, "subPath": "limits"},
+    ]
+    message = refused(review(pod))
+    assert (
+        f"container \"main\" (spec.containers[0].volumeMounts[1]): mountPath='{mount_path}' is "
+        f"refused on a pod that asks for {MEM}: the device plugin mounts the GPU isolation at "
+        f"{covered}"
+    ) in message
+    assert "/data" not in message
+
+
+def test_volumes_beside_the_isolation_pass_and_other_pods_mount_anywhere() -> None:
+    pod = gpu_pod()
+    pod["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "etc", "mountPath": "/etc/app"},
+        {"name": "lib", "mountPath": "/usr/local/gpushare-tools"},
+        {"name": "run", "mountPath": "/var/run"},
+    ]
+    assert answer(review(pod))["allowed"] is True
+    plain = gpu_pod(limits={"cpu": "1"})
+    plain["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "x", "mountPath": "/etc/ld.so.preload"}
+    ]
+    assert answer(review(plain))["allowed"] is True
+
+
 # 6. Ephemeral containers (UPDATE on pods/ephemeralcontainers) ---------------------------------
 
 

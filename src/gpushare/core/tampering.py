@@ -13,6 +13,10 @@ without ever asking the scheduler:
   limits off when the container sets them itself: kubelet puts the container's own ``env`` after
   the device plugin's, and the last one wins. ``NVIDIA_VISIBLE_DEVICES`` makes the NVIDIA
   container runtime mount every GPU it names into *any* container, GPU request or not.
+- The files the isolation mounts (the interposer, ``/etc/ld.so.preload``, the limits file, the
+  usage table, the MPS pipe directory) are shadowed by a volume mounted at the same path or
+  below: kubelet lists the pod's volume mounts after the device plugin's, and runtimes mount
+  them in that order (deeper paths later), so the pod's own wins.
 
 So these are refused, by rules that are values (``OWNED_VARIABLES``) and outcomes that are
 values (``Tampering``): each refusal names the field path, the value, the rule and what to do.
@@ -45,6 +49,7 @@ see the README's admission section.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +62,17 @@ ANNOTATION_RULE = (
     "gpushare.io/* and ALIYUN_COM_GPU_MEM_* annotations record the GPU a pod was given, and "
     "only gpushare's extender and device plugin write them"
 )
+
+ISOLATION_PATHS = (
+    "/usr/local/gpushare",
+    "/etc/ld.so.preload",
+    "/etc/gpushare",
+    "/var/run/gpushare",
+    "/run/gpushare",
+    "/var/run/gpushare-mps",
+    "/run/gpushare-mps",
+)
+"""Container paths where the device plugin mounts the isolation (/var/run is /run in images)."""
 
 CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
 HIDING_VALUES = ("void", "none")
@@ -107,7 +123,9 @@ OWNED_VARIABLES = (
         everywhere=False,
         why="the device plugin preloads the GPU memory and compute interposer with it, and "
         "the container's own value replaces the plugin's",
-        fix="remove it (preload your own library through /etc/ld.so.preload in the image)",
+        fix="remove it (set it in the container's command instead, `env LD_PRELOAD=... app`: "
+        "gpushare also preloads its interposer through /etc/ld.so.preload, which that leaves "
+        "in place)",
     ),
     OwnedVariable(
         "GPUSHARE_",
@@ -284,6 +302,39 @@ def _env_findings(
     return findings
 
 
+def _isolation_path(mount_path: str) -> str:
+    """The isolation path a mount path is, or lies under; "" when none."""
+    normal = posixpath.normpath(mount_path) if mount_path else ""
+    normal = "/" + normal.lstrip("/")  # normpath keeps a leading "//"
+    return next((p for p in ISOLATION_PATHS if normal == p or normal.startswith(p + "/")), "")
+
+
+def _mount_findings(
+    template: Mapping[str, Any], where: str, asked: tuple[str, ...]
+) -> list[_Finding]:
+    if not asked:
+        return []
+    findings: list[_Finding] = []
+    for kind, position, container in _containers(template):
+        name = str(container.get("name") or "")
+        mounts = container.get("volumeMounts")
+        for index, mount in enumerate(mounts if isinstance(mounts, list) else ()):
+            path = _mapping(mount).get("mountPath")
+            if not isinstance(path, str) or not (covered := _isolation_path(path)):
+                continue
+            at = _at(where, f"spec.{kind}[{position}].volumeMounts[{index}]")
+            findings.append(
+                _Finding(
+                    ("mount", kind, name, path),
+                    f'container "{name}" ({at}): mountPath={path!r} is refused on a pod that '
+                    f"asks for {asked[0]}: the device plugin mounts the GPU isolation at "
+                    f"{covered}, and a volume at that path or below it replaces what the plugin "
+                    f"put there; mount the volume elsewhere",
+                )
+            )
+    return findings
+
+
 def _annotations(template: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return _mapping(_mapping(_mapping(template).get("metadata")).get("annotations"))
 
@@ -355,11 +406,18 @@ def check(
     asked = gpushare_resources(checked.template, names)
     trusted = trust.trusts(checked.requester)
     new = _env_findings(checked.template, checked.where, asked)
+    new += _mount_findings(checked.template, checked.where, asked)
     if not trusted:
         new += _annotation_findings(checked) + _node_findings(checked, asked, scheduler_name)
     if checked.old is None:
         return Tampering(refused=tuple(f.message for f in new))
-    before = {f.key for f in _env_findings(checked.old, checked.where, asked)}
+    before = {
+        f.key
+        for f in (
+            *_env_findings(checked.old, checked.where, asked),
+            *_mount_findings(checked.old, checked.where, asked),
+        )
+    }
     return Tampering(
         refused=tuple(f.message for f in new if f.key not in before),
         kept=tuple(f.message for f in new if f.key in before),

@@ -4,13 +4,22 @@ One hook per node mode (``ack.node.gpu.schedule``), picked when the plugin start
 
 - ``cgpu`` and ``core_mem``: :class:`InterposerIsolation` preloads the native interposer
   (``gpushare/isolation/native``) and gives each container its memory limit in bytes per visible
-  GPU, its SM percentage on core_mem, and a fresh accounting directory of its own in which the
+  GPU, its SM percentage on core_mem, and a fresh usage table of its own in which the
   interposer counts usage across the container's processes.
 - ``mps``: :class:`MpsIsolation` runs one NVIDIA MPS control daemon per GPU and points each
   container at its GPU's pipe directory, with MPS's own pinned-memory limit.
 - ``share`` (and ``--isolation none``): :class:`~gpushare.deviceplugin.serving.NoIsolation`; the
   container gets the ``ALIYUN_COM_GPU_MEM_*`` variables only and limits itself
   (``gpushare.isolation.share``).
+
+What the container cannot undo: the limits and the preload are files the plugin writes on the
+host and mounts read-only, ``/etc/gpushare/limits`` (``gpushare.isolation.limits``; the
+interposer reads it before the environment) and ``/etc/ld.so.preload`` (glibc's loader reads it
+for every dynamically linked program, setuid ones included, whatever ``LD_PRELOAD`` says), so
+neither a pod's own ``env`` nor a process that clears its children's environment turns the
+limits off. The variables stay, for people and for interposers from before the file. The usage
+table is the one thing mounted writable, and only that file, not its directory: the processes
+of a container must all write it (see the README's isolation section for what that allows).
 
 Mount sources are host paths: kubelet reads them on the host. The plugin creates the accounting
 and pipe directories and copies the library through its own mounts, so the state and library
@@ -20,10 +29,11 @@ Kubelet calls Allocate once per container and resource, and merges the answers: 
 nodes the memory answer carries everything, so that the mounts are not given twice.
 
 Kubelet does not say which pod it admits. When one pending container has the signature its
-accounting directory is ``<state>/accounting/<pod-uid>/<container>``; when several identical
-ones wait, it is named after kubelet's device IDs, which no two live containers share. Each
-Allocate starts the directory empty (kubelet calls it once per container, not on restarts); the
-plugin's PodResources check removes those of pods that are gone and of device sets no longer in
+accounting directory is ``<state>/accounting/<pod-uid>/<container>`` (and its limits
+``<state>/limits/<pod-uid>/<container>/limits``); when several identical ones wait, they are
+named after kubelet's device IDs, which no two live containers share. Each Allocate starts the
+usage table empty (kubelet calls it once per container, not on restarts); the plugin's
+PodResources check removes the directories of pods that are gone and of device sets no longer in
 use, once they are a minute old.
 
 The MPS daemon commands run inside Allocate (which kubelet awaits anyway): at most one start per
@@ -54,6 +64,12 @@ from gpushare.deviceplugin.serving import (
     NoIsolation,
     Target,
 )
+from gpushare.isolation.limits import (
+    CONTAINER_LIMITS_FILE,
+    LIMITS_FILE_NAME,
+    ContainerLimits,
+    mem_limit_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +77,12 @@ LIB_NAME = "libgpushare-cuda.so"
 DEFAULT_LIB_DIR = Path("/usr/local/gpushare")
 CONTAINER_LIB_DIR = "/usr/local/gpushare"
 CONTAINER_ACCOUNTING_DIR = "/var/run/gpushare"
+TABLE_NAME = "gpushare-usage.v1"
+"""The usage table's file name (the interposer's ``GS_TABLE_FILE``)."""
+CONTAINER_TABLE_FILE = f"{CONTAINER_ACCOUNTING_DIR}/{TABLE_NAME}"
+PRELOAD_NAME = "ld.so.preload"
+"""The host file, in the library directory, that containers see as /etc/ld.so.preload."""
+CONTAINER_PRELOAD_FILE = "/etc/ld.so.preload"
 CONTAINER_MPS_PIPE_DIR = "/var/run/gpushare-mps"
 INTERPOSER_MODES = ("cgpu", "core_mem")
 MPS_MODE = "mps"
@@ -102,6 +124,24 @@ def install_library(source: Path | None, lib_dir: Path) -> str:
     except OSError as err:
         return f"cannot install {LIB_NAME} into --isolation-lib-dir {lib_dir}: {err}"
     return ""
+
+
+def install_preload(lib_dir: Path) -> str:
+    """Write the preload list naming the library (atomically); the reason it failed, or ""."""
+    try:
+        _write_atomically(lib_dir / PRELOAD_NAME, f"{CONTAINER_LIB_DIR}/{LIB_NAME}\n", 0o644)
+    except OSError as err:
+        return f"cannot write {PRELOAD_NAME} into --isolation-lib-dir {lib_dir}: {err}"
+    return ""
+
+
+def _write_atomically(path: Path, text: str, mode: int) -> None:
+    """Write through a temporary file and a rename: a reader sees the old file or the new."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp"
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    tmp.replace(path)
 
 
 def devices_key(device_ids: tuple[str, ...]) -> str:
@@ -152,11 +192,26 @@ def _children(path: Path) -> list[Path]:
         return []
 
 
-def fresh_dir(path: Path) -> None:
-    """Create ``path`` empty and writable by any user of the one container it is mounted in."""
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    path.chmod(0o777)  # the container's user is unknown; only that container mounts it
+def fresh_table(directory: Path) -> Path:
+    """An empty usage table in a new ``directory``; its path.
+
+    Only the file is mounted into the container, so the directory stays root's. The file is
+    writable by every user, because the container's users are unknown and every process of it
+    must count itself; only that container mounts it. The interposer sizes it on first use.
+    """
+    shutil.rmtree(directory, ignore_errors=True)
+    # What rmtree could not remove (a directory of an older plugin, which containers could
+    # write, holding one of a container user's with mode 0700: the plugin has no
+    # CAP_DAC_OVERRIDE) is left there; it is not mounted anywhere.
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o755)
+    table = directory / TABLE_NAME
+    tmp = directory / f".{TABLE_NAME}.tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.touch()
+    tmp.chmod(0o666)
+    tmp.replace(table)
+    return table
 
 
 class InterposerIsolation:
@@ -176,45 +231,59 @@ class InterposerIsolation:
         self.packaged = packaged
 
     def prepare(self, mode: str) -> str:
-        """Install the library; refuse to start without one."""
-        return install_library(self.packaged, self.lib_dir)
+        """Install the library and the preload list; refuse to start without them."""
+        return install_library(self.packaged, self.lib_dir) or install_preload(self.lib_dir)
 
     def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
-        """Add the preload, the limits and the accounting directory to a memory answer."""
+        """Add the preload, the limits and the usage table to a memory answer."""
         signature = target.signature
         if signature.resource != MEM:
             return answer
-        accounting = self.state_dir / "accounting" / accounting_key(target)
+        key = accounting_key(target)
+        limits = ContainerLimits(
+            mem_limit_bytes=tuple(units * self.unit.mib * 2**20 for _, units in signature.layout),
+            core_pct=(
+                max(p for _, p in signature.core_layout)
+                if target.mode == "core_mem" and signature.core_layout
+                else 0
+            ),
+            unit=self.unit.value,
+            accounting_dir=CONTAINER_ACCOUNTING_DIR,
+        )
+        limits_file = self.state_dir / "limits" / key / LIMITS_FILE_NAME
+        accounting = self.state_dir / "accounting" / key
         try:
-            fresh_dir(accounting)
+            table = fresh_table(accounting)
+            _write_atomically(limits_file, limits.render(), 0o444)
         except OSError as err:
             raise IsolationError(
-                f"cannot create the accounting directory {accounting}: {err}"
+                f"cannot write the usage table and limits of this container under "
+                f"{self.state_dir}: {err}"
             ) from err
-        limits = [units * self.unit.mib * 2**20 for _, units in signature.layout]
         envs = {
             **answer.envs,
             "LD_PRELOAD": f"{CONTAINER_LIB_DIR}/{LIB_NAME}",
-            "GPUSHARE_MEM_LIMIT": (
-                str(limits[0]) if len(set(limits)) == 1 else ",".join(map(str, limits))
-            ),
+            "GPUSHARE_MEM_LIMIT": mem_limit_text(limits.mem_limit_bytes),
             "GPUSHARE_ACCOUNTING_DIR": CONTAINER_ACCOUNTING_DIR,
         }
-        if target.mode == "core_mem" and signature.core_layout:
-            envs["GPUSHARE_CORE_LIMIT"] = str(max(p for _, p in signature.core_layout))
+        if limits.core_pct:
+            envs["GPUSHARE_CORE_LIMIT"] = str(limits.core_pct)
         mounts = (
             *answer.mounts,
             (CONTAINER_LIB_DIR, str(self.lib_dir), True),
-            (CONTAINER_ACCOUNTING_DIR, str(accounting), False),
+            (CONTAINER_PRELOAD_FILE, str(self.lib_dir / PRELOAD_NAME), True),
+            (CONTAINER_LIMITS_FILE, str(limits_file), True),
+            (CONTAINER_TABLE_FILE, str(table), False),
         )
         return replace(answer, envs=envs, mounts=mounts)
 
     def prune(self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]) -> None:
-        """Remove the accounting directories of containers that are gone."""
-        for path in prune_accounting(
-            self.state_dir / "accounting", live_uids, live_devices, now=time.time()
-        ):
-            log.info("accounting=%s phase=prune", path)
+        """Remove the usage tables and limits of containers that are gone."""
+        for kind in ("accounting", "limits"):
+            for path in prune_accounting(
+                self.state_dir / kind, live_uids, live_devices, now=time.time()
+            ):
+                log.info("%s=%s phase=prune", kind, path)
 
     def close(self) -> None:
         """Nothing runs; the library stays for the containers that use it."""

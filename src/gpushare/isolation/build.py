@@ -67,13 +67,18 @@ def compile_shared(
     return out
 
 
-def build(out: Path | None = None, *, cc: str = "gcc") -> Path:
-    """Build the interposer (into native/ unless out is given) and return its path."""
+def build(out: Path | None = None, *, cc: str = "gcc", limits_file: str = "") -> Path:
+    """Build the interposer (into native/ unless out is given) and return its path.
+
+    ``limits_file`` replaces the compiled-in ``/etc/gpushare/limits`` (no variable can move it,
+    so that a container cannot); only tests, which cannot write /etc, build such a copy.
+    """
+    defines = (f'-DGPUSHARE_LIMITS_FILE="{limits_file}"',) if limits_file else ()
     return compile_shared(
         [NATIVE / s for s in SOURCES],
         out or NATIVE / LIB_NAME,
         cc=cc,
-        extra=("-fvisibility=hidden",),
+        extra=("-fvisibility=hidden", *defines),
         libs=INTERPOSER_LIBS,
     )
 

@@ -4,10 +4,12 @@
  *   array:MiB (a 2D float4 array)  array3d:MiB (a 3D 8-bit array)  destroy
  *   procaddr:MiB (cuMemAlloc through cuGetProcAddress on a dlopen'ed driver handle)
  *   info (cuMemGetInfo, cuDeviceTotalMem)  nvml (nvmlDeviceGetMemoryInfo, _v2)  init  hold
+ *   objects (the path of every loaded object, as the loader names it)
  * Lines read "<op> rc=<CUresult> ...". Linked against the fake driver and NVML.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,14 @@
 #include "gpushare_cuda.h"
 
 #define MIB (1ULL << 20)
+
+static int print_object(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    (void)data;
+    if (info->dlpi_name[0] != '\0')
+        printf("object=%s ", info->dlpi_name);
+    return 0;
+}
 
 int main(int argc, char **argv) {
     CUdeviceptr ptrs[256];
@@ -103,6 +113,8 @@ int main(int argc, char **argv) {
             nvmlDeviceGetMemoryInfo_v2(d, &m2);
             printf("total=%llu used=%llu free=%llu v2_total=%llu v2_used=%llu ", m.total, m.used,
                    m.free, m2.total, m2.used);
+        } else if (strcmp(op, "objects") == 0) {
+            dl_iterate_phdr(print_object, NULL);
         } else if (strcmp(op, "init") == 0) {
             rc = cuInit(0);
         } else if (strcmp(op, "hold") == 0) {

@@ -1,10 +1,13 @@
 /*
  * gpushare's CUDA driver / NVML interposer (LD_PRELOAD=libgpushare-cuda.so).
  *
+ * Limits: read from the read-only limits file the device plugin mounts (GPUSHARE_LIMITS_FILE),
+ * else from GPUSHARE_MEM_LIMIT, GPUSHARE_CORE_LIMIT and GPUSHARE_ACCOUNTING_DIR; see below.
+ *
  * Memory: every driver allocation path (cuMemAlloc, pitch, async and pool, VMM cuMemCreate, CUDA
  * arrays, counted by their element size as a lower bound) is
- * reserved against GPUSHARE_MEM_LIMIT before the real call and given back on free or failure.
- * Usage is kept per container in a shared mmap'ed table under GPUSHARE_ACCOUNTING_DIR, one entry
+ * reserved against the memory limit before the real call and given back on free or failure.
+ * Usage is kept per container in a shared mmap'ed table in the accounting directory, one entry
  * per process (pid, start time, bytes per device), under an exclusive flock plus a process-local
  * mutex (flock does not exclude threads of one process). Entries of dead processes are reclaimed
  * on each reservation (kill(pid, 0) == ESRCH), and before refusing, entries whose pid was reused
@@ -28,6 +31,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <link.h>
 #include <pthread.h>
 #include <signal.h>
@@ -77,11 +81,29 @@ __asm__(".symver pthread_once,pthread_once@" GS_BASE_GLIBC);
 
 /* ------------------------------------------------------------------ configuration, logging */
 
+/*
+ * The limits come from GPUSHARE_LIMITS_FILE, which the device plugin writes on the host for this
+ * container and mounts read-only: a process can neither change nor unset it, whereas the
+ * environment is the container's own (kubelet puts the pod's env after the plugin's, and any
+ * process may change it for its children). So the file, when it is there, wins; the variables
+ * stay for display and for nodes whose plugin writes no file, and a disagreement is said once on
+ * stderr. A file that is there but cannot be read as version 1 fails closed: every allocation is
+ * refused, since running without the limit is what a tampered file would be for. The path is
+ * compiled in (no variable may move it); the tests build a copy that reads elsewhere.
+ *
+ * Settings are read with secure_getenv: /etc/ld.so.preload loads this library into setuid
+ * programs too, whose environment is the caller's to choose.
+ */
+#ifndef GPUSHARE_LIMITS_FILE
+#define GPUSHARE_LIMITS_FILE "/etc/gpushare/limits"
+#endif
+#define GS_LIMITS_MAX_BYTES 4096
+
 static int gs_log_on = -1;
 
 static void gs_log(const char *fmt, ...) {
     if (gs_log_on < 0) {
-        const char *v = getenv("GPUSHARE_LOG");
+        const char *v = secure_getenv("GPUSHARE_LOG");
         gs_log_on = v != NULL && strcmp(v, "1") == 0;
     }
     if (!gs_log_on)
@@ -97,46 +119,246 @@ static void gs_log(const char *fmt, ...) {
 static pthread_once_t gs_config_once = PTHREAD_ONCE_INIT;
 static unsigned long long gs_limit[GS_MAX_DEVS]; /* 0 = no limit */
 static int gs_any_limit;
-static int gs_core_pct; /* 0 = no throttle */
+static int gs_core_pct;          /* 0 = no throttle */
+static int gs_refuse;            /* the limits file is unusable: refuse every allocation */
+static char gs_accounting[1024]; /* "" = count this process alone */
+
+/* "B" or "B,B,...", bytes per device ordinal: how many, or 0 when it is not that (strict: no
+ * value may be 0). Digits only: no sign, space or suffix, no overflow. */
+static int gs_parse_bytes(const char *p, unsigned long long out[GS_MAX_DEVS], int strict) {
+    int n = 0;
+    for (;;) {
+        if (n == GS_MAX_DEVS)
+            return 0;
+        const char *start = p;
+        unsigned long long v = 0;
+        for (; *p >= '0' && *p <= '9'; p++) {
+            unsigned int digit = (unsigned int)(*p - '0');
+            if (v > (ULLONG_MAX - digit) / 10)
+                return 0;
+            v = v * 10 + digit;
+        }
+        if (p == start || (strict && v == 0))
+            return 0;
+        out[n++] = v;
+        if (*p == '\0')
+            return n;
+        if (*p++ != ',')
+            return 0;
+    }
+}
+
+/* One value for every device ordinal. */
+static void gs_spread(unsigned long long limits[GS_MAX_DEVS], int n) {
+    for (int i = n == 1 ? 1 : n; i < GS_MAX_DEVS; i++)
+        limits[i] = n == 1 ? limits[0] : 0;
+}
+
+struct gs_file {
+    unsigned long long limit[GS_MAX_DEVS];
+    int core_pct;
+    char mem_text[512];
+    char accounting[sizeof gs_accounting];
+};
+
+static int gs_printable(const char *v) {
+    if (*v == '\0')
+        return 0;
+    for (; *v != '\0'; v++)
+        if ((unsigned char)*v <= ' ' || (unsigned char)*v >= 0x7f)
+            return 0;
+    return 1;
+}
+
+/* Parse the limits file's text (NUL-terminated, len bytes); "" when it is version 1, else why
+ * not, in why. Every setting is required, once, with no spaces; '#' lines are comments. */
+static void gs_parse_file(char *text, size_t len, struct gs_file *f, char *why, size_t whylen) {
+    enum { VERSION, MEM, CORE, UNIT, ACCOUNTING, NKEYS };
+    static const char *keys[NKEYS] = {"version", "mem_limit", "core_limit", "unit",
+                                      "accounting_dir"};
+    int seen[NKEYS] = {0};
+    why[0] = '\0';
+    if (memchr(text, '\0', len) != NULL) {
+        snprintf(why, whylen, "it contains a NUL byte");
+        return;
+    }
+    if (len == 0 || text[len - 1] != '\n') {
+        snprintf(why, whylen, "it does not end with a newline (cut short?)");
+        return;
+    }
+    int lineno = 0;
+    for (char *line = text, *next; *line != '\0'; line = next) {
+        next = strchr(line, '\n');
+        *next++ = '\0';
+        lineno++;
+        if (line[0] == '#')
+            continue;
+        char *eq = strchr(line, '=');
+        if (eq == NULL) {
+            snprintf(why, whylen, "line %d is not key=value", lineno);
+            return;
+        }
+        *eq = '\0';
+        const char *key = line, *value = eq + 1;
+        int k = 0;
+        while (k < NKEYS && strcmp(keys[k], key) != 0)
+            k++;
+        if (k == NKEYS) {
+            snprintf(why, whylen, "line %d: unknown setting '%.64s'", lineno, key);
+            return;
+        }
+        if (k != VERSION && !seen[VERSION]) {
+            snprintf(why, whylen, "line %d: the first setting must be version=1", lineno);
+            return;
+        }
+        if (seen[k]) {
+            snprintf(why, whylen, "line %d: %s is set twice", lineno, keys[k]);
+            return;
+        }
+        seen[k] = 1;
+        if (!gs_printable(value)) {
+            snprintf(why, whylen, "line %d: %s is empty or has spaces or control characters",
+                     lineno, keys[k]);
+            return;
+        }
+        if (k == VERSION && strcmp(value, "1") != 0) {
+            snprintf(why, whylen, "version=%.32s, but this interposer reads version 1", value);
+            return;
+        }
+        if (k == MEM) {
+            int n = gs_parse_bytes(value, f->limit, 1);
+            if (n == 0 || strlen(value) >= sizeof f->mem_text) {
+                snprintf(why, whylen,
+                         "mem_limit=%.64s is not a positive byte count, or a list of at most %d "
+                         "separated by commas",
+                         value, GS_MAX_DEVS);
+                return;
+            }
+            gs_spread(f->limit, n);
+            snprintf(f->mem_text, sizeof f->mem_text, "%s", value);
+        }
+        if (k == CORE) {
+            unsigned long long pct[GS_MAX_DEVS];
+            int zero = strcmp(value, "0") == 0;
+            if (!zero && (gs_parse_bytes(value, pct, 1) != 1 || pct[0] > 100)) {
+                snprintf(why, whylen, "core_limit=%.32s is not a percentage from 0 to 100", value);
+                return;
+            }
+            f->core_pct = zero ? 0 : (int)pct[0];
+        }
+        if (k == ACCOUNTING) {
+            if (value[0] != '/' || strlen(value) >= sizeof f->accounting) {
+                snprintf(why, whylen, "accounting_dir=%.64s is not an absolute path", value);
+                return;
+            }
+            snprintf(f->accounting, sizeof f->accounting, "%s", value);
+        }
+    }
+    for (int k = 0; k < NKEYS; k++) {
+        if (!seen[k]) {
+            snprintf(why, whylen, "%s is missing", keys[k]);
+            return;
+        }
+    }
+}
+
+/* 0: there is no limits file; 1: *f holds it; -1: it is there but unusable, why says why. */
+static int gs_read_file(struct gs_file *f, char *why, size_t whylen) {
+    int fd = open(GPUSHARE_LIMITS_FILE, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT || errno == ENOTDIR)
+            return 0;
+        snprintf(why, whylen, "cannot open it: %s", strerror(errno));
+        return -1;
+    }
+    char text[GS_LIMITS_MAX_BYTES + 1];
+    size_t len = 0;
+    for (;;) {
+        ssize_t got = read(fd, text + len, sizeof text - 1 - len);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            snprintf(why, whylen, "cannot read it: %s", strerror(errno));
+            close(fd);
+            return -1;
+        }
+        if (got == 0)
+            break;
+        len += (size_t)got;
+        if (len == sizeof text - 1) {
+            snprintf(why, whylen, "it is larger than %d bytes", GS_LIMITS_MAX_BYTES);
+            close(fd);
+            return -1;
+        }
+    }
+    close(fd);
+    text[len] = '\0';
+    memset(f, 0, sizeof *f);
+    gs_parse_file(text, len, f, why, whylen);
+    return why[0] == '\0' ? 1 : -1;
+}
+
+static void gs_disagree(const char *variable, const char *value, const char *setting,
+                        const char *file_value) {
+    fprintf(stderr,
+            "gpushare: %s=%s in the environment disagrees with %s=%s in %s; the file's value is "
+            "used\n",
+            variable, value, setting, file_value, GPUSHARE_LIMITS_FILE);
+}
 
 static void gs_config_init(void) {
-    const char *mem = getenv("GPUSHARE_MEM_LIMIT");
-    if (mem != NULL && *mem != '\0') {
-        const char *p = mem;
-        int n = 0;
-        while (n < GS_MAX_DEVS && *p != '\0') {
-            char *end = NULL;
-            unsigned long long v = strtoull(p, &end, 10);
-            if (end == p)
-                break;
-            if (*end != ',' && *end != '\0') { /* "2Gi": not bytes; refuse the whole value */
-                n = 0;
-                break;
-            }
-            gs_limit[n++] = v;
-            p = *end == ',' ? end + 1 : end;
-            if (*end != ',')
-                break;
-        }
-        if (n == 0)
-            memset(gs_limit, 0, sizeof gs_limit);
-        if (n == 0)
+    const char *mem = secure_getenv("GPUSHARE_MEM_LIMIT");
+    const char *core = secure_getenv("GPUSHARE_CORE_LIMIT");
+    const char *accounting = secure_getenv("GPUSHARE_ACCOUNTING_DIR");
+    unsigned long long env_limit[GS_MAX_DEVS] = {0};
+    int env_n = mem != NULL && *mem != '\0' ? gs_parse_bytes(mem, env_limit, 0) : 0;
+    gs_spread(env_limit, env_n);
+    int env_core = 0;
+    if (core != NULL && *core != '\0') {
+        int v = atoi(core);
+        env_core = v > 0 && v < 100 ? v : 0;
+    }
+    struct gs_file f;
+    char why[256];
+    int from_file = gs_read_file(&f, why, sizeof why);
+    if (from_file < 0) {
+        gs_refuse = 1;
+        gs_any_limit = 1;
+        fprintf(stderr,
+                "gpushare: %s is unusable (%s); every GPU memory allocation is refused rather "
+                "than run without the container's limit. The device plugin writes this file when "
+                "the container starts: recreate the pod, and check that the device plugin and "
+                "its interposer are the same version\n",
+                GPUSHARE_LIMITS_FILE, why);
+        return;
+    }
+    if (from_file) {
+        if (mem != NULL && memcmp(env_limit, f.limit, sizeof env_limit) != 0)
+            gs_disagree("GPUSHARE_MEM_LIMIT", mem, "mem_limit", f.mem_text);
+        char pct[16];
+        snprintf(pct, sizeof pct, "%d", f.core_pct);
+        if (core != NULL && env_core != (f.core_pct < 100 ? f.core_pct : 0))
+            gs_disagree("GPUSHARE_CORE_LIMIT", core, "core_limit", pct);
+        if (accounting != NULL && strcmp(accounting, f.accounting) != 0)
+            gs_disagree("GPUSHARE_ACCOUNTING_DIR", accounting, "accounting_dir", f.accounting);
+        memcpy(gs_limit, f.limit, sizeof gs_limit);
+        gs_core_pct = f.core_pct < 100 ? f.core_pct : 0;
+        snprintf(gs_accounting, sizeof gs_accounting, "%s", f.accounting);
+    } else {
+        if (mem != NULL && *mem != '\0' && env_n == 0)
             fprintf(stderr,
                     "gpushare: GPUSHARE_MEM_LIMIT=%s is not a byte count (or a comma-separated "
                     "list of them); no GPU memory limit is enforced\n",
                     mem);
-        if (n == 1)
-            for (int i = 1; i < GS_MAX_DEVS; i++)
-                gs_limit[i] = gs_limit[0];
-        for (int i = 0; i < GS_MAX_DEVS; i++)
-            gs_any_limit |= gs_limit[i] != 0;
+        memcpy(gs_limit, env_limit, sizeof gs_limit);
+        gs_core_pct = env_core;
+        if (accounting != NULL)
+            snprintf(gs_accounting, sizeof gs_accounting, "%s", accounting);
     }
-    const char *core = getenv("GPUSHARE_CORE_LIMIT");
-    if (core != NULL && *core != '\0') {
-        int v = atoi(core);
-        gs_core_pct = v > 0 && v < 100 ? v : 0;
-    }
-    gs_log("memory limit device0=%llu bytes, core limit=%d%%", gs_limit[0], gs_core_pct);
+    for (int i = 0; i < GS_MAX_DEVS; i++)
+        gs_any_limit |= gs_limit[i] != 0;
+    gs_log("limits from %s: memory device0=%llu bytes, core limit=%d%%",
+           from_file ? GPUSHARE_LIMITS_FILE : "the environment", gs_limit[0], gs_core_pct);
 }
 
 static void gs_config(void) { pthread_once(&gs_config_once, gs_config_init); }
@@ -168,7 +390,7 @@ static pthread_mutex_t gs_resolve_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *gs_open(void **slot, const char *env, const char *dflt) {
     pthread_mutex_lock(&gs_resolve_lock);
     if (*slot == NULL) {
-        const char *path = getenv(env);
+        const char *path = secure_getenv(env);
         *slot = dlopen(path != NULL && *path != '\0' ? path : dflt, RTLD_NOW | RTLD_GLOBAL);
         if (*slot == NULL)
             gs_log("cannot open %s: %s", path ? path : dflt, dlerror());
@@ -268,6 +490,7 @@ static void gs_local_reset(void);
 
 /* Map the table and claim this process's entry; call with gs_table_lock held (not flock). */
 static int gs_table_attach(void) {
+    gs_config(); /* the accounting directory */
     pid_t pid = getpid();
     if (gs_table != NULL && gs_my_pid == pid)
         return gs_me ? 0 : -1;
@@ -281,8 +504,8 @@ static int gs_table_attach(void) {
         gs_table_fd = -1;
     }
     if (gs_table == NULL) {
-        const char *dir = getenv("GPUSHARE_ACCOUNTING_DIR");
-        if (dir != NULL && *dir != '\0') {
+        const char *dir = gs_accounting;
+        if (*dir != '\0') {
             char path[4096];
             snprintf(path, sizeof path, "%s/%s", dir, GS_TABLE_FILE);
             mode_t old = umask(0);
@@ -396,6 +619,8 @@ static unsigned long long gs_used(int dev) {
 /* Reserve bytes on dev for this process; CUDA_ERROR_OUT_OF_MEMORY if over the limit. */
 static CUresult gs_reserve(int dev, unsigned long long bytes) {
     unsigned long long limit = gs_limit_of(dev);
+    if (gs_refuse)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* said on stderr when the limits were read */
     if (limit == 0)
         return CUDA_SUCCESS;
     CUresult rc = CUDA_SUCCESS;
@@ -684,6 +909,11 @@ GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
         return rc;
     int dev = gs_current_device();
     unsigned long long limit = gs_limit_of(dev);
+    if (gs_refuse) {
+        *free_bytes = 0;
+        *total_bytes = real_total;
+        return rc;
+    }
     if (limit == 0) {
         *free_bytes = real_free;
         *total_bytes = real_total;
