@@ -406,6 +406,39 @@ def test_cgpu_container_has_the_interposer_preloaded(real_node: RealNode, ns: st
     assert checked == 1 and not mismatches, mismatches
 
 
+def test_a_containers_own_env_cannot_switch_its_isolation_off(
+    real_node: RealNode, ns: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without admission (no webhook runs beside the real node), a pod sets ``LD_PRELOAD=""``
+    and a larger ``GPUSHARE_MEM_LIMIT`` itself. kubelet puts the container's own env after the
+    device plugin's, so the pod's values are what the process sees; the interposer is still
+    mapped (``/etc/ld.so.preload``) and its limit comes from the read-only limits file."""
+    cluster = real_node.cluster
+    real_node.set_mode("cgpu", unit="1GiB")
+    hostile = container(
+        "main",
+        5,
+        command="sed -n 's/^mem_limit=/LIMITS_MEM=/p' /etc/gpushare/limits",
+    )
+    hostile["env"] = [
+        {"name": "LD_PRELOAD", "value": ""},
+        {"name": "GPUSHARE_MEM_LIMIT", "value": str(15 * 1024**3)},
+    ]
+    create(cluster, [pod("override", NS, [hostile])])
+    wait_done(cluster, {"override"}, 120)
+    env = probe_env(cluster.kubectl("logs", "-n", NS, "override").stdout)
+    with capsys.disabled():
+        print(
+            f"\n[real node] pod-spec env against the plugin's: LD_PRELOAD={env.get('LD_PRELOAD')!r}"
+            f" GPUSHARE_MEM_LIMIT={env.get('GPUSHARE_MEM_LIMIT')} (the pod's values win); "
+            f"mapped={env['PROBE_MAPPED']} limits file mem_limit={env.get('LIMITS_MEM')}",
+            flush=True,
+        )
+    assert env.get("GPUSHARE_MEM_LIMIT") == str(15 * 1024**3)  # kubelet: the pod's env wins
+    assert "libgpushare-cuda.so" in env["PROBE_MAPPED"]
+    assert env["LIMITS_MEM"] == str(5 * 1024**3)
+
+
 # -- restarts and health ----------------------------------------------------------------------
 
 

@@ -207,3 +207,82 @@ def test_gpu_pod_without_the_scheduler_name_is_accepted_with_a_warning(
     with urllib.request.urlopen(f"{url}/metrics", context=context, timeout=5) as answer:
         metrics = answer.read().decode()
     assert 'gpushare_webhook_reviews_total{decision="warned",kind="Pod"}' in metrics
+
+
+def test_a_tenants_tampering_is_refused_on_create_and_update(
+    cluster: Cluster, webhook: tuple[str, ssl.SSLContext]
+) -> None:
+    """The hostile pod of the multi-tenant review: forged allocation, ASSIGNED, nodeName and
+    the isolation's own env. The admin identity of the test is not one of gpushare's trusted
+    identities, so it is refused as a tenant would be."""
+    forged = json.dumps(
+        {
+            "version": 1,
+            "node": "gpushare-real-0",
+            "unit": "1GiB",
+            "gpus": [{"index": 0, "mem": 15, "core": 0}],
+            "containers": [{"name": "main", "kind": "app", "gpus": [{"index": 0, "mem": 15}]}],
+        }
+    )
+    hostile = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "hostile",
+            "namespace": NS,
+            "annotations": {
+                "gpushare.io/allocation": forged,
+                "ALIYUN_COM_GPU_MEM_ASSIGNED": "true",
+            },
+        },
+        "spec": {
+            "nodeName": "gpushare-real-0",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "env": [
+                        {"name": "LD_PRELOAD", "value": ""},
+                        {"name": "GPUSHARE_MEM_LIMIT", "value": str(15 * 1024**3)},
+                        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                    ],
+                    "resources": {"limits": {MEM: 1}},
+                }
+            ],
+        },
+    }
+    refused = apply(cluster, hostile)
+    print(f"[e2e] the hostile pod:\n{refused.stderr}", flush=True)
+    assert refused.returncode != 0
+    for field in (
+        "gpushare.io/allocation",
+        "ALIYUN_COM_GPU_MEM_ASSIGNED",
+        "spec.nodeName",
+        "LD_PRELOAD",
+        "GPUSHARE_MEM_LIMIT",
+        "NVIDIA_VISIBLE_DEVICES",
+    ):
+        assert field in refused.stderr, field
+    assert cluster.kubectl("get", "pod", "hostile", "-n", NS, check=False).returncode != 0
+
+    # an honest pod is admitted; writing the hand-off annotations on it afterwards is not
+    honest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "honest", "namespace": NS},
+        "spec": {
+            "schedulerName": "ack-co-scheduler",
+            "nodeSelector": {"gpushare-e2e": "webhook-nowhere"},
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": {MEM: 1}}}],
+        },
+    }
+    assert apply(cluster, honest).returncode == 0
+    annotate = cluster.kubectl(
+        "annotate", "pod", "honest", "-n", NS, f"gpushare.io/allocation={forged}", check=False
+    )
+    print(f"[e2e] annotating the honest pod:\n{annotate.stderr}", flush=True)
+    assert annotate.returncode != 0 and "gpushare.io/allocation" in annotate.stderr
+    assigned = cluster.kubectl(
+        "annotate", "pod", "honest", "-n", NS, "ALIYUN_COM_GPU_MEM_ASSIGNED=true", check=False
+    )
+    assert assigned.returncode != 0
