@@ -160,6 +160,10 @@ class MemoryKube:
                 position = event.version
                 if event.kind == kind:
                     yield WatchEvent(type=event.type, object=_copy(event.object))
+            if self._log and self._log[-1].version > position:
+                continue  # written while the last event was being handled
+            # versions past the log went to Events, which no watch shows: nothing is unseen
+            position = max(position, self._version)
             if position >= self._version:
                 waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 self._waiters.append(waiter)
