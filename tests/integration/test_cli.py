@@ -9,7 +9,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from gpushare.cli import main as gpushare
-from gpushare.inspect.cli import collect, render
+from gpushare.core.trust import SealKey, Trust
+from gpushare.inspect.cli import collect, find_trust, render
 from gpushare.inspect.cli import main as inspect_cgpu
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node
@@ -83,3 +84,27 @@ def test_extender_rejects_bad_settings_before_starting() -> None:
     result = CliRunner().invoke(gpushare, ["extender", "--gpu-memory-unit", "2GiB"])
     assert result.exit_code == 2
     assert "gpu_memory_unit='2GiB'" in result.output
+
+
+def test_inspect_reads_the_key_from_the_secret_or_says_it_checks_structure_only() -> None:
+    kube = MemoryKube()
+    trust, note = asyncio.run(find_trust(kube))
+    assert trust == Trust.sealed(SealKey(kube.seal_key)) and note == ""
+    trust, note = asyncio.run(find_trust(kube, secret="elsewhere/none"))
+    assert trust == Trust.structural()
+    assert note == (
+        "note: cannot read Secret elsewhere/none: secret elsewhere/none not found; checking "
+        "allocations' structure only (node and requests), not their seals (give "
+        "--seal-key-file or --seal-secret)"
+    )
+
+
+def test_inspect_refuses_a_bad_seal_secret_or_key_file(tmp_path: Path) -> None:
+    bad = CliRunner().invoke(inspect_cgpu, ["--seal-secret", "no-slash"])
+    assert bad.exit_code == 2 and "write NAMESPACE/NAME" in bad.output
+    config = tmp_path / "kubeconfig"
+    config.write_text(KUBECONFIG)
+    absent = CliRunner().invoke(
+        inspect_cgpu, ["--kubeconfig", str(config), "--seal-key-file", str(tmp_path / "none")]
+    )
+    assert absent.exit_code == 2 and "cannot read the seal key file" in absent.output
