@@ -83,3 +83,8 @@ exec:
 {{- default (printf "%s-tls" (include "gpushare.webhook.fullname" .)) .Values.webhook.certs.secretName -}}
 {{- end -}}
 {{- define "gpushare.webhook.certJobName" -}}{{ include "gpushare.fullname" . }}-webhook-certs{{- end -}}
+{{- define "gpushare.seal.secretName" -}}
+{{- default (printf "%s-seal" (include "gpushare.fullname" .)) .Values.seal.existingSecret -}}
+{{- end -}}
+{{/* Where the extender and the device plugin find the seal key (the Secret's data "key"). */}}
+{{- define "gpushare.seal.dir" -}}/var/run/gpushare/seal{{- end -}}
