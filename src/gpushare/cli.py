@@ -5,11 +5,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from gpushare import __version__
 from gpushare.config import ConfigError, load
+
+if TYPE_CHECKING:
+    from gpushare.core.trust import Trust
 
 
 @click.group()
@@ -42,6 +46,59 @@ def _scheduling_options(func: click.decorators.FC) -> click.decorators.FC:
     return func
 
 
+def _seal_options(func: click.decorators.FC) -> click.decorators.FC:
+    func = click.option(
+        "--insecure-no-seal",
+        is_flag=True,
+        help="Run without a seal key: allocations are checked for structure only, so a tenant "
+        "who creates a pod with spec.nodeName and a matching gpushare.io/allocation is counted "
+        "and served. For tests only.",
+    )(func)
+    func = click.option(
+        "--seal-key-file",
+        default=None,
+        help="The key that seals allocations (gpushare.io/seal); the same file for the extender "
+        "and every device plugin. Make one with `gpushare seal-key > seal.key`.",
+    )(func)
+    return func
+
+
+def _trust(seal_key_file: str | None, insecure_no_seal: bool) -> Trust:
+    """The ``Trust`` the flags ask for; exits with a message saying how to make a key."""
+    from pathlib import Path
+
+    from gpushare.core.trust import Trust
+    from gpushare.kube.sealing import HOW_TO_MAKE, SealKeyError, load_key_file
+
+    if seal_key_file and insecure_no_seal:
+        click.echo("error: give --seal-key-file or --insecure-no-seal, not both", err=True)
+        sys.exit(2)
+    if insecure_no_seal:
+        click.echo(
+            "warning: --insecure-no-seal: allocations are not sealed or checked for a seal; "
+            "any tenant who can create a pod with spec.nodeName and a gpushare.io/allocation "
+            "matching its own request is counted and served",
+            err=True,
+        )
+        return Trust.structural()
+    if not seal_key_file:
+        click.echo(f"error: no --seal-key-file given: {HOW_TO_MAKE}", err=True)
+        sys.exit(2)
+    try:
+        return Trust.sealed(load_key_file(Path(seal_key_file)))
+    except SealKeyError as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(2)
+
+
+@main.command("seal-key")
+def seal_key() -> None:
+    """Print a new random seal key (for --seal-key-file, or the Secret gpushare-seal)."""
+    from gpushare.kube.sealing import new_key_text
+
+    click.echo(new_key_text())
+
+
 def _resource_name_options(func: click.decorators.FC) -> click.decorators.FC:
     func = click.option("--count-resource", default=None, help="Default aliyun.com/gpu-count.")(
         func
@@ -71,6 +128,7 @@ def _resource_name_options(func: click.decorators.FC) -> click.decorators.FC:
 )
 @_scheduling_options
 @_resource_name_options
+@_seal_options
 def extender(
     host: str,
     port: int,
@@ -84,6 +142,8 @@ def extender(
     mem_resource: str | None,
     core_resource: str | None,
     count_resource: str | None,
+    seal_key_file: str | None,
+    insecure_no_seal: bool,
 ) -> None:
     """Serve the kube-scheduler extender (filter, prioritize, bind) over HTTP."""
     import asyncio
@@ -106,8 +166,13 @@ def extender(
             core_resource=core_resource,
             count_resource=count_resource,
         )
+    except ConfigError as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(2)
+    trust = _trust(seal_key_file, insecure_no_seal)
+    try:
         api = LightkubeAPI.connect(kubeconfig, context)
-    except (ConfigError, KubeError) as err:
+    except KubeError as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(2)
     logging.basicConfig(
@@ -115,7 +180,7 @@ def extender(
     )
     settings = config.settings()
     scheduler = Scheduler(settings)
-    cache = ClusterCache(api, settings=settings, workload=scheduler.workload)
+    cache = ClusterCache(api, settings=settings, workload=scheduler.workload, trust=trust)
     service = Extender(api=api, cache=cache, scheduler=scheduler)
     app = create_app(service, run_cache=True)
     main_server = uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level))
@@ -185,6 +250,7 @@ def extender(
     help="Serve Prometheus /metrics on this port (0 disables).",
 )
 @_resource_name_options
+@_seal_options
 def device_plugin(
     node_name: str,
     fake_gpus: str | None,
@@ -203,6 +269,8 @@ def device_plugin(
     mem_resource: str | None,
     core_resource: str | None,
     count_resource: str | None,
+    seal_key_file: str | None,
+    insecure_no_seal: bool,
 ) -> None:
     """Serve kubelet's device plugin API for this node's shared GPUs."""
     import asyncio
@@ -222,6 +290,7 @@ def device_plugin(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    trust = _trust(seal_key_file, insecure_no_seal)
     reason = refuse_static_cpu_policy(Path(kubelet_config), Path(cpu_manager_state))
     if reason:
         click.echo(f"error: {reason}", err=True)
@@ -284,7 +353,7 @@ def device_plugin(
         source=source,
         packaged=packaged_library(),
     )
-    plugin = DevicePlugin(api=api, source=source, config=config, hook=hook)
+    plugin = DevicePlugin(api=api, source=source, config=config, hook=hook, trust=trust)
     try:
         serve_metrics(registry_for(plugin, node_name), port=metrics_port)
     except OSError as err:

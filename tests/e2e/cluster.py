@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from gpushare.kube.sealing import new_key_text
 from gpushare.schedconfig import scheduler_configuration
 
 HERE = Path(__file__).resolve().parent
@@ -265,6 +266,12 @@ class Cluster:
     def extender_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['extender']}"
 
+    @property
+    def seal_key(self) -> Path:
+        """The seal key the extender and the real node's device plugin share (``start`` makes
+        it; a restarted extender keeps it, so the allocations it sealed still count)."""
+        return self.root / "seal.key"
+
     def env(self) -> dict[str, str]:
         """Environment for kubectl and kubectl-inspect-cgpu against this cluster."""
         path = os.pathsep.join(
@@ -327,6 +334,8 @@ class Cluster:
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         progress("certificates")
         make_pki(self.pki)
+        self.seal_key.write_text(new_key_text() + "\n")
+        self.seal_key.chmod(0o600)
         for name in (
             "etcd",
             "etcd-peer",
@@ -488,6 +497,8 @@ class Cluster:
                 str(self.ports["extender"]),
                 "--gpu-memory-unit",
                 self.extender_unit,
+                "--seal-key-file",
+                str(self.seal_key),
                 "--log-level",
                 "warning",
             ],

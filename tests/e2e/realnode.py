@@ -402,6 +402,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 "0",
                 "--fake-health-file",
                 str(self.root / "fake-health"),
+                "--seal-key-file",
+                str(self.cluster.seal_key),
                 *extra,
             ],
         )

@@ -10,6 +10,7 @@ tests run kube-scheduler with that function's output), its webhook configuration
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -358,6 +359,30 @@ def test_device_plugin_policies_equal_the_renderer(
         assert not [
             d for d in docs if d["metadata"]["name"].startswith(f"{RELEASE}-device-plugin-")
         ]
+
+
+def test_the_seal_key_is_made_once_and_mounted_into_extender_and_plugin(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    secret = find(default_docs, "Secret", "-seal")
+    assert secret["metadata"]["name"] == f"{RELEASE}-seal"
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert len(base64.b64decode(secret["data"]["key"])) == 32
+    mine = render("--set", "seal.existingSecret=mine")
+    secrets = [d["metadata"]["name"] for d in mine if d["kind"] == "Secret"]
+    assert not [n for n in secrets if n.endswith("-seal")]
+    for docs, name in ((default_docs, f"{RELEASE}-seal"), (mine, "mine")):
+        for kind, suffix, index, mode in (
+            ("Deployment", "-scheduler", 1, 0o440),
+            ("DaemonSet", "-device-plugin", 0, 0o400),
+        ):
+            pod = find(docs, kind, suffix)["spec"]["template"]["spec"]
+            container = pod["containers"][index]
+            assert "--seal-key-file=/var/run/gpushare/seal/key" in container["args"]
+            (volume,) = [v for v in pod["volumes"] if v["name"] == "seal"]
+            assert volume["secret"] == {"secretName": name, "defaultMode": mode}
+            (mount,) = [m for m in container["volumeMounts"] if m["name"] == "seal"]
+            assert mount["mountPath"] == "/var/run/gpushare/seal" and mount["readOnly"]
 
 
 def webhook_config(docs: list[dict[str, Any]]) -> dict[str, Any]:

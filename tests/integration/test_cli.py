@@ -1,4 +1,4 @@
-"""The command-line tools: kubectl-inspect-cgpu, gpushare demo and scheduler-config."""
+"""The command-line tools: kubectl-inspect-cgpu, gpushare demo, scheduler-config, seal-key."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from gpushare.cli import main as gpushare
-from gpushare.inspect.cli import collect, render
+from gpushare.core.trust import SealKey, Trust
+from gpushare.inspect.cli import collect, find_trust, render
 from gpushare.inspect.cli import main as inspect_cgpu
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node
+from gpushare.kube.sealing import load_key_file
 
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -83,3 +85,65 @@ def test_extender_rejects_bad_settings_before_starting() -> None:
     result = CliRunner().invoke(gpushare, ["extender", "--gpu-memory-unit", "2GiB"])
     assert result.exit_code == 2
     assert "gpu_memory_unit='2GiB'" in result.output
+
+
+def test_extender_and_device_plugin_refuse_to_start_without_a_seal_key() -> None:
+    for argv in (["extender"], ["device-plugin", "--node-name", "n"]):
+        result = CliRunner().invoke(gpushare, argv)
+        assert result.exit_code == 2, result.output
+        assert "no --seal-key-file given" in result.output
+        assert "gpushare seal-key > seal.key" in result.output
+        assert "head -c32 /dev/urandom" in result.output
+
+
+def test_an_unreadable_or_short_seal_key_file_is_refused(tmp_path: Path) -> None:
+    short = tmp_path / "short.key"
+    short.write_text("tiny\n")
+    for path, words in ((tmp_path / "absent", "cannot read the seal key file"), (short, "4 byte")):
+        result = CliRunner().invoke(gpushare, ["extender", "--seal-key-file", str(path)])
+        assert result.exit_code == 2 and words in result.output, result.output
+
+
+def test_insecure_no_seal_warns_and_is_exclusive_with_a_key(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        gpushare, ["extender", "--insecure-no-seal", "--kubeconfig", str(tmp_path / "absent")]
+    )
+    assert "warning: --insecure-no-seal" in result.output
+    assert "cannot load a kubeconfig" in result.output  # it went on to start
+    both = CliRunner().invoke(
+        gpushare, ["extender", "--insecure-no-seal", "--seal-key-file", str(tmp_path / "k")]
+    )
+    assert both.exit_code == 2 and "not both" in both.output
+
+
+def test_seal_key_prints_a_key_the_components_accept(tmp_path: Path) -> None:
+    result = CliRunner().invoke(gpushare, ["seal-key"])
+    assert result.exit_code == 0
+    path = tmp_path / "seal.key"
+    path.write_text(result.output)
+    assert len(load_key_file(path).secret) == 43
+    assert CliRunner().invoke(gpushare, ["seal-key"]).output != result.output
+
+
+def test_inspect_reads_the_key_from_the_secret_or_says_it_checks_structure_only() -> None:
+    kube = MemoryKube()
+    trust, note = asyncio.run(find_trust(kube))
+    assert trust == Trust.sealed(SealKey(kube.seal_key)) and note == ""
+    trust, note = asyncio.run(find_trust(kube, secret="elsewhere/none"))
+    assert trust == Trust.structural()
+    assert note == (
+        "note: cannot read Secret elsewhere/none: secret elsewhere/none not found; checking "
+        "allocations' structure only (node and requests), not their seals (give "
+        "--seal-key-file or --seal-secret)"
+    )
+
+
+def test_inspect_refuses_a_bad_seal_secret_or_key_file(tmp_path: Path) -> None:
+    bad = CliRunner().invoke(inspect_cgpu, ["--seal-secret", "no-slash"])
+    assert bad.exit_code == 2 and "write NAMESPACE/NAME" in bad.output
+    config = tmp_path / "kubeconfig"
+    config.write_text(KUBECONFIG)
+    absent = CliRunner().invoke(
+        inspect_cgpu, ["--kubeconfig", str(config), "--seal-key-file", str(tmp_path / "none")]
+    )
+    assert absent.exit_code == 2 and "cannot read the seal key file" in absent.output

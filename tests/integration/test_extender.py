@@ -9,14 +9,15 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.allocation import plan, to_annotations
+from gpushare.core.allocation import plan
 from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED, ANN_IDX
 from gpushare.core.requests import PodRequest, Rejection, read_pod
 from gpushare.core.scheduling import Settings
+from gpushare.core.trust import SealKey, Trust
 from gpushare.core.units import MemoryUnit
 from gpushare.extender.app import server_config
 from gpushare.kube.memory import MemoryKube
-from gpushare.kube.objects import gpu_node, gpu_pod
+from gpushare.kube.objects import gpu_node, gpu_pod, placed
 from gpushare.kube.port import Conflict, KubeDict, KubeError
 
 from .conftest import Rig, run_with_rig
@@ -24,8 +25,11 @@ from .conftest import Rig, run_with_rig
 SEED = "cn-zhangjiakou.192.168.66.139"
 
 
+WIRE_KEY = b"a fixed key, so the seal is golden"
+
+
 def seed_cluster() -> MemoryKube:
-    kube = MemoryKube()
+    kube = MemoryKube(seal_key=WIRE_KEY)
     kube.put_node(gpu_node(SEED, ip="192.168.66.139", gpus_units=[15]))
     kube.put_node(gpu_node("core-node", ip="10.0.0.2", gpus_units=[15] * 4, mode="core_mem"))
     return kube
@@ -330,16 +334,14 @@ def test_relist_drops_assumptions_of_pods_that_vanished() -> None:
     run_with_rig(kube, body)
 
 
-def placed_pod(name: str, mem: int, node: str) -> KubeDict:
+def placed_pod(kube: MemoryKube, name: str, mem: int, node: str) -> KubeDict:
     """A pod already bound to GPU 0 of ``node``, with the annotations gpushare writes."""
     obj = gpu_pod(name, mem=mem)
     obj["metadata"]["uid"] = f"uid-{name}"
     request = read_pod(obj)
     assert isinstance(request, PodRequest)
     allocation = plan(request, node=node, indexes=[0], unit=MemoryUnit.GiB)
-    obj["metadata"]["annotations"] = to_annotations(allocation, dev_units=15)
-    obj["spec"]["nodeName"] = node
-    return obj
+    return placed(obj, allocation, trust=Trust.sealed(SealKey(kube.seal_key)))
 
 
 @pytest.mark.parametrize(
@@ -352,7 +354,7 @@ def test_fragmentation_aware_policy_learns_from_the_cache_and_avoids_fragments(
     kube.put_node(gpu_node("full", gpus_units=[15]))
     kube.put_node(gpu_node("roomy", gpus_units=[15]))
     for name, mem, where in (("a", 4, "full"), ("b", 5, "full"), ("c", 5, "roomy")):
-        kube.create_pod(placed_pod(name, mem, where))
+        kube.create_pod(placed_pod(kube, name, mem, where))
     for i in range(3):  # pending 4 GiB pods: the workload the cache sees coming
         kube.create_pod(gpu_pod(f"w{i}", mem=4))
 

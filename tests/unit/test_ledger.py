@@ -5,11 +5,15 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from gpushare.core.allocation import plan, to_annotations
+from gpushare.core.allocation import plan
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import PodRequest, read_pod
+from gpushare.core.trust import SealKey, Trust
 from gpushare.core.units import MemoryUnit
+from gpushare.kube import objects
 from gpushare.kube.objects import gpu_pod
+
+TRUST = Trust.sealed(SealKey(b"ledger-test-key-0123456789abcdef"))
 
 
 def placed(name: str, mem: int, node: str = "n", index: int = 0, **status: Any) -> dict[str, Any]:
@@ -18,8 +22,7 @@ def placed(name: str, mem: int, node: str = "n", index: int = 0, **status: Any) 
     request = read_pod(pod)
     assert isinstance(request, PodRequest)
     allocation = plan(request, node=node, indexes=[index], unit=MemoryUnit.GiB)
-    pod["metadata"]["annotations"] = to_annotations(allocation, dev_units=15)
-    pod["spec"]["nodeName"] = node
+    pod = objects.placed(pod, allocation, trust=TRUST)
     pod["status"] = status
     return pod
 
@@ -31,13 +34,23 @@ def test_rebuild_counts_running_and_frees_finished() -> None:
         placed("done", 5, phase="Succeeded"),
         placed("bad", 6, phase="Failed"),
     ]
-    usage = Ledger.from_pods(pods).usage("n")
+    usage = Ledger.from_pods(pods, trust=TRUST).usage("n")
     assert usage.on(0).mem_units == 3 and usage.on(1).mem_units == 4
     assert usage.mem_units == 7
 
 
-def test_deleted_pod_frees_its_share() -> None:
+def test_without_a_key_no_annotation_counts() -> None:
+    """A ledger nobody gave a key ignores every record: a forgotten key never trusts all."""
     ledger = Ledger.from_pods([placed("a", 3)])
+    usage = ledger.usage("n")
+    assert usage.gpus == {} and usage.unplaced_mem_units == 3
+    assert [i.why.message for i in ledger.ignored()] == [
+        "no seal key is configured here to check its seal"
+    ]
+
+
+def test_deleted_pod_frees_its_share() -> None:
+    ledger = Ledger.from_pods([placed("a", 3)], trust=TRUST)
     ledger.forget("uid-a")
     assert ledger.usage("n").mem_units == 0 and ledger.nodes() == set()
 
@@ -47,7 +60,7 @@ def test_assumption_survives_a_stale_event_and_yields_to_the_real_one() -> None:
     stale = copy.deepcopy(pod)
     del stale["metadata"]["annotations"]
     del stale["spec"]["nodeName"]
-    ledger = Ledger()
+    ledger = Ledger(trust=TRUST)
     request = read_pod(pod)
     assert isinstance(request, PodRequest)
     ledger.assume(plan(request, node="n", indexes=[0], unit=MemoryUnit.GiB))

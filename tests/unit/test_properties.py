@@ -7,13 +7,16 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare.core.allocation import Allocation, to_annotations
+from gpushare.core.allocation import Allocation
 from gpushare.core.fragmentation import Shape, fragmentation, unused_by_copies
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import PodRequest
 from gpushare.core.scheduling import Scheduler, Settings
-from gpushare.kube.objects import gpu_node, gpu_pod
+from gpushare.core.trust import SealKey, Trust
+from gpushare.kube.objects import gpu_node, gpu_pod, placed
+
+TRUST = Trust.sealed(SealKey(b"properties-test-key-0123456789ab"))
 
 MODES = ["share", "cgpu", "core_mem", "mps"]
 
@@ -131,26 +134,19 @@ def test_rebuilding_from_annotations_gives_the_same_state(
 ) -> None:
     scheduler, ledger = Scheduler(Settings()), Ledger()
     all_pods, steps = stream
-    placed: dict[str, dict[str, Any]] = {}
+    stored: dict[str, dict[str, Any]] = {}
     for action, index in steps:
         pod = all_pods[index]
         if action == "place":
             booked = place(scheduler, pod, nodes, ledger)
             if booked is not None:
                 node = next(n for n in nodes if n.name == booked.node)
-                stored = {
-                    **pod,
-                    "metadata": {
-                        **pod["metadata"],
-                        "annotations": to_annotations(booked, dev_units=node.gpus[0].mem_units),
-                    },
-                    "spec": {**pod["spec"], "nodeName": booked.node},
-                }
-                placed[booked.uid] = stored
+                dev = node.gpus[0].mem_units
+                stored[booked.uid] = placed(pod, booked, trust=TRUST, dev_units=dev)
         else:
             scheduler.unreserve(f"uid-{index}", ledger)
-            placed.pop(f"uid-{index}", None)
-    rebuilt = Ledger.from_pods(placed.values())
+            stored.pop(f"uid-{index}", None)
+    rebuilt = Ledger.from_pods(stored.values(), trust=TRUST)
     assert rebuilt.state() == ledger.state()
 
 

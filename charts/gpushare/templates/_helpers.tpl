@@ -130,3 +130,8 @@ matchLabels:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+{{- define "gpushare.seal.secretName" -}}
+{{- default (printf "%s-seal" (include "gpushare.fullname" .)) .Values.seal.existingSecret -}}
+{{- end -}}
+{{/* Where the extender and the device plugin find the seal key (the Secret's data "key"). */}}
+{{- define "gpushare.seal.dir" -}}/var/run/gpushare/seal{{- end -}}

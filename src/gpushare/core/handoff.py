@@ -13,6 +13,14 @@ so every candidate for an ``Allocate(count)`` call wants the same answer, and th
 answers correctly whichever pod kubelet is admitting. Afterwards kubelet's PodResources API tells
 which pod got which device IDs, and the pod is marked served (``ALIYUN_COM_GPU_MEM_ASSIGNED``),
 which lifts its constraint.
+
+Only allocations gpushare placed take part (core.trust). A pod bound to the node that asks for
+these devices without one (created with ``spec.nodeName``, or carrying a forged record) is a
+*stranger*: kubelet may be admitting it when an ``Allocate`` of one of its containers' counts
+arrives, and answering with a waiting pod's signature would hand it that pod's GPU. Such a call
+is refused instead, naming the stranger. A pod gpushare placed that kubelet admits at that same
+moment is refused too (its controller creates it again); an admission rule refusing
+``spec.nodeName`` on shared-GPU pods keeps strangers rare.
 """
 
 from __future__ import annotations
@@ -40,6 +48,18 @@ class Signature:
     """(GPU index, amount) pairs: memory units, or core percent."""
     pod_mem_units: int
     core_layout: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Stranger:
+    """A pod bound to the node, not started, asking for devices without a trusted allocation."""
+
+    uid: str
+    pod: str
+    reason: str
+    """Why gpushare does not count it as placed (no allocation, or why it was ignored)."""
+    counts: frozenset[tuple[str, int]]
+    """(resource, device count) its containers' ``Allocate`` calls would ask for."""
 
 
 @dataclass(frozen=True)
@@ -145,22 +165,48 @@ class Answer:
     error: str = ""
 
 
-def resolve(resource: str, count: int, pending: Iterable[Pending]) -> Answer:
+def resolve(
+    resource: str, count: int, pending: Iterable[Pending], strangers: Iterable[Stranger] = ()
+) -> Answer:
     """The answer for ``Allocate(count)`` of a resource on a node, from its pending containers.
 
-    Under the invariant all candidates share one signature. If they do not (pods placed by
-    something else, or annotations edited by hand) the call fails with the reason rather than
-    guessing.
+    Under the invariant all candidates share one signature. If they do not (annotations edited
+    by hand) the call fails with the reason rather than guessing; so does a call that a
+    stranger of that count may be making (see the module docstring).
     """
     matches = tuple(
         p for p in pending if p.signature.resource == resource and p.signature.count == count
     )
+    suspects = sorted((s for s in strangers if (resource, count) in s.counts), key=lambda s: s.pod)
+    if suspects:
+        named = "; ".join(f"pod {s.pod} ({s.reason})" for s in suspects)
+        if not matches:
+            return Answer(
+                None,
+                error=(
+                    f"{named} asks for {count} {resource} device(s) but was not placed by "
+                    f"gpushare, which serves only the pods it placed: delete it and create it "
+                    f"without spec.nodeName, so that gpushare's scheduler places it"
+                ),
+            )
+        waiting = ", ".join(sorted({m.pod for m in matches}))
+        return Answer(
+            None,
+            matches,
+            error=(
+                f"{named} is bound to this node and asks for {count} {resource} device(s) "
+                f"without being placed by gpushare; kubelet may be admitting it rather than "
+                f"{waiting}, which gpushare placed, so neither gets an answer: delete the pod "
+                f"gpushare did not place"
+            ),
+        )
     if not matches:
         return Answer(
             None,
             error=(
                 f"no pod bound to this node is waiting for {count} {resource} device(s); "
-                f"it was not placed by gpushare, or its annotations are missing"
+                f"the pod being admitted was not placed by gpushare, or its annotations are "
+                f"missing"
             ),
         )
     signatures = {m.signature for m in matches}

@@ -7,9 +7,16 @@ Three kinds of entry, keyed by pod UID:
   kube-scheduler "assume" idea). An assumption outlives stale watch events of the same pod and is
   dropped only when the pod is seen with the same placement, finishes, is deleted, or bind gives
   it back; this closes the window in which a lagging watch could hide a fresh booking;
-- unplaced: a pod bound to a node that asks for GPU memory but carries no allocation (placed by
-  another scheduler, or an unreadable record). Its GPU is unknown, so it counts against the
-  node as a whole; ``kubectl inspect cgpu`` shows it in the PENDING column.
+- unplaced: a pod bound to a node that asks for GPU memory but carries no allocation that counts
+  (placed by another scheduler, an unreadable record, or one core.trust ignores). Its GPU is
+  unknown, so it counts against the node as a whole; ``kubectl inspect cgpu`` shows it in the
+  PENDING column.
+
+Every allocation read from annotations is judged first (``Trust``, core.trust): only records
+gpushare sealed for this very pod count, so a tenant's forged record fills no GPU. The judgement
+runs once per pod version the watch delivers, never per filter call. Assumptions are the
+extender's own bookings and are not judged. The default ``Trust`` has no key and ignores every
+record: a ledger that should read annotations is given the key (or, knowingly, structure only).
 
 Succeeded and Failed pods free their share; terminating pods keep it until they are gone,
 because their containers may still be running on the GPU.
@@ -26,6 +33,7 @@ from gpushare.core.changes import ChangeLog
 from gpushare.core.kubejson import KubeObject, name_of, namespace_of, spec_of, status_of, uid_of
 from gpushare.core.names import DEFAULT_NAMES, ResourceNames
 from gpushare.core.requests import PodRequest, read_pod
+from gpushare.core.trust import Ignored, Judged, Trust
 from gpushare.core.units import MemoryUnit
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -40,6 +48,18 @@ class Unplaced:
     name: str
     node: str
     mem_units: int
+
+
+@dataclass(frozen=True)
+class IgnoredAllocation:
+    """A pod whose allocation annotation does not count, and why."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    """The node the ignored record names."""
+    why: Ignored
 
 
 @dataclass(frozen=True)
@@ -102,10 +122,23 @@ class Ledger:
     """Holdings per pod and per node; pure bookkeeping, no I/O."""
 
     def __init__(
-        self, *, names: ResourceNames = DEFAULT_NAMES, unit: MemoryUnit = MemoryUnit.GiB
+        self,
+        *,
+        names: ResourceNames = DEFAULT_NAMES,
+        unit: MemoryUnit = MemoryUnit.GiB,
+        trust: Trust | None = None,
+        judged: Judged | None = None,
     ) -> None:
         self._names = names
         self._unit = unit
+        if judged is None:
+            judged = Judged(trust if trust is not None else Trust(), names)
+        elif trust is not None and judged.trust != trust:
+            raise ValueError("a ledger judges with one Trust: give trust or judged, not both")
+        self.judged = judged
+        """Judges every allocation read from annotations (the default Trust: none counts);
+        a rebuilt ledger may take over the previous one's, to verify nothing twice."""
+        self._ignored: dict[str, IgnoredAllocation] = {}
         self._confirmed: dict[str, Allocation] = {}
         self._assumed: dict[str, Allocation] = {}
         self._unplaced: dict[str, Unplaced] = {}
@@ -126,22 +159,37 @@ class Ledger:
         *,
         names: ResourceNames = DEFAULT_NAMES,
         unit: MemoryUnit = MemoryUnit.GiB,
+        trust: Trust | None = None,
     ) -> Ledger:
         """Rebuild a ledger from pods alone, as after a restart."""
-        ledger = cls(names=names, unit=unit)
+        ledger = cls(names=names, unit=unit, trust=trust)
         for pod in pods:
             ledger.observe(pod)
         return ledger
 
     # -- changes ---------------------------------------------------------------------------
 
-    def observe(self, pod: KubeObject) -> None:
-        """Take in a pod as the API server shows it (added or modified)."""
+    def observe(self, pod: KubeObject) -> Ignored | None:
+        """Take in a pod as the API server shows it (added or modified).
+
+        Returns why its allocation annotation was ignored, if it was.
+        """
         uid = uid_of(pod)
         if is_terminal(pod):
             self.forget(uid)
-            return
+            return None
         allocation = from_pod(pod)
+        ignored: Ignored | None = None
+        if allocation is not None:
+            judgement = self.judged.judge(pod, allocation)
+            if isinstance(judgement, Ignored):
+                ignored = judgement
+                self._ignored[uid] = IgnoredAllocation(
+                    uid, allocation.namespace, allocation.name, allocation.node, judgement
+                )
+                allocation = None
+        if ignored is None:
+            self._ignored.pop(uid, None)
         if allocation is not None:
             self._confirmed[uid] = allocation
             self._unplaced.pop(uid, None)
@@ -163,9 +211,12 @@ class Ledger:
             else:
                 self._unplaced.pop(uid, None)
         self._reindex(uid)
+        return ignored
 
     def forget(self, uid: str) -> None:
         """Drop everything a pod held (deleted, Succeeded or Failed)."""
+        self.judged.forget(uid)
+        self._ignored.pop(uid, None)
         self._confirmed.pop(uid, None)
         self._assumed.pop(uid, None)
         self._unplaced.pop(uid, None)
@@ -228,6 +279,11 @@ class Ledger:
             holding = self.holding(uid)
             if holding is not None:
                 yield holding
+
+    def ignored(self) -> Iterator[IgnoredAllocation]:
+        """Live pods whose allocation annotation does not count, in UID order."""
+        for uid in sorted(self._ignored):
+            yield self._ignored[uid]
 
     def nodes(self) -> set[str]:
         """Nodes where anything is held."""

@@ -26,6 +26,9 @@ ANN_ASSUME_TIME = "ALIYUN_COM_GPU_MEM_ASSUME_TIME"
 # gpushare's own annotations.
 ANN_ALLOCATION = "gpushare.io/allocation"
 """Pod: the full per-container, per-GPU allocation with its unit (JSON, see core.allocation)."""
+ANN_SEAL = "gpushare.io/seal"
+"""Pod: HMAC-SHA256 of the allocation record, the pod's UID, namespace, name and node (see
+core.trust); only an allocation whose seal verifies counts, so a tenant cannot forge one."""
 ANN_NODE_GPUS = "gpushare.io/gpus"
 """Node: per-GPU inventory written by the device plugin (JSON list, see core.inventory)."""
 ANN_NODE_UNIT = "gpushare.io/gpu-mem-unit"
@@ -36,7 +39,15 @@ invariant (see core.handoff); the extender then places pods so that Allocate is 
 HANDOFF_PODRESOURCES = "podresources"
 
 
-POD_ANNOTATIONS = (ANN_ALLOCATION, ANN_IDX, ANN_POD, ANN_DEV, ANN_ASSIGNED, ANN_ASSUME_TIME)
+POD_ANNOTATIONS = (
+    ANN_ALLOCATION,
+    ANN_SEAL,
+    ANN_IDX,
+    ANN_POD,
+    ANN_DEV,
+    ANN_ASSIGNED,
+    ANN_ASSUME_TIME,
+)
 """Every annotation bind writes on a pod (and removes again when binding fails)."""
 
 

@@ -6,6 +6,12 @@ many devices of the resource share one signature, and that signature says which 
 of each the container gets. The isolation hook then adds what enforces it. When the pods cannot
 be read, nobody waits for that count, or the candidates disagree, the answer is a refusal with
 the reason, which kubelet shows on the pod: a guess could hand one pod another's GPU.
+
+Only allocations gpushare sealed for their pod count (core.trust): an untrusted one is never
+served, never marked served and takes no part in the hand-off. A pod bound here that asks for
+these devices without a trusted allocation and has not started (a *stranger*) may be the pod
+kubelet is admitting, so an ``Allocate`` of one of its containers' counts is refused, naming it
+(core.handoff.resolve). Ignored allocations are counted once per pod and reason.
 """
 
 from __future__ import annotations
@@ -13,9 +19,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from gpushare.core.allocation import Allocation, from_pod
 from gpushare.core.handoff import pending_of, resolve
-from gpushare.core.ledger import is_terminal
+from gpushare.core.kubejson import name_of, namespace_of, uid_of
+from gpushare.core.trust import IgnoredOnce, Judged, NodePods, Trust, sort_node_pods
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint
 from gpushare.deviceplugin.config import PluginConfig, Stats
 from gpushare.deviceplugin.gpus import GpuSource
@@ -38,11 +44,31 @@ class Refused:
     reason: str
 
 
-async def bound_allocations(api: KubeAPI, node: str) -> list[Allocation]:
-    """Allocations of the live pods bound to this node, from the API."""
-    pods, _ = await api.list_pods(node)
-    allocations = (from_pod(pod) for pod in pods if not is_terminal(pod))
-    return [a for a in allocations if a is not None and a.node == node]
+class NodeReader:
+    """Reads and judges the pods bound to this node; counts ignored allocations once each."""
+
+    def __init__(self, *, api: KubeAPI, config: PluginConfig, trust: Trust, stats: Stats) -> None:
+        self.api = api
+        self.config = config
+        self.trust = trust
+        self.stats = stats
+        self._judged = Judged(trust, config.names)
+        self._reported = IgnoredOnce()
+
+    async def read(self) -> NodePods:
+        """The live pods bound to this node, from the API, judged (raises KubeError)."""
+        pods, _ = await self.api.list_pods(self.config.node)
+        sorted_pods = sort_node_pods(pods, node=self.config.node, trust=self._judged)
+        uids = {uid_of(p) for p in pods}
+        self._judged.retain(uids)
+        self._reported.retain(uids)
+        for pod, why in sorted_pods.ignored:
+            if self._reported.note(uid_of(pod), why.reason).count:
+                reason = why.reason.value
+                self.stats.untrusted[reason] = self.stats.untrusted.get(reason, 0) + 1
+                key = f"{namespace_of(pod)}/{name_of(pod)}"
+                log.warning("pod=%s phase=trust allocation ignored: %s", key, why.message)
+        return sorted_pods
 
 
 class Allocator:
@@ -57,8 +83,10 @@ class Allocator:
         hook: IsolationHook,
         checkpoint: ServedCheckpoint,
         stats: Stats,
+        pods: NodeReader,
     ) -> None:
         self.api = api
+        self.pods = pods
         self.source = source
         self.config = config
         self.hook = hook
@@ -70,11 +98,11 @@ class Allocator:
         """Answer one container's request for these device IDs of a resource."""
         count = len(device_ids)
         try:
-            pending = pending_of(await bound_allocations(self.api, self.config.node))
+            bound = await self.pods.read()
         except KubeError as err:
             self.stats.refused += 1
             return Refused(f"gpushare: cannot read the pods bound to {self.config.node}: {err}")
-        answer = resolve(resource, count, pending)
+        answer = resolve(resource, count, pending_of(bound.allocations), bound.strangers)
         if answer.signature is None:
             self.stats.refused += 1
             log.warning(

@@ -24,6 +24,8 @@ class Stats:
     served_pods: int = 0
     mismatches: int = 0
     registrations: int = 0
+    untrusted: dict[str, int] = field(default_factory=dict)
+    """Pods whose allocation was ignored, by reason (core.trust), each pod once per reason."""
 
 
 @dataclass

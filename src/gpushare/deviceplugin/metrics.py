@@ -24,6 +24,7 @@ DEVICE_PLUGIN_METRICS = (
     "gpushare_device_plugin_pods_served_total",
     "gpushare_device_plugin_podresources_mismatches_total",
     "gpushare_device_plugin_registrations_total",
+    "gpushare_device_plugin_untrusted_allocations_total",
     "gpushare_device_plugin_gpu_memory_bytes",
     "gpushare_device_plugin_gpu_unhealthy",
 )
@@ -36,6 +37,7 @@ class _Stats(Protocol):
     served_pods: int
     mismatches: int
     registrations: int
+    untrusted: dict[str, int]
 
 
 class _Plugin(Protocol):
@@ -85,6 +87,15 @@ class DevicePluginCollector(Collector):
             family = CounterMetricFamily(name, text, labels=["node"])
             family.add_metric([self._node], value)
             yield family
+        untrusted = CounterMetricFamily(
+            "gpushare_device_plugin_untrusted_allocations",
+            "Pods bound to this node whose gpushare.io/allocation is ignored (not sealed by "
+            "gpushare for that pod, or not matching it): never served; each pod once per reason",
+            labels=["node", "reason"],
+        )
+        for reason, value in sorted(stats.untrusted.items()):
+            untrusted.add_metric([self._node, reason], value)
+        yield untrusted
         memory = GaugeMetricFamily(
             "gpushare_device_plugin_gpu_memory_bytes",
             "Memory of each GPU as the device plugin reads it",

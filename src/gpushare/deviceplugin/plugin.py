@@ -14,7 +14,8 @@ Life cycle:
    inventory, so the scheduler stops placing pods on the GPU (health.py);
 5. answer each ``Allocate`` from the pods bound to this node through the hand-off invariant,
    never by guessing, and keep what was served per device-ID set on disk (allocating.py,
-   checkpoint.py);
+   checkpoint.py); only allocations gpushare sealed for their pod count (core.trust), and a
+   pod bound here that gpushare did not place is never served;
 6. every ``check_interval``, read kubelet's PodResources API and mark the admitted pods served,
    counting any that were served other than placed (reconcile.py).
 """
@@ -26,7 +27,8 @@ import contextlib
 import logging
 
 from gpushare.core.handoff import MEM, Signature
-from gpushare.deviceplugin.allocating import Allocator, Refused
+from gpushare.core.trust import Trust
+from gpushare.deviceplugin.allocating import Allocator, NodeReader, Refused
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint
 from gpushare.deviceplugin.config import PluginConfig, Stats
 from gpushare.deviceplugin.gpus import GpuSource
@@ -43,6 +45,7 @@ from gpushare.deviceplugin.serving import (
     devices,
 )
 from gpushare.kube.port import KubeAPI
+from gpushare.kube.sealing import keyless_trust
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +60,15 @@ class DevicePlugin:
         source: GpuSource,
         config: PluginConfig,
         hook: IsolationHook | None = None,
+        trust: Trust | None = None,
     ) -> None:
         self.api = api
         self.source = source
         self.config = config
         self.hook = hook or NoIsolation()
         self.stats = Stats()
+        self.trust = trust if trust is not None else keyless_trust(api)
+        self.pods = NodeReader(api=api, config=config, trust=self.trust, stats=self.stats)
         self.mode = "share"
         self.resources: list[str] = [MEM]
         self.generations = Generations()
@@ -74,10 +80,16 @@ class DevicePlugin:
             hook=self.hook,
             checkpoint=self.checkpoint,
             stats=self.stats,
+            pods=self.pods,
         )
         self.registrar = Registrar(backend=self, config=config, stats=self.stats)
         self.served_check = ServedCheck(
-            api=api, config=config, hook=self.hook, checkpoint=self.checkpoint, stats=self.stats
+            api=api,
+            config=config,
+            hook=self.hook,
+            checkpoint=self.checkpoint,
+            stats=self.stats,
+            pods=self.pods,
         )
         self._tasks: list[asyncio.Task[None]] = []
 

@@ -33,7 +33,7 @@ import grpc
 from gpushare.core.allocation import Allocation
 from gpushare.core.handoff import MEM, Signature, listed_signatures
 from gpushare.core.names import ANN_ASSIGNED
-from gpushare.deviceplugin.allocating import bound_allocations
+from gpushare.deviceplugin.allocating import NodeReader
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint
 from gpushare.deviceplugin.config import PluginConfig, Stats
 from gpushare.deviceplugin.protos.podresources_v1 import api_pb2 as pr
@@ -127,8 +127,10 @@ class ServedCheck:
         hook: IsolationHook,
         checkpoint: ServedCheckpoint,
         stats: Stats,
+        pods: NodeReader,
     ) -> None:
         self.api = api
+        self.pods = pods
         self.config = config
         self.hook = hook
         self.checkpoint = checkpoint
@@ -140,9 +142,8 @@ class ServedCheck:
     async def check(self, resources: Sequence[str]) -> None:
         """Read PodResources once and act on it."""
         listing = await list_pod_resources(self.config.pod_resources_socket)
-        by_key = {
-            (a.namespace, a.name): a for a in await bound_allocations(self.api, self.config.node)
-        }
+        # trusted allocations only: an untrusted one is never marked served
+        by_key = {(a.namespace, a.name): a for a in (await self.pods.read()).allocations}
         self.marked &= {a.uid for a in by_key.values()}  # forget pods that are gone
         ours = {self.config.resource_name(r): r for r in resources}
         mem_name = self.config.resource_name(MEM)

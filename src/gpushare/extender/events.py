@@ -1,4 +1,5 @@
-"""Kubernetes Events on pods: where a pod was placed, or why no node fits.
+"""Kubernetes Events on pods: where a pod was placed, why no node fits, or why its allocation
+annotation is ignored.
 
 kube-scheduler retries an unschedulable pod many times a minute, so events are deduplicated:
 the same pod with the same reason and message updates one Event's ``count`` and
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 COMPONENT = "gpushare-extender"
 SCHEDULED = "GPUShareScheduled"
 UNSCHEDULABLE = "GPUShareUnschedulable"
+UNTRUSTED = "GPUShareUntrustedAllocation"
 
 EventKind = Literal["Normal", "Warning"]
 

@@ -142,6 +142,14 @@ class ExtenderMetrics:
             "unambiguous (it fits once the pod it collides with has started)",
             registry=self.registry,
         )
+        self.untrusted = Counter(
+            "gpushare_untrusted_allocations_total",
+            "Pods whose gpushare.io/allocation annotation the ledger ignores (not sealed by "
+            "gpushare for that pod, bound elsewhere, or not matching the pod's requests), each "
+            "pod counted once per reason",
+            ["reason"],
+            registry=self.registry,
+        )
         self.events = Counter(
             "gpushare_events_total",
             "Pod events queued by reason",

@@ -24,6 +24,13 @@ a running pod with no record of its GPU, and the next pod would be booked on top
   be read, annotations and booking stay (holding a GPU too long is safe; double-booking is not);
 - binds of one pod run one at a time, so a retry arriving while the first bind is still
   waiting on the API finds its outcome instead of racing it.
+
+The annotations bind writes carry a seal (``gpushare.io/seal``, core.trust) made with the key
+the cache judges by, over the pod's UID, namespace, name, the node and the allocation record as
+written: every reader counts an allocation only when its seal verifies, so a tenant's own
+annotations place nothing. An allocation the cache ignores is counted
+(``gpushare_untrusted_allocations_total``, once per pod and reason) and said on the pod with one
+Warning Event per pod UID.
 """
 
 from __future__ import annotations
@@ -40,11 +47,25 @@ from gpushare.core.explain import placement_message, refusal_summary
 from gpushare.core.filtering import Code, Verdict
 from gpushare.core.handoff import is_deferral
 from gpushare.core.inventory import NodeInventory, read_node
-from gpushare.core.kubejson import annotations_of, name_of, node_name_of, uid_of
-from gpushare.core.names import POD_ANNOTATIONS
+from gpushare.core.kubejson import (
+    KubeObject,
+    annotations_of,
+    name_of,
+    namespace_of,
+    node_name_of,
+    uid_of,
+)
+from gpushare.core.names import ANN_ALLOCATION, ANN_SEAL, POD_ANNOTATIONS, SCHEDULER_NAME
 from gpushare.core.requests import PodRequest, Rejection
 from gpushare.core.scheduling import Scheduler
-from gpushare.extender.events import SCHEDULED, UNSCHEDULABLE, EventRecorder, PodRef
+from gpushare.core.trust import Ignored
+from gpushare.extender.events import (
+    SCHEDULED,
+    UNSCHEDULABLE,
+    UNTRUSTED,
+    EventRecorder,
+    PodRef,
+)
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.wire import (
     ExtenderArgs,
@@ -107,6 +128,27 @@ class Extender:
         self.attempts = attempts
         self.clock_ns = clock_ns
         self._binding = _OnePerKey()
+        if cache.on_ignored is None:
+            cache.on_ignored = self._ignored
+
+    def _ignored(self, pod: KubeObject, why: Ignored, *, first: bool) -> None:
+        """Count an ignored allocation; on its pod's first, say so on the pod (an Event)."""
+        key = f"{namespace_of(pod)}/{name_of(pod)}"
+        self.metrics.untrusted.labels(why.reason.value).inc()
+        log.warning("pod=%s phase=trust allocation ignored: %s", key, why.message)
+        if not first:
+            return
+        ref = PodRef(namespace=namespace_of(pod), name=name_of(pod), uid=uid_of(pod))
+        self.metrics.events.labels(UNTRUSTED).inc()
+        self.events.record(
+            ref,
+            "Warning",
+            UNTRUSTED,
+            f"gpushare ignores this pod's {ANN_ALLOCATION} annotation ({why.message}): only "
+            f"allocations gpushare's scheduler wrote and sealed for this pod count, so it holds "
+            f"no GPU share; create it with schedulerName {SCHEDULER_NAME} and without "
+            f"spec.nodeName or gpushare annotations",
+        )
 
     def _read_nodes(self, nodes: NodeList) -> list[NodeInventory]:
         """Inventories of whole node objects sent by a scheduler without a node cache."""
@@ -266,7 +308,9 @@ class Extender:
         if isinstance(booked, Verdict):
             return "unfit", f"pod {key} no longer fits node {args.Node}: {booked.message}"
         dev = node.gpu(booked.indexes[0])
-        annotations = to_annotations(booked, dev_units=dev.mem_units if dev else 0)
+        written = to_annotations(booked, dev_units=dev.mem_units if dev else 0)
+        annotations: dict[str, str | None] = {**written}
+        annotations[ANN_SEAL] = self.cache.trust.seal_for(booked, written[ANN_ALLOCATION]) or None
         version = str(pod.get("metadata", {}).get("resourceVersion", ""))
         try:
             await self.api.patch_pod_annotations(

@@ -3,6 +3,12 @@
 It lists nodes and pods once, rebuilds the ledger from pod annotations exactly as the extender
 does, and prints the view. It reads ``$KUBECONFIG`` like kubectl, and also takes
 ``--kubeconfig`` and ``--context``.
+
+Like the extender it counts only allocations gpushare sealed for their pod (core.trust). The
+key comes from ``--seal-key-file``, or from the Secret the chart creates (``--seal-secret``,
+read through the API). A user who may not read that Secret gets one line on stderr saying so,
+and a view built on the structural checks alone (node and requests), which a forged record that
+matches its own pod's request passes.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -17,18 +24,52 @@ from gpushare.core.inventory import read_node
 from gpushare.core.kubejson import name_of, namespace_of
 from gpushare.core.ledger import Ledger
 from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.core.trust import Trust
 from gpushare.core.units import MemoryUnit
 from gpushare.inspect.explain import Explanation, explain_pod, explanation_json
 from gpushare.inspect.render import render_details, render_explanation, render_summary
 from gpushare.inspect.view import ClusterView, build_view, to_json
 from gpushare.kube.port import KubeAPI, KubeError
+from gpushare.kube.sealing import (
+    DEFAULT_SECRET,
+    SealKeyError,
+    load_key_file,
+    parse_secret_ref,
+    secret_key,
+)
 
 
-async def collect(api: KubeAPI, *, unit: MemoryUnit = MemoryUnit.GiB) -> ClusterView:
-    """List nodes and pods through the port and build the view."""
+async def find_trust(
+    api: KubeAPI, *, secret: str = DEFAULT_SECRET, key_file: str | None = None
+) -> tuple[Trust, str]:
+    """How to judge allocations, and a note when only their structure can be checked.
+
+    Raises SealKeyError when an explicit ``key_file`` cannot be read.
+    """
+    if key_file:
+        return Trust.sealed(load_key_file(Path(key_file))), ""
+    namespace, name = parse_secret_ref(secret)
+    key = await secret_key(api, namespace, name)
+    if isinstance(key, str):
+        return Trust.structural(), (
+            f"note: {key}; checking allocations' structure only (node and requests), not their "
+            f"seals (give --seal-key-file or --seal-secret)"
+        )
+    return Trust.sealed(key), ""
+
+
+async def collect(
+    api: KubeAPI, *, unit: MemoryUnit = MemoryUnit.GiB, trust: Trust | None = None
+) -> ClusterView:
+    """List nodes and pods through the port and build the view.
+
+    Without ``trust`` the key is read from the default Secret, else structure only.
+    """
+    if trust is None:
+        trust, _ = await find_trust(api)
     nodes, _ = await api.list_nodes()
     pods, _ = await api.list_pods()
-    ledger = Ledger.from_pods(pods, unit=unit)
+    ledger = Ledger.from_pods(pods, unit=unit, trust=trust)
     return build_view((read_node(n, cluster_unit=unit) for n in nodes), ledger)
 
 
@@ -37,15 +78,17 @@ class PodNotFound(KubeError):
 
 
 async def collect_explanation(
-    api: KubeAPI, namespace: str, name: str, *, settings: Settings
+    api: KubeAPI, namespace: str, name: str, *, settings: Settings, trust: Trust | None = None
 ) -> Explanation:
     """List nodes and pods, rebuild the ledger and run the extender's filter for one pod."""
+    if trust is None:
+        trust, _ = await find_trust(api)
     nodes, _ = await api.list_nodes()
     pods, _ = await api.list_pods()
     found = [p for p in pods if namespace_of(p) == namespace and name_of(p) == name]
     if not found:
         raise PodNotFound(f"pod {namespace}/{name} not found")
-    ledger = Ledger.from_pods(pods, names=settings.names, unit=settings.unit)
+    ledger = Ledger.from_pods(pods, names=settings.names, unit=settings.unit, trust=trust)
     inventories = [read_node(n, cluster_unit=settings.unit, names=settings.names) for n in nodes]
     return explain_pod(found[0], inventories, ledger, Scheduler(settings))
 
@@ -69,14 +112,22 @@ async def _fetch(
     context: str | None,
     unit: MemoryUnit,
     explain: tuple[str, str, Settings] | None = None,
-) -> ClusterView | Explanation:
+    *,
+    seal_secret: str = DEFAULT_SECRET,
+    seal_key_file: str | None = None,
+) -> tuple[ClusterView | Explanation, str]:
+    """The view or explanation, and the note ``find_trust`` made (shown only on success)."""
     from gpushare.kube.lightkube_api import LightkubeAPI
 
     api = LightkubeAPI.connect(kubeconfig, context)
     try:
+        trust, note = await find_trust(api, secret=seal_secret, key_file=seal_key_file)
         if explain is not None:
-            return await collect_explanation(api, explain[0], explain[1], settings=explain[2])
-        return await collect(api, unit=unit)
+            explained = await collect_explanation(
+                api, explain[0], explain[1], settings=explain[2], trust=trust
+            )
+            return explained, note
+        return await collect(api, unit=unit, trust=trust), note
     except PodNotFound:
         raise
     except KubeError as err:
@@ -109,6 +160,19 @@ async def _fetch(
 @click.option("--kubeconfig", envvar=None, help="Path to a kubeconfig (default: $KUBECONFIG).")
 @click.option("--context", help="The kubeconfig context to use.")
 @click.option(
+    "--seal-secret",
+    default=DEFAULT_SECRET,
+    show_default=True,
+    metavar="NAMESPACE/NAME",
+    help="The Secret holding gpushare's seal key (the chart's gpushare-seal), read through the "
+    "API; without access, only the allocations' structure is checked.",
+)
+@click.option(
+    "--seal-key-file",
+    default=None,
+    help="Read the seal key from this file instead of the Secret.",
+)
+@click.option(
     "--unit",
     default="1GiB",
     show_default=True,
@@ -122,6 +186,8 @@ def main(
     policy: str,
     kubeconfig: str | None,
     context: str | None,
+    seal_secret: str,
+    seal_key_file: str | None,
     unit: str,
 ) -> None:
     """Show how much GPU memory each node's GPUs have allocated, or explain one pod."""
@@ -129,6 +195,10 @@ def main(
         memory_unit = MemoryUnit.parse(unit)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--unit") from None
+    try:
+        parse_secret_ref(seal_secret)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--seal-secret") from None
     target: tuple[str, str, Settings] | None = None
     if explain is not None:
         pod_ns, _, pod_name = explain.rpartition("/")
@@ -141,7 +211,19 @@ def main(
             raise click.BadParameter(str(err), param_hint="--policy") from None
         target = (pod_ns or namespace, pod_name, settings)
     try:
-        result = asyncio.run(_fetch(kubeconfig, context, memory_unit, target))
+        result, note = asyncio.run(
+            _fetch(
+                kubeconfig,
+                context,
+                memory_unit,
+                target,
+                seal_secret=seal_secret,
+                seal_key_file=seal_key_file,
+            )
+        )
+    except SealKeyError as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(2)
     except PodNotFound as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(1)
@@ -153,6 +235,8 @@ def main(
             err=True,
         )
         sys.exit(1)
+    if note:
+        click.echo(note, err=True)
     if isinstance(result, Explanation):
         click.echo(render_explained(result, output=output), nl=False)
     else:

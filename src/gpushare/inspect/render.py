@@ -11,6 +11,7 @@ Summary::
 Columns are padded to their widest cell and separated by two spaces. Amounts are in GiB when
 every node counts 1 GiB units, otherwise in MiB (the header says which). A ``PENDING(Allocated)``
 column appears when some pod holds memory on an unknown GPU. Percentages are truncated.
+Allocations gpushare ignores (core.trust) follow the cluster line, one per pod, with why.
 """
 
 from __future__ import annotations
@@ -76,7 +77,16 @@ def render_summary(view: ClusterView) -> str:
         rows.append(row)
     lines = _table(rows)
     rule = "-" * max(MIN_RULE, max(len(line) for line in lines))
-    return "\n".join([*lines, rule, *_cluster_lines(view, amounts)]) + "\n"
+    return "\n".join([*lines, rule, *_cluster_lines(view, amounts), *_ignored_lines(view)]) + "\n"
+
+
+def _ignored_lines(view: ClusterView) -> list[str]:
+    if not view.ignored:
+        return []
+    return [
+        "Ignored allocations (not written by gpushare for their pod; they hold nothing):",
+        *(f"{i.namespace}/{i.name} names node {i.node}: {i.reason}" for i in view.ignored),
+    ]
 
 
 def _cluster_lines(view: ClusterView, amounts: _Amounts) -> list[str]:
@@ -130,6 +140,7 @@ def render_details(view: ClusterView) -> str:
         out.append("-" * MIN_RULE)
         out.append("")
     out += _cluster_lines(view, amounts)
+    out += _ignored_lines(view)
     return "\n".join(out) + "\n"
 
 

@@ -2,6 +2,8 @@
 
 The extender's ``GET /inspect`` returns the same view as JSON, so a person and a dashboard see
 the same numbers. Nodes appear when they are shared (a known mode with GPUs) or hold anything.
+Allocations the ledger ignored (core.trust: not sealed by gpushare for their pod, bound
+elsewhere, or not matching the pod) are listed apart with the reason: they hold nothing.
 """
 
 from __future__ import annotations
@@ -78,10 +80,22 @@ class NodeView:
 
 
 @dataclass(frozen=True)
+class IgnoredView:
+    """A pod whose allocation annotation does not count, and why."""
+
+    namespace: str
+    name: str
+    node: str
+    """The node its record names."""
+    reason: str
+
+
+@dataclass(frozen=True)
 class ClusterView:
     """Every shared node."""
 
     nodes: tuple[NodeView, ...]
+    ignored: tuple[IgnoredView, ...] = ()
 
     @property
     def mixed_units(self) -> bool:
@@ -153,7 +167,16 @@ def build_view(nodes: Iterable[NodeInventory], ledger: Ledger) -> ClusterView:
                 problem=node.problem,
             )
         )
-    return ClusterView(nodes=tuple(views))
+    ignored = tuple(
+        sorted(
+            (
+                IgnoredView(namespace=i.namespace, name=i.name, node=i.node, reason=i.why.message)
+                for i in ledger.ignored()
+            ),
+            key=lambda i: (i.namespace, i.name),
+        )
+    )
+    return ClusterView(nodes=tuple(views), ignored=ignored)
 
 
 def to_json(view: ClusterView) -> dict[str, Any]:
@@ -175,6 +198,7 @@ def to_json(view: ClusterView) -> dict[str, Any]:
     total, allocated = view.total_mib(), view.allocated_mib()
     return {
         "nodes": nodes,
+        "ignored": [asdict(i) for i in view.ignored],
         "cluster": {
             "totalMiB": total,
             "allocatedMiB": allocated,

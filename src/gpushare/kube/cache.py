@@ -8,6 +8,11 @@ assumption whose pod vanished or finished while the watch was down is dropped.
 
 ``synced`` stays False until the first full list, and ``/readyz`` reports it.
 
+Every pod is judged as it comes in (core.trust): the ledger takes only allocations gpushare
+sealed for that pod, once per pod version, so the filter never pays for it. An ignored one is
+reported to ``on_ignored`` once per pod and reason (a relist does not count it again), with a
+flag for the first report of that pod (the extender's metrics and Events use both).
+
 Every pod listed or watched is also handed to the ``workload`` feed, which counts each pod with
 a GPU request once (by UID): the fragmentation-aware policies learn the workload from it.
 """
@@ -17,16 +22,25 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from gpushare.core.changes import NodeTable
 from gpushare.core.defragmenting import WorkloadFeed
 from gpushare.core.inventory import NodeInventory, read_node
-from gpushare.core.kubejson import name_of, uid_of
+from gpushare.core.kubejson import KubeObject, name_of, uid_of
 from gpushare.core.ledger import Ledger, is_terminal
 from gpushare.core.scheduling import Settings
+from gpushare.core.trust import Ignored, IgnoredOnce, Judged, Trust
 from gpushare.kube.port import Gone, KubeAPI, KubeDict, KubeError, WatchEvent
+from gpushare.kube.sealing import keyless_trust
 
 log = logging.getLogger(__name__)
+
+
+class OnIgnored(Protocol):
+    """Told about an ignored allocation: once per pod and reason, ``first`` once per pod."""
+
+    def __call__(self, pod: KubeObject, why: Ignored, *, first: bool) -> None: ...
 
 
 class ClusterCache:
@@ -40,16 +54,36 @@ class ClusterCache:
         on_change: Callable[[], None] | None = None,
         retry_seconds: float = 1.0,
         workload: WorkloadFeed | None = None,
+        trust: Trust | None = None,
+        on_ignored: OnIgnored | None = None,
     ) -> None:
         self._api = api
         self._settings = settings
         self._on_change = on_change
         self._retry_seconds = retry_seconds
         self.workload = workload
+        self.trust = trust if trust is not None else keyless_trust(api)
+        """How allocations are judged; the extender seals its own with the same key."""
+        self.on_ignored = on_ignored
+        self._reported = IgnoredOnce()
         self.nodes = NodeTable()
-        self.ledger = Ledger(names=settings.names, unit=settings.unit)
+        self.ledger = self._new_ledger()
         self.synced = False
         self.relists = 0
+
+    def _new_ledger(self, judged: Judged | None = None) -> Ledger:
+        names, unit = self._settings.names, self._settings.unit
+        if judged is not None:
+            return Ledger(names=names, unit=unit, judged=judged)
+        return Ledger(names=names, unit=unit, trust=self.trust)
+
+    def _observe(self, ledger: Ledger, pod: KubeDict) -> None:
+        why = ledger.observe(pod)
+        if why is None or self.on_ignored is None:
+            return
+        report = self._reported.note(uid_of(pod), why.reason)
+        if report.count:
+            self.on_ignored(pod, why, first=report.tell)
 
     def _read(self, node: KubeDict) -> NodeInventory:
         return read_node(node, cluster_unit=self._settings.unit, names=self._settings.names)
@@ -58,13 +92,16 @@ class ClusterCache:
         """List nodes and pods and rebuild from them; return both resourceVersions."""
         nodes, node_rv = await self._api.list_nodes()
         pods, pod_rv = await self._api.list_pods()
-        ledger = Ledger(names=self._settings.names, unit=self._settings.unit)
+        judged = self.ledger.judged  # judgements of pods that did not change stand
+        ledger = self._new_ledger(judged)
         alive = {uid_of(p) for p in pods if not is_terminal(p)}
+        judged.retain(alive)
         for assumed in self.ledger.assumptions():
             if assumed.uid in alive:  # a pod deleted while we were not watching frees it
                 ledger.assume(assumed)
+        self._reported.retain(alive)
         for pod in pods:
-            ledger.observe(pod)
+            self._observe(ledger, pod)
         if self.workload is not None:
             self.workload.retain({uid_of(p) for p in pods})
             for pod in pods:
@@ -90,10 +127,11 @@ class ClusterCache:
         """Take in one pod event."""
         if event.type == "DELETED":
             self.ledger.forget(uid_of(event.object))
+            self._reported.forget(uid_of(event.object))
             if self.workload is not None:
                 self.workload.forget(uid_of(event.object))
         elif event.type in ("ADDED", "MODIFIED"):
-            self.ledger.observe(event.object)
+            self._observe(self.ledger, event.object)
             if self.workload is not None:
                 self.workload.observe(event.object)
         self._changed()

@@ -16,7 +16,7 @@ from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.core_v1 import Event, Node, Pod, Secret
 from lightkube.types import PatchType
 
 from gpushare.kube.port import (
@@ -165,6 +165,13 @@ class LightkubeAPI:
             return _to_dict(await self._client.get(Node, name))
         except (ApiError, httpx2.HTTPError, OSError) as err:
             raise _translate(err, f"get node {name}") from None
+
+    async def get_secret(self, namespace: str, name: str) -> KubeDict:
+        """One Secret."""
+        try:
+            return _to_dict(await self._client.get(Secret, name, namespace=namespace))
+        except (ApiError, httpx2.HTTPError, OSError) as err:
+            raise _translate(err, f"get secret {namespace}/{name}") from None
 
     async def patch_node(
         self,

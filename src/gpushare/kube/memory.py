@@ -3,12 +3,18 @@
 It backs unit and integration tests and the demo, so the extender and the cache run unchanged
 without a cluster. It keeps an event log like etcd's; ``compact`` drops it so watches from an
 older resourceVersion get ``Gone``, as a real API server does after compaction.
+
+Like a cluster the chart installed into, it holds a seal key (core.trust) in the Secret
+``gpushare/gpushare-seal``: random, made when the in-memory cluster is, so the extender, the
+device plugin and ``kubectl inspect cgpu`` running on it share it without configuration.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import bisect
+import secrets
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -42,7 +48,7 @@ class _Logged:
 class MemoryKube:
     """A small, faithful-enough API server in a dict."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, seal_key: bytes | None = None) -> None:
         self._version = 0
         self._nodes: dict[str, KubeDict] = {}
         self._pods: dict[tuple[str, str], KubeDict] = {}
@@ -51,6 +57,16 @@ class MemoryKube:
         self._waiters: list[asyncio.Future[None]] = []
         self._uids = 0
         self._events: dict[tuple[str, str], KubeDict] = {}
+        self.seal_key = seal_key if seal_key is not None else secrets.token_bytes(32)
+        """The key gpushare's components on this in-memory cluster share (keyless mode)."""
+        self._secrets: dict[tuple[str, str], KubeDict] = {
+            ("gpushare", "gpushare-seal"): {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"namespace": "gpushare", "name": "gpushare-seal"},
+                "data": {"key": base64.b64encode(self.seal_key).decode()},
+            }
+        }
         self.calls: list[str] = []
         """Names of port methods called, in order (tests assert on the protocol used)."""
 
@@ -160,6 +176,10 @@ class MemoryKube:
                 position = event.version
                 if event.kind == kind:
                     yield WatchEvent(type=event.type, object=_copy(event.object))
+            if self._log and self._log[-1].version > position:
+                continue  # written while the last event was being handled
+            # versions past the log went to Events, which no watch shows: nothing is unseen
+            position = max(position, self._version)
             if position >= self._version:
                 waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 self._waiters.append(waiter)
@@ -212,6 +232,20 @@ class MemoryKube:
             return _copy(self._nodes[name])
         except KeyError:
             raise NotFound(f"node {name} not found") from None
+
+    async def get_secret(self, namespace: str, name: str) -> KubeDict:
+        """One Secret."""
+        self.calls.append("get_secret")
+        try:
+            return _copy(self._secrets[(namespace, name)])
+        except KeyError:
+            raise NotFound(f"secret {namespace}/{name} not found") from None
+
+    def put_secret(self, secret: Mapping[str, Any]) -> None:
+        """Create or replace a Secret (``data`` base64, as the API stores it)."""
+        obj = _copy(dict(secret))
+        meta = obj.setdefault("metadata", {})
+        self._secrets[(str(meta.get("namespace") or "default"), str(meta["name"]))] = obj
 
     async def patch_node(
         self,

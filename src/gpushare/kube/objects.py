@@ -11,15 +11,19 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpushare.core.allocation import Allocation, to_annotations
 from gpushare.core.inventory import CORE_PER_GPU, Gpu, inventory_annotation
 from gpushare.core.names import (
+    ANN_ALLOCATION,
     ANN_NODE_GPUS,
     ANN_NODE_UNIT,
+    ANN_SEAL,
     DEFAULT_NAMES,
     LABEL_MODE,
     LABEL_PLACEMENT,
     ResourceNames,
 )
+from gpushare.core.trust import Trust
 from gpushare.core.units import MemoryUnit
 from gpushare.kube.port import KubeDict
 
@@ -100,6 +104,22 @@ def gpu_pod(
             "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
         },
     }
+
+
+def placed(
+    pod: Mapping[str, Any],
+    allocation: Allocation,
+    *,
+    trust: Trust,
+    dev_units: int = 15,
+    bound: bool = True,
+) -> KubeDict:
+    """The pod as gpushare's bind leaves it: annotations, their seal, and bound to the node."""
+    record = to_annotations(allocation, dev_units=dev_units)
+    seal = trust.seal_for(allocation, record[ANN_ALLOCATION])
+    metadata = {**pod.get("metadata", {}), "annotations": {**record, ANN_SEAL: seal}}
+    spec = {**pod.get("spec", {}), **({"nodeName": allocation.node} if bound else {})}
+    return {**pod, "metadata": metadata, "spec": spec}
 
 
 def pod_from_job(job: Mapping[str, Any], *, index: int = 0) -> KubeDict:

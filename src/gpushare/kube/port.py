@@ -91,6 +91,10 @@ class KubeAPI(Protocol):
         """One node."""
         ...
 
+    async def get_secret(self, namespace: str, name: str) -> KubeDict:
+        """One Secret (``kubectl inspect cgpu`` reads the seal key from it)."""
+        ...
+
     async def patch_node(
         self,
         name: str,
