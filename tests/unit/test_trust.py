@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import hashlib
@@ -31,7 +32,9 @@ from gpushare.core.trust import (
     sort_node_pods,
 )
 from gpushare.core.units import MemoryUnit
+from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_pod, placed
+from gpushare.kube.sealing import keyless_trust, secret_key
 
 KEY = SealKey(b"trust-test-key-0123456789abcdefg")
 TRUST = Trust.sealed(KEY)
@@ -292,3 +295,18 @@ def test_a_pod_is_judged_once_until_what_the_judgement_reads_changes() -> None:
     relisted.forget("uid-a")
     relisted.observe(pod)
     assert CountingTrust.calls == 3
+
+
+def test_the_in_memory_cluster_and_its_secret_are_one_key_whatever_its_bytes() -> None:
+    """Every reader drops surrounding whitespace; the in-memory cluster's own components too.
+
+    Raw random bytes that began with a newline once made the demo's inspect (reading the
+    Secret) and its extender (reading the key directly) disagree on every seal.
+    """
+    for raw in (b"\n" + b"k" * 31, b"k" * 31 + b" ", None):
+        kube = MemoryKube(seal_key=raw)
+        from_secret = asyncio.run(secret_key(kube, "gpushare", "gpushare-seal"))
+        assert not isinstance(from_secret, str)
+        assert keyless_trust(kube) == Trust.sealed(from_secret)
+    made = MemoryKube().seal_key
+    assert made.strip() == made and len(made) == 64

@@ -57,8 +57,13 @@ class MemoryKube:
         self._waiters: list[asyncio.Future[None]] = []
         self._uids = 0
         self._events: dict[tuple[str, str], KubeDict] = {}
-        self.seal_key = seal_key if seal_key is not None else secrets.token_bytes(32)
-        """The key gpushare's components on this in-memory cluster share (keyless mode)."""
+        self.seal_key = seal_key if seal_key is not None else secrets.token_hex(32).encode()
+        """The key gpushare's components on this in-memory cluster share (keyless mode).
+
+        Text, as ``gpushare seal-key`` makes: every reader drops surrounding whitespace
+        (``core.trust.read_key``), so raw random bytes would be a different key to some readers
+        whenever they began or ended with a whitespace byte.
+        """
         self._secrets: dict[tuple[str, str], KubeDict] = {
             ("gpushare", "gpushare-seal"): {
                 "apiVersion": "v1",

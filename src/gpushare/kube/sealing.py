@@ -87,5 +87,9 @@ async def secret_key(api: KubeAPI, namespace: str, name: str) -> SealKey | str:
 def keyless_trust(api: KubeAPI) -> Trust:
     """The in-memory cluster's own key; any other port must be given a key (SealKeyError)."""
     if isinstance(api, MemoryKube):
-        return Trust.sealed(SealKey(api.seal_key))
+        # read as every other key is read, so this and the cluster's Secret are one key
+        key = read_key(api.seal_key, where="the in-memory cluster's seal key")
+        if isinstance(key, str):
+            raise SealKeyError(key)
+        return Trust.sealed(key)
     raise SealKeyError(f"no seal key is configured: {HOW_TO_MAKE}")
