@@ -220,7 +220,10 @@ def extender(
     "--state-dir",
     default="/var/lib/gpushare",
     show_default=True,
-    help="Checkpoint, accounting and MPS directories; the same path as on the host.",
+    help=(
+        "Checkpoint, limits files, accounting broker sockets and MPS pipes; the same path as "
+        "on the host."
+    ),
 )
 @click.option(
     "--isolation",

@@ -7,7 +7,10 @@ images that containerd's ``ctr images import`` reads (``manifest.json``, a confi
 - ``gpushare.local/pause:1``: the pod sandbox image; ``sleep`` forever.
 - ``gpushare.local/node-test:1``: busybox (static, from ``busybox-static``) for ``sh``/``env``,
   plus ``/probe``, a dynamically linked program with the loader and the glibc libraries it and
-  the interposer need, so a test can see ``LD_PRELOAD`` take effect under the real runtime.
+  the interposer need, so a test can see ``LD_PRELOAD`` take effect under the real runtime; and
+  ``/memops`` with the CPU-only fake driver and NVML of ``tests/isolation/fakes`` installed as
+  ``libcuda.so.1`` and ``libnvidia-ml.so.1`` where the NVIDIA runtime would mount the real
+  ones, so the interposer's limits can be exercised inside a real container.
 
 Both come from the same layer. They are rebuilt when their inputs change (a content hash).
 """
@@ -23,6 +26,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PROBE_SOURCE = HERE / "node" / "probe.c"
+ISOLATION = HERE.parent / "isolation"
+NATIVE = HERE.parents[1] / "src" / "gpushare" / "isolation" / "native"
+LIBDIR = "usr/lib/x86_64-linux-gnu"
 PAUSE_IMAGE = "gpushare.local/pause:1"
 TEST_IMAGE = "gpushare.local/node-test:1"
 BUSYBOX = Path("/bin/busybox")
@@ -53,13 +59,36 @@ def _add_link(tar: tarfile.TarFile, name: str, target: str) -> None:
     tar.addfile(info)
 
 
-def _layer(probe: Path) -> bytes:
+def _build_driver(out: Path) -> dict[str, Path]:
+    """The fake driver and NVML under their real sonames, and memops linked against them."""
+    cc = ["gcc", "-O2", "-fPIC", f"-I{NATIVE}"]
+    cuda, nvml, memops = out / "libcuda.so.1", out / "libnvidia-ml.so.1", out / "memops"
+    for lib, source, libs in (
+        (cuda, "fake_cuda.c", ["-lpthread"]),
+        (nvml, "fake_nvml.c", ["-ldl"]),
+    ):
+        soname = f"-Wl,-soname,{lib.name}"
+        source_path = str(ISOLATION / "fakes" / source)
+        subprocess.run(
+            [*cc, "-shared", soname, "-o", str(lib), source_path, *libs],
+            check=True,
+            capture_output=True,
+        )
+    program = str(ISOLATION / "programs" / "memops.c")
+    linked = ["-l:libcuda.so.1", "-l:libnvidia-ml.so.1", "-ldl"]
+    subprocess.run(
+        [*cc, "-o", str(memops), program, f"-L{out}", *linked], check=True, capture_output=True
+    )
+    return {f"{LIBDIR}/{cuda.name}": cuda, f"{LIBDIR}/{nvml.name}": nvml, "memops": memops}
+
+
+def _layer(probe: Path, driver: dict[str, Path]) -> bytes:
     applets = subprocess.run(
         [str(BUSYBOX), "--list"], check=True, capture_output=True, text=True
     ).stdout.split()
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for directory in ("bin", "etc", "tmp", "lib", "lib64", "lib/x86_64-linux-gnu"):
+        for directory in ("bin", "etc", "tmp", "lib", "lib64", "lib/x86_64-linux-gnu", "usr"):
             _add_dir(tar, directory, 0o1777 if directory == "tmp" else 0o755)
         _add_file(tar, "bin/busybox", BUSYBOX.read_bytes())
         for applet in sorted(set(applets) - {"busybox"}):
@@ -67,6 +96,10 @@ def _layer(probe: Path) -> bytes:
         for library in GLIBC:
             _add_file(tar, str(library).lstrip("/"), library.resolve().read_bytes())
         _add_file(tar, "probe", probe.read_bytes())
+        for directory in ("usr/lib", LIBDIR):
+            _add_dir(tar, directory)
+        for name, path in sorted(driver.items()):
+            _add_file(tar, name, path.read_bytes())
         _add_file(tar, "etc/passwd", b"root:x:0:0:root:/:/bin/sh\n", 0o644)
         _add_file(tar, "etc/group", b"root:x:0:\n", 0o644)
     return buffer.getvalue()
@@ -99,15 +132,16 @@ def build_images(out: Path) -> dict[str, Path]:
     subprocess.run(
         ["gcc", "-O2", "-o", str(probe), str(PROBE_SOURCE)], check=True, capture_output=True
     )
+    driver = _build_driver(out)
     inputs = hashlib.sha256()
-    for part in (BUSYBOX, probe, *GLIBC, Path(__file__)):
+    for part in (BUSYBOX, probe, *GLIBC, *sorted(driver.values()), Path(__file__)):
         inputs.update(part.resolve().read_bytes())
     stamp = out / "inputs.sha256"
     archives = {PAUSE_IMAGE: out / "pause.tar", TEST_IMAGE: out / "node-test.tar"}
     fresh = stamp.exists() and stamp.read_text() == inputs.hexdigest()
     if fresh and all(p.exists() for p in archives.values()):
         return archives
-    layer = _layer(probe)
+    layer = _layer(probe, driver)
     _archive(archives[PAUSE_IMAGE], PAUSE_IMAGE, layer, ["/bin/sleep", "2147483647"])
     _archive(archives[TEST_IMAGE], TEST_IMAGE, layer, ["/bin/sh"])
     stamp.write_text(inputs.hexdigest())

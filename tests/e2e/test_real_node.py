@@ -10,8 +10,12 @@ and compares it with what the pod's ``gpushare.io/allocation`` says it should be
 from __future__ import annotations
 
 import json
+import os
+import re
+import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +27,7 @@ from .images import TEST_IMAGE
 from .realnode import NODE_NAME, TOLERATION, RealNode, container, pod, probe_env
 
 NS = "e2e-real"
+MiB = 2**20
 
 
 # -- reading containers back -----------------------------------------------------------------
@@ -371,9 +376,9 @@ def test_multi_container_init_sidecar_and_multi_gpu_pods(real_node: RealNode, ns
 def test_cgpu_container_has_the_interposer_preloaded(real_node: RealNode, ns: str) -> None:
     cluster = real_node.cluster
     real_node.set_mode("cgpu", unit="1GiB")
-    # the mounts as the container sees them: the library, the limits file and the preload list
-    # read-only, the usage table (alone, not its directory) writable; /probe run with
-    # LD_PRELOAD emptied still maps the interposer, through /etc/ld.so.preload
+    # the mounts as the container sees them: the library, the limits file, the preload list and
+    # the broker's socket directory, all read-only; /probe run with LD_PRELOAD emptied still
+    # maps the interposer, through /etc/ld.so.preload
     check = (
         'awk \'$2 ~ /gpushare|ld[.]so[.]preload/ {print "MOUNT_" $2 "=" substr($4, 1, 2)}\' '
         "/proc/mounts; "
@@ -382,7 +387,9 @@ def test_cgpu_container_has_the_interposer_preloaded(real_node: RealNode, ns: st
         "sed -n 's/^mem_limit=/LIMITS_MEM=/p' /etc/gpushare/limits; "
         "if (echo >> /etc/gpushare/limits) 2>/dev/null; then echo LIMITS_WRITABLE=yes; "
         "else echo LIMITS_WRITABLE=no; fi; "
-        "(: >> /var/run/gpushare/gpushare-usage.v1) && echo TABLE_WRITABLE=yes"
+        "if (: >> /var/run/gpushare/gpushare-usage.v1) 2>/dev/null; then echo TABLE_WRITABLE=yes; "
+        "else echo TABLE_WRITABLE=no; fi; "
+        "echo BROKER_DIR=$(ls /var/run/gpushare)"
     )
     probe = container("main", 5, command=check)
     create(cluster, [pod("cgpu", NS, [probe])])
@@ -392,16 +399,16 @@ def test_cgpu_container_has_the_interposer_preloaded(real_node: RealNode, ns: st
     assert "libgpushare-cuda.so" in env["PROBE_MAPPED"]
     assert env["LD_PRELOAD"] == "/usr/local/gpushare/libgpushare-cuda.so"
     assert env["GPUSHARE_MEM_LIMIT"] == str(5 * 1024**3)
-    assert env["GPUSHARE_ACCOUNTING_DIR"] == "/var/run/gpushare"
+    assert "GPUSHARE_ACCOUNTING_DIR" not in env
     assert env["MOUNT_/usr/local/gpushare"] == "ro"
     assert env["MOUNT_/etc/gpushare/limits"] == "ro"
     assert env["MOUNT_/etc/ld.so.preload"] == "ro"
-    assert env["MOUNT_/var/run/gpushare/gpushare-usage.v1"] == "rw"
-    assert "MOUNT_/var/run/gpushare" not in env
+    assert env["MOUNT_/var/run/gpushare"] == "ro"
+    assert env["BROKER_DIR"] == "broker.sock"
     assert "libgpushare-cuda.so" in env["UNSET_MAPPED"]
     assert env["PRELOAD_LIST"] == "/usr/local/gpushare/libgpushare-cuda.so"
     assert env["LIMITS_MEM"] == str(5 * 1024**3)
-    assert (env["LIMITS_WRITABLE"], env["TABLE_WRITABLE"]) == ("no", "yes")
+    assert (env["LIMITS_WRITABLE"], env["TABLE_WRITABLE"]) == ("no", "no")
     checked, mismatches, _ = compare(items, gpu_uuids(cluster))
     assert checked == 1 and not mismatches, mismatches
 
@@ -437,6 +444,62 @@ def test_a_containers_own_env_cannot_switch_its_isolation_off(
     assert env.get("GPUSHARE_MEM_LIMIT") == str(15 * 1024**3)  # kubelet: the pod's env wins
     assert "libgpushare-cuda.so" in env["PROBE_MAPPED"]
     assert env["LIMITS_MEM"] == str(5 * 1024**3)
+
+
+def test_usage_is_counted_where_the_container_cannot_write(
+    real_node: RealNode, ns: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Finding 5, the usage table: two processes of a 5 GiB container, under the real runtime.
+
+    ``/memops`` calls the (CPU-only, fake) driver through the preloaded interposer. The first
+    process holds 3000 MiB; the second is refused 3000 MiB and given 2000 MiB, so the account
+    spans the processes; it lives in the device plugin, whose socket directory is mounted
+    read-only: nothing in the container can write a usage record, and what one process gives
+    back on its own connection is only its own. Read from the host, the plugin's account
+    shows the held memory while the container runs.
+    """
+    cluster = real_node.cluster
+    real_node.set_mode("cgpu", unit="1GiB")
+    script = (
+        "/memops alloc:3000 hold > /tmp/first & "
+        "until grep -q '^hold' /tmp/first; do sleep 0.1; done; "
+        "/memops alloc:3000 alloc:2000 info | sed 's/^/SECOND /'; "
+        "if (: > /var/run/gpushare/gpushare-usage.v1) 2>/dev/null; then echo TABLE=written; "
+        "else echo TABLE=refused; fi; "
+        "echo READY; sleep 30"
+    )
+    create(cluster, [pod("usage", NS, [container("main", 5, command=script)])])
+    deadline = time.monotonic() + 120
+    logs = ""
+    while "READY" not in logs and time.monotonic() < deadline:
+        time.sleep(0.5)
+        logs = cluster.kubectl("logs", "-n", NS, "usage", check=False).stdout
+    assert "READY" in logs, logs
+    uid = cluster.kubectl_json("get", "pod", "usage", "-n", NS)["metadata"]["uid"]
+    sock = real_node.state_dir / "broker" / uid / "main" / "broker.sock"
+    used = ask_broker(sock, "used 0")
+    with capsys.disabled():
+        print(f"\n[real node] container log:\n{logs}[real node] plugin's account: {used}")
+    second = [line for line in logs.splitlines() if line.startswith("SECOND ")]
+    assert [re.search(r"rc=(\d+)", line).group(1) for line in second] == ["2", "0", "0"]  # type: ignore[union-attr]
+    assert f"free={(5120 - 5000) * MiB}" in second[2]
+    assert "TABLE=refused" in logs
+    # the second process ended: its 2000 MiB came back; the first still holds 3000 MiB
+    assert used == f"used {3000 * MiB} {5 * 1024 * MiB}"
+
+
+def ask_broker(sock: Path, line: str) -> str:
+    """One request to a container's account, from the host (root may connect to any)."""
+    directory = os.open(sock.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(10)
+            # through the directory's fd: the host path may be longer than a socket path may be
+            conn.connect(f"/proc/self/fd/{directory}/{sock.name}")
+            conn.sendall(line.encode() + b"\n")
+            return conn.recv(128).decode().strip()
+    finally:
+        os.close(directory)
 
 
 # -- restarts and health ----------------------------------------------------------------------

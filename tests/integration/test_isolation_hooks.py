@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -13,18 +14,16 @@ import pytest
 
 from gpushare.core.tampering import ISOLATION_PATHS
 from gpushare.core.units import MemoryUnit
+from gpushare.deviceplugin.broker import CONTAINER_BROKER_DIR, SOCKET_NAME
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo
 from gpushare.deviceplugin.isolation import (
     BY_DEVICES,
-    CONTAINER_ACCOUNTING_DIR,
     CONTAINER_LIB_DIR,
     CONTAINER_MPS_PIPE_DIR,
     CONTAINER_PRELOAD_FILE,
-    CONTAINER_TABLE_FILE,
     LIB_NAME,
     PRELOAD_NAME,
-    TABLE_NAME,
     MpsControl,
     NodeIsolation,
     devices_key,
@@ -100,9 +99,21 @@ def limits_text(mem: str, core: int = 0) -> str:
     return (
         "# gpushare: this container's GPU limits, written by the device plugin and read by\n"
         "# libgpushare-cuda.so; they win over GPUSHARE_* in the environment.\n"
-        f"version=1\nmem_limit={mem}\ncore_limit={core}\nunit=1GiB\n"
-        "accounting_dir=/var/run/gpushare\n"
+        f"version=2\nmem_limit={mem}\ncore_limit={core}\nunit=1GiB\n"
+        "broker=/var/run/gpushare/broker.sock\n"
     )
+
+
+async def ask(path: Path, *lines: str) -> list[str]:
+    """Lines to a broker socket, as a container process would send them; the answers."""
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    answers = []
+    for line in lines:
+        writer.write(line.encode() + b"\n")
+        answers.append((await reader.readline()).decode().rstrip("\n"))
+    writer.close()
+    await writer.wait_closed()
+    return answers
 
 
 def test_cgpu_containers_get_the_interposer_their_limit_and_their_own_accounting() -> None:
@@ -119,24 +130,29 @@ def test_cgpu_containers_get_the_interposer_their_limit_and_their_own_accounting
             envs = admitted.envs[name]
             assert envs["LD_PRELOAD"] == PRELOAD
             assert envs["GPUSHARE_MEM_LIMIT"] == str(size * GiB)
-            assert envs["GPUSHARE_ACCOUNTING_DIR"] == CONTAINER_ACCOUNTING_DIR
+            assert "GPUSHARE_ACCOUNTING_DIR" not in envs
             assert "GPUSHARE_CORE_LIMIT" not in envs
             assert envs["ALIYUN_COM_GPU_MEM_CONTAINER"] == str(size)
-            accounting = r.root / "state" / "accounting" / uid / name
-            table = accounting / TABLE_NAME
+            broker = r.root / "state" / "broker" / uid / name
+            sock = broker / SOCKET_NAME
             limits = r.root / "state" / "limits" / uid / name / "limits"
-            # the container gets the table alone, writable by its users (unknown), and nothing
-            # else writable: the directory stays root's
-            assert [p.name for p in accounting.iterdir()] == [TABLE_NAME]
-            assert table.stat().st_size == 0 and table.stat().st_mode & 0o777 == 0o666
-            assert accounting.stat().st_mode & 0o777 == 0o755
+            # the container gets its broker's socket alone, in a directory mounted read-only:
+            # it may connect (every user: they are unknown), and write nothing
+            assert [p.name for p in broker.iterdir()] == [SOCKET_NAME]
+            assert stat.S_ISSOCK(sock.stat().st_mode) and sock.stat().st_mode & 0o777 == 0o666
+            assert broker.stat().st_mode & 0o777 == 0o755
             assert limits.read_text() == limits_text(str(size * GiB))
             assert limits.stat().st_mode & 0o777 == 0o444
             assert admitted.mounts[name] == [
                 (CONTAINER_LIB_DIR, str(r.root / "lib"), True),
                 (CONTAINER_PRELOAD_FILE, str(preload), True),
                 (CONTAINER_LIMITS_FILE, str(limits), True),
-                (CONTAINER_TABLE_FILE, str(table), False),
+                (CONTAINER_BROKER_DIR, str(broker), True),
+            ]
+            # the account is served, with the container's limit from the allocation
+            assert await ask(sock, "used 0", f"reserve 0 {size * GiB + 1}") == [
+                f"used 0 {size * GiB}",
+                f"refused 0 {size * GiB}",
             ]
 
     run(body, mode="cgpu", hook=isolation(packaged=library))
@@ -155,7 +171,7 @@ def test_core_mem_adds_the_compute_limit_and_mounts_once_per_container() -> None
             CONTAINER_LIB_DIR,
             CONTAINER_PRELOAD_FILE,
             CONTAINER_LIMITS_FILE,
-            CONTAINER_TABLE_FILE,
+            CONTAINER_BROKER_DIR,
         ]
         (limits,) = [h for c, h, _ in admitted.mounts["c0"] if c == CONTAINER_LIMITS_FILE]
         assert Path(limits).read_text() == limits_text(str(2 * GiB), core=30)
@@ -163,7 +179,7 @@ def test_core_mem_adds_the_compute_limit_and_mounts_once_per_container() -> None
     run(body, mode="core_mem", hook=isolation(packaged=fake_library()))
 
 
-def test_identical_pending_containers_get_distinct_accounting_dirs() -> None:
+def test_identical_pending_containers_get_distinct_accounts() -> None:
     async def body(r: Rig) -> None:
         await r.kubelet.wait_devices(MEM, 30)
         first = await r.place(pod("a", 2))
@@ -172,10 +188,10 @@ def test_identical_pending_containers_get_distinct_accounting_dirs() -> None:
         dirs = set()
         for placed in (first, second):
             admitted = await r.kubelet.admit(placed)
-            (host,) = [h for c, h, _ in admitted.mounts["c0"] if c == CONTAINER_TABLE_FILE]
+            (host,) = [h for c, h, _ in admitted.mounts["c0"] if c == CONTAINER_BROKER_DIR]
             (limits,) = [h for c, h, _ in admitted.mounts["c0"] if c == CONTAINER_LIMITS_FILE]
-            assert Path(host).is_file() and Path(limits).is_file()
-            dirs.update({Path(host).parent, Path(limits).parent})
+            assert (Path(host) / SOCKET_NAME).exists() and Path(limits).is_file()
+            dirs.update({Path(host), Path(limits).parent})
         assert len(dirs) == 4
 
     run(body, mode="cgpu", hook=isolation(packaged=fake_library()))
@@ -187,7 +203,7 @@ def test_admission_refuses_volumes_over_every_path_the_plugin_mounts() -> None:
         CONTAINER_LIB_DIR,
         CONTAINER_PRELOAD_FILE,
         CONTAINER_LIMITS_FILE,
-        CONTAINER_TABLE_FILE,
+        CONTAINER_BROKER_DIR,
         CONTAINER_MPS_PIPE_DIR,
     ):
         assert any(path == p or path.startswith(p + "/") for p in ISOLATION_PATHS), path
@@ -286,17 +302,43 @@ def test_accounting_dirs_of_gone_containers_are_pruned_after_the_grace(tmp_path:
     assert sorted(p.name for p in root.iterdir()) == [BY_DEVICES, "uid-live", "uid-new"]
 
 
-def test_the_interposer_hook_prunes_tables_and_limits_alike(tmp_path: Path) -> None:
-    hook = isolation(packaged=fake_library())(tmp_path, FakeGpus.parse("1x15GiB", node=NODE))
-    assert hook.prepare("cgpu") == ""
+def test_a_restarted_plugin_serves_the_accounts_again_and_prunes_the_gone(
+    tmp_path: Path,
+) -> None:
+    """Accounts come back from the limits files; those of gone pods are closed and removed.
+
+    ``accounting`` holds the usage tables of plugins from before the broker: pruned alike.
+    """
+    kinds = ("broker", "limits", "accounting")
     old = time.time() - 120
-    for kind in ("accounting", "limits"):
-        for uid in ("uid-live", "uid-gone"):
+    for uid in ("uid-live", "uid-gone"):
+        for kind in kinds:
             (tmp_path / "state" / kind / uid / "c0").mkdir(parents=True)
-            os.utime(tmp_path / "state" / kind / uid, (old, old))
-    hook.prune(frozenset({"uid-live"}), frozenset())
-    for kind in ("accounting", "limits"):
-        assert sorted(p.name for p in (tmp_path / "state" / kind).iterdir()) == ["uid-live"]
+        (tmp_path / "state" / "limits" / uid / "c0" / "limits").write_text(limits_text(str(GiB)))
+    (tmp_path / "state" / "limits" / "uid-v1" / "c0").mkdir(parents=True)
+    (tmp_path / "state" / "limits" / "uid-v1" / "c0" / "limits").write_text(
+        "version=1\nmem_limit=1\ncore_limit=0\nunit=1GiB\naccounting_dir=/var/run/gpushare\n"
+    )
+
+    async def body() -> None:
+        hook = isolation(packaged=fake_library())(tmp_path, FakeGpus.parse("1x15GiB", node=NODE))
+        assert hook.prepare("cgpu") == ""
+        broker = hook.chosen.broker
+        assert broker.served() == ["uid-gone/c0", "uid-live/c0"]  # not the version 1 file's
+        sock = tmp_path / "state" / "broker" / "uid-live" / "c0" / SOCKET_NAME
+        assert await ask(sock, "hold 0 5", "used 0") == ["ok", f"used 5 {GiB}"]
+        for kind in kinds:
+            for uid in ("uid-live", "uid-gone", "uid-v1"):
+                if (tmp_path / "state" / kind / uid).exists():
+                    os.utime(tmp_path / "state" / kind / uid, (old, old))
+        hook.prune(frozenset({"uid-live"}), frozenset())
+        for kind in kinds:
+            assert sorted(p.name for p in (tmp_path / "state" / kind).iterdir()) == ["uid-live"]
+        assert broker.served() == ["uid-live/c0"]
+        hook.close()
+        assert broker.served() == []
+
+    asyncio.run(body())
 
 
 def test_the_plugin_check_hands_the_live_pods_and_devices_to_the_hook() -> None:

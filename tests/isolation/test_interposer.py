@@ -15,18 +15,25 @@ tree sees them. Without root or ``unshare`` those tests skip.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
 import signal
+import socket
 import struct
 import subprocess
-from collections.abc import Iterator
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
+from gpushare.deviceplugin.broker import SETTLE_S, SOCKET_NAME, Broker
 from gpushare.isolation import build
 from gpushare.isolation.limits import CONTAINER_LIMITS_FILE, ContainerLimits
 
@@ -386,15 +393,80 @@ def limits(built: Built) -> Iterator[Path]:
     built.limits.unlink(missing_ok=True)
 
 
-def plugin_limits(mem_bytes: int, accounting: Path, core_pct: int = 0) -> str:
+class RunningBroker:
+    """The plugin's accounting broker on an event loop of its own, serving one container.
+
+    The socket is reached through a short symlink: a unix socket path has at most 107 bytes,
+    and pytest's temporary paths can be longer (the plugin binds through /proc/self/fd).
+    """
+
+    KEY = "pod-uid/main"
+
+    def __init__(self, root: Path, limits: tuple[int, ...]) -> None:
+        self.root = root
+        self.limits = limits
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.short = Path(tempfile.mkdtemp(prefix="gsb-", dir="/tmp"))
+        self.socket = self.short / SOCKET_NAME
+        self.broker = Broker(root)
+        self.call(lambda: self.broker.open(self.KEY, limits))
+        self.socket.symlink_to(root / self.KEY / SOCKET_NAME)
+
+    def call(self, fn: Callable[[], object]) -> object:
+        """Run fn on the broker's loop (where the plugin calls it) and return its result."""
+
+        async def run() -> object:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=10)
+
+    def usage(self) -> int:
+        """Bytes the container holds on device 0, as the broker counts them."""
+        used = self.call(lambda: self.broker.usage(self.KEY))
+        assert isinstance(used, tuple)
+        return int(used[0])
+
+    def restart(self) -> None:
+        """What a plugin restart does: every account closed, then served again, empty."""
+        self.call(self.broker.close)
+        self.broker = Broker(self.root)
+        self.call(lambda: self.broker.open(self.KEY, self.limits, settle_s=SETTLE_S))
+
+    def stop(self) -> None:
+        self.call(self.broker.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+        shutil.rmtree(self.short, ignore_errors=True)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[RunningBroker]:
+    running = RunningBroker(tmp_path / "broker", (1024 * MiB,))
+    yield running
+    running.stop()
+
+
+def plugin_limits(mem_bytes: int, broker: RunningBroker, core_pct: int = 0) -> str:
     """The file as the device plugin writes it (its own renderer, read here by the C parser)."""
-    return ContainerLimits((mem_bytes,), core_pct, "1GiB", str(accounting)).render()
+    return ContainerLimits((mem_bytes,), core_pct, "1GiB", str(broker.socket)).render()
+
+
+def eventually(check: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return check()
 
 
 def test_the_limits_file_wins_over_the_environment(
-    built: Built, accounting: Path, limits: Path, tmp_path: Path
+    built: Built, accounting: Path, limits: Path, tmp_path: Path, broker: RunningBroker
 ) -> None:
-    limits.write_text(plugin_limits(1024 * MiB, accounting))
+    limits.write_text(plugin_limits(1024 * MiB, broker))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = built.env(
@@ -404,22 +476,26 @@ def test_the_limits_file_wins_over_the_environment(
     print(err.strip())
     assert rcs(lines) == [2, 0, 2, 0]
     assert fields(lines[3])["total"] == 1024 * MiB
-    # said once per process, for each variable that disagrees, and the file's table is used
-    assert err.count("disagrees") == 2
+    # said once per process, and the broker counts: no usage table is made anywhere
+    assert err.count("disagrees") == 1
     assert (
         f"gpushare: GPUSHARE_MEM_LIMIT={8 * 1024 * MiB} in the environment disagrees with "
         f"mem_limit={1024 * MiB} in {limits}; the file's value is used"
     ) in err
-    assert f"GPUSHARE_ACCOUNTING_DIR={elsewhere} in the environment disagrees" in err
-    assert [p.name for p in accounting.iterdir()] == ["gpushare-usage.v1"]
     assert not any(elsewhere.iterdir())
+    assert not any(accounting.iterdir())
+    assert eventually(lambda: broker.usage() == 0)  # the process ended: its connection closed
 
 
 def test_without_the_environment_the_file_still_holds(
-    built: Built, accounting: Path, limits: Path, holder: list[subprocess.Popen[str]]
+    built: Built,
+    accounting: Path,
+    limits: Path,
+    holder: list[subprocess.Popen[str]],
+    broker: RunningBroker,
 ) -> None:
     """A process that clears its children's environment does not lift their limit."""
-    limits.write_text(plugin_limits(1024 * MiB, accounting))
+    limits.write_text(plugin_limits(1024 * MiB, broker))
     env = {
         k: v
         for k, v in built.env(accounting, LD_PRELOAD=str(built.file_interposer)).items()
@@ -427,27 +503,142 @@ def test_without_the_environment_the_file_still_holds(
     }
     hold(built, env, holder, "alloc:600")
     lines, err = memops(built, env, "alloc:600", "alloc:400")
-    assert rcs(lines) == [2, 0]  # the two processes share the file's table and limit
+    assert rcs(lines) == [2, 0]  # the two processes share the broker's account and limit
     assert err == ""  # nothing to disagree with
+    assert broker.usage() == 600 * MiB
 
 
 def test_the_file_core_limit_wins_over_the_environment(
-    built: Built, accounting: Path, limits: Path
+    built: Built, accounting: Path, limits: Path, broker: RunningBroker
 ) -> None:
-    limits.write_text(plugin_limits(1024 * MiB, accounting, core_pct=30))
+    limits.write_text(plugin_limits(1024 * MiB, broker, core_pct=30))
     env = built.env(accounting, GPUSHARE_CORE_LIMIT="90", LD_PRELOAD=str(built.file_interposer))
     util = utilisation(launch_for(built, 3, env))
     print(f"file core_limit=30, GPUSHARE_CORE_LIMIT=90: fake SM utilisation {util:.1f}%")
     assert abs(util - 30) <= 5
 
 
-GOOD = "version=1\nmem_limit=1073741824\ncore_limit=0\nunit=1GiB\naccounting_dir=/acct\n"
+def broker_env(built: Built, accounting: Path) -> dict[str, str]:
+    """A container process whose limits file names the broker (no accounting variable)."""
+    env = built.env(accounting, LD_PRELOAD=str(built.file_interposer))
+    del env["GPUSHARE_ACCOUNTING_DIR"]
+    return env
+
+
+def ask(path: Path, *lines: str) -> list[str]:
+    """Talk to the broker as a hostile process would: its own connection, any lines."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(str(path))
+        with conn.makefile("rb") as reader:
+            return [answer(conn, reader, line) for line in lines]
+
+
+def answer(conn: socket.socket, reader: BinaryIO, line: str) -> str:
+    conn.sendall(line.encode() + b"\n")
+    return reader.readline().decode().rstrip("\n")
+
+
+def test_a_process_cannot_lower_what_the_others_hold(
+    built: Built,
+    accounting: Path,
+    limits: Path,
+    holder: list[subprocess.Popen[str]],
+    broker: RunningBroker,
+) -> None:
+    """The usage table's hole, closed: nothing in the container can undo another's charge.
+
+    With a table the container wrote, a process could zero the entries and allocate past the
+    limit. With the broker, a process has only its own connection: releasing there gives back
+    only what that connection reserved, which is nothing.
+    """
+    limits.write_text(plugin_limits(1024 * MiB, broker))
+    env = broker_env(built, accounting)
+    hold(built, env, holder, "alloc:600")
+    assert broker.usage() == 600 * MiB
+    answers = ask(broker.socket, f"release 0 {600 * MiB}", "used 0", f"reserve 0 {500 * MiB}")
+    assert answers == [
+        "ok",
+        f"used {600 * MiB} {1024 * MiB}",
+        f"refused {600 * MiB} {1024 * MiB}",
+    ]
+    lines, _ = memops(built, env, "alloc:600", "alloc:400", "info")
+    assert rcs(lines) == [2, 0, 0]
+    assert fields(lines[2])["free"] == 24 * MiB
+    bad = ask(broker.socket, "reserve 0 -1", "reserve 7 1", "gimme 0 1", "used")
+    assert bad == [
+        "error reserve takes 2 decimal number(s)",
+        "ok",  # one limit for every ordinal, as in the file; charged to this connection only
+        "error unknown request: use reserve, release, hold or used",
+        "error used takes 1 decimal number(s)",
+    ]
+    assert eventually(lambda: broker.usage() == 600 * MiB)
+
+
+def test_a_killed_process_is_given_back_by_the_broker(
+    built: Built,
+    accounting: Path,
+    limits: Path,
+    holder: list[subprocess.Popen[str]],
+    broker: RunningBroker,
+) -> None:
+    limits.write_text(plugin_limits(1024 * MiB, broker))
+    env = broker_env(built, accounting)
+    victim = hold(built, env, holder, "alloc:800")
+    assert rcs(memops(built, env, "alloc:800")[0]) == [2]
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=10)
+    assert eventually(lambda: broker.usage() == 0)  # the kernel closed its connection
+    assert rcs(memops(built, env, "alloc:800")[0]) == [0]
+
+
+def test_after_a_plugin_restart_idle_processes_declare_what_they_hold(
+    built: Built,
+    accounting: Path,
+    limits: Path,
+    holder: list[subprocess.Popen[str]],
+    broker: RunningBroker,
+) -> None:
+    """The restarted broker knows nothing; a process that holds 600 MiB and is idle says so."""
+    limits.write_text(plugin_limits(1024 * MiB, broker))
+    env = broker_env(built, accounting)
+    hold(built, env, holder, "alloc:600")
+    broker.restart()
+    started = time.monotonic()
+    # reserved at once, but answered only after the settle time, when the holder has declared
+    lines, _ = memops(built, env, "alloc:600", "alloc:400")
+    assert rcs(lines) == [2, 0]
+    assert time.monotonic() - started >= SETTLE_S * 0.9
+    assert broker.usage() == 600 * MiB
+
+
+def test_without_a_broker_every_allocation_is_refused(
+    built: Built, accounting: Path, limits: Path, broker: RunningBroker
+) -> None:
+    """Fail closed: a plugin that is not there is not a licence to run without the limit."""
+    limits.write_text(plugin_limits(1024 * MiB, broker))
+    broker.call(broker.broker.close)
+    broker.socket.unlink()
+    lines, err = memops(built, broker_env(built, accounting), "alloc:1", "alloc:1")
+    assert rcs(lines) == [2, 2]
+    assert err.count("the accounting broker at") == 1
+    assert "does not answer" in err and "allocations are refused until it does" in err
+
+
+GOOD = "version=2\nmem_limit=1073741824\ncore_limit=0\nunit=1GiB\nbroker=/b.sock\n"
 MALFORMED = {
     "cut short": (GOOD[:-1], "it does not end with a newline (cut short?)"),
     "unknown setting": (GOOD + "gpus=all\n", "line 6: unknown setting 'gpus'"),
     "newer version": (
-        GOOD.replace("version=1", "version=2"),
-        "version=2, but this interposer reads version 1",
+        GOOD.replace("version=2", "version=3"),
+        "version=3, but this interposer reads versions 1 and 2",
+    ),
+    "version 1 naming a broker": (
+        GOOD.replace("version=2", "version=1"),
+        "line 5: broker is not a setting of version 1",
+    ),
+    "version 2 naming a table": (
+        GOOD.replace("broker=/b.sock", "accounting_dir=/acct"),
+        "line 5: accounting_dir is not a setting of version 2",
     ),
     "a unit suffix": (
         GOOD.replace("1073741824", "1Gi"),
@@ -459,10 +650,10 @@ MALFORMED = {
         "mem_limit=18446744073709551616 is not",
     ),
     "set twice": (GOOD + "mem_limit=1\n", "line 6: mem_limit is set twice"),
-    "missing": (GOOD.replace("accounting_dir=/acct\n", ""), "accounting_dir is missing"),
+    "missing": (GOOD.replace("broker=/b.sock\n", ""), "broker is missing"),
     "version not first": (
         "mem_limit=1\n" + GOOD,
-        "line 1: the first setting must be version=1",
+        "line 1: the first setting must be the version",
     ),
     "a space": (
         GOOD.replace("=1073741824", "= 1073741824"),
@@ -471,9 +662,13 @@ MALFORMED = {
     "CRLF": (GOOD.replace("\n", "\r\n"), "line 1: version is empty or has spaces"),
     "empty line": (GOOD.replace("unit", "\nunit"), "line 4 is not key=value"),
     "core over 100": (GOOD.replace("core_limit=0", "core_limit=101"), "core_limit=101 is not"),
-    "relative accounting": (
-        GOOD.replace("=/acct", "=acct"),
-        "accounting_dir=acct is not an absolute path",
+    "relative broker": (
+        GOOD.replace("=/b.sock", "=b.sock"),
+        "broker=b.sock is not an absolute path of at most 107 bytes",
+    ),
+    "broker path too long": (
+        GOOD.replace("=/b.sock", "=/" + "b" * 107),
+        "broker=/" + "b" * 63 + " is not an absolute path of at most 107 bytes",  # cut at 64
     ),
     "too large": ("#" * 5000 + "\n" + GOOD, "it is larger than 4096 bytes"),
     "a NUL byte": (GOOD.replace("unit=1GiB", "unit=1G\0iB"), "it contains a NUL byte"),
@@ -570,7 +765,7 @@ needs_namespace = pytest.mark.skipif(bool(namespace_problem()), reason=namespace
 
 @needs_namespace
 def test_etc_ld_so_preload_loads_the_interposer_with_LD_PRELOAD_emptied(
-    built: Built, accounting: Path, tmp_path: Path
+    built: Built, accounting: Path, tmp_path: Path, broker: RunningBroker
 ) -> None:
     env = built.env(accounting, LD_PRELOAD="", GPUSHARE_MEM_LIMIT=str(8 * 1024 * MiB))
     done = in_namespace(
@@ -578,7 +773,7 @@ def test_etc_ld_so_preload_loads_the_interposer_with_LD_PRELOAD_emptied(
         tmp_path,
         env,
         str(built.interposer),
-        plugin_limits(1024 * MiB, accounting),
+        plugin_limits(1024 * MiB, broker),
         str(built.dir / "memops"),
         "objects",
         "alloc:1500",
@@ -596,7 +791,12 @@ def test_etc_ld_so_preload_loads_the_interposer_with_LD_PRELOAD_emptied(
     ("named_by", "objects"), [("the same path", 1), ("a symlink", 1), ("a copy", 2)]
 )
 def test_preloaded_twice_it_is_one_object_that_reads_its_limits_once(
-    built: Built, accounting: Path, tmp_path: Path, named_by: str, objects: int
+    built: Built,
+    accounting: Path,
+    tmp_path: Path,
+    named_by: str,
+    objects: int,
+    broker: RunningBroker,
 ) -> None:
     """LD_PRELOAD and /etc/ld.so.preload both name it: glibc maps one object (path, then inode).
 
@@ -617,7 +817,7 @@ def test_preloaded_twice_it_is_one_object_that_reads_its_limits_once(
         tmp_path,
         env,
         str(built.interposer),
-        plugin_limits(1024 * MiB, accounting),
+        plugin_limits(1024 * MiB, broker),
         str(built.dir / "memops"),
         "objects",
         "alloc:1500",
@@ -632,7 +832,7 @@ def test_preloaded_twice_it_is_one_object_that_reads_its_limits_once(
 
 @needs_namespace
 def test_a_missing_library_in_etc_ld_so_preload_is_reported_and_ignored(
-    built: Built, accounting: Path, tmp_path: Path
+    built: Built, accounting: Path, tmp_path: Path, broker: RunningBroker
 ) -> None:
     """glibc's behaviour, which the plugin must not rely on: the program runs, unlimited."""
     env = built.env(accounting, LD_PRELOAD="")
@@ -642,7 +842,7 @@ def test_a_missing_library_in_etc_ld_so_preload_is_reported_and_ignored(
         tmp_path,
         env,
         missing,
-        plugin_limits(1024 * MiB, accounting),
+        plugin_limits(1024 * MiB, broker),
         str(built.dir / "memops"),
         "objects",
         "alloc:1500",

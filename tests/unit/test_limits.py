@@ -9,6 +9,7 @@ import pytest
 from gpushare.isolation.limits import ContainerLimits, mem_limit_text
 
 GiB = 2**30
+SOCK = "/var/run/gpushare/broker.sock"
 
 
 def test_the_file_of_a_two_gpu_core_mem_container(golden: Callable[[str, str], None]) -> None:
@@ -16,9 +17,10 @@ def test_the_file_of_a_two_gpu_core_mem_container(golden: Callable[[str, str], N
         mem_limit_bytes=(4 * GiB, 2 * GiB),
         core_pct=30,
         unit="1GiB",
-        accounting_dir="/var/run/gpushare",
+        broker="/var/run/gpushare/broker.sock",
     )
     golden("limits_file.txt", limits.render())
+    assert ContainerLimits.parse(limits.render()) == limits
 
 
 def test_one_value_stands_for_every_gpu_when_they_agree() -> None:
@@ -29,11 +31,12 @@ def test_one_value_stands_for_every_gpu_when_they_agree() -> None:
 @pytest.mark.parametrize(
     ("limits", "words"),
     [
-        (ContainerLimits((), 0, "1GiB", "/var/run/gpushare"), "positive byte counts"),
-        (ContainerLimits((0,), 0, "1GiB", "/var/run/gpushare"), "positive byte counts"),
-        (ContainerLimits((GiB,), 101, "1GiB", "/var/run/gpushare"), "core_pct must be 0..100"),
-        (ContainerLimits((GiB,), 0, "1 GiB", "/var/run/gpushare"), "unit='1 GiB'"),
-        (ContainerLimits((GiB,), 0, "1GiB", "var/run"), "must be absolute"),
+        (ContainerLimits((), 0, "1GiB", SOCK), "positive byte counts"),
+        (ContainerLimits((0,), 0, "1GiB", SOCK), "positive byte counts"),
+        (ContainerLimits((GiB,), 101, "1GiB", SOCK), "core_pct must be 0..100"),
+        (ContainerLimits((GiB,), 0, "1 GiB", SOCK), "unit='1 GiB'"),
+        (ContainerLimits((GiB,), 0, "1GiB", "var/run"), "must be an absolute path"),
+        (ContainerLimits((GiB,), 0, "1GiB", "/" + "s" * 107), "at most 107 bytes"),
     ],
 )
 def test_what_the_interposer_would_refuse_is_never_written(
@@ -41,3 +44,18 @@ def test_what_the_interposer_would_refuse_is_never_written(
 ) -> None:
     with pytest.raises(ValueError, match=words):
         limits.render()
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("version=1\nmem_limit=1\ncore_limit=0\nunit=1GiB\naccounting_dir=/a\n", "version='1'"),
+        ("version=2\nmem_limit=1\ncore_limit=0\nunit=1GiB\n", "'broker'"),
+        ("version=2\nversion=2\n", "given once"),
+        ("version=2\nmem_limit=x\ncore_limit=0\nunit=1GiB\nbroker=/b\n", "invalid literal"),
+        ("version=2\nmem_limit=1\ncore_limit=0\nunit=1GiB\nbroker=b\n", "absolute path"),
+    ],
+)
+def test_a_file_the_plugin_did_not_write_this_way_is_not_read_back(text: str, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        ContainerLimits.parse(text)

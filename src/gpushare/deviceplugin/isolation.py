@@ -4,8 +4,9 @@ One hook per node mode (``ack.node.gpu.schedule``), picked when the plugin start
 
 - ``cgpu`` and ``core_mem``: :class:`InterposerIsolation` preloads the native interposer
   (``gpushare/isolation/native``) and gives each container its memory limit in bytes per visible
-  GPU, its SM percentage on core_mem, and a fresh usage table of its own in which the
-  interposer counts usage across the container's processes.
+  GPU, its SM percentage on core_mem, and an account of its own in the plugin's accounting
+  broker (``deviceplugin.broker``), through which the interposer counts usage across the
+  container's processes.
 - ``mps``: :class:`MpsIsolation` runs one NVIDIA MPS control daemon per GPU and points each
   container at its GPU's pipe directory, with MPS's own pinned-memory limit.
 - ``share`` (and ``--isolation none``): :class:`~gpushare.deviceplugin.serving.NoIsolation`; the
@@ -17,24 +18,26 @@ host and mounts read-only, ``/etc/gpushare/limits`` (``gpushare.isolation.limits
 interposer reads it before the environment) and ``/etc/ld.so.preload`` (glibc's loader reads it
 for every dynamically linked program, setuid ones included, whatever ``LD_PRELOAD`` says), so
 neither a pod's own ``env`` nor a process that clears its children's environment turns the
-limits off. The variables stay, for people and for interposers from before the file. The usage
-table is the one thing mounted writable, and only that file, not its directory: the processes
-of a container must all write it (see the README's isolation section for what that allows).
+limits off. The variables stay, for people. Usage is not the container's to write either: it is
+kept by the broker, behind a socket whose directory is mounted read-only; each process's
+connection is its account, given back when the process ends.
 
-Mount sources are host paths: kubelet reads them on the host. The plugin creates the accounting
-and pipe directories and copies the library through its own mounts, so the state and library
-directories must be mounted at the same path in the plugin's container (the chart does so).
+Mount sources are host paths: kubelet reads them on the host. The plugin creates the broker's
+sockets and the pipe directories and copies the library through its own mounts, so the state
+and library directories must be mounted at the same path in the plugin's container (the chart
+does so).
 
 Kubelet calls Allocate once per container and resource, and merges the answers: on core_mem
 nodes the memory answer carries everything, so that the mounts are not given twice.
 
 Kubelet does not say which pod it admits. When one pending container has the signature its
-accounting directory is ``<state>/accounting/<pod-uid>/<container>`` (and its limits
+broker socket is ``<state>/broker/<pod-uid>/<container>/broker.sock`` (and its limits
 ``<state>/limits/<pod-uid>/<container>/limits``); when several identical ones wait, they are
 named after kubelet's device IDs, which no two live containers share. Each Allocate starts the
-usage table empty (kubelet calls it once per container, not on restarts); the plugin's
-PodResources check removes the directories of pods that are gone and of device sets no longer in
-use, once they are a minute old.
+account empty (kubelet calls it once per container, not on restarts); the plugin's PodResources
+check closes the accounts and removes the directories of pods that are gone and of device sets
+no longer in use, once they are a minute old. A restarted plugin serves every account again
+from the limits files.
 
 The MPS daemon commands run inside Allocate (which kubelet awaits anyway): at most one start per
 GPU, and one liveness probe per container.
@@ -56,6 +59,12 @@ from typing import Protocol
 
 from gpushare.core.handoff import MEM
 from gpushare.core.units import MemoryUnit
+from gpushare.deviceplugin.broker import (
+    CONTAINER_BROKER_DIR,
+    CONTAINER_BROKER_SOCKET,
+    SETTLE_S,
+    Broker,
+)
 from gpushare.deviceplugin.gpus import GpuInfo, GpuSource
 from gpushare.deviceplugin.serving import (
     ContainerAnswer,
@@ -76,10 +85,6 @@ log = logging.getLogger(__name__)
 LIB_NAME = "libgpushare-cuda.so"
 DEFAULT_LIB_DIR = Path("/usr/local/gpushare")
 CONTAINER_LIB_DIR = "/usr/local/gpushare"
-CONTAINER_ACCOUNTING_DIR = "/var/run/gpushare"
-TABLE_NAME = "gpushare-usage.v1"
-"""The usage table's file name (the interposer's ``GS_TABLE_FILE``)."""
-CONTAINER_TABLE_FILE = f"{CONTAINER_ACCOUNTING_DIR}/{TABLE_NAME}"
 PRELOAD_NAME = "ld.so.preload"
 """The host file, in the library directory, that containers see as /etc/ld.so.preload."""
 CONTAINER_PRELOAD_FILE = "/etc/ld.so.preload"
@@ -89,7 +94,9 @@ MPS_MODE = "mps"
 POLICIES = ("auto", "none")
 BY_DEVICES = "by-devices"
 PRUNE_GRACE_S = 60.0
-"""Accounting directories younger than this are kept: the live lists may predate them."""
+"""Per-container directories younger than this are kept: the live lists may predate them."""
+PER_CONTAINER = ("broker", "limits", "accounting")
+"""The state directory's per-container kinds (``accounting``: usage tables of older plugins)."""
 
 
 def packaged_library() -> Path | None:
@@ -150,7 +157,7 @@ def devices_key(device_ids: tuple[str, ...]) -> str:
 
 
 def accounting_key(target: Target) -> str:
-    """The container's accounting directory, relative to ``<state>/accounting``."""
+    """The container's name in the state directory: ``<uid>/<container>`` or by device IDs."""
     who = {(c.uid, c.container) for c in target.candidates}
     if len(who) == 1:
         uid, container = next(iter(who))
@@ -167,7 +174,7 @@ def prune_accounting(
     now: float,
     grace_s: float = PRUNE_GRACE_S,
 ) -> list[Path]:
-    """Remove the accounting directories of gone containers older than the grace; list them."""
+    """Remove the per-container directories of gone containers older than the grace; list them."""
     keep_devices = {devices_key(d) for d in live_devices}
     candidates = [
         *(p for p in _children(root) if p.name != BY_DEVICES and p.name not in live_uids),
@@ -192,28 +199,6 @@ def _children(path: Path) -> list[Path]:
         return []
 
 
-def fresh_table(directory: Path) -> Path:
-    """An empty usage table in a new ``directory``; its path.
-
-    Only the file is mounted into the container, so the directory stays root's. The file is
-    writable by every user, because the container's users are unknown and every process of it
-    must count itself; only that container mounts it. The interposer sizes it on first use.
-    """
-    shutil.rmtree(directory, ignore_errors=True)
-    # What rmtree could not remove (a directory of an older plugin, which containers could
-    # write, holding one of a container user's with mode 0700: the plugin has no
-    # CAP_DAC_OVERRIDE) is left there; it is not mounted anywhere.
-    directory.mkdir(parents=True, exist_ok=True)
-    directory.chmod(0o755)
-    table = directory / TABLE_NAME
-    tmp = directory / f".{TABLE_NAME}.tmp"
-    tmp.unlink(missing_ok=True)
-    tmp.touch()
-    tmp.chmod(0o666)
-    tmp.replace(table)
-    return table
-
-
 class InterposerIsolation:
     """cgpu and core_mem: preload the interposer with the container's limits."""
 
@@ -229,13 +214,30 @@ class InterposerIsolation:
         self.state_dir = state_dir
         self.unit = unit
         self.packaged = packaged
+        self.broker = Broker(state_dir / "broker")
 
     def prepare(self, mode: str) -> str:
-        """Install the library and the preload list; refuse to start without them."""
-        return install_library(self.packaged, self.lib_dir) or install_preload(self.lib_dir)
+        """Install the library and the preload list, serve the accounts of running containers."""
+        refused = install_library(self.packaged, self.lib_dir) or install_preload(self.lib_dir)
+        if not refused:
+            self.restore()
+        return refused
+
+    def restore(self) -> None:
+        """Serve again every account whose limits file this plugin's version wrote."""
+        root = self.state_dir / "limits"
+        for path in sorted(root.glob(f"*/*/{LIMITS_FILE_NAME}")):
+            key = path.parent.relative_to(root).as_posix()
+            try:
+                limits = ContainerLimits.parse(path.read_text())
+                self.broker.open(key, limits.mem_limit_bytes, settle_s=SETTLE_S)
+            except (OSError, ValueError) as err:
+                log.warning("key=%s phase=restore account not served: %s", key, err)
+                continue
+            log.info("key=%s phase=restore account served", key)
 
     def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
-        """Add the preload, the limits and the usage table to a memory answer."""
+        """Add the preload, the limits and the broker's socket to a memory answer."""
         signature = target.signature
         if signature.resource != MEM:
             return answer
@@ -248,23 +250,21 @@ class InterposerIsolation:
                 else 0
             ),
             unit=self.unit.value,
-            accounting_dir=CONTAINER_ACCOUNTING_DIR,
+            broker=CONTAINER_BROKER_SOCKET,
         )
         limits_file = self.state_dir / "limits" / key / LIMITS_FILE_NAME
-        accounting = self.state_dir / "accounting" / key
         try:
-            table = fresh_table(accounting)
             _write_atomically(limits_file, limits.render(), 0o444)
+            broker_dir = self.broker.open(key, limits.mem_limit_bytes)
         except OSError as err:
             raise IsolationError(
-                f"cannot write the usage table and limits of this container under "
+                f"cannot write the limits of this container or serve its account under "
                 f"{self.state_dir}: {err}"
             ) from err
         envs = {
             **answer.envs,
             "LD_PRELOAD": f"{CONTAINER_LIB_DIR}/{LIB_NAME}",
             "GPUSHARE_MEM_LIMIT": mem_limit_text(limits.mem_limit_bytes),
-            "GPUSHARE_ACCOUNTING_DIR": CONTAINER_ACCOUNTING_DIR,
         }
         if limits.core_pct:
             envs["GPUSHARE_CORE_LIMIT"] = str(limits.core_pct)
@@ -273,20 +273,25 @@ class InterposerIsolation:
             (CONTAINER_LIB_DIR, str(self.lib_dir), True),
             (CONTAINER_PRELOAD_FILE, str(self.lib_dir / PRELOAD_NAME), True),
             (CONTAINER_LIMITS_FILE, str(limits_file), True),
-            (CONTAINER_TABLE_FILE, str(table), False),
+            (CONTAINER_BROKER_DIR, str(broker_dir), True),
         )
         return replace(answer, envs=envs, mounts=mounts)
 
     def prune(self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]) -> None:
-        """Remove the usage tables and limits of containers that are gone."""
-        for kind in ("accounting", "limits"):
-            for path in prune_accounting(
-                self.state_dir / kind, live_uids, live_devices, now=time.time()
-            ):
+        """Close the accounts and remove the limits of containers that are gone."""
+        for kind in PER_CONTAINER:
+            root = self.state_dir / kind
+            for path in prune_accounting(root, live_uids, live_devices, now=time.time()):
                 log.info("%s=%s phase=prune", kind, path)
+                if kind == "broker":
+                    gone = path.relative_to(root).as_posix()
+                    for key in self.broker.served():
+                        if key == gone or key.startswith(f"{gone}/"):
+                            self.broker.drop(key)
 
     def close(self) -> None:
-        """Nothing runs; the library stays for the containers that use it."""
+        """Stop serving the accounts; the library and the sockets stay for the next plugin."""
+        self.broker.close()
 
 
 class DaemonRunner(Protocol):

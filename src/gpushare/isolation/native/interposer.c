@@ -7,12 +7,15 @@
  * Memory: every driver allocation path (cuMemAlloc, pitch, async and pool, VMM cuMemCreate, CUDA
  * arrays, counted by their element size as a lower bound) is
  * reserved against the memory limit before the real call and given back on free or failure.
- * Usage is kept per container in a shared mmap'ed table in the accounting directory, one entry
- * per process (pid, start time, bytes per device), under an exclusive flock plus a process-local
- * mutex (flock does not exclude threads of one process). Entries of dead processes are reclaimed
- * on each reservation (kill(pid, 0) == ESRCH), and before refusing, entries whose pid was reused
- * (start time differs) are reclaimed too. IPC-imported memory is counted in the exporting process
- * (where it was allocated), so it is not counted twice. Managed memory is refused.
+ * Usage is kept per container by the device plugin's accounting broker when the limits file
+ * names one (version 2): one connection per process, which is that process's account (see the
+ * broker section). Without it (the environment, or a version 1 file) usage is kept in a shared
+ * mmap'ed table in the accounting directory, one entry per process (pid, start time, bytes per
+ * device), under an exclusive flock plus a process-local mutex (flock does not exclude threads
+ * of one process). Entries of dead processes are reclaimed on each reservation
+ * (kill(pid, 0) == ESRCH), and before refusing, entries whose pid was reused (start time
+ * differs) are reclaimed too. IPC-imported memory is counted in the exporting process (where it
+ * was allocated), so it is not counted twice. Managed memory is refused.
  *
  * Resolution: the real driver and NVML are dlopen'ed (GPUSHARE_REAL_CUDA / GPUSHARE_REAL_NVML,
  * defaults libcuda.so.1 / libnvidia-ml.so.1). CUDA 11.3+ runtimes dlopen libcuda and resolve
@@ -32,6 +35,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <link.h>
 #include <pthread.h>
 #include <signal.h>
@@ -42,7 +46,10 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -122,6 +129,8 @@ static int gs_any_limit;
 static int gs_core_pct;          /* 0 = no throttle */
 static int gs_refuse;            /* the limits file is unusable: refuse every allocation */
 static char gs_accounting[1024]; /* "" = count this process alone */
+#define GS_SUN_PATH 108               /* sizeof(struct sockaddr_un.sun_path) */
+static char gs_broker[GS_SUN_PATH]; /* "" = no broker: count in the table (or alone) */
 
 /* "B" or "B,B,...", bytes per device ordinal: how many, or 0 when it is not that (strict: no
  * value may be 0). Digits only: no sign, space or suffix, no overflow. */
@@ -159,6 +168,8 @@ struct gs_file {
     int core_pct;
     char mem_text[512];
     char accounting[sizeof gs_accounting];
+    char broker[sizeof gs_broker];
+    int version;
 };
 
 static int gs_printable(const char *v) {
@@ -170,12 +181,14 @@ static int gs_printable(const char *v) {
     return 1;
 }
 
-/* Parse the limits file's text (NUL-terminated, len bytes); "" when it is version 1, else why
- * not, in why. Every setting is required, once, with no spaces; '#' lines are comments. */
+/* Parse the limits file's text (NUL-terminated, len bytes); "" when it is version 1 or 2, else
+ * why not, in why. Every setting of the version is required, once, with no spaces; '#' lines are
+ * comments. Version 1 names the usage table's directory (accounting_dir), version 2 the
+ * accounting broker's socket (broker); neither may name the other's. */
 static void gs_parse_file(char *text, size_t len, struct gs_file *f, char *why, size_t whylen) {
-    enum { VERSION, MEM, CORE, UNIT, ACCOUNTING, NKEYS };
-    static const char *keys[NKEYS] = {"version", "mem_limit", "core_limit", "unit",
-                                      "accounting_dir"};
+    enum { VERSION, MEM, CORE, UNIT, ACCOUNTING, BROKER, NKEYS };
+    static const char *keys[NKEYS] = {"version", "mem_limit",      "core_limit",
+                                      "unit",    "accounting_dir", "broker"};
     int seen[NKEYS] = {0};
     why[0] = '\0';
     if (memchr(text, '\0', len) != NULL) {
@@ -208,7 +221,7 @@ static void gs_parse_file(char *text, size_t len, struct gs_file *f, char *why, 
             return;
         }
         if (k != VERSION && !seen[VERSION]) {
-            snprintf(why, whylen, "line %d: the first setting must be version=1", lineno);
+            snprintf(why, whylen, "line %d: the first setting must be the version", lineno);
             return;
         }
         if (seen[k]) {
@@ -221,8 +234,17 @@ static void gs_parse_file(char *text, size_t len, struct gs_file *f, char *why, 
                      lineno, keys[k]);
             return;
         }
-        if (k == VERSION && strcmp(value, "1") != 0) {
-            snprintf(why, whylen, "version=%.32s, but this interposer reads version 1", value);
+        if (k == VERSION) {
+            if (strcmp(value, "1") != 0 && strcmp(value, "2") != 0) {
+                snprintf(why, whylen, "version=%.32s, but this interposer reads versions 1 and 2",
+                         value);
+                return;
+            }
+            f->version = value[0] - '0';
+        }
+        if ((k == ACCOUNTING && f->version != 1) || (k == BROKER && f->version != 2)) {
+            snprintf(why, whylen, "line %d: %s is not a setting of version %d", lineno, keys[k],
+                     f->version);
             return;
         }
         if (k == MEM) {
@@ -253,8 +275,18 @@ static void gs_parse_file(char *text, size_t len, struct gs_file *f, char *why, 
             }
             snprintf(f->accounting, sizeof f->accounting, "%s", value);
         }
+        if (k == BROKER) {
+            if (value[0] != '/' || strlen(value) >= sizeof f->broker) {
+                snprintf(why, whylen, "broker=%.64s is not an absolute path of at most %d bytes",
+                         value, GS_SUN_PATH - 1);
+                return;
+            }
+            snprintf(f->broker, sizeof f->broker, "%s", value);
+        }
     }
     for (int k = 0; k < NKEYS; k++) {
+        if (k == (f->version == 2 ? ACCOUNTING : BROKER))
+            continue;
         if (!seen[k]) {
             snprintf(why, whylen, "%s is missing", keys[k]);
             return;
@@ -339,11 +371,12 @@ static void gs_config_init(void) {
         snprintf(pct, sizeof pct, "%d", f.core_pct);
         if (core != NULL && env_core != (f.core_pct < 100 ? f.core_pct : 0))
             gs_disagree("GPUSHARE_CORE_LIMIT", core, "core_limit", pct);
-        if (accounting != NULL && strcmp(accounting, f.accounting) != 0)
+        if (f.version == 1 && accounting != NULL && strcmp(accounting, f.accounting) != 0)
             gs_disagree("GPUSHARE_ACCOUNTING_DIR", accounting, "accounting_dir", f.accounting);
         memcpy(gs_limit, f.limit, sizeof gs_limit);
         gs_core_pct = f.core_pct < 100 ? f.core_pct : 0;
         snprintf(gs_accounting, sizeof gs_accounting, "%s", f.accounting);
+        snprintf(gs_broker, sizeof gs_broker, "%s", f.broker);
     } else {
         if (mem != NULL && *mem != '\0' && env_n == 0)
             fprintf(stderr,
@@ -357,8 +390,9 @@ static void gs_config_init(void) {
     }
     for (int i = 0; i < GS_MAX_DEVS; i++)
         gs_any_limit |= gs_limit[i] != 0;
-    gs_log("limits from %s: memory device0=%llu bytes, core limit=%d%%",
-           from_file ? GPUSHARE_LIMITS_FILE : "the environment", gs_limit[0], gs_core_pct);
+    gs_log("limits from %s: memory device0=%llu bytes, core limit=%d%%, usage kept %s %s",
+           from_file ? GPUSHARE_LIMITS_FILE : "the environment", gs_limit[0], gs_core_pct,
+           *gs_broker ? "by the broker at" : "in", *gs_broker ? gs_broker : gs_accounting);
 }
 
 static void gs_config(void) { pthread_once(&gs_config_once, gs_config_init); }
@@ -422,6 +456,257 @@ static void *gs_real_nvml(const char *name) {
         real_fn = (type)gs_real_nvml(name);                                                    \
     if (real_fn == NULL)                                                                       \
         return NVML_ERROR_NOT_FOUND;
+
+/* ------------------------------------------------------------------ the accounting broker */
+
+/*
+ * With a version 2 limits file, usage is not kept in the container at all: the device plugin
+ * runs a broker per container, reached through a unix socket in a directory it mounts read-only
+ * (connecting to a socket needs no write access to the mount). Each process opens its own
+ * connection, and the connection is the account: the broker charges each reservation to it,
+ * refuses one past the container's limit (the broker's copy, from the allocation), and gives
+ * back everything charged to it when the connection closes, which the kernel does however the
+ * process ends. So no process can lower what the others hold, and there is no pid to forge.
+ *
+ * Requests and answers are single ASCII lines (gpushare.isolation.accounting):
+ *   reserve D B -> ok | refused USED LIMIT     release D B -> ok
+ *   hold D B    -> ok   (memory held before this connection: after the broker restarted)
+ *   used D      -> used USED LIMIT
+ * A broker that cannot be reached within GS_BROKER_WAIT_MS fails closed: the reservation is
+ * refused, as with an unusable limits file.
+ */
+#define GS_BROKER_WAIT_MS 5000
+#define GS_BROKER_TIMEOUT_S 10
+
+static pthread_mutex_t gs_broker_lock = PTHREAD_MUTEX_INITIALIZER;
+static int gs_broker_fd = -1;
+static pid_t gs_broker_pid;
+static unsigned long long gs_held[GS_MAX_DEVS]; /* this process's reserved bytes */
+static int gs_broker_said;
+
+static int gs_broker_send(int fd, const char *line) {
+    size_t len = strlen(line), done = 0;
+    while (done < len) {
+        ssize_t n = send(fd, line + done, len - done, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        done += (size_t)n;
+    }
+    return 0;
+}
+
+/* One answer line, without its newline; -1 on error, timeout or a line too long. */
+static int gs_broker_recv(int fd, char *buf, size_t len) {
+    size_t got = 0;
+    for (;;) {
+        ssize_t n = recv(fd, buf + got, len - 1 - got, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        got += (size_t)n;
+        buf[got] = '\0';
+        char *nl = memchr(buf, '\n', got);
+        if (nl != NULL) {
+            *nl = '\0';
+            return 0;
+        }
+        if (got == len - 1)
+            return -1;
+    }
+}
+
+static int gs_broker_exchange(int fd, const char *line, char *reply, size_t len) {
+    return gs_broker_send(fd, line) == 0 ? gs_broker_recv(fd, reply, len) : -1;
+}
+
+static void gs_broker_drop(void) {
+    if (gs_broker_fd >= 0)
+        close(gs_broker_fd);
+    gs_broker_fd = -1;
+}
+
+/* Connect (once per process; a forked child opens its own and holds nothing yet) and declare
+ * what this process already holds; 0 when connected. Call with gs_broker_lock held. */
+static int gs_broker_connect(void) {
+    pid_t pid = getpid();
+    if (gs_broker_pid != pid) {
+        gs_broker_drop(); /* the parent's connection: closing our copy leaves the parent's */
+        if (gs_broker_pid != 0)
+            memset(gs_held, 0, sizeof gs_held);
+        gs_broker_pid = pid;
+    }
+    if (gs_broker_fd >= 0)
+        return 0;
+    struct sockaddr_un addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", gs_broker);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct timeval tv = {GS_BROKER_TIMEOUT_S, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        close(fd);
+        return -1;
+    }
+    for (int d = 0; d < GS_MAX_DEVS; d++) {
+        if (gs_held[d] == 0)
+            continue;
+        char line[96], reply[96];
+        snprintf(line, sizeof line, "hold %d %llu\n", d, gs_held[d]);
+        if (gs_broker_exchange(fd, line, reply, sizeof reply) != 0 || strcmp(reply, "ok") != 0) {
+            close(fd);
+            return -1;
+        }
+    }
+    gs_broker_fd = fd;
+    return 0;
+}
+
+/* Ask the broker; 0 with its answer in reply, -1 when it cannot be reached in time. A broken
+ * connection is reopened (the broker gave back its charges; hold declares them again) and the
+ * question asked again, so only questions that change nothing before their answer may use it.
+ * Call with gs_broker_lock held: what the answer changes in gs_held must be changed before any
+ * other thread can reconnect and declare it. */
+static int gs_broker_ask(const char *line, char *reply, size_t len, int wait_ms) {
+    int rc = -1;
+    for (int waited = 0;; waited += 250) {
+        if (gs_broker_connect() == 0) {
+            if (gs_broker_exchange(gs_broker_fd, line, reply, len) == 0) {
+                rc = 0;
+                break;
+            }
+            gs_broker_drop();
+            if (gs_broker_connect() == 0 &&
+                gs_broker_exchange(gs_broker_fd, line, reply, len) == 0) {
+                rc = 0;
+                break;
+            }
+            gs_broker_drop();
+        }
+        if (waited >= wait_ms)
+            break;
+        struct timespec ts = {0, 250000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (rc != 0 && !gs_broker_said) {
+        gs_broker_said = 1;
+        fprintf(stderr,
+                "gpushare: the accounting broker at %s does not answer (%s); GPU memory "
+                "allocations are refused until it does. It is the device plugin on this node: "
+                "check that it runs\n",
+                gs_broker, strerror(errno));
+    } else if (rc == 0) {
+        gs_broker_said = 0;
+    }
+    return rc;
+}
+
+/*
+ * A process that holds memory and is idle must still say so when the broker comes back after a
+ * plugin restart, or a neighbour could be given the same memory. So while a process holds any,
+ * a thread of its own waits for the connection to break (POLLRDHUP: it reads nothing, the
+ * answers stay for their callers), then reconnects, which declares the holdings; the restarted
+ * broker delays reservations briefly for exactly this (gpushare.deviceplugin.broker).
+ */
+static pid_t gs_watcher_pid;
+
+static int gs_broker_holds(void) {
+    for (int d = 0; d < GS_MAX_DEVS; d++)
+        if (gs_held[d] != 0)
+            return 1;
+    return 0;
+}
+
+static void *gs_broker_watch(void *arg) {
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&gs_broker_lock);
+        int fd = gs_broker_fd, holds = gs_broker_holds();
+        if (fd < 0 && holds)
+            gs_broker_connect();
+        fd = gs_broker_fd;
+        pthread_mutex_unlock(&gs_broker_lock);
+        if (fd < 0) {
+            struct timespec ts = {0, 250000000L};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+        if (poll(&p, 1, 1000) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+            pthread_mutex_lock(&gs_broker_lock);
+            if (gs_broker_fd == fd) {
+                gs_log("the accounting broker closed the connection; reconnecting");
+                gs_broker_drop();
+                gs_broker_connect();
+            }
+            pthread_mutex_unlock(&gs_broker_lock);
+        }
+    }
+    return NULL;
+}
+
+/* Start this process's watcher once; call with gs_broker_lock held. */
+static void gs_broker_watcher(void) {
+    pid_t pid = getpid();
+    if (gs_watcher_pid == pid) /* a forked child has no thread of its parent's */
+        return;
+    gs_watcher_pid = pid;
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, gs_broker_watch, NULL) != 0)
+        fprintf(stderr, "gpushare: cannot start the accounting broker's watcher thread\n");
+    pthread_attr_destroy(&attr);
+}
+
+static CUresult gs_broker_reserve(int dev, unsigned long long bytes) {
+    char line[96], reply[96];
+    snprintf(line, sizeof line, "reserve %d %llu\n", dev, bytes);
+    pthread_mutex_lock(&gs_broker_lock);
+    int ok = gs_broker_ask(line, reply, sizeof reply, GS_BROKER_WAIT_MS) == 0 && strcmp(reply, "ok") == 0;
+    if (ok) {
+        gs_held[dev] += bytes;
+        gs_broker_watcher();
+    }
+    pthread_mutex_unlock(&gs_broker_lock);
+    if (!ok)
+        gs_log("refusing %llu bytes on device %d: broker says %s", bytes, dev, reply);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Not asked again after a reconnect: the new connection declared what is held without it. */
+static void gs_broker_release(int dev, unsigned long long bytes) {
+    pthread_mutex_lock(&gs_broker_lock);
+    if (gs_broker_pid == getpid()) { /* a forked child frees nothing it reserved */
+        unsigned long long give = bytes < gs_held[dev] ? bytes : gs_held[dev];
+        gs_held[dev] -= give;
+        char line[96], reply[96];
+        snprintf(line, sizeof line, "release %d %llu\n", dev, give);
+        if (give > 0 && gs_broker_fd >= 0 &&
+            gs_broker_exchange(gs_broker_fd, line, reply, sizeof reply) != 0)
+            gs_broker_drop(); /* the broker gave back all of it; the next connection holds less */
+    }
+    pthread_mutex_unlock(&gs_broker_lock);
+}
+
+static unsigned long long gs_broker_used(int dev) {
+    char line[96], reply[96];
+    snprintf(line, sizeof line, "used %d\n", dev);
+    unsigned long long used, limit;
+    pthread_mutex_lock(&gs_broker_lock);
+    if (gs_broker_ask(line, reply, sizeof reply, 0) != 0 ||
+        sscanf(reply, "used %llu %llu", &used, &limit) != 2)
+        used = gs_held[dev]; /* this process's own, at least */
+    pthread_mutex_unlock(&gs_broker_lock);
+    return used;
+}
 
 /* ------------------------------------------------------------------ the shared usage table */
 
@@ -607,6 +892,9 @@ static unsigned long long gs_used_locked(int dev) {
 static unsigned long long gs_used(int dev) {
     if (dev < 0 || dev >= GS_MAX_DEVS)
         return 0;
+    gs_config();
+    if (*gs_broker != '\0')
+        return gs_broker_used(dev);
     unsigned long long used = 0;
     if (gs_table_lock_acquire() == 0) {
         gs_reclaim(0);
@@ -623,6 +911,8 @@ static CUresult gs_reserve(int dev, unsigned long long bytes) {
         return CUDA_ERROR_OUT_OF_MEMORY; /* said on stderr when the limits were read */
     if (limit == 0)
         return CUDA_SUCCESS;
+    if (*gs_broker != '\0')
+        return gs_broker_reserve(dev, bytes);
     CUresult rc = CUDA_SUCCESS;
     if (gs_table_lock_acquire() != 0) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
@@ -647,6 +937,10 @@ static CUresult gs_reserve(int dev, unsigned long long bytes) {
 static void gs_unreserve(int dev, unsigned long long bytes) {
     if (gs_limit_of(dev) == 0)
         return;
+    if (*gs_broker != '\0') {
+        gs_broker_release(dev, bytes);
+        return;
+    }
     if (gs_table_lock_acquire() == 0)
         gs_me->bytes[dev] -= bytes < gs_me->bytes[dev] ? bytes : gs_me->bytes[dev];
     gs_table_lock_release();
