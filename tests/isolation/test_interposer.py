@@ -525,6 +525,15 @@ def broker_env(built: Built, accounting: Path) -> dict[str, str]:
     return env
 
 
+@pytest.fixture
+def container(
+    built: Built, accounting: Path, limits: Path, broker: RunningBroker
+) -> dict[str, str]:
+    """The environment of a 1 GiB container whose usage the broker keeps."""
+    limits.write_text(plugin_limits(1024 * MiB, broker))
+    return broker_env(built, accounting)
+
+
 def ask(path: Path, *lines: str) -> list[str]:
     """Talk to the broker as a hostile process would: its own connection, any lines."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
@@ -540,8 +549,7 @@ def answer(conn: socket.socket, reader: BinaryIO, line: str) -> str:
 
 def test_a_process_cannot_lower_what_the_others_hold(
     built: Built,
-    accounting: Path,
-    limits: Path,
+    container: dict[str, str],
     holder: list[subprocess.Popen[str]],
     broker: RunningBroker,
 ) -> None:
@@ -551,8 +559,7 @@ def test_a_process_cannot_lower_what_the_others_hold(
     limit. With the broker, a process has only its own connection: releasing there gives back
     only what that connection reserved, which is nothing.
     """
-    limits.write_text(plugin_limits(1024 * MiB, broker))
-    env = broker_env(built, accounting)
+    env = container
     hold(built, env, holder, "alloc:600")
     assert broker.usage() == 600 * MiB
     answers = ask(broker.socket, f"release 0 {600 * MiB}", "used 0", f"reserve 0 {500 * MiB}")
@@ -576,13 +583,11 @@ def test_a_process_cannot_lower_what_the_others_hold(
 
 def test_a_killed_process_is_given_back_by_the_broker(
     built: Built,
-    accounting: Path,
-    limits: Path,
+    container: dict[str, str],
     holder: list[subprocess.Popen[str]],
     broker: RunningBroker,
 ) -> None:
-    limits.write_text(plugin_limits(1024 * MiB, broker))
-    env = broker_env(built, accounting)
+    env = container
     victim = hold(built, env, holder, "alloc:800")
     assert rcs(memops(built, env, "alloc:800")[0]) == [2]
     victim.send_signal(signal.SIGKILL)
@@ -593,14 +598,12 @@ def test_a_killed_process_is_given_back_by_the_broker(
 
 def test_after_a_plugin_restart_idle_processes_declare_what_they_hold(
     built: Built,
-    accounting: Path,
-    limits: Path,
+    container: dict[str, str],
     holder: list[subprocess.Popen[str]],
     broker: RunningBroker,
 ) -> None:
     """The restarted broker knows nothing; a process that holds 600 MiB and is idle says so."""
-    limits.write_text(plugin_limits(1024 * MiB, broker))
-    env = broker_env(built, accounting)
+    env = container
     hold(built, env, holder, "alloc:600")
     broker.restart()
     started = time.monotonic()

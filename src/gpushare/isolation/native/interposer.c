@@ -457,6 +457,17 @@ static void *gs_real_nvml(const char *name) {
     if (real_fn == NULL)                                                                       \
         return NVML_ERROR_NOT_FOUND;
 
+/* Run fn on a detached thread of this process; say so on stderr when it cannot start. */
+static void gs_detached(void *(*fn)(void *), const char *what) {
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, fn, NULL) != 0)
+        fprintf(stderr, "gpushare: cannot start the thread of %s\n", what);
+    pthread_attr_destroy(&attr);
+}
+
 /* ------------------------------------------------------------------ the accounting broker */
 
 /*
@@ -657,13 +668,7 @@ static void gs_broker_watcher(void) {
     if (gs_watcher_pid == pid) /* a forked child has no thread of its parent's */
         return;
     gs_watcher_pid = pid;
-    pthread_t t;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&t, &attr, gs_broker_watch, NULL) != 0)
-        fprintf(stderr, "gpushare: cannot start the accounting broker's watcher thread\n");
-    pthread_attr_destroy(&attr);
+    gs_detached(gs_broker_watch, "the accounting broker's watcher");
 }
 
 static CUresult gs_broker_reserve(int dev, unsigned long long bytes) {
@@ -1404,13 +1409,7 @@ static void gs_throttle_init(void) {
     }
     if (gs_core_pct == 0)
         return;
-    pthread_t t;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&t, &attr, gs_controller, NULL) != 0)
-        fprintf(stderr, "gpushare: cannot start the throttle thread\n");
-    pthread_attr_destroy(&attr);
+    gs_detached(gs_controller, "the throttle");
 }
 
 /* Wait for a launch token on the current device. */
