@@ -583,6 +583,8 @@ def apply(cluster: Cluster, documents: list[dict[str, Any]]) -> None:
 
 
 def check_token_scope(node: RealNode, policies: list[dict[str, Any]], tmp_path: Path) -> None:
+    """Take the token kubelet mounted into a pod on ``node``; write with it, before, with and
+    after ``policies``."""
     cluster = node.cluster
     holder = pod("token-holder", NS, [container("main", command="sleep 3600")])
     spec = with_node_name(holder)["spec"]
