@@ -119,7 +119,13 @@ def test_finding_2_a_nodename_pod_with_a_forged_allocation_is_not_served() -> No
 
 
 def test_finding_3_a_nodename_pod_never_gets_a_waiting_pods_answer() -> None:
-    """A 5 GiB pod gpushare placed waits; a 5 GiB pod created with nodeName is admitted first."""
+    """A 5 GiB pod gpushare placed waits; a 5 GiB pod created with nodeName is admitted first.
+
+    The intruder is refused. Then, as the real kubelet does, the waiting pod's Allocate comes
+    at once, before the intruder's Failed phase reaches the API (kubelet writes it
+    asynchronously): the plugin holds that refusal back until it sees the intruder Failed, and
+    serves the waiting pod its own answer.
+    """
 
     async def body(r: PluginRig) -> None:
         await r.kubelet.wait_devices(MEM, 30)
@@ -135,10 +141,32 @@ def test_finding_3_a_nodename_pod_never_gets_a_waiting_pods_answer() -> None:
         assert "pod default/intruder (it carries no gpushare allocation)" in details
         assert "default/waiting" in details
         r.kubelet.forget("default", "intruder")
-        # kubelet fails a pod whose admission was refused; then the waiting pod is served
+        admitting = asyncio.create_task(r.kubelet.admit(waiting))
+        await asyncio.sleep(0.3)
+        assert not admitting.done()  # held back: the intruder is not seen Failed yet
         r.kube.update_pod("default", "intruder", phase="Failed")
-        await r.settle()
-        admitted = await r.kubelet.admit(waiting)
+        admitted = await admitting
         assert admitted.envs["c0"]["ALIYUN_COM_GPU_MEM_CONTAINER"] == "5"
+
+    run(body)
+
+
+def test_finding_3_a_stranger_that_vanishes_still_counts() -> None:
+    """Force-deleted, a stranger may still be the pod kubelet admits: the refusal stands."""
+
+    async def body(r: PluginRig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        waiting = await r.place(pod("waiting", 5))
+        assert waiting is not None
+        manifest = pod("intruder", 5)
+        manifest["spec"]["nodeName"] = NODE
+        r.kube.create_pod(manifest)
+        await r.settle()
+        admitting = asyncio.create_task(r.kubelet.admit(waiting))
+        await asyncio.sleep(0.3)
+        r.kube.delete_pod("default", "intruder")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await admitting
+        assert "default/intruder" in str(refused.value.details())
 
     run(body)

@@ -12,16 +12,35 @@ served, never marked served and takes no part in the hand-off. A pod bound here 
 these devices without a trusted allocation and has not started (a *stranger*) may be the pod
 kubelet is admitting, so an ``Allocate`` of one of its containers' counts is refused, naming it
 (core.handoff.resolve). Ignored allocations are counted once per pod and reason.
+
+A refusal because of strangers while pods gpushare placed wait is held back for up to
+:data:`STRANGER_WAIT_S`, re-reading the node: kubelet admits one pod at a time, sorted by
+creation time, and marks a pod it rejected Failed through its status manager, asynchronously
+(kubernetes v1.36.3 ``pkg/kubelet/kubelet.go``: ``HandlePodAdditions`` loops over the pods and
+calls ``rejectPod``, which only sets the status). So right after refusing a stranger, kubelet
+asks for the next pod, a placed one, before the stranger's Failed phase reaches the API; on the
+real kubelet that is the usual case, not a rare one. A stranger seen in a terminal phase is not
+the pod being admitted (its admission ended before its status was written), so it no longer
+counts; one that merely vanished (force-deleted) still does, since kubelet may still be admitting
+it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
-from gpushare.core.handoff import pending_of, resolve
-from gpushare.core.kubejson import name_of, namespace_of, uid_of
-from gpushare.core.trust import IgnoredOnce, Judged, NodePods, Trust, sort_node_pods
+from gpushare.core.handoff import Answer, pending_of, resolve
+from gpushare.core.kubejson import name_of, namespace_of, status_of, uid_of
+from gpushare.core.trust import (
+    TERMINAL_PHASES,
+    IgnoredOnce,
+    Judged,
+    NodePods,
+    Trust,
+    sort_node_pods,
+)
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint
 from gpushare.deviceplugin.config import PluginConfig, Stats
 from gpushare.deviceplugin.gpus import GpuSource
@@ -35,6 +54,10 @@ from gpushare.deviceplugin.serving import (
 from gpushare.kube.port import KubeAPI, KubeError
 
 log = logging.getLogger(__name__)
+
+STRANGER_WAIT_S = 2.0
+"""How long a refusal caused by strangers waits for them to be seen Failed (see above)."""
+STRANGER_POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -54,12 +77,17 @@ class NodeReader:
         self.stats = stats
         self._judged = Judged(trust, config.names)
         self._reported = IgnoredOnce()
+        self.finished: frozenset[str] = frozenset()
+        """UIDs of this node's pods in a terminal phase, as of the last read."""
 
     async def read(self) -> NodePods:
         """The live pods bound to this node, from the API, judged (raises KubeError)."""
         pods, _ = await self.api.list_pods(self.config.node)
         sorted_pods = sort_node_pods(pods, node=self.config.node, trust=self._judged)
         uids = {uid_of(p) for p in pods}
+        self.finished = frozenset(
+            uid_of(p) for p in pods if status_of(p).get("phase") in TERMINAL_PHASES
+        )
         self._judged.retain(uids)
         self._reported.retain(uids)
         for pod, why in sorted_pods.ignored:
@@ -103,6 +131,11 @@ class Allocator:
             self.stats.refused += 1
             return Refused(f"gpushare: cannot read the pods bound to {self.config.node}: {err}")
         answer = resolve(resource, count, pending_of(bound.allocations), bound.strangers)
+        if answer.signature is None and answer.candidates:
+            try:
+                answer = await self._without_rejected(resource, count, bound, answer)
+            except KubeError as err:
+                log.warning("resource=%s count=%d phase=allocate re-read: %s", resource, count, err)
         if answer.signature is None:
             self.stats.refused += 1
             log.warning(
@@ -122,3 +155,28 @@ class Allocator:
         self.checkpoint.remember(device_ids, answer.signature)
         self.stats.allocations += 1
         return result
+
+    async def _without_rejected(
+        self, resource: str, count: int, bound: NodePods, answer: Answer
+    ) -> Answer:
+        """The answer once the strangers behind a refusal are seen Failed, or the refusal.
+
+        Only strangers seen in a terminal phase stop counting; new strangers count as usual.
+        """
+        suspects = {s.uid for s in bound.strangers if (resource, count) in s.counts}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STRANGER_WAIT_S
+        while suspects and loop.time() < deadline:
+            await asyncio.sleep(STRANGER_POLL_S)
+            again = await self.pods.read()
+            if not suspects <= self.pods.finished:
+                continue
+            settled = resolve(resource, count, pending_of(again.allocations), again.strangers)
+            log.info(
+                "resource=%s count=%d phase=allocate strangers rejected by kubelet: %s",
+                resource,
+                count,
+                "served" if settled.signature else settled.error,
+            )
+            return settled
+        return answer
