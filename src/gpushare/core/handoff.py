@@ -196,8 +196,9 @@ def resolve(
             error=(
                 f"{named} is bound to this node and asks for {count} {resource} device(s) "
                 f"without being placed by gpushare; kubelet may be admitting it rather than "
-                f"{waiting}, which gpushare placed, so neither gets an answer: delete the pod "
-                f"gpushare did not place"
+                f"{waiting}, which gpushare placed, so this container gets no answer (once "
+                f"kubelet has rejected that pod, the pod gpushare placed gets its own): delete "
+                f"the pod gpushare did not place"
             ),
         )
     if not matches:
