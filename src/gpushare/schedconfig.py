@@ -16,7 +16,45 @@ from gpushare.core.names import DEFAULT_NAMES, SCHEDULER_NAME, ResourceNames
 
 EXTENDER_WEIGHT = 5
 """Extender scores are 0..10 and kube-scheduler multiplies by weight x 10; at 5 the GPU
-packing score (up to 500) outweighs the generic CPU/memory spreading plugins (100 each)."""
+packing score (up to 500) outweighs any one generic score plugin (100 times its weight)."""
+
+
+def packing_profile(scheduler_name: str) -> dict[str, Any]:
+    """The GPU-sharing profile: kube-scheduler's generic scores point the same way as packing.
+
+    The extender gives its best node a lead of one point (50 after the weight). kube-scheduler's
+    defaults spread: NodeResourcesFit's LeastAllocated and NodeResourcesBalancedAllocation
+    (up to 100 each) prefer emptier and evener nodes, and PodTopologySpread's system default
+    constraints (weight 2) spread the pods of one Deployment, ReplicaSet or StatefulSet across
+    hostnames. Each alone can move a pod off the node the GPU policy chose, and between nodes
+    whose CPU or memory load differs it does. So in this profile NodeResourcesFit scores
+    MostAllocated on CPU and memory (the busier node, as GPU packing wants), BalancedAllocation
+    scores nothing, and no spreading is added to pods that did not ask for it (constraints a
+    pod writes itself still count). The default profile keeps kube-scheduler's defaults: plain
+    pods schedule as they always did.
+    """
+    return {
+        "schedulerName": scheduler_name,
+        "plugins": {"score": {"disabled": [{"name": "NodeResourcesBalancedAllocation"}]}},
+        "pluginConfig": [
+            {
+                "name": "NodeResourcesFit",
+                "args": {
+                    "scoringStrategy": {
+                        "type": "MostAllocated",
+                        "resources": [
+                            {"name": "cpu", "weight": 1},
+                            {"name": "memory", "weight": 1},
+                        ],
+                    }
+                },
+            },
+            {
+                "name": "PodTopologySpread",
+                "args": {"defaultingType": "List", "defaultConstraints": []},
+            },
+        ],
+    }
 
 
 def scheduler_configuration(
@@ -40,7 +78,7 @@ def scheduler_configuration(
         "kind": "KubeSchedulerConfiguration",
         "leaderElection": election,
         "profiles": ([{"schedulerName": "default-scheduler"}] if default_profile else [])
-        + [{"schedulerName": scheduler_name}],
+        + [packing_profile(scheduler_name)],
         "extenders": [
             {
                 "urlPrefix": url,

@@ -68,3 +68,14 @@ def test_deployed_file_is_what_the_command_prints(golden: Callable[[str, str], N
         "regenerate with: gpushare scheduler-config > deploy/scheduler-config.yaml"
     )
     assert yaml.safe_load(text)["kind"] == "KubeSchedulerConfiguration"
+
+
+def test_the_gpu_profile_scores_the_way_packing_points_and_the_default_keeps_upstreams() -> None:
+    default, gpu = scheduler_configuration()["profiles"]
+    assert default == {"schedulerName": "default-scheduler"}
+    assert gpu["plugins"]["score"]["disabled"] == [{"name": "NodeResourcesBalancedAllocation"}]
+    args = {c["name"]: c["args"] for c in gpu["pluginConfig"]}
+    strategy = args["NodeResourcesFit"]["scoringStrategy"]
+    assert strategy["type"] == "MostAllocated"
+    assert {r["name"] for r in strategy["resources"]} == {"cpu", "memory"}
+    assert args["PodTopologySpread"] == {"defaultingType": "List", "defaultConstraints": []}
