@@ -763,6 +763,20 @@ def in_namespace(
     return done
 
 
+def memops_in_namespace(
+    built: Built,
+    tmp_path: Path,
+    env: dict[str, str],
+    preload: str,
+    broker: RunningBroker,
+    *ops: str,
+) -> subprocess.CompletedProcess[str]:
+    """memops with ops, where the loader preloads ``preload`` and the limits file is the
+    plugin's for a 1 GiB container counted by ``broker``."""
+    limits_text = plugin_limits(1024 * MiB, broker)
+    return in_namespace(built, tmp_path, env, preload, limits_text, str(built.dir / "memops"), *ops)
+
+
 needs_namespace = pytest.mark.skipif(bool(namespace_problem()), reason=namespace_problem())
 
 
@@ -771,13 +785,12 @@ def test_etc_ld_so_preload_loads_the_interposer_with_LD_PRELOAD_emptied(
     built: Built, accounting: Path, tmp_path: Path, broker: RunningBroker
 ) -> None:
     env = built.env(accounting, LD_PRELOAD="", GPUSHARE_MEM_LIMIT=str(8 * 1024 * MiB))
-    done = in_namespace(
+    done = memops_in_namespace(
         built,
         tmp_path,
         env,
         str(built.interposer),
-        plugin_limits(1024 * MiB, broker),
-        str(built.dir / "memops"),
+        broker,
         "objects",
         "alloc:1500",
         "alloc:900",
@@ -815,13 +828,12 @@ def test_preloaded_twice_it_is_one_object_that_reads_its_limits_once(
         preload.parent.mkdir()
         shutil.copyfile(built.interposer, preload)
     env = built.env(accounting, LD_PRELOAD=str(preload), GPUSHARE_LOG="1")
-    done = in_namespace(
+    done = memops_in_namespace(
         built,
         tmp_path,
         env,
         str(built.interposer),
-        plugin_limits(1024 * MiB, broker),
-        str(built.dir / "memops"),
+        broker,
         "objects",
         "alloc:1500",
     )
@@ -840,13 +852,12 @@ def test_a_missing_library_in_etc_ld_so_preload_is_reported_and_ignored(
     """glibc's behaviour, which the plugin must not rely on: the program runs, unlimited."""
     env = built.env(accounting, LD_PRELOAD="")
     missing = "/nonexistent/gpushare/libgpushare-cuda.so"
-    done = in_namespace(
+    done = memops_in_namespace(
         built,
         tmp_path,
         env,
         missing,
-        plugin_limits(1024 * MiB, broker),
-        str(built.dir / "memops"),
+        broker,
         "objects",
         "alloc:1500",
     )

@@ -99,27 +99,36 @@ class NodeReader:
         return sorted_pods
 
 
-class Allocator:
+@dataclass(frozen=True)
+class NodeParts:
+    """What answering Allocate and checking served pods both work with, on one node."""
+
+    api: KubeAPI
+    config: PluginConfig
+    hook: IsolationHook
+    checkpoint: ServedCheckpoint
+    stats: Stats
+    pods: NodeReader
+
+
+class OnNode:
+    """A worker of the plugin holding the node's shared parts as its own attributes."""
+
+    def __init__(self, parts: NodeParts) -> None:
+        self.api = parts.api
+        self.config = parts.config
+        self.hook = parts.hook
+        self.checkpoint = parts.checkpoint
+        self.stats = parts.stats
+        self.pods = parts.pods
+
+
+class Allocator(OnNode):
     """Serves one container at a time; the mode is the node's, known once the plugin starts."""
 
-    def __init__(
-        self,
-        *,
-        api: KubeAPI,
-        source: GpuSource,
-        config: PluginConfig,
-        hook: IsolationHook,
-        checkpoint: ServedCheckpoint,
-        stats: Stats,
-        pods: NodeReader,
-    ) -> None:
-        self.api = api
-        self.pods = pods
+    def __init__(self, parts: NodeParts, *, source: GpuSource) -> None:
+        super().__init__(parts)
         self.source = source
-        self.config = config
-        self.hook = hook
-        self.checkpoint = checkpoint
-        self.stats = stats
         self.mode = "share"
 
     async def allocate(self, resource: str, device_ids: list[str]) -> ContainerAnswer | Refused:

@@ -28,7 +28,7 @@ import logging
 
 from gpushare.core.handoff import MEM, Signature
 from gpushare.core.trust import Trust
-from gpushare.deviceplugin.allocating import Allocator, NodeReader, Refused
+from gpushare.deviceplugin.allocating import Allocator, NodeParts, NodeReader, Refused
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint
 from gpushare.deviceplugin.config import PluginConfig, Stats
 from gpushare.deviceplugin.gpus import GpuSource
@@ -73,24 +73,17 @@ class DevicePlugin:
         self.resources: list[str] = [MEM]
         self.generations = Generations()
         self.checkpoint = ServedCheckpoint(config.state_dir / f"served-{config.node}.json")
-        self.allocator = Allocator(
+        parts = NodeParts(
             api=api,
-            source=source,
             config=config,
             hook=self.hook,
             checkpoint=self.checkpoint,
             stats=self.stats,
             pods=self.pods,
         )
+        self.allocator = Allocator(parts, source=source)
         self.registrar = Registrar(backend=self, config=config, stats=self.stats)
-        self.served_check = ServedCheck(
-            api=api,
-            config=config,
-            hook=self.hook,
-            checkpoint=self.checkpoint,
-            stats=self.stats,
-            pods=self.pods,
-        )
+        self.served_check = ServedCheck(parts)
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- what each resource's DevicePlugin service asks for (servicer.Backend) -----------------

@@ -33,13 +33,10 @@ import grpc
 from gpushare.core.allocation import Allocation
 from gpushare.core.handoff import MEM, Signature, listed_signatures
 from gpushare.core.names import ANN_ASSIGNED
-from gpushare.deviceplugin.allocating import NodeReader
-from gpushare.deviceplugin.checkpoint import ServedCheckpoint
-from gpushare.deviceplugin.config import PluginConfig, Stats
+from gpushare.deviceplugin.allocating import NodeParts, OnNode
 from gpushare.deviceplugin.protos.podresources_v1 import api_pb2 as pr
 from gpushare.deviceplugin.protos.podresources_v1 import api_pb2_grpc as pr_grpc
-from gpushare.deviceplugin.serving import IsolationHook
-from gpushare.kube.port import KubeAPI, KubeError
+from gpushare.kube.port import KubeError
 
 log = logging.getLogger(__name__)
 
@@ -116,25 +113,11 @@ def check_pod(
     return PodCheck(admitted=True, mismatches=tuple(mismatches))
 
 
-class ServedCheck:
+class ServedCheck(OnNode):
     """Marks admitted pods served, counts mismatches, lets the isolation hook prune."""
 
-    def __init__(
-        self,
-        *,
-        api: KubeAPI,
-        config: PluginConfig,
-        hook: IsolationHook,
-        checkpoint: ServedCheckpoint,
-        stats: Stats,
-        pods: NodeReader,
-    ) -> None:
-        self.api = api
-        self.pods = pods
-        self.config = config
-        self.hook = hook
-        self.checkpoint = checkpoint
-        self.stats = stats
+    def __init__(self, parts: NodeParts) -> None:
+        super().__init__(parts)
         self.marked: set[str] = set()
         """UIDs of the pods marked served (their annotation may not have come back yet)."""
         self.mismatch_log: list[str] = []
