@@ -363,8 +363,11 @@ def test_the_plugin_check_hands_the_live_pods_and_devices_to_the_hook() -> None:
     async def body(r: Rig) -> None:
         await r.kubelet.wait_devices(MEM, 30)
         placed, admitted = await admit(r, pod("a", 2))
+        mine = tuple(sorted(admitted.containers["c0"][MEM]))
+        # the fake kubelet lists a pod from the start of its admission, its devices once every
+        # Allocate answered: wait for a check that saw both
         for _ in range(100):
-            if seen and placed["metadata"]["uid"] in seen[-1][0]:
+            if seen and placed["metadata"]["uid"] in seen[-1][0] and mine in seen[-1][1]:
                 break
             await asyncio.sleep(0.05)
         uids, devices = seen[-1]
