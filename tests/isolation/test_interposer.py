@@ -358,17 +358,22 @@ def test_two_processes_of_a_container_share_one_compute_limit(
 
 
 def test_without_a_core_limit_launches_are_not_throttled(built: Built, accounting: Path) -> None:
-    # Flat out the fake GPU is busy nearly all the time on an idle machine (about 84 %); a busy
-    # 2-core machine steals the launcher's CPU (44 % and 79.9 % were seen in single runs while
-    # other work ran), so the best of up to three runs counts. Above 70 is well clear of the
-    # throttled targets' 30 and 60 +- 5.
-    utils = []
+    # The reference is the same launcher without the interposer, run right before it: a busy
+    # 2-core machine steals CPU from both alike (flat out on an idle machine the fake GPU is busy
+    # about 84 % of the time; 44 % to 80 % were seen under CI load), so an absolute floor flakes
+    # while the pair's difference does not. A throttle would cost far more than 10 points; the
+    # closest of up to three pairs counts.
+    pairs: list[tuple[float, float]] = []
     for _ in range(3):
-        utils.append(utilisation(launch_for(built, 1, built.env(accounting))))
-        print(f"no core limit: fake SM utilisation {utils[-1]:.1f}%")
-        if utils[-1] > 70:
+        bare = built.env(accounting)
+        del bare["LD_PRELOAD"]
+        reference = utilisation(launch_for(built, 2, bare))
+        preloaded = utilisation(launch_for(built, 2, built.env(accounting)))
+        pairs.append((reference, preloaded))
+        print(f"no core limit: fake SM {preloaded:.1f}% busy (no interposer: {reference:.1f}%)")
+        if preloaded >= reference - 10:
             break
-    assert max(utils) > 70, utils
+    assert any(preloaded >= reference - 10 for reference, preloaded in pairs), pairs
 
 
 def test_a_hook_preloaded_after_the_interposer_gets_the_next_symbol(
