@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from gpushare.sim.milligpu import Cluster, make_policy
 from gpushare.sim.openb import TraceNode, TracePod, read_nodes, read_pods
-from gpushare.sim.paper import Cluster, make_policy
 from gpushare.sim.stream import arrival_stream
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "openb"

@@ -692,16 +692,16 @@ def simulate(
     from rich.table import Table
 
     from gpushare.core.units import MemoryUnit
-    from gpushare.sim import memory, report, synthetic
+    from gpushare.sim import gpumem, report, synthetic
     from gpushare.sim.experiment import run_experiment
     from gpushare.sim.kubeyaml import read_workload
+    from gpushare.sim.milligpu import POLICIES
     from gpushare.sim.openb import TraceError
-    from gpushare.sim.paper import POLICIES
 
     console = Console()
     unit = MemoryUnit.parse(unit_text)
-    settings = memory.MemorySettings(unit, node_mode) if accounting == "memory" else None
-    known = memory.policies() if settings else list(POLICIES)
+    settings = gpumem.MemorySettings(unit, node_mode) if accounting == "memory" else None
+    known = gpumem.policies() if settings else list(POLICIES)
     chosen = list(policies) or (known if settings else ["bestfit", "fgd", "gpushare"])
     for name in chosen:
         if name not in known:
@@ -724,7 +724,7 @@ def simulate(
             pods = synthetic.pods(nodes)
             trace = "synthetic"
         if settings:
-            memory.check(nodes, unit)
+            gpumem.check(nodes, unit)
             trace += f" (memory, {unit.value}, {node_mode})"
     except TraceError as err:
         click.echo(f"error: {err}", err=True)

@@ -14,9 +14,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from gpushare.core.fragmentation import WorkloadEstimate
-from gpushare.sim import memory as memory_mode
+from gpushare.sim import gpumem as memory_mode
+from gpushare.sim.milligpu import BestFit, Cluster, make_policy, replay, shape_of
 from gpushare.sim.openb import TraceNode, TracePod
-from gpushare.sim.paper import BestFit, Cluster, make_policy, replay, shape_of
 from gpushare.sim.stream import arrival_stream, capacity_milli
 
 POINTS = (90, 95, 100, 110, 130)

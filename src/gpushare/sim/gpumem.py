@@ -51,8 +51,8 @@ from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import KubeDict
 from gpushare.sim import cards
 from gpushare.sim.kubeyaml import card_units
+from gpushare.sim.milligpu import Run
 from gpushare.sim.openb import MILLI_PER_GPU, TraceError, TraceNode, TracePod
-from gpushare.sim.paper import Run
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]

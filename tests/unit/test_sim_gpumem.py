@@ -13,10 +13,9 @@ from gpushare.core.inventory import Mode, read_node
 from gpushare.core.requests import PodRequest
 from gpushare.core.scheduling import Scheduler, Settings
 from gpushare.core.units import MemoryUnit
-from gpushare.sim import memory, synthetic
+from gpushare.sim import gpumem, synthetic
 from gpushare.sim.experiment import run_experiment
-from gpushare.sim.kubeyaml import card_units
-from gpushare.sim.memory import (
+from gpushare.sim.gpumem import (
     MemoryCluster,
     MemorySettings,
     core_percent,
@@ -25,6 +24,7 @@ from gpushare.sim.memory import (
     pod_units,
     share_units,
 )
+from gpushare.sim.kubeyaml import card_units
 from gpushare.sim.openb import TraceError, TraceNode, TracePod
 from gpushare.sim.stream import arrival_stream
 
@@ -110,10 +110,10 @@ def test_unknown_card_is_refused() -> None:
 def test_replay_on_the_synthetic_workload_keeps_the_paper_x_axis() -> None:
     nodes = synthetic.nodes()
     stream = arrival_stream(synthetic.pods(nodes), nodes, seed=0)
-    run = memory.replay(nodes, stream, "binpack", seed=0)
+    run = gpumem.replay(nodes, stream, "binpack", seed=0)
     assert 129 < run.arrived[-1] <= 130  # a share's request is that fraction of the mean card
     assert 0 < run.at(100) < 20 and sum(run.failed.values()) > 0
-    assert set(memory.policies()) >= {"binpack", "spread"}
+    assert set(gpumem.policies()) >= {"binpack", "spread"}
     experiment = run_experiment(
         "synthetic",
         nodes[:20],

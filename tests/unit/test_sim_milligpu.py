@@ -18,8 +18,7 @@ from gpushare.core.fragmentation import (
 )
 from gpushare.sim import synthetic
 from gpushare.sim.experiment import OFFLINE, run_experiment
-from gpushare.sim.openb import TraceError, TraceNode, TracePod, read_nodes, read_pods
-from gpushare.sim.paper import (
+from gpushare.sim.milligpu import (
     BestFit,
     Cluster,
     FragmentationPolicy,
@@ -28,6 +27,7 @@ from gpushare.sim.paper import (
     replay,
     shape_of,
 )
+from gpushare.sim.openb import TraceError, TraceNode, TracePod, read_nodes, read_pods
 from gpushare.sim.report import table
 from gpushare.sim.stream import arrival_stream, capacity_milli
 
