@@ -18,6 +18,7 @@ from gpushare.sim.experiment import run_experiment
 from gpushare.sim.gpumem import (
     MemoryCluster,
     MemorySettings,
+    as_written,
     core_percent,
     node_json,
     pod_json,
@@ -26,7 +27,6 @@ from gpushare.sim.gpumem import (
 )
 from gpushare.sim.kubeyaml import card_units
 from gpushare.sim.openb import TraceError, TraceNode, TracePod
-from gpushare.sim.stream import arrival_stream
 
 T4 = TraceNode("t4", 16_000, 64 * 1024, 2, "T4")
 
@@ -81,13 +81,20 @@ def test_binpack_packs_shares_and_counts_failures_by_reason() -> None:
     assert roomy.cpu[0] == 16_000 - 1
 
 
-def test_each_card_gets_its_own_price_and_the_model_is_checked() -> None:
+def test_a_share_asks_for_one_amount_priced_on_the_smallest_card_it_may_use() -> None:
     nodes = [T4, TraceNode("v100", 64_000, 1 << 20, 1, "V100M32")]
     cluster = MemoryCluster(nodes, policy="binpack")
     assert _place(cluster, [TracePod("w", 1, 1, 1, 1000, ("V100M32",))]) == [(31, "")]
     assert _place(cluster, [TracePod("x", 1, 1, 1, 1000, ("A10",))]) == [(0, "GPU model")]
     assert cluster.capacity == 2 * 14 + 31
-    assert cluster.requested(TracePod("h", 0, 0, 1, 500)) == pytest.approx(0.5 * 59 / 3)
+    half = TracePod("h", 0, 0, 1, 500)
+    assert cluster.requested(half) == 7.0  # half of the 14 GiB T4, on whichever card it lands
+    written = as_written([half, TracePod("v", 0, 0, 2, 1000, ("V100M32",))], nodes, MemoryUnit.GiB)
+    assert [(p.gpu_mem_mib, p.num_gpu) for p in written] == [(7 * 1024, 1), (31 * 1024, 2)]
+    assert (
+        as_written([TracePod("a", 0, 0, 1, 500, ("A10",))], nodes, MemoryUnit.GiB)[0].gpu_mem_mib
+        == 0
+    )
 
 
 def test_core_mem_and_cgpu_limits_come_from_the_core() -> None:
@@ -107,11 +114,11 @@ def test_unknown_card_is_refused() -> None:
         MemoryCluster([TraceNode("x", 1, 1, 1, "H100")])
 
 
-def test_replay_on_the_synthetic_workload_keeps_the_paper_x_axis() -> None:
+def test_replay_on_the_synthetic_workload_inflates_by_memory_as_written() -> None:
     nodes = synthetic.nodes()
-    stream = arrival_stream(synthetic.pods(nodes), nodes, seed=0)
+    stream = gpumem.stream(synthetic.pods(nodes), nodes, seed=0)
     run = gpumem.replay(nodes, stream, "binpack", seed=0)
-    assert 129 < run.arrived[-1] <= 130  # a share's request is that fraction of the mean card
+    assert 129 < run.arrived[-1] <= 130  # inflated by memory as written
     assert 0 < run.at(100) < 20 and sum(run.failed.values()) > 0
     assert set(gpumem.policies()) >= {"binpack", "spread"}
     experiment = run_experiment(

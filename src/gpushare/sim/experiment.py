@@ -74,18 +74,20 @@ def run_seed(
 
     Fragmentation is sampled ``samples`` times along the run (0: not at all; it costs more
     than the replay itself on large clusters). With ``memory`` the extender's core places the
-    pods in memory units (``sim.memory``) and ``policy`` is one of its node policies.
+    pods in memory units (``sim.gpumem``) and ``policy`` is one of its node policies.
     """
     started = time.perf_counter()
-    stream = arrival_stream(pods, nodes, seed=seed, tune=tune)
     if memory is not None:
+        stream = memory_mode.stream(pods, nodes, seed=seed, tune=tune, unit=memory.unit)
         run = memory_mode.replay(nodes, stream, policy, seed=seed, settings=memory)
     elif policy == OFFLINE:
+        stream = arrival_stream(pods, nodes, seed=seed, tune=tune)
         points = offline_reference(nodes, stream, seed=seed)
         return SeedResult(
             OFFLINE, seed, points, pods=len(stream), seconds=time.perf_counter() - started
         )
     else:
+        stream = arrival_stream(pods, nodes, seed=seed, tune=tune)
         measure = WorkloadEstimate.of([shape_of(p) for p in pods]) if samples else None
         run = replay(
             nodes, stream, make_policy(policy, pods), seed=seed, measure=measure, samples=samples

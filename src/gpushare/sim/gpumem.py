@@ -7,14 +7,17 @@ it; mode label from the node, else ``node_mode``), every pod the pod JSON a user
 and ``core.scheduling.Scheduler`` filters, scores with the named node policy and reserves into a
 ``Ledger``: the code the extender runs, decisions and messages included.
 
-The mapping of a share: ``gpu_milli`` of a card is the same fraction of that card's units,
-rounded up (470 milli of a 15109 MiB T4, 14 units at 1 GiB, is 7 GiB), and on ``core_mem``
-nodes the same percentage of computing power rounded up to a multiple of 5 (470 -> 50 %). A
-whole GPU is all of a card's memory (and 100 %); k GPUs ask for k times that with the label
-``aliyun.com/gpu-count: k``. Because the amount depends on the card, a pod is priced once per
-card size (and per core_mem or not) among the nodes it could go to, and the best score over
-all of them wins, as if the user had written the right amount for each card. A pod read from a
-manifest asks for exactly the memory (and computing power) written there.
+The mapping of a share, as a user writes it: one fixed integer ``aliyun.com/gpu-mem`` per pod,
+whatever card the pod lands on. A share of ``gpu_milli`` asks for that fraction of the smallest
+card it may use (the models its ``gpu_spec`` allows, else every model of the cluster), rounded
+up to whole units, because a user who writes one number makes sure it fits every card the pod
+may get (470 milli of a 15109 MiB T4, 14 units at 1 GiB, is 7 GiB; on a 19 GiB G2 the same pod
+still asks 7 GiB and leaves the rest to others). A whole GPU is all of that smallest card; k
+GPUs ask k times it with the label ``aliyun.com/gpu-count: k``. On ``core_mem`` nodes the pod
+also asks the same percentage of computing power, rounded up to a multiple of 5 (470 -> 50 %).
+``as_written`` turns a stream into these manifests' amounts once, so every policy, the
+simulator and the real-cluster replay see the same pods; a pod read from a manifest asks for
+exactly the memory (and computing power) written there.
 
 gpu-mem says nothing of CPU and memory, which the extender leaves to kube-scheduler, so the
 simulator checks the trace's CPU, memory and GPU model per node before the core filter (numpy
@@ -27,13 +30,13 @@ Scores are the policy's float before the extender rounds them to 0..10.
 
 Accounting in the protocol's terms: unallocated % = 100 - booked units / all units of the
 cluster (booked amounts include the rounding up to whole units, a real cost of the memory
-contract). Arrived % = requested memory / all memory, where a share of ``gpu_milli`` requests
-that fraction of the cluster's mean card, whatever card it lands on (so arrived % is the paper
-mode's, the same for every policy), and a manifest's gpu-mem requests what it says.
+contract). Arrived % = requested units / all units, requested as written (failed pods
+included), the same for every policy.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,6 +56,7 @@ from gpushare.sim import cards
 from gpushare.sim.kubeyaml import card_units
 from gpushare.sim.milligpu import Run
 from gpushare.sim.openb import MILLI_PER_GPU, TraceError, TraceNode, TracePod
+from gpushare.sim.stream import arrival_stream
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -102,6 +106,41 @@ def pod_units(pod: TracePod, units: int, unit: MemoryUnit) -> int:
     if pod.gpu_mem_mib:
         return -(-pod.gpu_mem_mib // unit.mib)
     return share_units(pod.gpu_milli, units)
+
+
+def smallest_card(pod: TracePod, nodes: Sequence[TraceNode], unit: MemoryUnit) -> int:
+    """Units of the smallest card the pod may use (its models, else any); 0 if none may."""
+    sizes = [
+        card_units(n, unit)
+        for n in nodes
+        if n.gpus and (not pod.gpu_spec or n.model in pod.gpu_spec)
+    ]
+    return min((s for s in sizes if s > 0), default=0)
+
+
+def as_written(
+    pods: Sequence[TracePod], nodes: Sequence[TraceNode], unit: MemoryUnit
+) -> list[TracePod]:
+    """The pods with the fixed gpu-mem a user would write (see the module docstring).
+
+    A pod that already asks in memory, or for no GPU, is kept as it is; a share that no card of
+    the cluster may take keeps asking for the share and fails as the paper mode's does.
+    """
+    smallest: dict[tuple[str, ...], int] = {}
+    out = []
+    for pod in pods:
+        if pod.gpu_mem_mib or not pod.num_gpu:
+            out.append(pod)
+            continue
+        card = smallest.get(pod.gpu_spec)
+        if card is None:
+            card = smallest[pod.gpu_spec] = smallest_card(pod, nodes, unit)
+        if not card:
+            out.append(pod)
+            continue
+        mib = share_units(pod.gpu_milli, card) * unit.mib
+        out.append(dataclasses.replace(pod, gpu_mem_mib=mib))
+    return out
 
 
 def pod_core(pod: TracePod, core_mem: bool) -> int:
@@ -179,13 +218,12 @@ class MemoryCluster:
         for i, node in enumerate(self.nodes):
             self.free[i, : node.gpus] = self.units[i]
         self.capacity = int(sum(self.units[i] * n.gpus for i, n in enumerate(self.nodes)))
-        gpus = sum(n.gpus for n in self.nodes)
-        self._mean_card = self.capacity / gpus if gpus else 0.0
         order = list(range(len(self.nodes)))
         random.Random(seed).shuffle(order)
         self.rank: IntArray = np.empty(len(self.nodes), dtype=np.int64)
         self.rank[order] = np.arange(len(self.nodes))
         self._models: dict[tuple[str, ...], BoolArray] = {}
+        self._smallest: dict[tuple[str, ...], int] = {}
 
     def model_mask(self, spec: tuple[str, ...]) -> BoolArray:
         """Nodes whose model the pod allows (all when it names none)."""
@@ -195,17 +233,18 @@ class MemoryCluster:
             self._models[spec] = mask
         return mask
 
-    def need(self, pod: TracePod) -> IntArray:
-        """Units per GPU the pod asks for on each node's card."""
+    def need(self, pod: TracePod) -> int:
+        """Units per GPU the pod asks for, as written (``as_written``); 0 if no card may take it."""
         if pod.gpu_mem_mib:
-            return np.full(len(self.nodes), pod_units(pod, 0, self.settings.unit), dtype=np.int64)
-        return -(-pod.gpu_milli * self.units // MILLI_PER_GPU)
+            return pod_units(pod, 0, self.settings.unit)
+        card = self._smallest.get(pod.gpu_spec)
+        if card is None:
+            card = self._smallest[pod.gpu_spec] = smallest_card(pod, self.nodes, self.settings.unit)
+        return share_units(pod.gpu_milli, card) if card else 0
 
     def requested(self, pod: TracePod) -> float:
         """The pod's request in units, for arrived % (see the module docstring)."""
-        if pod.gpu_mem_mib:
-            return float(pod_units(pod, 0, self.settings.unit) * pod.num_gpu)
-        return pod.gpu_request_milli * self._mean_card / MILLI_PER_GPU
+        return float(self.need(pod) * pod.num_gpu)
 
     def place(self, pod: TracePod, uid: str) -> tuple[int, str]:
         """Place one pod: (units booked, failure reason or "")."""
@@ -217,26 +256,31 @@ class MemoryCluster:
             candidates = np.flatnonzero(model & room)
             if not len(candidates):
                 return 0, self._failure(pod, model, np.ones_like(model), cpu, mem)
-            self._take(int(candidates[np.argmin(self.rank[candidates])]), pod, None)
+            self._take(int(candidates[np.argmin(self.rank[candidates])]), pod, None, uid)
             return 0, ""
         need = self.need(pod)
-        self._announce(pod, uid, need, model)
-        gpus = ((self.free >= need[:, None]).sum(axis=1) >= pod.num_gpu) & (need > 0)
+        gpus = ((self.free >= need).sum(axis=1) >= pod.num_gpu) & (need > 0)
         candidates = np.flatnonzero(model & room & gpus)
-        best: tuple[float, int, PodRequest] | None = None
-        reasons: list[str] = []
-        for group in self._groups(candidates, need):
-            first = int(group[0])
-            core_mem = bool(self.core_mem[first])
-            obj = pod_json(
+        objs = {
+            core_mem: pod_json(
                 pod,
                 uid=uid,
-                units_per_gpu=int(need[first]),
+                units_per_gpu=need,
                 core_per_gpu=pod_core(pod, core_mem),
                 unit=self.settings.unit,
             )
+            for core_mem in (False, True)
+        }
+        if self.scheduler.workload is not None:  # the extender's cache shows it the pending pod
+            self.scheduler.workload.observe(objs[False])
+        best: tuple[float, int, PodRequest] | None = None
+        reasons: list[str] = []
+        for core_mem in (False, True):
+            group = candidates[self.core_mem[candidates] == core_mem]
+            if not len(group):
+                continue
             nodes = [self.inventories[int(i)] for i in group]
-            result = self.scheduler.filter(obj, nodes, self.ledger)
+            result = self.scheduler.filter(objs[core_mem], nodes, self.ledger)
             request = result.request
             if not isinstance(request, PodRequest):
                 reasons += request.reasons
@@ -256,30 +300,10 @@ class MemoryCluster:
         booked = self.scheduler.reserve(request, self.inventories[i], self.ledger)
         if not isinstance(booked, Allocation):
             raise AssertionError(f"the core refused a node it had just passed: {booked.message}")
-        self._take(i, pod, booked)
+        self._take(i, pod, booked, uid)
         return booked.mem_units, ""
 
-    def _announce(self, pod: TracePod, uid: str, need: IntArray, model: BoolArray) -> None:
-        """Show the pending pod to the workload feed, as the extender's cache would.
-
-        The fragmentation-aware policies learn the target workload from it. The pod is shown
-        once, priced on the smallest card it may use.
-        """
-        if self.scheduler.workload is None:
-            return
-        allowed = need[model & (self.units > 0)]
-        units = int(allowed.min()) if len(allowed) else int(need.max())
-        obj = pod_json(pod, uid=uid, units_per_gpu=units, core_per_gpu=0, unit=self.settings.unit)
-        self.scheduler.workload.observe(obj)
-
-    def _groups(self, candidates: IntArray, need: IntArray) -> list[IntArray]:
-        """Candidate nodes split by what the pod JSON must say there (units, computing power)."""
-        if not len(candidates):
-            return []
-        keys = need[candidates] * 2 + self.core_mem[candidates]
-        return [candidates[keys == k] for k in np.unique(keys)]
-
-    def _take(self, i: int, pod: TracePod, allocation: Allocation | None) -> None:
+    def _take(self, i: int, pod: TracePod, allocation: Allocation | None, uid: str) -> None:
         self.cpu[i] -= pod.cpu_milli
         self.mem[i] -= pod.memory_mib
         for share in allocation.gpus if allocation else ():
@@ -319,6 +343,29 @@ def _core_reason(reasons: Sequence[str]) -> str:
         if needle in text:
             return name
     return "core filter"
+
+
+def stream(
+    pods: Sequence[TracePod],
+    nodes: Sequence[TraceNode],
+    *,
+    seed: int,
+    tune: float = 1.3,
+    unit: MemoryUnit = MemoryUnit.GiB,
+) -> list[TracePod]:
+    """The paper's arrival stream in this mode: pods as written, inflated to ``tune`` x memory.
+
+    The shuffle and the clone draws are the paper mode's for the seed; the inflation stops at
+    ``tune`` x all units of the cluster, counted as the pods ask (``as_written``), so 100 %
+    arrived means as much memory asked as the cluster has.
+    """
+    written = as_written(pods, nodes, unit)
+    capacity = sum(card_units(n, unit) * n.gpus for n in nodes)
+
+    def units(pod: TracePod) -> float:
+        return float(pod_units(pod, 0, unit) * pod.num_gpu) if pod.gpu_mem_mib else 0.0
+
+    return arrival_stream(written, nodes, seed=seed, tune=tune, weight=units, capacity=capacity)
 
 
 def replay(

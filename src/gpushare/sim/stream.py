@@ -3,12 +3,15 @@
 For seed s the pod rows are shuffled; then clones drawn uniformly with replacement from the
 original rows are appended until the next clone would push the cumulative GPU request above
 ``tune`` x the cluster's GPU capacity. Pods then arrive one at a time in that order.
+
+The request and the capacity are counted in milli-GPU unless the caller gives its own measure
+(the gpu-mem mode counts units of memory as written, ``sim.gpumem.stream``).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gpushare.sim.openb import MILLI_PER_GPU, TraceNode, TracePod
 
@@ -19,18 +22,25 @@ def capacity_milli(nodes: Sequence[TraceNode]) -> int:
 
 
 def arrival_stream(
-    pods: Sequence[TracePod], nodes: Sequence[TraceNode], *, seed: int, tune: float = 1.3
+    pods: Sequence[TracePod],
+    nodes: Sequence[TraceNode],
+    *,
+    seed: int,
+    tune: float = 1.3,
+    weight: Callable[[TracePod], float] | None = None,
+    capacity: float | None = None,
 ) -> list[TracePod]:
-    """The shuffled and inflated stream for one seed."""
+    """The shuffled and inflated stream for one seed (``weight`` and ``capacity``: the measure)."""
+    measure = weight or (lambda pod: pod.gpu_request_milli)
     rng = random.Random(seed)
     stream = list(pods)
     rng.shuffle(stream)
-    limit = tune * capacity_milli(nodes)
-    total = sum(p.gpu_request_milli for p in stream)
+    limit = tune * (capacity_milli(nodes) if capacity is None else capacity)
+    total = sum(measure(p) for p in stream)
     while True:
         clone = pods[rng.randrange(len(pods))]
-        if total + clone.gpu_request_milli > limit:
+        if total + measure(clone) > limit:
             break
         stream.append(clone)
-        total += clone.gpu_request_milli
+        total += measure(clone)
     return stream
