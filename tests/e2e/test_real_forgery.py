@@ -34,8 +34,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.core.allocation import Allocation, ContainerShare, GpuShare, to_annotations
+from gpushare.core.containers import ContainerKind
 from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED, ANN_NODE_GPUS, ANN_SEAL
-from gpushare.core.requests import ContainerKind
 from gpushare.core.units import MemoryUnit
 from gpushare.kube.lightkube_api import LightkubeAPI
 from gpushare.kube.port import KubeError

@@ -15,8 +15,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from gpushare.core.allocation import Allocation, ContainerShare, GpuShare, to_annotations
+from gpushare.core.containers import ContainerKind
 from gpushare.core.names import ANN_ASSIGNED
-from gpushare.core.requests import ContainerKind
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.metrics import registry_for
 from gpushare.inspect.cli import collect

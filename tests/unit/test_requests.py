@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.requests import ContainerKind, PodRequest, Rejection, read_pod
+from gpushare.core.containers import ContainerKind
+from gpushare.core.requests import PodRequest, Rejection, read_pod
 from gpushare.core.units import MemoryUnit
 
 MEM = "aliyun.com/gpu-mem"

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpushare.core.containers import ContainerKind
 from gpushare.core.kubejson import (
     KubeObject,
     annotations_of,
@@ -34,7 +35,7 @@ from gpushare.core.names import (
     ANN_IDX,
     ANN_POD,
 )
-from gpushare.core.requests import ContainerKind, PodRequest
+from gpushare.core.requests import PodRequest
 from gpushare.core.units import MemoryUnit
 
 FORMAT_VERSION = 1

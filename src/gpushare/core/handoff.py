@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpushare.core.allocation import Allocation, ContainerShare
-from gpushare.core.requests import ContainerKind
+from gpushare.core.containers import ContainerKind
 
 MEM = "mem"
 CORE = "core"

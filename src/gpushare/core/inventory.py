@@ -17,6 +17,8 @@ from enum import Enum
 from functools import cached_property
 from typing import Any
 
+from gpushare.core.gpumodel import node_model
+from gpushare.core.hostresources import NOTHING, HostResources, node_allocatable
 from gpushare.core.kubejson import (
     KubeObject,
     annotations_of,
@@ -110,6 +112,10 @@ class NodeInventory:
     """Why the GPU detail could not be read; empty when it could."""
     handoff: bool = False
     """Whether gpushare's device plugin serves the node (the hand-off invariant applies)."""
+    host: HostResources = NOTHING
+    """Allocatable CPU and memory (``core.hostresources``; nothing when the node does not say)."""
+    model: str = ""
+    """The GPU model label (``core.gpumodel``), else the first GPU's model; empty if unknown."""
 
     @cached_property
     def kind(self) -> tuple[object, ...]:
@@ -126,6 +132,8 @@ class NodeInventory:
             self.problem,
             self.handoff,
             tuple((g.index, g.mem_units, g.healthy, g.model, g.core_pct) for g in self.gpus),
+            self.host,
+            self.model,
         )
 
     @cached_property
@@ -267,6 +275,8 @@ def read_node(
         unit_declared=declared,
         problem=problem,
         handoff=annotations.get(ANN_NODE_HANDOFF) == HANDOFF_PODRESOURCES,
+        host=node_allocatable(node),
+        model=node_model(node) or next((g.model for g in gpus if g.model), ""),
     )
 
 

@@ -20,6 +20,11 @@ record: a ledger that should read annotations is given the key (or, knowingly, s
 
 Succeeded and Failed pods free their share; terminating pods keep it until they are gone,
 because their containers may still be running on the GPU.
+
+The ledger also sums the CPU and host memory that every live pod bound to a node requests, GPU
+or not, plus the pods assumed at bind until the watch shows them bound (``NodeUsage.host``):
+the fragmentation-aware policy counts GPU share that no CPU is left to use. A change of those
+sums changes the node's version like any booking, so cached scores follow it.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from functools import cached_property
 
 from gpushare.core.allocation import Allocation, from_pod
 from gpushare.core.changes import ChangeLog
+from gpushare.core.hostresources import NOTHING as NO_HOST
+from gpushare.core.hostresources import HostResources, pod_requests
 from gpushare.core.kubejson import KubeObject, name_of, namespace_of, spec_of, status_of, uid_of
 from gpushare.core.names import DEFAULT_NAMES, ResourceNames
 from gpushare.core.requests import PodRequest, read_pod
@@ -81,6 +88,8 @@ class NodeUsage:
     gpus: Mapping[int, GpuUsage] = field(default_factory=dict)
     allocations: tuple[Allocation, ...] = ()
     unplaced: tuple[Unplaced, ...] = ()
+    host: HostResources = NO_HOST
+    """CPU and host memory requested by every live pod bound or assumed on the node."""
 
     def on(self, index: int) -> GpuUsage:
         """Usage of one GPU (zero when nothing is held there)."""
@@ -103,7 +112,7 @@ class NodeUsage:
         Equal signatures on nodes of one ``kind`` decide alike, unless the node's hand-off
         has pending allocations (their containers are compared too; see ``Scheduler``).
         """
-        out = [self.mem_units, self.unplaced_mem_units]
+        out = [self.mem_units, self.unplaced_mem_units, self.host.cpu_milli, self.host.memory_bytes]
         for index, held in sorted(self.gpus.items()):
             out += (index, held.mem_units, held.core_pct, held.pods)
         return tuple(out)
@@ -145,6 +154,9 @@ class Ledger:
         self._by_node: dict[str, set[str]] = {}
         self._nodes_of: dict[str, set[str]] = {}
         self._node_versions: dict[str, int] = {}
+        self._host: dict[str, tuple[str, HostResources, bool]] = {}
+        """Per pod: (node, its CPU and memory requests, whether only assumed at bind)."""
+        self._host_by_node: dict[str, HostResources] = {}
         self.epoch = 0
         """Counts changes; equal epochs mean equal holdings (for reusing filter verdicts)."""
         self._usage: dict[str, NodeUsage] = {}
@@ -178,6 +190,9 @@ class Ledger:
         if is_terminal(pod):
             self.forget(uid)
             return None
+        bound = str(spec_of(pod).get("nodeName") or "")
+        if bound:
+            self._set_host(uid, bound, pod_requests(pod), assumed=False)
         allocation = from_pod(pod)
         ignored: Ignored | None = None
         if allocation is not None:
@@ -198,7 +213,7 @@ class Ledger:
                 del self._assumed[uid]
         else:
             self._confirmed.pop(uid, None)
-            node = str(spec_of(pod).get("nodeName") or "")
+            node = bound
             request = read_pod(pod, names=self._names, unit=self._unit) if node else None
             if node and isinstance(request, PodRequest) and request.wants_gpu:
                 self._unplaced[uid] = Unplaced(
@@ -220,17 +235,58 @@ class Ledger:
         self._confirmed.pop(uid, None)
         self._assumed.pop(uid, None)
         self._unplaced.pop(uid, None)
+        self._drop_host(uid)
         self._reindex(uid)
 
-    def assume(self, allocation: Allocation) -> None:
-        """Reserve at bind time, before the annotations are seen back."""
+    def assume(self, allocation: Allocation, host: HostResources = NO_HOST) -> None:
+        """Reserve at bind time, before the annotations are seen back.
+
+        ``host`` is the pod's CPU and memory request; it counts on the node until the watch
+        shows the pod bound there (or it is given back), unless the pod is already seen bound.
+        """
         self._assumed[allocation.uid] = allocation
+        known = self._host.get(allocation.uid)
+        if known is None or known[2]:
+            self._set_host(allocation.uid, allocation.node, host, assumed=True)
         self._reindex(allocation.uid)
 
     def unassume(self, uid: str) -> None:
         """Give back a reservation whose bind failed; idempotent."""
         self._assumed.pop(uid, None)
+        known = self._host.get(uid)
+        if known is not None and known[2]:
+            self._drop_host(uid)
         self._reindex(uid)
+
+    def _set_host(self, uid: str, node: str, host: HostResources, *, assumed: bool) -> None:
+        known = self._host.get(uid)
+        if known is not None and known[0] == node and known[1] == host:
+            if known[2] != assumed:
+                self._host[uid] = (node, host, assumed)
+            return
+        self._drop_host(uid)
+        self._host[uid] = (node, host, assumed)
+        self._host_by_node[node] = self._host_by_node.get(node, NO_HOST) + host
+        self._touch(node)
+
+    def _drop_host(self, uid: str) -> None:
+        known = self._host.pop(uid, None)
+        if known is None:
+            return
+        node, host, _ = known
+        left = self._host_by_node.get(node, NO_HOST) - host
+        if left == NO_HOST:
+            self._host_by_node.pop(node, None)
+        else:
+            self._host_by_node[node] = left
+        self._touch(node)
+
+    def _touch(self, node: str) -> None:
+        """The node's usage changed: new version, cached usage dropped, change logged."""
+        self.epoch += 1
+        self._usage.pop(node, None)
+        self._node_versions[node] = self.epoch
+        self.changes.add(node)
 
     def _reindex(self, uid: str) -> None:
         self.epoch += 1
@@ -269,6 +325,11 @@ class Ledger:
         for uid in sorted(self._assumed):
             yield self._assumed[uid]
 
+    def host_of(self, uid: str) -> HostResources:
+        """The CPU and memory the pod's requests count on its node (nothing if not counted)."""
+        known = self._host.get(uid)
+        return known[1] if known is not None else NO_HOST
+
     def is_assumed(self, uid: str) -> bool:
         """Whether the pod's holding is a bind-time reservation not yet seen back."""
         return uid in self._assumed
@@ -286,7 +347,7 @@ class Ledger:
             yield self._ignored[uid]
 
     def nodes(self) -> set[str]:
-        """Nodes where anything is held."""
+        """Nodes where any GPU share is held."""
         return set(self._by_node)
 
     def node_version(self, node: str) -> int:
@@ -309,9 +370,11 @@ class Ledger:
     def usage(self, node: str, *, excluding: str = "") -> NodeUsage:
         """What is held on a node; ``excluding`` leaves one pod out (for re-binding it)."""
         members = self._by_node.get(node)
-        if not members:
+        if not members and node not in self._host_by_node:
             return EMPTY_NODE
-        if excluding in members:
+        if excluding and (
+            (members and excluding in members) or self._host.get(excluding, ("",))[0] == node
+        ):
             return self._compute_usage(node, excluding)
         cached = self._usage.get(node)
         if cached is None:
@@ -338,7 +401,13 @@ class Ledger:
             if entry is not None and entry.node == node:
                 unplaced.append(entry)
         gpus = {i: GpuUsage(mem_units=mem[i], core_pct=core[i], pods=pods[i]) for i in mem}
-        return NodeUsage(gpus=gpus, allocations=tuple(allocations), unplaced=tuple(unplaced))
+        host = self._host_by_node.get(node, NO_HOST)
+        left_out = self._host.get(excluding) if excluding else None
+        if left_out is not None and left_out[0] == node:
+            host = host - left_out[1]
+        return NodeUsage(
+            gpus=gpus, allocations=tuple(allocations), unplaced=tuple(unplaced), host=host
+        )
 
     def state(self) -> dict[str, tuple[object, ...]]:
         """A comparable summary of every node's holdings (for tests and invariants)."""

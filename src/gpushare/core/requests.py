@@ -12,12 +12,14 @@ Always``, add to everything started after them). The pod's effective amount is w
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from functools import cached_property
 from typing import Any
 
+from gpushare.core.containers import ContainerKind, counted
+from gpushare.core.gpumodel import pod_models
+from gpushare.core.hostresources import NOTHING, HostResources, pod_requests
 from gpushare.core.kubejson import KubeObject, labels_of, name_of, namespace_of, spec_of, uid_of
 from gpushare.core.names import DEFAULT_NAMES, LABEL_POD_GPU_COUNT, ResourceNames
 from gpushare.core.quantity import Quantity, parse_quantity
@@ -27,14 +29,6 @@ from gpushare.core.units import MAX_GPU_MEMORY, MemoryUnit
 CORE_STEP = 5
 CORE_MIN = 5
 CORE_MAX_PER_GPU = 100
-
-
-class ContainerKind(Enum):
-    """Where a container sits in the pod, which decides how Kubernetes counts it."""
-
-    APP = "app"
-    INIT = "init"
-    SIDECAR = "sidecar"
 
 
 @dataclass(frozen=True)
@@ -60,6 +54,10 @@ class PodRequest:
     """Effective memory of the whole pod, as Kubernetes counts init containers."""
     core_pct: int = 0
     """Effective computing power of the whole pod, in percent of one GPU."""
+    host: HostResources = NOTHING
+    """CPU and host memory the pod requests of its node (``core.hostresources``)."""
+    models: tuple[str, ...] = ()
+    """GPU models the pod accepts through the model label (``core.gpumodel``); empty: any."""
 
     @property
     def wants_gpu(self) -> bool:
@@ -303,22 +301,6 @@ def effective_amount(containers: Sequence[ContainerRequest], amount: str) -> int
     return counted((c.kind, int(getattr(c, amount))) for c in containers)
 
 
-def counted(values: Iterable[tuple[ContainerKind, int]]) -> int:
-    """What containers' amounts, in spec order, add up to as Kubernetes counts a pod."""
-    running_sidecars = 0
-    peak = 0
-    app_total = 0
-    for kind, value in values:
-        if kind is ContainerKind.APP:
-            app_total += value
-        elif kind is ContainerKind.SIDECAR:
-            peak = max(peak, running_sidecars + value)
-            running_sidecars += value
-        else:
-            peak = max(peak, running_sidecars + value)
-    return max(peak, app_total + running_sidecars)
-
-
 def _read_gpu_count(pod: KubeObject, reasons: list[str]) -> int:
     raw = labels_of(pod).get(LABEL_POD_GPU_COUNT)
     if raw is None:
@@ -396,4 +378,6 @@ def read_pod(
         gpu_count=gpu_count,
         mem_units=mem,
         core_pct=core,
+        host=pod_requests(pod),
+        models=pod_models(pod),
     )

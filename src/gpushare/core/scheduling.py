@@ -602,7 +602,7 @@ class Scheduler:
         allocation = plan(
             request, node=node.name, indexes=verdict.gpus, unit=node.unit, assume_time_ns=now_ns
         )
-        ledger.assume(allocation)
+        ledger.assume(allocation, request.host)
         return allocation
 
     def unreserve(self, uid: str, ledger: Ledger) -> None:

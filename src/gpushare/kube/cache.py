@@ -98,7 +98,7 @@ class ClusterCache:
         judged.retain(alive)
         for assumed in self.ledger.assumptions():
             if assumed.uid in alive:  # a pod deleted while we were not watching frees it
-                ledger.assume(assumed)
+                ledger.assume(assumed, self.ledger.host_of(assumed.uid))
         self._reported.retain(alive)
         for pod in pods:
             self._observe(ledger, pod)

@@ -1,0 +1,96 @@
+"""CPU and host memory: what a pod requests of a node and what a node offers.
+
+The fragmentation-aware policy counts GPU share that CPU can no longer reach (an idle GPU on a
+node whose cores are all requested is as lost as a full one), so the extender must know each
+node's allocatable CPU and memory and the requests of every pod bound there, GPU or not.
+kube-scheduler's NodeResourcesFit still filters on them; these numbers only feed the policy.
+
+A pod's request is counted as kube-scheduler counts it (``resource.PodRequests`` in
+k8s.io/component-helpers/resource/helpers.go): app containers and restartable init containers
+(sidecars) add up, each ordinary init container needs its own amount beside the sidecars
+started before it, the pod needs the larger of the two, plus ``spec.overhead``. A container
+with a limit and no request requests its limit (the API server's defaulting,
+pkg/apis/core/v1/defaults.go, so raw manifests count as the stored pods do). An unreadable
+amount counts as nothing: the pod's real admission is the API server's, and the policy only
+loses some precision on a pod the API server would refuse anyway.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpushare.core.containers import ContainerKind, counted
+from gpushare.core.kubejson import KubeObject, spec_of, status_of
+from gpushare.core.quantity import Quantity, parse_quantity
+
+
+@dataclass(frozen=True, slots=True)
+class HostResources:
+    """Milli-CPU and bytes of host memory."""
+
+    cpu_milli: int = 0
+    memory_bytes: int = 0
+
+    def __add__(self, other: HostResources) -> HostResources:
+        return HostResources(
+            self.cpu_milli + other.cpu_milli, self.memory_bytes + other.memory_bytes
+        )
+
+    def __sub__(self, other: HostResources) -> HostResources:
+        return HostResources(
+            self.cpu_milli - other.cpu_milli, self.memory_bytes - other.memory_bytes
+        )
+
+
+NOTHING = HostResources()
+
+
+def _amount(values: Mapping[str, Any], name: str, scale: int) -> int:
+    """One resource in milli-CPU (scale 1000) or bytes (scale 1), rounded up; 0 if unreadable."""
+    raw = values.get(name)
+    if raw is None:
+        return 0
+    parsed = parse_quantity(raw)
+    if not isinstance(parsed, Quantity) or parsed.value < 0:
+        return 0
+    return math.ceil(parsed.value * scale)
+
+
+def _container(container: Any) -> HostResources:
+    resources = (container or {}).get("resources") or {}
+    requests = resources.get("requests") or {}
+    limits = resources.get("limits") or {}
+
+    def one(name: str, scale: int) -> int:
+        return _amount(requests if name in requests else limits, name, scale)
+
+    return HostResources(one("cpu", 1000), one("memory", 1))
+
+
+def pod_requests(pod: KubeObject) -> HostResources:
+    """What the pod requests of its node's CPU and memory, as kube-scheduler counts it."""
+    spec = spec_of(pod)
+    kinds: list[tuple[ContainerKind, HostResources]] = []
+    for container in spec.get("initContainers") or []:
+        sidecar = (container or {}).get("restartPolicy") == "Always"
+        kinds.append(
+            (ContainerKind.SIDECAR if sidecar else ContainerKind.INIT, _container(container))
+        )
+    for container in spec.get("containers") or []:
+        kinds.append((ContainerKind.APP, _container(container)))
+    overhead = spec.get("overhead") or {}
+    return HostResources(
+        counted((k, r.cpu_milli) for k, r in kinds) + _amount(overhead, "cpu", 1000),
+        counted((k, r.memory_bytes) for k, r in kinds) + _amount(overhead, "memory", 1),
+    )
+
+
+def node_allocatable(node: KubeObject) -> HostResources:
+    """The node's allocatable CPU and memory (nothing when it does not say)."""
+    allocatable = status_of(node).get("allocatable") or {}
+    if not isinstance(allocatable, Mapping):
+        return NOTHING
+    return HostResources(_amount(allocatable, "cpu", 1000), _amount(allocatable, "memory", 1))
