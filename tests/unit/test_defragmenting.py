@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
 
 import pytest
 
 from gpushare.config import ConfigError, load
 from gpushare.core.allocation import Allocation, plan
 from gpushare.core.changes import NodeTable
-from gpushare.core.defragmenting import WorkloadFeed
+from gpushare.core.defragmenting import GPUSHARE, Defragmenter, WorkloadFeed
 from gpushare.core.filtering import Code
-from gpushare.core.fragmentation import WorkloadEstimate
+from gpushare.core.fragmentation import Shape, WorkloadEstimate
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import PodRequest, read_pod
@@ -69,18 +70,64 @@ def test_prefers_the_node_that_leaves_no_fragment_where_binpack_fills_the_fuller
     assert aware == {"full": 0, "roomy": 10}
 
 
-def test_gpu_choice_is_the_least_growth_then_the_tightest() -> None:
+def test_gpu_choice_is_the_least_growth_then_the_lowest_index() -> None:
     inv, ledger = node("n", [15, 15, 15]), Ledger()
     hold(ledger, inv, "a", 9, 0)  # GPU0: 6 free, a 3 would strand 3
     hold(ledger, inv, "b", 3, 1)  # GPU1: 12 free, 9 left
-    hold(ledger, inv, "c", 5, 2)  # GPU2: 10 free, 7 left: as good as GPU1 and tighter
-    gpushare = scheduler("gpushare", *WORKLOAD)
-    assert gpushare.verdict(req("new", 3), inv, ledger).gpus == (2,)
-    fgd = scheduler("fgd", *WORKLOAD)
-    assert fgd.verdict(req("new", 3), inv, ledger).gpus == (1,)  # equal scores: lowest index
+    hold(ledger, inv, "c", 5, 2)  # GPU2: 10 free, 7 left: as good as GPU1
+    for policy in ("gpushare", "fgd"):
+        chooser = scheduler(policy, *WORKLOAD)
+        assert chooser.verdict(req("new", 3), inv, ledger).gpus == (1,)
     assert scheduler("binpack").verdict(req("new", 3), inv, ledger).gpus == (0,)
+    gpushare = scheduler("gpushare", *WORKLOAD)
     booked = gpushare.reserve(req("new", 3), inv, ledger)
-    assert isinstance(booked, Allocation) and booked.indexes == (2,)
+    assert isinstance(booked, Allocation) and booked.indexes == (1,)
+    # the tight variant takes the GPU left with less among equal growths
+    estimate = WorkloadEstimate.of([Shape(0, 4, 1)] * 3 + [Shape(0, 5, 1)])
+    tight = Defragmenter(estimate, replace(GPUSHARE, truncate=False, tight=True))
+    assert tight.best_gpu([6, 12, 10], 0, "", Shape(0, 3, 1), [0, 1, 2], 15)[1] == 2
+    assert (
+        Defragmenter(estimate, GPUSHARE).best_gpu(
+            [6, 12, 10], 0, "", Shape(0, 3, 1), [0, 1, 2], 15
+        )[1]
+        == 1
+    )
+
+
+def test_gpushare_sees_gpus_that_the_node_has_no_cpu_left_for() -> None:
+    # Two nodes with two free 15 GiB GPUs; on "b-starved" a CPU-only pod holds 3 of 4 cores.
+    # Whole-GPU pods wanting 2 cores are expected: the starved node's GPUs are stranded
+    # already, so a 1-core whole-GPU pod is best put there. CPU-blind, both look alike and
+    # the first name wins.
+    roomy = gpu_node("a-roomy", gpus_units=[15, 15])
+    starved = gpu_node("b-starved", gpus_units=[15, 15])
+    for obj, cores in ((roomy, "32"), (starved, "4")):
+        obj["status"]["allocatable"]["cpu"] = cores
+    nodes = [read_node(roomy), read_node(starved)]
+    ledger = Ledger()
+    busy = gpu_pod("busy", mem=None)
+    busy["metadata"]["uid"] = "uid-busy"
+    busy["spec"]["nodeName"] = "b-starved"
+    busy["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "3"}}
+    ledger.observe(busy)
+
+    def whole(name: str, cpu: str) -> dict[str, object]:
+        obj = pod(name, 15)
+        obj["spec"]["containers"][0]["resources"]["requests"] = {"cpu": cpu}  # type: ignore[index]
+        return obj
+
+    aware = Scheduler(Settings(policy="gpushare"))
+    assert aware.workload is not None
+    for i in range(4):
+        aware.workload.observe(whole(f"w{i}", "2"))
+    new = whole("new", "1")
+    assert aware.prioritize(new, nodes, ledger) == {"a-roomy": 0, "b-starved": 10}
+    blind = Scheduler(Settings(policy="gpushare"))
+    assert blind.workload is not None
+    for i in range(4):
+        blind.workload.observe(pod(f"w{i}", 15))
+    bare = [read_node(gpu_node(n.name, gpus_units=[15, 15])) for n in nodes]
+    assert blind.prioritize(pod("new", 15), bare, Ledger()) == {"a-roomy": 10, "b-starved": 9}
 
 
 def test_gpushare_counts_the_two_gpu_pods_a_node_can_still_hold() -> None:

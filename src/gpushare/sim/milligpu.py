@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from gpushare.core.defragmenting import SETTLE
-from gpushare.core.fragmentation import Shape, WorkloadEstimate, fgd_score, fragmentation
+from gpushare.core.defragmenting import FGD, GPUSHARE, SETTLE, Defragmenter, Variant
+from gpushare.core.fragmentation import Shape, WorkloadEstimate, fragmentation
 from gpushare.sim.openb import MILLI_PER_GPU, TraceNode, TracePod
 from gpushare.sim.stream import capacity_milli
 
@@ -188,12 +188,13 @@ class _Scores:
 
 
 class FragmentationPolicy:
-    """Scores nodes by how little the placement grows fragmentation (FGD and refinements).
+    """The core's ``Defragmenter`` over the cluster's arrays, in milli-GPU (FGD and gpushare).
 
     ``fgd`` is the paper's definition: truncated integer scores, the whole trace's shape
     statistics, the first GPU with the best truncated score. ``online`` learns the workload
-    from the arriving pods, ``truncate=False`` keeps the sigmoid's fraction, and ``copies``
-    counts fragmentation by copies (``core.fragmentation``).
+    from the arriving pods; the rest (truncation, tightest GPU, copies) is the core's policy,
+    the same code the extender runs. Per-node scores are cached per pod shape while the node's
+    version and the workload stay the same.
     """
 
     def __init__(
@@ -202,65 +203,36 @@ class FragmentationPolicy:
         workload: WorkloadEstimate,
         *,
         online: bool = False,
-        truncate: bool = True,
-        copies: bool = False,
+        variant: Variant = FGD,
     ) -> None:
         self.name = name
         self.workload = workload
         self.online = online
-        self.truncate = truncate
-        self.copies = copies
+        self.defragmenter = Defragmenter(workload, variant, memo_limit=1_000_000)
         self._cache: dict[tuple[int, int, int], _Scores] = {}
-        self._memo: dict[tuple[int, tuple[int, ...], str], float] = {}
         self._workload_version = workload.version
 
     def observe(self, pod: TracePod) -> None:
         if self.online:
             self.workload.observe(shape_of(pod))
 
-    def _frag(self, cpu_free: int, free: tuple[int, ...], model: str) -> float:
-        # the measure counts GPUs, not their order: nodes holding the same shares share a key
-        shares = tuple(sorted(free))
-        key = (cpu_free, shares, model)
-        value = self._memo.get(key)
-        if value is None:
-            value = fragmentation(shares, cpu_free, model, self.workload.top(), copies=self.copies)
-            if len(self._memo) > 1_000_000:
-                self._memo.clear()
-            self._memo[key] = value
-        return value
-
     def node_score(self, cluster: Cluster, i: int, pod: TracePod) -> tuple[float, int]:
         """The node's score for the pod and the chosen GPU (-1: whole GPUs or none)."""
         free = cluster.free_of(i)
         cpu = int(cluster.cpu[i])
         model = cluster.nodes[i].model
-        before = self._frag(cpu, tuple(free), model)
-        after_cpu = cpu - pod.cpu_milli
+        shape = shape_of(pod)
         if pod.num_gpu == 1 and pod.gpu_milli < MILLI_PER_GPU:
-            best_gpu, best_score = -1, -1.0
-            for g, share in enumerate(free):
-                if share < pod.gpu_milli:
-                    continue
-                after = list(free)
-                after[g] -= pod.gpu_milli
-                growth = self._frag(after_cpu, tuple(after), model) - before
-                score = fgd_score(growth, MILLI_PER_GPU, truncate=self.truncate)
-                if score > best_score:  # the artifact keeps the first GPU with the best score
-                    best_gpu, best_score = g, score
-            return best_score, best_gpu
-        after = list(free)
-        for g in cluster.best_fit_gpus(i, pod):
-            after[g] -= pod.gpu_milli
-        growth = self._frag(after_cpu, tuple(after), model) - before
-        return fgd_score(growth, MILLI_PER_GPU, truncate=self.truncate), -1
+            fitting = [g for g, share in enumerate(free) if share >= pod.gpu_milli]
+            return self.defragmenter.best_gpu(free, cpu, model, shape, fitting, MILLI_PER_GPU)
+        growth = self.defragmenter.growth(free, cpu, model, shape, cluster.best_fit_gpus(i, pod))
+        return self.defragmenter.score(growth, MILLI_PER_GPU), -1
 
     def choose(self, cluster: Cluster, pod: TracePod, mask: BoolArray) -> Choice:
         if self.workload.version != self._workload_version:
             self._cache.clear()
-            self._memo.clear()
             self._workload_version = self.workload.version
-        key = (pod.cpu_milli, pod.gpu_milli, pod.num_gpu)
+        key = (pod.cpu_milli, pod.gpu_milli, pod.num_gpu)  # what a node's score depends on
         entry = self._cache.get(key)
         if entry is None:
             n = len(cluster)
@@ -284,12 +256,6 @@ def fgd(pods: Sequence[TracePod]) -> FragmentationPolicy:
     return FragmentationPolicy("fgd", WorkloadEstimate.of([shape_of(p) for p in pods]))
 
 
-GPUSHARE_COVERAGE = 0.97
-"""The ``gpushare`` policy's workload keeps shapes up to 97 % of the pods seen (FGD: 95 %).
-
-On the default trace that is 42 shapes instead of 35 and about 0.06 point better at 100 %
-arrived; 99 % (57 shapes) and all shapes (91) gain nothing more and cost speed."""
-
 POLICIES = ("bestfit", "fgd", "fgd-continuous", "gpushare")
 """Policies the simulator knows, by name."""
 
@@ -299,7 +265,8 @@ def make_policy(name: str, pods: Sequence[TracePod]) -> Policy:
 
     - ``bestfit`` and ``fgd``: the paper's definitions.
     - ``fgd-continuous``: FGD without the integer truncation (nearly no ties).
-    - ``gpushare``: FGD's truncated score over fragmentation counted by copies (see
+    - ``gpushare``: the core's ``GPUSHARE`` variant, the extender's policy: FGD's truncated score
+      over fragmentation counted by copies (see
       ``core.fragmentation``: the idle share that as many pods of each shape as the node can
       hold, by GPU room and CPU, would leave), with the target workload learned online from
       the pods that arrived so far (nothing from the future of the stream) and covering 97 %
@@ -311,10 +278,10 @@ def make_policy(name: str, pods: Sequence[TracePod]) -> Policy:
         return fgd(pods)
     if name == "fgd-continuous":
         workload = WorkloadEstimate.of([shape_of(p) for p in pods])
-        return FragmentationPolicy(name, workload, truncate=False)
+        return FragmentationPolicy(name, workload, variant=replace(FGD, truncate=False))
     if name == "gpushare":
-        workload = WorkloadEstimate(settle=SETTLE, coverage=GPUSHARE_COVERAGE)
-        return FragmentationPolicy(name, workload, online=True, copies=True)
+        workload = WorkloadEstimate(settle=SETTLE, coverage=GPUSHARE.coverage)
+        return FragmentationPolicy(name, workload, online=True, variant=GPUSHARE)
     known = ", ".join(POLICIES)
     raise ValueError(f"policy={name!r} is not known; choose one of: {known}")
 
