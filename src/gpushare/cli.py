@@ -35,7 +35,7 @@ def _scheduling_options(func: click.decorators.FC) -> click.decorators.FC:
     func = click.option(
         "--policy",
         default=None,
-        help="Node-level policy: binpack (default), spread, fgd or gpushare (fragmentation-aware).",
+        help="Node-level policy: gpushare (default, fragmentation-aware), binpack, spread or fgd.",
     )(func)
     func = click.option(
         "--max-pods-per-gpu",

@@ -27,7 +27,8 @@ class SchedulingConfig(BaseModel):
 
     gpu_memory_unit: str = Field(default="1GiB", description="1GiB (default) or 128MiB.")
     policy: str = Field(
-        default="binpack", description="Node-level policy: binpack, spread, fgd or gpushare."
+        default="gpushare",
+        description="Node-level policy: gpushare (default), binpack, spread or fgd.",
     )
     max_pods_per_gpu: Annotated[int, Field(ge=1, le=64)] | None = Field(
         default=None, description="Pods per GPU under isolation; default 20 (16 at 128MiB)."

@@ -57,7 +57,7 @@ def test_wire_format_of_filter_prioritize_and_bind(golden: Callable[[str, str], 
         }
         scores = await rig.post("prioritize", {"Pod": pod, "NodeNames": [SEED]})
         golden("extender_prioritize.json", dump(scores))
-        assert scores == [{"Host": SEED, "Score": 2}]
+        assert scores == [{"Host": SEED, "Score": 10}]  # the best (only) node asked about
         bound = await rig.post(
             "bind",
             {

@@ -17,7 +17,7 @@ DEPLOYED = Path(__file__).parents[2] / "deploy" / "scheduler-config.yaml"
 
 def test_defaults() -> None:
     settings = load().settings()
-    assert settings.unit is MemoryUnit.GiB and settings.policy == "binpack"
+    assert settings.unit is MemoryUnit.GiB and settings.policy == "gpushare"
     assert settings.names.mem == "aliyun.com/gpu-mem"
 
 

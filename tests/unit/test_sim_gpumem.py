@@ -81,20 +81,21 @@ def test_binpack_packs_shares_and_counts_failures_by_reason() -> None:
     assert roomy.cpu[0] == 16_000 - 1
 
 
-def test_a_share_asks_for_one_amount_priced_on_the_smallest_card_it_may_use() -> None:
-    nodes = [T4, TraceNode("v100", 64_000, 1 << 20, 1, "V100M32")]
+def test_a_share_asks_for_one_amount_sized_on_the_typical_card_it_may_use() -> None:
+    v100 = TraceNode("v100", 64_000, 1 << 20, 1, "V100M32")
+    nodes = [T4, v100]  # two 14 GiB T4s and one 31 GiB V100
     cluster = MemoryCluster(nodes, policy="binpack")
     assert _place(cluster, [TracePod("w", 1, 1, 1, 1000, ("V100M32",))]) == [(31, "")]
     assert _place(cluster, [TracePod("x", 1, 1, 1, 1000, ("A10",))]) == [(0, "GPU model")]
     assert cluster.capacity == 2 * 14 + 31
     half = TracePod("h", 0, 0, 1, 500)
-    assert cluster.requested(half) == 7.0  # half of the 14 GiB T4, on whichever card it lands
+    assert cluster.requested(half) == 7.0  # half of the T4 most GPUs are, wherever it lands
     written = as_written([half, TracePod("v", 0, 0, 2, 1000, ("V100M32",))], nodes, MemoryUnit.GiB)
     assert [(p.gpu_mem_mib, p.num_gpu) for p in written] == [(7 * 1024, 1), (31 * 1024, 2)]
-    assert (
-        as_written([TracePod("a", 0, 0, 1, 500, ("A10",))], nodes, MemoryUnit.GiB)[0].gpu_mem_mib
-        == 0
-    )
+    nowhere = TracePod("a", 0, 0, 1, 500, ("A10",))
+    assert as_written([nowhere], nodes, MemoryUnit.GiB)[0].gpu_mem_mib == 0
+    mostly_v100 = [T4, TraceNode("v4", 64_000, 1 << 20, 4, "V100M32")]
+    assert as_written([half], mostly_v100, MemoryUnit.GiB)[0].gpu_mem_mib == 16 * 1024
 
 
 def test_core_mem_and_cgpu_limits_come_from_the_core() -> None:

@@ -39,7 +39,7 @@ class Settings:
 
     unit: MemoryUnit = MemoryUnit.GiB
     max_pods_per_gpu: int | None = None
-    policy: str = "binpack"
+    policy: str = "gpushare"
     names: ResourceNames = DEFAULT_NAMES
 
     @property

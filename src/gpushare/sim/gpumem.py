@@ -8,16 +8,21 @@ and ``core.scheduling.Scheduler`` filters, scores with the named node policy and
 ``Ledger``: the code the extender runs, decisions and messages included.
 
 The mapping of a share, as a user writes it: one fixed integer ``aliyun.com/gpu-mem`` per pod,
-whatever card the pod lands on. A share of ``gpu_milli`` asks for that fraction of the smallest
-card it may use (the models its ``gpu_spec`` allows, else every model of the cluster), rounded
-up to whole units, because a user who writes one number makes sure it fits every card the pod
-may get (470 milli of a 15109 MiB T4, 14 units at 1 GiB, is 7 GiB; on a 19 GiB G2 the same pod
-still asks 7 GiB and leaves the rest to others). A whole GPU is all of that smallest card; k
-GPUs ask k times it with the label ``aliyun.com/gpu-count: k``. On ``core_mem`` nodes the pod
-also asks the same percentage of computing power, rounded up to a multiple of 5 (470 -> 50 %).
-``as_written`` turns a stream into these manifests' amounts once, so every policy, the
-simulator and the real-cluster replay see the same pods; a pod read from a manifest asks for
-exactly the memory (and computing power) written there.
+whatever card it lands on. A share of ``gpu_milli`` asks for that fraction of the *typical* card
+it may use, rounded up to whole units: the card size most of the GPUs it may use have (the
+models its ``gpu_spec`` allows, else every model of the cluster), as a user sizes a job on the
+cluster's common card. On the openb nodes that is the 19 GiB G2 for a pod that names no model:
+470 milli asks 9 GiB on a G2 and on a T4 alike, and a whole GPU asks 19 GiB, which no 14 or
+15 GiB card can give (such a pod needs a card at least as large as the one it was sized on). A
+whole GPU is all of the typical card; k GPUs ask k times it with the label
+``aliyun.com/gpu-count: k``. On ``core_mem`` nodes the pod also asks the same percentage of
+computing power, rounded up to a multiple of 5 (470 -> 50 %). ``as_written`` turns a stream
+into these manifests' amounts once, so every policy, the simulator and the real-cluster replay
+see the same pods; a pod read from a manifest asks for exactly the memory (and computing
+power) written there. (Sizing on the smallest card instead, so that every pod fits every card,
+asks about a quarter less than the paper's shares: the stream then needs a third more pods to
+reach the same memory, host memory runs out first, and about 26 % of GPU memory stays
+unallocated under every policy, which says nothing about GPU placement.)
 
 gpu-mem says nothing of CPU and memory, which the extender leaves to kube-scheduler, so the
 simulator checks the trace's CPU, memory and GPU model per node before the core filter (numpy
@@ -45,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpushare.core.allocation import Allocation
+from gpushare.core.gpumodel import LABEL_MODEL
 from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory, read_node
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import CORE_STEP, PodRequest
@@ -108,14 +114,18 @@ def pod_units(pod: TracePod, units: int, unit: MemoryUnit) -> int:
     return share_units(pod.gpu_milli, units)
 
 
-def smallest_card(pod: TracePod, nodes: Sequence[TraceNode], unit: MemoryUnit) -> int:
-    """Units of the smallest card the pod may use (its models, else any); 0 if none may."""
-    sizes = [
-        card_units(n, unit)
-        for n in nodes
-        if n.gpus and (not pod.gpu_spec or n.model in pod.gpu_spec)
-    ]
-    return min((s for s in sizes if s > 0), default=0)
+def typical_card(pod: TracePod, nodes: Sequence[TraceNode], unit: MemoryUnit) -> int:
+    """Units of the card most GPUs the pod may use have (its models, else any); 0 if none.
+
+    Among equally common sizes the smaller counts.
+    """
+    counts: dict[int, int] = {}
+    for node in nodes:
+        if node.gpus and (not pod.gpu_spec or node.model in pod.gpu_spec):
+            size = card_units(node, unit)
+            if size > 0:
+                counts[size] = counts.get(size, 0) + node.gpus
+    return min(counts, key=lambda size: (-counts[size], size)) if counts else 0
 
 
 def as_written(
@@ -134,7 +144,7 @@ def as_written(
             continue
         card = smallest.get(pod.gpu_spec)
         if card is None:
-            card = smallest[pod.gpu_spec] = smallest_card(pod, nodes, unit)
+            card = smallest[pod.gpu_spec] = typical_card(pod, nodes, unit)
         if not card:
             out.append(pod)
             continue
@@ -162,6 +172,7 @@ def node_json(node: TraceNode, settings: MemorySettings) -> KubeDict:
     )
     for part in ("capacity", "allocatable"):
         obj["status"][part].update(cpu=f"{node.cpu_milli}m", memory=f"{node.memory_mib}Mi")
+    obj["metadata"]["labels"][LABEL_MODEL] = node.model
     return obj
 
 
@@ -181,6 +192,15 @@ def pod_json(
         "cpu": f"{pod.cpu_milli}m",
         "memory": f"{pod.memory_mib}Mi",
     }
+    if pod.gpu_spec:  # the trace's allowed models, as required affinity on the model label
+        term = {"key": LABEL_MODEL, "operator": "In", "values": sorted(pod.gpu_spec)}
+        obj["spec"]["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [term]}]
+                }
+            }
+        }
     return obj
 
 
@@ -223,7 +243,7 @@ class MemoryCluster:
         self.rank: IntArray = np.empty(len(self.nodes), dtype=np.int64)
         self.rank[order] = np.arange(len(self.nodes))
         self._models: dict[tuple[str, ...], BoolArray] = {}
-        self._smallest: dict[tuple[str, ...], int] = {}
+        self._typical: dict[tuple[str, ...], int] = {}
 
     def model_mask(self, spec: tuple[str, ...]) -> BoolArray:
         """Nodes whose model the pod allows (all when it names none)."""
@@ -237,9 +257,9 @@ class MemoryCluster:
         """Units per GPU the pod asks for, as written (``as_written``); 0 if no card may take it."""
         if pod.gpu_mem_mib:
             return pod_units(pod, 0, self.settings.unit)
-        card = self._smallest.get(pod.gpu_spec)
+        card = self._typical.get(pod.gpu_spec)
         if card is None:
-            card = self._smallest[pod.gpu_spec] = smallest_card(pod, self.nodes, self.settings.unit)
+            card = self._typical[pod.gpu_spec] = typical_card(pod, self.nodes, self.settings.unit)
         return share_units(pod.gpu_milli, card) if card else 0
 
     def requested(self, pod: TracePod) -> float:
@@ -304,6 +324,10 @@ class MemoryCluster:
         return booked.mem_units, ""
 
     def _take(self, i: int, pod: TracePod, allocation: Allocation | None, uid: str) -> None:
+        if allocation is None:  # the core counts the CPU a CPU-only pod takes, as its cache would
+            bound = pod_json(pod, uid=uid, units_per_gpu=0, core_per_gpu=0, unit=self.settings.unit)
+            bound["spec"]["nodeName"] = self.nodes[i].name
+            self.ledger.observe(bound)
         self.cpu[i] -= pod.cpu_milli
         self.mem[i] -= pod.memory_mib
         for share in allocation.gpus if allocation else ():
