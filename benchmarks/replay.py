@@ -68,6 +68,7 @@ import json
 import math
 import re
 import shutil
+import ssl
 import sys
 import threading
 import time
@@ -189,12 +190,36 @@ def workload(
                 f"node {node.name}: model={node.model!r} is not a valid label value for "
                 f"{MODEL_LABEL} (letters, digits, '-', '_', '.'; at most 63 characters)"
             )
-    stream = gpumem.stream(pods, nodes, seed=seed, unit=settings.unit)
+    stream = cut(gpumem.stream(pods, nodes, seed=seed, unit=settings.unit), nodes, settings)
     if limit is not None:
         if limit < 1:
             raise ReplayError(f"--pods={limit}: must be at least 1")
         stream = stream[:limit]
     return Workload(seed, list(nodes), replay_names(nodes, seed), stream, settings)
+
+
+def cut(
+    stream: Sequence[TracePod],
+    nodes: Sequence[TraceNode],
+    settings: gpumem.MemorySettings,
+    tune: float = 1.3,
+) -> list[TracePod]:
+    """The stream up to ``tune`` x all units, as written.
+
+    ``gpumem.stream`` inflates the shuffled trace until it asks for 1.3 x the cluster's memory,
+    but never shortens it: on a slice of the nodes the whole trace asks for many times their
+    memory. Here it stops before the first pod that would pass 1.3 x, as the inflation does, so
+    a slice is replayed to 130 % arrived and no further (the whole cluster's stream is kept).
+    """
+    unit = settings.unit
+    limit = tune * sum(card_units(n, unit) * n.gpus for n in nodes)
+    total = 0.0
+    for step, pod in enumerate(stream):
+        if pod.gpu_mem_mib:
+            total += gpumem.pod_units(pod, 0, unit) * pod.num_gpu
+        if total > limit:
+            return list(stream[:step])
+    return list(stream)
 
 
 def node_manifest(node: TraceNode, name: str, load: Workload) -> KubeDict:
@@ -337,10 +362,9 @@ class Api:
     def __init__(self, cluster: Cluster) -> None:
         pki = cluster.pki
         self.server = cluster.server
-        self._auth: dict[str, Any] = {
-            "verify": str(pki / "ca.crt"),
-            "cert": (str(pki / "admin.crt"), str(pki / "admin.key")),
-        }
+        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        self._auth: dict[str, Any] = {"verify": context}
         self.client = httpx.Client(base_url=self.server, timeout=60, **self._auth)
 
     def close(self) -> None:
@@ -621,7 +645,12 @@ def replay_cluster(root: Path, say: Callable[[str], None] = print) -> Iterator[C
         root, lambda step: say(f"starting {step}"), scheduler_settings=settings
     ) as cluster:
         say(f"control plane up in {time.monotonic() - started:.0f} s ({cluster.server})")
-        yield cluster
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+            # stopped by the harness: no PIDs left for a later run to signal (they may be reused)
+            (root / "pids").unlink(missing_ok=True)
 
 
 # -- the command ----------------------------------------------------------------------------
