@@ -7,7 +7,7 @@ CLUSTER_DIR ?= .cluster
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= gpushare:$(VERSION)
 
-.PHONY: demo test unit native e2e lint typecheck controlplane cluster cluster-down bench image clean
+.PHONY: demo test unit native e2e lint typecheck controlplane cluster cluster-down bench replay image clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -73,6 +73,15 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/extender_latency.py
 	$(BIN)/python benchmarks/extender_http_speed.py --names all
 	$(BIN)/python benchmarks/extender_http_speed.py --names sample
+
+# The openb trace replayed on the real control plane (kwok nodes, kube-scheduler's
+# ack-co-scheduler profile, the extender per policy), one pod at a time, beside the memory-mode
+# simulator on the same pods (benchmarks/replay.py). A benchmark, not a test: about 17 minutes
+# per policy at full size on 2 cores. REPLAY_ARGS="--nodes 40 --pods 400 --policy binpack" (or
+# --seeds, --out) for less; the cluster lives in .cluster-replay on free ports.
+replay: $(STAMP)
+	bash tests/e2e/controlplane/build.sh > /dev/null
+	$(BIN)/python benchmarks/replay.py $(REPLAY_ARGS)
 
 # The container image for every component (Dockerfile). Needs a Docker engine with BuildKit,
 # which this repository's CI machines lack: there the Dockerfile is checked statically instead

@@ -15,40 +15,54 @@ import yaml
 from gpushare.core.names import DEFAULT_NAMES, SCHEDULER_NAME, ResourceNames
 
 EXTENDER_WEIGHT = 5
-"""Extender scores are 0..10 and kube-scheduler multiplies by weight x 10; at 5 the GPU
-packing score (up to 500) outweighs any one generic score plugin (100 times its weight)."""
+"""Extender scores are 0..10 and kube-scheduler multiplies by weight x 10 (``prioritizeNodes`` in
+k8s.io/kubernetes pkg/scheduler/schedule_one.go): the extender's single top node leads the next
+by one point, 50 after the weight. In the ``ack-co-scheduler`` profile no generic score differs
+between two plain nodes, so that lead decides; in the default profile it outweighs any one
+generic score plugin's usual differences (100 times its weight at most)."""
+
+PERCENTAGE_OF_NODES_TO_SCORE = 100
+"""Feasible nodes kube-scheduler looks for before it scores, in percent of all nodes.
+
+Left at 0, kube-scheduler stops filtering once it has found ``max(100, n x (50 - n/125) %)``
+feasible nodes (at least 5 %), starting where the previous pod stopped
+(``numFeasibleNodesToFind`` and ``nextStartNodeIndex`` in pkg/scheduler/schedule_one.go): on
+1,213 nodes the extender would rank a rotating 41 % of them, and the best GPU for a pod is
+often in the other 59 %. Packing is a choice over every node, so the GPU profile asks for all;
+the extender answers over names (``nodeCacheCapable``) from views that follow changes, so a
+full list costs it little (``make bench``, ``extender_http_speed.py --names all``)."""
+
+NO_GENERIC_SCORES = ("NodeResourcesFit", "NodeResourcesBalancedAllocation", "ImageLocality")
+"""Score plugins the GPU profile turns off (their filters stay): they rank nodes by how full or
+even their CPU and memory are and by which images they hold, and any of them (up to 100 points,
+weight 1) can overturn the extender's 50-point lead (see ``packing_profile``)."""
 
 
 def packing_profile(scheduler_name: str) -> dict[str, Any]:
-    """The GPU-sharing profile: kube-scheduler's generic scores point the same way as packing.
+    """The GPU-sharing profile: the extender's choice of node is the one kube-scheduler takes.
 
-    The extender gives its best node a lead of one point (50 after the weight). kube-scheduler's
-    defaults spread: NodeResourcesFit's LeastAllocated and NodeResourcesBalancedAllocation
-    (up to 100 each) prefer emptier and evener nodes, and PodTopologySpread's system default
+    kube-scheduler adds its score plugins' totals to the extender's and takes the best total,
+    at random among equals (``prioritizeNodes``, ``selectHost`` in
+    pkg/scheduler/schedule_one.go); the extender leads with one node by 50 points
+    (``EXTENDER_WEIGHT``). The defaults would overturn it: NodeResourcesFit's LeastAllocated and
+    NodeResourcesBalancedAllocation (up to 100 each) prefer emptier and evener nodes,
+    ImageLocality (up to 100) nodes that hold the image, and PodTopologySpread's system default
     constraints (weight 2) spread the pods of one Deployment, ReplicaSet or StatefulSet across
-    hostnames. Each alone can move a pod off the node the GPU policy chose, and between nodes
-    whose CPU or memory load differs it does. So in this profile NodeResourcesFit scores
-    MostAllocated on CPU and memory (the busier node, as GPU packing wants), BalancedAllocation
-    scores nothing, and no spreading is added to pods that did not ask for it (constraints a
-    pod writes itself still count). The default profile keeps kube-scheduler's defaults: plain
-    pods schedule as they always did.
+    hostnames. Scoring CPU and memory with MostAllocated instead still moves a pod to a node
+    whose CPU is fuller by more than half, away from the GPU the policy chose. So this profile
+    keeps those plugins' filters (CPU, memory, pods and extended resources still have to fit)
+    and drops their scores (``NO_GENERIC_SCORES``), and adds no spreading to pods that did not
+    ask for it. What is left scores only what a pod or node states itself: preferred node
+    affinity, pod (anti-)affinity, topology spread constraints the pod writes, PreferNoSchedule
+    taints; between nodes that state nothing they are equal, so the extender's top node wins.
+    It also scores every feasible node (``PERCENTAGE_OF_NODES_TO_SCORE``). The default profile
+    keeps kube-scheduler's defaults: plain pods schedule as they always did.
     """
     return {
         "schedulerName": scheduler_name,
-        "plugins": {"score": {"disabled": [{"name": "NodeResourcesBalancedAllocation"}]}},
+        "percentageOfNodesToScore": PERCENTAGE_OF_NODES_TO_SCORE,
+        "plugins": {"score": {"disabled": [{"name": name} for name in NO_GENERIC_SCORES]}},
         "pluginConfig": [
-            {
-                "name": "NodeResourcesFit",
-                "args": {
-                    "scoringStrategy": {
-                        "type": "MostAllocated",
-                        "resources": [
-                            {"name": "cpu", "weight": 1},
-                            {"name": "memory", "weight": 1},
-                        ],
-                    }
-                },
-            },
             {
                 "name": "PodTopologySpread",
                 "args": {"defaultingType": "List", "defaultConstraints": []},

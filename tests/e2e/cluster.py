@@ -249,6 +249,11 @@ class Cluster:
     processes: dict[str, Process] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     extender_unit: str = "1GiB"
+    extender_policy: str | None = None
+    """``gpushare extender --policy``; None: the extender's default (binpack)."""
+    scheduler_settings: dict[str, Any] = field(default_factory=dict)
+    """Top-level KubeSchedulerConfiguration fields laid over ``scheduler_configuration``'s
+    (the replay benchmark's long pod backoff); the profiles stay the ones it makes."""
 
     @property
     def pki(self) -> Path:
@@ -476,12 +481,19 @@ class Cluster:
         )
 
     def start_extender(
-        self, progress: Callable[[str], None] = lambda _: None, *, unit: str | None = None
+        self,
+        progress: Callable[[str], None] = lambda _: None,
+        *,
+        unit: str | None = None,
+        policy: str | None = None,
     ) -> None:
-        """Start (or restart) the gpushare extender on its fixed port, counting ``unit``."""
+        """Start (or restart) the gpushare extender on its fixed port, counting ``unit`` and
+        scoring nodes with ``policy`` (each kept for later restarts)."""
         progress("gpushare extender")
         if unit is not None:
             self.extender_unit = unit
+        if policy is not None:
+            self.extender_policy = policy
         old = self.processes.get("gpushare-extender")
         if old is not None:
             old.stop()
@@ -501,6 +513,7 @@ class Cluster:
                 str(self.seal_key),
                 "--log-level",
                 "warning",
+                *(["--policy", self.extender_policy] if self.extender_policy else []),
             ],
         )
         wait_for(
@@ -526,6 +539,7 @@ class Cluster:
             leader_elect=False,
         )
         config["clientConnection"].update(qps=200, burst=400)
+        config.update(self.scheduler_settings)
         path = self.root / "scheduler-config.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         port = self.ports["scheduler"]
@@ -580,10 +594,19 @@ class Cluster:
 
 @contextlib.contextmanager
 def running_cluster(
-    root: Path, progress: Callable[[str], None] = lambda _: None
+    root: Path,
+    progress: Callable[[str], None] = lambda _: None,
+    *,
+    policy: str | None = None,
+    scheduler_settings: dict[str, Any] | None = None,
 ) -> Iterator[Cluster]:
     """Build (cached), start, yield, stop."""
-    cluster = Cluster(root=root, binaries=build_binaries())
+    cluster = Cluster(
+        root=root,
+        binaries=build_binaries(),
+        extender_policy=policy,
+        scheduler_settings=dict(scheduler_settings or {}),
+    )
     cluster.start(progress)
     try:
         yield cluster

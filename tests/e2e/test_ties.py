@@ -1,9 +1,11 @@
-"""Packing survives kube-scheduler's own scoring: equal GPU scores do not spread the pods.
+"""Packing survives kube-scheduler's choice among equals: equal GPU scores do not spread the pods.
 
-kube-scheduler adds the extender's 0..10 score (times weight) to its plugins' scores, among them
-NodeResourcesFit's LeastAllocated, which likes the emptiest node, and picks at random among the
-best totals. If many nodes shared the extender's top score, that would scatter GPU pods over
-empty nodes. The extender gives its top score to one node only, so they stay packed.
+kube-scheduler adds the extender's 0..10 score (times weight) to its plugins' scores and picks at
+random among the best totals. In the ``ack-co-scheduler`` profile no generic score differs
+between these nodes (``schedconfig.packing_profile``), so if many nodes shared the extender's top
+score, the random pick alone would scatter GPU pods over empty nodes (and in the default profile
+LeastAllocated would push them there). The extender gives its top score to one node only, so
+they stay packed.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ def test_twelve_thirds_fill_four_gpus_of_six_empty_nodes(cluster: Cluster) -> No
         manifests = []
         for i in range(12):
             pod = gpu_pod_manifest(f"t{i:02d}", NS, 5, selector=selector)
-            # a CPU request makes LeastAllocated prefer whichever node is still empty
+            # a CPU request: under LeastAllocated (default profile) empty nodes would win
             pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "2", "memory": "4Gi"}
             manifests.append(pod)
         apply_all(cluster, manifests)

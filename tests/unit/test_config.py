@@ -70,12 +70,17 @@ def test_deployed_file_is_what_the_command_prints(golden: Callable[[str, str], N
     assert yaml.safe_load(text)["kind"] == "KubeSchedulerConfiguration"
 
 
-def test_the_gpu_profile_scores_the_way_packing_points_and_the_default_keeps_upstreams() -> None:
+def test_the_gpu_profile_leaves_the_choice_to_the_extender_and_the_default_keeps_upstreams() -> (
+    None
+):
     default, gpu = scheduler_configuration()["profiles"]
     assert default == {"schedulerName": "default-scheduler"}
-    assert gpu["plugins"]["score"]["disabled"] == [{"name": "NodeResourcesBalancedAllocation"}]
+    assert gpu["plugins"]["score"]["disabled"] == [
+        {"name": "NodeResourcesFit"},
+        {"name": "NodeResourcesBalancedAllocation"},
+        {"name": "ImageLocality"},
+    ]
+    assert "filter" not in gpu["plugins"], "the generic plugins' filters must stay on"
+    assert gpu["percentageOfNodesToScore"] == 100
     args = {c["name"]: c["args"] for c in gpu["pluginConfig"]}
-    strategy = args["NodeResourcesFit"]["scoringStrategy"]
-    assert strategy["type"] == "MostAllocated"
-    assert {r["name"] for r in strategy["resources"]} == {"cpu", "memory"}
     assert args["PodTopologySpread"] == {"defaultingType": "List", "defaultConstraints": []}

@@ -204,6 +204,21 @@ def pod_json(
     return obj
 
 
+def node_ranks(count: int, seed: int) -> list[int]:
+    """Each node's place in the seed's tie order (0 first), by its index in the node list.
+
+    The simulator gives equal scores to the earliest node in this order; the real-cluster
+    replay (``benchmarks/replay.py``) names its nodes so that name order is this order, because
+    the extender breaks ties by the first name (``core.scheduling.single_top``).
+    """
+    order = list(range(count))
+    random.Random(seed).shuffle(order)
+    ranks = [0] * count
+    for place, index in enumerate(order):
+        ranks[index] = place
+    return ranks
+
+
 class MemoryCluster:
     """The trace's nodes as inventories, a ledger, and the CPU/memory the core does not see."""
 
@@ -238,10 +253,7 @@ class MemoryCluster:
         for i, node in enumerate(self.nodes):
             self.free[i, : node.gpus] = self.units[i]
         self.capacity = int(sum(self.units[i] * n.gpus for i, n in enumerate(self.nodes)))
-        order = list(range(len(self.nodes)))
-        random.Random(seed).shuffle(order)
-        self.rank: IntArray = np.empty(len(self.nodes), dtype=np.int64)
-        self.rank[order] = np.arange(len(self.nodes))
+        self.rank: IntArray = np.array(node_ranks(len(self.nodes), seed), dtype=np.int64)
         self._models: dict[tuple[str, ...], BoolArray] = {}
         self._typical: dict[tuple[str, ...], int] = {}
 
