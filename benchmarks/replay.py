@@ -87,6 +87,7 @@ if str(ROOT) not in sys.path:  # the harness lives in tests/e2e
 
 from tests.e2e.cluster import Cluster, StartError, _down, running_cluster  # noqa: E402
 
+from gpushare.core.gpumodel import LABEL_MODEL  # noqa: E402
 from gpushare.core.names import ANN_ALLOCATION  # noqa: E402
 from gpushare.kube.port import KubeDict  # noqa: E402
 from gpushare.sim import gpumem  # noqa: E402
@@ -98,10 +99,13 @@ TRACES = ROOT.parent / "shared" / "traces" / "openb"
 NODE_LIST = "openb_node_list_gpu_node.csv"
 POINTS = (90, 95, 100, 110, 130)
 POLICIES = ("binpack", "fgd", "gpushare")
-MODEL_LABEL = "aliyun.accelerator/nvidia_name"
-"""ACK's GPU model label (also read by ``sim/kubeyaml.py``)."""
+MODEL_LABEL = LABEL_MODEL
+"""ACK's GPU model label (``core.gpumodel``; also read by ``sim/kubeyaml.py``)."""
 RUN_LABEL = "gpushare-replay"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+WATCH_SETTLE_S = 0.05
+"""Pause after binding a CPU-only pod: the extender's policy counts the CPU it takes from its
+own watch of pods, and the next GPU pod must not be decided before that event arrives."""
 MAX_PODS = 5000
 """``pods`` allocatable on every replay node: more than any node ever holds in the trace."""
 BACKOFF = 3600
@@ -228,8 +232,6 @@ def node_manifest(node: TraceNode, name: str, load: Workload) -> KubeDict:
     meta = obj["metadata"]
     meta["annotations"][KWOK_ANNOTATION] = "fake"
     meta["labels"][RUN_LABEL] = str(load.seed)
-    if node.model:
-        meta["labels"][MODEL_LABEL] = node.model
     for part in ("capacity", "allocatable"):
         obj["status"][part]["pods"] = str(MAX_PODS)
     return obj
@@ -251,16 +253,7 @@ def pod_manifest(pod: TracePod, step: int, load: Workload) -> KubeDict:
     spec = obj["spec"]
     spec["nodeSelector"] = {RUN_LABEL: str(load.seed)}
     spec["terminationGracePeriodSeconds"] = 0
-    if pod.gpu_spec:
-        term = {"key": MODEL_LABEL, "operator": "In", "values": list(pod.gpu_spec)}
-        spec["affinity"] = {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [{"matchExpressions": [term]}]
-                }
-            }
-        }
-    return obj
+    return obj  # gpu_spec is already required affinity on the model label (gpumem.pod_json)
 
 
 # -- outcomes -------------------------------------------------------------------------------
@@ -590,6 +583,7 @@ class RealReplay:
                         place = int(fits[np.argmin(ranks[fits])])
                         obj["spec"]["nodeName"] = load.names[place]
                         self.api.call("POST", path, obj)
+                        time.sleep(WATCH_SETTLE_S)  # the extender counts its CPU from its watch
                     else:
                         outcome.run.failed["CPU or memory"] = (
                             outcome.run.failed.get("CPU or memory", 0) + 1
