@@ -386,6 +386,21 @@ class Api:
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(send, [objects[i::workers] for i in range(workers)]))
 
+    def delete_all(self, path: str, names: Sequence[str], workers: int = 4) -> None:
+        """DELETE ``path/<name>`` with no grace for every name, a few connections at once."""
+
+        def send(chunk: Sequence[str]) -> None:
+            with httpx.Client(base_url=self.server, timeout=60, **self._auth) as client:
+                for name in chunk:
+                    response = client.delete(f"{path}/{name}", params={"gracePeriodSeconds": 0})
+                    if response.status_code >= 300 and response.status_code != 404:
+                        raise ReplayError(
+                            f"DELETE {path}/{name}: HTTP {response.status_code}: {response.text}"
+                        )
+
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(send, [names[i::workers] for i in range(workers)]))
+
     def watch_pods(self, namespace: str, version: str) -> PodWatch:
         """Follow the namespace's pods from ``version`` on."""
         return PodWatch(self, namespace, version)
@@ -533,9 +548,16 @@ class RealReplay:
             time.sleep(1)
 
     def clear_pods(self) -> None:
-        """Delete every replay pod at once (no grace) and wait until the API has none."""
+        """Delete every replay pod (no grace), a few at once, and wait until the API has none.
+
+        One by one rather than one DELETE of the collection: after a full run that is about
+        9,000 bound pods, more than kube-apiserver deletes within its 60 s request timeout.
+        """
         path = f"/api/v1/namespaces/{NAMESPACE}/pods"
-        self.api.call("DELETE", path, gracePeriodSeconds=0)
+        names = [p["metadata"]["name"] for p in self.api.call("GET", path)["items"]]
+        if names:
+            self.say(f"deleting {len(names)} pods of the previous run")
+        self.api.delete_all(path, names)
         deadline = time.monotonic() + 300
         while self.api.call("GET", path, limit=1)["items"]:
             if time.monotonic() > deadline:
