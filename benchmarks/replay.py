@@ -99,8 +99,6 @@ TRACES = ROOT.parent / "shared" / "traces" / "openb"
 NODE_LIST = "openb_node_list_gpu_node.csv"
 POINTS = (90, 95, 100, 110, 130)
 POLICIES = ("binpack", "fgd", "gpushare")
-MODEL_LABEL = LABEL_MODEL
-"""ACK's GPU model label (``core.gpumodel``; also read by ``sim/kubeyaml.py``)."""
 RUN_LABEL = "gpushare-replay"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 WATCH_SETTLE_S = 0.05
@@ -192,7 +190,7 @@ def workload(
         if node.model and not LABEL_VALUE.match(node.model):
             raise ReplayError(
                 f"node {node.name}: model={node.model!r} is not a valid label value for "
-                f"{MODEL_LABEL} (letters, digits, '-', '_', '.'; at most 63 characters)"
+                f"{LABEL_MODEL} (letters, digits, '-', '_', '.'; at most 63 characters)"
             )
     stream = cut(gpumem.stream(pods, nodes, seed=seed, unit=settings.unit), nodes, settings)
     if limit is not None:

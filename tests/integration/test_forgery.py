@@ -81,6 +81,18 @@ def test_finding_1_a_forged_allocation_fills_no_gpu() -> None:
     run_with_rig(kube, body)
 
 
+async def waiting_and_intruder(r: PluginRig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A placed 5 GiB pod waiting for kubelet, and a 5 GiB stranger bound by nodeName beside it."""
+    await r.kubelet.wait_devices(MEM, 30)
+    waiting = await r.place(pod("waiting", 5))
+    assert waiting is not None
+    manifest = pod("intruder", 5)
+    manifest["spec"]["nodeName"] = NODE
+    intruder = r.kube.create_pod(manifest)
+    await r.settle()
+    return waiting, intruder
+
+
 async def assigned(r: PluginRig, name: str) -> str:
     stored = await r.kube.get_pod("default", name)
     return str(stored["metadata"].get("annotations", {}).get(ANN_ASSIGNED, ""))
@@ -128,13 +140,7 @@ def test_finding_3_a_nodename_pod_never_gets_a_waiting_pods_answer() -> None:
     """
 
     async def body(r: PluginRig) -> None:
-        await r.kubelet.wait_devices(MEM, 30)
-        waiting = await r.place(pod("waiting", 5))
-        assert waiting is not None
-        manifest = pod("intruder", 5)
-        manifest["spec"]["nodeName"] = NODE
-        intruder = r.kube.create_pod(manifest)
-        await r.settle()
+        waiting, intruder = await waiting_and_intruder(r)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await r.kubelet.admit(intruder)
         details = str(refused.value.details())
@@ -155,13 +161,7 @@ def test_finding_3_a_stranger_that_vanishes_still_counts() -> None:
     """Force-deleted, a stranger may still be the pod kubelet admits: the refusal stands."""
 
     async def body(r: PluginRig) -> None:
-        await r.kubelet.wait_devices(MEM, 30)
-        waiting = await r.place(pod("waiting", 5))
-        assert waiting is not None
-        manifest = pod("intruder", 5)
-        manifest["spec"]["nodeName"] = NODE
-        r.kube.create_pod(manifest)
-        await r.settle()
+        waiting, _ = await waiting_and_intruder(r)
         admitting = asyncio.create_task(r.kubelet.admit(waiting))
         await asyncio.sleep(0.3)
         r.kube.delete_pod("default", "intruder")

@@ -179,9 +179,6 @@ class Defragmenter:
     ) -> None:
         self.workload = workload
         self.variant = variant
-        self.truncate = variant.truncate
-        self.tight = variant.tight
-        self.copies = variant.copies
         self.memo_limit = memo_limit
         self._memo: dict[tuple[tuple[int, ...], int, str], float] = {}
         self._memo_version = -1
@@ -196,7 +193,7 @@ class Defragmenter:
         value = self._memo.get(key)
         if value is None:
             value = self._memo[key] = fragmentation(
-                shares, cpu, model, self.workload.top(), copies=self.copies
+                shares, cpu, model, self.workload.top(), copies=self.variant.copies
             )
         return value
 
@@ -212,7 +209,7 @@ class Defragmenter:
 
     def score(self, growth: float, scale: float) -> float:
         """FGD's node score 0..100 for a growth (``scale``: one GPU in the caller's unit)."""
-        return fgd_score(growth, scale, truncate=self.truncate)
+        return fgd_score(growth, scale, truncate=self.variant.truncate)
 
     def best_gpu(
         self,
@@ -236,8 +233,8 @@ class Defragmenter:
             after = list(free)
             after[position] -= shape.per_gpu
             growth = self.fragmentation(after, after_cpu, model) - before
-            rank = -self.score(growth, scale) if self.truncate else growth
-            key = (rank, after[position] if self.tight else 0, order)
+            rank = -self.score(growth, scale) if self.variant.truncate else growth
+            key = (rank, after[position] if self.variant.tight else 0, order)
             if best is None or key < best:
                 best, best_growth = key, growth
         if best is None:

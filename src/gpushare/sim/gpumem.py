@@ -128,29 +128,38 @@ def typical_card(pod: TracePod, nodes: Sequence[TraceNode], unit: MemoryUnit) ->
     return min(counts, key=lambda size: (-counts[size], size)) if counts else 0
 
 
+class Sizing:
+    """Turns a share into the memory a user writes, remembering each ``gpu_spec``'s typical card."""
+
+    def __init__(self, nodes: Sequence[TraceNode], unit: MemoryUnit) -> None:
+        self.nodes = nodes
+        self.unit = unit
+        self._cards: dict[tuple[str, ...], int] = {}
+
+    def written(self, pod: TracePod) -> TracePod:
+        """The pod with the fixed gpu-mem a user would write (see the module docstring).
+
+        A pod that already asks in memory, or for no GPU, is kept as it is; a share that no
+        card of the cluster may take keeps asking for the share and fails as the paper mode's.
+        """
+        if pod.gpu_mem_mib or not pod.num_gpu:
+            return pod
+        card = self._cards.get(pod.gpu_spec)
+        if card is None:
+            card = self._cards[pod.gpu_spec] = typical_card(pod, self.nodes, self.unit)
+        if not card:
+            return pod
+        return dataclasses.replace(
+            pod, gpu_mem_mib=share_units(pod.gpu_milli, card) * self.unit.mib
+        )
+
+
 def as_written(
     pods: Sequence[TracePod], nodes: Sequence[TraceNode], unit: MemoryUnit
 ) -> list[TracePod]:
-    """The pods with the fixed gpu-mem a user would write (see the module docstring).
-
-    A pod that already asks in memory, or for no GPU, is kept as it is; a share that no card of
-    the cluster may take keeps asking for the share and fails as the paper mode's does.
-    """
-    smallest: dict[tuple[str, ...], int] = {}
-    out = []
-    for pod in pods:
-        if pod.gpu_mem_mib or not pod.num_gpu:
-            out.append(pod)
-            continue
-        card = smallest.get(pod.gpu_spec)
-        if card is None:
-            card = smallest[pod.gpu_spec] = typical_card(pod, nodes, unit)
-        if not card:
-            out.append(pod)
-            continue
-        mib = share_units(pod.gpu_milli, card) * unit.mib
-        out.append(dataclasses.replace(pod, gpu_mem_mib=mib))
-    return out
+    """The pods with the fixed gpu-mem a user would write (``Sizing.written``)."""
+    sizing = Sizing(nodes, unit)
+    return [sizing.written(pod) for pod in pods]
 
 
 def pod_core(pod: TracePod, core_mem: bool) -> int:
@@ -255,7 +264,7 @@ class MemoryCluster:
         self.capacity = int(sum(self.units[i] * n.gpus for i, n in enumerate(self.nodes)))
         self.rank: IntArray = np.array(node_ranks(len(self.nodes), seed), dtype=np.int64)
         self._models: dict[tuple[str, ...], BoolArray] = {}
-        self._typical: dict[tuple[str, ...], int] = {}
+        self._sizing = Sizing(self.nodes, unit)
 
     def model_mask(self, spec: tuple[str, ...]) -> BoolArray:
         """Nodes whose model the pod allows (all when it names none)."""
@@ -267,12 +276,8 @@ class MemoryCluster:
 
     def need(self, pod: TracePod) -> int:
         """Units per GPU the pod asks for, as written (``as_written``); 0 if no card may take it."""
-        if pod.gpu_mem_mib:
-            return pod_units(pod, 0, self.settings.unit)
-        card = self._typical.get(pod.gpu_spec)
-        if card is None:
-            card = self._typical[pod.gpu_spec] = typical_card(pod, self.nodes, self.settings.unit)
-        return share_units(pod.gpu_milli, card) if card else 0
+        written = self._sizing.written(pod)
+        return pod_units(written, 0, self.settings.unit) if written.gpu_mem_mib else 0
 
     def requested(self, pod: TracePod) -> float:
         """The pod's request in units, for arrived % (see the module docstring)."""
