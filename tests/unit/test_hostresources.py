@@ -38,6 +38,8 @@ def test_requests_add_up_as_kube_scheduler_counts_them() -> None:
     limits_only = pod(containers=[{"name": "c", "resources": {"limits": {"cpu": "2"}}}])
     assert pod_requests(limits_only).cpu_milli == 2000  # the API server defaults requests
     assert pod_requests(pod(containers=[container("lots")])).cpu_milli == 0  # unreadable: none
+    pod_level = pod(resources={"requests": {"cpu": "4"}}, overhead={"cpu": "100m"})
+    assert pod_requests(pod_level) == HostResources(4100, 1 << 30)  # memory still summed
 
 
 def test_node_allocatable_and_model() -> None:

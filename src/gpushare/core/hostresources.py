@@ -8,7 +8,10 @@ kube-scheduler's NodeResourcesFit still filters on them; these numbers only feed
 A pod's request is counted as kube-scheduler counts it (``resource.PodRequests`` in
 k8s.io/component-helpers/resource/helpers.go): app containers and restartable init containers
 (sidecars) add up, each ordinary init container needs its own amount beside the sidecars
-started before it, the pod needs the larger of the two, plus ``spec.overhead``. A container
+started before it, the pod needs the larger of the two; pod-level requests
+(``spec.resources.requests``, for cpu and memory) replace that sum where set; plus
+``spec.overhead``. (A resize in progress, which kube-scheduler reads from the pod's status,
+is not followed: the spec's amounts count.) A container
 with a limit and no request requests its limit (the API server's defaulting,
 pkg/apis/core/v1/defaults.go, so raw manifests count as the stored pods do). An unreadable
 amount counts as nothing: the pod's real admission is the API server's, and the policy only
@@ -18,7 +21,7 @@ loses some precision on a pod the API server would refuse anyway.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,10 +84,19 @@ def pod_requests(pod: KubeObject) -> HostResources:
         )
     for container in spec.get("containers") or []:
         kinds.append((ContainerKind.APP, _container(container)))
+    pod_level = (spec.get("resources") or {}).get("requests") or {}
     overhead = spec.get("overhead") or {}
+
+    def total(name: str, scale: int, amount: Callable[[HostResources], int]) -> int:
+        if name in pod_level:
+            base = _amount(pod_level, name, scale)
+        else:
+            base = counted((kind, amount(r)) for kind, r in kinds)
+        return base + _amount(overhead, name, scale)
+
     return HostResources(
-        counted((k, r.cpu_milli) for k, r in kinds) + _amount(overhead, "cpu", 1000),
-        counted((k, r.memory_bytes) for k, r in kinds) + _amount(overhead, "memory", 1),
+        total("cpu", 1000, lambda r: r.cpu_milli),
+        total("memory", 1, lambda r: r.memory_bytes),
     )
 
 
