@@ -153,13 +153,24 @@ def test_with_no_pod_seen_it_is_binpack(policy: str) -> None:
     full, roomy, ledger = node("full", [15]), node("roomy", [15, 15]), Ledger()
     hold(ledger, full, "a", 9)
     hold(ledger, roomy, "b", 9, 1)
-    new = pod("new", 3)
     binpack = scheduler("binpack")
     aware = scheduler(policy)
-    assert aware.prioritize(new, [full, roomy], ledger) == binpack.prioritize(
-        new, [full, roomy], ledger
-    )
-    assert aware.verdict(req("new", 3), roomy, ledger).gpus == (1,)
+    request = req("new", 3)
+    for n in (full, roomy):
+        assert aware.score(request, n, ledger) == binpack.score(request, n, ledger)
+    assert aware.verdict(request, roomy, ledger).gpus == (1,)
+
+
+def test_the_pod_being_scheduled_is_counted_in_the_workload() -> None:
+    """Filtering a pod counts it once, whether or not the cache's watch has shown it yet."""
+    roomy, ledger = node("roomy", [15, 15]), Ledger()
+    aware = scheduler("gpushare")
+    assert aware.workload is not None and aware.workload.seen == 0
+    new = pod("new", 3)
+    aware.filter(new, [roomy], ledger)
+    aware.prioritize(new, [roomy], ledger)
+    assert aware.workload.seen == 1
+    assert not aware.workload.observe(new)  # the watch's event later changes nothing
 
 
 def test_feed_counts_each_gpu_pod_once_by_uid() -> None:
@@ -256,3 +267,37 @@ def test_names_view_answers_as_the_node_by_node_filter(policy: str, refresh: int
             table["n3"] = made(3)
         if step % 11 == 10:
             ledger.forget(f"uid-p{step - 5}")
+
+
+def test_pods_of_one_gpu_shape_with_other_cpu_requests_do_not_share_cached_decisions() -> None:
+    """The policy reads the pod's CPU request: the names path's per-shape view and the list
+    path's memo must key by it, or a pod is scored with the CPU of an earlier look-alike."""
+    table, ledger = NodeTable(), Ledger()
+    for i, cpu in enumerate(("8", "8", "16", "16")):
+        obj = gpu_node(f"n{i}", gpus_units=[15, 15])
+        obj["status"]["allocatable"]["cpu"] = cpu
+        table[f"n{i}"] = read_node(obj)
+
+    def cpu_pod(name: str, mem: int, cpu: str, count: str = "1") -> dict[str, object]:
+        obj = gpu_pod(name, mem=mem * int(count), gpu_count=count)
+        obj["metadata"]["uid"] = f"uid-{name}"
+        obj["spec"]["containers"][0]["resources"]["requests"] = {"cpu": cpu}
+        return obj
+
+    feed = WorkloadFeed()
+    for i in range(20):  # the target workload: pods that need 6 CPUs with their 7 GiB
+        feed.observe(cpu_pod(f"w{i}", 7, "6"))
+    cached = Scheduler(Settings(policy="gpushare"), workload=feed)
+    for i, (name, cpu) in enumerate((("a", "2"), ("b", "0"), ("c", "3"), ("d", "1"))):
+        host = cpu_pod(f"host{i}", 1, cpu)
+        host["spec"]["nodeName"] = f"n{i}"
+        ledger.observe(host)
+        for probe_cpu in ("1", "5", "1", "7"):
+            probe = cpu_pod(f"{name}-{probe_cpu}", 4, probe_cpu)
+            names = sorted(table)
+            passing = cached.filter_names(probe, names, table, ledger).passing
+            fresh = Scheduler(Settings(policy="gpushare"), workload=feed)
+            want = fresh.prioritize(probe, [table[n] for n in passing], ledger)
+            got = cached.prioritize_names(probe, passing, table, ledger)
+            assert dict(zip(passing, got, strict=True)) == want, (name, probe_cpu)
+            assert cached.prioritize(probe, [table[n] for n in passing], ledger) == want

@@ -149,7 +149,17 @@ class WorkloadFeed:
         if not uid or uid in self._uids:
             return False
         request = read_pod(pod, names=self.names, unit=self.unit)
-        if not isinstance(request, PodRequest) or not request.wants_gpu:
+        if not isinstance(request, PodRequest):
+            return False
+        return self.count(uid, request)
+
+    def count(self, uid: str, request: PodRequest) -> bool:
+        """Count an already-read request once by its pod's UID; True when it was counted now.
+
+        The scheduler counts the pod it is asked to filter, so the decision never depends on
+        whether the cache's watch delivered that pod before kube-scheduler's call did.
+        """
+        if not uid or uid in self._uids or not request.wants_gpu:
             return False
         self._uids.add(uid)
         self.estimate.observe(shape_of(request))
@@ -276,6 +286,10 @@ class FragmentationPolicy:
             [position[index] for index in gpus],
         )
         return self.defragmenter.score(growth, _one_gpu(node)) / 100.0
+
+    def reads(self, request: PodRequest) -> tuple[object, ...]:
+        """The CPU request and the models allowed: ``shape_of`` reads them."""
+        return (request.host.cpu_milli, request.models)
 
     def choose(
         self,

@@ -175,13 +175,14 @@ class VerdictMemo:
         self._state: tuple[Ledger | None, int] = (None, 0)
         self._tables: dict[tuple[object, ...], dict[str, Decision]] = {}
 
-    def table(self, request: PodRequest, ledger: Ledger, version: int = 0) -> dict[str, Decision]:
-        """The node-name -> decision table for the request's shape on this ledger."""
+    def table(
+        self, key: tuple[object, ...], ledger: Ledger, version: int = 0
+    ) -> dict[str, Decision]:
+        """The node-name -> decision table for a request shape (``Scheduler._key``)."""
         state = self._state
         if state[0] is not ledger or state[1] != version or len(self._tables) >= self._limit:
             self._tables.clear()
             self._state = (ledger, version)
-        key = shape_key(request)
         table = self._tables.get(key)
         if table is None:
             table = self._tables[key] = {}
@@ -328,6 +329,25 @@ class Scheduler:
         """Read a pod's request under these settings."""
         return read_pod(pod, names=self.settings.names, unit=self.settings.unit)
 
+    def _asked(self, pod: KubeObject) -> PodRequest | Rejection:
+        """Read a pod that is being scheduled, and count it in the target workload.
+
+        Counting here, not only from the cache's watch, makes the decision independent of
+        whether the watch event for the pod arrived before kube-scheduler's call (the feed
+        counts each UID once, so the watch's later event changes nothing).
+        """
+        request = self.read(pod)
+        if isinstance(request, PodRequest) and self.workload is not None:
+            self.workload.count(request.uid, request)
+        return request
+
+    def _key(self, request: PodRequest) -> tuple[object, ...]:
+        """The request's shape as the decision caches key it: what the filter and the policy
+        read from it (``shape_key``, plus the policy's ``reads``)."""
+        if self._choosing is None:
+            return shape_key(request)
+        return (*shape_key(request), *self._choosing.reads(request))
+
     def _decide(self, request: PodRequest, node: NodeInventory, usage: NodeUsage) -> Verdict:
         """The filter's verdict, with the policy's GPU choice where it makes one."""
         policy = self._choosing
@@ -354,7 +374,7 @@ class Scheduler:
         The pod's own earlier holding is left out of the count (re-binding it).
         """
         version = self._choosing.version if self._choosing is not None else 0
-        table = self.memo.table(request, ledger, version)
+        table = self.memo.table(self._key(request), ledger, version)
         get = table.get
         current = ledger.node_versions.get
         held = ledger.nodes_held_by(request.uid)
@@ -384,7 +404,7 @@ class Scheduler:
     ) -> ShapeView:
         """The request shape's view, current for every name in ``wanted``."""
         version = self._choosing.version if self._choosing is not None else 0
-        key = shape_key(request)
+        key = self._key(request)
         view = self._views.get(key)
         if view is None or view.nodes is not nodes or view.ledger is not ledger:
             if len(self._views) >= self.view_limit:
@@ -456,7 +476,7 @@ class Scheduler:
         self, pod: KubeObject, names: list[str], nodes: NodeTable, ledger: Ledger
     ) -> NamesResult:
         """``filter`` over node names from the cache's table, answered from the shape's view."""
-        request = self.read(pod)
+        request = self._asked(pod)
         wanted = set(names)
         missing = [] if nodes.keys() >= wanted else [n for n in names if n not in nodes]
         if isinstance(request, Rejection):
@@ -486,7 +506,7 @@ class Scheduler:
         self, pod: KubeObject, names: list[str], nodes: NodeTable, ledger: Ledger
     ) -> list[int]:
         """``prioritize`` over node names from the cache's table: 0..10 per name, in order."""
-        request = self.read(pod)
+        request = self._asked(pod)
         if isinstance(request, Rejection) or not request.wants_gpu:
             return [0] * len(names)
         view = self._view(request, nodes, ledger, set(names))
@@ -521,7 +541,7 @@ class Scheduler:
         self, pod: KubeObject, nodes: Iterable[NodeInventory], ledger: Ledger
     ) -> FilterResult:
         """Verdicts for every node; an invalid pod fails everywhere with its reasons."""
-        request = self.read(pod)
+        request = self._asked(pod)
         nodes = list(nodes)
         if isinstance(request, Rejection):
             verdicts = tuple(
@@ -570,7 +590,7 @@ class Scheduler:
         ``request`` may pass the pod's request when the caller has already read it.
         """
         if request is None:
-            request = self.read(pod)
+            request = self._asked(pod)
         nodes = list(nodes)
         if isinstance(request, Rejection) or not request.wants_gpu:
             return {n.name: 0 for n in nodes}

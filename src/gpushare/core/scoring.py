@@ -62,6 +62,15 @@ class ChoosingPolicy(NodePolicy, Protocol):
         """GPUs for the pod among ``fitting``, or () to keep the filter's choice."""
         ...
 
+    def reads(self, request: PodRequest) -> tuple[object, ...]:
+        """What its scores and choices read from a request beyond the GPU shape.
+
+        Decisions are remembered per request shape (``scheduling.shape_key``); two pods of one
+        GPU shape that differ here (a fragmentation-aware policy reads the CPU request and the
+        GPU models allowed) must not share them.
+        """
+        ...
+
 
 def gpu_fill_after(
     request: PodRequest, node: NodeInventory, usage: NodeUsage, gpus: tuple[int, ...]

@@ -308,8 +308,6 @@ class MemoryCluster:
             )
             for core_mem in (False, True)
         }
-        if self.scheduler.workload is not None:  # the extender's cache shows it the pending pod
-            self.scheduler.workload.observe(objs[False])
         best: tuple[float, int, PodRequest] | None = None
         reasons: list[str] = []
         for core_mem in (False, True):
