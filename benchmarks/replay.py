@@ -9,8 +9,8 @@ kube-scheduler and the extender as real pods, one at a time, in order. It prints
 GPU memory % at 90/95/100/110/130 % arrived per policy and the pods per second, beside the
 simulator's numbers for the same seed and the same pods.
 
-    python benchmarks/replay.py [--seeds 1] [--policy binpack ...] [--nodes N] [--pods P]
-                                [--out replay-out]
+    python benchmarks/replay.py [--seeds 1 | --seed S ...] [--policy binpack ...]
+                                [--nodes N] [--pods P] [--out replay-out]
 
 The mapping (``node_manifest``, ``pod_manifest``):
 
@@ -725,6 +725,9 @@ def as_json(real: Outcome, sim: Outcome) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 (default 1)")
+    parser.add_argument(
+        "--seed", type=int, action="append", help="this seed only (repeat for more; not --seeds)"
+    )
     parser.add_argument("--policy", action="append", choices=POLICIES)
     parser.add_argument("--nodes", type=int, default=None, help="N nodes spread over the list")
     parser.add_argument("--pods", type=int, default=None, help="the first P pods of the stream")
@@ -739,13 +742,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.seeds < 1:
         say(f"error: --seeds={args.seeds}: must be at least 1")
         return 2
+    if any(seed < 0 for seed in args.seed or ()):
+        say(f"error: --seed={min(args.seed)}: seeds are 0 or more")
+        return 2
+    seeds = args.seed or list(range(args.seeds))
     policies = args.policy or list(POLICIES)
     try:
         nodes = sliced(read_nodes(TRACES / NODE_LIST), args.nodes)
         pods = read_pods(TRACES / f"openb_pod_list_{args.trace}.csv")
         pairs: list[tuple[Outcome, Outcome]] = []
         with replay_cluster(args.dir.resolve(), say) as cluster:
-            for seed in range(args.seeds):
+            for seed in seeds:
                 load = workload(nodes, pods, seed=seed, limit=args.pods)
                 gpu = sum(1 for p in load.stream if p.num_gpu)
                 say(
