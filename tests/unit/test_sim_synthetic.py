@@ -4,8 +4,12 @@ they say, the same seed gives the same pods, and bad knobs are errors that say w
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import statistics
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -13,6 +17,7 @@ from gpushare.sim import synthetic
 from gpushare.sim.openb import TraceNode, TracePod
 from gpushare.sim.synthetic import Mix, MixError
 
+REPO = Path(__file__).resolve().parents[2]
 NODES = synthetic.nodes()
 CAPACITY = sum(n.gpus for n in NODES) * 1000
 FILL = 6.0
@@ -131,3 +136,30 @@ def test_knobs_the_cluster_cannot_serve_are_errors() -> None:
             synthetic.pods(NODES, fill=fill)
     both = synthetic.pods(small, mix=Mix(restricted=1.0, models_per_pod=(2,)), fill=3.0)
     assert {p.gpu_spec for p in both if p.num_gpu} == {("P100", "T4")}
+
+
+def load_stress_table() -> ModuleType:
+    """``benchmarks/stress_table.py`` as a module (benchmarks is not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "stress_table_benchmark", REPO / "benchmarks" / "stress_table.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_stress_table_on_a_small_cluster(tmp_path: Path) -> None:
+    stress_table = load_stress_table()
+    said: list[str] = []
+    small = NODES[::6]  # 15 nodes, 8-GPU ones among them
+    rows = stress_table.table(["mixed"], 2, cluster=small, out=tmp_path, say=said.append)
+    assert rows[0].startswith("| trace | policy | at 100% arrived | at 130% arrived | minus FGD")
+    assert [cells(row)[1] for row in rows[2:]] == ["bestfit", "fgd", "gpushare", "offline-ffd"]
+    gpushare = cells(rows[4])
+    assert gpushare[0] == "mixed" and len(gpushare) == 6
+    assert all("+-" in cell for cell in gpushare[2:])
+    assert cells(rows[3])[4:] == ["", ""]  # fgd against itself: blank
+    assert said[0].startswith("mixed: ") and said.count(".") == 8 and said[-1].endswith(" s\n")
+    assert (tmp_path / "mixed" / "report.json").exists()
