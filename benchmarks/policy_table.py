@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from gpushare.sim import report
-from gpushare.sim.experiment import OFFLINE, run_experiment
+from gpushare.sim.experiment import run_experiment
 from gpushare.sim.openb import read_nodes, read_pods
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "openb"
@@ -52,25 +52,9 @@ def main() -> int:
         )
         report.write(experiment, args.out / name)
         print(f" {name} in {time.perf_counter() - started:.0f} s", flush=True)
-        published = report.PUBLISHED[name]
-        for policy in [*policies, OFFLINE]:
-            m100, s100 = experiment.summary(policy, 100)
-            m130, s130 = experiment.summary(policy, 130)
-            pub = published.get(policy)
-            versus = ""
-            if "fgd" in policies and policy not in ("fgd", OFFLINE):
-                d, sd = experiment.paired(policy, "fgd", 100)
-                versus = f"{d:+.2f} +- {sd:.2f}"
-            rows.append(
-                f"| {name} | {policy} | {m100:.2f} +- {s100:.2f} | {m130:.2f} +- {s130:.2f} | "
-                f"{'' if pub is None else f'{pub:.2f}'} | {versus} |"
-            )
+        rows += report.versus_rows(experiment, published=True)
     print(f"\nunallocated GPU %, mean +- sd over {args.seeds} seeds")
-    print(
-        "| trace | policy | at 100% arrived | at 130% arrived | published at 100% "
-        "| minus FGD at 100%, paired by seed |"
-    )
-    print("|---|---|---|---|---|---|")
+    print("\n".join(report.versus_header(published=True, reference="fgd", paired=(100,))))
     print("\n".join(rows))
     return 0
 

@@ -41,6 +41,47 @@ def table(experiment: Experiment) -> list[list[str]]:
     return rows
 
 
+def versus_header(*, published: bool, reference: str, paired: tuple[int, ...]) -> list[str]:
+    """The markdown header of ``versus_rows``' table (two lines)."""
+    columns = ["trace", "policy", "at 100% arrived", "at 130% arrived"]
+    if published:
+        columns.append("published at 100%")
+    columns += [f"minus {reference.upper()} at {p}%, paired by seed" for p in paired]
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
+def versus_rows(
+    experiment: Experiment,
+    *,
+    published: bool,
+    reference: str = "fgd",
+    paired: tuple[int, ...] = (100,),
+) -> list[str]:
+    """Markdown rows: each policy's mean +- sd at 100 and 130 % arrived, beside ``reference``.
+
+    The difference to ``reference`` is paired by seed (same stream, same node order), so it
+    shows an effect that the spread between seeds would hide: below zero and beyond its sd beats
+    the reference. The benchmarks' tables (openb and stress workloads) share this layout.
+    """
+    known = PUBLISHED.get(experiment.trace, {})
+    rows = []
+    for policy in experiment.policies:
+        m100, s100 = experiment.summary(policy, 100)
+        m130, s130 = experiment.summary(policy, 130)
+        cells = [experiment.trace, policy, f"{m100:.2f} +- {s100:.2f}", f"{m130:.2f} +- {s130:.2f}"]
+        if published:
+            value = known.get(policy)
+            cells.append("" if value is None else f"{value:.2f}")
+        for point in paired:
+            versus = ""
+            if reference in experiment.policies and policy not in (reference, OFFLINE):
+                d, sd = experiment.paired(policy, reference, point)
+                versus = f"{d:+.2f} +- {sd:.2f}"
+            cells.append(versus)
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
 def failures(experiment: Experiment) -> dict[str, dict[str, float]]:
     """Mean failed pods per seed, by reason, per policy."""
     out: dict[str, dict[str, float]] = {}
