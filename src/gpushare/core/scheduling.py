@@ -10,10 +10,9 @@ node by node) and node names from the cache's ``NodeTable`` (``filter_names``,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import cast
 
 from gpushare.core.allocation import Allocation, plan
 from gpushare.core.changes import NodeTable
@@ -25,12 +24,10 @@ from gpushare.core.kubejson import KubeObject
 from gpushare.core.ledger import Ledger, NodeUsage
 from gpushare.core.names import DEFAULT_NAMES, ResourceNames
 from gpushare.core.placing import Candidate
+from gpushare.core.ranking import absolute, normalized, single_top
 from gpushare.core.requests import PodRequest, Rejection, read_pod
 from gpushare.core.scoring import ChoosingPolicy, NodePolicy, PolicyRegistry
 from gpushare.core.units import MemoryUnit
-
-MAX_SCORE = 10
-"""The kube-scheduler extender's maximum priority."""
 
 
 @dataclass(frozen=True)
@@ -97,61 +94,6 @@ def shape_key(request: PodRequest) -> tuple[object, ...]:
         request.mem_units,
         tuple((c.kind, c.mem_units, c.core_pct) for c in request.containers),
     )
-
-
-def normalized(scores: Sequence[float | None]) -> list[int]:
-    """Relative scores as 0..10: the best fitting node 10, the worst 0, None (no fit) 0.
-
-    Floored, so only the best get 10; otherwise sigmoid values of nearby growths would all
-    round to the same integer.
-    """
-    distinct = set(scores)
-    distinct.discard(None)
-    if not distinct:
-        return [0] * len(scores)
-    fitting = cast("set[float]", distinct)
-    low, high = min(fitting), max(fitting)
-    span = high - low
-    # thousands of nodes share few values: each distinct value is scaled once
-    scaled = {
-        value: MAX_SCORE
-        if span <= 0 or value >= high
-        else min(MAX_SCORE - 1, int((value - low) / span * MAX_SCORE))
-        for value in fitting
-    }
-    return list(map(scaled.get, scores, repeat(0)))  # type: ignore[arg-type]
-
-
-def single_top(
-    names: Sequence[str], tens: list[int], raw: Callable[[str], float | None]
-) -> list[int]:
-    """The 0..10 scores with one node alone at the top: the best raw score, then the first name.
-
-    kube-scheduler adds these (times weight) to its plugins' scores and picks at random among
-    equal totals, and its LeastAllocated plugin likes empty nodes. Nodes sharing the top
-    score would so scatter pods over empty nodes, and pods scheduled before the previous
-    bind reached the extender would each land somewhere else. With one node on top, equal
-    candidates resolve the same way every time (the FGD artifact keeps the first name too).
-    The others at the top drop one point; when the top is 0 the chosen node gets 1 instead.
-    """
-    if not tens:
-        return tens
-    top = max(tens)
-    if tens.count(top) < 2:
-        return tens
-    tied = [
-        (score, n)
-        for n, v in zip(names, tens, strict=True)
-        if v == top
-        if (score := raw(n)) is not None
-    ]
-    if not tied:
-        return tens
-    best = max(score for score, _ in tied)
-    winner = min(n for score, n in tied if score >= best)
-    if top == 0:
-        return [1 if n == winner else v for n, v in zip(names, tens, strict=True)]
-    return [v - 1 if v == top and n != winner else v for n, v in zip(names, tens, strict=True)]
 
 
 Decision = tuple[NodeInventory, int, tuple[Verdict, float]]
@@ -276,7 +218,7 @@ class ShapeView:
             return
         if verdict.fits:
             self.fits[name] = score
-            self.tens[name] = round(score * MAX_SCORE)
+            self.tens[name] = absolute(score)
         elif verdict.code is Code.UNSCHEDULABLE:
             self.failed[name] = verdict.message
         else:
@@ -292,7 +234,7 @@ class ShapeView:
         self.key_of.update(dict.fromkeys(names, key))
         if verdict.fits:
             self.fits.update(dict.fromkeys(names, score))
-            self.tens.update(dict.fromkeys(names, round(score * MAX_SCORE)))
+            self.tens.update(dict.fromkeys(names, absolute(score)))
         elif verdict.code is Code.UNSCHEDULABLE:
             self.failed.update(dict.fromkeys(names, verdict.message))
         else:
@@ -523,10 +465,7 @@ class Scheduler:
             if not again:
                 tens = list(map(view.tens.get, names, repeat(0)))
             else:
-                tens = [
-                    round(again[n][1] * MAX_SCORE) if n in again else view.tens.get(n, 0)
-                    for n in names
-                ]
+                tens = [absolute(again[n][1]) if n in again else view.tens.get(n, 0) for n in names]
         elif not again:
             tens = normalized(list(map(fits, names)))
         else:
@@ -598,7 +537,7 @@ class Scheduler:
         names = [n.name for n in nodes]
         raw = {n: s if v.fits else None for n, (v, s) in zip(names, decided, strict=True)}
         if self._choosing is None or not self._choosing.active:
-            tens = [round(s * MAX_SCORE) for _, s in decided]
+            tens = [absolute(s) for _, s in decided]
         else:
             tens = normalized(list(raw.values()))
         return dict(zip(names, single_top(names, tens, raw.get), strict=True))
