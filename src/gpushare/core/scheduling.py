@@ -16,17 +16,16 @@ from itertools import repeat
 
 from gpushare.core.allocation import Allocation, plan
 from gpushare.core.changes import NodeTable
+from gpushare.core.deciding import Decider, Decision
 from gpushare.core.defragmenting import WorkloadFeed, all_policies
-from gpushare.core.filtering import Code, GpuChooser, Rules, Verdict, filter_node
-from gpushare.core.handoff import conflict, pending_of, preferred_gpus
+from gpushare.core.filtering import Code, Rules, Verdict
 from gpushare.core.inventory import NodeInventory
 from gpushare.core.kubejson import KubeObject
-from gpushare.core.ledger import Ledger, NodeUsage
+from gpushare.core.ledger import Ledger
 from gpushare.core.names import DEFAULT_NAMES, ResourceNames
-from gpushare.core.placing import Candidate
 from gpushare.core.ranking import absolute, normalized, single_top
 from gpushare.core.requests import PodRequest, Rejection, read_pod
-from gpushare.core.scoring import ChoosingPolicy, NodePolicy, PolicyRegistry
+from gpushare.core.scoring import NodePolicy, PolicyRegistry
 from gpushare.core.units import MemoryUnit
 
 
@@ -58,45 +57,7 @@ class FilterResult:
         return [v.node for v in self.verdicts if v.fits]
 
 
-def _with_handoff(
-    request: PodRequest,
-    node: NodeInventory,
-    usage: NodeUsage,
-    rules: Rules,
-    chooser: GpuChooser | None = None,
-) -> Verdict:
-    """Filter, then keep the hand-off invariant on nodes whose device plugin relies on it."""
-    verdict = filter_node(request, node, usage, rules=rules, chooser=chooser)
-    if not (verdict.fits and node.handoff):
-        return verdict
-    pending = pending_of(usage.allocations)
-    if not pending:
-        return verdict
-    reason = conflict(plan(request, node=node.name, indexes=verdict.gpus, unit=node.unit), pending)
-    if not reason:
-        return verdict
-    prefer = preferred_gpus((c.mem_units for c in request.containers), pending)
-    if prefer:
-        again = filter_node(request, node, usage, rules=rules, prefer=prefer)
-        if again.fits and not conflict(
-            plan(request, node=node.name, indexes=again.gpus, unit=node.unit), pending
-        ):
-            return again
-    return Verdict(node=node.name, code=Code.UNSCHEDULABLE, reasons=(reason,))
-
-
-def shape_key(request: PodRequest) -> tuple[object, ...]:
-    """What a verdict depends on in a request: pods with equal keys get equal verdicts."""
-    return (
-        request.mem_per_gpu,
-        request.core_per_gpu,
-        request.gpu_count,
-        request.mem_units,
-        tuple((c.kind, c.mem_units, c.core_pct) for c in request.containers),
-    )
-
-
-Decision = tuple[NodeInventory, int, tuple[Verdict, float]]
+Remembered = tuple[NodeInventory, int, Decision]
 """(node, ledger node version, (verdict, score)) as remembered."""
 
 
@@ -115,12 +76,12 @@ class VerdictMemo:
         self._limit = limit
         """Shapes remembered before starting over."""
         self._state: tuple[Ledger | None, int] = (None, 0)
-        self._tables: dict[tuple[object, ...], dict[str, Decision]] = {}
+        self._tables: dict[tuple[object, ...], dict[str, Remembered]] = {}
 
     def table(
         self, key: tuple[object, ...], ledger: Ledger, version: int = 0
-    ) -> dict[str, Decision]:
-        """The node-name -> decision table for a request shape (``Scheduler._key``)."""
+    ) -> dict[str, Remembered]:
+        """The node-name -> decision table for a request shape (``Decider.key``)."""
         state = self._state
         if state[0] is not ledger or state[1] != version or len(self._tables) >= self._limit:
             self._tables.clear()
@@ -264,8 +225,7 @@ class Scheduler:
         if self.registry is None:
             self.registry = all_policies(self.workload)
         self.policy: NodePolicy = self.registry.get(self.settings.policy)  # fails early
-        self._choosing = self.policy if isinstance(self.policy, ChoosingPolicy) else None
-        self._rules = self.settings.rules
+        self.decider = Decider(self.settings.rules, self.policy)
 
     def read(self, pod: KubeObject) -> PodRequest | Rejection:
         """Read a pod's request under these settings."""
@@ -283,31 +243,6 @@ class Scheduler:
             self.workload.count(request.uid, request)
         return request
 
-    def _key(self, request: PodRequest) -> tuple[object, ...]:
-        """The request's shape as the decision caches key it: what the filter and the policy
-        read from it (``shape_key``, plus the policy's ``reads``)."""
-        if self._choosing is None:
-            return shape_key(request)
-        return (*shape_key(request), *self._choosing.reads(request))
-
-    def _decide(self, request: PodRequest, node: NodeInventory, usage: NodeUsage) -> Verdict:
-        """The filter's verdict, with the policy's GPU choice where it makes one."""
-        policy = self._choosing
-        chooser: GpuChooser | None = None
-        if policy is not None:
-
-            def chooser(fitting: Sequence[Candidate]) -> tuple[int, ...]:
-                return policy.choose(request, node, usage, fitting)
-
-        return _with_handoff(request, node, usage, self._rules, chooser)
-
-    def _score(
-        self, request: PodRequest, node: NodeInventory, usage: NodeUsage, v: Verdict
-    ) -> float:
-        if not v.fits:
-            return 0.0
-        return max(0.0, min(1.0, self.policy.score(request, node, usage, v.gpus)))
-
     def decisions(
         self, request: PodRequest, nodes: Sequence[NodeInventory], ledger: Ledger
     ) -> list[tuple[Verdict, float]]:
@@ -315,8 +250,7 @@ class Scheduler:
 
         The pod's own earlier holding is left out of the count (re-binding it).
         """
-        version = self._choosing.version if self._choosing is not None else 0
-        table = self.memo.table(self._key(request), ledger, version)
+        table = self.memo.table(self.decider.key(request), ledger, self.decider.version)
         get = table.get
         current = ledger.node_versions.get
         held = ledger.nodes_held_by(request.uid)
@@ -331,12 +265,10 @@ class Scheduler:
                 continue
             if name in held:  # re-binding: its own share is left out, nothing remembered
                 usage = ledger.usage(name, excluding=request.uid)
-                verdict = self._decide(request, node, usage)
-                append((verdict, self._score(request, node, usage, verdict)))
+                append(self.decider.decide(request, node, usage))
                 continue
             usage = ledger.usage(name)
-            verdict = self._decide(request, node, usage)
-            pair = (verdict, self._score(request, node, usage, verdict))
+            pair = self.decider.decide(request, node, usage)
             table[name] = (node, current(name, 0), pair)
             append(pair)
         return out
@@ -345,8 +277,8 @@ class Scheduler:
         self, request: PodRequest, nodes: NodeTable, ledger: Ledger, wanted: set[str]
     ) -> ShapeView:
         """The request shape's view, current for every name in ``wanted``."""
-        version = self._choosing.version if self._choosing is not None else 0
-        key = self._key(request)
+        version = self.decider.version
+        key = self.decider.key(request)
         view = self._views.get(key)
         if view is None or view.nodes is not nodes or view.ledger is not ledger:
             if len(self._views) >= self.view_limit:
@@ -367,14 +299,12 @@ class Scheduler:
             usage = ledger.usage(name)
             if node.handoff and any(not a.assigned for a in usage.allocations):
                 # the hand-off compares pending containers, which the signature leaves out
-                verdict = self._decide(request, node, usage)
-                view.put(name, verdict, self._score(request, node, usage, verdict))
+                view.put(name, *self.decider.decide(request, node, usage))
                 continue
             key = (node.kind, usage.signature)
             pair = alike.get(key)
             if pair is None:
-                verdict = self._decide(request, node, usage)
-                pair = alike[key] = (verdict, self._score(request, node, usage, verdict))
+                pair = alike[key] = self.decider.decide(request, node, usage)
             view.put(name, *pair, key)
         return view
 
@@ -394,8 +324,7 @@ class Scheduler:
             name = next(iter(names))
             node = old.nodes[name]
             usage = old.ledger.usage(name)
-            verdict = self._decide(request, node, usage)
-            view.put_group(key, names, verdict, self._score(request, node, usage, verdict))
+            view.put_group(key, names, *self.decider.decide(request, node, usage))
         return view
 
     def _rebinding(
@@ -410,8 +339,7 @@ class Scheduler:
             node = nodes.get(name)
             if node is not None:
                 usage = ledger.usage(name, excluding=request.uid)
-                verdict = self._decide(request, node, usage)
-                out[name] = (verdict, self._score(request, node, usage, verdict))
+                out[name] = self.decider.decide(request, node, usage)
         return out
 
     def filter_names(
@@ -461,7 +389,7 @@ class Scheduler:
                 return score if verdict.fits else None
             return fits(name)
 
-        if self._choosing is None or not self._choosing.active:
+        if not self.decider.relative:
             if not again:
                 tens = list(map(view.tens.get, names, repeat(0)))
             else:
@@ -536,7 +464,7 @@ class Scheduler:
         decided = self.decisions(request, nodes, ledger)
         names = [n.name for n in nodes]
         raw = {n: s if v.fits else None for n, (v, s) in zip(names, decided, strict=True)}
-        if self._choosing is None or not self._choosing.active:
+        if not self.decider.relative:
             tens = [absolute(s) for _, s in decided]
         else:
             tens = normalized(list(raw.values()))
