@@ -220,9 +220,9 @@ def test_unknown_policy_names_field_value_and_choices() -> None:
 @pytest.mark.parametrize("refresh", [100, 2])
 @pytest.mark.parametrize("policy", ["binpack", "spread", "fgd", "gpushare"])
 def test_names_view_answers_as_the_node_by_node_filter(policy: str, refresh: int) -> None:
-    """The extender's fast path (per-shape views over change logs) never disagrees.
+    """The extender's fast path (decisions by name over change logs) never disagrees.
 
-    ``refresh=2`` changes the workload every few pods, so views are re-scored by group.
+    ``refresh=2`` changes the workload every few pods, so decisions are re-made by group.
     """
     rng = random.Random(5)
 
@@ -270,8 +270,8 @@ def test_names_view_answers_as_the_node_by_node_filter(policy: str, refresh: int
 
 
 def test_pods_of_one_gpu_shape_with_other_cpu_requests_do_not_share_cached_decisions() -> None:
-    """The policy reads the pod's CPU request: the names path's per-shape view and the list
-    path's memo must key by it, or a pod is scored with the CPU of an earlier look-alike."""
+    """The policy reads the pod's CPU request: the decision cache must key by it, for names and
+    for node lists, or a pod is scored with the CPU of an earlier look-alike."""
     table, ledger = NodeTable(), Ledger()
     for i, cpu in enumerate(("8", "8", "16", "16")):
         obj = gpu_node(f"n{i}", gpus_units=[15, 15])

@@ -9,8 +9,9 @@ from gpushare.core.changes import NodeTable
 from gpushare.core.filtering import Code, Rules, filter_node
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.ledger import Ledger, NodeUsage
+from gpushare.core.ranking import single_top
 from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.scheduling import Scheduler, Settings, single_top
+from gpushare.core.scheduling import Scheduler, Settings
 from gpushare.core.units import MemoryUnit
 from gpushare.kube.objects import gpu_node, gpu_pod
 

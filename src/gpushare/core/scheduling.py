@@ -1,36 +1,34 @@
 """The scheduler's extension points over an explicit snapshot: filter, score, reserve.
 
-``Scheduler`` holds settings, the node policy and memos; every call gets the node inventories
-and the ledger it should decide on. The extender, the demo and the simulator all drive this one
-class. Two ways in decide alike: node lists (``filter``, ``prioritize``; a per-node memo checked
-node by node) and node names from the cache's ``NodeTable`` (``filter_names``,
-``prioritize_names``; per-shape views that follow change logs, for kube-scheduler's
-``nodeCacheCapable`` calls over thousands of names). A test keeps them in agreement.
+``Scheduler`` holds settings, the node policy and the decision cache; every call gets the node
+inventories and the ledger it should decide on. The extender, the demo and the simulator all
+drive this one class. Two ways in decide alike: node lists (``filter``, ``prioritize``) and
+node names from the cache's ``NodeTable`` (``filter_names``, ``prioritize_names``, for
+kube-scheduler's ``nodeCacheCapable`` calls over thousands of names). Both, and ``reserve``
+that bind runs, read one ``DecisionCache`` (``core.decisions``); a test keeps them in agreement.
+What one decision is lives in ``core.deciding``, how scores become 0..10 in ``core.ranking``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import cast
 
 from gpushare.core.allocation import Allocation, plan
 from gpushare.core.changes import NodeTable
+from gpushare.core.deciding import Decider, Decision
+from gpushare.core.decisions import DecisionCache
 from gpushare.core.defragmenting import WorkloadFeed, all_policies
-from gpushare.core.filtering import Code, GpuChooser, Rules, Verdict, filter_node
-from gpushare.core.handoff import conflict, pending_of, preferred_gpus
+from gpushare.core.filtering import Code, Rules, Verdict
 from gpushare.core.inventory import NodeInventory
 from gpushare.core.kubejson import KubeObject
-from gpushare.core.ledger import Ledger, NodeUsage
+from gpushare.core.ledger import Ledger
 from gpushare.core.names import DEFAULT_NAMES, ResourceNames
-from gpushare.core.placing import Candidate
+from gpushare.core.ranking import absolute, normalized, single_top
 from gpushare.core.requests import PodRequest, Rejection, read_pod
-from gpushare.core.scoring import ChoosingPolicy, NodePolicy, PolicyRegistry
+from gpushare.core.scoring import NodePolicy, PolicyRegistry
 from gpushare.core.units import MemoryUnit
-
-MAX_SCORE = 10
-"""The kube-scheduler extender's maximum priority."""
 
 
 @dataclass(frozen=True)
@@ -61,134 +59,6 @@ class FilterResult:
         return [v.node for v in self.verdicts if v.fits]
 
 
-def _with_handoff(
-    request: PodRequest,
-    node: NodeInventory,
-    usage: NodeUsage,
-    rules: Rules,
-    chooser: GpuChooser | None = None,
-) -> Verdict:
-    """Filter, then keep the hand-off invariant on nodes whose device plugin relies on it."""
-    verdict = filter_node(request, node, usage, rules=rules, chooser=chooser)
-    if not (verdict.fits and node.handoff):
-        return verdict
-    pending = pending_of(usage.allocations)
-    if not pending:
-        return verdict
-    reason = conflict(plan(request, node=node.name, indexes=verdict.gpus, unit=node.unit), pending)
-    if not reason:
-        return verdict
-    prefer = preferred_gpus((c.mem_units for c in request.containers), pending)
-    if prefer:
-        again = filter_node(request, node, usage, rules=rules, prefer=prefer)
-        if again.fits and not conflict(
-            plan(request, node=node.name, indexes=again.gpus, unit=node.unit), pending
-        ):
-            return again
-    return Verdict(node=node.name, code=Code.UNSCHEDULABLE, reasons=(reason,))
-
-
-def shape_key(request: PodRequest) -> tuple[object, ...]:
-    """What a verdict depends on in a request: pods with equal keys get equal verdicts."""
-    return (
-        request.mem_per_gpu,
-        request.core_per_gpu,
-        request.gpu_count,
-        request.mem_units,
-        tuple((c.kind, c.mem_units, c.core_pct) for c in request.containers),
-    )
-
-
-def normalized(scores: Sequence[float | None]) -> list[int]:
-    """Relative scores as 0..10: the best fitting node 10, the worst 0, None (no fit) 0.
-
-    Floored, so only the best get 10; otherwise sigmoid values of nearby growths would all
-    round to the same integer.
-    """
-    distinct = set(scores)
-    distinct.discard(None)
-    if not distinct:
-        return [0] * len(scores)
-    fitting = cast("set[float]", distinct)
-    low, high = min(fitting), max(fitting)
-    span = high - low
-    # thousands of nodes share few values: each distinct value is scaled once
-    scaled = {
-        value: MAX_SCORE
-        if span <= 0 or value >= high
-        else min(MAX_SCORE - 1, int((value - low) / span * MAX_SCORE))
-        for value in fitting
-    }
-    return list(map(scaled.get, scores, repeat(0)))  # type: ignore[arg-type]
-
-
-def single_top(
-    names: Sequence[str], tens: list[int], raw: Callable[[str], float | None]
-) -> list[int]:
-    """The 0..10 scores with one node alone at the top: the best raw score, then the first name.
-
-    kube-scheduler adds these (times weight) to its plugins' scores and picks at random among
-    equal totals, and its LeastAllocated plugin likes empty nodes. Nodes sharing the top
-    score would so scatter pods over empty nodes, and pods scheduled before the previous
-    bind reached the extender would each land somewhere else. With one node on top, equal
-    candidates resolve the same way every time (the FGD artifact keeps the first name too).
-    The others at the top drop one point; when the top is 0 the chosen node gets 1 instead.
-    """
-    if not tens:
-        return tens
-    top = max(tens)
-    if tens.count(top) < 2:
-        return tens
-    tied = [
-        (score, n)
-        for n, v in zip(names, tens, strict=True)
-        if v == top
-        if (score := raw(n)) is not None
-    ]
-    if not tied:
-        return tens
-    best = max(score for score, _ in tied)
-    winner = min(n for score, n in tied if score >= best)
-    if top == 0:
-        return [1 if n == winner else v for n, v in zip(names, tens, strict=True)]
-    return [v - 1 if v == top and n != winner else v for n, v in zip(names, tens, strict=True)]
-
-
-Decision = tuple[NodeInventory, int, tuple[Verdict, float]]
-"""(node, ledger node version, (verdict, score)) as remembered."""
-
-
-class VerdictMemo:
-    """Remembers verdicts and scores per node and request shape while nothing they use changes.
-
-    A verdict depends only on the node's inventory, what is held there and the request's shape
-    (per-GPU memory and core, GPU count, containers), not on which pod asks; the score also on
-    the policy's state. Pods come in few shapes and a bind changes one node, so on a large
-    cluster most filter and prioritize calls become one dictionary look-up per node. Entries
-    are grouped by shape (one table per shape, dropped when the ledger object or the policy's
-    version changes), so a look-up builds no key per node.
-    """
-
-    def __init__(self, limit: int = 1024) -> None:
-        self._limit = limit
-        """Shapes remembered before starting over."""
-        self._state: tuple[Ledger | None, int] = (None, 0)
-        self._tables: dict[tuple[object, ...], dict[str, Decision]] = {}
-
-    def table(
-        self, key: tuple[object, ...], ledger: Ledger, version: int = 0
-    ) -> dict[str, Decision]:
-        """The node-name -> decision table for a request shape (``Scheduler._key``)."""
-        state = self._state
-        if state[0] is not ledger or state[1] != version or len(self._tables) >= self._limit:
-            self._tables.clear()
-            self._state = (ledger, version)
-        table = self._tables.get(key)
-        if table is None:
-            table = self._tables[key] = {}
-        return table
-
-
 @dataclass(frozen=True)
 class NamesResult:
     """A filter over node names, as kube-scheduler gets it back with ``nodeCacheCapable``."""
@@ -198,105 +68,6 @@ class NamesResult:
     failed: dict[str, str]
     unresolvable: dict[str, str]
     missing: list[str]
-
-
-class ShapeView:
-    """Known nodes' verdicts and scores for one request shape, grouped by outcome.
-
-    It follows the change logs of the node table and the ledger and decides a node only when
-    asked about it and not decided since it last changed, so answering a filter or a
-    prioritize over thousands of names costs a few set operations in C plus the nodes a bind
-    changed, instead of a Python step per node.
-    """
-
-    def __init__(self, nodes: NodeTable, ledger: Ledger, version: int) -> None:
-        self.nodes = nodes
-        self.ledger = ledger
-        self.version = version
-        self.positions = (nodes.changes.position, ledger.changes.position)
-        self.decided: set[str] = set()
-        """Names whose outcome below is current."""
-        self.fits: dict[str, float] = {}
-        """Score in [0, 1] of every node that fits."""
-        self.tens: dict[str, int] = {}
-        """The same as 0..10 (absolute policies)."""
-        self.failed: dict[str, str] = {}
-        self.unresolvable: dict[str, str] = {}
-        self.alike: dict[tuple[object, ...], tuple[Verdict, float]] = {}
-        """Decisions by (node kind, usage signature): look-alike nodes are decided once."""
-        self.groups: dict[tuple[object, ...], set[str]] = {}
-        """The current names decided through each ``alike`` key."""
-        self.key_of: dict[str, tuple[object, ...]] = {}
-
-    def catch_up(self) -> None:
-        """Forget the decisions on nodes that changed since the last call."""
-        node_log, ledger_log = self.nodes.changes, self.ledger.changes
-        by_node = node_log.since(self.positions[0])
-        by_ledger = ledger_log.since(self.positions[1])
-        self.positions = (node_log.position, ledger_log.position)
-        if by_node is None or by_ledger is None:
-            self.decided.clear()
-            self.fits.clear()
-            self.tens.clear()
-            self.failed.clear()
-            self.unresolvable.clear()
-            self.groups.clear()
-            self.key_of.clear()
-            return
-        for name in {*by_node, *by_ledger}:
-            self.decided.discard(name)
-            key = self.key_of.pop(name, None)
-            if key is not None:
-                self.groups[key].discard(name)
-            self.fits.pop(name, None)
-            self.tens.pop(name, None)
-            self.failed.pop(name, None)
-            self.unresolvable.pop(name, None)
-
-    def put(
-        self,
-        name: str,
-        verdict: Verdict | None,
-        score: float,
-        key: tuple[object, ...] | None = None,
-    ) -> None:
-        """Record the decision on a node not decided yet (None: the node is gone).
-
-        ``key``: the node's ``alike`` key, when its decision follows from it alone.
-        """
-        self.decided.add(name)
-        if key is not None:
-            self.key_of[name] = key
-            group = self.groups.get(key)
-            if group is None:
-                self.groups[key] = {name}
-            else:
-                group.add(name)
-        if verdict is None:
-            return
-        if verdict.fits:
-            self.fits[name] = score
-            self.tens[name] = round(score * MAX_SCORE)
-        elif verdict.code is Code.UNSCHEDULABLE:
-            self.failed[name] = verdict.message
-        else:
-            self.unresolvable[name] = verdict.message
-
-    def put_group(
-        self, key: tuple[object, ...], names: set[str], verdict: Verdict, score: float
-    ) -> None:
-        """Record one decision for every name of an ``alike`` group (none decided yet)."""
-        self.alike[key] = (verdict, score)
-        self.groups[key] = names
-        self.decided |= names
-        self.key_of.update(dict.fromkeys(names, key))
-        if verdict.fits:
-            self.fits.update(dict.fromkeys(names, score))
-            self.tens.update(dict.fromkeys(names, round(score * MAX_SCORE)))
-        elif verdict.code is Code.UNSCHEDULABLE:
-            self.failed.update(dict.fromkeys(names, verdict.message))
-        else:
-            self.unresolvable.update(dict.fromkeys(names, verdict.message))
 
 
 @dataclass
@@ -311,19 +82,17 @@ class Scheduler:
     workload: WorkloadFeed | None = None
     """The target workload the fragmentation-aware policies learn; the cache feeds it."""
     registry: PolicyRegistry | None = None
-    memo: VerdictMemo = field(default_factory=VerdictMemo)
-    view_limit: int = 256
-    """Request shapes whose views are kept before starting over."""
+    keys_kept: int = 256
+    """Request keys whose decisions are kept before the decision cache starts over."""
 
     def __post_init__(self) -> None:
-        self._views: dict[tuple[object, ...], ShapeView] = {}
         if self.workload is None:
             self.workload = WorkloadFeed(names=self.settings.names, unit=self.settings.unit)
         if self.registry is None:
             self.registry = all_policies(self.workload)
         self.policy: NodePolicy = self.registry.get(self.settings.policy)  # fails early
-        self._choosing = self.policy if isinstance(self.policy, ChoosingPolicy) else None
-        self._rules = self.settings.rules
+        self.decider = Decider(self.settings.rules, self.policy)
+        self.decisions = DecisionCache(self.decider, limit=self.keys_kept)
 
     def read(self, pod: KubeObject) -> PodRequest | Rejection:
         """Read a pod's request under these settings."""
@@ -341,141 +110,11 @@ class Scheduler:
             self.workload.count(request.uid, request)
         return request
 
-    def _key(self, request: PodRequest) -> tuple[object, ...]:
-        """The request's shape as the decision caches key it: what the filter and the policy
-        read from it (``shape_key``, plus the policy's ``reads``)."""
-        if self._choosing is None:
-            return shape_key(request)
-        return (*shape_key(request), *self._choosing.reads(request))
-
-    def _decide(self, request: PodRequest, node: NodeInventory, usage: NodeUsage) -> Verdict:
-        """The filter's verdict, with the policy's GPU choice where it makes one."""
-        policy = self._choosing
-        chooser: GpuChooser | None = None
-        if policy is not None:
-
-            def chooser(fitting: Sequence[Candidate]) -> tuple[int, ...]:
-                return policy.choose(request, node, usage, fitting)
-
-        return _with_handoff(request, node, usage, self._rules, chooser)
-
-    def _score(
-        self, request: PodRequest, node: NodeInventory, usage: NodeUsage, v: Verdict
-    ) -> float:
-        if not v.fits:
-            return 0.0
-        return max(0.0, min(1.0, self.policy.score(request, node, usage, v.gpus)))
-
-    def decisions(
-        self, request: PodRequest, nodes: Sequence[NodeInventory], ledger: Ledger
-    ) -> list[tuple[Verdict, float]]:
-        """Verdict and score (0..1, 0 when it does not fit) per node, remembered per shape.
-
-        The pod's own earlier holding is left out of the count (re-binding it).
-        """
-        version = self._choosing.version if self._choosing is not None else 0
-        table = self.memo.table(self._key(request), ledger, version)
-        get = table.get
-        current = ledger.node_versions.get
-        held = ledger.nodes_held_by(request.uid)
-        out: list[tuple[Verdict, float]] = []
-        append = out.append
-        for node in nodes:
-            name = node.name
-            hit = get(name)
-            fresh = hit is not None and hit[0] is node and hit[1] == current(name, 0)
-            if fresh and name not in held and hit is not None:
-                append(hit[2])
-                continue
-            if name in held:  # re-binding: its own share is left out, nothing remembered
-                usage = ledger.usage(name, excluding=request.uid)
-                verdict = self._decide(request, node, usage)
-                append((verdict, self._score(request, node, usage, verdict)))
-                continue
-            usage = ledger.usage(name)
-            verdict = self._decide(request, node, usage)
-            pair = (verdict, self._score(request, node, usage, verdict))
-            table[name] = (node, current(name, 0), pair)
-            append(pair)
-        return out
-
-    def _view(
-        self, request: PodRequest, nodes: NodeTable, ledger: Ledger, wanted: set[str]
-    ) -> ShapeView:
-        """The request shape's view, current for every name in ``wanted``."""
-        version = self._choosing.version if self._choosing is not None else 0
-        key = self._key(request)
-        view = self._views.get(key)
-        if view is None or view.nodes is not nodes or view.ledger is not ledger:
-            if len(self._views) >= self.view_limit:
-                self._views.clear()
-            view = self._views[key] = ShapeView(nodes, ledger, version)
-        elif view.version != version:
-            view = self._views[key] = self._rescored(request, view, version)
-        else:
-            view.catch_up()
-        if view.decided >= wanted:
-            return view
-        alike = view.alike
-        for name in wanted - view.decided:
-            node = nodes.get(name)
-            if node is None:
-                view.put(name, None, 0.0)
-                continue
-            usage = ledger.usage(name)
-            if node.handoff and any(not a.assigned for a in usage.allocations):
-                # the hand-off compares pending containers, which the signature leaves out
-                verdict = self._decide(request, node, usage)
-                view.put(name, verdict, self._score(request, node, usage, verdict))
-                continue
-            key = (node.kind, usage.signature)
-            pair = alike.get(key)
-            if pair is None:
-                verdict = self._decide(request, node, usage)
-                pair = alike[key] = (verdict, self._score(request, node, usage, verdict))
-            view.put(name, *pair, key)
-        return view
-
-    def _rescored(self, request: PodRequest, old: ShapeView, version: int) -> ShapeView:
-        """A view under the policy's new version, re-deciding each ``alike`` group once.
-
-        After a workload refresh every score is stale, but nodes that looked alike still do:
-        one node per group is decided again and its outcome given to the whole group, so a
-        refresh costs one decision per kind of node and usage, not one per node.
-        """
-        old.catch_up()
-        view = ShapeView(old.nodes, old.ledger, version)
-        view.positions = old.positions
-        for key, names in old.groups.items():
-            if not names:
-                continue
-            name = next(iter(names))
-            node = old.nodes[name]
-            usage = old.ledger.usage(name)
-            verdict = self._decide(request, node, usage)
-            view.put_group(key, names, verdict, self._score(request, node, usage, verdict))
-        return view
-
-    def _rebinding(
-        self, request: PodRequest, names: Iterable[str], nodes: NodeTable, ledger: Ledger
-    ) -> dict[str, tuple[Verdict, float]]:
-        """Decisions on the nodes where the pod already holds something, its share left out."""
-        out: dict[str, tuple[Verdict, float]] = {}
-        held = ledger.nodes_held_by(request.uid)
-        if not held:  # the usual case: no set of thousands of names to build
-            return out
-        for name in held & set(names):
-            node = nodes.get(name)
-            if node is not None:
-                usage = ledger.usage(name, excluding=request.uid)
-                verdict = self._decide(request, node, usage)
-                out[name] = (verdict, self._score(request, node, usage, verdict))
-        return out
-
     def filter_names(
         self, pod: KubeObject, names: list[str], nodes: NodeTable, ledger: Ledger
     ) -> NamesResult:
-        """``filter`` over node names from the cache's table, answered from the shape's view."""
+        """``filter`` over node names from the cache's table, answered by outcome from the
+        decision cache's indexes."""
         request = self._asked(pod)
         wanted = set(names)
         missing = [] if nodes.keys() >= wanted else [n for n in names if n not in nodes]
@@ -485,11 +124,11 @@ class Scheduler:
             return NamesResult(request, [], {}, known, missing)
         if not request.wants_gpu:
             return NamesResult(request, [n for n in names if n in nodes], {}, {}, missing)
-        view = self._view(request, nodes, ledger, wanted)
-        passing = list(filter(view.fits.__contains__, names))
-        failed = {n: view.failed[n] for n in view.failed.keys() & wanted}
-        unresolvable = {n: view.unresolvable[n] for n in view.unresolvable.keys() & wanted}
-        again = self._rebinding(request, wanted, nodes, ledger)
+        outcomes = self.decisions.on_names(request, wanted, nodes, ledger)
+        passing = list(filter(outcomes.fits.__contains__, names))
+        failed = {n: outcomes.failed[n] for n in outcomes.failed.keys() & wanted}
+        unresolvable = {n: outcomes.unresolvable[n] for n in outcomes.unresolvable.keys() & wanted}
+        again = self.decisions.rebinding(request, wanted, nodes, ledger)
         if again:
             for name, (verdict, _) in again.items():
                 failed.pop(name, None)
@@ -499,7 +138,7 @@ class Scheduler:
                 elif verdict.code is Code.UNRESOLVABLE:
                     unresolvable[name] = verdict.message
             fits = {n for n, (v, _) in again.items() if v.fits}
-            passing = [n for n in names if (n in fits or (n in view.fits and n not in again))]
+            passing = [n for n in names if (n in fits or (n in outcomes.fits and n not in again))]
         return NamesResult(request, passing, failed, unresolvable, missing)
 
     def prioritize_names(
@@ -509,9 +148,9 @@ class Scheduler:
         request = self._asked(pod)
         if isinstance(request, Rejection) or not request.wants_gpu:
             return [0] * len(names)
-        view = self._view(request, nodes, ledger, set(names))
-        again = self._rebinding(request, names, nodes, ledger)
-        fits = view.fits.get
+        known = self.decisions.on_names(request, set(names), nodes, ledger)
+        again = self.decisions.rebinding(request, names, nodes, ledger)
+        fits = known.fits.get
 
         def raw(name: str) -> float | None:
             if name in again:
@@ -519,13 +158,12 @@ class Scheduler:
                 return score if verdict.fits else None
             return fits(name)
 
-        if self._choosing is None or not self._choosing.active:
+        if not self.decider.relative:
             if not again:
-                tens = list(map(view.tens.get, names, repeat(0)))
+                tens = list(map(known.tens.get, names, repeat(0)))
             else:
                 tens = [
-                    round(again[n][1] * MAX_SCORE) if n in again else view.tens.get(n, 0)
-                    for n in names
+                    absolute(again[n][1]) if n in again else known.tens.get(n, 0) for n in names
                 ]
         elif not again:
             tens = normalized(list(map(fits, names)))
@@ -535,7 +173,7 @@ class Scheduler:
 
     def verdict(self, request: PodRequest, node: NodeInventory, ledger: Ledger) -> Verdict:
         """Filter one node, leaving the pod's own earlier holding out of the count."""
-        return self.decisions(request, [node], ledger)[0][0]
+        return self.decisions.on_node(request, node, ledger)[0]
 
     def filter(
         self, pod: KubeObject, nodes: Iterable[NodeInventory], ledger: Ledger
@@ -554,7 +192,8 @@ class Scheduler:
                 verdicts=tuple(Verdict(node=n.name, code=Code.FITS) for n in nodes),
             )
         return FilterResult(
-            request=request, verdicts=tuple(v for v, _ in self.decisions(request, nodes, ledger))
+            request=request,
+            verdicts=tuple(v for v, _ in self.decisions.on_nodes(request, nodes, ledger)),
         )
 
     def score(
@@ -571,7 +210,7 @@ class Scheduler:
         """
         if not request.wants_gpu or (verdict is not None and not verdict.fits):
             return 0.0
-        return self.decisions(request, [node], ledger)[0][1]
+        return self.decisions.on_node(request, node, ledger)[1]
 
     def prioritize(
         self,
@@ -594,11 +233,11 @@ class Scheduler:
         nodes = list(nodes)
         if isinstance(request, Rejection) or not request.wants_gpu:
             return {n.name: 0 for n in nodes}
-        decided = self.decisions(request, nodes, ledger)
+        decided: list[Decision] = self.decisions.on_nodes(request, nodes, ledger)
         names = [n.name for n in nodes]
         raw = {n: s if v.fits else None for n, (v, s) in zip(names, decided, strict=True)}
-        if self._choosing is None or not self._choosing.active:
-            tens = [round(s * MAX_SCORE) for _, s in decided]
+        if not self.decider.relative:
+            tens = [absolute(s) for _, s in decided]
         else:
             tens = normalized(list(raw.values()))
         return dict(zip(names, single_top(names, tens, raw.get), strict=True))

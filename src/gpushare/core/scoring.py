@@ -65,7 +65,7 @@ class ChoosingPolicy(NodePolicy, Protocol):
     def reads(self, request: PodRequest) -> tuple[object, ...]:
         """What its scores and choices read from a request beyond the GPU shape.
 
-        Decisions are remembered per request shape (``scheduling.shape_key``); two pods of one
+        Decisions are remembered per request shape (``deciding.shape_key``); two pods of one
         GPU shape that differ here (a fragmentation-aware policy reads the CPU request and the
         GPU models allowed) must not share them.
         """

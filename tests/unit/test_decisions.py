@@ -1,0 +1,176 @@
+"""The one decision cache: node lists, node names and reserve share it and never disagree."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from gpushare.core.allocation import Allocation
+from gpushare.core.changes import NodeTable
+from gpushare.core.deciding import Decision
+from gpushare.core.defragmenting import WorkloadFeed
+from gpushare.core.filtering import Code
+from gpushare.core.fragmentation import WorkloadEstimate
+from gpushare.core.inventory import NodeInventory, read_node
+from gpushare.core.ledger import Ledger, NodeUsage
+from gpushare.core.requests import PodRequest
+from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.kube.objects import gpu_node, gpu_pod
+
+
+def pod(name: str, mem: int) -> dict[str, Any]:
+    obj = gpu_pod(name, mem=mem)
+    obj["metadata"]["uid"] = f"uid-{name}"
+    return obj
+
+
+def request_of(scheduler: Scheduler, obj: dict[str, Any]) -> PodRequest:
+    request = scheduler.read(obj)
+    assert isinstance(request, PodRequest)
+    return request
+
+
+def made(name: str, gpus: list[int], handoff: bool = False) -> NodeInventory:
+    obj = gpu_node(name, gpus_units=gpus)
+    if handoff:
+        obj["metadata"]["annotations"]["gpushare.io/handoff"] = "podresources"
+    return read_node(obj)
+
+
+def counting(scheduler: Scheduler) -> list[str]:
+    """Names of the nodes the scheduler decides from now on (cache misses)."""
+    decided: list[str] = []
+    decide = scheduler.decider.decide
+
+    def counted(request: PodRequest, node: NodeInventory, usage: NodeUsage) -> Decision:
+        decided.append(node.name)
+        return decide(request, node, usage)
+
+    scheduler.decider.decide = counted  # type: ignore[method-assign]
+    return decided
+
+
+@pytest.mark.parametrize("policy", ["binpack", "spread", "fgd", "gpushare"])
+def test_one_scheduler_answers_alike_by_names_by_nodes_and_at_reserve(policy: str) -> None:
+    """Both ways in read and fill one cache; each answer equals a scheduler with none.
+
+    Binds, released pods, workload refreshes (every 2 pods) and replaced nodes happen between
+    the calls; look-alike nodes (decided once by name) are read back node by node with their
+    own names, and hand-off nodes with pending pods are decided on their own.
+    """
+    rng = random.Random(11)
+
+    def node(i: int) -> NodeInventory:
+        return made(f"n{i}", [15, 15] if i % 2 else [24], handoff=i in (0, 3))
+
+    table = NodeTable((f"n{i}", node(i)) for i in range(8))
+    names = list(table)
+    ledger = Ledger()
+    feed = WorkloadFeed(estimate=WorkloadEstimate(refresh=2))
+    shared = Scheduler(Settings(policy=policy), workload=feed)
+    bound = 0
+    for step in range(50):
+        new = pod(f"p{step}", rng.choice([2, 3, 5, 8, 12]))
+        feed.observe(new)
+        fresh = Scheduler(Settings(policy=policy), workload=feed)
+        want = fresh.filter(new, table.values(), ledger).verdicts
+        by_names = shared.filter_names(new, names, table, ledger)
+        by_nodes = shared.filter(new, table.values(), ledger).verdicts
+        assert by_nodes == want
+        assert by_names.passing == [v.node for v in want if v.fits]
+        assert by_names.failed == {v.node: v.message for v in want if v.code is Code.UNSCHEDULABLE}
+        fitting = [table[n] for n in by_names.passing]
+        scores = fresh.prioritize(new, fitting, ledger)
+        assert shared.prioritize(new, fitting, ledger) == scores
+        assert shared.prioritize_names(new, by_names.passing, table, ledger) == list(
+            scores.values()
+        )
+        if by_names.passing:
+            target = table[max(by_names.passing, key=scores.__getitem__)]
+            request = request_of(shared, new)
+            expected = fresh.verdict(request, target, ledger)
+            booked = shared.reserve(request, target, ledger)
+            assert isinstance(booked, Allocation)
+            assert (booked.node, booked.indexes) == (target.name, expected.gpus)
+            bound += 1
+        if step % 7 == 6:  # nodes replaced, as watch events would
+            table["n1"] = node(1)
+            table["n3"] = node(3)
+        if step % 5 == 4:
+            ledger.forget(f"uid-p{step - 3}")
+    assert bound > 20
+
+
+def test_reserve_reuses_the_decision_made_for_the_names() -> None:
+    """Bind's check finds the filter's decision: the chosen node is not decided again."""
+    table = NodeTable((f"n{i}", made(f"n{i}", [15, 15])) for i in range(6))
+    ledger, scheduler = Ledger(), Scheduler(Settings(policy="gpushare"))
+    decided = counting(scheduler)
+    first = pod("first", 4)
+    passing = scheduler.filter_names(first, list(table), table, ledger).passing
+    scores = scheduler.prioritize_names(first, passing, table, ledger)
+    assert len(decided) == 1  # six look-alikes: one decision
+    chosen = passing[scores.index(max(scores))]
+    booked = scheduler.reserve(request_of(scheduler, first), table[chosen], ledger)
+    assert isinstance(booked, Allocation) and booked.node == chosen
+    assert len(decided) == 1
+    # the bind changed one node: the next pod of the shape decides that node only
+    scheduler.filter_names(pod("second", 4), list(table), table, ledger)
+    assert decided[1:] == [chosen]
+
+
+def test_a_pods_own_share_is_left_out_for_it_and_counted_for_others() -> None:
+    """Re-binding: the pod's own holding does not count against it, and what it was told is
+    not remembered for a look-alike pod, on either way in."""
+    table = NodeTable([("n0", made("n0", [15])), ("n1", made("n1", [4]))])
+    ledger, scheduler = Ledger(), Scheduler(Settings(policy="binpack"))
+    mine, other = pod("mine", 10), pod("other", 10)
+    alone = Scheduler(Settings(policy="binpack")).prioritize(mine, [table["n0"]], Ledger())
+    booked = scheduler.reserve(request_of(scheduler, mine), table["n0"], ledger)
+    assert isinstance(booked, Allocation)
+    for _ in range(2):
+        assert scheduler.filter_names(mine, ["n0", "n1"], table, ledger).passing == ["n0"]
+        assert scheduler.filter(mine, table.values(), ledger).passing == ["n0"]
+        assert scheduler.prioritize_names(mine, ["n0"], table, ledger) == [alone["n0"]]
+        assert scheduler.prioritize(mine, [table["n0"]], ledger) == alone
+        assert scheduler.filter_names(other, ["n0", "n1"], table, ledger).passing == []
+        assert scheduler.filter(other, table.values(), ledger).passing == []
+        again = scheduler.reserve(request_of(scheduler, mine), table["n0"], ledger)
+        assert isinstance(again, Allocation)
+
+
+def test_another_table_or_ledger_starts_over() -> None:
+    """Decisions count only for the node table and ledger they were made on."""
+    scheduler = Scheduler(Settings(policy="binpack"))
+    roomy = NodeTable([("a", made("a", [15]))])
+    small = NodeTable([("a", made("a", [4]))])
+    ledger = Ledger()
+    asked = pod("p", 8)
+    assert scheduler.filter_names(asked, ["a"], roomy, ledger).passing == ["a"]
+    assert scheduler.filter_names(asked, ["a"], small, ledger).passing == []
+    assert scheduler.filter(asked, small.values(), ledger).passing == []
+    assert scheduler.filter(asked, roomy.values(), ledger).passing == ["a"]
+    busy = Ledger()
+    held = scheduler.reserve(request_of(scheduler, pod("held", 10)), roomy["a"], busy)
+    assert isinstance(held, Allocation)
+    assert scheduler.filter_names(asked, ["a"], roomy, busy).passing == []
+    assert scheduler.filter(asked, roomy.values(), busy).passing == []
+    assert scheduler.filter_names(asked, ["a"], roomy, ledger).passing == ["a"]
+
+
+def test_keys_past_the_limit_start_over_without_changing_answers() -> None:
+    table = NodeTable((f"n{i}", made(f"n{i}", [15])) for i in range(3))
+    ledger = Ledger()
+    small, roomy = Scheduler(Settings(), keys_kept=1), Scheduler(Settings())
+    for step in range(12):
+        asked = pod(f"p{step}", 2 + step % 3)
+        a = small.filter_names(asked, list(table), table, ledger).passing
+        assert a == roomy.filter_names(asked, list(table), table, ledger).passing
+        assert small.prioritize_names(asked, a, table, ledger) == roomy.prioritize_names(
+            asked, a, table, ledger
+        )
+        booked = small.reserve(request_of(small, asked), table[a[step % len(a)]], ledger)
+        assert isinstance(booked, Allocation)
+    assert len(small.decisions) == 1
