@@ -106,7 +106,9 @@ def test_one_scheduler_answers_alike_by_names_by_nodes_and_at_reserve(policy: st
 def test_reserve_reuses_the_decision_made_for_the_names() -> None:
     """Bind's check finds the filter's decision: the chosen node is not decided again."""
     table = NodeTable((f"n{i}", made(f"n{i}", [15, 15])) for i in range(6))
-    ledger, scheduler = Ledger(), Scheduler(Settings(policy="gpushare"))
+    # a workload that does not refresh between these pods (a refresh re-decides every group)
+    steady = WorkloadFeed(estimate=WorkloadEstimate(refresh=100))
+    ledger, scheduler = Ledger(), Scheduler(Settings(policy="gpushare"), workload=steady)
     decided = counting(scheduler)
     first = pod("first", 4)
     passing = scheduler.filter_names(first, list(table), table, ledger).passing

@@ -74,7 +74,10 @@ GPUSHARE = Variant(truncate=True, tight=False, copies=True, coverage=0.97)
 and cost speed."""
 
 SETTLE = 0.25
-"""After the first 100 pods, the target workload is refreshed every quarter of the pods seen."""
+"""The target workload is refreshed every quarter of the pods seen (at least every REFRESH)."""
+
+REFRESH = 1
+"""The shortest refresh interval, in pods."""
 
 MEMO_LIMIT = 500_000
 """Fragmentation values remembered per workload version before the memo starts over."""
@@ -126,7 +129,9 @@ class WorkloadFeed:
     ) -> None:
         self.names = names
         self.unit = unit
-        self.estimate = estimate or WorkloadEstimate(settle=SETTLE, coverage=GPUSHARE.coverage)
+        self.estimate = estimate or WorkloadEstimate(
+            settle=SETTLE, coverage=GPUSHARE.coverage, refresh=REFRESH
+        )
         self._uids: set[str] = set()
 
     @property

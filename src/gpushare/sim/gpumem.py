@@ -218,7 +218,7 @@ def node_ranks(count: int, seed: int) -> list[int]:
 
     The simulator gives equal scores to the earliest node in this order; the real-cluster
     replay (``benchmarks/replay.py``) names its nodes so that name order is this order, because
-    the extender breaks ties by the first name (``core.scheduling.single_top``).
+    the extender breaks ties by the first name (``core.ranking.single_top``).
     """
     order = list(range(count))
     random.Random(seed).shuffle(order)
