@@ -11,7 +11,7 @@ import pytest
 from gpushare.config import ConfigError, load
 from gpushare.core.allocation import Allocation, plan
 from gpushare.core.changes import NodeTable
-from gpushare.core.defragmenting import GPUSHARE, Defragmenter, WorkloadFeed
+from gpushare.core.defragmenting import GPUSHARE, Defragmenter, WorkloadFeed, learned_workload
 from gpushare.core.filtering import Code
 from gpushare.core.fragmentation import Shape, WorkloadEstimate
 from gpushare.core.inventory import NodeInventory, read_node
@@ -301,3 +301,19 @@ def test_pods_of_one_gpu_shape_with_other_cpu_requests_do_not_share_cached_decis
             got = cached.prioritize_names(probe, passing, table, ledger)
             assert dict(zip(passing, got, strict=True)) == want, (name, probe_cpu)
             assert cached.prioritize(probe, [table[n] for n in passing], ledger) == want
+
+
+def test_the_learned_workload_follows_the_first_pods_without_waiting_for_a_hundred() -> None:
+    """On a small cluster the first hundred pods are a third of it: one shape must not rule."""
+    estimate = learned_workload()
+    heavy, light = Shape(16_000, 1000, 1), Shape(2_000, 470, 1)
+    estimate.observe(heavy)
+    assert estimate.top() == ((heavy, 1.0),)
+    for _ in range(3):
+        estimate.observe(light)
+    assert dict(estimate.top()) == {light: 0.75, heavy: 0.25}
+    versions = estimate.version
+    for _ in range(400):
+        estimate.observe(light)
+    assert estimate.version - versions < 30  # then every quarter of the pods seen
+    assert WorkloadFeed().estimate.refresh == estimate.refresh == 1

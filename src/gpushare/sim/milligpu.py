@@ -21,14 +21,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from gpushare.core.defragmenting import (
-    FGD,
-    GPUSHARE,
-    REFRESH,
-    SETTLE,
-    Defragmenter,
-    Variant,
-)
+from gpushare.core.defragmenting import FGD, GPUSHARE, Defragmenter, Variant, learned_workload
 from gpushare.core.fragmentation import Shape, WorkloadEstimate, fragmentation
 from gpushare.sim.openb import MILLI_PER_GPU, TraceNode, TracePod
 from gpushare.sim.stream import capacity_milli
@@ -287,7 +280,7 @@ def make_policy(name: str, pods: Sequence[TracePod]) -> Policy:
         workload = WorkloadEstimate.of([shape_of(p) for p in pods])
         return FragmentationPolicy(name, workload, variant=replace(FGD, truncate=False))
     if name == "gpushare":
-        workload = WorkloadEstimate(settle=SETTLE, coverage=GPUSHARE.coverage, refresh=REFRESH)
+        workload = learned_workload()
         return FragmentationPolicy(name, workload, online=True, variant=GPUSHARE)
     known = ", ".join(POLICIES)
     raise ValueError(f"policy={name!r} is not known; choose one of: {known}")
