@@ -9,17 +9,14 @@ slice stops before, at its last pod. It skips when the shared traces are not bes
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from tests import benchmarks
+
 from .cluster import Cluster
 
-REPO = Path(__file__).resolve().parents[2]
 NODES = 40
 PODS = 400
 SEED = 0
@@ -27,19 +24,7 @@ POLICIES = ("binpack", "fgd", "gpushare")
 TOLERANCE = 0.5
 
 
-def load_replay() -> ModuleType:
-    """``benchmarks/replay.py`` as a module (benchmarks is not a package)."""
-    spec = importlib.util.spec_from_file_location(
-        "replay_benchmark", REPO / "benchmarks" / "replay.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-replay = load_replay()
+replay = benchmarks.load("replay")
 
 
 @pytest.fixture(scope="module")

@@ -4,20 +4,17 @@ they say, the same seed gives the same pods, and bad knobs are errors that say w
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import statistics
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from gpushare.sim import synthetic
 from gpushare.sim.openb import TraceNode, TracePod
 from gpushare.sim.synthetic import Mix, MixError
+from tests import benchmarks
 
-REPO = Path(__file__).resolve().parents[2]
 NODES = synthetic.nodes()
 CAPACITY = sum(n.gpus for n in NODES) * 1000
 FILL = 6.0
@@ -138,20 +135,8 @@ def test_knobs_the_cluster_cannot_serve_are_errors() -> None:
     assert {p.gpu_spec for p in both if p.num_gpu} == {("P100", "T4")}
 
 
-def load_stress_table() -> ModuleType:
-    """``benchmarks/stress_table.py`` as a module (benchmarks is not a package)."""
-    spec = importlib.util.spec_from_file_location(
-        "stress_table_benchmark", REPO / "benchmarks" / "stress_table.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_stress_table_on_a_small_cluster(tmp_path: Path) -> None:
-    stress_table = load_stress_table()
+    stress_table = benchmarks.load("stress_table")
     said: list[str] = []
     small = NODES[::6]  # 15 nodes, 8-GPU ones among them
     rows = stress_table.table(["mixed"], 2, cluster=small, out=tmp_path, say=said.append)
