@@ -37,6 +37,7 @@ from dataclasses import replace
 from gpushare.core.changes import NodeTable
 from gpushare.core.deciding import Decider, Decision
 from gpushare.core.filtering import Code
+from gpushare.core.handoff import any_pending
 from gpushare.core.inventory import NodeInventory
 from gpushare.core.ledger import Ledger
 from gpushare.core.ranking import absolute
@@ -291,7 +292,7 @@ class DecisionCache:
                 known.put(name, None)
                 continue
             usage = ledger.usage(name)
-            if node.handoff and any(not a.assigned for a in usage.allocations):
+            if node.handoff and any_pending(usage.allocations):
                 # the hand-off compares pending containers, which the signature leaves out
                 known.put(name, decide(request, node, usage))
                 continue

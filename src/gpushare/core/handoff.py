@@ -102,6 +102,11 @@ def listed_signatures(allocation: Allocation) -> dict[tuple[str, str], Signature
     }
 
 
+def any_pending(allocations: Iterable[Allocation]) -> bool:
+    """Whether the device plugin has not served some of these allocations yet."""
+    return any(not allocation.assigned for allocation in allocations)
+
+
 def pending_of(allocations: Iterable[Allocation]) -> list[Pending]:
     """Containers of allocations the device plugin has not served yet."""
     out = []

@@ -282,8 +282,12 @@ class Ledger:
         self._touch(node)
 
     def _touch(self, node: str) -> None:
-        """The node's usage changed: new version, cached usage dropped, change logged."""
+        """The node's usage changed: a new epoch, marked on the node."""
         self.epoch += 1
+        self._mark(node)
+
+    def _mark(self, node: str) -> None:
+        """The node changed in this epoch: its version, cached usage dropped, change logged."""
         self._usage.pop(node, None)
         self._node_versions[node] = self.epoch
         self.changes.add(node)
@@ -291,9 +295,7 @@ class Ledger:
     def _reindex(self, uid: str) -> None:
         self.epoch += 1
         for node in self._nodes_of.get(uid, ()):
-            self._usage.pop(node, None)
-            self._node_versions[node] = self.epoch
-            self.changes.add(node)
+            self._mark(node)
         for node in self._nodes_of.pop(uid, set()):
             members = self._by_node.get(node)
             if members is not None:
@@ -310,9 +312,7 @@ class Ledger:
             self._nodes_of[uid] = nodes
             for node in nodes:
                 self._by_node.setdefault(node, set()).add(uid)
-                self._usage.pop(node, None)
-                self._node_versions[node] = self.epoch
-                self.changes.add(node)
+                self._mark(node)
 
     # -- queries ---------------------------------------------------------------------------
 
