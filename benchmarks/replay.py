@@ -108,6 +108,9 @@ MAX_PODS = 5000
 """``pods`` allocatable on every replay node: more than any node ever holds in the trace."""
 BACKOFF = 3600
 """kube-scheduler's pod backoff (seconds) in the replay: a failed pod is never retried."""
+NODE_LEASE_S = 1200
+"""kwok's node lease: renewed every 5 minutes, not every 10 s, so that 1,213 nodes' leases do
+not cost the control plane more than the pods do."""
 NAMESPACE = "replay"
 DECIDE_TIMEOUT = 120.0
 """Seconds one pod may take to be bound or found unschedulable before the run is abandoned."""
@@ -656,7 +659,11 @@ def replay_cluster(root: Path, say: Callable[[str], None] = print) -> Iterator[C
     settings = {"podInitialBackoffSeconds": BACKOFF, "podMaxBackoffSeconds": BACKOFF}
     started = time.monotonic()
     with running_cluster(
-        root, lambda step: say(f"starting {step}"), scheduler_settings=settings
+        root,
+        lambda step: say(f"starting {step}"),
+        scheduler_settings=settings,
+        pods_run=False,
+        node_lease_s=NODE_LEASE_S,
     ) as cluster:
         say(f"control plane up in {time.monotonic() - started:.0f} s ({cluster.server})")
         try:
@@ -767,6 +774,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         say(f"[sim {policy} seed {seed}] done in {sim.seconds:.0f} s")
                         pairs.append((real.run(policy), sim))
                         say(table(pairs[-1:]))
+                        if args.out:
+                            write_out(args.out, pairs, load.names, say)
                 finally:
                     real.close()
     except (ReplayError, StartError) as err:
@@ -774,12 +783,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     say("\nunallocated GPU memory % at arrived %, real cluster beside the simulator")
     say(table(pairs))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / "replay.json"
-        path.write_text(json.dumps([as_json(r, s) for r, s in pairs], indent=2) + "\n")
-        say(f"wrote {path}")
     return 0
+
+
+def write_out(
+    out: Path,
+    pairs: Sequence[tuple[Outcome, Outcome]],
+    names: Sequence[str],
+    say: Callable[[str], None],
+) -> None:
+    """``replay.json`` with every pair so far (a long run that stops keeps what it measured),
+    and the last pair's node per step, real and simulated (``placed-<policy>-<seed>.json``,
+    ``names``, null for a failed pod), to find where and why they part."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "replay.json"
+    path.write_text(json.dumps([as_json(r, s) for r, s in pairs], indent=2) + "\n")
+    real, sim = pairs[-1]
+
+    def named(placed: Sequence[int | None]) -> list[str | None]:
+        return [None if i is None else names[i] for i in placed]
+
+    steps = out / f"placed-{real.policy}-{real.seed}.json"
+    steps.write_text(json.dumps({"real": named(real.placed), "sim": named(sim.placed)}) + "\n")
+    say(f"wrote {path} and {steps}")
 
 
 if __name__ == "__main__":

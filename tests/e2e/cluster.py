@@ -40,6 +40,7 @@ from gpushare.schedconfig import scheduler_configuration
 HERE = Path(__file__).resolve().parent
 BUILD = HERE / "controlplane" / "build.sh"
 STAGES = HERE / "controlplane" / "kwok-stages.yaml"
+RUNNING_STAGE = "gpushare-pod-running"
 KWOK_SELECTOR = "kwok.x-k8s.io/node=fake"
 
 
@@ -250,7 +251,15 @@ class Cluster:
     ports: dict[str, int] = field(default_factory=dict)
     extender_unit: str = "1GiB"
     extender_policy: str | None = None
-    """``gpushare extender --policy``; None: the extender's default (binpack)."""
+    """``gpushare extender --policy``; None: the extender's default."""
+    pods_run: bool = True
+    """kwok's stage that turns bound pods Running. The replay benchmark turns it off: nothing
+    it measures reads a pod's phase (a bound pod holds its share from its ``nodeName`` on), and
+    the status write per pod, fanned out to every watcher, was a large share of its CPU."""
+    node_lease_s: int = 40
+    """kwok's node lease duration; it renews every quarter of it, so 1,213 replay nodes at 40 s
+    write 121 leases a second, ten times the pods. kube-controller-manager's grace period (after
+    which it taints a node unreachable) is this plus 10 s."""
     scheduler_settings: dict[str, Any] = field(default_factory=dict)
     """Top-level KubeSchedulerConfiguration fields laid over ``scheduler_configuration``'s
     (the replay benchmark's long pod backoff); the profiles stay the ones it makes."""
@@ -471,6 +480,7 @@ class Cluster:
                 f"--cert-dir={self.root / 'cm-certs'}",
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",
+                f"--node-monitor-grace-period={self.node_lease_s + 10}s",
             ],
         )
         wait_for(
@@ -573,17 +583,30 @@ class Cluster:
                 f"--kubeconfig={self.kubeconfig}",
                 "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={KWOK_SELECTOR}",
-                "--node-lease-duration-seconds=40",
+                f"--node-lease-duration-seconds={self.node_lease_s}",
                 f"--server-address=127.0.0.1:{port}",
                 "--cidr=10.244.0.0/16",
                 "--node-ip=10.2.0.1",
                 "-c",
-                str(STAGES),
+                str(self._stages()),
             ],
         )
         wait_for(
             "kwok /healthz", lambda: self._http_ok(f"http://127.0.0.1:{port}/healthz"), 60, process
         )
+
+    def _stages(self) -> Path:
+        """kwok's stage file: ``STAGES``, without the running stage unless ``pods_run``."""
+        if self.pods_run:
+            return STAGES
+        kept = [
+            doc
+            for doc in yaml.safe_load_all(STAGES.read_text())
+            if doc and doc["metadata"]["name"] != RUNNING_STAGE
+        ]
+        path = self.root / "kwok-stages.yaml"
+        path.write_text(yaml.safe_dump_all(kept))
+        return path
 
     def stop(self) -> None:
         """Stop everything this cluster started, newest first, by PID."""
@@ -599,6 +622,8 @@ def running_cluster(
     *,
     policy: str | None = None,
     scheduler_settings: dict[str, Any] | None = None,
+    pods_run: bool = True,
+    node_lease_s: int = 40,
 ) -> Iterator[Cluster]:
     """Build (cached), start, yield, stop."""
     cluster = Cluster(
@@ -606,6 +631,8 @@ def running_cluster(
         binaries=build_binaries(),
         extender_policy=policy,
         scheduler_settings=dict(scheduler_settings or {}),
+        pods_run=pods_run,
+        node_lease_s=node_lease_s,
     )
     cluster.start(progress)
     try:
