@@ -102,8 +102,10 @@ POLICIES = ("binpack", "fgd", "gpushare")
 RUN_LABEL = "gpushare-replay"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 WATCH_SETTLE_S = 0.05
-"""Pause after binding a CPU-only pod: the extender's policy counts the CPU it takes from its
-own watch of pods, and the next GPU pod must not be decided before that event arrives."""
+"""Pause after the replay's own watch has shown a CPU-only pod it bound: the extender's policy
+counts the CPU the pod takes from its watch of the same apiserver, and the next GPU pod must
+not be decided before that event arrives there too. Waiting for the replay's own watch first
+starts the pause once the apiserver has sent the event out, not when the create returned."""
 MAX_PODS = 5000
 """``pods`` allocatable on every replay node: more than any node ever holds in the trace."""
 BACKOFF = 3600
@@ -606,7 +608,9 @@ class RealReplay:
                         place = int(fits[np.argmin(ranks[fits])])
                         obj["spec"]["nodeName"] = load.names[place]
                         self.api.call("POST", path, obj)
-                        time.sleep(WATCH_SETTLE_S)  # the extender counts its CPU from its watch
+                        # the extender counts its CPU from its own watch of the same apiserver
+                        watch.wait(obj["metadata"]["name"])
+                        time.sleep(WATCH_SETTLE_S)
                     else:
                         outcome.run.failed["CPU or memory"] = (
                             outcome.run.failed.get("CPU or memory", 0) + 1
