@@ -273,6 +273,9 @@ class Outcome:
     run: Run
     placed: list[int | None] = field(default_factory=list)
     """Node index per step (None: failed)."""
+    gpus: list[tuple[int, ...]] = field(default_factory=list)
+    """GPU indices booked per step (empty: CPU-only or failed): two runs can part inside a
+    node, and the node-level trace shows it only at a later step."""
     seconds: float = 0.0
     decided: int = 0
     """GPU pods decided (bound or failed)."""
@@ -302,8 +305,10 @@ def agreement_point(real: Outcome, sim: Outcome) -> tuple[str, float, float]:
 
 
 def differences(real: Outcome, sim: Outcome) -> tuple[int, int | None]:
-    """(steps placed on a different node or only one failed, the first such step)."""
-    steps = [i for i, (a, b) in enumerate(zip(real.placed, sim.placed, strict=False)) if a != b]
+    """(steps placed on a different node or GPUs, or where only one failed; the first)."""
+    a = zip(real.placed, real.gpus, strict=True)
+    b = zip(sim.placed, sim.gpus, strict=True)
+    steps = [i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y]
     return len(steps), (steps[0] if steps else None)
 
 
@@ -323,12 +328,15 @@ def simulate(load: Workload, policy: str) -> Outcome:
         where = None if pod.num_gpu else _cpu_node(cluster, pod)
         booked, reason = cluster.place(pod, str(step))
         allocated += booked
+        gpus: tuple[int, ...] = ()
         if reason:
             outcome.run.failed[reason] = outcome.run.failed.get(reason, 0) + 1
         elif pod.num_gpu:
             holding = cluster.ledger.holding(str(step))
             where = cluster.index[holding.node] if holding else None
+            gpus = tuple(sorted(share.index for share in holding.gpus)) if holding else ()
         outcome.placed.append(None if reason else where)
+        outcome.gpus.append(gpus)
         if pod.num_gpu:
             outcome.decided += 1
         outcome.run.arrived.append(100.0 * requested / capacity)
@@ -409,7 +417,7 @@ class Api:
         return PodWatch(self, namespace, version)
 
 
-Decision = tuple[str, str, int]
+Decision = tuple[str, str, int, tuple[int, ...]]
 """("bound", node, units booked) or ("failed", reason and message, 0)."""
 
 
@@ -485,17 +493,19 @@ class PodWatch:
 
 
 def decision_of(pod: dict[str, Any]) -> Decision | None:
-    """Bound (with the units its allocation books), failed, or not decided yet."""
+    """Bound (with the units and the GPU indices its allocation books), failed, or not
+    decided yet."""
     node = (pod.get("spec") or {}).get("nodeName")
     if node:
         record = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_ALLOCATION)
-        units = sum(int(g["mem"]) for g in json.loads(record)["gpus"]) if record else 0
-        return ("bound", node, units)
+        shares = json.loads(record)["gpus"] if record else []
+        units = sum(int(g["mem"]) for g in shares)
+        return ("bound", node, units, tuple(sorted(int(g["index"]) for g in shares)))
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             reason = condition.get("reason", "")
             if reason in ("Unschedulable", "SchedulerError"):
-                return ("failed", f"{reason}: {condition.get('message', '')}", 0)
+                return ("failed", f"{reason}: {condition.get('message', '')}", 0, ())
     return None
 
 
@@ -597,6 +607,7 @@ class RealReplay:
                 requested += per_gpu * pod.num_gpu
                 obj = pod_manifest(pod, step, load)
                 place: int | None = None
+                gpus: tuple[int, ...] = ()
                 if not pod.num_gpu:
                     mask = models.get(pod.gpu_spec)
                     if mask is None:
@@ -620,11 +631,12 @@ class RealReplay:
                     outcome.decided += 1
                 else:
                     self.api.call("POST", path, obj)
-                    kind, what, units = watch.wait(obj["metadata"]["name"])
+                    kind, what, units, booked = watch.wait(obj["metadata"]["name"])
                     outcome.decided += 1
                     if kind == "bound":
                         place = index[what]
                         allocated += units
+                        gpus = booked
                     else:
                         reason = what.split(":", 1)[0]
                         outcome.run.failed[reason] = outcome.run.failed.get(reason, 0) + 1
@@ -635,6 +647,7 @@ class RealReplay:
                     cpu[place] -= pod.cpu_milli
                     mem[place] -= pod.memory_mib
                 outcome.placed.append(place)
+                outcome.gpus.append(gpus)
                 outcome.run.arrived.append(100.0 * requested / capacity)
                 outcome.run.unallocated.append(100.0 - 100.0 * allocated / capacity)
                 now = time.monotonic()
@@ -700,7 +713,7 @@ def table(pairs: Sequence[tuple[Outcome, Outcome]]) -> str:
         where, a, b = agreement_point(real, sim)
         lines.append(
             f"{'':<9} {'':>4} {'diff':<5}{diff}   at {where}: {a - b:+.2f} points; "
-            f"{count} of {len(real.placed)} pods placed differently"
+            f"{count} of {len(real.placed)} pods placed differently (node or GPUs)"
             + (f" (first at step {first})" if first is not None else "")
         )
     return "\n".join(lines)
@@ -797,18 +810,22 @@ def write_out(
     say: Callable[[str], None],
 ) -> None:
     """``replay.json`` with every pair so far (a long run that stops keeps what it measured),
-    and the last pair's node per step, real and simulated (``placed-<policy>-<seed>.json``,
-    ``names``, null for a failed pod), to find where and why they part."""
+    and the last pair's node and GPUs per step, real and simulated
+    (``placed-<policy>-<seed>.json``: ``<node>:<gpu>,<gpu>`` from ``names``, the node alone for
+    a CPU-only pod, null for a failed one), to find where and why they part."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "replay.json"
     path.write_text(json.dumps([as_json(r, s) for r, s in pairs], indent=2) + "\n")
     real, sim = pairs[-1]
 
-    def named(placed: Sequence[int | None]) -> list[str | None]:
-        return [None if i is None else names[i] for i in placed]
+    def named(o: Outcome) -> list[str | None]:
+        return [
+            None if i is None else names[i] + (":" + ",".join(map(str, g)) if g else "")
+            for i, g in zip(o.placed, o.gpus, strict=True)
+        ]
 
     steps = out / f"placed-{real.policy}-{real.seed}.json"
-    steps.write_text(json.dumps({"real": named(real.placed), "sim": named(sim.placed)}) + "\n")
+    steps.write_text(json.dumps({"real": named(real), "sim": named(sim)}) + "\n")
     say(f"wrote {path} and {steps}")
 
 

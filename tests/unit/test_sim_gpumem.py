@@ -146,3 +146,14 @@ def test_cli_memory_mode(tmp_path: Path) -> None:
     assert document["trace"] == "synthetic (memory, 128MiB, share)"
     bad = CliRunner().invoke(main, [*args, "--policy", "bestfit"])
     assert bad.exit_code == 2 and "'bestfit' is not a policy in memory accounting" in bad.output
+
+
+def test_a_pod_no_node_can_take_is_still_learned() -> None:
+    """The extender's cache counts every pod it watches, also one kube-scheduler's own filters
+    refuse before asking the extender; the simulator's learned workload must count it too, or
+    it refreshes at another pod than the real cluster's."""
+    cluster = MemoryCluster([T4], policy="gpushare")
+    assert cluster.scheduler.workload is not None
+    placed = _place(cluster, [TracePod("big", 20_000, 1, 1, 500), TracePod("s", 1000, 1, 1, 500)])
+    assert placed[0] == (0, "CPU")
+    assert cluster.scheduler.workload.seen == 2

@@ -308,6 +308,11 @@ class MemoryCluster:
             )
             for core_mem in (False, True)
         }
+        # The extender's cache counts every pod it watches, also one that kube-scheduler's own
+        # filters (CPU, memory, models) refuse before the extender is asked: count it here too,
+        # or the learned workload refreshes one pod later than the real cluster's.
+        if self.scheduler.workload is not None:
+            self.scheduler.workload.observe(objs[False])
         best: tuple[float, int, PodRequest] | None = None
         reasons: list[str] = []
         for core_mem in (False, True):
