@@ -78,9 +78,9 @@ bench: $(STAMP)
 
 # The openb trace replayed on the real control plane (kwok nodes, kube-scheduler's
 # ack-co-scheduler profile, the extender per policy), one pod at a time, beside the memory-mode
-# simulator on the same pods (benchmarks/replay.py). A benchmark, not a test: about 17 minutes
-# per policy at full size on 2 cores. REPLAY_ARGS="--nodes 40 --pods 400 --policy binpack" (or
-# --seeds, --out) for less; the cluster lives in .cluster-replay on free ports.
+# simulator on the same pods (benchmarks/replay.py). A benchmark, not a test: about 11 minutes
+# per policy and seed at full size on 2 cores. REPLAY_ARGS="--nodes 40 --pods 400 --policy binpack"
+# (or --seeds, --seed, --out) for less; the cluster lives in .cluster-replay on free ports.
 replay: $(STAMP)
 	bash tests/e2e/controlplane/build.sh > /dev/null
 	$(BIN)/python benchmarks/replay.py $(REPLAY_ARGS)
