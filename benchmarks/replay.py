@@ -33,10 +33,11 @@ How it stays exact:
 
 - One try, in order. A GPU pod is created only after the one before it was bound or found
   unschedulable; an unschedulable pod is counted as failed and deleted at once. kube-scheduler
-  is also given a one-hour pod backoff (``BACKOFF``) so that a failed pod could not be tried
-  again before it is gone. Waiting costs throughput (each pod pays a full round trip), but a
-  pod scheduled while the previous bind is still in flight would be decided by an extender that
-  has not booked that bind yet, which the simulator never does.
+  is also given a one-hour pod backoff (``BACKOFF``) and SchedulerPopFromBackoffQ off
+  (``SCHEDULER_GATES``) so that a failed pod is not tried again before it is gone. Waiting
+  costs throughput (each pod pays a full round trip), but a pod scheduled while the previous
+  bind is still in flight would be decided by an extender that has not booked that bind yet,
+  which the simulator never does.
 - Ties. The simulator gives equal scores to the earliest node in a seeded order
   (``gpumem.node_ranks``); the extender's ``single_top`` gives them to the first name. Node
   names are ``<rank>-<trace name>`` with a zero-padded rank, so name order is the seed's order.
@@ -110,6 +111,11 @@ MAX_PODS = 5000
 """``pods`` allocatable on every replay node: more than any node ever holds in the trace."""
 BACKOFF = 3600
 """kube-scheduler's pod backoff (seconds) in the replay: a failed pod is never retried."""
+SCHEDULER_GATES = {"SchedulerPopFromBackoffQ": False}
+"""kube-scheduler since 1.33 takes pods from the backoff queue early whenever nothing else is
+waiting (pkg/scheduler/backend/queue/active_queue.go), so the hour-long backoff alone did not
+keep a failed pod from being tried again: its logs showed second attempts of pods the replay
+had already deleted, overlapping the next pod. Off, each pod gets one try."""
 NODE_LEASE_S = 1200
 """kwok's node lease: renewed every 5 minutes, not every 10 s, so that 1,213 nodes' leases do
 not cost the control plane more than the pods do."""
@@ -679,6 +685,7 @@ def replay_cluster(root: Path, say: Callable[[str], None] = print) -> Iterator[C
         root,
         lambda step: say(f"starting {step}"),
         scheduler_settings=settings,
+        scheduler_gates=SCHEDULER_GATES,
         pods_run=False,
         node_lease_s=NODE_LEASE_S,
     ) as cluster:

@@ -260,6 +260,9 @@ class Cluster:
     """kwok's node lease duration; it renews every quarter of it, so 1,213 replay nodes at 40 s
     write 121 leases a second, ten times the pods. kube-controller-manager's grace period (after
     which it taints a node unreachable) is this plus 10 s."""
+    scheduler_gates: dict[str, bool] = field(default_factory=dict)
+    """kube-scheduler ``--feature-gates`` (the replay benchmark turns SchedulerPopFromBackoffQ
+    off, so a pod found unschedulable is not tried again while its backoff lasts)."""
     scheduler_settings: dict[str, Any] = field(default_factory=dict)
     """Top-level KubeSchedulerConfiguration fields laid over ``scheduler_configuration``'s
     (the replay benchmark's long pod backoff); the profiles stay the ones it makes."""
@@ -564,6 +567,11 @@ class Cluster:
                 f"--secure-port={port}",
                 "--bind-address=127.0.0.1",
                 f"--cert-dir={self.root / 'scheduler-certs'}",
+                *(
+                    [f"--feature-gates={gates}"]
+                    if (gates := ",".join(f"{k}={v}" for k, v in self.scheduler_gates.items()))
+                    else []
+                ),
             ],
         )
         wait_for(
@@ -622,6 +630,7 @@ def running_cluster(
     *,
     policy: str | None = None,
     scheduler_settings: dict[str, Any] | None = None,
+    scheduler_gates: dict[str, bool] | None = None,
     pods_run: bool = True,
     node_lease_s: int = 40,
 ) -> Iterator[Cluster]:
@@ -631,6 +640,7 @@ def running_cluster(
         binaries=build_binaries(),
         extender_policy=policy,
         scheduler_settings=dict(scheduler_settings or {}),
+        scheduler_gates=dict(scheduler_gates or {}),
         pods_run=pods_run,
         node_lease_s=node_lease_s,
     )
