@@ -88,8 +88,8 @@ if str(ROOT) not in sys.path:  # the harness lives in tests/e2e
 
 from tests.e2e.cluster import Cluster, StartError, _down, running_cluster  # noqa: E402
 
+from gpushare.core.allocation import from_pod  # noqa: E402
 from gpushare.core.gpumodel import LABEL_MODEL  # noqa: E402
-from gpushare.core.names import ANN_ALLOCATION  # noqa: E402
 from gpushare.kube.port import KubeDict  # noqa: E402
 from gpushare.sim import gpumem  # noqa: E402
 from gpushare.sim.kubeyaml import card_units  # noqa: E402
@@ -340,7 +340,7 @@ def simulate(load: Workload, policy: str) -> Outcome:
         elif pod.num_gpu:
             holding = cluster.ledger.holding(str(step))
             where = cluster.index[holding.node] if holding else None
-            gpus = tuple(sorted(share.index for share in holding.gpus)) if holding else ()
+            gpus = tuple(sorted(holding.indexes)) if holding else ()
         outcome.placed.append(None if reason else where)
         outcome.gpus.append(gpus)
         if pod.num_gpu:
@@ -424,7 +424,7 @@ class Api:
 
 
 Decision = tuple[str, str, int, tuple[int, ...]]
-"""("bound", node, units booked) or ("failed", reason and message, 0)."""
+"""("bound", node, units booked, GPU indices) or ("failed", reason and message, 0, ())."""
 
 
 class PodWatch:
@@ -503,10 +503,10 @@ def decision_of(pod: dict[str, Any]) -> Decision | None:
     decided yet."""
     node = (pod.get("spec") or {}).get("nodeName")
     if node:
-        record = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_ALLOCATION)
-        shares = json.loads(record)["gpus"] if record else []
-        units = sum(int(g["mem"]) for g in shares)
-        return ("bound", node, units, tuple(sorted(int(g["index"]) for g in shares)))
+        booked = from_pod(pod)
+        if booked is None:
+            return ("bound", node, 0, ())
+        return ("bound", node, booked.mem_units, tuple(sorted(booked.indexes)))
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             reason = condition.get("reason", "")

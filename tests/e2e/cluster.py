@@ -557,6 +557,7 @@ class Cluster:
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         port = self.ports["scheduler"]
         kubeconfig = self.root / "scheduler.kubeconfig"
+        gates = ",".join(f"{k}={str(v).lower()}" for k, v in self.scheduler_gates.items())
         process = self._spawn(
             "kube-scheduler",
             [
@@ -567,11 +568,7 @@ class Cluster:
                 f"--secure-port={port}",
                 "--bind-address=127.0.0.1",
                 f"--cert-dir={self.root / 'scheduler-certs'}",
-                *(
-                    [f"--feature-gates={gates}"]
-                    if (gates := ",".join(f"{k}={v}" for k, v in self.scheduler_gates.items()))
-                    else []
-                ),
+                *([f"--feature-gates={gates}"] if gates else []),
             ],
         )
         wait_for(

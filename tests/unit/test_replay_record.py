@@ -12,7 +12,7 @@ replay = load("replay")
 
 
 def _bound(node: str, gpus: list[dict[str, int]]) -> dict[str, object]:
-    record = json.dumps({"gpus": gpus})
+    record = json.dumps({"node": node, "gpus": gpus})
     return {"metadata": {"annotations": {ANN_ALLOCATION: record}}, "spec": {"nodeName": node}}
 
 
