@@ -11,6 +11,7 @@ import click
 
 from gpushare import __version__
 from gpushare.config import ConfigError, load
+from gpushare.core.names import DEFAULT_SCHEDULER, SCHEDULER_NAME
 
 if TYPE_CHECKING:
     from gpushare.core.trust import Trust
@@ -401,6 +402,26 @@ def device_plugin(
     "system:serviceaccount:NAMESPACE:NAME (repeatable).",
 )
 @click.option("--trusted-group", multiple=True, help="Group trusted the same way (repeatable).")
+@click.option(
+    "--scheduler-name",
+    default=SCHEDULER_NAME,
+    show_default=True,
+    help="The scheduler profile that runs gpushare's extender.",
+)
+@click.option(
+    "--steer-from",
+    multiple=True,
+    default=[DEFAULT_SCHEDULER],
+    show_default=True,
+    help="A scheduler name that counts as none named: POST /mutate gives GPU pods naming it "
+    "--scheduler-name instead (repeatable). The API server writes default-scheduler into an "
+    "empty schedulerName before admission.",
+)
+@click.option(
+    "--no-steer",
+    is_flag=True,
+    help="POST /mutate changes nothing (the chart's webhook.steer.enabled=false).",
+)
 @click.option("--log-level", default="info", show_default=True)
 def webhook(
     host: str,
@@ -414,9 +435,12 @@ def webhook(
     count_resource: str | None,
     trusted_user: tuple[str, ...],
     trusted_group: tuple[str, ...],
+    scheduler_name: str,
+    steer_from: tuple[str, ...],
+    no_steer: bool,
     log_level: str,
 ) -> None:
-    """Serve the validating admission webhook (POST /validate) over HTTPS."""
+    """Serve the admission webhook (POST /validate, POST /mutate) over HTTPS."""
     from pathlib import Path
 
     import uvicorn
@@ -440,6 +464,8 @@ def webhook(
         names=scheduling.names,
         unit=scheduling.unit,
         trust=Trust(users=frozenset(trusted_user), groups=frozenset(trusted_group)),
+        scheduler_name=scheduler_name,
+        steer_from=() if no_steer else tuple(steer_from),
     )
     for flag, path in (
         ("--tls-cert-file", tls_cert_file),
@@ -500,6 +526,24 @@ def webhook(
     help="Also print the ValidatingAdmissionPolicy and its binding that keep the annotation "
     "and nodeName rules while the webhook is down.",
 )
+@click.option(
+    "--no-steer",
+    is_flag=True,
+    help="Leave out the MutatingWebhookConfiguration that gives GPU pods naming no scheduler "
+    "schedulerName ack-co-scheduler (then run gpushare webhook --no-steer too).",
+)
+@click.option(
+    "--steer-from",
+    multiple=True,
+    default=[DEFAULT_SCHEDULER],
+    show_default=True,
+    help="Scheduler name that counts as none named (the webhook's own --steer-from; repeatable).",
+)
+@click.option(
+    "--steer-url",
+    default=None,
+    help="https://HOST:PORT/mutate; default: --url with /validate replaced by /mutate.",
+)
 @click.option("--mem-resource", default="aliyun.com/gpu-mem", show_default=True)
 @click.option("--core-resource", default="aliyun.com/gpu-core.percentage", show_default=True)
 def webhook_config(
@@ -513,10 +557,17 @@ def webhook_config(
     trusted_user: tuple[str, ...],
     trusted_group: tuple[str, ...],
     with_policy: bool,
+    no_steer: bool,
+    steer_from: tuple[str, ...],
+    steer_url: str | None,
     mem_resource: str,
     core_resource: str,
 ) -> None:
-    """Print the ValidatingWebhookConfiguration that sends reviews to gpushare webhook."""
+    """Print the webhook configurations that send reviews to gpushare webhook.
+
+    The ValidatingWebhookConfiguration, then (unless --no-steer) the
+    MutatingWebhookConfiguration for GPU pods that name no scheduler.
+    """
     import base64
     from pathlib import Path
 
@@ -525,6 +576,9 @@ def webhook_config(
     from gpushare.core.names import ResourceNames
     from gpushare.webhook.configuration import (
         DEFAULT_EXCLUDED_NAMESPACES,
+        PATH,
+        STEERING_PATH,
+        steering_configuration,
         webhook_configuration,
     )
     from gpushare.webhook.policy import handoff_policy
@@ -559,10 +613,34 @@ def webhook_config(
         )
     except ValueError as err:
         raise click.UsageError(str(err)) from None
+    names = ResourceNames(mem=mem_resource, core=core_resource)
     documents = [document]
+    if not no_steer:
+        if url is not None and steer_url is None:
+            if not url.endswith(PATH):
+                raise click.BadParameter(
+                    f"{url!r} does not end in {PATH}, so the steering webhook's URL cannot be "
+                    f"derived from it; give --steer-url https://HOST:PORT{STEERING_PATH} or "
+                    f"--no-steer",
+                    param_hint="--url",
+                )
+            steer_url = url.removesuffix(PATH) + STEERING_PATH
+        documents.append(
+            steering_configuration(
+                ca_bundle=ca,
+                url=steer_url if url is not None else None,
+                service=target,
+                failure_policy="Fail" if failure_policy == "Fail" else "Ignore",
+                timeout_seconds=timeout_seconds,
+                excluded_namespaces=exclude_namespace or DEFAULT_EXCLUDED_NAMESPACES,
+                namespace_labels=labels,
+                steer_from=steer_from,
+                names=names,
+            )
+        )
     if with_policy:
         documents += handoff_policy(
-            names=ResourceNames(mem=mem_resource, core=core_resource),
+            names=names,
             trusted_users=trusted_user,
             trusted_groups=trusted_group,
             excluded_namespaces=exclude_namespace or DEFAULT_EXCLUDED_NAMESPACES,

@@ -46,10 +46,13 @@ async def exchange(
 
 
 def test_validate_answers_the_golden_reviews_and_counts_them() -> None:
-    cases = ["valid_pod", "job_bad_core", "missing_scheduler_warning", "malformed_request"]
+    cases = ["valid_pod", "job_bad_core", "missing_scheduler_steered", "malformed_request"]
     calls = [("/validate", json.dumps(golden_request(c)).encode()) for c in cases]
     calls += [("/validate", b"{not json"), ("/metrics", b""), ("/healthz", b""), ("/readyz", b"")]
-    *reviews, metrics, healthz, readyz = asyncio.run(exchange(calls))
+    steered = ("/mutate", json.dumps(golden_request("steered_pod")).encode())
+    mutated, *reviews, metrics, healthz, readyz = asyncio.run(exchange([steered, *calls]))
+    golden_steered = json.loads((GOLDEN / "admission_steered_pod.json").read_text())["out"]
+    assert mutated.status_code == 200 and mutated.json() == golden_steered
     for case, answer in zip(cases, reviews, strict=False):
         assert answer.status_code == 200
         expected = json.loads((GOLDEN / f"admission_{case}.json").read_text())["out"]
@@ -61,9 +64,10 @@ def test_validate_answers_the_golden_reviews_and_counts_them() -> None:
     text = metrics.text
     assert 'gpushare_webhook_reviews_total{decision="allowed",kind="Pod"} 1.0' in text
     assert 'gpushare_webhook_reviews_total{decision="denied",kind="Job"} 1.0' in text
-    assert 'gpushare_webhook_reviews_total{decision="warned",kind="Pod"} 1.0' in text
+    assert 'gpushare_webhook_reviews_total{decision="warned",kind="Job"} 1.0' in text
+    assert 'gpushare_webhook_reviews_total{decision="mutated",kind="Pod"} 1.0' in text
     assert 'gpushare_webhook_reviews_total{decision="malformed",kind="unknown"} 2.0' in text
-    assert "gpushare_webhook_review_duration_seconds_count 5.0" in text
+    assert "gpushare_webhook_review_duration_seconds_count 6.0" in text
     assert healthz.status_code == 200 and readyz.status_code == 200
 
 
@@ -144,7 +148,7 @@ def test_webhook_config_renders_url_or_service_with_the_chosen_failure_policy(
         ],
     )
     assert result.exit_code == 0, result.output
-    document = yaml.safe_load(result.output)
+    document, steering = yaml.safe_load_all(result.output)
     (hook,) = document["webhooks"]
     assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
     assert hook["admissionReviewVersions"] == ["v1"]
@@ -161,6 +165,16 @@ def test_webhook_config_renders_url_or_service_with_the_chosen_failure_policy(
     debug = [r for r in hook["rules"] if r["resources"] == ["pods/ephemeralcontainers"]]
     assert debug[0]["operations"] == ["UPDATE"]
     assert "matchConditions" not in hook  # nobody trusted, nobody left out
+    assert steering["kind"] == "MutatingWebhookConfiguration"
+    (steer,) = steering["webhooks"]
+    assert steer["clientConfig"]["service"]["path"] == "/mutate"
+    assert steer["failurePolicy"] == "Fail" and steer["reinvocationPolicy"] == "Never"
+    assert steer["rules"][0]["resources"] == ["pods"]
+    assert steer["rules"][0]["operations"] == ["CREATE"]
+    assert steer["namespaceSelector"] == hook["namespaceSelector"]
+    conditions = {c["name"]: c["expression"] for c in steer["matchConditions"]}
+    assert conditions["names-no-scheduler"].endswith('in ["default-scheduler"]')
+    assert "'aliyun.com/gpu-mem'" in conditions["asks-gpushare"]
     ignoring = webhook_configuration(
         ca_bundle="", url="https://127.0.0.1:9443/validate", failure_policy="Ignore"
     )
@@ -194,7 +208,8 @@ def test_webhook_config_leaves_trusted_identities_out_and_prints_the_policy(
         ],
     )
     assert result.exit_code == 0, result.output
-    configuration, policy, binding = yaml.safe_load_all(result.output)
+    configuration, steering, policy, binding = yaml.safe_load_all(result.output)
+    assert steering["webhooks"][0]["clientConfig"]["url"] == "https://127.0.0.1:9443/mutate"
     (condition,) = configuration["webhooks"][0]["matchConditions"]
     assert condition == {
         "name": "not-trusted",
@@ -245,3 +260,25 @@ def test_the_app_refuses_tampering_and_passes_the_trusted_identities() -> None:
     assert refusal["allowed"] is False and refusal["status"]["code"] == 403
     assert 'by "alice"' in refusal["status"]["message"]
     assert 'gpushare_webhook_reviews_total{decision="denied",kind="Pod"} 1.0' in metrics.text
+
+
+def test_webhook_config_steering_can_be_left_out_or_pointed_elsewhere(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    base = ["webhook-config", "--ca-bundle-file", str(ca)]
+    alone = CliRunner().invoke(gpushare, [*base, "--url", "https://h:1/validate", "--no-steer"])
+    assert alone.exit_code == 0, alone.output
+    assert [d["kind"] for d in yaml.safe_load_all(alone.output)] == [
+        "ValidatingWebhookConfiguration"
+    ]
+    odd = CliRunner().invoke(gpushare, [*base, "--url", "https://h:1/check"])
+    assert odd.exit_code == 2 and "--steer-url https://HOST:PORT/mutate" in odd.output
+    named = CliRunner().invoke(
+        gpushare,
+        [*base, "--url", "https://h:1/check", "--steer-url", "https://h:2/m", "--steer-from", "x"],
+    )
+    assert named.exit_code == 0, named.output
+    _, steering = yaml.safe_load_all(named.output)
+    (steer,) = steering["webhooks"]
+    assert steer["clientConfig"]["url"] == "https://h:2/m"
+    assert steer["matchConditions"][0]["expression"].endswith('in ["x"]')

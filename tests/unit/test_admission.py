@@ -98,6 +98,9 @@ CASES: dict[str, Any] = {
     "missing_scheduler_warning": review(
         pod("no-sched", pod_template(container({MEM: "3"}), scheduler=None))
     ),
+    "missing_scheduler_steered": review(
+        job("no-sched", pod_template(container({MEM: "3"}), scheduler=None))
+    ),
     "job_bad_core": review(
         job("train", pod_template(container({MEM: "4", CORE: "33"}, name="trainer")))
     ),
@@ -107,9 +110,13 @@ CASES: dict[str, Any] = {
 }
 
 
+CASE_SETTINGS = {"missing_scheduler_warning": AdmissionSettings(steer_from=())}
+"""Without steering (``gpushare webhook --no-steer``) a pod naming no scheduler is warned."""
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_golden_admission_reviews(case: str, golden: Callable[[str, str], None]) -> None:
-    golden(f"admission_{case}.json", exchange(CASES[case]))
+    golden(f"admission_{case}.json", exchange(CASES[case], CASE_SETTINGS.get(case)))
 
 
 def response(request: Any, settings: AdmissionSettings | None = None) -> dict[str, Any]:

@@ -19,20 +19,35 @@ Outcomes are values: a ``Decision`` holds the response document and a summary fo
   turns into its failure policy.
 - A pod template asking for GPU memory without ``schedulerName: ack-co-scheduler`` is allowed
   with a warning, because clusters that wire the extender into every profile still place it.
+  When its pods will be given that name (``mutate``, below), the warning says so instead.
 - An UPDATE judges only what it changes: an invalid request or a refused variable that
   ``oldObject`` already had is allowed with a warning (refusing it would block removing a
   finalizer from a pod created before the webhook, and it makes nothing worse). The
   ``ephemeralcontainers`` subresource arrives as an UPDATE of the whole Pod and is read the same.
 - Everything else (no GPU resource, DELETE, CONNECT, other kinds) is allowed untouched.
+
+``mutate`` answers the mutating webhook: a Pod created with a gpushare GPU request and no
+scheduler named gets ``spec.schedulerName: ack-co-scheduler`` (``AdmissionSettings.steer_from``),
+so that manifests written for ACK, where the seeds' cuda-sample, the 128 MiB StatefulSet and
+tensorflow-mnist-share name no scheduler, reach gpushare unchanged. The API server fills in
+``default-scheduler`` before admission when the field is empty (``SetDefaults_PodSpec`` in
+``pkg/apis/core/v1/defaults.go``), so that name is what "none named" looks like here; a pod that
+writes ``default-scheduler`` itself cannot be told apart and is steered too (set
+``steer_from`` to ``()`` to turn steering off). Only Pods are patched, never workload templates:
+a patched Deployment template would differ from what its owner applied, and every pod a
+controller creates passes this webhook anyway. A pod the validating webhook refuses (an invalid
+request, ``nodeName`` set) is left as it is for that refusal.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from gpushare.core.names import DEFAULT_NAMES, SCHEDULER_NAME, ResourceNames
+from gpushare.core.names import DEFAULT_NAMES, DEFAULT_SCHEDULER, SCHEDULER_NAME, ResourceNames
 from gpushare.core.requests import PodRequest, Rejection, read_pod
 from gpushare.core.shape import pod_shape
 from gpushare.core.tampering import Checked, Requester, Tampering, Trust, check
@@ -40,7 +55,7 @@ from gpushare.core.units import MemoryUnit
 
 API_VERSION = "admission.k8s.io/v1"
 
-DecisionKind = Literal["allowed", "warned", "denied", "malformed"]
+DecisionKind = Literal["allowed", "warned", "denied", "malformed", "mutated"]
 
 TEMPLATE_PATHS: Mapping[str, tuple[str, ...]] = {
     "Pod": (),
@@ -64,6 +79,8 @@ class AdmissionSettings:
     scheduler_name: str = SCHEDULER_NAME
     trust: Trust = field(default_factory=Trust)
     """The extender's and device plugin's identities (``--trusted-user``); none by default."""
+    steer_from: tuple[str, ...] = (DEFAULT_SCHEDULER,)
+    """Scheduler names that count as none named: ``mutate`` replaces them on GPU pods."""
 
 
 @dataclass(frozen=True)
@@ -141,12 +158,25 @@ def _scheduler_warning(template: Mapping[str, Any], where: str, settings: Admiss
     if scheduler == settings.scheduler_name:
         return ""
     field_path = f"{where}.spec.schedulerName" if where else "spec.schedulerName"
-    shown = f"is {scheduler!r}" if scheduler else "is not set (default-scheduler)"
+    shown = f"is {scheduler!r}" if scheduler else f"is not set ({DEFAULT_SCHEDULER})"
+    if _steered(scheduler, settings):
+        return (
+            f"{field_path} {shown}; its pods ask for {settings.names.mem}, so gpushare's "
+            f"mutating webhook gives each of them schedulerName: {settings.scheduler_name} "
+            f"when it is created"
+        )
     return (
         f"{field_path} {shown} but the pod asks for {settings.names.mem}; set schedulerName: "
         f"{settings.scheduler_name}, or the pod is placed by a scheduler that may not know "
         f"shared GPUs"
     )
+
+
+def _steered(scheduler: object, settings: AdmissionSettings) -> bool:
+    """Whether a pod naming this scheduler (None or "": none) is given gpushare's."""
+    if not settings.steer_from:
+        return False
+    return not scheduler or scheduler in settings.steer_from
 
 
 def _object_name(obj: Mapping[str, Any], request: Mapping[str, Any]) -> str:
@@ -159,9 +189,8 @@ def _object_name(obj: Mapping[str, Any], request: Mapping[str, Any]) -> str:
     return f"{namespace}/{name}" if namespace else name
 
 
-def decide(body: Any, settings: AdmissionSettings | None = None) -> Decision:
-    """Answer one AdmissionReview v1 request (any JSON value) with its response."""
-    settings = settings or AdmissionSettings()
+def _envelope(body: Any) -> tuple[Mapping[str, Any], str] | Decision:
+    """The review's request and uid, or the malformed Decision saying what is wrong."""
     if not isinstance(body, Mapping):
         return malformed("", "unknown", f"the body is {type(body).__name__}, not an object")
     request = body.get("request")
@@ -176,8 +205,63 @@ def decide(body: Any, settings: AdmissionSettings | None = None) -> Decision:
         )
     if not isinstance(request, Mapping) or not uid:
         return malformed(uid, "unknown", "request or request.uid is missing")
+    return request, uid
+
+
+def decide(body: Any, settings: AdmissionSettings | None = None) -> Decision:
+    """Answer one validating AdmissionReview v1 request (any JSON value) with its response."""
+    settings = settings or AdmissionSettings()
+    read = _envelope(body)
+    if isinstance(read, Decision):
+        return read
+    request, uid = read
     decision = _decide(request, uid, settings)
     return replace(decision, user=Requester.from_user_info(request.get("userInfo")).username)
+
+
+def mutate(body: Any, settings: AdmissionSettings | None = None) -> Decision:
+    """Answer one mutating AdmissionReview v1 request: steer a GPU pod to gpushare's scheduler.
+
+    Never denies a readable review: whatever is wrong with the pod is the validating webhook's
+    to refuse, with its reasons, after this one has run.
+    """
+    settings = settings or AdmissionSettings()
+    read = _envelope(body)
+    if isinstance(read, Decision):
+        return read
+    request, uid = read
+    user = Requester.from_user_info(request.get("userInfo")).username
+    gvk = request.get("kind")
+    kind = str(gvk.get("kind") or "") if isinstance(gvk, Mapping) else ""
+    untouched = Decision(
+        review=_response(uid, allowed=True),
+        kind=kind if kind in TEMPLATE_PATHS else "other",
+        decision="allowed",
+        user=user,
+    )
+    obj = request.get("object")
+    if kind != "Pod" or request.get("operation") != "CREATE" or not isinstance(obj, Mapping):
+        return untouched
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping) or spec.get("nodeName"):
+        return untouched
+    scheduler = spec.get("schedulerName")
+    if not _steered(scheduler, settings) or scheduler == settings.scheduler_name:
+        return untouched
+    pod, _, problem = _read(obj, kind, settings)
+    if problem or not isinstance(pod, PodRequest) or not pod.wants_gpu:
+        return untouched
+    shown = repr(scheduler) if scheduler else "not set"
+    warning = (
+        f"Pod {_object_name(obj, request)}: spec.schedulerName was {shown}; gpushare set it to "
+        f"{settings.scheduler_name!r} because the pod asks for {settings.names.mem} (another "
+        f"scheduler would not place it on a shared GPU)"
+    )
+    patch = [{"op": "add", "path": "/spec/schedulerName", "value": settings.scheduler_name}]
+    review = _response(uid, allowed=True, warnings=[warning])
+    review["response"]["patchType"] = "JSONPatch"
+    review["response"]["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    return Decision(review=review, kind=kind, decision="mutated", reasons=(warning,), user=user)
 
 
 def _decide(request: Mapping[str, Any], uid: str, settings: AdmissionSettings) -> Decision:

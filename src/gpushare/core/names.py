@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SCHEDULER_NAME = "ack-co-scheduler"
+DEFAULT_SCHEDULER = "default-scheduler"
+"""What the API server writes into an empty ``spec.schedulerName`` (before admission)."""
 
 LABEL_MODE = "ack.node.gpu.schedule"
 LABEL_PLACEMENT = "ack.node.gpu.placement"

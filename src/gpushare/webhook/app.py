@@ -1,11 +1,12 @@
-"""The webhook's HTTP service (FastAPI): ``POST /validate``, probes and metrics.
+"""The webhook's HTTP service (FastAPI): ``POST /validate``, ``POST /mutate``, probes, metrics.
 
-The decision is ``core.admission.decide``; this module only reads the body, times the call,
-counts it and logs it, with the requester (``user=``) so a refused forgery names its author. A
-body that is not JSON (malformed, not UTF-8, or nested deeper than the decoder goes) is answered
-like any unreadable review, with an HTTP 200 AdmissionReview that denies with code 400 and says
-why: a non-200 reply would make the API server apply the failure policy instead (with ``Fail``,
-refuse without the reason; with ``Ignore``, admit the object).
+The decisions are ``core.admission.decide`` and ``core.admission.mutate``; this module only
+reads the body, times the call, counts it and logs it, with the requester (``user=``) so a
+refused forgery names its author. A body that is not JSON (malformed, not UTF-8, or nested
+deeper than the decoder goes) is answered like any unreadable review, with an HTTP 200
+AdmissionReview that denies with code 400 and says why: a non-200 reply would make the API
+server apply the failure policy instead (with ``Fail``, refuse without the reason; with
+``Ignore``, admit the object).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -26,7 +28,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from gpushare.core.admission import AdmissionSettings, Decision, decide, malformed
+from gpushare.core.admission import AdmissionSettings, Decision, decide, malformed, mutate
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,10 @@ class WebhookMetrics:
         )
 
 
-def _review(body: bytes, settings: AdmissionSettings) -> Decision:
+Answer = Callable[[Any, AdmissionSettings], Decision]
+
+
+def _review(body: bytes, settings: AdmissionSettings, answer: Answer = decide) -> Decision:
     try:
         data: Any = json.loads(body)
     except UnicodeDecodeError as err:
@@ -68,7 +73,7 @@ def _review(body: bytes, settings: AdmissionSettings) -> Decision:
             "the body is JSON nested too deeply to read; an AdmissionReview is a few dozen "
             "levels deep at most",
         )
-    return decide(data, settings)
+    return answer(data, settings)
 
 
 def create_app(settings: AdmissionSettings, metrics: WebhookMetrics | None = None) -> FastAPI:
@@ -77,24 +82,31 @@ def create_app(settings: AdmissionSettings, metrics: WebhookMetrics | None = Non
     app = FastAPI(title="gpushare admission webhook", docs_url=None, redoc_url=None)
     app.state.metrics = metrics
 
-    @app.post("/validate")
-    async def validate(request: Request) -> Response:
+    def answer(body: bytes, phase: str, how: Answer) -> Response:
         started = time.perf_counter()
-        decision = _review(await request.body(), settings)
-        body = json.dumps(decision.review)
+        decision = _review(body, settings, how)
         metrics.reviews.labels(decision.kind, decision.decision).inc()
         metrics.latency.observe(time.perf_counter() - started)
         response = decision.review["response"]
         log.log(
             logging.INFO if decision.decision != "allowed" else logging.DEBUG,
-            "uid=%s kind=%s user=%s decision=%s phase=admission %s",
+            "uid=%s kind=%s user=%s decision=%s phase=%s %s",
             response.get("uid", ""),
             decision.kind,
             decision.user,
             decision.decision,
+            phase,
             "; ".join(decision.reasons),
         )
-        return Response(content=body, media_type="application/json")
+        return Response(content=json.dumps(decision.review), media_type="application/json")
+
+    @app.post("/validate")
+    async def validate(request: Request) -> Response:
+        return answer(await request.body(), "admission", decide)
+
+    @app.post("/mutate")
+    async def mutate_route(request: Request) -> Response:
+        return answer(await request.body(), "mutation", mutate)
 
     @app.get("/healthz", response_class=PlainTextResponse)
     async def healthz() -> str:

@@ -1,7 +1,9 @@
-"""The ``ValidatingWebhookConfiguration`` that points the API server at ``gpushare webhook``.
+"""The webhook configurations that point the API server at ``gpushare webhook``.
 
 One renderer serves ``gpushare webhook-config``, the chart's reference and the e2e test, so
-what is tested is what is installed.
+what is tested is what is installed: the ``ValidatingWebhookConfiguration`` (``/validate``) and
+the ``MutatingWebhookConfiguration`` that steers GPU pods naming no scheduler to gpushare's
+(``/mutate``, ``steering_configuration``).
 
 **Pods are matched on CREATE and UPDATE, and ``pods/ephemeralcontainers`` on UPDATE**: the
 hand-off annotations must not be forged at creation nor patched in later (a merge patch is an
@@ -32,12 +34,16 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from gpushare.core.names import DEFAULT_NAMES, DEFAULT_SCHEDULER, ResourceNames
+
 FailurePolicy = Literal["Ignore", "Fail"]
 
 DEFAULT_FAILURE_POLICY: FailurePolicy = "Fail"
 WEBHOOK_NAME = "validate.gpushare.io"
 CONFIGURATION_NAME = "gpushare-webhook"
 PATH = "/validate"
+STEERING_WEBHOOK_NAME = "steer.gpushare.io"
+STEERING_PATH = "/mutate"
 DEFAULT_PORT = 9443
 DEFAULT_EXCLUDED_NAMESPACES = ("kube-system",)
 
@@ -94,6 +100,40 @@ def namespace_selector(
     return selector
 
 
+def asks_gpushare(names: ResourceNames, pod: str = "object") -> str:
+    """CEL: the pod's containers or init containers ask for gpushare's memory or core share."""
+    resources = f"['{names.mem}', '{names.core}']"
+
+    def asks(containers: str) -> str:
+        return (
+            f"{containers}.exists(c, has(c.resources) && {resources}.exists(r, "
+            f"(has(c.resources.limits) && r in c.resources.limits) || "
+            f"(has(c.resources.requests) && r in c.resources.requests)))"
+        )
+
+    return (
+        f"{asks(f'{pod}.spec.containers')} || "
+        f"(has({pod}.spec.initContainers) && {asks(f'{pod}.spec.initContainers')})"
+    )
+
+
+def _client(url: str | None, service: Mapping[str, Any] | None, ca_bundle: str, path: str) -> dict:
+    if (url is None) == (service is None):
+        raise ValueError("give exactly one of url (outside the cluster) or service")
+    client: dict[str, Any] = {"caBundle": ca_bundle}
+    if url is not None:
+        client["url"] = url
+    else:
+        assert service is not None
+        client["service"] = {"path": path, **service}
+    return client
+
+
+def _check_failure_policy(failure_policy: str) -> None:
+    if failure_policy not in ("Ignore", "Fail"):
+        raise ValueError(f"failurePolicy={failure_policy!r}: use Fail (default) or Ignore")
+
+
 def webhook_configuration(
     *,
     ca_bundle: str,
@@ -109,16 +149,8 @@ def webhook_configuration(
     name: str = CONFIGURATION_NAME,
 ) -> dict[str, Any]:
     """The configuration as a dict; ``ca_bundle`` is base64 PEM, one of url/service is given."""
-    if (url is None) == (service is None):
-        raise ValueError("give exactly one of url (outside the cluster) or service")
-    if failure_policy not in ("Ignore", "Fail"):
-        raise ValueError(f"failurePolicy={failure_policy!r}: use Fail (default) or Ignore")
-    client: dict[str, Any] = {"caBundle": ca_bundle}
-    if url is not None:
-        client["url"] = url
-    else:
-        assert service is not None
-        client["service"] = {"path": PATH, **service}
+    client = _client(url, service, ca_bundle, PATH)
+    _check_failure_policy(failure_policy)
     webhook: dict[str, Any] = {
         "name": WEBHOOK_NAME,
         "admissionReviewVersions": ["v1"],
@@ -147,6 +179,74 @@ def webhook_configuration(
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "gpushare"}},
+        "webhooks": [webhook],
+    }
+
+
+def steering_configuration(
+    *,
+    ca_bundle: str,
+    url: str | None = None,
+    service: Mapping[str, Any] | None = None,
+    failure_policy: FailurePolicy = DEFAULT_FAILURE_POLICY,
+    timeout_seconds: int = 5,
+    excluded_namespaces: Sequence[str] = DEFAULT_EXCLUDED_NAMESPACES,
+    namespace_labels: Mapping[str, str] | None = None,
+    steer_from: Sequence[str] = (DEFAULT_SCHEDULER,),
+    names: ResourceNames = DEFAULT_NAMES,
+    name: str = CONFIGURATION_NAME,
+) -> dict[str, Any]:
+    """The ``MutatingWebhookConfiguration`` that sends new GPU pods naming no scheduler to
+    ``/mutate`` (``core.admission.mutate``).
+
+    **Only those pods are sent** (``matchConditions``, evaluated by the API server): a pod that
+    names another scheduler, or asks for no gpushare resource, never waits on the webhook, so
+    ``failurePolicy`` touches nothing else.
+
+    **failurePolicy defaults to Fail**, because the pod it would let through is broken anyway:
+    the cluster's own scheduler places it by the device plugin's ``aliyun.com/gpu-mem``
+    capacity alone, without the extender's GPU choice, and the device plugin then has no
+    allocation to hand its container, which fails to start on the node. With Fail, creating
+    such a pod fails at once, naming this webhook, while no replica answers; with Ignore it is
+    created and fails on the node instead. A pod that names ``ack-co-scheduler`` itself never
+    depends on this webhook.
+    """
+    client = _client(url, service, ca_bundle, STEERING_PATH)
+    _check_failure_policy(failure_policy)
+    if not steer_from:
+        raise ValueError("steer_from is empty: with no name to steer from, install no steering")
+    webhook: dict[str, Any] = {
+        "name": STEERING_WEBHOOK_NAME,
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": failure_policy,
+        "matchPolicy": "Equivalent",
+        "reinvocationPolicy": "Never",
+        "timeoutSeconds": timeout_seconds,
+        "clientConfig": client,
+        "namespaceSelector": namespace_selector(excluded_namespaces, namespace_labels),
+        "rules": [
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "resources": ["pods"],
+                "operations": ["CREATE"],
+                "scope": "Namespaced",
+            }
+        ],
+        "matchConditions": [
+            {
+                "name": "names-no-scheduler",
+                "expression": "!has(object.spec.schedulerName) || "
+                f"object.spec.schedulerName in {_cel_list(steer_from)}",
+            },
+            {"name": "asks-gpushare", "expression": asks_gpushare(names)},
+        ],
+    }
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "gpushare"}},
         "webhooks": [webhook],
     }

@@ -31,6 +31,7 @@ from gpushare.core.names import DEFAULT_NAMES, ResourceNames
 from gpushare.core.tampering import HANDOFF_ANNOTATION_PREFIXES
 from gpushare.webhook.configuration import (
     DEFAULT_EXCLUDED_NAMESPACES,
+    asks_gpushare,
     namespace_selector,
     not_trusted,
 )
@@ -41,15 +42,6 @@ _HANDOFF = "variables.handoff.exists(p, k.startsWith(p))"
 
 
 def _variables(names: ResourceNames) -> list[dict[str, str]]:
-    resources = f"['{names.mem}', '{names.core}']"
-
-    def asks(containers: str) -> str:
-        return (
-            f"{containers}.exists(c, has(c.resources) && {resources}.exists(r, "
-            f"(has(c.resources.limits) && r in c.resources.limits) || "
-            f"(has(c.resources.requests) && r in c.resources.requests)))"
-        )
-
     prefixes = ", ".join(f"'{p}'" for p in HANDOFF_ANNOTATION_PREFIXES)
     return [
         {"name": "handoff", "expression": f"[{prefixes}]"},
@@ -62,11 +54,7 @@ def _variables(names: ResourceNames) -> list[dict[str, str]]:
             "expression": "request.operation == 'UPDATE' && has(oldObject.metadata.annotations)"
             " ? oldObject.metadata.annotations : {}",
         },
-        {
-            "name": "asksGpushare",
-            "expression": f"{asks('object.spec.containers')} || "
-            f"(has(object.spec.initContainers) && {asks('object.spec.initContainers')})",
-        },
+        {"name": "asksGpushare", "expression": asks_gpushare(names)},
     ]
 
 
