@@ -151,6 +151,7 @@ def test_default_objects(default_docs: list[dict[str, Any]]) -> None:
         "Job",
         "PodDisruptionBudget",
         "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     } <= kinds
@@ -160,6 +161,7 @@ def test_default_objects(default_docs: list[dict[str, Any]]) -> None:
             "ClusterRole",
             "ClusterRoleBinding",
             "ValidatingWebhookConfiguration",
+            "MutatingWebhookConfiguration",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
         }:
@@ -416,6 +418,71 @@ def test_webhook_config_equals_renderer(
         assert chart == expected
 
 
+def test_steering_config_equals_renderer(
+    default_docs: list[dict[str, Any]], ci_docs: list[dict[str, Any]]
+) -> None:
+    configuration = pytest.importorskip("gpushare.webhook.configuration")
+    ci_values = yaml.safe_load(CI_VALUES.read_text())["resourceNames"]
+    ci_names = ResourceNames(mem=ci_values["mem"], core=ci_values["core"])
+    for docs, names in ((default_docs, ResourceNames()), (ci_docs, ci_names)):
+        chart = copy.deepcopy(find(docs, "MutatingWebhookConfiguration", "-webhook"))
+        expected = configuration.steering_configuration(
+            ca_bundle="",
+            service={"namespace": NAMESPACE, "name": f"{RELEASE}-webhook", "port": 443},
+            failure_policy="Fail",
+            excluded_namespaces=["kube-system", NAMESPACE],
+            names=names,
+        )
+        for document in (chart, expected):
+            document.pop("metadata")
+            for webhook in document["webhooks"]:
+                webhook["clientConfig"].pop("caBundle", None)
+        assert chart == expected
+    args = find(default_docs, "Deployment", "-webhook")["spec"]["template"]["spec"]
+    flags = args["containers"][0]["args"]
+    assert "--scheduler-name=ack-co-scheduler" in flags
+    assert "--steer-from=default-scheduler" in flags and "--no-steer" not in flags
+    certs = find(default_docs, "Job", "-webhook-certs-1")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in certs["containers"][0]["env"]}
+    assert env["WEBHOOK_KINDS"] == "validatingwebhookconfiguration mutatingwebhookconfiguration"
+
+
+def test_steering_can_be_turned_off_or_renamed() -> None:
+    docs = render("--set", "webhook.steer.enabled=false")
+    assert not [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+    flags = find(docs, "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"][0]
+    assert "--no-steer" in flags["args"]
+    assert not [a for a in flags["args"] if a.startswith("--steer-from")]
+    certs = find(docs, "Job", "-webhook-certs-1")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in certs["containers"][0]["env"]}
+    assert env["WEBHOOK_KINDS"] == "validatingwebhookconfiguration"
+    configuration = pytest.importorskip("gpushare.webhook.configuration")
+    names = ResourceNames(mem="example.com/gpu-mem", core="example.com/gpu-core")
+    docs = render(
+        "--set",
+        "webhook.steer.fromSchedulerNames={default-scheduler,legacy}",
+        "--set",
+        "webhook.steer.failurePolicy=Ignore",
+        "--set",
+        f"resourceNames.mem={names.mem}",
+        "--set",
+        f"resourceNames.core={names.core}",
+    )
+    chart = find(docs, "MutatingWebhookConfiguration", "-webhook")
+    expected = configuration.steering_configuration(
+        ca_bundle="",
+        service={"namespace": NAMESPACE, "name": f"{RELEASE}-webhook", "port": 443},
+        failure_policy="Ignore",
+        excluded_namespaces=["kube-system", NAMESPACE],
+        steer_from=["default-scheduler", "legacy"],
+        names=names,
+    )
+    expected["webhooks"][0]["clientConfig"].pop("caBundle")
+    assert chart["webhooks"] == expected["webhooks"]
+    bad = helm(*template_args(), "--set", "webhook.steer.fromSchedulerNames=null", check=False)
+    assert bad.returncode != 0
+
+
 def test_webhook_trusts_the_extender_and_the_device_plugin(
     default_docs: list[dict[str, Any]],
 ) -> None:
@@ -498,6 +565,8 @@ def test_cert_modes(default_docs: list[dict[str, Any]], ci_docs: list[dict[str, 
     find(ci_docs, "Issuer")
     annotations = webhook_config(ci_docs)["metadata"]["annotations"]
     assert annotations["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{RELEASE}-webhook"
+    steering = find(ci_docs, "MutatingWebhookConfiguration", "-webhook")["metadata"]
+    assert steering["annotations"] == annotations
 
 
 def test_gpushare_flags_exist(

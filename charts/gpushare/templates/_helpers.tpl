@@ -119,6 +119,14 @@ not_trusted); nothing when nobody is trusted. */}}
 
 {{/* Namespaces the webhook and the policy check: all but kube-system (and the other excluded
 ones) and the release namespace, whose pods must start while the webhook cannot answer yet. */}}
+{{/* CEL: the pod (`object`) asks for gpushare's memory or core share in a container or an init
+container (webhook/configuration.py asks_gpushare). The policy and the steering webhook use it. */}}
+{{- define "gpushare.asksGpushare" -}}
+{{- $r := printf "['%s', '%s']" .Values.resourceNames.mem .Values.resourceNames.core -}}
+{{- $c := printf "has(c.resources) && %s.exists(r, (has(c.resources.limits) && r in c.resources.limits) || (has(c.resources.requests) && r in c.resources.requests))" $r -}}
+object.spec.containers.exists(c, {{ $c }}) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, {{ $c }}))
+{{- end -}}
+
 {{- define "gpushare.webhook.namespaceSelector" -}}
 matchExpressions:
   - key: kubernetes.io/metadata.name
