@@ -129,8 +129,12 @@ def webhook(cluster: Cluster) -> Iterator[tuple[str, ssl.SSLContext]]:
         capture_output=True,
         text=True,
     ).stdout
-    configuration = yaml.safe_load(rendered)
-    name = configuration["metadata"]["name"]
+    configurations = list(yaml.safe_load_all(rendered))
+    assert [c["kind"] for c in configurations] == [
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+    ]
+    name = configurations[0]["metadata"]["name"]
     try:
         wait_for("gpushare webhook /healthz over TLS", healthy, 30, process)
         cluster.kubectl("create", "namespace", NS)
@@ -149,6 +153,7 @@ def webhook(cluster: Cluster) -> Iterator[tuple[str, ssl.SSLContext]]:
         yield url, context
     finally:
         cluster.kubectl("delete", "validatingwebhookconfiguration", name, check=False)
+        cluster.kubectl("delete", "mutatingwebhookconfiguration", name, check=False)
         cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
         process.stop()
         print(f"[e2e] webhook log tail:\n{process.tail(15)}", flush=True)
@@ -183,29 +188,65 @@ def test_kubectl_apply_of_a_bad_job_is_refused_with_the_reason(
     print(f"[e2e] bad refused and good accepted in {time.monotonic() - started:.1f}s")
 
 
-def test_gpu_pod_without_the_scheduler_name_is_accepted_with_a_warning(
+def nowhere_pod(name: str, limits: dict[str, Any], scheduler: str | None = None) -> dict[str, Any]:
+    """A pod that no node will take (the test only looks at what admission stored)."""
+    spec: dict[str, Any] = {
+        "nodeSelector": {"gpushare-e2e": "webhook-nowhere"},
+        "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
+    }
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS}, "spec": spec}
+
+
+def stored_scheduler(cluster: Cluster, name: str) -> str:
+    return str(cluster.kubectl_json("get", "pod", name, "-n", NS)["spec"]["schedulerName"])
+
+
+def test_gpu_pod_without_the_scheduler_name_is_given_gpushares(
     cluster: Cluster, webhook: tuple[str, ssl.SSLContext]
 ) -> None:
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "no-scheduler", "namespace": NS},
-        "spec": {
-            "nodeSelector": {"gpushare-e2e": "webhook-nowhere"},
-            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": {MEM: 3}}}],
-        },
-    }
-    result = apply(cluster, pod)
+    """The seeds' cuda-sample and friends name no scheduler; ACK users apply them unchanged."""
+    result = apply(cluster, nowhere_pod("no-scheduler", {MEM: 3}))
     assert result.returncode == 0, result.stderr
     print(f"[e2e] kubectl apply of the pod without schedulerName:\n{result.stderr}", flush=True)
     assert "pod/no-scheduler created" in result.stdout
     # the API server defaults schedulerName before admission, so the webhook sees its value
-    assert "Warning: spec.schedulerName is 'default-scheduler'" in result.stderr
-    assert "set schedulerName: ack-co-scheduler" in result.stderr
+    assert (
+        f"Warning: Pod {NS}/no-scheduler: spec.schedulerName was 'default-scheduler'; gpushare "
+        "set it to 'ack-co-scheduler'" in result.stderr
+    )
+    assert stored_scheduler(cluster, "no-scheduler") == "ack-co-scheduler"
+
+    # a scheduler the user named is theirs: kept, with the validating webhook's warning
+    named = apply(cluster, nowhere_pod("named", {MEM: 3}, scheduler="my-scheduler"))
+    assert named.returncode == 0, named.stderr
+    assert "Warning: spec.schedulerName is 'my-scheduler'" in named.stderr
+    assert "set schedulerName: ack-co-scheduler" in named.stderr
+    assert stored_scheduler(cluster, "named") == "my-scheduler"
+
+    # a pod without GPU resources never reaches the webhook (matchConditions) and is kept
+    cpu = apply(cluster, nowhere_pod("cpu-only", {"cpu": "100m"}))
+    assert cpu.returncode == 0 and "Warning" not in cpu.stderr, cpu.stderr
+    assert stored_scheduler(cluster, "cpu-only") == "default-scheduler"
+
+    # a Job's template is left as written (with a note); the pods its controller makes are steered
+    template = job("steered", {MEM: 2})
+    del template["spec"]["template"]["spec"]["schedulerName"]
+    created = apply(cluster, template)
+    assert created.returncode == 0, created.stderr
+    assert "gpushare's mutating webhook gives each of them schedulerName" in created.stderr
+
+    def job_pod_scheduler() -> str:
+        pods = cluster.kubectl_json("get", "pods", "-n", NS, "-l", "job-name=steered")["items"]
+        return str(pods[0]["spec"]["schedulerName"]) if pods else ""
+
+    wait_for("the steered Job's pod", lambda: job_pod_scheduler() == "ack-co-scheduler", 60)
 
     url, context = webhook
     with urllib.request.urlopen(f"{url}/metrics", context=context, timeout=5) as answer:
         metrics = answer.read().decode()
+    assert 'gpushare_webhook_reviews_total{decision="mutated",kind="Pod"}' in metrics
     assert 'gpushare_webhook_reviews_total{decision="warned",kind="Pod"}' in metrics
 
 
