@@ -196,7 +196,12 @@ def nowhere_pod(name: str, limits: dict[str, Any], scheduler: str | None = None)
     }
     if scheduler:
         spec["schedulerName"] = scheduler
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS}, "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+    }
 
 
 def stored_scheduler(cluster: Cluster, name: str) -> str:
