@@ -2,7 +2,7 @@
 
 What this shows: the API server accepts every object the chart renders (RBAC, the scheduler's
 ConfigMap and Deployment, the device-plugin DaemonSet with system-node-critical priority and its
-hostPaths, the webhook's Service, Deployment and ValidatingWebhookConfiguration, the cert Job);
+hostPaths, the webhook's Service, Deployment and both webhook configurations, the cert Job);
 the DaemonSet controller places a device-plugin pod on a node labelled
 ``ack.node.gpu.schedule``; the chart's KubeSchedulerConfiguration is the one kube-scheduler runs
 with here (the URL apart) and its ValidatingWebhookConfiguration the one test_webhook.py
@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from gpushare.core.names import ANN_NODE_UNIT
-from gpushare.webhook.configuration import webhook_configuration
+from gpushare.webhook.configuration import steering_configuration, webhook_configuration
 
 from .cluster import Cluster
 from .conftest import create_nodes, delete_nodes, eventually, kwok_node
@@ -88,6 +88,8 @@ def test_helm_install(cluster: Cluster) -> None:
         "--set",
         "webhook.failurePolicy=Ignore",
         "--set",
+        "webhook.steer.failurePolicy=Ignore",
+        "--set",
         f"webhook.namespaceLabels.gpushare\\.io/e2e-webhook={namespace}",
     ]
     try:
@@ -104,7 +106,13 @@ def test_helm_install(cluster: Cluster) -> None:
             (d["kind"], d["metadata"]["name"]) for d in got
         )
         kinds = {d["kind"] for d in got}
-        assert {"Deployment", "DaemonSet", "Job", "ValidatingWebhookConfiguration"} <= kinds
+        assert {
+            "Deployment",
+            "DaemonSet",
+            "Job",
+            "ValidatingWebhookConfiguration",
+            "MutatingWebhookConfiguration",
+        } <= kinds
 
         webhook = cluster.kubectl_json(
             "get", "validatingwebhookconfiguration", f"{RELEASE}-webhook"
@@ -137,6 +145,25 @@ def test_helm_install(cluster: Cluster) -> None:
             ).stdout
         )["webhooks"][0]
         assert without_client(webhook) == without_client(stored)
+        # the steering configuration, the same way
+        steering = cluster.kubectl_json(
+            "get", "mutatingwebhookconfiguration", f"{RELEASE}-webhook"
+        )["webhooks"][0]
+        rendered_steering = steering_configuration(
+            ca_bundle="",
+            url="https://127.0.0.1:1/mutate",
+            failure_policy="Ignore",
+            excluded_namespaces=["kube-system", namespace],
+            namespace_labels={"gpushare.io/e2e-webhook": namespace},
+            name=f"{RELEASE}-renderer",
+        )
+        stored_steering = json.loads(
+            cluster.kubectl(
+                "create", "--dry-run=server", "-o", "json", "-f", "-",
+                input=json.dumps(rendered_steering),
+            ).stdout
+        )["webhooks"][0]  # fmt: skip
+        assert without_client(steering) == without_client(stored_steering)
 
         # The DaemonSet controller puts a device-plugin pod on the labelled node.
         def daemon_pods() -> list[str]:
