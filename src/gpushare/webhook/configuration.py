@@ -129,9 +129,35 @@ def _client(url: str | None, service: Mapping[str, Any] | None, ca_bundle: str, 
     return client
 
 
-def _check_failure_policy(failure_policy: str) -> None:
+def _webhook(
+    name: str,
+    client: dict[str, Any],
+    failure_policy: str,
+    timeout_seconds: int,
+    selector: dict[str, Any],
+) -> dict[str, Any]:
+    """What both webhooks share: the call, its failure policy and the namespaces."""
     if failure_policy not in ("Ignore", "Fail"):
         raise ValueError(f"failurePolicy={failure_policy!r}: use Fail (default) or Ignore")
+    return {
+        "name": name,
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": failure_policy,
+        "matchPolicy": "Equivalent",
+        "timeoutSeconds": timeout_seconds,
+        "clientConfig": client,
+        "namespaceSelector": selector,
+    }
+
+
+def _document(kind: str, name: str, webhook: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": kind,
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "gpushare"}},
+        "webhooks": [webhook],
+    }
 
 
 def webhook_configuration(
@@ -149,39 +175,29 @@ def webhook_configuration(
     name: str = CONFIGURATION_NAME,
 ) -> dict[str, Any]:
     """The configuration as a dict; ``ca_bundle`` is base64 PEM, one of url/service is given."""
-    client = _client(url, service, ca_bundle, PATH)
-    _check_failure_policy(failure_policy)
-    webhook: dict[str, Any] = {
-        "name": WEBHOOK_NAME,
-        "admissionReviewVersions": ["v1"],
-        "sideEffects": "None",
-        "failurePolicy": failure_policy,
-        "matchPolicy": "Equivalent",
-        "timeoutSeconds": timeout_seconds,
-        "clientConfig": client,
-        "namespaceSelector": namespace_selector(excluded_namespaces, namespace_labels),
-        "rules": [
-            {
-                "apiGroups": [group],
-                "apiVersions": [version],
-                "resources": list(resources),
-                "operations": list(operations),
-                "scope": "Namespaced",
-            }
-            for group, version, resources, operations in RULES
-        ],
-    }
+    webhook = _webhook(
+        WEBHOOK_NAME,
+        _client(url, service, ca_bundle, PATH),
+        failure_policy,
+        timeout_seconds,
+        namespace_selector(excluded_namespaces, namespace_labels),
+    )
+    webhook["rules"] = [
+        {
+            "apiGroups": [group],
+            "apiVersions": [version],
+            "resources": list(resources),
+            "operations": list(operations),
+            "scope": "Namespaced",
+        }
+        for group, version, resources, operations in RULES
+    ]
     if object_labels:
         webhook["objectSelector"] = {"matchLabels": dict(object_labels)}
     condition = not_trusted(trusted_users, trusted_groups)
     if condition:
         webhook["matchConditions"] = [condition]
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "gpushare"}},
-        "webhooks": [webhook],
-    }
+    return _document("ValidatingWebhookConfiguration", name, webhook)
 
 
 def steering_configuration(
@@ -212,20 +228,17 @@ def steering_configuration(
     created and fails on the node instead. A pod that names ``ack-co-scheduler`` itself never
     depends on this webhook.
     """
-    client = _client(url, service, ca_bundle, STEERING_PATH)
-    _check_failure_policy(failure_policy)
     if not steer_from:
         raise ValueError("steer_from is empty: with no name to steer from, install no steering")
-    webhook: dict[str, Any] = {
-        "name": STEERING_WEBHOOK_NAME,
-        "admissionReviewVersions": ["v1"],
-        "sideEffects": "None",
-        "failurePolicy": failure_policy,
-        "matchPolicy": "Equivalent",
-        "reinvocationPolicy": "Never",
-        "timeoutSeconds": timeout_seconds,
-        "clientConfig": client,
-        "namespaceSelector": namespace_selector(excluded_namespaces, namespace_labels),
+    webhook = _webhook(
+        STEERING_WEBHOOK_NAME,
+        _client(url, service, ca_bundle, STEERING_PATH),
+        failure_policy,
+        timeout_seconds,
+        namespace_selector(excluded_namespaces, namespace_labels),
+    )
+    webhook["reinvocationPolicy"] = "Never"
+    webhook |= {
         "rules": [
             {
                 "apiGroups": [""],
@@ -244,9 +257,4 @@ def steering_configuration(
             {"name": "asks-gpushare", "expression": asks_gpushare(names)},
         ],
     }
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "gpushare"}},
-        "webhooks": [webhook],
-    }
+    return _document("MutatingWebhookConfiguration", name, webhook)
