@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -598,52 +598,48 @@ def webhook_config(
                 f"{service!r}: write NAMESPACE/NAME or NAMESPACE/NAME:PORT", param_hint="--service"
             )
         target = {"namespace": namespace, "name": name, "port": int(port or 443)}
-    ca = base64.b64encode(Path(ca_bundle_file).read_bytes()).decode()
+    excluded = exclude_namespace or DEFAULT_EXCLUDED_NAMESPACES
+    common: dict[str, Any] = {
+        "ca_bundle": base64.b64encode(Path(ca_bundle_file).read_bytes()).decode(),
+        "service": target,
+        "failure_policy": "Fail" if failure_policy == "Fail" else "Ignore",
+        "timeout_seconds": timeout_seconds,
+        "excluded_namespaces": excluded,
+        "namespace_labels": labels,
+    }
+    names = ResourceNames(mem=mem_resource, core=core_resource)
+    if not no_steer and url is not None and steer_url is None:
+        if not url.endswith(PATH):
+            raise click.BadParameter(
+                f"{url!r} does not end in {PATH}, so the steering webhook's URL cannot be "
+                f"derived from it; give --steer-url https://HOST:PORT{STEERING_PATH} or "
+                f"--no-steer",
+                param_hint="--url",
+            )
+        steer_url = url.removesuffix(PATH) + STEERING_PATH
     try:
-        document = webhook_configuration(
-            ca_bundle=ca,
-            url=url,
-            service=target,
-            failure_policy="Fail" if failure_policy == "Fail" else "Ignore",
-            timeout_seconds=timeout_seconds,
-            excluded_namespaces=exclude_namespace or DEFAULT_EXCLUDED_NAMESPACES,
-            namespace_labels=labels,
-            trusted_users=trusted_user,
-            trusted_groups=trusted_group,
-        )
+        documents = [
+            webhook_configuration(
+                url=url, trusted_users=trusted_user, trusted_groups=trusted_group, **common
+            )
+        ]
+        if not no_steer:
+            documents.append(
+                steering_configuration(
+                    url=steer_url if url is not None else None,
+                    steer_from=steer_from,
+                    names=names,
+                    **common,
+                )
+            )
     except ValueError as err:
         raise click.UsageError(str(err)) from None
-    names = ResourceNames(mem=mem_resource, core=core_resource)
-    documents = [document]
-    if not no_steer:
-        if url is not None and steer_url is None:
-            if not url.endswith(PATH):
-                raise click.BadParameter(
-                    f"{url!r} does not end in {PATH}, so the steering webhook's URL cannot be "
-                    f"derived from it; give --steer-url https://HOST:PORT{STEERING_PATH} or "
-                    f"--no-steer",
-                    param_hint="--url",
-                )
-            steer_url = url.removesuffix(PATH) + STEERING_PATH
-        documents.append(
-            steering_configuration(
-                ca_bundle=ca,
-                url=steer_url if url is not None else None,
-                service=target,
-                failure_policy="Fail" if failure_policy == "Fail" else "Ignore",
-                timeout_seconds=timeout_seconds,
-                excluded_namespaces=exclude_namespace or DEFAULT_EXCLUDED_NAMESPACES,
-                namespace_labels=labels,
-                steer_from=steer_from,
-                names=names,
-            )
-        )
     if with_policy:
         documents += handoff_policy(
             names=names,
             trusted_users=trusted_user,
             trusted_groups=trusted_group,
-            excluded_namespaces=exclude_namespace or DEFAULT_EXCLUDED_NAMESPACES,
+            excluded_namespaces=excluded,
             namespace_labels=labels,
         )
     click.echo(yaml.safe_dump_all(documents, sort_keys=False), nl=False)

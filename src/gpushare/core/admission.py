@@ -174,9 +174,15 @@ def _scheduler_warning(template: Mapping[str, Any], where: str, settings: Admiss
 
 def _steered(scheduler: object, settings: AdmissionSettings) -> bool:
     """Whether a pod naming this scheduler (None or "": none) is given gpushare's."""
-    if not settings.steer_from:
+    if not settings.steer_from or scheduler == settings.scheduler_name:
         return False
     return not scheduler or scheduler in settings.steer_from
+
+
+def _kind_of(request: Mapping[str, Any]) -> str:
+    """The reviewed object's kind ("" when the request does not say)."""
+    gvk = request.get("kind")
+    return str(gvk.get("kind") or "") if isinstance(gvk, Mapping) else ""
 
 
 def _object_name(obj: Mapping[str, Any], request: Mapping[str, Any]) -> str:
@@ -231,8 +237,7 @@ def mutate(body: Any, settings: AdmissionSettings | None = None) -> Decision:
         return read
     request, uid = read
     user = Requester.from_user_info(request.get("userInfo")).username
-    gvk = request.get("kind")
-    kind = str(gvk.get("kind") or "") if isinstance(gvk, Mapping) else ""
+    kind = _kind_of(request)
     untouched = Decision(
         review=_response(uid, allowed=True),
         kind=kind if kind in TEMPLATE_PATHS else "other",
@@ -246,7 +251,7 @@ def mutate(body: Any, settings: AdmissionSettings | None = None) -> Decision:
     if not isinstance(spec, Mapping) or spec.get("nodeName"):
         return untouched
     scheduler = spec.get("schedulerName")
-    if not _steered(scheduler, settings) or scheduler == settings.scheduler_name:
+    if not _steered(scheduler, settings):
         return untouched
     pod, _, problem = _read(obj, kind, settings)
     if problem or not isinstance(pod, PodRequest) or not pod.wants_gpu:
@@ -265,9 +270,7 @@ def mutate(body: Any, settings: AdmissionSettings | None = None) -> Decision:
 
 
 def _decide(request: Mapping[str, Any], uid: str, settings: AdmissionSettings) -> Decision:
-    gvk = request.get("kind")
-    kind = str(gvk.get("kind") or "") if isinstance(gvk, Mapping) else ""
-    kind = kind or "unknown"
+    kind = _kind_of(request) or "unknown"
     operation = request.get("operation")
     if kind not in TEMPLATE_PATHS:  # "other" keeps the metrics' kind label bounded
         return Decision(review=_response(uid, allowed=True), kind="other", decision="allowed")
