@@ -104,6 +104,14 @@ def unused_by_copies(free: Sequence[int], cpu_free: int, shape: Shape) -> float:
     return _Roomiest(free).unused(cpu_free, shape)
 
 
+def copies(free: Sequence[int], cpu_free: int, model: str, shape: Shape) -> float:
+    """How many pods of a shape the node can still host, counted as ``unused_by_copies`` counts
+    them (GPU sets whole, CPU fractionally); 0 for a CPU-only shape or an excluded model."""
+    if shape.count == 0 or shape.per_gpu == 0 or (shape.models and model not in shape.models):
+        return 0.0
+    return _Roomiest(free).room(cpu_free, shape)
+
+
 class _Roomiest:
     """A node's free shares, roomiest first, with prefix sums: each shape costs a bisection."""
 
@@ -115,11 +123,16 @@ class _Roomiest:
         self.ascending = descending[::-1]
         self.prefix = [0, *accumulate(descending)]
 
-    def unused(self, cpu_free: int, shape: Shape) -> float:
+    def room(self, cpu_free: int, shape: Shape) -> float:
+        """Copies of a GPU shape the node holds: GPU sets in whole numbers, CPU fractionally."""
         fitting = len(self.ascending) - bisect_left(self.ascending, shape.per_gpu)
         room: float = fitting // shape.count
         if shape.cpu > 0:
             room = min(room, cpu_free / shape.cpu)
+        return max(0.0, room)
+
+    def unused(self, cpu_free: int, shape: Shape) -> float:
+        room = self.room(cpu_free, shape)
         if room <= 0:
             return self.idle
         whole = int(room)

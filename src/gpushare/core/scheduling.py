@@ -11,7 +11,7 @@ What one decision is lives in ``core.deciding``, how scores become 0..10 in ``co
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -84,6 +84,9 @@ class Scheduler:
     registry: PolicyRegistry | None = None
     keys_kept: int = 256
     """Request keys whose decisions are kept before the decision cache starts over."""
+    cluster: Callable[[], Mapping[str, NodeInventory]] | None = None
+    """Every node of the cluster (the extender's node table), for a policy that weighs
+    cluster-wide supply; None: the nodes the calls were asked about."""
 
     def __post_init__(self) -> None:
         if self.workload is None:
@@ -93,6 +96,24 @@ class Scheduler:
         self.policy: NodePolicy = self.registry.get(self.settings.policy)  # fails early
         self.decider = Decider(self.settings.rules, self.policy)
         self.decisions = DecisionCache(self.decider, limit=self.keys_kept)
+
+    def _survey(
+        self,
+        ledger: Ledger,
+        *,
+        table: Mapping[str, NodeInventory] | None = None,
+        shown: Iterable[NodeInventory] = (),
+    ) -> None:
+        """Let the policy catch up with the cluster before anything is decided."""
+        policy = self.decider.choosing
+        if policy is None:
+            return
+        if table is None and self.cluster is not None:
+            table = self.cluster()
+        if table is not None:
+            policy.follow(table, ledger)
+        else:
+            policy.show(shown, ledger)
 
     def read(self, pod: KubeObject) -> PodRequest | Rejection:
         """Read a pod's request under these settings."""
@@ -116,6 +137,7 @@ class Scheduler:
         """``filter`` over node names from the cache's table, answered by outcome from the
         decision cache's indexes."""
         request = self._asked(pod)
+        self._survey(ledger, table=nodes)
         wanted = set(names)
         missing = [] if nodes.keys() >= wanted else [n for n in names if n not in nodes]
         if isinstance(request, Rejection):
@@ -148,6 +170,7 @@ class Scheduler:
         request = self._asked(pod)
         if isinstance(request, Rejection) or not request.wants_gpu:
             return [0] * len(names)
+        self._survey(ledger, table=nodes)
         known = self.decisions.on_names(request, set(names), nodes, ledger)
         again = self.decisions.rebinding(request, names, nodes, ledger)
         fits = known.fits.get
@@ -173,6 +196,7 @@ class Scheduler:
 
     def verdict(self, request: PodRequest, node: NodeInventory, ledger: Ledger) -> Verdict:
         """Filter one node, leaving the pod's own earlier holding out of the count."""
+        self._survey(ledger, shown=(node,))
         return self.decisions.on_node(request, node, ledger)[0]
 
     def filter(
@@ -191,6 +215,7 @@ class Scheduler:
                 request=request,
                 verdicts=tuple(Verdict(node=n.name, code=Code.FITS) for n in nodes),
             )
+        self._survey(ledger, shown=nodes)
         return FilterResult(
             request=request,
             verdicts=tuple(v for v, _ in self.decisions.on_nodes(request, nodes, ledger)),
@@ -210,6 +235,7 @@ class Scheduler:
         """
         if not request.wants_gpu or (verdict is not None and not verdict.fits):
             return 0.0
+        self._survey(ledger, shown=(node,))
         return self.decisions.on_node(request, node, ledger)[1]
 
     def prioritize(
@@ -233,6 +259,7 @@ class Scheduler:
         nodes = list(nodes)
         if isinstance(request, Rejection) or not request.wants_gpu:
             return {n.name: 0 for n in nodes}
+        self._survey(ledger, shown=nodes)
         decided: list[Decision] = self.decisions.on_nodes(request, nodes, ledger)
         names = [n.name for n in nodes]
         raw = {n: s if v.fits else None for n, (v, s) in zip(names, decided, strict=True)}

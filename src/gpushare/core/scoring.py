@@ -1,7 +1,7 @@
 """Node-level policies: how much the scheduler should like a node that fits.
 
-A policy returns a float in [0, 1]; adapters scale it (the extender to 0..10). ``binpack`` (the
-default) fills the chosen GPUs and already-busy nodes first, so whole GPUs and whole nodes stay
+A policy returns a float in [0, 1]; adapters scale it (the extender to 0..10). ``binpack``
+fills the chosen GPUs and already-busy nodes first, so whole GPUs and whole nodes stay
 free for large requests; ``spread`` does the opposite. More policies plug in through
 ``PolicyRegistry.register``; a ``ChoosingPolicy`` also picks the GPU inside the node and learns
 as pods arrive (``core.defragmenting`` adds ``fgd`` and ``gpushare`` that way).
@@ -9,11 +9,11 @@ as pods arrive (``core.defragmenting`` adds ``fgd`` and ``gpushare`` that way).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory
-from gpushare.core.ledger import NodeUsage
+from gpushare.core.ledger import Ledger, NodeUsage
 from gpushare.core.placing import Candidate
 from gpushare.core.requests import PodRequest
 
@@ -50,6 +50,14 @@ class ChoosingPolicy(NodePolicy, Protocol):
     @property
     def active(self) -> bool:
         """False while it has nothing to learn from and scores as a plain policy (absolute)."""
+        ...
+
+    def follow(self, table: Mapping[str, NodeInventory], ledger: Ledger) -> None:
+        """Catch up with the whole cluster, for what it weighs cluster-wide."""
+        ...
+
+    def show(self, nodes: Iterable[NodeInventory], ledger: Ledger) -> None:
+        """Without the cluster's table: the nodes a call was asked about."""
         ...
 
     def choose(

@@ -124,6 +124,8 @@ class Extender:
         self.events = events if events is not None else EventRecorder(api)
         self.cache = cache
         self.scheduler = scheduler
+        if scheduler.cluster is None:  # scarce shapes are priced over every node in the cache
+            scheduler.cluster = lambda: cache.nodes
         self.metrics = metrics or ExtenderMetrics(lambda: cache)
         self.attempts = attempts
         self.clock_ns = clock_ns

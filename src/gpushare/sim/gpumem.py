@@ -50,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpushare.core.allocation import Allocation
+from gpushare.core.changes import NodeTable
 from gpushare.core.gpumodel import LABEL_MODEL
 from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory, read_node
 from gpushare.core.ledger import Ledger
@@ -250,6 +251,8 @@ class MemoryCluster:
         self.inventories: list[NodeInventory] = [
             read_node(node_json(n, self.settings), cluster_unit=unit) for n in self.nodes
         ]
+        table = NodeTable((inv.name, inv) for inv in self.inventories)
+        self.scheduler.cluster = lambda: table  # the extender's cache holds every node
         self.index = {n.name: i for i, n in enumerate(self.nodes)}
         self.units: IntArray = np.array([card_units(n, unit) for n in self.nodes], dtype=np.int64)
         self.core_mem: BoolArray = np.array(

@@ -210,7 +210,10 @@ class FragmentationPolicy:
         self.online = online
         self.defragmenter = Defragmenter(workload, variant, memo_limit=1_000_000)
         self._cache: dict[tuple[int, int, int], _Scores] = {}
-        self._workload_version = workload.version
+        self._version = self.defragmenter.version
+        self._cluster: Cluster | None = None
+        self._told: IntArray = np.zeros(0, dtype=np.int64)
+        """Each node's version the supply was last told."""
 
     def observe(self, pod: TracePod) -> None:
         if self.online:
@@ -228,10 +231,27 @@ class FragmentationPolicy:
         growth = self.defragmenter.growth(free, cpu, model, shape, cluster.best_fit_gpus(i, pod))
         return self.defragmenter.score(growth, MILLI_PER_GPU), -1
 
+    def tell(self, cluster: Cluster) -> None:
+        """Tell the scarce shapes' supply every node that changed since the last call."""
+        supply = self.defragmenter.supply
+        if supply is None:
+            return
+        if cluster is not self._cluster:
+            self._cluster = cluster
+            self._told = np.full(len(cluster), -1, dtype=np.int64)
+            supply.clear()
+        changed = np.flatnonzero(cluster.version != self._told)
+        for i in changed.tolist():
+            shares = tuple(sorted(cluster.free_of(i)))
+            supply.update(i, (shares, int(cluster.cpu[i]), cluster.nodes[i].model))
+        self._told[changed] = cluster.version[changed]
+
     def choose(self, cluster: Cluster, pod: TracePod, mask: BoolArray) -> Choice:
-        if self.workload.version != self._workload_version:
+        self.tell(cluster)
+        version = self.defragmenter.version
+        if version != self._version:
             self._cache.clear()
-            self._workload_version = self.workload.version
+            self._version = version
         key = (pod.cpu_milli, pod.gpu_milli, pod.num_gpu)  # what a node's score depends on
         entry = self._cache.get(key)
         if entry is None:
