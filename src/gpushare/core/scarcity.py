@@ -64,13 +64,14 @@ State = tuple[tuple[int, ...], int, str]
 def shortage(demand: float, supply: float) -> float:
     """P(Poisson(demand) >= supply): the chance arrivals reach the supply's last copy.
 
-    A fractional supply counts its whole copies (the fraction is CPU for part of a pod).
+    A fractional supply counts its whole copies (the fraction is CPU for part of a pod). No
+    demand is no shortage, also where nothing is left (nothing would be taken there anyway).
     """
+    if demand <= 0.0:
+        return 0.0
     whole = math.floor(supply + 1e-9)
     if whole <= 0:
         return 1.0
-    if demand <= 0.0:
-        return 0.0
     spread = math.sqrt(demand)
     if whole > demand + 8.0 * spread + 10.0:
         return 0.0
@@ -136,6 +137,13 @@ class Supply:
     def __len__(self) -> int:
         """Nodes counted."""
         return len(self._states)
+
+    def counts(self) -> tuple[tuple[Shape, float], ...]:
+        """Copies of each workload shape the counted nodes can still host."""
+        if self._workload_version != self.workload.version:
+            self._recount()
+        top = self.workload.top()
+        return tuple((shape, round(total, 6)) for (shape, _), total in zip(top, self._totals))
 
     def update(self, name: Hashable, state: State | None) -> None:
         """Node ``name`` is now in ``state`` (None: no longer in the cluster)."""
