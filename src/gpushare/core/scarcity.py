@@ -143,7 +143,9 @@ class Supply:
         if self._workload_version != self.workload.version:
             self._recount()
         top = self.workload.top()
-        return tuple((shape, round(total, 6)) for (shape, _), total in zip(top, self._totals, strict=True))
+        return tuple(
+            (shape, round(total, 6)) for (shape, _), total in zip(top, self._totals, strict=True)
+        )
 
     def update(self, name: Hashable, state: State | None) -> None:
         """Node ``name`` is now in ``state`` (None: no longer in the cluster)."""
