@@ -48,7 +48,7 @@ from gpushare.core.ledger import Ledger, NodeUsage
 from gpushare.core.names import DEFAULT_NAMES, ResourceNames
 from gpushare.core.placing import Candidate
 from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.scarcity import Prices, Supply
+from gpushare.core.scarcity import Prices, State, Supply
 from gpushare.core.scoring import Binpack, PolicyRegistry, Spread
 from gpushare.core.survey import Survey, cpu_free, free_units
 from gpushare.core.units import MemoryUnit
@@ -196,8 +196,11 @@ class Defragmenter:
         self.memo_limit = memo_limit
         self.supply: Supply | None = Supply(workload) if variant.scarcity else None
         """The cluster's copies of each shape; its owner tells it every node's state."""
-        self._memo: dict[tuple[tuple[int, ...], int, str], float] = {}
+        self._memo: dict[State, float] = {}
         self._memo_version = -1
+        self._held: dict[State, float] = {}
+        """Priced copies per node state, under ``_held_version`` of the prices."""
+        self._held_version = -1
         self._seen = (-1, -1)
         self._version = 0
 
@@ -217,13 +220,31 @@ class Defragmenter:
 
     def fragmentation(self, free: Sequence[int], cpu: int, model: str) -> float:
         """The node's fragmentation against the current workload (remembered)."""
+        return self._fragmentation((tuple(sorted(free)), cpu, model))
+
+    def value(self, free: Sequence[int], cpu: int, model: str) -> float:
+        """Fragmentation less the priced copies the node still holds: a placement is judged by
+        how much it grows this (``growth``)."""
+        return self._value((tuple(sorted(free)), cpu, model), self.prices)
+
+    def _value(self, key: State, prices: Prices) -> float:
+        if not prices.shapes:
+            return self._fragmentation(key)
+        if self._held_version != prices.version or len(self._held) >= self.memo_limit:
+            self._held.clear()
+            self._held_version = prices.version
+        held = self._held.get(key)
+        if held is None:
+            held = self._held[key] = prices.held(*key)
+        return self._fragmentation(key) - held
+
+    def _fragmentation(self, key: State) -> float:
         if self._memo_version != self.workload.version or len(self._memo) >= self.memo_limit:
             self._memo.clear()
             self._memo_version = self.workload.version
-        shares = tuple(sorted(free))
-        key = (shares, cpu, model)
         value = self._memo.get(key)
         if value is None:
+            shares, cpu, model = key
             value = self._memo[key] = fragmentation(
                 shares, cpu, model, self.workload.top(), copies=self.variant.copies
             )
@@ -232,22 +253,13 @@ class Defragmenter:
     def growth(
         self, free: Sequence[int], cpu: int, model: str, shape: Shape, positions: Sequence[int]
     ) -> float:
-        """How much placing the shape on the GPUs at ``positions`` grows fragmentation."""
+        """How much placing the shape on the GPUs at ``positions`` grows ``value``."""
         after = list(free)
         for position in positions:
             after[position] -= shape.per_gpu
-        before = self.fragmentation(free, cpu, model)
-        growth = self.fragmentation(after, cpu - shape.cpu, model) - before
-        return growth + self._scarce(free, cpu, model, after, cpu - shape.cpu)
-
-    def _scarce(
-        self, free: Sequence[int], cpu: int, model: str, after: Sequence[int], after_cpu: int
-    ) -> float:
-        """The priced copies a placement takes (0 while no shape is scarce)."""
         prices = self.prices
-        if not prices.shapes:
-            return 0.0
-        return prices.loss(model, (free, cpu), (after, after_cpu))
+        before = self._value((tuple(sorted(free)), cpu, model), prices)
+        return self._value((tuple(sorted(after)), cpu - shape.cpu, model), prices) - before
 
     def score(self, growth: float, scale: float) -> float:
         """FGD's node score 0..100 for a growth (``scale``: one GPU in the caller's unit)."""
@@ -267,15 +279,15 @@ class Defragmenter:
         Growth decides (truncated scores for ``fgd``, as the paper compares them); then, when
         ``tight``, the least share left; then the earliest candidate.
         """
-        before = self.fragmentation(free, cpu, model)
+        prices = self.prices
+        before = self._value((tuple(sorted(free)), cpu, model), prices)
         after_cpu = cpu - shape.cpu
         best: tuple[float, int, int] | None = None
         best_growth = 0.0
         for order, position in enumerate(candidates):
             after = list(free)
             after[position] -= shape.per_gpu
-            growth = self.fragmentation(after, after_cpu, model) - before
-            growth += self._scarce(free, cpu, model, after, after_cpu)
+            growth = self._value((tuple(sorted(after)), after_cpu, model), prices) - before
             rank = -self.score(growth, scale) if self.variant.truncate else growth
             key = (rank, after[position] if self.variant.tight else 0, order)
             if best is None or key < best:

@@ -109,7 +109,16 @@ def copies(free: Sequence[int], cpu_free: int, model: str, shape: Shape) -> floa
     them (GPU sets whole, CPU fractionally); 0 for a CPU-only shape or an excluded model."""
     if shape.count == 0 or shape.per_gpu == 0 or (shape.models and model not in shape.models):
         return 0.0
-    return _Roomiest(free).room(cpu_free, shape)
+    ascending = sorted(free)
+    return _room(len(ascending) - bisect_left(ascending, shape.per_gpu), cpu_free, shape)
+
+
+def _room(fitting: int, cpu_free: int, shape: Shape) -> float:
+    """Copies of a GPU shape over ``fitting`` GPUs with room: whole sets, CPU fractionally."""
+    room: float = fitting // shape.count
+    if shape.cpu > 0:
+        room = min(room, cpu_free / shape.cpu)
+    return max(0.0, room)
 
 
 class _Roomiest:
@@ -123,16 +132,13 @@ class _Roomiest:
         self.ascending = descending[::-1]
         self.prefix = [0, *accumulate(descending)]
 
-    def room(self, cpu_free: int, shape: Shape) -> float:
-        """Copies of a GPU shape the node holds: GPU sets in whole numbers, CPU fractionally."""
-        fitting = len(self.ascending) - bisect_left(self.ascending, shape.per_gpu)
-        room: float = fitting // shape.count
+    def unused(self, cpu_free: int, shape: Shape) -> float:
+        # ``_room`` inline: this runs for every shape of every node state scored
+        room: float = (
+            len(self.ascending) - bisect_left(self.ascending, shape.per_gpu)
+        ) // shape.count
         if shape.cpu > 0:
             room = min(room, cpu_free / shape.cpu)
-        return max(0.0, room)
-
-    def unused(self, cpu_free: int, shape: Shape) -> float:
-        room = self.room(cpu_free, shape)
         if room <= 0:
             return self.idle
         whole = int(room)

@@ -99,19 +99,12 @@ class Prices:
     shapes: tuple[tuple[Shape, float], ...] = ()
     version: int = 0
 
-    def loss(
-        self,
-        model: str,
-        before: tuple[Sequence[int], int],
-        after: tuple[Sequence[int], int],
-    ) -> float:
-        """What taking the node from ``before`` to ``after`` (free shares, free CPU) costs in
-        copies of priced shapes, in share units: price x GPUs x share per GPU per copy."""
+    def held(self, free: Sequence[int], cpu_free: int, model: str) -> float:
+        """What the priced copies a node can still host are worth, in share units: ``WEIGHT``
+        x price x GPUs x share per GPU per copy. A placement costs what it takes off this."""
         total = 0.0
         for shape, price in self.shapes:
-            lost = copies(*before, model, shape) - copies(*after, model, shape)
-            if lost > 0:
-                total += price * shape.count * shape.per_gpu * lost
+            total += price * shape.count * shape.per_gpu * copies(free, cpu_free, model, shape)
         return WEIGHT * total
 
 
