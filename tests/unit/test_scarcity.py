@@ -16,7 +16,15 @@ from gpushare.core.fragmentation import Shape, WorkloadEstimate, copies
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.scarcity import NORMAL_FROM, PRICE_FLOOR, WEIGHT, Supply, rounded, shortage
+from gpushare.core.scarcity import (
+    NORMAL_FROM,
+    PRICE_FLOOR,
+    WEIGHT,
+    Supply,
+    priceable,
+    rounded,
+    shortage,
+)
 from gpushare.core.scheduling import Scheduler, Settings
 from gpushare.core.survey import Survey
 from gpushare.kube.objects import gpu_node, gpu_pod
@@ -89,9 +97,16 @@ def test_supply_counts_copies_per_node_and_prices_the_shape_running_out() -> Non
     assert counts[LIGHT] == 3 * 8  # a copy takes its GPU whole, as fragmentation counts it
     prices = dict(supply.prices().shapes)
     # idle 3 x 128 units at a mean 0.9 x 4 + 0.1 x 128 = 16.4 units per pod: 23.4 pods to come,
-    # 2.34 of them 8-GPU against 3 homes; 21.1 light ones against 24
+    # 2.34 of them 8-GPU against 3 homes
     assert prices[WHOLE8] == rounded(shortage(0.1 * 384 / 16.4, 3)) > 0
-    assert prices[LIGHT] == rounded(shortage(0.9 * 384 / 16.4, 24))
+    assert LIGHT not in prices  # one GPU of any model: never priced (``priceable``)
+
+
+def test_only_shapes_that_need_several_gpus_or_some_models_are_priced() -> None:
+    assert priceable(WHOLE8)
+    assert priceable(Shape(cpu=1000, per_gpu=4, count=1, models=("T4",)))
+    assert not priceable(LIGHT)
+    assert not priceable(Shape(cpu=1000, per_gpu=0, count=0))
 
 
 def test_copies_are_whole_gpu_sets_and_fractional_cpu() -> None:

@@ -15,6 +15,9 @@ What it counts:
 - GPU models: a shape that accepts only other models (the pod's model label selection,
   ``core.gpumodel``) cannot use the node at all.
 - Copies (``gpushare``): three free GPUs hold one two-GPU pod, not one and a half.
+- Scarce shapes (``gpushare``): a placement also pays for the copies it takes of shapes the
+  whole cluster is running out of (``core.scarcity``; the supply is kept current by
+  ``core.survey``), so light pods stop opening the last nodes a rare large shape needs.
 Computing power on ``core_mem`` nodes is not part of the measure; the filter enforces it.
 
 The target workload is learned from the pods seen (``WorkloadFeed``: the extender's cache hands
@@ -25,7 +28,8 @@ Until one has been seen the policy behaves exactly as ``binpack``.
   to the fitting GPU with the best truncated score, the lowest index among equals (as the
   artifact's first-best).
 - ``gpushare``: fragmentation counted by copies, CPU and models included, against a workload
-  covering 97 % of the pods seen (FGD: 95 %); otherwise FGD's truncated score and GPU choice.
+  covering 97 % of the pods seen (FGD: 95 %), plus the price of scarce shapes' copies taken;
+  otherwise FGD's truncated score and GPU choice.
   Measured in the milli-GPU simulator (3 seeds, unallocated % at 100 % arrived): truncated
   4.25 on the default trace and 12.95 on gpushare100, against 4.27 and 12.97 without the
   truncation (tightest GPU among equal growths, which then changes nothing); truncated is also
@@ -38,7 +42,7 @@ scores them. So does a node whose hand-off invariant needs particular GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpushare.core.fragmentation import Shape, WorkloadEstimate, fgd_score, fragmentation
@@ -257,9 +261,17 @@ class Defragmenter:
         after = list(free)
         for position in positions:
             after[position] -= shape.per_gpu
+        value = self._valuer()
+        before = value((tuple(sorted(free)), cpu, model))
+        return value((tuple(sorted(after)), cpu - shape.cpu, model)) - before
+
+    def _valuer(self) -> Callable[[State], float]:
+        """``value`` by sorted state under the current prices; plain fragmentation while
+        nothing is priced (most of a run: the hot path pays nothing for prices then)."""
         prices = self.prices
-        before = self._value((tuple(sorted(free)), cpu, model), prices)
-        return self._value((tuple(sorted(after)), cpu - shape.cpu, model), prices) - before
+        if not prices.shapes:
+            return self._fragmentation
+        return lambda key: self._value(key, prices)
 
     def score(self, growth: float, scale: float) -> float:
         """FGD's node score 0..100 for a growth (``scale``: one GPU in the caller's unit)."""
@@ -279,15 +291,15 @@ class Defragmenter:
         Growth decides (truncated scores for ``fgd``, as the paper compares them); then, when
         ``tight``, the least share left; then the earliest candidate.
         """
-        prices = self.prices
-        before = self._value((tuple(sorted(free)), cpu, model), prices)
+        value = self._valuer()
+        before = value((tuple(sorted(free)), cpu, model))
         after_cpu = cpu - shape.cpu
         best: tuple[float, int, int] | None = None
         best_growth = 0.0
         for order, position in enumerate(candidates):
             after = list(free)
             after[position] -= shape.per_gpu
-            growth = self._value((tuple(sorted(after)), after_cpu, model), prices) - before
+            growth = value((tuple(sorted(after)), after_cpu, model)) - before
             rank = -self.score(growth, scale) if self.variant.truncate else growth
             key = (rank, after[position] if self.variant.tight else 0, order)
             if best is None or key < best:
