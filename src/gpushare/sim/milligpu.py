@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from gpushare.core.defragmenting import FGD, GPUSHARE, Defragmenter, Variant, learned_workload
 from gpushare.core.fragmentation import Shape, WorkloadEstimate, fragmentation
+from gpushare.core.scarcity import Prices
 from gpushare.sim.openb import MILLI_PER_GPU, TraceNode, TracePod
 from gpushare.sim.stream import capacity_milli
 
@@ -211,6 +212,8 @@ class FragmentationPolicy:
         self.defragmenter = Defragmenter(workload, variant, memo_limit=1_000_000)
         self._cache: dict[tuple[int, int, int], _Scores] = {}
         self._version = self.defragmenter.version
+        self._workload_version = workload.version
+        self._prices = self.defragmenter.prices
         self._cluster: Cluster | None = None
         self._told: IntArray = np.zeros(0, dtype=np.int64)
         """Each node's version the supply was last told."""
@@ -231,6 +234,24 @@ class FragmentationPolicy:
         growth = self.defragmenter.growth(free, cpu, model, shape, cluster.best_fit_gpus(i, pod))
         return self.defragmenter.score(growth, MILLI_PER_GPU), -1
 
+    def _forget_holders(self, cluster: Cluster, shapes: Sequence[Shape]) -> None:
+        """After a price change: forget the scores of nodes that can host a changed shape.
+
+        A node with no copy of a shape before a placement has none after it either, so its
+        score and GPU choice do not read that shape's price; on a filling cluster most price
+        changes concern shapes few nodes can still host.
+        """
+        holders = np.zeros(len(cluster), dtype=np.bool_)
+        for shape in shapes:
+            can = (cluster.free >= shape.per_gpu).sum(axis=1) >= shape.count
+            if shape.cpu > 0:
+                can &= cluster.cpu > 0
+            if shape.models:
+                can &= cluster.model_mask(shape.models)
+            holders |= can
+        for entry in self._cache.values():
+            entry.version[holders] = -1
+
     def tell(self, cluster: Cluster) -> None:
         """Tell the scarce shapes' supply every node that changed since the last call."""
         supply = self.defragmenter.supply
@@ -250,8 +271,14 @@ class FragmentationPolicy:
         self.tell(cluster)
         version = self.defragmenter.version
         if version != self._version:
-            self._cache.clear()
+            prices = self.defragmenter.prices
+            if self.workload.version == self._workload_version:
+                self._forget_holders(cluster, changed(self._prices, prices))
+            else:
+                self._cache.clear()
             self._version = version
+            self._workload_version = self.workload.version
+            self._prices = prices
         key = (pod.cpu_milli, pod.gpu_milli, pod.num_gpu)  # what a node's score depends on
         entry = self._cache.get(key)
         if entry is None:
@@ -269,6 +296,12 @@ class FragmentationPolicy:
         node = cluster.pick(mask, entry.score)
         gpu = int(entry.gpu[node])
         return node, ([gpu] if gpu >= 0 else cluster.best_fit_gpus(node, pod))
+
+
+def changed(before: Prices, after: Prices) -> list[Shape]:
+    """Shapes whose price differs between two sets of prices (set, removed or moved)."""
+    old, new = dict(before.shapes), dict(after.shapes)
+    return [shape for shape in old.keys() | new.keys() if old.get(shape) != new.get(shape)]
 
 
 def fgd(pods: Sequence[TracePod]) -> FragmentationPolicy:
