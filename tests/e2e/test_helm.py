@@ -63,6 +63,15 @@ def without_client(webhook: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in webhook.items() if k != "clientConfig"}
 
 
+def stored_webhook(cluster: Cluster, configuration: dict[str, Any]) -> dict[str, Any]:
+    """The configuration's webhook as the API server would store it (a server dry run)."""
+    created = cluster.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(configuration)
+    )
+    webhook: dict[str, Any] = json.loads(created.stdout)["webhooks"][0]
+    return webhook
+
+
 def semantic(config: dict[str, Any]) -> dict[str, Any]:
     """What must agree: profiles and extenders, without the URL (ports differ)."""
     extenders = [{k: v for k, v in e.items() if k != "urlPrefix"} for e in config["extenders"]]
@@ -133,18 +142,7 @@ def test_helm_install(cluster: Cluster) -> None:
             ],
             name=f"{RELEASE}-renderer",
         )
-        stored = json.loads(
-            cluster.kubectl(
-                "create",
-                "--dry-run=server",
-                "-o",
-                "json",
-                "-f",
-                "-",
-                input=json.dumps(rendered_config),
-            ).stdout
-        )["webhooks"][0]
-        assert without_client(webhook) == without_client(stored)
+        assert without_client(webhook) == without_client(stored_webhook(cluster, rendered_config))
         # the steering configuration, the same way
         steering = cluster.kubectl_json(
             "get", "mutatingwebhookconfiguration", f"{RELEASE}-webhook"
@@ -157,12 +155,7 @@ def test_helm_install(cluster: Cluster) -> None:
             namespace_labels={"gpushare.io/e2e-webhook": namespace},
             name=f"{RELEASE}-renderer",
         )
-        stored_steering = json.loads(
-            cluster.kubectl(
-                "create", "--dry-run=server", "-o", "json", "-f", "-",
-                input=json.dumps(rendered_steering),
-            ).stdout
-        )["webhooks"][0]  # fmt: skip
+        stored_steering = stored_webhook(cluster, rendered_steering)
         assert without_client(steering) == without_client(stored_steering)
 
         # The DaemonSet controller puts a device-plugin pod on the labelled node.

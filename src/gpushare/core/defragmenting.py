@@ -222,18 +222,9 @@ class Defragmenter:
         """The scarce shapes' prices now (none without ``scarcity``)."""
         return self.supply.prices() if self.supply is not None else NO_PRICES
 
-    def fragmentation(self, free: Sequence[int], cpu: int, model: str) -> float:
-        """The node's fragmentation against the current workload (remembered)."""
-        return self._fragmentation((tuple(sorted(free)), cpu, model))
-
-    def value(self, free: Sequence[int], cpu: int, model: str) -> float:
-        """Fragmentation less the priced copies the node still holds: a placement is judged by
-        how much it grows this (``growth``)."""
-        return self._value((tuple(sorted(free)), cpu, model), self.prices)
-
     def _value(self, key: State, prices: Prices) -> float:
-        if not prices.shapes:
-            return self._fragmentation(key)
+        """Fragmentation less the priced copies the node still holds (both remembered): a
+        placement is judged by how much it grows this."""
         if self._held_version != prices.version or len(self._held) >= self.memo_limit:
             self._held.clear()
             self._held_version = prices.version
@@ -243,6 +234,7 @@ class Defragmenter:
         return self._fragmentation(key) - held
 
     def _fragmentation(self, key: State) -> float:
+        """The node's fragmentation against the current workload (remembered)."""
         if self._memo_version != self.workload.version or len(self._memo) >= self.memo_limit:
             self._memo.clear()
             self._memo_version = self.workload.version
@@ -257,7 +249,8 @@ class Defragmenter:
     def growth(
         self, free: Sequence[int], cpu: int, model: str, shape: Shape, positions: Sequence[int]
     ) -> float:
-        """How much placing the shape on the GPUs at ``positions`` grows ``value``."""
+        """How much placing the shape on the GPUs at ``positions`` grows the node's value
+        (fragmentation less priced copies held)."""
         after = list(free)
         for position in positions:
             after[position] -= shape.per_gpu
@@ -266,7 +259,7 @@ class Defragmenter:
         return value((tuple(sorted(after)), cpu - shape.cpu, model)) - before
 
     def _valuer(self) -> Callable[[State], float]:
-        """``value`` by sorted state under the current prices; plain fragmentation while
+        """The node's value by sorted state under the current prices; plain fragmentation while
         nothing is priced (most of a run: the hot path pays nothing for prices then)."""
         prices = self.prices
         if not prices.shapes:

@@ -211,9 +211,9 @@ class FragmentationPolicy:
         self.online = online
         self.defragmenter = Defragmenter(workload, variant, memo_limit=1_000_000)
         self._cache: dict[tuple[int, int, int], _Scores] = {}
-        self._version = self.defragmenter.version
         self._workload_version = workload.version
         self._prices = self.defragmenter.prices
+        """The workload version and prices the cached scores were made under."""
         self._cluster: Cluster | None = None
         self._told: IntArray = np.zeros(0, dtype=np.int64)
         """Each node's version the supply was last told."""
@@ -269,16 +269,13 @@ class FragmentationPolicy:
 
     def choose(self, cluster: Cluster, pod: TracePod, mask: BoolArray) -> Choice:
         self.tell(cluster)
-        version = self.defragmenter.version
-        if version != self._version:
-            prices = self.defragmenter.prices
-            if self.workload.version == self._workload_version:
-                self._forget_holders(cluster, changed(self._prices, prices))
-            else:
-                self._cache.clear()
-            self._version = version
-            self._workload_version = self.workload.version
-            self._prices = prices
+        prices = self.defragmenter.prices  # a new object whenever a rounded price changes
+        if self.workload.version != self._workload_version:
+            self._cache.clear()
+        elif prices is not self._prices:
+            self._forget_holders(cluster, changed(self._prices, prices))
+        self._workload_version = self.workload.version
+        self._prices = prices
         key = (pod.cpu_milli, pod.gpu_milli, pod.num_gpu)  # what a node's score depends on
         entry = self._cache.get(key)
         if entry is None:
