@@ -7,13 +7,15 @@ import random
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpushare.config import ConfigError, load
 from gpushare.core.allocation import Allocation, plan
 from gpushare.core.changes import NodeTable
 from gpushare.core.defragmenting import GPUSHARE, Defragmenter, WorkloadFeed, learned_workload
 from gpushare.core.filtering import Code
-from gpushare.core.fragmentation import Shape, WorkloadEstimate
+from gpushare.core.fragmentation import Shape, WorkloadEstimate, fragmentation
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import PodRequest, read_pod
@@ -317,3 +319,79 @@ def test_the_learned_workload_follows_the_first_pods_without_waiting_for_a_hundr
         estimate.observe(light)
     assert estimate.version - versions < 30  # then every quarter of the pods seen
     assert WorkloadFeed().estimate.refresh == estimate.refresh == 1
+
+
+def _reference_best_gpu(
+    defragmenter: Defragmenter,
+    free: list[int],
+    cpu: int,
+    shape: Shape,
+    candidates: list[int],
+    scale: float,
+) -> tuple[float, int]:
+    """The GPU loop over every candidate and position, nothing remembered: what the
+    remembered answer must equal."""
+
+    def value(shares: list[int], cpu_left: int) -> float:
+        key = (tuple(sorted(shares)), cpu_left, "")
+        held = defragmenter.prices.held(*key)
+        top = defragmenter.workload.top()
+        return fragmentation(*key, top, copies=defragmenter.variant.copies) - held
+
+    before = value(free, cpu)
+    best: tuple[float, float, int] | None = None
+    best_growth = 0.0
+    for order, position in enumerate(candidates):
+        after = list(free)
+        after[position] -= shape.per_gpu
+        growth = value(after, cpu - shape.cpu) - before
+        variant = defragmenter.variant
+        rank = -defragmenter.score(growth, scale) if variant.truncate else growth
+        key = (rank, after[position] if variant.tight else 0, order)
+        if best is None or key < best:
+            best, best_growth = key, growth
+    assert best is not None
+    return defragmenter.score(best_growth, scale), candidates[best[2]]
+
+
+@given(
+    nodes=st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 15), min_size=1, max_size=8),
+            st.integers(0, 8),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    per_gpu=st.integers(1, 15),
+    tight=st.booleans(),
+    truncate=st.booleans(),
+)
+@settings(max_examples=60, deadline=None)
+def test_remembered_gpu_choices_and_growths_equal_the_full_loop(
+    nodes: list[tuple[list[int], int]], per_gpu: int, tight: bool, truncate: bool
+) -> None:
+    # Nodes in the same state share an answer; GPU order and ties must still come out as the
+    # loop over positions gives them, whatever was asked before.
+    estimate = WorkloadEstimate.of([Shape(1, 4, 1)] * 3 + [Shape(2, 6, 1), Shape(1, 15, 2)])
+    defragmenter = Defragmenter(
+        estimate, replace(GPUSHARE, truncate=truncate, tight=tight, scarcity=False)
+    )
+    shape = Shape(1, per_gpu, 1)
+    asked = nodes + [(free[::-1], cpu) for free, cpu in nodes] + nodes
+    for free, cpu in asked:  # the same states again, in other GPU orders, then as before
+        candidates = [g for g, share in enumerate(free) if share >= per_gpu]
+        if candidates:
+            got = defragmenter.best_gpu(free, cpu, "", shape, candidates, 15)
+            assert got == _reference_best_gpu(defragmenter, free, cpu, shape, candidates, 15)
+        whole = [g for g, share in enumerate(free) if share == 15][:2]
+        if len(whole) == 2:
+            two = Shape(1, 15, 2)
+            direct = list(free)
+            for g in whole:
+                direct[g] = 0
+            top = estimate.top()
+            expected = fragmentation(
+                tuple(sorted(direct)), cpu - 1, "", top, copies=True
+            ) - fragmentation(tuple(sorted(free)), cpu, "", top, copies=True)
+            assert defragmenter.growth(free, cpu, "", two, whole) == pytest.approx(expected)

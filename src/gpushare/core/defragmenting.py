@@ -42,7 +42,7 @@ scores them. So does a node whose hand-off invariant needs particular GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpushare.core.fragmentation import Shape, WorkloadEstimate, fgd_score, fragmentation
@@ -205,6 +205,10 @@ class Defragmenter:
         self._held: dict[State, float] = {}
         """Priced copies per node state, under ``_held_version`` of the prices."""
         self._held_version = -1
+        self._decided: dict[Hashable, tuple[float, int]] = {}
+        """Score and chosen share (or growth, share -1) per node state and question, under
+        ``_decided_under``: nodes in the same state get the same answer."""
+        self._decided_under = (-1, -1)
         self._seen = (-1, -1)
         self._version = 0
 
@@ -251,20 +255,31 @@ class Defragmenter:
     ) -> float:
         """How much placing the shape on the GPUs at ``positions`` grows the node's value
         (fragmentation less priced copies held)."""
-        after = list(free)
-        for position in positions:
-            after[position] -= shape.per_gpu
-        value = self._valuer()
-        before = value((tuple(sorted(free)), cpu, model))
-        return value((tuple(sorted(after)), cpu - shape.cpu, model)) - before
+        value, decided = self._current()
+        shares = tuple(sorted(free))
+        key = (shares, cpu, model, shape, tuple(sorted(free[p] for p in positions)))
+        known = decided.get(key)
+        if known is None:
+            after = list(free)
+            for position in positions:
+                after[position] -= shape.per_gpu
+            before = value((shares, cpu, model))
+            growth = value((tuple(sorted(after)), cpu - shape.cpu, model)) - before
+            known = decided[key] = (growth, -1)
+        return known[0]
 
-    def _valuer(self) -> Callable[[State], float]:
-        """The node's value by sorted state under the current prices; plain fragmentation while
-        nothing is priced (most of a run: the hot path pays nothing for prices then)."""
+    def _current(self) -> tuple[Callable[[State], float], dict[Hashable, tuple[float, int]]]:
+        """The node's value by sorted state under the current prices, and the decisions
+        remembered under them (forgotten when the workload or a price changes). The value is
+        plain fragmentation while nothing is priced (most of a run)."""
         prices = self.prices
+        under = (self.workload.version, prices.version)
+        if under != self._decided_under or len(self._decided) >= self.memo_limit:
+            self._decided.clear()
+            self._decided_under = under
         if not prices.shapes:
-            return self._fragmentation
-        return lambda key: self._value(key, prices)
+            return self._fragmentation, self._decided
+        return (lambda key: self._value(key, prices)), self._decided
 
     def score(self, growth: float, scale: float) -> float:
         """FGD's node score 0..100 for a growth (``scale``: one GPU in the caller's unit)."""
@@ -282,24 +297,40 @@ class Defragmenter:
         """(score, position) of the best GPU among ``candidates`` for a one-GPU shape.
 
         Growth decides (truncated scores for ``fgd``, as the paper compares them); then, when
-        ``tight``, the least share left; then the earliest candidate.
+        ``tight``, the least share left; then the earliest candidate. Equal shares give equal
+        keys, so the winner is the first candidate holding the winning share: the answer is
+        remembered by the node's sorted state and the candidates' shares in order, which on a
+        cluster of look-alike nodes skips most of the loop.
         """
-        value = self._valuer()
-        before = value((tuple(sorted(free)), cpu, model))
-        after_cpu = cpu - shape.cpu
-        best: tuple[float, int, int] | None = None
-        best_growth = 0.0
-        for order, position in enumerate(candidates):
-            after = list(free)
-            after[position] -= shape.per_gpu
-            growth = value((tuple(sorted(after)), after_cpu, model)) - before
-            rank = -self.score(growth, scale) if self.variant.truncate else growth
-            key = (rank, after[position] if self.variant.tight else 0, order)
-            if best is None or key < best:
-                best, best_growth = key, growth
-        if best is None:
+        if not candidates:
             raise ValueError("best_gpu needs at least one candidate GPU")
-        return self.score(best_growth, scale), candidates[best[2]]
+        value, decided = self._current()
+        shares = tuple(sorted(free))
+        offered = tuple(free[c] for c in candidates)
+        key = (shares, cpu, model, shape, offered, scale)
+        known = decided.get(key)
+        if known is None:
+            before = value((shares, cpu, model))
+            after_cpu = cpu - shape.cpu
+            best: tuple[float, int, int] | None = None
+            best_growth = 0.0
+            tried: set[int] = set()
+            for order, share in enumerate(offered):
+                if share in tried:
+                    continue  # an earlier candidate had the same share and wins any tie
+                tried.add(share)
+                after = list(shares)
+                after.remove(share)
+                after.append(share - shape.per_gpu)
+                growth = value((tuple(sorted(after)), after_cpu, model)) - before
+                rank = -self.score(growth, scale) if self.variant.truncate else growth
+                rank_key = (rank, share - shape.per_gpu if self.variant.tight else 0, order)
+                if best is None or rank_key < best:
+                    best, best_growth = rank_key, growth
+            assert best is not None
+            known = decided[key] = (self.score(best_growth, scale), offered[best[2]])
+        score, share = known
+        return score, candidates[offered.index(share)]
 
 
 class FragmentationPolicy:

@@ -108,13 +108,16 @@ class Cluster:
 
     def free_of(self, i: int) -> list[int]:
         """The free share of node i's GPUs, by index."""
-        return [int(v) for v in self.free[i, : int(self.gpus[i])]]
+        shares: list[int] = self.free[i, : int(self.gpus[i])].tolist()
+        return shares
 
-    def best_fit_gpus(self, i: int, pod: TracePod) -> list[int]:
-        """The tightest GPU for a fractional pod; the lowest-index free GPUs for whole ones."""
+    def best_fit_gpus(self, i: int, pod: TracePod, free: list[int] | None = None) -> list[int]:
+        """The tightest GPU for a fractional pod; the lowest-index free GPUs for whole ones
+        (``free``: node i's ``free_of``, when the caller has it)."""
         if pod.num_gpu == 0:
             return []
-        free = self.free_of(i)
+        if free is None:
+            free = self.free_of(i)
         if pod.gpu_milli < MILLI_PER_GPU:
             return [min((f, g) for g, f in enumerate(free) if f >= pod.gpu_milli)[1]]
         return [g for g, f in enumerate(free) if f == MILLI_PER_GPU][: pod.num_gpu]
@@ -222,16 +225,19 @@ class FragmentationPolicy:
         if self.online:
             self.workload.observe(shape_of(pod))
 
-    def node_score(self, cluster: Cluster, i: int, pod: TracePod) -> tuple[float, int]:
+    def node_score(
+        self, cluster: Cluster, i: int, pod: TracePod, shape: Shape | None = None
+    ) -> tuple[float, int]:
         """The node's score for the pod and the chosen GPU (-1: whole GPUs or none)."""
         free = cluster.free_of(i)
         cpu = int(cluster.cpu[i])
         model = cluster.nodes[i].model
-        shape = shape_of(pod)
+        shape = shape or shape_of(pod)
         if pod.num_gpu == 1 and pod.gpu_milli < MILLI_PER_GPU:
             fitting = [g for g, share in enumerate(free) if share >= pod.gpu_milli]
             return self.defragmenter.best_gpu(free, cpu, model, shape, fitting, MILLI_PER_GPU)
-        growth = self.defragmenter.growth(free, cpu, model, shape, cluster.best_fit_gpus(i, pod))
+        positions = cluster.best_fit_gpus(i, pod, free)
+        growth = self.defragmenter.growth(free, cpu, model, shape, positions)
         return self.defragmenter.score(growth, MILLI_PER_GPU), -1
 
     def _forget_holders(self, cluster: Cluster, shapes: Sequence[Shape]) -> None:
@@ -287,8 +293,9 @@ class FragmentationPolicy:
             )
             self._cache[key] = entry
         stale = np.flatnonzero(mask & (entry.version != cluster.version))
+        shape = shape_of(pod)
         for i in stale.tolist():
-            entry.score[i], entry.gpu[i] = self.node_score(cluster, i, pod)
+            entry.score[i], entry.gpu[i] = self.node_score(cluster, i, pod, shape)
             entry.version[i] = cluster.version[i]
         node = cluster.pick(mask, entry.score)
         gpu = int(entry.gpu[node])
