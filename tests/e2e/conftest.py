@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from .cluster import Cluster, running_cluster
 from .realnode import RealNode, unavailable
