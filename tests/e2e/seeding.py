@@ -70,7 +70,7 @@ def unit_option(text: str) -> MemoryUnit:
         return MemoryUnit.parse(text)
     except ValueError:
         raise ValueError(
-            f"--unit (make cluster UNIT=...) is {text!r}: the GPU memory unit (gpuMemoryUnit, "
-            f"one aliyun.com/gpu-mem) must be one of {UNITS}; run `make cluster` for 1GiB or "
-            f"`make cluster UNIT=128MiB` for the 128 MiB seed example"
+            f"UNIT={text!r} is refused: gpuMemoryUnit, the size of one aliyun.com/gpu-mem, "
+            f"must be one of {UNITS}; run `make cluster` for 1GiB or `make cluster UNIT=128MiB` "
+            f"for the 128 MiB seed example"
         ) from None
