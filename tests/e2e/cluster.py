@@ -775,7 +775,7 @@ def _down(root: Path) -> list[str]:
     stale = sorted(set(recorded) - {p.pid for p in running})
     if stale:
         names = ", ".join(f"{recorded[pid]} (pid {pid})" for pid in stale)
-        print(f"not running any more, though recorded in the pids file: {names}")
+        print(f"left alone, recorded in the pids file but no process of this cluster now: {names}")
     if not running:
         print(f"no process of the cluster in {root} is running")
     with contextlib.suppress(FileNotFoundError):
