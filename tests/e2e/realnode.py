@@ -16,8 +16,9 @@ Choices, and why:
   pods never land on it; the pods of the real-node tests tolerate it.
 - kubelet always keeps device-plugin sockets in ``/var/lib/kubelet/device-plugins`` whatever its
   root directory, so one real node runs per machine; :func:`RealNode.stop` removes that directory.
-- Process state is recorded in ``<root>/pids`` like the control plane's, so ``cluster down``
-  stops what runs.
+- Process state is recorded in ``<root>/pids`` like the control plane's; ``cluster down`` stops
+  what runs by command line (``reaping.py``: containerd, its shims, kubelet and the device plugin
+  all name paths under ``<root>``) and then cleans up with :func:`clean_up_stopped`.
 """
 
 from __future__ import annotations
