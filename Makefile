@@ -52,10 +52,12 @@ e2e: $(STAMP) controlplane
 test: $(STAMP) lint typecheck controlplane
 	GPUSHARE_E2E=1 $(BIN)/python -m pytest -q tests/unit tests/integration tests/isolation tests/gpu tests/e2e; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
-# A control plane with the gpushare extender and kwok, for a person with kubectl;
+# A control plane with the gpushare extender and kwok, for a person with kubectl, with the seeds'
+# share and core_mem GPU nodes as kwok nodes; UNIT=128MiB sets gpuMemoryUnit (default 1GiB);
 # REAL_NODE=1 adds one real node (containerd, kubelet, the device plugin; needs root).
+# cluster-down stops every process of CLUSTER_DIR, found by command line, and says which.
 cluster: $(STAMP) controlplane
-	$(BIN)/python -m tests.e2e.cluster up --dir $(CLUSTER_DIR) $(if $(REAL_NODE),--real-node)
+	$(BIN)/python -m tests.e2e.cluster up --dir $(CLUSTER_DIR) $(if $(UNIT),--unit $(UNIT)) $(if $(REAL_NODE),--real-node)
 
 cluster-down: $(STAMP)
 	$(BIN)/python -m tests.e2e.cluster down --dir $(CLUSTER_DIR)

@@ -7,8 +7,12 @@ extender by the same ``KubeSchedulerConfiguration`` that ``gpushare scheduler-co
 the gpushare extender, and kwok for nodes without kubelets. Every process is stopped by PID; a
 component that fails to start has its log tail printed.
 
-    python -m tests.e2e.cluster up [--dir .cluster] [--real-node]   # start; prints how to stop
+    python -m tests.e2e.cluster up [--dir .cluster] [--unit 1GiB|128MiB] [--real-node]
     python -m tests.e2e.cluster down [--dir .cluster]
+
+``up`` also creates the seeds' GPU nodes as kwok nodes (``seeding.py``) and the seal key's
+Secret, so the seed walkthrough runs with plain kubectl at once. ``down`` stops what actually
+runs for the directory, found by command line (``reaping.py``), not only what ``pids`` recorded.
 
 The binaries come from ``tests/e2e/controlplane/build.sh`` (built once, cached by version).
 """
@@ -34,14 +38,19 @@ from typing import Any
 
 import yaml
 
-from gpushare.kube.sealing import new_key_text
+from gpushare.core.units import MemoryUnit
+from gpushare.kube.sealing import DEFAULT_SECRET, SECRET_FIELD, new_key_text
 from gpushare.schedconfig import scheduler_configuration
 
+from .reaping import find_running, stop
+from .seeding import CORE_NODE, KWOK_ANNOTATION, KWOK_VALUE, SHARE_NODE, seed_nodes, unit_option
+
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 BUILD = HERE / "controlplane" / "build.sh"
 STAGES = HERE / "controlplane" / "kwok-stages.yaml"
 RUNNING_STAGE = "gpushare-pod-running"
-KWOK_SELECTOR = "kwok.x-k8s.io/node=fake"
+KWOK_SELECTOR = f"{KWOK_ANNOTATION}={KWOK_VALUE}"
 
 
 class StartError(RuntimeError):
@@ -613,6 +622,25 @@ class Cluster:
         path.write_text(yaml.safe_dump_all(kept))
         return path
 
+    def create_nodes(self, nodes: list[dict[str, Any]], timeout: float = 120) -> None:
+        """kubectl apply the nodes and wait until kwok reports them Ready."""
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(nodes), timeout=300)
+        names = {n["metadata"]["name"] for n in nodes}
+
+        def ready() -> bool:
+            items = self.kubectl_json("get", "nodes")["items"]
+            done = {
+                n["metadata"]["name"]
+                for n in items
+                if any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in n.get("status", {}).get("conditions", [])
+                )
+            }
+            return names <= done
+
+        wait_for(f"{len(names)} node(s) Ready", ready, timeout, self.processes.get("kwok"))
+
     def stop(self) -> None:
         """Stop everything this cluster started, newest first, by PID."""
         for process in reversed(list(self.processes.values())):
@@ -648,14 +676,36 @@ def running_cluster(
         cluster.stop()
 
 
-def _up(root: Path, *, real_node: bool = False) -> None:
-    if (root / "pids").exists() or (root / "realnode" / "pids").exists():
-        _down(root)
+def seed(cluster: Cluster, unit: MemoryUnit) -> None:
+    """The seeds' nodes at ``unit``, and the seal key as the chart's Secret, so that plain
+    ``kubectl inspect cgpu`` checks seals as it does in a cluster the chart installed."""
+    cluster.create_nodes(seed_nodes(unit))
+    namespace, name = DEFAULT_SECRET.split("/")
+    cluster.kubectl("create", "namespace", namespace)
+    cluster.kubectl(
+        "create",
+        "secret",
+        "generic",
+        name,
+        "-n",
+        namespace,
+        f"--from-file={SECRET_FIELD}={cluster.seal_key}",
+    )
+
+
+def _up(root: Path, *, real_node: bool = False, unit: MemoryUnit = MemoryUnit.GiB) -> Cluster:
     if root.exists():
+        _down(root)
         shutil.rmtree(root)
     root.mkdir(parents=True)
-    cluster = Cluster(root=root, binaries=build_binaries())
+    cluster = Cluster(root=root, binaries=build_binaries(), extender_unit=unit.value)
     cluster.start(lambda step: print(f"starting {step} ...", flush=True))
+    try:
+        print("creating the seed nodes ...", flush=True)
+        seed(cluster, unit)
+    except BaseException:
+        cluster.stop()
+        raise
     if real_node:
         from .realnode import RealNode, unavailable
 
@@ -663,7 +713,7 @@ def _up(root: Path, *, real_node: bool = False) -> None:
         if reason:
             cluster.stop()
             raise StartError(f"cannot start the real node: {reason}")
-        node = RealNode(cluster=cluster, root=root / "realnode", taint=False)
+        node = RealNode(cluster=cluster, root=root / "realnode", taint=False, unit=unit.value)
         try:
             node.start(lambda step: print(f"starting {step} ...", flush=True))
         except BaseException:
@@ -674,15 +724,19 @@ def _up(root: Path, *, real_node: bool = False) -> None:
             f"{node.fake_gpus} fake GPUs, mode {node.mode}); pods run image {node_image()} "
             f"with imagePullPolicy: Never"
         )
-    print(f"\ncluster is up: {cluster.server}")
+    example = "binpack-128mib.yaml" if unit is MemoryUnit.MiB128 else "GPUtest.yaml"
+    print(f"\ncluster is up: {cluster.server} (gpuMemoryUnit {unit.value})")
+    print(f"  kwok nodes: {SHARE_NODE} (share, 1 GPU), {CORE_NODE} (core_mem, 4 GPUs)")
+    print("in your shell:")
     print(f"  export KUBECONFIG={cluster.kubeconfig}")
     print(f"  export PATH={cluster.binaries['kubectl'].parent}:{Path(sys.executable).parent}:$PATH")
-    print("  kubectl get nodes; kubectl inspect cgpu")
-    print(f"  gpushare extender at {cluster.extender_url}; logs in {root / 'logs'}")
+    print(f"  kubectl inspect cgpu; kubectl apply -f {REPO / 'examples' / example}")
+    print(f"gpushare extender at {cluster.extender_url}; logs in {root / 'logs'}")
     print(
         f"stop it with: make cluster-down   (or: {sys.executable} -m tests.e2e.cluster down "
         f"--dir {root})"
     )
+    return cluster
 
 
 def node_image() -> str:
@@ -691,36 +745,73 @@ def node_image() -> str:
     return TEST_IMAGE
 
 
-def _down(root: Path) -> None:
-    if (root / "realnode" / "pids").exists():
-        from .realnode import stop_recorded
-
-        stop_recorded(root / "realnode")
-        print("stopped the real node")
-    pids = root / "pids"
-    if not pids.exists():
-        print(f"no cluster recorded in {root}")
-        return
-    for line in reversed(pids.read_text().splitlines()):
-        name, pid = line.split()
-        stop_pid(int(pid))
-        print(f"stopped {name} (pid {pid})")
-    pids.unlink()
+def _recorded(root: Path) -> dict[int, str]:
+    """What the pids files say ran: pid to component (only to report stale entries)."""
+    recorded: dict[int, str] = {}
+    for pids in (root / "pids", root / "realnode" / "pids"):
+        with contextlib.suppress(OSError):
+            for line in pids.read_text().splitlines():
+                name, _, pid = line.partition(" ")
+                if pid.strip().isdigit():
+                    recorded[int(pid)] = name
+    return recorded
 
 
-def main() -> None:
+def _down(root: Path) -> list[str]:
+    """Stop every process of the cluster in ``root``, found by command line; say what stopped."""
+    recorded = _recorded(root)
+    running = find_running(root)
+    lines = []
+    for process in running:
+        gone = stop(process)
+        verb = "stopped" if gone else "could not stop"
+        lines.append(f"{verb} {process.component} (pid {process.pid})")
+        print(lines[-1], flush=True)
+    if (root / "realnode").exists():
+        from .realnode import clean_up_stopped
+
+        clean_up_stopped(root / "realnode")
+        print("cleaned up the real node (shims, mounts, bridge, device-plugin sockets)")
+    stale = sorted(set(recorded) - {p.pid for p in running})
+    if stale:
+        names = ", ".join(f"{recorded[pid]} (pid {pid})" for pid in stale)
+        print(f"left alone, recorded in the pids file but no process of this cluster now: {names}")
+    if not running:
+        print(f"no process of the cluster in {root} is running")
+    with contextlib.suppress(FileNotFoundError):
+        (root / "pids").unlink()
+    return lines
+
+
+def _unit_argument(text: str) -> MemoryUnit:
+    try:
+        return unit_option(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--dir", default=".cluster", type=Path)
+    parser.add_argument(
+        "--unit",
+        default=MemoryUnit.GiB,
+        type=_unit_argument,
+        help="gpuMemoryUnit of the extender and the seed nodes' capacity: 1GiB or 128MiB",
+    )
     parser.add_argument(
         "--real-node",
         action="store_true",
         help="also start one real node (containerd, kubelet, device plugin); needs root",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     root = args.dir.resolve()
     try:
-        _up(root, real_node=args.real_node) if args.action == "up" else _down(root)
+        if args.action == "up":
+            _up(root, real_node=args.real_node, unit=args.unit)
+        else:
+            _down(root)
     except StartError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

@@ -13,12 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-
-from gpushare.kube.objects import gpu_node
 
 from .cluster import Cluster, running_cluster
 from .realnode import RealNode, unavailable
+from .seeding import kwok_node
 
 ENABLED = os.environ.get("GPUSHARE_E2E") == "1"
 REPO = Path(__file__).resolve().parents[2]
@@ -71,13 +69,6 @@ def real_node(cluster: Cluster) -> Iterator[RealNode]:
             cluster.start_extender(unit="1GiB")
 
 
-def kwok_node(name: str, **kwargs: Any) -> dict[str, Any]:
-    """A GPU node as the device plugin would describe it, managed by kwok."""
-    node = gpu_node(name, **kwargs)
-    node["metadata"]["annotations"]["kwok.x-k8s.io/node"] = "fake"
-    return node
-
-
 def labelled_kwok_nodes(names: list[str], label: str, **kwargs: Any) -> list[dict[str, Any]]:
     """kwok nodes carrying ``gpushare-e2e=<label>``, so a test's pods can select only them."""
     nodes = [kwok_node(name, **kwargs) for name in names]
@@ -100,23 +91,7 @@ def eventually(check: Callable[[], Any], timeout: float = 60, what: str = "") ->
 
 def create_nodes(cluster: Cluster, nodes: list[dict[str, Any]]) -> None:
     """kubectl apply the nodes and wait until kwok reports them Ready."""
-    body = yaml.safe_dump_all(nodes)
-    cluster.kubectl("apply", "-f", "-", input=body, timeout=300)
-    names = {n["metadata"]["name"] for n in nodes}
-
-    def ready() -> bool:
-        items = cluster.kubectl_json("get", "nodes")["items"]
-        done = {
-            n["metadata"]["name"]
-            for n in items
-            if any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in n.get("status", {}).get("conditions", [])
-            )
-        }
-        return names <= done
-
-    eventually(ready, 120, f"{len(names)} nodes Ready")
+    cluster.create_nodes(nodes)
 
 
 def delete_nodes(cluster: Cluster, names: list[str]) -> None:

@@ -16,8 +16,9 @@ Choices, and why:
   pods never land on it; the pods of the real-node tests tolerate it.
 - kubelet always keeps device-plugin sockets in ``/var/lib/kubelet/device-plugins`` whatever its
   root directory, so one real node runs per machine; :func:`RealNode.stop` removes that directory.
-- Process state is recorded in ``<root>/pids`` like the control plane's, so ``cluster down``
-  stops what runs.
+- Process state is recorded in ``<root>/pids`` like the control plane's; ``cluster down`` stops
+  what runs by command line (``reaping.py``: containerd, its shims, kubelet and the device plugin
+  all name paths under ``<root>``) and then cleans up with :func:`clean_up_stopped`.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from .cluster import Cluster, Process, StartError, _openssl, free_port, stop_pid, wait_for
+from .cluster import Cluster, Process, StartError, _openssl, free_port, wait_for
 from .images import PAUSE_IMAGE, TEST_IMAGE, build_images
 
 HERE = Path(__file__).resolve().parent
@@ -556,14 +557,11 @@ def unmount_under(root: Path) -> None:
         subprocess.run(["umount", "-l", target], check=False, capture_output=True)
 
 
-def stop_recorded(root: Path) -> None:
-    """Stop a real node recorded in ``root/pids`` by an earlier process (``cluster down``)."""
-    pids = root / "pids"
-    if pids.exists():
-        for line in reversed(pids.read_text().splitlines()):
-            _, pid = line.split()
-            stop_pid(int(pid))
-        pids.unlink()
+def clean_up_stopped(root: Path) -> None:
+    """After ``cluster down`` stopped a real node's processes (found by their command lines, not
+    by its pids file, which may be stale): its shims, mounts, bridge and plugin sockets."""
+    with contextlib.suppress(FileNotFoundError):
+        (root / "pids").unlink()
     kill_shims(root / "containerd" / "containerd.sock")
     unmount_under(root)
     subprocess.run(["ip", "link", "del", BRIDGE], check=False, capture_output=True)
@@ -638,9 +636,9 @@ __all__ = [
     "TOLERATION",
     "RealNode",
     "StartError",
+    "clean_up_stopped",
     "container",
     "pod",
     "probe_env",
-    "stop_recorded",
     "unavailable",
 ]
