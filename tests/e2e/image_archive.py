@@ -285,9 +285,7 @@ class Builder:
                 fix="Run `make .venv/.installed` first (it installs grpcio-tools and gcc's "
                 "inputs); the interposer needs gcc.",
             )
-        key = inputs_hash(
-            [*_source_files(), Path(__file__)], [SUITE, *DPKG_EXCLUDES, repr(image)]
-        )
+        key = inputs_hash([*_source_files(), Path(__file__)], [SUITE, *DPKG_EXCLUDES, repr(image)])
         archive = self._cached("gpushare", key)
         if archive.exists():
             self._say(f"{tag}: cached {archive}")
@@ -399,7 +397,9 @@ class Builder:
                     info = tarfile.TarInfo(directory)
                     info.type, info.mode = tarfile.DIRTYPE, 0o755
                     tar.addfile(info)
-                _add_bytes(tar, "etc/passwd", ("root:x:0:0:root:/:/sbin/nologin\n" + passwd).encode())
+                _add_bytes(
+                    tar, "etc/passwd", ("root:x:0:0:root:/:/sbin/nologin\n" + passwd).encode()
+                )
                 _add_bytes(tar, "etc/group", ("root:x:0:\n" + group).encode())
                 _add_bytes(tar, "usr/local/bin/kube-scheduler", binary.read_bytes(), 0o755)
             write_archive(archive, tag, layer, image, "kube-scheduler from controlplane/build.sh")
