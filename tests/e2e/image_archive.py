@@ -7,7 +7,8 @@ can reach (Debian packages, PyPI and the control-plane build), each as a one-lay
 docker-archive (``manifest.json``, a config JSON, ``layer.tar``):
 
 - ``gpushare.local/gpushare:<version>``: the Dockerfile's image. A Debian bookworm root
-  filesystem made by ``mmdebstrap`` (variant minbase, Debian's python3 3.11) with the wheels
+  filesystem made by ``mmdebstrap`` (variant minbase, Debian's python3 3.11 and
+  ``python-is-python3``) with the wheels
   the Dockerfile's builder stage makes (``pip wheel -c constraints.txt .`` after generating the
   gRPC stubs and compiling the interposer, which the gpushare wheel carries as package data)
   installed offline, the ``gpushare`` account (uid/gid 65532), and the Dockerfile's
@@ -339,7 +340,8 @@ class Builder:
                 'rm -rf "$1/var/lib/apt/lists"/* "$1/var/cache/apt"/*',
             ]
             rootfs = work / "rootfs.tar"
-            _mmdebstrap(rootfs, ["python3"], hooks)
+            # python-is-python3: `python`, as python:3.11-slim has it (the chart's probes run it)
+            _mmdebstrap(rootfs, ["python3", "python-is-python3"], hooks)
             write_archive(archive, tag, rootfs, image, "gpushare tests/e2e/image_archive.py")
         self._say(f"{tag}: {archive} ({archive.stat().st_size >> 20} MiB)")
         return tag, archive
