@@ -268,8 +268,14 @@ class Builder:
             print(f"[image-archive] {text}", flush=True)
 
     def _cached(self, name: str, key: str) -> Path:
+        """Where the archive for these inputs lives; archives of older inputs are removed
+        (hundreds of MiB each, never read again)."""
         self.cache.mkdir(parents=True, exist_ok=True)
-        return self.cache / f"{name}-{key}.tar"
+        path = self.cache / f"{name}-{key}.tar"
+        for old in self.cache.glob(f"{name}-*.tar"):
+            if old != path and old.name.removeprefix(f"{name}-")[:-4].isalnum():
+                old.unlink()
+        return path
 
     # -- gpushare -------------------------------------------------------------------------------
 
