@@ -7,7 +7,7 @@ CLUSTER_DIR ?= .cluster
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= gpushare:$(VERSION)
 
-.PHONY: demo test unit native e2e lint typecheck controlplane cluster cluster-down bench replay image clean
+.PHONY: demo test unit native e2e lint typecheck controlplane cluster cluster-down bench replay image image-archive clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -92,6 +92,15 @@ replay: $(STAMP)
 # (hadolint and tests/unit/test_dockerfile.py).
 image:
 	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
+
+# The same image without a Docker engine (tests/e2e/image_archive.py): a Debian bookworm root
+# filesystem from mmdebstrap (apt-get install -y mmdebstrap; root or user namespaces) with the
+# wheels installed, plus kube-scheduler and the certificate Job's image for the real-node Helm
+# test, as docker-archives for `ctr -n k8s.io images import`. Cached under
+# ~/.cache/gpushare/images by a hash of their inputs.
+image-archive: $(STAMP)
+	bash tests/e2e/controlplane/build.sh > /dev/null
+	$(BIN)/python -m tests.e2e.image_archive
 
 clean:
 	rm -rf $(VENV) build bench-out sim-report *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

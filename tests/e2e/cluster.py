@@ -463,6 +463,9 @@ class Cluster:
                 f"--kubelet-client-certificate={pki / 'admin.crt'}",
                 f"--kubelet-client-key={pki / 'admin.key'}",
                 "--kubelet-preferred-address-types=InternalIP,Hostname",
+                # No kube-proxy: webhooks behind a Service (the chart's) are called at the
+                # Service's endpoint IPs rather than its ClusterIP.
+                "--enable-aggregator-routing=true",
             ],
         )
         wait_for(
@@ -586,6 +589,13 @@ class Cluster:
             60,
             process,
         )
+
+    def restart_scheduler(self) -> None:
+        """Stop kube-scheduler and start it again (reading ``scheduler_settings`` anew)."""
+        old = self.processes.get("kube-scheduler")
+        if old is not None:
+            old.stop()
+        self._start_scheduler(lambda _: None)
 
     def _start_kwok(self, progress: Callable[[str], None]) -> None:
         progress("kwok")

@@ -75,6 +75,12 @@ class RealNode:
     unit: str = "1GiB"
     taint: bool = True
     max_pods: int = 250
+    plugin: bool = True
+    """Start ``gpushare device-plugin`` as a process here; False leaves the node to a device
+    plugin that runs in a pod (the Helm chart's DaemonSet)."""
+    gateway: bool = False
+    """Give this machine an address on the pods' bridge (CNI ``isGateway``), so that the API
+    server and kubelet's probes reach pod IPs (a webhook behind a Service)."""
     processes: dict[str, Process] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     _plugin_log_offset: int = 0
@@ -120,14 +126,16 @@ class RealNode:
             "".join(f"{p.name} {p.pid}\n" for p in self.processes.values() if p.alive())
         )
 
-    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def ctr(
+        self, *args: str, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         """Run containerd's ``ctr`` in the CRI namespace."""
         return subprocess.run(
             ["ctr", "--address", str(self.containerd_socket), "-n", "k8s.io", *args],
             capture_output=True,
             text=True,
             check=check,
-            timeout=120,
+            timeout=timeout,
         )
 
     # -- start --------------------------------------------------------------------------------
@@ -149,9 +157,10 @@ class RealNode:
             self._write_kubelet_files()
             self.start_kubelet()
             self.wait_ready()
-            progress("real node: device plugin")
-            self.start_plugin()
-            self.wait_capacity()
+            if self.plugin:
+                progress("real node: device plugin")
+                self.start_plugin()
+                self.wait_capacity()
         except BaseException:
             self.stop()
             raise
@@ -199,7 +208,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                         {
                             "type": "bridge",
                             "bridge": BRIDGE,
-                            "isGateway": False,
+                            "isGateway": self.gateway,
                             "ipMasq": False,
                             "ipam": {
                                 "type": "host-local",

@@ -21,7 +21,11 @@ other tests, and the release is uninstalled at the end.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +35,13 @@ import yaml
 from gpushare.core.names import ANN_NODE_UNIT
 from gpushare.webhook.configuration import steering_configuration, webhook_configuration
 
-from .cluster import Cluster
-from .conftest import create_nodes, delete_nodes, eventually, kwok_node
+from .cluster import Cluster, free_port
+from .conftest import REPO, create_nodes, delete_nodes, eventually, kwok_node
+from .image_archive import Builder, default_cache
+from .images import TEST_IMAGE
+from .realnode import TOLERATION, RealNode, probe_env, unavailable
+from .test_real_node import NS as REAL_NS
+from .test_real_node import PROBE_THEN, expected, gpu_uuids, local_job, ns_pods
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "gpushare"
 RELEASE = "gpushare-e2e"
@@ -239,3 +248,346 @@ def test_helm_install(cluster: Cluster) -> None:
         ).returncode
         != 0
     )
+
+
+# -- the chart on the real node ----------------------------------------------------------------
+
+REAL_RELEASE = "gpushare-real"
+REAL_NAMESPACE = "gpushare-real"
+WEBHOOK_LABEL = "gpushare.io/e2e-webhook"
+COMPONENTS = ("scheduler", "webhook", "device-plugin")
+
+
+def _real_values(cluster: Cluster, node: RealNode, images: dict[str, str]) -> dict[str, Any]:
+    """Values for the real node: local images never pulled, the node's own kubelet paths, the
+    API server at its loopback address (no kube-proxy), fake GPUs, the taint tolerated."""
+    on_node = {"kubernetes.io/hostname": node.name}
+    tolerations = [TOLERATION]
+    never = "Never"
+
+    def image(tag: str) -> dict[str, str]:
+        repository, _, version = tag.rpartition(":")
+        return {"repository": repository, "tag": version, "pullPolicy": never}
+
+    return {
+        "image": image(images["gpushare"]),
+        "testing": {
+            "apiServer": f"127.0.0.1:{cluster.ports['apiserver']}",
+            "fakeGpus": node.fake_gpus,
+        },
+        "scheduler": {
+            "replicas": 1,
+            "image": image(images["kube-scheduler"]),
+            # host network: ports nobody else on this machine holds
+            "securePort": free_port(),
+            "extender": {"port": free_port(), "metricsPort": 0},
+            "nodeSelector": on_node,
+            "tolerations": tolerations,
+        },
+        "devicePlugin": {
+            "metricsPort": 0,
+            "tolerations": [*tolerations, {"key": "CriticalAddonsOnly", "operator": "Exists"}],
+            "podResourcesPath": str(node.pod_resources_socket.parent),
+            "kubeletConfigPath": str(node.kubelet_config),
+            "cpuManagerStatePath": "",
+            "stateHostPath": str(node.state_dir),
+        },
+        "isolation": {"libHostPath": str(node.lib_dir)},
+        "webhook": {
+            "replicas": 1,
+            # only the walkthrough's namespace is checked and steered (Fail, the default)
+            "namespaceLabels": {WEBHOOK_LABEL: REAL_NS},
+            "nodeSelector": on_node,
+            "tolerations": tolerations,
+            "certs": {"job": {"image": image(images["webhook-certs"])}},
+        },
+    }
+
+
+def _component_pods(cluster: Cluster) -> dict[str, list[dict[str, Any]]]:
+    items = cluster.kubectl_json("get", "pods", "-n", REAL_NAMESPACE)["items"]
+    out: dict[str, list[dict[str, Any]]] = {}
+    for item in items:
+        component = item["metadata"]["labels"].get("app.kubernetes.io/component", "")
+        if item["metadata"].get("deletionTimestamp") is None:
+            out.setdefault(component, []).append(item)
+    return out
+
+
+def _ready(item: dict[str, Any]) -> bool:
+    conditions = item.get("status", {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def _why_not(cluster: Cluster) -> str:
+    """Pod states and the events of the release namespace, for a failure message."""
+    pods = cluster.kubectl("get", "pods", "-n", REAL_NAMESPACE, "-o", "wide", check=False).stdout
+    events = cluster.kubectl(
+        "get", "events", "-n", REAL_NAMESPACE, "--sort-by=.lastTimestamp", check=False
+    ).stdout
+    return f"{pods}\n{events[-4000:]}"
+
+
+def _wait_components(cluster: Cluster, what: str, timeout: float = 240) -> None:
+    """Every component's pods Ready (one each), the cert Job complete."""
+
+    def ready() -> bool:
+        pods = _component_pods(cluster)
+        if not all(pods.get(c) and all(_ready(p) for p in pods[c]) for c in COMPONENTS):
+            return False
+        jobs = cluster.kubectl_json("get", "jobs", "-n", REAL_NAMESPACE)["items"]
+        return bool(jobs) and all(j.get("status", {}).get("succeeded") for j in jobs)
+
+    try:
+        eventually(ready, timeout, what)
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{_why_not(cluster)}") from None
+
+
+def _allocatable(node: RealNode) -> dict[str, str]:
+    status: dict[str, str] = node.node().get("status", {}).get("allocatable", {})
+    return status
+
+
+def _restart_device_plugin(cluster: Cluster) -> None:
+    """Delete the DaemonSet's pod (the plugin reads the node's mode at start) and wait for the
+    new one to be Ready."""
+    old = {p["metadata"]["uid"] for p in _component_pods(cluster).get("device-plugin", [])}
+    cluster.kubectl(
+        "delete", "pods", "-n", REAL_NAMESPACE, "-l", "app.kubernetes.io/component=device-plugin"
+    )
+
+    def replaced() -> bool:
+        pods = _component_pods(cluster).get("device-plugin", [])
+        return bool(pods) and all(p["metadata"]["uid"] not in old and _ready(p) for p in pods)
+
+    eventually(replaced, 120, "a new device-plugin pod Ready")
+
+
+@pytest.fixture(scope="module")
+def helm_node(cluster: Cluster) -> Iterator[tuple[RealNode, dict[str, str]]]:
+    """The real node without a device-plugin process (the chart's DaemonSet brings one), the
+    chart's images imported into its containerd, and the control plane's own kube-scheduler
+    serving only ``default-scheduler`` (as a cluster's would), so ``ack-co-scheduler`` is the
+    chart's alone. Everything is put back afterwards for the tests that follow."""
+    reason = unavailable()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"real node unavailable in CI: {reason}")
+        pytest.skip(f"real node unavailable: {reason}")
+    if shutil.which("mmdebstrap") is None and os.environ.get("CI") != "true":
+        pytest.skip("mmdebstrap is not installed (apt-get install -y mmdebstrap)")
+    started = time.monotonic()
+    builder = Builder(cache=default_cache(), binaries=cluster.binaries, progress=True)
+    built = {
+        "gpushare": builder.gpushare(),
+        "kube-scheduler": builder.kube_scheduler(),
+        "webhook-certs": builder.webhook_certs(),
+    }
+    print(f"[e2e] chart images ready in {time.monotonic() - started:.1f}s", flush=True)
+    node = RealNode(cluster=cluster, root=cluster.root / "realnode", plugin=False, gateway=True)
+    saved_settings = dict(cluster.scheduler_settings)
+    try:
+        node.start(progress=lambda s: print(f"[e2e] starting {s}", flush=True))
+        for _, archive in built.values():
+            node.ctr("images", "import", str(archive), timeout=300)
+        cluster.processes["gpushare-extender"].stop()
+        cluster.scheduler_settings = {
+            **saved_settings,
+            "profiles": [{"schedulerName": "default-scheduler"}],
+            "extenders": [],
+        }
+        cluster.restart_scheduler()
+        print(f"[e2e] real node for helm up in {time.monotonic() - started:.1f}s", flush=True)
+        yield node, {name: tag for name, (tag, _) in built.items()}
+    finally:
+        node.stop()
+        cluster.scheduler_settings = saved_settings
+        cluster.restart_scheduler()
+        cluster.start_extender(unit="1GiB")
+
+
+@pytest.mark.e2e
+def test_helm_install_runs_on_the_real_node(
+    cluster: Cluster, helm_node: tuple[RealNode, dict[str, str]], tmp_path: Path
+) -> None:
+    node, images = helm_node
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(_real_values(cluster, node, images)))
+    chart = ["-n", REAL_NAMESPACE, "-f", str(values)]
+    cluster.kubectl("create", "namespace", REAL_NAMESPACE)
+    cluster.kubectl(
+        "delete", "namespace", REAL_NS, "--ignore-not-found", "--wait=true", timeout=180
+    )
+    cluster.kubectl("create", "namespace", REAL_NS)
+    cluster.kubectl("label", "namespace", REAL_NS, f"{WEBHOOK_LABEL}={REAL_NS}")
+    installed = False
+    try:
+        started = time.monotonic()
+        helm(cluster, "install", REAL_RELEASE, str(CHART), *chart, "--wait=false")
+        installed = True
+        _wait_components(cluster, "scheduler, webhook and device plugin Ready, certs stored")
+        print(f"[e2e] chart running in {time.monotonic() - started:.1f}s", flush=True)
+        # kube-scheduler won its Lease; the device plugin registered its fake GPUs with kubelet
+        lease = cluster.kubectl_json(
+            "get", "lease", "-n", REAL_NAMESPACE, f"{REAL_RELEASE}-scheduler"
+        )
+        # (on the host network the identity is the machine's hostname and a UUID)
+        assert lease["spec"].get("holderIdentity") and lease["spec"].get("renewTime")
+        eventually(lambda: _allocatable(node).get("aliyun.com/gpu-mem") == "60", 90, "60 GiB")
+        webhook = cluster.kubectl_json(
+            "get", "validatingwebhookconfiguration", f"{REAL_RELEASE}-webhook"
+        )["webhooks"][0]
+        assert webhook["clientConfig"].get("caBundle"), "the cert Job wrote the CA"
+        uuids = gpu_uuids(cluster, node.name)
+
+        # GPUtest: placed by the chart's kube-scheduler and extender, served by its plugin.
+        job = local_job("GPUtest.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 3600"])
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
+
+        def running() -> list[dict[str, Any]]:
+            items = ns_pods(cluster, REAL_NS)
+            return [p for p in items if p["status"].get("phase") == "Running"]
+
+        items = eventually(running, 120, "GPUtest pod Running")
+        name = items[0]["metadata"]["name"]
+        env = eventually(
+            lambda: probe_env(cluster.kubectl("logs", "-n", REAL_NS, name).stdout), 30, "logs"
+        )
+        assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "3"
+        assert env["ALIYUN_COM_GPU_MEM_DEV"] == "15"
+        assert {k: env.get(k) for k in expected(items[0], "gpu-share-sample", uuids)} == expected(
+            items[0], "gpu-share-sample", uuids
+        )
+
+        # While it holds memory, an upgrade to another unit is refused, and nothing changes.
+        upgrade = ["upgrade", REAL_RELEASE, str(CHART), *chart]
+        refused = helm(cluster, *upgrade, "--set", "gpuMemoryUnit=128MiB", check=False)
+        assert refused.returncode != 0
+        assert "gpuMemoryUnit=128MiB refused: nodes publish gpuMemoryUnit=1GiB" in refused.stderr
+        assert f"{REAL_NS}/{name} on {node.name}" in refused.stderr
+        history = helm(cluster, "history", REAL_RELEASE, "-n", REAL_NAMESPACE, "-o", "json")
+        assert [r["status"] for r in json.loads(history.stdout)] == ["deployed"]
+        cluster.kubectl("delete", "job", "-n", REAL_NS, "gpu-share-sample", "--wait=true")
+        eventually(lambda: not ns_pods(cluster, REAL_NS), 90, "GPUtest pod gone")
+
+        # cuda-sample names no scheduler: the chart's webhook steers it; core_mem node.
+        cluster.kubectl("label", "node", node.name, "ack.node.gpu.schedule=core_mem", "--overwrite")
+        _restart_device_plugin(cluster)
+        eventually(
+            lambda: _allocatable(node).get("aliyun.com/gpu-core.percentage") == "400",
+            90,
+            "gpu-core.percentage 400",
+        )
+        job = local_job("cuda-sample.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 2"])
+        job["metadata"]["namespace"] = REAL_NS
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
+        items = wait_done(cluster, "job-name=cuda-sample")
+        assert items[0]["spec"]["schedulerName"] == "ack-co-scheduler"
+        env = probe_env(cluster.kubectl("logs", "-n", REAL_NS, items[0]["metadata"]["name"]).stdout)
+        assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2"
+        assert env["GPUSHARE_CORE_LIMIT"] == "30"
+        assert env["GPUSHARE_MEM_LIMIT"] == str(2 * 1024**3)
+        assert "libgpushare-cuda.so" in env["PROBE_MAPPED"], env
+        cluster.kubectl("delete", "job", "-n", REAL_NS, "cuda-sample", "--wait=true")
+        eventually(lambda: not ns_pods(cluster, REAL_NS), 90, "cuda-sample pod gone")
+
+        # Nothing holds memory: the upgrade to 128MiB passes and every component restarts in it.
+        cluster.kubectl("label", "node", node.name, "ack.node.gpu.schedule=share", "--overwrite")
+        helm(cluster, *upgrade, "--set", "gpuMemoryUnit=128MiB")
+        _restart_device_plugin(cluster)
+        _wait_components(cluster, "the components Ready after the upgrade")
+        eventually(lambda: _allocatable(node).get("aliyun.com/gpu-mem") == "480", 90, "480")
+        manifest = yaml.safe_load((REPO / "examples" / "binpack-128mib.yaml").read_text())
+        manifest["metadata"]["namespace"] = REAL_NS
+        spec = manifest["spec"]["template"]["spec"]
+        spec.update(
+            nodeSelector={"kubernetes.io/hostname": node.name},
+            tolerations=[TOLERATION],
+            terminationGracePeriodSeconds=1,
+        )
+        for c in spec["containers"]:
+            c.update(
+                image=TEST_IMAGE,
+                imagePullPolicy="Never",
+                command=["/bin/sh", "-c", PROBE_THEN + "sleep 3600"],
+            )
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+        item = eventually(
+            lambda: next((p for p in running() if p["metadata"]["name"] == "binpack-0"), None),
+            120,
+            "binpack-0 Running",
+        )
+        env = eventually(
+            lambda: probe_env(cluster.kubectl("logs", "-n", REAL_NS, "binpack-0").stdout),
+            30,
+            "binpack-0 logs",
+        )
+        assert item["spec"]["schedulerName"] == "ack-co-scheduler"
+        assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "16"
+        assert env["GPUSHARE_MEM_UNIT"] == "128MiB"
+        cluster.kubectl("delete", "statefulset", "-n", REAL_NS, "binpack", "--wait=true")
+        eventually(lambda: not ns_pods(cluster, REAL_NS), 90, "binpack-0 gone")
+    except BaseException:
+        print(_why_not(cluster), flush=True)
+        raise
+    finally:
+        if installed:
+            manifest_text = helm(
+                cluster, "get", "manifest", REAL_RELEASE, "-n", REAL_NAMESPACE, check=False
+            ).stdout
+            helm(cluster, "uninstall", REAL_RELEASE, "-n", REAL_NAMESPACE, "--wait", check=False)
+        cluster.kubectl("delete", "namespace", REAL_NS, "--wait=false", check=False)
+
+    # Uninstall left nothing behind but the seal key's Secret (kept on purpose).
+    rendered = [d for d in yaml.safe_load_all(manifest_text) if d]
+    left = json.loads(
+        cluster.kubectl(
+            "get", "-f", "-", "-o", "json", "--ignore-not-found", input=manifest_text
+        ).stdout
+        or '{"items": []}'
+    )["items"]
+    assert len(rendered) > 20
+    assert [(d["kind"], d["metadata"]["name"]) for d in left] == [
+        ("Secret", f"{REAL_RELEASE}-seal")
+    ]
+    eventually(
+        lambda: not cluster.kubectl_json("get", "pods", "-n", REAL_NAMESPACE)["items"],
+        120,
+        "the release's pods gone",
+    )
+    instance = f"app.kubernetes.io/instance={REAL_RELEASE}"
+    for kind in (
+        "all",
+        "configmaps",
+        "serviceaccounts",
+        "roles",
+        "rolebindings",
+        "poddisruptionbudgets",
+    ):
+        got = cluster.kubectl("get", kind, "-n", REAL_NAMESPACE, "-l", instance, "-o", "name")
+        assert not got.stdout.strip(), f"{kind} left behind: {got.stdout}"
+    for kind in (
+        "clusterroles",
+        "clusterrolebindings",
+        "validatingwebhookconfigurations",
+        "mutatingwebhookconfigurations",
+        "validatingadmissionpolicies",
+        "validatingadmissionpolicybindings",
+    ):
+        got = cluster.kubectl("get", kind, "-l", instance, "-o", "name")
+        assert not got.stdout.strip(), f"{kind} left behind: {got.stdout}"
+    cluster.kubectl("delete", "namespace", REAL_NAMESPACE, "--wait=false", check=False)
+
+
+def wait_done(cluster: Cluster, selector: str) -> list[dict[str, Any]]:
+    """The pods matching ``selector`` in the walkthrough namespace once one Succeeded."""
+
+    def done() -> list[dict[str, Any]] | None:
+        items = cluster.kubectl_json("get", "pods", "-n", REAL_NS, "-l", selector)["items"]
+        failed = [p["status"] for p in items if p["status"].get("phase") == "Failed"]
+        assert not failed, failed
+        return [p for p in items if p["status"].get("phase") == "Succeeded"] or None
+
+    result: list[dict[str, Any]] = eventually(done, 120, f"{selector} Succeeded")
+    return result

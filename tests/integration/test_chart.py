@@ -612,6 +612,8 @@ def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> No
         ("webhook.trustedUsers[0]=", "trustedUsers"),
         ("webhook.policy.enabled=maybe", "enabled"),
         ("resourceNames.mem=gpu-mem", "mem"),
+        ("testing.apiServer=127.0.0.1", "apiServer"),
+        ("testing.fakeGpus=four", "fakeGpus"),
     ],
 )
 def test_schema_refuses(setting: str, words: str) -> None:
@@ -624,3 +626,36 @@ def test_schema_refuses(setting: str, words: str) -> None:
 def test_without_a_cluster_the_unit_guard_renders_nothing() -> None:
     docs = render("--set", "gpuMemoryUnit=128MiB")
     assert not [d for d in docs if d["metadata"]["name"].endswith("unit-guard")]
+
+
+def _pod_specs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Pod templates by the workload's component label."""
+    return {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]["spec"]
+        for d in docs
+        if d["kind"] in {"Deployment", "DaemonSet", "Job"}
+    }
+
+
+def test_testing_values_reach_the_api_calling_pods_only(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    docs = render("--set", "testing.apiServer=127.0.0.1:6443", "--set", "testing.fakeGpus=4x15GiB")
+    specs = _pod_specs(docs)
+    calling = {"scheduler", "device-plugin", "webhook-certs"}
+    assert set(specs) == {*calling, "webhook"}
+    for component, spec in specs.items():
+        assert spec.get("hostNetwork", False) is (component in calling), component
+        for container in spec["containers"]:
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            want = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "6443"}
+            got = {k: env.get(k) for k in want}
+            assert got == (want if component in calling else dict.fromkeys(want)), container
+    assert "--fake-gpus=4x15GiB" in specs["device-plugin"]["containers"][0]["args"]
+    assert find(docs, "Deployment", "-scheduler")["spec"]["strategy"] == {"type": "Recreate"}
+    # the defaults carry none of it
+    for component, spec in _pod_specs(default_docs).items():
+        assert "hostNetwork" not in spec, component
+        args = [a for c in spec["containers"] for a in c.get("args", [])]
+        assert not [a for a in args if a.startswith("--fake-gpus")]
+    assert "strategy" not in find(default_docs, "Deployment", "-scheduler")["spec"]

@@ -143,3 +143,28 @@ matchLabels:
 {{- end -}}
 {{/* Where the extender and the device plugin find the seal key (the Secret's data "key"). */}}
 {{- define "gpushare.seal.dir" -}}/var/run/gpushare/seal{{- end -}}
+
+{{/*
+Test clusters only (values: testing.apiServer). Where no kube-proxy serves the kubernetes Service,
+the pods that call the API run in the node's network namespace and are told the API server's
+address directly (kubelet's KUBERNETES_SERVICE_* variables name the Service's ClusterIP, and a
+container's own env wins over them).
+*/}}
+{{- define "gpushare.testing.hostNetwork" -}}
+{{- if .Values.testing.apiServer }}
+# testing.apiServer: the node's network, where the API server is reachable.
+hostNetwork: true
+{{- end }}
+{{- end -}}
+
+{{- define "gpushare.testing.apiEnv" -}}
+{{- with .Values.testing.apiServer }}
+{{- $host := regexReplaceAll ":[0-9]+$" . "" }}
+{{- $port := regexFind "[0-9]+$" . }}
+# testing.apiServer: the API server directly, not the kubernetes Service.
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ $host | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ $port | quote }}
+{{- end }}
+{{- end -}}

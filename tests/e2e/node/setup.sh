@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs, once, what the real node of the end-to-end tests needs from Debian's packages:
 # containerd and runc (the container runtime), the CNI plugins (bridge, host-local, loopback),
-# busybox-static (the root filesystem of the local images), gcc (the dynamically linked probe).
+# busybox-static (the root filesystem of the local images), gcc (the dynamically linked probe),
+# mmdebstrap (the Debian root filesystems of the chart's images, tests/e2e/image_archive.py).
 # kubelet itself is built from the pinned Kubernetes modules by controlplane/build.sh.
 # Without root it installs nothing and says what is missing; the real-node tests then skip.
 set -euo pipefail
@@ -15,6 +16,7 @@ command -v runc >/dev/null || missing+=(runc)
 command -v gcc >/dev/null || missing+=(gcc)
 command -v file >/dev/null || missing+=(file)
 command -v ip >/dev/null || missing+=(iproute2)
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 
 if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" != 0 ]; then

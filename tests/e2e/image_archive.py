@@ -1,0 +1,490 @@
+"""The chart's images as archives ``ctr images import`` reads, built without a Docker engine.
+
+These machines have no Docker engine and no registry, so ``make image`` (``docker build``)
+cannot run here, and the real node cannot pull ``registry.k8s.io/kube-scheduler`` or
+``alpine/k8s``. This module builds the three images ``charts/gpushare`` runs from what they
+can reach (Debian packages, PyPI and the control-plane build), each as a one-layer
+docker-archive (``manifest.json``, a config JSON, ``layer.tar``):
+
+- ``gpushare.local/gpushare:<version>``: the Dockerfile's image. A Debian bookworm root
+  filesystem made by ``mmdebstrap`` (variant minbase, Debian's python3 3.11 and
+  ``python-is-python3``) with the wheels
+  the Dockerfile's builder stage makes (``pip wheel -c constraints.txt .`` after generating the
+  gRPC stubs and compiling the interposer, which the gpushare wheel carries as package data)
+  installed offline, the ``gpushare`` account (uid/gid 65532), and the Dockerfile's
+  entrypoint, user, environment and labels. ``IMAGE`` says all of that once;
+  ``tests/unit/test_image_archive.py`` reads the Dockerfile and fails when the two disagree.
+- ``gpushare.local/kube-scheduler:<version>``: the statically linked kube-scheduler that
+  ``tests/e2e/controlplane/build.sh`` builds, as upstream's distroless image carries it.
+- ``gpushare.local/webhook-certs:1``: what the chart's certificate Job needs (``sh``,
+  ``openssl``, coreutils' ``base64``/``seq``, ``kubectl``): Debian minbase with ``openssl``
+  and the control plane's kubectl.
+
+Each archive is cached under ``~/.cache/gpushare/images`` (``GPUSHARE_CACHE`` moves it) by a
+content hash of its inputs, so a second build is a lookup. The differences from a Docker build
+that remain: Debian's python3 installs into ``/usr/local/lib/python3.11/dist-packages`` where
+``python:3.11-slim`` uses ``site-packages`` (the interposer is found through the package, not
+by path), and the image has no ``pip`` (the Dockerfile's base image has one; nothing runs it).
+
+    python -m tests.e2e.image_archive [--out DIR]     # make image-archive
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Documentation, manual pages and translations: nothing in a container reads them.
+DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/usr/share/locale/*")
+
+
+class ImageBuildError(RuntimeError):
+    """A step of the image build failed; the message names the step and what to do."""
+
+
+@dataclass(frozen=True)
+class Account:
+    """The non-root account the image runs as (the Dockerfile's groupadd/useradd)."""
+
+    name: str
+    uid: int
+    gid: int
+    shell: str
+
+
+@dataclass(frozen=True)
+class ImageDescription:
+    """What an image promises its users: how it starts, as whom, and what it installs.
+
+    The Dockerfile and this module each describe the gpushare image; a unit test parses the
+    Dockerfile into this shape and compares, so neither changes alone.
+    """
+
+    entrypoint: tuple[str, ...]
+    cmd: tuple[str, ...]
+    user: str
+    workdir: str
+    env: tuple[tuple[str, str], ...]
+    """The image's own variables, without the base image's PATH."""
+    exposed_ports: tuple[str, ...]
+    labels: tuple[tuple[str, str], ...]
+    account: Account | None
+    prepare_modules: tuple[str, ...]
+    """``python -m`` modules run on the source tree before the wheels are built."""
+    wheel_args: tuple[str, ...]
+    """``pip wheel`` options (besides where the wheels go) that make the wheel set."""
+    requirement: str
+    """What is installed from the wheels, offline."""
+    interposer: str
+    """The interposer library, relative to site-packages."""
+
+
+def project_version() -> str:
+    """``version`` from pyproject.toml (the Makefile's VERSION)."""
+    for line in (REPO / "pyproject.toml").read_text().splitlines():
+        if line.startswith("version = "):
+            return line.split("=", 1)[1].strip().strip('"')
+    raise ImageBuildError("pyproject.toml has no `version = ...` line; add one")
+
+
+def gpushare_image(version: str) -> ImageDescription:
+    """The gpushare image as the Dockerfile's runtime stage describes it."""
+    return ImageDescription(
+        entrypoint=("gpushare",),
+        cmd=("--help",),
+        user="65532:65532",
+        workdir="",
+        env=(
+            ("PIP_NO_CACHE_DIR", "1"),
+            ("PIP_DISABLE_PIP_VERSION_CHECK", "1"),
+            ("PYTHONDONTWRITEBYTECODE", "1"),
+            ("PYTHONUNBUFFERED", "1"),
+        ),
+        exposed_ports=(),
+        labels=(
+            ("org.opencontainers.image.title", "gpushare"),
+            (
+                "org.opencontainers.image.description",
+                "Shared GPU scheduling for Kubernetes (aliyun.com/gpu-mem)",
+            ),
+            ("org.opencontainers.image.version", version),
+            ("org.opencontainers.image.licenses", "Apache-2.0"),
+        ),
+        account=Account(name="gpushare", uid=65532, gid=65532, shell="/usr/sbin/nologin"),
+        prepare_modules=("gpushare.deviceplugin.genproto", "gpushare.isolation.build"),
+        wheel_args=("--no-cache-dir", "-c", "constraints.txt"),
+        requirement=f"gpushare=={version}",
+        interposer="gpushare/isolation/native/libgpushare-cuda.so",
+    )
+
+
+def oci_config(image: ImageDescription, diff_id: str, created_by: str) -> dict[str, object]:
+    """The image config JSON (docker/OCI) for one layer."""
+    config: dict[str, object] = {
+        "Env": [PATH_ENV, *(f"{k}={v}" for k, v in image.env)],
+        "Entrypoint": list(image.entrypoint) or None,
+        "Cmd": list(image.cmd) or None,
+        "User": image.user,
+        "WorkingDir": image.workdir,
+        "Labels": dict(image.labels),
+    }
+    if image.exposed_ports:
+        config["ExposedPorts"] = {port: {} for port in image.exposed_ports}
+    return {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": config,
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "history": [{"created_by": created_by}],
+    }
+
+
+# -- writing archives ---------------------------------------------------------------------------
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), mode, 0
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_archive(
+    path: Path, tag: str, layer: Path, image: ImageDescription, created_by: str
+) -> None:
+    """A docker-archive at ``path`` with ``layer`` (a tar of the root filesystem) as its one
+    layer; written beside and renamed, so a half-written archive is never reused."""
+    diff_id = "sha256:" + _sha256_file(layer)
+    config = json.dumps(oci_config(image, diff_id, created_by), sort_keys=True).encode()
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    manifest = [{"Config": config_name, "RepoTags": [tag], "Layers": ["layer.tar"]}]
+    tmp = path.with_name(path.name + ".tmp")
+    with tarfile.open(tmp, "w") as tar:
+        tar.add(str(layer), arcname="layer.tar")
+        _add_bytes(tar, config_name, config)
+        _add_bytes(tar, "manifest.json", json.dumps(manifest).encode())
+    tmp.replace(path)
+
+
+def _accounts(account: Account) -> tuple[str, str]:
+    """The /etc/passwd and /etc/group lines of ``account`` (Debian's files have root)."""
+    passwd = f"{account.name}:x:{account.uid}:{account.gid}::/nonexistent:{account.shell}\n"
+    group = f"{account.name}:x:{account.gid}:\n"
+    return passwd, group
+
+
+# -- inputs and the cache -----------------------------------------------------------------------
+
+
+def inputs_hash(files: Iterable[Path], extra: Iterable[str] = ()) -> str:
+    """A content hash of ``files`` (path and bytes) and ``extra`` strings."""
+    digest = hashlib.sha256()
+    for path in sorted(set(files)):
+        digest.update(str(path.relative_to(REPO) if path.is_relative_to(REPO) else path).encode())
+        digest.update(b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    for item in extra:
+        digest.update(item.encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _source_files() -> list[Path]:
+    """What the gpushare wheel is built from (the Dockerfile's COPY sources)."""
+    files = [REPO / name for name in ("pyproject.toml", "constraints.txt", "README.md")]
+    for path in (REPO / "src").rglob("*"):
+        if path.is_file() and "__pycache__" not in path.parts and ".egg-info" not in str(path):
+            files.append(path)
+    return files
+
+
+def _run(step: str, argv: list[str], *, fix: str, cwd: Path | None = None) -> None:
+    result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-25:])
+        raise ImageBuildError(
+            f"{step} failed (exit {result.returncode}): {' '.join(argv[:4])} ...\n{tail}\n{fix}"
+        )
+
+
+def _mmdebstrap(out: Path, packages: list[str], hooks: list[str]) -> None:
+    """A Debian root filesystem tarball at ``out``: minbase plus ``packages``, then ``hooks``
+    (mmdebstrap customize hooks, run with the root directory as ``$1``)."""
+    if shutil.which("mmdebstrap") is None:
+        raise ImageBuildError(
+            "mmdebstrap is not installed: it makes the Debian root filesystem. "
+            "Install it with `apt-get install -y mmdebstrap` (as root)."
+        )
+    argv = [
+        "mmdebstrap",
+        "--variant=minbase",
+        "--mode=root" if os.geteuid() == 0 else "--mode=unshare",
+        f"--include={','.join(packages)}",
+        *(f"--dpkgopt=path-exclude={pattern}" for pattern in DPKG_EXCLUDES),
+        "--aptopt=Acquire::Retries 3",
+        *(f"--customize-hook={hook}" for hook in hooks),
+        SUITE,
+        str(out),
+        MIRROR,
+    ]
+    _run(
+        "mmdebstrap",
+        argv,
+        fix="It needs root (or unprivileged user namespaces) and deb.debian.org.",
+    )
+
+
+@dataclass
+class Builder:
+    """Builds (or finds in the cache) the chart's images."""
+
+    cache: Path
+    binaries: dict[str, Path] = field(default_factory=dict)
+    python: str = sys.executable
+    progress: bool = False
+
+    def _say(self, text: str) -> None:
+        if self.progress:
+            print(f"[image-archive] {text}", flush=True)
+
+    def _cached(self, name: str, key: str) -> Path:
+        """Where the archive for these inputs lives; archives of older inputs are removed
+        (hundreds of MiB each, never read again)."""
+        self.cache.mkdir(parents=True, exist_ok=True)
+        path = self.cache / f"{name}-{key}.tar"
+        for old in self.cache.glob(f"{name}-*.tar"):
+            if old != path and old.name.removeprefix(f"{name}-")[:-4].isalnum():
+                old.unlink()
+        return path
+
+    # -- gpushare -------------------------------------------------------------------------------
+
+    def gpushare(self) -> tuple[str, Path]:
+        """The gpushare image: (tag, archive)."""
+        version = project_version()
+        image = gpushare_image(version)
+        tag = f"gpushare.local/gpushare:{version}"
+        for module in image.prepare_modules:
+            _run(
+                f"python -m {module}",
+                [self.python, "-m", module],
+                cwd=REPO,
+                fix="Run `make .venv/.installed` first (it installs grpcio-tools and gcc's "
+                "inputs); the interposer needs gcc.",
+            )
+        key = inputs_hash([*_source_files(), Path(__file__)], [SUITE, *DPKG_EXCLUDES, repr(image)])
+        archive = self._cached("gpushare", key)
+        if archive.exists():
+            self._say(f"{tag}: cached {archive}")
+            return tag, archive
+        self._say(f"{tag}: building (wheels, then a Debian root filesystem)")
+        with tempfile.TemporaryDirectory(prefix="gpushare-image-") as tmp:
+            work = Path(tmp)
+            wheels = work / "wheels"
+            _run(
+                "pip wheel",
+                [
+                    self.python,
+                    "-m",
+                    "pip",
+                    "wheel",
+                    "-q",
+                    *image.wheel_args,
+                    "--wheel-dir",
+                    str(wheels),
+                    ".",
+                ],
+                cwd=REPO,
+                fix="It needs PyPI (the pinned wheels in constraints.txt).",
+            )
+            # pip itself runs from its wheel inside the root filesystem and is not installed.
+            _run(
+                "pip download pip",
+                [self.python, "-m", "pip", "download", "-q", "--no-deps", "-d", str(work), "pip"],
+                fix="It needs PyPI.",
+            )
+            pip_wheel = next(work.glob("pip-*.whl"))
+            self._check_interposer(wheels, image)
+            account = image.account
+            assert account is not None
+            passwd, group = _accounts(account)
+            (work / "passwd").write_text(passwd)
+            (work / "group").write_text(group)
+            install = (
+                f'chroot "$1" python3 /tmp/{pip_wheel.name}/pip install -q --no-index '
+                f"--no-cache-dir --break-system-packages --no-warn-script-location "
+                f"--find-links /tmp/wheels {image.requirement!r}"
+            )
+            hooks = [
+                f'cp -r {wheels} {pip_wheel} "$1/tmp/"',
+                install,
+                f'test -f "$1/usr/local/lib/python3.11/dist-packages/{image.interposer}"',
+                f'test -x "$1/usr/local/bin/{image.entrypoint[0]}"',
+                f'rm -rf "$1/tmp/wheels" "$1/tmp/{pip_wheel.name}"',
+                f'cat {work / "passwd"} >> "$1/etc/passwd"',
+                f'cat {work / "group"} >> "$1/etc/group"',
+                'rm -rf "$1/var/lib/apt/lists"/* "$1/var/cache/apt"/*',
+            ]
+            rootfs = work / "rootfs.tar"
+            # python-is-python3: `python`, as python:3.11-slim has it (the chart's probes run it)
+            _mmdebstrap(rootfs, ["python3", "python-is-python3"], hooks)
+            write_archive(archive, tag, rootfs, image, "gpushare tests/e2e/image_archive.py")
+        self._say(f"{tag}: {archive} ({archive.stat().st_size >> 20} MiB)")
+        return tag, archive
+
+    @staticmethod
+    def _check_interposer(wheels: Path, image: ImageDescription) -> None:
+        import zipfile
+
+        found = list(wheels.glob("gpushare-*.whl"))
+        if not found:
+            raise ImageBuildError(f"pip wheel made no gpushare wheel in {wheels}")
+        with zipfile.ZipFile(found[0]) as wheel:
+            if image.interposer not in wheel.namelist():
+                raise ImageBuildError(
+                    f"the gpushare wheel lacks {image.interposer}: run "
+                    "`python -m gpushare.isolation.build` (needs gcc) before building"
+                )
+
+    # -- kube-scheduler and the certificate Job ---------------------------------------------------
+
+    def kube_scheduler(self) -> tuple[str, Path]:
+        """kube-scheduler alone (a static binary), user 65532 as upstream's distroless image."""
+        binary = self.binaries["kube-scheduler"]
+        version = binary.parent.name.removeprefix("kubernetes-")
+        tag = f"gpushare.local/kube-scheduler:{version}"
+        image = ImageDescription(
+            entrypoint=("/usr/local/bin/kube-scheduler",),
+            cmd=(),
+            user="65532:65532",
+            workdir="",
+            env=(),
+            exposed_ports=(),
+            labels=(),
+            account=Account(name="nonroot", uid=65532, gid=65532, shell="/sbin/nologin"),
+            prepare_modules=(),
+            wheel_args=(),
+            requirement="",
+            interposer="",
+        )
+        key = inputs_hash([binary, Path(__file__)], [repr(image)])
+        archive = self._cached("kube-scheduler", key)
+        if archive.exists():
+            self._say(f"{tag}: cached {archive}")
+            return tag, archive
+        assert image.account is not None
+        passwd, group = _accounts(image.account)
+        with tempfile.TemporaryDirectory(prefix="gpushare-image-") as tmp:
+            layer = Path(tmp) / "layer.tar"
+            with tarfile.open(layer, "w", format=tarfile.GNU_FORMAT) as tar:
+                for directory, mode in (("etc", 0o755), ("tmp", 0o1777), ("usr", 0o755)):
+                    info = tarfile.TarInfo(directory)
+                    info.type, info.mode = tarfile.DIRTYPE, mode
+                    tar.addfile(info)
+                for directory in ("usr/local", "usr/local/bin"):
+                    info = tarfile.TarInfo(directory)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    tar.addfile(info)
+                _add_bytes(
+                    tar, "etc/passwd", ("root:x:0:0:root:/:/sbin/nologin\n" + passwd).encode()
+                )
+                _add_bytes(tar, "etc/group", ("root:x:0:\n" + group).encode())
+                _add_bytes(tar, "usr/local/bin/kube-scheduler", binary.read_bytes(), 0o755)
+            write_archive(archive, tag, layer, image, "kube-scheduler from controlplane/build.sh")
+        self._say(f"{tag}: {archive}")
+        return tag, archive
+
+    def webhook_certs(self) -> tuple[str, Path]:
+        """sh, openssl, coreutils and kubectl: what the chart's certificate Job runs."""
+        kubectl = self.binaries["kubectl"]
+        tag = "gpushare.local/webhook-certs:1"
+        image = ImageDescription(
+            entrypoint=(),
+            cmd=("/bin/sh",),
+            user="65532:65532",
+            workdir="",
+            env=(),
+            exposed_ports=(),
+            labels=(),
+            account=Account(name="certs", uid=65532, gid=65532, shell="/usr/sbin/nologin"),
+            prepare_modules=(),
+            wheel_args=(),
+            requirement="",
+            interposer="",
+        )
+        key = inputs_hash([kubectl, Path(__file__)], [SUITE, *DPKG_EXCLUDES, repr(image)])
+        archive = self._cached("webhook-certs", key)
+        if archive.exists():
+            self._say(f"{tag}: cached {archive}")
+            return tag, archive
+        self._say(f"{tag}: building (Debian minbase, openssl, kubectl)")
+        assert image.account is not None
+        passwd, group = _accounts(image.account)
+        with tempfile.TemporaryDirectory(prefix="gpushare-image-") as tmp:
+            work = Path(tmp)
+            (work / "passwd").write_text(passwd)
+            (work / "group").write_text(group)
+            rootfs = work / "rootfs.tar"
+            _mmdebstrap(
+                rootfs,
+                ["openssl"],
+                [
+                    f'install -m 0755 {kubectl} "$1/usr/local/bin/kubectl"',
+                    f'cat {work / "passwd"} >> "$1/etc/passwd"',
+                    f'cat {work / "group"} >> "$1/etc/group"',
+                    'rm -rf "$1/var/lib/apt/lists"/* "$1/var/cache/apt"/*',
+                ],
+            )
+            write_archive(archive, tag, rootfs, image, "webhook-certs tests/e2e/image_archive.py")
+        self._say(f"{tag}: {archive} ({archive.stat().st_size >> 20} MiB)")
+        return tag, archive
+
+    def all(self) -> dict[str, Path]:
+        """Every image: tag -> archive."""
+        return dict([self.gpushare(), self.kube_scheduler(), self.webhook_certs()])
+
+
+def default_cache() -> Path:
+    """``$GPUSHARE_CACHE/images`` (default ``~/.cache/gpushare/images``), as images.py uses."""
+    return Path(os.environ.get("GPUSHARE_CACHE", Path.home() / ".cache" / "gpushare")) / "images"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=default_cache(), help="cache directory")
+    args = parser.parse_args()
+    from .cluster import build_binaries
+
+    builder = Builder(cache=args.out, binaries=build_binaries(), progress=True)
+    try:
+        built = builder.all()
+    except ImageBuildError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+    for tag, archive in built.items():
+        print(f"{tag}\t{archive}")
+    print("import with: ctr -n k8s.io images import ARCHIVE")
+
+
+if __name__ == "__main__":
+    main()
