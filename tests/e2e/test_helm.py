@@ -36,12 +36,18 @@ from gpushare.core.names import ANN_NODE_UNIT
 from gpushare.webhook.configuration import steering_configuration, webhook_configuration
 
 from .cluster import Cluster, free_port
-from .conftest import REPO, create_nodes, delete_nodes, eventually, kwok_node
+from .conftest import create_nodes, delete_nodes, eventually, kwok_node
 from .image_archive import Builder, default_cache
-from .images import TEST_IMAGE
 from .realnode import TOLERATION, RealNode, probe_env, unavailable
 from .test_real_node import NS as REAL_NS
-from .test_real_node import PROBE_THEN, expected, gpu_uuids, local_job, ns_pods
+from .test_real_node import (
+    PROBE_THEN,
+    expected,
+    gpu_uuids,
+    local_job,
+    ns_pods,
+    wait_done_label,
+)
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "gpushare"
 RELEASE = "gpushare-e2e"
@@ -349,6 +355,20 @@ def _allocatable(node: RealNode) -> dict[str, str]:
     return status
 
 
+def _steered_job(cluster: Cluster, name: str) -> dict[str, str]:
+    """Run the seed Job ``examples/<name>.yaml`` (it names no scheduler) to completion with the
+    probe as its command; check the chart's webhook steered it to ack-co-scheduler; delete it
+    and return the environment the probe saw."""
+    job = local_job(f"{name}.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 2"])
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
+    items = wait_done_label(cluster, f"job-name={name}")
+    assert items[0]["spec"]["schedulerName"] == "ack-co-scheduler"
+    env = probe_env(cluster.kubectl("logs", "-n", REAL_NS, items[0]["metadata"]["name"]).stdout)
+    cluster.kubectl("delete", "job", "-n", REAL_NS, name, "--wait=true")
+    eventually(lambda: not ns_pods(cluster, REAL_NS), 90, f"{name} pod gone")
+    return env
+
+
 def _restart_device_plugin(cluster: Cluster) -> None:
     """Delete the DaemonSet's pod (the plugin reads the node's mode at start) and wait for the
     new one to be Ready."""
@@ -479,39 +499,35 @@ def test_helm_install_runs_on_the_real_node(
             90,
             "gpu-core.percentage 400",
         )
-        job = local_job("cuda-sample.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 2"])
-        job["metadata"]["namespace"] = REAL_NS
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
-        items = wait_done(cluster, "job-name=cuda-sample")
-        assert items[0]["spec"]["schedulerName"] == "ack-co-scheduler"
-        env = probe_env(cluster.kubectl("logs", "-n", REAL_NS, items[0]["metadata"]["name"]).stdout)
+        env = _steered_job(cluster, "cuda-sample")
         assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2"
         assert env["GPUSHARE_CORE_LIMIT"] == "30"
         assert env["GPUSHARE_MEM_LIMIT"] == str(2 * 1024**3)
         assert "libgpushare-cuda.so" in env["PROBE_MAPPED"], env
-        cluster.kubectl("delete", "job", "-n", REAL_NS, "cuda-sample", "--wait=true")
-        eventually(lambda: not ns_pods(cluster, REAL_NS), 90, "cuda-sample pod gone")
+
+        # tensorflow-mnist-share names no scheduler either: steered too, on the share node.
+        cluster.kubectl("label", "node", node.name, "ack.node.gpu.schedule=share", "--overwrite")
+        _restart_device_plugin(cluster)
+        eventually(
+            lambda: (
+                "aliyun.com/gpu-core.percentage" not in _allocatable(node)
+                or _allocatable(node)["aliyun.com/gpu-core.percentage"] == "0"
+            ),
+            90,
+            "no computing power on the share node",
+        )
+        env = _steered_job(cluster, "tensorflow-mnist-share")
+        assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "4"
+        assert env["ALIYUN_COM_GPU_MEM_DEV"] == "15"
 
         # Nothing holds memory: the upgrade to 128MiB passes and every component restarts in it.
-        cluster.kubectl("label", "node", node.name, "ack.node.gpu.schedule=share", "--overwrite")
         helm(cluster, *upgrade, "--set", "gpuMemoryUnit=128MiB")
         _restart_device_plugin(cluster)
         _wait_components(cluster, "the components Ready after the upgrade")
         eventually(lambda: _allocatable(node).get("aliyun.com/gpu-mem") == "480", 90, "480")
-        manifest = yaml.safe_load((REPO / "examples" / "binpack-128mib.yaml").read_text())
-        manifest["metadata"]["namespace"] = REAL_NS
-        spec = manifest["spec"]["template"]["spec"]
-        spec.update(
-            nodeSelector={"kubernetes.io/hostname": node.name},
-            tolerations=[TOLERATION],
-            terminationGracePeriodSeconds=1,
+        manifest = local_job(
+            "binpack-128mib.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 3600"]
         )
-        for c in spec["containers"]:
-            c.update(
-                image=TEST_IMAGE,
-                imagePullPolicy="Never",
-                command=["/bin/sh", "-c", PROBE_THEN + "sleep 3600"],
-            )
         cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
         item = eventually(
             lambda: next((p for p in running() if p["metadata"]["name"] == "binpack-0"), None),
@@ -578,16 +594,3 @@ def test_helm_install_runs_on_the_real_node(
         got = cluster.kubectl("get", kind, "-l", instance, "-o", "name")
         assert not got.stdout.strip(), f"{kind} left behind: {got.stdout}"
     cluster.kubectl("delete", "namespace", REAL_NAMESPACE, "--wait=false", check=False)
-
-
-def wait_done(cluster: Cluster, selector: str) -> list[dict[str, Any]]:
-    """The pods matching ``selector`` in the walkthrough namespace once one Succeeded."""
-
-    def done() -> list[dict[str, Any]] | None:
-        items = cluster.kubectl_json("get", "pods", "-n", REAL_NS, "-l", selector)["items"]
-        failed = [p["status"] for p in items if p["status"].get("phase") == "Failed"]
-        assert not failed, failed
-        return [p for p in items if p["status"].get("phase") == "Succeeded"] or None
-
-    result: list[dict[str, Any]] = eventually(done, 120, f"{selector} Succeeded")
-    return result
