@@ -14,6 +14,7 @@ from gpushare.core.scheduling import Scheduler, Settings
 from gpushare.extender.app import create_app
 from gpushare.extender.driver import ExtenderDriver
 from gpushare.extender.service import Extender
+from gpushare.kube.backoff import Backoff
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 
@@ -42,7 +43,8 @@ class Rig:
 async def rig_for(kube: MemoryKube, settings: Settings | None = None) -> AsyncIterator[Rig]:
     settings = settings or Settings()
     scheduler = Scheduler(settings)
-    cache = ClusterCache(kube, settings=settings, retry_seconds=0.01, workload=scheduler.workload)
+    backoff = Backoff(base_s=0.01, cap_s=0.01)
+    cache = ClusterCache(kube, settings=settings, backoff=backoff, workload=scheduler.workload)
     extender = Extender(
         api=kube, cache=cache, scheduler=scheduler, clock_ns=lambda: 1700000000000000000
     )

@@ -18,13 +18,18 @@ What kubelet reports, and so what the check expects (kubernetes/kubernetes):
 
 The same listing tells the isolation hook which pods and device sets are still live, so it can
 drop the state of the others.
+
+Every node's plugin lists its pods each ``check_interval``; with the API server or kubelet
+down that is thousands of nodes asking every second as it comes back. A failed check therefore
+waits longer each time in a row (kube.backoff, at least ``check_interval``), and the first check
+that goes through brings the interval back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +41,7 @@ from gpushare.core.names import ANN_ASSIGNED
 from gpushare.deviceplugin.allocating import NodeParts, OnNode
 from gpushare.deviceplugin.protos.podresources_v1 import api_pb2 as pr
 from gpushare.deviceplugin.protos.podresources_v1 import api_pb2_grpc as pr_grpc
+from gpushare.kube.backoff import Backoff
 from gpushare.kube.port import KubeError
 
 log = logging.getLogger(__name__)
@@ -116,11 +122,20 @@ def check_pod(
 class ServedCheck(OnNode):
     """Marks admitted pods served, counts mismatches, lets the isolation hook prune."""
 
-    def __init__(self, parts: NodeParts) -> None:
+    def __init__(
+        self,
+        parts: NodeParts,
+        *,
+        backoff: Backoff | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         super().__init__(parts)
         self.marked: set[str] = set()
         """UIDs of the pods marked served (their annotation may not have come back yet)."""
         self.mismatch_log: list[str] = []
+        self.backoff = backoff if backoff is not None else Backoff()
+        """Waits after failed checks (see the module docstring)."""
+        self._sleep = sleep
 
     async def check(self, resources: Sequence[str]) -> None:
         """Read PodResources once and act on it."""
@@ -163,10 +178,20 @@ class ServedCheck(OnNode):
         self.stats.served_pods += 1
 
     async def run(self, resources: Sequence[str]) -> None:
-        """Check every ``check_interval`` seconds; a failed read waits for the next round."""
+        """Check every ``check_interval`` seconds, backing off while checks fail."""
+        wait = self.config.check_interval
         while True:
-            await asyncio.sleep(self.config.check_interval)
+            await self._sleep(wait)
             try:
                 await self.check(resources)
             except (grpc.aio.AioRpcError, KubeError, OSError) as err:
-                log.debug("PodResources check skipped: %s", err)
+                wait = max(self.config.check_interval, self.backoff.failed())
+                log.debug(
+                    "PodResources check skipped (failure %d in a row, next in %.1fs): %s",
+                    self.backoff.failures,
+                    wait,
+                    err,
+                )
+            else:
+                self.backoff.reset()
+                wait = self.config.check_interval

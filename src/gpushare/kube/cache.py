@@ -1,10 +1,14 @@
 """The extender's view of the cluster: a list-then-watch cache of nodes and pods.
 
 It lists both kinds, rebuilds the ledger from pod annotations (so a restart loses nothing), and
-then follows both watches from the lists' resourceVersions. A ``Gone`` (410) or any other watch
-failure leads to a fresh list, with a short back-off on errors. Bind-time assumptions survive a
-relist while their pods still exist, because those pods may not show their annotations yet; an
-assumption whose pod vanished or finished while the watch was down is dropped.
+then follows both watches from the lists' resourceVersions. A ``Gone`` (410) leads to a fresh list
+at once; any other failure, of the list or of a watch, to a fresh list after a wait that grows
+with each failure in a row (kube.backoff), so a down API server is not asked for every node and
+pod every second. A watch event proves the server answers and starts the count over.
+
+Bind-time assumptions survive a relist while their pods still exist, because those pods may not
+show their annotations yet; an assumption whose pod vanished or finished while the watch was
+down is dropped.
 
 ``synced`` stays False until the first full list, and ``/readyz`` reports it.
 
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from gpushare.core.changes import NodeTable
@@ -31,6 +35,7 @@ from gpushare.core.kubejson import KubeObject, name_of, uid_of
 from gpushare.core.ledger import Ledger, is_terminal
 from gpushare.core.scheduling import Settings
 from gpushare.core.trust import Ignored, IgnoredOnce, Judged, Trust
+from gpushare.kube.backoff import Backoff
 from gpushare.kube.port import Gone, KubeAPI, KubeDict, KubeError, WatchEvent
 from gpushare.kube.sealing import keyless_trust
 
@@ -52,7 +57,8 @@ class ClusterCache:
         *,
         settings: Settings,
         on_change: Callable[[], None] | None = None,
-        retry_seconds: float = 1.0,
+        backoff: Backoff | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         workload: WorkloadFeed | None = None,
         trust: Trust | None = None,
         on_ignored: OnIgnored | None = None,
@@ -60,7 +66,9 @@ class ClusterCache:
         self._api = api
         self._settings = settings
         self._on_change = on_change
-        self._retry_seconds = retry_seconds
+        self.backoff = backoff if backoff is not None else Backoff()
+        """Waits between failed lists and watches."""
+        self._sleep = sleep
         self.workload = workload
         self.trust = trust if trust is not None else keyless_trust(api)
         """How allocations are judged; the extender seals its own with the same key."""
@@ -143,10 +151,12 @@ class ClusterCache:
     async def _follow(self, node_rv: str, pod_rv: str) -> None:
         async def nodes() -> None:
             async for event in self._api.watch_nodes(node_rv):
+                self.backoff.reset()
                 self.apply_node(event)
 
         async def pods() -> None:
             async for event in self._api.watch_pods(pod_rv):
+                self.backoff.reset()
                 self.apply_pod(event)
 
         async with asyncio.TaskGroup() as group:
@@ -154,15 +164,22 @@ class ClusterCache:
             group.create_task(pods())
 
     async def run(self) -> None:
-        """List, then watch, forever; relist on Gone, back off on other errors."""
+        """List, then watch, forever; relist on Gone at once, after a growing wait on errors."""
         while True:
+            wait = 0.0
             try:
                 node_rv, pod_rv = await self.sync()
                 await self._follow(node_rv, pod_rv)
+                self.backoff.reset()  # both streams ended without an error
             except* Gone as group:
                 log.info("watch expired (%s); relisting", group.exceptions[0])
             except* KubeError as group:
+                wait = self.backoff.failed()
                 log.warning(
-                    "API error (%s); relisting in %.1fs", group.exceptions[0], self._retry_seconds
+                    "API error (%s); relisting in %.1fs (failure %d in a row)",
+                    group.exceptions[0],
+                    wait,
+                    self.backoff.failures,
                 )
-                await asyncio.sleep(self._retry_seconds)
+            if wait:
+                await self._sleep(wait)
