@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import platform
 import socket
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
+from prometheus_client import Counter
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+import gpushare
+from gpushare.core.admission import AdmissionSettings
 from gpushare.core.names import ANN_NODE_HANDOFF, HANDOFF_PODRESOURCES
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus
@@ -20,6 +26,7 @@ from gpushare.extender.events import SCHEDULED, UNSCHEDULABLE, EventRecorder
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import KubeError
+from gpushare.webhook.app import create_app as create_webhook_app
 
 from .conftest import Rig, run_with_rig
 from .test_extender import ConflictOnce
@@ -231,3 +238,86 @@ def test_device_plugin_serves_metrics(tmp_path: Path) -> None:
     assert got[("gpushare_device_plugin_podresources_mismatches_total", node)] == 2
     assert got[("gpushare_device_plugin_gpu_unhealthy", gpu("n1", 1, "T4"))] == 1
     assert got[("gpushare_device_plugin_gpu_memory_bytes", gpu("n1", 0, "T4"))] == 15 * GIB
+
+
+def raw_series(text: str) -> list[str]:
+    """Series names as exposed, straight from the text (no parser to hide anything)."""
+    return [line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"]
+
+
+def build_info(got: Samples) -> dict[str, str]:
+    [labels] = [dict(k[1]) for k in got if k[0] == "gpushare_build_info"]
+    assert got[("gpushare_build_info", tuple(sorted(labels.items())))] == 1
+    return labels
+
+
+def expect_build_info(got: Samples, component: str) -> None:
+    assert build_info(got) == {
+        "component": component,
+        "version": gpushare.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def test_every_metrics_server_has_build_info_and_no_created_series(tmp_path: Path) -> None:
+    # the extender, after calls of every verb, so its counters and histograms have children
+    kube = cluster()
+    pod = kube.create_pod(gpu_pod("p", mem=3))
+
+    async def extender(rig: Rig) -> str:
+        assert (await rig.driver.schedule(pod, ["node-a"])).bound
+        return str((await rig.client.get("/metrics")).text)
+
+    text = run_with_rig(kube, extender)
+    assert "gpushare_bind_total" in raw_series(text)
+    assert not [s for s in raw_series(text) if s.endswith("_created")]
+    expect_build_info(samples(text), "extender")
+
+    # the webhook, after a review
+    async def webhook() -> str:
+        transport = httpx.ASGITransport(app=create_webhook_app(AdmissionSettings()))
+        async with httpx.AsyncClient(transport=transport, base_url="https://w") as client:
+            await client.post("/validate", content=b"{not json")
+            return str((await client.get("/metrics")).text)
+
+    text = asyncio.run(webhook())
+    assert "gpushare_webhook_reviews_total" in raw_series(text)
+    assert not [s for s in raw_series(text) if s.endswith("_created")]
+    expect_build_info(samples(text), "webhook")
+
+    # the device plugin, over prometheus-client's own HTTP server, whole and restricted
+    plugin = DevicePlugin(
+        api=MemoryKube(),
+        source=FakeGpus.parse("T4:15GiB", node="n1"),
+        config=PluginConfig(node="n1", state_dir=tmp_path),
+    )
+    registry = registry_for(plugin, "n1")
+    registry.register(ProbeCounter())  # a plain Counter, as a future metric might be
+    port = free_port()
+    serve_metrics(registry, port=port, host="127.0.0.1")
+    for query in ("", "?name[]=gpushare_probe_total&name[]=gpushare_probe_created"):
+        text = fetch(f"http://127.0.0.1:{port}/metrics{query}")
+        assert "gpushare_probe_total" in raw_series(text)
+        assert not [s for s in raw_series(text) if s.endswith("_created")], query
+    only = fetch(f"http://127.0.0.1:{port}/metrics?name[]=gpushare_device_plugin_gpu_memory_bytes")
+    assert set(raw_series(only)) == {"gpushare_device_plugin_gpu_memory_bytes"}
+    expect_build_info(samples(fetch(f"http://127.0.0.1:{port}/metrics")), "device-plugin")
+
+
+class ProbeCounter:
+    """A collector holding one prometheus-client Counter (which would export ``_created``)."""
+
+    def __init__(self) -> None:
+        self.counter = Counter("gpushare_probe", "A counter", registry=None)
+        self.counter.inc()
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.counter.collect()
+
+
+def fetch(url: str) -> str:
+    def get() -> str:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return str(reply.read().decode())
+
+    return asyncio.run(asyncio.to_thread(get))

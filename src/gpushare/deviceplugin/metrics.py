@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpushare.deviceplugin.gpus import GpuSource
+from gpushare.exporting import ExportRegistry
 
 MIB = 1024 * 1024
 
@@ -114,9 +115,9 @@ class DevicePluginCollector(Collector):
         yield unhealthy
 
 
-def registry_for(plugin: _Plugin, node: str) -> CollectorRegistry:
-    """A registry holding only this plugin's metrics (no process-wide default registry)."""
-    registry = CollectorRegistry()
+def registry_for(plugin: _Plugin, node: str) -> ExportRegistry:
+    """A registry holding only this plugin's metrics and the build info (no default registry)."""
+    registry = ExportRegistry("device-plugin")
     registry.register(DevicePluginCollector(plugin, node))
     return registry
 

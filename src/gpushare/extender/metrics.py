@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpushare.core.inventory import CORE_PER_GPU
+from gpushare.exporting import ExportRegistry
 from gpushare.kube.cache import ClusterCache
 
 MIB = 1024 * 1024
@@ -110,7 +111,7 @@ class ExtenderMetrics:
     """Request, bind and ledger metrics."""
 
     def __init__(self, cache: Callable[[], ClusterCache | None]) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = ExportRegistry("extender")
         self.requests = Counter(
             "gpushare_extender_requests_total",
             "Extender calls by verb and outcome",

@@ -59,7 +59,7 @@ class Backoff:
 
     def ceiling(self) -> float:
         """The most the next wait can be, in seconds."""
-        return min(self.cap_s, self.base_s * 2 ** min(self.failures, MAX_DOUBLINGS))
+        return min(self.cap_s, self.base_s * float(2 ** min(self.failures, MAX_DOUBLINGS)))
 
     def failed(self) -> float:
         """Count one failure and return how many seconds to wait before the next try."""

@@ -20,15 +20,10 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from gpushare.core.admission import AdmissionSettings, Decision, decide, malformed, mutate
+from gpushare.exporting import ExportRegistry
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +35,7 @@ class WebhookMetrics:
     """Reviews by kind and decision, and their latency, on a registry owned by the app."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = ExportRegistry("webhook")
         self.reviews = Counter(
             "gpushare_webhook_reviews_total",
             "Admission reviews by object kind and decision (allowed, warned, denied, malformed)",
