@@ -3,6 +3,23 @@
 All names start with ``gpushare_``, in base units (bytes, seconds, ratios); counters end in
 ``_total``. Per-GPU gauges are computed from the ledger when scraped, never updated per event,
 so a busy 5000-node cluster pays for them once per scrape, not once per bind.
+
+Every scheduler replica exports the per-GPU gauges, and a query must take each GPU once:
+``sum(max by (node, gpu) (gpushare_gpu_memory_bytes))``, never a plain ``sum`` (the chart's
+dashboard does so, and tests/integration/test_dashboard.py checks its totals against two
+replicas). Exporting them from the leader alone was the other way, and is not taken because:
+
+- the extender does not know who leads. kube-scheduler beside it holds the Lease and tells
+  nothing; reading the Lease would cost every replica a watch and a Role, and still be wrong
+  for a while at every hand-over (the old holder keeps the Lease until it expires, 15 s by
+  default), showing no GPUs or all of them twice;
+- the standby's cache watches the same API server and holds the same bound pods, so both
+  replicas report the same numbers. They differ only while a bind is in flight, where the
+  replica that binds counts its booking a moment before the other sees the annotations:
+  ``max`` picks the leader's view then, and either view when one replica is down or restarting.
+
+Counters need nothing of the kind: only the leading kube-scheduler calls its extender, so a
+``sum`` of rates over replicas counts each call once.
 """
 
 from __future__ import annotations
