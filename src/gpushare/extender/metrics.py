@@ -11,8 +11,8 @@ replicas). Exporting them from the leader alone was the other way, and is not ta
 
 - the extender does not know who leads. kube-scheduler beside it holds the Lease and tells
   nothing; reading the Lease would cost every replica a watch and a Role, and still be wrong
-  for a while at every hand-over (the old holder keeps the Lease until it expires, 15 s by
-  default), showing no GPUs or all of them twice;
+  for a while at hand-overs (after a crash nobody leads until the Lease expires, 15 s by
+  default), showing no GPUs or, with a stale reading, all of them twice;
 - the standby's cache watches the same API server and holds the same bound pods, so both
   replicas report the same numbers. They differ only while a bind is in flight, where the
   replica that binds counts its booking a moment before the other sees the annotations:
