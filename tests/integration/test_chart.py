@@ -614,6 +614,8 @@ def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> No
         ("resourceNames.mem=gpu-mem", "mem"),
         ("testing.apiServer=127.0.0.1", "apiServer"),
         ("testing.fakeGpus=four", "fakeGpus"),
+        ("podMonitor.interval=often", "interval"),
+        ("podMonitor.enabled=yes", "enabled"),
     ],
 )
 def test_schema_refuses(setting: str, words: str) -> None:
@@ -659,3 +661,65 @@ def test_testing_values_reach_the_api_calling_pods_only(
         args = [a for c in spec["containers"] for a in c.get("args", [])]
         assert not [a for a in args if a.startswith("--fake-gpus")]
     assert "strategy" not in find(default_docs, "Deployment", "-scheduler")["spec"]
+
+
+def test_pod_monitors_render_only_when_enabled_and_select_each_metrics_port() -> None:
+    default = render()
+    assert not [d for d in default if d["kind"] == "PodMonitor"]
+    on = ["--set", "podMonitor.enabled=true", "--set", "podMonitor.labels.release=kps"]
+    lint = helm(
+        "lint",
+        "--strict",
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--kube-version",
+        KUBE_VERSION,
+        *on,
+    )
+    assert "0 chart(s) failed" in lint.stdout
+    docs = render(*on, "--set", "podMonitor.scrapeTimeout=10s")
+    monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PodMonitor"}
+    assert sorted(monitors) == [
+        f"{RELEASE}-device-plugin",
+        f"{RELEASE}-scheduler",
+        f"{RELEASE}-webhook",
+    ]
+    workloads = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d
+        for d in docs
+        if d["kind"] in {"Deployment", "DaemonSet"}
+    }
+    for name, monitor in monitors.items():
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        assert monitor["metadata"]["namespace"] == NAMESPACE
+        assert monitor["metadata"]["labels"]["release"] == "kps"
+        component = monitor["metadata"]["labels"]["app.kubernetes.io/component"]
+        template = workloads[component]["spec"]["template"]
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= template["metadata"]["labels"].items(), name
+        # no other workload's pods match
+        for other, workload in workloads.items():
+            if other != component:
+                assert (
+                    not selector.items()
+                    <= workload["spec"]["template"]["metadata"]["labels"].items()
+                )
+        [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+        ports = {p["name"] for c in template["spec"]["containers"] for p in c.get("ports", [])}
+        assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
+        assert endpoint["interval"] == "30s" and endpoint["scrapeTimeout"] == "10s"
+    webhook = monitors[f"{RELEASE}-webhook"]["spec"]["podMetricsEndpoints"][0]
+    assert webhook["scheme"] == "https"
+    secret = find(docs, "Deployment", "-webhook")["spec"]["template"]["spec"]["volumes"]
+    secrets = {v["secret"]["secretName"] for v in secret if "secret" in v}
+    assert webhook["tlsConfig"]["ca"]["secret"] == {
+        "name": f"{RELEASE}-webhook-tls",
+        "key": "ca.crt",
+    }
+    assert f"{RELEASE}-webhook-tls" in secrets
+    assert webhook["tlsConfig"]["serverName"] == f"{RELEASE}-webhook.{NAMESPACE}.svc"
+    # a component that serves no /metrics gets no monitor
+    fewer = render(*on, "--set", "devicePlugin.metricsPort=0", "--set", "webhook.enabled=false")
+    names = sorted(d["metadata"]["name"] for d in fewer if d["kind"] == "PodMonitor")
+    assert names == [f"{RELEASE}-scheduler"]
