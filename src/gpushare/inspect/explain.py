@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpushare.core.allocation import plan
-from gpushare.core.explain import placement_message, refusal_summary
+from gpushare.core.explain import IN_CLUSTER, placement_message, refusal_summary
 from gpushare.core.filtering import Code
 from gpushare.core.inventory import NodeInventory
 from gpushare.core.kubejson import KubeObject, name_of, namespace_of, spec_of, status_of
@@ -115,11 +115,11 @@ def explain_pod(
             fitting, key=lambda n: (-n.score, n.node)
         )  # kube-scheduler breaks ties at random
         verdict_line = (
-            f"{len(fitting)}/{len(out)} nodes fit; best score {best.score}: "
+            f"{len(fitting)}/{len(out)} {IN_CLUSTER}; best score {best.score}: "
             f"{best.placement or best.node}"
         )
     else:
-        verdict_line = refusal_summary(["; ".join(n.reasons) for n in out], len(out))
+        verdict_line = refusal_summary(["; ".join(n.reasons) for n in out], len(out), IN_CLUSTER)
     return Explanation(
         namespace=namespace_of(pod),
         name=name_of(pod),
