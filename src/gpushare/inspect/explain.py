@@ -10,7 +10,7 @@ own share left out, as a re-bind would be.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from gpushare.core.allocation import plan
@@ -21,6 +21,7 @@ from gpushare.core.kubejson import KubeObject, name_of, namespace_of, spec_of, s
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import PodRequest, Rejection
 from gpushare.core.scheduling import Scheduler
+from gpushare.inspect.schema import ExplainDocument, NodeExplanationDoc, dump
 
 OUTCOMES = {Code.FITS: "yes", Code.UNSCHEDULABLE: "no", Code.UNRESOLVABLE: "never"}
 """``no``: it could fit once something is freed; ``never``: not on this node as it is."""
@@ -133,10 +134,26 @@ def explain_pod(
 
 
 def explanation_json(explanation: Explanation) -> dict[str, Any]:
-    """The explanation as plain JSON (``--explain -o json``)."""
-    data = asdict(explanation)
-    data["nodes"] = [
-        {**n, "gpus": list(n["gpus"]), "reasons": list(n["reasons"])} for n in data["nodes"]
-    ]
-    data["rejection"] = list(data["rejection"])
-    return data
+    """The explanation as plain JSON (``--explain -o json``; ``inspect.schema``)."""
+    e = explanation
+    document = ExplainDocument(
+        namespace=e.namespace,
+        name=e.name,
+        phase=e.phase,
+        bound_to=e.bound_to,
+        asks=e.asks,
+        nodes=[
+            NodeExplanationDoc(
+                node=n.node,
+                fits=n.fits,  # type: ignore[arg-type]  # an OUTCOMES value, checked by the model
+                gpus=list(n.gpus),
+                score=n.score,
+                reasons=list(n.reasons),
+                placement=n.placement,
+            )
+            for n in e.nodes
+        ],
+        verdict=e.verdict,
+        rejection=list(e.rejection),
+    )
+    return dump(document)

@@ -15,13 +15,16 @@ in seed 000, 10 less than the header there; ``rule_width`` does the same, so the
 seeds' text for the seeds' clusters. Amounts are in GiB when
 every node counts 1 GiB units, otherwise in MiB (the header says which). A ``PENDING(Allocated)``
 column appears when some pod holds memory on an unknown GPU. Percentages are truncated.
-Allocations gpushare ignores (core.trust) follow the cluster line, one per pod, with why.
+Allocations gpushare ignores (core.trust) follow the cluster line, one per pod, with why, and
+then a note naming the nodes that have GPU memory but no sharing mode label (none in the seeds,
+so their text is unchanged).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpushare.core.names import LABEL_MODE
 from gpushare.inspect.explain import Explanation
 from gpushare.inspect.view import ClusterView, NodeView
 
@@ -93,7 +96,20 @@ def render_summary(view: ClusterView) -> str:
         rows.append(row)
     lines = _table(rows)
     rule = "-" * rule_width(rows[1] if len(rows) > 1 else ())
-    return "\n".join([*lines, rule, *_cluster_lines(view, amounts), *_ignored_lines(view)]) + "\n"
+    tail = [*_cluster_lines(view, amounts), *_ignored_lines(view), *_unlabelled_lines(view)]
+    return "\n".join([*lines, rule, *tail]) + "\n"
+
+
+def _unlabelled_lines(view: ClusterView) -> list[str]:
+    if not view.unlabelled:
+        return []
+    names = ", ".join(view.unlabelled)
+    first = view.unlabelled[0]
+    return [
+        f"Note: node(s) {names} have GPU memory but no {LABEL_MODE} label gpushare knows, so no",
+        "GPU-sharing pod is placed there. Label each one, for example:",
+        f"  kubectl label node {first} {LABEL_MODE}=share   # or cgpu, core_mem, mps",
+    ]
 
 
 def _ignored_lines(view: ClusterView) -> list[str]:
@@ -157,6 +173,7 @@ def render_details(view: ClusterView) -> str:
         out.append("")
     out += _cluster_lines(view, amounts)
     out += _ignored_lines(view)
+    out += _unlabelled_lines(view)
     return "\n".join(out) + "\n"
 
 
