@@ -78,6 +78,36 @@ def test_demo_prints_the_seed_walkthrough() -> None:
     assert "does not divide evenly" in out
 
 
+def test_demo_prints_only_what_a_cluster_prints() -> None:
+    out = CliRunner().invoke(gpushare, ["demo"]).output
+    lines = out.splitlines()
+    # events as kubectl lists them: gpushare's own, then kube-scheduler's in its v1.36 wording
+    scheduled = [line for line in lines if line.startswith("Normal   Scheduled ")]
+    assert scheduled and all(
+        line.rstrip().endswith(".139") or line.rstrip().endswith(".140") for line in scheduled
+    )  # no "(GPU 0)" added to kube-scheduler's
+    assert any(
+        line.startswith("Normal   GPUShareScheduled   gpushare-extender   GPU0 on ")
+        for line in lines
+    )
+    failed = [line for line in lines if line.startswith("Warning   FailedScheduling ")]
+    assert len(failed) == 2
+    assert all(
+        ". no new claims to deallocate, preemption: 0/2 nodes are available: " in line
+        for line in failed
+    )
+    assert any(
+        line.startswith("Warning   GPUShareUnschedulable   gpushare-extender   0/2 nodes kube-")
+        for line in lines
+    )
+    # requests the webhook refuses never become pods: kubectl apply says why
+    denied = [line for line in lines if 'admission webhook "validate.gpushare.io" denied' in line]
+    assert len(denied) == 3 and all(line.startswith("The request is invalid: ") for line in denied)
+    assert "pod/suffixed created" not in out and "describe pod suffixed" not in out
+    # nothing a cluster does not print: no per-node reason lines under an event
+    assert not [line for line in lines if line.startswith("    cn-zhangjiakou.")]
+
+
 def test_scheduler_config_command_prints_yaml() -> None:
     result = CliRunner().invoke(gpushare, ["scheduler-config", "--url", "http://127.0.0.1:9999"])
     assert result.exit_code == 0 and "urlPrefix: http://127.0.0.1:9999" in result.output
