@@ -1,7 +1,11 @@
 """``gpushare demo``: the seed walkthrough in one process.
 
 An in-memory API server, the real extender app (over ASGI, no sockets), a kube-scheduler-like
-driver, and the ``kubectl inspect cgpu`` renderer: the same code that runs in a cluster.
+driver, the admission decision, and the ``kubectl inspect cgpu`` renderer: the same code that
+runs in a cluster. It prints only what a cluster with the chart installed prints: kubectl's
+replies, the events ``kubectl describe pod`` lists (kube-scheduler's, in its v1.36 wording,
+``extender.driver``, and the ones gpushare's extender wrote into the in-memory API), and the
+webhook's refusal of a request gpushare cannot place, at ``kubectl apply``.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import httpx
 import yaml
 from rich.console import Console
 
-from gpushare.core.names import ANN_ALLOCATION, ANN_IDX
+from gpushare.core.admission import decide
+from gpushare.core.names import ANN_ALLOCATION
 from gpushare.core.scheduling import Scheduler, Settings
 from gpushare.extender.app import create_app
 from gpushare.extender.driver import ExtenderDriver, Outcome
@@ -24,6 +29,7 @@ from gpushare.inspect.cli import collect, render
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod, pod_from_job
+from gpushare.webhook.configuration import WEBHOOK_NAME
 
 SHARE_NODE = "cn-zhangjiakou.192.168.66.139"
 CORE_NODE = "cn-zhangjiakou.192.168.66.140"
@@ -98,7 +104,7 @@ class Demo:
         job = example("GPUtest.yaml")
         self.shell("kubectl apply -f examples/GPUtest.yaml")
         self.plain(f"job.batch/{job['metadata']['name']} created\n")
-        self.report(await self.submit(pod_from_job(job)))
+        await self.report(await self.submit(pod_from_job(job)))
         await self.inspect()
 
         self.step("2. Computing power: a core_mem node with 4 GPUs x 15 GiB")
@@ -118,47 +124,106 @@ class Demo:
             for key in ("allocatable", "capacity")
         }
         self.plain(yaml.safe_dump({"status": shown}, sort_keys=False))
+        cuda = example("cuda-sample.yaml")
         self.shell("kubectl apply -f examples/cuda-sample.yaml")
-        self.report(await self.submit(pod_from_job(example("cuda-sample.yaml"))))
+        self.plain(f"job.batch/{cuda['metadata']['name']} created\n")
+        await self.report(await self.submit(pod_from_job(cuda)))
         await self.inspect(details=True)
 
         self.step("3. Pods that cannot be placed, and why")
-        refused = [
-            gpu_pod("too-big", mem=16),
-            gpu_pod("no-room", mem=13),
+        for pod in (gpu_pod("too-big", mem=16), gpu_pod("no-room", mem=13)):
+            name = pod["metadata"]["name"]
+            limits = pod["spec"]["containers"][0]["resources"]["limits"]
+            self.shell(f"kubectl apply -f {name}.yaml   # limits {json.dumps(limits)}")
+            self.plain(f"pod/{name} created\n")
+            await self.report(await self.submit(pod))
+        for pod in (
             gpu_pod("suffixed", mem="3Gi"),
             gpu_pod("odd-core", mem=2, core=33),
             gpu_pod("uneven", mem=3, gpu_count="2"),
-        ]
-        for pod in refused:
-            limits = pod["spec"]["containers"][0]["resources"]["limits"]
-            labels = pod["metadata"]["labels"]
-            self.shell(
-                f"kubectl describe pod {pod['metadata']['name']}   # limits {json.dumps(limits)}"
-                + (f" labels {json.dumps(labels)}" if labels else "")
-            )
-            self.report(await self.submit(pod))
+        ):
+            self.refuse(pod)
         await self.inspect()
 
-    def report(self, outcome: Outcome) -> None:
-        total = len(self.kube.nodes())
+    def refuse(self, pod: dict[str, Any]) -> None:
+        """``kubectl apply`` of a pod the validating webhook refuses, and kubectl's reply."""
+        name = pod["metadata"]["name"]
+        limits = pod["spec"]["containers"][0]["resources"]["limits"]
+        labels = pod["metadata"]["labels"]
+        self.shell(
+            f"kubectl apply -f {name}.yaml   # limits {json.dumps(limits)}"
+            + (f" labels {json.dumps(labels)}" if labels else "")
+        )
+        # the API server stores quantities as strings before the webhook sees them
+        stored = {k: str(v) for k, v in limits.items()}
+        container = {**pod["spec"]["containers"][0], "resources": {"limits": stored}}
+        pod = {
+            **pod,
+            "metadata": {**pod["metadata"], "namespace": "default"},
+            "spec": {**pod["spec"], "containers": [container]},
+        }
+        request = {
+            "uid": f"demo-{name}",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": name,
+            "namespace": "default",
+            "operation": "CREATE",
+            "userInfo": {"username": "kubernetes-admin"},
+            "object": pod,
+        }
+        decision = decide(
+            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+        )
+        if decision.allowed:  # never for these pods; say so rather than print a made-up reply
+            self.plain(f"pod/{name} created (the webhook allowed it)\n")
+            return
+        status = decision.review["response"]["status"]
+        self.plain(
+            f'The request is invalid: error when creating "{name}.yaml": admission webhook '
+            f'"{WEBHOOK_NAME}" denied the request: {status["message"]}\n'
+        )
+
+    async def report(self, outcome: Outcome) -> None:
+        """The pod's events as kubectl lists them (and the allocation record of a placed pod).
+
+        gpushare's event comes first: the extender writes it while answering kube-scheduler,
+        which records its own when the call returns. Listed with custom columns, so no age (a
+        time the demo would have to make up) is printed.
+        """
+        await self.extender.events.drain()
+        namespace, _, name = outcome.pod.partition("/")
+        rows = [("TYPE", "REASON", "FROM", "MESSAGE")]
+        for event in self.kube.events():
+            involved = event.get("involvedObject") or {}
+            if (involved.get("namespace"), involved.get("name")) == (namespace, name):
+                source = str(event.get("reportingComponent") or "")
+                rows.append((event["type"], event["reason"], source, event["message"]))
+        reason = "Scheduled" if outcome.bound else "FailedScheduling"
+        kind = "Normal" if outcome.bound else "Warning"
+        rows.append((kind, reason, "ack-co-scheduler", outcome.event(self._total())))
+        # kubectl's table writer: columns padded by 3 spaces, at least 6 wide
+        widths = [max(6, *(len(row[i]) + 3 for row in rows)) for i in range(3)]
+        self.shell(
+            f"kubectl get events --field-selector involvedObject.name={name} "
+            "-o custom-columns=TYPE:.type,REASON:.reason,FROM:.reportingComponent,"
+            "MESSAGE:.message"
+        )
+        for row in rows:
+            self.plain("".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:3])))
+            self.plain(f"{row[3]}\n")
         if outcome.bound:
             pod = next(
                 p
                 for p in self.kube.pods()
-                if f"{p['metadata']['namespace']}/{p['metadata']['name']}" == outcome.pod
+                if (p["metadata"]["namespace"], p["metadata"]["name"]) == (namespace, name)
             )
-            annotations = pod["metadata"].get("annotations", {})
-            self.plain(
-                f"  Normal   Scheduled  ack-co-scheduler  {outcome.event(total)} "
-                f"(GPU {annotations.get(ANN_IDX)})\n"
-            )
-            self.plain(f"  annotation {ANN_ALLOCATION}: {annotations.get(ANN_ALLOCATION)}\n")
-        else:
-            self.plain(f"  Warning  FailedScheduling  ack-co-scheduler  {outcome.event(total)}\n")
-            if len(set(outcome.failed.values())) > 1:
-                for node, reason in sorted(outcome.failed.items()):
-                    self.plain(f"    {node}: {reason}\n")
+            escaped = ANN_ALLOCATION.replace(".", "\\.")
+            self.shell(f"kubectl get pod {name} -o jsonpath='{{.metadata.annotations.{escaped}}}'")
+            self.plain(f"{pod['metadata'].get('annotations', {}).get(ANN_ALLOCATION)}\n")
+
+    def _total(self) -> int:
+        return len(self.kube.nodes())
 
 
 def run_demo(console: Console | None = None) -> None:

@@ -32,6 +32,23 @@ often in the other 59 %. Packing is a choice over every node, so the GPU profile
 the extender answers over names (``nodeCacheCapable``) from views that follow changes, so a
 full list costs it little (``make bench``, ``extender_http_speed.py --names all``)."""
 
+IGNORED_BY_SCHEDULER = True
+"""kube-scheduler leaves gpushare's resources to the extender (``managedResources``).
+
+Left to NodeResourcesFit, a pod asking for more ``aliyun.com/gpu-mem`` than a node's total, or
+writing a byte size such as ``3Gi`` (3 x 2^30 units), is refused on every node by that plugin
+before any extender is called (``findNodesThatPassExtenders`` in
+pkg/scheduler/schedule_one.go runs only over the nodes the plugins kept), so ``kubectl
+describe pod`` says only ``Insufficient aliyun.com/gpu-mem``. With the resources ignored by the
+plugins (kube-scheduler copies them into NodeResourcesFit's ``ignoredResources``, see
+``buildExtenders`` in pkg/scheduler/scheduler.go) the extender judges every node the other
+plugins kept, and kube-scheduler counts the extender's per-node messages into the pod's
+FailedScheduling event (``FitError.Error`` in pkg/scheduler/framework/types.go): ``0/2 nodes
+are available: 1 GPU0: 15 GiB total < 16 GiB requested, 1 node(s) had untolerated taint``.
+Nothing is lost: the extender already checks each GPU against the ledger, which is stricter
+than NodeResourcesFit's node totals, and kubelet still admits pods against the node's
+allocatable."""
+
 NO_GENERIC_SCORES = ("NodeResourcesFit", "NodeResourcesBalancedAllocation", "ImageLocality")
 """Score plugins the GPU profile turns off (their filters stay): they rank nodes by how full or
 even their CPU and memory are and by which images they hold, and any of them (up to 100 points,
@@ -105,8 +122,8 @@ def scheduler_configuration(
                 "httpTimeout": http_timeout,
                 "ignorable": False,
                 "managedResources": [
-                    {"name": names.mem, "ignoredByScheduler": False},
-                    {"name": names.core, "ignoredByScheduler": False},
+                    {"name": names.mem, "ignoredByScheduler": IGNORED_BY_SCHEDULER},
+                    {"name": names.core, "ignoredByScheduler": IGNORED_BY_SCHEDULER},
                 ],
             }
         ],

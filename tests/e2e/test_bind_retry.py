@@ -75,11 +75,11 @@ def _ledger(cluster: Cluster, names: list[str]) -> dict[tuple[str, int], int]:
     with urllib.request.urlopen(f"{cluster.extender_url}/inspect", timeout=5) as response:
         view = json.load(response)
     return {
-        (node["name"], gpu["index"]): gpu["allocated_units"]
+        (node["name"], gpu["index"]): gpu["allocatedUnits"]
         for node in view["nodes"]
         if node["name"] in names
         for gpu in node["gpus"]
-        if gpu["allocated_units"]
+        if gpu["allocatedUnits"]
     }
 
 

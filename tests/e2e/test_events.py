@@ -33,8 +33,71 @@ def test_describe_shows_placement_and_refusal_reasons(cluster: Cluster) -> None:
         assert "GPU0 on events-0, 3/15 GiB" in placed or "GPU1 on events-0, 3/15 GiB" in placed
         refused = eventually(lambda: described("too-big", "GPUShareUnschedulable"), 90, "refusal")
         print(refused)
-        assert "0/1 nodes fit: 1 × GPU0: 15 GiB total < 16 GiB requested" in refused
+        assert (
+            "0/1 nodes kube-scheduler asked gpushare about fit: "
+            "1 × GPU0: 15 GiB total < 16 GiB requested" in refused
+        )
         assert "gpushare-extender" in refused
     finally:
         cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
+        delete_nodes(cluster, names)
+
+
+def _failed_scheduling(cluster: Cluster, pod: str) -> str:
+    """The pod's FailedScheduling messages as ``kubectl describe pod`` prints them."""
+    out = cluster.kubectl("describe", "pod", "-n", REASONS_NS, pod).stdout
+    lines = [line for line in out.splitlines() if "FailedScheduling" in line]
+    return "\n".join(lines)
+
+
+REASONS_NS = "e2e-reasons"
+
+
+def test_describe_shows_gpushares_reason_where_kube_scheduler_refused_before(
+    cluster: Cluster,
+) -> None:
+    """A pod larger than the node's total, or one writing ``3Gi``, was refused by kube-scheduler's
+    NodeResourcesFit ("Insufficient aliyun.com/gpu-mem") before the extender was asked; with the
+    resources ignored by the scheduler (schedconfig.IGNORED_BY_SCHEDULER) the FailedScheduling
+    event carries gpushare's sentence, and the counts beside it do not contradict each other."""
+    names = ["reasons-0", "reasons-other"]
+    nodes = labelled_kwok_nodes(names[:1], "reasons", gpus_units=[15, 15], mode="share")
+    nodes += labelled_kwok_nodes(names[1:], "reasons-other", gpus_units=[15], mode="share")
+    create_nodes(cluster, nodes)
+    cluster.kubectl("create", "namespace", REASONS_NS)
+    try:
+        selector = {"gpushare-e2e": "reasons"}
+        over_total = gpu_pod_manifest("over-total", REASONS_NS, 40, selector=selector)
+        suffixed = gpu_pod_manifest("suffixed", REASONS_NS, 3, selector=selector)
+        suffixed["spec"]["containers"][0]["resources"]["limits"]["aliyun.com/gpu-mem"] = "3Gi"
+        apply_all(cluster, [over_total, suffixed])
+
+        def refused(pod: str, text: str) -> str:
+            lines = _failed_scheduling(cluster, pod)
+            return lines if text in lines else ""
+
+        big = eventually(
+            lambda: refused("over-total", "GPU0: 15 GiB total < 40 GiB requested"),
+            90,
+            "gpushare's reason in over-total's FailedScheduling",
+        )
+        print(big)
+        assert "GPU1: 15 GiB total < 40 GiB requested" in big
+        assert "Insufficient aliyun.com/gpu-mem" not in big
+        # kube-scheduler counts every node; the extender's event counts only the one it was
+        # asked about (the other fails the node selector first) and says so
+        assert "nodes are available" in big and "didn't match Pod's node affinity/selector" in big
+        described = cluster.kubectl("describe", "pod", "-n", REASONS_NS, "over-total").stdout
+        assert "0/1 nodes kube-scheduler asked gpushare about fit" in described
+
+        bytes_written = eventually(
+            lambda: refused("suffixed", "'3Gi' has a unit suffix (Gi, x2^30)"),
+            90,
+            "gpushare's reason in suffixed's FailedScheduling",
+        )
+        print(bytes_written)
+        assert "for 3 GiB write 3" in bytes_written
+        assert "Insufficient aliyun.com/gpu-mem" not in bytes_written
+    finally:
+        cluster.kubectl("delete", "namespace", REASONS_NS, "--wait=false", check=False)
         delete_nodes(cluster, names)

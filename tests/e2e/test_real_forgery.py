@@ -73,7 +73,7 @@ def inspect(cluster: Cluster, *args: str) -> tuple[str, str]:
 def real_gpus(view: dict[str, Any]) -> list[tuple[int, int]]:
     """(allocated, total) units of each GPU of the real node in ``inspect -o json``."""
     (node,) = [n for n in view["nodes"] if n["name"] == NODE_NAME]
-    return [(g["allocated_units"], g["total_units"]) for g in node["gpus"]]
+    return [(g["allocatedUnits"], g["totalUnits"]) for g in node["gpus"]]
 
 
 def extender_counter(cluster: Cluster, name: str, labels: dict[str, str]) -> float:
@@ -317,7 +317,7 @@ def test_finding_2_a_nodename_pod_with_a_forged_allocation_is_refused_by_kubelet
         view = json.loads(inspect(cluster, "-o", "json")[0])
     (node,) = [n for n in view["nodes"] if n["name"] == NODE_NAME]
     assert real_gpus(view)[gpu] == (GPU_UNITS, GPU_UNITS)
-    assert node["pending_units"] == 8  # on the node as a whole, never on the full GPU
+    assert node["pendingUnits"] == 8  # on the node as a whole, never on the full GPU
     assert ("overcommit", "no seal") in [(i["name"], i["reason"]) for i in view["ignored"]]
     seen: list[dict[str, Any]] = []
 

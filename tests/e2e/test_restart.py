@@ -50,7 +50,7 @@ def test_extender_restart_loses_nothing(cluster: Cluster) -> None:
         with urllib.request.urlopen(f"{cluster.extender_url}/inspect", timeout=5) as response:
             ledger = json.load(response)
         from_extender = {
-            (n["name"], g["index"]): g["allocated_units"]
+            (n["name"], g["index"]): g["allocatedUnits"]
             for n in ledger["nodes"]
             if n["name"] in names
             for g in n["gpus"]

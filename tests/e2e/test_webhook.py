@@ -170,7 +170,7 @@ def test_kubectl_apply_of_a_bad_job_is_refused_with_the_reason(
     assert "Job e2e-webhook/bad-core" in bad.stderr
     assert 'container "trainer" (spec.template.spec.containers[0])' in bad.stderr
     assert f"limits[\"{CORE}\"]='33' is not a multiple of 5" in bad.stderr
-    assert "the job cannot be submitted; use 5, 10, ... 100" in bad.stderr
+    assert "computing power is shared in steps of 5: use 5, 10, ... 100" in bad.stderr
     missing = cluster.kubectl("get", "job", "bad-core", "-n", NS, check=False)
     assert missing.returncode != 0  # nothing was stored
 

@@ -9,7 +9,9 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from gpushare.cli import main as gpushare
+from gpushare.core.names import ANN_NODE_GPUS, ANN_NODE_UNIT
 from gpushare.core.trust import SealKey, Trust
+from gpushare.core.units import MemoryUnit
 from gpushare.inspect.cli import collect, find_trust, render
 from gpushare.inspect.cli import main as inspect_cgpu
 from gpushare.kube.memory import MemoryKube
@@ -57,7 +59,7 @@ def test_inspect_through_the_port_renders_text_and_json() -> None:
     kube.put_node(gpu_node("n1", ip="10.0.0.1", gpus_units=[15, 15]))
     view = asyncio.run(collect(kube))
     assert "0/30 (0%)" in render(view, details=False, output="text")
-    assert json.loads(render(view, details=True, output="json"))["cluster"]["totalMiB"] == 30720
+    assert json.loads(render(view, details=True, output="json"))["cluster"]["totalMib"] == 30720
 
 
 def test_demo_prints_the_seed_walkthrough() -> None:
@@ -74,6 +76,36 @@ def test_demo_prints_the_seed_walkthrough() -> None:
     assert "GPU0: 12/15 GiB free < 13 GiB requested" in out
     assert "has a unit suffix" in out and "is not a multiple of 5" in out
     assert "does not divide evenly" in out
+
+
+def test_demo_prints_only_what_a_cluster_prints() -> None:
+    out = CliRunner().invoke(gpushare, ["demo"]).output
+    lines = out.splitlines()
+    # events as kubectl lists them: gpushare's own, then kube-scheduler's in its v1.36 wording
+    scheduled = [line for line in lines if line.startswith("Normal   Scheduled ")]
+    assert scheduled and all(
+        line.rstrip().endswith(".139") or line.rstrip().endswith(".140") for line in scheduled
+    )  # no "(GPU 0)" added to kube-scheduler's
+    assert any(
+        line.startswith("Normal   GPUShareScheduled   gpushare-extender   GPU0 on ")
+        for line in lines
+    )
+    failed = [line for line in lines if line.startswith("Warning   FailedScheduling ")]
+    assert len(failed) == 2
+    assert all(
+        ". no new claims to deallocate, preemption: 0/2 nodes are available: " in line
+        for line in failed
+    )
+    assert any(
+        line.startswith("Warning   GPUShareUnschedulable   gpushare-extender   0/2 nodes kube-")
+        for line in lines
+    )
+    # requests the webhook refuses never become pods: kubectl apply says why
+    denied = [line for line in lines if 'admission webhook "validate.gpushare.io" denied' in line]
+    assert len(denied) == 3 and all(line.startswith("The request is invalid: ") for line in denied)
+    assert "pod/suffixed created" not in out and "describe pod suffixed" not in out
+    # nothing a cluster does not print: no per-node reason lines under an event
+    assert not [line for line in lines if line.startswith("    cn-zhangjiakou.")]
 
 
 def test_scheduler_config_command_prints_yaml() -> None:
@@ -147,3 +179,52 @@ def test_inspect_refuses_a_bad_seal_secret_or_key_file(tmp_path: Path) -> None:
         inspect_cgpu, ["--kubeconfig", str(config), "--seal-key-file", str(tmp_path / "none")]
     )
     assert absent.exit_code == 2 and "cannot read the seal key file" in absent.output
+
+
+def test_inspect_finds_the_unit_the_nodes_declare() -> None:
+    kube = MemoryKube()
+    kube.put_node(gpu_node("m1", ip="10.0.0.1", gpus_units=[120], unit=MemoryUnit.MiB128))
+    bare = gpu_node("m2", ip="10.0.0.2", gpus_units=[120])
+    del bare["metadata"]["annotations"][ANN_NODE_UNIT]  # capacity only: read in the declared unit
+    del bare["metadata"]["annotations"][ANN_NODE_GPUS]
+    kube.put_node(bare)
+    notes: list[str] = []
+    view = asyncio.run(collect(kube, notes=notes))
+    assert view.unit == "128MiB" and notes == []
+    assert [n.unit for n in view.nodes] == ["128MiB", "128MiB"]
+    text = render(view, details=False, output="text")
+    assert "GPU Memory(MiB)" in text and "0/15360" in text
+    forced = asyncio.run(collect(kube, unit=MemoryUnit.GiB))
+    assert [n.unit for n in forced.nodes] == ["128MiB", "1GiB"]
+
+
+def test_inspect_notes_nodes_that_declare_different_units() -> None:
+    kube = MemoryKube()
+    kube.put_node(gpu_node("g1", gpus_units=[15]))
+    kube.put_node(gpu_node("m1", gpus_units=[120], unit=MemoryUnit.MiB128))
+    notes: list[str] = []
+    view = asyncio.run(collect(kube, notes=notes))
+    assert view.unit == "1GiB"
+    assert notes == [
+        "note: nodes declare different gpushare.io/gpu-mem-unit (1GiB: g1; 128MiB: m1); nodes "
+        "without it are read in 1GiB: give --unit to choose, and set gpuMemoryUnit the same "
+        "everywhere"
+    ]
+
+
+def test_inspect_names_nodes_with_gpu_memory_but_no_mode_label() -> None:
+    kube = MemoryKube()
+    kube.put_node(gpu_node("shared", ip="10.0.0.1", gpus_units=[15]))
+    kube.put_node(gpu_node("plain", ip="10.0.0.2", gpus_units=[15, 15], mode=None))
+    kube.put_node(gpu_node("odd", ip="10.0.0.3", gpus_units=[15], mode="exclusive"))
+    view = asyncio.run(collect(kube))
+    assert view.unlabelled == ("odd", "plain")
+    text = render(view, details=False, output="text")
+    assert "Note: node(s) odd, plain have GPU memory but no ack.node.gpu.schedule label" in text
+    assert "  kubectl label node odd ack.node.gpu.schedule=share   # or cgpu, core_mem, mps" in text
+    assert "Note:" in render(view, details=True, output="text")
+    data = json.loads(render(view, details=False, output="json"))
+    assert data["unlabelledNodes"] == ["odd", "plain"]
+    alone = MemoryKube()
+    alone.put_node(gpu_node("shared", ip="10.0.0.1", gpus_units=[15]))
+    assert "Note:" not in render(asyncio.run(collect(alone)), details=False, output="text")

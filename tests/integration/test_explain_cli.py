@@ -33,7 +33,10 @@ def test_explain_a_pending_pod_through_the_port() -> None:
     text = render_explained(big, output="text")
     assert "POD:      ml/big (Pending)" in text
     assert "node-a  no" not in text  # 15 GiB GPUs: never, not "once freed"
-    assert "0/2 nodes fit: 1 × GPU0: 15 GiB total < 20 GiB requested" in text
+    assert (
+        "0/2 nodes in the cluster pass gpushare's checks: "
+        "1 × GPU0: 15 GiB total < 20 GiB requested" in text
+    )
     small = asyncio.run(collect_explanation(kube, "ml", "small", settings=Settings()))
     data = json.loads(render_explained(small, output="json"))
     assert [n["fits"] for n in data["nodes"]] == ["yes", "yes"]

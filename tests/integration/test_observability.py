@@ -164,9 +164,10 @@ def test_events_explain_placement_and_refusal_once_per_message() -> None:
         assert refused["reason"] == UNSCHEDULABLE and refused["type"] == "Warning"
         assert refused["count"] == 3
         assert refused["message"] == (
-            "0/3 nodes fit: 2 × GPU0: 15 GiB total < 16 GiB requested; GPU1: 15 GiB total < "
-            "16 GiB requested; 1 × node is core_mem and takes only pods that also ask for "
-            "computing power (memory-only and memory+core pods never share a node)"
+            "0/3 nodes kube-scheduler asked gpushare about fit: 2 × GPU0: 15 GiB total < "
+            "16 GiB requested; GPU1: 15 GiB total < 16 GiB requested; 1 × node is core_mem and "
+            "takes only pods that also ask for computing power (memory-only and memory+core "
+            "pods never share a node)"
         )
 
     run_with_rig(kube, body)

@@ -139,7 +139,7 @@ def test_job_refusal_names_container_path_field_value_rule_and_fix() -> None:
     assert "Job team-a/train" in message
     assert 'container "trainer" (spec.template.spec.containers[0])' in message
     assert f"limits[\"{CORE}\"]='33' is not a multiple of 5" in message
-    assert "the job cannot be submitted" in message and "use 5, 10, ... 100" in message
+    assert "shared in steps of 5: use 5, 10, ... 100" in message
 
 
 def test_missing_scheduler_is_a_warning_not_a_refusal() -> None:

@@ -60,6 +60,8 @@ def test_scheduler_configuration_wires_the_extender() -> None:
         "aliyun.com/gpu-mem",
         "aliyun.com/gpu-core.percentage",
     }
+    # left to the extender, so its reasons reach FailedScheduling (schedconfig docstring)
+    assert all(r["ignoredByScheduler"] is True for r in extender["managedResources"])
 
 
 def test_deployed_file_is_what_the_command_prints(golden: Callable[[str, str], None]) -> None:

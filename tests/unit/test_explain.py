@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpushare.core.allocation import plan
-from gpushare.core.explain import MAX_MESSAGE, placement_message, refusal_summary
+from gpushare.core.explain import IN_CLUSTER, MAX_MESSAGE, placement_message, refusal_summary
 from gpushare.core.inventory import read_node
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import PodRequest, read_pod
@@ -46,14 +46,18 @@ def test_placement_over_two_gpus_lists_each() -> None:
 def test_refusals_are_counted_per_reason_most_frequent_first() -> None:
     reasons = ["GPU0: 2/15 GiB free < 3 GiB requested"] * 8 + ["node is not shared"] * 4
     assert refusal_summary(reasons, 12) == (
-        "0/12 nodes fit: 8 × GPU0: 2/15 GiB free < 3 GiB requested; 4 × node is not shared"
+        "0/12 nodes kube-scheduler asked gpushare about fit: "
+        "8 × GPU0: 2/15 GiB free < 3 GiB requested; 4 × node is not shared"
     )
 
 
 def test_refusals_past_five_reasons_are_counted_and_clipped() -> None:
     reasons = [f"reason {i}" for i in range(8)] + ["reason 0"]
     text = refusal_summary(reasons, 9)
-    assert text.startswith("0/9 nodes fit: 2 × reason 0; 1 × reason 1")
+    assert text.startswith("0/9 nodes kube-scheduler asked gpushare about fit: 2 × reason 0")
     assert text.endswith("3 node(s) for 3 other reason(s)")
     long = refusal_summary(["x" * 400 + str(i) for i in range(5)], 5)
+    assert refusal_summary(["r"], 3, IN_CLUSTER) == (
+        "0/3 nodes in the cluster pass gpushare's checks: 1 × r"
+    )
     assert len(long) == MAX_MESSAGE and long.endswith("…")

@@ -57,13 +57,13 @@ def test_pod_that_fits_some_nodes(golden: Callable[[str, str], None]) -> None:
     assert by_node["node-a"].placement == "GPU1 on node-a, 14/15 GiB"
     assert by_node["node-b"].fits == "yes"
     assert by_node["node-c"].fits == "never" and by_node["node-x"].fits == "never"
-    assert e.verdict.startswith("2/4 nodes fit; best score")
+    assert e.verdict.startswith("2/4 nodes in the cluster pass gpushare's checks; best score")
 
 
 def test_pod_that_fits_nowhere(golden: Callable[[str, str], None]) -> None:
     e = explain(14)
     golden("explain_refused.txt", render_explanation(e))
-    assert e.verdict.startswith("0/4 nodes fit: ")
+    assert e.verdict.startswith("0/4 nodes in the cluster pass gpushare's checks: ")
     assert "GPU0: 3/15 GiB free < 14 GiB requested" in e.verdict
     golden("explain_refused.json", json.dumps(explanation_json(e), indent=2, sort_keys=True) + "\n")
 

@@ -76,7 +76,7 @@ def test_details_with_core_and_pending(golden: Callable[[str, str], None]) -> No
 def test_json_output(golden: Callable[[str, str], None]) -> None:
     data = to_json(mixed_view())
     golden("inspect_mixed.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
-    assert data["cluster"] == {"totalMiB": 92160, "allocatedMiB": 15360, "allocatedPercent": 16}
+    assert data["cluster"] == {"totalMib": 92160, "allocatedMib": 15360, "allocatedPercent": 16}
 
 
 def test_128mib_nodes_are_shown_in_mib() -> None:

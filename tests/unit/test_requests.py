@@ -185,10 +185,11 @@ def test_request_without_limit_is_rejected() -> None:
 
 
 @pytest.mark.parametrize("core", [33, "12", 7])
-def test_core_not_multiple_of_five_cannot_be_submitted(core: Any) -> None:
+def test_core_not_multiple_of_five_is_refused_in_words_for_any_kind(core: Any) -> None:
     message = rejected(pod(c(limits={MEM: 2, CORE: core})))
     assert f'limits["{CORE}"]={core!r} is not a multiple of 5' in message
-    assert "cannot be submitted" in message
+    assert "computing power is shared in steps of 5: use 5, 10, ... 100" in message
+    assert "job" not in message.lower()  # a Pod or a Deployment is no job
 
 
 def test_core_zero_is_rejected() -> None:

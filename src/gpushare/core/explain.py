@@ -47,12 +47,25 @@ def placement_message(allocation: Allocation, node: NodeInventory, usage: NodeUs
     return _clip(f"{where} on {allocation.node}: {detail}")
 
 
-def refusal_summary(reasons: Iterable[str], total_nodes: int) -> str:
-    """Why no node fits, counted per reason: ``0/12 nodes fit: 8 × ...; 4 × ...``.
+ASKED = "nodes kube-scheduler asked gpushare about fit"
+"""What the extender's count counts: kube-scheduler calls it only with the nodes its own filters
+(taints, node selectors, CPU) kept, so its ``0/1`` stands beside kube-scheduler's ``0/2 nodes
+are available`` and must say it is the smaller set."""
 
-    ``reasons`` has one message per refusing node. The most frequent reasons come first; past
-    ``SHOWN_REASONS`` distinct ones the rest are counted, and the text is clipped to
-    ``MAX_MESSAGE``, so a scheduler retrying a pod never writes an unbounded event.
+IN_CLUSTER = "nodes in the cluster pass gpushare's checks"
+"""What ``kubectl inspect cgpu --explain`` counts: every node, by gpushare's checks alone."""
+
+
+def refusal_summary(reasons: Iterable[str], total_nodes: int, counted: str = ASKED) -> str:
+    """Why no node fits, counted per reason: ``0/12 <counted>: 8 × ...; 4 × ...``.
+
+    ``counted`` is ``ASKED`` (the extender's event) or ``IN_CLUSTER`` (``--explain``).
+
+    ``reasons`` has one message per refusing node; ``counted`` says which nodes the total
+    counts, so the number never reads as a contradiction of kube-scheduler's own count. The
+    most frequent reasons come first; past ``SHOWN_REASONS`` distinct ones the rest are counted,
+    and the text is clipped to ``MAX_MESSAGE``, so a scheduler retrying a pod never writes an
+    unbounded event.
     """
     counts = Counter(reasons)
     ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
@@ -61,5 +74,5 @@ def refusal_summary(reasons: Iterable[str], total_nodes: int) -> str:
     if rest:
         nodes = sum(n for _, n in rest)
         shown.append(f"{nodes} node(s) for {len(rest)} other reason(s)")
-    head = f"0/{total_nodes} nodes fit"
+    head = f"0/{total_nodes} {counted}"
     return _clip(f"{head}: {'; '.join(shown)}" if shown else head)

@@ -11,7 +11,7 @@ of GPUs, and the filter reports it as the reason.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
@@ -277,6 +277,38 @@ def read_node(
         handoff=annotations.get(ANN_NODE_HANDOFF) == HANDOFF_PODRESOURCES,
         host=node_allocatable(node),
         model=node_model(node) or next((g.model for g in gpus if g.model), ""),
+    )
+
+
+def declared_unit(
+    nodes: Iterable[KubeObject], *, default: MemoryUnit = MemoryUnit.GiB
+) -> tuple[MemoryUnit, str]:
+    """The cluster's gpu-mem unit as its nodes declare it, and a note when they disagree.
+
+    gpushare's device plugin writes its unit on the node (``gpushare.io/gpu-mem-unit``), so a
+    reader such as ``kubectl inspect cgpu`` needs no flag: the unit every declaring node names,
+    else ``default`` (the seeds' 1 GiB, which ACK's plugin also assumes). Capacity alone cannot
+    tell 15 GiB from 120 x 128 MiB, so nodes without the annotation do not vote. When nodes
+    name different units, ``default`` is used for the others and the note says which is which
+    (each declaring node is still read in its own unit).
+    """
+    seen: dict[MemoryUnit, list[str]] = {}
+    for node in nodes:
+        raw = annotations_of(node).get(ANN_NODE_UNIT)
+        if raw is None:
+            continue
+        try:
+            seen.setdefault(MemoryUnit.parse(str(raw)), []).append(name_of(node))
+        except ValueError:
+            continue  # read_node reports it as the node's problem
+    if len(seen) == 1:
+        return next(iter(seen)), ""
+    if not seen:
+        return default, ""
+    listed = "; ".join(f"{unit.value}: {', '.join(sorted(names))}" for unit, names in seen.items())
+    return default, (
+        f"note: nodes declare different {ANN_NODE_UNIT} ({listed}); nodes without it are read "
+        f"in {default.value}: give --unit to choose, and set gpuMemoryUnit the same everywhere"
     )
 
 

@@ -280,7 +280,8 @@ def _read_container(
         elif value is not None and value % CORE_STEP:
             reasons.append(
                 f'{where}: limits["{names.core}"]={limits[names.core]!r} is not a multiple of '
-                f"{CORE_STEP}, so the job cannot be submitted; use 5, 10, ... 100"
+                f"{CORE_STEP}; computing power is shared in steps of {CORE_STEP}: "
+                f"use 5, 10, ... 100"
             )
         else:
             core = value or 0

@@ -165,7 +165,8 @@ def create_app(extender: Extender, *, run_cache: bool = False) -> FastAPI:
     @app.get("/inspect")
     async def inspect() -> dict[str, Any]:
         cache = extender.cache
-        return to_json(build_view(cache.nodes.values(), cache.ledger))
+        unit = extender.scheduler.settings.unit
+        return to_json(build_view(cache.nodes.values(), cache.ledger, unit=unit))
 
     @app.get("/healthz", response_class=PlainTextResponse)
     async def healthz() -> str:

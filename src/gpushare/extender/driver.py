@@ -4,11 +4,19 @@ For each pod: POST filter with every node name (``nodeCacheCapable``), POST prio
 nodes that passed, pick the highest score (ties to the first name, where kube-scheduler picks at
 random), POST bind. The outcome is a value: bound, or unschedulable with the per-node reasons
 that kube-scheduler would put into the pod's FailedScheduling event.
+
+``Outcome.event`` writes the event's message as kube-scheduler v1.36 does for a pod that only
+the extender refuses (``FitError.Error`` in pkg/scheduler/framework/types.go, checked against
+the real control plane in tests/e2e/test_events.py): the reasons counted and sorted, then what
+the post-filter plugins say. DynamicResources answers ``no new claims to deallocate`` for a pod
+without claims; DefaultPreemption counts ``Preemption is not helpful for scheduling`` on nodes
+refused as unresolvable and, on the others, ``No preemption victims found for incoming pod``,
+which holds while no pod of lower priority runs there (true in the demo: no pod sets one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +30,10 @@ class Outcome:
     pod: str
     node: str = ""
     failed: Mapping[str, str] = field(default_factory=dict)
+    """Every refusing node's reason (FailedNodes and FailedAndUnresolvableNodes)."""
     error: str = ""
+    unresolvable: frozenset[str] = frozenset()
+    """The nodes refused as unresolvable (preemption would not help there)."""
 
     @property
     def bound(self) -> bool:
@@ -30,16 +41,29 @@ class Outcome:
         return bool(self.node) and not self.error
 
     def event(self, total_nodes: int) -> str:
-        """The FailedScheduling message kube-scheduler would record."""
+        """The Scheduled or FailedScheduling message kube-scheduler would record."""
         if self.bound:
             return f"Successfully assigned {self.pod} to {self.node}"
         if self.error:
             return f"binding rejected: {self.error}"
-        counts: dict[str, int] = {}
-        for reason in self.failed.values():
-            counts[reason] = counts.get(reason, 0) + 1
-        parts = ", ".join(f"{n} {r}" for r, n in sorted(counts.items()))
-        return f"0/{total_nodes} nodes are available: {parts}."
+        reasons = _histogram(self.failed.values())
+        victims = len(self.failed) - len(self.unresolvable)
+        preemption = _histogram(
+            ["No preemption victims found for incoming pod"] * victims
+            + ["Preemption is not helpful for scheduling"] * (total_nodes - victims)
+        )
+        return (
+            f"0/{total_nodes} nodes are available: {reasons}. no new claims to deallocate, "
+            f"preemption: 0/{total_nodes} nodes are available: {preemption}."
+        )
+
+
+def _histogram(reasons: Iterable[str]) -> str:
+    """``2 reason, 1 other``: counts before reasons, sorted as text (as kube-scheduler does)."""
+    counts: dict[str, int] = {}
+    for reason in reasons:
+        counts[reason] = counts.get(reason, 0) + 1
+    return ", ".join(sorted(f"{n} {r}" for r, n in counts.items()))
 
 
 class ExtenderDriver:
@@ -61,13 +85,11 @@ class ExtenderDriver:
         result = await self._post("filter", args)
         if result.get("Error"):
             return Outcome(pod=key, error=result["Error"])
-        failed = {
-            **(result.get("FailedNodes") or {}),
-            **(result.get("FailedAndUnresolvableNodes") or {}),
-        }
+        unresolvable = result.get("FailedAndUnresolvableNodes") or {}
+        failed = {**(result.get("FailedNodes") or {}), **unresolvable}
         passing = result.get("NodeNames") or []
         if not passing:
-            return Outcome(pod=key, failed=failed)
+            return Outcome(pod=key, failed=failed, unresolvable=frozenset(unresolvable))
         scores = await self._post("prioritize", {"Pod": pod, "NodeNames": passing})
         best = max(scores, key=lambda s: s["Score"])["Host"] if scores else passing[0]
         bound = await self._post(

@@ -2,7 +2,9 @@
 
 It lists nodes and pods once, rebuilds the ledger from pod annotations exactly as the extender
 does, and prints the view. It reads ``$KUBECONFIG`` like kubectl, and also takes
-``--kubeconfig`` and ``--context``.
+``--kubeconfig`` and ``--context``. The gpu-mem unit comes from the nodes themselves
+(``core.inventory.declared_unit``); ``--unit`` only overrides it. ``-o json`` prints the
+documents of ``inspect.schema``, whose JSON Schema ``--schema`` prints.
 
 Like the extender it counts only allocations gpushare sealed for their pod (core.trust). The
 key comes from ``--seal-key-file``, or from the Secret the chart creates (``--seal-secret``,
@@ -16,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
-from gpushare.core.inventory import read_node
+from gpushare.core.inventory import declared_unit, read_node
 from gpushare.core.kubejson import name_of, namespace_of
 from gpushare.core.ledger import Ledger
 from gpushare.core.scheduling import Scheduler, Settings
@@ -28,6 +31,7 @@ from gpushare.core.trust import Trust
 from gpushare.core.units import MemoryUnit
 from gpushare.inspect.explain import Explanation, explain_pod, explanation_json
 from gpushare.inspect.render import render_details, render_explanation, render_summary
+from gpushare.inspect.schema import DOCUMENTS, json_schema
 from gpushare.inspect.view import ClusterView, build_view, to_json
 from gpushare.kube.port import KubeAPI, KubeError
 from gpushare.kube.sealing import (
@@ -59,18 +63,27 @@ async def find_trust(
 
 
 async def collect(
-    api: KubeAPI, *, unit: MemoryUnit = MemoryUnit.GiB, trust: Trust | None = None
+    api: KubeAPI,
+    *,
+    unit: MemoryUnit | None = None,
+    trust: Trust | None = None,
+    notes: list[str] | None = None,
 ) -> ClusterView:
     """List nodes and pods through the port and build the view.
 
-    Without ``trust`` the key is read from the default Secret, else structure only.
+    Without ``trust`` the key is read from the default Secret, else structure only. Without
+    ``unit`` it is the one the nodes declare; a note on that goes to ``notes``.
     """
     if trust is None:
         trust, _ = await find_trust(api)
     nodes, _ = await api.list_nodes()
     pods, _ = await api.list_pods()
+    if unit is None:
+        unit, note = declared_unit(nodes)
+        if note and notes is not None:
+            notes.append(note)
     ledger = Ledger.from_pods(pods, unit=unit, trust=trust)
-    return build_view((read_node(n, cluster_unit=unit) for n in nodes), ledger)
+    return build_view((read_node(n, cluster_unit=unit) for n in nodes), ledger, unit=unit)
 
 
 class PodNotFound(KubeError):
@@ -78,13 +91,28 @@ class PodNotFound(KubeError):
 
 
 async def collect_explanation(
-    api: KubeAPI, namespace: str, name: str, *, settings: Settings, trust: Trust | None = None
+    api: KubeAPI,
+    namespace: str,
+    name: str,
+    *,
+    settings: Settings,
+    trust: Trust | None = None,
+    find_unit: bool = False,
+    notes: list[str] | None = None,
 ) -> Explanation:
-    """List nodes and pods, rebuild the ledger and run the extender's filter for one pod."""
+    """List nodes and pods, rebuild the ledger and run the extender's filter for one pod.
+
+    With ``find_unit`` the unit in ``settings`` is replaced by the one the nodes declare.
+    """
     if trust is None:
         trust, _ = await find_trust(api)
     nodes, _ = await api.list_nodes()
     pods, _ = await api.list_pods()
+    if find_unit:
+        unit, note = declared_unit(nodes, default=settings.unit)
+        settings = replace(settings, unit=unit)
+        if note and notes is not None:
+            notes.append(note)
     found = [p for p in pods if namespace_of(p) == namespace and name_of(p) == name]
     if not found:
         raise PodNotFound(f"pod {namespace}/{name} not found")
@@ -110,24 +138,31 @@ def render(view: ClusterView, *, details: bool, output: str) -> str:
 async def _fetch(
     kubeconfig: str | None,
     context: str | None,
-    unit: MemoryUnit,
+    unit: MemoryUnit | None,
     explain: tuple[str, str, Settings] | None = None,
     *,
     seal_secret: str = DEFAULT_SECRET,
     seal_key_file: str | None = None,
-) -> tuple[ClusterView | Explanation, str]:
-    """The view or explanation, and the note ``find_trust`` made (shown only on success)."""
+) -> tuple[ClusterView | Explanation, list[str]]:
+    """The view or explanation, and the notes made on the way (shown only on success)."""
     from gpushare.kube.lightkube_api import LightkubeAPI
 
     api = LightkubeAPI.connect(kubeconfig, context)
     try:
         trust, note = await find_trust(api, secret=seal_secret, key_file=seal_key_file)
+        notes = [note] if note else []
         if explain is not None:
             explained = await collect_explanation(
-                api, explain[0], explain[1], settings=explain[2], trust=trust
+                api,
+                explain[0],
+                explain[1],
+                settings=explain[2],
+                trust=trust,
+                find_unit=unit is None,
+                notes=notes,
             )
-            return explained, note
-        return await collect(api, unit=unit, trust=trust), note
+            return explained, notes
+        return await collect(api, unit=unit, trust=trust, notes=notes), notes
     except PodNotFound:
         raise
     except KubeError as err:
@@ -174,9 +209,16 @@ async def _fetch(
 )
 @click.option(
     "--unit",
-    default="1GiB",
-    show_default=True,
-    help="gpuMemoryUnit assumed for nodes that do not declare theirs.",
+    default=None,
+    help="gpuMemoryUnit (1GiB or 128MiB) for nodes that do not declare theirs. Default: the "
+    "unit the nodes declare (gpushare.io/gpu-mem-unit), else 1GiB.",
+)
+@click.option(
+    "--schema",
+    type=click.Choice(sorted(DOCUMENTS)),
+    default=None,
+    help="Print the JSON Schema of the -o json output (summary: the table and -d; explain: "
+    "--explain) and exit.",
 )
 def main(
     details: bool,
@@ -188,11 +230,15 @@ def main(
     context: str | None,
     seal_secret: str,
     seal_key_file: str | None,
-    unit: str,
+    unit: str | None,
+    schema: str | None,
 ) -> None:
     """Show how much GPU memory each node's GPUs have allocated, or explain one pod."""
+    if schema is not None:
+        click.echo(json.dumps(json_schema(schema), indent=2, sort_keys=True))
+        return
     try:
-        memory_unit = MemoryUnit.parse(unit)
+        memory_unit = MemoryUnit.parse(unit) if unit is not None else None
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--unit") from None
     try:
@@ -204,14 +250,14 @@ def main(
         pod_ns, _, pod_name = explain.rpartition("/")
         if not pod_name:
             raise click.BadParameter(f"{explain!r}: write NAMESPACE/POD or POD", param_hint="-e")
-        settings = Settings(unit=memory_unit, policy=policy)
+        settings = Settings(unit=memory_unit or MemoryUnit.GiB, policy=policy)
         try:
             Scheduler(settings)
         except (KeyError, ValueError) as err:
             raise click.BadParameter(str(err), param_hint="--policy") from None
         target = (pod_ns or namespace, pod_name, settings)
     try:
-        result, note = asyncio.run(
+        result, notes = asyncio.run(
             _fetch(
                 kubeconfig,
                 context,
@@ -235,7 +281,7 @@ def main(
             err=True,
         )
         sys.exit(1)
-    if note:
+    for note in notes:
         click.echo(note, err=True)
     if isinstance(result, Explanation):
         click.echo(render_explained(result, output=output), nl=False)

@@ -10,17 +10,18 @@ own share left out, as a re-bind would be.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from gpushare.core.allocation import plan
-from gpushare.core.explain import placement_message, refusal_summary
+from gpushare.core.explain import IN_CLUSTER, placement_message, refusal_summary
 from gpushare.core.filtering import Code
 from gpushare.core.inventory import NodeInventory
 from gpushare.core.kubejson import KubeObject, name_of, namespace_of, spec_of, status_of
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import PodRequest, Rejection
 from gpushare.core.scheduling import Scheduler
+from gpushare.inspect.schema import ExplainDocument, NodeExplanationDoc, dump
 
 OUTCOMES = {Code.FITS: "yes", Code.UNSCHEDULABLE: "no", Code.UNRESOLVABLE: "never"}
 """``no``: it could fit once something is freed; ``never``: not on this node as it is."""
@@ -115,11 +116,11 @@ def explain_pod(
             fitting, key=lambda n: (-n.score, n.node)
         )  # kube-scheduler breaks ties at random
         verdict_line = (
-            f"{len(fitting)}/{len(out)} nodes fit; best score {best.score}: "
+            f"{len(fitting)}/{len(out)} {IN_CLUSTER}; best score {best.score}: "
             f"{best.placement or best.node}"
         )
     else:
-        verdict_line = refusal_summary(["; ".join(n.reasons) for n in out], len(out))
+        verdict_line = refusal_summary(["; ".join(n.reasons) for n in out], len(out), IN_CLUSTER)
     return Explanation(
         namespace=namespace_of(pod),
         name=name_of(pod),
@@ -133,10 +134,26 @@ def explain_pod(
 
 
 def explanation_json(explanation: Explanation) -> dict[str, Any]:
-    """The explanation as plain JSON (``--explain -o json``)."""
-    data = asdict(explanation)
-    data["nodes"] = [
-        {**n, "gpus": list(n["gpus"]), "reasons": list(n["reasons"])} for n in data["nodes"]
-    ]
-    data["rejection"] = list(data["rejection"])
-    return data
+    """The explanation as plain JSON (``--explain -o json``; ``inspect.schema``)."""
+    e = explanation
+    document = ExplainDocument(
+        namespace=e.namespace,
+        name=e.name,
+        phase=e.phase,
+        bound_to=e.bound_to,
+        asks=e.asks,
+        nodes=[
+            NodeExplanationDoc(
+                node=n.node,
+                fits=n.fits,  # type: ignore[arg-type]  # an OUTCOMES value, checked by the model
+                gpus=list(n.gpus),
+                score=n.score,
+                reasons=list(n.reasons),
+                placement=n.placement,
+            )
+            for n in e.nodes
+        ],
+        verdict=e.verdict,
+        rejection=list(e.rejection),
+    )
+    return dump(document)

@@ -1,27 +1,46 @@
 """Text rendering of the inspect view, in the layout the seed documents show.
 
-Summary::
+Summary, byte for byte as seed 001 prints it::
 
-    NAME      IPADDRESS  GPU0(Allocated/Total)  GPU Memory(GiB)
-    node-a    10.0.0.1   3/15                   3/15
-    -------------------------------------------------------------
+    NAME                       IPADDRESS      GPU0(Allocated/Total)  GPU Memory(GiB)
+    cn-shanghai.192.168.6.104  192.168.6.104  0/15                   0/15
+    ----------------------------------------------------------------------
     Allocated/Total GPU Memory In Cluster:
-    3/15 (20%)
+    0/15 (0%)
 
-Columns are padded to their widest cell and separated by two spaces. Amounts are in GiB when
+Columns are padded to their widest cell and separated by two spaces. The dashed line is not as
+wide as the table: ACK's plugin sizes it from the first node's row as written before alignment
+(its cells, each followed by one separator character) plus 20, which is 70 in seed 001 and 75
+in seed 000, 10 less than the header there; ``rule_width`` does the same, so the output is the
+seeds' text for the seeds' clusters. Amounts are in GiB when
 every node counts 1 GiB units, otherwise in MiB (the header says which). A ``PENDING(Allocated)``
 column appears when some pod holds memory on an unknown GPU. Percentages are truncated.
-Allocations gpushare ignores (core.trust) follow the cluster line, one per pod, with why.
+Allocations gpushare ignores (core.trust) follow the cluster line, one per pod, with why, and
+then a note naming the nodes that have GPU memory but no sharing mode label (none in the seeds,
+so their text is unchanged).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpushare.core.names import LABEL_MODE
 from gpushare.inspect.explain import Explanation
 from gpushare.inspect.view import ClusterView, NodeView
 
 MIN_RULE = 75
+"""Width of the dashed line between nodes in ``-d`` (no seed shows that layout)."""
+
+RULE_EXTRA = 20
+"""What ACK's plugin adds to the first node row's unaligned length for the summary's line."""
+
+
+def rule_width(first_row: Sequence[str]) -> int:
+    """Dashes under the summary table: the first node row unaligned (cells and one separator
+    after each) plus ``RULE_EXTRA``; no row, no dashes, as the plugin prints an empty line."""
+    if not first_row:
+        return 0
+    return sum(len(cell) + 1 for cell in first_row) + RULE_EXTRA
 
 
 def _table(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -76,8 +95,21 @@ def render_summary(view: ClusterView) -> str:
         row.append(f"{amounts.of(node, node.allocated_units)}/{amounts.of(node, node.total_units)}")
         rows.append(row)
     lines = _table(rows)
-    rule = "-" * max(MIN_RULE, max(len(line) for line in lines))
-    return "\n".join([*lines, rule, *_cluster_lines(view, amounts), *_ignored_lines(view)]) + "\n"
+    rule = "-" * rule_width(rows[1] if len(rows) > 1 else ())
+    tail = [*_cluster_lines(view, amounts), *_ignored_lines(view), *_unlabelled_lines(view)]
+    return "\n".join([*lines, rule, *tail]) + "\n"
+
+
+def _unlabelled_lines(view: ClusterView) -> list[str]:
+    if not view.unlabelled:
+        return []
+    names = ", ".join(view.unlabelled)
+    first = view.unlabelled[0]
+    return [
+        f"Note: node(s) {names} have GPU memory but no {LABEL_MODE} label gpushare knows, so no",
+        "GPU-sharing pod is placed there. Label each one, for example:",
+        f"  kubectl label node {first} {LABEL_MODE}=share   # or cgpu, core_mem, mps",
+    ]
 
 
 def _ignored_lines(view: ClusterView) -> list[str]:
@@ -141,6 +173,7 @@ def render_details(view: ClusterView) -> str:
         out.append("")
     out += _cluster_lines(view, amounts)
     out += _ignored_lines(view)
+    out += _unlabelled_lines(view)
     return "\n".join(out) + "\n"
 
 

@@ -3,17 +3,29 @@
 The extender's ``GET /inspect`` returns the same view as JSON, so a person and a dashboard see
 the same numbers. Nodes appear when they are shared (a known mode with GPUs) or hold anything.
 Allocations the ledger ignored (core.trust: not sealed by gpushare for their pod, bound
-elsewhere, or not matching the pod) are listed apart with the reason: they hold nothing.
+elsewhere, or not matching the pod) are listed apart with the reason: they hold nothing. Nodes
+with GPUs but no sharing mode label are named apart too: gpushare places nothing there until the
+label is added, which is the first thing to check when a pod stays Pending.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from gpushare.core.inventory import Mode, NodeInventory
 from gpushare.core.ledger import Ledger
+from gpushare.core.units import MemoryUnit
+from gpushare.inspect.schema import (
+    ClusterDoc,
+    GpuDoc,
+    IgnoredDoc,
+    InspectDocument,
+    NodeDoc,
+    PodDoc,
+    dump,
+)
 
 
 @dataclass(frozen=True)
@@ -96,6 +108,10 @@ class ClusterView:
 
     nodes: tuple[NodeView, ...]
     ignored: tuple[IgnoredView, ...] = ()
+    unit: str = MemoryUnit.GiB.value
+    """The unit read for nodes that do not declare theirs."""
+    unlabelled: tuple[str, ...] = ()
+    """Nodes with GPUs whose ``ack.node.gpu.schedule`` is missing or not a mode gpushare knows."""
 
     @property
     def mixed_units(self) -> bool:
@@ -111,11 +127,15 @@ class ClusterView:
         return sum(n.allocated_units * n.unit_mib for n in self.nodes)
 
 
-def build_view(nodes: Iterable[NodeInventory], ledger: Ledger) -> ClusterView:
+def build_view(
+    nodes: Iterable[NodeInventory], ledger: Ledger, *, unit: MemoryUnit = MemoryUnit.GiB
+) -> ClusterView:
     """Join inventories and holdings into the inspect view."""
     busy = ledger.nodes()
     views = []
-    for node in sorted(nodes, key=lambda n: n.name):
+    nodes = sorted(nodes, key=lambda n: n.name)
+    unlabelled = tuple(n.name for n in nodes if n.mode is Mode.NONE and n.gpus)
+    for node in nodes:
         if not (node.mode is not Mode.NONE and node.gpus) and node.name not in busy:
             continue
         usage = ledger.usage(node.name)
@@ -176,32 +196,60 @@ def build_view(nodes: Iterable[NodeInventory], ledger: Ledger) -> ClusterView:
             key=lambda i: (i.namespace, i.name),
         )
     )
-    return ClusterView(nodes=tuple(views), ignored=ignored)
+    return ClusterView(nodes=tuple(views), ignored=ignored, unit=unit.value, unlabelled=unlabelled)
 
 
 def to_json(view: ClusterView) -> dict[str, Any]:
-    """The view as plain JSON (``-o json`` and ``GET /inspect``)."""
-    nodes = []
-    for node in view.nodes:
-        data = asdict(node)
-        data["totalUnits"] = node.total_units
-        data["allocatedUnits"] = node.allocated_units
-        data["pods"] = [
-            {
-                **asdict(p),
-                "mem_units": {str(k): v for k, v in p.mem_units.items()},
-                "core_pct": {str(k): v for k, v in p.core_pct.items()},
-            }
-            for p in node.pods
-        ]
-        nodes.append(data)
+    """The view as plain JSON (``-o json`` and ``GET /inspect``; ``inspect.schema``)."""
     total, allocated = view.total_mib(), view.allocated_mib()
-    return {
-        "nodes": nodes,
-        "ignored": [asdict(i) for i in view.ignored],
-        "cluster": {
-            "totalMiB": total,
-            "allocatedMiB": allocated,
-            "allocatedPercent": (allocated * 100 // total) if total else 0,
-        },
-    }
+    document = InspectDocument(
+        unit=view.unit,  # type: ignore[arg-type]  # a MemoryUnit value, checked by the model
+        nodes=[
+            NodeDoc(
+                name=node.name,
+                ip=node.ip,
+                mode=node.mode,
+                unit=node.unit,  # type: ignore[arg-type]
+                unit_mib=node.unit_mib,
+                gpus=[
+                    GpuDoc(
+                        index=g.index,
+                        total_units=g.total_units,
+                        allocated_units=g.allocated_units,
+                        core_allocated_percent=g.core_allocated_pct,
+                        pods=g.pods,
+                        healthy=g.healthy,
+                        model=g.model,
+                    )
+                    for g in node.gpus
+                ],
+                pods=[
+                    PodDoc(
+                        namespace=p.namespace,
+                        name=p.name,
+                        mem_units={str(k): v for k, v in p.mem_units.items()},
+                        core_percent={str(k): v for k, v in p.core_pct.items()},
+                        pending_units=p.pending_units,
+                        state=p.state,  # type: ignore[arg-type]
+                    )
+                    for p in node.pods
+                ],
+                pending_units=node.pending_units,
+                problem=node.problem,
+                total_units=node.total_units,
+                allocated_units=node.allocated_units,
+            )
+            for node in view.nodes
+        ],
+        ignored=[
+            IgnoredDoc(namespace=i.namespace, name=i.name, node=i.node, reason=i.reason)
+            for i in view.ignored
+        ],
+        cluster=ClusterDoc(
+            total_mib=total,
+            allocated_mib=allocated,
+            allocated_percent=(allocated * 100 // total) if total else 0,
+        ),
+        unlabelled_nodes=list(view.unlabelled),
+    )
+    return dump(document)

@@ -1,0 +1,146 @@
+"""The JSON documents ``kubectl inspect cgpu -o json`` prints, as models with a JSON Schema.
+
+One key style everywhere: camelCase as pydantic's ``to_camel`` spells it (``totalUnits``,
+``unitMib``, ``boundTo``), for the summary, ``-d``, ``--explain`` and the extender's
+``GET /inspect`` alike, so a script written against one reads the others. The models are the
+documentation: ``kubectl inspect cgpu --schema summary`` (or ``explain``) prints their JSON
+Schema, and every document is built through them, so output and schema cannot drift apart.
+Maps keyed by GPU index (``memUnits``, ``corePercent``) use the index as a string key, as JSON
+requires.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+SCHEMA_VERSION: Literal[1] = 1
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class GpuDoc(_Doc):
+    """One GPU: its memory and what pods hold on it."""
+
+    index: int = Field(description="The GPU's index on its node (GPU0, GPU1, ...).")
+    total_units: int = Field(description="Memory of the GPU, in the node's unit.")
+    allocated_units: int = Field(description="Memory pods hold on it, in the node's unit.")
+    core_allocated_percent: int = Field(
+        description="Computing power held on it, in percent (core_mem nodes)."
+    )
+    pods: int = Field(description="Pods holding a share of it.")
+    healthy: bool
+    model: str = Field(description="GPU model as the device plugin reports it, or empty.")
+
+
+class PodDoc(_Doc):
+    """One pod's holding on a node."""
+
+    namespace: str
+    name: str
+    mem_units: dict[str, int] = Field(description="Memory per GPU index, in the node's unit.")
+    core_percent: dict[str, int] = Field(description="Computing power per GPU index, percent.")
+    pending_units: int = Field(description="Memory held on a GPU gpushare does not know.")
+    state: Literal["assumed", "bound", "assigned", "unplaced"] = Field(
+        description="assumed: bind in flight; bound; assigned: served by the device plugin; "
+        "unplaced: holds memory but carries no GPU record."
+    )
+
+
+class NodeDoc(_Doc):
+    """One node shown by inspect."""
+
+    name: str
+    ip: str = Field(description="The node's InternalIP, or empty.")
+    mode: str = Field(description="ack.node.gpu.schedule: share, cgpu, core_mem, mps or none.")
+    unit: Literal["1GiB", "128MiB"] = Field(description="The node's gpu-mem unit.")
+    unit_mib: int = Field(description="Size of one unit in MiB (1024 or 128).")
+    gpus: list[GpuDoc]
+    pods: list[PodDoc]
+    pending_units: int = Field(description="Memory held on unknown GPUs, in the node's unit.")
+    problem: str = Field(description="Why gpushare cannot read the node, or empty.")
+    total_units: int = Field(description="Memory of all its GPUs, in the node's unit.")
+    allocated_units: int = Field(description="Memory held on it (pending included).")
+
+
+class IgnoredDoc(_Doc):
+    """An allocation annotation gpushare does not count, and why."""
+
+    namespace: str
+    name: str
+    node: str = Field(description="The node the annotation names.")
+    reason: str
+
+
+class ClusterDoc(_Doc):
+    """Cluster totals in MiB (nodes may count in different units)."""
+
+    total_mib: int
+    allocated_mib: int
+    allocated_percent: int = Field(description="Truncated, as the table prints it.")
+
+
+class InspectDocument(_Doc):
+    """``kubectl inspect cgpu -o json`` (with or without ``-d``) and ``GET /inspect``."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    unit: Literal["1GiB", "128MiB"] = Field(
+        description="The unit read for nodes that do not declare theirs."
+    )
+    nodes: list[NodeDoc]
+    ignored: list[IgnoredDoc]
+    cluster: ClusterDoc
+    unlabelled_nodes: list[str] = Field(
+        description="Nodes with GPU memory but no ack.node.gpu.schedule value gpushare knows: "
+        "nothing is placed there until the label is added."
+    )
+
+
+class NodeExplanationDoc(_Doc):
+    """One node's answer for the explained pod."""
+
+    node: str
+    fits: Literal["yes", "no", "never"] = Field(
+        description="yes: fits now; no: could fit once something frees up; never: not on this "
+        "node as it is."
+    )
+    gpus: list[int] = Field(description="GPUs the pod would get (when it fits).")
+    score: int = Field(description="The extender's score 0..10 (when it fits).")
+    reasons: list[str] = Field(description="Why it does not fit.")
+    placement: str = Field(description="Where it would go and how full (when it fits).")
+
+
+class ExplainDocument(_Doc):
+    """``kubectl inspect cgpu --explain POD -o json``."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    namespace: str
+    name: str
+    phase: str
+    bound_to: str = Field(description="The node the pod is bound to, or empty.")
+    asks: str = Field(description="What the pod asks for, in words.")
+    nodes: list[NodeExplanationDoc]
+    verdict: str = Field(description="One line: the best node, or the refusals per reason.")
+    rejection: list[str] = Field(description="Why the request itself is invalid, or empty.")
+
+
+DOCUMENTS: dict[str, type[_Doc]] = {"summary": InspectDocument, "explain": ExplainDocument}
+"""The documents by the name ``--schema`` takes."""
+
+
+def json_schema(name: str) -> dict[str, Any]:
+    """The JSON Schema of one document, keys as they appear in the output."""
+    schema = DOCUMENTS[name].model_json_schema(by_alias=True, mode="serialization")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema
+
+
+def dump(document: _Doc) -> dict[str, Any]:
+    """A document as plain JSON data, camelCase keys."""
+    return document.model_dump(by_alias=True, mode="json")
