@@ -19,9 +19,11 @@ from gpushare.core.requests import PodRequest, read_pod
 from gpushare.core.scarcity import (
     NORMAL_FROM,
     PRICE_FLOOR,
+    RESERVE,
     WEIGHT,
     Supply,
     priceable,
+    reserves,
     rounded,
     shortage,
 )
@@ -268,3 +270,82 @@ def test_a_price_change_makes_cached_decisions_stale() -> None:
     for i in range(60):
         defragmenter.supply.update(i, ((0,) + (16,) * 7, 94_000, "A100"))
     assert defragmenter.version != before
+
+
+def _restricted_workload(restricted: int, unrestricted: int) -> WorkloadEstimate:
+    """Pods seen: ``restricted`` one-GPU pods for model R3 (each of its own share, as rare
+    shapes are), and ``unrestricted`` half-GPU pods for any model."""
+    workload = WorkloadEstimate(refresh=1)
+    for i in range(restricted):
+        workload.observe(Shape(0, 400 + i, 1, ("R3",)))
+    for _ in range(unrestricted):
+        workload.observe(Shape(0, 500, 1))
+    return workload
+
+
+def test_reserves_pool_the_restricted_pods_into_a_whole_node_of_their_models() -> None:
+    workload = _restricted_workload(restricted=4, unrestricted=96)
+    # rare shapes are not in the top shapes, so only the pooled restriction remembers them
+    assert all(not shape.models for shape, _ in workload.top())
+    (restriction,) = workload.restricted()
+    assert restriction.models == ("R3",)
+    assert restriction.fraction == pytest.approx(0.04)
+    assert restriction.per_gpu == 403
+    (pair,) = reserves(workload.restricted(), {"R3": 8, "R2": 4})
+    assert pair == (Shape(0, 403, 8, ("R3",)), pytest.approx(RESERVE * 0.04))
+    assert reserves(workload.restricted(), {"R2": 8}) == ()  # no node of the model: none
+
+
+def test_the_reserve_is_priced_only_when_the_last_whole_nodes_of_a_model_go() -> None:
+    workload = _restricted_workload(restricted=2, unrestricted=98)
+    supply = Supply(workload)
+    for i in range(40):
+        supply.update(f"common-{i}", ((1000,) + (0,) * 7, 0, "R2"))  # mostly full
+    for i in range(6):
+        supply.update(f"rare-{i}", ((1000,) * 8, 0, "R3"))
+    reserve = Shape(0, 401, 8, ("R3",))
+    # 88 GPUs idle at 500 per pod: 176 pods to come, 2 % restricted to R3, RESERVE of those
+    # whole-node: a demand of about 0.7 against 6 whole nodes, then against 1
+    assert dict(supply.counts())[reserve] == 6.0
+    assert reserve not in dict(supply.prices().shapes)  # six whole nodes: no shortage
+    for i in range(5):
+        supply.update(f"rare-{i}", ((1000,) * 7 + (0,), 0, "R3"))
+    assert dict(supply.counts())[reserve] == 1.0
+    price = dict(supply.prices().shapes)[reserve]
+    assert price > 0.0
+    # what a node holds drops by the reserve's worth when the last whole one is opened
+    assert supply.prices().held((1000,) * 8, 0, "R3") == pytest.approx(WEIGHT * price * 8 * 401)
+
+
+def test_a_larger_node_of_a_model_resizes_its_reserve() -> None:
+    workload = _restricted_workload(restricted=2, unrestricted=98)
+    supply = Supply(workload)
+    supply.update("small", ((1000,) * 4, 0, "R3"))
+    assert Shape(0, 401, 4, ("R3",)) in dict(supply.counts())
+    supply.update("large", ((1000,) * 8, 0, "R3"))
+    counts = dict(supply.counts())
+    assert counts[Shape(0, 401, 8, ("R3",))] == 1.0
+    assert Shape(0, 401, 4, ("R3",)) not in counts
+
+
+def test_an_unrestricted_pod_leaves_the_last_whole_node_of_a_rare_model() -> None:
+    """The policy turns to a node of another model when the rare one's last whole node would
+    go, and takes it while more than a few are whole."""
+    workload = _restricted_workload(restricted=2, unrestricted=98)
+    defragmenter = Defragmenter(workload, GPUSHARE)
+    supply = defragmenter.supply
+    assert supply is not None
+    for i in range(40):
+        supply.update(f"common-{i}", ((1000,) + (0,) * 7, 0, "R2"))  # mostly full
+    supply.update("rare-0", ((1000,) * 8, 0, "R3"))
+    for i in range(1, 6):
+        supply.update(f"rare-{i}", ((1000,) * 8, 0, "R3"))
+    pod = Shape(0, 1000, 8)
+    everything = range(8)
+    many_left = defragmenter.growth((1000,) * 8, 0, "R3", pod, everything)
+    for i in range(1, 6):
+        supply.update(f"rare-{i}", ((1000,) * 7 + (0,), 0, "R3"))
+    last = defragmenter.growth((1000,) * 8, 0, "R3", pod, everything)
+    common = defragmenter.growth((1000,) * 8, 0, "R2", pod, everything)
+    assert last > common  # the last whole R3 node costs more than an R2 node
+    assert many_left < last

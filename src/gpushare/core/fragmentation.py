@@ -42,6 +42,18 @@ Workload = tuple[tuple[Shape, float], ...]
 """Shapes with their probabilities (summing to 1)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Restriction:
+    """The pods seen that accept only some GPU models, pooled over their shapes."""
+
+    models: tuple[str, ...]
+    """The models they accept."""
+    fraction: float
+    """Their share of all the pods seen."""
+    per_gpu: int
+    """The largest share per GPU any of them asked for."""
+
+
 def fragmentation(
     free: Sequence[int],
     cpu_free: int,
@@ -184,6 +196,7 @@ class WorkloadEstimate:
         self._seen = 0
         self._since = 0
         self._top: Workload = ()
+        self._restricted: tuple[Restriction, ...] = ()
 
     @classmethod
     def of(cls, shapes: Sequence[Shape], *, coverage: float = 0.95) -> WorkloadEstimate:
@@ -213,8 +226,22 @@ class WorkloadEstimate:
         """The current target workload."""
         return self._top
 
+    def restricted(self) -> tuple[Restriction, ...]:
+        """Every model set pods were restricted to, rare shapes included (``top`` drops
+        them), refreshed with ``top``."""
+        return self._restricted
+
     def _recompute(self) -> None:
         self._since = 0
+        pooled: dict[tuple[str, ...], tuple[int, int]] = {}
+        for shape, count in self._counts.items():
+            if shape.models and shape.per_gpu > 0:
+                pods, per_gpu = pooled.get(shape.models, (0, 0))
+                pooled[shape.models] = (pods + count, max(per_gpu, shape.per_gpu))
+        self._restricted = tuple(
+            Restriction(models, pods / self._seen, per_gpu)
+            for models, (pods, per_gpu) in sorted(pooled.items())
+        )
         ranked = sorted(self._counts.items(), key=lambda kv: (-kv[1], _order(kv[0])))
         chosen: list[tuple[Shape, int]] = []
         covered = 0
