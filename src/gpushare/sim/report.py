@@ -158,16 +158,16 @@ def markdown(experiment: Experiment) -> str:
     ]
     if experiment.bound:
         lines.append(
-            f"{LP_LABEL}: no placement of the pods that arrived can leave less unallocated "
+            f"- {LP_LABEL}: no placement of the pods that arrived can leave less unallocated "
             "(a linear program over GPU shares that ignores CPU, memory, models and nodes)."
         )
     if OFFLINE in experiment.policies:
         lines.append(
-            f"{OFFLINE}: the arrived pods packed offline by first-fit-decreasing; "
+            f"- {OFFLINE}: the arrived pods packed offline by first-fit-decreasing; "
             "not a bound: online policies can do better."
         )
     if any(PUBLISHED.get(experiment.trace, {})):
-        lines.append("published@100: the FGD artifact's 10-seed mean at 100 % arrived.")
+        lines.append("- published@100: the FGD artifact's 10-seed mean at 100 % arrived.")
     reasons = failures(experiment)
     if reasons:
         lines += ["", "Failed pods per seed (mean), by the first requirement no node met:", ""]
