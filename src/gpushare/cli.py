@@ -863,7 +863,8 @@ def simulate(
         experiment = replay(PlainProgress(jobs, say=lambda line: click.echo(line, err=True)))
     rows = report.table(experiment)
     grid = Table(
-        title=f"unallocated GPU % at arrived %, lower is better ({trace}, {report.describe(count)})"
+        title="unallocated GPU % at arrived %, lower is better",
+        caption=f"{trace}; {report.describe(count)}",
     )
     for header in rows[0]:
         grid.add_column(header)
@@ -875,7 +876,9 @@ def simulate(
         console.print(f"failed pods per seed, {policy}: {text}")
     if not experiment.bound and settings is None:
         console.print(
-            "no LP lower bound: it needs scipy (pip install -e '.[bench]'); offline-ffd is no bound"
+            "no LP lower bound: it needs scipy (pip install -e '.[bench]'); "
+            "offline-ffd is no bound",
+            markup=False,
         )
     files = report.write(experiment, folder, plots=not no_plots)
     console.print("wrote " + ", ".join(str(f) for f in files))

@@ -61,7 +61,7 @@ def spread(values: Sequence[float], *, signed: bool = False) -> str:
 def describe(seeds: int) -> str:
     """What a table cell is, for titles."""
     if seeds == 1:
-        return "one seed (n=1: each cell is that seed's value, no spread)"
+        return "one seed (n=1: values, no spread)"
     return f"mean +- sd over {seeds} seeds"
 
 
