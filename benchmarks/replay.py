@@ -629,8 +629,8 @@ class RealReplay:
                         watch.wait(obj["metadata"]["name"])
                         time.sleep(WATCH_SETTLE_S)
                     else:
-                        outcome.run.failed["CPU or memory"] = (
-                            outcome.run.failed.get("CPU or memory", 0) + 1
+                        outcome.run.failed["CPU or host memory"] = (
+                            outcome.run.failed.get("CPU or host memory", 0) + 1
                         )
                 elif not per_gpu:
                     outcome.run.failed["GPU share"] = outcome.run.failed.get("GPU share", 0) + 1

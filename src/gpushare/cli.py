@@ -14,6 +14,8 @@ from gpushare.config import ConfigError, load
 from gpushare.core.names import DEFAULT_SCHEDULER, SCHEDULER_NAME
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gpushare.core.trust import Trust
 
 
@@ -742,6 +744,11 @@ def scheduler_config(url: str, kubeconfig: str, no_leader_elect: bool) -> None:
 @click.option("--out", type=click.Path(file_okay=False), default="sim-report", show_default=True)
 @click.option("--no-offline", is_flag=True, help="Skip the offline first-fit-decreasing reference.")
 @click.option("--no-plots", is_flag=True)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Write into --out even when it already holds files (they are replaced).",
+)
 def simulate(
     nodes_path: str | None,
     pods_path: str | None,
@@ -756,8 +763,13 @@ def simulate(
     out: str,
     no_offline: bool,
     no_plots: bool,
+    force: bool,
 ) -> None:
-    """Replay a workload under several policies with the FGD paper's protocol and report."""
+    """Replay a workload under several policies with the FGD paper's protocol and report.
+
+    The report folder (--out) gets table.md, report.json, curve.png and fragmentation.png; a
+    folder that already holds files is refused unless --force is given.
+    """
     import os
     from pathlib import Path
 
@@ -767,12 +779,15 @@ def simulate(
 
     from gpushare.core.units import MemoryUnit
     from gpushare.sim import gpumem, report, synthetic
-    from gpushare.sim.experiment import run_experiment
+    from gpushare.sim.experiment import Experiment, SeedResult, run_experiment
     from gpushare.sim.kubeyaml import read_workload
     from gpushare.sim.milligpu import POLICIES
     from gpushare.sim.openb import TraceError
+    from gpushare.sim.progress import PlainProgress
 
     console = Console()
+    if not console.is_terminal:
+        console.width = 160  # a log or a pipe: keep the table's rows on one line each
     unit = MemoryUnit.parse(unit_text)
     settings = gpumem.MemorySettings(unit, node_mode) if accounting == "memory" else None
     known = gpumem.policies() if settings else list(POLICIES)
@@ -809,6 +824,14 @@ def simulate(
     count = seeds if seeds is not None else (10 if nodes_path else 3)
     if count < 1:
         raise click.BadParameter(f"{count} must be at least 1", param_hint="--seeds")
+    folder = Path(out)
+    if folder.is_dir() and any(folder.iterdir()) and not force:
+        click.echo(
+            f"error: the report folder {folder} already holds files (an earlier report?); "
+            f"pass --force to overwrite them, or --out NEW_FOLDER to keep them",
+            err=True,
+        )
+        sys.exit(2)
     seed_list = list(range(first_seed, first_seed + count))
     jobs = (len(chosen) + (0 if no_offline or settings else 1)) * count
     workers = workers or min(4, os.cpu_count() or 1)
@@ -817,9 +840,9 @@ def simulate(
         f"policies {', '.join(chosen)}; seeds {seed_list[0]}..{seed_list[-1]}; "
         f"{workers} worker(s)"
     )
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("replaying", total=jobs)
-        experiment = run_experiment(
+
+    def replay(progress: Callable[[SeedResult], None]) -> Experiment:
+        return run_experiment(
             trace,
             nodes,
             pods,
@@ -828,11 +851,21 @@ def simulate(
             tune=tune,
             workers=workers,
             offline=not no_offline,
-            progress=lambda r: bar.advance(task),
+            progress=progress,
             memory=settings,
         )
+
+    if console.is_terminal:
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("replaying", total=jobs)
+            experiment = replay(lambda r: bar.advance(task))
+    else:  # a pipe or a log: a bar drawn with cursor moves shows nothing there
+        experiment = replay(PlainProgress(jobs, say=lambda line: click.echo(line, err=True)))
     rows = report.table(experiment)
-    grid = Table(title=f"unallocated GPU % at arrived % ({trace}, mean +- sd over {count} seeds)")
+    grid = Table(
+        title="unallocated GPU % at arrived %, lower is better",
+        caption=f"{trace}; {report.describe(count)}",
+    )
     for header in rows[0]:
         grid.add_column(header)
     for row in rows[1:]:
@@ -841,5 +874,11 @@ def simulate(
     for policy, reasons in report.failures(experiment).items():
         text = ", ".join(f"{reason} {n:.0f}" for reason, n in reasons.items())
         console.print(f"failed pods per seed, {policy}: {text}")
-    files = report.write(experiment, Path(out), plots=not no_plots)
+    if not experiment.bound and settings is None:
+        console.print(
+            "no LP lower bound: it needs scipy (pip install -e '.[bench]'); "
+            "offline-ffd is no bound",
+            markup=False,
+        )
+    files = report.write(experiment, folder, plots=not no_plots)
     console.print("wrote " + ", ".join(str(f) for f in files))

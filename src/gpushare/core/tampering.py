@@ -44,7 +44,7 @@ with whole ``nvidia.com/gpu`` devices) and gpushare enforces nothing there to tu
 which are not in the pod (and can change after admission); only a ``prefix`` that can start an
 owned name is refused. A variable in the image (CUDA images set ``NVIDIA_VISIBLE_DEVICES=all``)
 or one a process unsets for its children never reaches the API server. Those need the node:
-see the README's admission section.
+see docs/webhook.md.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from gpushare.core.fragmentation import WorkloadEstimate
 from gpushare.sim import gpumem as memory_mode
+from gpushare.sim import lpbound
 from gpushare.sim.milligpu import BestFit, Cluster, make_policy, replay, shape_of
 from gpushare.sim.openb import TraceNode, TracePod
 from gpushare.sim.stream import arrival_stream, capacity_milli
@@ -148,9 +149,21 @@ class Experiment:
     seeds: list[int]
     policies: list[str]
     results: list[SeedResult]
+    bound: dict[int, list[float]] = field(default_factory=dict)
+    """The LP lower bound (``sim.lpbound``) at each point, one value per seed; empty when not
+    computed (memory mode, no scipy)."""
 
     def of(self, policy: str) -> list[SeedResult]:
         return [r for r in self.results if r.policy == policy]
+
+    def differences(self, policy: str, reference: str, point: int) -> list[float]:
+        """(policy - reference) at ``point`` on each seed both reached."""
+        theirs = {r.seed: r.points[point] for r in self.of(reference)}
+        return [
+            r.points[point] - theirs[r.seed]
+            for r in self.of(policy)
+            if r.seed in theirs and not math.isnan(r.points[point] - theirs[r.seed])
+        ]
 
     def paired(self, policy: str, reference: str, point: int) -> tuple[float, float]:
         """Mean and sd over seeds of (policy - reference), seed by seed.
@@ -158,20 +171,19 @@ class Experiment:
         The same seed gives both policies the same stream and node order, so the paired
         difference shows an effect that the spread between seeds would hide.
         """
-        theirs = {r.seed: r.points[point] for r in self.of(reference)}
-        diffs = [
-            r.points[point] - theirs[r.seed]
-            for r in self.of(policy)
-            if r.seed in theirs and not math.isnan(r.points[point] - theirs[r.seed])
-        ]
+        diffs = self.differences(policy, reference, point)
         if not diffs:
             return math.nan, math.nan
         sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
         return statistics.fmean(diffs), sd
 
+    def values(self, policy: str, point: int) -> list[float]:
+        """The policy's value at ``point`` on each seed that reached it."""
+        return [r.points[point] for r in self.of(policy) if not math.isnan(r.points[point])]
+
     def summary(self, policy: str, point: int) -> tuple[float, float]:
-        """Mean and sample standard deviation over seeds."""
-        values = [r.points[point] for r in self.of(policy) if not math.isnan(r.points[point])]
+        """Mean and sample standard deviation over seeds (sd 0 for one seed: see ``values``)."""
+        values = self.values(policy, point)
         if not values:
             return math.nan, math.nan
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
@@ -193,11 +205,13 @@ def run_experiment(
     offline: bool = True,
     progress: Progress | None = None,
     memory: memory_mode.MemorySettings | None = None,
+    lp_bound: bool = True,
 ) -> Experiment:
     """Every policy (and the offline reference) on every seed; fragmentation on the first.
 
-    With ``memory``, the memory-unit mode: no offline reference and no fragmentation (both
-    count milli-GPU).
+    With ``memory``, the memory-unit mode: no offline reference, no fragmentation and no LP
+    bound (they count milli-GPU). ``lp_bound`` computes the LP lower bound per seed when scipy
+    is installed.
     """
     names = list(policies) + ([OFFLINE] if offline and memory is None else [])
     jobs = [(name, seed) for name in names for seed in seeds]
@@ -224,6 +238,10 @@ def run_experiment(
                 if progress:
                     progress(result)
     results.sort(key=lambda r: (names.index(r.policy), r.seed))
+    bound: dict[int, list[float]] = {}
+    if lp_bound and memory is None and lpbound.available():
+        per_seed = [lpbound.bound(nodes, pods, seed, POINTS, tune=tune) for seed in seeds]
+        bound = {point: [b[point] for b in per_seed] for point in POINTS}
     return Experiment(
-        trace, len(nodes), sum(n.gpus for n in nodes), tune, list(seeds), names, results
+        trace, len(nodes), sum(n.gpus for n in nodes), tune, list(seeds), names, results, bound
     )

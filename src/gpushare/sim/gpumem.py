@@ -366,7 +366,7 @@ class MemoryCluster:
             ("GPU model", model),
             (f"{pod.num_gpu} whole GPU(s)" if whole else "GPU share", gpus),
             ("CPU", cpu),
-            ("memory", mem),
+            ("host memory", mem),
         ]
         mask = np.ones_like(model)
         for name, check in checks:

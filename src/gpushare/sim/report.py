@@ -1,9 +1,17 @@
 """The simulator's report: a table, a JSON file with every number, and pictures.
 
-- ``table`` : unallocated GPU % at 90/95/100/110/130 % arrived, mean +- sd over seeds;
+- ``table.md``: unallocated GPU % at 90/95/100/110/130 % arrived, mean +- sd over seeds (the
+  value alone when there is one seed: n=1 has no spread), the LP lower bound, the published
+  values, and why pods failed;
 - ``report.json``: every point, curve, fragmentation sample and failure count;
-- ``curve.png``: unallocated % against arrived %, one line per policy (mean over seeds);
-- ``fragmentation.png``: the fragmented share of capacity along the run.
+- ``curve.png``: unallocated % against arrived % from 90 to 130 %, one line per policy (mean
+  over seeds) in a band from the lowest to the highest seed, the published values as points,
+  and the LP lower bound (with no scipy: the offline first-fit-decreasing packing, which is
+  no bound);
+- ``fragmentation.png``: the fragmented share of capacity along the first seed's run.
+
+``write`` replaces what the folder holds; the CLI refuses a folder that is not empty unless
+told ``--force``.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -25,19 +34,53 @@ PUBLISHED = {
 }
 """The FGD artifact's cached results at 100 % arrived (BENCHMARKS.md)."""
 
+PUBLISHED_130 = {"default": {"bestfit": 6.92, "fgd": 4.61}}
+"""The same at 130 % arrived, where BENCHMARKS.md gives them (the default trace)."""
+
+LP_LABEL = "LP lower bound"
+"""The bound's row in the table."""
+
+
+def published_points(trace: str) -> list[tuple[str, int, float]]:
+    """(policy, arrived %, value) of every published value for ``trace``."""
+    points = [(p, 100, v) for p, v in PUBLISHED.get(trace, {}).items()]
+    return points + [(p, 130, v) for p, v in PUBLISHED_130.get(trace, {}).items()]
+
+
+def spread(values: Sequence[float], *, signed: bool = False) -> str:
+    """``mean +- sd`` over seeds; one seed has no spread, so its value stands alone."""
+    finite = [v for v in values if not math.isnan(v)]
+    if not finite:
+        return "-"
+    mean = f"{statistics.fmean(finite):+.2f}" if signed else f"{statistics.fmean(finite):.2f}"
+    if len(finite) == 1:
+        return mean
+    return f"{mean} +- {statistics.stdev(finite):.2f}"
+
+
+def describe(seeds: int) -> str:
+    """What a table cell is, for titles."""
+    if seeds == 1:
+        return "one seed (n=1: values, no spread)"
+    return f"mean +- sd over {seeds} seeds"
+
 
 def table(experiment: Experiment) -> list[list[str]]:
-    """Rows: policy, then mean +- sd at each point, then the published value at 100 %."""
-    published = PUBLISHED.get(experiment.trace, {})
+    """Rows: policy, then mean +- sd at each point, then the published value at 100 %.
+
+    The LP lower bound, when computed, is the last row.
+    """
+    known = PUBLISHED.get(experiment.trace, {})
     rows = [["policy", *[f"{p}%" for p in POINTS], "published@100"]]
     for policy in experiment.policies:
         row = [policy]
         for point in POINTS:
-            mean, sd = experiment.summary(policy, point)
-            row.append("-" if math.isnan(mean) else f"{mean:.2f} +- {sd:.2f}")
-        value = published.get(policy)
+            row.append(spread(experiment.values(policy, point)))
+        value = known.get(policy)
         row.append(f"{value:.2f}" if value is not None else "")
         rows.append(row)
+    if experiment.bound:
+        rows.append([LP_LABEL, *[spread(experiment.bound[p]) for p in POINTS], ""])
     return rows
 
 
@@ -66,17 +109,20 @@ def versus_rows(
     known = PUBLISHED.get(experiment.trace, {})
     rows = []
     for policy in experiment.policies:
-        m100, s100 = experiment.summary(policy, 100)
-        m130, s130 = experiment.summary(policy, 130)
-        cells = [experiment.trace, policy, f"{m100:.2f} +- {s100:.2f}", f"{m130:.2f} +- {s130:.2f}"]
+        cells = [
+            experiment.trace,
+            policy,
+            spread(experiment.values(policy, 100)),
+            spread(experiment.values(policy, 130)),
+        ]
         if published:
             value = known.get(policy)
             cells.append("" if value is None else f"{value:.2f}")
         for point in paired:
             versus = ""
             if reference in experiment.policies and policy not in (reference, OFFLINE):
-                d, sd = experiment.paired(policy, reference, point)
-                versus = f"{d:+.2f} +- {sd:.2f}"
+                diffs = experiment.differences(policy, reference, point)
+                versus = spread(diffs, signed=True) if diffs else "-"
             cells.append(versus)
         rows.append("| " + " | ".join(cells) + " |")
     return rows
@@ -96,14 +142,46 @@ def failures(experiment: Experiment) -> dict[str, dict[str, float]]:
     return out
 
 
+def markdown(experiment: Experiment) -> str:
+    """``table.md``: the table, what its cells are, the references, and why pods failed."""
+    rows = table(experiment)
+    lines = [
+        f"# {experiment.trace}: {experiment.nodes} nodes, {experiment.gpus} GPUs",
+        "",
+        f"Unallocated GPU % (lower is better) at arrived %, {describe(len(experiment.seeds))}; "
+        f"seeds {', '.join(str(s) for s in experiment.seeds)}.",
+        "",
+        "| " + " | ".join(rows[0]) + " |",
+        "|" + "---|" * len(rows[0]),
+        *("| " + " | ".join(row) + " |" for row in rows[1:]),
+        "",
+    ]
+    if experiment.bound:
+        lines.append(
+            f"- {LP_LABEL}: no placement of the pods that arrived can leave less unallocated "
+            "(a linear program over GPU shares that ignores CPU, memory, models and nodes)."
+        )
+    if OFFLINE in experiment.policies:
+        lines.append(
+            f"- {OFFLINE}: the arrived pods packed offline by first-fit-decreasing; "
+            "not a bound: online policies can do better."
+        )
+    if any(PUBLISHED.get(experiment.trace, {})):
+        lines.append("- published@100: the FGD artifact's 10-seed mean at 100 % arrived.")
+    reasons = failures(experiment)
+    if reasons:
+        lines += ["", "Failed pods per seed (mean), by the first requirement no node met:", ""]
+        for policy, counts in reasons.items():
+            text = ", ".join(f"{reason} {n:.0f}" for reason, n in counts.items())
+            lines.append(f"- {policy}: {text}")
+    return "\n".join(lines) + "\n"
+
+
 def write(experiment: Experiment, out: Path, *, plots: bool = True) -> list[Path]:
-    """Write report.json (and the pictures); returns the files written."""
+    """Write table.md, report.json (and the pictures); returns the files written."""
     out.mkdir(parents=True, exist_ok=True)
     summary = {
-        policy: {
-            str(p): dict(zip(("mean", "sd"), experiment.summary(policy, p), strict=True))
-            for p in POINTS
-        }
+        policy: {str(p): _summary(experiment.values(policy, p)) for p in POINTS}
         for policy in experiment.policies
     }
     document = {
@@ -115,16 +193,30 @@ def write(experiment: Experiment, out: Path, *, plots: bool = True) -> list[Path
         "policies": experiment.policies,
         "points": list(POINTS),
         "summary": summary,
+        "lp_bound": {str(p): _summary(v) for p, v in experiment.bound.items()},
+        "lp_bound_per_seed": {str(p): v for p, v in experiment.bound.items()},
         "published_at_100": PUBLISHED.get(experiment.trace, {}),
+        "published_at_130": PUBLISHED_130.get(experiment.trace, {}),
         "failed_by_reason": failures(experiment),
         "curve_grid_step_percent": 0.5,
         "runs": [asdict(r) for r in experiment.results],
     }
-    files = [out / "report.json"]
-    files[0].write_text(json.dumps(_finite(document), indent=1) + "\n")
+    files = [out / "table.md", out / "report.json"]
+    files[0].write_text(markdown(experiment))
+    files[1].write_text(json.dumps(_finite(document), indent=1) + "\n")
     if plots:
         files += _plots(experiment, out)
     return files
+
+
+def _summary(values: Sequence[float]) -> dict[str, float | int | None]:
+    """Mean, sd (null for one value: no spread) and n of the finite values."""
+    finite = [v for v in values if not math.isnan(v)]
+    return {
+        "mean": statistics.fmean(finite) if finite else None,
+        "sd": statistics.stdev(finite) if len(finite) > 1 else None,
+        "n": len(finite),
+    }
 
 
 def _finite(value: object) -> object:
@@ -138,49 +230,126 @@ def _finite(value: object) -> object:
     return value
 
 
+LOW, HIGH = 90, 130
+"""The arrived % the curve shows: every policy but Random keeps up until about 90 %."""
+
+
 def _plots(experiment: Experiment, out: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Rectangle
 
     grid = [k * 0.5 for k in range(CURVE_POINTS)]
-    fig, ax = plt.subplots(figsize=(8, 5))
+    shown = [k for k, x in enumerate(grid) if LOW <= x <= HIGH]
+    xs = [grid[k] for k in shown]
+    seeds = len(experiment.seeds)
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    seen: list[float] = []
+    colors: dict[str, str] = {}
+    cycle = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"])
     for policy in experiment.policies:
         if policy == OFFLINE:
-            means = [experiment.summary(OFFLINE, p)[0] for p in POINTS]
-            ax.plot(POINTS, means, "k--o", label=OFFLINE)
             continue
         curves = [r.curve for r in experiment.of(policy)]
-        mean = [_mean([c[k] for c in curves]) for k in range(CURVE_POINTS)]
-        ax.plot(grid, mean, label=policy)
-    ax.set_xlim(60, 130)
-    ax.set_ylim(0, 45)
+        mean = [_mean([c[k] for c in curves]) for k in shown]
+        low = [_least([c[k] for c in curves]) for k in shown]
+        high = [_most([c[k] for c in curves]) for k in shown]
+        color = colors[policy] = next(cycle)
+        ax.plot(xs, mean, color=color, lw=1.8, label=policy)
+        if seeds > 1:
+            ax.fill_between(xs, low, high, color=color, alpha=0.18, lw=0)
+        seen += low + high
+    if experiment.bound:
+        values = [experiment.bound[p] for p in POINTS]
+        ax.plot(
+            POINTS,
+            [statistics.fmean(v) for v in values],
+            "k--x",
+            drawstyle="steps-pre",  # the bound only falls as pods arrive: it holds leftwards
+            label=f"{LP_LABEL}: no policy\ncan go below (solved\nat the marked points)",
+        )
+        if seeds > 1:
+            ax.fill_between(
+                POINTS,
+                [min(v) for v in values],
+                [max(v) for v in values],
+                step="pre",
+                color="k",
+                alpha=0.1,
+                lw=0,
+            )
+        seen += [x for v in values for x in v]
+    elif OFFLINE in experiment.policies:
+        means = [experiment.summary(OFFLINE, p)[0] for p in POINTS]
+        ax.plot(
+            POINTS, means, ":o", color="0.45", label="offline first-fit-decreasing\n(not a bound)"
+        )
+        seen += means
+    marks = [(p, x, v) for p, x, v in published_points(experiment.trace) if p in colors]
+    for policy, point, value in marks:
+        ax.plot([point], [value], "D", ms=8, mfc=colors[policy], mec="k", ls="none")
+        seen.append(value)
+    handles, labels = ax.get_legend_handles_labels()
+    if marks:
+        handles.append(Line2D([], [], marker="D", ms=8, mfc="0.8", mec="k", ls="none"))
+        labels.append("published (FGD artifact,\n10-seed mean; colour: policy)")
+    if seeds > 1:
+        handles.append(Rectangle((0, 0), 1, 1, color="0.5", alpha=0.3))
+        labels.append(f"band: lowest to highest\nof {seeds} seeds")
+    finite = [v for v in seen if not math.isnan(v)]
+    if finite:
+        pad = max(0.5, 0.08 * (max(finite) - min(finite)))
+        ax.set_ylim(max(0.0, min(finite) - pad), max(finite) + pad)
+    ax.set_xlim(LOW - 1, HIGH + 1)
+    ax.set_xticks(range(LOW, HIGH + 1, 5))
     ax.set_xlabel("arrived GPU request, % of capacity")
-    ax.set_ylabel("unallocated GPU, % of capacity")
-    ax.set_title(f"{experiment.trace}: {experiment.nodes} nodes, {len(experiment.seeds)} seed(s)")
+    ax.set_ylabel("unallocated GPU, % of capacity (lower is better)")
+    what = "one seed" if seeds == 1 else f"lines: mean of {seeds} seeds"
+    ax.set_title(
+        f"{experiment.trace}: {experiment.nodes} nodes, {experiment.gpus} GPUs; {what}", fontsize=11
+    )
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(
+        handles,
+        labels,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=9,
+        borderaxespad=0.0,
+        labelspacing=0.9,
+    )
     curve = out / "curve.png"
     fig.savefig(curve, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
     if not any(r.fragmentation for r in experiment.results):
         return [curve]  # the memory mode does not sample fragmentation
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    first = experiment.seeds[0]
     for policy in experiment.policies:
-        runs = [r for r in experiment.of(policy) if r.fragmentation]
-        if not runs:
+        samples = [
+            (a, f) for r in experiment.of(policy) if r.seed == first for a, f in r.fragmentation
+        ]
+        inside = [(a, f) for a, f in samples if LOW - 1 <= a <= HIGH + 1]
+        if not inside:
             continue
-        first = runs[0].fragmentation
+        color = colors.get(policy)
         ax.plot(
-            [a for a, _ in first], [f for _, f in first], label=f"{policy} (seed {runs[0].seed})"
+            [a for a, _ in inside], [f for _, f in inside], "-o", ms=3, color=color, label=policy
         )
+    ax.set_xlim(LOW - 1, HIGH + 1)
+    ax.set_xticks(range(LOW, HIGH + 1, 5))
     ax.set_xlabel("arrived GPU request, % of capacity")
-    ax.set_ylabel("fragmented idle GPU, % of capacity")
-    ax.set_title("fragmentation against the trace's target workload")
+    ax.set_ylabel("fragmented idle GPU, % of capacity (lower is better)")
+    ax.set_title(
+        f"{experiment.trace}: fragmentation against the trace's target workload, seed {first}",
+        fontsize=11,
+    )
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, borderaxespad=0.0)
     frag = out / "fragmentation.png"
     fig.savefig(frag, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -190,3 +359,13 @@ def _plots(experiment: Experiment, out: Path) -> list[Path]:
 def _mean(values: list[float]) -> float:
     finite = [v for v in values if not math.isnan(v)]
     return statistics.fmean(finite) if finite else math.nan
+
+
+def _least(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return min(finite) if finite else math.nan
+
+
+def _most(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return max(finite) if finite else math.nan
