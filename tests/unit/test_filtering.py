@@ -214,3 +214,33 @@ def test_single_top_lifts_the_chosen_node_when_every_score_is_zero() -> None:
 def test_unknown_policy_fails_at_construction() -> None:
     with pytest.raises(ValueError, match="choose one of: binpack, fgd, gpushare, spread"):
         Scheduler(Settings(policy="magic"))
+
+
+def test_a_node_whose_kubelet_allocates_less_gpu_memory_than_published_is_checked_against_it() -> (
+    None
+):
+    """kube-scheduler ignores gpu-mem (``ignoredByScheduler``), so the filter holds a pod off a
+    node whose device plugin is not registered with kubelet yet (allocatable 0) or whose
+    devices are partly withdrawn: kubelet would refuse it at admission and fail it for good."""
+    published = gpu_node("n", gpus_units=[15, 15])
+
+    def with_allocatable(units: int) -> NodeInventory:
+        raw = {**published, "status": {**published["status"]}}
+        raw["status"]["allocatable"] = {**raw["status"].get("allocatable", {})}
+        raw["status"]["allocatable"]["aliyun.com/gpu-mem"] = str(units)
+        return read_node(raw)
+
+    empty = NodeUsage()
+    unregistered = filter_node(req(4), with_allocatable(0), empty, rules=Rules())
+    assert unregistered.code is Code.UNSCHEDULABLE
+    assert "kubelet allocates only 0 GiB of the node's 30 GiB" in unregistered.message
+    half = with_allocatable(15)
+    assert filter_node(req(10), half, empty, rules=Rules()).fits
+    other = gpu_pod("other", mem=10, scheduler="default-scheduler")
+    other["metadata"]["uid"] = "o"
+    other["spec"]["nodeName"] = "n"
+    held = Ledger.from_pods([other]).usage("n")
+    refused = filter_node(req(10), half, held, rules=Rules())
+    assert refused.code is Code.UNSCHEDULABLE and "10 GiB is held" in refused.message
+    # kubelet allocating everything published adds no check of its own
+    assert filter_node(req(10), with_allocatable(30), held, rules=Rules()).fits

@@ -179,6 +179,23 @@ def filter_node(
                     f"{unit.describe(usage.unplaced_mem_units)} held by pods on unknown GPUs)",
                 ),
             )
+    kubelet = node.kubelet_mem_units
+    if (
+        kubelet is not None
+        and kubelet < node.mem_units_total
+        and usage.mem_units + request.mem_units > kubelet
+    ):
+        return Verdict(
+            node=node.name,
+            code=Code.UNSCHEDULABLE,
+            reasons=(
+                f"node: kubelet allocates only {unit.describe(kubelet)} of the node's "
+                f"{unit.describe(node.mem_units_total)} GPU memory and "
+                f"{unit.describe(usage.mem_units)} is held, < {unit.describe(request.mem_units)} "
+                "requested (the device plugin is not registered with kubelet yet, or some of "
+                "its devices are unhealthy)",
+            ),
+        )
     chosen: tuple[int, ...] = ()
     if chooser is not None and not prefer and node.placement is Placement.BINPACK:
         chosen = chooser(fitting)

@@ -116,6 +116,12 @@ class NodeInventory:
     """Allocatable CPU and memory (``core.hostresources``; nothing when the node does not say)."""
     model: str = ""
     """The GPU model label (``core.gpumodel``), else the first GPU's model; empty if unknown."""
+    kubelet_mem_units: int | None = None
+    """GPU memory kubelet reports allocatable (its devices registered and healthy); None when
+    the node does not say. kube-scheduler leaves gpushare's resources to the extender
+    (``ignoredByScheduler``), so the filter checks this as NodeResourcesFit would: a node whose
+    device plugin has not registered yet, or whose devices are unhealthy, would have kubelet
+    refuse the pod at admission (``UnexpectedAdmissionError``), which fails it for good."""
 
     @cached_property
     def kind(self) -> tuple[object, ...]:
@@ -134,6 +140,7 @@ class NodeInventory:
             tuple((g.index, g.mem_units, g.healthy, g.model, g.core_pct) for g in self.gpus),
             self.host,
             self.model,
+            self.kubelet_mem_units,
         )
 
     @cached_property
@@ -277,6 +284,7 @@ def read_node(
         handoff=annotations.get(ANN_NODE_HANDOFF) == HANDOFF_PODRESOURCES,
         host=node_allocatable(node),
         model=node_model(node) or next((g.model for g in gpus if g.model), ""),
+        kubelet_mem_units=_int_quantity((status_of(node).get("allocatable") or {}).get(names.mem)),
     )
 
 
