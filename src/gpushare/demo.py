@@ -19,6 +19,7 @@ import httpx
 import yaml
 from rich.console import Console
 
+from gpushare.core.admission import API_VERSION as ADMISSION_API
 from gpushare.core.admission import decide
 from gpushare.core.names import ANN_ALLOCATION
 from gpushare.core.scheduling import Scheduler, Settings
@@ -173,7 +174,7 @@ class Demo:
             "object": pod,
         }
         decision = decide(
-            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+            {"apiVersion": ADMISSION_API, "kind": "AdmissionReview", "request": request}
         )
         if decision.allowed:  # never for these pods; say so rather than print a made-up reply
             self.plain(f"pod/{name} created (the webhook allowed it)\n")

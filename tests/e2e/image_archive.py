@@ -78,19 +78,21 @@ class ImageDescription:
     entrypoint: tuple[str, ...]
     cmd: tuple[str, ...]
     user: str
-    workdir: str
-    env: tuple[tuple[str, str], ...]
+    workdir: str = ""
+    env: tuple[tuple[str, str], ...] = ()
     """The image's own variables, without the base image's PATH."""
-    exposed_ports: tuple[str, ...]
-    labels: tuple[tuple[str, str], ...]
-    account: Account | None
-    prepare_modules: tuple[str, ...]
-    """``python -m`` modules run on the source tree before the wheels are built."""
-    wheel_args: tuple[str, ...]
+    exposed_ports: tuple[str, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    account: Account | None = None
+    """The user the image runs as, written into its passwd and group files."""
+    prepare_modules: tuple[str, ...] = ()
+    """``python -m`` modules run on the source tree before the wheels are built (the helper
+    images, which install no wheels, leave this and the three below empty)."""
+    wheel_args: tuple[str, ...] = ()
     """``pip wheel`` options (besides where the wheels go) that make the wheel set."""
-    requirement: str
+    requirement: str = ""
     """What is installed from the wheels, offline."""
-    interposer: str
+    interposer: str = ""
     """The interposer library, relative to site-packages."""
 
 
@@ -377,15 +379,7 @@ class Builder:
             entrypoint=("/usr/local/bin/kube-scheduler",),
             cmd=(),
             user="65532:65532",
-            workdir="",
-            env=(),
-            exposed_ports=(),
-            labels=(),
             account=Account(name="nonroot", uid=65532, gid=65532, shell="/sbin/nologin"),
-            prepare_modules=(),
-            wheel_args=(),
-            requirement="",
-            interposer="",
         )
         key = inputs_hash([binary, Path(__file__)], [repr(image)])
         archive = self._cached("kube-scheduler", key)
@@ -422,15 +416,7 @@ class Builder:
             entrypoint=(),
             cmd=("/bin/sh",),
             user="65532:65532",
-            workdir="",
-            env=(),
-            exposed_ports=(),
-            labels=(),
             account=Account(name="certs", uid=65532, gid=65532, shell="/usr/sbin/nologin"),
-            prepare_modules=(),
-            wheel_args=(),
-            requirement="",
-            interposer="",
         )
         key = inputs_hash([kubectl, Path(__file__)], [SUITE, *DPKG_EXCLUDES, repr(image)])
         archive = self._cached("webhook-certs", key)

@@ -16,6 +16,7 @@ which holds while no pod of lower priority runs there (true in the demo: no pod 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,10 +61,7 @@ class Outcome:
 
 def _histogram(reasons: Iterable[str]) -> str:
     """``2 reason, 1 other``: counts before reasons, sorted as text (as kube-scheduler does)."""
-    counts: dict[str, int] = {}
-    for reason in reasons:
-        counts[reason] = counts.get(reason, 0) + 1
-    return ", ".join(sorted(f"{n} {r}" for r, n in counts.items()))
+    return ", ".join(sorted(f"{n} {r}" for r, n in Counter(reasons).items()))
 
 
 class ExtenderDriver:
