@@ -249,3 +249,12 @@ def test_book_tells_pods_of_an_invalid_policy() -> None:
     )
     book.delete_policy("default", "web")
     assert book.gate(pod("p1"), fitting=["a1"], now_s=0) is None
+
+
+def test_chart_crd_is_the_rendered_one() -> None:
+    from pathlib import Path
+
+    from gpushare.crds import render_yaml, resource_policy_crd
+
+    chart = Path(__file__).parents[2] / "charts/gpushare/crds/resourcepolicies.yaml"
+    assert chart.read_text() == render_yaml(resource_policy_crd())
