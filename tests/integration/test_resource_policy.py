@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -18,6 +20,7 @@ from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.policies import PolicyWatch
+from gpushare.kube.port import Gone, NotFound, Unreachable, WatchEvent
 
 POLICY: dict[str, Any] = {
     "metadata": {"name": "web", "namespace": "default"},
@@ -100,3 +103,99 @@ def test_eci_unit_refuses_the_pods_with_the_reason() -> None:
     assert not any(o.bound for o in outcomes)
     assert "spec.units[0].resource is 'eci'" in outcomes[0].failed["a1"]
     assert outcomes[0].unresolvable == {"a1", "b1"}
+
+
+class _Stop(Exception):
+    """Ends PolicyWatch.run from its sleep."""
+
+
+class _ScriptedPolicies:
+    """A PolicyAPI whose lists and watches answer from a script, one step per call."""
+
+    def __init__(self, lists: list[Any], watches: list[Any]) -> None:
+        self.lists = lists
+        self.watches = watches
+
+    async def list_resource_policies(self) -> tuple[list[dict[str, Any]], str]:
+        step = self.lists.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step, "1"
+
+    async def watch_resource_policies(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        step = self.watches.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        for event in step:
+            yield event
+
+
+def _run_watch(api: _ScriptedPolicies) -> tuple[PolicyWatch, list[float]]:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        raise _Stop
+
+    watch = PolicyWatch(api, PolicyBook(), sleep=sleep)
+    with contextlib.suppress(_Stop):
+        asyncio.run(watch.run())
+    return watch, waits
+
+
+def test_a_crd_deleted_under_a_cut_watch_empties_the_book() -> None:
+    """The watch ends without the policies' DELETED events; the relist finds no CRD."""
+    api = _ScriptedPolicies(
+        lists=[[POLICY], NotFound("list resourcepolicies: the server could not find it")],
+        watches=[Unreachable("watch resourcepolicies: connection reset")],
+    )
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 2:
+            raise _Stop
+
+    watch = PolicyWatch(api, PolicyBook(), sleep=sleep)
+    with contextlib.suppress(_Stop):
+        asyncio.run(watch.run())
+    assert watch.book.policy_for("default", {"app": "web"}) is None
+    assert watch.listed
+    assert waits[1] == watch.absent_wait_s
+
+
+def test_an_expired_watch_relists_at_once() -> None:
+    changed = {**POLICY, "spec": {**POLICY["spec"], "selector": {"app": "api"}}}
+    api = _ScriptedPolicies(
+        lists=[[POLICY], [changed]],
+        watches=[Gone("watch resourcepolicies: too old resource version"), []],
+    )
+    watch, waits = _run_watch(api)
+    # relisted without a wait after the Gone; the one wait is after the second watch ended
+    assert api.lists == [] and waits == [0.0]
+    assert watch.book.policy_for("default", {"app": "web"}) is None
+    assert watch.book.policy_for("default", {"app": "api"}) is not None
+
+
+def test_readyz_waits_for_the_policies_to_be_listed() -> None:
+    kube = MemoryKube()
+    kube.put_resource_policy(POLICY)
+    settings = Settings()
+    book = PolicyBook()
+    cache = ClusterCache(kube, settings=settings, book=book)
+    extender = Extender(api=kube, cache=cache, scheduler=Scheduler(settings))
+    watch = PolicyWatch(kube, book)
+
+    async def body() -> None:
+        await cache.sync()
+        app = create_app(extender, policies=watch)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://extender"
+        ) as client:
+            before = await client.get("/readyz")
+            assert before.status_code == 503
+            assert before.json()["reason"] == "ResourcePolicies not listed yet"
+            await watch.sync()
+            assert (await client.get("/readyz")).status_code == 200
+
+    asyncio.run(body())

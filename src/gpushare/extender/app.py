@@ -179,11 +179,13 @@ def create_app(
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        if extender.cache.synced:
+        if not extender.cache.synced:
+            reason = "cache has not listed nodes and pods yet"
+        elif policies is not None and not policies.listed:
+            reason = "ResourcePolicies not listed yet"
+        else:
             return PlainTextResponse("ok")
-        return JSONResponse(
-            {"ready": False, "reason": "cache has not listed nodes and pods yet"}, status_code=503
-        )
+        return JSONResponse({"ready": False, "reason": reason}, status_code=503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

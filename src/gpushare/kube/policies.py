@@ -2,7 +2,13 @@
 
 The CRD is optional: while it is not installed the list answers NotFound, and the watch tries
 again every ``absent_wait_s`` (logged once), so the extender runs the same with or without it.
-Other failures wait as the cluster cache does (kube.backoff); a Gone relists at once.
+A NotFound also empties the book: when the CRD is deleted its policies go with it, and a watch
+that was cut off at that moment would never see their DELETED events. Other failures wait as
+the cluster cache does (kube.backoff); a Gone relists at once.
+
+``listed`` turns true once the policies are known (listed, or known to be absent): the
+extender reports ready only then, so a restarted extender cannot place, in the moment before its
+first list, a pod that a policy would have kept out of a node pool.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ class PolicyWatch:
         self.backoff = backoff if backoff is not None else Backoff()
         self._sleep = sleep
         self._told_absent = False
+        self.listed = False
+        """Whether the policies have been listed once (or the CRD found absent)."""
 
     def apply(self, event: WatchEvent) -> None:
         """Take in one policy event."""
@@ -59,6 +67,7 @@ class PolicyWatch:
         for obj in items:
             self._note(self.book.put_policy(obj))
         log.info("resourcepolicies synced count=%d", len(items))
+        self.listed = True
         return version
 
     async def run(self) -> None:
@@ -74,6 +83,8 @@ class PolicyWatch:
             except Gone:
                 continue
             except NotFound as err:
+                self.book.replace_policies([])
+                self.listed = True
                 if not self._told_absent:
                     log.info(
                         "no ResourcePolicy CRD (%s); looking again every %.0fs",
