@@ -34,10 +34,28 @@ from gpushare.kube.port import (
 ResourcePolicyResource: Any = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
 
 
+def _body_text(response: httpx2.Response) -> str:
+    """The start of an error answer's body, or its reason phrase when unread (a watch)."""
+    try:
+        text = response.text.strip()[:200]
+    except httpx2.ResponseNotRead:
+        text = ""
+    return text or response.reason_phrase
+
+
 def _translate(err: Exception, what: str) -> KubeError:
     if isinstance(err, ApiError):
         code = err.status.code
         message = f"{what}: {err.status.message}"
+    elif isinstance(err, httpx2.HTTPStatusError):
+        # Not every error answer is a Status: a path the apiserver does not serve at all (the
+        # group of a CRD that is not installed) gets a plain-text 404 "page not found", which
+        # lightkube raises as the HTTP library's error.
+        code = err.response.status_code
+        message = f"{what}: {_body_text(err.response)}"
+    else:
+        return Unreachable(f"{what}: {type(err).__name__}: {err}")
+    if code is not None:
         if code == 404:
             return NotFound(message)
         if code == 409:
@@ -46,8 +64,7 @@ def _translate(err: Exception, what: str) -> KubeError:
             return Gone(message)
         if code in (401, 403):
             return Unreachable(f"{message} (check the credentials in your kubeconfig)")
-        return KubeError(f"{message} (HTTP {code})")
-    return Unreachable(f"{what}: {type(err).__name__}: {err}")
+    return KubeError(f"{message} (HTTP {code})")
 
 
 def load_config(kubeconfig: str | None = None, context: str | None = None) -> SingleConfig:
