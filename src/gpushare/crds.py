@@ -14,7 +14,11 @@ import yaml
 
 from gpushare.core.resourcepolicy import GROUP, KIND, PLURAL, VERSION
 
-_LABELS: dict[str, Any] = {"type": "object", "additionalProperties": {"type": "string"}}
+
+def _labels() -> dict[str, Any]:
+    """A string map's schema; a fresh dict each time, so the YAML carries no anchors."""
+    return {"type": "object", "additionalProperties": {"type": "string"}}
+
 
 REFUSED_MESSAGE = (
     "gpushare shares GPUs only on the cluster's own nodes (resource ecs); ECI, elastic and ACS "
@@ -32,10 +36,10 @@ def _unit() -> dict[str, Any]:
                 "default": "ecs",
                 "x-kubernetes-validations": [{"rule": "self == 'ecs'", "message": REFUSED_MESSAGE}],
             },
-            "nodeSelector": _LABELS,
+            "nodeSelector": _labels(),
             "max": {"type": "integer", "minimum": 0},
-            "podLabels": _LABELS,
-            "podAnnotations": _LABELS,
+            "podLabels": _labels(),
+            "podAnnotations": _labels(),
         },
     }
 
@@ -46,7 +50,7 @@ def resource_policy_crd() -> dict[str, Any]:
         "type": "object",
         "required": ["selector", "units"],
         "properties": {
-            "selector": _LABELS,
+            "selector": _labels(),
             "strategy": {"type": "string", "enum": ["prefer"], "default": "prefer"},
             "units": {"type": "array", "minItems": 1, "items": _unit()},
             "preemptPolicy": {"type": "string", "enum": ["AfterAllUnits", "BeforeNextUnit"]},
