@@ -183,9 +183,15 @@ def extender(
     )
     settings = config.settings()
     scheduler = Scheduler(settings)
-    cache = ClusterCache(api, settings=settings, workload=scheduler.workload, trust=trust)
+    from gpushare.core.policybook import PolicyBook
+    from gpushare.kube.policies import PolicyWatch
+
+    book = PolicyBook()
+    cache = ClusterCache(
+        api, settings=settings, workload=scheduler.workload, trust=trust, book=book
+    )
     service = Extender(api=api, cache=cache, scheduler=scheduler)
-    app = create_app(service, run_cache=True)
+    app = create_app(service, run_cache=True, policies=PolicyWatch(api, book))
     main_server = uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level))
     if not metrics_port:
         main_server.run()

@@ -36,6 +36,7 @@ from gpushare.extender.wire import (
     read_binding_args,
 )
 from gpushare.inspect.view import build_view, to_json
+from gpushare.kube.policies import PolicyWatch
 
 
 def server_config(app: Any, *, host: str, port: int, log_level: str) -> uvicorn.Config:
@@ -94,14 +95,18 @@ def create_metrics_app(extender: Extender) -> FastAPI:
     return app
 
 
-def create_app(extender: Extender, *, run_cache: bool = False) -> FastAPI:
-    """Build the ASGI app around an extender."""
+def create_app(
+    extender: Extender, *, run_cache: bool = False, policies: PolicyWatch | None = None
+) -> FastAPI:
+    """Build the ASGI app around an extender (``policies``: the ResourcePolicy watch to run)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         tasks = []
         if run_cache:
             tasks = [asyncio.create_task(extender.cache.run()), asyncio.create_task(_freeze())]
+        if policies is not None:
+            tasks.append(asyncio.create_task(policies.run()))
         try:
             yield
         finally:
@@ -174,11 +179,13 @@ def create_app(extender: Extender, *, run_cache: bool = False) -> FastAPI:
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        if extender.cache.synced:
+        if not extender.cache.synced:
+            reason = "cache has not listed nodes and pods yet"
+        elif policies is not None and not policies.listed:
+            reason = "ResourcePolicies not listed yet"
+        else:
             return PlainTextResponse("ok")
-        return JSONResponse(
-            {"ready": False, "reason": "cache has not listed nodes and pods yet"}, status_code=503
-        )
+        return JSONResponse({"ready": False, "reason": reason}, status_code=503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

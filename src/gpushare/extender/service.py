@@ -39,17 +39,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 
 from gpushare.core.allocation import Allocation, to_annotations
 from gpushare.core.binding import already_bound
 from gpushare.core.explain import placement_message, refusal_summary
 from gpushare.core.filtering import Code, Verdict
+from gpushare.core.gating import ANN_DELETION_COST, ANN_POLICY, ANN_UNIT, Gate, deletion_cost
 from gpushare.core.handoff import is_deferral
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.kubejson import (
     KubeObject,
     annotations_of,
+    labels_of,
     name_of,
     namespace_of,
     node_name_of,
@@ -173,6 +175,8 @@ class Extender:
                 failed[verdict.node] = verdict.message
             else:
                 unresolvable[verdict.node] = verdict.message
+        labels = {name_of(n): labels_of(n) for n in args.Nodes.items}
+        passing = set(self._gate(args.Pod, sorted(passing), failed, unresolvable, labels))
         self._count_filter(result.request, bool(passing))
         self._explain_filter(args.Pod, result.request, bool(passing), failed, unresolvable)
         kept = [n for n in args.Nodes.items if name_of(n) in passing]
@@ -188,17 +192,51 @@ class Extender:
         failed = result.failed
         for name in result.missing:
             failed[name] = MISSING
-        self._count_filter(result.request, bool(result.passing))
-        self._explain_filter(
-            args.Pod, result.request, bool(result.passing), failed, result.unresolvable
-        )
+        passing = result.passing
+        if self.cache.book is not None:
+            passing = self._gate(
+                args.Pod, passing, failed, result.unresolvable, self.cache.book.node_labels
+            )
+        self._count_filter(result.request, bool(passing))
+        self._explain_filter(args.Pod, result.request, bool(passing), failed, result.unresolvable)
         # built without validation: the scheduler's values already have the wire's types, and
         # checking thousands of names again costs more than the decision
         return ExtenderFilterResult.model_construct(
-            NodeNames=result.passing,
+            NodeNames=passing,
             FailedNodes=failed,
             FailedAndUnresolvableNodes=result.unresolvable,
         )
+
+    def _gate(
+        self,
+        pod: KubeObject,
+        passing: list[str],
+        failed: dict[str, str],
+        unresolvable: dict[str, str],
+        node_labels: Mapping[str, Mapping[str, str]],
+    ) -> list[str]:
+        """Keep only the passing nodes of the unit a ResourcePolicy opens to the pod.
+
+        A node refused here gets the gate's reason: unresolvable when the policy cannot order
+        the pod at all (fixing the policy or the pod is the way out), else unschedulable.
+        """
+        book = self.cache.book
+        if book is None:
+            return passing
+        gate = book.gate(pod, fitting=passing, now_s=self.clock_ns() / 1e9)
+        if gate is None:
+            return passing
+        if gate.error:
+            for name in passing:
+                unresolvable[name] = gate.error
+            return []
+        kept = []
+        for name in passing:
+            if gate.allows(node_labels.get(name, {})):
+                kept.append(name)
+            else:
+                failed[name] = gate.reason
+        return kept
 
     def _count_filter(self, request: PodRequest | Rejection, fits: bool) -> None:
         outcome = (
@@ -300,7 +338,27 @@ class Extender:
         node = self.cache.nodes.get(args.Node)
         if node is None:
             return "error", f"node {args.Node} is not in gpushare's cache"
+        gate = self._unit_for(pod, args.Node)
+        if isinstance(gate, tuple):
+            return gate
+        version = str(pod.get("metadata", {}).get("resourceVersion", ""))
+        annotations: dict[str, str | None] = {}
+        labels: dict[str, str] = {}
+        if gate is not None and gate.chosen is not None:
+            book = self.cache.book
+            assert book is not None
+            book.assume(book.placement(pod, args.Node, gate))  # no await since the check
+            unit = gate.chosen
+            annotations.update(unit.pod_annotations)
+            annotations[ANN_POLICY] = gate.policy.split("/", 1)[1]
+            annotations[ANN_UNIT] = str(unit.number)
+            annotations[ANN_DELETION_COST] = str(deletion_cost(unit))
+            labels.update(unit.pod_labels)
         if not request.wants_gpu:
+            if annotations:
+                written_ok = await self._annotate(args, key, uid, annotations, labels, version)
+                if written_ok is not None:
+                    return written_ok
             try:
                 await self.api.bind_pod(args.PodNamespace, args.PodName, uid, args.Node)
             except KubeError as err:
@@ -308,23 +366,16 @@ class Extender:
             return "bound", ""
         booked = self.scheduler.reserve(request, node, self.cache.ledger, now_ns=self.clock_ns())
         if isinstance(booked, Verdict):
+            self._unassume(uid)
             return "unfit", f"pod {key} no longer fits node {args.Node}: {booked.message}"
         dev = node.gpu(booked.indexes[0])
         written = to_annotations(booked, dev_units=dev.mem_units if dev else 0)
-        annotations: dict[str, str | None] = {**written}
+        annotations.update(written)
         annotations[ANN_SEAL] = self.cache.trust.seal_for(booked, written[ANN_ALLOCATION]) or None
-        version = str(pod.get("metadata", {}).get("resourceVersion", ""))
-        try:
-            await self.api.patch_pod_annotations(
-                args.PodNamespace, args.PodName, annotations, resource_version=version
-            )
-        except Conflict as err:
+        failed = await self._annotate(args, key, uid, annotations, labels, version)
+        if failed is not None:
             self.scheduler.unreserve(uid, self.cache.ledger)
-            self.metrics.conflicts.inc()
-            return "conflict", f"pod {key} kept changing while binding: {err}"
-        except KubeError as err:
-            self.scheduler.unreserve(uid, self.cache.ledger)
-            return "error", f"annotate {key}: {err}"
+            return failed
         try:
             await self.api.bind_pod(args.PodNamespace, args.PodName, uid, args.Node)
         except KubeError as err:
@@ -340,6 +391,57 @@ class Extender:
             booked.mem_units,
         )
         return "bound", ""
+
+    def _unit_for(self, pod: KubeDict, node: str) -> Gate | tuple[str, str] | None:
+        """The ResourcePolicy unit ``node`` places the pod in, or the bind's refusal.
+
+        Checked again here because kube-scheduler binds while it filters the next pod: two
+        pods filtered against one free place both pass, and only this check, with the
+        assumption that follows it, lets one of them have it.
+        """
+        book = self.cache.book
+        if book is None:
+            return None
+        gate = book.gate(pod, fitting=[node], now_s=self.clock_ns() / 1e9)
+        if gate is None:
+            return None
+        key = f"{namespace_of(pod)}/{name_of(pod)}"
+        if gate.error:
+            return "rejected", f"pod {key}: {gate.error}"
+        if not gate.allows(book.node_labels.get(node, {})):
+            return "unfit", f"pod {key} may not go to node {node} now: {gate.reason}"
+        return gate
+
+    def _unassume(self, uid: str) -> None:
+        if self.cache.book is not None:
+            self.cache.book.unassume(uid)
+
+    async def _annotate(
+        self,
+        args: ExtenderBindingArgs,
+        key: str,
+        uid: str,
+        annotations: dict[str, str | None],
+        labels: dict[str, str],
+        version: str,
+    ) -> tuple[str, str] | None:
+        """Write the bind's annotations and labels; on failure drop the unit assumption."""
+        try:
+            await self.api.patch_pod_annotations(
+                args.PodNamespace,
+                args.PodName,
+                annotations,
+                resource_version=version,
+                **({"labels": labels} if labels else {}),
+            )
+        except Conflict as err:
+            self._unassume(uid)
+            self.metrics.conflicts.inc()
+            return "conflict", f"pod {key} kept changing while binding: {err}"
+        except KubeError as err:
+            self._unassume(uid)
+            return "error", f"annotate {key}: {err}"
+        return None
 
     def _already_bound(
         self, pod: KubeDict, args: ExtenderBindingArgs, key: str, request: PodRequest | Rejection
@@ -366,6 +468,7 @@ class Extender:
                 pod = await self.api.get_pod(args.PodNamespace, args.PodName)
             except NotFound:
                 self.scheduler.unreserve(uid, ledger)
+                self._unassume(uid)
                 return "error", f"{error}; pod {key} no longer exists"
             except KubeError as err:
                 return "error", (
@@ -375,6 +478,7 @@ class Extender:
             seen = uid_of(pod)
             if uid and seen != uid:
                 self.scheduler.unreserve(uid, ledger)
+                self._unassume(uid)
                 return "error", f"{error}; pod {key} was recreated (UID {seen})"
             uid = seen
             bound_to = node_name_of(pod)
@@ -383,10 +487,12 @@ class Extender:
                 return "bound", ""
             if bound_to:
                 self.scheduler.unreserve(uid, ledger)
+                self._unassume(uid)
                 return "error", (
                     f"{error}; pod {key} is bound to node {bound_to}: its annotations are kept"
                 )
             self.scheduler.unreserve(uid, ledger)
+            self._unassume(uid)
             if not any(name in annotations_of(pod) for name in POD_ANNOTATIONS):
                 return "error", error
             version = str(pod.get("metadata", {}).get("resourceVersion", ""))

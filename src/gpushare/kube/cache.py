@@ -33,6 +33,7 @@ from gpushare.core.defragmenting import WorkloadFeed
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.kubejson import KubeObject, name_of, uid_of
 from gpushare.core.ledger import Ledger, is_terminal
+from gpushare.core.policybook import PolicyBook
 from gpushare.core.scheduling import Settings
 from gpushare.core.trust import Ignored, IgnoredOnce, Judged, Trust
 from gpushare.kube.backoff import Backoff
@@ -62,6 +63,7 @@ class ClusterCache:
         workload: WorkloadFeed | None = None,
         trust: Trust | None = None,
         on_ignored: OnIgnored | None = None,
+        book: PolicyBook | None = None,
     ) -> None:
         self._api = api
         self._settings = settings
@@ -73,6 +75,8 @@ class ClusterCache:
         self.trust = trust if trust is not None else keyless_trust(api)
         """How allocations are judged; the extender seals its own with the same key."""
         self.on_ignored = on_ignored
+        self.book = book
+        """Placed pods and node labels for ResourcePolicy decisions (fed here too)."""
         self._reported = IgnoredOnce()
         self.nodes = NodeTable()
         self.ledger = self._new_ledger()
@@ -114,6 +118,11 @@ class ClusterCache:
             self.workload.retain({uid_of(p) for p in pods})
             for pod in pods:
                 self.workload.observe(pod)
+        if self.book is not None:
+            self.book.replace_nodes(nodes)
+            self.book.retain_pods(alive)
+            for pod in pods:
+                self.book.observe_pod(pod)
         self.nodes = NodeTable((name_of(n), self._read(n)) for n in nodes)
         self.ledger = ledger
         self.synced = True
@@ -127,8 +136,12 @@ class ClusterCache:
         name = name_of(event.object)
         if event.type == "DELETED":
             self.nodes.pop(name, None)
+            if self.book is not None:
+                self.book.forget_node(name)
         elif event.type in ("ADDED", "MODIFIED"):
             self.nodes[name] = self._read(event.object)
+            if self.book is not None:
+                self.book.observe_node(event.object)
         self._changed()
 
     def apply_pod(self, event: WatchEvent) -> None:
@@ -138,8 +151,12 @@ class ClusterCache:
             self._reported.forget(uid_of(event.object))
             if self.workload is not None:
                 self.workload.forget(uid_of(event.object))
+            if self.book is not None:
+                self.book.forget_pod(uid_of(event.object))
         elif event.type in ("ADDED", "MODIFIED"):
             self._observe(self.ledger, event.object)
+            if self.book is not None:
+                self.book.observe_pod(event.object)
             if self.workload is not None:
                 self.workload.observe(event.object)
         self._changed()

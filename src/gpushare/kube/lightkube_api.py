@@ -14,11 +14,13 @@ import msgspec
 from lightkube import AsyncClient, KubeConfig
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
+from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Node, Pod, Secret
 from lightkube.types import PatchType
 
+from gpushare.core.resourcepolicy import GROUP, KIND, PLURAL, VERSION
 from gpushare.kube.port import (
     Conflict,
     Gone,
@@ -29,11 +31,31 @@ from gpushare.kube.port import (
     WatchEvent,
 )
 
+ResourcePolicyResource: Any = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
+
+
+def _body_text(response: httpx2.Response) -> str:
+    """The start of an error answer's body, or its reason phrase when unread (a watch)."""
+    try:
+        text = response.text.strip()[:200]
+    except httpx2.ResponseNotRead:
+        text = ""
+    return text or response.reason_phrase
+
 
 def _translate(err: Exception, what: str) -> KubeError:
     if isinstance(err, ApiError):
         code = err.status.code
         message = f"{what}: {err.status.message}"
+    elif isinstance(err, httpx2.HTTPStatusError):
+        # Not every error answer is a Status: a path the apiserver does not serve at all (the
+        # group of a CRD that is not installed) gets a plain-text 404 "page not found", which
+        # lightkube raises as the HTTP library's error.
+        code = err.response.status_code
+        message = f"{what}: {_body_text(err.response)}"
+    else:
+        return Unreachable(f"{what}: {type(err).__name__}: {err}")
+    if code is not None:
         if code == 404:
             return NotFound(message)
         if code == 409:
@@ -42,8 +64,7 @@ def _translate(err: Exception, what: str) -> KubeError:
             return Gone(message)
         if code in (401, 403):
             return Unreachable(f"{message} (check the credentials in your kubeconfig)")
-        return KubeError(f"{message} (HTTP {code})")
-    return Unreachable(f"{what}: {type(err).__name__}: {err}")
+    return KubeError(f"{message} (HTTP {code})")
 
 
 def load_config(kubeconfig: str | None = None, context: str | None = None) -> SingleConfig:
@@ -134,6 +155,30 @@ class LightkubeAPI:
         """Pod changes."""
         return self._watch(Pod, resource_version, "watch pods")
 
+    async def list_resource_policies(self) -> tuple[list[KubeDict], str]:
+        """All ResourcePolicies (NotFound while their CRD is not installed)."""
+        try:
+            listing: Any = self._client.list(ResourcePolicyResource, namespace="*")
+            items = [_to_dict(item) async for item in listing]
+            try:
+                version = str(listing.resourceVersion)
+            except NotReadyError:
+                version = ""
+            return items, version
+        except (ApiError, httpx2.HTTPError, OSError) as err:
+            raise _translate(err, "list resourcepolicies") from None
+
+    async def watch_resource_policies(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """ResourcePolicy changes."""
+        try:
+            stream: Any = self._client.watch(
+                ResourcePolicyResource, namespace="*", resource_version=resource_version
+            )
+            async for type_, obj in stream:
+                yield WatchEvent(type=type_, object=_to_dict(obj))
+        except (ApiError, httpx2.HTTPError, OSError) as err:
+            raise _translate(err, "watch resourcepolicies") from None
+
     async def get_pod(self, namespace: str, name: str) -> KubeDict:
         """One pod."""
         try:
@@ -148,9 +193,16 @@ class LightkubeAPI:
         annotations: Mapping[str, str | None],
         *,
         resource_version: str,
+        labels: Mapping[str, str] | None = None,
     ) -> KubeDict:
         """JSON merge patch carrying metadata.resourceVersion, which the server checks."""
-        body = {"metadata": {"annotations": dict(annotations), "resourceVersion": resource_version}}
+        metadata: dict[str, Any] = {
+            "annotations": dict(annotations),
+            "resourceVersion": resource_version,
+        }
+        if labels:
+            metadata["labels"] = dict(labels)
+        body = {"metadata": metadata}
         try:
             patched = await self._client.patch(
                 Pod, name, body, namespace=namespace, patch_type=PatchType.MERGE

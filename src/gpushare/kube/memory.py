@@ -34,7 +34,7 @@ def _copy(obj: Any) -> Any:
     return _DECODE.decode(_ENCODE.encode(obj))
 
 
-Kind = Literal["nodes", "pods"]
+Kind = Literal["nodes", "pods", "resourcepolicies"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ class MemoryKube:
         self._version = 0
         self._nodes: dict[str, KubeDict] = {}
         self._pods: dict[tuple[str, str], KubeDict] = {}
+        self._policies: dict[tuple[str, str], KubeDict] = {}
         self._log: list[_Logged] = []
         self._compacted = 0
         self._waiters: list[asyncio.Future[None]] = []
@@ -200,6 +201,26 @@ class MemoryKube:
         self.calls.append("watch_pods")
         return self._watch("pods", resource_version)
 
+    def put_resource_policy(self, policy: Mapping[str, Any]) -> KubeDict:
+        """Create or replace a ResourcePolicy."""
+        obj = _copy(dict(policy))
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("namespace", "default")
+        key = (meta["namespace"], meta["name"])
+        type_: EventType = "MODIFIED" if key in self._policies else "ADDED"
+        self._policies[key] = obj
+        return self._record("resourcepolicies", type_, obj)
+
+    async def list_resource_policies(self) -> tuple[list[KubeDict], str]:
+        """All ResourcePolicies and the current resourceVersion."""
+        self.calls.append("list_resource_policies")
+        return [_copy(p) for p in self._policies.values()], str(self._version)
+
+    def watch_resource_policies(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """ResourcePolicy events after ``resource_version``."""
+        self.calls.append("watch_resource_policies")
+        return self._watch("resourcepolicies", resource_version)
+
     async def get_pod(self, namespace: str, name: str) -> KubeDict:
         """One pod."""
         self.calls.append("get_pod")
@@ -212,8 +233,9 @@ class MemoryKube:
         annotations: Mapping[str, str | None],
         *,
         resource_version: str,
+        labels: Mapping[str, str] | None = None,
     ) -> KubeDict:
-        """Merge annotations with an optimistic-concurrency check."""
+        """Merge annotations (and labels) with an optimistic-concurrency check."""
         self.calls.append("patch_pod_annotations")
         obj = self._pod(namespace, name)
         current = obj["metadata"].get("resourceVersion")
@@ -228,6 +250,8 @@ class MemoryKube:
                 stored.pop(key, None)
             else:
                 stored[key] = value
+        if labels:
+            obj["metadata"].setdefault("labels", {}).update(labels)
         return self._record("pods", "MODIFIED", obj)
 
     async def get_node(self, name: str) -> KubeDict:

@@ -79,8 +79,10 @@ class KubeAPI(Protocol):
         annotations: Mapping[str, str | None],
         *,
         resource_version: str,
+        labels: Mapping[str, str] | None = None,
     ) -> KubeDict:
-        """Merge annotations (None deletes) if the pod is still at ``resource_version``."""
+        """Merge annotations (None deletes), and ``labels``, if the pod is still at
+        ``resource_version``."""
         ...
 
     async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
@@ -111,4 +113,19 @@ class KubeAPI(Protocol):
 
     async def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """Merge-patch an Event (its count and lastTimestamp, for a repeat)."""
+        ...
+
+
+class PolicyAPI(Protocol):
+    """ResourcePolicies (``scheduling.alibabacloud.com/v1alpha1``) in all namespaces.
+
+    Both raise NotFound while the CustomResourceDefinition is not installed.
+    """
+
+    async def list_resource_policies(self) -> tuple[list[KubeDict], str]:
+        """All policies and the list's resourceVersion."""
+        ...
+
+    def watch_resource_policies(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """Policy changes after ``resource_version``."""
         ...

@@ -1,0 +1,225 @@
+"""Which unit of a ResourcePolicy is open to a pod now: a pure decision with reasons.
+
+Units are tried in order. A unit holding its ``max`` of the policy's pods is closed. A unit with
+room is where the pod goes when one of its nodes can take it (the nodes that passed every other
+check, GPU sharing included); when none can, ``whenTryNextUnits`` decides whether the pod waits
+for that unit or goes on to the next: ``ExceedMax`` waits, ``LackResourceOrExceedMax`` goes on,
+``TimeoutOrExceedMax`` waits until the pod is ``timeout`` old, then goes on.
+
+Counting follows the policy's flags: pods of the same namespace that the selector picks (and
+that share the pod's values of ``matchLabelKeys``), bound or being bound, not finished; pods
+being deleted are left out with ``ignoreTerminatingPod``, pods older than the policy with
+``ignorePreviousPod``. A pod counts in the unit its bind recorded (``gpushare.io/
+resource-policy-unit``) while its node still belongs to that unit, else in the first unit its
+node belongs to, else in none. The pod being decided is never counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from gpushare.core.resourcepolicy import NextPolicy, ResourcePolicy, Unit
+
+ANN_POLICY = "gpushare.io/resource-policy"
+"""The policy (``name``) a bind placed the pod under."""
+ANN_UNIT = "gpushare.io/resource-policy-unit"
+"""The unit's number (from 1) a bind placed the pod in."""
+ANN_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+"""ReplicaSets remove pods of lower cost first; later units get lower costs (``deletion_cost``)."""
+
+
+@dataclass(frozen=True)
+class Placed:
+    """What counting needs of one bound (or being bound) pod."""
+
+    uid: str
+    namespace: str
+    labels: Mapping[str, str]
+    node: str
+    created: str = ""
+    """metadata.creationTimestamp as the API writes it (RFC 3339, UTC, seconds)."""
+    terminating: bool = False
+    policy: str = ""
+    """The policy name its bind recorded, if any."""
+    unit: int = 0
+    """The unit number its bind recorded, 0 if none."""
+
+
+@dataclass(frozen=True)
+class UnitState:
+    """One unit as the decision saw it."""
+
+    unit: Unit
+    pods: int
+    fitting: int
+    """Candidate nodes of this unit that can take the pod."""
+
+    @property
+    def full(self) -> bool:
+        """Whether the unit holds its ``max``."""
+        return self.unit.max_pods is not None and self.pods >= self.unit.max_pods
+
+    def describe(self) -> str:
+        """``unit 1 (nodeSelector pool=a) is full: 3/3 pods`` and the like."""
+        cap = "no max" if self.unit.max_pods is None else f"max {self.unit.max_pods}"
+        if self.full:
+            return f"{self.unit.describe()} is full: {self.pods}/{self.unit.max_pods} pods"
+        return f"{self.unit.describe()} has {self.pods} pods ({cap}) and no node for this pod now"
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The decision: the unit open to the pod (None: none now) and the reason for the rest."""
+
+    policy: str
+    chosen: Unit | None
+    states: tuple[UnitState, ...]
+    reason: str
+    """Why a node that could take the pod is refused (every such node outside ``chosen``)."""
+    error: str = ""
+    """Set when the policy cannot order this pod at all (the pod is refused everywhere)."""
+
+    def allows(self, node_labels: Mapping[str, str]) -> bool:
+        """Whether a node with these labels is open to the pod."""
+        return not self.error and self.chosen is not None and self.chosen.holds(node_labels)
+
+
+def seconds(timestamp: str) -> float | None:
+    """Epoch seconds of an RFC 3339 time, or None when it cannot be read."""
+    try:
+        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def group_of(policy: ResourcePolicy, labels: Mapping[str, str]) -> tuple[str, ...] | None:
+    """The pod's values of ``matchLabelKeys``; None when it lacks one of them."""
+    values = tuple(labels.get(k) for k in policy.match_label_keys)
+    return None if any(v is None for v in values) else tuple(v for v in values if v is not None)
+
+
+def unit_of(policy: ResourcePolicy, placed: Placed, node_labels: Mapping[str, str]) -> Unit | None:
+    """The unit a placed pod counts in (see the module docstring)."""
+    if placed.policy == policy.name and 1 <= placed.unit <= len(policy.units):
+        recorded = policy.units[placed.unit - 1]
+        if recorded.holds(node_labels):
+            return recorded
+    return next((u for u in policy.units if u.holds(node_labels)), None)
+
+
+def counts(
+    policy: ResourcePolicy,
+    *,
+    uid: str,
+    group: tuple[str, ...],
+    placed: Iterable[Placed],
+    node_labels: Mapping[str, Mapping[str, str]],
+) -> dict[int, int]:
+    """Pods per unit number that count against ``max`` for a pod of ``group``."""
+    tally = {u.number: 0 for u in policy.units}
+    for other in placed:
+        if other.uid == uid or not policy.selects(other.namespace, other.labels):
+            continue
+        if policy.ignore_terminating_pods and other.terminating:
+            continue
+        if policy.ignore_previous_pods and policy.created and other.created < policy.created:
+            continue
+        if group_of(policy, other.labels) != group:
+            continue
+        unit = unit_of(policy, other, node_labels.get(other.node, {}))
+        if unit is not None:
+            tally[unit.number] += 1
+    return tally
+
+
+def decide(
+    policy: ResourcePolicy,
+    *,
+    uid: str,
+    labels: Mapping[str, str],
+    created: str,
+    placed: Iterable[Placed],
+    node_labels: Mapping[str, Mapping[str, str]],
+    fitting: Sequence[str],
+    now_s: float,
+) -> Gate:
+    """The unit open to a pod, given the nodes (``fitting``) that could take it otherwise."""
+    group = group_of(policy, labels)
+    if group is None:
+        missing = [k for k in policy.match_label_keys if k not in labels]
+        return Gate(
+            policy.key,
+            None,
+            (),
+            "",
+            error=(
+                f"ResourcePolicy {policy.key} counts pods per value of matchLabelKeys "
+                f"{list(policy.match_label_keys)}, and this pod has no label {missing[0]!r}: add "
+                f"it to the pod (its template) or remove it from spec.matchLabelKeys"
+            ),
+        )
+    tally = counts(policy, uid=uid, group=group, placed=placed, node_labels=node_labels)
+    states: list[UnitState] = []
+    passed: list[str] = []
+    for unit in policy.units:
+        fit = sum(1 for n in fitting if unit.holds(node_labels.get(n, {})))
+        state = UnitState(unit, tally[unit.number], fit)
+        states.append(state)
+        if state.full:
+            passed.append(state.describe())
+            continue
+        if fit:
+            return _chosen(policy, unit, tuple(states), passed)
+        wait = _wait(policy, state, created, now_s)
+        if wait:
+            return Gate(policy.key, unit, tuple(states), wait)
+        passed.append(state.describe())
+    return Gate(
+        policy.key,
+        None,
+        tuple(states),
+        f"ResourcePolicy {policy.key} has no unit open to this pod: {'; '.join(passed)}",
+    )
+
+
+def _chosen(
+    policy: ResourcePolicy, unit: Unit, states: tuple[UnitState, ...], passed: list[str]
+) -> Gate:
+    before = f" ({'; '.join(passed)})" if passed else ""
+    reason = (
+        f"ResourcePolicy {policy.key} places this pod in {unit.describe()}{before}; later units "
+        f"only when it is full or ({policy.next_policy.value}) cannot take the pod"
+    )
+    return Gate(policy.key, unit, states, reason)
+
+
+def _wait(policy: ResourcePolicy, state: UnitState, created: str, now_s: float) -> str:
+    """Why the pod waits for this unit (room, no node now), or "" when it may go on."""
+    head = f"ResourcePolicy {policy.key}: waiting for {state.unit.describe()}"
+    room = f"{state.pods}/{state.unit.max_pods}" if state.unit.max_pods is not None else "no max"
+    if policy.next_policy is NextPolicy.EXCEED_MAX:
+        return (
+            f"{head} ({room} pods, no node for this pod now) before unit {state.unit.number + 1}: "
+            f"whenTryNextUnits ExceedMax goes on only when a unit is full"
+        )
+    if policy.next_policy is NextPolicy.TIMEOUT_OR_EXCEED_MAX:
+        born = seconds(created)
+        waited = 0.0 if born is None else max(0.0, now_s - born)
+        if waited < policy.timeout_s:
+            return (
+                f"{head} ({room} pods, no node for this pod now) before unit "
+                f"{state.unit.number + 1}: {policy.timeout_s - waited:.0f}s left of "
+                f"whenTryNextUnits timeout {policy.timeout_s:.0f}s"
+            )
+    return ""
+
+
+def deletion_cost(unit: Unit) -> int:
+    """The pod-deletion-cost for a pod placed in ``unit``: 0 for the first, -1 for the next...
+
+    ReplicaSets scale in pods of lower cost first, so the last unit empties first; the first
+    unit keeps the default cost (0) that pods placed without a policy have.
+    """
+    return 1 - unit.number

@@ -1,0 +1,281 @@
+"""ResourcePolicy (``scheduling.alibabacloud.com/v1alpha1``): the spec, read and checked.
+
+A ResourcePolicy names, by pod labels in its own namespace, the pods it orders, and lists
+*units*: node pools (by ``nodeSelector``) tried in order, each holding at most ``max`` of those
+pods. ACK's scheduler also offers units of virtual capacity (``resource: eci``, ``elastic``,
+``acs``); gpushare places pods only on the cluster's own nodes, so such a unit makes the whole
+policy invalid rather than being skipped: a pod that its author meant to overflow into ECI
+would otherwise wait forever with no word of why. The CRD refuses those values when the policy
+is applied (``gpushare.crds``); ``read_policy`` refuses them again for a policy stored before
+that CRD was installed, and the extender says so on every pod the policy selects.
+
+Reading is a pure function from the object's JSON to a ``ResourcePolicy`` or a
+``PolicyError`` whose message names the field, the value, the rule and what to do.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from gpushare.core.kubejson import KubeObject, meta, name_of, namespace_of, spec_of
+
+GROUP = "scheduling.alibabacloud.com"
+VERSION = "v1alpha1"
+KIND = "ResourcePolicy"
+PLURAL = "resourcepolicies"
+
+SERVED_RESOURCES = ("ecs",)
+"""Unit kinds gpushare places pods on: the cluster's own nodes (ACK calls them ``ecs``)."""
+
+REFUSED_RESOURCES = ("eci", "elastic", "acs")
+"""ACK's virtual capacity (ECI, elastic node pools, ACS): no GPU share can be booked there."""
+
+DEFAULT_TIMEOUT_S = 15 * 60
+"""``whenTryNextUnits.timeout`` when left out (ACK's default)."""
+
+
+class NextPolicy(Enum):
+    """When a pod may go on to the next unit (``whenTryNextUnits.policy``)."""
+
+    EXCEED_MAX = "ExceedMax"
+    """Only when every earlier unit holds its ``max``; a unit without ``max`` is never left."""
+    LACK_RESOURCE_OR_EXCEED_MAX = "LackResourceOrExceedMax"
+    """When an earlier unit holds its ``max`` or none of its nodes can take the pod now."""
+    TIMEOUT_OR_EXCEED_MAX = "TimeoutOrExceedMax"
+    """When an earlier unit holds its ``max``, or none of its nodes can take the pod and the pod
+    has waited longer than ``timeout`` since it was created."""
+
+
+class PreemptPolicy(Enum):
+    """ACK's ``preemptPolicy``; kept and shown, see docs/resource-policy.md for what differs."""
+
+    AFTER_ALL_UNITS = "AfterAllUnits"
+    BEFORE_NEXT_UNIT = "BeforeNextUnit"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One pool of nodes in a policy's order; ``number`` counts from 1 as people do."""
+
+    number: int
+    node_selector: Mapping[str, str]
+    max_pods: int | None = None
+    """At most this many of the policy's pods (of one ``matchLabelKeys`` group) here."""
+    pod_labels: Mapping[str, str] = field(default_factory=dict)
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
+
+    def holds(self, node_labels: Mapping[str, str]) -> bool:
+        """Whether a node with these labels belongs to the unit."""
+        return all(node_labels.get(k) == v for k, v in self.node_selector.items())
+
+    def describe(self) -> str:
+        """``unit 1 (nodeSelector pool=a)``, as reasons name it."""
+        sel = ",".join(f"{k}={v}" for k, v in sorted(self.node_selector.items())) or "any node"
+        return f"unit {self.number} (nodeSelector {sel})"
+
+
+@dataclass(frozen=True)
+class ResourcePolicy:
+    """A checked policy."""
+
+    namespace: str
+    name: str
+    selector: Mapping[str, str]
+    units: tuple[Unit, ...]
+    next_policy: NextPolicy = NextPolicy.LACK_RESOURCE_OR_EXCEED_MAX
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    preempt: PreemptPolicy = PreemptPolicy.AFTER_ALL_UNITS
+    ignore_previous_pods: bool = False
+    ignore_terminating_pods: bool = True
+    match_label_keys: tuple[str, ...] = ()
+    created: str = ""
+    """metadata.creationTimestamp (RFC 3339), for ``ignorePreviousPod``."""
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``."""
+        return f"{self.namespace}/{self.name}"
+
+    def selects(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        """Whether a pod in ``namespace`` with these labels is ordered by this policy."""
+        if namespace != self.namespace or not self.selector:
+            return False
+        return all(labels.get(k) == v for k, v in self.selector.items())
+
+
+@dataclass(frozen=True)
+class PolicyError:
+    """A policy gpushare cannot apply, and why."""
+
+    namespace: str
+    name: str
+    message: str
+    selector: Mapping[str, str] = field(default_factory=dict)
+    """The pods it was meant for (when its selector could be read): they are told why."""
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``."""
+        return f"{self.namespace}/{self.name}"
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _where(policy: str, path: str, value: object, rule: str) -> _Invalid:
+    return _Invalid(f"ResourcePolicy {policy}: {path} is {value!r}: {rule}")
+
+
+def _string_map(value: object, path: str, policy: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise _where(policy, path, value, "it must map label names to string values")
+    return dict(value)
+
+
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(h|m|s|ms))+$")
+_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
+_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds in a Go duration such as ``1m30s``, or None if it is not one."""
+    if not _DURATION.match(text):
+        return None
+    return sum(float(n) * _SECONDS[u] for n, u in _PART.findall(text))
+
+
+def _unit(raw: object, number: int, policy: str) -> Unit:
+    path = f"spec.units[{number - 1}]"
+    if not isinstance(raw, Mapping):
+        raise _where(policy, path, raw, "each unit must be an object")
+    resource = raw.get("resource") or "ecs"
+    if resource in REFUSED_RESOURCES:
+        raise _where(
+            policy,
+            f"{path}.resource",
+            resource,
+            "gpushare shares GPUs only on the cluster's own nodes (resource ecs); ECI, elastic "
+            "and ACS capacity has no GPU gpushare can book. Remove this unit or set resource: "
+            "ecs with a nodeSelector for a node pool",
+        )
+    if resource not in SERVED_RESOURCES:
+        raise _where(policy, f"{path}.resource", resource, "the supported value is ecs")
+    selector = _string_map(raw.get("nodeSelector"), f"{path}.nodeSelector", policy)
+    if not selector:
+        raise _where(
+            policy,
+            f"{path}.nodeSelector",
+            raw.get("nodeSelector"),
+            "a unit of resource ecs needs a nodeSelector naming its node pool's labels",
+        )
+    max_pods = raw.get("max")
+    if max_pods is not None and (
+        isinstance(max_pods, bool) or not isinstance(max_pods, int) or max_pods < 0
+    ):
+        raise _where(policy, f"{path}.max", max_pods, "it must be a whole number, 0 or more")
+    return Unit(
+        number=number,
+        node_selector=selector,
+        max_pods=max_pods,
+        pod_labels=_string_map(raw.get("podLabels"), f"{path}.podLabels", policy),
+        pod_annotations=_string_map(raw.get("podAnnotations"), f"{path}.podAnnotations", policy),
+    )
+
+
+def _enum(
+    kind: type[NextPolicy] | type[PreemptPolicy], value: object, path: str, policy: str
+) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in kind)
+        raise _where(policy, path, value, f"the supported values are {allowed}") from None
+
+
+def _flag(spec: Mapping[str, Any], name: str, default: bool, policy: str) -> bool:
+    value = spec.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _where(policy, f"spec.{name}", value, "it must be true or false")
+    return value
+
+
+def _read(obj: KubeObject, policy: str) -> ResourcePolicy:
+    spec = spec_of(obj)
+    selector = _string_map(spec.get("selector"), "spec.selector", policy)
+    if not selector:
+        raise _where(
+            policy, "spec.selector", spec.get("selector"), "it must name at least one pod label"
+        )
+    strategy = spec.get("strategy") or "prefer"
+    if strategy != "prefer":
+        raise _where(policy, "spec.strategy", strategy, "the supported value is prefer")
+    raw_units = spec.get("units")
+    if not isinstance(raw_units, list) or not raw_units:
+        raise _where(policy, "spec.units", raw_units, "list at least one unit")
+    units = tuple(_unit(u, i, policy) for i, u in enumerate(raw_units, start=1))
+    when = spec.get("whenTryNextUnits") or {}
+    if not isinstance(when, Mapping):
+        raise _where(policy, "spec.whenTryNextUnits", when, "it must be an object")
+    next_policy = _enum(
+        NextPolicy,
+        when.get("policy") or NextPolicy.LACK_RESOURCE_OR_EXCEED_MAX.value,
+        "spec.whenTryNextUnits.policy",
+        policy,
+    )
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    if when.get("timeout"):
+        parsed = parse_duration(str(when["timeout"]))
+        if parsed is None:
+            raise _where(
+                policy,
+                "spec.whenTryNextUnits.timeout",
+                when["timeout"],
+                "write a duration such as 30s, 5m or 1h",
+            )
+        timeout_s = parsed
+    preempt = _enum(
+        PreemptPolicy,
+        spec.get("preemptPolicy") or PreemptPolicy.AFTER_ALL_UNITS.value,
+        "spec.preemptPolicy",
+        policy,
+    )
+    keys = spec.get("matchLabelKeys") or []
+    if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):
+        raise _where(policy, "spec.matchLabelKeys", keys, "list label names")
+    return ResourcePolicy(
+        namespace=namespace_of(obj),
+        name=name_of(obj),
+        selector=selector,
+        units=units,
+        next_policy=next_policy,
+        timeout_s=timeout_s,
+        preempt=preempt,
+        ignore_previous_pods=_flag(spec, "ignorePreviousPod", False, policy),
+        ignore_terminating_pods=_flag(spec, "ignoreTerminatingPod", True, policy),
+        match_label_keys=tuple(keys),
+        created=str(meta(obj).get("creationTimestamp") or ""),
+    )
+
+
+def read_policy(obj: KubeObject) -> ResourcePolicy | PolicyError:
+    """The policy in ``obj``, or why gpushare cannot apply it."""
+    key = f"{namespace_of(obj)}/{name_of(obj)}"
+    try:
+        return _read(obj, key)
+    except _Invalid as err:
+        try:
+            selector = _string_map(spec_of(obj).get("selector"), "spec.selector", key)
+        except _Invalid:
+            selector = {}
+        return PolicyError(namespace_of(obj), name_of(obj), str(err), selector)

@@ -1,0 +1,45 @@
+"""The HTTP library's errors become gpushare's own (kube.port), whatever the body says."""
+
+from __future__ import annotations
+
+import httpx2
+import pytest
+
+from gpushare.kube.lightkube_api import _translate
+from gpushare.kube.port import Conflict, Gone, KubeError, NotFound, Unreachable
+
+URL = "https://127.0.0.1:6443/apis/scheduling.alibabacloud.com/v1alpha1/resourcepolicies"
+
+
+def _status_error(code: int, body: str) -> httpx2.HTTPStatusError:
+    request = httpx2.Request("GET", URL)
+    response = httpx2.Response(code, text=body, request=request)
+    return httpx2.HTTPStatusError(f"HTTP {code}", request=request, response=response)
+
+
+def test_a_plain_text_404_for_an_absent_crd_is_not_found() -> None:
+    """The apiserver answers a group it does not serve with text, not a Status."""
+    err = _translate(_status_error(404, "404 page not found\n"), "list resourcepolicies")
+    assert isinstance(err, NotFound)
+    assert str(err) == "list resourcepolicies: 404 page not found"
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [(409, Conflict), (410, Gone), (403, Unreachable), (500, KubeError)],
+)
+def test_other_plain_answers_map_by_code(code: int, kind: type[KubeError]) -> None:
+    err = _translate(_status_error(code, ""), "watch resourcepolicies")
+    assert type(err) is kind
+    assert "watch resourcepolicies" in str(err)
+
+
+def test_an_unread_streamed_body_gives_the_reason_phrase() -> None:
+    request = httpx2.Request("GET", URL)
+
+    async def chunks():  # type: ignore[no-untyped-def]
+        yield b"404 page not found"
+
+    response = httpx2.Response(404, content=chunks(), request=request)
+    err = _translate(httpx2.HTTPStatusError("404", request=request, response=response), "watch")
+    assert isinstance(err, NotFound) and str(err) == "watch: Not Found"

@@ -1,0 +1,262 @@
+"""ResourcePolicy: reading the spec, and which unit is open to a pod."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpushare.core.gating import ANN_POLICY, ANN_UNIT, Placed, decide, deletion_cost
+from gpushare.core.policybook import PolicyBook
+from gpushare.core.resourcepolicy import (
+    NextPolicy,
+    PolicyError,
+    ResourcePolicy,
+    parse_duration,
+    read_policy,
+)
+
+NODES = {"a1": {"pool": "a"}, "a2": {"pool": "a"}, "b1": {"pool": "b"}, "x": {}}
+
+
+def policy_obj(**spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "selector": {"app": "web"},
+        "strategy": "prefer",
+        "units": [
+            {"resource": "ecs", "nodeSelector": {"pool": "a"}, "max": 2},
+            {"resource": "ecs", "nodeSelector": {"pool": "b"}},
+        ],
+    }
+    body.update(spec)
+    return {
+        "apiVersion": "scheduling.alibabacloud.com/v1alpha1",
+        "kind": "ResourcePolicy",
+        "metadata": {
+            "name": "web",
+            "namespace": "default",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": body,
+    }
+
+
+def policy(**spec: Any) -> ResourcePolicy:
+    read = read_policy(policy_obj(**spec))
+    assert isinstance(read, ResourcePolicy), read
+    return read
+
+
+def on(node: str, n: int, **kw: Any) -> list[Placed]:
+    return [
+        Placed(uid=f"{node}-{i}", namespace="default", labels={"app": "web"}, node=node, **kw)
+        for i in range(n)
+    ]
+
+
+def gate(p: ResourcePolicy, placed: list[Placed], fitting: list[str], **kw: Any) -> Any:
+    args: dict[str, Any] = {
+        "uid": "me",
+        "labels": {"app": "web"},
+        "created": "2026-01-01T00:10:00Z",
+        "placed": placed,
+        "node_labels": NODES,
+        "fitting": fitting,
+        "now_s": 1767226200.0,  # 2026-01-01T00:10:00Z
+    }
+    args.update(kw)
+    return decide(p, **args)
+
+
+def test_reads_acks_fields() -> None:
+    p = policy(
+        whenTryNextUnits={"policy": "TimeoutOrExceedMax", "timeout": "1m30s"},
+        preemptPolicy="BeforeNextUnit",
+        ignorePreviousPod=True,
+        ignoreTerminatingPod=False,
+        matchLabelKeys=["pod-template-hash"],
+    )
+    assert p.next_policy is NextPolicy.TIMEOUT_OR_EXCEED_MAX
+    assert p.timeout_s == 90
+    assert p.ignore_previous_pods and not p.ignore_terminating_pods
+    assert p.match_label_keys == ("pod-template-hash",)
+    assert [u.max_pods for u in p.units] == [2, None]
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        (
+            {"units": [{"resource": "eci"}]},
+            ["spec.units[0].resource is 'eci'", "resource ecs", "Remove this unit"],
+        ),
+        ({"units": [{"resource": "ecs", "nodeSelector": {"p": "a"}, "max": -1}]}, ["max", "-1"]),
+        ({"units": [{"resource": "ecs"}]}, ["spec.units[0].nodeSelector", "needs a nodeSelector"]),
+        ({"strategy": "required"}, ["spec.strategy is 'required'", "prefer"]),
+        ({"whenTryNextUnits": {"policy": "Sometimes"}}, ["'Sometimes'", "ExceedMax"]),
+        ({"whenTryNextUnits": {"timeout": "soon"}}, ["timeout is 'soon'", "5m"]),
+        ({"selector": {}}, ["spec.selector", "at least one pod label"]),
+    ],
+)
+def test_bad_specs_say_field_value_and_rule(spec: dict[str, Any], words: list[str]) -> None:
+    read = read_policy(policy_obj(**spec))
+    assert isinstance(read, PolicyError)
+    for word in words:
+        assert word in read.message
+    assert read.message.startswith("ResourcePolicy default/web: ")
+
+
+def test_durations() -> None:
+    assert parse_duration("15m") == 900
+    assert parse_duration("1h2m3s") == 3723
+    assert parse_duration("10") is None
+
+
+def test_first_unit_while_it_has_room() -> None:
+    g = gate(policy(), on("a1", 1), ["a1", "a2", "b1"])
+    assert g.chosen is not None and g.chosen.number == 1
+    assert g.allows(NODES["a2"]) and not g.allows(NODES["b1"])
+
+
+def test_overflow_when_first_unit_full() -> None:
+    g = gate(policy(), on("a1", 1) + on("a2", 1), ["a1", "a2", "b1"])
+    assert g.chosen is not None and g.chosen.number == 2
+    assert g.allows(NODES["b1"]) and not g.allows(NODES["a1"])
+    assert "unit 1 (nodeSelector pool=a) is full: 2/2 pods" in g.reason
+
+
+def test_lack_of_resource_moves_on_by_default() -> None:
+    g = gate(policy(), [], ["b1"])
+    assert g.chosen is not None and g.chosen.number == 2
+    assert "has 0 pods (max 2) and no node for this pod now" in g.reason
+
+
+def test_exceed_max_waits_for_the_unit() -> None:
+    g = gate(policy(whenTryNextUnits={"policy": "ExceedMax"}), [], ["b1"])
+    assert g.chosen is not None and g.chosen.number == 1
+    assert not g.allows(NODES["b1"])
+    assert "waiting for unit 1" in g.reason and "ExceedMax" in g.reason
+
+
+def test_timeout_waits_then_moves_on() -> None:
+    p = policy(whenTryNextUnits={"policy": "TimeoutOrExceedMax", "timeout": "5m"})
+    young = gate(p, [], ["b1"], now_s=1767226200.0 + 60)
+    assert young.chosen is not None and young.chosen.number == 1
+    assert "240s left" in young.reason
+    old = gate(p, [], ["b1"], now_s=1767226200.0 + 301)
+    assert old.chosen is not None and old.chosen.number == 2
+
+
+def test_all_full_means_no_unit() -> None:
+    p = policy(
+        units=[{"nodeSelector": {"pool": "a"}, "max": 1}, {"nodeSelector": {"pool": "b"}, "max": 1}]
+    )
+    g = gate(p, on("a1", 1) + on("b1", 1), ["a1", "b1"])
+    assert g.chosen is None and not g.allows(NODES["a1"])
+    assert "no unit open" in g.reason and "unit 2 (nodeSelector pool=b) is full: 1/1" in g.reason
+
+
+def test_counting_flags() -> None:
+    p = policy(ignorePreviousPod=True)
+    older = on("a1", 2, created="2025-12-31T00:00:00Z")
+    assert gate(p, older, ["a1"]).chosen.number == 1  # type: ignore[union-attr]
+    assert gate(policy(), older, ["a1", "b1"]).chosen.number == 2  # type: ignore[union-attr]
+    dying = on("a1", 2, terminating=True)
+    assert gate(policy(), dying, ["a1"]).chosen.number == 1  # type: ignore[union-attr]
+    counted = policy(ignoreTerminatingPod=False)
+    assert gate(counted, dying, ["a1", "b1"]).chosen.number == 2  # type: ignore[union-attr]
+    me = [Placed(uid="me", namespace="default", labels={"app": "web"}, node="a1")] * 2
+    assert gate(policy(), me, ["a1"]).chosen.number == 1  # type: ignore[union-attr]
+    others = [
+        Placed(uid=f"o{i}", namespace="other", labels={"app": "web"}, node="a1") for i in range(2)
+    ]
+    assert gate(policy(), others, ["a1"]).chosen.number == 1  # type: ignore[union-attr]
+
+
+def test_match_label_keys_count_per_group() -> None:
+    p = policy(matchLabelKeys=["rev"])
+    old = [
+        Placed(uid=f"o{i}", namespace="default", labels={"app": "web", "rev": "1"}, node="a1")
+        for i in range(2)
+    ]
+    g = gate(p, old, ["a1", "b1"], labels={"app": "web", "rev": "2"})
+    assert g.chosen.number == 1  # type: ignore[union-attr]
+    g = gate(p, old, ["a1", "b1"], labels={"app": "web", "rev": "1"})
+    assert g.chosen.number == 2  # type: ignore[union-attr]
+    lacking = gate(p, old, ["a1"], labels={"app": "web"})
+    assert lacking.chosen is None and "no label 'rev'" in lacking.error
+    assert not lacking.allows(NODES["a1"])
+
+
+def test_recorded_unit_wins_while_the_node_is_in_it() -> None:
+    p = policy(
+        units=[{"nodeSelector": {"pool": "a"}, "max": 1}, {"nodeSelector": {"pool": "a"}, "max": 5}]
+    )
+    recorded = on("a1", 1, policy="web", unit=2)
+    assert gate(p, recorded, ["a1"]).chosen.number == 1  # type: ignore[union-attr]
+    unrecorded = on("a1", 1)
+    assert gate(p, unrecorded, ["a1"]).chosen.number == 2  # type: ignore[union-attr]
+
+
+def test_deletion_cost_falls_with_the_unit() -> None:
+    p = policy()
+    assert [deletion_cost(u) for u in p.units] == [0, -1]
+
+
+def pod(name: str, node: str = "", **meta: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": name,
+            "labels": {"app": "web"},
+            **meta,
+        },
+        "spec": {"nodeName": node} if node else {},
+        "status": {"phase": "Running" if node else "Pending"},
+    }
+
+
+def test_book_counts_bound_and_assumed_pods() -> None:
+    book = PolicyBook()
+    book.replace_nodes([{"metadata": {"name": n, "labels": lab}} for n, lab in NODES.items()])
+    book.put_policy(policy_obj())
+    book.observe_pod(pod("p1", "a1"))
+    first = book.gate(pod("p2"), fitting=["a1", "b1"], now_s=0)
+    assert first is not None and first.chosen is not None and first.chosen.number == 1
+    book.assume(book.placement(pod("p2"), "a2", first))
+    # the bind's annotation patch arrives as an unbound pod: the assumption stays
+    book.observe_pod(pod("p2", **{"annotations": {ANN_POLICY: "web", ANN_UNIT: "1"}}))
+    third = book.gate(pod("p3"), fitting=["a1", "b1"], now_s=0)
+    assert third is not None and third.chosen is not None and third.chosen.number == 2
+    book.unassume("p2")
+    again = book.gate(pod("p3"), fitting=["a1", "b1"], now_s=0)
+    assert again is not None and again.chosen is not None and again.chosen.number == 1
+    book.observe_pod({**pod("p1", "a1"), "status": {"phase": "Succeeded"}})
+    assert book.placed() == []
+
+
+def test_book_tells_pods_of_an_invalid_policy() -> None:
+    book = PolicyBook()
+    book.put_policy(policy_obj(units=[{"resource": "elastic"}]))
+    g = book.gate(pod("p1"), fitting=["a1"], now_s=0)
+    assert g is not None and "spec.units[0].resource is 'elastic'" in g.error
+    assert (
+        book.gate(
+            {**pod("q"), "metadata": {"name": "q", "labels": {"app": "db"}}}, fitting=[], now_s=0
+        )
+        is None
+    )
+    book.delete_policy("default", "web")
+    assert book.gate(pod("p1"), fitting=["a1"], now_s=0) is None
+
+
+def test_chart_crd_is_the_rendered_one() -> None:
+    from pathlib import Path
+
+    from gpushare.crds import render_yaml, resource_policy_crd
+
+    chart = Path(__file__).parents[2] / "charts/gpushare/crds/resourcepolicies.yaml"
+    assert chart.read_text() == render_yaml(resource_policy_crd())
+    # every string map spelled out: no anchors or aliases for a reader to chase
+    assert "&id" not in chart.read_text() and "*id" not in chart.read_text()
