@@ -248,6 +248,14 @@ def extender(
     show_default=True,
     help="Host directory the interposer library is copied into and mounted from.",
 )
+@click.option(
+    "--cgpu-policy",
+    default="5",
+    envvar="GPUSHARE_ISOLATION_POLICY",
+    show_default=True,
+    help="cgpu nodes: ACK's cGPU computing-power policy, 0 even share, 1 preemptive, "
+    "2 weighted preemptive, 3 fixed share, 4 soft, 5 native (no limit).",
+)
 @click.option("--kubelet-config", default="/var/lib/kubelet/config.yaml", show_default=True)
 @click.option(
     "--cpu-manager-state", default="/var/lib/kubelet/cpu_manager_state", show_default=True
@@ -273,6 +281,7 @@ def device_plugin(
     state_dir: str,
     isolation: str,
     isolation_lib_dir: str,
+    cgpu_policy: str,
     kubelet_config: str,
     cpu_manager_state: str,
     kubeconfig: str | None,
@@ -285,6 +294,12 @@ def device_plugin(
     insecure_no_seal: bool,
 ) -> None:
     """Serve kubelet's device plugin API for this node's shared GPUs."""
+    from gpushare.isolation.policy import PolicyError, parse_policy
+
+    try:
+        policy_number = parse_policy(cgpu_policy, "--cgpu-policy (GPUSHARE_ISOLATION_POLICY)")
+    except PolicyError as err:
+        raise click.BadParameter(str(err), param_hint="--cgpu-policy") from None
     import asyncio
     from pathlib import Path
 
@@ -296,6 +311,7 @@ def device_plugin(
     from gpushare.deviceplugin.metrics import registry_for, serve_metrics
     from gpushare.deviceplugin.plugin import DevicePlugin
     from gpushare.deviceplugin.preflight import StartRefused, refuse_static_cpu_policy
+    from gpushare.isolation.policy import PolicyError, parse_policy
     from gpushare.kube.lightkube_api import LightkubeAPI
     from gpushare.kube.port import KubeError
 
@@ -358,6 +374,7 @@ def device_plugin(
     )
 
     hook = NodeIsolation(
+        cgpu_policy=policy_number,
         policy=isolation,
         lib_dir=Path(isolation_lib_dir),
         state_dir=Path(state_dir),

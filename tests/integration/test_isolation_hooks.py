@@ -31,7 +31,8 @@ from gpushare.deviceplugin.isolation import (
 )
 from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.deviceplugin.preflight import StartRefused
-from gpushare.isolation.limits import CONTAINER_LIMITS_FILE
+from gpushare.isolation.limits import CONTAINER_LIMITS_FILE, ContainerLimits
+from gpushare.isolation.policy import CONTAINER_SCHED_DIR, Policy, slot_id
 from gpushare.kube.memory import MemoryKube
 from tests import grpc_loop
 
@@ -415,3 +416,51 @@ def test_the_real_runner_speaks_nvidia_cuda_mps_control(
     runner.stop(pipe)
     assert not runner.alive(pipe)
     assert (pipe / "commands").read_text().split() == ["get_server_list", "quit"]
+
+
+def test_a_cgpu_policy_gives_each_container_a_slot_in_its_gpus_schedule() -> None:
+    """Policy 3 (fixed): the limits file names the policy, and the schedule holds the share."""
+
+    def make(root: Path, source: FakeGpus) -> NodeIsolation:
+        return NodeIsolation(
+            policy="auto",
+            lib_dir=root / "lib",
+            state_dir=root / "state",
+            unit=MemoryUnit.GiB,
+            source=source,
+            packaged=fake_library(),
+            cgpu_policy=Policy.FIXED,
+        )
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        placed, admitted = await admit(r, pod("trainer", 4))
+        uid = placed["metadata"]["uid"]
+        envs, mounts = admitted.envs["c0"], admitted.mounts["c0"]
+        assert envs["GPUSHARE_CGPU_POLICY"] == "3" and "GPUSHARE_CORE_LIMIT" not in envs
+        sched = r.root / "state" / "sched"
+        assert (CONTAINER_SCHED_DIR, str(sched), True) in mounts
+        limits = ContainerLimits.parse(
+            (r.root / "state" / "limits" / uid / "c0" / "limits").read_text()
+        )
+        gpu = limits.gpus[0]
+        memory = {g.index: g.memory_mib for g in r.gpus.gpus()}[gpu]
+        assert limits.policy == 3 and limits.slot == slot_id(f"{uid}/c0")
+        assert limits.core_pct == round(100 * 4 * 1024 / memory)
+        text = (sched / f"gpu{gpu}").read_text()
+        slot = next(line for line in text.splitlines() if line.startswith("slot="))
+        assert slot == f"slot={limits.slot},0,{limits.core_pct * 1_000_000}", text
+
+    run(body, mode="cgpu", hook=make)
+
+
+def test_the_device_plugin_refuses_a_policy_outside_0_to_5() -> None:
+    from click.testing import CliRunner
+
+    from gpushare.cli import main
+
+    out = CliRunner().invoke(
+        main, ["device-plugin", "--node-name", "n"], env={"GPUSHARE_ISOLATION_POLICY": "7"}
+    )
+    assert out.exit_code == 2
+    assert "GPUSHARE_ISOLATION_POLICY)='7' is not a cGPU policy" in out.output

@@ -633,13 +633,36 @@ def test_without_a_broker_every_allocation_is_refused(
 
 
 GOOD = "version=2\nmem_limit=1073741824\ncore_limit=0\nunit=1GiB\nbroker=/b.sock\n"
+GOOD3 = (
+    GOOD.replace("version=2", "version=3")
+    + "policy=3\nweight=1\nslot=ab12\nsched_dir=/s\ngpus=0,1\n"
+)
 MALFORMED = {
     "cut short": (GOOD[:-1], "it does not end with a newline (cut short?)"),
-    "unknown setting": (GOOD + "gpus=all\n", "line 6: unknown setting 'gpus'"),
+    "unknown setting": (GOOD + "gpu_count=all\n", "line 6: unknown setting 'gpu_count'"),
     "newer version": (
-        GOOD.replace("version=2", "version=3"),
-        "version=3, but this interposer reads versions 1 and 2",
+        GOOD.replace("version=2", "version=4"),
+        "version=4, but this interposer reads versions 1, 2 and 3",
     ),
+    "version 2 naming a policy": (
+        GOOD + "policy=3\n",
+        "line 6: policy is not a setting of version 2",
+    ),
+    "version 3 without its schedule": (
+        GOOD.replace("version=2", "version=3"),
+        "policy is missing",
+    ),
+    "policy 5 in a schedule": (
+        GOOD3.replace("policy=3", "policy=5"),
+        "policy=5 is not a scheduled cGPU policy (0 to 4)",
+    ),
+    "weight 0": (GOOD3.replace("weight=1", "weight=0"), "weight=0 is not a whole number from 1"),
+    "a slot with a dash": (GOOD3.replace("slot=ab12", "slot=ab-12"), "slot=ab-12 is not 1 to 32"),
+    "relative sched_dir": (
+        GOOD3.replace("sched_dir=/s", "sched_dir=s"),
+        "sched_dir=s is not an absolute path",
+    ),
+    "gpus not indexes": (GOOD3.replace("gpus=0,1", "gpus=0,x"), "gpus=0,x is not a list"),
     "version 1 naming a broker": (
         GOOD.replace("version=2", "version=1"),
         "line 5: broker is not a setting of version 1",

@@ -57,7 +57,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Protocol
 
-from gpushare.core.handoff import MEM
+from gpushare.core.handoff import MEM, Signature
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.broker import (
     CONTAINER_BROKER_DIR,
@@ -79,6 +79,7 @@ from gpushare.isolation.limits import (
     ContainerLimits,
     mem_limit_text,
 )
+from gpushare.isolation.policy import CONTAINER_SCHED_DIR, Member, Policy, schedule, slot_id
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,8 @@ BY_DEVICES = "by-devices"
 PRUNE_GRACE_S = 60.0
 """Per-container directories younger than this are kept: the live lists may predate them."""
 PER_CONTAINER = ("broker", "limits", "accounting")
+SCHED = "sched"
+"""The state directory's per-GPU schedule files (cGPU policies 0..4), ``gpu<index>``."""
 """The state directory's per-container kinds (``accounting``: usage tables of older plugins)."""
 
 
@@ -209,12 +212,20 @@ class InterposerIsolation:
         state_dir: Path,
         unit: MemoryUnit,
         packaged: Path | None = None,
+        cgpu_policy: Policy = Policy.NATIVE,
+        gpu_memory_mib: dict[int, int] | None = None,
     ) -> None:
         self.lib_dir = lib_dir
         self.state_dir = state_dir
         self.unit = unit
         self.packaged = packaged
         self.broker = Broker(state_dir / "broker")
+        self.cgpu_policy = cgpu_policy
+        self.gpu_memory_mib = gpu_memory_mib or {}
+        self.members: dict[int, dict[str, Member]] = {}
+        """Per host GPU index, the scheduled containers by account key."""
+        self.epoch_ns = time.monotonic_ns()
+        """CLOCK_MONOTONIC is the host's, containers included: one epoch for every schedule."""
 
     def prepare(self, mode: str) -> str:
         """Install the library and the preload list, serve the accounts of running containers."""
@@ -231,10 +242,44 @@ class InterposerIsolation:
             try:
                 limits = ContainerLimits.parse(path.read_text())
                 self.broker.open(key, limits.mem_limit_bytes, settle_s=SETTLE_S)
+                if limits.policy is not None:
+                    for gpu in limits.gpus:
+                        self.members.setdefault(gpu, {})[key] = Member(
+                            limits.slot, limits.core_pct, limits.weight
+                        )
             except (OSError, ValueError) as err:
                 log.warning("key=%s phase=restore account not served: %s", key, err)
                 continue
             log.info("key=%s phase=restore account served", key)
+        self.write_schedules(set(self.members))
+
+    def write_schedules(self, gpus: set[int]) -> None:
+        """Rewrite the schedule of each GPU from its members (every member counts as active).
+
+        Each container's interposer re-reads its GPU's file at most every 100 ms.
+        """
+        if self.cgpu_policy is Policy.NATIVE:
+            return
+        for gpu in sorted(gpus):
+            members = list(self.members.get(gpu, {}).values())
+            plan = schedule(
+                self.cgpu_policy,
+                members,
+                max_pods=self.unit.default_max_pods_per_gpu,
+                epoch_ns=self.epoch_ns,
+            )
+            _write_atomically(self.state_dir / SCHED / f"gpu{gpu}", plan.render(), 0o444)
+
+    def fixed_share(self, signature: Signature) -> int:
+        """Policy 3's share: the pod's computing power, else its memory's share of the GPU."""
+        if signature.core_layout:
+            return max(p for _, p in signature.core_layout)
+        shares = [
+            100 * units * self.unit.mib / self.gpu_memory_mib[gpu]
+            for gpu, units in signature.layout
+            if self.gpu_memory_mib.get(gpu)
+        ]
+        return max(1, min(100, round(max(shares)))) if shares else 100
 
     def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
         """Add the preload, the limits and the broker's socket to a memory answer."""
@@ -252,8 +297,23 @@ class InterposerIsolation:
             unit=self.unit.value,
             broker=CONTAINER_BROKER_SOCKET,
         )
+        scheduled = target.mode == "cgpu" and self.cgpu_policy is not Policy.NATIVE
+        gpus = tuple(gpu for gpu, _ in signature.layout)
+        if scheduled:
+            limits = replace(
+                limits,
+                core_pct=self.fixed_share(signature) if self.cgpu_policy is Policy.FIXED else 0,
+                policy=int(self.cgpu_policy),
+                slot=slot_id(key),
+                sched_dir=CONTAINER_SCHED_DIR,
+                gpus=gpus,
+            )
+            for gpu in gpus:
+                self.members.setdefault(gpu, {})[key] = Member(limits.slot, limits.core_pct)
         limits_file = self.state_dir / "limits" / key / LIMITS_FILE_NAME
         try:
+            if scheduled:
+                self.write_schedules(set(gpus))
             _write_atomically(limits_file, limits.render(), 0o444)
             broker_dir = self.broker.open(key, limits.mem_limit_bytes)
         except OSError as err:
@@ -266,7 +326,7 @@ class InterposerIsolation:
             "LD_PRELOAD": f"{CONTAINER_LIB_DIR}/{LIB_NAME}",
             "GPUSHARE_MEM_LIMIT": mem_limit_text(limits.mem_limit_bytes),
         }
-        if limits.core_pct:
+        if limits.core_pct and not scheduled:
             envs["GPUSHARE_CORE_LIMIT"] = str(limits.core_pct)
         mounts = (
             *answer.mounts,
@@ -275,6 +335,9 @@ class InterposerIsolation:
             (CONTAINER_LIMITS_FILE, str(limits_file), True),
             (CONTAINER_BROKER_DIR, str(broker_dir), True),
         )
+        if scheduled:
+            envs["GPUSHARE_CGPU_POLICY"] = str(limits.policy)
+            mounts = (*mounts, (CONTAINER_SCHED_DIR, str(self.state_dir / SCHED), True))
         return replace(answer, envs=envs, mounts=mounts)
 
     def prune(self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]) -> None:
@@ -283,11 +346,22 @@ class InterposerIsolation:
             root = self.state_dir / kind
             for path in prune_accounting(root, live_uids, live_devices, now=time.time()):
                 log.info("%s=%s phase=prune", kind, path)
+                gone = path.relative_to(root).as_posix()
                 if kind == "broker":
-                    gone = path.relative_to(root).as_posix()
                     for key in self.broker.served():
                         if key == gone or key.startswith(f"{gone}/"):
                             self.broker.drop(key)
+                if kind == "limits":
+                    self.forget(gone)
+
+    def forget(self, gone: str) -> None:
+        """Take the containers under an account key (or its pod) out of their GPUs' schedules."""
+        changed = set()
+        for gpu, members in self.members.items():
+            for key in [k for k in members if k == gone or k.startswith(f"{gone}/")]:
+                del members[key]
+                changed.add(gpu)
+        self.write_schedules(changed)
 
     def close(self) -> None:
         """Stop serving the accounts; the library and the sockets stay for the next plugin."""
@@ -456,10 +530,12 @@ class NodeIsolation:
         source: GpuSource,
         runner: DaemonRunner | None = None,
         packaged: Path | None = None,
+        cgpu_policy: Policy = Policy.NATIVE,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"--isolation={policy!r} is not supported: use auto or none")
         self.policy = policy
+        self.cgpu_policy = cgpu_policy
         self.lib_dir = lib_dir
         self.state_dir = state_dir
         self.unit = unit
@@ -484,7 +560,11 @@ class NodeIsolation:
                 state_dir=self.state_dir,
                 unit=self.unit,
                 packaged=self.packaged,
+                cgpu_policy=self.cgpu_policy,
+                gpu_memory_mib={g.index: g.memory_mib for g in self.source.gpus()},
             )
+            if mode == "cgpu":
+                log.info("mode=cgpu policy=%d %s", self.cgpu_policy, self.cgpu_policy.name.lower())
         return self.chosen.prepare(mode)
 
     def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:

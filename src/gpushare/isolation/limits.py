@@ -22,9 +22,13 @@ table the container itself wrote; the plugin no longer writes it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 LIMITS_VERSION = 2
+SCHEDULED_VERSION = 3
+"""Version 3 adds a cGPU policy's settings (``gpushare.isolation.policy``): ``policy``,
+``weight``, ``slot`` (the container's name in the schedules), ``sched_dir`` (where the container
+sees the schedule files) and ``gpus`` (the host GPU index of each device ordinal)."""
 CONTAINER_LIMITS_FILE = "/etc/gpushare/limits"
 """Where containers see the file; compiled into the interposer (``GPUSHARE_LIMITS_FILE``)."""
 LIMITS_FILE_NAME = "limits"
@@ -53,9 +57,15 @@ class ContainerLimits:
     """The memory unit the limits were counted in (``1GiB``, ``128MiB``); for people."""
     broker: str
     """The container path of the accounting broker's socket."""
+    policy: int | None = None
+    """A cGPU policy 0..4 whose time slices hold this container (version 3); None: none."""
+    weight: int = 1
+    slot: str = ""
+    sched_dir: str = ""
+    gpus: tuple[int, ...] = ()
 
     def render(self) -> str:
-        """The file's text, version 1."""
+        """The file's text: version 2, or 3 when a policy's schedule holds the container."""
         if not 0 <= self.core_pct <= 100:
             raise ValueError(f"core_pct must be 0..100, got {self.core_pct}")
         if not self.broker.startswith("/") or len(self.broker.encode()) > MAX_SOCKET_PATH:
@@ -66,19 +76,43 @@ class ContainerLimits:
         for name, value in (("unit", self.unit), ("broker", self.broker)):
             if not value or any(c <= " " or c >= "\x7f" for c in value):
                 raise ValueError(f"{name}={value!r} must be non-empty printable ASCII, no spaces")
-        return (
+        scheduled = self.policy is not None
+        if scheduled:
+            self._check_scheduled()
+        text = (
             "# gpushare: this container's GPU limits, written by the device plugin and read by\n"
             "# libgpushare-cuda.so; they win over GPUSHARE_* in the environment.\n"
-            f"version={LIMITS_VERSION}\n"
+            f"version={SCHEDULED_VERSION if scheduled else LIMITS_VERSION}\n"
             f"mem_limit={mem_limit_text(self.mem_limit_bytes)}\n"
             f"core_limit={self.core_pct}\n"
             f"unit={self.unit}\n"
             f"broker={self.broker}\n"
         )
+        if scheduled:
+            text += (
+                f"policy={self.policy}\n"
+                f"weight={self.weight}\n"
+                f"slot={self.slot}\n"
+                f"sched_dir={self.sched_dir}\n"
+                f"gpus={','.join(str(g) for g in self.gpus)}\n"
+            )
+        return text
+
+    def _check_scheduled(self) -> None:
+        if self.policy not in range(5):
+            raise ValueError(f"policy must be 0..4 for a schedule (5 has none), got {self.policy}")
+        if not 1 <= self.weight <= 100:
+            raise ValueError(f"weight must be 1..100, got {self.weight}")
+        if not (self.slot.isalnum() and self.slot.isascii() and len(self.slot) <= 32):
+            raise ValueError(f"slot must be 1..32 ASCII letters or digits, got {self.slot!r}")
+        if not self.sched_dir.startswith("/") or len(self.sched_dir.encode()) > 200:
+            raise ValueError(f"sched_dir must be an absolute path, got {self.sched_dir!r}")
+        if not self.gpus or len(self.gpus) > 16 or any(not 0 <= g < 1000 for g in self.gpus):
+            raise ValueError(f"gpus must be 1..16 host GPU indexes, got {self.gpus!r}")
 
     @classmethod
     def parse(cls, text: str) -> ContainerLimits:
-        """Read back a version 2 file as :meth:`render` writes it; ValueError says what is wrong.
+        """Read back a version 2 or 3 file as :meth:`render` writes it; ValueError says why not.
 
         The plugin reads its own files when it restarts, to serve each container's account again
         with the limits it was given.
@@ -91,11 +125,23 @@ class ContainerLimits:
             if not eq or key in settings:
                 raise ValueError(f"line {line!r} is not a key=value setting given once")
             settings[key] = value
-        if settings.get("version") != str(LIMITS_VERSION):
-            raise ValueError(f"version={settings.get('version')!r}, expected {LIMITS_VERSION}")
+        version = settings.get("version")
+        if version not in (str(LIMITS_VERSION), str(SCHEDULED_VERSION)):
+            raise ValueError(
+                f"version={version!r}, expected {LIMITS_VERSION} or {SCHEDULED_VERSION}"
+            )
         try:
             mem = tuple(int(v) for v in settings["mem_limit"].split(","))
             limits = cls(mem, int(settings["core_limit"]), settings["unit"], settings["broker"])
+            if version == str(SCHEDULED_VERSION):
+                limits = replace(
+                    limits,
+                    policy=int(settings["policy"]),
+                    weight=int(settings["weight"]),
+                    slot=settings["slot"],
+                    sched_dir=settings["sched_dir"],
+                    gpus=tuple(int(g) for g in settings["gpus"].split(",")),
+                )
         except (KeyError, ValueError) as err:
             raise ValueError(f"not a limits file of version {LIMITS_VERSION}: {err}") from err
         limits.render()  # the same checks as when it was written

@@ -30,6 +30,7 @@ struct sm {
     uint64_t ring_n;
     uint64_t start[RING];
     uint64_t end[RING];
+    int32_t pid[RING];
 };
 static struct sm *sm;
 static int sm_fd = -1;
@@ -81,8 +82,9 @@ static void sleep_until(uint64_t t) {
     nanosleep(&ts, NULL);
 }
 
-/* Busy nanoseconds of the fake SM within [since, until]. */
-uint64_t fakecuda_busy_ns(uint64_t since, uint64_t until) {
+/* Busy nanoseconds of the fake SM within [since, until], of one process's kernels (pid > 0) or
+ * everyone's (pid 0). */
+uint64_t fakecuda_busy_pid_ns(int pid, uint64_t since, uint64_t until) {
     uint64_t busy = 0;
     sm_lock();
     uint64_t n = sm->ring_n < RING ? sm->ring_n : RING;
@@ -90,6 +92,8 @@ uint64_t fakecuda_busy_ns(uint64_t since, uint64_t until) {
         uint64_t j = (sm->ring_n - 1 - i) % RING;
         if (sm->end[j] <= since)
             break;
+        if (pid > 0 && sm->pid[j] != pid)
+            continue;
         uint64_t s = sm->start[j] > since ? sm->start[j] : since;
         uint64_t e = sm->end[j] < until ? sm->end[j] : until;
         if (e > s)
@@ -97,6 +101,10 @@ uint64_t fakecuda_busy_ns(uint64_t since, uint64_t until) {
     }
     sm_unlock();
     return busy;
+}
+
+uint64_t fakecuda_busy_ns(uint64_t since, uint64_t until) {
+    return fakecuda_busy_pid_ns(0, since, until);
 }
 
 uint64_t fakecuda_now_ns(void) { return now_ns(); }
@@ -113,6 +121,7 @@ static CUresult launch(void) {
     uint64_t end = start + kernel_ns;
     sm->start[sm->ring_n % RING] = start;
     sm->end[sm->ring_n % RING] = end;
+    sm->pid[sm->ring_n % RING] = (int32_t)getpid();
     sm->ring_n++;
     sm->last_end = end;
     sm_unlock();

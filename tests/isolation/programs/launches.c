@@ -1,16 +1,19 @@
 /*
  * Launches fake kernels flat out (cuLaunchKernel; one in four each through cuLaunchKernelEx,
  * cuLaunchCooperativeKernel and cuGraphLaunch) for SECONDS and prints the fake SM's utilisation over the second
- * half of the run: "util=<percent> launches=<n>".
+ * half of the run: "util=<percent> launches=<n> own=<percent>", own being this process's kernels
+ * alone (on a fake GPU shared through FAKE_GPU_STATE).
  */
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "gpushare_cuda.h"
 
 uint64_t fakecuda_busy_ns(uint64_t since, uint64_t until);
+uint64_t fakecuda_busy_pid_ns(int pid, uint64_t since, uint64_t until);
 uint64_t fakecuda_now_ns(void);
 
 int main(int argc, char **argv) {
@@ -36,6 +39,7 @@ int main(int argc, char **argv) {
     cuCtxSynchronize();
     uint64_t stop = fakecuda_now_ns();
     double util = 100.0 * (double)fakecuda_busy_ns(half, stop) / (double)(stop - half);
-    printf("util=%.1f launches=%lu\n", util, n);
+    double own = 100.0 * (double)fakecuda_busy_pid_ns(getpid(), half, stop) / (double)(stop - half);
+    printf("util=%.1f launches=%lu own=%.1f\n", util, n, own);
     return 0;
 }

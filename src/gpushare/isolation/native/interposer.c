@@ -131,6 +131,11 @@ static int gs_refuse;            /* the limits file is unusable: refuse every al
 static char gs_accounting[1024]; /* "" = count this process alone */
 #define GS_SUN_PATH 108               /* sizeof(struct sockaddr_un.sun_path) */
 static char gs_broker[GS_SUN_PATH]; /* "" = no broker: count in the table (or alone) */
+static int gs_policy = 5;           /* cGPU policy; 0..4 hold launches to the GPU's schedule */
+static char gs_slot[33];            /* this container's name in the schedules */
+static char gs_sched_dir[256];      /* where the schedule files are, one per host GPU index */
+static int gs_gpus[GS_MAX_DEVS];    /* host GPU index of each device ordinal */
+static int gs_ngpus;
 
 /* "B" or "B,B,...", bytes per device ordinal: how many, or 0 when it is not that (strict: no
  * value may be 0). Digits only: no sign, space or suffix, no overflow. */
@@ -170,6 +175,11 @@ struct gs_file {
     char accounting[sizeof gs_accounting];
     char broker[sizeof gs_broker];
     int version;
+    int policy;
+    char slot[sizeof gs_slot];
+    char sched_dir[sizeof gs_sched_dir];
+    int gpus[GS_MAX_DEVS];
+    int ngpus;
 };
 
 static int gs_printable(const char *v) {
@@ -186,9 +196,10 @@ static int gs_printable(const char *v) {
  * comments. Version 1 names the usage table's directory (accounting_dir), version 2 the
  * accounting broker's socket (broker); neither may name the other's. */
 static void gs_parse_file(char *text, size_t len, struct gs_file *f, char *why, size_t whylen) {
-    enum { VERSION, MEM, CORE, UNIT, ACCOUNTING, BROKER, NKEYS };
-    static const char *keys[NKEYS] = {"version", "mem_limit",      "core_limit",
-                                      "unit",    "accounting_dir", "broker"};
+    enum { VERSION, MEM, CORE, UNIT, ACCOUNTING, BROKER, POLICY, WEIGHT, SLOT, SCHED, GPUS, NKEYS };
+    static const char *keys[NKEYS] = {"version", "mem_limit", "core_limit", "unit",
+                                      "accounting_dir", "broker", "policy", "weight",
+                                      "slot", "sched_dir", "gpus"};
     int seen[NKEYS] = {0};
     why[0] = '\0';
     if (memchr(text, '\0', len) != NULL) {
@@ -235,14 +246,15 @@ static void gs_parse_file(char *text, size_t len, struct gs_file *f, char *why, 
             return;
         }
         if (k == VERSION) {
-            if (strcmp(value, "1") != 0 && strcmp(value, "2") != 0) {
-                snprintf(why, whylen, "version=%.32s, but this interposer reads versions 1 and 2",
-                         value);
+            if (strcmp(value, "1") != 0 && strcmp(value, "2") != 0 && strcmp(value, "3") != 0) {
+                snprintf(why, whylen,
+                         "version=%.32s, but this interposer reads versions 1, 2 and 3", value);
                 return;
             }
             f->version = value[0] - '0';
         }
-        if ((k == ACCOUNTING && f->version != 1) || (k == BROKER && f->version != 2)) {
+        if ((k == ACCOUNTING && f->version != 1) || (k == BROKER && f->version == 1) ||
+            (k >= POLICY && f->version != 3)) {
             snprintf(why, whylen, "line %d: %s is not a setting of version %d", lineno, keys[k],
                      f->version);
             return;
@@ -283,9 +295,58 @@ static void gs_parse_file(char *text, size_t len, struct gs_file *f, char *why, 
             }
             snprintf(f->broker, sizeof f->broker, "%s", value);
         }
+        if (k == POLICY) {
+            if (strlen(value) != 1 || value[0] < '0' || value[0] > '4') {
+                snprintf(why, whylen, "policy=%.32s is not a scheduled cGPU policy (0 to 4)",
+                         value);
+                return;
+            }
+            f->policy = value[0] - '0';
+        }
+        if (k == WEIGHT) {
+            unsigned long long w[GS_MAX_DEVS];
+            if (gs_parse_bytes(value, w, 1) != 1 || w[0] > 100) {
+                snprintf(why, whylen, "weight=%.32s is not a whole number from 1 to 100", value);
+                return;
+            }
+        }
+        if (k == SLOT) {
+            size_t n = strlen(value), i = 0;
+            while (i < n && ((value[i] >= '0' && value[i] <= '9') ||
+                             (value[i] >= 'a' && value[i] <= 'z') ||
+                             (value[i] >= 'A' && value[i] <= 'Z')))
+                i++;
+            if (i != n || n >= sizeof f->slot) {
+                snprintf(why, whylen, "slot=%.40s is not 1 to 32 letters or digits", value);
+                return;
+            }
+            snprintf(f->slot, sizeof f->slot, "%s", value);
+        }
+        if (k == SCHED) {
+            if (value[0] != '/' || strlen(value) >= sizeof f->sched_dir - 16) {
+                snprintf(why, whylen, "sched_dir=%.64s is not an absolute path", value);
+                return;
+            }
+            snprintf(f->sched_dir, sizeof f->sched_dir, "%s", value);
+        }
+        if (k == GPUS) {
+            unsigned long long g[GS_MAX_DEVS];
+            int n = gs_parse_bytes(value, g, 0);
+            for (int i = 0; i < n; i++)
+                if (g[i] >= 1000)
+                    n = 0;
+            if (n == 0) {
+                snprintf(why, whylen, "gpus=%.64s is not a list of host GPU indexes", value);
+                return;
+            }
+            for (int i = 0; i < n; i++)
+                f->gpus[i] = (int)g[i];
+            f->ngpus = n;
+        }
     }
     for (int k = 0; k < NKEYS; k++) {
-        if (k == (f->version == 2 ? ACCOUNTING : BROKER))
+        if (k == ACCOUNTING ? f->version != 1
+                            : k == BROKER ? f->version == 1 : k >= POLICY && f->version != 3)
             continue;
         if (!seen[k]) {
             snprintf(why, whylen, "%s is missing", keys[k]);
@@ -377,6 +438,14 @@ static void gs_config_init(void) {
         gs_core_pct = f.core_pct < 100 ? f.core_pct : 0;
         snprintf(gs_accounting, sizeof gs_accounting, "%s", f.accounting);
         snprintf(gs_broker, sizeof gs_broker, "%s", f.broker);
+        if (f.version == 3) {
+            gs_policy = f.policy;
+            gs_core_pct = 0; /* the schedule, not the rate throttle, holds this container */
+            snprintf(gs_slot, sizeof gs_slot, "%s", f.slot);
+            snprintf(gs_sched_dir, sizeof gs_sched_dir, "%s", f.sched_dir);
+            memcpy(gs_gpus, f.gpus, sizeof gs_gpus);
+            gs_ngpus = f.ngpus;
+        }
     } else {
         if (mem != NULL && *mem != '\0' && env_n == 0)
             fprintf(stderr,
@@ -1412,9 +1481,149 @@ static void gs_throttle_init(void) {
     gs_detached(gs_controller, "the throttle");
 }
 
+/* ------------------------------------------------------------------ cGPU policy schedule */
+
+/*
+ * Policies 0..4 (limits file version 3): the device plugin writes one schedule per host GPU,
+ * <sched_dir>/gpu<index>, in a host directory mounted read-only: a period, an epoch on
+ * CLOCK_MONOTONIC (one clock for the whole host, containers included) and slots
+ * "slot=<owner>,<start_ns>,<length_ns>", owner "*" being policy 4's open window. A launch waits
+ * until the current offset in the period lies in one of this container's slots (or the open
+ * window). The file is re-read at most every 100 ms, so a new member or a changed share takes
+ * effect within one period. A missing or unreadable schedule, or one without this container,
+ * is said once and launches run unscheduled: the plugin writes the file before the container
+ * starts, and the container cannot write it.
+ */
+#define GS_SCHED_SLOTS 64
+struct gs_sched {
+    pthread_mutex_t lock;
+    uint64_t loaded_ns;
+    int usable;
+    long long period, epoch;
+    int n;
+    long long start[GS_SCHED_SLOTS], len[GS_SCHED_SLOTS];
+    int said;
+    uint64_t last_launch_ns;
+    double gap_ns; /* average time between this process's launches while it may launch */
+};
+static struct gs_sched gs_scheds[GS_MAX_DEVS];
+static pthread_once_t gs_sched_once = PTHREAD_ONCE_INIT;
+
+static void gs_sched_init(void) {
+    for (int d = 0; d < GS_MAX_DEVS; d++)
+        pthread_mutex_init(&gs_scheds[d].lock, NULL);
+}
+
+/* Re-read the schedule of a device ordinal; sets why when it cannot be used. */
+static void gs_sched_load(struct gs_sched *s, int host, char *why, size_t whylen) {
+    char path[sizeof gs_sched_dir + 24];
+    snprintf(path, sizeof path, "%s/gpu%d", gs_sched_dir, host);
+    s->usable = 0;
+    s->n = 0;
+    why[0] = '\0';
+    FILE *fp = fopen(path, "re");
+    if (fp == NULL) {
+        snprintf(why, whylen, "cannot open %s: %s", path, strerror(errno));
+        return;
+    }
+    char line[160];
+    int version = 0;
+    s->period = 0;
+    while (fgets(line, sizeof line, fp) != NULL) {
+        char owner[40];
+        long long a, b;
+        if (line[0] == '#')
+            continue;
+        if (sscanf(line, "version=%d", &version) == 1)
+            continue;
+        if (sscanf(line, "period_ns=%lld", &a) == 1)
+            s->period = a;
+        else if (sscanf(line, "epoch_ns=%lld", &a) == 1)
+            s->epoch = a;
+        else if (sscanf(line, "slot=%39[^,],%lld,%lld", owner, &a, &b) == 3) {
+            if ((strcmp(owner, gs_slot) == 0 || strcmp(owner, "*") == 0) && s->n < GS_SCHED_SLOTS &&
+                a >= 0 && b > 0) {
+                s->start[s->n] = a;
+                s->len[s->n] = b;
+                s->n++;
+            }
+        }
+    }
+    fclose(fp);
+    if (version != 1 || s->period <= 0)
+        snprintf(why, whylen, "%s is not a version 1 schedule with a period", path);
+    else if (s->n == 0)
+        snprintf(why, whylen, "%s gives this container (slot %s) no time", path, gs_slot);
+    else
+        s->usable = 1;
+}
+
+/* Wait until this container may launch on device ordinal dev. */
+static void gs_sched_gate(int dev) {
+    if (dev < 0 || dev >= gs_ngpus)
+        return;
+    pthread_once(&gs_sched_once, gs_sched_init);
+    struct gs_sched *s = &gs_scheds[dev];
+    for (;;) {
+        uint64_t now = gs_now_ns();
+        long long wait = 0;
+        char why[384];
+        why[0] = '\0';
+        pthread_mutex_lock(&s->lock);
+        if (s->loaded_ns == 0 || now - s->loaded_ns > 100000000ULL) {
+            gs_sched_load(s, gs_gpus[dev], why, sizeof why);
+            s->loaded_ns = now;
+            if (why[0] != '\0' && !s->said) {
+                s->said = 1;
+                fprintf(stderr,
+                        "gpushare: cGPU policy %d: %s; launches on device %d run unscheduled "
+                        "until it does\n",
+                        gs_policy, why, dev);
+            }
+        }
+        if (s->usable) {
+            long long t = ((long long)now - s->epoch) % s->period;
+            if (t < 0)
+                t += s->period;
+            wait = -1;
+            for (int i = 0; i < s->n; i++) {
+                long long w;
+                /* Launches queue up: stop early enough for the queued work to end in the slot.
+                 * A launcher kept waiting by the driver's full queue launches once per kernel,
+                 * so twice its launch interval covers the queue the fake driver (and a GPU
+                 * running long kernels) holds. */
+                long long guard = (long long)(2 * s->gap_ns);
+                if (guard > s->len[i] / 4)
+                    guard = s->len[i] / 4;
+                if (t >= s->start[i] && t < s->start[i] + s->len[i] - guard) {
+                    wait = 0;
+                    if (s->last_launch_ns != 0 && now - s->last_launch_ns < (uint64_t)s->len[i]) {
+                        double gap = (double)(now - s->last_launch_ns);
+                        s->gap_ns = s->gap_ns > 0 ? 0.8 * s->gap_ns + 0.2 * gap : gap;
+                    }
+                    s->last_launch_ns = now;
+                    break;
+                }
+                w = s->start[i] > t ? s->start[i] - t : s->start[i] + s->period - t;
+                if (wait < 0 || w < wait)
+                    wait = w;
+            }
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (wait <= 0)
+            return;
+        struct timespec ts = {(time_t)(wait / 1000000000LL), (long)(wait % 1000000000LL)};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* Wait for a launch token on the current device. */
 static void gs_throttle(void) {
     gs_config();
+    if (gs_policy < 5) {
+        gs_sched_gate(gs_current_device());
+        return;
+    }
     if (gs_core_pct == 0)
         return;
     pthread_once(&gs_throttle_once, gs_throttle_init);

@@ -1,0 +1,179 @@
+"""cGPU computing-power policies: how the containers of one ``cgpu`` GPU share its time.
+
+ACK's ack-ai-installer takes a cGPU ``policy`` number; gpushare's chart passes it to the device
+plugin (``--cgpu-policy``, ``GPUSHARE_ISOLATION_POLICY``), which turns it, for each GPU, into a
+schedule of time slices that the interposer holds every launch of a container to:
+
+- 0 ``even``: every container gets ``1 / max pods per GPU`` of each period, used or not.
+- 1 ``preemptive``: the period is split evenly among the containers active on the GPU.
+- 2 ``weighted``: as 1, in proportion to each container's ``ALIYUN_COM_GPU_SCHD_WEIGHT``.
+- 3 ``fixed``: every container gets its own computing-power share, used or not.
+- 4 ``soft``: every active container gets the even share of 0, and the rest of the period is
+  an open window that any active container may use (idle time beyond its share).
+- 5 ``native``: no schedule; the GPU's own scheduling (the default).
+
+This module is pure: it validates the number and computes a schedule from the members of one
+GPU; the device plugin writes what :meth:`Schedule.render` returns, atomically, into a host
+directory mounted read-only into the containers (``gpushare.deviceplugin.isolation``), and the
+interposer (``native/interposer.c``, ``gs_sched_*``) reads it. The file is the containers' shared
+view of each other: they can read it and cannot write it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from enum import IntEnum
+
+SCHEDULE_VERSION = 1
+DEFAULT_PERIOD_NS = 100_000_000
+"""One round of time slices: 100 ms (a 5 % share is a 5 ms slice)."""
+CONTAINER_SCHED_DIR = "/var/run/gpushare-sched"
+"""Where containers see the node's schedule files (one per host GPU index), read-only."""
+MAX_WEIGHT = 100
+POLICY_ENV = "GPUSHARE_ISOLATION_POLICY"
+WEIGHT_ENV = "ALIYUN_COM_GPU_SCHD_WEIGHT"
+
+
+class Policy(IntEnum):
+    """ACK's cGPU policy numbers."""
+
+    EVEN = 0
+    PREEMPTIVE = 1
+    WEIGHTED = 2
+    FIXED = 3
+    SOFT = 4
+    NATIVE = 5
+
+
+class PolicyError(ValueError):
+    """A policy number or weight is not valid; the message names the field, value and rule."""
+
+
+def parse_policy(value: object, field: str = "policy") -> Policy:
+    """The policy for ``value`` (an int or its decimal text); PolicyError says what is wrong."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) not in range(6):
+        raise PolicyError(
+            f"{field}={value!r} is not a cGPU policy: use 0 (even share), 1 (preemptive), "
+            f"2 (weighted preemptive), 3 (fixed share), 4 (soft) or 5 (native, the default)"
+        )
+    return Policy(int(text))
+
+
+def parse_weight(value: object, field: str = WEIGHT_ENV) -> int:
+    """A scheduling weight, 1..MAX_WEIGHT; PolicyError says what is wrong."""
+    text = str(value).strip()
+    if not text.isdigit() or not 1 <= int(text) <= MAX_WEIGHT:
+        raise PolicyError(
+            f"{field}={value!r} is not a scheduling weight: use a whole number from 1 to "
+            f"{MAX_WEIGHT} (policy 2 shares a GPU's time in proportion to it)"
+        )
+    return int(text)
+
+
+def slot_id(key: str) -> str:
+    """A container's name in schedules: short, printable, the same for the same account key."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Member:
+    """One container on one GPU, as the schedule sees it."""
+
+    slot: str
+    share_pct: float
+    """Its own computing-power share (policy 3), 0 < share <= 100."""
+    weight: int = 1
+    active: bool = True
+    """Launching now; policies 1, 2 and 4 give time to active members only."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A stretch of each period that one container (or, for ``open``, every member) may use."""
+
+    owner: str
+    start_ns: int
+    length_ns: int
+
+
+OPEN = "*"
+"""The owner of policy 4's open window: any member of the schedule may launch in it."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One GPU's time slices for one policy."""
+
+    policy: Policy
+    period_ns: int
+    epoch_ns: int
+    slots: tuple[Slot, ...]
+
+    def share_of(self, slot: str) -> float:
+        """The fraction of each period ``slot`` owns outright (the open window not counted)."""
+        return sum(s.length_ns for s in self.slots if s.owner == slot) / self.period_ns
+
+    def render(self) -> str:
+        """The schedule file's text, as the interposer reads it."""
+        lines = [
+            "# gpushare: computing-power time slices of one GPU, written by the device plugin",
+            "# and read by libgpushare-cuda.so; offsets are CLOCK_MONOTONIC ns from epoch_ns.",
+            f"version={SCHEDULE_VERSION}",
+            f"policy={int(self.policy)}",
+            f"period_ns={self.period_ns}",
+            f"epoch_ns={self.epoch_ns}",
+        ]
+        lines += [f"slot={s.owner},{s.start_ns},{s.length_ns}" for s in self.slots]
+        return "\n".join(lines) + "\n"
+
+
+def shares(policy: Policy, members: list[Member], max_pods: int) -> dict[str, float]:
+    """Each member's owned fraction of the period (before it is laid out in slots)."""
+    if max_pods < 1:
+        raise PolicyError(f"max_pods={max_pods} must be at least 1")
+    active = [m for m in members if m.active]
+    if policy is Policy.EVEN:
+        return {m.slot: 1 / max_pods for m in members}
+    if policy is Policy.FIXED:
+        return {m.slot: min(max(m.share_pct, 0.0), 100.0) / 100 for m in members}
+    if policy is Policy.PREEMPTIVE:
+        return {m.slot: 1 / len(active) for m in active}
+    if policy is Policy.WEIGHTED:
+        total = sum(m.weight for m in active)
+        return {m.slot: m.weight / total for m in active}
+    if policy is Policy.SOFT:
+        return {m.slot: 1 / max_pods for m in active}
+    return {}
+
+
+def schedule(
+    policy: Policy,
+    members: list[Member],
+    *,
+    max_pods: int,
+    epoch_ns: int,
+    period_ns: int = DEFAULT_PERIOD_NS,
+) -> Schedule:
+    """Lay the members' shares out as consecutive slots of one period.
+
+    Shares that add up to more than the period (policy 3 with shares above 100 % in all, which
+    the scheduler does not place) are scaled down together, so nobody's slot overlaps another's.
+    Policy 4's remainder becomes one open window at the end of the period.
+    """
+    owned = shares(policy, members, max_pods)
+    total = sum(owned.values())
+    scale = 1 / total if total > 1 else 1.0
+    slots: list[Slot] = []
+    at = 0
+    for member in members:
+        if member.slot not in owned:
+            continue
+        length = int(owned[member.slot] * scale * period_ns)
+        if length > 0:
+            slots.append(Slot(member.slot, at, length))
+            at += length
+    if policy is Policy.SOFT and members and period_ns - at > 0:
+        slots.append(Slot(OPEN, at, period_ns - at))
+    return Schedule(policy, period_ns, epoch_ns, tuple(slots))
