@@ -15,7 +15,7 @@ from functools import cached_property
 
 from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory, Placement
 from gpushare.core.ledger import NodeUsage
-from gpushare.core.names import LABEL_MODE, LABEL_POD_GPU_COUNT
+from gpushare.core.names import ANN_NODE_GPUS_DISABLED, LABEL_MODE, LABEL_POD_GPU_COUNT
 from gpushare.core.placing import Candidate, choose_gpus
 from gpushare.core.requests import PodRequest
 from gpushare.core.units import MemoryUnit
@@ -145,6 +145,8 @@ def filter_node(
         free = gpu.mem_units - held.mem_units
         if not gpu.healthy:
             reasons.append(f"{label}: unhealthy")
+        elif gpu.disabled:
+            reasons.append(f"{label}: out of service ({ANN_NODE_GPUS_DISABLED} on the node)")
         elif free < want:
             reasons.append(
                 f"{label}: {unit.describe_ratio(free, gpu.mem_units)} free < "

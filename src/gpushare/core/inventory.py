@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from functools import cached_property
 from typing import Any
 
+from gpushare.core.disabling import parse_disabled
 from gpushare.core.gpumodel import node_model
 from gpushare.core.hostresources import NOTHING, HostResources, node_allocatable
 from gpushare.core.kubejson import (
@@ -29,6 +30,7 @@ from gpushare.core.kubejson import (
 )
 from gpushare.core.names import (
     ANN_NODE_GPUS,
+    ANN_NODE_GPUS_DISABLED,
     ANN_NODE_HANDOFF,
     ANN_NODE_UNIT,
     DEFAULT_NAMES,
@@ -94,6 +96,13 @@ class Gpu:
     uuid: str = ""
     model: str = ""
     core_pct: int = CORE_PER_GPU
+    disabled: bool = False
+    """Taken out of service by the operator (``core.disabling``): its pods stay, none join."""
+
+    @property
+    def in_service(self) -> bool:
+        """Whether new pods may be placed on it (healthy and not taken out of service)."""
+        return self.healthy and not self.disabled
 
 
 @dataclass(frozen=True)
@@ -131,7 +140,10 @@ class NodeInventory:
             self.unit_declared,
             self.problem,
             self.handoff,
-            tuple((g.index, g.mem_units, g.healthy, g.model, g.core_pct) for g in self.gpus),
+            tuple(
+                (g.index, g.mem_units, g.healthy, g.model, g.core_pct, g.disabled)
+                for g in self.gpus
+            ),
             self.host,
             self.model,
         )
@@ -265,6 +277,13 @@ def read_node(
             gpus, problem = _gpus_from_annotation(str(annotations[ANN_NODE_GPUS]), name, unit)
         else:
             gpus, problem = _gpus_from_capacity(node, name, names, unit)
+    if not problem and ANN_NODE_GPUS_DISABLED in annotations:
+        disabled, problem = parse_disabled(
+            str(annotations[ANN_NODE_GPUS_DISABLED]),
+            node=name,
+            indexes=[g.index for g in gpus],
+        )
+        gpus = tuple(replace(g, disabled=True) if g.index in disabled else g for g in gpus)
     return NodeInventory(
         name=name,
         ip=internal_ip(node),
