@@ -32,6 +32,7 @@ from gpushare.core.names import (
     ANN_NODE_GPUS,
     ANN_NODE_GPUS_DISABLED,
     ANN_NODE_HANDOFF,
+    ANN_NODE_TOPOLOGY,
     ANN_NODE_UNIT,
     DEFAULT_NAMES,
     HANDOFF_PODRESOURCES,
@@ -40,6 +41,7 @@ from gpushare.core.names import (
     ResourceNames,
 )
 from gpushare.core.quantity import parse_quantity
+from gpushare.core.topology import Distance, parse_topology
 from gpushare.core.units import MAX_GPU_MEMORY, MemoryUnit
 
 CORE_PER_GPU = 100
@@ -125,6 +127,10 @@ class NodeInventory:
     """Allocatable CPU and memory (``core.hostresources``; nothing when the node does not say)."""
     model: str = ""
     """The GPU model label (``core.gpumodel``), else the first GPU's model; empty if unknown."""
+    distance: Distance = ()
+    """Links between the GPUs, in ``gpus`` order (``core.topology``); () when not published."""
+    topology_problem: str = ""
+    """Why the published topology was not read (the node is placed without it)."""
 
     @cached_property
     def kind(self) -> tuple[object, ...]:
@@ -146,6 +152,7 @@ class NodeInventory:
             ),
             self.host,
             self.model,
+            self.distance,
         )
 
     @cached_property
@@ -156,6 +163,11 @@ class NodeInventory:
     @cached_property
     def _by_index(self) -> dict[int, Gpu]:
         return {gpu.index: gpu for gpu in self.gpus}
+
+    @cached_property
+    def position(self) -> dict[int, int]:
+        """Each GPU index's row in ``distance``."""
+        return {gpu.index: row for row, gpu in enumerate(self.gpus)}
 
     def gpu(self, index: int) -> Gpu | None:
         """The GPU with that index, if the node has it."""
@@ -284,6 +296,12 @@ def read_node(
             indexes=[g.index for g in gpus],
         )
         gpus = tuple(replace(g, disabled=True) if g.index in disabled else g for g in gpus)
+    distance: Distance = ()
+    topology_problem = ""
+    if not problem and ANN_NODE_TOPOLOGY in annotations and ANN_NODE_GPUS in annotations:
+        distance, topology_problem = parse_topology(
+            str(annotations[ANN_NODE_TOPOLOGY]), node=name, gpus=len(gpus)
+        )
     return NodeInventory(
         name=name,
         ip=internal_ip(node),
@@ -296,6 +314,8 @@ def read_node(
         handoff=annotations.get(ANN_NODE_HANDOFF) == HANDOFF_PODRESOURCES,
         host=node_allocatable(node),
         model=node_model(node) or next((g.model for g in gpus if g.model), ""),
+        distance=distance,
+        topology_problem=topology_problem,
     )
 
 

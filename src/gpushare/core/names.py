@@ -37,6 +37,8 @@ ANN_NODE_UNIT = "gpushare.io/gpu-mem-unit"
 """Node: the memory unit its device plugin advertises (``1GiB`` or ``128MiB``)."""
 ANN_NODE_GPUS_DISABLED = "gpushare.io/gpus-disabled"
 """Node: GPU indexes an operator took out of service (``1,3``, see core.disabling)."""
+ANN_NODE_TOPOLOGY = "gpushare.io/gpu-topology"
+"""Node: links between its GPUs, written by the device plugin (versioned JSON, core.topology)."""
 ANN_NODE_HANDOFF = "gpushare.io/handoff"
 """Node: ``podresources`` when gpushare's device plugin serves it and keeps the hand-off
 invariant (see core.handoff); the extender then places pods so that Allocate is unambiguous."""
