@@ -170,6 +170,11 @@ def test_registers_advertises_and_publishes_the_node() -> None:
         assert annotations["gpushare.io/gpu-mem-unit"] == "1GiB"
         assert annotations["gpushare.io/handoff"] == "podresources"
         assert node["status"]["capacity"]["aliyun.com/gpu-count"] == "2"
+        # ACK's GPU node labels, from the fake backend's model name ("Fake GPU")
+        labels = node["metadata"]["labels"]
+        assert labels["aliyun.accelerator/nvidia_name"] == "Fake-GPU"
+        assert labels["aliyun.accelerator/nvidia_count"] == "2"
+        assert labels["aliyun.accelerator/nvidia_mem"] == "15360MiB"
 
     run(body)
 

@@ -15,9 +15,10 @@ from functools import cached_property
 
 from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory, Placement
 from gpushare.core.ledger import NodeUsage
-from gpushare.core.names import LABEL_MODE, LABEL_POD_GPU_COUNT
-from gpushare.core.placing import Candidate, choose_gpus
+from gpushare.core.names import ANN_NODE_GPUS_DISABLED, LABEL_MODE, LABEL_POD_GPU_COUNT
+from gpushare.core.placing import Candidate, choose_gpus, rank_gpus
 from gpushare.core.requests import PodRequest
+from gpushare.core.topology import closest_set
 from gpushare.core.units import MemoryUnit
 
 
@@ -120,6 +121,8 @@ def filter_node(
 
     ``chooser`` replaces best fit on ``binpack`` nodes when nothing is preferred; a node
     labelled ``spread`` keeps its most-free choice, and the hand-off's preference comes first.
+    A multi-GPU pod on a node that publishes its topology gets the best-connected set, ties
+    going to that choice.
     """
     never = _node_rules(request, node, rules)
     if never:
@@ -145,6 +148,8 @@ def filter_node(
         free = gpu.mem_units - held.mem_units
         if not gpu.healthy:
             reasons.append(f"{label}: unhealthy")
+        elif gpu.disabled:
+            reasons.append(f"{label}: out of service ({ANN_NODE_GPUS_DISABLED} on the node)")
         elif free < want:
             reasons.append(
                 f"{label}: {unit.describe_ratio(free, gpu.mem_units)} free < "
@@ -199,6 +204,11 @@ def filter_node(
     chosen: tuple[int, ...] = ()
     if chooser is not None and not prefer and node.placement is Placement.BINPACK:
         chosen = chooser(fitting)
+    if node.distance and request.gpu_count > 1 and not prefer:
+        # the policy's (or placement's) choice ranks first, so it stands when no set of GPUs
+        # is better connected (core.topology)
+        ranked = rank_gpus(fitting, node.placement, chosen)
+        chosen = closest_set(ranked, request.gpu_count, node.distance, node.position)
     return Verdict(
         node=node.name,
         code=Code.FITS,

@@ -15,7 +15,8 @@ the policy see less fragmentation than there is, never block a placement.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpushare.core.kubejson import KubeObject, labels_of, spec_of
@@ -24,6 +25,42 @@ LABEL_MODEL = "aliyun.accelerator/nvidia_name"
 """The node label ACK puts on GPU nodes, naming the card (for example ``Tesla-T4``)."""
 LABEL_MODEL_NFD = "nvidia.com/gpu.product"
 """The same from NVIDIA's GPU feature discovery."""
+LABEL_COUNT = "aliyun.accelerator/nvidia_count"
+"""The node label ACK puts on GPU nodes, counting the cards (for example ``4``)."""
+LABEL_MEM = "aliyun.accelerator/nvidia_mem"
+"""The node label ACK puts on GPU nodes, giving one card's memory (for example ``15360MiB``)."""
+
+_LABEL_VALUE_MAX = 63
+_NOT_IN_LABEL = re.compile(r"[^A-Za-z0-9._-]")
+_EDGES = "._-"
+
+
+def model_label_value(name: str) -> str:
+    """NVML's model name as a label value: ``Tesla T4`` -> ``Tesla-T4``; empty if nothing is left.
+
+    A label value is at most 63 characters of letters, digits, ``-``, ``_`` and ``.``, starting
+    and ending with a letter or digit, so every other character (NVML names have spaces)
+    becomes ``-`` and the edges are trimmed; ACK's labels read the same way.
+    """
+    value = _NOT_IN_LABEL.sub("-", name.strip())[:_LABEL_VALUE_MAX]
+    return value.strip(_EDGES)
+
+
+def gpu_node_labels(models: Sequence[str], memory_mib: Sequence[int]) -> dict[str, str | None]:
+    """The model, count and memory labels for a node with these GPUs (None removes one).
+
+    A label says one thing about every card, so the model (and the memory) is written only
+    when all GPUs agree, and removed otherwise: a nodeSelector on one model must not land on a
+    node where it would get another.
+    """
+    names = {model_label_value(m) for m in models}
+    sizes = set(memory_mib)
+    model = names.pop() if len(names) == 1 else ""
+    return {
+        LABEL_MODEL: model or None,
+        LABEL_COUNT: str(len(models)),
+        LABEL_MEM: f"{sizes.pop()}MiB" if len(sizes) == 1 else None,
+    }
 
 
 def node_model(node: KubeObject) -> str:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from functools import cached_property
 from typing import Any
 
+from gpushare.core.disabling import parse_disabled
 from gpushare.core.gpumodel import node_model
 from gpushare.core.hostresources import NOTHING, HostResources, node_allocatable
 from gpushare.core.kubejson import (
@@ -29,7 +30,9 @@ from gpushare.core.kubejson import (
 )
 from gpushare.core.names import (
     ANN_NODE_GPUS,
+    ANN_NODE_GPUS_DISABLED,
     ANN_NODE_HANDOFF,
+    ANN_NODE_TOPOLOGY,
     ANN_NODE_UNIT,
     DEFAULT_NAMES,
     HANDOFF_PODRESOURCES,
@@ -38,6 +41,7 @@ from gpushare.core.names import (
     ResourceNames,
 )
 from gpushare.core.quantity import parse_quantity
+from gpushare.core.topology import Distance, parse_topology
 from gpushare.core.units import MAX_GPU_MEMORY, MemoryUnit
 
 CORE_PER_GPU = 100
@@ -94,6 +98,13 @@ class Gpu:
     uuid: str = ""
     model: str = ""
     core_pct: int = CORE_PER_GPU
+    disabled: bool = False
+    """Taken out of service by the operator (``core.disabling``): its pods stay, none join."""
+
+    @property
+    def in_service(self) -> bool:
+        """Whether new pods may be placed on it (healthy and not taken out of service)."""
+        return self.healthy and not self.disabled
 
 
 @dataclass(frozen=True)
@@ -122,6 +133,10 @@ class NodeInventory:
     (``ignoredByScheduler``), so the filter checks this as NodeResourcesFit would: a node whose
     device plugin has not registered yet, or whose devices are unhealthy, would have kubelet
     refuse the pod at admission (``UnexpectedAdmissionError``), which fails it for good."""
+    distance: Distance = ()
+    """Links between the GPUs, in ``gpus`` order (``core.topology``); () when not published."""
+    topology_problem: str = ""
+    """Why the published topology was not read (the node is placed without it)."""
 
     @cached_property
     def kind(self) -> tuple[object, ...]:
@@ -137,10 +152,14 @@ class NodeInventory:
             self.unit_declared,
             self.problem,
             self.handoff,
-            tuple((g.index, g.mem_units, g.healthy, g.model, g.core_pct) for g in self.gpus),
+            tuple(
+                (g.index, g.mem_units, g.healthy, g.model, g.core_pct, g.disabled)
+                for g in self.gpus
+            ),
             self.host,
             self.model,
             self.kubelet_mem_units,
+            self.distance,
         )
 
     @cached_property
@@ -151,6 +170,11 @@ class NodeInventory:
     @cached_property
     def _by_index(self) -> dict[int, Gpu]:
         return {gpu.index: gpu for gpu in self.gpus}
+
+    @cached_property
+    def position(self) -> dict[int, int]:
+        """Each GPU index's row in ``distance``."""
+        return {gpu.index: row for row, gpu in enumerate(self.gpus)}
 
     def gpu(self, index: int) -> Gpu | None:
         """The GPU with that index, if the node has it."""
@@ -272,6 +296,19 @@ def read_node(
             gpus, problem = _gpus_from_annotation(str(annotations[ANN_NODE_GPUS]), name, unit)
         else:
             gpus, problem = _gpus_from_capacity(node, name, names, unit)
+    if not problem and ANN_NODE_GPUS_DISABLED in annotations:
+        disabled, problem = parse_disabled(
+            str(annotations[ANN_NODE_GPUS_DISABLED]),
+            node=name,
+            indexes=[g.index for g in gpus],
+        )
+        gpus = tuple(replace(g, disabled=True) if g.index in disabled else g for g in gpus)
+    distance: Distance = ()
+    topology_problem = ""
+    if not problem and ANN_NODE_TOPOLOGY in annotations and ANN_NODE_GPUS in annotations:
+        distance, topology_problem = parse_topology(
+            str(annotations[ANN_NODE_TOPOLOGY]), node=name, gpus=len(gpus)
+        )
     return NodeInventory(
         name=name,
         ip=internal_ip(node),
@@ -285,6 +322,8 @@ def read_node(
         host=node_allocatable(node),
         model=node_model(node) or next((g.model for g in gpus if g.model), ""),
         kubelet_mem_units=_int_quantity((status_of(node).get("allocatable") or {}).get(names.mem)),
+        distance=distance,
+        topology_problem=topology_problem,
     )
 
 

@@ -29,6 +29,20 @@ def _most_free(c: Candidate) -> tuple[int, int, int]:
     return (-c.mem_left, -c.core_left, c.gpu)
 
 
+def rank_gpus(
+    candidates: Sequence[Candidate],
+    placement: Placement,
+    prefer: tuple[int, ...] = (),
+) -> list[int]:
+    """All candidates, best first: ``prefer`` first, then by the node's placement."""
+    order = _most_free if placement is Placement.SPREAD else _best_fit
+
+    def key(c: Candidate) -> tuple[int, tuple[int, int, int]]:
+        return (0 if c.gpu in prefer else 1, order(c))
+
+    return [c.gpu for c in sorted(candidates, key=key)]
+
+
 def choose_gpus(
     candidates: Sequence[Candidate],
     count: int,
@@ -39,12 +53,4 @@ def choose_gpus(
 
     GPUs in ``prefer`` come first (the hand-off invariant asks for them), then placement decides.
     """
-    order = _most_free if placement is Placement.SPREAD else _best_fit
-
-    def key(c: Candidate) -> tuple[int, tuple[int, int, int]]:
-        return (0 if c.gpu in prefer else 1, order(c))
-
-    if count == 1:
-        return (min(candidates, key=key).gpu,)
-    ranked = sorted(candidates, key=key)
-    return tuple(sorted(c.gpu for c in ranked[:count]))
+    return tuple(sorted(rank_gpus(candidates, placement, prefer)[:count]))

@@ -32,10 +32,17 @@ def cpu_free(node: NodeInventory, usage: NodeUsage) -> int:
 
 
 def free_units(node: NodeInventory, usage: NodeUsage) -> tuple[int, ...]:
-    """Free memory units per GPU, in inventory order; an unhealthy GPU offers nothing."""
+    """Free memory units per GPU, in inventory order.
+
+    A GPU that is unhealthy or out of service offers nothing, and neither does a node the
+    filter refuses for a problem (it may still list its GPUs, as when the operator's
+    ``gpushare.io/gpus-disabled`` cannot be read).
+    """
     on = usage.gpus
     return tuple(
-        max(0, g.mem_units - (on[g.index].mem_units if g.index in on else 0)) if g.healthy else 0
+        max(0, g.mem_units - (on[g.index].mem_units if g.index in on else 0))
+        if g.in_service and not node.problem
+        else 0
         for g in node.gpus
     )
 

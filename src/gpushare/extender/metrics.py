@@ -62,6 +62,7 @@ LEDGER_METRICS = (
     "gpushare_gpu_core_allocated_ratio",
     "gpushare_gpu_pods",
     "gpushare_gpu_unhealthy",
+    "gpushare_gpu_out_of_service",
     "gpushare_node_memory_unplaced_bytes",
     "gpushare_cache_synced",
 )
@@ -97,6 +98,12 @@ class _LedgerCollector(Collector):
             "1 when the node's inventory marks the GPU unhealthy (the filter avoids it)",
             labels=GPU_LABELS,
         )
+        off = GaugeMetricFamily(
+            "gpushare_gpu_out_of_service",
+            "1 when the node's gpushare.io/gpus-disabled annotation takes the GPU out of service "
+            "(its pods stay, the filter places no new one)",
+            labels=GPU_LABELS,
+        )
         unplaced = GaugeMetricFamily(
             "gpushare_node_memory_unplaced_bytes",
             "GPU memory held on a node by pods whose GPU is unknown (placed by something else)",
@@ -119,9 +126,10 @@ class _LedgerCollector(Collector):
                     core.add_metric(labels, held.core_pct / CORE_PER_GPU)
                     pods.add_metric(labels, held.pods)
                     unhealthy.add_metric(labels, 0.0 if gpu.healthy else 1.0)
+                    off.add_metric(labels, 1.0 if gpu.disabled else 0.0)
                 if usage.unplaced:
                     unplaced.add_metric([name], usage.unplaced_mem_units * unit_bytes)
-        yield from (total, used, core, pods, unhealthy, unplaced, synced)
+        yield from (total, used, core, pods, unhealthy, off, unplaced, synced)
 
 
 class ExtenderMetrics:

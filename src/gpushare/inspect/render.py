@@ -15,7 +15,9 @@ in seed 000, 10 less than the header there; ``rule_width`` does the same, so the
 seeds' text for the seeds' clusters. Amounts are in GiB when
 every node counts 1 GiB units, otherwise in MiB (the header says which). A ``PENDING(Allocated)``
 column appears when some pod holds memory on an unknown GPU. Percentages are truncated.
-Allocations gpushare ignores (core.trust) follow the cluster line, one per pod, with why, and
+A GPU the operator took out of service (``gpushare.io/gpus-disabled``) has a ``*`` after its
+cell and a note after the cluster line. Allocations gpushare ignores (core.trust) follow, one per
+pod, with why, and
 then a note naming the nodes that have GPU memory but no sharing mode label (none in the seeds,
 so their text is unchanged).
 """
@@ -24,9 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpushare.core.names import LABEL_MODE
+from gpushare.core.names import ANN_NODE_GPUS_DISABLED, LABEL_MODE
 from gpushare.inspect.explain import Explanation
 from gpushare.inspect.view import ClusterView, NodeView
+
+OUT_OF_SERVICE_MARK = "*"
+"""Follows a GPU's cell when the operator took it out of service (``core.disabling``)."""
 
 MIN_RULE = 75
 """Width of the dashed line between nodes in ``-d`` (no seed shows that layout)."""
@@ -87,6 +92,7 @@ def render_summary(view: ClusterView) -> str:
             gpu = by_index.get(i)
             row.append(
                 f"{amounts.of(node, gpu.allocated_units)}/{amounts.of(node, gpu.total_units)}"
+                f"{OUT_OF_SERVICE_MARK if gpu.out_of_service else ''}"
                 if gpu
                 else "-"
             )
@@ -96,8 +102,26 @@ def render_summary(view: ClusterView) -> str:
         rows.append(row)
     lines = _table(rows)
     rule = "-" * rule_width(rows[1] if len(rows) > 1 else ())
-    tail = [*_cluster_lines(view, amounts), *_ignored_lines(view), *_unlabelled_lines(view)]
+    tail = [
+        *_cluster_lines(view, amounts),
+        *_out_of_service_lines(view),
+        *_ignored_lines(view),
+        *_unlabelled_lines(view),
+    ]
     return "\n".join([*lines, rule, *tail]) + "\n"
+
+
+def _out_of_service_lines(view: ClusterView) -> list[str]:
+    off = [
+        f"{node.name} GPU{g.index}" for node in view.nodes for g in node.gpus if g.out_of_service
+    ]
+    if not off:
+        return []
+    return [
+        f"Note: {OUT_OF_SERVICE_MARK} marks a GPU out of service ({ANN_NODE_GPUS_DISABLED}): "
+        f"{', '.join(off)}.",
+        "Pods on it keep running; no new pod is placed there until the annotation is removed.",
+    ]
 
 
 def _unlabelled_lines(view: ClusterView) -> list[str]:
@@ -144,7 +168,10 @@ def render_details(view: ClusterView) -> str:
             out.append(f"PROBLEM:    {node.problem}")
         out.append("")
         indexes = [g.index for g in node.gpus]
-        header = ["NAME", "NAMESPACE"] + [f"GPU{i}(Allocated)" for i in indexes]
+        off = {g.index for g in node.gpus if g.out_of_service}
+        header = ["NAME", "NAMESPACE"] + [
+            f"GPU{i}(Allocated){OUT_OF_SERVICE_MARK if i in off else ''}" for i in indexes
+        ]
         if core:
             header += [f"GPU{i}(Core%)" for i in indexes]
         if node.pending_units:
@@ -172,6 +199,7 @@ def render_details(view: ClusterView) -> str:
         out.append("-" * MIN_RULE)
         out.append("")
     out += _cluster_lines(view, amounts)
+    out += _out_of_service_lines(view)
     out += _ignored_lines(view)
     out += _unlabelled_lines(view)
     return "\n".join(out) + "\n"

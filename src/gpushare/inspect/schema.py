@@ -37,6 +37,11 @@ class GpuDoc(_Doc):
     pods: int = Field(description="Pods holding a share of it.")
     healthy: bool
     model: str = Field(description="GPU model as the device plugin reports it, or empty.")
+    out_of_service: bool = Field(
+        default=False,
+        description="Taken out of service by the node's gpushare.io/gpus-disabled annotation: "
+        "its pods keep running, no new pod is placed on it.",
+    )
 
 
 class PodDoc(_Doc):

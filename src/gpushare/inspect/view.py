@@ -54,6 +54,8 @@ class GpuView:
     pods: int
     healthy: bool
     model: str = ""
+    out_of_service: bool = False
+    """Taken out of service by the operator (``core.disabling``)."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,7 @@ def build_view(
                 pods=usage.on(g.index).pods,
                 healthy=g.healthy,
                 model=g.model,
+                out_of_service=g.disabled,
             )
             for g in node.gpus
         )
@@ -220,6 +223,7 @@ def to_json(view: ClusterView) -> dict[str, Any]:
                         pods=g.pods,
                         healthy=g.healthy,
                         model=g.model,
+                        out_of_service=g.out_of_service,
                     )
                     for g in node.gpus
                 ],

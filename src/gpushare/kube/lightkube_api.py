@@ -231,15 +231,19 @@ class LightkubeAPI:
         *,
         annotations: Mapping[str, str | None] | None = None,
         capacity: Mapping[str, str] | None = None,
+        labels: Mapping[str, str | None] | None = None,
     ) -> None:
-        """Merge-patch annotations, then status capacity/allocatable (the status subresource)."""
+        """Merge-patch labels and annotations in one write, then status capacity/allocatable
+        (the status subresource)."""
+        metadata: dict[str, Any] = {}
+        if annotations:
+            metadata["annotations"] = dict(annotations)
+        if labels:
+            metadata["labels"] = dict(labels)
         try:
-            if annotations:
+            if metadata:
                 await self._client.patch(
-                    Node,
-                    name,
-                    {"metadata": {"annotations": dict(annotations)}},
-                    patch_type=PatchType.MERGE,
+                    Node, name, {"metadata": metadata}, patch_type=PatchType.MERGE
                 )
             if capacity:
                 body = {"status": {"capacity": dict(capacity), "allocatable": dict(capacity)}}

@@ -282,18 +282,20 @@ class MemoryKube:
         *,
         annotations: Mapping[str, str | None] | None = None,
         capacity: Mapping[str, str] | None = None,
+        labels: Mapping[str, str | None] | None = None,
     ) -> None:
-        """Merge annotations and status capacity/allocatable."""
+        """Merge labels, annotations and status capacity/allocatable."""
         self.calls.append("patch_node")
         if name not in self._nodes:
             raise NotFound(f"node {name} not found")
         obj = self._nodes[name]
-        stored = obj.setdefault("metadata", {}).setdefault("annotations", {})
-        for key, value in (annotations or {}).items():
-            if value is None:
-                stored.pop(key, None)
-            else:
-                stored[key] = value
+        for field, changes in (("annotations", annotations), ("labels", labels)):
+            stored = obj.setdefault("metadata", {}).setdefault(field, {})
+            for key, value in (changes or {}).items():
+                if value is None:
+                    stored.pop(key, None)
+                else:
+                    stored[key] = value
         status = obj.setdefault("status", {})
         for field in ("capacity", "allocatable"):
             status.setdefault(field, {}).update(capacity or {})

@@ -103,8 +103,10 @@ class KubeAPI(Protocol):
         *,
         annotations: Mapping[str, str | None] | None = None,
         capacity: Mapping[str, str] | None = None,
+        labels: Mapping[str, str | None] | None = None,
     ) -> None:
-        """Merge annotations, and extended resources into status capacity and allocatable."""
+        """Merge labels and annotations (None deletes), and extended resources into status
+        capacity and allocatable."""
         ...
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:

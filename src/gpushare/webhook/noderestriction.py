@@ -17,12 +17,13 @@ evaluates itself:
 - **what**: UPDATE of ``nodes``, ``nodes/status`` and ``pods``, nothing else: no create, delete
   or other subresource, whatever RBAC grants later.
 - **where**: its own node, and pods already bound to it (``oldObject.spec.nodeName``).
-- **which keys**: on the node, only the annotations it publishes (:data:`NODE_ANNOTATIONS`), with
-  labels, finalizers, owner references and the whole spec (taints, unschedulable, podCIDR,
-  providerID) as they were; in node status, only ``<count resource>`` in capacity and
-  allocatable, with metadata and the other status fields as they were (the addresses the API
-  server dials for logs and exec among them); on a pod, only :data:`POD_ANNOTATIONS`, with
-  labels, finalizers, owner references and the whole spec as they were.
+- **which keys**: on the node, only the annotations and ACK's GPU labels it publishes
+  (:data:`NODE_ANNOTATIONS`, :data:`NODE_LABELS`), with the other labels, finalizers, owner
+  references and the whole spec (taints, unschedulable, podCIDR, providerID) as they were; in
+  node status, only ``<count resource>`` in capacity and allocatable, with metadata and the
+  other status fields as they were (the addresses the API server dials for logs and exec among
+  them); on a pod, only :data:`POD_ANNOTATIONS`, with labels, finalizers, owner references and
+  the whole spec as they were.
 
 A merge patch reaches admission as an UPDATE of the whole object (``oldObject`` before,
 ``object`` after), so comparing the two sees exactly what the patch changed. Node status fields
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpushare.core.gpumodel import LABEL_COUNT, LABEL_MEM, LABEL_MODEL
 from gpushare.core.names import (
     ANN_ASSIGNED,
     ANN_NODE_GPUS,
@@ -51,6 +53,8 @@ NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 """The user extra a pod-bound ServiceAccount token carries (ServiceAccountTokenPodNodeInfo)."""
 NODE_ANNOTATIONS = (ANN_NODE_GPUS, ANN_NODE_UNIT, ANN_NODE_HANDOFF)
 """What ``deviceplugin.publishing`` writes on its node."""
+NODE_LABELS = (LABEL_MODEL, LABEL_COUNT, LABEL_MEM)
+"""ACK's GPU labels ``deviceplugin.publishing`` writes on its node (``core.gpumodel``)."""
 POD_ANNOTATIONS = (ANN_ASSIGNED,)
 """What ``deviceplugin.reconcile`` writes on a pod it served."""
 NODE_STATUS_FIELDS = (
@@ -77,12 +81,13 @@ def _same(path: str) -> str:
     return f"(has({new}) == has({old}) && (!has({new}) || {new} == {old}))"
 
 
-def _annotations_only(keys: str) -> str:
-    """No annotation but those in the CEL list ``keys`` is added, changed or removed."""
+def _annotations_only(keys: str, field: str = "Annotations") -> str:
+    """No annotation (or label, with ``field``) but those in the CEL list ``keys`` is added,
+    changed or removed."""
+    new, old = f"variables.new{field}", f"variables.old{field}"
     return (
-        f"variables.newAnnotations.all(k, k in {keys} || (k in variables.oldAnnotations && "
-        "variables.oldAnnotations[k] == variables.newAnnotations[k])) && "
-        f"variables.oldAnnotations.all(k, k in {keys} || k in variables.newAnnotations)"
+        f"{new}.all(k, k in {keys} || (k in {old} && {old}[k] == {new}[k])) && "
+        f"{old}.all(k, k in {keys} || k in {new})"
     )
 
 
@@ -138,6 +143,7 @@ NAMED = {
 KEPT = " && ".join(
     _same(p) for p in ("metadata.labels", "metadata.finalizers", "metadata.ownerReferences")
 )
+NODE_KEPT = " && ".join(_same(p) for p in ("metadata.finalizers", "metadata.ownerReferences"))
 UPDATE = "request.operation != 'UPDATE' || "
 
 
@@ -146,6 +152,8 @@ def _node_spec(count: str) -> dict[str, Any]:
     return {
         "variables": [
             *_common_variables(),
+            {"name": "newLabels", "expression": _map("object.metadata.labels")},
+            {"name": "oldLabels", "expression": _map("oldObject.metadata.labels")},
             {"name": "count", "expression": f"'{count}'"},
             {"name": "newCapacity", "expression": _map("object.status.capacity")},
             {"name": "oldCapacity", "expression": _map("oldObject.status.capacity")},
@@ -163,11 +171,13 @@ def _node_spec(count: str) -> dict[str, Any]:
             },
             {
                 "expression": f"{UPDATE}variables.subResource != '' || ("
-                f"{_annotations_only(_list(NODE_ANNOTATIONS))} && {KEPT} && {_same('spec')})",
+                f"{_annotations_only(_list(NODE_ANNOTATIONS))} && "
+                f"{_annotations_only(_list(NODE_LABELS), 'Labels')} && {NODE_KEPT} && "
+                f"{_same('spec')})",
                 "message": "the device plugin may change only the annotations "
-                f"{', '.join(NODE_ANNOTATIONS)} of its node; labels, finalizers, owner "
-                "references, other annotations and the spec (taints, unschedulable, podCIDR, "
-                "providerID) stay as they are",
+                f"{', '.join(NODE_ANNOTATIONS)} and the labels {', '.join(NODE_LABELS)} of its "
+                "node; finalizers, owner references, other labels and annotations and the spec "
+                "(taints, unschedulable, podCIDR, providerID) stay as they are",
                 "reason": "Forbidden",
             },
             {
