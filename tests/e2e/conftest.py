@@ -6,6 +6,7 @@ they build and start the upstream binaries; plain ``pytest`` skips them.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +43,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
 
 
+REAL_NODE_LOCK = "/tmp/gpushare-real-node.lock"
+
+
 @pytest.fixture(scope="module")
 def real_node(cluster: Cluster) -> Iterator[RealNode]:
     """One kubelet-backed node with containerd and the device plugin, for a test module.
@@ -57,6 +61,17 @@ def real_node(cluster: Cluster) -> Iterator[RealNode]:
         if os.environ.get("CI") == "true":
             pytest.fail(f"real node unavailable in CI: {reason}")
         pytest.skip(f"real node unavailable: {reason}")
+    waited = time.monotonic()
+    with open(REAL_NODE_LOCK, "w") as lock:
+        # One kubelet per machine (its cgroups, /var/lib/kubelet and the plugin sockets are
+        # the host's): a second test session waits here instead of breaking the first.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if time.monotonic() - waited > 1:
+            print(f"[e2e] waited {time.monotonic() - waited:.0f}s for the real node", flush=True)
+        yield from _real_node(cluster)
+
+
+def _real_node(cluster: Cluster) -> Iterator[RealNode]:
     started = time.monotonic()
     node = RealNode(cluster=cluster, root=cluster.root / "realnode")
     node.start(progress=lambda s: print(f"[e2e] starting {s}", flush=True))
