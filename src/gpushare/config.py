@@ -64,7 +64,7 @@ class SchedulingConfig(BaseModel):
 def load(**values: object) -> SchedulingConfig:
     """Validate settings, turning pydantic's report into a ConfigError."""
     try:
-        return SchedulingConfig(**{k: v for k, v in values.items() if v is not None})
+        return SchedulingConfig.model_validate({k: v for k, v in values.items() if v is not None})
     except ValidationError as err:
         lines = []
         for problem in err.errors():

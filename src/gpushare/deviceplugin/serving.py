@@ -41,7 +41,7 @@ def mem_units(gpu: GpuInfo, unit: MemoryUnit) -> int:
 
 def devices(resource: str, gpus: list[GpuInfo], unit: MemoryUnit) -> list[DeviceEntry]:
     """The device list for ListAndWatch; an unhealthy GPU's devices are Unhealthy."""
-    out = []
+    out: list[DeviceEntry] = []
     for gpu in gpus:
         if resource == MEM:
             count, tag = mem_units(gpu, unit), "mem"

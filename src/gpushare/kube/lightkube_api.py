@@ -7,7 +7,7 @@ Library errors are translated into gpushare's own tree (``gpushare.kube.port``) 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import httpx2
 import msgspec
@@ -110,7 +110,7 @@ class LightkubeAPI:
         self, kind: type[Node] | type[Pod], what: str, node: str = ""
     ) -> tuple[list[KubeDict], str]:
         try:
-            fields = {"spec.nodeName": node} if node else None
+            fields: dict[str, Any] | None = {"spec.nodeName": node} if node else None
             listing: Any = (
                 self._client.list(kind, namespace="*", fields=fields)
                 if kind is Pod
@@ -269,7 +269,10 @@ class LightkubeAPI:
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         """POST a core/v1 Event in the namespace."""
         try:
-            await self._client.create(Event.from_dict(dict(event)), namespace=namespace)
+            posted = cast(Event, Event.from_dict(dict(event)))  # from_dict is typed as the mixin
+            # lightkube 1.0.1's overloads of AsyncClient.create match no namespaced resource
+            # with namespace= under mypy (a Pod fails the same way); the call is the documented one.
+            await self._client.create(posted, namespace=namespace)  # type: ignore[call-overload]
         except (ApiError, httpx2.HTTPError, OSError) as err:
             raise _translate(err, f"create event in {namespace}") from None
 

@@ -17,7 +17,7 @@ import bisect
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -25,13 +25,15 @@ from gpushare.kube.port import Conflict, EventType, Gone, KubeDict, NotFound, Wa
 
 _ENCODE = msgspec.json.Encoder()
 _DECODE = msgspec.json.Decoder()
+_J = TypeVar("_J")
 
 
-def _copy(obj: Any) -> Any:
+def _copy(obj: _J) -> _J:
     """A deep copy of a JSON-shaped object (all the API stores): a msgspec round trip, several
     times faster than ``copy.deepcopy`` (unit and integration tests: 31 s instead of 44).
     """
-    return _DECODE.decode(_ENCODE.encode(obj))
+    copied: _J = _DECODE.decode(_ENCODE.encode(obj))
+    return copied
 
 
 Kind = Literal["nodes", "pods", "resourcepolicies"]

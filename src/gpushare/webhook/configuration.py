@@ -117,7 +117,9 @@ def asks_gpushare(names: ResourceNames, pod: str = "object") -> str:
     )
 
 
-def _client(url: str | None, service: Mapping[str, Any] | None, ca_bundle: str, path: str) -> dict:
+def _client(
+    url: str | None, service: Mapping[str, Any] | None, ca_bundle: str, path: str
+) -> dict[str, Any]:
     if (url is None) == (service is None):
         raise ValueError("give exactly one of url (outside the cluster) or service")
     client: dict[str, Any] = {"caBundle": ca_bundle}
