@@ -793,12 +793,20 @@ def simulate(
     The report folder (--out) gets table.md, report.json, curve.png and fragmentation.png; a
     folder that already holds files is refused unless --force is given.
     """
+    import importlib.util
     import os
     from pathlib import Path
 
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
+
+    missing = [m for m in ("numpy", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise click.ClickException(
+            f"the simulator needs {' and '.join(missing)}, which the runtime install leaves "
+            "out: install the extra, pip install 'gpushare[sim]' (or -e '.[sim]' in a checkout)"
+        )
 
     from gpushare.core.units import MemoryUnit
     from gpushare.sim import gpumem, report, synthetic

@@ -6,6 +6,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from gpushare.cli import main as gpushare
@@ -228,3 +229,19 @@ def test_inspect_names_nodes_with_gpu_memory_but_no_mode_label() -> None:
     alone = MemoryKube()
     alone.put_node(gpu_node("shared", ip="10.0.0.1", gpus_units=[15]))
     assert "Note:" not in render(asyncio.run(collect(alone)), details=False, output="text")
+
+
+def test_simulate_without_the_sim_extra_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The image installs no extra: `gpushare simulate` there names the extra, not a traceback."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "numpy" else real(name, *a)
+    )
+    result = CliRunner().invoke(gpushare, ["simulate"])
+    assert result.exit_code == 1
+    assert "needs numpy" in result.output
+    assert "gpushare[sim]" in result.output
