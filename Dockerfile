@@ -2,8 +2,8 @@
 # One image for every gpushare component: the entrypoint is `gpushare`, the chart picks the
 # subcommand (extender, device-plugin, webhook, ...). `make image` builds it.
 #
-# Stage 1 builds wheels: gpushare's own (with the gRPC stubs generated from its .proto copies,
-# which git does not keep) and every dependency pinned by constraints.txt, so the runtime stage
+# Stage 1 builds wheels: gpushare's own (its build backend, packaging/, generates the gRPC stubs
+# from its .proto copies, which git does not keep) and every dependency pinned by constraints.txt, so the runtime stage
 # installs offline from that directory and carries no compiler, cache or source tree. The builder
 # is the full Debian image, whose gcc compiles the CUDA interposer (libgpushare-cuda.so, package
 # data of the wheel) on the runtime's Debian release, so the two agree on glibc.
@@ -16,11 +16,9 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /build
 COPY pyproject.toml constraints.txt README.md ./
+COPY packaging ./packaging
 COPY src ./src
-RUN python -m pip install --no-cache-dir -c constraints.txt "grpcio-tools==1.85.1" \
-    && PYTHONPATH=src python -m gpushare.deviceplugin.genproto \
-    && PYTHONPATH=src python -m gpushare.isolation.build \
-    && python -m pip wheel --no-cache-dir -c constraints.txt --wheel-dir /wheels .
+RUN python -m pip wheel --no-cache-dir -c constraints.txt --wheel-dir /wheels .
 
 # Stage 2: the runtime. Non-root by default (uid 65532). Only the device plugin needs root: it
 # creates its sockets in kubelet's /var/lib/kubelet/device-plugins hostPath, which root owns,

@@ -9,20 +9,18 @@ IMAGE ?= gpushare:$(VERSION)
 
 .PHONY: demo test unit native e2e lint typecheck controlplane cluster cluster-down bench replay image image-archive clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt packaging/gpushare_build.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip==26.3
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
-	$(BIN)/python -m gpushare.deviceplugin.genproto
-	$(BIN)/python -m gpushare.isolation.build
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/gpushare demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks packaging
+	$(BIN)/ruff format --check src tests benchmarks packaging
 	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)

@@ -85,15 +85,20 @@ class ImageDescription:
     labels: tuple[tuple[str, str], ...] = ()
     account: Account | None = None
     """The user the image runs as, written into its passwd and group files."""
-    prepare_modules: tuple[str, ...] = ()
-    """``python -m`` modules run on the source tree before the wheels are built (the helper
-    images, which install no wheels, leave this and the three below empty)."""
+    sources: tuple[str, ...] = ()
+    """What the gpushare wheel is built from, relative to the checkout (the builder stage's COPY
+    sources; its build backend generates the stubs and the interposer). The helper images, which
+    install no wheels, leave this and the three below empty."""
     wheel_args: tuple[str, ...] = ()
     """``pip wheel`` options (besides where the wheels go) that make the wheel set."""
     requirement: str = ""
     """What is installed from the wheels, offline."""
     interposer: str = ""
     """The interposer library, relative to site-packages."""
+
+
+WHEEL_SOURCES = ("pyproject.toml", "constraints.txt", "README.md", "packaging", "src")
+"""The Dockerfile's builder stage copies these and runs ``pip wheel .`` on them."""
 
 
 def project_version() -> str:
@@ -128,7 +133,7 @@ def gpushare_image(version: str) -> ImageDescription:
             ("org.opencontainers.image.licenses", "Apache-2.0"),
         ),
         account=Account(name="gpushare", uid=65532, gid=65532, shell="/usr/sbin/nologin"),
-        prepare_modules=("gpushare.deviceplugin.genproto", "gpushare.isolation.build"),
+        sources=WHEEL_SOURCES,
         wheel_args=("--no-cache-dir", "-c", "constraints.txt"),
         requirement=f"gpushare=={version}",
         interposer="gpushare/isolation/native/libgpushare-cuda.so",
@@ -212,11 +217,20 @@ def inputs_hash(files: Iterable[Path], extra: Iterable[str] = ()) -> str:
 
 
 def _source_files() -> list[Path]:
-    """What the gpushare wheel is built from (the Dockerfile's COPY sources)."""
-    files = [REPO / name for name in ("pyproject.toml", "constraints.txt", "README.md")]
-    for path in (REPO / "src").rglob("*"):
-        if path.is_file() and "__pycache__" not in path.parts and ".egg-info" not in str(path):
-            files.append(path)
+    """The files of WHEEL_SOURCES, without build output (the stubs and the interposer are
+    generated from the others)."""
+    files: list[Path] = []
+    for name in WHEEL_SOURCES:
+        top = REPO / name
+        for path in [top] if top.is_file() else sorted(top.rglob("*")):
+            if (
+                path.is_file()
+                and "__pycache__" not in path.parts
+                and ".egg-info" not in str(path)
+                and not path.name.startswith("api_pb2")
+                and path.suffix != ".so"
+            ):
+                files.append(path)
     return files
 
 
@@ -286,14 +300,6 @@ class Builder:
         version = project_version()
         image = gpushare_image(version)
         tag = f"gpushare.local/gpushare:{version}"
-        for module in image.prepare_modules:
-            _run(
-                f"python -m {module}",
-                [self.python, "-m", module],
-                cwd=REPO,
-                fix="Run `make .venv/.installed` first (it installs grpcio-tools and gcc's "
-                "inputs); the interposer needs gcc.",
-            )
         key = inputs_hash([*_source_files(), Path(__file__)], [SUITE, *DPKG_EXCLUDES, repr(image)])
         archive = self._cached("gpushare", key)
         if archive.exists():

@@ -101,10 +101,7 @@ def describe_dockerfile(text: str) -> ImageDescription:
     for arg in runtime.all("ARG"):
         key, _, default = arg.partition("=")
         args[key] = default
-    build_run = " ".join(builder.all("RUN"))
-    modules = tuple(re.findall(r"python -m (gpushare\.\S+)", build_run))
-    interposer_modules = [m for m in modules if m.startswith("gpushare.isolation")]
-    assert interposer_modules, "the builder stage compiles the interposer"
+    copied = tuple(source for copy in builder.all("COPY") for source in shlex.split(copy)[:-1])
     workdirs = runtime.all("WORKDIR")
     return ImageDescription(
         entrypoint=tuple(json.loads(runtime.all("ENTRYPOINT")[-1])),
@@ -117,7 +114,7 @@ def describe_dockerfile(text: str) -> ImageDescription:
         ),
         labels=_labels(runtime, args),
         account=_account(runtime),
-        prepare_modules=modules,
+        sources=copied,
         wheel_args=_wheel_args(builder),
         requirement=_requirement(runtime, args),
         # the wheel carries what the interposer build writes under the package
@@ -171,12 +168,7 @@ def test_the_dockerfiles_version_default_is_the_projects(
         ('CMD ["--help"]', 'CMD ["--help"]\nWORKDIR /app', "workdir"),
         ("-c constraints.txt --wheel-dir", "--wheel-dir", "wheel_args"),
         ('"gpushare==${VERSION}"', '"gpushare[bench]==${VERSION}"', "requirement"),
-        (
-            "&& PYTHONPATH=src python -m gpushare.isolation.build",
-            "&& PYTHONPATH=src python -m gpushare.isolation.build "
-            "&& PYTHONPATH=src python -m gpushare.extra",
-            "prepare_modules",
-        ),
+        ("COPY packaging ./packaging\n", "", "sources"),
         ("--uid 65532", "--uid 1000", "account"),
     ],
 )

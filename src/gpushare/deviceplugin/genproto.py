@@ -1,7 +1,8 @@
 """Generate the gRPC stubs from gpushare's own copies of kubelet's .proto files.
 
-Run at install time (``make`` does it; so does the image build): ``python -m
-gpushare.deviceplugin.genproto``. The stubs are build output and are not kept in git.
+The build backend (``packaging/gpushare_build.py``) runs it for every ``pip install`` and
+``pip wheel``; by hand: ``python -m gpushare.deviceplugin.genproto``. The stubs are build output
+and are not kept in git.
 """
 
 from __future__ import annotations
