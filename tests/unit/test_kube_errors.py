@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx2
 import pytest
 
-from gpushare.kube.lightkube_api import _translate
+from gpushare.kube.lightkube_api import _mapped, _translate
 from gpushare.kube.port import Conflict, Gone, KubeError, NotFound, Unreachable
 
 URL = "https://127.0.0.1:6443/apis/scheduling.alibabacloud.com/v1alpha1/resourcepolicies"
@@ -43,3 +43,27 @@ def test_an_unread_streamed_body_gives_the_reason_phrase() -> None:
     response = httpx2.Response(404, content=chunks(), request=request)
     err = _translate(httpx2.HTTPStatusError("404", request=request, response=response), "watch")
     assert isinstance(err, NotFound) and str(err) == "watch: Not Found"
+
+
+def test_every_call_maps_through_one_place_and_keeps_the_cause() -> None:
+    """The port's callers see gpushare's tree; a person debugging still sees the library's."""
+
+    original = _status_error(409, "")
+    with pytest.raises(Conflict) as raised, _mapped("annotate pod a/b"):
+        raise original
+    assert raised.value.__cause__ is original
+    with pytest.raises(Unreachable, match="get node n: ConnectError"), _mapped("get node n"):
+        raise httpx2.ConnectError("refused")
+    with pytest.raises(ValueError), _mapped("not a library error"):
+        raise ValueError("passes through")
+
+
+def test_no_call_catches_library_errors_by_hand() -> None:
+    """One exception map: the try/except per call is gone and stays gone."""
+    import inspect
+
+    import gpushare.kube.lightkube_api as module
+
+    source = inspect.getsource(module)
+    assert source.count("except _LIBRARY_ERRORS") == 1
+    assert "except (ApiError" not in source

@@ -20,6 +20,7 @@ from typing import Any
 from gpushare.core.containers import ContainerKind, counted
 from gpushare.core.gpumodel import pod_models
 from gpushare.core.hostresources import NOTHING, HostResources, pod_requests
+from gpushare.core.inventory import CORE_PER_GPU
 from gpushare.core.kubejson import KubeObject, labels_of, name_of, namespace_of, spec_of, uid_of
 from gpushare.core.names import DEFAULT_NAMES, LABEL_POD_GPU_COUNT, ResourceNames
 from gpushare.core.quantity import Quantity, parse_quantity
@@ -27,8 +28,7 @@ from gpushare.core.spreading import spread
 from gpushare.core.units import MAX_GPU_MEMORY, MemoryUnit
 
 CORE_STEP = 5
-CORE_MIN = 5
-CORE_MAX_PER_GPU = 100
+CORE_MIN = CORE_STEP  # the smallest share is one step
 
 
 @dataclass(frozen=True)
@@ -281,7 +281,7 @@ def _read_container(
             reasons.append(
                 f'{where}: limits["{names.core}"]={limits[names.core]!r} is not a multiple of '
                 f"{CORE_STEP}; computing power is shared in steps of {CORE_STEP}: "
-                f"use 5, 10, ... 100"
+                f"use {CORE_STEP}, {2 * CORE_STEP}, ... {CORE_PER_GPU}"
             )
         else:
             core = value or 0
@@ -363,11 +363,11 @@ def read_pod(
             )
         if core:
             per_gpu, rest = divmod(core, gpu_count)
-            if rest or per_gpu % CORE_STEP or not CORE_MIN <= per_gpu <= CORE_MAX_PER_GPU:
+            if rest or per_gpu % CORE_STEP or not CORE_MIN <= per_gpu <= CORE_PER_GPU:
                 reasons.append(
                     f"pod computing power {names.core}={core} over {gpu_count} GPU(s) is "
                     f"{core / gpu_count:g}% per GPU; each GPU gives a multiple of {CORE_STEP} "
-                    f"from {CORE_MIN} to {CORE_MAX_PER_GPU}: lower the request or raise {label}"
+                    f"from {CORE_MIN} to {CORE_PER_GPU}: lower the request or raise {label}"
                 )
     if reasons:
         return Rejection(namespace=namespace_of(pod), name=name_of(pod), reasons=tuple(reasons))

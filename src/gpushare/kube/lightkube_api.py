@@ -6,7 +6,8 @@ Library errors are translated into gpushare's own tree (``gpushare.kube.port``) 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, cast
 
 import httpx2
@@ -67,6 +68,20 @@ def _translate(err: Exception, what: str) -> KubeError:
     return KubeError(f"{message} (HTTP {code})")
 
 
+_LIBRARY_ERRORS = (ApiError, httpx2.HTTPError, OSError)
+"""What lightkube and its HTTP library raise for a failed call: an answer that is an error
+(``ApiError`` with a Status, ``HTTPStatusError`` without one) or no answer at all."""
+
+
+@contextmanager
+def _mapped(what: str) -> Iterator[None]:
+    """Raise the library's errors as gpushare's tree (``_translate``), the cause kept."""
+    try:
+        yield
+    except _LIBRARY_ERRORS as err:
+        raise _translate(err, what) from err
+
+
 def load_config(kubeconfig: str | None = None, context: str | None = None) -> SingleConfig:
     """The cluster config from a file, $KUBECONFIG, ~/.kube/config or in-cluster."""
     try:
@@ -106,24 +121,24 @@ class LightkubeAPI:
         """Close the HTTP connections."""
         await self._client.close()
 
-    async def _list(
-        self, kind: type[Node] | type[Pod], what: str, node: str = ""
-    ) -> tuple[list[KubeDict], str]:
-        try:
-            fields: dict[str, Any] | None = {"spec.nodeName": node} if node else None
-            listing: Any = (
-                self._client.list(kind, namespace="*", fields=fields)
-                if kind is Pod
-                else self._client.list(kind)
-            )
+    async def _list(self, resource: Any, what: str, **options: Any) -> tuple[list[KubeDict], str]:
+        """Every object of a resource (``options``: namespace, fields) and the list's version."""
+        with _mapped(what):
+            listing: Any = self._client.list(resource, **options)
             items = [_to_dict(item) async for item in listing]
             try:
                 version = str(listing.resourceVersion)
             except NotReadyError:
                 version = ""
             return items, version
-        except (ApiError, httpx2.HTTPError, OSError) as err:
-            raise _translate(err, what) from None
+
+    async def _watch(
+        self, resource: Any, resource_version: str, what: str, **options: Any
+    ) -> AsyncIterator[WatchEvent]:
+        with _mapped(what):
+            stream: Any = self._client.watch(resource, resource_version=resource_version, **options)
+            async for type_, obj in stream:
+                yield WatchEvent(type=type_, object=_to_dict(obj))
 
     async def list_nodes(self) -> tuple[list[KubeDict], str]:
         """All nodes."""
@@ -131,21 +146,12 @@ class LightkubeAPI:
 
     async def list_pods(self, node: str = "") -> tuple[list[KubeDict], str]:
         """All pods in all namespaces (only those bound to ``node`` if given)."""
-        return await self._list(Pod, "list pods", node)
+        fields = {"spec.nodeName": node} if node else None
+        return await self._list(Pod, "list pods", namespace="*", fields=fields)
 
-    async def _watch(
-        self, kind: type[Node] | type[Pod], resource_version: str, what: str
-    ) -> AsyncIterator[WatchEvent]:
-        try:
-            stream: Any = (
-                self._client.watch(kind, namespace="*", resource_version=resource_version)
-                if kind is Pod
-                else self._client.watch(kind, resource_version=resource_version)
-            )
-            async for type_, obj in stream:
-                yield WatchEvent(type=type_, object=_to_dict(obj))
-        except (ApiError, httpx2.HTTPError, OSError) as err:
-            raise _translate(err, what) from None
+    async def list_resource_policies(self) -> tuple[list[KubeDict], str]:
+        """All ResourcePolicies (NotFound while their CRD is not installed)."""
+        return await self._list(ResourcePolicyResource, "list resourcepolicies", namespace="*")
 
     def watch_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]:
         """Node changes."""
@@ -153,38 +159,18 @@ class LightkubeAPI:
 
     def watch_pods(self, resource_version: str) -> AsyncIterator[WatchEvent]:
         """Pod changes."""
-        return self._watch(Pod, resource_version, "watch pods")
+        return self._watch(Pod, resource_version, "watch pods", namespace="*")
 
-    async def list_resource_policies(self) -> tuple[list[KubeDict], str]:
-        """All ResourcePolicies (NotFound while their CRD is not installed)."""
-        try:
-            listing: Any = self._client.list(ResourcePolicyResource, namespace="*")
-            items = [_to_dict(item) async for item in listing]
-            try:
-                version = str(listing.resourceVersion)
-            except NotReadyError:
-                version = ""
-            return items, version
-        except (ApiError, httpx2.HTTPError, OSError) as err:
-            raise _translate(err, "list resourcepolicies") from None
-
-    async def watch_resource_policies(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+    def watch_resource_policies(self, resource_version: str) -> AsyncIterator[WatchEvent]:
         """ResourcePolicy changes."""
-        try:
-            stream: Any = self._client.watch(
-                ResourcePolicyResource, namespace="*", resource_version=resource_version
-            )
-            async for type_, obj in stream:
-                yield WatchEvent(type=type_, object=_to_dict(obj))
-        except (ApiError, httpx2.HTTPError, OSError) as err:
-            raise _translate(err, "watch resourcepolicies") from None
+        return self._watch(
+            ResourcePolicyResource, resource_version, "watch resourcepolicies", namespace="*"
+        )
 
     async def get_pod(self, namespace: str, name: str) -> KubeDict:
         """One pod."""
-        try:
+        with _mapped(f"get pod {namespace}/{name}"):
             return _to_dict(await self._client.get(Pod, name, namespace=namespace))
-        except (ApiError, httpx2.HTTPError, OSError) as err:
-            raise _translate(err, f"get pod {namespace}/{name}") from None
 
     async def patch_pod_annotations(
         self,
@@ -203,27 +189,21 @@ class LightkubeAPI:
         if labels:
             metadata["labels"] = dict(labels)
         body = {"metadata": metadata}
-        try:
+        with _mapped(f"annotate pod {namespace}/{name}"):
             patched = await self._client.patch(
                 Pod, name, body, namespace=namespace, patch_type=PatchType.MERGE
             )
             return _to_dict(patched)
-        except (ApiError, httpx2.HTTPError, OSError) as err:
-            raise _translate(err, f"annotate pod {namespace}/{name}") from None
 
     async def get_node(self, name: str) -> KubeDict:
         """One node."""
-        try:
+        with _mapped(f"get node {name}"):
             return _to_dict(await self._client.get(Node, name))
-        except (ApiError, httpx2.HTTPError, OSError) as err:
-            raise _translate(err, f"get node {name}") from None
 
     async def get_secret(self, namespace: str, name: str) -> KubeDict:
         """One Secret."""
-        try:
+        with _mapped(f"get secret {namespace}/{name}"):
             return _to_dict(await self._client.get(Secret, name, namespace=namespace))
-        except (ApiError, httpx2.HTTPError, OSError) as err:
-            raise _translate(err, f"get secret {namespace}/{name}") from None
 
     async def patch_node(
         self,
@@ -240,7 +220,7 @@ class LightkubeAPI:
             metadata["annotations"] = dict(annotations)
         if labels:
             metadata["labels"] = dict(labels)
-        try:
+        with _mapped(f"patch node {name}"):
             if metadata:
                 await self._client.patch(
                     Node, name, {"metadata": metadata}, patch_type=PatchType.MERGE
@@ -248,8 +228,6 @@ class LightkubeAPI:
             if capacity:
                 body = {"status": {"capacity": dict(capacity), "allocatable": dict(capacity)}}
                 await self._client.patch(Node.Status, name, body, patch_type=PatchType.MERGE)
-        except (ApiError, httpx2.HTTPError, OSError) as err:
-            raise _translate(err, f"patch node {name}") from None
 
     async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         """POST the ``pods/binding`` subresource."""
@@ -257,30 +235,25 @@ class LightkubeAPI:
             metadata=ObjectMeta(name=name, namespace=namespace, uid=uid),
             target=ObjectReference(apiVersion="v1", kind="Node", name=node),
         )
-        try:
-            await self._client.create(binding, name=name, namespace=namespace)
-        except msgspec.ValidationError:
-            # The server answers a successful binding with a Status, not a Binding; lightkube
-            # cannot decode it as the type it posted. Errors arrive as ApiError instead.
-            return
-        except (ApiError, httpx2.HTTPError, OSError) as err:
-            raise _translate(err, f"bind pod {namespace}/{name} to {node}") from None
+        with _mapped(f"bind pod {namespace}/{name} to {node}"):
+            try:
+                await self._client.create(binding, name=name, namespace=namespace)
+            except msgspec.ValidationError:
+                # The server answers a successful binding with a Status, not a Binding; lightkube
+                # cannot decode it as the type it posted. Errors arrive as ApiError instead.
+                return
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         """POST a core/v1 Event in the namespace."""
-        try:
+        with _mapped(f"create event in {namespace}"):
             posted = cast(Event, Event.from_dict(dict(event)))  # from_dict is typed as the mixin
             # lightkube 1.0.1's overloads of AsyncClient.create match no namespaced resource
             # with namespace= under mypy (a Pod fails the same way); the call is the documented one.
             await self._client.create(posted, namespace=namespace)  # type: ignore[call-overload]
-        except (ApiError, httpx2.HTTPError, OSError) as err:
-            raise _translate(err, f"create event in {namespace}") from None
 
     async def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """Merge-patch an Event."""
-        try:
+        with _mapped(f"patch event {namespace}/{name}"):
             await self._client.patch(
                 Event, name, dict(patch), namespace=namespace, patch_type=PatchType.MERGE
             )
-        except (ApiError, httpx2.HTTPError, OSError) as err:
-            raise _translate(err, f"patch event {namespace}/{name}") from None
