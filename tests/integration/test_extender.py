@@ -503,3 +503,55 @@ def test_a_quantity_the_api_server_keeps_as_written_is_placed_as_its_number() ->
         assert rig.cache.ledger.usage(SEED).mem_units == 6
 
     run_with_rig(kube, body)
+
+
+def test_the_openapi_page_describes_every_verb_from_the_wire_structs() -> None:
+    """One description of the wire format: the structs that decode and encode also document."""
+
+    async def body(rig: Rig) -> None:
+        page = (await rig.client.get("/openapi.json")).json()
+        components = page["components"]["schemas"]
+        for name in (
+            "ExtenderArgs",
+            "NodeList",
+            "ExtenderFilterResult",
+            "HostPriority",
+            "ExtenderBindingArgs",
+            "ExtenderBindingResult",
+        ):
+            assert name in components, name
+        assert set(components["ExtenderBindingArgs"]["required"]) == {
+            "PodName",
+            "PodNamespace",
+            "PodUID",
+            "Node",
+        }
+        refs: list[str] = []
+
+        def walk(node: Any) -> None:
+            if isinstance(node, dict):
+                if "$ref" in node:
+                    refs.append(node["$ref"])
+                for value in node.values():
+                    walk(value)
+            elif isinstance(node, list):
+                for value in node:
+                    walk(value)
+
+        for verb, request, reply in (
+            ("filter", "ExtenderArgs", "ExtenderFilterResult"),
+            ("prioritize", "ExtenderArgs", None),
+            ("bind", "ExtenderBindingArgs", "ExtenderBindingResult"),
+        ):
+            operation = page["paths"][f"/{verb}"]["post"]
+            body_schema = operation["requestBody"]["content"]["application/json"]["schema"]
+            reply_schema = operation["responses"]["200"]["content"]["application/json"]["schema"]
+            assert body_schema == {"$ref": f"#/components/schemas/{request}"}
+            if reply:
+                assert reply_schema == {"$ref": f"#/components/schemas/{reply}"}
+            else:
+                assert reply_schema["items"] == {"$ref": "#/components/schemas/HostPriority"}
+        walk(page)
+        assert refs and all(r.rsplit("/", 1)[1] in components for r in refs)
+
+    run_with_rig(seed_cluster(), body)

@@ -24,13 +24,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpushare.extender.service import Extender
 from gpushare.extender.wire import (
-    ExtenderArgs,
-    ExtenderBindingArgs,
-    ExtenderBindingResult,
-    ExtenderFilterResult,
-    HostPriority,
     WireError,
+    binding_json,
     filter_json,
+    openapi_components,
     priorities_json,
     read_args,
     read_binding_args,
@@ -66,18 +63,33 @@ def _invalid(err: WireError) -> Response:
     return JSONResponse({"detail": err.detail()}, status_code=400)
 
 
-_ARGS_SCHEMA = ExtenderArgs.model_json_schema(ref_template="#/components/schemas/{model}")
-_ARGS_SCHEMA.pop("$defs", None)  # NodeList is in the components through filter's reply
-_ARGS_BODY = {
-    "requestBody": {"required": True, "content": {"application/json": {"schema": _ARGS_SCHEMA}}}
-}
-"""The OpenAPI entry FastAPI would write for an ``ExtenderArgs`` parameter."""
-_BINDING_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": ExtenderBindingArgs.model_json_schema()}},
+_VERB_SCHEMAS, _COMPONENTS = openapi_components()
+
+
+def _documented(verb: str) -> dict[str, Any]:
+    """The OpenAPI entry of a verb that reads and writes its own bytes (``wire``'s schemas)."""
+    schemas = _VERB_SCHEMAS[verb]
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": schemas["request"]}},
+        },
+        "responses": {
+            "200": {
+                "description": "Successful Response",
+                "content": {"application/json": {"schema": schemas["reply"]}},
+            }
+        },
     }
-}
+
+
+class _ExtenderApp(FastAPI):
+    """FastAPI with the wire structs' components in the OpenAPI page (the verbs refer to them)."""
+
+    def openapi(self) -> dict[str, Any]:
+        schema = super().openapi()
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(_COMPONENTS)
+        return schema
 
 
 def create_metrics_app(extender: Extender) -> FastAPI:
@@ -127,14 +139,14 @@ def create_app(
         gc.collect()
         gc.freeze()
 
-    app = FastAPI(title="gpushare extender", lifespan=lifespan)
+    app = _ExtenderApp(title="gpushare extender", lifespan=lifespan)
     latency = extender.metrics.latency
 
     # the verbs read their bodies themselves (``read_args``, ``read_binding_args``), so every
     # bad body is a 400 naming the field; filter and prioritize also write their replies as
     # bytes: FastAPI would parse, then validate thousands of names, and validate the large
     # reply once more
-    @app.post("/filter", response_model=ExtenderFilterResult, openapi_extra=_ARGS_BODY)
+    @app.post("/filter", openapi_extra=_documented("filter"))
     async def filter_(request: Request) -> Response:
         start = time.perf_counter()
         try:
@@ -145,7 +157,7 @@ def create_app(
         finally:
             latency.labels("filter").observe(time.perf_counter() - start)
 
-    @app.post("/prioritize", response_model=list[HostPriority], openapi_extra=_ARGS_BODY)
+    @app.post("/prioritize", openapi_extra=_documented("prioritize"))
     async def prioritize(request: Request) -> Response:
         start = time.perf_counter()
         try:
@@ -156,12 +168,12 @@ def create_app(
         finally:
             latency.labels("prioritize").observe(time.perf_counter() - start)
 
-    @app.post("/bind", response_model=ExtenderBindingResult, openapi_extra=_BINDING_BODY)
+    @app.post("/bind", openapi_extra=_documented("bind"))
     async def bind(request: Request) -> Response:
         start = time.perf_counter()
         try:
             args = read_binding_args(await request.body())
-            return _json((await extender.bind(args)).model_dump_json())
+            return _json(binding_json(await extender.bind(args)))
         except WireError as err:
             return _invalid(err)
         finally:

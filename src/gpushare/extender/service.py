@@ -199,9 +199,7 @@ class Extender:
             )
         self._count_filter(result.request, bool(passing))
         self._explain_filter(args.Pod, result.request, bool(passing), failed, result.unresolvable)
-        # built without validation: the scheduler's values already have the wire's types, and
-        # checking thousands of names again costs more than the decision
-        return ExtenderFilterResult.model_construct(
+        return ExtenderFilterResult(
             NodeNames=passing,
             FailedNodes=failed,
             FailedAndUnresolvableNodes=result.unresolvable,

@@ -3,10 +3,9 @@
 The Go types carry no json tags, so every key is the Go field name in PascalCase. Nodes, when
 sent (caches off), are a ``v1.NodeList`` in ordinary Kubernetes JSON.
 
-The pydantic models describe the format (and the OpenAPI page); filter and prioritize bodies
-carry thousands of names per call, so they are read with msgspec (typed decoding straight from
-bytes, several times faster than parsing then validating) and their replies written with it.
-Bind's small body is read the same way, so every verb refuses a bad body alike.
+The msgspec structs below are the one description of the format: they decode the bodies (typed
+decoding straight from bytes: filter and prioritize carry thousands of names per call), encode
+the replies, and give the OpenAPI page its schemas. Every verb refuses a bad body alike.
 
 A body that is not the wire format is a ``WireError`` and an HTTP 400 whose message names the
 field and the rule (``Pod.spec.containers: expected a list, got null``): JSON that is malformed,
@@ -21,24 +20,19 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
-from pydantic import BaseModel, ConfigDict, Field
 
 from gpushare.core.shape import Path, ShapeProblem, node_shape, pod_shape, render_path
 
 T = TypeVar("T")
 
 
-class _Wire(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class NodeList(_Wire):
+class NodeList(msgspec.Struct):
     """A ``v1.NodeList``; only its items are used."""
 
-    items: list[dict[str, Any]] = Field(default_factory=list)
+    items: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
 
-class ExtenderArgs(_Wire):
+class ExtenderArgs(msgspec.Struct):
     """Body of filter and prioritize."""
 
     Pod: dict[str, Any]
@@ -46,21 +40,49 @@ class ExtenderArgs(_Wire):
     NodeNames: list[str] | None = None
 
 
-class ExtenderFilterResult(_Wire):
+class ExtenderFilterResult(msgspec.Struct):
     """Reply of filter; a non-empty Error fails the whole scheduling attempt."""
 
     Nodes: NodeList | None = None
     NodeNames: list[str] | None = None
-    FailedNodes: dict[str, str] = Field(default_factory=dict)
-    FailedAndUnresolvableNodes: dict[str, str] = Field(default_factory=dict)
+    FailedNodes: dict[str, str] = msgspec.field(default_factory=dict)
+    FailedAndUnresolvableNodes: dict[str, str] = msgspec.field(default_factory=dict)
     Error: str = ""
 
 
-class HostPriority(_Wire):
+class HostPriority(msgspec.Struct):
     """One entry of prioritize's reply; Score is 0..10."""
 
     Host: str
     Score: int
+
+
+class ExtenderBindingArgs(msgspec.Struct):
+    """Body of bind."""
+
+    PodName: str
+    PodNamespace: str
+    PodUID: str
+    Node: str
+
+
+class ExtenderBindingResult(msgspec.Struct):
+    """Reply of bind; empty Error means bound."""
+
+    Error: str = ""
+
+
+REQUESTS: dict[str, type[msgspec.Struct]] = {
+    "filter": ExtenderArgs,
+    "prioritize": ExtenderArgs,
+    "bind": ExtenderBindingArgs,
+}
+REPLIES: dict[str, Any] = {
+    "filter": ExtenderFilterResult,
+    "prioritize": list[HostPriority],
+    "bind": ExtenderBindingResult,
+}
+"""Each verb's body and reply, for the OpenAPI page (``openapi``)."""
 
 
 class WireError(ValueError):
@@ -89,22 +111,8 @@ class WireError(ValueError):
         return [{"loc": list(self.loc), "msg": self.msg, "type": self.kind}]
 
 
-class _NodeList(msgspec.Struct):
-    items: list[dict[str, Any]] = msgspec.field(default_factory=list)
-
-
-class _Args(msgspec.Struct):
-    Pod: dict[str, Any]
-    Nodes: _NodeList | None = None
-    NodeNames: list[str] | None = None
-
-
-class _Priority(msgspec.Struct):
-    Host: str
-    Score: int
-
-
-_read_args = msgspec.json.Decoder(_Args).decode
+_read_args = msgspec.json.Decoder(ExtenderArgs).decode
+_read_binding = msgspec.json.Decoder(ExtenderBindingArgs).decode
 _write = msgspec.json.encode
 _STEP = re.compile(r"\.(\w+)|\[(\d+)\]")
 _TYPES = {
@@ -168,29 +176,17 @@ def read_args(body: bytes) -> ExtenderArgs:
     problem = pod_shape(args.Pod)
     if problem:
         raise WireError.of_shape(problem, ("Pod",))
-    nodes = None
     if args.Nodes is not None:
         for position, item in enumerate(args.Nodes.items):
             problem = node_shape(item)
             if problem:
                 raise WireError.of_shape(problem, ("Nodes", "items", position))
-        nodes = NodeList.model_construct(items=args.Nodes.items)
-    # built without validation: msgspec and core.shape have checked every type read later
-    return ExtenderArgs.model_construct(Pod=args.Pod, Nodes=nodes, NodeNames=args.NodeNames)
+    return args
 
 
 def filter_json(result: ExtenderFilterResult) -> bytes:
-    """Filter's reply as bytes (msgspec writes it about three times faster than the model)."""
-    nodes = None if result.Nodes is None else {"items": result.Nodes.items}
-    return _write(
-        {
-            "Nodes": nodes,
-            "NodeNames": result.NodeNames,
-            "FailedNodes": result.FailedNodes,
-            "FailedAndUnresolvableNodes": result.FailedAndUnresolvableNodes,
-            "Error": result.Error,
-        }
-    )
+    """Filter's reply as bytes."""
+    return _write(result)
 
 
 def priorities_json(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
@@ -200,37 +196,30 @@ def priorities_json(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
     """
     if len(hosts) != len(scores):
         raise ValueError(f"hosts={len(hosts)} and scores={len(scores)}: must be as many")
-    return _write(list(map(_Priority, hosts, scores)))
-
-
-class ExtenderBindingArgs(_Wire):
-    """Body of bind."""
-
-    PodName: str
-    PodNamespace: str
-    PodUID: str
-    Node: str
-
-
-class _Binding(msgspec.Struct):
-    PodName: str
-    PodNamespace: str
-    PodUID: str
-    Node: str
-
-
-_read_binding = msgspec.json.Decoder(_Binding).decode
+    return _write(list(map(HostPriority, hosts, scores)))
 
 
 def read_binding_args(body: bytes) -> ExtenderBindingArgs:
     """Bind's body; ``WireError`` names the field and the rule it broke."""
-    args = _decode(_read_binding, body)
-    return ExtenderBindingArgs.model_construct(
-        PodName=args.PodName, PodNamespace=args.PodNamespace, PodUID=args.PodUID, Node=args.Node
+    return _decode(_read_binding, body)
+
+
+def binding_json(result: ExtenderBindingResult) -> bytes:
+    """Bind's reply as bytes."""
+    return _write(result)
+
+
+def openapi_components() -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Each verb's body and reply schema, and the components they refer to, from the structs
+    above: the one description of the wire format."""
+    verbs = [*REQUESTS, *REPLIES]
+    types = [*REQUESTS.values(), *REPLIES.values()]
+    schemas, components = msgspec.json.schema_components(
+        types, ref_template="#/components/schemas/{name}"
     )
-
-
-class ExtenderBindingResult(_Wire):
-    """Reply of bind; empty Error means bound."""
-
-    Error: str = ""
+    half = len(REQUESTS)
+    by_verb: dict[str, dict[str, Any]] = {}
+    for position, verb in enumerate(verbs):
+        side = "request" if position < half else "reply"
+        by_verb.setdefault(verb, {})[side] = schemas[position]
+    return by_verb, components
