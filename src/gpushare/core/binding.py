@@ -11,12 +11,12 @@ says whether the pod already is where the scheduler wants it, with the allocatio
 from __future__ import annotations
 
 from gpushare.core.allocation import from_pod
-from gpushare.core.kubejson import KubeObject, name_of, namespace_of, node_name_of
+from gpushare.core.kubejson import KubeObject, key_of, node_name_of
 
 
 def already_bound(pod: KubeObject, *, node: str, wants_gpu: bool) -> str:
     """Why a bind of this bound pod to ``node`` cannot succeed; empty when it already has."""
-    key = f"{namespace_of(pod)}/{name_of(pod)}"
+    key = key_of(pod)
     bound_to = node_name_of(pod)
     if bound_to != node:
         return (

@@ -31,7 +31,18 @@ def namespace_of(obj: KubeObject) -> str:
 def uid_of(obj: KubeObject) -> str:
     """metadata.uid, falling back to namespace/name for objects not yet stored."""
     uid = meta(obj).get("uid")
-    return str(uid) if uid else f"{namespace_of(obj)}/{name_of(obj)}"
+    return str(uid) if uid else key_of(obj)
+
+
+def stored_uid_of(obj: KubeObject) -> str:
+    """metadata.uid as the API server assigned it; empty for an object not yet stored (an
+    event's involvedObject and a bind's UID check need the real one, never a stand-in)."""
+    return str(meta(obj).get("uid") or "")
+
+
+def key_of(obj: KubeObject) -> str:
+    """``namespace/name``, the way logs and messages name a pod."""
+    return f"{namespace_of(obj)}/{name_of(obj)}"
 
 
 def labels_of(obj: KubeObject) -> Mapping[str, str]:

@@ -45,6 +45,7 @@ from gpushare.core.handoff import CORE, MEM, Stranger
 from gpushare.core.kubejson import (
     KubeObject,
     annotations_of,
+    key_of,
     labels_of,
     name_of,
     namespace_of,
@@ -401,7 +402,7 @@ def sort_node_pods(
             why = f"its allocation is ignored: {judgement.message}"
         counts = device_counts(pod, names=names)
         if counts and not has_started(pod):
-            key = f"{namespace_of(pod)}/{name_of(pod)}"
+            key = key_of(pod)
             strangers.append(Stranger(uid=uid_of(pod), pod=key, reason=why, counts=counts))
     return NodePods(tuple(allocations), tuple(strangers), tuple(ignored))
 

@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpushare.core.kubejson import KubeObject, annotations_of, name_of, namespace_of, spec_of
+from gpushare.core.kubejson import (
+    KubeObject,
+    annotations_of,
+    key_of,
+    name_of,
+    spec_of,
+)
 from gpushare.core.ledger import is_terminal
 from gpushare.core.names import ANN_NODE_UNIT, DEFAULT_NAMES, ResourceNames
 from gpushare.core.units import MemoryUnit
@@ -41,7 +47,7 @@ def _holds_memory(pod: KubeObject, names: ResourceNames) -> bool:
 def holders(node: str, pods: Iterable[KubeObject], names: ResourceNames) -> list[str]:
     """``namespace/name`` of the live pods bound to ``node`` that hold GPU memory, sorted."""
     return sorted(
-        f"{namespace_of(pod)}/{name_of(pod)}"
+        key_of(pod)
         for pod in pods
         if spec_of(pod).get("nodeName") == node
         and not is_terminal(pod)

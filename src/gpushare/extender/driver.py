@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from gpushare.core.kubejson import key_of, name_of, namespace_of, stored_uid_of
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -77,8 +79,7 @@ class ExtenderDriver:
 
     async def schedule(self, pod: Mapping[str, Any], node_names: Sequence[str]) -> Outcome:
         """Filter, prioritize and bind one pod."""
-        meta = pod.get("metadata") or {}
-        key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+        key = key_of(pod)
         args = {"Pod": pod, "NodeNames": list(node_names)}
         result = await self._post("filter", args)
         if result.get("Error"):
@@ -93,9 +94,9 @@ class ExtenderDriver:
         bound = await self._post(
             "bind",
             {
-                "PodName": meta.get("name", ""),
-                "PodNamespace": meta.get("namespace", "default"),
-                "PodUID": meta.get("uid", ""),
+                "PodName": name_of(pod),
+                "PodNamespace": namespace_of(pod),
+                "PodUID": stored_uid_of(pod),
                 "Node": best,
             },
         )

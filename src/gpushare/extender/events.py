@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from gpushare.core.kubejson import KubeObject, name_of, namespace_of, stored_uid_of
 from gpushare.kube.port import KubeAPI, KubeError
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,11 @@ class PodRef:
     namespace: str
     name: str
     uid: str
+
+    @classmethod
+    def of(cls, pod: KubeObject) -> PodRef:
+        """The pod's identity as stored (an unstored pod's uid is empty)."""
+        return cls(namespace=namespace_of(pod), name=name_of(pod), uid=stored_uid_of(pod))
 
 
 @dataclass

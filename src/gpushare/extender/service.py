@@ -51,10 +51,11 @@ from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.kubejson import (
     KubeObject,
     annotations_of,
+    key_of,
     labels_of,
     name_of,
-    namespace_of,
     node_name_of,
+    stored_uid_of,
     uid_of,
 )
 from gpushare.core.names import ANN_ALLOCATION, ANN_SEAL, POD_ANNOTATIONS, SCHEDULER_NAME
@@ -137,12 +138,12 @@ class Extender:
 
     def _ignored(self, pod: KubeObject, why: Ignored, *, first: bool) -> None:
         """Count an ignored allocation; on its pod's first, say so on the pod (an Event)."""
-        key = f"{namespace_of(pod)}/{name_of(pod)}"
+        key = key_of(pod)
         self.metrics.untrusted.labels(why.reason.value).inc()
         log.warning("pod=%s phase=trust allocation ignored: %s", key, why.message)
         if not first:
             return
-        ref = PodRef(namespace=namespace_of(pod), name=name_of(pod), uid=uid_of(pod))
+        ref = PodRef.of(pod)
         self.metrics.events.labels(UNTRUSTED).inc()
         self.events.record(
             ref,
@@ -260,13 +261,7 @@ class Extender:
         if isinstance(request, PodRequest) and not request.wants_gpu:
             return
         reasons = [*failed.values(), *unresolvable.values()]
-        meta = pod.get("metadata")
-        meta = meta if isinstance(meta, dict) else {}
-        ref = PodRef(
-            namespace=str(meta.get("namespace") or "default"),
-            name=str(meta.get("name") or ""),
-            uid=str(meta.get("uid") or ""),
-        )
+        ref = PodRef.of(pod)
         self.metrics.events.labels(UNSCHEDULABLE).inc()
         self.events.record(ref, "Warning", UNSCHEDULABLE, refusal_summary(reasons, len(reasons)))
 
@@ -322,7 +317,7 @@ class Extender:
             pod = await self.api.get_pod(args.PodNamespace, args.PodName)
         except KubeError as err:
             return "error", f"cannot read pod {key}: {err}"
-        uid = str(pod.get("metadata", {}).get("uid", ""))
+        uid = stored_uid_of(pod)
         if args.PodUID and uid != args.PodUID:
             return (
                 "error",
@@ -403,7 +398,7 @@ class Extender:
         gate = book.gate(pod, fitting=[node], now_s=self.clock_ns() / 1e9)
         if gate is None:
             return None
-        key = f"{namespace_of(pod)}/{name_of(pod)}"
+        key = key_of(pod)
         if gate.error:
             return "rejected", f"pod {key}: {gate.error}"
         if not gate.allows(book.node_labels.get(node, {})):
