@@ -142,3 +142,58 @@ def test_predecessor_only_pods_are_read_from_its_keys() -> None:
 def test_unreadable_record_gives_none() -> None:
     pod = {"metadata": {"name": "p", "annotations": {"gpushare.io/allocation": "{oops"}}}
     assert from_pod(pod) is None
+
+
+def test_the_record_text_is_what_the_seal_has_always_covered() -> None:
+    """The msgspec writer gives the same bytes as the json.dumps one it replaced (sealed pods
+    written before keep their seals)."""
+    import json
+
+    from gpushare.core.allocation import ContainerShare, GpuShare
+    from gpushare.core.containers import ContainerKind
+    from gpushare.core.names import ANN_ALLOCATION
+
+    allocation = Allocation(
+        node="n1",
+        unit=MemoryUnit.parse("128MiB"),
+        gpus=(GpuShare(0, 24, 30), GpuShare(3, 24, 30)),
+        containers=(
+            ContainerShare("init", ContainerKind.INIT, (GpuShare(0, 8, 0),)),
+            ContainerShare("app", ContainerKind.APP, (GpuShare(0, 24, 30), GpuShare(3, 24, 30))),
+        ),
+        uid="u",
+        namespace="default",
+        name="p",
+    )
+    text = to_annotations(allocation, dev_units=128)[ANN_ALLOCATION]
+    share = lambda s: {"index": s.index, "mem": s.mem_units, "core": s.core_pct}  # noqa: E731
+    before = {
+        "version": 1,
+        "node": "n1",
+        "unit": "128MiB",
+        "gpus": [share(s) for s in allocation.gpus],
+        "containers": [
+            {"name": c.name, "kind": c.kind.value, "gpus": [share(s) for s in c.gpus]}
+            for c in allocation.containers
+        ],
+    }
+    assert text == json.dumps(before, separators=(",", ":"))
+
+
+def test_a_broken_record_names_the_field() -> None:
+    import pytest
+
+    from gpushare.core.allocation import RecordError, read_record
+
+    cases = {
+        '{"node":"n","gpus":[{"index":0,"mem":-1}]}': "gpus[0].mem: Expected `int` >= 0",
+        '{"node":"n","gpus":[{"index":true,"mem":1}]}': "gpus[0].index: Expected `int`",
+        '{"gpus":[]}': "record: Object missing required field `node`",
+        '{"node":"n","gpus":[],"containers":[{"kind":"job","gpus":[]}]}': "containers[0].kind",
+        "[1]": "record: Expected `object`",
+        "{": "not JSON",
+    }
+    for text, message in cases.items():
+        with pytest.raises(RecordError) as raised:
+            read_record(text)
+        assert str(raised.value).startswith(message), (text, str(raised.value))

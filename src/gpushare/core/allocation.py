@@ -13,10 +13,11 @@ pod (init containers run before the others and reuse the same memory).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated
+
+import msgspec
 
 from gpushare.core.containers import ContainerKind
 from gpushare.core.kubejson import (
@@ -150,8 +151,55 @@ def plan(
     )
 
 
-def _share_json(share: GpuShare) -> dict[str, int]:
-    return {"index": share.index, "mem": share.mem_units, "core": share.core_pct}
+class _ShareRecord(msgspec.Struct, kw_only=True):
+    """One GPU's share in the record; the field names are the annotation's."""
+
+    index: Annotated[int, msgspec.Meta(ge=0)]
+    mem: Annotated[int, msgspec.Meta(ge=0)]
+    core: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+    @classmethod
+    def of(cls, share: GpuShare) -> _ShareRecord:
+        return cls(index=share.index, mem=share.mem_units, core=share.core_pct)
+
+    def share(self) -> GpuShare:
+        return GpuShare(index=self.index, mem_units=self.mem, core_pct=self.core)
+
+
+class _ContainerRecord(msgspec.Struct, kw_only=True):
+    name: str = ""
+    kind: ContainerKind = ContainerKind.APP
+    gpus: list[_ShareRecord]
+
+
+class _Record(msgspec.Struct, kw_only=True):
+    """``ANN_ALLOCATION``: the record bind writes and every reader decodes (fields in the order
+    they are written, so the text, which the seal covers, does not change)."""
+
+    version: int = FORMAT_VERSION
+    node: str
+    unit: str = "1GiB"
+    gpus: list[_ShareRecord]
+    containers: list[_ContainerRecord] = msgspec.field(default_factory=list)
+
+
+_read_record = msgspec.json.Decoder(_Record).decode
+
+
+class RecordError(ValueError):
+    """An ``ANN_ALLOCATION`` that is not the record; the message names the field
+    (``gpus[0].mem: Expected `int` >= 0, got `-1```)."""
+
+
+def read_record(text: str) -> _Record:
+    """Decode the record, or ``RecordError`` naming where it breaks the format."""
+    try:
+        return _read_record(text)
+    except msgspec.ValidationError as err:
+        message, _, where = str(err).partition(" - at `$")
+        raise RecordError(f"{where.rstrip('`').lstrip('.') or 'record'}: {message}") from err
+    except msgspec.DecodeError as err:
+        raise RecordError(f"not JSON: {err}") from err
 
 
 def to_annotations(allocation: Allocation, *, dev_units: int) -> dict[str, str]:
@@ -159,39 +207,23 @@ def to_annotations(allocation: Allocation, *, dev_units: int) -> dict[str, str]:
 
     ``dev_units`` is the memory of one GPU on the node, for ``ALIYUN_COM_GPU_MEM_DEV``.
     """
-    record = {
-        "version": FORMAT_VERSION,
-        "node": allocation.node,
-        "unit": allocation.unit.value,
-        "gpus": [_share_json(s) for s in allocation.gpus],
-        "containers": [
-            {"name": c.name, "kind": c.kind.value, "gpus": [_share_json(s) for s in c.gpus]}
+    record = _Record(
+        node=allocation.node,
+        unit=allocation.unit.value,
+        gpus=[_ShareRecord.of(s) for s in allocation.gpus],
+        containers=[
+            _ContainerRecord(name=c.name, kind=c.kind, gpus=[_ShareRecord.of(s) for s in c.gpus])
             for c in allocation.containers
         ],
-    }
+    )
     return {
-        ANN_ALLOCATION: json.dumps(record, separators=(",", ":")),
+        ANN_ALLOCATION: msgspec.json.encode(record).decode(),
         ANN_IDX: ",".join(str(i) for i in allocation.indexes),
         ANN_POD: str(allocation.mem_units),
         ANN_DEV: str(dev_units),
         ANN_ASSIGNED: "true" if allocation.assigned else "false",
         ANN_ASSUME_TIME: str(allocation.assume_time_ns),
     }
-
-
-def _shares(raw: Any) -> tuple[GpuShare, ...]:
-    if not isinstance(raw, list):
-        raise ValueError("gpus must be a list")
-    out = []
-    for entry in raw:
-        if not isinstance(entry, Mapping):
-            raise ValueError("each GPU share must be an object")
-        values = [entry.get("index"), entry.get("mem"), entry.get("core", 0)]
-        numbers = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
-        if len(numbers) != len(values):
-            raise ValueError(f"GPU share {dict(entry)!r} needs integers index, mem, core >= 0")
-        out.append(GpuShare(index=numbers[0], mem_units=numbers[1], core_pct=numbers[2]))
-    return tuple(out)
 
 
 def _int_annotation(annotations: Mapping[str, str], key: str) -> int:
@@ -211,29 +243,22 @@ def from_pod(pod: KubeObject) -> Allocation | None:
     uid, namespace, name = uid_of(pod), namespace_of(pod), name_of(pod)
     if ANN_ALLOCATION in annotations:
         try:
-            record = json.loads(str(annotations[ANN_ALLOCATION]))
-            if not isinstance(record, Mapping):
-                raise ValueError("record must be an object")
-            containers = tuple(
-                ContainerShare(
-                    name=str(c.get("name", "")),
-                    kind=ContainerKind(c.get("kind", "app")),
-                    gpus=_shares(c.get("gpus")),
-                )
-                for c in record.get("containers") or []
-            )
+            record = read_record(str(annotations[ANN_ALLOCATION]))
             return Allocation(
-                node=str(record["node"]),
-                unit=MemoryUnit.parse(str(record.get("unit", "1GiB"))),
-                gpus=_shares(record.get("gpus")),
-                containers=containers,
+                node=record.node,
+                unit=MemoryUnit.parse(record.unit),
+                gpus=tuple(s.share() for s in record.gpus),
+                containers=tuple(
+                    ContainerShare(name=c.name, kind=c.kind, gpus=tuple(s.share() for s in c.gpus))
+                    for c in record.containers
+                ),
                 uid=uid,
                 namespace=namespace,
                 name=name,
                 assigned=assigned,
                 assume_time_ns=assume,
             )
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except ValueError:  # RecordError, or a unit MemoryUnit does not know
             return None
     node = str(spec_of(pod).get("nodeName") or "")
     idx_text = str(annotations.get(ANN_IDX, "")).strip()

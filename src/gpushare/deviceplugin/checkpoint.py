@@ -12,15 +12,17 @@ An unreadable file starts empty: the check then treats those containers as unkno
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from gpushare.core.handoff import Signature
 
 log = logging.getLogger(__name__)
+
+_decode = msgspec.json.Decoder(dict[str, Signature]).decode
+"""The whole file; a field of the wrong type anywhere fails it, naming the path."""
 
 
 def _key(device_ids: list[str]) -> str:
@@ -32,35 +34,32 @@ class ServedCheckpoint:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._served: dict[str, dict[str, Any]] = self._load()
+        self._served: dict[str, Signature] = self._load()
 
-    def _load(self) -> dict[str, dict[str, Any]]:
+    def _load(self) -> dict[str, Signature]:
         try:
-            data = json.loads(self.path.read_text())
-            return data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
+            return _decode(self.path.read_bytes())
+        except FileNotFoundError:
             return {}
+        except OSError as err:
+            log.warning("cannot read the checkpoint %s (%s): starting empty", self.path, err)
+        except (msgspec.ValidationError, msgspec.DecodeError) as err:
+            # "Expected `int`, got `str` - at `$[...].count`": the file was not written by this
+            # version, or was damaged; its containers are then unknown to the check, not wrong
+            log.warning("checkpoint %s is unreadable (%s): starting empty", self.path, err)
+        return {}
 
     def remember(self, device_ids: list[str], signature: Signature) -> None:
         """Record an answer; a failed write is logged, the answer stands."""
-        self._served[_key(device_ids)] = asdict(signature)
+        self._served[_key(device_ids)] = signature
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self._served))
+            tmp.write_bytes(msgspec.json.encode(self._served))
             tmp.replace(self.path)
         except OSError as err:
             log.warning("cannot write the checkpoint %s: %s", self.path, err)
 
     def signature(self, device_ids: list[str]) -> Signature | None:
         """What Allocate answered for exactly these device IDs, if it did."""
-        raw = self._served.get(_key(device_ids))
-        if raw is None:
-            return None
-        return Signature(
-            resource=raw["resource"],
-            count=raw["count"],
-            layout=tuple(tuple(x) for x in raw["layout"]),
-            pod_mem_units=raw["pod_mem_units"],
-            core_layout=tuple(tuple(x) for x in raw["core_layout"]),
-        )
+        return self._served.get(_key(device_ids))
