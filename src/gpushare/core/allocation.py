@@ -25,7 +25,7 @@ from gpushare.core.kubejson import (
     annotations_of,
     name_of,
     namespace_of,
-    spec_of,
+    node_name_of,
     uid_of,
 )
 from gpushare.core.names import (
@@ -260,7 +260,7 @@ def from_pod(pod: KubeObject) -> Allocation | None:
             )
         except ValueError:  # RecordError, or a unit MemoryUnit does not know
             return None
-    node = str(spec_of(pod).get("nodeName") or "")
+    node = node_name_of(pod)
     idx_text = str(annotations.get(ANN_IDX, "")).strip()
     if not node or not idx_text or ANN_POD not in annotations:
         return None

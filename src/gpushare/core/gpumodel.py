@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpushare.core.kubejson import KubeObject, labels_of, spec_of
+from gpushare.core.kubejson import KubeObject, labels_of, pod_spec_of
 
 LABEL_MODEL = "aliyun.accelerator/nvidia_name"
 """The node label ACK puts on GPU nodes, naming the card (for example ``Tesla-T4``)."""
@@ -88,7 +88,7 @@ def _term_models(term: Any) -> set[str] | None:
 
 def pod_models(pod: KubeObject) -> tuple[str, ...]:
     """The GPU models the pod accepts, sorted; empty means any."""
-    spec = spec_of(pod)
+    spec = pod_spec_of(pod)
     selector = spec.get("nodeSelector") or {}
     chosen: set[str] | None = None
     if isinstance(selector, Mapping):

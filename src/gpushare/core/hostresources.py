@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpushare.core.containers import ContainerKind, counted
-from gpushare.core.kubejson import KubeObject, spec_of, status_of
+from gpushare.core.kubejson import KubeObject, node_status_of, pod_spec_of
 from gpushare.core.quantity import Quantity, parse_quantity
 
 
@@ -75,7 +75,7 @@ def _container(container: Any) -> HostResources:
 
 def pod_requests(pod: KubeObject) -> HostResources:
     """What the pod requests of its node's CPU and memory, as kube-scheduler counts it."""
-    spec = spec_of(pod)
+    spec = pod_spec_of(pod)
     kinds: list[tuple[ContainerKind, HostResources]] = []
     for container in spec.get("initContainers") or []:
         sidecar = (container or {}).get("restartPolicy") == "Always"
@@ -102,7 +102,7 @@ def pod_requests(pod: KubeObject) -> HostResources:
 
 def node_allocatable(node: KubeObject) -> HostResources:
     """The node's allocatable CPU and memory (nothing when it does not say)."""
-    allocatable = status_of(node).get("allocatable") or {}
+    allocatable = node_status_of(node).get("allocatable") or {}
     if not isinstance(allocatable, Mapping):
         return NOTHING
     return HostResources(_amount(allocatable, "cpu", 1000), _amount(allocatable, "memory", 1))

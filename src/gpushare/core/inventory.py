@@ -26,7 +26,7 @@ from gpushare.core.kubejson import (
     internal_ip,
     labels_of,
     name_of,
-    status_of,
+    node_status_of,
 )
 from gpushare.core.names import (
     ANN_NODE_GPUS,
@@ -242,7 +242,7 @@ def _gpus_from_capacity(
     node: KubeObject, name: str, names: ResourceNames, unit: MemoryUnit
 ) -> tuple[tuple[Gpu, ...], str]:
     """Derive equal GPUs from capacity when the node carries no per-GPU detail."""
-    status = status_of(node)
+    status = node_status_of(node)
     capacity = status.get("capacity") or {}
     allocatable = status.get("allocatable") or {}
     mem = _int_quantity(capacity.get(names.mem))
@@ -321,7 +321,9 @@ def read_node(
         handoff=annotations.get(ANN_NODE_HANDOFF) == HANDOFF_PODRESOURCES,
         host=node_allocatable(node),
         model=node_model(node) or next((g.model for g in gpus if g.model), ""),
-        kubelet_mem_units=_int_quantity((status_of(node).get("allocatable") or {}).get(names.mem)),
+        kubelet_mem_units=_int_quantity(
+            (node_status_of(node).get("allocatable") or {}).get(names.mem)
+        ),
         distance=distance,
         topology_problem=topology_problem,
     )

@@ -2,14 +2,71 @@
 
 The core takes objects exactly as the API server, a test or a YAML file gives them, so it can
 run in the extender, the demo and the simulator alike. These helpers tolerate missing fields.
+
+The pod and node fields the core reads are spelled once, as TypedDicts (``PodSpec``,
+``Container``, ``PodStatus``, ``NodeStatus``): ``pod_spec_of`` and the other typed accessors
+hand them out, so mypy knows the type of each field the core reads (``spec.containers`` is a
+list of ``Container``, a container's ``resources.limits`` a ResourceList) and checks the code
+that uses it. (A misspelt key in ``.get`` still reads as ``object``, which most uses then
+refuse.) They describe, they do not validate: the objects come from the API server, and where a body comes
+from anyone else (the extender's wire, the webhook) ``core.shape`` checks these fields' types
+first; readers still tolerate what is missing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict, cast
 
 KubeObject = Mapping[str, Any]
+Quantities = Mapping[str, Any]
+"""A ResourceList: resource name to quantity (a string, or a number in hand-written YAML)."""
+
+
+class ResourceRequirements(TypedDict, total=False):
+    limits: Quantities
+    requests: Quantities
+
+
+class Container(TypedDict, total=False):
+    """The container fields the core reads (core/v1 Container)."""
+
+    name: str
+    restartPolicy: str
+    """``Always`` on an init container makes it a sidecar."""
+    resources: ResourceRequirements
+    env: list[Mapping[str, Any]]
+
+
+class PodSpec(TypedDict, total=False):
+    """The pod spec fields the core reads (core/v1 PodSpec)."""
+
+    nodeName: str
+    schedulerName: str
+    nodeSelector: Mapping[str, str]
+    affinity: Mapping[str, Any]
+    initContainers: list[Container]
+    containers: list[Container]
+    resources: ResourceRequirements
+    """Pod-level resources, which win over the containers' sum when set."""
+    overhead: Quantities
+
+
+class PodStatus(TypedDict, total=False):
+    phase: str
+
+
+class NodeAddress(TypedDict, total=False):
+    type: str
+    address: str
+
+
+class NodeStatus(TypedDict, total=False):
+    """The node status fields the core reads (core/v1 NodeStatus)."""
+
+    capacity: Quantities
+    allocatable: Quantities
+    addresses: list[NodeAddress]
 
 
 def meta(obj: KubeObject) -> Mapping[str, Any]:
@@ -63,9 +120,24 @@ def spec_of(obj: KubeObject) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def pod_spec_of(pod: KubeObject) -> PodSpec:
+    """The pod's spec, typed as the fields the core reads; empty if absent."""
+    return cast(PodSpec, spec_of(pod))
+
+
+def pod_status_of(pod: KubeObject) -> PodStatus:
+    """The pod's status, typed; empty if absent."""
+    return cast(PodStatus, status_of(pod))
+
+
+def node_status_of(node: KubeObject) -> NodeStatus:
+    """The node's status, typed; empty if absent."""
+    return cast(NodeStatus, status_of(node))
+
+
 def node_name_of(pod: KubeObject) -> str:
     """spec.nodeName (the node the pod is bound to), or an empty string while unbound."""
-    return str(spec_of(pod).get("nodeName") or "")
+    return str(pod_spec_of(pod).get("nodeName") or "")
 
 
 def status_of(obj: KubeObject) -> Mapping[str, Any]:
@@ -76,7 +148,7 @@ def status_of(obj: KubeObject) -> Mapping[str, Any]:
 
 def internal_ip(node: KubeObject) -> str:
     """The node's first InternalIP address, or an empty string."""
-    for address in status_of(node).get("addresses") or []:
+    for address in node_status_of(node).get("addresses") or []:
         if isinstance(address, Mapping) and address.get("type") == "InternalIP":
             return str(address.get("address") or "")
     return ""

@@ -37,7 +37,14 @@ from gpushare.core.allocation import Allocation, from_pod
 from gpushare.core.changes import ChangeLog
 from gpushare.core.hostresources import NOTHING as NO_HOST
 from gpushare.core.hostresources import HostResources, pod_requests
-from gpushare.core.kubejson import KubeObject, name_of, namespace_of, spec_of, status_of, uid_of
+from gpushare.core.kubejson import (
+    KubeObject,
+    name_of,
+    namespace_of,
+    node_name_of,
+    pod_status_of,
+    uid_of,
+)
 from gpushare.core.names import DEFAULT_NAMES, ResourceNames
 from gpushare.core.requests import PodRequest, read_pod
 from gpushare.core.trust import Ignored, Judged, Trust
@@ -124,7 +131,7 @@ _NONE: frozenset[str] = frozenset()
 
 def is_terminal(pod: KubeObject) -> bool:
     """Whether the pod has finished and holds nothing any more."""
-    return str(status_of(pod).get("phase") or "") in TERMINAL_PHASES
+    return str(pod_status_of(pod).get("phase") or "") in TERMINAL_PHASES
 
 
 class Ledger:
@@ -190,7 +197,7 @@ class Ledger:
         if is_terminal(pod):
             self.forget(uid)
             return None
-        bound = str(spec_of(pod).get("nodeName") or "")
+        bound = node_name_of(pod)
         if bound:
             self._set_host(uid, bound, pod_requests(pod), assumed=False)
         allocation = from_pod(pod)

@@ -21,7 +21,14 @@ from gpushare.core.containers import ContainerKind, counted
 from gpushare.core.gpumodel import pod_models
 from gpushare.core.hostresources import NOTHING, HostResources, pod_requests
 from gpushare.core.inventory import CORE_PER_GPU
-from gpushare.core.kubejson import KubeObject, labels_of, name_of, namespace_of, spec_of, uid_of
+from gpushare.core.kubejson import (
+    KubeObject,
+    labels_of,
+    name_of,
+    namespace_of,
+    pod_spec_of,
+    uid_of,
+)
 from gpushare.core.names import DEFAULT_NAMES, LABEL_POD_GPU_COUNT, ResourceNames
 from gpushare.core.quantity import Quantity, parse_quantity
 from gpushare.core.spreading import spread
@@ -328,7 +335,7 @@ def read_pod(
     ``spec_path`` is where the pod spec sits in the object the user wrote (for a Job's pod
     template ``spec.template.spec``), so each reason points at the line to change.
     """
-    spec = spec_of(pod)
+    spec = pod_spec_of(pod)
     reasons: list[str] = []
     containers: list[ContainerRequest] = []
     for position, container in enumerate(spec.get("initContainers") or []):

@@ -50,8 +50,8 @@ from gpushare.core.kubejson import (
     name_of,
     namespace_of,
     node_name_of,
-    spec_of,
-    status_of,
+    pod_spec_of,
+    pod_status_of,
     uid_of,
 )
 from gpushare.core.names import (
@@ -327,7 +327,7 @@ def has_started(pod: KubeObject) -> bool:
 
     A pod kubelet refuses at admission turns Failed; one it admits gets container statuses.
     """
-    status = status_of(pod)
+    status = pod_status_of(pod)
     if str(status.get("phase") or "Pending") != "Pending":
         return True
     return bool(status.get("containerStatuses") or status.get("initContainerStatuses"))
@@ -349,7 +349,7 @@ def device_counts(
     Not validated like ``read_pod``: a request gpushare would refuse still reaches kubelet, and
     kubelet asks for devices all the same.
     """
-    spec = spec_of(pod)
+    spec = pod_spec_of(pod)
     out: set[tuple[str, int]] = set()
     for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
         if not isinstance(container, Mapping):
@@ -409,7 +409,7 @@ def sort_node_pods(
 
 def _live_on(pods: Iterable[KubeObject], node: str) -> Iterator[KubeObject]:
     for pod in pods:
-        if node_name_of(pod) == node and status_of(pod).get("phase") not in TERMINAL_PHASES:
+        if node_name_of(pod) == node and pod_status_of(pod).get("phase") not in TERMINAL_PHASES:
             yield pod
 
 

@@ -18,7 +18,8 @@ from gpushare.core.kubejson import (
     annotations_of,
     key_of,
     name_of,
-    spec_of,
+    node_name_of,
+    pod_spec_of,
 )
 from gpushare.core.ledger import is_terminal
 from gpushare.core.names import ANN_NODE_UNIT, DEFAULT_NAMES, ResourceNames
@@ -29,18 +30,17 @@ SHOWN_PODS = 5
 
 
 def _holds_memory(pod: KubeObject, names: ResourceNames) -> bool:
-    spec = spec_of(pod)
-    for key in ("initContainers", "containers"):
-        for container in spec.get(key) or []:
-            if not isinstance(container, Mapping):
-                continue
-            resources: Any = container.get("resources") or {}
-            limits: Any = resources.get("limits") if isinstance(resources, Mapping) else None
-            if isinstance(limits, Mapping) and str(limits.get(names.mem, "0")).strip() not in (
-                "0",
-                "",
-            ):
-                return True
+    spec = pod_spec_of(pod)
+    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        if not isinstance(container, Mapping):
+            continue
+        resources: Any = container.get("resources") or {}
+        limits: Any = resources.get("limits") if isinstance(resources, Mapping) else None
+        if isinstance(limits, Mapping) and str(limits.get(names.mem, "0")).strip() not in (
+            "0",
+            "",
+        ):
+            return True
     return False
 
 
@@ -49,9 +49,7 @@ def holders(node: str, pods: Iterable[KubeObject], names: ResourceNames) -> list
     return sorted(
         key_of(pod)
         for pod in pods
-        if spec_of(pod).get("nodeName") == node
-        and not is_terminal(pod)
-        and _holds_memory(pod, names)
+        if node_name_of(pod) == node and not is_terminal(pod) and _holds_memory(pod, names)
     )
 
 
