@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gpushare.core.gating import ANN_POLICY, ANN_UNIT, Placed, decide, deletion_cost
-from gpushare.core.policybook import PolicyBook
+from gpushare.core.policybook import PolicyBook, recorded_units
 from gpushare.core.resourcepolicy import (
     NextPolicy,
     PolicyError,
@@ -337,3 +337,13 @@ def test_chart_crd_is_the_rendered_one() -> None:
     assert chart.read_text() == render_yaml(resource_policy_crd())
     # every string map spelled out: no anchors or aliases for a reader to chase
     assert "&id" not in chart.read_text() and "*id" not in chart.read_text()
+
+
+def test_recorded_units_for_inspect() -> None:
+    placed = pod("p1", "a1", annotations={ANN_POLICY: "web", ANN_UNIT: "2"})
+    odd = pod("p2", "a1", annotations={ANN_POLICY: "web", ANN_UNIT: "two"})
+    assert recorded_units([placed, odd, pod("p3", "a1")]) == {"p1": ("web", 2)}
+    book = PolicyBook()
+    book.observe_pod(placed)
+    book.assume(Placed(uid="p4", namespace="default", labels={}, node="b1", policy="web", unit=1))
+    assert book.recorded_units() == {"p1": ("web", 2), "p4": ("web", 1)}
