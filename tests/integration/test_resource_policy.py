@@ -228,3 +228,25 @@ def test_readyz_waits_for_the_policies_to_be_listed() -> None:
             assert (await client.get("/readyz")).status_code == 200
 
     asyncio.run(body())
+
+
+def test_metrics_show_the_generation_of_each_policy_read() -> None:
+    from prometheus_client import generate_latest
+
+    from gpushare.extender.metrics import ExtenderMetrics
+
+    book = PolicyBook()
+    kube = MemoryKube()
+    cache = ClusterCache(kube, settings=Settings(), book=book)
+    book.put_policy({**POLICY, "metadata": {**POLICY["metadata"], "generation": 3}})
+    bad = {**POLICY, "spec": {**POLICY["spec"], "units": [{"resource": "eci"}]}}
+    book.put_policy({**bad, "metadata": {"name": "bad", "namespace": "default", "generation": 1}})
+    text = generate_latest(ExtenderMetrics(lambda: cache).registry).decode()
+    assert (
+        'gpushare_resource_policy_generation{name="web",namespace="default",valid="true"} 3.0'
+        in text
+    )
+    assert (
+        'gpushare_resource_policy_generation{name="bad",namespace="default",valid="false"} 1.0'
+        in text
+    )

@@ -81,6 +81,14 @@ class PolicyBook:
         for obj in objs:
             self.put_policy(obj)
 
+    def entries(self) -> list[Entry]:
+        """Every policy as read, valid or not, by namespace then name."""
+        return [
+            self._policies[ns][n]
+            for ns in sorted(self._policies)
+            for n in sorted(self._policies[ns])
+        ]
+
     def policy_for(self, namespace: str, labels: Mapping[str, str]) -> Entry | None:
         """The policy that orders a pod: of those selecting it, the first by name."""
         for name in sorted(self._policies.get(namespace, {})):

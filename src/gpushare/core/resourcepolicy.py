@@ -122,6 +122,8 @@ class ResourcePolicy:
     created: str = ""
     """metadata.creationTimestamp (RFC 3339), for ``ignorePreviousPod``."""
     uid: str = ""
+    generation: int = 0
+    """metadata.generation read: shows whether the extender has taken in a change."""
 
     @property
     def key(self) -> str:
@@ -157,6 +159,7 @@ class PolicyError:
     message: str
     selector: Mapping[str, str] = field(default_factory=dict)
     """The pods it was meant for (when its selector could be read): they are told why."""
+    generation: int = 0
 
     @property
     def key(self) -> str:
@@ -308,7 +311,13 @@ def _read(obj: KubeObject, policy: str) -> ResourcePolicy:
         match_label_keys=tuple(keys),
         created=str(meta(obj).get("creationTimestamp") or ""),
         uid=str(meta(obj).get("uid") or ""),
+        generation=_generation(obj),
     )
+
+
+def _generation(obj: KubeObject) -> int:
+    value = meta(obj).get("generation")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def read_policy(obj: KubeObject) -> ResourcePolicy | PolicyError:
@@ -321,4 +330,4 @@ def read_policy(obj: KubeObject) -> ResourcePolicy | PolicyError:
             selector = _string_map(spec_of(obj).get("selector"), "spec.selector", key)
         except _Invalid:
             selector = {}
-        return PolicyError(namespace_of(obj), name_of(obj), str(err), selector)
+        return PolicyError(namespace_of(obj), name_of(obj), str(err), selector, _generation(obj))
