@@ -250,6 +250,78 @@ def test_timeout_or_exceed_max_waits_for_unit_one_then_moves_on(
         delete_nodes(cluster, a + b)
 
 
+def _pod(name: str, ns: str, nodes: str, *, finalizer: str = "") -> dict[str, Any]:
+    deployment = _deployment(1, ns=ns, nodes=nodes)
+    template = deployment["spec"]["template"]
+    meta: dict[str, Any] = {"name": name, "namespace": ns, "labels": template["metadata"]["labels"]}
+    if finalizer:
+        meta["finalizers"] = [finalizer]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"]}
+
+
+def test_lack_resource_and_no_terminating_waits_for_the_old_pod_to_go(
+    cluster: Cluster, policy_crd: None
+) -> None:
+    # Pool a's node holds one pod. An old pod there is being deleted (a finalizer holds it):
+    # LackResourceOrExceedMax would send the new pod to pool b at once; LackResourceAndNo-
+    # Terminating keeps it for unit 1 until the old pod is gone, then places it there.
+    ns, a, b = f"{NS}-terminating", ["rpn-a-0"], ["rpn-b-0"]
+    hold = "e2e.gpushare.io/hold"
+    nodes = labelled_kwok_nodes(a, "rpn", gpus_units=[3], mode="share")
+    nodes += labelled_kwok_nodes(b, "rpn", gpus_units=[15], mode="share")
+    for node in nodes:
+        node["metadata"]["labels"]["pool"] = "a" if node["metadata"]["name"] in a else "b"
+    create_nodes(cluster, nodes)
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        policy = _policy("rp", [{"nodeSelector": {"pool": "a"}}, {"nodeSelector": {"pool": "b"}}])
+        policy["metadata"]["namespace"] = ns
+        policy["spec"]["whenTryNextUnits"] = {"policy": "LackResourceAndNoTerminating"}
+        _apply(cluster, policy)
+        eventually(lambda: _generation_read(cluster, "rp", ns) is not None, 30, "policy read")
+
+        _apply(cluster, _pod("old", ns, "rpn", finalizer=hold))
+        (old,) = eventually(lambda: _placed(cluster, 1, ns), 60, "the old pod bound")
+        assert old["spec"]["nodeName"] in a
+        cluster.kubectl("delete", "pod", "old", "-n", ns, "--wait=false")
+        _apply(cluster, _pod("new", ns, "rpn"))
+        waiting = eventually(
+            lambda: [
+                m
+                for m in _events(cluster, ns, "new", "GPUShareUnschedulable")
+                if "1 of the policy's pods there are terminating" in m
+            ],
+            30,
+            "the new pod told it waits for the terminating one",
+        )
+        print("new:", waiting[0])
+        time.sleep(3)  # pool b has room all along: the pod must still be Pending
+        new = cluster.kubectl_json("get", "pod", "new", "-n", ns)
+        assert not new["spec"].get("nodeName")
+
+        cluster.kubectl(
+            "patch", "pod", "old", "-n", ns, "--type=merge", "-p", '{"metadata":{"finalizers":[]}}'
+        )
+        (placed,) = eventually(lambda: _placed(cluster, 1, ns), 60, "the new pod bound")
+        print("new on", placed["spec"]["nodeName"])
+        assert placed["metadata"]["name"] == "new" and placed["spec"]["nodeName"] in a
+        assert _annotations(placed)[ANN_UNIT] == "1"
+    finally:
+        cluster.kubectl(
+            "patch",
+            "pod",
+            "old",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            '{"metadata":{"finalizers":[]}}',
+            check=False,
+        )
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        delete_nodes(cluster, a + b)
+
+
 def test_units_fill_in_order_and_scale_in_empties_the_last(
     cluster: Cluster, policy_crd: None
 ) -> None:

@@ -250,14 +250,18 @@ def _wait(policy: ResourcePolicy, state: UnitState, created: str, now_s: float) 
     """Why the pod waits for this unit, or "" when it may go on (see the module docstring)."""
     unit = state.unit
     head = f"ResourcePolicy {policy.key}: waiting for {unit.describe()}"
-    room = f"{state.pods}/{unit.max_pods}" if unit.max_pods is not None else f"{state.pods}, no max"
+    room = (
+        f"{state.pods}/{unit.max_pods} pods"
+        if unit.max_pods is not None
+        else f"{state.pods} pods, no max"
+    )
     why = "full" if state.full else "no node for this pod now"
     rule = policy.next_policy
     if rule is NextPolicy.LACK_RESOURCE_AND_NO_TERMINATING:
         if not state.terminating:
             return ""
         return (
-            f"{head} ({room} pods, {why}) {_then(policy, unit)}: {state.terminating} of the "
+            f"{head} ({room}, {why}) {_then(policy, unit)}: {state.terminating} of the "
             f"policy's pods there are terminating, and whenTryNextUnits "
             f"LackResourceAndNoTerminating goes on only when none are"
         )
@@ -266,14 +270,14 @@ def _wait(policy: ResourcePolicy, state: UnitState, created: str, now_s: float) 
     scaling = " (podLabels ask to wait for scaling)" if unit.max_pods is None else ""
     if rule is NextPolicy.EXCEED_MAX:
         return (
-            f"{head} ({room} pods{scaling}, {why}) {_then(policy, unit)}: whenTryNextUnits "
+            f"{head} ({room}{scaling}, {why}) {_then(policy, unit)}: whenTryNextUnits "
             f"ExceedMax goes on only when a unit with max is full"
         )
     if rule is NextPolicy.TIMEOUT_OR_EXCEED_MAX:
         waited = _waited_s(created, now_s)
         if waited < policy.timeout_s:
             return (
-                f"{head} ({room} pods{scaling}, {why}) {_then(policy, unit)}: "
+                f"{head} ({room}{scaling}, {why}) {_then(policy, unit)}: "
                 f"{policy.timeout_s - waited:.0f}s left of whenTryNextUnits timeout "
                 f"{policy.timeout_s:.0f}s"
             )
