@@ -191,7 +191,8 @@ def extender(
         api, settings=settings, workload=scheduler.workload, trust=trust, book=book
     )
     service = Extender(api=api, cache=cache, scheduler=scheduler)
-    app = create_app(service, run_cache=True, policies=PolicyWatch(api, book))
+    policies = PolicyWatch(api, book, notify=service.policy_notice)
+    app = create_app(service, run_cache=True, policies=policies)
     main_server = uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level))
     if not metrics_port:
         main_server.run()

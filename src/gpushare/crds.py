@@ -12,7 +12,15 @@ from typing import Any
 
 import yaml
 
-from gpushare.core.resourcepolicy import GROUP, KIND, PLURAL, VERSION
+from gpushare.core.resourcepolicy import (
+    GROUP,
+    KIND,
+    NEXT_POLICY_ALIASES,
+    PLURAL,
+    VERSION,
+    NextPolicy,
+    PreemptPolicy,
+)
 
 
 def _labels() -> dict[str, Any]:
@@ -53,13 +61,13 @@ def resource_policy_crd() -> dict[str, Any]:
             "selector": _labels(),
             "strategy": {"type": "string", "enum": ["prefer"], "default": "prefer"},
             "units": {"type": "array", "minItems": 1, "items": _unit()},
-            "preemptPolicy": {"type": "string", "enum": ["AfterAllUnits", "BeforeNextUnit"]},
+            "preemptPolicy": {"type": "string", "enum": [p.value for p in PreemptPolicy]},
             "whenTryNextUnits": {
                 "type": "object",
                 "properties": {
                     "policy": {
                         "type": "string",
-                        "enum": ["ExceedMax", "LackResourceOrExceedMax", "TimeoutOrExceedMax"],
+                        "enum": [p.value for p in NextPolicy] + list(NEXT_POLICY_ALIASES),
                     },
                     "timeout": {"type": "string"},
                 },

@@ -9,8 +9,11 @@ wrote when the Deployment scales down.
 from __future__ import annotations
 
 import json
+import re
 import time
+import urllib.request
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -37,11 +40,11 @@ def _policy(name: str, units: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _deployment(replicas: int) -> dict[str, Any]:
+def _deployment(replicas: int, *, ns: str = NS, nodes: str = "rp") -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": "rp", "namespace": NS},
+        "metadata": {"name": "rp", "namespace": ns},
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {"app": "rp"}},
@@ -49,7 +52,7 @@ def _deployment(replicas: int) -> dict[str, Any]:
                 "metadata": {"labels": {"app": "rp"}},
                 "spec": {
                     "schedulerName": "ack-co-scheduler",
-                    "nodeSelector": {"gpushare-e2e": "rp"},
+                    "nodeSelector": {"gpushare-e2e": nodes},
                     "terminationGracePeriodSeconds": 0,
                     "containers": [
                         {
@@ -68,16 +71,16 @@ def _apply(cluster: Cluster, obj: dict[str, Any], *, check: bool = True) -> Any:
     return cluster.kubectl("apply", "-f", "-", input=json.dumps(obj), check=check)
 
 
-def _live_pods(cluster: Cluster) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = cluster.kubectl_json("get", "pods", "-n", NS, "-l", "app=rp")[
+def _live_pods(cluster: Cluster, ns: str = NS) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = cluster.kubectl_json("get", "pods", "-n", ns, "-l", "app=rp")[
         "items"
     ]
     return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
 
-def _placed(cluster: Cluster, count: int) -> list[dict[str, Any]]:
+def _placed(cluster: Cluster, count: int, ns: str = NS) -> list[dict[str, Any]]:
     """The live pods once exactly ``count`` exist and all are bound, else []."""
-    items = _live_pods(cluster)
+    items = _live_pods(cluster, ns)
     if len(items) == count and all(p["spec"].get("nodeName") for p in items):
         return items
     return []
@@ -111,6 +114,31 @@ def _all_ready(cluster: Cluster, count: int) -> list[dict[str, Any]]:
     return items if len(ready) == count else []
 
 
+def _generation_read(cluster: Cluster, name: str, ns: str = NS) -> int | None:
+    """The policy's metadata.generation as the extender last read it (its /metrics), or None
+    when the extender holds no such policy."""
+    with urllib.request.urlopen(f"{cluster.extender_url}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    pattern = (
+        rf'^gpushare_resource_policy_generation\{{name="{re.escape(name)}",'
+        rf'namespace="{re.escape(ns)}",valid="true"\}} ([0-9.]+)$'
+    )
+    found = re.search(pattern, text, re.MULTILINE)
+    return int(float(found.group(1))) if found else None
+
+
+def _events(cluster: Cluster, ns: str, pod: str, reason: str) -> list[str]:
+    listed = cluster.kubectl_json(
+        "get",
+        "events",
+        "-n",
+        ns,
+        "--field-selector",
+        f"involvedObject.name={pod},reason={reason}",
+    )
+    return [e["message"] for e in listed["items"]]
+
+
 @pytest.fixture(scope="module")
 def policy_crd(cluster: Cluster) -> Iterator[None]:
     """The chart's CRD, Established, with the extender restarted so that it lists policies
@@ -140,6 +168,158 @@ def test_the_apiserver_refuses_an_eci_unit_with_the_crds_message(
         assert listed["items"] == []
     finally:
         cluster.kubectl("delete", "namespace", f"{NS}-eci", "--wait=false", check=False)
+
+
+def test_timeout_or_exceed_max_waits_for_unit_one_then_moves_on(
+    cluster: Cluster, policy_crd: None
+) -> None:
+    # Pool a's one node holds one 3 GiB pod. Unit 1 has room by its max (3) but no node for a
+    # second pod, so TimeoutOrExceedMax holds that pod there until it is 15 s old.
+    ns, a, b = f"{NS}-timeout", ["rpt-a-0"], ["rpt-b-0"]
+    nodes = labelled_kwok_nodes(a, "rpt", gpus_units=[3], mode="share")
+    nodes += labelled_kwok_nodes(b, "rpt", gpus_units=[15], mode="share")
+    for node in nodes:
+        node["metadata"]["labels"]["pool"] = "a" if node["metadata"]["name"] in a else "b"
+    create_nodes(cluster, nodes)
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        policy = _policy(
+            "rp", [{"nodeSelector": {"pool": "a"}, "max": 3}, {"nodeSelector": {"pool": "b"}}]
+        )
+        policy["metadata"]["namespace"] = ns
+        policy["spec"]["whenTryNextUnits"] = {"policy": "TimeoutOrExceedMax", "timeout": "15s"}
+        _apply(cluster, policy)
+        eventually(lambda: _generation_read(cluster, "rp", ns) is not None, 30, "policy read")
+
+        _apply(cluster, _deployment(1, ns=ns, nodes="rpt"))
+        (first,) = eventually(lambda: _placed(cluster, 1, ns), 60, "the first replica bound")
+        assert first["spec"]["nodeName"] in a
+
+        cluster.kubectl("scale", "deployment", "rp", "-n", ns, "--replicas=2")
+        (second,) = eventually(
+            lambda: [p for p in _live_pods(cluster, ns) if not p["spec"].get("nodeName")],
+            30,
+            "the second replica created",
+        )
+        name = second["metadata"]["name"]
+        waiting = eventually(
+            lambda: [
+                m
+                for m in _events(cluster, ns, name, "GPUShareUnschedulable")
+                if "left of whenTryNextUnits timeout 15s" in m
+            ],
+            30,
+            "the second replica told it waits for unit 1",
+        )
+        print(name, waiting[0])
+        assert (
+            "waiting for unit 1 (nodeSelector pool=a) (1/3 pods, no node for this pod now)"
+            in (waiting[0])
+        )
+        # still Pending, though pool b has room, until it is 15 s old (checked to 12 s)
+        born = datetime.fromisoformat(
+            second["metadata"]["creationTimestamp"].replace("Z", "+00:00")
+        )
+        while time.time() < born.timestamp() + 12:
+            assert not _placed(cluster, 2, ns)
+            time.sleep(1)
+
+        def bound() -> list[dict[str, Any]]:
+            # the timeout's end is no cluster event: kube-scheduler tries a pod the extender
+            # refused again at the next change (or after 5 minutes), so the test makes one
+            cluster.kubectl(
+                "annotate", "pod", name, "-n", ns, "--overwrite", f"e2e/nudge={time.time()}"
+            )
+            return _placed(cluster, 2, ns)
+
+        both = eventually(bound, 60, "the second replica bound after its timeout")
+        (moved,) = [p for p in both if p["metadata"]["name"] == name]
+        print(name, "on", moved["spec"]["nodeName"])
+        assert moved["spec"]["nodeName"] in b
+        assert _annotations(moved)[ANN_UNIT] == "2"
+        said = eventually(
+            lambda: _events(cluster, ns, name, "GPUSharePolicyUnit"), 30, "the unit event"
+        )
+        assert (
+            f"ResourcePolicy {ns}/rp placed this pod in unit 2 (nodeSelector pool=b) on {b[0]}; it "
+            f"moved on because unit 1 (nodeSelector pool=a) has 1 pods (max 3) and no node for "
+            f"this pod now, and the pod is older than whenTryNextUnits timeout 15s" in said
+        )
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        delete_nodes(cluster, a + b)
+
+
+def _pod(name: str, ns: str, nodes: str, *, finalizer: str = "") -> dict[str, Any]:
+    deployment = _deployment(1, ns=ns, nodes=nodes)
+    template = deployment["spec"]["template"]
+    meta: dict[str, Any] = {"name": name, "namespace": ns, "labels": template["metadata"]["labels"]}
+    if finalizer:
+        meta["finalizers"] = [finalizer]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"]}
+
+
+def test_lack_resource_and_no_terminating_waits_for_the_old_pod_to_go(
+    cluster: Cluster, policy_crd: None
+) -> None:
+    # Pool a's node holds one pod. An old pod there is being deleted (a finalizer holds it):
+    # LackResourceOrExceedMax would send the new pod to pool b at once; LackResourceAndNo-
+    # Terminating keeps it for unit 1 until the old pod is gone, then places it there.
+    ns, a, b = f"{NS}-terminating", ["rpn-a-0"], ["rpn-b-0"]
+    hold = "e2e.gpushare.io/hold"
+    nodes = labelled_kwok_nodes(a, "rpn", gpus_units=[3], mode="share")
+    nodes += labelled_kwok_nodes(b, "rpn", gpus_units=[15], mode="share")
+    for node in nodes:
+        node["metadata"]["labels"]["pool"] = "a" if node["metadata"]["name"] in a else "b"
+    create_nodes(cluster, nodes)
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        policy = _policy("rp", [{"nodeSelector": {"pool": "a"}}, {"nodeSelector": {"pool": "b"}}])
+        policy["metadata"]["namespace"] = ns
+        policy["spec"]["whenTryNextUnits"] = {"policy": "LackResourceAndNoTerminating"}
+        _apply(cluster, policy)
+        eventually(lambda: _generation_read(cluster, "rp", ns) is not None, 30, "policy read")
+
+        _apply(cluster, _pod("old", ns, "rpn", finalizer=hold))
+        (old,) = eventually(lambda: _placed(cluster, 1, ns), 60, "the old pod bound")
+        assert old["spec"]["nodeName"] in a
+        cluster.kubectl("delete", "pod", "old", "-n", ns, "--wait=false")
+        _apply(cluster, _pod("new", ns, "rpn"))
+        waiting = eventually(
+            lambda: [
+                m
+                for m in _events(cluster, ns, "new", "GPUShareUnschedulable")
+                if "1 of the policy's pods there are terminating" in m
+            ],
+            30,
+            "the new pod told it waits for the terminating one",
+        )
+        print("new:", waiting[0])
+        time.sleep(3)  # pool b has room all along: the pod must still be Pending
+        new = cluster.kubectl_json("get", "pod", "new", "-n", ns)
+        assert not new["spec"].get("nodeName")
+
+        cluster.kubectl(
+            "patch", "pod", "old", "-n", ns, "--type=merge", "-p", '{"metadata":{"finalizers":[]}}'
+        )
+        (placed,) = eventually(lambda: _placed(cluster, 1, ns), 60, "the new pod bound")
+        print("new on", placed["spec"]["nodeName"])
+        assert placed["metadata"]["name"] == "new" and placed["spec"]["nodeName"] in a
+        assert _annotations(placed)[ANN_UNIT] == "1"
+    finally:
+        cluster.kubectl(
+            "patch",
+            "pod",
+            "old",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            '{"metadata":{"finalizers":[]}}',
+            check=False,
+        )
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        delete_nodes(cluster, a + b)
 
 
 def test_units_fill_in_order_and_scale_in_empties_the_last(
@@ -198,6 +378,28 @@ def test_units_fill_in_order_and_scale_in_empties_the_last(
             assert notes[ANN_DELETION_COST] == "-1"
             assert "rp-note" not in notes
             assert pod["metadata"]["labels"]["rp-tier"] == "second"
+        # each pod is told which unit took it, and those in unit 2 why unit 1 did not
+        for pod in in_b:
+            name = pod["metadata"]["name"]
+            said = eventually(
+                lambda name=name: _events(cluster, NS, name, "GPUSharePolicyUnit"),
+                30,
+                f"the unit event on {name}",
+            )
+            print(name, said)
+            assert (
+                f"ResourcePolicy {NS}/rp placed this pod in unit 2 (nodeSelector pool=b) on "
+                f"{pod['spec']['nodeName']}; it moved on because unit 1 (nodeSelector pool=a) "
+                f"is full: 2/2 pods" in said
+            )
+        inspect = cluster.kubectl("inspect", "cgpu", "-d")
+        print(inspect.stdout)
+        for pod in items:
+            unit = "rp(1)" if pod in in_a else "rp(2)"
+            (row,) = [
+                r for r in inspect.stdout.splitlines() if r.startswith(pod["metadata"]["name"])
+            ]
+            assert row.split()[-1] == unit
 
         # 2. scale in: the ReplicaSet controller removes the pool-b pods first
         cluster.kubectl("scale", "deployment", "rp", "-n", NS, "--replicas=2")
@@ -207,7 +409,7 @@ def test_units_fill_in_order_and_scale_in_empties_the_last(
 
         # 3. raise unit 1's max while its pods run: the next replica goes to pool a, the one
         # after to pool b again
-        cluster.kubectl(
+        patched = cluster.kubectl(
             "patch",
             "resourcepolicy",
             "rp",
@@ -216,8 +418,15 @@ def test_units_fill_in_order_and_scale_in_empties_the_last(
             "--type=json",
             "-p",
             json.dumps([{"op": "replace", "path": "/spec/units/0/max", "value": 3}]),
+            "-o",
+            "json",
         )
-        time.sleep(2)  # the extender's watch takes the change in well under a second
+        generation = json.loads(patched.stdout)["metadata"]["generation"]
+        eventually(
+            lambda: _generation_read(cluster, "rp") == generation,
+            30,
+            f"the extender to read generation {generation} of the policy",
+        )
         cluster.kubectl("scale", "deployment", "rp", "-n", NS, "--replicas=3")
         three = eventually(lambda: _placed(cluster, 3), 60, "a third replica bound")
         (third,) = [p for p in three if p["metadata"]["name"] not in _names(kept)]
@@ -233,7 +442,9 @@ def test_units_fill_in_order_and_scale_in_empties_the_last(
 
         # 4. without the CRD (its policies go with it) the extender orders nothing any more
         cluster.kubectl("delete", "crd", CRD, "--timeout=60s")
-        time.sleep(2)
+        eventually(
+            lambda: _generation_read(cluster, "rp") is None, 30, "the extender to drop the policy"
+        )
         cluster.kubectl("scale", "deployment", "rp", "-n", NS, "--replicas=5")
         five = eventually(lambda: _placed(cluster, 5), 60, "a fifth replica bound")
         (fifth,) = [p for p in five if p["metadata"]["name"] not in _names(four)]

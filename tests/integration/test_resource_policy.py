@@ -52,7 +52,7 @@ async def _run(kube: MemoryKube, policy: dict[str, Any]) -> list[Any]:
     book = PolicyBook()
     cache = ClusterCache(kube, settings=settings, backoff=Backoff(base_s=0.01), book=book)
     extender = Extender(api=kube, cache=cache, scheduler=scheduler)
-    watch = PolicyWatch(kube, book)
+    watch = PolicyWatch(kube, book, notify=extender.policy_notice)
     kube.put_resource_policy(policy)
     client = httpx.AsyncClient(
         transport=httpx.ASGITransport(app=create_app(extender)), base_url="http://extender"
@@ -70,6 +70,7 @@ async def _run(kube: MemoryKube, policy: dict[str, Any]) -> list[Any]:
             outcomes.append(await driver.schedule(pod, ["a1", "b1"]))
             for _ in range(50):
                 await asyncio.sleep(0)
+        await extender.events.drain()
         return outcomes
     finally:
         for task in tasks:
@@ -92,6 +93,34 @@ def test_overflow_into_unit_two_with_labels_annotations_and_cost() -> None:
     assert pods["web-3"]["annotations"][ANN_UNIT] == "2"
     assert pods["web-3"]["annotations"][ANN_DELETION_COST] == "-1"
     assert pods["web-3"]["annotations"]["x"] == "b"
+    said = {
+        e["involvedObject"]["name"]: e["message"]
+        for e in kube.events()
+        if e["reason"] == "GPUSharePolicyUnit"
+    }
+    assert said["web-0"] == (
+        "ResourcePolicy default/web placed this pod in unit 1 (nodeSelector pool=a) on a1, the "
+        "first unit, which had room"
+    )
+    assert said["web-2"] == (
+        "ResourcePolicy default/web placed this pod in unit 2 (nodeSelector pool=b) on b1; it "
+        "moved on because unit 1 (nodeSelector pool=a) is full: 2/2 pods"
+    )
+
+
+def test_before_next_unit_is_named_on_the_policy() -> None:
+    kube = MemoryKube()
+    kube.put_node(pooled("a1", "a"))
+    kube.put_node(pooled("b1", "b"))
+    asking = {**POLICY, "spec": {**POLICY["spec"], "preemptPolicy": "BeforeNextUnit"}}
+    outcomes = asyncio.run(_run(kube, asking))
+    assert [o.node for o in outcomes] == ["a1", "a1", "b1", "b1"]  # ordering is unchanged
+    (notice,) = [e for e in kube.events() if e["reason"] == "GPUSharePolicyNotice"]
+    assert notice["type"] == "Warning"
+    assert notice["involvedObject"]["kind"] == "ResourcePolicy"
+    assert notice["involvedObject"]["apiVersion"] == "scheduling.alibabacloud.com/v1alpha1"
+    assert notice["involvedObject"]["name"] == "web"
+    assert "spec.preemptPolicy BeforeNextUnit has no effect" in notice["message"]
 
 
 def test_eci_unit_refuses_the_pods_with_the_reason() -> None:
@@ -199,3 +228,25 @@ def test_readyz_waits_for_the_policies_to_be_listed() -> None:
             assert (await client.get("/readyz")).status_code == 200
 
     asyncio.run(body())
+
+
+def test_metrics_show_the_generation_of_each_policy_read() -> None:
+    from prometheus_client import generate_latest
+
+    from gpushare.extender.metrics import ExtenderMetrics
+
+    book = PolicyBook()
+    kube = MemoryKube()
+    cache = ClusterCache(kube, settings=Settings(), book=book)
+    book.put_policy({**POLICY, "metadata": {**POLICY["metadata"], "generation": 3}})
+    bad = {**POLICY, "spec": {**POLICY["spec"], "units": [{"resource": "eci"}]}}
+    book.put_policy({**bad, "metadata": {"name": "bad", "namespace": "default", "generation": 1}})
+    text = generate_latest(ExtenderMetrics(lambda: cache).registry).decode()
+    assert (
+        'gpushare_resource_policy_generation{name="web",namespace="default",valid="true"} 3.0'
+        in text
+    )
+    assert (
+        'gpushare_resource_policy_generation{name="bad",namespace="default",valid="false"} 1.0'
+        in text
+    )

@@ -83,3 +83,27 @@ def test_128mib_nodes_are_shown_in_mib() -> None:
     node = read_node(gpu_node("n", ip="10.0.0.3", gpus_units=[120], unit=MemoryUnit.MiB128))
     text = render_summary(build_view([node], Ledger(unit=MemoryUnit.MiB128)))
     assert "GPU Memory(MiB)" in text and "0/15360" in text
+
+
+def test_details_name_the_policy_unit_of_each_pod(golden: Callable[[str, str], None]) -> None:
+    share = read_node(gpu_node("pool-a", ip="10.0.0.1", gpus_units=[15]))
+    ledger = Ledger()
+    for name in ("web-1", "web-2", "batch"):
+        pod = gpu_pod(name, mem=3)
+        pod["metadata"]["uid"] = name
+        request = read_pod(pod)
+        assert isinstance(request, PodRequest)
+        ledger.assume(plan(request, node="pool-a", indexes=[0], unit=MemoryUnit.GiB))
+    units = {"web-1": ("web", 1), "web-2": ("web", 2)}
+    view = build_view([share], ledger, units=units)
+    details = render_details(view)
+    golden("inspect_policy_details.txt", details)
+    rows = {line.split()[0]: line.split() for line in details.splitlines() if line}
+    assert rows["NAME"][-1] == "POLICY(UNIT)"
+    assert rows["web-1"][-1] == "web(1)" and rows["web-2"][-1] == "web(2)"
+    assert rows["batch"][-1] == "-"
+    pods = {p["name"]: p for p in to_json(view)["nodes"][0]["pods"]}
+    assert (pods["web-2"]["resourcePolicy"], pods["web-2"]["policyUnit"]) == ("web", 2)
+    assert (pods["batch"]["resourcePolicy"], pods["batch"]["policyUnit"]) == ("", 0)
+    # no pod placed by a policy: the column is not there (the seeds' layout)
+    assert "POLICY(UNIT)" not in render_details(build_view([share], ledger))

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gpushare.core.gating import ANN_POLICY, ANN_UNIT, Placed, decide, deletion_cost
-from gpushare.core.policybook import PolicyBook
+from gpushare.core.policybook import PolicyBook, recorded_units
 from gpushare.core.resourcepolicy import (
     NextPolicy,
     PolicyError,
@@ -123,6 +123,7 @@ def test_overflow_when_first_unit_full() -> None:
     assert g.chosen is not None and g.chosen.number == 2
     assert g.allows(NODES["b1"]) and not g.allows(NODES["a1"])
     assert "unit 1 (nodeSelector pool=a) is full: 2/2 pods" in g.reason
+    assert g.passed == ("unit 1 (nodeSelector pool=a) is full: 2/2 pods",)
 
 
 def test_lack_of_resource_moves_on_by_default() -> None:
@@ -145,6 +146,82 @@ def test_timeout_waits_then_moves_on() -> None:
     assert "240s left" in young.reason
     old = gate(p, [], ["b1"], now_s=1767226200.0 + 301)
     assert old.chosen is not None and old.chosen.number == 2
+
+
+def test_exceed_max_passes_a_unit_without_max() -> None:
+    p = policy(
+        units=[{"nodeSelector": {"pool": "a"}}, {"nodeSelector": {"pool": "b"}}],
+        whenTryNextUnits={"policy": "ExceedMax"},
+    )
+    g = gate(p, [], ["b1"])
+    assert g.chosen is not None and g.chosen.number == 2
+    assert g.passed == (
+        "unit 1 (nodeSelector pool=a) has 0 pods (no max) and no node for this pod now",
+    )
+
+
+def test_wait_for_scaling_label_makes_a_unit_without_max_wait() -> None:
+    wait = {"k8s.aliyun.com/resource-policy-wait-for-ecs-scaling": "true", "tier": "a"}
+    units = [{"nodeSelector": {"pool": "a"}, "podLabels": wait}, {"nodeSelector": {"pool": "b"}}]
+    p = policy(units=units, whenTryNextUnits={"policy": "TimeoutOrExceedMax", "timeout": "1m"})
+    assert p.units[0].waits_for_scaling and p.units[0].pod_labels == {"tier": "a"}
+    young = gate(p, [], ["b1"], now_s=1767226200.0 + 10)
+    assert young.chosen is not None and young.chosen.number == 1
+    assert "podLabels ask to wait for scaling" in young.reason and "50s left" in young.reason
+    old = gate(p, [], ["b1"], now_s=1767226200.0 + 61)
+    assert old.chosen is not None and old.chosen.number == 2
+    assert "older than whenTryNextUnits timeout 60s" in old.passed[0]
+    # without the label, a unit without max is passed at once
+    plain = policy(
+        units=[{"nodeSelector": {"pool": "a"}}, {"nodeSelector": {"pool": "b"}}],
+        whenTryNextUnits={"policy": "TimeoutOrExceedMax"},
+    )
+    assert gate(plain, [], ["b1"]).chosen.number == 2  # type: ignore[union-attr]
+
+
+def test_last_unit_waits_without_naming_a_next_one() -> None:
+    p = policy(
+        units=[{"nodeSelector": {"pool": "a"}, "max": 5}],
+        whenTryNextUnits={"policy": "ExceedMax"},
+    )
+    g = gate(p, [], [])
+    assert "(the last unit)" in g.reason and "unit 2" not in g.reason
+
+
+@pytest.mark.parametrize(
+    "spelling", ["LackResourceAndNoTerminating", "LackResourceAndNoterminating"]
+)
+def test_no_terminating_waits_while_the_units_pods_terminate(spelling: str) -> None:
+    p = policy(whenTryNextUnits={"policy": spelling})
+    assert p.next_policy is NextPolicy.LACK_RESOURCE_AND_NO_TERMINATING
+    # one old pod of another revision being deleted in pool a: wait for it, though a has room
+    dying = [
+        Placed(
+            uid="old",
+            namespace="default",
+            labels={"app": "web", "rev": "1"},
+            node="a1",
+            terminating=True,
+        )
+    ]
+    g = gate(p, dying, ["b1"])
+    assert g.chosen is not None and g.chosen.number == 1 and not g.allows(NODES["b1"])
+    assert "1 of the policy's pods there are terminating" in g.reason
+    # full and terminating: wait, with no node of the full unit open
+    full = on("a1", 2) + dying
+    g = gate(p, full, ["a2", "b1"])
+    assert g.chosen is None and not g.allows(NODES["a2"]) and not g.allows(NODES["b1"])
+    assert "2/2 pods, full" in g.reason
+    # nothing terminating: go on, as LackResourceOrExceedMax does
+    assert gate(p, on("a1", 2), ["a2", "b1"]).chosen.number == 2  # type: ignore[union-attr]
+    assert gate(p, [], ["b1"]).chosen.number == 2  # type: ignore[union-attr]
+
+
+def test_before_next_unit_is_accepted_with_a_notice() -> None:
+    assert policy().notices == ()
+    (notice,) = policy(preemptPolicy="BeforeNextUnit").notices
+    assert "spec.preemptPolicy BeforeNextUnit has no effect" in notice
+    assert notice.startswith("ResourcePolicy default/web: ")
 
 
 def test_all_full_means_no_unit() -> None:
@@ -260,3 +337,13 @@ def test_chart_crd_is_the_rendered_one() -> None:
     assert chart.read_text() == render_yaml(resource_policy_crd())
     # every string map spelled out: no anchors or aliases for a reader to chase
     assert "&id" not in chart.read_text() and "*id" not in chart.read_text()
+
+
+def test_recorded_units_for_inspect() -> None:
+    placed = pod("p1", "a1", annotations={ANN_POLICY: "web", ANN_UNIT: "2"})
+    odd = pod("p2", "a1", annotations={ANN_POLICY: "web", ANN_UNIT: "two"})
+    assert recorded_units([placed, odd, pod("p3", "a1")]) == {"p1": ("web", 2)}
+    book = PolicyBook()
+    book.observe_pod(placed)
+    book.assume(Placed(uid="p4", namespace="default", labels={}, node="b1", policy="web", unit=1))
+    assert book.recorded_units() == {"p1": ("web", 2), "p4": ("web", 1)}

@@ -3,15 +3,25 @@
 Units are tried in order. A unit holding its ``max`` of the policy's pods is closed. A unit with
 room is where the pod goes when one of its nodes can take it (the nodes that passed every other
 check, GPU sharing included); when none can, ``whenTryNextUnits`` decides whether the pod waits
-for that unit or goes on to the next: ``ExceedMax`` waits, ``LackResourceOrExceedMax`` goes on,
-``TimeoutOrExceedMax`` waits until the pod is ``timeout`` old, then goes on.
+for that unit or goes on to the next, as ACK documents it:
+
+- ``LackResourceOrExceedMax`` (the default) goes on;
+- ``ExceedMax`` waits for a unit that has a ``max`` (or whose ``podLabels`` ask to wait for
+  its node pool to scale out), and goes on past one without;
+- ``TimeoutOrExceedMax`` waits as ``ExceedMax`` does until the pod is ``timeout`` old (since it
+  was created), then goes on;
+- ``LackResourceAndNoTerminating`` goes on, full unit or not, only when none of the policy's
+  pods in the unit is terminating: a rolling update's new pods wait for the room its old ones
+  are giving back instead of spilling into the next unit.
 
 Counting follows the policy's flags: pods of the same namespace that the selector picks (and
 that share the pod's values of ``matchLabelKeys``), bound or being bound, not finished; pods
 being deleted are left out with ``ignoreTerminatingPod``, pods older than the policy with
-``ignorePreviousPod``. A pod counts in the unit its bind recorded (``gpushare.io/
-resource-policy-unit``) while its node still belongs to that unit, else in the first unit its
-node belongs to, else in none. The pod being decided is never counted.
+``ignorePreviousPod``. The terminating pods ``LackResourceAndNoTerminating`` waits for are all
+the policy's pods in the unit being deleted, whatever their group or age: an old revision's
+pods hold the room whichever group they count in. A pod counts in the unit its bind recorded
+(``gpushare.io/resource-policy-unit``) while its node still belongs to that unit, else in the
+first unit its node belongs to, else in none. The pod being decided is never counted.
 """
 
 from __future__ import annotations
@@ -55,6 +65,8 @@ class UnitState:
     pods: int
     fitting: int
     """Candidate nodes of this unit that can take the pod."""
+    terminating: int = 0
+    """The policy's pods in this unit being deleted (of any group, counted or not)."""
 
     @property
     def full(self) -> bool:
@@ -78,6 +90,8 @@ class Gate:
     states: tuple[UnitState, ...]
     reason: str
     """Why a node that could take the pod is refused (every such node outside ``chosen``)."""
+    passed: tuple[str, ...] = ()
+    """Why each unit before ``chosen`` was passed, in order (for the pod's event)."""
     error: str = ""
     """Set when the policy cannot order this pod at all (the pod is refused everywhere)."""
 
@@ -134,6 +148,26 @@ def counts(
     return tally
 
 
+def terminating(
+    policy: ResourcePolicy,
+    *,
+    uid: str,
+    placed: Iterable[Placed],
+    node_labels: Mapping[str, Mapping[str, str]],
+) -> dict[int, int]:
+    """The policy's pods being deleted, per unit number (any group, any age)."""
+    tally = {u.number: 0 for u in policy.units}
+    for other in placed:
+        if other.uid == uid or not other.terminating:
+            continue
+        if not policy.selects(other.namespace, other.labels):
+            continue
+        unit = unit_of(policy, other, node_labels.get(other.node, {}))
+        if unit is not None:
+            tally[unit.number] += 1
+    return tally
+
+
 def decide(
     policy: ResourcePolicy,
     *,
@@ -160,27 +194,29 @@ def decide(
                 f"it to the pod (its template) or remove it from spec.matchLabelKeys"
             ),
         )
+    placed = list(placed)
     tally = counts(policy, uid=uid, group=group, placed=placed, node_labels=node_labels)
+    dying = terminating(policy, uid=uid, placed=placed, node_labels=node_labels)
     states: list[UnitState] = []
     passed: list[str] = []
     for unit in policy.units:
         fit = sum(1 for n in fitting if unit.holds(node_labels.get(n, {})))
-        state = UnitState(unit, tally[unit.number], fit)
+        state = UnitState(unit, tally[unit.number], fit, dying[unit.number])
         states.append(state)
-        if state.full:
-            passed.append(state.describe())
-            continue
-        if fit:
+        if fit and not state.full:
             return _chosen(policy, unit, tuple(states), passed)
         wait = _wait(policy, state, created, now_s)
         if wait:
-            return Gate(policy.key, unit, tuple(states), wait)
-        passed.append(state.describe())
+            # a full unit is waited for with no node open (its nodes would break max)
+            chosen = None if state.full else unit
+            return Gate(policy.key, chosen, tuple(states), wait, passed=tuple(passed))
+        passed.append(_passed(policy, state))
     return Gate(
         policy.key,
         None,
         tuple(states),
         f"ResourcePolicy {policy.key} has no unit open to this pod: {'; '.join(passed)}",
+        passed=tuple(passed),
     )
 
 
@@ -192,28 +228,72 @@ def _chosen(
         f"ResourcePolicy {policy.key} places this pod in {unit.describe()}{before}; later units "
         f"only when it is full or ({policy.next_policy.value}) cannot take the pod"
     )
-    return Gate(policy.key, unit, states, reason)
+    return Gate(policy.key, unit, states, reason, passed=tuple(passed))
+
+
+def _waits_for_room(unit: Unit) -> bool:
+    """Whether ``ExceedMax`` and ``TimeoutOrExceedMax`` wait for this unit while it has room."""
+    return unit.max_pods is not None or unit.waits_for_scaling
+
+
+def _waited_s(created: str, now_s: float) -> float:
+    born = seconds(created)
+    return 0.0 if born is None else max(0.0, now_s - born)
+
+
+def _then(policy: ResourcePolicy, unit: Unit) -> str:
+    last = unit.number == len(policy.units)
+    return "(the last unit)" if last else f"before unit {unit.number + 1}"
 
 
 def _wait(policy: ResourcePolicy, state: UnitState, created: str, now_s: float) -> str:
-    """Why the pod waits for this unit (room, no node now), or "" when it may go on."""
-    head = f"ResourcePolicy {policy.key}: waiting for {state.unit.describe()}"
-    room = f"{state.pods}/{state.unit.max_pods}" if state.unit.max_pods is not None else "no max"
-    if policy.next_policy is NextPolicy.EXCEED_MAX:
+    """Why the pod waits for this unit, or "" when it may go on (see the module docstring)."""
+    unit = state.unit
+    head = f"ResourcePolicy {policy.key}: waiting for {unit.describe()}"
+    room = (
+        f"{state.pods}/{unit.max_pods} pods"
+        if unit.max_pods is not None
+        else f"{state.pods} pods, no max"
+    )
+    why = "full" if state.full else "no node for this pod now"
+    rule = policy.next_policy
+    if rule is NextPolicy.LACK_RESOURCE_AND_NO_TERMINATING:
+        if not state.terminating:
+            return ""
         return (
-            f"{head} ({room} pods, no node for this pod now) before unit {state.unit.number + 1}: "
-            f"whenTryNextUnits ExceedMax goes on only when a unit is full"
+            f"{head} ({room}, {why}) {_then(policy, unit)}: {state.terminating} of the "
+            f"policy's pods there are terminating, and whenTryNextUnits "
+            f"LackResourceAndNoTerminating goes on only when none are"
         )
-    if policy.next_policy is NextPolicy.TIMEOUT_OR_EXCEED_MAX:
-        born = seconds(created)
-        waited = 0.0 if born is None else max(0.0, now_s - born)
+    if state.full or not _waits_for_room(unit):
+        return ""
+    scaling = " (podLabels ask to wait for scaling)" if unit.max_pods is None else ""
+    if rule is NextPolicy.EXCEED_MAX:
+        return (
+            f"{head} ({room}{scaling}, {why}) {_then(policy, unit)}: whenTryNextUnits "
+            f"ExceedMax goes on only when a unit with max is full"
+        )
+    if rule is NextPolicy.TIMEOUT_OR_EXCEED_MAX:
+        waited = _waited_s(created, now_s)
         if waited < policy.timeout_s:
             return (
-                f"{head} ({room} pods, no node for this pod now) before unit "
-                f"{state.unit.number + 1}: {policy.timeout_s - waited:.0f}s left of "
-                f"whenTryNextUnits timeout {policy.timeout_s:.0f}s"
+                f"{head} ({room}{scaling}, {why}) {_then(policy, unit)}: "
+                f"{policy.timeout_s - waited:.0f}s left of whenTryNextUnits timeout "
+                f"{policy.timeout_s:.0f}s"
             )
     return ""
+
+
+def _passed(policy: ResourcePolicy, state: UnitState) -> str:
+    """Why the pod went on past this unit."""
+    text = state.describe()
+    if (
+        not state.full
+        and policy.next_policy is NextPolicy.TIMEOUT_OR_EXCEED_MAX
+        and _waits_for_room(state.unit)
+    ):
+        text += f", and the pod is older than whenTryNextUnits timeout {policy.timeout_s:.0f}s"
+    return text
 
 
 def deletion_cost(unit: Unit) -> int:

@@ -45,6 +45,16 @@ def placed_of(pod: KubeObject, node: str = "") -> Placed:
     )
 
 
+def recorded_units(pods: Iterable[KubeObject]) -> dict[str, tuple[str, int]]:
+    """Per pod UID, the policy name and unit number its bind recorded (pods with both only)."""
+    found = {}
+    for pod in pods:
+        placed = placed_of(pod)
+        if placed.policy and placed.unit:
+            found[placed.uid] = (placed.policy, placed.unit)
+    return found
+
+
 class PolicyBook:
     """Policies by namespace, bound pods by UID, node labels by name, bind assumptions."""
 
@@ -70,6 +80,14 @@ class PolicyBook:
         self._policies = {}
         for obj in objs:
             self.put_policy(obj)
+
+    def entries(self) -> list[Entry]:
+        """Every policy as read, valid or not, by namespace then name."""
+        return [
+            self._policies[ns][n]
+            for ns in sorted(self._policies)
+            for n in sorted(self._policies[ns])
+        ]
 
     def policy_for(self, namespace: str, labels: Mapping[str, str]) -> Entry | None:
         """The policy that orders a pod: of those selecting it, the first by name."""
@@ -113,6 +131,10 @@ class PolicyBook:
     def placed(self) -> list[Placed]:
         """Every pod counting sees: bound ones, then assumed ones not yet seen bound."""
         return [*self._pods.values(), *(p for u, p in self._assumed.items() if u not in self._pods)]
+
+    def recorded_units(self) -> dict[str, tuple[str, int]]:
+        """Per pod UID, the policy and unit its bind recorded, or is recording (assumed)."""
+        return {p.uid: (p.policy, p.unit) for p in self.placed() if p.policy and p.unit}
 
     # nodes
     def observe_node(self, node: KubeObject) -> None:

@@ -37,21 +37,45 @@ REFUSED_RESOURCES = ("eci", "elastic", "acs")
 DEFAULT_TIMEOUT_S = 15 * 60
 """``whenTryNextUnits.timeout`` when left out (ACK's default)."""
 
+LABEL_WAIT_FOR_SCALING = "k8s.aliyun.com/resource-policy-wait-for-ecs-scaling"
+"""In a unit's ``podLabels`` with value ``"true"``: a unit without ``max`` is waited for (its
+node pool may be scaling out) as a unit with room is. ACK does not put it on the pods, nor does
+gpushare."""
+
 
 class NextPolicy(Enum):
-    """When a pod may go on to the next unit (``whenTryNextUnits.policy``)."""
+    """When a pod may go on past a unit (``whenTryNextUnits.policy``), as ACK documents them.
+
+    A unit holding its ``max`` is always passed (save under ``LackResourceAndNoTerminating``
+    while its pods are terminating); the policies differ on a unit with room whose nodes cannot
+    take the pod now.
+    """
 
     EXCEED_MAX = "ExceedMax"
-    """Only when every earlier unit holds its ``max``; a unit without ``max`` is never left."""
+    """Wait for a unit with ``max`` until it is full; pass a unit without ``max`` (unless its
+    ``podLabels`` ask to wait for scaling, then wait for it)."""
     LACK_RESOURCE_OR_EXCEED_MAX = "LackResourceOrExceedMax"
-    """When an earlier unit holds its ``max`` or none of its nodes can take the pod now."""
+    """Pass the unit (ACK's default)."""
     TIMEOUT_OR_EXCEED_MAX = "TimeoutOrExceedMax"
-    """When an earlier unit holds its ``max``, or none of its nodes can take the pod and the pod
-    has waited longer than ``timeout`` since it was created."""
+    """As ``ExceedMax``, but only until the pod is ``timeout`` old; then pass the unit."""
+    LACK_RESOURCE_AND_NO_TERMINATING = "LackResourceAndNoTerminating"
+    """Pass the unit (full or not) only when none of the policy's pods in it is terminating:
+    during a rolling update the new pods wait for the room the old ones are giving back."""
+
+
+NEXT_POLICY_ALIASES = {"LackResourceAndNoterminating": NextPolicy.LACK_RESOURCE_AND_NO_TERMINATING}
+"""Spellings ACK's API type accepts besides the documented ones."""
 
 
 class PreemptPolicy(Enum):
-    """ACK's ``preemptPolicy``; kept and shown, see docs/resource-policy.md for what differs."""
+    """ACK's ``preemptPolicy``: when preemption is tried for a pod a policy orders.
+
+    gpushare answers kube-scheduler's filter and bind, not its preemption (the extender
+    declares no preempt verb), so preemption is kube-scheduler's DefaultPreemption, which runs
+    only when no node passed the filter: for a pod a policy orders, only once no unit is open
+    to it. That is ``AfterAllUnits``; ``BeforeNextUnit`` (preempt in a unit before going on to
+    the next) is not done, and a policy asking for it is told so (``ResourcePolicy.notices``).
+    """
 
     AFTER_ALL_UNITS = "AfterAllUnits"
     BEFORE_NEXT_UNIT = "BeforeNextUnit"
@@ -66,7 +90,10 @@ class Unit:
     max_pods: int | None = None
     """At most this many of the policy's pods (of one ``matchLabelKeys`` group) here."""
     pod_labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels bind adds to the pod (``LABEL_WAIT_FOR_SCALING`` left out)."""
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    waits_for_scaling: bool = False
+    """``podLabels`` carried ``LABEL_WAIT_FOR_SCALING: "true"``."""
 
     def holds(self, node_labels: Mapping[str, str]) -> bool:
         """Whether a node with these labels belongs to the unit."""
@@ -94,11 +121,27 @@ class ResourcePolicy:
     match_label_keys: tuple[str, ...] = ()
     created: str = ""
     """metadata.creationTimestamp (RFC 3339), for ``ignorePreviousPod``."""
+    uid: str = ""
+    generation: int = 0
+    """metadata.generation read: shows whether the extender has taken in a change."""
 
     @property
     def key(self) -> str:
         """``namespace/name``."""
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def notices(self) -> tuple[str, ...]:
+        """What in the policy gpushare accepts but does not do, each naming the field."""
+        if self.preempt is not PreemptPolicy.BEFORE_NEXT_UNIT:
+            return ()
+        return (
+            f"ResourcePolicy {self.key}: spec.preemptPolicy BeforeNextUnit has no effect in "
+            f"gpushare: a pod goes on to the next unit without preemption being tried in the "
+            f"one before. Preemption (kube-scheduler's DefaultPreemption) is tried only when no "
+            f"unit is open to the pod, as with AfterAllUnits; set AfterAllUnits or leave the "
+            f"field out to say so",
+        )
 
     def selects(self, namespace: str, labels: Mapping[str, str]) -> bool:
         """Whether a pod in ``namespace`` with these labels is ordered by this policy."""
@@ -116,6 +159,7 @@ class PolicyError:
     message: str
     selector: Mapping[str, str] = field(default_factory=dict)
     """The pods it was meant for (when its selector could be read): they are told why."""
+    generation: int = 0
 
     @property
     def key(self) -> str:
@@ -182,12 +226,15 @@ def _unit(raw: object, number: int, policy: str) -> Unit:
         isinstance(max_pods, bool) or not isinstance(max_pods, int) or max_pods < 0
     ):
         raise _where(policy, f"{path}.max", max_pods, "it must be a whole number, 0 or more")
+    pod_labels = _string_map(raw.get("podLabels"), f"{path}.podLabels", policy)
+    waits = pod_labels.pop(LABEL_WAIT_FOR_SCALING, "") == "true"
     return Unit(
         number=number,
         node_selector=selector,
         max_pods=max_pods,
-        pod_labels=_string_map(raw.get("podLabels"), f"{path}.podLabels", policy),
+        pod_labels=pod_labels,
         pod_annotations=_string_map(raw.get("podAnnotations"), f"{path}.podAnnotations", policy),
+        waits_for_scaling=waits,
     )
 
 
@@ -227,11 +274,9 @@ def _read(obj: KubeObject, policy: str) -> ResourcePolicy:
     when = spec.get("whenTryNextUnits") or {}
     if not isinstance(when, Mapping):
         raise _where(policy, "spec.whenTryNextUnits", when, "it must be an object")
-    next_policy = _enum(
-        NextPolicy,
-        when.get("policy") or NextPolicy.LACK_RESOURCE_OR_EXCEED_MAX.value,
-        "spec.whenTryNextUnits.policy",
-        policy,
+    raw_next = when.get("policy") or NextPolicy.LACK_RESOURCE_OR_EXCEED_MAX.value
+    next_policy = NEXT_POLICY_ALIASES.get(str(raw_next)) or _enum(
+        NextPolicy, raw_next, "spec.whenTryNextUnits.policy", policy
     )
     timeout_s: float = DEFAULT_TIMEOUT_S
     if when.get("timeout"):
@@ -265,7 +310,14 @@ def _read(obj: KubeObject, policy: str) -> ResourcePolicy:
         ignore_terminating_pods=_flag(spec, "ignoreTerminatingPod", True, policy),
         match_label_keys=tuple(keys),
         created=str(meta(obj).get("creationTimestamp") or ""),
+        uid=str(meta(obj).get("uid") or ""),
+        generation=_generation(obj),
     )
+
+
+def _generation(obj: KubeObject) -> int:
+    value = meta(obj).get("generation")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def read_policy(obj: KubeObject) -> ResourcePolicy | PolicyError:
@@ -278,4 +330,4 @@ def read_policy(obj: KubeObject) -> ResourcePolicy | PolicyError:
             selector = _string_map(spec_of(obj).get("selector"), "spec.selector", key)
         except _Invalid:
             selector = {}
-        return PolicyError(namespace_of(obj), name_of(obj), str(err), selector)
+        return PolicyError(namespace_of(obj), name_of(obj), str(err), selector, _generation(obj))

@@ -183,7 +183,8 @@ def create_app(
     async def inspect() -> dict[str, Any]:
         cache = extender.cache
         unit = extender.scheduler.settings.unit
-        return to_json(build_view(cache.nodes.values(), cache.ledger, unit=unit))
+        units = cache.book.recorded_units() if cache.book is not None else {}
+        return to_json(build_view(cache.nodes.values(), cache.ledger, unit=unit, units=units))
 
     @app.get("/healthz", response_class=PlainTextResponse)
     async def healthz() -> str:

@@ -1,5 +1,6 @@
-"""Kubernetes Events on pods: where a pod was placed, why no node fits, or why its allocation
-annotation is ignored.
+"""Kubernetes Events on pods: where a pod was placed (and in which ResourcePolicy unit), why no
+node fits, or why its allocation annotation is ignored; and on ResourcePolicies, what in one
+gpushare accepts but does not do.
 
 kube-scheduler retries an unschedulable pod many times a minute, so events are deduplicated:
 the same pod with the same reason and message updates one Event's ``count`` and
@@ -30,17 +31,21 @@ COMPONENT = "gpushare-extender"
 SCHEDULED = "GPUShareScheduled"
 UNSCHEDULABLE = "GPUShareUnschedulable"
 UNTRUSTED = "GPUShareUntrustedAllocation"
+POLICY_UNIT = "GPUSharePolicyUnit"
+POLICY_NOTICE = "GPUSharePolicyNotice"
 
 EventKind = Literal["Normal", "Warning"]
 
 
 @dataclass(frozen=True)
 class PodRef:
-    """The pod an event is about (``involvedObject``)."""
+    """The object an event is about (``involvedObject``): a pod unless told otherwise."""
 
     namespace: str
     name: str
     uid: str
+    kind: str = "Pod"
+    api_version: str = "v1"
 
     @classmethod
     def of(cls, pod: KubeObject) -> PodRef:
@@ -174,7 +179,12 @@ class EventRecorder:
 
     def _body(self, write: _Write, seen: _Seen) -> dict[str, Any]:
         pod = write.pod
-        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name}
+        involved = {
+            "apiVersion": pod.api_version,
+            "kind": pod.kind,
+            "namespace": pod.namespace,
+            "name": pod.name,
+        }
         if pod.uid:
             involved["uid"] = pod.uid
         return {

@@ -31,6 +31,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpushare.core.inventory import CORE_PER_GPU
+from gpushare.core.resourcepolicy import PolicyError
 from gpushare.exporting import ExportRegistry
 from gpushare.kube.cache import ClusterCache
 
@@ -132,6 +133,31 @@ class _LedgerCollector(Collector):
         yield from (total, used, core, pods, unhealthy, off, unplaced, synced)
 
 
+class _PolicyCollector(Collector):
+    """The ResourcePolicies the extender applies, by the generation it read (at scrape time).
+
+    ``metadata.generation`` rises with each change to a policy's spec, so comparing this
+    series with the object says whether the extender has taken a change in yet.
+    """
+
+    def __init__(self, cache: Callable[[], ClusterCache | None]) -> None:
+        self._cache = cache
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "gpushare_resource_policy_generation",
+            "metadata.generation of each ResourcePolicy as the extender last read it; valid is "
+            "false when gpushare cannot apply it (its pods are refused with the reason)",
+            labels=["namespace", "name", "valid"],
+        )
+        cache = self._cache()
+        book = cache.book if cache is not None else None
+        for entry in book.entries() if book is not None else ():
+            valid = "false" if isinstance(entry, PolicyError) else "true"
+            family.add_metric([entry.namespace, entry.name, valid], entry.generation)
+        yield family
+
+
 class ExtenderMetrics:
     """Request, bind and ledger metrics."""
 
@@ -183,3 +209,4 @@ class ExtenderMetrics:
             registry=self.registry,
         )
         self.registry.register(_LedgerCollector(cache))
+        self.registry.register(_PolicyCollector(cache))

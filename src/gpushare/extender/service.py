@@ -60,9 +60,12 @@ from gpushare.core.kubejson import (
 )
 from gpushare.core.names import ANN_ALLOCATION, ANN_SEAL, POD_ANNOTATIONS, SCHEDULER_NAME
 from gpushare.core.requests import PodRequest, Rejection
+from gpushare.core.resourcepolicy import GROUP, KIND, VERSION, ResourcePolicy
 from gpushare.core.scheduling import Scheduler
 from gpushare.core.trust import Ignored
 from gpushare.extender.events import (
+    POLICY_NOTICE,
+    POLICY_UNIT,
     SCHEDULED,
     UNSCHEDULABLE,
     UNTRUSTED,
@@ -154,6 +157,32 @@ class Extender:
             f"no GPU share; create it with schedulerName {SCHEDULER_NAME} and without "
             f"spec.nodeName or gpushare annotations",
         )
+
+    def policy_notice(self, policy: ResourcePolicy, notice: str) -> None:
+        """Say on a ResourcePolicy what in it gpushare does not do (a Warning Event)."""
+        ref = PodRef(
+            namespace=policy.namespace,
+            name=policy.name,
+            uid=policy.uid,
+            kind=KIND,
+            api_version=f"{GROUP}/{VERSION}",
+        )
+        self.metrics.events.labels(POLICY_NOTICE).inc()
+        self.events.record(ref, "Warning", POLICY_NOTICE, notice)
+
+    def _explain_unit(self, args: ExtenderBindingArgs, uid: str, gate: Gate | None) -> None:
+        """Say on the pod which unit of its ResourcePolicy took it, and why earlier ones did not."""
+        if gate is None or gate.chosen is None:
+            return
+        unit = gate.chosen
+        where = f"ResourcePolicy {gate.policy} placed this pod in {unit.describe()} on {args.Node}"
+        if gate.passed:
+            message = f"{where}; it moved on because {'; '.join(gate.passed)}"
+        else:
+            message = f"{where}, the first unit, which had room"
+        ref = PodRef(namespace=args.PodNamespace, name=args.PodName, uid=uid)
+        self.metrics.events.labels(POLICY_UNIT).inc()
+        self.events.record(ref, "Normal", POLICY_UNIT, message)
 
     def _read_nodes(self, nodes: NodeList) -> list[NodeInventory]:
         """Inventories of whole node objects sent by a scheduler without a node cache."""
@@ -355,7 +384,12 @@ class Extender:
             try:
                 await self.api.bind_pod(args.PodNamespace, args.PodName, uid, args.Node)
             except KubeError as err:
-                return await self._settle(args, key, uid, f"bind {key} to {args.Node}: {err}")
+                outcome, error = await self._settle(
+                    args, key, uid, f"bind {key} to {args.Node}: {err}"
+                )
+                if outcome not in SUCCESS:
+                    return outcome, error
+            self._explain_unit(args, uid, gate)
             return "bound", ""
         booked = self.scheduler.reserve(request, node, self.cache.ledger, now_ns=self.clock_ns())
         if isinstance(booked, Verdict):
@@ -376,6 +410,7 @@ class Extender:
             if outcome not in SUCCESS:
                 return outcome, error
         self._explain_bind(args, booked, node)
+        self._explain_unit(args, uid, gate)
         log.info(
             "pod=%s node=%s gpu=%s mem=%d phase=bind bound",
             key,

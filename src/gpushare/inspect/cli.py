@@ -26,6 +26,7 @@ import click
 from gpushare.core.inventory import declared_unit, read_node
 from gpushare.core.kubejson import name_of, namespace_of
 from gpushare.core.ledger import Ledger
+from gpushare.core.policybook import recorded_units
 from gpushare.core.scheduling import Scheduler, Settings
 from gpushare.core.trust import Trust
 from gpushare.core.units import MemoryUnit
@@ -83,7 +84,8 @@ async def collect(
         if note and notes is not None:
             notes.append(note)
     ledger = Ledger.from_pods(pods, unit=unit, trust=trust)
-    return build_view((read_node(n, cluster_unit=unit) for n in nodes), ledger, unit=unit)
+    inventories = (read_node(n, cluster_unit=unit) for n in nodes)
+    return build_view(inventories, ledger, unit=unit, units=recorded_units(pods))
 
 
 class PodNotFound(KubeError):

@@ -16,7 +16,9 @@ seeds' text for the seeds' clusters. Amounts are in GiB when
 every node counts 1 GiB units, otherwise in MiB (the header says which). A ``PENDING(Allocated)``
 column appears when some pod holds memory on an unknown GPU. Percentages are truncated.
 A GPU the operator took out of service (``gpushare.io/gpus-disabled``) has a ``*`` after its
-cell and a note after the cluster line. Allocations gpushare ignores (core.trust) follow, one per
+cell and a note after the cluster line. In ``-d``, a ``POLICY(UNIT)`` column names the
+ResourcePolicy and unit each pod was placed in, when some pod was (none in the seeds).
+Allocations gpushare ignores (core.trust) follow, one per
 pod, with why, and
 then a note naming the nodes that have GPU memory but no sharing mode label (none in the seeds,
 so their text is unchanged).
@@ -177,6 +179,8 @@ def render_details(view: ClusterView) -> str:
         if node.pending_units:
             header.append("PENDING(Allocated)")
         header.append("STATE")
+        if view.has_policies:
+            header.append("POLICY(UNIT)")
         rows = [header]
         for pod in node.pods:
             row = [pod.name, pod.namespace]
@@ -186,6 +190,8 @@ def render_details(view: ClusterView) -> str:
             if node.pending_units:
                 row.append(amounts.of(node, pod.pending_units))
             row.append(pod.state)
+            if view.has_policies:
+                row.append(f"{pod.policy}({pod.unit})" if pod.unit else "-")
             rows.append(row)
         out += _table(rows)
         allocated, total = node.allocated_units, node.total_units

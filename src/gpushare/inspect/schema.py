@@ -56,6 +56,15 @@ class PodDoc(_Doc):
         description="assumed: bind in flight; bound; assigned: served by the device plugin; "
         "unplaced: holds memory but carries no GPU record."
     )
+    resource_policy: str = Field(
+        default="",
+        description="The ResourcePolicy (in the pod's namespace) that placed the pod, or empty.",
+    )
+    policy_unit: int = Field(
+        default=0,
+        description="The unit of that policy the pod was placed in, counting from 1; 0 when no "
+        "policy placed it.",
+    )
 
 
 class NodeDoc(_Doc):

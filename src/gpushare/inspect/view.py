@@ -6,6 +6,8 @@ Allocations the ledger ignored (core.trust: not sealed by gpushare for their pod
 elsewhere, or not matching the pod) are listed apart with the reason: they hold nothing. Nodes
 with GPUs but no sharing mode label are named apart too: gpushare places nothing there until the
 label is added, which is the first thing to check when a pod stays Pending.
+A pod a ResourcePolicy placed carries the policy and unit its bind recorded (``units``, by pod
+UID, from ``core.policybook.recorded_units``), so the view says which pool each pod went to.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ class PodView:
     state: str = "bound"
     """``assumed`` (bind in flight), ``bound``, ``assigned`` (served by the device plugin) or
     ``unplaced`` (holds memory but carries no GPU record)."""
+    policy: str = ""
+    """The ResourcePolicy (name, in the pod's namespace) whose unit the pod was placed in."""
+    unit: int = 0
+    """That unit's number, from 1; 0 when no policy placed the pod."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,11 @@ class ClusterView:
     """Nodes with GPUs whose ``ack.node.gpu.schedule`` is missing or not a mode gpushare knows."""
 
     @property
+    def has_policies(self) -> bool:
+        """Whether some pod was placed by a ResourcePolicy (then ``-d`` shows the units)."""
+        return any(p.unit for n in self.nodes for p in n.pods)
+
+    @property
     def mixed_units(self) -> bool:
         """Whether nodes count memory in different units (then totals are shown in MiB)."""
         return len({n.unit for n in self.nodes}) > 1
@@ -130,9 +141,14 @@ class ClusterView:
 
 
 def build_view(
-    nodes: Iterable[NodeInventory], ledger: Ledger, *, unit: MemoryUnit = MemoryUnit.GiB
+    nodes: Iterable[NodeInventory],
+    ledger: Ledger,
+    *,
+    unit: MemoryUnit = MemoryUnit.GiB,
+    units: Mapping[str, tuple[str, int]] | None = None,
 ) -> ClusterView:
-    """Join inventories and holdings into the inspect view."""
+    """Join inventories, holdings and recorded policy units into the inspect view."""
+    units = units or {}
     busy = ledger.nodes()
     views = []
     nodes = sorted(nodes, key=lambda n: n.name)
@@ -163,6 +179,8 @@ def build_view(
                 state="assumed"
                 if ledger.is_assumed(a.uid)
                 else ("assigned" if a.assigned else "bound"),
+                policy=units.get(a.uid, ("", 0))[0],
+                unit=units.get(a.uid, ("", 0))[1],
             )
             for a in usage.allocations
         ]
@@ -235,6 +253,8 @@ def to_json(view: ClusterView) -> dict[str, Any]:
                         core_percent={str(k): v for k, v in p.core_pct.items()},
                         pending_units=p.pending_units,
                         state=p.state,  # type: ignore[arg-type]
+                        resource_policy=p.policy,
+                        policy_unit=p.unit,
                     )
                     for p in node.pods
                 ],

@@ -9,6 +9,11 @@ the cluster cache does (kube.backoff); a Gone relists at once.
 ``listed`` turns true once the policies are known (listed, or known to be absent): the
 extender reports ready only then, so a restarted extender cannot place, in the moment before its
 first list, a pod that a policy would have kept out of a node pool.
+
+A policy that cannot be applied is logged (its pods are told at filter); a policy with fields
+gpushare accepts but does not act on (``ResourcePolicy.notices``) is logged and handed to
+``notify``, which the extender turns into a Warning Event on the policy, so that the field is
+never ignored without a word where ``kubectl describe resourcepolicy`` shows it.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from collections.abc import Awaitable, Callable
 
 from gpushare.core.kubejson import name_of, namespace_of
 from gpushare.core.policybook import PolicyBook
-from gpushare.core.resourcepolicy import PolicyError
+from gpushare.core.resourcepolicy import PolicyError, ResourcePolicy
 from gpushare.kube.backoff import Backoff
 from gpushare.kube.port import Gone, KubeError, NotFound, PolicyAPI, WatchEvent
 
@@ -37,8 +42,10 @@ class PolicyWatch:
         absent_wait_s: float = 30.0,
         backoff: Backoff | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        notify: Callable[[ResourcePolicy, str], None] | None = None,
     ) -> None:
         self._api = api
+        self._notify = notify
         self.book = book
         self.absent_wait_s = absent_wait_s
         self.backoff = backoff if backoff is not None else Backoff()
@@ -55,10 +62,14 @@ class PolicyWatch:
         elif event.type in ("ADDED", "MODIFIED"):
             self._note(self.book.put_policy(obj))
 
-    @staticmethod
-    def _note(entry: object) -> None:
+    def _note(self, entry: PolicyError | ResourcePolicy) -> None:
         if isinstance(entry, PolicyError):
             log.warning("policy=%s phase=resourcepolicy invalid: %s", entry.key, entry.message)
+            return
+        for notice in entry.notices:
+            log.warning("policy=%s phase=resourcepolicy %s", entry.key, notice)
+            if self._notify is not None:
+                self._notify(entry, notice)
 
     async def sync(self) -> str:
         """List every policy and start the book's policies over; return the resourceVersion."""
