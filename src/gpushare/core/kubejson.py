@@ -7,8 +7,8 @@ The pod and node fields the core reads are spelled once, as TypedDicts (``PodSpe
 ``Container``, ``PodStatus``, ``NodeStatus``): ``pod_spec_of`` and the other typed accessors
 hand them out, so mypy knows the type of each field the core reads (``spec.containers`` is a
 list of ``Container``, a container's ``resources.limits`` a ResourceList) and checks the code
-that uses it. (A misspelt key in ``.get`` still reads as ``object``, which most uses then
-refuse.) They describe, they do not validate: the objects come from the API server, and where a body comes
+that uses it; a misspelt key in ``.get`` reads as ``object``, which most uses then refuse. They
+describe, they do not validate: the objects come from the API server, and where a body comes
 from anyone else (the extender's wire, the webhook) ``core.shape`` checks these fields' types
 first; readers still tolerate what is missing.
 """
