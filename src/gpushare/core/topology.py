@@ -184,3 +184,19 @@ def closest_set(
 
     best = min(combinations(ranked, count), key=key)
     return tuple(sorted(best))
+
+
+def worst_pair(chosen: Sequence[int], distance: Distance) -> int:
+    """The farthest link between any two of ``chosen`` (rows of ``distance``); 0 for one GPU."""
+    return max((distance[a][b] for a, b in combinations(chosen, 2)), default=SAME)
+
+
+def best_worst_pair(distance: Distance, count: int) -> int:
+    """The closest worst pair any ``count`` GPUs of the node can have, all of them free.
+
+    A set that reaches it is as well connected as the node allows: the measure the simulator
+    reports for multi-GPU pods (``sim.milligpu``, ``sim.gpumem``).
+    """
+    if count < 2 or count > len(distance):
+        return SAME
+    return min(worst_pair(c, distance) for c in combinations(range(len(distance)), count))
