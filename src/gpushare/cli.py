@@ -219,6 +219,13 @@ def extender(
     default=None,
     help="With --fake-gpus: a file listing the indexes of failed GPUs (tests withdraw GPUs).",
 )
+@click.option(
+    "--fake-topology",
+    default="",
+    help="With --fake-gpus: how they are connected, published as gpushare.io/gpu-topology: "
+    "nvswitch, nvlink-pairs, nvlink-islands, pcie, or a distance matrix such as 0,1;1,0 "
+    "(docs/topology.md). Empty: none.",
+)
 @click.option("--gpu-memory-unit", default="1GiB", show_default=True)
 @click.option("--device-plugin-dir", default="/var/lib/kubelet/device-plugins", show_default=True)
 @click.option(
@@ -276,6 +283,7 @@ def device_plugin(
     node_name: str,
     fake_gpus: str | None,
     fake_health_file: str | None,
+    fake_topology: str,
     gpu_memory_unit: str,
     device_plugin_dir: str,
     pod_resources_socket: str,
@@ -324,11 +332,14 @@ def device_plugin(
     if reason:
         click.echo(f"error: {reason}", err=True)
         sys.exit(2)
+    if fake_topology and not fake_gpus:
+        click.echo("error: --fake-topology describes fake GPUs; give --fake-gpus too", err=True)
+        sys.exit(2)
     try:
         unit = MemoryUnit.parse(gpu_memory_unit)
         health = Path(fake_health_file) if fake_health_file else None
         source: GpuSource = (
-            FakeGpus.parse(fake_gpus, node=node_name, health_file=health)
+            FakeGpus.parse(fake_gpus, node=node_name, health_file=health, topology=fake_topology)
             if fake_gpus
             else NvmlGpus()
         )

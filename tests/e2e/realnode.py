@@ -72,6 +72,8 @@ class RealNode:
     name: str = NODE_NAME
     mode: str = "share"
     fake_gpus: str = "4x15GiB"
+    fake_topology: str = ""
+    """``--fake-topology`` for the plugin (``core.topology.layout``); empty: none."""
     unit: str = "1GiB"
     taint: bool = True
     max_pods: int = 250
@@ -414,6 +416,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 str(self.root / "fake-health"),
                 "--seal-key-file",
                 str(self.cluster.seal_key),
+                *(("--fake-topology", self.fake_topology) if self.fake_topology else ()),
                 *extra,
             ],
         )

@@ -35,7 +35,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.core.allocation import Allocation, ContainerShare, GpuShare, to_annotations
 from gpushare.core.containers import ContainerKind
-from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED, ANN_NODE_GPUS, ANN_SEAL
+from gpushare.core.gpumodel import LABEL_COUNT, LABEL_MEM, LABEL_MODEL
+from gpushare.core.names import (
+    ANN_ALLOCATION,
+    ANN_ASSIGNED,
+    ANN_NODE_GPUS,
+    ANN_NODE_TOPOLOGY,
+    ANN_SEAL,
+)
+from gpushare.core.topology import layout, topology_annotation
 from gpushare.core.units import MemoryUnit
 from gpushare.kube.lightkube_api import LightkubeAPI
 from gpushare.kube.port import KubeError
@@ -549,8 +557,9 @@ def test_finding_6_the_device_plugins_token_is_held_to_its_own_node(
     its token is the one the real kubelet mounted (pod-bound, naming the node). With RBAC alone
     the token writes another node and a pod on it, which is the finding. With the chart's two
     ValidatingAdmissionPolicies it may still publish on its own node through the plugin's own
-    client, and every other write is refused with the policy's reason; removed again, the same
-    write goes through, so it is the policies that refuse.
+    client (the inventory, ACK's three model labels, the topology), and every other write is
+    refused with the policy's reason, another label or a look-alike annotation among them;
+    removed again, the same write goes through, so it is the policies that refuse.
     """
     cluster = real_node.cluster
     documents = chart_documents(cluster)
@@ -671,6 +680,39 @@ def check_token_scope(node: RealNode, policies: list[dict[str, Any]], tmp_path: 
         )
         == ""
     )
+    # ... ACK's three model labels and the topology, as publishing writes them (and removes a
+    # stale topology, and a model label the GPUs no longer share)
+    model_labels = {LABEL_MODEL: "Tesla-T4", LABEL_COUNT: "4", LABEL_MEM: "15360MiB"}
+    topology = topology_annotation(layout("nvlink-pairs", 4)[0])
+    for notes, marks in (
+        ({ANN_NODE_TOPOLOGY: topology}, model_labels),
+        ({ANN_NODE_TOPOLOGY: None}, {LABEL_MODEL: None}),
+    ):
+        allowed = refusal(
+            kubeconfig,
+            lambda api, a=notes, lb=marks: api.patch_node(  # type: ignore[misc]
+                NODE_NAME, annotations=a, labels=lb
+            ),
+        )
+        assert allowed == "", allowed
+    written = cluster.kubectl_json("get", "node", NODE_NAME)["metadata"]
+    assert written["labels"][LABEL_COUNT] == "4" and LABEL_MODEL not in written["labels"]
+    assert ANN_NODE_TOPOLOGY not in written["annotations"]
+    # ... but no other label or annotation, not even one that looks like them
+    for other in (
+        {"labels": {"aliyun.accelerator/nvidia_driver": "550"}},
+        {"labels": {"gpushare.io/gpu-topology": "x"}},
+        {"annotations": {"gpushare.io/gpu-topology-v2": topology}},
+    ):
+        refused = refusal(
+            kubeconfig,
+            lambda api, o=other: api.patch_node(NODE_NAME, **o),  # type: ignore[misc, arg-type]
+        )
+        assert "may change only the annotations" in refused and ANN_NODE_TOPOLOGY in refused, (
+            other,
+            refused,
+        )
+
     version = cluster.kubectl_json("get", "pod", "-n", PLUGIN_NS, "token-holder")["metadata"][
         "resourceVersion"
     ]

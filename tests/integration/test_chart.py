@@ -614,6 +614,7 @@ def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> No
         ("resourceNames.mem=gpu-mem", "mem"),
         ("testing.apiServer=127.0.0.1", "apiServer"),
         ("testing.fakeGpus=four", "fakeGpus"),
+        ("testing.fakeTopology=star", "fakeTopology"),
         ("podMonitor.interval=often", "interval"),
         ("podMonitor.enabled=yes", "enabled"),
     ],
@@ -642,7 +643,14 @@ def _pod_specs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def test_testing_values_reach_the_api_calling_pods_only(
     default_docs: list[dict[str, Any]],
 ) -> None:
-    docs = render("--set", "testing.apiServer=127.0.0.1:6443", "--set", "testing.fakeGpus=4x15GiB")
+    docs = render(
+        "--set",
+        "testing.apiServer=127.0.0.1:6443",
+        "--set",
+        "testing.fakeGpus=4x15GiB",
+        "--set",
+        "testing.fakeTopology=nvlink-pairs",
+    )
     specs = _pod_specs(docs)
     calling = {"scheduler", "device-plugin", "webhook-certs"}
     assert set(specs) == {*calling, "webhook"}
@@ -653,7 +661,8 @@ def test_testing_values_reach_the_api_calling_pods_only(
             want = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "6443"}
             got = {k: env.get(k) for k in want}
             assert got == (want if component in calling else dict.fromkeys(want)), container
-    assert "--fake-gpus=4x15GiB" in specs["device-plugin"]["containers"][0]["args"]
+    args = specs["device-plugin"]["containers"][0]["args"]
+    assert "--fake-gpus=4x15GiB" in args and "--fake-topology=nvlink-pairs" in args
     assert find(docs, "Deployment", "-scheduler")["spec"]["strategy"] == {"type": "Recreate"}
     # the defaults carry none of it
     for component, spec in _pod_specs(default_docs).items():

@@ -1,18 +1,26 @@
 """Where the GPUs come from: NVML on a real node, or a fake backend for tests and kwok clusters.
 
-Both sit behind one small port (``GpuSource``): the list of GPUs and a way to wait for a change
-of health. The NVML backend watches XID critical-error events in a thread; the fake one changes
-health when told to (``set_health``), which is how tests withdraw a GPU.
+Both sit behind one small port (``GpuSource``): the list of GPUs, how they are connected, and a
+way to wait for a change of health. The NVML backend watches XID critical-error events in a
+thread and reads the interconnect once at start (``interconnect.py``: cards are not re-cabled
+while the node runs); the fake one changes health when told to (``set_health``), which is how
+tests withdraw a GPU, and is connected as its ``--fake-topology`` says.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
+
+from gpushare.core.topology import Distance, layout
+from gpushare.deviceplugin.interconnect import read_interconnect
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,10 @@ class GpuSource(Protocol):
 
     def gpus(self) -> list[GpuInfo]:
         """The current list, in index order."""
+        ...
+
+    def topology(self) -> Distance:
+        """Links between the GPUs in index order (``core.topology``); () when not known."""
         ...
 
     async def changed(self) -> None:
@@ -85,16 +97,30 @@ class FakeGpus:
     means all healthy): a test drives a device plugin running as its own process that way.
     """
 
-    def __init__(self, gpus: list[GpuInfo], *, health_file: Path | None = None) -> None:
+    def __init__(
+        self, gpus: list[GpuInfo], *, health_file: Path | None = None, topology: Distance = ()
+    ) -> None:
         self._gpus = gpus
+        self._topology = topology
         self._notifier = _Notifier()
         self._health_file = health_file
         if health_file is not None:
             self._apply(self._read_failed())
 
     @classmethod
-    def parse(cls, spec: str, *, node: str = "fake", health_file: Path | None = None) -> FakeGpus:
-        """Read the flag; a ValueError names the part that is wrong and the accepted forms."""
+    def parse(
+        cls,
+        spec: str,
+        *,
+        node: str = "fake",
+        health_file: Path | None = None,
+        topology: str = "",
+    ) -> FakeGpus:
+        """Read the flags; a ValueError names the flag, the part that is wrong and the rule.
+
+        ``topology`` (``--fake-topology``) is a layout of ``core.topology.LAYOUTS`` or an
+        explicit matrix (``0,1;1,0``); empty: the node publishes none.
+        """
         gpus: list[GpuInfo] = []
         for part in spec.replace(" ", "").split(","):
             match = _SPEC.match(part)
@@ -109,11 +135,22 @@ class FakeGpus:
                 gpus.append(
                     GpuInfo(index, f"GPU-fake-{node}-{index}", match["model"] or "Fake GPU", size)
                 )
-        return cls(gpus, health_file=health_file)
+        distance: Distance = ()
+        if topology.strip():
+            distance, problem = layout(topology, len(gpus))
+            if problem:
+                raise ValueError(
+                    f"--fake-topology {problem} (for --fake-gpus {spec}, {len(gpus)} GPUs)"
+                )
+        return cls(gpus, health_file=health_file, topology=distance)
 
     def gpus(self) -> list[GpuInfo]:
         """The current list."""
         return list(self._gpus)
+
+    def topology(self) -> Distance:
+        """The matrix ``--fake-topology`` described."""
+        return self._topology
 
     def set_health(self, index: int, healthy: bool) -> None:
         """Flip one GPU's health, as an XID error (or its recovery) would."""
@@ -168,6 +205,14 @@ class NvmlGpus:
                     int(memory.total) // (1024 * 1024),
                 )
             )
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(g.index) for g in self._gpus]
+        found = read_interconnect(pynvml, handles)
+        if found.problem:
+            log.warning("phase=topology %s", found.problem)
+        elif found.distance:
+            links = " ".join(f"{i}-{j}:{n}" for (i, j), n in sorted(found.links.items()))
+            log.info("phase=topology gpus=%d nvlinks=%s", len(handles), links or "none")
+        self._topology: Distance = found.distance
         self._notifier = _Notifier()
         self._thread = threading.Thread(target=self._watch, name="nvml-xid", daemon=True)
         self._thread.start()
@@ -196,6 +241,10 @@ class NvmlGpus:
     def gpus(self) -> list[GpuInfo]:
         """The GPUs found at start, with their current health."""
         return list(self._gpus)
+
+    def topology(self) -> Distance:
+        """The interconnect read at start (``interconnect.read_interconnect``)."""
+        return self._topology
 
     async def changed(self) -> None:
         """Return after the next XID critical error."""

@@ -5,8 +5,9 @@ Life cycle:
 1. preflight (preflight.py): read the node and its pods; refuse to start when the configured
    unit differs from the node's while pods hold memory counted in it, or when the isolation hook
    cannot serve the node's mode (``ack.node.gpu.schedule``);
-2. publish the per-GPU inventory, the unit and the hand-off marker as node annotations, and
-   ``aliyun.com/gpu-count`` in node status (publishing.py);
+2. publish the per-GPU inventory, the unit, the hand-off marker and (when it changed) how the
+   GPUs are connected as node annotations, and ``aliyun.com/gpu-count`` in node status
+   (publishing.py);
 3. serve ``aliyun.com/gpu-mem`` (and ``aliyun.com/gpu-core.percentage`` on core_mem nodes) on
    their own sockets and register each with kubelet, again whenever ``kubelet.sock`` is
    re-created (registration.py, servicer.py);
@@ -27,6 +28,7 @@ import contextlib
 import logging
 
 from gpushare.core.handoff import MEM, Signature
+from gpushare.core.names import ANN_NODE_TOPOLOGY
 from gpushare.core.trust import Trust
 from gpushare.deviceplugin.allocating import Allocator, NodeParts, NodeReader, Refused
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint
@@ -85,6 +87,8 @@ class DevicePlugin:
         self.registrar = Registrar(backend=self, config=config, stats=self.stats)
         self.served_check = ServedCheck(parts)
         self._tasks: list[asyncio.Task[None]] = []
+        self._topology_on_node: str | None = None
+        """``gpushare.io/gpu-topology`` as the node holds it, read at start, then as written."""
 
     # -- what each resource's DevicePlugin service asks for (servicer.Backend) -----------------
 
@@ -108,6 +112,9 @@ class DevicePlugin:
         Raises StartRefused, before anything is published, when preflight refuses.
         """
         node = await self.api.get_node(self.config.node)
+        self._topology_on_node = (node.get("metadata", {}).get("annotations") or {}).get(
+            ANN_NODE_TOPOLOGY
+        )
         pods, _ = await self.api.list_pods(self.config.node)
         checked = preflight(
             node, pods, unit=self.config.unit, names=self.config.names, hook=self.hook
@@ -143,8 +150,10 @@ class DevicePlugin:
         self.hook.close()
 
     async def publish(self) -> None:
-        """Write the node's inventory, unit, hand-off marker and GPU count."""
-        await publish(self.api, self.source, self.config)
+        """Write the node's inventory, unit, hand-off marker, GPU count and topology."""
+        self._topology_on_node = await publish(
+            self.api, self.source, self.config, topology_on_node=self._topology_on_node
+        )
 
     # -- reading back ----------------------------------------------------------------------------
 

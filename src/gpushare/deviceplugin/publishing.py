@@ -10,23 +10,50 @@ health change, so an unhealthy GPU stops receiving pods.
 It also labels the node the way ACK labels its GPU nodes (``aliyun.accelerator/nvidia_name``,
 ``nvidia_count``, ``nvidia_mem``, see ``core.gpumodel``), so a pod chooses a model with a plain
 nodeSelector and the scarcity policy reads the same model the selector names.
+
+How the GPUs are connected goes beside the inventory as ``gpushare.io/gpu-topology``
+(``core.topology``'s format, written by its encoder), only when it differs from what the node
+holds: it is fixed while the plugin runs, so the health changes that republish the inventory
+leave it alone, and a backend that knows no topology removes a stale one rather than let the
+scheduler read links the node no longer has.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from gpushare.core.gpumodel import gpu_node_labels
 from gpushare.core.inventory import Gpu, inventory_annotation
-from gpushare.core.names import ANN_NODE_GPUS, ANN_NODE_HANDOFF, ANN_NODE_UNIT, HANDOFF_PODRESOURCES
+from gpushare.core.names import (
+    ANN_NODE_GPUS,
+    ANN_NODE_HANDOFF,
+    ANN_NODE_TOPOLOGY,
+    ANN_NODE_UNIT,
+    HANDOFF_PODRESOURCES,
+)
+from gpushare.core.topology import Distance, topology_annotation
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import GpuSource
 from gpushare.deviceplugin.serving import mem_units
 from gpushare.kube.port import KubeAPI
 
 
-async def publish(api: KubeAPI, source: GpuSource, config: PluginConfig) -> None:
-    """Write the inventory, unit, hand-off marker and model labels on the node, and gpu-count
-    in status."""
+def topology_change(on_node: str | None, distance: Distance) -> Mapping[str, str | None]:
+    """The annotation patch that makes the node hold ``distance``: {} when it already does."""
+    wanted = topology_annotation(distance) if distance else None
+    return {} if wanted == on_node else {ANN_NODE_TOPOLOGY: wanted}
+
+
+async def publish(
+    api: KubeAPI, source: GpuSource, config: PluginConfig, *, topology_on_node: str | None = None
+) -> str | None:
+    """Write the inventory, unit, hand-off marker, model labels and (when it changed) the
+    topology on the node, and gpu-count in status; return the topology the node now holds.
+
+    ``topology_on_node`` is the annotation's value as last read or written (None: absent).
+    """
     found = source.gpus()
+    topology = topology_change(topology_on_node, source.topology())
     gpus = tuple(
         Gpu(
             index=g.index,
@@ -43,7 +70,9 @@ async def publish(api: KubeAPI, source: GpuSource, config: PluginConfig) -> None
             ANN_NODE_GPUS: inventory_annotation(gpus),
             ANN_NODE_UNIT: config.unit.value,
             ANN_NODE_HANDOFF: HANDOFF_PODRESOURCES,
+            **topology,
         },
         capacity={config.names.count: str(len(gpus))},
         labels=gpu_node_labels([g.model for g in found], [g.memory_mib for g in found]),
     )
+    return topology[ANN_NODE_TOPOLOGY] if topology else topology_on_node

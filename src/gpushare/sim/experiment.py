@@ -6,6 +6,7 @@ results come back as plain values (``SeedResult``) for the report.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -46,6 +47,8 @@ class SeedResult:
     failed: dict[str, int] = field(default_factory=dict)
     pods: int = 0
     seconds: float = 0.0
+    connected: tuple[int, int] = (0, 0)
+    """Multi-GPU pods on nodes with a topology, and those given a best-connected set."""
 
 
 def _grid(arrived: Sequence[float], unallocated: Sequence[float]) -> list[float]:
@@ -70,16 +73,22 @@ def run_seed(
     tune: float,
     samples: int = FRAGMENTATION_SAMPLES,
     memory: memory_mode.MemorySettings | None = None,
+    topology: str = "",
+    aware: bool = False,
 ) -> SeedResult:
     """Replay one seed's stream under one policy (or the offline reference).
 
     Fragmentation is sampled ``samples`` times along the run (0: not at all; it costs more
     than the replay itself on large clusters). With ``memory`` the extender's core places the
     pods in memory units (``sim.gpumem``) and ``policy`` is one of its node policies.
+    ``topology`` gives the nodes a layout of ``core.topology.LAYOUTS``; ``aware``: multi-GPU
+    pods follow it (in the memory mode, the nodes publish it to the core).
     """
     started = time.perf_counter()
     if memory is not None:
         stream = memory_mode.stream(pods, nodes, seed=seed, tune=tune, unit=memory.unit)
+        if topology:
+            memory = dataclasses.replace(memory, topology=topology, topology_aware=aware)
         run = memory_mode.replay(nodes, stream, policy, seed=seed, settings=memory)
     elif policy == OFFLINE:
         stream = arrival_stream(pods, nodes, seed=seed, tune=tune)
@@ -91,7 +100,14 @@ def run_seed(
         stream = arrival_stream(pods, nodes, seed=seed, tune=tune)
         measure = WorkloadEstimate.of([shape_of(p) for p in pods]) if samples else None
         run = replay(
-            nodes, stream, make_policy(policy, pods), seed=seed, measure=measure, samples=samples
+            nodes,
+            stream,
+            make_policy(policy, pods),
+            seed=seed,
+            measure=measure,
+            samples=samples,
+            topology=topology,
+            aware=aware,
         )
     return SeedResult(
         policy,
@@ -102,6 +118,7 @@ def run_seed(
         dict(run.failed),
         len(stream),
         time.perf_counter() - started,
+        run.connected,
     )
 
 
@@ -206,12 +223,14 @@ def run_experiment(
     progress: Progress | None = None,
     memory: memory_mode.MemorySettings | None = None,
     lp_bound: bool = True,
+    topology: str = "",
+    aware: bool = False,
 ) -> Experiment:
     """Every policy (and the offline reference) on every seed; fragmentation on the first.
 
     With ``memory``, the memory-unit mode: no offline reference, no fragmentation and no LP
     bound (they count milli-GPU). ``lp_bound`` computes the LP lower bound per seed when scipy
-    is installed.
+    is installed. ``topology`` and ``aware`` as ``run_seed``'s.
     """
     names = list(policies) + ([OFFLINE] if offline and memory is None else [])
     jobs = [(name, seed) for name in names for seed in seeds]
@@ -222,14 +241,25 @@ def run_experiment(
     results: list[SeedResult] = []
     if workers <= 1:
         for name, seed in jobs:
-            result = run_seed(nodes, pods, name, seed, tune, samples(seed), memory)
+            result = run_seed(nodes, pods, name, seed, tune, samples(seed), memory, topology, aware)
             results.append(result)
             if progress:
                 progress(result)
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = [
-                pool.submit(run_seed, nodes, pods, name, seed, tune, samples(seed), memory)
+                pool.submit(
+                    run_seed,
+                    nodes,
+                    pods,
+                    name,
+                    seed,
+                    tune,
+                    samples(seed),
+                    memory,
+                    topology,
+                    aware,
+                )
                 for name, seed in jobs
             ]
             for future in as_completed(futures):

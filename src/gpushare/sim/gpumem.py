@@ -54,13 +54,16 @@ from gpushare.core.changes import NodeTable
 from gpushare.core.gpumodel import LABEL_MODEL
 from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory, read_node
 from gpushare.core.ledger import Ledger
+from gpushare.core.names import ANN_NODE_TOPOLOGY
 from gpushare.core.requests import CORE_STEP, PodRequest
 from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.core.topology import Distance, topology_annotation
 from gpushare.core.units import MemoryUnit
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import KubeDict
 from gpushare.sim import cards
 from gpushare.sim.kubeyaml import card_units
+from gpushare.sim.links import Connected, node_layouts
 from gpushare.sim.milligpu import Run
 from gpushare.sim.openb import MILLI_PER_GPU, TraceError, TraceNode, TracePod
 from gpushare.sim.stream import arrival_stream
@@ -79,6 +82,11 @@ class MemorySettings:
     """``ack.node.gpu.schedule`` for nodes that carry no mode of their own."""
     max_pods_per_gpu: int | None = None
     """The isolation limit on cgpu/core_mem nodes; None: the extender's default."""
+    topology: str = ""
+    """A layout of ``core.topology.LAYOUTS`` the nodes have (``sim.links``); '': none."""
+    topology_aware: bool = True
+    """Publish that topology on the nodes, so the core follows it; False: the same nodes
+    placed as if they published none (the measure of what following it costs)."""
 
 
 def policies() -> list[str]:
@@ -170,8 +178,9 @@ def pod_core(pod: TracePod, core_mem: bool) -> int:
     return core_percent(pod.gpu_milli) if core_mem else 0
 
 
-def node_json(node: TraceNode, settings: MemorySettings) -> KubeDict:
-    """The node as gpushare's device plugin would leave it, with the trace's CPU and memory."""
+def node_json(node: TraceNode, settings: MemorySettings, distance: Distance = ()) -> KubeDict:
+    """The node as gpushare's device plugin would leave it, with the trace's CPU and memory
+    (and ``distance`` as its published topology, when the settings follow one)."""
     units = card_units(node, settings.unit)
     obj = gpu_node(
         node.name,
@@ -183,6 +192,8 @@ def node_json(node: TraceNode, settings: MemorySettings) -> KubeDict:
     for part in ("capacity", "allocatable"):
         obj["status"][part].update(cpu=f"{node.cpu_milli}m", memory=f"{node.memory_mib}Mi")
     obj["metadata"]["labels"][LABEL_MODEL] = node.model
+    if distance and settings.topology_aware:
+        obj["metadata"]["annotations"][ANN_NODE_TOPOLOGY] = topology_annotation(distance)
     return obj
 
 
@@ -248,8 +259,11 @@ class MemoryCluster:
             Settings(unit=unit, max_pods_per_gpu=self.settings.max_pods_per_gpu, policy=policy)
         )
         self.ledger = Ledger(unit=unit)
+        self.distance = node_layouts(self.nodes, self.settings.topology)
+        self.connected = Connected()
         self.inventories: list[NodeInventory] = [
-            read_node(node_json(n, self.settings), cluster_unit=unit) for n in self.nodes
+            read_node(node_json(n, self.settings, d), cluster_unit=unit)
+            for n, d in zip(self.nodes, self.distance, strict=True)
         ]
         table = NodeTable((inv.name, inv) for inv in self.inventories)
         self.scheduler.cluster = lambda: table  # the extender's cache holds every node
@@ -344,6 +358,7 @@ class MemoryCluster:
         if not isinstance(booked, Allocation):
             raise AssertionError(f"the core refused a node it had just passed: {booked.message}")
         self._take(i, pod, booked, uid)
+        self.connected.record([share.index for share in booked.gpus], self.distance[i])
         return booked.mem_units, ""
 
     def _take(self, i: int, pod: TracePod, allocation: Allocation | None, uid: str) -> None:
@@ -437,4 +452,5 @@ def replay(
             run.failed[reason] = run.failed.get(reason, 0) + 1
         run.arrived.append(100.0 * requested / capacity)
         run.unallocated.append(100.0 - 100.0 * allocated / capacity)
+    run.connected = cluster.connected.counts
     return run

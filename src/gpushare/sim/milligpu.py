@@ -9,6 +9,13 @@ FGD artifact does the same: it prefixes node names with a seeded random permutat
 kube-scheduler fork keeps the lexicographically smallest name among the best scores. Breaking
 each tie afresh at random instead spreads pods over the whole cluster and costs FGD about five
 points (10.2 % instead of 4.9 % unallocated at 100 % arrived on seed 0).
+
+With a topology (``sim.links``) and ``aware``, a pod over several GPUs takes the best-connected
+set of free ones (``core.topology.closest_set``, ties to the lowest indexes) instead of the
+lowest indexes. Here every multi-GPU pod takes whole GPUs, which are interchangeable for every
+later pod and every policy's score (they read a node's free shares as a multiset), so the
+choice costs nothing in packing in this mode; the memory mode (``sim.gpumem``), where a GPU
+is shared by memory, is where it can.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import numpy.typing as npt
 from gpushare.core.defragmenting import FGD, GPUSHARE, Defragmenter, Variant, learned_workload
 from gpushare.core.fragmentation import Shape, WorkloadEstimate, fragmentation
 from gpushare.core.scarcity import Prices
+from gpushare.core.topology import closest_set
+from gpushare.sim.links import Connected, node_layouts
 from gpushare.sim.openb import MILLI_PER_GPU, TraceNode, TracePod
 from gpushare.sim.stream import capacity_milli
 
@@ -43,8 +52,14 @@ def shape_of(pod: TracePod) -> Shape:
 class Cluster:
     """Free CPU, memory and per-GPU share of every node, as arrays."""
 
-    def __init__(self, nodes: Sequence[TraceNode], *, seed: int = 0) -> None:
+    def __init__(
+        self, nodes: Sequence[TraceNode], *, seed: int = 0, topology: str = "", aware: bool = False
+    ) -> None:
         self.nodes = list(nodes)
+        self.distance = node_layouts(self.nodes, topology)
+        """Each node's GPU topology (``sim.links``); () for none."""
+        self.aware = aware
+        """Multi-GPU pods take the best-connected free GPUs, not the lowest indexes."""
         count = len(self.nodes)
         width = max((n.gpus for n in self.nodes), default=0)
         self.cpu: IntArray = np.array([n.cpu_milli for n in self.nodes], dtype=np.int64)
@@ -120,7 +135,11 @@ class Cluster:
             free = self.free_of(i)
         if pod.gpu_milli < MILLI_PER_GPU:
             return [min((f, g) for g, f in enumerate(free) if f >= pod.gpu_milli)[1]]
-        return [g for g, f in enumerate(free) if f == MILLI_PER_GPU][: pod.num_gpu]
+        whole = [g for g, f in enumerate(free) if f == MILLI_PER_GPU]
+        if self.aware and pod.num_gpu > 1 and self.distance[i]:
+            rows = {g: g for g in whole}  # a GPU's index is its row of the matrix
+            return list(closest_set(whole, pod.num_gpu, self.distance[i], rows))
+        return whole[: pod.num_gpu]
 
     def place(self, i: int, pod: TracePod, gpus: Sequence[int]) -> None:
         self.cpu[i] -= pod.cpu_milli
@@ -353,6 +372,9 @@ class Run:
     failed: dict[str, int] = field(default_factory=dict)
     fragmentation: list[tuple[float, float]] = field(default_factory=list)
     """(arrived %, fragmented share of capacity %) sampled along the run."""
+    connected: tuple[int, int] = (0, 0)
+    """Multi-GPU pods placed on nodes with a topology, and those given a best-connected set
+    (``sim.links``); (0, 0) without a topology."""
 
     def at(self, percent: int) -> float:
         """Mean unallocated % over events whose round(arrived %) is ``percent`` (else +-1)."""
@@ -375,14 +397,18 @@ def replay(
     seed: int = 0,
     measure: WorkloadEstimate | None = None,
     samples: int = 0,
+    topology: str = "",
+    aware: bool = False,
 ) -> Run:
     """Place every pod of the stream once, in order.
 
     With ``measure`` and ``samples``, the cluster's fragmentation against that workload is
     recorded about ``samples`` times along the run, three quarters of them between 90 and
-    130 % arrived, where the policies part (``sample_points``).
+    130 % arrived, where the policies part (``sample_points``). ``topology`` names a layout
+    of ``core.topology.LAYOUTS`` the nodes take; ``aware``: multi-GPU pods follow it.
     """
-    cluster = Cluster(nodes, seed=seed)
+    cluster = Cluster(nodes, seed=seed, topology=topology, aware=aware)
+    connected = Connected()
     run = Run(policy=policy.name)
     requested = allocated = 0
     due = sample_points(samples)
@@ -394,6 +420,7 @@ def replay(
             node, gpus = policy.choose(cluster, pod, mask)
             cluster.place(node, pod, gpus)
             allocated += pod.gpu_request_milli
+            connected.record(gpus, cluster.distance[node])
         else:
             reason = cluster.failure(pod)
             run.failed[reason] = run.failed.get(reason, 0) + 1
@@ -405,6 +432,7 @@ def replay(
             while due and run.arrived[-1] >= due[0]:
                 due.pop(0)
             run.fragmentation.append((run.arrived[-1], cluster_fragmentation(cluster, measure)))
+    run.connected = connected.counts
     return run
 
 

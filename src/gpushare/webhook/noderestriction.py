@@ -44,6 +44,7 @@ from gpushare.core.names import (
     ANN_ASSIGNED,
     ANN_NODE_GPUS,
     ANN_NODE_HANDOFF,
+    ANN_NODE_TOPOLOGY,
     ANN_NODE_UNIT,
     DEFAULT_NAMES,
 )
@@ -51,7 +52,7 @@ from gpushare.core.names import (
 POLICY_NAME = "gpushare-device-plugin"
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 """The user extra a pod-bound ServiceAccount token carries (ServiceAccountTokenPodNodeInfo)."""
-NODE_ANNOTATIONS = (ANN_NODE_GPUS, ANN_NODE_UNIT, ANN_NODE_HANDOFF)
+NODE_ANNOTATIONS = (ANN_NODE_GPUS, ANN_NODE_UNIT, ANN_NODE_HANDOFF, ANN_NODE_TOPOLOGY)
 """What ``deviceplugin.publishing`` writes on its node."""
 NODE_LABELS = (LABEL_MODEL, LABEL_COUNT, LABEL_MEM)
 """ACK's GPU labels ``deviceplugin.publishing`` writes on its node (``core.gpumodel``)."""
