@@ -77,6 +77,8 @@ class Target:
     mode: str
     candidates: tuple[Pending, ...] = ()
     device_ids: tuple[str, ...] = ()
+    weight: int = 1
+    """cGPU policy 2's weight, from the candidates' pod specs (``ALIYUN_COM_GPU_SCHD_WEIGHT``)."""
 
 
 class IsolationHook(Protocol):
