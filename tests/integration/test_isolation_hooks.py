@@ -588,3 +588,26 @@ def test_the_device_plugin_refuses_max_pods_outside_1_to_64() -> None:
     )
     assert out.exit_code == 2
     assert "--max-pods-per-gpu='65' is not a pod count per GPU" in out.output
+
+
+def test_pods_created_together_get_their_own_weights_once_kubelet_names_them() -> None:
+    """Allocate gives the lowest weight of the pods it may be admitting; the served-check, which
+    learns from PodResources which pod got which devices, gives each its own."""
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        hook = r.plugin.hook.chosen  # type: ignore[attr-defined]
+        light = await r.place(weighted_pod("light", 2, "1"))
+        heavy = await r.place(weighted_pod("heavy", 2, "3"))
+        assert light is not None and heavy is not None
+        await r.kubelet.admit(heavy)  # while light still waits: two candidates, 1 and 3
+        await r.kubelet.admit(light)
+        assert await served(r, "light") and await served(r, "heavy")
+        weights = {
+            member.weight for members in hook.members.values() for member in members.values()
+        }
+        assert weights == {1, 3}, hook.members
+        text = "".join((r.root / "state" / "sched" / f"gpu{g}").read_text() for g in hook.members)
+        assert ",3,0" in text and ",1,0" in text, text  # member=<slot>,<weight>,<active>
+
+    run(body, mode="cgpu", hook=cgpu_hook(Policy.WEIGHTED))

@@ -58,7 +58,7 @@ from gpushare.deviceplugin.serving import (
     Target,
     container_answer,
 )
-from gpushare.isolation.policy import weight_from_env
+from gpushare.isolation.policy import WeightReading, weight_from_env
 from gpushare.kube.port import KubeAPI, KubeError
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,23 @@ log = logging.getLogger(__name__)
 STRANGER_WAIT_S = 2.0
 """How long a refusal caused by strangers waits for them to be seen Failed (see above)."""
 STRANGER_POLL_S = 0.1
+
+
+def spec_weight(pod: KubeObject | None, container: str, max_weight: int) -> WeightReading:
+    """A container's cGPU weight as its pod object gives it (1 when the pod is not known)."""
+    if pod is None:
+        return WeightReading()
+    spec = spec_of(pod)
+    found = next(
+        (
+            c
+            for c in (*spec.get("initContainers", ()), *spec.get("containers", ()))
+            if isinstance(c, dict) and c.get("name") == container
+        ),
+        {},
+    )
+    where = f"pod {namespace_of(pod)}/{name_of(pod)} container {container}"
+    return weight_from_env(found.get("env"), max_weight=max_weight, where=where)
 
 
 @dataclass(frozen=True)
@@ -186,20 +203,8 @@ class Allocator(OnNode):
         """The cGPU weight for an answer: the candidates' own, or the lowest when they differ."""
         weights = set()
         for pending in candidates:
-            pod = self.pods.by_uid.get(pending.uid)
-            spec = spec_of(pod) if pod is not None else {}
-            container = next(
-                (
-                    c
-                    for c in (*spec.get("initContainers", ()), *spec.get("containers", ()))
-                    if isinstance(c, dict) and c.get("name") == pending.container
-                ),
-                {},
-            )
-            reading = weight_from_env(
-                container.get("env"),
-                max_weight=self.config.max_pods,
-                where=f"pod {pending.pod} container {pending.container}",
+            reading = spec_weight(
+                self.pods.by_uid.get(pending.uid), pending.container, self.config.max_pods
             )
             if reading.problem:
                 log.warning("pod=%s phase=allocate cgpu weight: %s", pending.pod, reading.problem)

@@ -402,6 +402,33 @@ class InterposerIsolation:
                 if kind == "limits":
                     self.forget(gone)
 
+    def weigh(self, uid: str, container: str, device_ids: tuple[str, ...], weight: int) -> None:
+        """Give a scheduled container its own pod's weight, once PodResources names the pod.
+
+        Only the schedule changes: the limits file, mounted into the running container, keeps
+        the weight Allocate gave (the interposer does not use it; the schedule's ``member=``
+        lines say what counts).
+        """
+        key = next(
+            (
+                k
+                for k in (f"{uid}/{container}", f"{BY_DEVICES}/{devices_key(device_ids)}")
+                if k in self.gpus_of
+            ),
+            None,
+        )
+        if key is None:
+            return
+        changed = set()
+        for gpu in self.gpus_of[key]:
+            member = self.members.get(gpu, {}).get(key)
+            if member is not None and member.weight != weight:
+                self.members[gpu][key] = replace(member, weight=weight)
+                changed.add(gpu)
+        if changed:
+            log.info("key=%s weight=%d phase=weigh from the pod's spec", key, weight)
+            self.write_schedules(changed)
+
     def forget(self, gone: str) -> None:
         """Take the containers under an account key (or its pod) out of their GPUs' schedules."""
         changed = set()
@@ -556,6 +583,9 @@ class MpsIsolation:
     def prune(self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]) -> None:
         """Nothing per container: the daemons live as long as the plugin."""
 
+    def weigh(self, uid: str, container: str, device_ids: tuple[str, ...], weight: int) -> None:
+        """No schedules on mps nodes."""
+
     def close(self) -> None:
         """Stop every daemon this hook started."""
         for pipe in self.started.values():
@@ -633,6 +663,10 @@ class NodeIsolation:
     def prune(self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]) -> None:
         """Delegate to the chosen hook."""
         self.chosen.prune(live_uids, live_devices)
+
+    def weigh(self, uid: str, container: str, device_ids: tuple[str, ...], weight: int) -> None:
+        """Delegate to the chosen hook."""
+        self.chosen.weigh(uid, container, device_ids, weight)
 
     def close(self) -> None:
         """Delegate to the chosen hook."""
