@@ -5,7 +5,14 @@ Builds the interposer (one copy per container, each reading its own limits file)
 driver and NVML and the ``launches`` program from ``tests/isolation``, then, per policy, runs the
 three containers flat out on one shared fake SM. ``early`` is each container's share of the SM
 between 0.2 s and 0.4 s after start (how fast the schedule holds), ``steady`` between 1.5 s and
-3 s; the spread is max - min of ``steady`` over the runs. Needs gcc.
+3 s; the spread is max - min of ``steady`` over the runs.
+
+A second table runs the device plugin's own schedules and activity tracking
+(``tests/isolation/test_activity.py``): a and b launch for 4.5 s, c joins at 1.5 s and leaves at
+3 s (weights 1, 2, 3; fixed shares 10, 20, 40 %; 8 pods per GPU). It prints the steady shares
+of each stretch, the time each change took to settle (every share within max(4 points, 12 %)
+of its target in two 100 ms windows in a row) and the spread of the steady shares over the
+runs. Needs gcc.
 
     python benchmarks/cgpu_policies.py [--runs 3]
 """
@@ -22,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.isolation import test_interposer, test_policies  # noqa: E402
+from tests.isolation import test_activity, test_interposer, test_policies  # noqa: E402
 
 from gpushare.isolation.policy import Member, Policy  # noqa: E402
 
@@ -62,6 +69,43 @@ def main() -> None:
             f"| {int(policy)} {policy.name.lower()} | {case} | "
             f"{', '.join(f'{o:.1f}' for o in early.own)} | "
             f"{', '.join(f'{m:.1f}' for m in means)} | {spread:.1f} |",
+            flush=True,
+        )
+    activity(built, out, args.runs)
+
+
+def activity(built: test_interposer.Built, out: Path, runs: int) -> None:
+    """The join-and-leave scenario with the plugin's schedules, per scheduled policy."""
+    libs = test_activity.interposers(out / "activity-libs", 3)
+    print()
+    print(
+        "| policy | a, b (0.6-1.5 s) % | a, b, c (2-3 s) % | a, b again (3.9-4.5 s) % "
+        f"| settles after c joins / leaves, s | spread (n={runs}) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    for policy in test_activity.EXPECTED | {Policy.SOFT: {}}:
+        outcomes = [
+            test_activity.join_and_leave(built, libs, out / f"p{int(policy)}-{i}", policy)
+            for i in range(runs)
+        ]
+        cells = []
+        for phase in test_activity.PHASES:
+            names = phase.split()[0]
+            cells.append(
+                ", ".join(
+                    f"{statistics.mean(o.steady[phase][c] for o in outcomes):.1f}" for c in names
+                )
+            )
+        spread = max(
+            max(o.steady[p][c] for o in outcomes) - min(o.steady[p][c] for o in outcomes)
+            for p in test_activity.PHASES
+            for c in p.split()[0]
+        )
+        join = max(o.join_s for o in outcomes)
+        leave = max(o.leave_s for o in outcomes)
+        print(
+            f"| {int(policy)} {policy.name.lower()} | {' | '.join(cells)} "
+            f"| {join:.1f} / {leave:.1f} | {spread:.1f} |",
             flush=True,
         )
 

@@ -264,6 +264,13 @@ def extender(
     help="cgpu nodes: ACK's cGPU computing-power policy, 0 even share, 1 preemptive, "
     "2 weighted preemptive, 3 fixed share, 4 soft, 5 native (no limit).",
 )
+@click.option(
+    "--max-pods-per-gpu",
+    default=None,
+    envvar="GPUSHARE_MAX_PODS_PER_GPU",
+    help="The chart's maxPodsPerGpu (1..64; default 20, or 16 at 128MiB): cGPU policy 0 gives "
+    "each container one over it, and it bounds ALIYUN_COM_GPU_SCHD_WEIGHT.",
+)
 @click.option("--kubelet-config", default="/var/lib/kubelet/config.yaml", show_default=True)
 @click.option(
     "--cpu-manager-state", default="/var/lib/kubelet/cpu_manager_state", show_default=True
@@ -291,6 +298,7 @@ def device_plugin(
     isolation: str,
     isolation_lib_dir: str,
     cgpu_policy: str,
+    max_pods_per_gpu: str | None,
     kubelet_config: str,
     cpu_manager_state: str,
     kubeconfig: str | None,
@@ -303,12 +311,16 @@ def device_plugin(
     insecure_no_seal: bool,
 ) -> None:
     """Serve kubelet's device plugin API for this node's shared GPUs."""
-    from gpushare.isolation.policy import PolicyError, parse_policy
+    from gpushare.isolation.policy import PolicyError, parse_max_pods, parse_policy
 
     try:
         policy_number = parse_policy(cgpu_policy, "--cgpu-policy (GPUSHARE_ISOLATION_POLICY)")
     except PolicyError as err:
         raise click.BadParameter(str(err), param_hint="--cgpu-policy") from None
+    try:
+        max_pods = None if max_pods_per_gpu is None else parse_max_pods(max_pods_per_gpu)
+    except PolicyError as err:
+        raise click.BadParameter(str(err), param_hint="--max-pods-per-gpu") from None
     import asyncio
     from pathlib import Path
 
@@ -320,7 +332,6 @@ def device_plugin(
     from gpushare.deviceplugin.metrics import registry_for, serve_metrics
     from gpushare.deviceplugin.plugin import DevicePlugin
     from gpushare.deviceplugin.preflight import StartRefused, refuse_static_cpu_policy
-    from gpushare.isolation.policy import PolicyError, parse_policy
     from gpushare.kube.lightkube_api import LightkubeAPI
     from gpushare.kube.port import KubeError
 
@@ -372,6 +383,7 @@ def device_plugin(
         pod_resources_socket=Path(pod_resources_socket),
         state_dir=Path(state_dir),
         unit=unit,
+        max_pods_per_gpu=max_pods,
         names=ResourceNames(
             **{
                 key: value
@@ -387,6 +399,7 @@ def device_plugin(
 
     hook = NodeIsolation(
         cgpu_policy=policy_number,
+        max_pods=max_pods,
         policy=isolation,
         lib_dir=Path(isolation_lib_dir),
         state_dir=Path(state_dir),

@@ -8,9 +8,10 @@ images that containerd's ``ctr images import`` reads (``manifest.json``, a confi
 - ``gpushare.local/node-test:1``: busybox (static, from ``busybox-static``) for ``sh``/``env``,
   plus ``/probe``, a dynamically linked program with the loader and the glibc libraries it and
   the interposer need, so a test can see ``LD_PRELOAD`` take effect under the real runtime; and
-  ``/memops`` with the CPU-only fake driver and NVML of ``tests/isolation/fakes`` installed as
-  ``libcuda.so.1`` and ``libnvidia-ml.so.1`` where the NVIDIA runtime would mount the real
-  ones, so the interposer's limits can be exercised inside a real container.
+  ``/memops`` and ``/launches`` with the CPU-only fake driver and NVML of
+  ``tests/isolation/fakes`` installed as ``libcuda.so.1`` and ``libnvidia-ml.so.1`` where the
+  NVIDIA runtime would mount the real ones, so the interposer's limits and cGPU schedules can be
+  exercised inside a real container.
 
 Both come from the same layer. They are rebuilt when their inputs change (a content hash).
 """
@@ -60,9 +61,9 @@ def _add_link(tar: tarfile.TarFile, name: str, target: str) -> None:
 
 
 def _build_driver(out: Path) -> dict[str, Path]:
-    """The fake driver and NVML under their real sonames, and memops linked against them."""
+    """The fake driver and NVML under their real sonames, and the programs linked against them."""
     cc = ["gcc", "-O2", "-fPIC", f"-I{NATIVE}"]
-    cuda, nvml, memops = out / "libcuda.so.1", out / "libnvidia-ml.so.1", out / "memops"
+    cuda, nvml = out / "libcuda.so.1", out / "libnvidia-ml.so.1"
     for lib, source, libs in (
         (cuda, "fake_cuda.c", ["-lpthread"]),
         (nvml, "fake_nvml.c", ["-ldl"]),
@@ -74,12 +75,17 @@ def _build_driver(out: Path) -> dict[str, Path]:
             check=True,
             capture_output=True,
         )
-    program = str(ISOLATION / "programs" / "memops.c")
     linked = ["-l:libcuda.so.1", "-l:libnvidia-ml.so.1", "-ldl"]
-    subprocess.run(
-        [*cc, "-o", str(memops), program, f"-L{out}", *linked], check=True, capture_output=True
-    )
-    return {f"{LIBDIR}/{cuda.name}": cuda, f"{LIBDIR}/{nvml.name}": nvml, "memops": memops}
+    programs = {}
+    for name in ("memops", "launches"):
+        program = str(ISOLATION / "programs" / f"{name}.c")
+        subprocess.run(
+            [*cc, "-o", str(out / name), program, f"-L{out}", *linked],
+            check=True,
+            capture_output=True,
+        )
+        programs[name] = out / name
+    return {f"{LIBDIR}/{cuda.name}": cuda, f"{LIBDIR}/{nvml.name}": nvml, **programs}
 
 
 def _layer(probe: Path, driver: dict[str, Path]) -> bytes:

@@ -461,11 +461,19 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             self.processes["gpushare-device-plugin"],
         )
 
-    def set_mode(self, mode: str, *, unit: str | None = None, fake_gpus: str | None = None) -> None:
+    def set_mode(
+        self,
+        mode: str,
+        *,
+        unit: str | None = None,
+        fake_gpus: str | None = None,
+        extra: tuple[str, ...] = (),
+    ) -> None:
         """Relabel the node and restart the plugin in the new mode (no pods may hold GPUs).
 
         A new unit restarts the extender with it too: the scheduler and the device plugin must
-        count GPU memory in the same unit (the chart's one ``gpuMemoryUnit``).
+        count GPU memory in the same unit (the chart's one ``gpuMemoryUnit``). ``extra`` are
+        more plugin flags, for this start only (``--cgpu-policy``).
         """
         if unit is not None and unit != self.cluster.extender_unit:
             self.cluster.start_extender(unit=unit)
@@ -477,7 +485,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         self.cluster.kubectl(
             "label", "node", self.name, f"ack.node.gpu.schedule={mode}", "--overwrite"
         )
-        self.start_plugin()
+        self.start_plugin(extra=extra)
         self.wait_capacity()
 
     # -- restarts a test can inflict ----------------------------------------------------------

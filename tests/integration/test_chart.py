@@ -599,6 +599,8 @@ def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> No
     extender = find(ci_docs, "Deployment", "-scheduler")["spec"]["template"]["spec"]
     args = extender["containers"][1]["args"]
     assert "--policy=fgd" in args and "--max-pods-per-gpu=16" in args
+    plugin = find(ci_docs, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    assert "--max-pods-per-gpu=16" in plugin["containers"][0]["args"]
 
 
 @pytest.mark.parametrize(

@@ -32,11 +32,17 @@ from gpushare.deviceplugin.isolation import (
 from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.deviceplugin.preflight import StartRefused
 from gpushare.isolation.limits import CONTAINER_LIMITS_FILE, ContainerLimits
-from gpushare.isolation.policy import CONTAINER_SCHED_DIR, Policy, slot_id
+from gpushare.isolation.policy import (
+    CONTAINER_SCHED_DIR,
+    IDLE_AFTER_S,
+    WEIGHT_ENV,
+    Policy,
+    slot_id,
+)
 from gpushare.kube.memory import MemoryKube
 from tests import grpc_loop
 
-from .test_device_plugin import CORE, MEM, NODE, Rig, bare_node, pod, run
+from .test_device_plugin import CORE, MEM, NODE, Rig, bare_node, pod, run, served
 
 GiB = 2**30
 PRELOAD = f"{CONTAINER_LIB_DIR}/{LIB_NAME}"
@@ -464,3 +470,144 @@ def test_the_device_plugin_refuses_a_policy_outside_0_to_5() -> None:
     )
     assert out.exit_code == 2
     assert "GPUSHARE_ISOLATION_POLICY)='7' is not a cGPU policy" in out.output
+
+
+def weighted_pod(name: str, size: int, weight: str | None, *, from_field: bool = False) -> Any:
+    """A pod whose container sets ALIYUN_COM_GPU_SCHD_WEIGHT in its spec (or not at all)."""
+    manifest = pod(name, size)
+    if weight is not None:
+        entry: dict[str, Any] = {"name": WEIGHT_ENV, "value": weight}
+        if from_field:
+            entry = {"name": WEIGHT_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+        manifest["spec"]["containers"][0]["env"] = [entry]
+    return manifest
+
+
+def cgpu_hook(policy: Policy, max_pods: int | None = None) -> Any:
+    def make(root: Path, source: FakeGpus) -> NodeIsolation:
+        return NodeIsolation(
+            policy="auto",
+            lib_dir=root / "lib",
+            state_dir=root / "state",
+            unit=MemoryUnit.GiB,
+            source=source,
+            packaged=fake_library(),
+            cgpu_policy=policy,
+            max_pods=max_pods,
+        )
+
+    return make
+
+
+def slots(sched: Path) -> dict[str, int]:
+    """Each owner's slot length in a schedule file."""
+    out = {}
+    for line in sched.read_text().splitlines():
+        if line.startswith("slot="):
+            owner, _, length = line.removeprefix("slot=").split(",")
+            out[owner] = int(length)
+    return out
+
+
+def test_policy_2_weights_come_from_the_pod_spec_and_shares_from_activity(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Weights 3 and a bad one (1 used, said); only containers reporting activity get time."""
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        hook = r.plugin.hook.chosen  # type: ignore[attr-defined]
+        now = [1000.0]
+        hook.clock = lambda: now[0]
+        keys, limits = [], []
+        for name, weight in (("heavy", "3"), ("odd", "99"), ("plain", None)):
+            placed, _ = await admit(r, weighted_pod(name, 2, weight))
+            # served, so out of the hand-off: the next pod is the only candidate for its answer
+            assert await served(r, name)
+            key = f"{placed['metadata']['uid']}/c0"
+            keys.append(key)
+            text = (r.root / "state" / "limits" / key / "limits").read_text()
+            limits.append(ContainerLimits.parse(text))
+        assert [x.weight for x in limits] == [3, 1, 1]
+        assert "ALIYUN_COM_GPU_SCHD_WEIGHT='99' is not a scheduling weight" in caplog.text
+        assert "from 1 to 20" in caplog.text and "pod default/odd container c0" in caplog.text
+        by_gpu: dict[int, list[int]] = {}
+        for i, x in enumerate(limits):
+            by_gpu.setdefault(x.gpus[0], []).append(i)
+        gpu, shared = max(by_gpu.items(), key=lambda kv: len(kv[1]))
+        assert len(shared) >= 2, by_gpu
+        sched = r.root / "state" / "sched" / f"gpu{gpu}"
+        assert slots(sched) == {}  # nobody has launched yet
+        for i in shared:
+            hook.note_active(keys[i], 0)
+        got = slots(sched)
+        total = sum(limits[i].weight for i in shared)
+        assert got == {limits[i].slot: limits[i].weight * 100_000_000 // total for i in shared}, got
+        # the first stays busy; the others fall silent for longer than IDLE_AFTER_S
+        now[0] += IDLE_AFTER_S + 0.1
+        hook.note_active(keys[shared[0]], 0)
+        assert slots(sched) == {limits[shared[0]].slot: 100_000_000}
+        # a device ordinal the container does not have, and an unknown key, change nothing
+        hook.note_active(keys[shared[1]], 5)
+        hook.note_active("nobody/c0", 0)
+        assert slots(sched) == {limits[shared[0]].slot: 100_000_000}
+
+    run(body, mode="cgpu", hook=cgpu_hook(Policy.WEIGHTED))
+
+
+def test_a_weight_from_value_from_is_not_read() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        placed, _ = await admit(r, weighted_pod("ref", 2, "4", from_field=True))
+        key = f"{placed['metadata']['uid']}/c0"
+        text = (r.root / "state" / "limits" / key / "limits").read_text()
+        assert ContainerLimits.parse(text).weight == 1
+
+    run(body, mode="cgpu", hook=cgpu_hook(Policy.WEIGHTED))
+
+
+def test_policy_0_gives_one_over_the_max_pods_the_plugin_is_given() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        placed, _ = await admit(r, pod("even", 2))
+        key = f"{placed['metadata']['uid']}/c0"
+        limits = ContainerLimits.parse((r.root / "state" / "limits" / key / "limits").read_text())
+        sched = r.root / "state" / "sched" / f"gpu{limits.gpus[0]}"
+        assert slots(sched) == {limits.slot: 100_000_000 // 8}
+
+    run(body, mode="cgpu", hook=cgpu_hook(Policy.EVEN, max_pods=8))
+
+
+def test_the_device_plugin_refuses_max_pods_outside_1_to_64() -> None:
+    from click.testing import CliRunner
+
+    from gpushare.cli import main
+
+    out = CliRunner().invoke(
+        main, ["device-plugin", "--node-name", "n"], env={"GPUSHARE_MAX_PODS_PER_GPU": "65"}
+    )
+    assert out.exit_code == 2
+    assert "--max-pods-per-gpu='65' is not a pod count per GPU" in out.output
+
+
+def test_pods_created_together_get_their_own_weights_once_kubelet_names_them() -> None:
+    """Allocate gives the lowest weight of the pods it may be admitting; the served-check, which
+    learns from PodResources which pod got which devices, gives each its own."""
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        hook = r.plugin.hook.chosen  # type: ignore[attr-defined]
+        light = await r.place(weighted_pod("light", 2, "1"))
+        heavy = await r.place(weighted_pod("heavy", 2, "3"))
+        assert light is not None and heavy is not None
+        await r.kubelet.admit(heavy)  # while light still waits: two candidates, 1 and 3
+        await r.kubelet.admit(light)
+        assert await served(r, "light") and await served(r, "heavy")
+        weights = {
+            member.weight for members in hook.members.values() for member in members.values()
+        }
+        assert weights == {1, 3}, hook.members
+        text = "".join((r.root / "state" / "sched" / f"gpu{g}").read_text() for g in hook.members)
+        assert ",3,0" in text and ",1,0" in text, text  # member=<slot>,<weight>,<active>
+
+    run(body, mode="cgpu", hook=cgpu_hook(Policy.WEIGHTED))

@@ -580,7 +580,7 @@ def test_a_process_cannot_lower_what_the_others_hold(
     assert bad == [
         "error reserve takes 2 decimal number(s)",
         "ok",  # one limit for every ordinal, as in the file; charged to this connection only
-        "error unknown request: use reserve, release, hold or used",
+        "error unknown request: use reserve, release, hold, used or active",
         "error used takes 1 decimal number(s)",
     ]
     assert eventually(lambda: broker.usage() == 600 * MiB)

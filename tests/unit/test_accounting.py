@@ -42,8 +42,8 @@ def test_a_connection_gives_back_only_its_own_and_all_of_it_when_it_closes() -> 
 @pytest.mark.parametrize(
     ("line", "answer"),
     [
-        (b"", b"error unknown request: use reserve, release, hold or used\n"),
-        (b"RESERVE 0 1", b"error unknown request: use reserve, release, hold or used\n"),
+        (b"", b"error unknown request: use reserve, release, hold, used or active\n"),
+        (b"RESERVE 0 1", b"error unknown request: use reserve, release, hold, used or active\n"),
         (b"reserve 0", b"error reserve takes 2 decimal number(s)\n"),
         (b"reserve 0 -5", b"error reserve takes 2 decimal number(s)\n"),
         (b"reserve 0 1e9", b"error reserve takes 2 decimal number(s)\n"),
@@ -51,7 +51,9 @@ def test_a_connection_gives_back_only_its_own_and_all_of_it_when_it_closes() -> 
         ("reserve 0 \u0661".encode(), b"error reserve takes 2 decimal number(s)\n"),
         (b"used 0 1", b"error used takes 1 decimal number(s)\n"),
         (b"used 2", b"error device 2 is not this container's\n"),
-        (b"\xff\xfe 0 1", b"error unknown request: use reserve, release, hold or used\n"),
+        (b"active 2", b"error device 2 is not this container's\n"),
+        (b"active 0 1", b"error active takes 1 decimal number(s)\n"),
+        (b"\xff\xfe 0 1", b"error unknown request: use reserve, release, hold, used or active\n"),
     ],
 )
 def test_malformed_requests_change_nothing(line: bytes, answer: bytes) -> None:
@@ -115,3 +117,11 @@ def test_reservations_never_take_the_container_past_its_limit(
         assert account.used(0) <= MiB
         if verb == "release":
             assert account.used(0) >= before - amount
+
+
+def test_activity_is_acknowledged_and_charges_nothing() -> None:
+    account = Account((MiB, MiB))
+    conn = account.connect()
+    assert conn is not None
+    assert account.answer(conn, b"active 1\n") == b"ok\n"
+    assert account.used(0) == account.used(1) == 0

@@ -10,10 +10,13 @@ from gpushare.isolation.policy import (
     Member,
     Policy,
     PolicyError,
+    WeightReading,
+    parse_max_pods,
     parse_policy,
     parse_weight,
     schedule,
     slot_id,
+    weight_from_env,
 )
 
 PERIOD = 100_000_000
@@ -88,6 +91,9 @@ def test_the_schedule_file_names_every_slot() -> None:
         "slot=b,5000000,5000000",
         "slot=c,10000000,5000000",
         "slot=*,15000000,85000000",
+        "member=a,1,1",
+        "member=b,2,1",
+        "member=c,3,1",
     ]
 
 
@@ -119,3 +125,48 @@ def test_a_scheduled_limits_file_refuses_bad_settings(change: dict, message: str
     base = {"policy": 0, "weight": 1, "slot": "ab", "sched_dir": "/s", "gpus": (0,)}
     with pytest.raises(ValueError, match=message):
         ContainerLimits((2**30,), 0, "1GiB", "/b.sock", **{**base, **change}).render()
+
+
+def env(*entries: dict[str, object]) -> list[dict[str, object]]:
+    return list(entries)
+
+
+def test_a_weight_is_read_from_the_container_spec_and_defaults_to_1() -> None:
+    name = "ALIYUN_COM_GPU_SCHD_WEIGHT"
+    where = "pod ns/p container c"
+    assert weight_from_env(None, max_weight=20, where=where) == WeightReading(1)
+    assert weight_from_env(env({"name": "X", "value": "7"}), max_weight=20, where=where).weight == 1
+    assert weight_from_env(env({"name": name, "value": "7"}), max_weight=20, where=where) == (
+        WeightReading(7)
+    )
+    later = env({"name": name, "value": "2"}, {"name": name, "value": "5"})
+    assert weight_from_env(later, max_weight=20, where=where).weight == 5
+
+
+@pytest.mark.parametrize("value", ["0", "21", "x", "", "2.5", None])
+def test_a_bad_weight_falls_back_to_1_naming_field_value_and_rule(value: object) -> None:
+    reading = weight_from_env(
+        [{"name": "ALIYUN_COM_GPU_SCHD_WEIGHT", "value": value}],
+        max_weight=20,
+        where="pod ns/p container c",
+    )
+    assert reading.weight == 1
+    assert f"pod ns/p container c env ALIYUN_COM_GPU_SCHD_WEIGHT={value!r}" in reading.problem
+    assert "from 1 to 20" in reading.problem and reading.problem.endswith("weight 1 is used")
+
+
+def test_a_weight_through_value_from_is_not_read() -> None:
+    entry = {"name": "ALIYUN_COM_GPU_SCHD_WEIGHT", "valueFrom": {"configMapKeyRef": {}}}
+    reading = weight_from_env([entry], max_weight=16, where="pod ns/p container c")
+    assert reading.weight == 1 and "valueFrom" in reading.problem
+
+
+@pytest.mark.parametrize(("value", "expected"), [("1", 1), (64, 64), (" 16 ", 16)])
+def test_max_pods_per_gpu_1_to_64_is_read(value: object, expected: int) -> None:
+    assert parse_max_pods(value) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "65", "x", True])
+def test_other_max_pods_are_refused(value: object) -> None:
+    with pytest.raises(PolicyError, match="is not a pod count per GPU: use a whole number from 1"):
+        parse_max_pods(value)

@@ -23,6 +23,13 @@ real kubelet that is the usual case, not a rare one. A stranger seen in a termin
 the pod being admitted (its admission ended before its status was written), so it no longer
 counts; one that merely vanished (force-deleted) still does, since kubelet may still be admitting
 it.
+
+cGPU policy 2's weight is read here, from ``ALIYUN_COM_GPU_SCHD_WEIGHT`` in the container's
+``env`` in the pod object (isolation.policy.weight_from_env): the process's own environment is
+the tenant's to change, the pod spec is not once it is admitted. When the candidates for one
+answer ask for different weights, kubelet's silence about which one it admits leaves the lowest
+of them, so that no pod is ever given more than its spec asks; a bad value is logged with the
+field, value and rule, and weight 1 is used.
 """
 
 from __future__ import annotations
@@ -31,8 +38,8 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from gpushare.core.handoff import Answer, pending_of, resolve
-from gpushare.core.kubejson import name_of, namespace_of, status_of, uid_of
+from gpushare.core.handoff import Answer, Pending, pending_of, resolve
+from gpushare.core.kubejson import KubeObject, name_of, namespace_of, spec_of, status_of, uid_of
 from gpushare.core.trust import (
     TERMINAL_PHASES,
     IgnoredOnce,
@@ -51,6 +58,7 @@ from gpushare.deviceplugin.serving import (
     Target,
     container_answer,
 )
+from gpushare.isolation.policy import WeightReading, weight_from_env
 from gpushare.kube.port import KubeAPI, KubeError
 
 log = logging.getLogger(__name__)
@@ -58,6 +66,23 @@ log = logging.getLogger(__name__)
 STRANGER_WAIT_S = 2.0
 """How long a refusal caused by strangers waits for them to be seen Failed (see above)."""
 STRANGER_POLL_S = 0.1
+
+
+def spec_weight(pod: KubeObject | None, container: str, max_weight: int) -> WeightReading:
+    """A container's cGPU weight as its pod object gives it (1 when the pod is not known)."""
+    if pod is None:
+        return WeightReading()
+    spec = spec_of(pod)
+    found = next(
+        (
+            c
+            for c in (*spec.get("initContainers", ()), *spec.get("containers", ()))
+            if isinstance(c, dict) and c.get("name") == container
+        ),
+        {},
+    )
+    where = f"pod {namespace_of(pod)}/{name_of(pod)} container {container}"
+    return weight_from_env(found.get("env"), max_weight=max_weight, where=where)
 
 
 @dataclass(frozen=True)
@@ -79,12 +104,15 @@ class NodeReader:
         self._reported = IgnoredOnce()
         self.finished: frozenset[str] = frozenset()
         """UIDs of this node's pods in a terminal phase, as of the last read."""
+        self.by_uid: dict[str, KubeObject] = {}
+        """This node's pods by UID, as of the last read (their specs give cGPU weights)."""
 
     async def read(self) -> NodePods:
         """The live pods bound to this node, from the API, judged (raises KubeError)."""
         pods, _ = await self.api.list_pods(self.config.node)
         sorted_pods = sort_node_pods(pods, node=self.config.node, trust=self._judged)
         uids = {uid_of(p) for p in pods}
+        self.by_uid = {uid_of(p): p for p in pods}
         self.finished = frozenset(
             uid_of(p) for p in pods if status_of(p).get("phase") in TERMINAL_PHASES
         )
@@ -151,7 +179,13 @@ class Allocator(OnNode):
                 "resource=%s count=%d phase=allocate refused: %s", resource, count, answer.error
             )
             return Refused(f"gpushare: {answer.error}")
-        target = Target(answer.signature, self.mode, answer.candidates, tuple(device_ids))
+        target = Target(
+            answer.signature,
+            self.mode,
+            answer.candidates,
+            tuple(device_ids),
+            weight=self.weight_of(answer.candidates),
+        )
         try:
             result = self.hook.extend(
                 container_answer(answer.signature, self.source.gpus(), self.config.unit, self.mode),
@@ -164,6 +198,24 @@ class Allocator(OnNode):
         self.checkpoint.remember(device_ids, answer.signature)
         self.stats.allocations += 1
         return result
+
+    def weight_of(self, candidates: tuple[Pending, ...]) -> int:
+        """The cGPU weight for an answer: the candidates' own, or the lowest when they differ."""
+        weights = set()
+        for pending in candidates:
+            reading = spec_weight(
+                self.pods.by_uid.get(pending.uid), pending.container, self.config.max_pods
+            )
+            if reading.problem:
+                log.warning("pod=%s phase=allocate cgpu weight: %s", pending.pod, reading.problem)
+            weights.add(reading.weight)
+        if len(weights) > 1:
+            log.warning(
+                "phase=allocate cgpu weight: the pods waiting for this answer ask for weights %s; "
+                "the lowest is given, since kubelet does not say which pod it admits",
+                sorted(weights),
+            )
+        return min(weights, default=1)
 
     async def _without_rejected(
         self, resource: str, count: int, bound: NodePods, answer: Answer

@@ -15,6 +15,11 @@ reservation could be given memory that an idle process still holds, so a reopene
 back answers to ``reserve`` for :data:`SETTLE_S` after it opens. Binding goes through
 ``/proc/self/fd/<dir>/broker.sock``, so the host path's length (a unix socket path has at most
 107 bytes) never matters.
+
+Activity: an ``active D`` line that the account accepts is passed on to ``on_active`` with the
+account's key, before the answer goes back, so whatever the plugin does with it (rewriting a
+cGPU schedule) is done when the interposer reads ``ok``. The key comes from the socket the
+line arrived on, never from the line: a container reports for itself only.
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ import contextlib
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpushare.isolation.accounting import MAX_LINE, Account
+from gpushare.isolation.accounting import MAX_LINE, OK, Account
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +50,7 @@ SETTLE_S = 1.0
 class _Open:
     """One container's account, its listening socket and its live connections."""
 
+    key: str
     account: Account
     listener: socket.socket
     server: asyncio.Task[asyncio.Server]
@@ -55,8 +62,10 @@ class _Open:
 class Broker:
     """Every container account of this node, served on the running event loop."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, on_active: Callable[[str, int], None] | None = None) -> None:
         self.root = root
+        self.on_active = on_active
+        """Told ``(key, device ordinal)`` for each accepted ``active`` line."""
         self._open: dict[str, _Open] = {}
 
     def open(self, key: str, limits: tuple[int, ...], *, settle_s: float = 0.0) -> Path:
@@ -96,7 +105,7 @@ class Broker:
             asyncio.start_unix_server(on_connect, sock=listener, limit=MAX_LINE)
         )
         loop = asyncio.get_running_loop()
-        entry = _Open(account, listener, server, settle_until=loop.time() + settle_s)
+        entry = _Open(key, account, listener, server, settle_until=loop.time() + settle_s)
         self._open[key] = entry
         return directory
 
@@ -118,7 +127,10 @@ class Broker:
                 wait = entry.settle_until - asyncio.get_running_loop().time()
                 if wait > 0 and line.startswith(b"reserve "):
                     await asyncio.sleep(wait)
-                writer.write(entry.account.answer(conn, line))
+                answer = entry.account.answer(conn, line)
+                if answer == OK and line.startswith(b"active ") and self.on_active is not None:
+                    self._tell_active(entry.key, line)
+                writer.write(answer)
                 await writer.drain()
         except OSError:
             pass
@@ -126,6 +138,14 @@ class Broker:
             entry.account.disconnect(conn)
             entry.writers.discard(writer)
             writer.close()
+
+    def _tell_active(self, key: str, line: bytes) -> None:
+        """Pass an accepted activity report on; the plugin's failure is logged, not the client's."""
+        assert self.on_active is not None
+        try:
+            self.on_active(key, int(line.split()[1]))
+        except Exception:  # the report was valid: the broker must keep serving the account
+            log.exception("key=%s phase=active report not applied", key)
 
     def usage(self, key: str) -> tuple[int, ...] | None:
         """Bytes the container holds per device ordinal of its limits, or None if not served."""

@@ -39,6 +39,13 @@ class PluginConfig:
     unit: MemoryUnit = MemoryUnit.GiB
     names: ResourceNames = field(default_factory=lambda: DEFAULT_NAMES)
     check_interval: float = 1.0
+    max_pods_per_gpu: int | None = None
+    """The chart's maxPodsPerGpu (cGPU's max_inst); None: the unit's default, 20 or 16."""
+
+    @property
+    def max_pods(self) -> int:
+        """The most pods one GPU may hold: policy 0's share is one over it, and the top weight."""
+        return self.max_pods_per_gpu or self.unit.default_max_pods_per_gpu
 
     @property
     def kubelet_socket(self) -> Path:

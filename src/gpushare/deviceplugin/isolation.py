@@ -79,7 +79,14 @@ from gpushare.isolation.limits import (
     ContainerLimits,
     mem_limit_text,
 )
-from gpushare.isolation.policy import CONTAINER_SCHED_DIR, Member, Policy, schedule, slot_id
+from gpushare.isolation.policy import (
+    CONTAINER_SCHED_DIR,
+    IDLE_AFTER_S,
+    Member,
+    Policy,
+    schedule,
+    slot_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +104,11 @@ BY_DEVICES = "by-devices"
 PRUNE_GRACE_S = 60.0
 """Per-container directories younger than this are kept: the live lists may predate them."""
 PER_CONTAINER = ("broker", "limits", "accounting")
+"""The state directory's per-container kinds (``accounting``: usage tables of older plugins)."""
 SCHED = "sched"
 """The state directory's per-GPU schedule files (cGPU policies 0..4), ``gpu<index>``."""
-"""The state directory's per-container kinds (``accounting``: usage tables of older plugins)."""
+BY_ACTIVITY = (Policy.PREEMPTIVE, Policy.WEIGHTED, Policy.SOFT)
+"""Policies whose shares go to the containers active on the GPU now."""
 
 
 def packaged_library() -> Path | None:
@@ -214,16 +223,25 @@ class InterposerIsolation:
         packaged: Path | None = None,
         cgpu_policy: Policy = Policy.NATIVE,
         gpu_memory_mib: dict[int, int] | None = None,
+        max_pods: int | None = None,
     ) -> None:
         self.lib_dir = lib_dir
         self.state_dir = state_dir
         self.unit = unit
         self.packaged = packaged
-        self.broker = Broker(state_dir / "broker")
+        self.broker = Broker(state_dir / "broker", on_active=self.note_active)
         self.cgpu_policy = cgpu_policy
         self.gpu_memory_mib = gpu_memory_mib or {}
+        self.max_pods = max_pods or unit.default_max_pods_per_gpu
+        """The most pods one GPU may hold: policy 0's share is one over it."""
         self.members: dict[int, dict[str, Member]] = {}
         """Per host GPU index, the scheduled containers by account key."""
+        self.gpus_of: dict[str, tuple[int, ...]] = {}
+        """Per account key, the host GPU of each device ordinal (as in its limits file)."""
+        self.last_active: dict[tuple[str, int], float] = {}
+        """(account key, host GPU) -> monotonic time of the container's last activity report."""
+        self.clock = time.monotonic
+        """Seconds, for activity; tests replace it."""
         self.epoch_ns = time.monotonic_ns()
         """CLOCK_MONOTONIC is the host's, containers included: one epoch for every schedule."""
 
@@ -243,30 +261,60 @@ class InterposerIsolation:
                 limits = ContainerLimits.parse(path.read_text())
                 self.broker.open(key, limits.mem_limit_bytes, settle_s=SETTLE_S)
                 if limits.policy is not None:
-                    for gpu in limits.gpus:
-                        self.members.setdefault(gpu, {})[key] = Member(
-                            limits.slot, limits.core_pct, limits.weight
-                        )
+                    member = Member(limits.slot, limits.core_pct, limits.weight)
+                    self._join(key, limits.gpus, member)
             except (OSError, ValueError) as err:
                 log.warning("key=%s phase=restore account not served: %s", key, err)
                 continue
             log.info("key=%s phase=restore account served", key)
         self.write_schedules(set(self.members))
 
-    def write_schedules(self, gpus: set[int]) -> None:
-        """Rewrite the schedule of each GPU from its members (every member counts as active).
+    def _join(self, key: str, gpus: tuple[int, ...], member: Member) -> None:
+        """Add a container to its GPUs' members, idle until it reports activity.
 
-        Each container's interposer re-reads its GPU's file at most every 100 ms.
+        Under policies 1, 2 and 4 an idle container owns no slice; its interposer reports
+        before its first launch and waits for the broker's answer, which comes after the
+        schedule names it, so it never launches outside its slices for want of one.
+        """
+        self.gpus_of[key] = gpus
+        idle = replace(member, active=self.cgpu_policy not in BY_ACTIVITY)
+        for gpu in gpus:
+            self.members.setdefault(gpu, {})[key] = idle
+
+    def note_active(self, key: str, device: int) -> None:
+        """The broker's report: a process of ``key`` launches on its device ordinal ``device``.
+
+        The report marks the container active on that GPU; every report also marks idle the
+        containers silent for :data:`IDLE_AFTER_S`, so no timer is needed: while nobody
+        launches, nobody's share matters. Schedules are rewritten only when someone changes.
+        """
+        gpus = self.gpus_of.get(key, ())
+        if self.cgpu_policy not in BY_ACTIVITY or not 0 <= device < len(gpus):
+            return
+        now = self.clock()
+        self.last_active[(key, gpus[device])] = now
+        changed = set()
+        for gpu, members in self.members.items():
+            for who, member in members.items():
+                active = now - self.last_active.get((who, gpu), -IDLE_AFTER_S - 1) <= IDLE_AFTER_S
+                if member.active != active:
+                    members[who] = replace(member, active=active)
+                    changed.add(gpu)
+        if changed:
+            self.write_schedules(changed)
+
+    def write_schedules(self, gpus: set[int]) -> None:
+        """Rewrite the schedule of each GPU from its members.
+
+        Each container's interposer re-reads its GPU's file at most every 100 ms, and at once
+        when the file does not name it.
         """
         if self.cgpu_policy is Policy.NATIVE:
             return
         for gpu in sorted(gpus):
             members = list(self.members.get(gpu, {}).values())
             plan = schedule(
-                self.cgpu_policy,
-                members,
-                max_pods=self.unit.default_max_pods_per_gpu,
-                epoch_ns=self.epoch_ns,
+                self.cgpu_policy, members, max_pods=self.max_pods, epoch_ns=self.epoch_ns
             )
             _write_atomically(self.state_dir / SCHED / f"gpu{gpu}", plan.render(), 0o444)
 
@@ -304,12 +352,12 @@ class InterposerIsolation:
                 limits,
                 core_pct=self.fixed_share(signature) if self.cgpu_policy is Policy.FIXED else 0,
                 policy=int(self.cgpu_policy),
+                weight=target.weight,
                 slot=slot_id(key),
                 sched_dir=CONTAINER_SCHED_DIR,
                 gpus=gpus,
             )
-            for gpu in gpus:
-                self.members.setdefault(gpu, {})[key] = Member(limits.slot, limits.core_pct)
+            self._join(key, gpus, Member(limits.slot, limits.core_pct, limits.weight))
         limits_file = self.state_dir / "limits" / key / LIMITS_FILE_NAME
         try:
             if scheduled:
@@ -354,13 +402,43 @@ class InterposerIsolation:
                 if kind == "limits":
                     self.forget(gone)
 
+    def weigh(self, uid: str, container: str, device_ids: tuple[str, ...], weight: int) -> None:
+        """Give a scheduled container its own pod's weight, once PodResources names the pod.
+
+        Only the schedule changes: the limits file, mounted into the running container, keeps
+        the weight Allocate gave (the interposer does not use it; the schedule's ``member=``
+        lines say what counts).
+        """
+        key = next(
+            (
+                k
+                for k in (f"{uid}/{container}", f"{BY_DEVICES}/{devices_key(device_ids)}")
+                if k in self.gpus_of
+            ),
+            None,
+        )
+        if key is None:
+            return
+        changed = set()
+        for gpu in self.gpus_of[key]:
+            member = self.members.get(gpu, {}).get(key)
+            if member is not None and member.weight != weight:
+                self.members[gpu][key] = replace(member, weight=weight)
+                changed.add(gpu)
+        if changed:
+            log.info("key=%s weight=%d phase=weigh from the pod's spec", key, weight)
+            self.write_schedules(changed)
+
     def forget(self, gone: str) -> None:
         """Take the containers under an account key (or its pod) out of their GPUs' schedules."""
         changed = set()
         for gpu, members in self.members.items():
             for key in [k for k in members if k == gone or k.startswith(f"{gone}/")]:
                 del members[key]
+                self.last_active.pop((key, gpu), None)
                 changed.add(gpu)
+        for key in [k for k in self.gpus_of if k == gone or k.startswith(f"{gone}/")]:
+            del self.gpus_of[key]
         self.write_schedules(changed)
 
     def close(self) -> None:
@@ -505,6 +583,9 @@ class MpsIsolation:
     def prune(self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]) -> None:
         """Nothing per container: the daemons live as long as the plugin."""
 
+    def weigh(self, uid: str, container: str, device_ids: tuple[str, ...], weight: int) -> None:
+        """No schedules on mps nodes."""
+
     def close(self) -> None:
         """Stop every daemon this hook started."""
         for pipe in self.started.values():
@@ -531,11 +612,13 @@ class NodeIsolation:
         runner: DaemonRunner | None = None,
         packaged: Path | None = None,
         cgpu_policy: Policy = Policy.NATIVE,
+        max_pods: int | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"--isolation={policy!r} is not supported: use auto or none")
         self.policy = policy
         self.cgpu_policy = cgpu_policy
+        self.max_pods = max_pods
         self.lib_dir = lib_dir
         self.state_dir = state_dir
         self.unit = unit
@@ -562,9 +645,15 @@ class NodeIsolation:
                 packaged=self.packaged,
                 cgpu_policy=self.cgpu_policy,
                 gpu_memory_mib={g.index: g.memory_mib for g in self.source.gpus()},
+                max_pods=self.max_pods,
             )
             if mode == "cgpu":
-                log.info("mode=cgpu policy=%d %s", self.cgpu_policy, self.cgpu_policy.name.lower())
+                log.info(
+                    "mode=cgpu policy=%d %s max_pods_per_gpu=%d",
+                    self.cgpu_policy,
+                    self.cgpu_policy.name.lower(),
+                    self.max_pods or self.unit.default_max_pods_per_gpu,
+                )
         return self.chosen.prepare(mode)
 
     def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
@@ -574,6 +663,10 @@ class NodeIsolation:
     def prune(self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]) -> None:
         """Delegate to the chosen hook."""
         self.chosen.prune(live_uids, live_devices)
+
+    def weigh(self, uid: str, container: str, device_ids: tuple[str, ...], weight: int) -> None:
+        """Delegate to the chosen hook."""
+        self.chosen.weigh(uid, container, device_ids, weight)
 
     def close(self) -> None:
         """Delegate to the chosen hook."""

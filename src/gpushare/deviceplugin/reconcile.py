@@ -38,7 +38,7 @@ import grpc
 from gpushare.core.allocation import Allocation
 from gpushare.core.handoff import MEM, Signature, listed_signatures
 from gpushare.core.names import ANN_ASSIGNED
-from gpushare.deviceplugin.allocating import NodeParts, OnNode
+from gpushare.deviceplugin.allocating import NodeParts, OnNode, spec_weight
 from gpushare.deviceplugin.protos.podresources_v1 import api_pb2 as pr
 from gpushare.deviceplugin.protos.podresources_v1 import api_pb2_grpc as pr_grpc
 from gpushare.kube.backoff import Backoff
@@ -156,7 +156,10 @@ class ServedCheck(OnNode):
         )
         for pod in listing:
             allocation = by_key.get((pod.namespace, pod.name))
-            if allocation is None or allocation.assigned:
+            if allocation is None:
+                continue
+            self._weigh(pod, allocation.uid, mem_name)
+            if allocation.assigned:
                 continue
             verdict = check_pod(pod, allocation, resources=ours, served=self.checkpoint.signature)
             for message in verdict.mismatches:
@@ -165,6 +168,14 @@ class ServedCheck(OnNode):
                 log.error("phase=check mismatch: %s", message)
             if verdict.served and allocation.uid not in self.marked:
                 await self._mark(allocation)
+
+    def _weigh(self, pod: ListedPod, uid: str, mem_name: str) -> None:
+        """Now that the pod is known, give each of its containers its own cGPU weight."""
+        spec = self.pods.by_uid.get(uid)
+        for (container, name), ids in pod.devices.items():
+            if name == mem_name:
+                reading = spec_weight(spec, container, self.config.max_pods)
+                self.hook.weigh(uid, container, tuple(sorted(ids)), reading.weight)
 
     async def _mark(self, allocation: Allocation) -> None:
         try:

@@ -77,6 +77,8 @@ class Target:
     mode: str
     candidates: tuple[Pending, ...] = ()
     device_ids: tuple[str, ...] = ()
+    weight: int = 1
+    """cGPU policy 2's weight, from the candidates' pod specs (``ALIYUN_COM_GPU_SCHD_WEIGHT``)."""
 
 
 class IsolationHook(Protocol):
@@ -103,6 +105,14 @@ class IsolationHook(Protocol):
         """
         ...
 
+    def weigh(self, uid: str, container: str, device_ids: tuple[str, ...], weight: int) -> None:
+        """The container kubelet gave these memory device IDs asks for this cGPU weight.
+
+        Called once PodResources names the pod; Allocate may have had to give the lowest
+        weight of several candidates. Idempotent.
+        """
+        ...
+
     def close(self) -> None:
         """Release what ``prepare`` and ``extend`` started."""
         ...
@@ -121,6 +131,9 @@ class NoIsolation:
 
     def prune(self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]) -> None:
         """Nothing kept."""
+
+    def weigh(self, uid: str, container: str, device_ids: tuple[str, ...], weight: int) -> None:
+        """No schedules."""
 
     def close(self) -> None:
         """Nothing to release."""

@@ -23,6 +23,9 @@ request              answer                      what it does
                                                  process already held when its connection
                                                  broke (the plugin restarted)
 ``used D``           ``used USED LIMIT``         what the whole container holds on D
+``active D``         ``ok``                      the process launches on D now: the container
+                                                 counts as active on that GPU (cGPU policies
+                                                 1, 2 and 4; the broker tells the plugin)
 ===================  ==========================  ============================================
 
 Anything else is answered ``error <why>``, and changes nothing. The limits are the plugin's, from
@@ -89,9 +92,9 @@ class Account:
             return b"error this connection is closed\n"
         words = line.rstrip(b"\n").split(b" ")
         verb = words[0].decode("ascii", "replace")
-        arity = {"reserve": 3, "release": 3, "hold": 3, "used": 2}
+        arity = {"reserve": 3, "release": 3, "hold": 3, "used": 2, "active": 2}
         if verb not in arity:
-            return b"error unknown request: use reserve, release, hold or used\n"
+            return b"error unknown request: use reserve, release, hold, used or active\n"
         if len(words) != arity[verb] or not all(w.isdigit() and w.isascii() for w in words[1:]):
             return f"error {verb} takes {arity[verb] - 1} decimal number(s)\n".encode()
         dev = int(words[1])
@@ -100,6 +103,8 @@ class Account:
             return f"error device {dev} is not this container's\n".encode()
         if verb == "used":
             return f"used {self.used(dev)} {limit}\n".encode()
+        if verb == "active":
+            return OK
         amount = int(words[2])
         if verb == "reserve":
             used = self.used(dev)

@@ -17,6 +17,18 @@ GPU; the device plugin writes what :meth:`Schedule.render` returns, atomically, 
 directory mounted read-only into the containers (``gpushare.deviceplugin.isolation``), and the
 interposer (``native/interposer.c``, ``gs_sched_*``) reads it. The file is the containers' shared
 view of each other: they can read it and cannot write it.
+
+Two inputs come from outside the plugin's own allocation, and each from a place the tenant's
+process cannot write:
+
+- the weight of policy 2, ``ALIYUN_COM_GPU_SCHD_WEIGHT``, read from the container's ``env`` in
+  the pod *object* (:func:`weight_from_env`), which the API server holds, admission checks and an
+  admin can read; the same variable in the running process's environment is ignored, since any
+  process can change its own;
+- activity for policies 1, 2 and 4: each process's interposer reports ``active <device>`` on its
+  own broker connection while it launches (``gpushare.isolation.accounting``), so a container can
+  report only for itself, and a container that has not reported for :data:`IDLE_AFTER_S` leaves
+  the schedule until it launches again.
 """
 
 from __future__ import annotations
@@ -31,6 +43,12 @@ DEFAULT_PERIOD_NS = 100_000_000
 CONTAINER_SCHED_DIR = "/var/run/gpushare-sched"
 """Where containers see the node's schedule files (one per host GPU index), read-only."""
 MAX_WEIGHT = 100
+"""The limits file's bound; a pod's weight is held to the node's most pods per GPU (below)."""
+IDLE_AFTER_S = 0.5
+"""A container that has not reported activity on a GPU for this long is idle there (policies 1,
+2 and 4): ten of the interposer's reports, which it sends every 50 ms while it launches."""
+MAX_PODS_PER_GPU = 64
+"""The chart's bound on ``maxPodsPerGpu``."""
 POLICY_ENV = "GPUSHARE_ISOLATION_POLICY"
 WEIGHT_ENV = "ALIYUN_COM_GPU_SCHD_WEIGHT"
 
@@ -61,15 +79,64 @@ def parse_policy(value: object, field: str = "policy") -> Policy:
     return Policy(int(text))
 
 
-def parse_weight(value: object, field: str = WEIGHT_ENV) -> int:
-    """A scheduling weight, 1..MAX_WEIGHT; PolicyError says what is wrong."""
+def parse_weight(value: object, field: str = WEIGHT_ENV, *, max_weight: int = MAX_WEIGHT) -> int:
+    """A scheduling weight, 1..max_weight; PolicyError says what is wrong."""
     text = str(value).strip()
-    if not text.isdigit() or not 1 <= int(text) <= MAX_WEIGHT:
+    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= max_weight:
         raise PolicyError(
             f"{field}={value!r} is not a scheduling weight: use a whole number from 1 to "
-            f"{MAX_WEIGHT} (policy 2 shares a GPU's time in proportion to it)"
+            f"{max_weight} (policy 2 shares a GPU's time in proportion to it)"
         )
     return int(text)
+
+
+def parse_max_pods(value: object, field: str = "--max-pods-per-gpu") -> int:
+    """The most pods one GPU may hold (policy 0's share is one over it), 1..64."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= MAX_PODS_PER_GPU:
+        raise PolicyError(
+            f"{field}={value!r} is not a pod count per GPU: use a whole number from 1 to "
+            f"{MAX_PODS_PER_GPU} (the chart's maxPodsPerGpu; unset: 20, or 16 at 128MiB)"
+        )
+    return int(text)
+
+
+@dataclass(frozen=True)
+class WeightReading:
+    """A container's policy-2 weight as its pod spec gives it, and why a value was not used."""
+
+    weight: int = 1
+    problem: str = ""
+    """Empty when the spec's value was used or there was none; otherwise field, value, rule."""
+
+
+def weight_from_env(env: object, *, max_weight: int, where: str) -> WeightReading:
+    """The weight in a container spec's ``env`` list (the API object), default 1.
+
+    ACK applies weighted preemption when the variable is above 1, so 1 is both the default and
+    the floor; the ceiling is the most pods a GPU may hold (cGPU's ``max_inst``): a weight counts
+    time slices of ``1 / max pods``. Only a literal ``value`` is read: ``valueFrom`` points at a
+    ConfigMap, Secret or field the tenant may change after admission. Later entries of the same
+    name win, as they do in the container.
+    """
+    entries = [e for e in env if isinstance(e, dict)] if isinstance(env, list) else []
+    named = [e for e in entries if e.get("name") == WEIGHT_ENV]
+    if not named:
+        return WeightReading()
+    entry = named[-1]
+    field = f"{where} env {WEIGHT_ENV}"
+    if "value" not in entry:
+        return WeightReading(
+            1,
+            f"{field} is set through valueFrom, which the tenant may change after admission: "
+            f"give a literal value from 1 to {max_weight}; weight 1 is used",
+        )
+    text = entry.get("value")
+    try:
+        weight = parse_weight(text, field, max_weight=max_weight)
+    except PolicyError as err:
+        return WeightReading(1, f"{err}; weight 1 is used")
+    return WeightReading(weight)
 
 
 def slot_id(key: str) -> str:
@@ -110,6 +177,8 @@ class Schedule:
     period_ns: int
     epoch_ns: int
     slots: tuple[Slot, ...]
+    members: tuple[Member, ...] = ()
+    """Who the slots were computed from: each member's weight and activity, for people."""
 
     def share_of(self, slot: str) -> float:
         """The fraction of each period ``slot`` owns outright (the open window not counted)."""
@@ -126,6 +195,7 @@ class Schedule:
             f"epoch_ns={self.epoch_ns}",
         ]
         lines += [f"slot={s.owner},{s.start_ns},{s.length_ns}" for s in self.slots]
+        lines += [f"member={m.slot},{m.weight},{int(m.active)}" for m in self.members]
         return "\n".join(lines) + "\n"
 
 
@@ -176,4 +246,4 @@ def schedule(
             at += length
     if policy is Policy.SOFT and members and period_ns - at > 0:
         slots.append(Slot(OPEN, at, period_ns - at))
-    return Schedule(policy, period_ns, epoch_ns, tuple(slots))
+    return Schedule(policy, period_ns, epoch_ns, tuple(slots), tuple(members))

@@ -2,7 +2,8 @@
  * Launches fake kernels flat out (cuLaunchKernel; one in four each through cuLaunchKernelEx,
  * cuLaunchCooperativeKernel and cuGraphLaunch) for SECONDS and prints the fake SM's utilisation over the second
  * half of the run: "util=<percent> launches=<n> own=<percent>", own being this process's kernels
- * alone (on a fake GPU shared through FAKE_GPU_STATE).
+ * alone (on a fake GPU shared through FAKE_GPU_STATE). An optional second argument is the device
+ * ordinal to launch on (default 0).
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -18,9 +19,10 @@ uint64_t fakecuda_now_ns(void);
 
 int main(int argc, char **argv) {
     double seconds = argc > 1 ? atof(argv[1]) : 3.0;
+    int dev = argc > 2 ? atoi(argv[2]) : 0;
     CUcontext ctx;
     cuInit(0);
-    cuCtxCreate_v2(&ctx, 0, 0);
+    cuCtxCreate_v2(&ctx, 0, dev);
     uint64_t start = fakecuda_now_ns();
     uint64_t end = start + (uint64_t)(seconds * 1e9);
     uint64_t half = start + (uint64_t)(seconds * 0.5e9);

@@ -1493,7 +1493,14 @@ static void gs_throttle_init(void) {
  * effect within one period. A missing or unreadable schedule, or one without this container,
  * is said once and launches run unscheduled: the plugin writes the file before the container
  * starts, and the container cannot write it.
+ *
+ * Policies 1, 2 and 4 share the GPU among the containers launching now. Each process says so
+ * on its own broker connection, "active <device>", at most every GS_ACTIVE_NS while it
+ * launches; the plugin writes the schedule before it answers, so a container that was idle
+ * (and so has no slot) reads a schedule naming it as soon as the answer comes. A broker that
+ * cannot be reached only costs the report: launches keep to the schedule as it is.
  */
+#define GS_ACTIVE_NS 50000000ULL
 #define GS_SCHED_SLOTS 64
 struct gs_sched {
     pthread_mutex_t lock;
@@ -1503,6 +1510,8 @@ struct gs_sched {
     int n;
     long long start[GS_SCHED_SLOTS], len[GS_SCHED_SLOTS];
     int said;
+    int own;              /* slots the last load gave this container by name (not the open window) */
+    uint64_t reported_ns; /* last activity report to the broker */
     uint64_t last_launch_ns;
     double gap_ns; /* average time between this process's launches while it may launch */
 };
@@ -1520,6 +1529,7 @@ static void gs_sched_load(struct gs_sched *s, int host, char *why, size_t whylen
     snprintf(path, sizeof path, "%s/gpu%d", gs_sched_dir, host);
     s->usable = 0;
     s->n = 0;
+    s->own = 0;
     why[0] = '\0';
     FILE *fp = fopen(path, "re");
     if (fp == NULL) {
@@ -1545,6 +1555,7 @@ static void gs_sched_load(struct gs_sched *s, int host, char *why, size_t whylen
                 a >= 0 && b > 0) {
                 s->start[s->n] = a;
                 s->len[s->n] = b;
+                s->own += owner[0] != '*';
                 s->n++;
             }
         }
@@ -1558,12 +1569,42 @@ static void gs_sched_load(struct gs_sched *s, int host, char *why, size_t whylen
         s->usable = 1;
 }
 
+/* Tell the broker this container launches on device ordinal dev; 0 when it answered ok. */
+static int gs_sched_report(int dev) {
+    char line[32], reply[96];
+    snprintf(line, sizeof line, "active %d\n", dev);
+    pthread_mutex_lock(&gs_broker_lock);
+    int rc = -1;
+    if (gs_broker[0] != '\0' && gs_broker_connect() == 0) {
+        if (gs_broker_exchange(gs_broker_fd, line, reply, sizeof reply) == 0)
+            rc = strcmp(reply, "ok") == 0 ? 0 : -1;
+        else
+            gs_broker_drop(); /* what it held is declared again by the next connection */
+    }
+    pthread_mutex_unlock(&gs_broker_lock);
+    return rc;
+}
+
 /* Wait until this container may launch on device ordinal dev. */
 static void gs_sched_gate(int dev) {
     if (dev < 0 || dev >= gs_ngpus)
         return;
     pthread_once(&gs_sched_once, gs_sched_init);
     struct gs_sched *s = &gs_scheds[dev];
+    if (gs_policy == 1 || gs_policy == 2 || gs_policy == 4) {
+        uint64_t now = gs_now_ns();
+        pthread_mutex_lock(&s->lock);
+        int due = s->reported_ns == 0 || now - s->reported_ns >= GS_ACTIVE_NS;
+        if (due)
+            s->reported_ns = now;
+        pthread_mutex_unlock(&s->lock);
+        if (due && gs_sched_report(dev) == 0) {
+            pthread_mutex_lock(&s->lock);
+            if (!s->own)
+                s->loaded_ns = 0; /* idle until now: the answer came after the plugin named us */
+            pthread_mutex_unlock(&s->lock);
+        }
+    }
     for (;;) {
         uint64_t now = gs_now_ns();
         long long wait = 0;

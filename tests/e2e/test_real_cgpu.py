@@ -1,0 +1,131 @@
+"""cGPU policy 2 on the real node: weights from the pod spec, activity from the interposer.
+
+The device plugin runs with ``--cgpu-policy 2 --max-pods-per-gpu 8``. Two pods on one GPU ask
+for weights 1 and 3 in their spec (``ALIYUN_COM_GPU_SCHD_WEIGHT``); each container then sets
+the variable to 8 in its own shell and runs ``/launches`` (the fake driver, CPU only, through
+the preloaded interposer) in rounds, printing after each round its share of its fake SM and the
+GPU's schedule file as it reads it. The schedule must name both containers with their spec's
+weights and give them a quarter and three quarters of the period while both launch; the
+variable each process set changes nothing. The limits file names the policy and the slot, and
+the schedule directory is mounted read-only. The second pod is created once the first runs but
+before the plugin may have marked it served, so Allocate may see both as candidates and give the
+lower weight: the schedule must still come to each pod's own.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from .cluster import Cluster
+from .realnode import RealNode, container, pod, probe_env
+from .test_real_node import NS, create, fresh_namespace, wait_done
+
+PERIOD_NS = 100_000_000
+ROUNDS = 14
+
+# Each round: launch flat out for 2 s, then print the share and the schedule lines (slot= and
+# member=) the container sees; the limits file and the mounts first.
+SCRIPT = (
+    "sed -n 's/^\\(policy\\|weight\\|slot\\|gpus\\|sched_dir\\)=/LIMITS_\\1=/p' "
+    "/etc/gpushare/limits; "
+    'awk \'$2 == "/var/run/gpushare-sched" {print "SCHED_MOUNT=" substr($4, 1, 2)}\' '
+    "/proc/mounts; "
+    "gpu=$(sed -n 's/^gpus=//p' /etc/gpushare/limits); "
+    "sched=/var/run/gpushare-sched/gpu$gpu; "
+    'if (: >> "$sched") 2>/dev/null; then echo SCHED_WRITABLE=yes; '
+    "else echo SCHED_WRITABLE=no; fi; "
+    "export ALIYUN_COM_GPU_SCHD_WEIGHT=8; echo PROCESS_WEIGHT=$ALIYUN_COM_GPU_SCHD_WEIGHT; "
+    f"for i in $(seq 1 {ROUNDS}); do "
+    '  echo "ROUND $i $(/launches 2 2>&1 | tr "\\n" " ")"; '
+    '  echo "SEEN $i $(grep -E "^(slot|member)=" "$sched" | tr "\\n" " ")"; '
+    "done"
+)
+
+
+def weighted(name: str, weight: int) -> dict[str, Any]:
+    """A pod of 5 GiB whose spec asks for ``weight``."""
+    spec = container("main", 5, command=SCRIPT)
+    spec["env"] = [{"name": "ALIYUN_COM_GPU_SCHD_WEIGHT", "value": str(weight)}]
+    return pod(name, NS, [spec])
+
+
+def wait_running(cluster: Cluster, name: str, timeout: float = 120) -> None:
+    cluster.kubectl(
+        "wait", "-n", NS, f"pod/{name}", "--for=jsonpath={.status.phase}=Running",
+        f"--timeout={int(timeout)}s", timeout=timeout + 10,
+    )  # fmt: skip
+
+
+def rounds(log: str) -> list[tuple[float, dict[str, int], dict[str, tuple[int, int]]]]:
+    """Per round: this container's share (%), the slots (owner -> length) and the members
+    (slot -> (weight, active)) of the schedule it read after the round."""
+    found = re.findall(r"^ROUND (\d+) .*own=([\d.]+)", log, re.M)
+    shares = {int(i): float(own) for i, own in found}
+    out = []
+    for i, seen in re.findall(r"^SEEN (\d+) (.*)$", log, re.M):
+        slots = {o: int(n) for o, _, n in re.findall(r"slot=([^,\s]+),(\d+),(\d+)", seen)}
+        members = {
+            s: (int(w), int(a)) for s, w, a in re.findall(r"member=([^,\s]+),(\d+),(\d)", seen)
+        }
+        out.append((shares.get(int(i), -1.0), slots, members))
+    return out
+
+
+@pytest.fixture
+def ns(real_node: RealNode) -> Any:
+    fresh_namespace(real_node.cluster)
+    yield NS
+    real_node.cluster.kubectl(
+        "delete", "namespace", NS, "--ignore-not-found", "--wait=true", timeout=300, check=False
+    )
+    # the next test gets the plugin with the default policy back
+    real_node.set_mode("cgpu", unit="1GiB")
+
+
+def test_weighted_policy_takes_weights_from_the_pod_spec(
+    real_node: RealNode, ns: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = real_node.cluster
+    real_node.set_mode("cgpu", unit="1GiB", extra=("--cgpu-policy", "2", "--max-pods-per-gpu", "8"))
+    # one after the other, so each is the only pod kubelet may be admitting for its answer
+    create(cluster, [weighted("light", 1)])
+    wait_running(cluster, "light")
+    create(cluster, [weighted("heavy", 3)])
+    wait_done(cluster, {"light", "heavy"}, 240)
+    logs = {n: cluster.kubectl("logs", "-n", NS, n).stdout for n in ("light", "heavy")}
+    env = {n: probe_env(text) for n, text in logs.items()}
+    with capsys.disabled():
+        for name, text in logs.items():
+            print(f"\n[real node] {name}:\n{text}", flush=True)
+    light, heavy = env["light"], env["heavy"]
+    for e in (light, heavy):
+        assert e["LIMITS_policy"] == "2" and e["GPUSHARE_CGPU_POLICY"] == "2"
+        assert re.fullmatch(r"[0-9a-f]{16}", e["LIMITS_slot"])
+        assert e["LIMITS_sched_dir"] == "/var/run/gpushare-sched"
+        assert (e["SCHED_MOUNT"], e["SCHED_WRITABLE"]) == ("ro", "no")
+        assert e["PROCESS_WEIGHT"] == "8"  # what the process set; nobody reads it
+    # Allocate gives heavy the lowest weight of the pods it may be admitting (light may not be
+    # marked served yet: both wait with one signature); the schedule has each pod's own once
+    # PodResources names them
+    assert light["LIMITS_weight"] == "1" and heavy["LIMITS_weight"] in ("1", "3")
+    assert light["LIMITS_gpus"] == heavy["LIMITS_gpus"], "the two pods must share a GPU"
+    a, b = light["LIMITS_slot"], heavy["LIMITS_slot"]
+    both = [
+        (name, share, slots)
+        for name in ("light", "heavy")
+        for share, slots, members in rounds(logs[name])
+        if members.get(a) == (1, 1) and members.get(b) == (3, 1)
+    ]
+    assert both, "no round saw both containers active with their spec's weights"
+    for _, _, slots in both:
+        assert slots == {a: PERIOD_NS // 4, b: PERIOD_NS * 3 // 4}, slots
+    # while both launched, each got about its slice of its (own) fake SM
+    light_shares = [share for name, share, _ in both if name == "light"]
+    heavy_shares = [share for name, share, _ in both if name == "heavy"]
+    with capsys.disabled():
+        print(f"\n[real node] both active: light {light_shares} %, heavy {heavy_shares} %")
+    assert light_shares and heavy_shares
+    assert max(light_shares) < 40 and max(heavy_shares) > 50
