@@ -15,7 +15,6 @@ carries the sources only; the wheel built from it generates again.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +42,8 @@ def _generate() -> None:
         result = subprocess.run(
             [sys.executable, str(script)],
             cwd=SRC.parent,
-            env={**os.environ, "PYTHONPATH": str(SRC)},
+            # the environment as pip set it: its build environment (grpcio-tools) is on the
+            # path it gave this process; the scripts import nothing of gpushare
             capture_output=True,
             text=True,
             check=False,

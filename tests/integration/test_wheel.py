@@ -44,8 +44,14 @@ def test_pip_wheel_from_a_clean_checkout_carries_stubs_and_interposer(tmp_path: 
     checkout = tmp_path / "checkout"
     _clean_checkout(checkout)
     assert not list(checkout.rglob("api_pb2*")), "the copy must start without stubs"
+    # A fresh interpreter without grpcio-tools, as on a machine that only has Python: pip's
+    # build environment alone must provide what the backend runs.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    assert subprocess.run([python, "-c", "import grpc_tools"], check=False).returncode != 0
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), "."],
+        [python, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), "."],
         cwd=checkout,
         capture_output=True,
         text=True,
