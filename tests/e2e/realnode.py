@@ -231,6 +231,30 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             60,
             process,
         )
+        # containerd answers ctr before its CRI server has initialised, and kubelet, started in
+        # that window, exits for good ("validate CRI v1 runtime API ... server is not
+        # initialized yet"): wait until the CRI's own Version call answers.
+        wait_for("containerd's CRI", self.cri_answers, 60, process)
+
+    def cri_answers(self) -> bool:
+        """Whether containerd's CRI server answers ``runtime.v1.RuntimeService/Version``.
+
+        The request is a ``VersionRequest`` with no field set, which encodes as no bytes, so
+        the call needs no generated CRI stubs; any answer, whatever its bytes, means ready.
+        """
+        import grpc
+
+        with grpc.insecure_channel(f"unix://{self.containerd_socket}") as channel:
+            version = channel.unary_unary(
+                "/runtime.v1.RuntimeService/Version",
+                request_serializer=lambda body: body,
+                response_deserializer=lambda body: body,
+            )
+            try:
+                version(b"", timeout=2)
+            except grpc.RpcError:
+                return False
+        return True
 
     def _write_kubelet_files(self) -> None:
         pki = self.cluster.pki
