@@ -132,20 +132,15 @@ def counts(
     node_labels: Mapping[str, Mapping[str, str]],
 ) -> dict[int, int]:
     """Pods per unit number that count against ``max`` for a pod of ``group``."""
-    tally = {u.number: 0 for u in policy.units}
-    for other in placed:
-        if other.uid == uid or not policy.selects(other.namespace, other.labels):
-            continue
+
+    def counted(other: Placed) -> bool:
         if policy.ignore_terminating_pods and other.terminating:
-            continue
+            return False
         if policy.ignore_previous_pods and policy.created and other.created < policy.created:
-            continue
-        if group_of(policy, other.labels) != group:
-            continue
-        unit = unit_of(policy, other, node_labels.get(other.node, {}))
-        if unit is not None:
-            tally[unit.number] += 1
-    return tally
+            return False
+        return group_of(policy, other.labels) == group
+
+    return _tally(policy, uid, filter(counted, placed), node_labels)
 
 
 def terminating(
@@ -156,11 +151,19 @@ def terminating(
     node_labels: Mapping[str, Mapping[str, str]],
 ) -> dict[int, int]:
     """The policy's pods being deleted, per unit number (any group, any age)."""
+    return _tally(policy, uid, (p for p in placed if p.terminating), node_labels)
+
+
+def _tally(
+    policy: ResourcePolicy,
+    uid: str,
+    placed: Iterable[Placed],
+    node_labels: Mapping[str, Mapping[str, str]],
+) -> dict[int, int]:
+    """The policy's pods other than ``uid``, per the unit each counts in."""
     tally = {u.number: 0 for u in policy.units}
     for other in placed:
-        if other.uid == uid or not other.terminating:
-            continue
-        if not policy.selects(other.namespace, other.labels):
+        if other.uid == uid or not policy.selects(other.namespace, other.labels):
             continue
         unit = unit_of(policy, other, node_labels.get(other.node, {}))
         if unit is not None:

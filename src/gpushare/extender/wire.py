@@ -212,14 +212,14 @@ def binding_json(result: ExtenderBindingResult) -> bytes:
 def openapi_components() -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Each verb's body and reply schema, and the components they refer to, from the structs
     above: the one description of the wire format."""
-    verbs = [*REQUESTS, *REPLIES]
-    types = [*REQUESTS.values(), *REPLIES.values()]
+    entries = [
+        *(("request", verb, kind) for verb, kind in REQUESTS.items()),
+        *(("reply", verb, kind) for verb, kind in REPLIES.items()),
+    ]
     schemas, components = msgspec.json.schema_components(
-        types, ref_template="#/components/schemas/{name}"
+        [kind for *_, kind in entries], ref_template="#/components/schemas/{name}"
     )
-    half = len(REQUESTS)
     by_verb: dict[str, dict[str, Any]] = {}
-    for position, verb in enumerate(verbs):
-        side = "request" if position < half else "reply"
-        by_verb.setdefault(verb, {})[side] = schemas[position]
+    for (side, verb, _), schema in zip(entries, schemas, strict=True):
+        by_verb.setdefault(verb, {})[side] = schema
     return by_verb, components
