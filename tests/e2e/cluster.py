@@ -592,9 +592,17 @@ class Cluster:
 
     def restart_scheduler(self) -> None:
         """Stop kube-scheduler and start it again (reading ``scheduler_settings`` anew)."""
+        self.stop_scheduler()
+        self.start_scheduler()
+
+    def stop_scheduler(self) -> None:
+        """Stop kube-scheduler (pods created meanwhile wait unscheduled)."""
         old = self.processes.get("kube-scheduler")
         if old is not None:
             old.stop()
+
+    def start_scheduler(self) -> None:
+        """Start kube-scheduler and wait until it answers /healthz."""
         self._start_scheduler(lambda _: None)
 
     def _start_kwok(self, progress: Callable[[str], None]) -> None:

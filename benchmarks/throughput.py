@@ -1,0 +1,226 @@
+"""Scheduling throughput on the real control plane, staged: plain pods against GPU pods.
+
+For each node count it starts the e2e harness's control plane (``tests/e2e/cluster.py``: etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler, ``gpushare extender``, kwok), makes
+that many kwok nodes of 8 x 15 GiB GPUs (``cgpu``), and runs two stages with the method of
+``tests/e2e/staged.py`` (every pod created while kube-scheduler is stopped, then timed from the
+first bind to the last):
+
+1. plain pods (``100m`` CPU, no GPU) on the ``default-scheduler`` profile;
+2. GPU pods (``100m`` CPU and 1-12 GiB of ``aliyun.com/gpu-mem``, seeded) on the
+   ``ack-co-scheduler`` profile, through the extender.
+
+It prints, per node count: both rates and their ratio (GPU over plain), kube-scheduler's
+retries, the extender's binds by outcome, its p50/p99 per route, the CPU share of each
+process, and the packing (GPUs touched, their mean fill). ``--profile`` also samples the
+extender with py-spy during the GPU stage and prints its hottest frames.
+
+    python benchmarks/throughput.py [--nodes 1000 5000] [--pods 5000] [--seed 2026]
+                                    [--profile] [--out throughput-out]
+
+Plain pods go first, so the GPU stage runs with the plain pods in every cache: if anything,
+that is against the extender. kwok's stage that turns pods Running is off: nothing here reads
+a pod's phase, and its status writes would load the API server alike in both stages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.e2e.cluster import running_cluster  # noqa: E402
+from tests.e2e.conftest import labelled_kwok_nodes  # noqa: E402
+from tests.e2e.helpers import gpu_pod_manifest, per_gpu_memory  # noqa: E402
+from tests.e2e.staged import Stage, create_in_parallel, run_stage  # noqa: E402
+
+SIZES = [1, 1, 2, 2, 3, 4, 4, 6, 8, 12]
+"""GiB per GPU pod, drawn uniformly (the e2e scale test's mix)."""
+VENV_BIN = Path(sys.executable).parent
+GPU_UNITS = 15
+LABEL = "throughput"
+
+
+def progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def pod_manifests(pods: int, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The plain pods and the GPU pods, both asking for 100m CPU."""
+    rng = random.Random(seed)
+    selector = {"gpushare-e2e": LABEL}
+    gpu = []
+    plain = []
+    for i in range(pods):
+        pod = gpu_pod_manifest(f"g{i:05d}", "tp-gpu", rng.choice(SIZES), selector=selector)
+        pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "100m"}
+        gpu.append(pod)
+        other = gpu_pod_manifest(f"c{i:05d}", "tp-plain", 1, selector=selector)
+        other["spec"]["schedulerName"] = "default-scheduler"
+        other["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m"}}
+        plain.append(other)
+    return plain, gpu
+
+
+def packing(items: list[dict[str, Any]]) -> dict[str, Any]:
+    held = per_gpu_memory(items)
+    total = sum(held.values())
+    return {
+        "gpus_touched": len(held),
+        "mean_fill": round(total / (len(held) * GPU_UNITS), 3) if held else 0.0,
+        "over_committed": sum(1 for v in held.values() if v > GPU_UNITS),
+    }
+
+
+def hottest(raw: Path, top: int = 25) -> list[tuple[str, float]]:
+    """py-spy's collapsed stacks as (frame, share of samples that include it), hottest first."""
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        n = int(count)
+        total += n
+        for frame in set(stack.split(";")):
+            inclusive[frame] += n
+    return [(frame, n / total) for frame, n in inclusive.most_common(top)] if total else []
+
+
+def run(nodes: int, pods: int, seed: int, out: Path, profile: bool) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix=f"gpushare-tp-{nodes}-"))
+    try:
+        with running_cluster(root, progress, pods_run=False) as cluster:
+            names = [f"tp-{i:05d}" for i in range(nodes)]
+            progress(f"creating {nodes} kwok nodes")
+            create_in_parallel(
+                cluster,
+                labelled_kwok_nodes(names, LABEL, gpus_units=[GPU_UNITS] * 8, mode="cgpu"),
+            )
+            ready_deadline = time.monotonic() + 900
+            while time.monotonic() < ready_deadline:
+                text = cluster.kubectl(
+                    "get",
+                    "nodes",
+                    "-l",
+                    f"gpushare-e2e={LABEL}",
+                    "--no-headers",
+                    timeout=300,
+                ).stdout
+                if text.count(" Ready ") >= nodes:
+                    break
+                time.sleep(2)
+            else:
+                raise RuntimeError(f"{nodes} kwok nodes did not become Ready")
+            plain_pods, gpu_pods = pod_manifests(pods, seed)
+            plain = run_stage(
+                cluster, "plain", "tp-plain", plain_pods, gpu=False, progress=progress
+            )
+            spy = None
+            raw = out / f"profile-{nodes}.txt"
+            py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(VENV_BIN))
+            if profile and py_spy:
+                spy = subprocess.Popen(
+                    [
+                        py_spy,
+                        "record",
+                        "--pid",
+                        str(cluster.processes["gpushare-extender"].pid),
+                        "--format",
+                        "raw",
+                        "--rate",
+                        "200",
+                        "--output",
+                        str(raw),
+                        "--nonblocking",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            gpu = run_stage(cluster, "gpu", "tp-gpu", gpu_pods, gpu=True, progress=progress)
+            if spy is not None:
+                spy.send_signal(2)
+                spy.wait(timeout=60)
+            items = cluster.kubectl_json("get", "pods", "-n", "tp-gpu")["items"]
+            result = {
+                "nodes": nodes,
+                "pods": pods,
+                "plain": plain.as_dict(),
+                "gpu": gpu.as_dict(),
+                "ratio": round(gpu.pods_per_second / plain.pods_per_second, 3)
+                if plain.pods_per_second
+                else 0.0,
+                "packing": packing(items),
+            }
+            if spy is not None and raw.exists():
+                result["hottest"] = [(f, round(s, 3)) for f, s in hottest(raw)]
+            return result
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _routes(stage: Stage | dict[str, Any]) -> str:
+    routes = stage["routes_ms"] if isinstance(stage, dict) else stage.routes_ms
+    return " ".join(
+        f"{route} {v.get('p50', '-')}/{v.get('p99', '-')}" for route, v in routes.items()
+    )
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The results as a Markdown table, one row per node count."""
+    head = (
+        "| nodes | pods | plain pods/s | GPU pods/s | ratio | retries (GPU) | binds by outcome "
+        "| extender ms p50/p99 | CPU share: extender / scheduler / apiserver / etcd "
+        "| GPUs touched | mean fill |\n|" + "---|" * 11
+    )
+    rows = []
+    for r in results:
+        gpu = r["gpu"]
+        cpu = gpu["cpu_share"]
+        rows.append(
+            f"| {r['nodes']} | {r['pods']} | {r['plain']['pods_per_second']} "
+            f"| {gpu['pods_per_second']} | {r['ratio']} | {gpu['retries']:.0f} "
+            f"| {', '.join(f'{k} {v:.0f}' for k, v in sorted(gpu['binds'].items()))} "
+            f"| {_routes(gpu)} "
+            f"| {cpu.get('gpushare-extender', 0):.2f} / {cpu.get('kube-scheduler', 0):.2f} / "
+            f"{cpu.get('kube-apiserver', 0):.2f} / {cpu.get('etcd', 0):.2f} "
+            f"| {r['packing']['gpus_touched']} | {r['packing']['mean_fill']} |"
+        )
+    return "\n".join([head, *rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
+    parser.add_argument("--pods", type=int, default=5000)
+    parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument("--profile", action="store_true", help="sample the extender with py-spy")
+    parser.add_argument("--out", type=Path, default=Path("throughput-out"))
+    args = parser.parse_args(argv)
+    for name, value, low in (("--pods", args.pods, 2), *(("--nodes", n, 1) for n in args.nodes)):
+        if value < low:
+            parser.error(f"{name} {value} is too small: give at least {low}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for nodes in args.nodes:
+        result = run(nodes, args.pods, args.seed, args.out, args.profile)
+        results.append(result)
+        print(json.dumps(result), flush=True)
+        (args.out / f"throughput-{nodes}.json").write_text(json.dumps(result, indent=2))
+    print(table(results), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,368 @@
+"""Staged scheduling throughput: every pod exists before kube-scheduler starts.
+
+Timing pods from their creation measures ``kubectl create`` as much as the scheduler: both
+runs wait on the API server writing thousands of pods while kube-scheduler places them as
+they come. Here kube-scheduler is stopped, all pods of a stage are created, and only then is
+it started; the rate is counted from the first bind to the last, as a watch sees them
+(``kubectl get pods --watch``, each line stamped as it arrives). The same method serves the
+plain pods of the default profile and the GPU pods of the ``ack-co-scheduler`` profile, so
+their ratio compares the two schedulers and nothing else.
+
+Beside the rate a stage records:
+
+- the CPU seconds each control-plane process spent from the first bind to the last
+  (``/proc/<pid>/stat``), as a share of that wall time: on two cores the processes compete,
+  and the extender's share is what its routes cost;
+- kube-scheduler's ``scheduler_schedule_attempts_total`` by result: attempts beyond one per
+  pod are retries (``error`` is a failed bind, ``unschedulable`` a failed filter);
+- for the GPU stage, the extender's own counters and latency histograms taken before and
+  after, so the stage's binds by outcome and its per-route percentiles are its own.
+
+Used by ``benchmarks/throughput.py`` and the e2e scale test.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import ssl
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from prometheus_client.parser import text_string_to_metric_families
+
+from .cluster import Cluster
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PROCESSES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "gpushare-extender",
+    "kwok",
+)
+ROUTES = ("filter", "prioritize", "bind")
+
+
+def create_in_parallel(cluster: Cluster, manifests: list[dict[str, Any]], workers: int = 4) -> None:
+    """``kubectl create`` the manifests as ``workers`` Lists at once."""
+    chunks = [manifests[i::workers] for i in range(workers) if manifests[i::workers]]
+
+    def create(chunk: list[dict[str, Any]]) -> None:
+        body = json.dumps({"apiVersion": "v1", "kind": "List", "items": chunk})
+        cluster.kubectl("create", "-f", "-", input=body, timeout=900)
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(create, chunks))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process and its waited-for children."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # after the command: state is field 3; utime, stime, cutime, cstime are fields 14-17
+    return sum(int(v) for v in fields[11:15]) / CLOCK_TICKS
+
+
+def cpu_snapshot(cluster: Cluster) -> dict[str, float]:
+    """CPU seconds so far of each control-plane process that runs."""
+    return {
+        name: cpu_seconds(cluster.processes[name].pid)
+        for name in PROCESSES
+        if name in cluster.processes and cluster.processes[name].alive()
+    }
+
+
+Samples = Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(url: str, context: ssl.SSLContext | None = None) -> Samples:
+    """A Prometheus text page as ``{(sample name, sorted labels): value}``."""
+    with urllib.request.urlopen(url, timeout=30, context=context) as response:
+        text = response.read().decode()
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def counter(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of ``name`` over samples whose labels include ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
+
+
+def quantile(before: Samples, after: Samples, name: str, q: float, **labels: str) -> float | None:
+    """``histogram_quantile`` over the observations made between two scrapes, in seconds.
+
+    Linear inside the bucket the quantile falls in, as Prometheus does; None without
+    observations.
+    """
+    bounds: list[tuple[float, float]] = []
+    for (sample, ls), value in after.items():
+        label = dict(ls)
+        if sample != f"{name}_bucket" or any(label.get(k) != v for k, v in labels.items()):
+            continue
+        edge = float(label["le"])
+        bounds.append((edge, value - before.get((sample, ls), 0.0)))
+    bounds.sort()
+    if not bounds or bounds[-1][1] <= 0:
+        return None
+    rank = q * bounds[-1][1]
+    low_edge, low_count = 0.0, 0.0
+    for edge, count in bounds:
+        if count >= rank:
+            if edge == float("inf"):
+                return low_edge
+            span = count - low_count
+            return low_edge + (edge - low_edge) * ((rank - low_count) / span if span else 1.0)
+        low_edge, low_count = edge, count
+    return low_edge
+
+
+class _Meta(msgspec.Struct):
+    name: str = ""
+    resourceVersion: str = ""
+
+
+class _Spec(msgspec.Struct):
+    nodeName: str = ""
+
+
+class _Pod(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    spec: _Spec = msgspec.field(default_factory=_Spec)
+
+
+class _Event(msgspec.Struct):
+    type: str
+    object: _Pod
+
+
+class _List(msgspec.Struct):
+    metadata: _Meta
+    items: list[_Pod]
+
+
+class BindWatch:
+    """A watch on one namespace's pods, stamping each pod's first bind as it arrives.
+
+    It reads the API itself (a list, then a watch from the list's resourceVersion, again from
+    the last one seen whenever the server ends it) and decodes only name, resourceVersion and
+    nodeName. ``kubectl get --watch`` was tried first: it ends without a word when its watch
+    is closed, and stamps nothing after that.
+    """
+
+    def __init__(self, cluster: Cluster, namespace: str, expected: int) -> None:
+        self.expected = expected
+        self.bound: dict[str, float] = {}
+        self.listed = threading.Event()
+        self.done = threading.Event()
+        self.cpu_at_first: dict[str, float] = {}
+        self._cluster = cluster
+        self._path = f"/api/v1/namespaces/{namespace}/pods"
+        self._closed = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _connection(self) -> http.client.HTTPSConnection:
+        pki = self._cluster.pki
+        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        port = self._cluster.ports["apiserver"]
+        return http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=600)
+
+    def _see(self, pod: _Pod, now: float) -> None:
+        if pod.spec.nodeName and pod.metadata.name not in self.bound:
+            if not self.bound:
+                self.cpu_at_first = cpu_snapshot(self._cluster)
+            self.bound[pod.metadata.name] = now
+            if len(self.bound) >= self.expected:
+                self.done.set()
+
+    def _run(self) -> None:
+        try:
+            connection = self._connection()
+            connection.request("GET", self._path)
+            listed = msgspec.json.decode(connection.getresponse().read(), type=_List)
+            connection.close()
+            version = listed.metadata.resourceVersion
+            for pod in listed.items:
+                self._see(pod, time.monotonic())
+            if len(listed.items) >= self.expected:
+                self.listed.set()
+            events = msgspec.json.Decoder(_Event)
+            while not self._closed.is_set() and not self.done.is_set():
+                connection = self._connection()
+                connection.request(
+                    "GET", f"{self._path}?watch=1&resourceVersion={version}&allowWatchBookmarks=1"
+                )
+                response = connection.getresponse()
+                for line in response:
+                    now = time.monotonic()
+                    event = events.decode(line)
+                    if event.type == "ERROR":
+                        raise RuntimeError(f"watch answered {line.decode(errors='replace')}")
+                    version = event.object.metadata.resourceVersion or version
+                    if event.type in ("ADDED", "MODIFIED"):
+                        self._see(event.object, now)
+                    if self._closed.is_set() or self.done.is_set():
+                        break
+                connection.close()
+        except BaseException as err:  # the waiting thread reports it
+            self._error = err
+            self.done.set()
+            self.listed.set()
+
+    def check(self) -> None:
+        """Raise what ended the watch early, if anything did."""
+        if self._error is not None:
+            raise RuntimeError(f"the bind watch failed: {self._error!r}") from self._error
+
+    def close(self) -> None:
+        self._closed.set()
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What one staged run measured."""
+
+    name: str
+    pods: int
+    bound: int
+    seconds: float
+    """From the first bind to the last."""
+    cpu_share: dict[str, float] = field(default_factory=dict)
+    """Each process's CPU seconds over ``seconds``, as a fraction of one core."""
+    attempts: dict[str, float] = field(default_factory=dict)
+    """kube-scheduler's schedule attempts of this stage by result."""
+    binds: dict[str, float] = field(default_factory=dict)
+    """The extender's bind attempts of this stage by outcome (GPU stages)."""
+    routes_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The extender's p50 and p99 per route, in milliseconds (GPU stages)."""
+
+    @property
+    def pods_per_second(self) -> float:
+        """Binds per second between the first and the last."""
+        return (self.bound - 1) / self.seconds if self.seconds > 0 and self.bound > 1 else 0.0
+
+    @property
+    def retries(self) -> float:
+        """Schedule attempts beyond one per pod."""
+        return sum(self.attempts.values()) - self.bound
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "pods": self.pods,
+            "bound": self.bound,
+            "seconds": round(self.seconds, 2),
+            "pods_per_second": round(self.pods_per_second, 1),
+            "retries": self.retries,
+            "attempts": self.attempts,
+            "binds": self.binds,
+            "routes_ms": self.routes_ms,
+            "cpu_share": {k: round(v, 3) for k, v in self.cpu_share.items()},
+        }
+
+
+def _scheduler_context(cluster: Cluster) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.load_cert_chain(str(cluster.pki / "admin.crt"), str(cluster.pki / "admin.key"))
+    return context
+
+
+def run_stage(
+    cluster: Cluster,
+    name: str,
+    namespace: str,
+    manifests: Sequence[dict[str, Any]],
+    *,
+    gpu: bool,
+    timeout: float = 900,
+    progress: Any = print,
+) -> Stage:
+    """Create every pod with kube-scheduler stopped, start it, time first to last bind."""
+    cluster.stop_scheduler()
+    cluster.kubectl("create", "namespace", namespace)
+    progress(f"[{name}] creating {len(manifests)} pods with kube-scheduler stopped")
+    create_in_parallel(cluster, list(manifests))
+    watch = BindWatch(cluster, namespace, len(manifests))
+    try:
+        if not watch.listed.wait(120) or watch._error:
+            watch.check()
+            raise RuntimeError(f"[{name}] the watch did not list {len(manifests)} pods")
+        extender_url = f"{cluster.extender_url}/metrics"
+        before = scrape(extender_url) if gpu else {}
+        progress(f"[{name}] starting kube-scheduler")
+        cluster.start_scheduler()
+        deadline = time.monotonic() + timeout
+        shown = time.monotonic()
+        while not watch.done.wait(1):
+            if time.monotonic() > deadline:
+                break
+            if time.monotonic() - shown >= 10:
+                shown = time.monotonic()
+                progress(f"[{name}] {len(watch.bound)}/{len(manifests)} bound")
+        watch.check()
+        cpu_end = cpu_snapshot(cluster)
+        after = scrape(extender_url) if gpu else {}
+        port = cluster.ports["scheduler"]
+        sched = scrape(f"https://127.0.0.1:{port}/metrics", _scheduler_context(cluster))
+    finally:
+        watch.close()
+    times = sorted(watch.bound.values())
+    seconds = times[-1] - times[0] if len(times) > 1 else 0.0
+    cpu_share = {
+        proc: (cpu_end[proc] - watch.cpu_at_first.get(proc, cpu_end[proc])) / seconds
+        for proc in cpu_end
+        if seconds > 0
+    }
+    attempts = {
+        dict(ls)["result"]: v
+        for (n, ls), v in sched.items()
+        if n == "scheduler_schedule_attempts_total" and v
+    }
+    binds: dict[str, float] = {}
+    routes: dict[str, dict[str, float]] = {}
+    if gpu:
+        for (n, ls), v in after.items():
+            if n == "gpushare_bind_total":
+                outcome = dict(ls)["outcome"]
+                delta = v - before.get((n, ls), 0.0)
+                if delta:
+                    binds[outcome] = delta
+        for route in ROUTES:
+            figures = {}
+            for label, q in (("p50", 0.5), ("p99", 0.99)):
+                value = quantile(
+                    before, after, "gpushare_extender_request_duration_seconds", q, verb=route
+                )
+                if value is not None:
+                    figures[label] = round(value * 1000, 2)
+            routes[route] = figures
+    return Stage(
+        name=name,
+        pods=len(manifests),
+        bound=len(watch.bound),
+        seconds=seconds,
+        cpu_share=cpu_share,
+        attempts=attempts,
+        binds=binds,
+        routes_ms=routes,
+    )
