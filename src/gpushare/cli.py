@@ -11,6 +11,7 @@ import click
 
 from gpushare import __version__
 from gpushare.config import ConfigError, load
+from gpushare.core.inventory import SHARED_MODES, Mode
 from gpushare.core.names import DEFAULT_SCHEDULER, SCHEDULER_NAME
 
 if TYPE_CHECKING:
@@ -764,8 +765,8 @@ def scheduler_config(url: str, kubeconfig: str, no_leader_elect: bool) -> None:
 )
 @click.option(
     "--node-mode",
-    type=click.Choice(["share", "cgpu", "core_mem", "mps"]),
-    default="share",
+    type=click.Choice([m.value for m in SHARED_MODES]),
+    default=Mode.SHARE.value,
     show_default=True,
     help="Memory mode: ack.node.gpu.schedule of nodes without their own label.",
 )
@@ -845,7 +846,7 @@ def simulate(
     if not console.is_terminal:
         console.width = 160  # a log or a pipe: keep the table's rows on one line each
     unit = MemoryUnit.parse(unit_text)
-    settings = gpumem.MemorySettings(unit, node_mode) if accounting == "memory" else None
+    settings = gpumem.MemorySettings(unit, Mode(node_mode)) if accounting == "memory" else None
     known = gpumem.policies() if settings else list(POLICIES)
     chosen = list(policies) or (known if settings else ["bestfit", "fgd", "gpushare"])
     for name in chosen:

@@ -70,7 +70,7 @@ class NodeView:
 
     name: str
     ip: str
-    mode: str
+    mode: Mode
     unit: str
     unit_mib: int
     gpus: tuple[GpuView, ...]
@@ -199,7 +199,7 @@ def build_view(
             NodeView(
                 name=node.name,
                 ip=node.ip,
-                mode=node.mode.value,
+                mode=node.mode,
                 unit=node.unit.value,
                 unit_mib=node.unit.mib,
                 gpus=gpus,
@@ -229,7 +229,7 @@ def to_json(view: ClusterView) -> dict[str, Any]:
             NodeDoc(
                 name=node.name,
                 ip=node.ip,
-                mode=node.mode,
+                mode=node.mode.value,
                 unit=node.unit,  # type: ignore[arg-type]
                 unit_mib=node.unit_mib,
                 gpus=[
