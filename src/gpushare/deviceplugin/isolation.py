@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gpushare.core.handoff import MEM, Signature
-from gpushare.core.inventory import Mode
+from gpushare.core.inventory import CORE_PER_GPU, Mode
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.broker import (
     CONTAINER_BROKER_DIR,
@@ -322,11 +322,11 @@ class InterposerIsolation:
         if signature.core_layout:
             return max(p for _, p in signature.core_layout)
         shares = [
-            100 * units * self.unit.mib / self.gpu_memory_mib[gpu]
+            CORE_PER_GPU * units * self.unit.mib / self.gpu_memory_mib[gpu]
             for gpu, units in signature.layout
             if self.gpu_memory_mib.get(gpu)
         ]
-        return max(1, min(100, round(max(shares)))) if shares else 100
+        return max(1, min(CORE_PER_GPU, round(max(shares)))) if shares else CORE_PER_GPU
 
     def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
         """Add the preload, the limits and the broker's socket to a memory answer."""

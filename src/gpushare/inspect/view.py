@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpushare.core.inventory import Mode, NodeInventory
+from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory
 from gpushare.core.ledger import Ledger
 from gpushare.core.units import MemoryUnit
 from gpushare.inspect.schema import (
@@ -91,7 +91,7 @@ class NodeView:
     @property
     def core_capacity_pct(self) -> int:
         """Computing power of all GPUs (core_mem nodes)."""
-        return 100 * len(self.gpus)
+        return CORE_PER_GPU * len(self.gpus)
 
     @property
     def core_allocated_pct(self) -> int:
