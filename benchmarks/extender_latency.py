@@ -19,6 +19,7 @@ import time
 import httpx
 from rich.progress import Progress
 
+from gpushare.core.inventory import Mode
 from gpushare.core.scheduling import Scheduler, Settings
 from gpushare.extender.app import create_app
 from gpushare.extender.driver import ExtenderDriver
@@ -32,7 +33,7 @@ async def main(nodes: int, pods: int) -> None:
     kube = MemoryKube()
     names = [f"node-{i:04d}" for i in range(nodes)]
     for name in names:
-        kube.put_node(gpu_node(name, gpus_units=[15] * 8, mode="cgpu"))
+        kube.put_node(gpu_node(name, gpus_units=[15] * 8, mode=Mode.CGPU))
     settings = Settings()
     cache = ClusterCache(kube, settings=settings)
     await cache.sync()

@@ -90,6 +90,7 @@ from tests.e2e.cluster import Cluster, StartError, _down, running_cluster  # noq
 
 from gpushare.core.allocation import from_pod  # noqa: E402
 from gpushare.core.gpumodel import LABEL_MODEL  # noqa: E402
+from gpushare.core.inventory import Mode  # noqa: E402
 from gpushare.kube.port import KubeDict  # noqa: E402
 from gpushare.sim import gpumem  # noqa: E402
 from gpushare.sim.kubeyaml import card_units  # noqa: E402
@@ -193,7 +194,7 @@ def workload(
     settings = settings or gpumem.MemorySettings()
     gpumem.check(nodes, settings.unit)
     for node in nodes:
-        if (node.mode or settings.node_mode) == "core_mem":
+        if Mode.from_label(settings.mode_label(node)) is Mode.CORE_MEM:
             raise ReplayError(
                 f"node {node.name}: mode=core_mem is not replayed: the simulator writes a "
                 f"different pod for core_mem nodes, and a real pod is one manifest"

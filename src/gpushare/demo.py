@@ -21,6 +21,7 @@ from rich.console import Console
 
 from gpushare.core.admission import API_VERSION as ADMISSION_API
 from gpushare.core.admission import decide
+from gpushare.core.inventory import Mode
 from gpushare.core.names import ANN_ALLOCATION
 from gpushare.core.scheduling import Scheduler, Settings
 from gpushare.extender.app import create_app
@@ -114,7 +115,7 @@ class Demo:
                 CORE_NODE,
                 ip="192.168.66.140",
                 gpus_units=[15] * 4,
-                mode="core_mem",
+                mode=Mode.CORE_MEM,
                 placement="binpack",
             )
         )

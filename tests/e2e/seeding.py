@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpushare.core.inventory import Mode
 from gpushare.core.units import MemoryUnit
 from gpushare.kube.objects import gpu_node
 
@@ -52,12 +53,12 @@ def seed_nodes(unit: MemoryUnit = MemoryUnit.GiB) -> list[dict[str, Any]]:
     """The seeds' ``share`` node (1 x 15 GiB) and ``core_mem`` node (4 x 15 GiB) at ``unit``."""
     per_gpu = units_per_gpu(unit)
     return [
-        kwok_node(SHARE_NODE, ip=SHARE_IP, gpus_units=[per_gpu], mode="share", unit=unit),
+        kwok_node(SHARE_NODE, ip=SHARE_IP, gpus_units=[per_gpu], mode=Mode.SHARE, unit=unit),
         kwok_node(
             CORE_NODE,
             ip=CORE_IP,
             gpus_units=[per_gpu] * 4,
-            mode="core_mem",
+            mode=Mode.CORE_MEM,
             placement="binpack",
             unit=unit,
         ),

@@ -25,6 +25,8 @@ import time
 import urllib.request
 from typing import Any
 
+from gpushare.core.inventory import Mode
+
 from .cluster import Cluster
 from .conftest import create_nodes, delete_nodes, eventually, labelled_kwok_nodes
 from .helpers import apply_all, gpu_pod_manifest, per_gpu_memory, pods
@@ -138,7 +140,7 @@ def _burst(cluster: Cluster, burst: int, selector: dict[str, str]) -> dict[str, 
 def test_binds_retried_over_a_paused_apiserver_keep_every_allocation(cluster: Cluster) -> None:
     names = [f"retry-{i}" for i in range(8)]
     create_nodes(
-        cluster, labelled_kwok_nodes(names, "bind-retry", gpus_units=[GPU_MEM] * 2, mode="share")
+        cluster, labelled_kwok_nodes(names, "bind-retry", gpus_units=[GPU_MEM] * 2, mode=Mode.SHARE)
     )
     cluster.kubectl("create", "namespace", NS)
     selector = {"gpushare-e2e": "bind-retry"}

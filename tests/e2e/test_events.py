@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from gpushare.core.inventory import Mode
+
 from .cluster import Cluster
 from .conftest import create_nodes, delete_nodes, eventually, labelled_kwok_nodes
 from .helpers import apply_all, gpu_pod_manifest
@@ -11,7 +13,9 @@ NS = "e2e-events"
 
 def test_describe_shows_placement_and_refusal_reasons(cluster: Cluster) -> None:
     names = ["events-0"]
-    create_nodes(cluster, labelled_kwok_nodes(names, "events", gpus_units=[15, 15], mode="share"))
+    create_nodes(
+        cluster, labelled_kwok_nodes(names, "events", gpus_units=[15, 15], mode=Mode.SHARE)
+    )
     cluster.kubectl("create", "namespace", NS)
     try:
         selector = {"gpushare-e2e": "events"}
@@ -61,8 +65,8 @@ def test_describe_shows_gpushares_reason_where_kube_scheduler_refused_before(
     resources ignored by the scheduler (schedconfig.IGNORED_BY_SCHEDULER) the FailedScheduling
     event carries gpushare's sentence, and the counts beside it do not contradict each other."""
     names = ["reasons-0", "reasons-other"]
-    nodes = labelled_kwok_nodes(names[:1], "reasons", gpus_units=[15, 15], mode="share")
-    nodes += labelled_kwok_nodes(names[1:], "reasons-other", gpus_units=[15], mode="share")
+    nodes = labelled_kwok_nodes(names[:1], "reasons", gpus_units=[15, 15], mode=Mode.SHARE)
+    nodes += labelled_kwok_nodes(names[1:], "reasons-other", gpus_units=[15], mode=Mode.SHARE)
     create_nodes(cluster, nodes)
     cluster.kubectl("create", "namespace", REASONS_NS)
     try:

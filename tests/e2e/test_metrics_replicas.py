@@ -18,6 +18,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from gpushare.core.inventory import Mode
+
 from ..promql import Vector, evaluate, labelled, merge, scrape
 from .cluster import Cluster, free_port, wait_for
 from .conftest import create_nodes, delete_nodes, eventually, labelled_kwok_nodes
@@ -69,7 +71,7 @@ def test_two_extenders_add_up_to_the_clusters_gpu_memory_once(cluster: Cluster) 
         [
             node
             for name, units in NODES.items()
-            for node in labelled_kwok_nodes([name], "metrics", gpus_units=units, mode="share")
+            for node in labelled_kwok_nodes([name], "metrics", gpus_units=units, mode=Mode.SHARE)
         ],
     )
     cluster.kubectl("create", "namespace", NS)

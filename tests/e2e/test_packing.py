@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from gpushare.core.inventory import Mode
+
 from .cluster import Cluster
 from .conftest import create_nodes, delete_nodes, eventually, labelled_kwok_nodes
 from .helpers import apply_all, gpu_pod_manifest, per_gpu_memory, pods
@@ -11,7 +13,7 @@ NS = "e2e-pack"
 
 def test_twenty_pods_fill_four_gpus_and_the_21st_waits(cluster: Cluster) -> None:
     names = ["pack-0", "pack-1"]
-    create_nodes(cluster, labelled_kwok_nodes(names, "pack", gpus_units=[15, 15], mode="cgpu"))
+    create_nodes(cluster, labelled_kwok_nodes(names, "pack", gpus_units=[15, 15], mode=Mode.CGPU))
     cluster.kubectl("create", "namespace", NS)
     try:
         selector = {"gpushare-e2e": "pack"}

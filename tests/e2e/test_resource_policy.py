@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from gpushare.core.gating import ANN_DELETION_COST, ANN_POLICY, ANN_UNIT
+from gpushare.core.inventory import Mode
 from gpushare.core.resourcepolicy import GROUP, PLURAL
 from gpushare.crds import REFUSED_MESSAGE, render_yaml, resource_policy_crd
 
@@ -176,8 +177,8 @@ def test_timeout_or_exceed_max_waits_for_unit_one_then_moves_on(
     # Pool a's one node holds one 3 GiB pod. Unit 1 has room by its max (3) but no node for a
     # second pod, so TimeoutOrExceedMax holds that pod there until it is 15 s old.
     ns, a, b = f"{NS}-timeout", ["rpt-a-0"], ["rpt-b-0"]
-    nodes = labelled_kwok_nodes(a, "rpt", gpus_units=[3], mode="share")
-    nodes += labelled_kwok_nodes(b, "rpt", gpus_units=[15], mode="share")
+    nodes = labelled_kwok_nodes(a, "rpt", gpus_units=[3], mode=Mode.SHARE)
+    nodes += labelled_kwok_nodes(b, "rpt", gpus_units=[15], mode=Mode.SHARE)
     for node in nodes:
         node["metadata"]["labels"]["pool"] = "a" if node["metadata"]["name"] in a else "b"
     create_nodes(cluster, nodes)
@@ -267,8 +268,8 @@ def test_lack_resource_and_no_terminating_waits_for_the_old_pod_to_go(
     # Terminating keeps it for unit 1 until the old pod is gone, then places it there.
     ns, a, b = f"{NS}-terminating", ["rpn-a-0"], ["rpn-b-0"]
     hold = "e2e.gpushare.io/hold"
-    nodes = labelled_kwok_nodes(a, "rpn", gpus_units=[3], mode="share")
-    nodes += labelled_kwok_nodes(b, "rpn", gpus_units=[15], mode="share")
+    nodes = labelled_kwok_nodes(a, "rpn", gpus_units=[3], mode=Mode.SHARE)
+    nodes += labelled_kwok_nodes(b, "rpn", gpus_units=[15], mode=Mode.SHARE)
     for node in nodes:
         node["metadata"]["labels"]["pool"] = "a" if node["metadata"]["name"] in a else "b"
     create_nodes(cluster, nodes)
@@ -328,8 +329,8 @@ def test_units_fill_in_order_and_scale_in_empties_the_last(
     # Pool b's nodes hold one 3 GiB pod each, so its pods are spread one per node while pool
     # a's share a node. Without the deletion cost, the ReplicaSet controller would remove pool
     # a's pods first (pods doubled up on a node go before lone ones); with it, pool b's go.
-    nodes = labelled_kwok_nodes(POOL_A, "rp", gpus_units=[15, 15], mode="share")
-    nodes += labelled_kwok_nodes(POOL_B, "rp", gpus_units=[3], mode="share")
+    nodes = labelled_kwok_nodes(POOL_A, "rp", gpus_units=[15, 15], mode=Mode.SHARE)
+    nodes += labelled_kwok_nodes(POOL_B, "rp", gpus_units=[3], mode=Mode.SHARE)
     for node in nodes:
         pool = "a" if node["metadata"]["name"] in POOL_A else "b"
         node["metadata"]["labels"]["pool"] = pool

@@ -6,6 +6,8 @@ import json
 import time
 import urllib.request
 
+from gpushare.core.inventory import Mode
+
 from .cluster import Cluster
 from .conftest import create_nodes, delete_nodes, eventually, labelled_kwok_nodes
 from .helpers import apply_all, gpu_pod_manifest, per_gpu_memory, pods
@@ -15,7 +17,9 @@ NS = "e2e-restart"
 
 def test_extender_restart_loses_nothing(cluster: Cluster) -> None:
     names = ["restart-0", "restart-1"]
-    create_nodes(cluster, labelled_kwok_nodes(names, "restart", gpus_units=[15, 15], mode="share"))
+    create_nodes(
+        cluster, labelled_kwok_nodes(names, "restart", gpus_units=[15, 15], mode=Mode.SHARE)
+    )
     cluster.kubectl("create", "namespace", NS)
     selector = {"gpushare-e2e": "restart"}
     try:

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from gpushare.core.inventory import Mode
+
 from .cluster import Cluster
 from .conftest import eventually, labelled_kwok_nodes
 from .helpers import gpu_pod_manifest, per_gpu_memory
@@ -68,7 +70,7 @@ def test_thousand_nodes_five_thousand_pods(
 ) -> None:
     rng = random.Random(2026)
     names = [f"scale-{i:04d}" for i in range(NODES)]
-    nodes = labelled_kwok_nodes(names, "scale", gpus_units=[15] * 8, mode="cgpu")
+    nodes = labelled_kwok_nodes(names, "scale", gpus_units=[15] * 8, mode=Mode.CGPU)
     started = time.monotonic()
     create_in_parallel(cluster, nodes)
 

@@ -10,6 +10,8 @@ they stay packed.
 
 from __future__ import annotations
 
+from gpushare.core.inventory import Mode
+
 from .cluster import Cluster
 from .conftest import create_nodes, delete_nodes, eventually, labelled_kwok_nodes
 from .helpers import apply_all, gpu_pod_manifest, per_gpu_memory, pods
@@ -19,7 +21,7 @@ NS = "e2e-ties"
 
 def test_twelve_thirds_fill_four_gpus_of_six_empty_nodes(cluster: Cluster) -> None:
     names = [f"tie-{i}" for i in range(6)]
-    create_nodes(cluster, labelled_kwok_nodes(names, "ties", gpus_units=[15, 15], mode="cgpu"))
+    create_nodes(cluster, labelled_kwok_nodes(names, "ties", gpus_units=[15, 15], mode=Mode.CGPU))
     cluster.kubectl("create", "namespace", NS)
     try:
         selector = {"gpushare-e2e": "ties"}

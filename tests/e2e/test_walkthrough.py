@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gpushare.core.inventory import Mode
+
 from .cluster import Cluster
 from .conftest import REPO, create_nodes, delete_nodes, eventually, kwok_node
 
@@ -82,7 +84,11 @@ def test_computing_power_example(cluster: Cluster) -> None:
         cluster,
         [
             kwok_node(
-                CORE, ip="192.168.66.140", gpus_units=[15] * 4, mode="core_mem", placement="binpack"
+                CORE,
+                ip="192.168.66.140",
+                gpus_units=[15] * 4,
+                mode=Mode.CORE_MEM,
+                placement="binpack",
             )
         ],
     )

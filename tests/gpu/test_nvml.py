@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from gpushare.core.handoff import MEM, Signature
+from gpushare.core.inventory import Mode
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.serving import container_answer, devices, mem_units
 
@@ -39,6 +40,6 @@ def test_nvml_backend_sees_the_gpus_and_env_points_at_them() -> None:
         == units
     )
     signature = Signature(MEM, 2, ((gpus[0].index, 2),), 2)
-    envs = container_answer(signature, gpus, MemoryUnit.GiB, "share").envs
+    envs = container_answer(signature, gpus, MemoryUnit.GiB, Mode.SHARE).envs
     assert envs["NVIDIA_VISIBLE_DEVICES"] == gpus[0].uuid
     assert envs["ALIYUN_COM_GPU_MEM_DEV"] == str(units)

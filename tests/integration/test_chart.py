@@ -591,6 +591,25 @@ def test_gpushare_flags_exist(
     assert checked > 20
 
 
+def test_gpushare_parses_the_arguments_the_chart_gives(
+    default_docs: list[dict[str, Any]],
+    ci_docs: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each container's argument list parses as its command's flags (nothing is started)."""
+    parsed = set()
+    for container in containers(default_docs) + containers(ci_docs):
+        if not container["image"].startswith("gpushare:"):
+            continue
+        for variable in container.get("env", []):
+            monkeypatch.setenv(variable["name"], variable.get("value", "from-the-downward-api"))
+        command, *args = container["args"]
+        with cli.commands[command].make_context(command, args) as context:
+            assert context.params, f"gpushare {command} {args}"
+        parsed.add(command)
+    assert parsed == {"extender", "device-plugin", "webhook"}
+
+
 def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> None:
     for container in containers(ci_docs):
         if container["image"].startswith("gpushare:"):

@@ -120,6 +120,30 @@ def test_extender_rejects_bad_settings_before_starting() -> None:
     assert "gpu_memory_unit='2GiB'" in result.output
 
 
+def test_every_component_refuses_the_same_bad_setting_with_the_same_message(
+    tmp_path: Path,
+) -> None:
+    """The extender, the webhook and the device plugin read settings through gpushare.config."""
+    absent = str(tmp_path / "absent")
+    commands = [
+        ["extender"],
+        ["webhook", "--tls-cert-file", absent, "--tls-private-key-file", absent],
+        [
+            "device-plugin",
+            "--node-name=n",
+            "--insecure-no-seal",
+            f"--kubelet-config={absent}",
+            f"--cpu-manager-state={absent}",
+        ],
+    ]
+    for argv in commands:
+        result = CliRunner().invoke(gpushare, [*argv, "--gpu-memory-unit", "2GiB"])
+        assert result.exit_code == 2, result.output
+        assert "error: gpu_memory_unit='2GiB': gpuMemoryUnit='2GiB' is not supported" in (
+            result.output
+        )
+
+
 def test_extender_and_device_plugin_refuse_to_start_without_a_seal_key() -> None:
     for argv in (["extender"], ["device-plugin", "--node-name", "n"]):
         result = CliRunner().invoke(gpushare, argv)

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpushare.core.inventory import Mode
 from gpushare.core.scheduling import Settings
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus
@@ -167,7 +168,7 @@ GIB = 2**30
 CLUSTER = {
     "node-a": dict(gpus_units=[15, 15]),
     "node-b": dict(gpus_units=[24, 24, 24, 24], model="A10"),
-    "node-c": dict(gpus_units=[16], mode="core_mem", model="A10"),
+    "node-c": dict(gpus_units=[16], mode=Mode.CORE_MEM, model="A10"),
     "node-sick": dict(gpus_units=[15, 15], unhealthy=[1]),
 }
 """GPU memory (GiB per GPU) the cluster has; the dashboard must add up to it."""

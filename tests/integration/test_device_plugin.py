@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
+from gpushare.core.inventory import Mode
 from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.config import PluginConfig
@@ -39,11 +40,13 @@ MEM = "aliyun.com/gpu-mem"
 CORE = "aliyun.com/gpu-core.percentage"
 
 
-def bare_node(mode: str) -> dict[str, Any]:
+def bare_node(mode: Mode | str) -> dict[str, Any]:
+    """The node before the plugin starts: its mode label (a Mode, or any label value) only."""
+    label = mode.value if isinstance(mode, Mode) else mode
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": NODE, "labels": {"ack.node.gpu.schedule": mode}},
+        "metadata": {"name": NODE, "labels": {"ack.node.gpu.schedule": label}},
         "status": {"capacity": {}, "allocatable": {}},
     }
 
@@ -112,7 +115,7 @@ class Rig:
 
 @contextlib.asynccontextmanager
 async def rig(
-    mode: str = "share",
+    mode: Mode = Mode.SHARE,
     gpus: str = "2x15GiB",
     hook: Callable[[Path, FakeGpus], IsolationHook] | None = None,
 ) -> AsyncIterator[Rig]:
@@ -198,7 +201,7 @@ def test_core_mem_nodes_serve_computing_power_one_device_per_percent() -> None:
         assert len(admitted.containers["c0"][CORE]) == 30
         assert len(r.kubelet.devices[CORE]) == 200  # capacity "400" on the seed's 4-GPU node
 
-    run(body, mode="core_mem")
+    run(body, mode=Mode.CORE_MEM)
 
 
 def test_seed_pod_gets_its_gpu_and_is_marked_served() -> None:
@@ -509,6 +512,19 @@ def test_static_cpu_manager_policy_is_refused(tmp_path: Path) -> None:
     state = tmp_path / "cpu_manager_state"
     state.write_text('{"policyName":"none","defaultCpuSet":""}')
     assert refuse_static_cpu_policy(tmp_path / "missing", state) == ""
+
+
+def test_a_node_labelled_with_a_mode_gpushare_does_not_share_is_refused(tmp_path: Path) -> None:
+    kube = MemoryKube()
+    kube.put_node(bare_node("exclusive"))
+    source = FakeGpus.parse("1x15GiB", node=NODE)
+    config = PluginConfig(node=NODE, plugin_dir=tmp_path / "dp", state_dir=tmp_path / "state")
+    plugin = DevicePlugin(api=kube, source=source, config=config)
+    with pytest.raises(StartRefused) as refused:
+        grpc_loop.run(plugin.start())
+    assert "ack.node.gpu.schedule='exclusive'" in str(refused.value)
+    node = grpc_loop.run(kube.get_node(NODE))
+    assert "gpushare.io/gpus" not in node["metadata"].get("annotations", {})  # nothing published
 
 
 def test_changing_the_unit_while_pods_hold_memory_is_refused() -> None:

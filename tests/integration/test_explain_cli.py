@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from gpushare.core.inventory import Mode
 from gpushare.core.scheduling import Settings
 from gpushare.inspect.cli import PodNotFound, collect_explanation, render_explained
 from gpushare.inspect.cli import main as inspect_cgpu
@@ -21,7 +22,7 @@ from .test_cli import KUBECONFIG
 def kube_with_pods() -> MemoryKube:
     kube = MemoryKube()
     kube.put_node(gpu_node("node-a", gpus_units=[15]))
-    kube.put_node(gpu_node("node-b", gpus_units=[15, 15], mode="cgpu"))
+    kube.put_node(gpu_node("node-b", gpus_units=[15, 15], mode=Mode.CGPU))
     kube.create_pod(gpu_pod("big", mem=20, namespace="ml"))
     kube.create_pod(gpu_pod("small", mem=3, namespace="ml"))
     return kube

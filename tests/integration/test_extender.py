@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gpushare.core.allocation import plan
+from gpushare.core.inventory import Mode
 from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED, ANN_IDX
 from gpushare.core.requests import PodRequest, Rejection, read_pod
 from gpushare.core.scheduling import Settings
@@ -31,7 +32,7 @@ WIRE_KEY = b"a fixed key, so the seal is golden"
 def seed_cluster() -> MemoryKube:
     kube = MemoryKube(seal_key=WIRE_KEY)
     kube.put_node(gpu_node(SEED, ip="192.168.66.139", gpus_units=[15]))
-    kube.put_node(gpu_node("core-node", ip="10.0.0.2", gpus_units=[15] * 4, mode="core_mem"))
+    kube.put_node(gpu_node("core-node", ip="10.0.0.2", gpus_units=[15] * 4, mode=Mode.CORE_MEM))
     return kube
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gpushare.core.inventory import Mode
 from gpushare.core.tampering import ISOLATION_PATHS
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.broker import CONTAINER_BROKER_DIR, SOCKET_NAME
@@ -162,7 +163,7 @@ def test_cgpu_containers_get_the_interposer_their_limit_and_their_own_accounting
                 f"refused 0 {size * GiB}",
             ]
 
-    run(body, mode="cgpu", hook=isolation(packaged=library))
+    run(body, mode=Mode.CGPU, hook=isolation(packaged=library))
 
 
 def test_core_mem_adds_the_compute_limit_and_mounts_once_per_container() -> None:
@@ -183,7 +184,7 @@ def test_core_mem_adds_the_compute_limit_and_mounts_once_per_container() -> None
         (limits,) = [h for c, h, _ in admitted.mounts["c0"] if c == CONTAINER_LIMITS_FILE]
         assert Path(limits).read_text() == limits_text(str(2 * GiB), core=30)
 
-    run(body, mode="core_mem", hook=isolation(packaged=fake_library()))
+    run(body, mode=Mode.CORE_MEM, hook=isolation(packaged=fake_library()))
 
 
 def test_identical_pending_containers_get_distinct_accounts() -> None:
@@ -201,7 +202,7 @@ def test_identical_pending_containers_get_distinct_accounts() -> None:
             dirs.update({Path(host), Path(limits).parent})
         assert len(dirs) == 4
 
-    run(body, mode="cgpu", hook=isolation(packaged=fake_library()))
+    run(body, mode=Mode.CGPU, hook=isolation(packaged=fake_library()))
 
 
 def test_admission_refuses_volumes_over_every_path_the_plugin_mounts() -> None:
@@ -224,7 +225,7 @@ def test_share_nodes_get_the_variables_and_nothing_enforced() -> None:
         assert (envs["ALIYUN_COM_GPU_MEM_CONTAINER"], envs["ALIYUN_COM_GPU_MEM_DEV"]) == ("4", "15")
         assert "LD_PRELOAD" not in envs and "c0" not in admitted.mounts
 
-    run(body, mode="share", hook=isolation(packaged=fake_library()))
+    run(body, mode=Mode.SHARE, hook=isolation(packaged=fake_library()))
 
 
 def test_isolation_none_serves_cgpu_without_the_interposer() -> None:
@@ -233,12 +234,12 @@ def test_isolation_none_serves_cgpu_without_the_interposer() -> None:
         _, admitted = await admit(r, pod("app", 4))
         assert "LD_PRELOAD" not in admitted.envs["c0"] and "c0" not in admitted.mounts
 
-    run(body, mode="cgpu", hook=isolation(policy="none"))
+    run(body, mode=Mode.CGPU, hook=isolation(policy="none"))
 
 
 def test_cgpu_without_the_library_refuses_to_start(tmp_path: Path) -> None:
     kube = MemoryKube()
-    kube.put_node(bare_node("cgpu"))
+    kube.put_node(bare_node(Mode.CGPU))
     source = FakeGpus.parse("1x15GiB", node=NODE)
     config = PluginConfig(node=NODE, plugin_dir=tmp_path / "dp", state_dir=tmp_path / "state")
     hook = isolation(packaged=None)(tmp_path, source)
@@ -283,7 +284,7 @@ def test_mps_starts_one_daemon_per_gpu_lazily_and_injects_its_limits() -> None:
         assert daemons.starts[-1].endswith(last.envs["c0"]["ALIYUN_COM_GPU_MEM_IDX"])
         assert set(daemons.starts) <= {f"GPU-fake-{NODE}-{i}" for i in range(2)}
 
-    run(body, mode="mps", hook=isolation(daemons=daemons))
+    run(body, mode=Mode.MPS, hook=isolation(daemons=daemons))
     # the plugin stopped: every daemon it started was asked to quit
     assert daemons.running == {} and daemons.stops
 
@@ -329,7 +330,7 @@ def test_a_restarted_plugin_serves_the_accounts_again_and_prunes_the_gone(
 
     async def body() -> None:
         hook = isolation(packaged=fake_library())(tmp_path, FakeGpus.parse("1x15GiB", node=NODE))
-        assert hook.prepare("cgpu") == ""
+        assert hook.prepare(Mode.CGPU) == ""
         broker = hook.chosen.broker
         assert broker.served() == ["uid-gone/c0", "uid-live/c0"]  # not the version 1 file's
         sock = tmp_path / "state" / "broker" / "uid-live" / "c0" / SOCKET_NAME
@@ -381,7 +382,7 @@ def test_the_plugin_check_hands_the_live_pods_and_devices_to_the_hook() -> None:
         assert placed["metadata"]["uid"] in uids
         assert tuple(sorted(admitted.containers["c0"][MEM])) in devices
 
-    run(body, mode="cgpu", hook=make)
+    run(body, mode=Mode.CGPU, hook=make)
 
 
 FAKE_MPS_CONTROL = """#!/bin/sh
@@ -457,7 +458,7 @@ def test_a_cgpu_policy_gives_each_container_a_slot_in_its_gpus_schedule() -> Non
         slot = next(line for line in text.splitlines() if line.startswith("slot="))
         assert slot == f"slot={limits.slot},0,{limits.core_pct * 1_000_000}", text
 
-    run(body, mode="cgpu", hook=make)
+    run(body, mode=Mode.CGPU, hook=make)
 
 
 def test_the_device_plugin_refuses_a_policy_outside_0_to_5() -> None:
@@ -552,7 +553,7 @@ def test_policy_2_weights_come_from_the_pod_spec_and_shares_from_activity(
         hook.note_active("nobody/c0", 0)
         assert slots(sched) == {limits[shared[0]].slot: 100_000_000}
 
-    run(body, mode="cgpu", hook=cgpu_hook(Policy.WEIGHTED))
+    run(body, mode=Mode.CGPU, hook=cgpu_hook(Policy.WEIGHTED))
 
 
 def test_a_weight_from_value_from_is_not_read() -> None:
@@ -563,7 +564,7 @@ def test_a_weight_from_value_from_is_not_read() -> None:
         text = (r.root / "state" / "limits" / key / "limits").read_text()
         assert ContainerLimits.parse(text).weight == 1
 
-    run(body, mode="cgpu", hook=cgpu_hook(Policy.WEIGHTED))
+    run(body, mode=Mode.CGPU, hook=cgpu_hook(Policy.WEIGHTED))
 
 
 def test_policy_0_gives_one_over_the_max_pods_the_plugin_is_given() -> None:
@@ -575,7 +576,7 @@ def test_policy_0_gives_one_over_the_max_pods_the_plugin_is_given() -> None:
         sched = r.root / "state" / "sched" / f"gpu{limits.gpus[0]}"
         assert slots(sched) == {limits.slot: 100_000_000 // 8}
 
-    run(body, mode="cgpu", hook=cgpu_hook(Policy.EVEN, max_pods=8))
+    run(body, mode=Mode.CGPU, hook=cgpu_hook(Policy.EVEN, max_pods=8))
 
 
 def test_the_device_plugin_refuses_max_pods_outside_1_to_64() -> None:
@@ -610,4 +611,4 @@ def test_pods_created_together_get_their_own_weights_once_kubelet_names_them() -
         text = "".join((r.root / "state" / "sched" / f"gpu{g}").read_text() for g in hook.members)
         assert ",3,0" in text and ",1,0" in text, text  # member=<slot>,<weight>,<active>
 
-    run(body, mode="cgpu", hook=cgpu_hook(Policy.WEIGHTED))
+    run(body, mode=Mode.CGPU, hook=cgpu_hook(Policy.WEIGHTED))

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import gpushare
 from gpushare.core.admission import AdmissionSettings
+from gpushare.core.inventory import Mode
 from gpushare.core.names import ANN_NODE_HANDOFF, HANDOFF_PODRESOURCES
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus
@@ -50,7 +51,7 @@ def gpu(node: str, index: int, model: str = "Tesla T4") -> tuple[tuple[str, str]
 def cluster() -> MemoryKube:
     kube = MemoryKube()
     kube.put_node(gpu_node("node-a", gpus_units=[15, 15]))
-    kube.put_node(gpu_node("node-c", gpus_units=[16], mode="core_mem", model="A10"))
+    kube.put_node(gpu_node("node-c", gpus_units=[16], mode=Mode.CORE_MEM, model="A10"))
     kube.put_node(gpu_node("node-sick", gpus_units=[15, 15], unhealthy=[1]))
     return kube
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpushare.core.handoff import MEM, Pending, Signature
+from gpushare.core.inventory import Mode
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.broker import SOCKET_NAME
 from gpushare.deviceplugin.isolation import SCHED, InterposerIsolation
@@ -93,7 +94,7 @@ class FakeNode:
             tuple((g, core_pct) for g in gpus) if core_pct else (),
         )
         pending = Pending(f"uid-{name}", f"default/{name}", "c0", signature)
-        target = Target(signature, "cgpu", (pending,), (f"dev-{name}",), weight=weight)
+        target = Target(signature, Mode.CGPU, (pending,), (f"dev-{name}",), weight=weight)
 
         async def extend() -> None:
             self.hook.extend(ContainerAnswer(envs={}), target)

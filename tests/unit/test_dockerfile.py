@@ -152,7 +152,7 @@ def test_copy_sources_exist_and_are_not_ignored(
     assert copied >= 4
     assert ignored(".venv/bin/python", patterns)
     assert ignored("src/gpushare/deviceplugin/protos/v1beta1/api_pb2.py", patterns)
-    assert not ignored("src/gpushare/cli.py", patterns)
+    assert not ignored("src/gpushare/cli/__init__.py", patterns)
 
 
 def test_make_image_target() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpushare.core.allocation import plan
 from gpushare.core.explain import IN_CLUSTER, MAX_MESSAGE, placement_message, refusal_summary
-from gpushare.core.inventory import read_node
+from gpushare.core.inventory import Mode, read_node
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import PodRequest, read_pod
 from gpushare.core.units import MemoryUnit
@@ -12,7 +12,9 @@ from gpushare.kube.objects import gpu_node, gpu_pod
 
 
 def booked(mem: int, *, core: int | None = None, count: str | None = None, gpus: list[int]) -> str:
-    node = read_node(gpu_node("node-a", gpus_units=[15, 15], mode="core_mem" if core else "share"))
+    node = read_node(
+        gpu_node("node-a", gpus_units=[15, 15], mode=Mode.CORE_MEM if core else Mode.SHARE)
+    )
     ledger = Ledger()
     other = read_pod(
         {

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 
 from gpushare.core.allocation import plan
-from gpushare.core.inventory import read_node
+from gpushare.core.inventory import Mode, read_node
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import PodRequest, read_pod
 from gpushare.core.scheduling import Scheduler
@@ -20,7 +20,7 @@ def cluster() -> tuple[list[object], Ledger]:
     nodes = [
         read_node(gpu_node("node-a", gpus_units=[15, 15])),
         read_node(gpu_node("node-b", gpus_units=[15])),
-        read_node(gpu_node("node-c", gpus_units=[16], mode="core_mem")),
+        read_node(gpu_node("node-c", gpus_units=[16], mode=Mode.CORE_MEM)),
         read_node(gpu_node("node-x", gpus_units=[15], mode=None)),
     ]
     ledger = Ledger()

@@ -7,7 +7,7 @@ import pytest
 from gpushare.core.allocation import plan
 from gpushare.core.changes import NodeTable
 from gpushare.core.filtering import Code, Rules, filter_node
-from gpushare.core.inventory import NodeInventory, read_node
+from gpushare.core.inventory import Mode, NodeInventory, read_node
 from gpushare.core.ledger import Ledger, NodeUsage
 from gpushare.core.ranking import single_top
 from gpushare.core.requests import PodRequest, read_pod
@@ -68,12 +68,12 @@ def test_core_pod_only_fits_core_mem() -> None:
 
 
 def test_memory_only_pod_never_fits_core_mem() -> None:
-    verdict = filter_node(req(2), node([15], mode="core_mem"), NodeUsage(), rules=Rules())
+    verdict = filter_node(req(2), node([15], mode=Mode.CORE_MEM), NodeUsage(), rules=Rules())
     assert verdict.code is Code.UNRESOLVABLE and "never share a node" in verdict.message
 
 
 def test_core_is_counted_per_gpu() -> None:
-    inv, ledger = node([15], mode="core_mem"), Ledger()
+    inv, ledger = node([15], mode=Mode.CORE_MEM), Ledger()
     hold(ledger, inv, req(2, core=80, name="a"), 0)
     verdict = filter_node(req(2, core=30), inv, ledger.usage("n"), rules=Rules())
     assert verdict.reasons == ("GPU0: 20/100% computing power free < 30% requested",)
@@ -94,16 +94,17 @@ def test_unhealthy_gpu_takes_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    ("mode", "limited"), [("cgpu", True), ("core_mem", True), ("mps", True), ("share", False)]
+    ("mode", "limited"),
+    [(Mode.CGPU, True), (Mode.CORE_MEM, True), (Mode.MPS, True), (Mode.SHARE, False)],
 )
-def test_isolation_limits_pods_per_gpu(mode: str, limited: bool) -> None:
+def test_isolation_limits_pods_per_gpu(mode: Mode, limited: bool) -> None:
     inv, ledger = node([100], mode=mode), Ledger()
-    core = 5 if mode == "core_mem" else None
+    core = 5 if mode is Mode.CORE_MEM else None
     # 20 pods x 5% would also fill core_mem's computing power, so that case uses limit 4.
-    limit = 4 if mode == "core_mem" else 20
+    limit = 4 if mode is Mode.CORE_MEM else 20
     for i in range(limit):
         hold(ledger, inv, req(1, core=core, name=f"p{i}"), 0)
-    rules = Rules(max_pods_per_gpu=4) if mode == "core_mem" else Rules()
+    rules = Rules(max_pods_per_gpu=4) if mode is Mode.CORE_MEM else Rules()
     verdict = filter_node(req(1, core=core), inv, ledger.usage("n"), rules=rules)
     assert verdict.fits is not limited
     if limited:
@@ -111,7 +112,7 @@ def test_isolation_limits_pods_per_gpu(mode: str, limited: bool) -> None:
 
 
 def test_mps_nodes_hold_16_pods_per_gpu_at_128mib() -> None:
-    inv, ledger = node([120], mode="mps", unit=MemoryUnit.MiB128), Ledger()
+    inv, ledger = node([120], mode=Mode.MPS, unit=MemoryUnit.MiB128), Ledger()
     assert inv.mode.isolated
     for i in range(16):
         hold(ledger, inv, req(1, name=f"p{i}"), 0)
@@ -121,7 +122,7 @@ def test_mps_nodes_hold_16_pods_per_gpu_at_128mib() -> None:
 
 
 def test_mps_nodes_take_one_gpu_pods_without_computing_power() -> None:
-    inv = node([15, 15], mode="mps")
+    inv = node([15, 15], mode=Mode.MPS)
     assert filter_node(req(4), inv, NodeUsage(), rules=Rules()).fits
     two = filter_node(req(4, count="2"), inv, NodeUsage(), rules=Rules())
     assert two.code is Code.UNRESOLVABLE and "node mode is mps" in two.message

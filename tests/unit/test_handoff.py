@@ -17,7 +17,7 @@ from gpushare.core.handoff import (
     pending_of,
     resolve,
 )
-from gpushare.core.inventory import read_node
+from gpushare.core.inventory import Mode, read_node
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import PodRequest
 from gpushare.core.scheduling import Scheduler, Settings
@@ -39,7 +39,7 @@ def pod(name: str, sizes: list[int], core: int | None = None) -> dict[str, Any]:
     }
 
 
-def handoff_node(gpus: list[int], mode: str = "share", marked: bool = True) -> Any:
+def handoff_node(gpus: list[int], mode: Mode = Mode.SHARE, marked: bool = True) -> Any:
     node = gpu_node("n", gpus_units=gpus, mode=mode)
     if marked:
         node["metadata"]["annotations"]["gpushare.io/handoff"] = "podresources"
@@ -51,7 +51,7 @@ def run_interleaving(rng: random.Random, marked: bool = True) -> tuple[int, int,
     core_mode = rng.random() < 0.3
     node = handoff_node(
         [rng.choice([8, 15, 24]) for _ in range(rng.randint(1, 4))],
-        "core_mem" if core_mode else rng.choice(["share", "cgpu"]),
+        Mode.CORE_MEM if core_mode else rng.choice([Mode.SHARE, Mode.CGPU]),
         marked,
     )
     scheduler, ledger = Scheduler(Settings()), Ledger()

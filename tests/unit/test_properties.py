@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from gpushare.core.allocation import Allocation
 from gpushare.core.fragmentation import Shape, fragmentation, unused_by_copies
-from gpushare.core.inventory import NodeInventory, read_node
+from gpushare.core.inventory import SHARED_MODES, NodeInventory, read_node
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import PodRequest
 from gpushare.core.scheduling import Scheduler, Settings
@@ -17,8 +17,6 @@ from gpushare.core.trust import SealKey, Trust
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
 
 TRUST = Trust.sealed(SealKey(b"properties-test-key-0123456789ab"))
-
-MODES = ["share", "cgpu", "core_mem", "mps"]
 
 
 @st.composite
@@ -31,7 +29,7 @@ def clusters(draw: st.DrawFn) -> list[NodeInventory]:
         node = gpu_node(
             f"n{i}",
             gpus_units=gpus,
-            mode=draw(st.sampled_from(MODES)),
+            mode=draw(st.sampled_from(SHARED_MODES)),
             placement=draw(st.sampled_from(["binpack", "spread"])),
             unhealthy=unhealthy,
         )

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 
 from gpushare.core.allocation import plan
-from gpushare.core.inventory import read_node
+from gpushare.core.inventory import Mode, read_node
 from gpushare.core.ledger import Ledger
 from gpushare.core.requests import PodRequest, read_pod
 from gpushare.core.units import MemoryUnit
@@ -45,7 +45,7 @@ def test_seed_summary_before_and_after(golden: Callable[[str, str], None]) -> No
 
 def mixed_view() -> ClusterView:
     share = read_node(gpu_node("a-share", ip="10.0.0.1", gpus_units=[15, 15]))
-    core = read_node(gpu_node("b-core", ip="10.0.0.2", gpus_units=[15] * 4, mode="core_mem"))
+    core = read_node(gpu_node("b-core", ip="10.0.0.2", gpus_units=[15] * 4, mode=Mode.CORE_MEM))
     ledger = Ledger()
     for name, node, mem, core_pct, index in [
         ("train", share, 7, None, 1),

@@ -43,7 +43,7 @@ def test_470_milli_of_a_t4_is_7_gib_and_50_percent() -> None:
 
 
 def test_node_and_pod_json_read_back_through_the_core() -> None:
-    settings = MemorySettings(MemoryUnit.GiB, "core_mem")
+    settings = MemorySettings(MemoryUnit.GiB, Mode.CORE_MEM)
     inventory = read_node(node_json(T4, settings))
     assert inventory.mode is Mode.CORE_MEM and [g.mem_units for g in inventory.gpus] == [14, 14]
     pod = TracePod("p", 2000, 4096, 2, 1000)
@@ -99,11 +99,11 @@ def test_a_share_asks_for_one_amount_sized_on_the_typical_card_it_may_use() -> N
 
 
 def test_core_mem_and_cgpu_limits_come_from_the_core() -> None:
-    core = MemoryCluster([T4], settings=MemorySettings(node_mode="core_mem"))
+    core = MemoryCluster([T4], settings=MemorySettings(node_mode=Mode.CORE_MEM))
     pod = TracePod("c", 1, 1, 1, 100, gpu_mem_mib=1024, gpu_core_pct=60)
     assert _place(core, [pod] * 3) == [(1, ""), (1, ""), (0, "computing power")]
     assert sorted(core.ledger.usage("t4").on(i).core_pct for i in (0, 1)) == [60, 60]
-    limited = MemoryCluster([T4], settings=MemorySettings(node_mode="cgpu", max_pods_per_gpu=2))
+    limited = MemoryCluster([T4], settings=MemorySettings(node_mode=Mode.CGPU, max_pods_per_gpu=2))
     small = TracePod("s", 1, 1, 1, 10)
     assert [r for _, r in _place(limited, [small] * 5)] == [""] * 4 + ["isolation pod limit"]
     share = MemoryCluster([T4])

@@ -70,10 +70,14 @@ class Mode(Enum):
     @classmethod
     def from_label(cls, value: str | None) -> Mode:
         """Map a label value; unknown values mean not shared."""
-        for mode in (cls.SHARE, cls.CGPU, cls.CORE_MEM, cls.MPS):
+        for mode in SHARED_MODES:
             if value == mode.value:
                 return mode
         return cls.NONE
+
+
+SHARED_MODES = (Mode.SHARE, Mode.CGPU, Mode.CORE_MEM, Mode.MPS)
+"""The modes a node is shared in, in the order people are told them (every mode but NONE)."""
 
 
 class Placement(Enum):

@@ -39,6 +39,7 @@ import logging
 from dataclasses import dataclass
 
 from gpushare.core.handoff import Answer, Pending, pending_of, resolve
+from gpushare.core.inventory import Mode
 from gpushare.core.kubejson import KubeObject, name_of, namespace_of, spec_of, status_of, uid_of
 from gpushare.core.trust import (
     TERMINAL_PHASES,
@@ -157,7 +158,7 @@ class Allocator(OnNode):
     def __init__(self, parts: NodeParts, *, source: GpuSource) -> None:
         super().__init__(parts)
         self.source = source
-        self.mode = "share"
+        self.mode = Mode.SHARE
 
     async def allocate(self, resource: str, device_ids: list[str]) -> ContainerAnswer | Refused:
         """Answer one container's request for these device IDs of a resource."""

@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gpushare.core.handoff import MEM, Signature
+from gpushare.core.inventory import CORE_PER_GPU, Mode
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.broker import (
     CONTAINER_BROKER_DIR,
@@ -97,8 +98,6 @@ PRELOAD_NAME = "ld.so.preload"
 """The host file, in the library directory, that containers see as /etc/ld.so.preload."""
 CONTAINER_PRELOAD_FILE = "/etc/ld.so.preload"
 CONTAINER_MPS_PIPE_DIR = "/var/run/gpushare-mps"
-INTERPOSER_MODES = ("cgpu", "core_mem")
-MPS_MODE = "mps"
 POLICIES = ("auto", "none")
 BY_DEVICES = "by-devices"
 PRUNE_GRACE_S = 60.0
@@ -245,7 +244,7 @@ class InterposerIsolation:
         self.epoch_ns = time.monotonic_ns()
         """CLOCK_MONOTONIC is the host's, containers included: one epoch for every schedule."""
 
-    def prepare(self, mode: str) -> str:
+    def prepare(self, mode: Mode) -> str:
         """Install the library and the preload list, serve the accounts of running containers."""
         refused = install_library(self.packaged, self.lib_dir) or install_preload(self.lib_dir)
         if not refused:
@@ -323,11 +322,11 @@ class InterposerIsolation:
         if signature.core_layout:
             return max(p for _, p in signature.core_layout)
         shares = [
-            100 * units * self.unit.mib / self.gpu_memory_mib[gpu]
+            CORE_PER_GPU * units * self.unit.mib / self.gpu_memory_mib[gpu]
             for gpu, units in signature.layout
             if self.gpu_memory_mib.get(gpu)
         ]
-        return max(1, min(100, round(max(shares)))) if shares else 100
+        return max(1, min(CORE_PER_GPU, round(max(shares)))) if shares else CORE_PER_GPU
 
     def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
         """Add the preload, the limits and the broker's socket to a memory answer."""
@@ -339,13 +338,13 @@ class InterposerIsolation:
             mem_limit_bytes=tuple(units * self.unit.mib * 2**20 for _, units in signature.layout),
             core_pct=(
                 max(p for _, p in signature.core_layout)
-                if target.mode == "core_mem" and signature.core_layout
+                if target.mode is Mode.CORE_MEM and signature.core_layout
                 else 0
             ),
             unit=self.unit.value,
             broker=CONTAINER_BROKER_SOCKET,
         )
-        scheduled = target.mode == "cgpu" and self.cgpu_policy is not Policy.NATIVE
+        scheduled = target.mode is Mode.CGPU and self.cgpu_policy is not Policy.NATIVE
         gpus = tuple(gpu for gpu, _ in signature.layout)
         if scheduled:
             limits = replace(
@@ -529,7 +528,7 @@ class MpsIsolation:
         self.unit = unit
         self.started: dict[str, Path] = {}
 
-    def prepare(self, mode: str) -> str:
+    def prepare(self, mode: Mode) -> str:
         """Refuse to start when MPS cannot run."""
         return self.runner.missing()
 
@@ -627,13 +626,15 @@ class NodeIsolation:
         self.packaged = packaged
         self.chosen: IsolationHook = NoIsolation()
 
-    def prepare(self, mode: str) -> str:
+    def prepare(self, mode: Mode) -> str:
         """Pick the hook for ``mode`` and prepare it."""
-        if self.policy == "none" or mode not in (*INTERPOSER_MODES, MPS_MODE):
-            if mode in (*INTERPOSER_MODES, MPS_MODE):
-                log.warning("mode=%s isolation=none: limits are not enforced on this node", mode)
+        if self.policy == "none" or not mode.isolated:
+            if mode.isolated:
+                log.warning(
+                    "mode=%s isolation=none: limits are not enforced on this node", mode.value
+                )
             self.chosen = NoIsolation()
-        elif mode == MPS_MODE:
+        elif mode is Mode.MPS:
             self.chosen = MpsIsolation(
                 runner=self.runner, state_dir=self.state_dir, source=self.source, unit=self.unit
             )
@@ -647,7 +648,7 @@ class NodeIsolation:
                 gpu_memory_mib={g.index: g.memory_mib for g in self.source.gpus()},
                 max_pods=self.max_pods,
             )
-            if mode == "cgpu":
+            if mode is Mode.CGPU:
                 log.info(
                     "mode=cgpu policy=%d %s max_pods_per_gpu=%d",
                     self.cgpu_policy,

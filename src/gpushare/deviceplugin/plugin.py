@@ -28,6 +28,7 @@ import contextlib
 import logging
 
 from gpushare.core.handoff import MEM, Signature
+from gpushare.core.inventory import Mode
 from gpushare.core.names import ANN_NODE_TOPOLOGY
 from gpushare.core.trust import Trust
 from gpushare.deviceplugin.allocating import Allocator, NodeParts, NodeReader, Refused
@@ -71,7 +72,7 @@ class DevicePlugin:
         self.stats = Stats()
         self.trust = trust if trust is not None else keyless_trust(api)
         self.pods = NodeReader(api=api, config=config, trust=self.trust, stats=self.stats)
-        self.mode = "share"
+        self.mode = Mode.SHARE
         self.resources: list[str] = [MEM]
         self.generations = Generations()
         self.checkpoint = ServedCheckpoint(config.state_dir / f"served-{config.node}.json")
@@ -134,7 +135,7 @@ class DevicePlugin:
         log.info(
             "node=%s mode=%s resources=%s gpus=%d phase=start",
             self.config.node,
-            self.mode,
+            self.mode.value,
             ",".join(self.resources),
             len(self.source.gpus()),
         )

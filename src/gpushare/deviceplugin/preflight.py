@@ -1,11 +1,17 @@
 """Whether the plugin may start on this node, decided before it publishes or serves anything.
 
-Three things refuse a start, each with the reason and what to do: kubelet running the static CPU
-manager policy (the seeds' limit; checked by the CLI from kubelet's files), a memory unit that
-differs from the node's published one while pods still hold memory counted in it (the scheduler's
-ledger would mix units), and an isolation hook that cannot serve the node's mode. The node's mode
-(``ack.node.gpu.schedule``) also decides what is served: memory always, computing power on
-``core_mem`` nodes.
+Four things refuse a start, each with the reason and what to do: kubelet running the static CPU
+manager policy (the seeds' limit; checked by the CLI from kubelet's files), a node labelled with
+a mode gpushare does not share GPUs in, a memory unit that differs from the node's published one
+while pods still hold memory counted in it (the scheduler's ledger would mix units), and an
+isolation hook that cannot serve the node's mode. The node's mode (``ack.node.gpu.schedule``)
+also decides what is served: memory always, computing power on ``core_mem`` nodes.
+
+The chart keeps the plugin off other nodes already: its DaemonSet's node affinity asks for the
+label with one of ``devicePlugin.nodeModes`` (share, cgpu, core_mem and mps by default). A
+plugin that still lands on a node labelled otherwise (``nodeModes`` widened, or the plugin run
+by hand) would serve memory the scheduler never places there, since the core reads any other
+value as "not shared"; it refuses instead. A node without the label is served as ``share``.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from pathlib import Path
 import yaml
 
 from gpushare.core.handoff import CORE, MEM
-from gpushare.core.kubejson import KubeObject, labels_of
+from gpushare.core.inventory import SHARED_MODES, Mode
+from gpushare.core.kubejson import KubeObject, labels_of, name_of
 from gpushare.core.names import LABEL_MODE, ResourceNames
 from gpushare.core.unitchange import refuse_unit_change
 from gpushare.core.units import MemoryUnit
@@ -32,13 +39,32 @@ class StartRefused(Exception):
 class Preflight:
     """The node's mode, and the reason not to start ("" to start)."""
 
-    mode: str
+    mode: Mode
     refused: str = ""
 
     @property
     def resources(self) -> list[str]:
         """What to serve: memory, and computing power on core_mem nodes."""
-        return [MEM, CORE] if self.mode == "core_mem" else [MEM]
+        return [MEM, CORE] if self.mode is Mode.CORE_MEM else [MEM]
+
+
+def node_mode(node: KubeObject) -> Preflight:
+    """The node's mode from its label (``share`` when it has none); refused when not shared."""
+    label = labels_of(node).get(LABEL_MODE)
+    if label is None:
+        return Preflight(Mode.SHARE)
+    mode = Mode.from_label(label)
+    if mode is not Mode.NONE:
+        return Preflight(mode)
+    allowed = ", ".join(m.value for m in SHARED_MODES)
+    return Preflight(
+        mode,
+        f"node {name_of(node)} has label {LABEL_MODE}={label!r}, which is not a mode gpushare "
+        f"shares GPUs in (allowed: {allowed}), so the scheduler places no GPU memory here: "
+        f"label the node with one of them (kubectl label node {name_of(node)} --overwrite "
+        f"{LABEL_MODE}={Mode.SHARE.value}), or keep the device plugin off it (the chart's "
+        f"devicePlugin.nodeModes)",
+    )
 
 
 def preflight(
@@ -49,12 +75,14 @@ def preflight(
     names: ResourceNames,
     hook: IsolationHook,
 ) -> Preflight:
-    """Check the unit against the pods holding memory, then let the hook prepare for the mode."""
-    mode = labels_of(node).get(LABEL_MODE, "share")
+    """Check the mode, the unit against the pods holding memory, then let the hook prepare."""
+    checked = node_mode(node)
+    if checked.refused:
+        return checked
     reason = refuse_unit_change(node, pods, unit, names=names)
     if reason:
-        return Preflight(mode, reason)
-    return Preflight(mode, hook.prepare(mode))
+        return Preflight(checked.mode, reason)
+    return Preflight(checked.mode, hook.prepare(checked.mode))
 
 
 def refuse_static_cpu_policy(kubelet_config: Path, cpu_manager_state: Path) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpushare.core.handoff import MEM, Pending, Signature
-from gpushare.core.inventory import CORE_PER_GPU
+from gpushare.core.inventory import CORE_PER_GPU, Mode
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.gpus import GpuInfo
 
@@ -74,7 +74,7 @@ class Target:
     """
 
     signature: Signature
-    mode: str
+    mode: Mode
     candidates: tuple[Pending, ...] = ()
     device_ids: tuple[str, ...] = ()
     weight: int = 1
@@ -88,7 +88,7 @@ class IsolationHook(Protocol):
     plugin must not start (or ""); ``close`` runs when it stops and must be idempotent.
     """
 
-    def prepare(self, mode: str) -> str:
+    def prepare(self, mode: Mode) -> str:
         """Get ready to serve a node of this mode; the reason to refuse, or ""."""
         ...
 
@@ -121,7 +121,7 @@ class IsolationHook(Protocol):
 class NoIsolation:
     """The default hook: share nodes, and nodes served with ``--isolation none``."""
 
-    def prepare(self, mode: str) -> str:
+    def prepare(self, mode: Mode) -> str:
         """Nothing to prepare."""
         return ""
 
@@ -140,7 +140,7 @@ class NoIsolation:
 
 
 def container_answer(
-    signature: Signature, gpus: list[GpuInfo], unit: MemoryUnit, mode: str
+    signature: Signature, gpus: list[GpuInfo], unit: MemoryUnit, mode: Mode
 ) -> ContainerAnswer:
     """The environment of a container served by a signature."""
     by_index = {g.index: g for g in gpus}
@@ -153,7 +153,7 @@ def container_answer(
         "ALIYUN_COM_GPU_MEM_POD": str(signature.pod_mem_units),
         "ALIYUN_COM_GPU_MEM_DEV": str(mem_units(first, unit) if first else 0),
         "GPUSHARE_MEM_UNIT": unit.value,
-        "GPUSHARE_MODE": mode,
+        "GPUSHARE_MODE": mode.value,
     }
     if mem_layout:
         envs["ALIYUN_COM_GPU_MEM_CONTAINER"] = str(sum(m for _, m in mem_layout))

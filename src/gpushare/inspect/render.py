@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpushare.core.inventory import Mode
 from gpushare.core.names import ANN_NODE_GPUS_DISABLED, LABEL_MODE
 from gpushare.inspect.explain import Explanation
 from gpushare.inspect.view import ClusterView, NodeView
@@ -160,11 +161,11 @@ def render_details(view: ClusterView) -> str:
     amounts = _Amounts(view)
     out: list[str] = []
     for node in view.nodes:
-        core = node.mode == "core_mem"
+        core = node.mode is Mode.CORE_MEM
         out += [
             f"NAME:       {node.name}",
             f"IPADDRESS:  {node.ip or '-'}",
-            f"MODE:       {node.mode}",
+            f"MODE:       {node.mode.value}",
         ]
         if node.problem:
             out.append(f"PROBLEM:    {node.problem}")

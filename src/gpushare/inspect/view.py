@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpushare.core.inventory import Mode, NodeInventory
+from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory
 from gpushare.core.ledger import Ledger
 from gpushare.core.units import MemoryUnit
 from gpushare.inspect.schema import (
@@ -70,7 +70,7 @@ class NodeView:
 
     name: str
     ip: str
-    mode: str
+    mode: Mode
     unit: str
     unit_mib: int
     gpus: tuple[GpuView, ...]
@@ -91,7 +91,7 @@ class NodeView:
     @property
     def core_capacity_pct(self) -> int:
         """Computing power of all GPUs (core_mem nodes)."""
-        return 100 * len(self.gpus)
+        return CORE_PER_GPU * len(self.gpus)
 
     @property
     def core_allocated_pct(self) -> int:
@@ -199,7 +199,7 @@ def build_view(
             NodeView(
                 name=node.name,
                 ip=node.ip,
-                mode=node.mode.value,
+                mode=node.mode,
                 unit=node.unit.value,
                 unit_mib=node.unit.mib,
                 gpus=gpus,
@@ -229,7 +229,7 @@ def to_json(view: ClusterView) -> dict[str, Any]:
             NodeDoc(
                 name=node.name,
                 ip=node.ip,
-                mode=node.mode,
+                mode=node.mode.value,
                 unit=node.unit,  # type: ignore[arg-type]
                 unit_mib=node.unit_mib,
                 gpus=[

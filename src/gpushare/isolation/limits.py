@@ -24,6 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from gpushare.core.inventory import CORE_PER_GPU
+from gpushare.isolation.policy import MAX_WEIGHT, Policy
+
 LIMITS_VERSION = 2
 SCHEDULED_VERSION = 3
 """Version 3 adds a cGPU policy's settings (``gpushare.isolation.policy``): ``policy``,
@@ -66,8 +69,8 @@ class ContainerLimits:
 
     def render(self) -> str:
         """The file's text: version 2, or 3 when a policy's schedule holds the container."""
-        if not 0 <= self.core_pct <= 100:
-            raise ValueError(f"core_pct must be 0..100, got {self.core_pct}")
+        if not 0 <= self.core_pct <= CORE_PER_GPU:
+            raise ValueError(f"core_pct must be 0..{CORE_PER_GPU}, got {self.core_pct}")
         if not self.broker.startswith("/") or len(self.broker.encode()) > MAX_SOCKET_PATH:
             raise ValueError(
                 f"broker must be an absolute path of at most {MAX_SOCKET_PATH} bytes, "
@@ -99,10 +102,14 @@ class ContainerLimits:
         return text
 
     def _check_scheduled(self) -> None:
-        if self.policy not in range(5):
-            raise ValueError(f"policy must be 0..4 for a schedule (5 has none), got {self.policy}")
-        if not 1 <= self.weight <= 100:
-            raise ValueError(f"weight must be 1..100, got {self.weight}")
+        native = int(Policy.NATIVE)
+        if self.policy not in range(native):
+            raise ValueError(
+                f"policy must be 0..{native - 1} for a schedule ({native} has none), "
+                f"got {self.policy}"
+            )
+        if not 1 <= self.weight <= MAX_WEIGHT:
+            raise ValueError(f"weight must be 1..{MAX_WEIGHT}, got {self.weight}")
         if not (self.slot.isalnum() and self.slot.isascii() and len(self.slot) <= 32):
             raise ValueError(f"slot must be 1..32 ASCII letters or digits, got {self.slot!r}")
         if not self.sched_dir.startswith("/") or len(self.sched_dir.encode()) > 200:

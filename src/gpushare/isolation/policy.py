@@ -37,6 +37,8 @@ import hashlib
 from dataclasses import dataclass
 from enum import IntEnum
 
+from gpushare.core.inventory import CORE_PER_GPU
+
 SCHEDULE_VERSION = 1
 DEFAULT_PERIOD_NS = 100_000_000
 """One round of time slices: 100 ms (a 5 % share is a 5 ms slice)."""
@@ -207,7 +209,9 @@ def shares(policy: Policy, members: list[Member], max_pods: int) -> dict[str, fl
     if policy is Policy.EVEN:
         return {m.slot: 1 / max_pods for m in members}
     if policy is Policy.FIXED:
-        return {m.slot: min(max(m.share_pct, 0.0), 100.0) / 100 for m in members}
+        return {
+            m.slot: min(max(m.share_pct, 0.0), float(CORE_PER_GPU)) / CORE_PER_GPU for m in members
+        }
     if policy is Policy.PREEMPTIVE:
         return {m.slot: 1 / len(active) for m in active}
     if policy is Policy.WEIGHTED:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpushare.core.allocation import Allocation, to_annotations
-from gpushare.core.inventory import CORE_PER_GPU, Gpu, inventory_annotation
+from gpushare.core.inventory import CORE_PER_GPU, Gpu, Mode, inventory_annotation
 from gpushare.core.names import (
     ANN_ALLOCATION,
     ANN_NODE_GPUS,
@@ -33,14 +33,18 @@ def gpu_node(
     *,
     ip: str = "",
     gpus_units: Sequence[int] = (15,),
-    mode: str | None = "share",
+    mode: Mode | str | None = Mode.SHARE,
     placement: str | None = None,
     unit: MemoryUnit = MemoryUnit.GiB,
     model: str = "Tesla T4",
     unhealthy: Sequence[int] = (),
     names: ResourceNames = DEFAULT_NAMES,
 ) -> KubeDict:
-    """A node as gpushare's device plugin describes it."""
+    """A node as gpushare's device plugin describes it.
+
+    ``mode`` is written as the ``ack.node.gpu.schedule`` label: a ``Mode``'s value, a label value
+    as found in a manifest (gpushare may not know it), or None for no label.
+    """
     gpus = tuple(
         Gpu(index=i, mem_units=m, healthy=i not in unhealthy, uuid=f"GPU-{name}-{i}", model=model)
         for i, m in enumerate(gpus_units)
@@ -52,11 +56,12 @@ def gpu_node(
         "memory": "256Gi",
         "pods": "110",
     }
-    if mode == "core_mem":
+    label = mode.value if isinstance(mode, Mode) else mode
+    if Mode.from_label(label) is Mode.CORE_MEM:
         resources[names.core] = str(CORE_PER_GPU * len(gpus))
     labels: dict[str, str] = {"kubernetes.io/hostname": name}
-    if mode is not None:
-        labels[LABEL_MODE] = mode
+    if label is not None:
+        labels[LABEL_MODE] = label
     if placement is not None:
         labels[LABEL_PLACEMENT] = placement
     return {

@@ -78,7 +78,7 @@ class MemorySettings:
 
     unit: MemoryUnit = MemoryUnit.GiB
     """The cluster's gpu-mem unit (``--gpu-memory-unit``)."""
-    node_mode: str = "share"
+    node_mode: Mode = Mode.SHARE
     """``ack.node.gpu.schedule`` for nodes that carry no mode of their own."""
     max_pods_per_gpu: int | None = None
     """The isolation limit on cgpu/core_mem nodes; None: the extender's default."""
@@ -87,6 +87,10 @@ class MemorySettings:
     topology_aware: bool = True
     """Publish that topology on the nodes, so the core follows it; False: the same nodes
     placed as if they published none (the measure of what following it costs)."""
+
+    def mode_label(self, node: TraceNode) -> str:
+        """The node's ``ack.node.gpu.schedule`` as written: its own label, else ``node_mode``."""
+        return node.mode or self.node_mode.value
 
 
 def policies() -> list[str]:
@@ -185,7 +189,7 @@ def node_json(node: TraceNode, settings: MemorySettings, distance: Distance = ()
     obj = gpu_node(
         node.name,
         gpus_units=[units] * node.gpus,
-        mode=node.mode or settings.node_mode,
+        mode=settings.mode_label(node),
         unit=settings.unit,
         model=node.model,
     )

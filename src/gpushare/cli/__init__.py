@@ -1,0 +1,53 @@
+"""``gpushare``: the command-line entry point for every component.
+
+One module per command or family, each a thin adapter: it reads flags, builds the component from
+the packages below (the import-linter contract keeps ``gpushare.cli`` the top layer) and runs
+it. What they share has one home each: the scheduling flags and the one path from them to
+settings (``options``), the seal key flags (``sealing``), the logging setup of the long-running
+commands (``logs``) and how a command refuses (``errors``).
+
+- ``demo``: the seed walkthrough (``demo``)
+- ``extender``: the kube-scheduler extender (``extender``)
+- ``device-plugin``: kubelet's device plugin on one node (``deviceplugin``)
+- ``webhook`` and ``webhook-config``: the admission webhook and its configurations (``webhook``)
+- ``scheduler-config``: kube-scheduler's configuration (``scheduler``)
+- ``seal-key``: a new seal key (``sealing``)
+- ``simulate``: the policy simulator (``simulate``)
+
+Imports that pull in a server, the API client or the simulator's extra stay inside each command,
+so ``gpushare --help`` and the printing commands start fast and run without them.
+"""
+
+from __future__ import annotations
+
+import click
+
+from gpushare import __version__
+from gpushare.cli.demo import demo
+from gpushare.cli.deviceplugin import device_plugin
+from gpushare.cli.extender import extender
+from gpushare.cli.scheduler import scheduler_config
+from gpushare.cli.sealing import seal_key
+from gpushare.cli.simulate import simulate
+from gpushare.cli.webhook import webhook, webhook_config
+
+__all__ = ["main"]
+
+
+@click.group()
+@click.version_option(__version__, prog_name="gpushare")
+def main() -> None:
+    """Shared GPU scheduling for Kubernetes (aliyun.com/gpu-mem)."""
+
+
+for command in (
+    demo,
+    device_plugin,
+    extender,
+    scheduler_config,
+    seal_key,
+    simulate,
+    webhook,
+    webhook_config,
+):
+    main.add_command(command)

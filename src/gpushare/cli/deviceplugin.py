@@ -1,0 +1,225 @@
+"""``gpushare device-plugin``: kubelet's device plugin for one node's shared GPUs.
+
+The command checks what it can before touching the node, in this order, and refuses with the
+reason: the cGPU policy and pods per GPU (flags or the chart's environment), the seal key,
+kubelet's CPU manager policy (read from kubelet's files), a fake topology without fake GPUs, the
+scheduling settings (through ``gpushare.config``, as the extender reads the same values), the
+GPUs (NVML, or fakes for tests) and the API client. The plugin's own preflight
+(``deviceplugin.preflight``: the node's mode label, a unit change under pods, the isolation hook)
+refuses from inside the running plugin and ends the command the same way.
+"""
+
+from __future__ import annotations
+
+import click
+
+from gpushare.cli.errors import CommandError
+from gpushare.cli.logs import log_level_option, setup_logging
+from gpushare.cli.options import resource_name_options, scheduling_config
+from gpushare.cli.sealing import seal_options, trust_from_flags
+
+NVML_HINT = (
+    "is the NVIDIA driver installed, and does this container see /dev/nvidiactl, "
+    "/dev/nvidia<N> and libnvidia-ml.so.1? The chart gets them from the NVIDIA "
+    "container runtime (NVIDIA_VISIBLE_DEVICES=all; set devicePlugin.runtimeClassName "
+    "where it is not the node's default runtime). For tests use --fake-gpus"
+)
+
+
+@click.command("device-plugin")
+@click.option("--node-name", envvar="NODE_NAME", required=True, help="This node (env NODE_NAME).")
+@click.option(
+    "--fake-gpus", default=None, help="Fake GPUs instead of NVML: 4x15GiB or T4:15GiB,A10:24GiB."
+)
+@click.option(
+    "--fake-health-file",
+    default=None,
+    help="With --fake-gpus: a file listing the indexes of failed GPUs (tests withdraw GPUs).",
+)
+@click.option(
+    "--fake-topology",
+    default="",
+    help="With --fake-gpus: how they are connected, published as gpushare.io/gpu-topology: "
+    "nvswitch, nvlink-pairs, nvlink-islands, pcie, or a distance matrix such as 0,1;1,0 "
+    "(docs/topology.md). Empty: none.",
+)
+@click.option("--gpu-memory-unit", default="1GiB", show_default=True)
+@click.option("--device-plugin-dir", default="/var/lib/kubelet/device-plugins", show_default=True)
+@click.option(
+    "--pod-resources-socket",
+    default="/var/lib/kubelet/pod-resources/kubelet.sock",
+    show_default=True,
+)
+@click.option(
+    "--state-dir",
+    default="/var/lib/gpushare",
+    show_default=True,
+    help=(
+        "Checkpoint, limits files, accounting broker sockets and MPS pipes; the same path as "
+        "on the host."
+    ),
+)
+@click.option(
+    "--isolation",
+    type=click.Choice(["auto", "none"]),
+    default="auto",
+    show_default=True,
+    help="auto: enforce cgpu/core_mem (interposer) and mps limits, refusing to start when it "
+    "cannot; none: serve every mode without isolation.",
+)
+@click.option(
+    "--isolation-lib-dir",
+    default="/usr/local/gpushare",
+    show_default=True,
+    help="Host directory the interposer library is copied into and mounted from.",
+)
+@click.option(
+    "--cgpu-policy",
+    default="5",
+    envvar="GPUSHARE_ISOLATION_POLICY",
+    show_default=True,
+    help="cgpu nodes: ACK's cGPU computing-power policy, 0 even share, 1 preemptive, "
+    "2 weighted preemptive, 3 fixed share, 4 soft, 5 native (no limit).",
+)
+@click.option(
+    "--max-pods-per-gpu",
+    default=None,
+    envvar="GPUSHARE_MAX_PODS_PER_GPU",
+    help="The chart's maxPodsPerGpu (1..64; default 20, or 16 at 128MiB): cGPU policy 0 gives "
+    "each container one over it, and it bounds ALIYUN_COM_GPU_SCHD_WEIGHT.",
+)
+@click.option("--kubelet-config", default="/var/lib/kubelet/config.yaml", show_default=True)
+@click.option(
+    "--cpu-manager-state", default="/var/lib/kubelet/cpu_manager_state", show_default=True
+)
+@click.option("--kubeconfig", default=None)
+@log_level_option
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=9400,
+    show_default=True,
+    help="Serve Prometheus /metrics on this port (0 disables).",
+)
+@resource_name_options
+@seal_options
+def device_plugin(
+    node_name: str,
+    fake_gpus: str | None,
+    fake_health_file: str | None,
+    fake_topology: str,
+    gpu_memory_unit: str,
+    device_plugin_dir: str,
+    pod_resources_socket: str,
+    state_dir: str,
+    isolation: str,
+    isolation_lib_dir: str,
+    cgpu_policy: str,
+    max_pods_per_gpu: str | None,
+    kubelet_config: str,
+    cpu_manager_state: str,
+    kubeconfig: str | None,
+    log_level: str,
+    metrics_port: int,
+    mem_resource: str | None,
+    core_resource: str | None,
+    count_resource: str | None,
+    seal_key_file: str | None,
+    insecure_no_seal: bool,
+) -> None:
+    """Serve kubelet's device plugin API for this node's shared GPUs."""
+    from gpushare.isolation.policy import PolicyError, parse_max_pods, parse_policy
+
+    try:
+        policy_number = parse_policy(cgpu_policy, "--cgpu-policy (GPUSHARE_ISOLATION_POLICY)")
+    except PolicyError as err:
+        raise click.BadParameter(str(err), param_hint="--cgpu-policy") from None
+    try:
+        max_pods = None if max_pods_per_gpu is None else parse_max_pods(max_pods_per_gpu)
+    except PolicyError as err:
+        raise click.BadParameter(str(err), param_hint="--max-pods-per-gpu") from None
+    import asyncio
+    import contextlib
+    from pathlib import Path
+
+    from gpushare.deviceplugin.config import PluginConfig
+    from gpushare.deviceplugin.gpus import FakeGpus, GpuSource, NvmlGpus
+    from gpushare.deviceplugin.isolation import NodeIsolation, packaged_library
+    from gpushare.deviceplugin.metrics import registry_for, serve_metrics
+    from gpushare.deviceplugin.plugin import DevicePlugin
+    from gpushare.deviceplugin.preflight import StartRefused, refuse_static_cpu_policy
+    from gpushare.kube.lightkube_api import LightkubeAPI
+    from gpushare.kube.port import KubeError
+
+    setup_logging(log_level)
+    trust = trust_from_flags(seal_key_file, insecure_no_seal)
+    reason = refuse_static_cpu_policy(Path(kubelet_config), Path(cpu_manager_state))
+    if reason:
+        raise CommandError(reason)
+    if fake_topology and not fake_gpus:
+        raise CommandError("--fake-topology describes fake GPUs; give --fake-gpus too")
+    # An empty resource name keeps the default, as an unset one does.
+    settings = scheduling_config(
+        gpu_memory_unit=gpu_memory_unit,
+        max_pods_per_gpu=max_pods,
+        mem_resource=mem_resource or None,
+        core_resource=core_resource or None,
+        count_resource=count_resource or None,
+    ).settings()
+    try:
+        health = Path(fake_health_file) if fake_health_file else None
+        source: GpuSource = (
+            FakeGpus.parse(fake_gpus, node=node_name, health_file=health, topology=fake_topology)
+            if fake_gpus
+            else NvmlGpus()
+        )
+        api = LightkubeAPI.connect(kubeconfig)
+    except (ValueError, KubeError) as err:
+        raise CommandError(str(err)) from None
+    except Exception as err:
+        raise CommandError(
+            f"cannot read GPUs through NVML ({type(err).__name__}: {err}); {NVML_HINT}"
+        ) from None
+    gpus = source.gpus()
+    click.echo(
+        f"gpushare device plugin on {node_name}: {len(gpus)} GPU(s) "
+        + ", ".join(f"{g.index}:{g.model}:{g.memory_mib}MiB" for g in gpus),
+        err=True,
+    )
+    config = PluginConfig(
+        node=node_name,
+        plugin_dir=Path(device_plugin_dir),
+        pod_resources_socket=Path(pod_resources_socket),
+        state_dir=Path(state_dir),
+        unit=settings.unit,
+        max_pods_per_gpu=settings.max_pods_per_gpu,
+        names=settings.names,
+    )
+    hook = NodeIsolation(
+        cgpu_policy=policy_number,
+        max_pods=max_pods,
+        policy=isolation,
+        lib_dir=Path(isolation_lib_dir),
+        state_dir=Path(state_dir),
+        unit=settings.unit,
+        source=source,
+        packaged=packaged_library(),
+    )
+    plugin = DevicePlugin(api=api, source=source, config=config, hook=hook, trust=trust)
+    try:
+        serve_metrics(registry_for(plugin, node_name), port=metrics_port)
+    except OSError as err:
+        raise CommandError(f"cannot serve metrics on port {metrics_port}: {err}") from None
+
+    async def serve() -> None:
+        await plugin.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await plugin.stop()
+
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve())
+    except StartRefused as err:
+        raise CommandError(str(err)) from None

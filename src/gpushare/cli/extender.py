@@ -1,0 +1,105 @@
+"""``gpushare extender``: the kube-scheduler extender over HTTP, on the API server's cluster.
+
+The command only wires: settings from the flags (``cli.options``), the seal key
+(``cli.sealing``), the API client, then the scheduler core, the cluster cache, the resource
+policies' watch and the ASGI app; the HTTP server runs until the process is stopped. Its
+``/metrics`` can also be served alone on a second port, for Prometheus to scrape when the
+extender itself listens on 127.0.0.1 beside kube-scheduler.
+"""
+
+from __future__ import annotations
+
+import click
+
+from gpushare.cli.errors import CommandError
+from gpushare.cli.logs import log_level_option, setup_logging
+from gpushare.cli.options import resource_name_options, scheduling_config, scheduling_options
+from gpushare.cli.sealing import seal_options, trust_from_flags
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=32766, show_default=True, type=int)
+@click.option(
+    "--kubeconfig", default=None, help="Path to a kubeconfig (default: in-cluster or $KUBECONFIG)."
+)
+@click.option("--context", default=None)
+@log_level_option
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Also serve /metrics alone on 0.0.0.0:PORT (0: only on --port), for Prometheus when "
+    "--host is 127.0.0.1.",
+)
+@scheduling_options
+@resource_name_options
+@seal_options
+def extender(
+    host: str,
+    port: int,
+    metrics_port: int,
+    kubeconfig: str | None,
+    context: str | None,
+    log_level: str,
+    gpu_memory_unit: str | None,
+    policy: str | None,
+    max_pods_per_gpu: int | None,
+    mem_resource: str | None,
+    core_resource: str | None,
+    count_resource: str | None,
+    seal_key_file: str | None,
+    insecure_no_seal: bool,
+) -> None:
+    """Serve the kube-scheduler extender (filter, prioritize, bind) over HTTP."""
+    import asyncio
+
+    import uvicorn
+
+    from gpushare.core.policybook import PolicyBook
+    from gpushare.core.scheduling import Scheduler
+    from gpushare.extender.app import create_app, create_metrics_app, server_config
+    from gpushare.extender.service import Extender
+    from gpushare.kube.cache import ClusterCache
+    from gpushare.kube.lightkube_api import LightkubeAPI
+    from gpushare.kube.policies import PolicyWatch
+    from gpushare.kube.port import KubeError
+
+    config = scheduling_config(
+        gpu_memory_unit=gpu_memory_unit,
+        policy=policy,
+        max_pods_per_gpu=max_pods_per_gpu,
+        mem_resource=mem_resource,
+        core_resource=core_resource,
+        count_resource=count_resource,
+    )
+    trust = trust_from_flags(seal_key_file, insecure_no_seal)
+    try:
+        api = LightkubeAPI.connect(kubeconfig, context)
+    except KubeError as err:
+        raise CommandError(str(err)) from None
+    setup_logging(log_level)
+    settings = config.settings()
+    scheduler = Scheduler(settings)
+    book = PolicyBook()
+    cache = ClusterCache(
+        api, settings=settings, workload=scheduler.workload, trust=trust, book=book
+    )
+    service = Extender(api=api, cache=cache, scheduler=scheduler)
+    policies = PolicyWatch(api, book, notify=service.policy_notice)
+    app = create_app(service, run_cache=True, policies=policies)
+    main_server = uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level))
+    if not metrics_port:
+        main_server.run()
+        return
+    metrics_config = server_config(
+        create_metrics_app(service), host="0.0.0.0", port=metrics_port, log_level=log_level
+    )
+
+    async def both() -> None:
+        metrics_server = uvicorn.Server(metrics_config)
+        await asyncio.gather(main_server.serve(), metrics_server.serve())
+
+    with asyncio.Runner(loop_factory=main_server.config.get_loop_factory()) as runner:
+        runner.run(both())

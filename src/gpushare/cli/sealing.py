@@ -1,0 +1,69 @@
+"""The seal key: ``gpushare seal-key`` makes one, and the components' flags that load it.
+
+The extender seals every allocation it binds and every device plugin checks the seal, so both
+take the same ``--seal-key-file``; neither starts without one unless told in so many words
+(``--insecure-no-seal``, for tests), because an unsealed allocation is one any tenant who can
+create a pod with ``spec.nodeName`` could write.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+
+from gpushare.cli.errors import CommandError
+
+if TYPE_CHECKING:
+    from gpushare.core.trust import Trust
+
+
+def seal_options(func: click.decorators.FC) -> click.decorators.FC:
+    """Add ``--seal-key-file`` and ``--insecure-no-seal``."""
+    func = click.option(
+        "--insecure-no-seal",
+        is_flag=True,
+        help="Run without a seal key: allocations are checked for structure only, so a tenant "
+        "who creates a pod with spec.nodeName and a matching gpushare.io/allocation is counted "
+        "and served. For tests only.",
+    )(func)
+    func = click.option(
+        "--seal-key-file",
+        default=None,
+        help="The key that seals allocations (gpushare.io/seal); the same file for the extender "
+        "and every device plugin. Make one with `gpushare seal-key > seal.key`.",
+    )(func)
+    return func
+
+
+def trust_from_flags(seal_key_file: str | None, insecure_no_seal: bool) -> Trust:
+    """The ``Trust`` the flags ask for; a CommandError says how to make a key."""
+    from pathlib import Path
+
+    from gpushare.core.trust import Trust
+    from gpushare.kube.sealing import HOW_TO_MAKE, SealKeyError, load_key_file
+
+    if seal_key_file and insecure_no_seal:
+        raise CommandError("give --seal-key-file or --insecure-no-seal, not both")
+    if insecure_no_seal:
+        click.echo(
+            "warning: --insecure-no-seal: allocations are not sealed or checked for a seal; "
+            "any tenant who can create a pod with spec.nodeName and a gpushare.io/allocation "
+            "matching its own request is counted and served",
+            err=True,
+        )
+        return Trust.structural()
+    if not seal_key_file:
+        raise CommandError(f"no --seal-key-file given: {HOW_TO_MAKE}")
+    try:
+        return Trust.sealed(load_key_file(Path(seal_key_file)))
+    except SealKeyError as err:
+        raise CommandError(str(err)) from None
+
+
+@click.command("seal-key")
+def seal_key() -> None:
+    """Print a new random seal key (for --seal-key-file, or the Secret gpushare-seal)."""
+    from gpushare.kube.sealing import new_key_text
+
+    click.echo(new_key_text())

@@ -1,0 +1,233 @@
+"""``gpushare simulate``: replay a workload under several policies and write the report.
+
+Two accountings share the FGD paper's protocol (``gpushare.sim.experiment``): milli-GPU, where
+the numbers compare with the published ones, and memory, where the extender's own scheduler core
+places the pods in gpu-mem units on nodes of one mode (``--node-mode``) unless they carry their
+own label. The simulator needs numpy and matplotlib, which the runtime image leaves out, so the
+command checks for them first and names the extra to install.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+
+from gpushare.cli.errors import CommandError
+from gpushare.core.inventory import SHARED_MODES, Mode
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+@click.command()
+@click.option(
+    "--nodes",
+    "nodes_path",
+    type=click.Path(),
+    default=None,
+    help="Nodes: openb CSV (sn,cpu_milli,memory_mib,gpu,model) or Node manifests (file or "
+    "directory; chosen by content).",
+)
+@click.option(
+    "--pods",
+    "pods_path",
+    type=click.Path(),
+    default=None,
+    help="Pods: openb CSV or Pod/Job/Deployment manifests. Without --nodes/--pods: the "
+    "built-in synthetic run.",
+)
+@click.option(
+    "--policy",
+    "policies",
+    multiple=True,
+    help="milli: bestfit, fgd, fgd-continuous, gpushare (default: all but fgd-continuous); "
+    "memory: the core's node policies (default: all). Repeatable.",
+)
+@click.option(
+    "--accounting",
+    type=click.Choice(["milli", "memory"]),
+    default="milli",
+    show_default=True,
+    help="milli: the paper's milli-GPU; memory: the extender's core places gpu-mem pods.",
+)
+@click.option(
+    "--gpu-memory-unit",
+    "unit_text",
+    type=click.Choice(["1GiB", "128MiB"]),
+    default="1GiB",
+    show_default=True,
+    help="The gpu-mem unit (memory mode, and reading manifests).",
+)
+@click.option(
+    "--node-mode",
+    type=click.Choice([m.value for m in SHARED_MODES]),
+    default=Mode.SHARE.value,
+    show_default=True,
+    help="Memory mode: ack.node.gpu.schedule of nodes without their own label.",
+)
+@click.option(
+    "--seeds",
+    type=int,
+    default=None,
+    help="How many seeds (default 10 with a trace, 3 for the built-in run).",
+)
+@click.option("--first-seed", type=int, default=0, show_default=True)
+@click.option(
+    "--tune",
+    type=float,
+    default=1.3,
+    show_default=True,
+    help="Inflate the stream with clones up to this multiple of GPU capacity.",
+)
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    help="Parallel processes (default: the machine's CPU count, at most 4).",
+)
+@click.option("--out", type=click.Path(file_okay=False), default="sim-report", show_default=True)
+@click.option("--no-offline", is_flag=True, help="Skip the offline first-fit-decreasing reference.")
+@click.option("--no-plots", is_flag=True)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Write into --out even when it already holds files (they are replaced).",
+)
+def simulate(
+    nodes_path: str | None,
+    pods_path: str | None,
+    policies: tuple[str, ...],
+    accounting: str,
+    unit_text: str,
+    node_mode: str,
+    seeds: int | None,
+    first_seed: int,
+    tune: float,
+    workers: int | None,
+    out: str,
+    no_offline: bool,
+    no_plots: bool,
+    force: bool,
+) -> None:
+    """Replay a workload under several policies with the FGD paper's protocol and report.
+
+    The report folder (--out) gets table.md, report.json, curve.png and fragmentation.png; a
+    folder that already holds files is refused unless --force is given.
+    """
+    import importlib.util
+    import os
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    missing = [m for m in ("numpy", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise click.ClickException(
+            f"the simulator needs {' and '.join(missing)}, which the runtime install leaves "
+            "out: install the extra, pip install 'gpushare[sim]' (or -e '.[sim]' in a checkout)"
+        )
+
+    from gpushare.core.units import MemoryUnit
+    from gpushare.sim import gpumem, report, synthetic
+    from gpushare.sim.experiment import Experiment, SeedResult, run_experiment
+    from gpushare.sim.kubeyaml import read_workload
+    from gpushare.sim.milligpu import POLICIES
+    from gpushare.sim.openb import TraceError
+    from gpushare.sim.progress import PlainProgress
+
+    console = Console()
+    if not console.is_terminal:
+        console.width = 160  # a log or a pipe: keep the table's rows on one line each
+    unit = MemoryUnit.parse(unit_text)
+    settings = gpumem.MemorySettings(unit, Mode(node_mode)) if accounting == "memory" else None
+    known = gpumem.policies() if settings else list(POLICIES)
+    chosen = list(policies) or (known if settings else ["bestfit", "fgd", "gpushare"])
+    for name in chosen:
+        if name not in known:
+            raise click.BadParameter(
+                f"{name!r} is not a policy in {accounting} accounting; choose from "
+                f"{', '.join(known)}",
+                param_hint="--policy",
+            )
+    if (nodes_path is None) != (pods_path is None):
+        raise click.UsageError("give both --nodes and --pods, or neither for the built-in run")
+    if not 1.0 <= tune <= 3.0:
+        raise click.BadParameter(f"{tune} must be between 1.0 and 3.0", param_hint="--tune")
+    try:
+        if nodes_path and pods_path:
+            nodes, pods = read_workload(Path(nodes_path), Path(pods_path), unit=unit)
+            stem = Path(pods_path).stem
+            trace = stem.removeprefix("openb_pod_list_")
+        else:
+            nodes = synthetic.nodes()
+            pods = synthetic.pods(nodes)
+            trace = "synthetic"
+        if settings:
+            gpumem.check(nodes, unit)
+            trace += f" (memory, {unit.value}, {node_mode})"
+    except TraceError as err:
+        raise CommandError(str(err)) from None
+    if not nodes or not pods:
+        raise CommandError("the node list and the pod list must not be empty")
+    count = seeds if seeds is not None else (10 if nodes_path else 3)
+    if count < 1:
+        raise click.BadParameter(f"{count} must be at least 1", param_hint="--seeds")
+    folder = Path(out)
+    if folder.is_dir() and any(folder.iterdir()) and not force:
+        raise CommandError(
+            f"the report folder {folder} already holds files (an earlier report?); "
+            f"pass --force to overwrite them, or --out NEW_FOLDER to keep them"
+        )
+    seed_list = list(range(first_seed, first_seed + count))
+    jobs = (len(chosen) + (0 if no_offline or settings else 1)) * count
+    workers = workers or min(4, os.cpu_count() or 1)
+    console.print(
+        f"{trace}: {len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs, {len(pods)} pods; "
+        f"policies {', '.join(chosen)}; seeds {seed_list[0]}..{seed_list[-1]}; "
+        f"{workers} worker(s)"
+    )
+
+    def replay(progress: Callable[[SeedResult], None]) -> Experiment:
+        return run_experiment(
+            trace,
+            nodes,
+            pods,
+            chosen,
+            seed_list,
+            tune=tune,
+            workers=workers,
+            offline=not no_offline,
+            progress=progress,
+            memory=settings,
+        )
+
+    if console.is_terminal:
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("replaying", total=jobs)
+            experiment = replay(lambda r: bar.advance(task))
+    else:  # a pipe or a log: a bar drawn with cursor moves shows nothing there
+        experiment = replay(PlainProgress(jobs, say=lambda line: click.echo(line, err=True)))
+    rows = report.table(experiment)
+    grid = Table(
+        title="unallocated GPU % at arrived %, lower is better",
+        caption=f"{trace}; {report.describe(count)}",
+    )
+    for header in rows[0]:
+        grid.add_column(header)
+    for row in rows[1:]:
+        grid.add_row(*row)
+    console.print(grid)
+    for policy, reasons in report.failures(experiment).items():
+        text = ", ".join(f"{reason} {n:.0f}" for reason, n in reasons.items())
+        console.print(f"failed pods per seed, {policy}: {text}")
+    if not experiment.bound and settings is None:
+        console.print(
+            "no LP lower bound: it needs scipy (pip install -e '.[bench]'); "
+            "offline-ffd is no bound",
+            markup=False,
+        )
+    files = report.write(experiment, folder, plots=not no_plots)
+    console.print("wrote " + ", ".join(str(f) for f in files))

@@ -1,0 +1,276 @@
+"""``gpushare webhook`` serves the admission webhook; ``gpushare webhook-config`` prints what
+sends reviews to it.
+
+Both take the same trust and steering flags (``--trusted-user``, ``--trusted-group``,
+``--steer-from``, ``--no-steer``), so the configurations printed match the server they point
+at. The webhook reads the memory unit and resource names through ``gpushare.config`` like the
+extender, since it checks requests against the same rules the scheduler places them by.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from gpushare.cli.errors import CommandError
+from gpushare.cli.logs import log_level_option, setup_logging
+from gpushare.cli.options import resource_name_options, scheduling_config
+from gpushare.core.names import DEFAULT_SCHEDULER, SCHEDULER_NAME
+
+
+@click.command()
+@click.option("--host", default="0.0.0.0", show_default=True)
+@click.option("--port", default=9443, show_default=True, type=int)
+@click.option("--tls-cert-file", required=True, help="PEM serving certificate (with chain).")
+@click.option("--tls-private-key-file", required=True, help="PEM private key of the certificate.")
+@click.option("--gpu-memory-unit", default=None, help="1GiB (default) or 128MiB.")
+@click.option(
+    "--max-pods-per-gpu",
+    type=int,
+    default=None,
+    help="Accepted so the chart can pass one argument list; no pod-level rule uses it.",
+)
+@resource_name_options
+@click.option(
+    "--trusted-user",
+    multiple=True,
+    help="Username whose writes of gpushare.io/* and ALIYUN_COM_GPU_MEM_* pod annotations (and "
+    "nodeName on GPU pods) pass: the extender's and the device plugin's ServiceAccounts, "
+    "system:serviceaccount:NAMESPACE:NAME (repeatable).",
+)
+@click.option("--trusted-group", multiple=True, help="Group trusted the same way (repeatable).")
+@click.option(
+    "--scheduler-name",
+    default=SCHEDULER_NAME,
+    show_default=True,
+    help="The scheduler profile that runs gpushare's extender.",
+)
+@click.option(
+    "--steer-from",
+    multiple=True,
+    default=[DEFAULT_SCHEDULER],
+    show_default=True,
+    help="A scheduler name that counts as none named: POST /mutate gives GPU pods naming it "
+    "--scheduler-name instead (repeatable). The API server writes default-scheduler into an "
+    "empty schedulerName before admission.",
+)
+@click.option(
+    "--no-steer",
+    is_flag=True,
+    help="POST /mutate changes nothing (the chart's webhook.steer.enabled=false).",
+)
+@log_level_option
+def webhook(
+    host: str,
+    port: int,
+    tls_cert_file: str,
+    tls_private_key_file: str,
+    gpu_memory_unit: str | None,
+    max_pods_per_gpu: int | None,
+    mem_resource: str | None,
+    core_resource: str | None,
+    count_resource: str | None,
+    trusted_user: tuple[str, ...],
+    trusted_group: tuple[str, ...],
+    scheduler_name: str,
+    steer_from: tuple[str, ...],
+    no_steer: bool,
+    log_level: str,
+) -> None:
+    """Serve the admission webhook (POST /validate, POST /mutate) over HTTPS."""
+    from pathlib import Path
+
+    import uvicorn
+
+    from gpushare.core.admission import AdmissionSettings
+    from gpushare.core.tampering import Trust
+    from gpushare.webhook.app import create_app, server_config
+
+    scheduling = scheduling_config(
+        gpu_memory_unit=gpu_memory_unit,
+        max_pods_per_gpu=max_pods_per_gpu,
+        mem_resource=mem_resource,
+        core_resource=core_resource,
+        count_resource=count_resource,
+    ).settings()
+    settings = AdmissionSettings(
+        names=scheduling.names,
+        unit=scheduling.unit,
+        trust=Trust(users=frozenset(trusted_user), groups=frozenset(trusted_group)),
+        scheduler_name=scheduler_name,
+        steer_from=() if no_steer else tuple(steer_from),
+    )
+    for flag, path in (
+        ("--tls-cert-file", tls_cert_file),
+        ("--tls-private-key-file", tls_private_key_file),
+    ):
+        if not Path(path).is_file():
+            raise CommandError(f"{flag}={path!r} is not a readable file")
+    setup_logging(log_level)
+    app = create_app(settings)
+    config = server_config(
+        app,
+        host=host,
+        port=port,
+        cert_file=tls_cert_file,
+        key_file=tls_private_key_file,
+        log_level=log_level,
+    )
+    uvicorn.Server(config).run()
+
+
+@click.command("webhook-config")
+@click.option("--url", default=None, help="https://HOST:PORT/validate, for a webhook outside.")
+@click.option(
+    "--service",
+    default=None,
+    help="NAMESPACE/NAME[:PORT] of the webhook's Service (port default 443).",
+)
+@click.option("--ca-bundle-file", required=True, help="PEM CA that signed the serving cert.")
+@click.option(
+    "--failure-policy",
+    type=click.Choice(["Fail", "Ignore"]),
+    default="Fail",
+    show_default=True,
+    help="Fail: nothing the webhook refuses is admitted while it is down (Ignore lets every "
+    "forged annotation, nodeName and isolation variable through then).",
+)
+@click.option("--timeout-seconds", type=int, default=5, show_default=True)
+@click.option(
+    "--exclude-namespace",
+    multiple=True,
+    help="Namespace never checked (repeatable; default kube-system).",
+)
+@click.option(
+    "--namespace-label", multiple=True, help="KEY=VALUE a namespace must carry (repeatable)."
+)
+@click.option(
+    "--trusted-user",
+    multiple=True,
+    help="Username left out by a matchCondition (the webhook's own --trusted-user; repeatable).",
+)
+@click.option("--trusted-group", multiple=True, help="Group left out the same way (repeatable).")
+@click.option(
+    "--with-policy",
+    is_flag=True,
+    help="Also print the ValidatingAdmissionPolicy and its binding that keep the annotation "
+    "and nodeName rules while the webhook is down.",
+)
+@click.option(
+    "--no-steer",
+    is_flag=True,
+    help="Leave out the MutatingWebhookConfiguration that gives GPU pods naming no scheduler "
+    "schedulerName ack-co-scheduler (then run gpushare webhook --no-steer too).",
+)
+@click.option(
+    "--steer-from",
+    multiple=True,
+    default=[DEFAULT_SCHEDULER],
+    show_default=True,
+    help="Scheduler name that counts as none named (the webhook's own --steer-from; repeatable).",
+)
+@click.option(
+    "--steer-url",
+    default=None,
+    help="https://HOST:PORT/mutate; default: --url with /validate replaced by /mutate.",
+)
+@click.option("--mem-resource", default="aliyun.com/gpu-mem", show_default=True)
+@click.option("--core-resource", default="aliyun.com/gpu-core.percentage", show_default=True)
+def webhook_config(
+    url: str | None,
+    service: str | None,
+    ca_bundle_file: str,
+    failure_policy: str,
+    timeout_seconds: int,
+    exclude_namespace: tuple[str, ...],
+    namespace_label: tuple[str, ...],
+    trusted_user: tuple[str, ...],
+    trusted_group: tuple[str, ...],
+    with_policy: bool,
+    no_steer: bool,
+    steer_from: tuple[str, ...],
+    steer_url: str | None,
+    mem_resource: str,
+    core_resource: str,
+) -> None:
+    """Print the webhook configurations that send reviews to gpushare webhook.
+
+    The ValidatingWebhookConfiguration, then (unless --no-steer) the
+    MutatingWebhookConfiguration for GPU pods that name no scheduler.
+    """
+    import base64
+    from pathlib import Path
+
+    import yaml
+
+    from gpushare.core.names import ResourceNames
+    from gpushare.webhook.configuration import (
+        DEFAULT_EXCLUDED_NAMESPACES,
+        PATH,
+        STEERING_PATH,
+        steering_configuration,
+        webhook_configuration,
+    )
+    from gpushare.webhook.policy import handoff_policy
+
+    labels = {}
+    for item in namespace_label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r}: write KEY=VALUE", param_hint="--namespace-label")
+        labels[key] = value
+    target: dict[str, object] | None = None
+    if service:
+        namespace, _, rest = service.partition("/")
+        name, _, port = rest.partition(":")
+        if not namespace or not name or (port and not port.isdigit()):
+            raise click.BadParameter(
+                f"{service!r}: write NAMESPACE/NAME or NAMESPACE/NAME:PORT", param_hint="--service"
+            )
+        target = {"namespace": namespace, "name": name, "port": int(port or 443)}
+    excluded = exclude_namespace or DEFAULT_EXCLUDED_NAMESPACES
+    common: dict[str, Any] = {
+        "ca_bundle": base64.b64encode(Path(ca_bundle_file).read_bytes()).decode(),
+        "service": target,
+        "failure_policy": "Fail" if failure_policy == "Fail" else "Ignore",
+        "timeout_seconds": timeout_seconds,
+        "excluded_namespaces": excluded,
+        "namespace_labels": labels,
+    }
+    names = ResourceNames(mem=mem_resource, core=core_resource)
+    if not no_steer and url is not None and steer_url is None:
+        if not url.endswith(PATH):
+            raise click.BadParameter(
+                f"{url!r} does not end in {PATH}, so the steering webhook's URL cannot be "
+                f"derived from it; give --steer-url https://HOST:PORT{STEERING_PATH} or "
+                f"--no-steer",
+                param_hint="--url",
+            )
+        steer_url = url.removesuffix(PATH) + STEERING_PATH
+    try:
+        documents = [
+            webhook_configuration(
+                url=url, trusted_users=trusted_user, trusted_groups=trusted_group, **common
+            )
+        ]
+        if not no_steer:
+            documents.append(
+                steering_configuration(
+                    url=steer_url if url is not None else None,
+                    steer_from=steer_from,
+                    names=names,
+                    **common,
+                )
+            )
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    if with_policy:
+        documents += handoff_policy(
+            names=names,
+            trusted_users=trusted_user,
+            trusted_groups=trusted_group,
+            excluded_namespaces=excluded,
+            namespace_labels=labels,
+        )
+    click.echo(yaml.safe_dump_all(documents, sort_keys=False), nl=False)
