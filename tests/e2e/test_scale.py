@@ -68,9 +68,7 @@ def test_thousand_nodes_five_thousand_pods(
             print(text, flush=True)
 
     try:
-        plain = run_stage(
-            cluster, "plain", "e2e-scale-plain", plain_pods, gpu=False, progress=say
-        )
+        plain = run_stage(cluster, "plain", "e2e-scale-plain", plain_pods, gpu=False, progress=say)
         gpu = run_stage(cluster, "gpu", "e2e-scale-gpu", gpu_pods, gpu=True, progress=say)
     finally:
         if not cluster.processes["kube-scheduler"].alive():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -137,9 +137,7 @@ class ConflictOnce(MemoryKube):
         super().__init__()
         self.conflicts = 0
 
-    async def bind_pod(
-        self, namespace: str, name: str, uid: str, node: str, **kwargs: Any
-    ) -> None:
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **kwargs: Any) -> None:
         if self.conflicts == 0 and kwargs.get("resource_version"):
             self.conflicts += 1
             self.update_pod(namespace, name, message="touched by someone else")
@@ -164,9 +162,7 @@ def test_bind_retries_after_a_resource_version_conflict() -> None:
 
 
 class AlwaysConflict(MemoryKube):
-    async def bind_pod(
-        self, namespace: str, name: str, uid: str, node: str, **kwargs: Any
-    ) -> None:
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **kwargs: Any) -> None:
         raise Conflict("the object has been modified")
 
 
@@ -184,16 +180,12 @@ def test_bind_gives_up_after_repeated_conflicts_and_frees_the_booking() -> None:
 
 
 class BindingFails(MemoryKube):
-    async def bind_pod(
-        self, namespace: str, name: str, uid: str, node: str, **kwargs: Any
-    ) -> None:
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **kwargs: Any) -> None:
         raise KubeError("pods/binding refused")
 
 
 class Exploding(MemoryKube):
-    async def bind_pod(
-        self, namespace: str, name: str, uid: str, node: str, **kwargs: Any
-    ) -> None:
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **kwargs: Any) -> None:
         raise RuntimeError("unexpected")
 
 
@@ -570,7 +562,10 @@ def test_a_pod_scheduled_before_the_previous_bind_does_not_race_it() -> None:
             scores = await rig.post("prioritize", {"Pod": pod, "NodeNames": passing})
             chosen.append(max(scores, key=lambda s: s["Score"])["Host"])
         assert sorted(chosen) == ["n0", "n1"]
-        replies = [await rig.post("bind", _binding(p, n)) for p, n in zip((first, second), chosen)]
+        replies = [
+            await rig.post("bind", _binding(p, n))
+            for p, n in zip((first, second), chosen, strict=True)
+        ]
         assert replies == [{"Error": ""}, {"Error": ""}]
         await rig.settle()
         ledger = rig.cache.ledger

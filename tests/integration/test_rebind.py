@@ -94,9 +94,7 @@ def test_a_bind_to_another_node_is_refused_and_keeps_the_allocation() -> None:
 class TimesOutAfterBinding(MemoryKube):
     """The binding is stored, but the reply never arrives (the API server was paused)."""
 
-    async def bind_pod(
-        self, namespace: str, name: str, uid: str, node: str, **kwargs: Any
-    ) -> None:
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **kwargs: Any) -> None:
         await super().bind_pod(namespace, name, uid, node, **kwargs)
         raise Unreachable("POST pods/binding: timed out after 5s")
 
@@ -121,9 +119,7 @@ def test_a_binding_that_timed_out_but_went_through_is_a_success() -> None:
 class BoundMeanwhile(MemoryKube):
     """Another scheduler binds the pod between gpushare's read and its binding."""
 
-    async def bind_pod(
-        self, namespace: str, name: str, uid: str, node: str, **kwargs: Any
-    ) -> None:
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **kwargs: Any) -> None:
         await super().bind_pod(namespace, name, uid, OTHER)
         await super().bind_pod(namespace, name, uid, node, **kwargs)
 
@@ -165,9 +161,7 @@ class Yielding(MemoryKube):
             namespace, name, annotations, resource_version=resource_version
         )
 
-    async def bind_pod(
-        self, namespace: str, name: str, uid: str, node: str, **kwargs: Any
-    ) -> None:
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **kwargs: Any) -> None:
         await asyncio.sleep(0)
         await super().bind_pod(namespace, name, uid, node, **kwargs)
 
@@ -214,9 +208,7 @@ class BlindAfterBinding(MemoryKube):
         super().__init__()
         self.down = False
 
-    async def bind_pod(
-        self, namespace: str, name: str, uid: str, node: str, **kwargs: Any
-    ) -> None:
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **kwargs: Any) -> None:
         self.down = True
         raise Unreachable("POST pods/binding: timed out after 5s")
 
