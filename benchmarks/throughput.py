@@ -146,7 +146,7 @@ def run(nodes: int, pods: int, seed: int, out: Path, profile: bool) -> dict[str,
                         "--nonblocking",
                     ],
                     stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
+                    stderr=(out / f"py-spy-{nodes}.log").open("wb"),
                 )
             gpu = run_stage(cluster, "gpu", "tp-gpu", gpu_pods, gpu=True, progress=progress)
             if spy is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -132,26 +132,17 @@ def test_relists_after_410_gone() -> None:
 
 
 class ConflictOnce(MemoryKube):
-    """Changes the pod between the extender's read and its patch, once."""
+    """Changes the pod between the extender's read and its binding, once."""
 
     def __init__(self) -> None:
         super().__init__()
         self.conflicts = 0
 
-    async def patch_pod_annotations(
-        self,
-        namespace: str,
-        name: str,
-        annotations: Mapping[str, str | None],
-        *,
-        resource_version: str,
-    ) -> KubeDict:
-        if self.conflicts == 0 and resource_version:
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **kwargs: Any) -> None:
+        if self.conflicts == 0 and kwargs.get("resource_version"):
             self.conflicts += 1
             self.update_pod(namespace, name, message="touched by someone else")
-        return await super().patch_pod_annotations(
-            namespace, name, annotations, resource_version=resource_version
-        )
+        await super().bind_pod(namespace, name, uid, node, **kwargs)
 
 
 def test_bind_retries_after_a_resource_version_conflict() -> None:
@@ -172,14 +163,7 @@ def test_bind_retries_after_a_resource_version_conflict() -> None:
 
 
 class AlwaysConflict(MemoryKube):
-    async def patch_pod_annotations(
-        self,
-        namespace: str,
-        name: str,
-        annotations: Mapping[str, str | None],
-        *,
-        resource_version: str,
-    ) -> KubeDict:
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **kwargs: Any) -> None:
         raise Conflict("the object has been modified")
 
 
@@ -190,19 +174,19 @@ def test_bind_gives_up_after_repeated_conflicts_and_frees_the_booking() -> None:
 
     async def body(rig: Rig) -> None:
         outcome = await rig.driver.schedule(pod, [SEED])
-        assert not outcome.bound and "kept changing while binding" in outcome.error
+        assert not outcome.bound and "changed or was bound while binding" in outcome.error
         assert rig.cache.ledger.usage(SEED).mem_units == 0
 
     run_with_rig(kube, body)
 
 
 class BindingFails(MemoryKube):
-    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **kwargs: Any) -> None:
         raise KubeError("pods/binding refused")
 
 
 class Exploding(MemoryKube):
-    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **kwargs: Any) -> None:
         raise RuntimeError("unexpected")
 
 
@@ -556,3 +540,73 @@ def test_the_openapi_page_describes_every_verb_from_the_wire_structs() -> None:
         assert refs and all(r.rsplit("/", 1)[1] in components for r in refs)
 
     run_with_rig(seed_cluster(), body)
+
+
+def _binding(pod: KubeDict, node: str) -> dict[str, Any]:
+    meta = pod["metadata"]
+    return {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": node}
+
+
+def test_a_pod_scheduled_before_the_previous_bind_does_not_race_it() -> None:
+    """kube-scheduler filters and prioritizes the next pod before the previous bind arrives:
+    the intent booked at prioritize sends it to the other node, and both binds succeed."""
+    kube = MemoryKube()
+    for name in ("n0", "n1"):
+        kube.put_node(gpu_node(name, gpus_units=[15]))
+    first, second = (kube.create_pod(gpu_pod(f"p{i}", mem=10)) for i in range(2))
+
+    async def body(rig: Rig) -> None:
+        chosen = []
+        for pod in (first, second):
+            filtered = await rig.post("filter", {"Pod": pod, "NodeNames": ["n0", "n1"]})
+            passing = filtered["NodeNames"]
+            scores = await rig.post("prioritize", {"Pod": pod, "NodeNames": passing})
+            chosen.append(max(scores, key=lambda s: s["Score"])["Host"])
+        assert sorted(chosen) == ["n0", "n1"]
+        replies = [
+            await rig.post("bind", _binding(p, n))
+            for p, n in zip((first, second), chosen, strict=True)
+        ]
+        assert replies == [{"Error": ""}, {"Error": ""}]
+        await rig.settle()
+        ledger = rig.cache.ledger
+        assert [ledger.usage(n).on(0).mem_units for n in ("n0", "n1")] == [10, 10]
+        assert list(ledger.intents()) == []
+        # one write per pod: the binding carries the annotations
+        assert rig.kube.calls.count("patch_pod_annotations") == 0
+        assert rig.kube.calls.count("bind_pod") == 2
+        for name in ("p0", "p1"):
+            stored = await rig.kube.get_pod("default", name)
+            assert ANN_ALLOCATION in stored["metadata"]["annotations"]
+
+    run_with_rig(kube, body)
+
+
+def test_an_intent_is_given_back_when_its_pod_is_filtered_again_or_its_time_is_up() -> None:
+    kube = MemoryKube()
+    kube.put_node(gpu_node("n0", gpus_units=[15]))
+    pod = kube.create_pod(gpu_pod("p0", mem=10))
+    other = kube.create_pod(gpu_pod("p1", mem=10))
+    now = [1_700_000_000 * 10**9]
+
+    async def body(rig: Rig) -> None:
+        rig.extender.clock_ns = lambda: now[0]
+        ledger = rig.cache.ledger
+        await rig.post("filter", {"Pod": pod, "NodeNames": ["n0"]})
+        await rig.post("prioritize", {"Pod": pod, "NodeNames": ["n0"]})
+        assert ledger.usage("n0").on(0).mem_units == 10
+        refused = await rig.post("filter", {"Pod": other, "NodeNames": ["n0"]})
+        assert refused["NodeNames"] == []
+        # the same pod tried again: its own intent no longer counts against anyone
+        await rig.post("filter", {"Pod": pod, "NodeNames": ["n0"]})
+        assert ledger.usage("n0").on(0).mem_units == 0
+        await rig.post("prioritize", {"Pod": pod, "NodeNames": ["n0"]})
+        now[0] += int(rig.extender.intent_ttl_s * 1e9)
+        passed = await rig.post("filter", {"Pod": other, "NodeNames": ["n0"]})
+        assert passed["NodeNames"] == ["n0"]
+        text = (await rig.client.get("/metrics")).text
+        assert 'gpushare_intents_total{outcome="expired"} 1.0' in text
+        assert 'gpushare_intents_total{outcome="dropped"} 1.0' in text
+        assert 'gpushare_intents_total{outcome="booked"} 2.0' in text
+
+    run_with_rig(kube, body)

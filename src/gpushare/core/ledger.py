@@ -7,6 +7,13 @@ Three kinds of entry, keyed by pod UID:
   kube-scheduler "assume" idea). An assumption outlives stale watch events of the same pod and is
   dropped only when the pod is seen with the same placement, finishes, is deleted, or bind gives
   it back; this closes the window in which a lagging watch could hide a fresh booking;
+- intended: booked when the extender's prioritize answered with one node on top, before
+  kube-scheduler has chosen (``intend``): the GPUs its top score promises. kube-scheduler
+  filters the next pod while the previous bind is still on its way, and without the intent
+  that pod is sent to the same free share, and its bind finds it taken. An intent is an
+  assumption with a deadline: bind's own booking (``assume``) replaces it, on that node or
+  another; it is given back when the deadline passes (``expire``), when the pod is seen bound
+  or is gone, or when it is replaced by the pod's next attempt;
 - unplaced: a pod bound to a node that asks for GPU memory but carries no allocation that counts
   (placed by another scheduler, an unreadable record, or one core.trust ignores). Its GPU is
   unknown, so it counts against the node as a whole; ``kubectl inspect cgpu`` shows it in the
@@ -29,6 +36,7 @@ sums changes the node's version like any booking, so cached scores follow it.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -158,6 +166,10 @@ class Ledger:
         self._confirmed: dict[str, Allocation] = {}
         self._assumed: dict[str, Allocation] = {}
         self._unplaced: dict[str, Unplaced] = {}
+        self._intents: dict[str, int] = {}
+        """Assumptions that are intents: pod UID to the deadline (ns) of its intent."""
+        self._deadlines: list[tuple[int, str]] = []
+        """Intent deadlines as a heap; entries an intent no longer has are skipped."""
         self._by_node: dict[str, set[str]] = {}
         self._nodes_of: dict[str, set[str]] = {}
         self._node_versions: dict[str, int] = {}
@@ -198,6 +210,9 @@ class Ledger:
             self.forget(uid)
             return None
         bound = node_name_of(pod)
+        if bound and uid in self._intents:  # bound: whatever bound it booked for itself
+            del self._intents[uid]
+            self._assumed.pop(uid, None)
         if bound:
             self._set_host(uid, bound, pod_requests(pod), assumed=False)
         allocation = from_pod(pod)
@@ -218,6 +233,7 @@ class Ledger:
             assumed = self._assumed.get(uid)
             if assumed is not None and assumed.same_placement(allocation):
                 del self._assumed[uid]
+                self._intents.pop(uid, None)
         else:
             self._confirmed.pop(uid, None)
             node = bound
@@ -241,6 +257,7 @@ class Ledger:
         self._ignored.pop(uid, None)
         self._confirmed.pop(uid, None)
         self._assumed.pop(uid, None)
+        self._intents.pop(uid, None)
         self._unplaced.pop(uid, None)
         self._drop_host(uid)
         self._reindex(uid)
@@ -250,15 +267,43 @@ class Ledger:
 
         ``host`` is the pod's CPU and memory request; it counts on the node until the watch
         shows the pod bound there (or it is given back), unless the pod is already seen bound.
+        It replaces the pod's intent, if it had one.
         """
+        self._intents.pop(allocation.uid, None)
         self._assumed[allocation.uid] = allocation
         known = self._host.get(allocation.uid)
         if known is None or known[2]:
             self._set_host(allocation.uid, allocation.node, host, assumed=True)
         self._reindex(allocation.uid)
 
+    def intend(self, allocation: Allocation, host: HostResources, *, until_ns: int) -> None:
+        """Book what the extender's top score promises a pod, until ``until_ns`` at most.
+
+        Counted like an assumption (every decision sees it) and replaced by one at bind. A
+        pod holds one intent: a later one replaces it, wherever it was.
+        """
+        self.assume(allocation, host)
+        self._intents[allocation.uid] = until_ns
+        heapq.heappush(self._deadlines, (until_ns, allocation.uid))
+
+    def expire(self, now_ns: int) -> list[str]:
+        """Give back every intent whose deadline has passed; return their pods' UIDs."""
+        expired = []
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now_ns:
+            deadline, uid = heapq.heappop(deadlines)
+            if self._intents.get(uid) == deadline:
+                self.unassume(uid)
+                expired.append(uid)
+        return expired
+
+    def intent_until(self, uid: str) -> int | None:
+        """The deadline of the pod's intent (ns), or None when it holds no intent."""
+        return self._intents.get(uid)
+
     def unassume(self, uid: str) -> None:
-        """Give back a reservation whose bind failed; idempotent."""
+        """Give back a reservation whose bind failed, or an intent; idempotent."""
+        self._intents.pop(uid, None)
         self._assumed.pop(uid, None)
         known = self._host.get(uid)
         if known is not None and known[2]:
@@ -338,8 +383,14 @@ class Ledger:
         return known[1] if known is not None else NO_HOST
 
     def is_assumed(self, uid: str) -> bool:
-        """Whether the pod's holding is a bind-time reservation not yet seen back."""
+        """Whether the pod's holding is a bind-time reservation not yet seen back (or an
+        intent)."""
         return uid in self._assumed
+
+    def intents(self) -> Iterator[tuple[Allocation, int]]:
+        """Every intent with its deadline (ns), in UID order."""
+        for uid in sorted(self._intents):
+            yield self._assumed[uid], self._intents[uid]
 
     def allocations(self) -> Iterator[Allocation]:
         """Every effective allocation, in UID order."""

@@ -11,7 +11,7 @@ What one decision is lives in ``core.deciding``, how scores become 0..10 in ``co
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -294,3 +294,42 @@ class Scheduler:
     def unreserve(self, uid: str, ledger: Ledger) -> None:
         """Give back a reservation; idempotent."""
         ledger.unassume(uid)
+
+    def intend(
+        self,
+        pod: KubeObject,
+        names: Sequence[str],
+        scores: Sequence[int],
+        nodes: Mapping[str, NodeInventory],
+        ledger: Ledger,
+        *,
+        until_ns: int,
+    ) -> Allocation | None:
+        """Book, as an intent, the GPUs that the top of a prioritize answer promises.
+
+        kube-scheduler takes the extender's single top node (``schedconfig.packing_profile``)
+        and filters the next pod before this pod's bind arrives; the intent makes that pod
+        see the share as taken (``Ledger.intend``). It is booked only where the pod fits now,
+        never over the pod's own bind booking, and it replaces the pod's earlier intent. The
+        node that gets it is the first with the highest score (``single_top`` leaves one).
+        """
+        request = self.read(pod)
+        if not isinstance(request, PodRequest) or not request.wants_gpu or not request.uid:
+            return None
+        uid = request.uid
+        if ledger.is_assumed(uid) and ledger.intent_until(uid) is None:
+            return None  # its bind has booked: that booking stands
+        top = max(scores, default=0)
+        node = next((nodes.get(n) for n, v in zip(names, scores, strict=True) if v == top), None)
+        verdict = self.verdict(request, node, ledger) if node is not None and top > 0 else None
+        if node is None or verdict is None or not verdict.fits:
+            self.drop_intent(uid, ledger)
+            return None
+        allocation = plan(request, node=node.name, indexes=verdict.gpus, unit=node.unit)
+        ledger.intend(allocation, request.host, until_ns=until_ns)
+        return allocation
+
+    def drop_intent(self, uid: str, ledger: Ledger) -> None:
+        """Give back the pod's intent, if it holds one (a new attempt, or a bind that failed)."""
+        if ledger.intent_until(uid) is not None:
+            ledger.unassume(uid)

@@ -182,6 +182,14 @@ class ExtenderMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.intents = Counter(
+            "gpushare_intents_total",
+            "Intents (GPUs booked at prioritize for the top node until the bind comes) by "
+            "what happened: booked, expired (no bind before the deadline), dropped (the pod "
+            "was tried again or its bind failed); bind's booking replaces the rest",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.conflicts = Counter(
             "gpushare_bind_conflicts_total",
             "Annotation writes answered 409 (the pod changed meanwhile); bind gave the booking "

@@ -4,12 +4,16 @@ Bind is where double-booking could happen, so it goes in this order:
 
 1. read the pod fresh from the API (its resourceVersion guards the next write);
 2. filter the node again and book the chosen GPUs in the ledger as an assumption; there is no
-   ``await`` between check and booking, so two binds on one event loop cannot both pass;
-3. write the annotations with a merge patch that carries the resourceVersion: if the pod
-   changed meanwhile the server answers 409, the booking is given back and bind starts again
-   (up to ``attempts`` times);
-4. create the ``pods/binding``; if that fails, the booking and the annotations are removed and
-   the error goes back to kube-scheduler, which retries the pod later.
+   ``await`` between check and booking, so two binds on one event loop cannot both pass. The
+   booking replaces the pod's intent, the GPUs prioritize booked for it on its top node
+   (``core.ledger``), so the pods kube-scheduler sent on meanwhile were not given them;
+3. create the ``pods/binding`` carrying the annotations and the resourceVersion: the API server
+   sets the node and the annotations in one update, or answers 409 when the pod changed or was
+   bound meanwhile; then the booking is given back and bind starts again (up to ``attempts``
+   times). Only labels (a ResourcePolicy unit's ``podLabels``) and the removal of an
+   annotation the pod already carries take a merge patch first, with the same check;
+4. if the binding fails, the booking (and annotations a patch wrote) are removed and the error
+   goes back to kube-scheduler, which retries the pod later.
 
 A bound pod is never re-planned, rewritten or cleared. kube-scheduler retries a bind whose reply
 was late, and a binding can time out after the API server stored it; clearing then would leave
@@ -87,6 +91,16 @@ log = logging.getLogger(__name__)
 
 MISSING = "node is not in gpushare's cache yet; it will be after the next watch event"
 
+INTENT_TTL_S = 30.0
+"""How long an intent booked at prioritize waits for its bind (``core.ledger``).
+
+kube-scheduler binds within milliseconds of choosing, unless a Permit plugin makes the pod
+wait; a pod it retried is filtered again first, which gives the old intent back at once. So
+the deadline matters only when no call for the pod comes again (kube-scheduler stopped, the
+pod left for another scheduler): then the share is free again after this long. Letting it go
+early is safe (bind checks the node again) but would bring back the retries intents remove.
+"""
+
 SUCCESS = frozenset({"bound", "already_bound"})
 """Bind outcomes that answer kube-scheduler with success."""
 
@@ -125,8 +139,10 @@ class Extender:
         attempts: int = 3,
         clock_ns: Callable[[], int] = time.time_ns,
         events: EventRecorder | None = None,
+        intent_ttl_s: float = INTENT_TTL_S,
     ) -> None:
         self.api = api
+        self.intent_ttl_s = intent_ttl_s
         self.events = events if events is not None else EventRecorder(api)
         self.cache = cache
         self.scheduler = scheduler
@@ -189,8 +205,33 @@ class Extender:
         settings = self.scheduler.settings
         return [read_node(n, cluster_unit=settings.unit, names=settings.names) for n in nodes.items]
 
+    def _new_attempt(self, pod: KubeObject) -> None:
+        """Before a filter: give back the intents that expired, and the pod's own, since
+        kube-scheduler tries a pod again only after its previous attempt has ended."""
+        ledger = self.cache.ledger
+        expired = ledger.expire(self.clock_ns())
+        if expired:
+            self.metrics.intents.labels("expired").inc(len(expired))
+        uid = uid_of(pod)
+        if ledger.intent_until(uid) is not None:
+            self.scheduler.drop_intent(uid, ledger)
+            self.metrics.intents.labels("dropped").inc()
+
+    def _intend(
+        self,
+        pod: KubeObject,
+        names: list[str],
+        scores: list[int],
+        nodes: Mapping[str, NodeInventory],
+    ) -> None:
+        """Book the top node's GPUs for the pod until its bind comes (``Scheduler.intend``)."""
+        until = self.clock_ns() + int(self.intent_ttl_s * 1e9)
+        if self.scheduler.intend(pod, names, scores, nodes, self.cache.ledger, until_ns=until):
+            self.metrics.intents.labels("booked").inc()
+
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
         """Split the given nodes into passing, failed and unresolvable, with reasons."""
+        self._new_attempt(args.Pod)
         if args.Nodes is None:
             return self._filter_names(args)
         nodes = self._read_nodes(args.Nodes)
@@ -310,10 +351,14 @@ class Extender:
             nodes = self.cache.nodes
             names = list(filter(nodes.__contains__, args.NodeNames or []))
             scores = self.scheduler.prioritize_names(args.Pod, names, nodes, self.cache.ledger)
+            self._intend(args.Pod, names, scores, nodes)
             return names, scores
         found = self._read_nodes(args.Nodes)
         by_name = self.scheduler.prioritize(args.Pod, found, self.cache.ledger)
-        return [n.name for n in found], [by_name.get(n.name, 0) for n in found]
+        names = [n.name for n in found]
+        scores = [by_name.get(n.name, 0) for n in found]
+        self._intend(args.Pod, names, scores, {n.name: n for n in found})
+        return names, scores
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
         """Annotate then bind, never double-booking; see the module docstring."""
@@ -338,6 +383,9 @@ class Extender:
                 break
             log.info("pod=%s node=%s phase=bind conflict attempt=%d", key, args.Node, attempt)
         self.metrics.requests.labels("bind", "error").inc()
+        if args.PodUID and self.cache.ledger.intent_until(args.PodUID) is not None:
+            self.scheduler.drop_intent(args.PodUID, self.cache.ledger)  # it will be tried again
+            self.metrics.intents.labels("dropped").inc()
         log.warning("pod=%s node=%s phase=bind error=%r", key, args.Node, error)
         return ExtenderBindingResult(Error=error)
 
@@ -377,18 +425,9 @@ class Extender:
             annotations[ANN_DELETION_COST] = str(deletion_cost(unit))
             labels.update(unit.pod_labels)
         if not request.wants_gpu:
-            if annotations:
-                written_ok = await self._annotate(args, key, uid, annotations, labels, version)
-                if written_ok is not None:
-                    return written_ok
-            try:
-                await self.api.bind_pod(args.PodNamespace, args.PodName, uid, args.Node)
-            except KubeError as err:
-                outcome, error = await self._settle(
-                    args, key, uid, f"bind {key} to {args.Node}: {err}"
-                )
-                if outcome not in SUCCESS:
-                    return outcome, error
+            failed = await self._write_and_bind(pod, args, key, uid, annotations, labels, version)
+            if failed is not None:
+                return failed
             self._explain_unit(args, uid, gate)
             return "bound", ""
         booked = self.scheduler.reserve(request, node, self.cache.ledger, now_ns=self.clock_ns())
@@ -399,16 +438,9 @@ class Extender:
         written = to_annotations(booked, dev_units=dev.mem_units if dev else 0)
         annotations.update(written)
         annotations[ANN_SEAL] = self.cache.trust.seal_for(booked, written[ANN_ALLOCATION]) or None
-        failed = await self._annotate(args, key, uid, annotations, labels, version)
+        failed = await self._write_and_bind(pod, args, key, uid, annotations, labels, version)
         if failed is not None:
-            self.scheduler.unreserve(uid, self.cache.ledger)
             return failed
-        try:
-            await self.api.bind_pod(args.PodNamespace, args.PodName, uid, args.Node)
-        except KubeError as err:
-            outcome, error = await self._settle(args, key, uid, f"bind {key} to {args.Node}: {err}")
-            if outcome not in SUCCESS:
-                return outcome, error
         self._explain_bind(args, booked, node)
         self._explain_unit(args, uid, gate)
         log.info(
@@ -439,6 +471,61 @@ class Extender:
         if not gate.allows(book.node_labels.get(node, {})):
             return "unfit", f"pod {key} may not go to node {node} now: {gate.reason}"
         return gate
+
+    async def _write_and_bind(
+        self,
+        pod: KubeDict,
+        args: ExtenderBindingArgs,
+        key: str,
+        uid: str,
+        annotations: dict[str, str | None],
+        labels: dict[str, str],
+        version: str,
+    ) -> tuple[str, str] | None:
+        """Write the annotations and bind; None when bound, else the outcome and error.
+
+        One ``pods/binding`` carries the annotations, at the resourceVersion bind read: the
+        API server sets the node and the annotations in one update, or neither. A merge patch
+        goes first only for what a binding cannot do: labels (a ResourcePolicy unit's
+        ``podLabels``; a binding's labels count only with PodTopologyLabelsAdmission) and
+        removing an annotation the pod carries. After an error whose effect is unknown, the
+        pod is read again (``_settle``, which decides what to give back); when nothing was
+        written, the GPU booking is given back here.
+        """
+        present = annotations_of(pod)
+        patch_first = bool(labels) or any(
+            value is None and name in present for name, value in annotations.items()
+        )
+        carried = {name: value for name, value in annotations.items() if value is not None}
+        if patch_first:
+            failed = await self._annotate(args, key, uid, annotations, labels, version)
+            if failed is not None:
+                self.scheduler.unreserve(uid, self.cache.ledger)
+                return failed
+            carried, version = {}, ""  # written; the patch changed the resourceVersion
+        try:
+            await self.api.bind_pod(
+                args.PodNamespace,
+                args.PodName,
+                uid,
+                args.Node,
+                annotations=carried,
+                resource_version=version,
+            )
+        except Conflict as err:
+            if not patch_first:  # nothing was written: read it again and start over
+                self.scheduler.unreserve(uid, self.cache.ledger)
+                self._unassume(uid)
+                self.metrics.conflicts.inc()
+                return "conflict", f"pod {key} changed or was bound while binding: {err}"
+            outcome, error = await self._settle(args, key, uid, f"bind {key} to {args.Node}: {err}")
+            if outcome not in SUCCESS:
+                return outcome, error
+        except KubeError as err:
+            outcome, error = await self._settle(args, key, uid, f"bind {key} to {args.Node}: {err}")
+            if outcome not in SUCCESS:
+                return outcome, error
+        return None
 
     def _unassume(self, uid: str) -> None:
         if self.cache.book is not None:

@@ -110,7 +110,12 @@ class ClusterCache:
         judged.retain(alive)
         for assumed in self.ledger.assumptions():
             if assumed.uid in alive:  # a pod deleted while we were not watching frees it
-                ledger.assume(assumed, self.ledger.host_of(assumed.uid))
+                host = self.ledger.host_of(assumed.uid)
+                until = self.ledger.intent_until(assumed.uid)
+                if until is None:
+                    ledger.assume(assumed, host)
+                else:  # an intent stays one, with its deadline
+                    ledger.intend(assumed, host, until_ns=until)
         self._reported.retain(alive)
         for pod in pods:
             self._observe(ledger, pod)

@@ -229,10 +229,30 @@ class LightkubeAPI:
                 body = {"status": {"capacity": dict(capacity), "allocatable": dict(capacity)}}
                 await self._client.patch(Node.Status, name, body, patch_type=PatchType.MERGE)
 
-    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """POST the ``pods/binding`` subresource."""
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        *,
+        annotations: Mapping[str, str] | None = None,
+        resource_version: str = "",
+    ) -> None:
+        """POST the ``pods/binding`` subresource, with annotations and preconditions.
+
+        kube-apiserver's ``BindingREST`` takes the binding's UID and resourceVersion as
+        preconditions and merges its annotations into the pod as it sets the node
+        (``setPodNodeAndMetadata`` in pkg/registry/core/pod/storage/storage.go).
+        """
         binding = Pod.Binding(
-            metadata=ObjectMeta(name=name, namespace=namespace, uid=uid),
+            metadata=ObjectMeta(
+                name=name,
+                namespace=namespace,
+                uid=uid,
+                annotations=dict(annotations) if annotations else None,
+                resourceVersion=resource_version or None,
+            ),
             target=ObjectReference(apiVersion="v1", kind="Node", name=node),
         )
         with _mapped(f"bind pod {namespace}/{name} to {node}"):

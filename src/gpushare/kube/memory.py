@@ -303,18 +303,36 @@ class MemoryKube:
             status.setdefault(field, {}).update(capacity or {})
         self._record("nodes", "MODIFIED", obj)
 
-    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """Bind like the ``pods/binding`` subresource: once, and only the same UID.
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        *,
+        annotations: Mapping[str, str] | None = None,
+        resource_version: str = "",
+    ) -> None:
+        """Bind like the ``pods/binding`` subresource: once, only the same UID and version.
 
-        kube-apiserver refuses any second binding, even to the same node: ``BindingREST``'s
-        ``setPodHostAndAnnotations`` (pkg/registry/core/pod/storage/storage.go) fails when
-        ``pod.Spec.NodeName`` is already set, and ``assignPod`` turns that into a 409 Conflict
-        on ``pods/binding``, with the message below.
+        As kube-apiserver v1.36 does in ``BindingREST.setPodNodeAndMetadata``
+        (pkg/registry/core/pod/storage/storage.go): the binding's UID and resourceVersion,
+        when given, are preconditions (a mismatch is a 409 Conflict); any second binding is
+        refused, even to the same node, because ``pod.Spec.NodeName`` is already set, and
+        ``assignPod`` turns that into a 409 Conflict on ``pods/binding`` with the message
+        below; the binding's annotations are merged into the pod in the same update that sets
+        the node (tests/e2e/test_bind_retry.py checks this on the real server).
         """
         self.calls.append("bind_pod")
         obj = self._pod(namespace, name)
         if obj["metadata"].get("uid") != uid:
             raise Conflict(f"pod {namespace}/{name}: UID {uid} does not match")
+        current = obj["metadata"].get("resourceVersion")
+        if resource_version and current != resource_version:
+            raise Conflict(
+                f"pod {namespace}/{name}: resourceVersion {resource_version} is stale "
+                f"(now {current})"
+            )
         assigned = obj.get("spec", {}).get("nodeName")
         if assigned:
             raise Conflict(
@@ -324,6 +342,8 @@ class MemoryKube:
         if node not in self._nodes:
             raise NotFound(f"node {node} not found")
         obj.setdefault("spec", {})["nodeName"] = node
+        if annotations:
+            obj["metadata"].setdefault("annotations", {}).update(annotations)
         obj.setdefault("status", {})["phase"] = "Pending"
         conditions = obj["status"].setdefault("conditions", [])
         conditions.append({"type": "PodScheduled", "status": "True"})

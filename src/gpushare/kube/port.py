@@ -85,8 +85,22 @@ class KubeAPI(Protocol):
         ``resource_version``."""
         ...
 
-    async def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """Create the pod's ``pods/binding`` to the node."""
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        *,
+        annotations: Mapping[str, str] | None = None,
+        resource_version: str = "",
+    ) -> None:
+        """Create the pod's ``pods/binding`` to the node.
+
+        The API server writes the binding's annotations onto the pod in the same update that
+        sets ``spec.nodeName``, checking the binding's UID and resourceVersion against the pod
+        first (a mismatch is a Conflict), so a pod is never seen bound without them.
+        """
         ...
 
     async def get_node(self, name: str) -> KubeDict:
