@@ -87,10 +87,10 @@ def hottest(raw: Path, top: int = 25) -> list[tuple[str, float]]:
     """py-spy's collapsed stacks as (frame, share of samples that include it), hottest first."""
     inclusive: Counter[str] = Counter()
     total = 0
-    for line in raw.read_text().splitlines():
+    for line in raw.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack:
-            continue
+        if not stack or not count.isdigit():
+            continue  # py-spy's own messages
         n = int(count)
         total += n
         for frame in set(stack.split(";")):
