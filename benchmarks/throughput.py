@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import shutil
 import subprocess
 import sys
@@ -42,11 +41,9 @@ sys.path.insert(0, str(REPO))
 
 from tests.e2e.cluster import running_cluster  # noqa: E402
 from tests.e2e.conftest import labelled_kwok_nodes  # noqa: E402
-from tests.e2e.helpers import gpu_pod_manifest, per_gpu_memory  # noqa: E402
-from tests.e2e.staged import Stage, create_in_parallel, run_stage  # noqa: E402
+from tests.e2e.helpers import per_gpu_memory  # noqa: E402
+from tests.e2e.staged import Stage, create_in_parallel, run_stage, stage_pods  # noqa: E402
 
-SIZES = [1, 1, 2, 2, 3, 4, 4, 6, 8, 12]
-"""GiB per GPU pod, drawn uniformly (the e2e scale test's mix)."""
 VENV_BIN = Path(sys.executable).parent
 GPU_UNITS = 15
 LABEL = "throughput"
@@ -54,23 +51,6 @@ LABEL = "throughput"
 
 def progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def pod_manifests(pods: int, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The plain pods and the GPU pods, both asking for 100m CPU."""
-    rng = random.Random(seed)
-    selector = {"gpushare-e2e": LABEL}
-    gpu = []
-    plain = []
-    for i in range(pods):
-        pod = gpu_pod_manifest(f"g{i:05d}", "tp-gpu", rng.choice(SIZES), selector=selector)
-        pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "100m"}
-        gpu.append(pod)
-        other = gpu_pod_manifest(f"c{i:05d}", "tp-plain", 1, selector=selector)
-        other["spec"]["schedulerName"] = "default-scheduler"
-        other["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m"}}
-        plain.append(other)
-    return plain, gpu
 
 
 def packing(items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -123,7 +103,13 @@ def run(nodes: int, pods: int, seed: int, out: Path, profile: bool) -> dict[str,
                 time.sleep(2)
             else:
                 raise RuntimeError(f"{nodes} kwok nodes did not become Ready")
-            plain_pods, gpu_pods = pod_manifests(pods, seed)
+            plain_pods, gpu_pods = stage_pods(
+                pods,
+                seed,
+                {"gpushare-e2e": LABEL},
+                gpu_namespace="tp-gpu",
+                plain_namespace="tp-plain",
+            )
             plain = run_stage(
                 cluster, "plain", "tp-plain", plain_pods, gpu=False, progress=progress
             )

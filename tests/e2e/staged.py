@@ -26,6 +26,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import ssl
 import threading
 import time
@@ -39,6 +40,7 @@ import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from .cluster import Cluster
+from .helpers import gpu_pod_manifest
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROCESSES = (
@@ -62,6 +64,29 @@ def create_in_parallel(cluster: Cluster, manifests: list[dict[str, Any]], worker
 
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(create, chunks))
+
+
+SIZES = [1, 1, 2, 2, 3, 4, 4, 6, 8, 12]
+"""GiB per GPU pod of a stage, drawn uniformly."""
+
+
+def stage_pods(
+    count: int, seed: int, selector: dict[str, str], *, gpu_namespace: str, plain_namespace: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The plain pods (default profile) and the GPU pods (``ack-co-scheduler``, 1-12 GiB
+    from ``SIZES``) of a staged run, all asking for 100m CPU."""
+    rng = random.Random(seed)
+    plain = []
+    gpu = []
+    for i in range(count):
+        pod = gpu_pod_manifest(f"g{i:05d}", gpu_namespace, rng.choice(SIZES), selector=selector)
+        pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "100m"}
+        gpu.append(pod)
+        pod = gpu_pod_manifest(f"c{i:05d}", plain_namespace, 1, selector=selector)
+        pod["spec"]["schedulerName"] = "default-scheduler"
+        pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m"}}
+        plain.append(pod)
+    return plain, gpu
 
 
 def cpu_seconds(pid: int) -> float:
@@ -304,8 +329,9 @@ def run_stage(
     create_in_parallel(cluster, list(manifests))
     watch = BindWatch(cluster, namespace, len(manifests))
     try:
-        if not watch.listed.wait(120) or watch._error:
-            watch.check()
+        listed = watch.listed.wait(120)
+        watch.check()
+        if not listed:
             raise RuntimeError(f"[{name}] the watch did not list {len(manifests)} pods")
         extender_url = f"{cluster.extender_url}/metrics"
         before = scrape(extender_url) if gpu else {}

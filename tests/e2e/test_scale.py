@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import time
 
@@ -22,18 +21,16 @@ from gpushare.core.inventory import Mode
 
 from .cluster import Cluster
 from .conftest import eventually, labelled_kwok_nodes
-from .helpers import gpu_pod_manifest, per_gpu_memory
-from .staged import create_in_parallel, run_stage
+from .helpers import per_gpu_memory
+from .staged import create_in_parallel, run_stage, stage_pods
 
 NODES = int(os.environ.get("GPUSHARE_E2E_SCALE_NODES", "1000"))
 PODS = int(os.environ.get("GPUSHARE_E2E_SCALE_PODS", "5000"))
-SIZES = [1, 1, 2, 2, 3, 4, 4, 6, 8, 12]
 
 
 def test_thousand_nodes_five_thousand_pods(
     cluster: Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rng = random.Random(2026)
     names = [f"scale-{i:04d}" for i in range(NODES)]
     nodes = labelled_kwok_nodes(names, "scale", gpus_units=[15] * 8, mode=Mode.CGPU)
     started = time.monotonic()
@@ -54,16 +51,9 @@ def test_thousand_nodes_five_thousand_pods(
     eventually(ready, 600, f"{NODES} nodes Ready")
     nodes_up = time.monotonic() - started
     selector = {"gpushare-e2e": "scale"}
-    gpu_pods = []
-    plain_pods = []
-    for i in range(PODS):
-        pod = gpu_pod_manifest(f"g{i:05d}", "e2e-scale-gpu", rng.choice(SIZES), selector=selector)
-        pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "100m"}
-        gpu_pods.append(pod)
-        pod = gpu_pod_manifest(f"c{i:05d}", "e2e-scale-plain", 1, selector=selector)
-        pod["spec"]["schedulerName"] = "default-scheduler"
-        pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m"}}
-        plain_pods.append(pod)
+    plain_pods, gpu_pods = stage_pods(
+        PODS, 2026, selector, gpu_namespace="e2e-scale-gpu", plain_namespace="e2e-scale-plain"
+    )
 
     def say(text: str) -> None:
         with capsys.disabled():

@@ -320,8 +320,9 @@ class Scheduler:
         if ledger.is_assumed(uid) and ledger.intent_until(uid) is None:
             return None  # its bind has booked: that booking stands
         top = max(scores, default=0)
-        node = next((nodes.get(n) for n, v in zip(names, scores, strict=True) if v == top), None)
-        verdict = self.verdict(request, node, ledger) if node is not None and top > 0 else None
+        name = next((n for n, v in zip(names, scores, strict=True) if v == top), "")
+        node = nodes.get(name) if top > 0 else None
+        verdict = self.verdict(request, node, ledger) if node is not None else None
         if node is None or verdict is None or not verdict.fits:
             self.drop_intent(uid, ledger)
             return None
@@ -329,7 +330,10 @@ class Scheduler:
         ledger.intend(allocation, request.host, until_ns=until_ns)
         return allocation
 
-    def drop_intent(self, uid: str, ledger: Ledger) -> None:
-        """Give back the pod's intent, if it holds one (a new attempt, or a bind that failed)."""
-        if ledger.intent_until(uid) is not None:
-            ledger.unassume(uid)
+    def drop_intent(self, uid: str, ledger: Ledger) -> bool:
+        """Give back the pod's intent, if it holds one (a new attempt, or a bind that failed);
+        whether it held one."""
+        if ledger.intent_until(uid) is None:
+            return False
+        ledger.unassume(uid)
+        return True

@@ -212,9 +212,7 @@ class Extender:
         expired = ledger.expire(self.clock_ns())
         if expired:
             self.metrics.intents.labels("expired").inc(len(expired))
-        uid = uid_of(pod)
-        if ledger.intent_until(uid) is not None:
-            self.scheduler.drop_intent(uid, ledger)
+        if self.scheduler.drop_intent(uid_of(pod), ledger):
             self.metrics.intents.labels("dropped").inc()
 
     def _intend(
@@ -383,9 +381,8 @@ class Extender:
                 break
             log.info("pod=%s node=%s phase=bind conflict attempt=%d", key, args.Node, attempt)
         self.metrics.requests.labels("bind", "error").inc()
-        if args.PodUID and self.cache.ledger.intent_until(args.PodUID) is not None:
-            self.scheduler.drop_intent(args.PodUID, self.cache.ledger)  # it will be tried again
-            self.metrics.intents.labels("dropped").inc()
+        if args.PodUID and self.scheduler.drop_intent(args.PodUID, self.cache.ledger):
+            self.metrics.intents.labels("dropped").inc()  # the pod will be tried again
         log.warning("pod=%s node=%s phase=bind error=%r", key, args.Node, error)
         return ExtenderBindingResult(Error=error)
 
