@@ -157,6 +157,23 @@ def quantile(before: Samples, after: Samples, name: str, q: float, **labels: str
     return low_edge
 
 
+def means_ms(samples: Samples, name: str, by: str = "", **labels: str) -> dict[str, float]:
+    """A histogram's mean (``_sum`` over ``_count``) per value of the label ``by`` (all under
+    ``""`` without one), in ms, over the samples whose labels include ``labels``."""
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for (sample, ls), value in samples.items():
+        label = dict(ls)
+        if any(label.get(k) != v for k, v in labels.items()) or (by and by not in label):
+            continue
+        key = label[by] if by else ""
+        if sample == f"{name}_sum":
+            sums[key] = sums.get(key, 0.0) + value
+        elif sample == f"{name}_count":
+            counts[key] = counts.get(key, 0.0) + value
+    return {k: round(1000 * sums.get(k, 0.0) / n, 3) for k, n in counts.items() if n}
+
+
 class _Meta(msgspec.Struct):
     name: str = ""
     resourceVersion: str = ""
@@ -278,6 +295,11 @@ class Stage:
     """The extender's bind attempts of this stage by outcome (GPU stages)."""
     routes_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     """The extender's p50 and p99 per route, in milliseconds (GPU stages)."""
+    scheduler_ms: dict[str, float] = field(default_factory=dict)
+    """kube-scheduler's mean time per scheduling attempt, in milliseconds: the whole attempt,
+    its algorithm (filter and score, the extender's calls included) and each extension point
+    of the framework's own plugins. The algorithm less PreFilter, Filter, PreScore and Score
+    is what the extender's filter and prioritize calls cost it, round trip included."""
 
     @property
     def pods_per_second(self) -> float:
@@ -300,6 +322,7 @@ class Stage:
             "attempts": self.attempts,
             "binds": self.binds,
             "routes_ms": self.routes_ms,
+            "scheduler_ms": self.scheduler_ms,
             "cpu_share": {k: round(v, 3) for k, v in self.cpu_share.items()},
         }
 
@@ -382,6 +405,22 @@ def run_stage(
                 if value is not None:
                     figures[label] = round(value * 1000, 2)
             routes[route] = figures
+    profile = "ack-co-scheduler" if gpu else "default-scheduler"
+    timing = {
+        "attempt": means_ms(
+            sched, "scheduler_scheduling_attempt_duration_seconds", "profile", result="scheduled"
+        ).get(profile, 0.0),
+        "algorithm": means_ms(sched, "scheduler_scheduling_algorithm_duration_seconds").get(
+            "", 0.0
+        ),
+        **means_ms(
+            sched,
+            "scheduler_framework_extension_point_duration_seconds",
+            "extension_point",
+            profile=profile,
+            status="Success",
+        ),
+    }
     return Stage(
         name=name,
         pods=len(manifests),
@@ -391,4 +430,5 @@ def run_stage(
         attempts=attempts,
         binds=binds,
         routes_ms=routes,
+        scheduler_ms=timing,
     )

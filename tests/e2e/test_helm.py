@@ -326,12 +326,29 @@ def _ready(item: dict[str, Any]) -> bool:
 
 
 def _why_not(cluster: Cluster) -> str:
-    """Pod states and the events of the release namespace, for a failure message."""
-    pods = cluster.kubectl("get", "pods", "-n", REAL_NAMESPACE, "-o", "wide", check=False).stdout
-    events = cluster.kubectl(
-        "get", "events", "-n", REAL_NAMESPACE, "--sort-by=.lastTimestamp", check=False
-    ).stdout
-    return f"{pods}\n{events[-4000:]}"
+    """Pod states and events of the workload namespace, then of the release namespace, and the
+    extender's last log lines, for a failure message (the workload's come first: a CI excerpt
+    keeps only so much)."""
+    parts = []
+    for namespace in (REAL_NS, REAL_NAMESPACE):
+        pods = cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
+        events = cluster.kubectl(
+            "get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False
+        ).stdout
+        parts.append(f"--- {namespace}\n{pods}\n{events[-3000:]}")
+    logs = cluster.kubectl(
+        "logs",
+        "-n",
+        REAL_NAMESPACE,
+        "-l",
+        "app.kubernetes.io/component=scheduler",
+        "-c",
+        "extender",
+        "--tail=30",
+        check=False,
+    )
+    parts.append(f"--- extender log\n{logs.stdout[-3000:]}{logs.stderr[-500:]}")
+    return "\n".join(parts)
 
 
 def _wait_components(cluster: Cluster, what: str, timeout: float = 240) -> None:
@@ -361,7 +378,10 @@ def _steered_job(cluster: Cluster, name: str) -> dict[str, str]:
     and return the environment the probe saw."""
     job = local_job(f"{name}.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 2"])
     cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
-    items = wait_done_label(cluster, f"job-name={name}")
+    try:
+        items = wait_done_label(cluster, f"job-name={name}")
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{_why_not(cluster)}") from None
     assert items[0]["spec"]["schedulerName"] == "ack-co-scheduler"
     env = probe_env(cluster.kubectl("logs", "-n", REAL_NS, items[0]["metadata"]["name"]).stdout)
     cluster.kubectl("delete", "job", "-n", REAL_NS, name, "--wait=true")
@@ -516,6 +536,8 @@ def test_helm_install_runs_on_the_real_node(
             90,
             "no computing power on the share node",
         )
+        # (the old plugin's stop zeroes both resources at once: wait for the new one's memory)
+        eventually(lambda: _allocatable(node).get("aliyun.com/gpu-mem") == "60", 90, "60 GiB")
         env = _steered_job(cluster, "tensorflow-mnist-share")
         assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "4"
         assert env["ALIYUN_COM_GPU_MEM_DEV"] == "15"
