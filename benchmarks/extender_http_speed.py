@@ -317,7 +317,7 @@ def drive(
         if passing:
             body = b'{"Pod":%s,"NodeNames":%s}' % (pod, encode(passing))
             scores = priorities_of(client.call(b"POST", b"/prioritize", body))
-            best = max(scores, key=by_score).Host
+            best = max(scores, key=by_score).Host if scores else passing[0]
             meta = obj["metadata"]
             body = encode(
                 {

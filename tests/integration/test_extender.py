@@ -131,6 +131,26 @@ def test_relists_after_410_gone() -> None:
     run_with_rig(seed_cluster(), body)
 
 
+def test_prioritize_names_only_the_nodes_that_score() -> None:
+    kube = MemoryKube()
+    kube.put_node(gpu_node("part", gpus_units=[15]))
+    for i in range(5):
+        kube.put_node(gpu_node(f"empty-{i}", gpus_units=[15]))
+    kube.create_pod(placed_pod(kube, "held", 10, "part"))
+    pod = kube.create_pod(gpu_pod("p", mem=4))
+    names = ["part", *(f"empty-{i}" for i in range(5))]
+
+    async def body(rig: Rig) -> None:
+        await rig.settle()
+        # the part-used GPU fits best; the empty ones score 0 and are left out (0 either way)
+        reply = await rig.post("prioritize", {"Pod": pod, "NodeNames": names})
+        assert reply == [{"Host": "part", "Score": 10}]
+        outcome = await rig.driver.schedule(pod, names)
+        assert outcome.node == "part"
+
+    run_with_rig(kube, body)
+
+
 class ConflictOnce(MemoryKube):
     """Changes the pod between the extender's read and its binding, once."""
 
@@ -154,6 +174,74 @@ def test_bind_retries_after_a_resource_version_conflict() -> None:
         outcome = await rig.driver.schedule(pod, [SEED])
         assert outcome.bound
         assert kube.conflicts == 1
+        metrics = (await rig.client.get("/metrics")).text
+        assert 'gpushare_bind_total{outcome="conflict"} 1.0' in metrics
+        assert 'gpushare_bind_total{outcome="bound"} 1.0' in metrics
+        assert rig.cache.ledger.usage(SEED).mem_units == 3
+
+    run_with_rig(kube, body)
+
+
+class CountsReads(MemoryKube):
+    """Counts pod reads; ``behind`` changes a pod in the API without the watch hearing of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    async def get_pod(self, namespace: str, name: str) -> KubeDict:
+        self.reads += 1
+        return await super().get_pod(namespace, name)
+
+
+def test_bind_starts_from_the_watched_pod_without_reading_it() -> None:
+    kube = CountsReads()
+    kube.put_node(gpu_node(SEED, gpus_units=[15]))
+    pod = kube.create_pod(gpu_pod("p", mem=3))
+
+    async def body(rig: Rig) -> None:
+        await rig.settle()
+        assert pod["metadata"]["uid"] in rig.cache.pending
+        outcome = await rig.driver.schedule(pod, [SEED])
+        assert outcome.bound and kube.reads == 0
+        await rig.settle()
+        # bound: the watch's copy is dropped, and a retried bind reads the pod and finds it
+        assert pod["metadata"]["uid"] not in rig.cache.pending
+        reply = await rig.post(
+            "bind",
+            {
+                "PodName": "p",
+                "PodNamespace": "default",
+                "PodUID": pod["metadata"]["uid"],
+                "Node": SEED,
+            },
+        )
+        assert reply["Error"] == "" and kube.reads == 1
+        assert rig.cache.ledger.usage(SEED).mem_units == 3
+
+    run_with_rig(kube, body)
+
+
+def test_a_watched_copy_behind_the_api_costs_a_409_and_a_read_never_a_stale_write() -> None:
+    kube = CountsReads()
+    kube.put_node(gpu_node(SEED, gpus_units=[15]))
+    pod = kube.create_pod(gpu_pod("p", mem=3))
+
+    async def body(rig: Rig) -> None:
+        await rig.settle()
+        uid = pod["metadata"]["uid"]
+        stale = rig.cache.pending[uid]
+        # the API moves on and the watch has not told the cache yet
+        kube.update_pod("default", "p", message="touched")
+        await rig.settle()
+        rig.cache.pending[uid] = stale
+        reply = await rig.post(
+            "bind", {"PodName": "p", "PodNamespace": "default", "PodUID": uid, "Node": SEED}
+        )
+        assert reply["Error"] == "" and kube.reads == 1
+        stored = await kube.get_pod("default", "p")
+        assert stored["status"]["message"] == "touched"
+        assert ANN_ALLOCATION in stored["metadata"]["annotations"]
         metrics = (await rig.client.get("/metrics")).text
         assert 'gpushare_bind_total{outcome="conflict"} 1.0' in metrics
         assert 'gpushare_bind_total{outcome="bound"} 1.0' in metrics

@@ -2,7 +2,10 @@
 
 Bind is where double-booking could happen, so it goes in this order:
 
-1. read the pod fresh from the API (its resourceVersion guards the next write);
+1. take the pod as the cache's watch last showed it, or read it when the watch has no copy
+   (its resourceVersion guards the next write, so a copy the watch had not caught up with
+   fails that write with a 409 and bind starts again from a fresh read, as it does when the
+   copy says the pod no longer fits or is invalid);
 2. filter the node again and book the chosen GPUs in the ledger as an assumption; there is no
    ``await`` between check and booking, so two binds on one event loop cannot both pass. The
    booking replaces the pod's intent, the GPUs prioritize booked for it on its top node
@@ -103,6 +106,11 @@ early is safe (bind checks the node again) but would bring back the retries inte
 
 SUCCESS = frozenset({"bound", "already_bound"})
 """Bind outcomes that answer kube-scheduler with success."""
+
+DECIDED_FROM_THE_COPY = frozenset({"conflict", "unfit", "rejected"})
+"""Bind outcomes reached with nothing written: from the watch's copy of the pod, bind checks
+them again on a fresh read. Errors are not among them: after a write whose effect is unknown
+the booking must stay as ``_settle`` left it."""
 
 
 class _OnePerKey:
@@ -366,13 +374,24 @@ class Extender:
 
     async def _bind(self, args: ExtenderBindingArgs, key: str) -> ExtenderBindingResult:
         error = ""
-        for attempt in range(1, self.attempts + 1):
+        # the watch's copy of the pod saves a read (see the module docstring)
+        watched = self.cache.pending.get(args.PodUID) if args.PodUID else None
+        attempt = 0
+        while attempt < self.attempts:
+            attempt += watched is None  # a try on the watched copy is not one of them
             try:
-                outcome, error = await self._bind_once(args, key)
+                outcome, error = await self._bind_once(args, key, watched)
             except Exception as err:  # a bug must not become a 500 with a booking left behind
                 log.exception("pod=%s node=%s phase=bind unexpected error", key, args.Node)
                 error = f"bind {key}: internal error {type(err).__name__}: {err}"
                 outcome, error = await self._settle(args, key, args.PodUID, error)
+            if watched is not None and outcome in DECIDED_FROM_THE_COPY:
+                # A write carries the copy's resourceVersion, so a success was checked against
+                # the API; these answers came from the copy before any write: read, try again.
+                if outcome == "conflict":
+                    self.metrics.binds.labels(outcome).inc()
+                watched = None
+                continue
             self.metrics.binds.labels(outcome).inc()
             if outcome in SUCCESS:
                 self.metrics.requests.labels("bind", "bound").inc()
@@ -386,11 +405,17 @@ class Extender:
         log.warning("pod=%s node=%s phase=bind error=%r", key, args.Node, error)
         return ExtenderBindingResult(Error=error)
 
-    async def _bind_once(self, args: ExtenderBindingArgs, key: str) -> tuple[str, str]:
-        try:
-            pod = await self.api.get_pod(args.PodNamespace, args.PodName)
-        except KubeError as err:
-            return "error", f"cannot read pod {key}: {err}"
+    async def _bind_once(
+        self, args: ExtenderBindingArgs, key: str, watched: KubeDict | None = None
+    ) -> tuple[str, str]:
+        """One try: from the watched copy of the pod when given, else from a fresh read."""
+        if watched is not None:
+            pod = watched
+        else:
+            try:
+                pod = await self.api.get_pod(args.PodNamespace, args.PodName)
+            except KubeError as err:
+                return "error", f"cannot read pod {key}: {err}"
         uid = stored_uid_of(pod)
         if args.PodUID and uid != args.PodUID:
             return (

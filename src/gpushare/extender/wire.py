@@ -190,13 +190,20 @@ def filter_json(result: ExtenderFilterResult) -> bytes:
 
 
 def priorities_json(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
-    """Prioritize's reply written straight from names and scores.
+    """Prioritize's reply written straight from names and scores, nodes that score 0 left out.
 
-    Thousands of entries per call: a model per entry would cost more than the decision.
+    kube-scheduler adds an extender's score only to the nodes the reply names
+    (``prioritizeNodes`` in pkg/scheduler/schedule_one.go), so a node left out counts 0, as
+    it would listed with 0. The one difference is the tie-break: a listed node draws a random
+    number for ties on the total, an unlisted one keeps 0, so among nodes with equal totals the
+    listed ones come first; that matters only where another score overturns the extender's
+    top node, and then only between nodes the extender gave nothing. Most nodes of a large
+    cluster score 0 (empty GPUs, with the best fit at 10), so the reply, which kube-scheduler
+    decodes on every pod, shrinks from every node to the few that rank.
     """
     if len(hosts) != len(scores):
         raise ValueError(f"hosts={len(hosts)} and scores={len(scores)}: must be as many")
-    return _write(list(map(HostPriority, hosts, scores)))
+    return _write([HostPriority(h, s) for h, s in zip(hosts, scores, strict=True) if s])
 
 
 def read_binding_args(body: bytes) -> ExtenderBindingArgs:

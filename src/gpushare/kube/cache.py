@@ -17,6 +17,10 @@ sealed for that pod, once per pod version, so the filter never pays for it. An i
 reported to ``on_ignored`` once per pod and reason (a relist does not count it again), with a
 flag for the first report of that pod (the extender's metrics and Events use both).
 
+Unbound live pods are kept as the watch last showed them (``pending``, by UID), so bind can
+start from the API's own copy instead of reading the pod again; the resourceVersion it carries
+guards the write, and a copy the watch has not caught up with only costs a 409 and a read.
+
 Every pod listed or watched is also handed to the ``workload`` feed, which counts each pod with
 a GPU request once (by UID): the fragmentation-aware policies learn the workload from it.
 """
@@ -31,7 +35,7 @@ from typing import Protocol
 from gpushare.core.changes import NodeTable
 from gpushare.core.defragmenting import WorkloadFeed
 from gpushare.core.inventory import NodeInventory, read_node
-from gpushare.core.kubejson import KubeObject, name_of, uid_of
+from gpushare.core.kubejson import KubeObject, name_of, node_name_of, stored_uid_of, uid_of
 from gpushare.core.ledger import Ledger, is_terminal
 from gpushare.core.policybook import PolicyBook
 from gpushare.core.scheduling import Settings
@@ -80,6 +84,8 @@ class ClusterCache:
         self._reported = IgnoredOnce()
         self.nodes = NodeTable()
         self.ledger = self._new_ledger()
+        self.pending: dict[str, KubeDict] = {}
+        """Unbound, unfinished pods by UID, as last listed or watched (never written to)."""
         self.synced = False
         self.relists = 0
 
@@ -96,6 +102,16 @@ class ClusterCache:
         report = self._reported.note(uid_of(pod), why.reason)
         if report.count:
             self.on_ignored(pod, why, first=report.tell)
+
+    def _track(self, pending: dict[str, KubeDict], pod: KubeDict) -> None:
+        """Keep an unbound live pod in ``pending``; drop it once bound or finished."""
+        uid = stored_uid_of(pod)
+        if not uid:
+            return
+        if node_name_of(pod) or is_terminal(pod):
+            pending.pop(uid, None)
+        else:
+            pending[uid] = pod
 
     def _read(self, node: KubeDict) -> NodeInventory:
         return read_node(node, cluster_unit=self._settings.unit, names=self._settings.names)
@@ -117,8 +133,10 @@ class ClusterCache:
                 else:  # an intent stays one, with its deadline
                     ledger.intend(assumed, host, until_ns=until)
         self._reported.retain(alive)
+        pending: dict[str, KubeDict] = {}
         for pod in pods:
             self._observe(ledger, pod)
+            self._track(pending, pod)
         if self.workload is not None:
             self.workload.retain({uid_of(p) for p in pods})
             for pod in pods:
@@ -130,6 +148,7 @@ class ClusterCache:
                 self.book.observe_pod(pod)
         self.nodes = NodeTable((name_of(n), self._read(n)) for n in nodes)
         self.ledger = ledger
+        self.pending = pending
         self.synced = True
         self.relists += 1
         self._changed()
@@ -152,6 +171,7 @@ class ClusterCache:
     def apply_pod(self, event: WatchEvent) -> None:
         """Take in one pod event."""
         if event.type == "DELETED":
+            self.pending.pop(stored_uid_of(event.object), None)
             self.ledger.forget(uid_of(event.object))
             self._reported.forget(uid_of(event.object))
             if self.workload is not None:
@@ -159,6 +179,7 @@ class ClusterCache:
             if self.book is not None:
                 self.book.forget_pod(uid_of(event.object))
         elif event.type in ("ADDED", "MODIFIED"):
+            self._track(self.pending, event.object)
             self._observe(self.ledger, event.object)
             if self.book is not None:
                 self.book.observe_pod(event.object)
