@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 
 from gpushare.core.allocation import plan
@@ -574,6 +575,31 @@ def test_a_quantity_the_api_server_keeps_as_written_is_placed_as_its_number() ->
             assert (await rig.driver.schedule(pod, [SEED])).bound
         await rig.settle()
         assert rig.cache.ledger.usage(SEED).mem_units == 6
+
+    run_with_rig(kube, body)
+
+
+def test_the_verbs_answer_alike_by_the_short_way_and_through_fastapi() -> None:
+    """``_ExtenderApp`` answers POST on the verbs itself; the FastAPI routes stay for the
+    OpenAPI page and other methods, and give the same replies."""
+    kube = seed_cluster()
+    pod = kube.create_pod(gpu_pod("p", mem=3))
+
+    async def body(rig: Rig) -> None:
+        app = rig.client._transport.app  # type: ignore[attr-defined]
+        routed = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=super(type(app), app).__call__),
+            base_url="http://extender",
+        )
+        args = {"Pod": pod, "NodeNames": [SEED, "core-node"]}
+        for verb, payload in (("filter", args), ("prioritize", args), ("filter", {"Pod": 1})):
+            short = await rig.client.post(f"/{verb}", json=payload)
+            long = await routed.post(f"/{verb}", json=payload)
+            assert (short.status_code, short.json()) == (long.status_code, long.json())
+            assert short.headers["content-type"] == "application/json"
+        assert short.status_code == 400 and "Pod" in short.text
+        assert (await rig.client.get("/filter")).status_code == 405
+        await routed.aclose()
 
     run_with_rig(kube, body)
 
