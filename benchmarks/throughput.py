@@ -16,7 +16,11 @@ process, and the packing (GPUs touched, their mean fill). ``--profile`` also sam
 extender with py-spy during the GPU stage and prints its hottest frames.
 
     python benchmarks/throughput.py [--nodes 1000 5000] [--pods 5000] [--seed 2026]
-                                    [--profile] [--out throughput-out]
+                                    [--percentage 100] [--profile] [--out throughput-out]
+
+``--percentage`` sets the GPU profile's ``percentageOfNodesToScore`` (the chart's
+``scheduler.percentageOfNodesToScore``; 100 by default, 0 for kube-scheduler's adaptive
+sample); the default profile keeps kube-scheduler's own.
 
 Plain pods go first, so the GPU stage runs with the plain pods in every cache: if anything,
 that is against the extender. kwok's stage that turns pods Running is off: nothing here reads
@@ -43,6 +47,12 @@ from tests.e2e.cluster import running_cluster  # noqa: E402
 from tests.e2e.conftest import labelled_kwok_nodes  # noqa: E402
 from tests.e2e.helpers import per_gpu_memory  # noqa: E402
 from tests.e2e.staged import Stage, create_in_parallel, run_stage, stage_pods  # noqa: E402
+
+from gpushare.schedconfig import (  # noqa: E402
+    PERCENTAGE_OF_NODES_TO_SCORE,
+    check_percentage,
+    scheduler_configuration,
+)
 
 VENV_BIN = Path(sys.executable).parent
 GPU_UNITS = 15
@@ -78,10 +88,15 @@ def hottest(raw: Path, top: int = 25) -> list[tuple[str, float]]:
     return [(frame, n / total) for frame, n in inclusive.most_common(top)] if total else []
 
 
-def run(nodes: int, pods: int, seed: int, out: Path, profile: bool) -> dict[str, Any]:
+def run(
+    nodes: int, pods: int, seed: int, out: Path, profile: bool, percentage: int
+) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"gpushare-tp-{nodes}-"))
+    profiles = {"profiles": scheduler_configuration(percentage=percentage)["profiles"]}
     try:
-        with running_cluster(root, progress, pods_run=False) as cluster:
+        with running_cluster(
+            root, progress, pods_run=False, scheduler_settings=profiles
+        ) as cluster:
             names = [f"tp-{i:05d}" for i in range(nodes)]
             progress(f"creating {nodes} kwok nodes")
             create_in_parallel(
@@ -142,6 +157,7 @@ def run(nodes: int, pods: int, seed: int, out: Path, profile: bool) -> dict[str,
             result = {
                 "nodes": nodes,
                 "pods": pods,
+                "percentage_of_nodes_to_score": percentage,
                 "plain": plain.as_dict(),
                 "gpu": gpu.as_dict(),
                 "ratio": round(gpu.pods_per_second / plain.pods_per_second, 3)
@@ -166,16 +182,19 @@ def _routes(stage: Stage | dict[str, Any]) -> str:
 def table(results: list[dict[str, Any]]) -> str:
     """The results as a Markdown table, one row per node count."""
     head = (
-        "| nodes | pods | plain pods/s | GPU pods/s | ratio | retries (GPU) | binds by outcome "
-        "| extender ms p50/p99 | CPU share: extender / scheduler / apiserver / etcd "
-        "| GPUs touched | mean fill |\n|" + "---|" * 11
+        "| nodes | % scored | pods | plain pods/s | GPU pods/s | ratio | retries (GPU) "
+        "| binds by outcome | extender ms p50/p99 "
+        "| CPU share: extender / scheduler / apiserver / etcd | GPUs touched | mean fill |\n|"
+        + "---|"
+        * 12
     )
     rows = []
     for r in results:
         gpu = r["gpu"]
         cpu = gpu["cpu_share"]
         rows.append(
-            f"| {r['nodes']} | {r['pods']} | {r['plain']['pods_per_second']} "
+            f"| {r['nodes']} | {r.get('percentage_of_nodes_to_score', 100)} | {r['pods']} "
+            f"| {r['plain']['pods_per_second']} "
             f"| {gpu['pods_per_second']} | {r['ratio']} | {gpu['retries']:.0f} "
             f"| {', '.join(f'{k} {v:.0f}' for k, v in sorted(gpu['binds'].items()))} "
             f"| {_routes(gpu)} "
@@ -191,16 +210,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
     parser.add_argument("--pods", type=int, default=5000)
     parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument(
+        "--percentage",
+        type=int,
+        default=PERCENTAGE_OF_NODES_TO_SCORE,
+        help="the GPU profile's percentageOfNodesToScore (0..100)",
+    )
     parser.add_argument("--profile", action="store_true", help="sample the extender with py-spy")
     parser.add_argument("--out", type=Path, default=Path("throughput-out"))
     args = parser.parse_args(argv)
     for name, value, low in (("--pods", args.pods, 2), *(("--nodes", n, 1) for n in args.nodes)):
         if value < low:
             parser.error(f"{name} {value} is too small: give at least {low}")
+    try:
+        check_percentage(args.percentage)
+    except ValueError as err:
+        parser.error(f"--percentage: {err}")
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for nodes in args.nodes:
-        result = run(nodes, args.pods, args.seed, args.out, args.profile)
+        result = run(nodes, args.pods, args.seed, args.out, args.profile, args.percentage)
         results.append(result)
         print(json.dumps(result), flush=True)
         (args.out / f"throughput-{nodes}.json").write_text(json.dumps(result, indent=2))

@@ -22,7 +22,9 @@ between two plain nodes, so that lead decides; in the default profile it outweig
 generic score plugin's usual differences (100 times its weight at most)."""
 
 PERCENTAGE_OF_NODES_TO_SCORE = 100
-"""Feasible nodes kube-scheduler looks for before it scores, in percent of all nodes.
+"""Feasible nodes kube-scheduler looks for before it scores, in percent of all nodes (the
+default; ``scheduler.percentageOfNodesToScore`` in the chart, ``--percentage-of-nodes-to-score``
+here).
 
 Left at 0, kube-scheduler stops filtering once it has found ``max(100, n x (50 - n/125) %)``
 feasible nodes (at least 5 %), starting where the previous pod stopped
@@ -30,7 +32,24 @@ feasible nodes (at least 5 %), starting where the previous pod stopped
 1,213 nodes the extender would rank a rotating 41 % of them, and the best GPU for a pod is
 often in the other 59 %. Packing is a choice over every node, so the GPU profile asks for all;
 the extender answers over names (``nodeCacheCapable``) from views that follow changes, so a
-full list costs it little (``make bench``, ``extender_http_speed.py --names all``)."""
+full list costs it little (``make bench``, ``extender_http_speed.py --names all``).
+
+kube-scheduler's own filters then run over every node for every pod, which is most of what a
+GPU pod costs it beyond a plain one: past a few thousand nodes a lower value trades packing for
+pods per second (``benchmarks/throughput.py --percentage``; the numbers are in
+docs/benchmarks.md, "Throughput on the real control plane"). 0 is kube-scheduler's adaptive
+default."""
+
+
+def check_percentage(value: int) -> int:
+    """``percentageOfNodesToScore`` as kube-scheduler accepts it, or a ValueError saying why."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
+        raise ValueError(
+            f"percentageOfNodesToScore={value!r} must be an integer from 0 to 100 (100: score "
+            f"every feasible node, the packing default; 0: kube-scheduler's adaptive sample)"
+        )
+    return value
+
 
 IGNORED_BY_SCHEDULER = True
 """kube-scheduler leaves gpushare's resources to the extender (``managedResources``).
@@ -55,7 +74,9 @@ even their CPU and memory are and by which images they hold, and any of them (up
 weight 1) can overturn the extender's 50-point lead (see ``packing_profile``)."""
 
 
-def packing_profile(scheduler_name: str) -> dict[str, Any]:
+def packing_profile(
+    scheduler_name: str, percentage: int = PERCENTAGE_OF_NODES_TO_SCORE
+) -> dict[str, Any]:
     """The GPU-sharing profile: the extender's choice of node is the one kube-scheduler takes.
 
     kube-scheduler adds its score plugins' totals to the extender's and takes the best total,
@@ -72,12 +93,13 @@ def packing_profile(scheduler_name: str) -> dict[str, Any]:
     ask for it. What is left scores only what a pod or node states itself: preferred node
     affinity, pod (anti-)affinity, topology spread constraints the pod writes, PreferNoSchedule
     taints; between nodes that state nothing they are equal, so the extender's top node wins.
-    It also scores every feasible node (``PERCENTAGE_OF_NODES_TO_SCORE``). The default profile
-    keeps kube-scheduler's defaults: plain pods schedule as they always did.
+    It also scores every feasible node, unless ``percentage`` says otherwise
+    (``PERCENTAGE_OF_NODES_TO_SCORE``). The default profile keeps kube-scheduler's defaults:
+    plain pods schedule as they always did.
     """
     return {
         "schedulerName": scheduler_name,
-        "percentageOfNodesToScore": PERCENTAGE_OF_NODES_TO_SCORE,
+        "percentageOfNodesToScore": check_percentage(percentage),
         "plugins": {"score": {"disabled": [{"name": name} for name in NO_GENERIC_SCORES]}},
         "pluginConfig": [
             {
@@ -98,6 +120,7 @@ def scheduler_configuration(
     http_timeout: str = "5s",
     scheduler_name: str = SCHEDULER_NAME,
     lease: tuple[str, str] | None = None,
+    percentage: int = PERCENTAGE_OF_NODES_TO_SCORE,
 ) -> dict[str, Any]:
     """The configuration as a dict; ``lease`` is the (namespace, name) of the leader Lease."""
     election: dict[str, Any] = {"leaderElect": leader_elect}
@@ -109,7 +132,7 @@ def scheduler_configuration(
         "kind": "KubeSchedulerConfiguration",
         "leaderElection": election,
         "profiles": ([{"schedulerName": "default-scheduler"}] if default_profile else [])
-        + [packing_profile(scheduler_name)],
+        + [packing_profile(scheduler_name, percentage)],
         "extenders": [
             {
                 "urlPrefix": url,

@@ -199,7 +199,12 @@ def test_scheduler_config_follows_values(ci_docs: list[dict[str, Any]]) -> None:
         lease=(NAMESPACE, f"{RELEASE}-scheduler"),
     )
     other = render(
-        "--set", "scheduler.schedulerName=gpu-share", "--set", "scheduler.httpTimeout=10s"
+        "--set",
+        "scheduler.schedulerName=gpu-share",
+        "--set",
+        "scheduler.httpTimeout=10s",
+        "--set",
+        "scheduler.percentageOfNodesToScore=20",
     )
     assert scheduler_config(other) == scheduler_configuration(
         url="http://127.0.0.1:32766",
@@ -208,6 +213,7 @@ def test_scheduler_config_follows_values(ci_docs: list[dict[str, Any]]) -> None:
         scheduler_name="gpu-share",
         http_timeout="10s",
         lease=(NAMESPACE, f"{RELEASE}-scheduler"),
+        percentage=20,
     )
 
 
@@ -638,6 +644,7 @@ def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> No
         ("testing.fakeTopology=star", "fakeTopology"),
         ("podMonitor.interval=often", "interval"),
         ("podMonitor.enabled=yes", "enabled"),
+        ("scheduler.percentageOfNodesToScore=101", "percentageOfNodesToScore"),
     ],
 )
 def test_schema_refuses(setting: str, words: str) -> None:

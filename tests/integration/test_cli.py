@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from gpushare.cli import main as gpushare
@@ -112,6 +113,17 @@ def test_demo_prints_only_what_a_cluster_prints() -> None:
 def test_scheduler_config_command_prints_yaml() -> None:
     result = CliRunner().invoke(gpushare, ["scheduler-config", "--url", "http://127.0.0.1:9999"])
     assert result.exit_code == 0 and "urlPrefix: http://127.0.0.1:9999" in result.output
+    assert "percentageOfNodesToScore: 100" in result.output
+
+
+def test_scheduler_config_takes_the_gpu_profiles_percentage_of_nodes_to_score() -> None:
+    flag = "--percentage-of-nodes-to-score"
+    result = CliRunner().invoke(gpushare, ["scheduler-config", flag, "20"])
+    config = yaml.safe_load(result.output)
+    assert [p.get("percentageOfNodesToScore") for p in config["profiles"]] == [None, 20]
+    refused = CliRunner().invoke(gpushare, ["scheduler-config", flag, "150"])
+    assert refused.exit_code == 2
+    assert "'--percentage-of-nodes-to-score'" in refused.output and "150" in refused.output
 
 
 def test_extender_rejects_bad_settings_before_starting() -> None:

@@ -86,3 +86,9 @@ def test_the_gpu_profile_leaves_the_choice_to_the_extender_and_the_default_keeps
     assert gpu["percentageOfNodesToScore"] == 100
     args = {c["name"]: c["args"] for c in gpu["pluginConfig"]}
     assert args["PodTopologySpread"] == {"defaultingType": "List", "defaultConstraints": []}
+
+
+@pytest.mark.parametrize("value", [-1, 101, 50.0, True, "100"])
+def test_percentage_of_nodes_to_score_outside_0_to_100_is_refused(value: object) -> None:
+    with pytest.raises(ValueError, match=r"percentageOfNodesToScore=.* must be an integer from 0"):
+        scheduler_configuration(percentage=value)  # type: ignore[arg-type]

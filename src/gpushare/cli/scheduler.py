@@ -24,14 +24,26 @@ import click
     help="kube-scheduler's own kubeconfig path ('' to leave out).",
 )
 @click.option("--no-leader-elect", is_flag=True)
-def scheduler_config(url: str, kubeconfig: str, no_leader_elect: bool) -> None:
+@click.option(
+    "--percentage-of-nodes-to-score",
+    "percentage",
+    type=click.IntRange(0, 100),
+    default=100,
+    show_default=True,
+    help="The GPU profile's percentageOfNodesToScore: 100 ranks every feasible node (packing); "
+    "lower trades packing for speed on large clusters; 0 is kube-scheduler's adaptive sample.",
+)
+def scheduler_config(url: str, kubeconfig: str, no_leader_elect: bool, percentage: int) -> None:
     """Print the KubeSchedulerConfiguration wiring kube-scheduler to the extender."""
     from gpushare.schedconfig import render_yaml, scheduler_configuration
 
     click.echo(
         render_yaml(
             scheduler_configuration(
-                url=url, kubeconfig=kubeconfig or None, leader_elect=not no_leader_elect
+                url=url,
+                kubeconfig=kubeconfig or None,
+                leader_elect=not no_leader_elect,
+                percentage=percentage,
             )
         ),
         nl=False,
