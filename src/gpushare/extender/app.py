@@ -96,7 +96,7 @@ class _ExtenderApp(FastAPI):
 
     kube-scheduler calls filter and prioritize on every pod while it waits: each goes from the
     ASGI call straight to its ``Verb``, past the router, the middleware stack and FastAPI's
-    request handling (a tenth of the extender's time under a burst of pods). They are still
+    request handling (6 % of the extender's samples under a burst of pods). They are still
     FastAPI routes too, which the OpenAPI page describes and which answer any other method.
     """
 
