@@ -251,6 +251,32 @@ def test_a_watched_copy_behind_the_api_costs_a_409_and_a_read_never_a_stale_writ
     run_with_rig(kube, body)
 
 
+def test_a_booking_kept_from_an_unknown_bind_sends_the_next_bind_to_a_fresh_read() -> None:
+    """After a bind whose outcome was unknown (the API server stalled), the pod keeps its
+    booking, and the watch may have stalled too: the retried bind must read the pod as it is
+    (the first binding may have landed), not trust the watch's copy and give the booking back
+    on the 409 that copy earns."""
+    kube = CountsReads()
+    kube.put_node(gpu_node(SEED, gpus_units=[15]))
+    pod = kube.create_pod(gpu_pod("p", mem=3))
+
+    async def body(rig: Rig) -> None:
+        await rig.settle()
+        uid = pod["metadata"]["uid"]
+        request = read_pod(pod)
+        assert isinstance(request, PodRequest)
+        kept = plan(request, node=SEED, indexes=[0], unit=MemoryUnit.GiB)
+        rig.cache.ledger.assume(kept)
+        assert uid in rig.cache.pending
+        reply = await rig.post(
+            "bind", {"PodName": "p", "PodNamespace": "default", "PodUID": uid, "Node": SEED}
+        )
+        assert reply["Error"] == "" and kube.reads == 1
+        assert rig.cache.ledger.usage(SEED).mem_units == 3
+
+    run_with_rig(kube, body)
+
+
 class AlwaysConflict(MemoryKube):
     async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **kwargs: Any) -> None:
         raise Conflict("the object has been modified")

@@ -2,10 +2,11 @@
 
 Bind is where double-booking could happen, so it goes in this order:
 
-1. take the pod as the cache's watch last showed it, or read it when the watch has no copy
-   (its resourceVersion guards the next write, so a copy the watch had not caught up with
-   fails that write with a 409 and bind starts again from a fresh read, as it does when the
-   copy says the pod no longer fits or is invalid);
+1. take the pod as the cache's watch last showed it (its resourceVersion guards the next
+   write, so a copy the watch had not caught up with fails that write with a 409 and bind
+   starts again from a fresh read, as it does when the copy says the pod no longer fits or
+   is invalid); read it instead when the watch has no copy, or when the pod already holds a
+   booking other than its intent (kept by an earlier bind whose outcome was unknown);
 2. filter the node again and book the chosen GPUs in the ledger as an assumption; there is no
    ``await`` between check and booking, so two binds on one event loop cannot both pass. The
    booking replaces the pod's intent, the GPUs prioritize booked for it on its top node
@@ -374,8 +375,16 @@ class Extender:
 
     async def _bind(self, args: ExtenderBindingArgs, key: str) -> ExtenderBindingResult:
         error = ""
-        # the watch's copy of the pod saves a read (see the module docstring)
+        # the watch's copy of the pod saves a read (see the module docstring), but only while
+        # the pod holds nothing or its intent: a booking kept from an earlier bind whose outcome
+        # was unknown (the API server stalled) must meet the pod as it is now, not as the watch,
+        # stalled with it, last showed it
         watched = self.cache.pending.get(args.PodUID) if args.PodUID else None
+        ledger = self.cache.ledger
+        if watched is not None and (
+            ledger.holding(args.PodUID) is not None and ledger.intent_until(args.PodUID) is None
+        ):
+            watched = None
         attempt = 0
         while attempt < self.attempts:
             attempt += watched is None  # a try on the watched copy is not one of them
