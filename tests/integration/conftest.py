@@ -17,6 +17,7 @@ from gpushare.extender.service import Extender
 from gpushare.kube.backoff import Backoff
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
+from gpushare.kube.port import KubeDict
 
 T = TypeVar("T")
 
@@ -71,3 +72,14 @@ def run_with_rig(
             return await body(rig)
 
     return asyncio.run(main())
+
+
+def binding(pod: KubeDict, node: str) -> dict[str, str]:
+    """Bind's body for a stored pod and a node."""
+    meta = pod["metadata"]
+    return {
+        "PodName": meta["name"],
+        "PodNamespace": meta["namespace"],
+        "PodUID": meta["uid"],
+        "Node": node,
+    }

@@ -22,7 +22,7 @@ from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
 from gpushare.kube.port import Conflict, KubeDict, KubeError
 
-from .conftest import Rig, run_with_rig
+from .conftest import Rig, binding, run_with_rig
 
 SEED = "cn-zhangjiakou.192.168.66.139"
 
@@ -208,15 +208,7 @@ def test_bind_starts_from_the_watched_pod_without_reading_it() -> None:
         await rig.settle()
         # bound: the watch's copy is dropped, and a retried bind reads the pod and finds it
         assert pod["metadata"]["uid"] not in rig.cache.pending
-        reply = await rig.post(
-            "bind",
-            {
-                "PodName": "p",
-                "PodNamespace": "default",
-                "PodUID": pod["metadata"]["uid"],
-                "Node": SEED,
-            },
-        )
+        reply = await rig.post("bind", binding(pod, SEED))
         assert reply["Error"] == "" and kube.reads == 1
         assert rig.cache.ledger.usage(SEED).mem_units == 3
 
@@ -236,9 +228,7 @@ def test_a_watched_copy_behind_the_api_costs_a_409_and_a_read_never_a_stale_writ
         kube.update_pod("default", "p", message="touched")
         await rig.settle()
         rig.cache.pending[uid] = stale
-        reply = await rig.post(
-            "bind", {"PodName": "p", "PodNamespace": "default", "PodUID": uid, "Node": SEED}
-        )
+        reply = await rig.post("bind", binding(pod, SEED))
         assert reply["Error"] == "" and kube.reads == 1
         stored = await kube.get_pod("default", "p")
         assert stored["status"]["message"] == "touched"
@@ -268,9 +258,7 @@ def test_a_booking_kept_from_an_unknown_bind_sends_the_next_bind_to_a_fresh_read
         kept = plan(request, node=SEED, indexes=[0], unit=MemoryUnit.GiB)
         rig.cache.ledger.assume(kept)
         assert uid in rig.cache.pending
-        reply = await rig.post(
-            "bind", {"PodName": "p", "PodNamespace": "default", "PodUID": uid, "Node": SEED}
-        )
+        reply = await rig.post("bind", binding(pod, SEED))
         assert reply["Error"] == "" and kube.reads == 1
         assert rig.cache.ledger.usage(SEED).mem_units == 3
 
@@ -682,11 +670,6 @@ def test_the_openapi_page_describes_every_verb_from_the_wire_structs() -> None:
     run_with_rig(seed_cluster(), body)
 
 
-def _binding(pod: KubeDict, node: str) -> dict[str, Any]:
-    meta = pod["metadata"]
-    return {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": node}
-
-
 def test_a_pod_scheduled_before_the_previous_bind_does_not_race_it() -> None:
     """kube-scheduler filters and prioritizes the next pod before the previous bind arrives:
     the intent booked at prioritize sends it to the other node, and both binds succeed."""
@@ -704,7 +687,7 @@ def test_a_pod_scheduled_before_the_previous_bind_does_not_race_it() -> None:
             chosen.append(max(scores, key=lambda s: s["Score"])["Host"])
         assert sorted(chosen) == ["n0", "n1"]
         replies = [
-            await rig.post("bind", _binding(p, n))
+            await rig.post("bind", binding(p, n))
             for p, n in zip((first, second), chosen, strict=True)
         ]
         assert replies == [{"Error": ""}, {"Error": ""}]

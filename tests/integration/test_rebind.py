@@ -17,7 +17,7 @@ from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import Conflict, KubeDict, Unreachable
 
-from .conftest import Rig, run_with_rig
+from .conftest import Rig, binding, run_with_rig
 
 NODE = "two-gpus"
 OTHER = "other"
@@ -28,16 +28,6 @@ def two_gpu_cluster(kube: MemoryKube | None = None) -> MemoryKube:
     kube.put_node(gpu_node(NODE, gpus_units=[15, 15]))
     kube.put_node(gpu_node(OTHER, gpus_units=[15]))
     return kube
-
-
-def binding(pod: KubeDict, node: str = NODE) -> dict[str, str]:
-    meta = pod["metadata"]
-    return {
-        "PodName": meta["name"],
-        "PodNamespace": meta["namespace"],
-        "PodUID": meta["uid"],
-        "Node": node,
-    }
 
 
 async def annotations(rig: Rig, name: str) -> dict[str, str]:
@@ -56,18 +46,18 @@ def test_a_repeated_bind_succeeds_and_leaves_the_allocation_alone() -> None:
     b = kube.create_pod(gpu_pod("b", mem=15))
 
     async def body(rig: Rig) -> None:
-        assert await rig.post("bind", binding(a)) == {"Error": ""}
+        assert await rig.post("bind", binding(a, NODE)) == {"Error": ""}
         await rig.settle()
         before = await annotations(rig, "a")
         calls = len(rig.kube.calls)
-        assert await rig.post("bind", binding(a)) == {"Error": ""}
+        assert await rig.post("bind", binding(a, NODE)) == {"Error": ""}
         await rig.settle()
         assert await annotations(rig, "a") == before
         written = [c for c in rig.kube.calls[calls:] if c in ("patch_pod_annotations", "bind_pod")]
         assert written == []  # neither re-planned nor rewritten
         assert per_gpu(rig) == {int(before[ANN_IDX]): 10}
         # the 15 GiB pod goes to the other GPU, never on top of a's 10 GiB
-        assert await rig.post("bind", binding(b)) == {"Error": ""}
+        assert await rig.post("bind", binding(b, NODE)) == {"Error": ""}
         await rig.settle()
         assert sorted(per_gpu(rig).values()) == [10, 15]
 
@@ -79,7 +69,7 @@ def test_a_bind_to_another_node_is_refused_and_keeps_the_allocation() -> None:
     a = kube.create_pod(gpu_pod("a", mem=10))
 
     async def body(rig: Rig) -> None:
-        assert await rig.post("bind", binding(a)) == {"Error": ""}
+        assert await rig.post("bind", binding(a, NODE)) == {"Error": ""}
         await rig.settle()
         before = await annotations(rig, "a")
         reply = await rig.post("bind", binding(a, OTHER))
@@ -104,13 +94,13 @@ def test_a_binding_that_timed_out_but_went_through_is_a_success() -> None:
     a = kube.create_pod(gpu_pod("a", mem=10))
 
     async def body(rig: Rig) -> None:
-        assert await rig.post("bind", binding(a)) == {"Error": ""}
+        assert await rig.post("bind", binding(a, NODE)) == {"Error": ""}
         await rig.settle()
         assert ANN_ALLOCATION in await annotations(rig, "a")
         assert sum(per_gpu(rig).values()) == 10
         # and kube-scheduler's retry of the same bind is answered alike, without a write
         calls = len(rig.kube.calls)
-        assert await rig.post("bind", binding(a)) == {"Error": ""}
+        assert await rig.post("bind", binding(a, NODE)) == {"Error": ""}
         assert "bind_pod" not in rig.kube.calls[calls:]
 
     run_with_rig(kube, body)
@@ -129,7 +119,7 @@ def test_a_binding_refused_because_the_pod_is_bound_meanwhile_writes_and_books_n
     a = kube.create_pod(gpu_pod("a", mem=10))
 
     async def body(rig: Rig) -> None:
-        reply = await rig.post("bind", binding(a))
+        reply = await rig.post("bind", binding(a, NODE))
         assert f"already bound to node {OTHER}" in reply["Error"]
         await rig.settle()
         stored = await rig.kube.get_pod("default", "a")
@@ -172,7 +162,7 @@ def test_two_identical_binds_at_once_both_succeed_with_one_allocation() -> None:
 
     async def body(rig: Rig) -> None:
         replies: list[Any] = await asyncio.gather(
-            rig.post("bind", binding(a)), rig.post("bind", binding(a))
+            rig.post("bind", binding(a, NODE)), rig.post("bind", binding(a, NODE))
         )
         assert replies == [{"Error": ""}, {"Error": ""}]
         await rig.settle()
@@ -223,7 +213,7 @@ def test_when_the_outcome_cannot_be_read_the_allocation_is_kept() -> None:
     a = kube.create_pod(gpu_pod("a", mem=10))
 
     async def body(rig: Rig) -> None:
-        reply = await rig.post("bind", binding(a))
+        reply = await rig.post("bind", binding(a, NODE))
         assert "cannot read pod default/a to learn whether it is bound" in reply["Error"]
         await rig.settle()
         # whether the binding (and the annotations it carries) landed is unknown, so the
