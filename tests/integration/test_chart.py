@@ -24,6 +24,8 @@ import yaml
 from click.testing import CliRunner
 
 from gpushare.cli import main as cli
+from gpushare.cli.logs import LEVELS
+from gpushare.core.inventory import SHARED_MODES
 from gpushare.core.names import ResourceNames
 from gpushare.schedconfig import scheduler_configuration
 
@@ -645,6 +647,8 @@ def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> No
         ("podMonitor.interval=often", "interval"),
         ("podMonitor.enabled=yes", "enabled"),
         ("scheduler.percentageOfNodesToScore=101", "percentageOfNodesToScore"),
+        ("devicePlugin.nodeModes[0]=topology", "nodeModes"),
+        ("scheduler.extender.logLevel=loud", "logLevel"),
     ],
 )
 def test_schema_refuses(setting: str, words: str) -> None:
@@ -652,6 +656,19 @@ def test_schema_refuses(setting: str, words: str) -> None:
     assert result.returncode != 0
     assert "values don't meet the specifications of the schema" in result.stderr
     assert words in result.stderr
+
+
+def test_the_schema_offers_the_shared_modes_and_log_levels_the_commands_take() -> None:
+    """The chart refuses what the device plugin and the log option would refuse at start."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    plugin = schema["properties"]["devicePlugin"]["properties"]
+    assert plugin["nodeModes"]["items"]["enum"] == [mode.value for mode in SHARED_MODES]
+    levels = [
+        schema["properties"]["scheduler"]["properties"]["extender"]["properties"]["logLevel"],
+        schema["properties"]["webhook"]["properties"]["logLevel"],
+        plugin["logLevel"],
+    ]
+    assert all(level["enum"] == list(LEVELS) for level in levels)
 
 
 def test_without_a_cluster_the_unit_guard_renders_nothing() -> None:

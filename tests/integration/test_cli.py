@@ -156,6 +156,15 @@ def test_every_component_refuses_the_same_bad_setting_with_the_same_message(
         )
 
 
+def test_the_long_running_commands_refuse_an_unknown_log_level_by_name() -> None:
+    for command in ("extender", "webhook", "device-plugin"):
+        result = CliRunner().invoke(gpushare, [command, "--log-level", "loud"])
+        assert result.exit_code == 2, result.output
+        assert "Invalid value for '--log-level': 'loud' is not one of" in result.output
+        assert "'debug', 'info', 'warning', 'error'" in result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
 def test_extender_and_device_plugin_refuse_to_start_without_a_seal_key() -> None:
     for argv in (["extender"], ["device-plugin", "--node-name", "n"]):
         result = CliRunner().invoke(gpushare, argv)

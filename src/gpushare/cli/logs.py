@@ -13,7 +13,16 @@ import click
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
-log_level_option = click.option("--log-level", default="info", show_default=True)
+LEVELS = ("debug", "info", "warning", "error")
+"""The levels the chart's schema allows for ``logLevel``; any case is taken on the command line."""
+
+log_level_option = click.option(
+    "--log-level",
+    type=click.Choice(LEVELS, case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="Log records at this level and above.",
+)
 
 
 def setup_logging(level: str) -> None:
