@@ -10,9 +10,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gpushare.core.allocation import plan
+from gpushare.core.allocation import plan, to_annotations
 from gpushare.core.inventory import Mode
-from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED, ANN_IDX
+from gpushare.core.ledger import Ledger
+from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED, ANN_IDX, ANN_SEAL
 from gpushare.core.requests import PodRequest, Rejection, read_pod
 from gpushare.core.scheduling import Settings
 from gpushare.core.trust import SealKey, Trust
@@ -261,6 +262,76 @@ def test_a_booking_kept_from_an_unknown_bind_sends_the_next_bind_to_a_fresh_read
         reply = await rig.post("bind", binding(pod, SEED))
         assert reply["Error"] == "" and kube.reads == 1
         assert rig.cache.ledger.usage(SEED).mem_units == 3
+
+    run_with_rig(kube, body)
+
+
+class EarlierBindingLands(CountsReads):
+    """The binding of an earlier bind whose outcome was unknown lands just as the next bind
+    writes: that bind meets a 409, and the read after it finds the pod bound."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ledger: Ledger | None = None
+        self.booked_at_read: list[int] = []
+
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **kwargs: Any) -> None:
+        if self.calls.count("bind_pod") == 0:
+            self.calls.append("bind_pod")
+            earlier = self.booked_with
+            await super().bind_pod(namespace, name, uid, node, annotations=earlier)
+            raise Conflict(f'pod {name} is already assigned to node "{node}"')
+        await super().bind_pod(namespace, name, uid, node, **kwargs)
+
+    async def get_pod(self, namespace: str, name: str) -> KubeDict:
+        assert self.ledger is not None
+        self.booked_at_read.append(self.ledger.usage(SEED).mem_units)
+        return await super().get_pod(namespace, name)
+
+
+def test_a_409_from_the_earlier_binding_keeps_its_booking_until_the_watch_shows_it() -> None:
+    """The pod kept a booking from a bind whose outcome was unknown; the next bind books
+    again, and its binding meets a 409 because the first one landed. Between that 409 and the
+    watch showing the pod bound with the first bind's annotations, its GPU stays booked (it
+    was given back there before, and a pod filtered then could have been placed on it)."""
+    kube = EarlierBindingLands()
+    kube.put_node(gpu_node(SEED, gpus_units=[15]))
+    pod = kube.create_pod(gpu_pod("p", mem=3))
+
+    async def body(rig: Rig) -> None:
+        await rig.settle()
+        kube.ledger = rig.cache.ledger
+        request = read_pod(pod)
+        assert isinstance(request, PodRequest)
+        kept = plan(request, node=SEED, indexes=[0], unit=MemoryUnit.GiB)
+        written = to_annotations(kept, dev_units=15)
+        seal = rig.cache.trust.seal_for(kept, written[ANN_ALLOCATION])
+        kube.booked_with = {**written, **({ANN_SEAL: seal} if seal else {})}
+        rig.cache.ledger.assume(kept)
+        reply = await rig.post("bind", binding(pod, SEED))
+        # read 1 starts the bind (a kept booking); read 2 follows the 409 and finds it bound
+        assert reply["Error"] == "" and kube.reads == 2
+        assert kube.booked_at_read == [3, 3]
+        assert rig.cache.ledger.usage(SEED).mem_units == 3
+        await rig.settle()
+        assert rig.cache.ledger.usage(SEED).mem_units == 3
+
+    run_with_rig(kube, body)
+
+
+def test_a_409_with_nothing_kept_gives_the_booking_back() -> None:
+    kube = EarlierBindingLands()
+    kube.put_node(gpu_node(SEED, gpus_units=[15]))
+    pod = kube.create_pod(gpu_pod("p", mem=3))
+
+    async def body(rig: Rig) -> None:
+        await rig.settle()
+        kube.ledger = rig.cache.ledger
+        kube.booked_with = {}
+        reply = await rig.post("bind", binding(pod, SEED))
+        # bound by another hand without gpushare's annotations: an error, nothing booked
+        assert "is bound to" in reply["Error"] or "already" in reply["Error"], reply
+        assert kube.booked_at_read[-1] == 0
 
     run_with_rig(kube, body)
 

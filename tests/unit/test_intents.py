@@ -61,7 +61,9 @@ Op = tuple[str, int, int]
 
 operations = st.lists(
     st.tuples(
-        st.sampled_from(["ask", "ask", "bind_top", "bind_other", "tick", "delete", "seen"]),
+        st.sampled_from(
+            ["ask", "ask", "bind_top", "bind_other", "bind_409", "tick", "delete", "seen"]
+        ),
         st.integers(0, 11),
         st.integers(0, 40),
     ),
@@ -119,6 +121,20 @@ def test_the_ledger_holds_the_bookings_and_the_live_intents_and_nothing_more(
                 if uid in intents:
                     hosts.pop(uid, None)
                 intents.pop(uid, None)
+        elif action == "bind_409":
+            # a bind books, then its binding meets a 409 and writes nothing: its booking goes,
+            # an intent with it, and a booking kept from an earlier bind comes back
+            kept = ledger.kept(uid)
+            assert (kept is not None) == (uid in booked)
+            target = nodes[amount % len(nodes)]
+            result = scheduler.reserve(request, target, ledger, now_ns=now)
+            if isinstance(result, Allocation):
+                scheduler.unreserve(uid, ledger, kept=kept)
+            else:
+                scheduler.drop_intent(uid, ledger)
+            if uid in intents:
+                hosts.pop(uid, None)
+            intents.pop(uid, None)
         elif action == "tick":
             now += amount * 10**9
             expired = set(ledger.expire(now))

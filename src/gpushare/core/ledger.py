@@ -85,6 +85,15 @@ class IgnoredAllocation:
 
 
 @dataclass(frozen=True)
+class Kept:
+    """A bind-time booking a pod held before the next bind booked over it: kept from a bind
+    whose outcome was unknown, so it must come back if the next bind writes nothing."""
+
+    allocation: Allocation
+    host: HostResources
+
+
+@dataclass(frozen=True)
 class GpuUsage:
     """What is held on one GPU."""
 
@@ -296,6 +305,13 @@ class Ledger:
                 self.unassume(uid)
                 expired.append(uid)
         return expired
+
+    def kept(self, uid: str) -> Kept | None:
+        """The pod's bind-time booking, if it holds one that is not an intent."""
+        allocation = self._assumed.get(uid)
+        if allocation is None or uid in self._intents:
+            return None
+        return Kept(allocation, self.host_of(uid))
 
     def intent_until(self, uid: str) -> int | None:
         """The deadline of the pod's intent (ns), or None when it holds no intent."""

@@ -23,7 +23,7 @@ from gpushare.core.defragmenting import WorkloadFeed, all_policies
 from gpushare.core.filtering import Code, Rules, Verdict
 from gpushare.core.inventory import NodeInventory
 from gpushare.core.kubejson import KubeObject
-from gpushare.core.ledger import Ledger
+from gpushare.core.ledger import Kept, Ledger
 from gpushare.core.names import DEFAULT_NAMES, ResourceNames
 from gpushare.core.ranking import absolute, normalized, single_top
 from gpushare.core.requests import PodRequest, Rejection, read_pod
@@ -291,9 +291,16 @@ class Scheduler:
         ledger.assume(allocation, request.host)
         return allocation
 
-    def unreserve(self, uid: str, ledger: Ledger) -> None:
-        """Give back a reservation; idempotent."""
+    def unreserve(self, uid: str, ledger: Ledger, *, kept: Kept | None = None) -> None:
+        """Give back a reservation; idempotent.
+
+        ``kept`` is the booking the pod held before this bind booked over it (``Ledger.kept``:
+        an earlier bind's, whose outcome was unknown); it comes back instead of nothing, since
+        that earlier binding may yet land, or have landed, with its GPUs.
+        """
         ledger.unassume(uid)
+        if kept is not None:
+            ledger.assume(kept.allocation, kept.host)
 
     def intend(
         self,

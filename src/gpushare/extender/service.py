@@ -13,8 +13,9 @@ Bind is where double-booking could happen, so it goes in this order:
    (``core.ledger``), so the pods kube-scheduler sent on meanwhile were not given them;
 3. create the ``pods/binding`` carrying the annotations and the resourceVersion: the API server
    sets the node and the annotations in one update, or answers 409 when the pod changed or was
-   bound meanwhile; then the booking is given back and bind starts again (up to ``attempts``
-   times). Only labels (a ResourcePolicy unit's ``podLabels``) and the removal of an
+   bound meanwhile; then this try's booking is given back (a booking the pod held before it,
+   kept from a bind whose outcome was unknown, comes back) and bind starts again (up to
+   ``attempts`` times). Only labels (a ResourcePolicy unit's ``podLabels``) and the removal of an
    annotation the pod already carries take a merge patch first, with the same check;
 4. if the binding fails, the booking (and annotations a patch wrote) are removed and the error
    goes back to kube-scheduler, which retries the pod later.
@@ -66,6 +67,7 @@ from gpushare.core.kubejson import (
     stored_uid_of,
     uid_of,
 )
+from gpushare.core.ledger import Kept
 from gpushare.core.names import ANN_ALLOCATION, ANN_SEAL, POD_ANNOTATIONS, SCHEDULER_NAME
 from gpushare.core.requests import PodRequest, Rejection
 from gpushare.core.resourcepolicy import GROUP, KIND, VERSION, ResourcePolicy
@@ -456,11 +458,14 @@ class Extender:
             annotations[ANN_DELETION_COST] = str(deletion_cost(unit))
             labels.update(unit.pod_labels)
         if not request.wants_gpu:
-            failed = await self._write_and_bind(pod, args, key, uid, annotations, labels, version)
+            failed = await self._write_and_bind(
+                pod, args, key, uid, annotations, labels, version, kept=None
+            )
             if failed is not None:
                 return failed
             self._explain_unit(args, uid, gate)
             return "bound", ""
+        kept = self.cache.ledger.kept(uid)
         booked = self.scheduler.reserve(request, node, self.cache.ledger, now_ns=self.clock_ns())
         if isinstance(booked, Verdict):
             self._unassume(uid)
@@ -469,7 +474,9 @@ class Extender:
         written = to_annotations(booked, dev_units=dev.mem_units if dev else 0)
         annotations.update(written)
         annotations[ANN_SEAL] = self.cache.trust.seal_for(booked, written[ANN_ALLOCATION]) or None
-        failed = await self._write_and_bind(pod, args, key, uid, annotations, labels, version)
+        failed = await self._write_and_bind(
+            pod, args, key, uid, annotations, labels, version, kept=kept
+        )
         if failed is not None:
             return failed
         self._explain_bind(args, booked, node)
@@ -512,6 +519,8 @@ class Extender:
         annotations: dict[str, str | None],
         labels: dict[str, str],
         version: str,
+        *,
+        kept: Kept | None,
     ) -> tuple[str, str] | None:
         """Write the annotations and bind; None when bound, else the outcome and error.
 
@@ -521,7 +530,9 @@ class Extender:
         ``podLabels``; a binding's labels count only with PodTopologyLabelsAdmission) and
         removing an annotation the pod carries. After an error whose effect is unknown, the
         pod is read again (``_settle``, which decides what to give back); when nothing was
-        written, the GPU booking is given back here.
+        written, this try's GPU booking is given back here, and ``kept``, the booking the pod
+        held before it (``Ledger.kept``), comes back: the 409 may be the earlier binding that
+        booked it, landed meanwhile, and its GPUs must stay taken until the watch shows them.
         """
         present = annotations_of(pod)
         patch_first = bool(labels) or any(
@@ -531,7 +542,7 @@ class Extender:
         if patch_first:
             failed = await self._annotate(args, key, uid, annotations, labels, version)
             if failed is not None:
-                self.scheduler.unreserve(uid, self.cache.ledger)
+                self.scheduler.unreserve(uid, self.cache.ledger, kept=kept)
                 return failed
             carried, version = {}, ""  # written; the patch changed the resourceVersion
         try:
@@ -545,7 +556,7 @@ class Extender:
             )
         except Conflict as err:
             if not patch_first:  # nothing was written: read it again and start over
-                self.scheduler.unreserve(uid, self.cache.ledger)
+                self.scheduler.unreserve(uid, self.cache.ledger, kept=kept)
                 self._unassume(uid)
                 self.metrics.conflicts.inc()
                 return "conflict", f"pod {key} changed or was bound while binding: {err}"
