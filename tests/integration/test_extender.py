@@ -779,20 +779,24 @@ def test_a_pod_scheduled_before_the_previous_bind_does_not_race_it() -> None:
 def test_an_intent_is_given_back_when_its_pod_is_filtered_again_or_its_time_is_up() -> None:
     kube = MemoryKube()
     kube.put_node(gpu_node("n0", gpus_units=[15]))
-    pod = kube.create_pod(gpu_pod("p0", mem=10))
-    other = kube.create_pod(gpu_pod("p1", mem=10))
+    kube.put_node(gpu_node("n1", gpus_units=[15]))
+    # the default profile: the filter answers with every node and prioritize books the intent
+    pod = kube.create_pod(gpu_pod("p0", mem=10, scheduler="default-scheduler"))
+    other = kube.create_pod(gpu_pod("p1", mem=10, scheduler="default-scheduler"))
     now = [1_700_000_000 * 10**9]
+    both = ["n0", "n1"]
 
     async def body(rig: Rig) -> None:
         rig.extender.clock_ns = lambda: now[0]
         ledger = rig.cache.ledger
-        await rig.post("filter", {"Pod": pod, "NodeNames": ["n0"]})
+        await rig.post("filter", {"Pod": pod, "NodeNames": both})
+        assert ledger.usage("n0").on(0).mem_units + ledger.usage("n1").on(0).mem_units == 0
         await rig.post("prioritize", {"Pod": pod, "NodeNames": ["n0"]})
         assert ledger.usage("n0").on(0).mem_units == 10
         refused = await rig.post("filter", {"Pod": other, "NodeNames": ["n0"]})
         assert refused["NodeNames"] == []
         # the same pod tried again: its own intent no longer counts against anyone
-        await rig.post("filter", {"Pod": pod, "NodeNames": ["n0"]})
+        await rig.post("filter", {"Pod": pod, "NodeNames": both})
         assert ledger.usage("n0").on(0).mem_units == 0
         await rig.post("prioritize", {"Pod": pod, "NodeNames": ["n0"]})
         now[0] += int(rig.extender.intent_ttl_s * 1e9)
@@ -801,6 +805,132 @@ def test_an_intent_is_given_back_when_its_pod_is_filtered_again_or_its_time_is_u
         text = (await rig.client.get("/metrics")).text
         assert 'gpushare_intents_total{outcome="expired"} 1.0' in text
         assert 'gpushare_intents_total{outcome="dropped"} 1.0' in text
-        assert 'gpushare_intents_total{outcome="booked"} 2.0' in text
+        # two at prioritize, and one at the last filter, where n0 was the only node
+        assert 'gpushare_intents_total{outcome="booked"} 3.0' in text
+        assert ledger.usage("n0").on(0).mem_units == 10
+
+    run_with_rig(kube, body)
+
+
+def spread_cluster(**node_spec: Any) -> MemoryKube:
+    """Three nodes where a 3 GiB pod fits everywhere, one of them half full."""
+    kube = MemoryKube()
+    for i in range(3):
+        node = gpu_node(f"n{i}", gpus_units=[15])
+        node.setdefault("spec", {}).update(node_spec if i == 2 else {})
+        kube.put_node(node)
+    kube.create_pod(placed_pod(kube, "busy", 8, "n1"))
+    return kube
+
+
+NAMES = ["n0", "n1", "n2"]
+
+
+async def answers(rig: Rig) -> str:
+    text = (await rig.client.get("/metrics")).text
+    return "\n".join(line for line in text.splitlines() if "filter_answers_total{" in line)
+
+
+def test_the_filter_answers_a_packing_profile_pod_with_its_top_node_alone_and_books_it() -> None:
+    """kube-scheduler takes a lone feasible node without scoring or prioritize; the node is
+    the one prioritize would have put on top, and its GPU is booked for the pod at once."""
+    kube = spread_cluster()
+    first = kube.create_pod(gpu_pod("first", mem=3))
+    twin = kube.create_pod(gpu_pod("twin", mem=3, scheduler="default-scheduler"))
+    second = kube.create_pod(gpu_pod("second", mem=6))
+
+    async def body(rig: Rig) -> None:
+        await rig.settle()
+        every = await rig.post("filter", {"Pod": twin, "NodeNames": NAMES})
+        assert every["NodeNames"] == NAMES
+        scores = await rig.post("prioritize", {"Pod": twin, "NodeNames": NAMES})
+        top = max(scores, key=lambda s: s["Score"])["Host"]
+        await rig.post("filter", {"Pod": twin, "NodeNames": []})  # gives the twin's back
+        ledger = rig.cache.ledger
+        held = {name: ledger.usage(name).mem_units for name in NAMES}
+        alone = await rig.post("filter", {"Pod": first, "NodeNames": NAMES})
+        assert alone["NodeNames"] == [top] and alone["FailedNodes"] == {}
+        assert ledger.usage(top).mem_units == held[top] + 3, "booked as the pod's intent"
+        # the next pod is filtered against it, as if the first were bound already
+        uid = first["metadata"]["uid"]
+        assert ledger.intent_until(uid) is not None
+        after = await rig.post("filter", {"Pod": second, "NodeNames": NAMES})
+        [chosen] = after["NodeNames"]
+        expected = held[top] + 3 + (6 if chosen == top else 0)
+        assert ledger.usage(top).mem_units == expected
+        assert (await rig.post("bind", binding(first, top)))["Error"] == ""
+        assert ledger.intent_until(uid) is None and ledger.usage(top).mem_units == expected
+        assert 'answer="top_node"} 2.0' in await answers(rig)
+        assert 'answer="other_profile"} 1.0' in await answers(rig)
+
+    run_with_rig(kube, body)
+
+
+def test_the_filter_answers_with_every_node_when_kube_schedulers_scores_may_differ() -> None:
+    kube = spread_cluster(taints=[{"key": "k", "effect": "PreferNoSchedule"}])
+    soft = gpu_pod("soft", mem=3)
+    soft["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 1, "preference": {"matchExpressions": []}}
+            ]
+        }
+    }
+    soft = kube.create_pod(soft)
+    plain = kube.create_pod(gpu_pod("plain", mem=3))
+
+    async def body(rig: Rig) -> None:
+        await rig.settle()
+        every = await rig.post("filter", {"Pod": soft, "NodeNames": NAMES})
+        assert every["NodeNames"] == NAMES
+        # n2's PreferNoSchedule taint counts only when n2 is among the nodes
+        every = await rig.post("filter", {"Pod": plain, "NodeNames": NAMES})
+        assert every["NodeNames"] == NAMES
+        alone = await rig.post("filter", {"Pod": plain, "NodeNames": ["n0", "n1"]})
+        assert alone["NodeNames"] == ["n1"]
+        counted = await answers(rig)
+        assert 'answer="stated_preference"} 1.0' in counted
+        assert 'answer="prefer_no_schedule_taint"} 1.0' in counted
+
+    run_with_rig(kube, body)
+
+
+def test_a_placed_pods_preferred_anti_affinity_that_matches_keeps_every_node() -> None:
+    kube = spread_cluster()
+    guard = placed_pod(kube, "guard", 1, "n0")
+    term = {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "h"}
+    guard["spec"]["affinity"] = {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "podAffinityTerm": term}
+            ]
+        }
+    }
+    kube.create_pod(guard)
+    web = gpu_pod("web", mem=3)
+    web["metadata"]["labels"] = {"app": "web"}
+    web = kube.create_pod(web)
+    batch = kube.create_pod(gpu_pod("batch", mem=3))
+
+    async def body(rig: Rig) -> None:
+        await rig.settle()
+        assert (await rig.post("filter", {"Pod": web, "NodeNames": NAMES}))["NodeNames"] == NAMES
+        assert len((await rig.post("filter", {"Pod": batch, "NodeNames": NAMES}))["NodeNames"]) == 1
+        kube.delete_pod("default", "guard")
+        await rig.settle()
+        assert len((await rig.post("filter", {"Pod": web, "NodeNames": NAMES}))["NodeNames"]) == 1
+        assert 'answer="placed_affinity"} 1.0' in await answers(rig)
+
+    run_with_rig(kube, body)
+
+
+def test_no_packing_profile_means_every_node_for_every_pod() -> None:
+    kube = spread_cluster()
+    pod = kube.create_pod(gpu_pod("p", mem=3))
+
+    async def body(rig: Rig) -> None:
+        await rig.settle()
+        rig.extender.packing_profile = ""
+        assert (await rig.post("filter", {"Pod": pod, "NodeNames": NAMES}))["NodeNames"] == NAMES
 
     run_with_rig(kube, body)

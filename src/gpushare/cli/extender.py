@@ -15,6 +15,7 @@ from gpushare.cli.errors import CommandError
 from gpushare.cli.logs import log_level_option, setup_logging
 from gpushare.cli.options import resource_name_options, scheduling_config, scheduling_options
 from gpushare.cli.sealing import seal_options, trust_from_flags
+from gpushare.core.names import SCHEDULER_NAME
 
 
 @click.command()
@@ -33,6 +34,15 @@ from gpushare.cli.sealing import seal_options, trust_from_flags
     help="Also serve /metrics alone on 0.0.0.0:PORT (0: only on --port), for Prometheus when "
     "--host is 127.0.0.1.",
 )
+@click.option(
+    "--packing-profile",
+    default=SCHEDULER_NAME,
+    show_default=True,
+    help="The kube-scheduler profile (schedulerName) configured as `gpushare scheduler-config` "
+    "writes it. For its GPU pods that state no node preference, filter answers with the top "
+    "node alone and kube-scheduler skips scoring and prioritize. Give '' if that profile "
+    "scores nodes with plugins of its own.",
+)
 @scheduling_options
 @resource_name_options
 @seal_options
@@ -43,6 +53,7 @@ def extender(
     kubeconfig: str | None,
     context: str | None,
     log_level: str,
+    packing_profile: str,
     gpu_memory_unit: str | None,
     policy: str | None,
     max_pods_per_gpu: int | None,
@@ -86,7 +97,7 @@ def extender(
     cache = ClusterCache(
         api, settings=settings, workload=scheduler.workload, trust=trust, book=book
     )
-    service = Extender(api=api, cache=cache, scheduler=scheduler)
+    service = Extender(api=api, cache=cache, scheduler=scheduler, packing_profile=packing_profile)
     policies = PolicyWatch(api, book, notify=service.policy_notice)
     app = create_app(service, run_cache=True, policies=policies)
     main_server = uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level))

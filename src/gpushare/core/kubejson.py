@@ -50,6 +50,9 @@ class PodSpec(TypedDict, total=False):
     resources: ResourceRequirements
     """Pod-level resources, which win over the containers' sum when set."""
     overhead: Quantities
+    topologySpreadConstraints: list[Mapping[str, Any]]
+    resourceClaims: list[Mapping[str, Any]]
+    volumes: list[Mapping[str, Any]]
 
 
 class PodStatus(TypedDict, total=False):

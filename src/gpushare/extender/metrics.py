@@ -190,6 +190,15 @@ class ExtenderMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.filter_answers = Counter(
+            "gpushare_filter_answers_total",
+            "Filter answers that let a GPU pod through, by how: top_node (only the extender's "
+            "top node, so kube-scheduler skips scoring and prioritize; also the only fitting "
+            "node) or, with every fitting node, why not: other_profile, stated_preference, "
+            "placed_affinity, prefer_no_schedule_taint, no_score",
+            ["answer"],
+            registry=self.registry,
+        )
         self.conflicts = Counter(
             "gpushare_bind_conflicts_total",
             "Annotation writes answered 409 (the pod changed meanwhile); bind gave the booking "

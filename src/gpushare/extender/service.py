@@ -64,11 +64,13 @@ from gpushare.core.kubejson import (
     labels_of,
     name_of,
     node_name_of,
+    pod_spec_of,
     stored_uid_of,
     uid_of,
 )
 from gpushare.core.ledger import Kept
 from gpushare.core.names import ANN_ALLOCATION, ANN_SEAL, POD_ANNOTATIONS, SCHEDULER_NAME
+from gpushare.core.preferences import stated_preference
 from gpushare.core.requests import PodRequest, Rejection
 from gpushare.core.resourcepolicy import GROUP, KIND, VERSION, ResourcePolicy
 from gpushare.core.scheduling import Scheduler
@@ -151,8 +153,13 @@ class Extender:
         clock_ns: Callable[[], int] = time.time_ns,
         events: EventRecorder | None = None,
         intent_ttl_s: float = INTENT_TTL_S,
+        packing_profile: str = SCHEDULER_NAME,
     ) -> None:
         self.api = api
+        self.packing_profile = packing_profile
+        """The kube-scheduler profile (``schedulerName``) configured as
+        ``schedconfig.packing_profile``: for its pods that state no preference the filter
+        answers with the top node alone (``_top_only``); empty for never."""
         self.intent_ttl_s = intent_ttl_s
         self.events = events if events is not None else EventRecorder(api)
         self.cache = cache
@@ -232,11 +239,15 @@ class Extender:
         names: list[str],
         scores: list[int],
         nodes: Mapping[str, NodeInventory],
-    ) -> None:
-        """Book the top node's GPUs for the pod until its bind comes (``Scheduler.intend``)."""
+    ) -> str:
+        """Book the top node's GPUs for the pod until its bind comes (``Scheduler.intend``);
+        the node booked, or an empty string."""
         until = self.clock_ns() + int(self.intent_ttl_s * 1e9)
-        if self.scheduler.intend(pod, names, scores, nodes, self.cache.ledger, until_ns=until):
-            self.metrics.intents.labels("booked").inc()
+        booked = self.scheduler.intend(pod, names, scores, nodes, self.cache.ledger, until_ns=until)
+        if booked is None:
+            return ""
+        self.metrics.intents.labels("booked").inc()
+        return booked.node
 
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
         """Split the given nodes into passing, failed and unresolvable, with reasons."""
@@ -279,11 +290,58 @@ class Extender:
             )
         self._count_filter(result.request, bool(passing))
         self._explain_filter(args.Pod, result.request, bool(passing), failed, result.unresolvable)
+        top = self._top_only(args.Pod, result.request, passing)
+        if top and len(passing) > 1:
+            return ExtenderFilterResult(NodeNames=[top], FailedNodes={})
         return ExtenderFilterResult(
             NodeNames=passing,
             FailedNodes=failed,
             FailedAndUnresolvableNodes=result.unresolvable,
         )
+
+    def _top_only(
+        self, pod: KubeObject, request: PodRequest | Rejection, passing: list[str]
+    ) -> str:
+        """The one node to answer the filter with, its GPUs booked as the pod's intent; empty
+        to answer with every fitting node.
+
+        kube-scheduler takes a lone feasible node without scoring or calling prioritize
+        (``schedulePod``, pkg/scheduler/schedule_one.go), which saves a round trip and its
+        score plugins per pod. It would have taken the extender's top node anyway when the pod
+        is in the packing profile and nothing kube-scheduler still scores there differs
+        between nodes (``core.preferences``). When only one node fits it has no choice
+        either: the answer stays as it is, and this books the intent prioritize would have.
+        With the top node alone the other nodes' reasons are left out: kube-scheduler reads
+        them only when no node is left. With every node, prioritize books the intent.
+        """
+        if not passing or not isinstance(request, PodRequest) or not request.wants_gpu:
+            return ""
+        why = ""
+        if len(passing) > 1:
+            why = self._why_every_node(pod, passing)
+        if not why:
+            nodes = self.cache.nodes
+            scores = self.scheduler.prioritize_names(pod, passing, nodes, self.cache.ledger)
+            top = self._intend(pod, passing, scores, nodes)
+            if top:
+                self.metrics.filter_answers.labels("top_node").inc()
+                return top
+            why = "no_score"
+        self.metrics.filter_answers.labels(why).inc()
+        return ""
+
+    def _why_every_node(self, pod: KubeObject, passing: list[str]) -> str:
+        """Why kube-scheduler's own scores may prefer another fitting node; empty if not."""
+        if pod_spec_of(pod).get("schedulerName") != self.packing_profile:
+            return "other_profile"
+        if stated_preference(pod):
+            return "stated_preference"
+        if self.cache.placed_terms.matching(pod):
+            return "placed_affinity"
+        tainted = self.cache.soft_tainted
+        if tainted and any(name in tainted for name in passing):
+            return "prefer_no_schedule_taint"
+        return ""
 
     def _gate(
         self,

@@ -21,6 +21,10 @@ Unbound live pods are kept as the watch last showed them (``pending``, by UID), 
 start from the API's own copy instead of reading the pod again; the resourceVersion it carries
 guards the write, and a copy the watch has not caught up with only costs a 409 and a read.
 
+It also keeps what kube-scheduler's remaining score plugins weigh beyond the pod itself
+(``core.preferences``): the pod-affinity terms of placed pods (``placed_terms``) and the nodes
+with a ``PreferNoSchedule`` taint (``soft_tainted``).
+
 Every pod listed or watched is also handed to the ``workload`` feed, which counts each pod with
 a GPU request once (by UID): the fragmentation-aware policies learn the workload from it.
 """
@@ -38,6 +42,7 @@ from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.kubejson import KubeObject, name_of, node_name_of, stored_uid_of, uid_of
 from gpushare.core.ledger import Ledger, is_terminal
 from gpushare.core.policybook import PolicyBook
+from gpushare.core.preferences import PlacedTerms, has_prefer_no_schedule_taint
 from gpushare.core.scheduling import Settings
 from gpushare.core.trust import Ignored, IgnoredOnce, Judged, Trust
 from gpushare.kube.backoff import Backoff
@@ -86,6 +91,10 @@ class ClusterCache:
         self.ledger = self._new_ledger()
         self.pending: dict[str, KubeDict] = {}
         """Unbound, unfinished pods by UID, as last listed or watched (never written to)."""
+        self.placed_terms = PlacedTerms()
+        """Pod-affinity terms of placed pods that score nodes for other pods."""
+        self.soft_tainted: set[str] = set()
+        """Nodes with a ``PreferNoSchedule`` taint."""
         self.synced = False
         self.relists = 0
 
@@ -147,6 +156,8 @@ class ClusterCache:
             for pod in pods:
                 self.book.observe_pod(pod)
         self.nodes = NodeTable((name_of(n), self._read(n)) for n in nodes)
+        self.soft_tainted = {name_of(n) for n in nodes if has_prefer_no_schedule_taint(n)}
+        self.placed_terms = PlacedTerms(p for p in pods if not is_terminal(p))
         self.ledger = ledger
         self.pending = pending
         self.synced = True
@@ -160,10 +171,15 @@ class ClusterCache:
         name = name_of(event.object)
         if event.type == "DELETED":
             self.nodes.pop(name, None)
+            self.soft_tainted.discard(name)
             if self.book is not None:
                 self.book.forget_node(name)
         elif event.type in ("ADDED", "MODIFIED"):
             self.nodes[name] = self._read(event.object)
+            if has_prefer_no_schedule_taint(event.object):
+                self.soft_tainted.add(name)
+            else:
+                self.soft_tainted.discard(name)
             if self.book is not None:
                 self.book.observe_node(event.object)
         self._changed()
@@ -172,6 +188,7 @@ class ClusterCache:
         """Take in one pod event."""
         if event.type == "DELETED":
             self.pending.pop(stored_uid_of(event.object), None)
+            self.placed_terms.forget(uid_of(event.object))
             self.ledger.forget(uid_of(event.object))
             self._reported.forget(uid_of(event.object))
             if self.workload is not None:
@@ -180,6 +197,10 @@ class ClusterCache:
                 self.book.forget_pod(uid_of(event.object))
         elif event.type in ("ADDED", "MODIFIED"):
             self._track(self.pending, event.object)
+            if is_terminal(event.object):
+                self.placed_terms.forget(uid_of(event.object))
+            else:
+                self.placed_terms.observe(event.object)
             self._observe(self.ledger, event.object)
             if self.book is not None:
                 self.book.observe_pod(event.object)
