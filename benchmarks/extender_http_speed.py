@@ -315,9 +315,11 @@ def drive(
         body = b'{"Pod":%s,"NodeNames":%s}' % (pod, names_json)
         passing = filtered_of(client.call(b"POST", b"/filter", body)).NodeNames
         if passing:
-            body = b'{"Pod":%s,"NodeNames":%s}' % (pod, encode(passing))
-            scores = priorities_of(client.call(b"POST", b"/prioritize", body))
-            best = max(scores, key=by_score).Host if scores else passing[0]
+            best = passing[0]
+            if len(passing) > 1:  # kube-scheduler takes a lone node unscored
+                body = b'{"Pod":%s,"NodeNames":%s}' % (pod, encode(passing))
+                scores = priorities_of(client.call(b"POST", b"/prioritize", body))
+                best = max(scores, key=by_score).Host if scores else best
             meta = obj["metadata"]
             body = encode(
                 {

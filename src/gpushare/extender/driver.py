@@ -1,9 +1,11 @@
 """Calls the extender the way kube-scheduler does, for the demo and in-process tests.
 
-For each pod: POST filter with every node name (``nodeCacheCapable``), POST prioritize with the
-nodes that passed, pick the highest score (ties to the first name, where kube-scheduler picks at
-random), POST bind. The outcome is a value: bound, or unschedulable with the per-node reasons
-that kube-scheduler would put into the pod's FailedScheduling event.
+For each pod: POST filter with every node name (``nodeCacheCapable``); when more than one node
+passed, POST prioritize with them and pick the highest score (ties to the first name, where
+kube-scheduler picks at random), else take the one node unscored, as kube-scheduler does
+(``schedulePod`` in pkg/scheduler/schedule_one.go); POST bind. The outcome is a value: bound,
+or unschedulable with the per-node reasons that kube-scheduler would put into the pod's
+FailedScheduling event.
 
 ``Outcome.event`` writes the event's message as kube-scheduler v1.36 does for a pod that only
 the extender refuses (``FitError.Error`` in pkg/scheduler/framework/types.go, checked against
@@ -78,7 +80,7 @@ class ExtenderDriver:
         return response.json()
 
     async def schedule(self, pod: Mapping[str, Any], node_names: Sequence[str]) -> Outcome:
-        """Filter, prioritize and bind one pod."""
+        """Filter, prioritize (when more than one node passed) and bind one pod."""
         key = key_of(pod)
         args = {"Pod": pod, "NodeNames": list(node_names)}
         result = await self._post("filter", args)
@@ -89,8 +91,10 @@ class ExtenderDriver:
         passing = result.get("NodeNames") or []
         if not passing:
             return Outcome(pod=key, failed=failed, unresolvable=frozenset(unresolvable))
-        scores = await self._post("prioritize", {"Pod": pod, "NodeNames": passing})
-        best = max(scores, key=lambda s: s["Score"])["Host"] if scores else passing[0]
+        best = passing[0]
+        if len(passing) > 1:  # a lone node is taken unscored (schedulePod, schedule_one.go)
+            scores = await self._post("prioritize", {"Pod": pod, "NodeNames": passing})
+            best = max(scores, key=lambda s: s["Score"])["Host"] if scores else best
         bound = await self._post(
             "bind",
             {

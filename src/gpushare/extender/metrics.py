@@ -184,8 +184,8 @@ class ExtenderMetrics:
         )
         self.intents = Counter(
             "gpushare_intents_total",
-            "Intents (GPUs booked at prioritize for the top node until the bind comes) by "
-            "what happened: booked, expired (no bind before the deadline), dropped (the pod "
+            "Intents (GPUs booked at filter or prioritize for the top node until the bind comes) "
+            "by what happened: booked, expired (no bind before the deadline), dropped (the pod "
             "was tried again or its bind failed); bind's booking replaces the rest",
             ["outcome"],
             registry=self.registry,
