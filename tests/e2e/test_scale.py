@@ -86,6 +86,9 @@ def test_thousand_nodes_five_thousand_pods(
     assert max(held.values()) <= 15, "a GPU is over-committed"
     assert max(per_gpu_pods.values()) <= 20, "a GPU holds more pods than isolation allows"
     assert gpu.binds.get("unfit", 0) == 0, f"binds found their share taken: {gpu.binds}"
+    # the pods state no preference: filter answers with the top node alone and kube-scheduler
+    # takes it without scoring or asking prioritize
+    assert not gpu.routes_ms.get("prioritize"), f"prioritize was called: {gpu.routes_ms}"
     total = sum(held.values())
     gpus_used = len(held)
     result = {
