@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gpushare.core.allocation import plan, to_annotations
+from gpushare.core.allocation import Allocation, plan
 from gpushare.core.inventory import Mode
 from gpushare.core.ledger import Ledger
-from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED, ANN_IDX, ANN_SEAL
+from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED, ANN_IDX
 from gpushare.core.requests import PodRequest, Rejection, read_pod
 from gpushare.core.scheduling import Settings
 from gpushare.core.trust import SealKey, Trust
@@ -196,10 +196,24 @@ class CountsReads(MemoryKube):
         return await super().get_pod(namespace, name)
 
 
+def one_pod(kube: MemoryKube) -> KubeDict:
+    """A 15 GiB node SEED and an unbound 3 GiB pod ``p``."""
+    kube.put_node(gpu_node(SEED, gpus_units=[15]))
+    return kube.create_pod(gpu_pod("p", mem=3))
+
+
+def keep_a_booking(rig: Rig, pod: KubeDict) -> Allocation:
+    """Book GPU 0 of SEED for the pod, as a bind whose outcome was unknown leaves it."""
+    request = read_pod(pod)
+    assert isinstance(request, PodRequest)
+    kept = plan(request, node=SEED, indexes=[0], unit=MemoryUnit.GiB)
+    rig.cache.ledger.assume(kept)
+    return kept
+
+
 def test_bind_starts_from_the_watched_pod_without_reading_it() -> None:
     kube = CountsReads()
-    kube.put_node(gpu_node(SEED, gpus_units=[15]))
-    pod = kube.create_pod(gpu_pod("p", mem=3))
+    pod = one_pod(kube)
 
     async def body(rig: Rig) -> None:
         await rig.settle()
@@ -218,8 +232,7 @@ def test_bind_starts_from_the_watched_pod_without_reading_it() -> None:
 
 def test_a_watched_copy_behind_the_api_costs_a_409_and_a_read_never_a_stale_write() -> None:
     kube = CountsReads()
-    kube.put_node(gpu_node(SEED, gpus_units=[15]))
-    pod = kube.create_pod(gpu_pod("p", mem=3))
+    pod = one_pod(kube)
 
     async def body(rig: Rig) -> None:
         await rig.settle()
@@ -248,16 +261,12 @@ def test_a_booking_kept_from_an_unknown_bind_sends_the_next_bind_to_a_fresh_read
     (the first binding may have landed), not trust the watch's copy and give the booking back
     on the 409 that copy earns."""
     kube = CountsReads()
-    kube.put_node(gpu_node(SEED, gpus_units=[15]))
-    pod = kube.create_pod(gpu_pod("p", mem=3))
+    pod = one_pod(kube)
 
     async def body(rig: Rig) -> None:
         await rig.settle()
         uid = pod["metadata"]["uid"]
-        request = read_pod(pod)
-        assert isinstance(request, PodRequest)
-        kept = plan(request, node=SEED, indexes=[0], unit=MemoryUnit.GiB)
-        rig.cache.ledger.assume(kept)
+        keep_a_booking(rig, pod)
         assert uid in rig.cache.pending
         reply = await rig.post("bind", binding(pod, SEED))
         assert reply["Error"] == "" and kube.reads == 1
@@ -273,13 +282,15 @@ class EarlierBindingLands(CountsReads):
     def __init__(self) -> None:
         super().__init__()
         self.ledger: Ledger | None = None
+        self.booked_with: dict[str, str] = {}
+        """The annotations the earlier binding carries."""
         self.booked_at_read: list[int] = []
+        self.landed = False
 
     async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **kwargs: Any) -> None:
-        if self.calls.count("bind_pod") == 0:
-            self.calls.append("bind_pod")
-            earlier = self.booked_with
-            await super().bind_pod(namespace, name, uid, node, annotations=earlier)
+        if not self.landed:
+            self.landed = True
+            await super().bind_pod(namespace, name, uid, node, annotations=self.booked_with)
             raise Conflict(f'pod {name} is already assigned to node "{node}"')
         await super().bind_pod(namespace, name, uid, node, **kwargs)
 
@@ -295,19 +306,13 @@ def test_a_409_from_the_earlier_binding_keeps_its_booking_until_the_watch_shows_
     watch showing the pod bound with the first bind's annotations, its GPU stays booked (it
     was given back there before, and a pod filtered then could have been placed on it)."""
     kube = EarlierBindingLands()
-    kube.put_node(gpu_node(SEED, gpus_units=[15]))
-    pod = kube.create_pod(gpu_pod("p", mem=3))
+    pod = one_pod(kube)
 
     async def body(rig: Rig) -> None:
         await rig.settle()
         kube.ledger = rig.cache.ledger
-        request = read_pod(pod)
-        assert isinstance(request, PodRequest)
-        kept = plan(request, node=SEED, indexes=[0], unit=MemoryUnit.GiB)
-        written = to_annotations(kept, dev_units=15)
-        seal = rig.cache.trust.seal_for(kept, written[ANN_ALLOCATION])
-        kube.booked_with = {**written, **({ANN_SEAL: seal} if seal else {})}
-        rig.cache.ledger.assume(kept)
+        kept = keep_a_booking(rig, pod)
+        kube.booked_with = placed(pod, kept, trust=rig.cache.trust)["metadata"]["annotations"]
         reply = await rig.post("bind", binding(pod, SEED))
         # read 1 starts the bind (a kept booking); read 2 follows the 409 and finds it bound
         assert reply["Error"] == "" and kube.reads == 2
@@ -321,13 +326,11 @@ def test_a_409_from_the_earlier_binding_keeps_its_booking_until_the_watch_shows_
 
 def test_a_409_with_nothing_kept_gives_the_booking_back() -> None:
     kube = EarlierBindingLands()
-    kube.put_node(gpu_node(SEED, gpus_units=[15]))
-    pod = kube.create_pod(gpu_pod("p", mem=3))
+    pod = one_pod(kube)
 
     async def body(rig: Rig) -> None:
         await rig.settle()
         kube.ledger = rig.cache.ledger
-        kube.booked_with = {}
         reply = await rig.post("bind", binding(pod, SEED))
         # bound by another hand without gpushare's annotations: an error, nothing booked
         assert "is bound to" in reply["Error"] or "already" in reply["Error"], reply

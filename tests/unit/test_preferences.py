@@ -144,6 +144,16 @@ def test_a_pending_pods_terms_count_once_it_is_bound() -> None:
     assert terms.matching(incoming())
 
 
+def test_a_finished_pods_terms_no_longer_count() -> None:
+    done = placed("soft", podAffinity={PREFERRED: weighted({})})
+    terms = PlacedTerms([done])
+    assert terms.matching(incoming())
+    done["status"] = {"phase": "Succeeded"}
+    terms.observe(done)
+    assert not terms.matching(incoming())
+    assert len(PlacedTerms([done])) == 0
+
+
 def test_prefer_no_schedule_taints() -> None:
     def node(*effects: str) -> dict[str, Any]:
         taints = [{"key": "k", "effect": e} for e in effects]

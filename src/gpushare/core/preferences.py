@@ -37,6 +37,7 @@ from gpushare.core.kubejson import (
     spec_of,
     uid_of,
 )
+from gpushare.core.ledger import is_terminal
 
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -158,8 +159,9 @@ class PlacedTerms:
             self.observe(pod)
 
     def observe(self, pod: KubeObject) -> None:
+        """Take in a pod as listed or watched: placed and unfinished, its terms count."""
         uid = uid_of(pod)
-        terms = scoring_terms(pod) if node_name_of(pod) else ()
+        terms = scoring_terms(pod) if node_name_of(pod) and not is_terminal(pod) else ()
         if terms:
             self._terms[uid] = terms
         else:

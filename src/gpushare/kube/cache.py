@@ -157,7 +157,7 @@ class ClusterCache:
                 self.book.observe_pod(pod)
         self.nodes = NodeTable((name_of(n), self._read(n)) for n in nodes)
         self.soft_tainted = {name_of(n) for n in nodes if has_prefer_no_schedule_taint(n)}
-        self.placed_terms = PlacedTerms(p for p in pods if not is_terminal(p))
+        self.placed_terms = PlacedTerms(pods)
         self.ledger = ledger
         self.pending = pending
         self.synced = True
@@ -197,10 +197,7 @@ class ClusterCache:
                 self.book.forget_pod(uid_of(event.object))
         elif event.type in ("ADDED", "MODIFIED"):
             self._track(self.pending, event.object)
-            if is_terminal(event.object):
-                self.placed_terms.forget(uid_of(event.object))
-            else:
-                self.placed_terms.observe(event.object)
+            self.placed_terms.observe(event.object)
             self._observe(self.ledger, event.object)
             if self.book is not None:
                 self.book.observe_pod(event.object)
