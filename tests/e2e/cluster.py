@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from gpushare.core.units import MemoryUnit
 from gpushare.kube.sealing import DEFAULT_SECRET, SECRET_FIELD, new_key_text
 from gpushare.schedconfig import scheduler_configuration
 
+from ..ports import free_port
 from .reaping import find_running, stop
 from .seeding import CORE_NODE, KWOK_ANNOTATION, KWOK_VALUE, SHARE_NODE, seed_nodes, unit_option
 
@@ -65,13 +65,6 @@ def build_binaries() -> dict[str, Path]:
         for binary in Path(line).iterdir():
             found[binary.name] = binary
     return found
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _openssl(*args: str, cwd: Path) -> None:

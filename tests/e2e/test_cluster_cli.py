@@ -83,6 +83,9 @@ def test_up_seeds_the_nodes_and_down_stops_everything(tmp_path: Path) -> None:
         assert f"{SHARE_NODE}  192.168.66.139  2048/15360" in inspect.stdout
         assert not inspect.stderr  # the seal key is read from the Secret `up` made
     finally:
+        if stray.poll() is None:  # `up` failed before stopping it: never leave it running
+            stray.kill()
+        stray.wait(timeout=10)
         running = find_running(root)
         (root / "pids").unlink(missing_ok=True)
         out = cluster_command("down", "--dir", str(root), timeout=120)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import platform
-import socket
 import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -29,6 +28,7 @@ from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import KubeError
 from gpushare.webhook.app import create_app as create_webhook_app
 
+from ..ports import free_port
 from .conftest import Rig, run_with_rig
 from .test_extender import ConflictOnce
 
@@ -211,12 +211,6 @@ def test_event_failures_never_break_scheduling() -> None:
         assert recorder.failures == 2
 
     run_with_rig(kube, body)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_device_plugin_serves_metrics(tmp_path: Path) -> None:
