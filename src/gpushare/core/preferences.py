@@ -79,7 +79,8 @@ def has_prefer_no_schedule_taint(node: KubeObject) -> bool:
     )
 
 
-def _requirement_matches(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+def requirement_matches(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """One selector requirement against labels; an operator or key it cannot read may match."""
     key = expression.get("key")
     operator = expression.get("operator")
     values = {str(v) for v in _list(expression.get("values"))}
@@ -107,7 +108,7 @@ def selector_matches(selector: Any, labels: Mapping[str, str]) -> bool:
         if labels.get(key) != value:
             return False
     return all(
-        _requirement_matches(_mapping(expression), labels)
+        requirement_matches(_mapping(expression), labels)
         for expression in _list(selector.get("matchExpressions"))
     )
 

@@ -85,6 +85,13 @@ class KubeAPI(Protocol):
         ``resource_version``."""
         ...
 
+    async def nominate_pod(
+        self, namespace: str, name: str, node: str, *, resource_version: str
+    ) -> None:
+        """Set the pod's ``status.nominatedNodeName`` if the pod is still at
+        ``resource_version`` (the ``pods/status`` subresource)."""
+        ...
+
     async def bind_pod(
         self,
         namespace: str,
