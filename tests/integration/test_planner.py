@@ -237,8 +237,8 @@ def test_a_plan_whose_write_fails_gives_its_booking_back_and_is_not_tried_again(
 
 
 def test_a_plan_holds_its_place_until_its_pod_leaves_or_its_booking_runs_out() -> None:
-    """A plan kube-scheduler's queue passes by (another order, another scheduler) gives its
-    GPUs back after ``ttl_s`` and its place to the next pod; its nomination stays."""
+    """A plan kube-scheduler never reaches (stopped, another scheduler) gives its GPUs back
+    after ``ttl_s``, its nomination is cleared, and its place goes to the next pod."""
     kube = spread_cluster()
     first = kube.create_pod(gpu_pod("a", mem=3))
     second = kube.create_pod(gpu_pod("b", mem=3))
@@ -260,12 +260,15 @@ def test_a_plan_holds_its_place_until_its_pod_leaves_or_its_booking_runs_out() -
         rig.extender.clock_ns = lambda: start + 9_000_000_000
         await kube_scheduler_is_asking(rig)
         assert await planner.plan_some() == 0, "b's booking still holds"
+        await rig.settle()  # the watch shows b nominated
         rig.extender.clock_ns = lambda: start + 10_000_000_000
         await kube_scheduler_is_asking(rig)
         assert await planner.plan_some() == 1
-        assert nominated(kube, second) == "n1", "its nomination stays"
+        # kube-scheduler counts a nominated pod on its node: the nomination goes with the booking
+        assert nominated(kube, second) == "", "cleared with its booking"
         ledger = rig.cache.ledger
         assert [a.uid for a, _ in ledger.intents()] != [second["metadata"]["uid"]]
         assert len(list(ledger.intents())) == 1
+        assert (await plans(rig)) == {"nominated": 3.0, "cleared": 1.0}
 
     run_with_rig(kube, body, Settings(policy="binpack"))

@@ -7,13 +7,12 @@ kube-scheduler's queue order, plans each (``Extender.plan``: the top node, booke
 intent) and writes the node into the pod's status, at the resourceVersion the watch showed, so
 a pod kube-scheduler nominated or bound meanwhile is left alone (a 409).
 
-At most ``ahead`` planned pods wait at a time, each holding its booking for ``ttl_s``: a plan
-is made only a little before kube-scheduler reaches the pod, so its booking is still held when
-the pod comes. A plan whose booking is gone (its time ran out: kube-scheduler's queue took
-other pods first, or another scheduler took this one) no longer takes a place in the window;
-its pod keeps the nomination, which kube-scheduler checks like any other. Plans are made only
-while kube-scheduler is asking (a filter within the last ``idle_s``): with kube-scheduler
-stopped nothing would consume them.
+At most ``ahead`` planned pods wait at a time, each holding its booking for ``ttl_s``.
+kube-scheduler counts a nominated pod's requests on its node, so a nomination never outlives
+its booking: a plan never reached in that time (kube-scheduler stopped, another scheduler took
+the pod) gives its GPUs back, its nomination is cleared, and its place goes to the next pod.
+Plans are made only while kube-scheduler is asking (a filter within the last ``idle_s``):
+with kube-scheduler stopped nothing would consume them.
 
 Each pod is considered once while it is pending; a pod whose plan did not hold is searched by
 kube-scheduler as usual, and the extender's filter answers it as it answers every pod.
@@ -27,7 +26,7 @@ import heapq
 import logging
 
 from gpushare.core.kubejson import KubeObject, meta, name_of, namespace_of, stored_uid_of
-from gpushare.core.planning import queue_order
+from gpushare.core.planning import nominated_node_of, queue_order
 from gpushare.extender.service import Extender
 from gpushare.kube.port import Conflict, KubeDict, KubeError
 
@@ -36,10 +35,11 @@ log = logging.getLogger(__name__)
 IDLE_S = 5.0
 """Plans stop when kube-scheduler has not filtered for this long."""
 
-PLAN_TTL_S = 10.0
-"""How long a plan's booking waits for its pod's filter. A window of a few hundred pods is
-reached within seconds at kube-scheduler's pace; a plan the queue passes by (its order was
-not the guessed one) gives its GPUs back after this long."""
+PLAN_TTL_S = 60.0
+"""How long a plan's booking waits for its pod's filter: long enough for kube-scheduler to work
+through a window of thousands of pods in whatever order its queue holds them; a plan never
+reached (kube-scheduler stopped, another scheduler took the pod) then gives its GPUs back and
+its nomination is cleared."""
 
 
 class Planner:
@@ -67,6 +67,7 @@ class Planner:
         self.waiting: dict[str, str] = {}
         """Planned pods still pending: UID to the node they were nominated to."""
         self._wake = asyncio.Event()
+        self._swept_ns = 0
         extender.cache.on_pending = self.pending
         extender.cache.on_change = self.poke  # a pod bound or gone may make room
         for pod in list(extender.cache.pending.values()):
@@ -88,24 +89,56 @@ class Planner:
         last = self.extender.last_filter_ns
         return bool(last) and self.extender.clock_ns() - last < self.idle_s * 1e9
 
-    def _room(self) -> int:
-        if len(self.waiting) < self.ahead:
-            return self.ahead - len(self.waiting)
+    async def _sweep(self) -> None:
+        """Forget plans whose pods left or whose bookings are gone; clear the nomination of a
+        pod still pending that holds nothing (its plan's time ran out).
+
+        kube-scheduler counts a nominated pod's requests on its node for every pod of equal or
+        lower priority (``RunFilterPluginsWithNominatedPods``), so a nomination must not
+        outlive the booking behind it: the extender would offer the GPUs again while
+        kube-scheduler still sees them taken. The clearing carries the watched resourceVersion,
+        so a pod bound or nominated anew meanwhile is left alone (a 409).
+        """
         pending, ledger = self.extender.cache.pending, self.extender.cache.ledger
-        expired = ledger.expire(self.extender.clock_ns())
+        now = self.extender.clock_ns()
+        self._swept_ns = now
+        expired = ledger.expire(now)
         if expired:
             self.extender.metrics.intents.labels("expired").inc(len(expired))
-        for uid in [u for u in self.waiting if u not in pending or ledger.intent_until(u) is None]:
+        stale: list[KubeDict] = []
+        for uid, node in list(self.waiting.items()):
+            pod = pending.get(uid)
+            if pod is not None and ledger.holding(uid) is not None:
+                continue  # still booked: planned, filtered or being bound
             del self.waiting[uid]
+            if pod is not None and nominated_node_of(pod) == node:
+                stale.append(pod)
         if len(self._considered) > 2 * len(pending) + 1024:
             self._considered &= pending.keys()
+        for pod in stale:
+            try:
+                await self.extender.api.nominate_pod(
+                    namespace_of(pod),
+                    name_of(pod),
+                    "",
+                    resource_version=str(meta(pod).get("resourceVersion") or ""),
+                )
+            except KubeError as err:
+                log.info("pod=%s/%s phase=plan clear: %s", namespace_of(pod), name_of(pod), err)
+                continue
+            self.extender.metrics.plans.labels("cleared").inc()
+
+    async def _room(self) -> int:
+        """Places left in the window, swept when full and at least once a second."""
+        if len(self.waiting) >= self.ahead or self.extender.clock_ns() - self._swept_ns > 1e9:
+            await self._sweep()
         return self.ahead - len(self.waiting)
 
     async def plan_some(self) -> int:
         """Plan pods until ``ahead`` wait or none is left; the number nominated."""
         cache = self.extender.cache
         nominated = 0
-        while cache.synced and self._queue and self._asking() and self._room() > 0:
+        while cache.synced and self._queue and self._asking() and await self._room() > 0:
             _, uid = heapq.heappop(self._queue)
             self._queued.discard(uid)
             pod = cache.pending.get(uid)

@@ -201,7 +201,7 @@ class LightkubeAPI:
         """JSON merge patch of ``pods/status`` carrying metadata.resourceVersion."""
         body = {
             "metadata": {"resourceVersion": resource_version},
-            "status": {"nominatedNodeName": node},
+            "status": {"nominatedNodeName": node or None},  # None removes it
         }
         with _mapped(f"nominate node {node} for pod {namespace}/{name}"):
             await self._client.patch(

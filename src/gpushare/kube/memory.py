@@ -315,7 +315,10 @@ class MemoryKube:
                 f"pod {namespace}/{name}: resourceVersion {resource_version} is stale "
                 f"(now {current})"
             )
-        obj.setdefault("status", {})["nominatedNodeName"] = node
+        if node:
+            obj.setdefault("status", {})["nominatedNodeName"] = node
+        else:
+            obj.setdefault("status", {}).pop("nominatedNodeName", None)
         self._record("pods", "MODIFIED", obj)
 
     async def bind_pod(
