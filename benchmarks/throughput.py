@@ -16,8 +16,7 @@ process, and the packing (GPUs touched, their mean fill). ``--profile`` also sam
 extender with py-spy during the GPU stage and prints its hottest frames.
 
     python benchmarks/throughput.py [--nodes 1000 5000] [--pods 5000] [--seed 2026]
-                                    [--percentage 100] [--plan-ahead 0] [--profile]
-                                    [--out throughput-out]
+                                    [--percentage 100] [--profile] [--out throughput-out]
 
 ``--percentage`` sets the GPU profile's ``percentageOfNodesToScore`` (the chart's
 ``scheduler.percentageOfNodesToScore``; 100 by default, 0 for kube-scheduler's adaptive
@@ -90,23 +89,13 @@ def hottest(raw: Path, top: int = 25) -> list[tuple[str, float]]:
 
 
 def run(
-    nodes: int,
-    pods: int,
-    seed: int,
-    out: Path,
-    profile: bool,
-    percentage: int,
-    plan_ahead: int = 0,
+    nodes: int, pods: int, seed: int, out: Path, profile: bool, percentage: int
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"gpushare-tp-{nodes}-"))
     profiles = {"profiles": scheduler_configuration(percentage=percentage)["profiles"]}
     try:
         with running_cluster(
-            root,
-            progress,
-            pods_run=False,
-            scheduler_settings=profiles,
-            extender_args=["--plan-ahead", str(plan_ahead)],
+            root, progress, pods_run=False, scheduler_settings=profiles
         ) as cluster:
             names = [f"tp-{i:05d}" for i in range(nodes)]
             progress(f"creating {nodes} kwok nodes")
@@ -169,7 +158,6 @@ def run(
                 "nodes": nodes,
                 "pods": pods,
                 "percentage_of_nodes_to_score": percentage,
-                "plan_ahead": plan_ahead,
                 "plain": plain.as_dict(),
                 "gpu": gpu.as_dict(),
                 "ratio": round(gpu.pods_per_second / plain.pods_per_second, 3)
@@ -194,19 +182,18 @@ def _routes(stage: Stage | dict[str, Any]) -> str:
 def table(results: list[dict[str, Any]]) -> str:
     """The results as a Markdown table, one row per node count."""
     head = (
-        "| nodes | % scored | plan ahead | pods | plain pods/s | GPU pods/s | ratio "
-        "| retries (GPU) | binds by outcome | extender ms p50/p99 "
+        "| nodes | % scored | pods | plain pods/s | GPU pods/s | ratio | retries (GPU) "
+        "| binds by outcome | extender ms p50/p99 "
         "| CPU share: extender / scheduler / apiserver / etcd | GPUs touched | mean fill |\n|"
         + "---|"
-        * 13
+        * 12
     )
     rows = []
     for r in results:
         gpu = r["gpu"]
         cpu = gpu["cpu_share"]
         rows.append(
-            f"| {r['nodes']} | {r.get('percentage_of_nodes_to_score', 100)} "
-            f"| {r.get('plan_ahead', 0)} | {r['pods']} "
+            f"| {r['nodes']} | {r.get('percentage_of_nodes_to_score', 100)} | {r['pods']} "
             f"| {r['plain']['pods_per_second']} "
             f"| {gpu['pods_per_second']} | {r['ratio']} | {gpu['retries']:.0f} "
             f"| {', '.join(f'{k} {v:.0f}' for k, v in sorted(gpu['binds'].items()))} "
@@ -229,20 +216,12 @@ def main(argv: list[str] | None = None) -> int:
         default=PERCENTAGE_OF_NODES_TO_SCORE,
         help="the GPU profile's percentageOfNodesToScore (0..100)",
     )
-    parser.add_argument(
-        "--plan-ahead",
-        type=int,
-        default=0,
-        help="the extender's --plan-ahead: pods planned ahead of kube-scheduler (0: off)",
-    )
     parser.add_argument("--profile", action="store_true", help="sample the extender with py-spy")
     parser.add_argument("--out", type=Path, default=Path("throughput-out"))
     args = parser.parse_args(argv)
     for name, value, low in (("--pods", args.pods, 2), *(("--nodes", n, 1) for n in args.nodes)):
         if value < low:
             parser.error(f"{name} {value} is too small: give at least {low}")
-    if args.plan_ahead < 0:
-        parser.error(f"--plan-ahead {args.plan_ahead} is negative: give 0 (off) or more")
     try:
         check_percentage(args.percentage)
     except ValueError as err:
@@ -250,15 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for nodes in args.nodes:
-        result = run(
-            nodes,
-            args.pods,
-            args.seed,
-            args.out,
-            args.profile,
-            args.percentage,
-            args.plan_ahead,
-        )
+        result = run(nodes, args.pods, args.seed, args.out, args.profile, args.percentage)
         results.append(result)
         print(json.dumps(result), flush=True)
         (args.out / f"throughput-{nodes}.json").write_text(json.dumps(result, indent=2))

@@ -254,8 +254,6 @@ class Cluster:
     extender_unit: str = "1GiB"
     extender_policy: str | None = None
     """``gpushare extender --policy``; None: the extender's default."""
-    extender_args: list[str] = field(default_factory=list)
-    """More ``gpushare extender`` flags (the throughput benchmark's ``--plan-ahead``)."""
     pods_run: bool = True
     """kwok's stage that turns bound pods Running. The replay benchmark turns it off: nothing
     it measures reads a pod's phase (a bound pod holds its share from its ``nodeName`` on), and
@@ -534,7 +532,6 @@ class Cluster:
                 "--log-level",
                 "warning",
                 *(["--policy", self.extender_policy] if self.extender_policy else []),
-                *self.extender_args,
             ],
         )
         wait_for(
@@ -672,11 +669,9 @@ def running_cluster(
     scheduler_gates: dict[str, bool] | None = None,
     pods_run: bool = True,
     node_lease_s: int = 40,
-    extender_args: Sequence[str] = (),
 ) -> Iterator[Cluster]:
     """Build (cached), start, yield, stop."""
     cluster = Cluster(
-        extender_args=list(extender_args),
         root=root,
         binaries=build_binaries(),
         extender_policy=policy,

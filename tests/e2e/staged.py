@@ -293,8 +293,6 @@ class Stage:
     """kube-scheduler's schedule attempts of this stage by result."""
     binds: dict[str, float] = field(default_factory=dict)
     """The extender's bind attempts of this stage by outcome (GPU stages)."""
-    plans: dict[str, float] = field(default_factory=dict)
-    """The extender's plans ahead of kube-scheduler by outcome (GPU stages, ``--plan-ahead``)."""
     routes_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     """The extender's p50 and p99 per route, in milliseconds (GPU stages)."""
     scheduler_ms: dict[str, float] = field(default_factory=dict)
@@ -323,7 +321,6 @@ class Stage:
             "retries": self.retries,
             "attempts": self.attempts,
             "binds": self.binds,
-            "plans": self.plans,
             "routes_ms": self.routes_ms,
             "scheduler_ms": self.scheduler_ms,
             "cpu_share": {k: round(v, 3) for k, v in self.cpu_share.items()},
@@ -391,16 +388,14 @@ def run_stage(
         if n == "scheduler_schedule_attempts_total" and v
     }
     binds: dict[str, float] = {}
-    plans: dict[str, float] = {}
     routes: dict[str, dict[str, float]] = {}
     if gpu:
         for (n, ls), v in after.items():
-            counts = {"gpushare_bind_total": binds, "gpushare_plans_total": plans}.get(n)
-            if counts is not None:
+            if n == "gpushare_bind_total":
                 outcome = dict(ls)["outcome"]
                 delta = v - before.get((n, ls), 0.0)
                 if delta:
-                    counts[outcome] = delta
+                    binds[outcome] = delta
         for route in ROUTES:
             figures = {}
             for label, q in (("p50", 0.5), ("p99", 0.99)):
@@ -434,7 +429,6 @@ def run_stage(
         cpu_share=cpu_share,
         attempts=attempts,
         binds=binds,
-        plans=plans,
         routes_ms=routes,
         scheduler_ms=timing,
     )

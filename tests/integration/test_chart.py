@@ -282,22 +282,6 @@ def test_scheduler_pod(default_docs: list[dict[str, Any]]) -> None:
     assert "readinessProbe" in extender and "livenessProbe" in extender
 
 
-def test_planning_ahead_passes_the_flag_and_grants_pods_status_only_when_on(
-    default_docs: list[dict[str, Any]],
-) -> None:
-    def planned(docs: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
-        pod = find(docs, "Deployment", "-scheduler")["spec"]["template"]["spec"]
-        extender = pod["containers"][1]
-        role = find(docs, "ClusterRole", "-extender")
-        rules = [r for r in role["rules"] if "pods/status" in r["resources"]]
-        return [a for a in extender["args"] if a.startswith("--plan-ahead")], rules
-
-    assert planned(default_docs) == ([], [])
-    args, rules = planned(render("--set", "scheduler.extender.planAhead=256"))
-    assert args == ["--plan-ahead=256"]
-    assert rules == [{"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]}]
-
-
 def test_device_plugin_daemonset(default_docs: list[dict[str, Any]]) -> None:
     daemonset = find(default_docs, "DaemonSet", "-device-plugin")
     pod = daemonset["spec"]["template"]["spec"]
@@ -665,7 +649,6 @@ def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> No
         ("scheduler.percentageOfNodesToScore=101", "percentageOfNodesToScore"),
         ("devicePlugin.nodeModes[0]=topology", "nodeModes"),
         ("scheduler.extender.logLevel=loud", "logLevel"),
-        ("scheduler.extender.planAhead=-1", "planAhead"),
     ],
 )
 def test_schema_refuses(setting: str, words: str) -> None:

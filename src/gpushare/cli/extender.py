@@ -43,16 +43,6 @@ from gpushare.core.names import SCHEDULER_NAME
     "node alone and kube-scheduler skips scoring and prioritize. Give '' if that profile "
     "scores nodes with plugins of its own.",
 )
-@click.option(
-    "--plan-ahead",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="Keep up to N pending pods of the packing profile planned ahead of kube-scheduler: "
-    "the extender books each pod's top node and sets it as the pod's "
-    "status.nominatedNodeName, which kube-scheduler tries alone before searching every node "
-    "(needs patch on pods/status). 0: off.",
-)
 @scheduling_options
 @resource_name_options
 @seal_options
@@ -64,7 +54,6 @@ def extender(
     context: str | None,
     log_level: str,
     packing_profile: str,
-    plan_ahead: int,
     gpu_memory_unit: str | None,
     policy: str | None,
     max_pods_per_gpu: int | None,
@@ -82,7 +71,6 @@ def extender(
     from gpushare.core.policybook import PolicyBook
     from gpushare.core.scheduling import Scheduler
     from gpushare.extender.app import create_app, create_metrics_app, server_config
-    from gpushare.extender.planner import Planner
     from gpushare.extender.service import Extender
     from gpushare.kube.cache import ClusterCache
     from gpushare.kube.lightkube_api import LightkubeAPI
@@ -111,8 +99,7 @@ def extender(
     )
     service = Extender(api=api, cache=cache, scheduler=scheduler, packing_profile=packing_profile)
     policies = PolicyWatch(api, book, notify=service.policy_notice)
-    planner = Planner(service, ahead=plan_ahead) if plan_ahead else None
-    app = create_app(service, run_cache=True, policies=policies, planner=planner)
+    app = create_app(service, run_cache=True, policies=policies)
     main_server = uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level))
     if not metrics_port:
         main_server.run()

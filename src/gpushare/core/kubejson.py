@@ -53,9 +53,6 @@ class PodSpec(TypedDict, total=False):
     topologySpreadConstraints: list[Mapping[str, Any]]
     resourceClaims: list[Mapping[str, Any]]
     volumes: list[Mapping[str, Any]]
-    tolerations: list[Mapping[str, Any]]
-    priority: int
-    """Set by the Priority admission plugin from the pod's PriorityClass."""
 
 
 class PodStatus(TypedDict, total=False):

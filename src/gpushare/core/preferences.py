@@ -79,8 +79,7 @@ def has_prefer_no_schedule_taint(node: KubeObject) -> bool:
     )
 
 
-def requirement_matches(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """One selector requirement against labels; an operator or key it cannot read may match."""
+def _requirement_matches(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     key = expression.get("key")
     operator = expression.get("operator")
     values = {str(v) for v in _list(expression.get("values"))}
@@ -108,7 +107,7 @@ def selector_matches(selector: Any, labels: Mapping[str, str]) -> bool:
         if labels.get(key) != value:
             return False
     return all(
-        requirement_matches(_mapping(expression), labels)
+        _requirement_matches(_mapping(expression), labels)
         for expression in _list(selector.get("matchExpressions"))
     )
 

@@ -23,7 +23,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import Receive, Scope, Send
 
-from gpushare.extender.planner import Planner
 from gpushare.extender.service import Extender
 from gpushare.extender.wire import (
     WireError,
@@ -157,14 +156,9 @@ def create_metrics_app(extender: Extender) -> FastAPI:
 
 
 def create_app(
-    extender: Extender,
-    *,
-    run_cache: bool = False,
-    policies: PolicyWatch | None = None,
-    planner: Planner | None = None,
+    extender: Extender, *, run_cache: bool = False, policies: PolicyWatch | None = None
 ) -> FastAPI:
-    """Build the ASGI app around an extender (``policies``: the ResourcePolicy watch to run;
-    ``planner``: the planning-ahead task to run)."""
+    """Build the ASGI app around an extender (``policies``: the ResourcePolicy watch to run)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -173,8 +167,6 @@ def create_app(
             tasks = [asyncio.create_task(extender.cache.run()), asyncio.create_task(_freeze())]
         if policies is not None:
             tasks.append(asyncio.create_task(policies.run()))
-        if planner is not None:
-            tasks.append(asyncio.create_task(planner.run()))
         try:
             yield
         finally:

@@ -199,17 +199,6 @@ class ExtenderMetrics:
             ["answer"],
             registry=self.registry,
         )
-        self.plans = Counter(
-            "gpushare_plans_total",
-            "Pending pods considered for planning ahead (--plan-ahead), by outcome: nominated "
-            "(its node booked and set as status.nominatedNodeName), conflict or error (the "
-            "write failed; the booking was given back), cleared (its booking ran out before "
-            "kube-scheduler came, and so did its nomination), or why it was not planned: "
-            "other_profile, stated_preference, placed_affinity, prefer_no_schedule_taint, "
-            "no_gpu, rejected, nominated_already, resource_policy, no_fit, no_score",
-            ["outcome"],
-            registry=self.registry,
-        )
         self.conflicts = Counter(
             "gpushare_bind_conflicts_total",
             "Annotation writes answered 409 (the pod changed meanwhile); bind gave the booking "

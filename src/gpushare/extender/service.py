@@ -70,7 +70,6 @@ from gpushare.core.kubejson import (
 )
 from gpushare.core.ledger import Kept
 from gpushare.core.names import ANN_ALLOCATION, ANN_SEAL, POD_ANNOTATIONS, SCHEDULER_NAME
-from gpushare.core.planning import admits, nominated_node_of
 from gpushare.core.preferences import stated_preference
 from gpushare.core.requests import PodRequest, Rejection
 from gpushare.core.resourcepolicy import GROUP, KIND, VERSION, ResourcePolicy
@@ -171,8 +170,6 @@ class Extender:
         self.attempts = attempts
         self.clock_ns = clock_ns
         self._binding = _OnePerKey()
-        self.last_filter_ns = 0
-        """When kube-scheduler last asked to filter (``clock_ns``); 0 before it ever did."""
         if cache.on_ignored is None:
             cache.on_ignored = self._ignored
 
@@ -242,12 +239,10 @@ class Extender:
         names: list[str],
         scores: list[int],
         nodes: Mapping[str, NodeInventory],
-        ttl_s: float | None = None,
     ) -> str:
-        """Book the top node's GPUs for the pod until its bind comes (``Scheduler.intend``),
-        or for ``ttl_s`` when given; the node booked, or an empty string."""
-        ttl = self.intent_ttl_s if ttl_s is None else ttl_s
-        until = self.clock_ns() + int(ttl * 1e9)
+        """Book the top node's GPUs for the pod until its bind comes (``Scheduler.intend``);
+        the node booked, or an empty string."""
+        until = self.clock_ns() + int(self.intent_ttl_s * 1e9)
         booked = self.scheduler.intend(pod, names, scores, nodes, self.cache.ledger, until_ns=until)
         if booked is None:
             return ""
@@ -256,7 +251,6 @@ class Extender:
 
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
         """Split the given nodes into passing, failed and unresolvable, with reasons."""
-        self.last_filter_ns = self.clock_ns()
         self._new_attempt(args.Pod)
         if args.Nodes is None:
             return self._filter_names(args)
@@ -348,51 +342,6 @@ class Extender:
         if tainted and any(name in tainted for name in passing):
             return "prefer_no_schedule_taint"
         return ""
-
-    def plan(self, pod: KubeObject, *, ttl_s: float) -> str:
-        """Choose and book the node a pending pod is expected to go to (``core.planning``);
-        the node, or an empty string when the pod is left to kube-scheduler's full search.
-
-        The choice is the one ``_top_only`` would answer if kube-scheduler sent every node its
-        own filters pass: the nodes kube-scheduler's label, affinity, taint and cordon filters
-        admit, then the extender's filter and scores. It is booked as the pod's intent for
-        ``ttl_s``; the pod's filter gives it back and books again on the node kube-scheduler
-        sends.
-        """
-        why = self._why_not_plan(pod)
-        if why:
-            self.metrics.plans.labels(why).inc()
-            return ""
-        facts = self.cache.node_facts
-        names = [n for n, f in facts.items() if admits(f, pod)]
-        nodes, ledger = self.cache.nodes, self.cache.ledger
-        result = self.scheduler.filter_names(pod, names, nodes, ledger)
-        passing = result.passing
-        why = "no_fit" if not passing else self._why_every_node(pod, passing)
-        book = self.cache.book
-        now_s = self.clock_ns() / 1e9
-        if not why and book and book.gate(pod, fitting=passing, now_s=now_s) is not None:
-            why = "resource_policy"  # its unit order is the bind's to check
-        if why:
-            self.metrics.plans.labels(why).inc()
-            return ""
-        scores = self.scheduler.prioritize_names(pod, passing, nodes, ledger)
-        top = self._intend(pod, passing, scores, nodes, ttl_s=ttl_s)
-        if not top:
-            self.metrics.plans.labels("no_score").inc()
-        return top
-
-    def _why_not_plan(self, pod: KubeObject) -> str:
-        """Why a pending pod is not planned, found before any node is looked at; or empty."""
-        if nominated_node_of(pod):
-            return "nominated_already"  # kube-scheduler's preemption, or an earlier plan
-        why = self._why_every_node(pod, [])
-        if why:
-            return why
-        request = self.scheduler.read(pod)
-        if not isinstance(request, PodRequest):
-            return "rejected"  # the filter says why, on every node
-        return "" if request.wants_gpu else "no_gpu"
 
     def _gate(
         self,

@@ -23,9 +23,7 @@ guards the write, and a copy the watch has not caught up with only costs a 409 a
 
 It also keeps what kube-scheduler's remaining score plugins weigh beyond the pod itself
 (``core.preferences``): the pod-affinity terms of placed pods (``placed_terms``) and the nodes
-with a ``PreferNoSchedule`` taint (``soft_tainted``); and what its label, affinity, taint and
-cordon filters read of each node (``node_facts``, ``core.planning``), for planning ahead.
-``on_pending`` is told of each unbound pod as it is listed or watched.
+with a ``PreferNoSchedule`` taint (``soft_tainted``).
 
 Every pod listed or watched is also handed to the ``workload`` feed, which counts each pod with
 a GPU request once (by UID): the fragmentation-aware policies learn the workload from it.
@@ -43,7 +41,6 @@ from gpushare.core.defragmenting import WorkloadFeed
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.kubejson import KubeObject, name_of, node_name_of, stored_uid_of, uid_of
 from gpushare.core.ledger import Ledger, is_terminal
-from gpushare.core.planning import NodeFacts
 from gpushare.core.policybook import PolicyBook
 from gpushare.core.preferences import PlacedTerms, has_prefer_no_schedule_taint
 from gpushare.core.scheduling import Settings
@@ -76,12 +73,10 @@ class ClusterCache:
         trust: Trust | None = None,
         on_ignored: OnIgnored | None = None,
         book: PolicyBook | None = None,
-        on_pending: Callable[[KubeDict], None] | None = None,
     ) -> None:
         self._api = api
         self._settings = settings
-        self.on_change = on_change
-        """Called after every change the lists and watches bring."""
+        self._on_change = on_change
         self.backoff = backoff if backoff is not None else Backoff()
         """Waits between failed lists and watches."""
         self._sleep = sleep
@@ -100,9 +95,6 @@ class ClusterCache:
         """Pod-affinity terms of placed pods that score nodes for other pods."""
         self.soft_tainted: set[str] = set()
         """Nodes with a ``PreferNoSchedule`` taint."""
-        self.node_facts: dict[str, NodeFacts] = {}
-        """What kube-scheduler's label, taint and cordon filters read of each node."""
-        self.on_pending = on_pending
         self.synced = False
         self.relists = 0
 
@@ -129,8 +121,6 @@ class ClusterCache:
             pending.pop(uid, None)
         else:
             pending[uid] = pod
-            if self.on_pending is not None:
-                self.on_pending(pod)
 
     def _read(self, node: KubeDict) -> NodeInventory:
         return read_node(node, cluster_unit=self._settings.unit, names=self._settings.names)
@@ -167,7 +157,6 @@ class ClusterCache:
                 self.book.observe_pod(pod)
         self.nodes = NodeTable((name_of(n), self._read(n)) for n in nodes)
         self.soft_tainted = {name_of(n) for n in nodes if has_prefer_no_schedule_taint(n)}
-        self.node_facts = {name_of(n): NodeFacts.of(n) for n in nodes}
         self.placed_terms = PlacedTerms(pods)
         self.ledger = ledger
         self.pending = pending
@@ -183,12 +172,10 @@ class ClusterCache:
         if event.type == "DELETED":
             self.nodes.pop(name, None)
             self.soft_tainted.discard(name)
-            self.node_facts.pop(name, None)
             if self.book is not None:
                 self.book.forget_node(name)
         elif event.type in ("ADDED", "MODIFIED"):
             self.nodes[name] = self._read(event.object)
-            self.node_facts[name] = NodeFacts.of(event.object)
             if has_prefer_no_schedule_taint(event.object):
                 self.soft_tainted.add(name)
             else:
@@ -219,8 +206,8 @@ class ClusterCache:
         self._changed()
 
     def _changed(self) -> None:
-        if self.on_change is not None:
-            self.on_change()
+        if self._on_change is not None:
+            self._on_change()
 
     async def _follow(self, node_rv: str, pod_rv: str) -> None:
         async def nodes() -> None:

@@ -195,19 +195,6 @@ class LightkubeAPI:
             )
             return _to_dict(patched)
 
-    async def nominate_pod(
-        self, namespace: str, name: str, node: str, *, resource_version: str
-    ) -> None:
-        """JSON merge patch of ``pods/status`` carrying metadata.resourceVersion."""
-        body = {
-            "metadata": {"resourceVersion": resource_version},
-            "status": {"nominatedNodeName": node or None},  # None removes it
-        }
-        with _mapped(f"nominate node {node} for pod {namespace}/{name}"):
-            await self._client.patch(
-                Pod.Status, name, body, namespace=namespace, patch_type=PatchType.MERGE
-            )
-
     async def get_node(self, name: str) -> KubeDict:
         """One node."""
         with _mapped(f"get node {name}"):

@@ -303,24 +303,6 @@ class MemoryKube:
             status.setdefault(field, {}).update(capacity or {})
         self._record("nodes", "MODIFIED", obj)
 
-    async def nominate_pod(
-        self, namespace: str, name: str, node: str, *, resource_version: str
-    ) -> None:
-        """Set ``status.nominatedNodeName`` with an optimistic-concurrency check."""
-        self.calls.append("nominate_pod")
-        obj = self._pod(namespace, name)
-        current = obj["metadata"].get("resourceVersion")
-        if resource_version and current != resource_version:
-            raise Conflict(
-                f"pod {namespace}/{name}: resourceVersion {resource_version} is stale "
-                f"(now {current})"
-            )
-        if node:
-            obj.setdefault("status", {})["nominatedNodeName"] = node
-        else:
-            obj.setdefault("status", {}).pop("nominatedNodeName", None)
-        self._record("pods", "MODIFIED", obj)
-
     async def bind_pod(
         self,
         namespace: str,
@@ -339,9 +321,7 @@ class MemoryKube:
         refused, even to the same node, because ``pod.Spec.NodeName`` is already set, and
         ``assignPod`` turns that into a 409 Conflict on ``pods/binding`` with the message
         below; the binding's annotations are merged into the pod in the same update that sets
-        the node (tests/e2e/test_bind_retry.py checks this on the real server), and that
-        update clears ``status.nominatedNodeName`` (``ClearingNominatedNodeNameAfterBinding``,
-        beta and on by default since v1.35).
+        the node (tests/e2e/test_bind_retry.py checks this on the real server).
         """
         self.calls.append("bind_pod")
         obj = self._pod(namespace, name)
@@ -365,7 +345,6 @@ class MemoryKube:
         if annotations:
             obj["metadata"].setdefault("annotations", {}).update(annotations)
         obj.setdefault("status", {})["phase"] = "Pending"
-        obj["status"].pop("nominatedNodeName", None)
         conditions = obj["status"].setdefault("conditions", [])
         conditions.append({"type": "PodScheduled", "status": "True"})
         self._record("pods", "MODIFIED", obj)

@@ -85,13 +85,6 @@ class KubeAPI(Protocol):
         ``resource_version``."""
         ...
 
-    async def nominate_pod(
-        self, namespace: str, name: str, node: str, *, resource_version: str
-    ) -> None:
-        """Set the pod's ``status.nominatedNodeName`` (clear it for ``""``) if the pod is
-        still at ``resource_version`` (the ``pods/status`` subresource)."""
-        ...
-
     async def bind_pod(
         self,
         namespace: str,
