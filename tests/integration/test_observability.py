@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client import Counter
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -190,6 +191,47 @@ def test_repeats_within_the_interval_write_nothing_new() -> None:
         assert kube.calls.count("create_event") == 1 and "patch_event" not in kube.calls
 
     run_with_rig(kube, body)
+
+
+def test_a_burst_of_binds_writes_normal_events_up_to_the_cap_and_every_warning() -> None:
+    kube = MemoryKube()
+    kube.put_node(gpu_node("node-a", gpus_units=[15] * 8))
+    pods = [kube.create_pod(gpu_pod(f"p{i}", mem=1)) for i in range(6)]
+    huge = kube.create_pod(gpu_pod("huge", mem=16))
+    now = [1000.0]
+
+    async def body(rig: Rig) -> None:
+        recorder = rig.extender.events = EventRecorder(
+            kube, instance="test", normal_per_s=1.0, normal_burst=2, clock=lambda: now[0]
+        )
+        for pod in pods[:4]:  # a burst: two within the burst, two past it
+            assert (await rig.driver.schedule(pod, ["node-a"])).bound
+        now[0] += 1.0  # a second later, one more token
+        for pod in pods[4:]:
+            assert (await rig.driver.schedule(pod, ["node-a"])).bound
+        assert not (await rig.driver.schedule(huge, ["node-a"])).bound
+        await recorder.drain()
+        placed = [e["involvedObject"]["name"] for e in kube.events() if e["reason"] == SCHEDULED]
+        assert placed == ["p0", "p1", "p4"]
+        assert recorder.skipped == 3
+        [refused] = pod_events(kube, "huge")
+        assert refused["type"] == "Warning"  # never capped
+        got = await scrape(rig)
+        assert got[("gpushare_events_total", (("reason", SCHEDULED),))] == 3
+        assert got[("gpushare_events_skipped_total", (("reason", SCHEDULED),))] == 3
+        assert got[("gpushare_events_total", (("reason", UNSCHEDULABLE),))] == 1
+
+    run_with_rig(kube, body)
+
+
+def test_the_event_cap_refuses_a_negative_rate() -> None:
+    with pytest.raises(ValueError, match=r"normal_per_s=-1.*must be 0 or more"):
+        EventRecorder(MemoryKube(), normal_per_s=-1)
+
+
+def test_a_cap_of_zero_writes_no_normal_event() -> None:
+    recorder = EventRecorder(MemoryKube(), normal_per_s=0, normal_burst=50)
+    assert not recorder.allows("Normal") and recorder.allows("Warning")
 
 
 class NoEvents(MemoryKube):

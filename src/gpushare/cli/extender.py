@@ -43,6 +43,15 @@ from gpushare.core.names import SCHEDULER_NAME
     "node alone and kube-scheduler skips scoring and prioritize. Give '' if that profile "
     "scores nodes with plugins of its own.",
 )
+@click.option(
+    "--normal-events-per-second",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    help="Cap on Normal Events (where a pod went), with a burst of five seconds' worth; past "
+    "it they are skipped and counted in gpushare_events_skipped_total. Warnings (why a pod "
+    "waits) are never capped. 0 writes no Normal Events.",
+)
 @scheduling_options
 @resource_name_options
 @seal_options
@@ -54,6 +63,7 @@ def extender(
     context: str | None,
     log_level: str,
     packing_profile: str,
+    normal_events_per_second: float,
     gpu_memory_unit: str | None,
     policy: str | None,
     max_pods_per_gpu: int | None,
@@ -71,6 +81,7 @@ def extender(
     from gpushare.core.policybook import PolicyBook
     from gpushare.core.scheduling import Scheduler
     from gpushare.extender.app import create_app, create_metrics_app, server_config
+    from gpushare.extender.events import EventRecorder
     from gpushare.extender.service import Extender
     from gpushare.kube.cache import ClusterCache
     from gpushare.kube.lightkube_api import LightkubeAPI
@@ -97,7 +108,18 @@ def extender(
     cache = ClusterCache(
         api, settings=settings, workload=scheduler.workload, trust=trust, book=book
     )
-    service = Extender(api=api, cache=cache, scheduler=scheduler, packing_profile=packing_profile)
+    events = EventRecorder(
+        api,
+        normal_per_s=normal_events_per_second,
+        normal_burst=max(1, round(5 * normal_events_per_second)),
+    )
+    service = Extender(
+        api=api,
+        cache=cache,
+        scheduler=scheduler,
+        packing_profile=packing_profile,
+        events=events,
+    )
     policies = PolicyWatch(api, book, notify=service.policy_notice)
     app = create_app(service, run_cache=True, policies=policies)
     main_server = uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level))

@@ -7,6 +7,13 @@ the same pod with the same reason and message updates one Event's ``count`` and
 ``lastTimestamp`` (at most once per ``min_interval_s``) instead of creating a new one, as
 kubelet and kube-scheduler do. Writes happen on one background worker in order, never in the
 decision's path; a failed write is logged and forgotten, so events can never break scheduling.
+
+Normal events (where a pod went) are capped by a token bucket, ``normal_per_s`` a second with a
+burst of ``normal_burst``: a burst of thousands of binds would otherwise add one API write (and
+one etcd write) per pod on top of the binding, to repeat what the pod's allocation annotation
+and kube-scheduler's own ``Scheduled`` event already say. The ones past the cap are not written
+and are counted (``skipped``; the extender's ``gpushare_events_skipped_total``). Warnings are
+never capped: each says why a pod waits, and deduplication already bounds them.
 """
 
 from __future__ import annotations
@@ -86,8 +93,15 @@ class EventRecorder:
         min_interval_s: float = 10.0,
         max_remembered: int = 4096,
         max_queued: int = 1024,
+        normal_per_s: float = 10.0,
+        normal_burst: int = 50,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        if normal_per_s < 0 or normal_burst < 0:
+            raise ValueError(
+                f"normal_per_s={normal_per_s}, normal_burst={normal_burst}: must be 0 or more "
+                f"(0 writes no Normal events)"
+            )
         self._api = api
         self._instance = instance or socket.gethostname()
         self._min_interval = min_interval_s
@@ -100,6 +114,29 @@ class EventRecorder:
         """Events not written because the queue was full or no event loop ran."""
         self.failures = 0
         """Writes the API refused (logged, never raised)."""
+        self.skipped = 0
+        """Normal events not queued because the bucket was empty (``allows``)."""
+        self._rate = normal_per_s
+        self._burst = float(normal_burst) if normal_per_s else 0.0
+        self._tokens = self._burst
+        self._filled_at: float | None = None
+
+    def allows(self, kind: EventKind) -> bool:
+        """Whether an event of this kind may be recorded now; a Normal one takes a token.
+
+        Ask before building the message: a skipped placement event then costs nothing.
+        """
+        if kind != "Normal":
+            return True
+        now = self._clock()
+        if self._filled_at is not None:
+            self._tokens = min(self._burst, self._tokens + (now - self._filled_at) * self._rate)
+        self._filled_at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        self.skipped += 1
+        return False
 
     def record(self, pod: PodRef, kind: EventKind, reason: str, message: str) -> None:
         """Queue an event; returns at once and never raises."""

@@ -225,5 +225,11 @@ class ExtenderMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.events_skipped = Counter(
+            "gpushare_events_skipped_total",
+            "Normal events not written by reason, past the cap of --normal-events-per-second",
+            ["reason"],
+            registry=self.registry,
+        )
         self.registry.register(_LedgerCollector(cache))
         self.registry.register(_PolicyCollector(cache))

@@ -81,6 +81,7 @@ from gpushare.extender.events import (
     SCHEDULED,
     UNSCHEDULABLE,
     UNTRUSTED,
+    EventKind,
     EventRecorder,
     PodRef,
 )
@@ -180,10 +181,8 @@ class Extender:
         log.warning("pod=%s phase=trust allocation ignored: %s", key, why.message)
         if not first:
             return
-        ref = PodRef.of(pod)
-        self.metrics.events.labels(UNTRUSTED).inc()
-        self.events.record(
-            ref,
+        self._tell(
+            PodRef.of(pod),
             "Warning",
             UNTRUSTED,
             f"gpushare ignores this pod's {ANN_ALLOCATION} annotation ({why.message}): only "
@@ -201,22 +200,24 @@ class Extender:
             kind=KIND,
             api_version=f"{GROUP}/{VERSION}",
         )
-        self.metrics.events.labels(POLICY_NOTICE).inc()
-        self.events.record(ref, "Warning", POLICY_NOTICE, notice)
+        self._tell(ref, "Warning", POLICY_NOTICE, notice)
 
     def _explain_unit(self, args: ExtenderBindingArgs, uid: str, gate: Gate | None) -> None:
         """Say on the pod which unit of its ResourcePolicy took it, and why earlier ones did not."""
         if gate is None or gate.chosen is None:
             return
         unit = gate.chosen
-        where = f"ResourcePolicy {gate.policy} placed this pod in {unit.describe()} on {args.Node}"
-        if gate.passed:
-            message = f"{where}; it moved on because {'; '.join(gate.passed)}"
-        else:
-            message = f"{where}, the first unit, which had room"
+
+        def message() -> str:
+            where = (
+                f"ResourcePolicy {gate.policy} placed this pod in {unit.describe()} on {args.Node}"
+            )
+            if gate.passed:
+                return f"{where}; it moved on because {'; '.join(gate.passed)}"
+            return f"{where}, the first unit, which had room"
+
         ref = PodRef(namespace=args.PodNamespace, name=args.PodName, uid=uid)
-        self.metrics.events.labels(POLICY_UNIT).inc()
-        self.events.record(ref, "Normal", POLICY_UNIT, message)
+        self._tell(ref, "Normal", POLICY_UNIT, message)
 
     def _read_nodes(self, nodes: NodeList) -> list[NodeInventory]:
         """Inventories of whole node objects sent by a scheduler without a node cache."""
@@ -398,18 +399,30 @@ class Extender:
         if isinstance(request, PodRequest) and not request.wants_gpu:
             return
         reasons = [*failed.values(), *unresolvable.values()]
-        ref = PodRef.of(pod)
-        self.metrics.events.labels(UNSCHEDULABLE).inc()
-        self.events.record(ref, "Warning", UNSCHEDULABLE, refusal_summary(reasons, len(reasons)))
+        self._tell(PodRef.of(pod), "Warning", UNSCHEDULABLE, refusal_summary(reasons, len(reasons)))
 
     def _explain_bind(
         self, args: ExtenderBindingArgs, booked: Allocation, node: NodeInventory
     ) -> None:
         """Say on the pod where it went and how full its GPUs are now."""
-        usage = self.cache.ledger.usage(node.name)
         ref = PodRef(namespace=args.PodNamespace, name=args.PodName, uid=booked.uid)
-        self.metrics.events.labels(SCHEDULED).inc()
-        self.events.record(ref, "Normal", SCHEDULED, placement_message(booked, node, usage))
+        self._tell(
+            ref,
+            "Normal",
+            SCHEDULED,
+            lambda: placement_message(booked, node, self.cache.ledger.usage(node.name)),
+        )
+
+    def _tell(
+        self, ref: PodRef, kind: EventKind, reason: str, message: str | Callable[[], str]
+    ) -> None:
+        """Queue an Event and count it, or count it skipped when the recorder's cap on Normal
+        events is spent (``message`` may be a function, so a skipped one is never built)."""
+        if not self.events.allows(kind):
+            self.metrics.events_skipped.labels(reason).inc()
+            return
+        self.metrics.events.labels(reason).inc()
+        self.events.record(ref, kind, reason, message if isinstance(message, str) else message())
 
     def prioritize(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
         """Scores 0..10 for the given nodes, as (hosts, scores); unknown names are left out."""
