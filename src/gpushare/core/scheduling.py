@@ -194,6 +194,35 @@ class Scheduler:
             tens = normalized(list(map(raw, names)))
         return single_top(names, tens, raw if again else fits)
 
+    def top_name(
+        self, request: PodRequest, names: Sequence[str], nodes: NodeTable, ledger: Ledger
+    ) -> str:
+        """The node ``prioritize_names`` would put alone on top of ``names``, without scoring
+        every node: the best raw score among those that fit, then the first name in sort
+        order (``single_top``'s rule; 0..10 scores only round the raw ones, so the top of
+        those holds the best raw score). Empty when none fits.
+
+        For the filter's one-node answer, right after ``filter_names`` for the same request:
+        it neither reads the pod again nor lets the policy catch up, as nothing has changed
+        in between.
+        """
+        known = self.decisions.on_names(request, set(names), nodes, ledger)
+        again = self.decisions.rebinding(request, names, nodes, ledger)
+        fits = known.fits
+        best: float | None = None
+        winner = ""
+        for name in names:
+            if name in again:
+                verdict, score = again[name]
+                raw = score if verdict.fits else None
+            else:
+                raw = fits.get(name)
+            if raw is None:
+                continue
+            if best is None or raw > best or (raw == best and name < winner):
+                best, winner = raw, name
+        return winner
+
     def verdict(self, request: PodRequest, node: NodeInventory, ledger: Ledger) -> Verdict:
         """Filter one node, leaving the pod's own earlier holding out of the count."""
         self._survey(ledger, shown=(node,))
@@ -321,14 +350,29 @@ class Scheduler:
         node that gets it is the first with the highest score (``single_top`` leaves one).
         """
         request = self.read(pod)
-        if not isinstance(request, PodRequest) or not request.wants_gpu or not request.uid:
+        if not isinstance(request, PodRequest):
+            return None
+        top = max(scores, default=0)
+        name = next((n for n, v in zip(names, scores, strict=True) if v == top), "")
+        return self.intend_on(request, name if top > 0 else "", nodes, ledger, until_ns=until_ns)
+
+    def intend_on(
+        self,
+        request: PodRequest,
+        name: str,
+        nodes: Mapping[str, NodeInventory],
+        ledger: Ledger,
+        *,
+        until_ns: int,
+    ) -> Allocation | None:
+        """Book the pod's GPUs on the named node as an intent (see ``intend``); no node name
+        or a node where the pod no longer fits gives back the pod's earlier intent instead."""
+        if not request.wants_gpu or not request.uid:
             return None
         uid = request.uid
         if ledger.is_assumed(uid) and ledger.intent_until(uid) is None:
             return None  # its bind has booked: that booking stands
-        top = max(scores, default=0)
-        name = next((n for n, v in zip(names, scores, strict=True) if v == top), "")
-        node = nodes.get(name) if top > 0 else None
+        node = nodes.get(name) if name else None
         verdict = self.verdict(request, node, ledger) if node is not None else None
         if node is None or verdict is None or not verdict.fits:
             self.drop_intent(uid, ledger)

@@ -321,10 +321,13 @@ class Extender:
         if len(passing) > 1:
             why = self._why_every_node(pod, passing)
         if not why:
-            nodes = self.cache.nodes
-            scores = self.scheduler.prioritize_names(pod, passing, nodes, self.cache.ledger)
-            top = self._intend(pod, passing, scores, nodes)
+            nodes, ledger = self.cache.nodes, self.cache.ledger
+            name = self.scheduler.top_name(request, passing, nodes, ledger)
+            until = self.clock_ns() + int(self.intent_ttl_s * 1e9)
+            booked = self.scheduler.intend_on(request, name, nodes, ledger, until_ns=until)
+            top = booked.node if booked is not None else ""
             if top:
+                self.metrics.intents.labels("booked").inc()
                 self.metrics.filter_answers.labels("top_node").inc()
                 return top
             why = "no_score"
