@@ -16,11 +16,14 @@ process, and the packing (GPUs touched, their mean fill). ``--profile`` also sam
 extender with py-spy during the GPU stage and prints its hottest frames.
 
     python benchmarks/throughput.py [--nodes 1000 5000] [--pods 5000] [--seed 2026]
-                                    [--percentage 100] [--profile] [--out throughput-out]
+                                    [--percentage 100] [--plain-percentage P] [--profile]
+                                    [--out throughput-out]
 
 ``--percentage`` sets the GPU profile's ``percentageOfNodesToScore`` (the chart's
 ``scheduler.percentageOfNodesToScore``; 100 by default, 0 for kube-scheduler's adaptive
-sample); the default profile keeps kube-scheduler's own.
+sample); the default profile keeps kube-scheduler's own unless ``--plain-percentage`` sets
+it: with 100 the plain stage is kube-scheduler filtering and scoring every node with no
+extender at all, the most any extender's full scan could reach on the same machine.
 
 Plain pods go first, so the GPU stage runs with the plain pods in every cache: if anything,
 that is against the extender. kwok's stage that turns pods Running is off: nothing here reads
@@ -89,10 +92,19 @@ def hottest(raw: Path, top: int = 25) -> list[tuple[str, float]]:
 
 
 def run(
-    nodes: int, pods: int, seed: int, out: Path, profile: bool, percentage: int
+    nodes: int,
+    pods: int,
+    seed: int,
+    out: Path,
+    profile: bool,
+    percentage: int,
+    plain_percentage: int | None = None,
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"gpushare-tp-{nodes}-"))
     profiles = {"profiles": scheduler_configuration(percentage=percentage)["profiles"]}
+    if plain_percentage is not None:
+        [default] = [p for p in profiles["profiles"] if p["schedulerName"] == "default-scheduler"]
+        default["percentageOfNodesToScore"] = plain_percentage
     try:
         with running_cluster(
             root, progress, pods_run=False, scheduler_settings=profiles
@@ -158,6 +170,7 @@ def run(
                 "nodes": nodes,
                 "pods": pods,
                 "percentage_of_nodes_to_score": percentage,
+                "plain_percentage_of_nodes_to_score": plain_percentage,
                 "plain": plain.as_dict(),
                 "gpu": gpu.as_dict(),
                 "ratio": round(gpu.pods_per_second / plain.pods_per_second, 3)
@@ -179,6 +192,13 @@ def _routes(stage: Stage | dict[str, Any]) -> str:
     )
 
 
+def _scored(result: dict[str, Any]) -> str:
+    """The GPU profile's percentageOfNodesToScore, and the plain profile's when set."""
+    gpu = result.get("percentage_of_nodes_to_score", 100)
+    plain = result.get("plain_percentage_of_nodes_to_score")
+    return str(gpu) if plain is None else f"{gpu} (plain {plain})"
+
+
 def table(results: list[dict[str, Any]]) -> str:
     """The results as a Markdown table, one row per node count."""
     head = (
@@ -193,7 +213,7 @@ def table(results: list[dict[str, Any]]) -> str:
         gpu = r["gpu"]
         cpu = gpu["cpu_share"]
         rows.append(
-            f"| {r['nodes']} | {r.get('percentage_of_nodes_to_score', 100)} | {r['pods']} "
+            f"| {r['nodes']} | {_scored(r)} | {r['pods']} "
             f"| {r['plain']['pods_per_second']} "
             f"| {gpu['pods_per_second']} | {r['ratio']} | {gpu['retries']:.0f} "
             f"| {', '.join(f'{k} {v:.0f}' for k, v in sorted(gpu['binds'].items()))} "
@@ -216,20 +236,40 @@ def main(argv: list[str] | None = None) -> int:
         default=PERCENTAGE_OF_NODES_TO_SCORE,
         help="the GPU profile's percentageOfNodesToScore (0..100)",
     )
+    parser.add_argument(
+        "--plain-percentage",
+        type=int,
+        default=None,
+        help="the default profile's percentageOfNodesToScore (0..100; kube-scheduler's own "
+        "when not given)",
+    )
     parser.add_argument("--profile", action="store_true", help="sample the extender with py-spy")
     parser.add_argument("--out", type=Path, default=Path("throughput-out"))
     args = parser.parse_args(argv)
     for name, value, low in (("--pods", args.pods, 2), *(("--nodes", n, 1) for n in args.nodes)):
         if value < low:
             parser.error(f"{name} {value} is too small: give at least {low}")
-    try:
-        check_percentage(args.percentage)
-    except ValueError as err:
-        parser.error(f"--percentage: {err}")
+    for flag, value in (
+        ("--percentage", args.percentage),
+        ("--plain-percentage", args.plain_percentage),
+    ):
+        try:
+            if value is not None:
+                check_percentage(value)
+        except ValueError as err:
+            parser.error(f"{flag}: {err}")
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for nodes in args.nodes:
-        result = run(nodes, args.pods, args.seed, args.out, args.profile, args.percentage)
+        result = run(
+            nodes,
+            args.pods,
+            args.seed,
+            args.out,
+            args.profile,
+            args.percentage,
+            args.plain_percentage,
+        )
         results.append(result)
         print(json.dumps(result), flush=True)
         (args.out / f"throughput-{nodes}.json").write_text(json.dumps(result, indent=2))
