@@ -108,17 +108,9 @@ def extender(
     cache = ClusterCache(
         api, settings=settings, workload=scheduler.workload, trust=trust, book=book
     )
-    events = EventRecorder(
-        api,
-        normal_per_s=normal_events_per_second,
-        normal_burst=max(1, round(5 * normal_events_per_second)),
-    )
+    events = EventRecorder(api, normal_per_s=normal_events_per_second)
     service = Extender(
-        api=api,
-        cache=cache,
-        scheduler=scheduler,
-        packing_profile=packing_profile,
-        events=events,
+        api=api, cache=cache, scheduler=scheduler, packing_profile=packing_profile, events=events
     )
     policies = PolicyWatch(api, book, notify=service.policy_notice)
     app = create_app(service, run_cache=True, policies=policies)

@@ -9,11 +9,12 @@ kubelet and kube-scheduler do. Writes happen on one background worker in order, 
 decision's path; a failed write is logged and forgotten, so events can never break scheduling.
 
 Normal events (where a pod went) are capped by a token bucket, ``normal_per_s`` a second with a
-burst of ``normal_burst``: a burst of thousands of binds would otherwise add one API write (and
-one etcd write) per pod on top of the binding, to repeat what the pod's allocation annotation
-and kube-scheduler's own ``Scheduled`` event already say. The ones past the cap are not written
-and are counted (``skipped``; the extender's ``gpushare_events_skipped_total``). Warnings are
-never capped: each says why a pod waits, and deduplication already bounds them.
+burst of ``normal_burst`` (five seconds' worth unless given): a burst of thousands of binds
+would otherwise add one API write (and one etcd write) per pod on top of the binding, to repeat
+what the pod's allocation annotation and kube-scheduler's own ``Scheduled`` event already say.
+The ones past the cap are not written and are counted (``skipped``; the extender's
+``gpushare_events_skipped_total``). Warnings are never capped: each says why a pod waits, and
+deduplication already bounds them.
 """
 
 from __future__ import annotations
@@ -94,9 +95,11 @@ class EventRecorder:
         max_remembered: int = 4096,
         max_queued: int = 1024,
         normal_per_s: float = 10.0,
-        normal_burst: int = 50,
+        normal_burst: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        if normal_burst is None:  # five seconds' worth
+            normal_burst = max(1, round(5 * normal_per_s))
         if normal_per_s < 0 or normal_burst < 0:
             raise ValueError(
                 f"normal_per_s={normal_per_s}, normal_burst={normal_burst}: must be 0 or more "
