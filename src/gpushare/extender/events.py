@@ -133,7 +133,8 @@ class EventRecorder:
             return True
         now = self._clock()
         if self._filled_at is not None:
-            self._tokens = min(self._burst, self._tokens + (now - self._filled_at) * self._rate)
+            elapsed = max(0.0, now - self._filled_at)  # a clock set back adds nothing
+            self._tokens = min(self._burst, self._tokens + elapsed * self._rate)
         self._filled_at = now
         if self._tokens >= 1.0:
             self._tokens -= 1.0
