@@ -17,13 +17,15 @@ extender with py-spy during the GPU stage and prints its hottest frames.
 
     python benchmarks/throughput.py [--nodes 1000 5000] [--pods 5000] [--seed 2026]
                                     [--percentage 100] [--plain-percentage P] [--profile]
-                                    [--out throughput-out]
+                                    [--extender gpushare|null] [--out throughput-out]
 
 ``--percentage`` sets the GPU profile's ``percentageOfNodesToScore`` (the chart's
 ``scheduler.percentageOfNodesToScore``; 100 by default, 0 for kube-scheduler's adaptive
 sample); the default profile keeps kube-scheduler's own unless ``--plain-percentage`` sets
 it: with 100 the plain stage is kube-scheduler filtering and scoring every node with no
-extender at all, the most any extender's full scan could reach on the same machine.
+extender at all. ``--extender null`` serves ``benchmarks/null_extender.py`` on the extender's
+port: the same server, wire format and binding client with no decision at all, so its GPU rate
+is the floor of the round trip.
 
 Plain pods go first, so the GPU stage runs with the plain pods in every cache: if anything,
 that is against the extender. kwok's stage that turns pods Running is off: nothing here reads
@@ -58,6 +60,7 @@ from gpushare.schedconfig import (  # noqa: E402
 )
 
 VENV_BIN = Path(sys.executable).parent
+NULL_EXTENDER = REPO / "benchmarks" / "null_extender.py"
 GPU_UNITS = 15
 LABEL = "throughput"
 
@@ -99,6 +102,7 @@ def run(
     profile: bool,
     percentage: int,
     plain_percentage: int | None = None,
+    extender: str = "gpushare",
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"gpushare-tp-{nodes}-"))
     profiles = {"profiles": scheduler_configuration(percentage=percentage)["profiles"]}
@@ -109,6 +113,8 @@ def run(
         with running_cluster(
             root, progress, pods_run=False, scheduler_settings=profiles
         ) as cluster:
+            if extender == "null":
+                cluster.start_extender(progress, command=[sys.executable, str(NULL_EXTENDER)])
             names = [f"tp-{i:05d}" for i in range(nodes)]
             progress(f"creating {nodes} kwok nodes")
             create_in_parallel(
@@ -171,6 +177,7 @@ def run(
                 "pods": pods,
                 "percentage_of_nodes_to_score": percentage,
                 "plain_percentage_of_nodes_to_score": plain_percentage,
+                "extender": extender,
                 "plain": plain.as_dict(),
                 "gpu": gpu.as_dict(),
                 "ratio": round(gpu.pods_per_second / plain.pods_per_second, 3)
@@ -193,10 +200,12 @@ def _routes(stage: Stage | dict[str, Any]) -> str:
 
 
 def _scored(result: dict[str, Any]) -> str:
-    """The GPU profile's percentageOfNodesToScore, and the plain profile's when set."""
+    """The GPU profile's percentageOfNodesToScore, the plain profile's when set, and the
+    reference extender when it served."""
     gpu = result.get("percentage_of_nodes_to_score", 100)
     plain = result.get("plain_percentage_of_nodes_to_score")
-    return str(gpu) if plain is None else f"{gpu} (plain {plain})"
+    text = str(gpu) if plain is None else f"{gpu} (plain {plain})"
+    return text if result.get("extender", "gpushare") == "gpushare" else f"{text}, null extender"
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -243,6 +252,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the default profile's percentageOfNodesToScore (0..100; kube-scheduler's own "
         "when not given)",
     )
+    parser.add_argument(
+        "--extender",
+        choices=["gpushare", "null"],
+        default="gpushare",
+        help="null: serve benchmarks/null_extender.py instead, which decides nothing (the "
+        "floor of the round trip; its packing means nothing)",
+    )
     parser.add_argument("--profile", action="store_true", help="sample the extender with py-spy")
     parser.add_argument("--out", type=Path, default=Path("throughput-out"))
     args = parser.parse_args(argv)
@@ -269,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             args.profile,
             args.percentage,
             args.plain_percentage,
+            args.extender,
         )
         results.append(result)
         print(json.dumps(result), flush=True)

@@ -504,9 +504,13 @@ class Cluster:
         *,
         unit: str | None = None,
         policy: str | None = None,
+        command: Sequence[str] = (),
     ) -> None:
         """Start (or restart) the gpushare extender on its fixed port, counting ``unit`` and
-        scoring nodes with ``policy`` (each kept for later restarts)."""
+        scoring nodes with ``policy`` (each kept for later restarts).
+
+        ``command`` serves another program there instead (a benchmark's reference extender),
+        given the kubeconfig and the port as ``--kubeconfig K --port P``."""
         progress("gpushare extender")
         if unit is not None:
             self.extender_unit = unit
@@ -516,24 +520,20 @@ class Cluster:
         if old is not None:
             old.stop()
         gpushare = Path(sys.executable).parent / "gpushare"
-        process = self._spawn(
-            "gpushare-extender",
-            [
-                str(gpushare),
-                "extender",
-                "--kubeconfig",
-                str(self.kubeconfig),
-                "--port",
-                str(self.ports["extender"]),
-                "--gpu-memory-unit",
-                self.extender_unit,
-                "--seal-key-file",
-                str(self.seal_key),
-                "--log-level",
-                "warning",
-                *(["--policy", self.extender_policy] if self.extender_policy else []),
-            ],
-        )
+        where = ["--kubeconfig", str(self.kubeconfig), "--port", str(self.ports["extender"])]
+        own = [
+            str(gpushare),
+            "extender",
+            *where,
+            "--gpu-memory-unit",
+            self.extender_unit,
+            "--seal-key-file",
+            str(self.seal_key),
+            "--log-level",
+            "warning",
+            *(["--policy", self.extender_policy] if self.extender_policy else []),
+        ]
+        process = self._spawn("gpushare-extender", [*command, *where] if command else own)
         wait_for(
             "gpushare extender /readyz",
             lambda: self._http_ok(f"{self.extender_url}/readyz"),
