@@ -243,8 +243,16 @@ class Extender:
     ) -> str:
         """Book the top node's GPUs for the pod until its bind comes (``Scheduler.intend``);
         the node booked, or an empty string."""
-        until = self.clock_ns() + int(self.intent_ttl_s * 1e9)
+        until = self._intent_deadline()
         booked = self.scheduler.intend(pod, names, scores, nodes, self.cache.ledger, until_ns=until)
+        return self._booked(booked)
+
+    def _intent_deadline(self) -> int:
+        """When an intent booked now expires unless its bind comes (``intent_ttl_s``)."""
+        return self.clock_ns() + int(self.intent_ttl_s * 1e9)
+
+    def _booked(self, booked: Allocation | None) -> str:
+        """Count a booked intent; the node it is on, or an empty string for none."""
         if booked is None:
             return ""
         self.metrics.intents.labels("booked").inc()
@@ -323,11 +331,11 @@ class Extender:
         if not why:
             nodes, ledger = self.cache.nodes, self.cache.ledger
             name = self.scheduler.top_name(request, passing, nodes, ledger)
-            until = self.clock_ns() + int(self.intent_ttl_s * 1e9)
-            booked = self.scheduler.intend_on(request, name, nodes, ledger, until_ns=until)
-            top = booked.node if booked is not None else ""
+            until = self._intent_deadline()
+            top = self._booked(
+                self.scheduler.intend_on(request, name, nodes, ledger, until_ns=until)
+            )
             if top:
-                self.metrics.intents.labels("booked").inc()
                 self.metrics.filter_answers.labels("top_node").inc()
                 return top
             why = "no_score"
