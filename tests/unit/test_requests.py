@@ -39,8 +39,8 @@ def c(
     return {"name": name, "resources": resources, **extra}
 
 
-def ok(p: dict[str, Any]) -> PodRequest:
-    result = read_pod(p)
+def ok(p: dict[str, Any], unit: MemoryUnit = MemoryUnit.GiB) -> PodRequest:
+    result = read_pod(p, unit=unit)
     assert isinstance(result, PodRequest), getattr(result, "message", result)
     return result
 
@@ -100,8 +100,7 @@ def test_multi_gpu_splits_evenly() -> None:
         ("1.5", "is fractional"),
         ("3Gi", "counts units of 1GiB, not bytes"),
         ("1.5Gi", "counts units of 1GiB, not bytes"),
-        ("3G", "has a unit suffix"),
-        ("1k", "has a unit suffix"),
+        ("3G", "more than any GPU has"),
         ("3500m", "is fractional"),
         ("2.5e0", "is fractional"),
         ("three", "is not a whole number"),
@@ -147,6 +146,13 @@ def test_bad_gpu_mem_names_container_field_value_and_rule(value: Any, needle: st
 def test_every_spelling_kubernetes_counts_as_three_reads_three(spelling: Any) -> None:
     request = ok(pod(c(limits={MEM: spelling})))
     assert request.mem_units == 3
+
+
+@pytest.mark.parametrize("spelling", ["1k", "1000", 1000, "1e3", "+1k", "1.000k", "0.001M"])
+def test_a_multiple_of_1000_reads_as_kube_apiserver_stores_it(spelling: Any) -> None:
+    """kube-apiserver stores ``1000`` as ``"1k"`` (Quantity's canonical form): at 128 MiB units
+    that is 125 GiB, a real request, and it must read as 1000 however it is spelled."""
+    assert ok(pod(c(limits={MEM: spelling})), unit=MemoryUnit.MiB128).mem_units == 1000
 
 
 def test_core_spellings_kubernetes_counts_alike_are_accepted() -> None:

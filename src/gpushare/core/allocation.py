@@ -27,6 +27,7 @@ from gpushare.core.kubejson import (
     namespace_of,
     node_name_of,
     uid_of,
+    whole_number,
 )
 from gpushare.core.names import (
     ANN_ALLOCATION,
@@ -227,8 +228,7 @@ def to_annotations(allocation: Allocation, *, dev_units: int) -> dict[str, str]:
 
 
 def _int_annotation(annotations: Mapping[str, str], key: str) -> int:
-    text = str(annotations.get(key, "")).strip()
-    return int(text) if text.isdigit() else 0
+    return whole_number(annotations.get(key, "")) or 0
 
 
 def from_pod(pod: KubeObject) -> Allocation | None:
@@ -264,10 +264,10 @@ def from_pod(pod: KubeObject) -> Allocation | None:
     idx_text = str(annotations.get(ANN_IDX, "")).strip()
     if not node or not idx_text or ANN_POD not in annotations:
         return None
-    parts = idx_text.split(",")
-    if not all(p.strip().isdigit() for p in parts):
+    read = [whole_number(p) for p in idx_text.split(",")]
+    indexes = [i for i in read if i is not None]
+    if len(indexes) != len(read):
         return None
-    indexes = [int(p) for p in parts]
     total = _int_annotation(annotations, ANN_POD)
     each = total // len(indexes)
     return Allocation(

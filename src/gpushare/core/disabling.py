@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from gpushare.core.kubejson import whole_number
 from gpushare.core.names import ANN_NODE_GPUS_DISABLED
 
 RULE = (
@@ -36,9 +37,9 @@ def parse_disabled(text: str, *, node: str, indexes: Collection[int]) -> tuple[f
         token = part.strip()
         if not token:
             continue
-        if not token.isdecimal() or not token.isascii():
+        index = whole_number(token)
+        if index is None:
             return frozenset(), f"{hint}: {token!r} is not an integer; the value {RULE}; {fix}"
-        index = int(token)
         if index not in indexes:
             known = ", ".join(str(i) for i in sorted(indexes)) or "none"
             return frozenset(), (

@@ -23,6 +23,7 @@ from gpushare.core.hostresources import NOTHING, HostResources, node_allocatable
 from gpushare.core.kubejson import (
     KubeObject,
     annotations_of,
+    embedded_json,
     internal_ip,
     labels_of,
     name_of,
@@ -206,10 +207,9 @@ def _above_any_gpu(unit: MemoryUnit) -> str:
 def _gpus_from_annotation(text: str, node: str, unit: MemoryUnit) -> tuple[tuple[Gpu, ...], str]:
     """Parse ``gpushare.io/gpus``; return GPUs or a problem message."""
     hint = f"node {node}: annotation {ANN_NODE_GPUS}"
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as err:
-        return (), f"{hint} is not JSON ({err.msg}); the device plugin must rewrite it"
+    raw, problem = embedded_json(text)
+    if problem:
+        return (), f"{hint} {problem}; the device plugin must rewrite it"
     if not isinstance(raw, list) or not raw:
         return (), f"{hint} must be a non-empty JSON list of GPUs"
     gpus: list[Gpu] = []

@@ -15,6 +15,8 @@ first; readers still tolerate what is missing.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
@@ -154,4 +156,69 @@ def internal_ip(node: KubeObject) -> str:
     for address in node_status_of(node).get("addresses") or []:
         if isinstance(address, Mapping) and address.get("type") == "InternalIP":
             return str(address.get("address") or "")
+    return ""
+
+
+MAX_COUNT_DIGITS = 19
+"""Digits of the longest whole number read from text (an int64 has 19). Longer text is not a
+count anyone meant, and Python refuses to convert more than 4,300 digits at all."""
+MAX_EMBEDDED_JSON = 1 << 20
+"""Characters of JSON kept in one annotation (kube-apiserver allows 256 KiB of annotations
+per object; more is not what a gpushare component wrote)."""
+
+
+def whole_number(text: object) -> int | None:
+    """The value of plain ASCII decimal text (``"12"``, `` 12 ``), or None.
+
+    ``str.isdigit`` also accepts ``"²"`` and ``"٣"``, which ``int`` then refuses or reads as
+    another number, and text past a few thousand digits makes ``int`` raise: every count that
+    gpushare reads from an annotation, a label or a flag goes through here instead.
+    """
+    if not isinstance(text, str):
+        return None
+    text = text.strip()
+    if not text or len(text) > MAX_COUNT_DIGITS or not (text.isascii() and text.isdigit()):
+        return None
+    return int(text)
+
+
+def embedded_json(text: str) -> tuple[Any, str]:
+    """The JSON value held in an annotation's text, or (None, why it cannot be read).
+
+    ``json.loads`` raises ``ValueError`` beyond ``JSONDecodeError`` (a number past Python's
+    4,300-digit limit) and ``RecursionError`` on deep nesting; both mean the same as malformed
+    JSON here, so each comes back as a reason, never as an exception.
+    """
+    if len(text) > MAX_EMBEDDED_JSON:
+        return None, f"is longer than {MAX_EMBEDDED_JSON} characters"
+    try:
+        return json.loads(text), ""
+    except json.JSONDecodeError as err:
+        return None, f"is not JSON ({err.msg})"
+    except (ValueError, RecursionError) as err:
+        return None, f"is not JSON gpushare can read ({str(err)[:80] or type(err).__name__})"
+
+
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def name_problem(value: object, *, namespace: bool = False) -> str:
+    """Why ``value`` cannot be an object's name (or, with ``namespace``, a namespace), or ''.
+
+    Pods, nodes, Secrets and Events are named by DNS-1123 subdomains (at most 253 characters of
+    ``a-z``, ``0-9``, ``-`` and ``.``), namespaces by DNS-1123 labels (63, no ``.``): the rules
+    kube-apiserver holds every name to. A name that breaks them names no object, and, put into a
+    request path, ``../nodes/x`` or ``x?dryRun=All`` would reach another one.
+    """
+    rule = (
+        "a DNS-1123 label (at most 63 characters: a-z, 0-9 and '-', starting and ending with a "
+        "letter or digit)"
+        if namespace
+        else "a DNS-1123 subdomain (at most 253 characters: a-z, 0-9, '-' and '.', starting and "
+        "ending with a letter or digit)"
+    )
+    pattern, most = (_LABEL, 63) if namespace else (_SUBDOMAIN, 253)
+    if not isinstance(value, str) or len(value) > most or not pattern.fullmatch(value):
+        return f"{str(value)[:80]!r} is not {rule}"
     return ""

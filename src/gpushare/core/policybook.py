@@ -22,6 +22,7 @@ from gpushare.core.kubejson import (
     namespace_of,
     node_name_of,
     uid_of,
+    whole_number,
 )
 from gpushare.core.ledger import is_terminal
 from gpushare.core.resourcepolicy import PolicyError, ResourcePolicy, read_policy
@@ -41,7 +42,7 @@ def placed_of(pod: KubeObject, node: str = "") -> Placed:
         created=str(meta(pod).get("creationTimestamp") or ""),
         terminating=bool(meta(pod).get("deletionTimestamp")),
         policy=notes.get(ANN_POLICY, ""),
-        unit=int(unit) if unit.isdigit() else 0,
+        unit=whole_number(unit) or 0,
     )
 
 

@@ -11,7 +11,6 @@ Always``, add to everything started after them). The pod's effective amount is w
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -28,6 +27,7 @@ from gpushare.core.kubejson import (
     namespace_of,
     pod_spec_of,
     uid_of,
+    whole_number,
 )
 from gpushare.core.names import DEFAULT_NAMES, LABEL_POD_GPU_COUNT, ResourceNames
 from gpushare.core.quantity import Quantity, parse_quantity
@@ -141,9 +141,6 @@ class Rejection:
         return "; ".join(self.reasons)
 
 
-_INTEGER = re.compile(r"^[0-9]+$")
-
-
 @dataclass(frozen=True)
 class _Count:
     """How one resource is counted, for its messages and its ceiling."""
@@ -184,10 +181,12 @@ def _parse_count(raw: Any, *, where: str, field: str, count: _Count) -> tuple[in
     """Read a whole-number resource value; return (value, "") or (None, reason).
 
     Accepted is every spelling Kubernetes counts as the same whole number: ``3``, ``"+3"``,
-    ``"3."``, ``"3e0"``, ``"0.3e1"``, ``"3000m"`` (``core.quantity``). Refused, each with its
-    own sentence: zero, negative and fractional values, a multiplying suffix (``k``, ``G``,
-    ``Gi``, ...: a count is written as itself, and ``Gi`` is how sizes in bytes are written), and
-    more memory than any GPU has (a size in bytes written as a bare number).
+    ``"3."``, ``"3e0"``, ``"0.3e1"``, ``"3000m"`` (``core.quantity``), and decimal multipliers:
+    kube-apiserver stores ``1000`` as ``"1k"`` (Quantity's canonical form), so ``"1k"`` is 1000
+    wherever it came from. Refused, each with its own sentence: zero, negative and fractional
+    values, a power-of-1024 suffix (``Ki``, ``Gi``, ...: how sizes in bytes are written, never
+    how kube-apiserver rewrites a count), and more memory than any GPU has (a size in bytes,
+    bare or as ``3G``).
     """
     shown = f"{where}: {field}={raw!r}"
     parsed = parse_quantity(raw)
@@ -207,11 +206,6 @@ def _parse_count(raw: Any, *, where: str, field: str, count: _Count) -> tuple[in
         return None, (
             f"{shown} has a unit suffix ({parsed.suffix}, {parsed.factor}), the notation of "
             f"sizes in bytes; {count.what} counts {count.counts}"
-        )
-    if parsed.multiplied:
-        return None, (
-            f"{shown} has a unit suffix ({parsed.suffix}, {parsed.factor}); {count.what} is a "
-            f"plain count: write the number itself, such as {count.example}"
         )
     if value.denominator != 1:
         return None, (
@@ -313,14 +307,14 @@ def _read_gpu_count(pod: KubeObject, reasons: list[str]) -> int:
     raw = labels_of(pod).get(LABEL_POD_GPU_COUNT)
     if raw is None:
         return 1
-    text = str(raw).strip()
-    if not _INTEGER.match(text) or int(text) < 1:
+    count = whole_number(raw)
+    if count is None or count < 1:
         reasons.append(
             f"pod label {LABEL_POD_GPU_COUNT}={raw!r} must be a whole number >= 1 "
             f"(the number of GPUs to spread the pod's memory over); fix or remove the label"
         )
         return 1
-    return int(text)
+    return count
 
 
 def read_pod(

@@ -1,27 +1,195 @@
 """Whether a pod or node has the JSON shape gpushare reads, checked before anything reads it.
 
-The readers of the core (``read_pod``, ``read_node``) expect objects shaped as Kubernetes writes
-them. A body made by hand or by a broken client can hold ``null`` or a string where Kubernetes
-puts a list, and a reader would then fail with an exception deep inside a decision. The edges
-(the extender's wire, the webhook) check the shape first and answer 400 with one sentence that
-names the field and what it must be: ``Pod.spec.containers: expected a list, got null``.
+The readers of the core (``read_pod``, ``read_node``, the ledger, ``core.preferences``,
+``core.hostresources``, ``core.gpumodel``, ``core.tampering``) expect objects shaped as
+Kubernetes writes them. A body made by hand or by a broken client can hold ``null`` or a string
+where Kubernetes puts a list, and a reader would then fail with an exception deep inside a
+decision. So every edge checks the shape first, here, with one description: the extender's wire
+answers 400 with one sentence that names the field (``Pod.spec.containers: expected a list, got
+null``), the webhook refuses the object with it, and the cache skips (and counts) a watched
+object that has a problem instead of letting it end the watch.
 
-Only the fields gpushare reads are checked. A field may be absent wherever Kubernetes omits it,
-but ``null`` is refused where a list or an object belongs: Kubernetes never writes it there (an
-empty list or map is omitted; ``containers``, the only list it always writes, is never empty).
-Resource values are left to ``read_pod``, whose rules say more than a type can.
+The description is the ``_Pod`` and ``_Node`` structs below: every field any reader of the core
+looks at, typed as core/v1 types it, and nothing else (unknown fields pass untouched). A field
+may be absent wherever Kubernetes omits it, but ``null`` is refused where a list or an object
+belongs: Kubernetes never writes it there (an empty list or map is omitted). The one ``null``
+Kubernetes does write, an unset ``creationTimestamp`` in an object not yet stored (what admission
+sees), is accepted. Quantities may be strings or numbers (hand-written YAML); their values are
+left to the readers, whose rules say more than a type can. A test (tests/unit/test_shape.py)
+runs every reader over objects that pass, so a reader that looks at a field not described here
+shows up as an exception there.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-Path = tuple[str | int, ...]
+import msgspec
 
-_CONTAINER_LISTS = ("initContainers", "containers")
-_RESOURCE_MAPS = ("limits", "requests")
+Path = tuple[str | int, ...]
+Quantity = str | int | float
+Strings = dict[str, str]
+
+
+class _Requirement(msgspec.Struct):
+    key: str = ""
+    operator: str = ""
+    values: list[str] = []
+
+
+class _LabelSelector(msgspec.Struct):
+    matchLabels: Strings = {}
+    matchExpressions: list[_Requirement] = []
+
+
+class _NodeSelectorTerm(msgspec.Struct):
+    matchExpressions: list[_Requirement] = []
+    matchFields: list[_Requirement] = []
+
+
+class _NodeSelector(msgspec.Struct):
+    nodeSelectorTerms: list[_NodeSelectorTerm] = []
+
+
+class _PreferredTerm(msgspec.Struct):
+    weight: int = 0
+    preference: _NodeSelectorTerm = msgspec.field(default_factory=_NodeSelectorTerm)
+
+
+class _NodeAffinity(msgspec.Struct):
+    requiredDuringSchedulingIgnoredDuringExecution: _NodeSelector = msgspec.field(
+        default_factory=_NodeSelector
+    )
+    preferredDuringSchedulingIgnoredDuringExecution: list[_PreferredTerm] = []
+
+
+class _PodAffinityTerm(msgspec.Struct):
+    labelSelector: _LabelSelector = msgspec.field(default_factory=_LabelSelector)
+    namespaceSelector: _LabelSelector = msgspec.field(default_factory=_LabelSelector)
+    namespaces: list[str] = []
+    topologyKey: str = ""
+    matchLabelKeys: list[str] = []
+    mismatchLabelKeys: list[str] = []
+
+
+class _WeightedPodAffinityTerm(msgspec.Struct):
+    weight: int = 0
+    podAffinityTerm: _PodAffinityTerm = msgspec.field(default_factory=_PodAffinityTerm)
+
+
+class _PodAffinity(msgspec.Struct):
+    requiredDuringSchedulingIgnoredDuringExecution: list[_PodAffinityTerm] = []
+    preferredDuringSchedulingIgnoredDuringExecution: list[_WeightedPodAffinityTerm] = []
+
+
+class _Affinity(msgspec.Struct):
+    nodeAffinity: _NodeAffinity = msgspec.field(default_factory=_NodeAffinity)
+    podAffinity: _PodAffinity = msgspec.field(default_factory=_PodAffinity)
+    podAntiAffinity: _PodAffinity = msgspec.field(default_factory=_PodAffinity)
+
+
+class _Resources(msgspec.Struct):
+    limits: dict[str, Quantity] = {}
+    requests: dict[str, Quantity] = {}
+
+
+class _EnvVar(msgspec.Struct):
+    name: str = ""
+    value: str = ""
+    valueFrom: dict[str, Any] = {}
+
+
+class _EnvFrom(msgspec.Struct):
+    prefix: str = ""
+
+
+class _VolumeMount(msgspec.Struct):
+    name: str = ""
+    mountPath: str = ""
+
+
+class _Container(msgspec.Struct):
+    name: str = ""
+    restartPolicy: str = ""
+    resources: _Resources = msgspec.field(default_factory=_Resources)
+    env: list[_EnvVar] = []
+    envFrom: list[_EnvFrom] = []
+    volumeMounts: list[_VolumeMount] = []
+
+
+class _SpreadConstraint(msgspec.Struct):
+    whenUnsatisfiable: str = ""
+    topologyKey: str = ""
+    labelSelector: _LabelSelector = msgspec.field(default_factory=_LabelSelector)
+
+
+class _PodSpec(msgspec.Struct):
+    nodeName: str = ""
+    schedulerName: str = ""
+    containers: list[_Container] = []
+    initContainers: list[_Container] = []
+    ephemeralContainers: list[_Container] = []
+    affinity: _Affinity = msgspec.field(default_factory=_Affinity)
+    nodeSelector: Strings = {}
+    overhead: dict[str, Quantity] = {}
+    resources: _Resources = msgspec.field(default_factory=_Resources)
+    topologySpreadConstraints: list[_SpreadConstraint] = []
+    volumes: list[dict[str, Any]] = []
+    resourceClaims: list[dict[str, Any]] = []
+
+
+class _Meta(msgspec.Struct):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    generateName: str = ""
+    labels: Strings = {}
+    annotations: Strings = {}
+    creationTimestamp: str | None = None
+    deletionTimestamp: str | None = None
+
+
+class _PodStatus(msgspec.Struct):
+    phase: str = ""
+    containerStatuses: list[dict[str, Any]] = []
+    initContainerStatuses: list[dict[str, Any]] = []
+
+
+class _Pod(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    spec: _PodSpec = msgspec.field(default_factory=_PodSpec)
+    status: _PodStatus = msgspec.field(default_factory=_PodStatus)
+
+
+class _Taint(msgspec.Struct):
+    key: str = ""
+    value: str = ""
+    effect: str = ""
+
+
+class _NodeSpec(msgspec.Struct):
+    taints: list[_Taint] = []
+    unschedulable: bool = False
+
+
+class _Address(msgspec.Struct):
+    type: str = ""
+    address: str = ""
+
+
+class _NodeStatus(msgspec.Struct):
+    capacity: dict[str, Quantity] = {}
+    allocatable: dict[str, Quantity] = {}
+    addresses: list[_Address] = []
+
+
+class _Node(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    spec: _NodeSpec = msgspec.field(default_factory=_NodeSpec)
+    status: _NodeStatus = msgspec.field(default_factory=_NodeStatus)
 
 
 @dataclass(frozen=True)
@@ -33,9 +201,13 @@ class ShapeProblem:
     expected: str
     got: str
 
+    def rule(self) -> str:
+        """``expected <type>, got <type>`` (or what else the decoder said, with no type)."""
+        return f"expected {self.expected}, got {self.got}" if self.expected else self.got
+
     def message(self, root: str = "") -> str:
         """``<root>.<path>: expected <type>, got <type>``."""
-        return f"{render_path(root, self.path)}: expected {self.expected}, got {self.got}"
+        return f"{render_path(root, self.path)}: {self.rule()}"
 
 
 def render_path(root: str, path: Path) -> str:
@@ -66,118 +238,86 @@ def json_kind(value: Any) -> str:
     return type(value).__name__
 
 
-def _object(value: Any, path: Path) -> ShapeProblem | None:
-    if isinstance(value, Mapping):
-        return None
-    return ShapeProblem(path, "an object", json_kind(value))
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+_EXPECTED = re.compile(r"^Expected `([^`]+)`(?: \| `null`)?, got `(\w+)`")
+_TYPES = {
+    "object": "an object",
+    "array": "a list",
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean",
+    "null": "null",
+    "int | float | str": "a quantity (a string or a number)",
+    "str | null": "a string",
+}
 
 
-_KINDS: dict[str, type] = {"an object": Mapping, "a list": list, "a string": str}
+_ANY_KEY = "[...]"
+"""How msgspec names a map's value: the key is found again in the object (``_key_of``)."""
 
 
-def _optional(
-    parent: Mapping[str, Any], key: str, path: Path, expected: str
-) -> ShapeProblem | None:
-    """The field may be absent; present, it must be ``expected`` (never null)."""
-    if key not in parent:
-        return None
-    value = parent[key]
-    if isinstance(value, _KINDS[expected]):
-        return None
-    return ShapeProblem((*path, key), expected, json_kind(value))
+def problem_of(err: msgspec.ValidationError, obj: Any = None) -> ShapeProblem:
+    """msgspec's ``Expected `array`, got `str` - at `$.spec.containers` `` as a problem.
+
+    msgspec writes a map's value as ``[...]``; with ``obj`` given, the first key there whose
+    value has the wrong type takes its place, so the message names the label or resource.
+    """
+    text, _, where = str(err).partition(" - at `$")
+    where = where.removesuffix("`")
+    match = _EXPECTED.match(text)
+    got = expected = ""
+    if match:
+        got = "a number" if match[2] in ("int", "float") else _TYPES.get(match[2], match[2])
+        expected = _TYPES.get(match[1], f"`{match[1]}`")
+    path: Path = ()
+    for part in where.split(_ANY_KEY) if where else ():
+        path = (*path, *(k if k else int(i) for k, i in _STEP.findall(part)))
+        if part is not where.split(_ANY_KEY)[-1]:
+            path = (*path, _key_of(obj, path, got))
+    if not match:
+        return ShapeProblem(path, "", text.replace("Object missing", "missing", 1))
+    return ShapeProblem(path, expected, got)
 
 
-def _strings(parent: Mapping[str, Any], key: str, path: Path) -> ShapeProblem | None:
-    """An optional object whose values are all strings (labels, annotations)."""
-    problem = _optional(parent, key, path, "an object")
-    if problem or key not in parent:
-        return problem
-    for name, value in parent[key].items():
-        if not isinstance(value, str):
-            return ShapeProblem((*path, key, name), "a string", json_kind(value))
-    return None
+def _key_of(obj: Any, path: Path, got: str) -> str:
+    """The first key of the map at ``path`` in ``obj`` whose value is of the kind ``got``."""
+    here = obj
+    for step in path:
+        try:
+            here = here[step]
+        except (KeyError, IndexError, TypeError):
+            return _ANY_KEY
+    if isinstance(here, Mapping):
+        for key, value in here.items():
+            if json_kind(value) == got:
+                return str(key)
+    return _ANY_KEY
 
 
-def _metadata(obj: Mapping[str, Any], path: Path) -> ShapeProblem | None:
-    problem = _optional(obj, "metadata", path, "an object")
-    if problem or "metadata" not in obj:
-        return problem
-    meta = obj["metadata"]
-    here = (*path, "metadata")
-    for key in ("name", "namespace", "uid"):
-        problem = _optional(meta, key, here, "a string")
-        if problem:
-            return problem
-    return _strings(meta, "labels", here) or _strings(meta, "annotations", here)
-
-
-def _container(container: Any, path: Path) -> ShapeProblem | None:
-    problem = _object(container, path)
-    if problem:
-        return problem
-    for key in ("name", "restartPolicy"):
-        problem = _optional(container, key, path, "a string")
-        if problem:
-            return problem
-    problem = _optional(container, "resources", path, "an object")
-    if problem or "resources" not in container:
-        return problem
-    resources = container["resources"]
-    for key in _RESOURCE_MAPS:
-        problem = _optional(resources, key, (*path, "resources"), "an object")
-        if problem:
-            return problem
+def _checked(obj: Any, kind: type[msgspec.Struct], path: Path) -> ShapeProblem | None:
+    if not isinstance(obj, Mapping):
+        return ShapeProblem(path, "an object", json_kind(obj))
+    try:
+        msgspec.convert(obj, kind)
+    except msgspec.ValidationError as err:
+        problem = problem_of(err, obj)
+        return ShapeProblem((*path, *problem.path), problem.expected, problem.got)
     return None
 
 
 def pod_shape(pod: Any, path: Path = ()) -> ShapeProblem | None:
     """The first field of a pod (or pod template) that gpushare cannot read, or None."""
-    problem = _object(pod, path) or _metadata(pod, path)
-    if problem:
-        return problem
-    problem = _optional(pod, "spec", path, "an object")
-    if problem or "spec" not in pod:
-        return problem
-    spec = pod["spec"]
-    here = (*path, "spec")
-    for key in ("nodeName", "schedulerName"):
-        problem = _optional(spec, key, here, "a string")
-        if problem:
-            return problem
-    for key in _CONTAINER_LISTS:
-        problem = _optional(spec, key, here, "a list")
-        if problem:
-            return problem
-        for position, container in enumerate(spec.get(key, ())):
-            problem = _container(container, (*here, key, position))
-            if problem:
-                return problem
-    return None
+    return _checked(pod, _Pod, path)
 
 
 def node_shape(node: Any, path: Path = ()) -> ShapeProblem | None:
     """The first field of a node that gpushare cannot read, or None; a node needs its name."""
-    problem = _object(node, path) or _metadata(node, path)
+    problem = _checked(node, _Node, path)
     if problem:
         return problem
     meta = node.get("metadata", {})
     if not meta.get("name"):
         got = "an empty string" if "name" in meta else "nothing"
         return ShapeProblem((*path, "metadata", "name"), "a non-empty string", got)
-    problem = _optional(node, "status", path, "an object")
-    if problem or "status" not in node:
-        return problem
-    status = node["status"]
-    here = (*path, "status")
-    for key in ("capacity", "allocatable"):
-        problem = _optional(status, key, here, "an object")
-        if problem:
-            return problem
-    problem = _optional(status, "addresses", here, "a list")
-    if problem:
-        return problem
-    for position, address in enumerate(status.get("addresses", ())):
-        problem = _object(address, (*here, "addresses", position))
-        if problem:
-            return problem
     return None

@@ -23,6 +23,7 @@ import json
 from collections.abc import Mapping, Sequence
 from itertools import combinations
 
+from gpushare.core.kubejson import embedded_json
 from gpushare.core.names import ANN_NODE_TOPOLOGY
 
 TOPOLOGY_VERSION = 1
@@ -87,10 +88,9 @@ def parse_topology(text: str, *, node: str, gpus: int) -> tuple[Distance, str]:
         f'must be {{"version": {TOPOLOGY_VERSION}, "distance": [[...], ...]}}, '
         f"{_rule(gpus)}; the device plugin writes it, so restart it"
     )
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as err:
-        return (), f"{hint} is not JSON ({err.msg}); it {rule}"
+    raw, problem = embedded_json(text)
+    if problem:
+        return (), f"{hint} {problem}; it {rule}"
     if not isinstance(raw, Mapping):
         return (), f"{hint}={text[:80]!r} {rule}"
     if raw.get("version") != TOPOLOGY_VERSION:
@@ -149,7 +149,7 @@ def layout(spec: str, gpus: int) -> tuple[Distance, str]:
         if size is None:
             return islands(gpus, 1, between=HOST_BRIDGE), ""
         return islands(gpus, max(size, 1)), ""
-    if not all(c.isdigit() or c in ",;" for c in text):
+    if not all(c in "0123456789,;" for c in text):
         return (), (
             f"{spec!r} is neither a layout ({names}) nor a matrix of digits, entries "
             f"separated by ',' and rows by ';' (0,1;1,0)"

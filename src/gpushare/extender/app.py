@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -35,6 +36,8 @@ from gpushare.extender.wire import (
 )
 from gpushare.inspect.view import build_view, to_json
 from gpushare.kube.policies import PolicyWatch
+
+log = logging.getLogger(__name__)
 
 
 def server_config(app: Any, *, host: str, port: int, log_level: str) -> uvicorn.Config:
@@ -84,6 +87,25 @@ def _documented(verb: str) -> dict[str, Any]:
     }
 
 
+MAX_BODY_BYTES = 8 * 1024 * 1024
+"""The largest request body read. kube-scheduler sends a pod (etcd keeps at most 1.5 MiB of
+one) and node names (``nodeCacheCapable``: about 1 MiB at 15,000 nodes); anything larger is not
+a call kube-scheduler makes, and is refused before it is held in memory or parsed."""
+
+
+def _too_large(limit: int) -> Response:
+    """413: the body is over ``limit`` bytes."""
+    detail = [
+        {
+            "loc": ["body"],
+            "msg": f"body: more than {limit} bytes; kube-scheduler's calls are far smaller "
+            f"(set nodeCacheCapable: true so it sends node names, not node objects)",
+            "type": "too_large",
+        }
+    ]
+    return JSONResponse({"detail": detail}, status_code=413)
+
+
 Verb = Callable[[bytes], Awaitable[Response]]
 """A verb's work: the request body in, the response out."""
 
@@ -101,6 +123,7 @@ class _ExtenderApp(FastAPI):
     """
 
     verbs: dict[str, Verb]
+    max_body_bytes: int = MAX_BODY_BYTES
 
     def openapi(self) -> dict[str, Any]:
         schema = super().openapi()
@@ -115,14 +138,22 @@ class _ExtenderApp(FastAPI):
             await super().__call__(scope, receive, send)
             return
         chunks = []
+        size = 0
+        response = None
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return  # kube-scheduler gave up on the call; nothing to answer
-            chunks.append(message.get("body", b""))
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                response = _too_large(self.max_body_bytes)
+                break
+            chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        response = await verb(b"".join(chunks))
+        if response is None:
+            response = await verb(b"".join(chunks))
         body = bytes(response.body)
         headers = [_JSON_HEADER, (b"content-length", str(len(body)).encode())]
         await send(
@@ -131,11 +162,18 @@ class _ExtenderApp(FastAPI):
         await send({"type": "http.response.body", "body": body})
 
 
-def _route(verb: Verb) -> Callable[[Request], Awaitable[Response]]:
+def _route(verb: Verb, limit: int) -> Callable[[Request], Awaitable[Response]]:
     """A verb as a FastAPI route (for other methods' 405 and the OpenAPI page)."""
 
     async def route(request: Request) -> Response:
-        return await verb(await request.body())
+        chunks = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return _too_large(limit)
+            chunks.append(chunk)
+        return await verb(b"".join(chunks))
 
     return route
 
@@ -156,24 +194,36 @@ def create_metrics_app(extender: Extender) -> FastAPI:
 
 
 def create_app(
-    extender: Extender, *, run_cache: bool = False, policies: PolicyWatch | None = None
+    extender: Extender,
+    *,
+    run_cache: bool = False,
+    policies: PolicyWatch | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """Build the ASGI app around an extender (``policies``: the ResourcePolicy watch to run)."""
+
+    running: list[asyncio.Task[None]] = []
+    """The watches, which run forever: one that ended leaves the cache stale, so not ready."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         tasks = []
         if run_cache:
             tasks = [asyncio.create_task(extender.cache.run()), asyncio.create_task(_freeze())]
+            running.append(tasks[0])
         if policies is not None:
             tasks.append(asyncio.create_task(policies.run()))
+            running.append(tasks[-1])
+        for task in running:
+            task.add_done_callback(_log_end)
         try:
             yield
         finally:
+            running.clear()
             for task in tasks:
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task  # one that failed was logged when it ended
 
     async def _freeze() -> None:
         """Once the cache has listed, keep what it built out of later full collections.
@@ -221,10 +271,15 @@ def create_app(
             latency.labels("bind").observe(time.perf_counter() - start)
 
     app.verbs = {"/filter": filter_, "/prioritize": prioritize, "/bind": bind}
+    app.max_body_bytes = max_body_bytes
     for path, verb in app.verbs.items():
         name = path.strip("/")
         app.add_api_route(
-            path, _route(verb), methods=["POST"], name=name, openapi_extra=_documented(name)
+            path,
+            _route(verb, max_body_bytes),
+            methods=["POST"],
+            name=name,
+            openapi_extra=_documented(name),
         )
 
     @app.get("/inspect")
@@ -240,7 +295,12 @@ def create_app(
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        if not extender.cache.synced:
+        stopped = [t for t in running if t.done()]
+        if stopped:
+            reason = f"a background task stopped: {_ended(stopped[0])}"
+        elif extender.cache.problem:
+            reason = f"cache: {extender.cache.problem}"
+        elif not extender.cache.synced:
             reason = "cache has not listed nodes and pods yet"
         elif policies is not None and not policies.listed:
             reason = "ResourcePolicies not listed yet"
@@ -253,3 +313,17 @@ def create_app(
         return Response(generate_latest(extender.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def _ended(task: asyncio.Task[None]) -> str:
+    """How a background task ended, for ``/readyz``."""
+    if task.cancelled():
+        return "cancelled"
+    err = task.exception()
+    return f"{type(err).__name__}: {err}"[:300] if err else "returned"
+
+
+def _log_end(task: asyncio.Task[None]) -> None:
+    """Say, once, that a watch that should run forever ended (not at shutdown)."""
+    if not task.cancelled():
+        log.error("background task %s ended: %s; /readyz fails", task.get_name(), _ended(task))

@@ -231,5 +231,13 @@ class ExtenderMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.skipped = Counter(
+            "gpushare_watch_skipped_total",
+            "Nodes and pods the cache did not take in, by kind and reason: shape (a field gpushare "
+            "reads has a type Kubernetes never writes) or error (a reader failed on it); the "
+            "object's last good version stays",
+            ["kind", "reason"],
+            registry=self.registry,
+        )
         self.registry.register(_LedgerCollector(cache))
         self.registry.register(_PolicyCollector(cache))

@@ -173,6 +173,13 @@ class Extender:
         self._binding = _OnePerKey()
         if cache.on_ignored is None:
             cache.on_ignored = self._ignored
+        if cache.on_skipped is None:
+            cache.on_skipped = self._skipped
+
+    def _skipped(self, kind: str, obj: KubeObject, why: str) -> None:
+        """Count a watched object the cache could not take in (the cache logs it)."""
+        reason = "shape" if why.startswith(kind) else "error"
+        self.metrics.skipped.labels(kind, reason).inc()
 
     def _ignored(self, pod: KubeObject, why: Ignored, *, first: bool) -> None:
         """Count an ignored allocation; on its pod's first, say so on the pod (an Event)."""

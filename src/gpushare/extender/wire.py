@@ -15,13 +15,20 @@ that ``core.shape`` finds unreadable. kube-scheduler shows the message in the po
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
 
-from gpushare.core.shape import Path, ShapeProblem, node_shape, pod_shape, render_path
+from gpushare.core.kubejson import name_problem
+from gpushare.core.shape import (
+    Path,
+    ShapeProblem,
+    node_shape,
+    pod_shape,
+    problem_of,
+    render_path,
+)
 
 T = TypeVar("T")
 
@@ -102,9 +109,7 @@ class WireError(ValueError):
     @classmethod
     def of_shape(cls, problem: ShapeProblem, prefix: Path) -> WireError:
         """A pod or node field of the wrong type, under ``prefix`` in the body."""
-        return cls(
-            ("body", *prefix, *problem.path), f"expected {problem.expected}, got {problem.got}"
-        )
+        return cls(("body", *prefix, *problem.path), problem.rule())
 
     def detail(self) -> list[dict[str, Any]]:
         """The error as a 400 reply's ``detail``."""
@@ -114,22 +119,6 @@ class WireError(ValueError):
 _read_args = msgspec.json.Decoder(ExtenderArgs).decode
 _read_binding = msgspec.json.Decoder(ExtenderBindingArgs).decode
 _write = msgspec.json.encode
-_STEP = re.compile(r"\.(\w+)|\[(\d+)\]")
-_TYPES = {
-    "object": "an object",
-    "array": "a list",
-    "str": "a string",
-    "int": "an integer",
-    "float": "a number",
-    "bool": "a boolean",
-    "null": "null",
-}
-_EXPECTED = re.compile(r"^Expected `(\w+)`(?: \| `null`)?, got `(\w+)`$")
-
-
-def _json_type(name: str) -> str:
-    # msgspec names a decoded JSON number by the Python type it fits (int or float)
-    return "a number" if name in ("int", "float") else _TYPES.get(name, f"`{name}`")
 
 
 def _decode(decode: Callable[[bytes], T], body: bytes) -> T:
@@ -137,16 +126,8 @@ def _decode(decode: Callable[[bytes], T], body: bytes) -> T:
     try:
         return decode(body)
     except msgspec.ValidationError as err:
-        # msgspec says "Expected `array`, got `str` - at `$.NodeNames`"
-        msg, _, path = str(err).partition(" - at `$")
-        loc = tuple(key or int(index) for key, index in _STEP.findall(path.rstrip("`")))
-        match = _EXPECTED.match(msg)
-        if match:
-            expected = _TYPES.get(match[1], f"`{match[1]}`")
-            msg = f"expected {expected}, got {_json_type(match[2])}"
-        elif msg.startswith("Object missing"):
-            msg = msg.replace("Object missing", "missing", 1)
-        raise WireError(("body", *loc), msg) from None
+        problem = problem_of(err)
+        raise WireError(("body", *problem.path), problem.rule()) from None
     except msgspec.DecodeError as err:
         raise WireError(("body",), f"not JSON: {err}", "json_invalid") from None
     except UnicodeDecodeError:
@@ -207,8 +188,21 @@ def priorities_json(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
 
 
 def read_binding_args(body: bytes) -> ExtenderBindingArgs:
-    """Bind's body; ``WireError`` names the field and the rule it broke."""
-    return _decode(_read_binding, body)
+    """Bind's body; ``WireError`` names the field and the rule it broke.
+
+    The names go into API paths (``/api/v1/namespaces/NS/pods/NAME/binding``), so each must be
+    a name kube-apiserver would accept, or the call could reach another path.
+    """
+    args = _decode(_read_binding, body)
+    for field, value, namespace in (
+        ("PodNamespace", args.PodNamespace, True),
+        ("PodName", args.PodName, False),
+        ("Node", args.Node, False),
+    ):
+        problem = name_problem(value, namespace=namespace)
+        if problem:
+            raise WireError(("body", field), f"{problem}; send the pod's and node's own names")
+    return args
 
 
 def binding_json(result: ExtenderBindingResult) -> bytes:

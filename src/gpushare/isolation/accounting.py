@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpushare.core.kubejson import whole_number
+
 MAX_LINE = 96
 """Longest request line, newline included; longer ones close the connection."""
 MAX_CONNECTIONS = 1024
@@ -95,9 +97,10 @@ class Account:
         arity = {"reserve": 3, "release": 3, "hold": 3, "used": 2, "active": 2}
         if verb not in arity:
             return b"error unknown request: use reserve, release, hold, used or active\n"
-        if len(words) != arity[verb] or not all(w.isdigit() and w.isascii() for w in words[1:]):
+        numbers = [whole_number(w.decode("ascii", "replace")) for w in words[1:]]
+        if len(words) != arity[verb] or None in numbers:
             return f"error {verb} takes {arity[verb] - 1} decimal number(s)\n".encode()
-        dev = int(words[1])
+        dev = numbers[0] or 0
         limit = self.limit(dev)
         if limit is None:
             return f"error device {dev} is not this container's\n".encode()
@@ -105,7 +108,7 @@ class Account:
             return f"used {self.used(dev)} {limit}\n".encode()
         if verb == "active":
             return OK
-        amount = int(words[2])
+        amount = numbers[1] or 0
         if verb == "reserve":
             used = self.used(dev)
             if used + amount > limit:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from gpushare.core.inventory import CORE_PER_GPU
+from gpushare.core.kubejson import whole_number
 
 SCHEDULE_VERSION = 1
 DEFAULT_PERIOD_NS = 100_000_000
@@ -72,35 +73,35 @@ class PolicyError(ValueError):
 
 def parse_policy(value: object, field: str = "policy") -> Policy:
     """The policy for ``value`` (an int or its decimal text); PolicyError says what is wrong."""
-    text = str(value).strip()
-    if isinstance(value, bool) or not text.isdigit() or int(text) not in range(6):
+    number = whole_number(str(value))
+    if isinstance(value, bool) or number is None or number not in range(6):
         raise PolicyError(
             f"{field}={value!r} is not a cGPU policy: use 0 (even share), 1 (preemptive), "
             f"2 (weighted preemptive), 3 (fixed share), 4 (soft) or 5 (native, the default)"
         )
-    return Policy(int(text))
+    return Policy(number)
 
 
 def parse_weight(value: object, field: str = WEIGHT_ENV, *, max_weight: int = MAX_WEIGHT) -> int:
     """A scheduling weight, 1..max_weight; PolicyError says what is wrong."""
-    text = str(value).strip()
-    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= max_weight:
+    number = whole_number(str(value))
+    if isinstance(value, bool) or number is None or not 1 <= number <= max_weight:
         raise PolicyError(
             f"{field}={value!r} is not a scheduling weight: use a whole number from 1 to "
             f"{max_weight} (policy 2 shares a GPU's time in proportion to it)"
         )
-    return int(text)
+    return number
 
 
 def parse_max_pods(value: object, field: str = "--max-pods-per-gpu") -> int:
     """The most pods one GPU may hold (policy 0's share is one over it), 1..64."""
-    text = str(value).strip()
-    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= MAX_PODS_PER_GPU:
+    number = whole_number(str(value))
+    if isinstance(value, bool) or number is None or not 1 <= number <= MAX_PODS_PER_GPU:
         raise PolicyError(
             f"{field}={value!r} is not a pod count per GPU: use a whole number from 1 to "
             f"{MAX_PODS_PER_GPU} (the chart's maxPodsPerGpu; unset: 20, or 16 at 128MiB)"
         )
-    return int(text)
+    return number
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpushare.core.kubejson import whole_number
 from gpushare.core.units import MemoryUnit
 
 __all__ = ["Applied", "ShareEnvError", "Slice", "apply", "read_slice"]
@@ -68,11 +69,8 @@ class Applied:
 
 
 def _count(env: Mapping[str, str], name: str, value: str) -> int:
-    try:
-        number = int(value.strip())
-    except ValueError:
-        number = 0
-    if number <= 0:
+    number = whole_number(value)
+    if not number:
         raise ShareEnvError(f"{name}={value!r}: must be a whole number of memory units above 0")
     return number
 
@@ -94,7 +92,7 @@ def read_slice(env: Mapping[str, str]) -> Slice | None:
         shares = []
         for pair in env[PER_GPU].split(","):
             index, sep, amount = pair.partition(":")
-            if not (sep and index.strip().isdigit()):
+            if not sep or whole_number(index) is None:
                 raise ShareEnvError(
                     f"{PER_GPU}={env[PER_GPU]!r}: must be index:units pairs separated by commas"
                 )

@@ -12,6 +12,14 @@ down is dropped.
 
 ``synced`` stays False until the first full list, and ``/readyz`` reports it.
 
+**One bad object never ends the watch.** Each node and pod passes ``core.shape`` before anything
+reads it, the boundary the extender's wire and the webhook use too; one that does not is skipped
+(its last good version stays) and reported to ``on_skipped``, which the extender logs and counts.
+The annotations and labels inside are strings whose readers turn any value into a reason, never
+an exception. Should a reader still raise, the event is skipped and reported the same way rather
+than ending the watch, and a failure of a whole list is kept in ``problem`` (``/readyz`` then
+says the cache is not ready, and why) until a list succeeds again.
+
 Every pod is judged as it comes in (core.trust): the ledger takes only allocations gpushare
 sealed for that pod, once per pod version, so the filter never pays for it. An ignored one is
 reported to ``on_ignored`` once per pod and reason (a relist does not count it again), with a
@@ -44,6 +52,7 @@ from gpushare.core.ledger import Ledger, is_terminal
 from gpushare.core.policybook import PolicyBook
 from gpushare.core.preferences import PlacedTerms, has_prefer_no_schedule_taint
 from gpushare.core.scheduling import Settings
+from gpushare.core.shape import node_shape, pod_shape
 from gpushare.core.trust import Ignored, IgnoredOnce, Judged, Trust
 from gpushare.kube.backoff import Backoff
 from gpushare.kube.port import Gone, KubeAPI, KubeDict, KubeError, WatchEvent
@@ -56,6 +65,12 @@ class OnIgnored(Protocol):
     """Told about an ignored allocation: once per pod and reason, ``first`` once per pod."""
 
     def __call__(self, pod: KubeObject, why: Ignored, *, first: bool) -> None: ...
+
+
+class OnSkipped(Protocol):
+    """Told about a watched or listed object the cache could not take in, and why."""
+
+    def __call__(self, kind: str, obj: KubeDict, why: str) -> None: ...
 
 
 class ClusterCache:
@@ -73,6 +88,7 @@ class ClusterCache:
         trust: Trust | None = None,
         on_ignored: OnIgnored | None = None,
         book: PolicyBook | None = None,
+        on_skipped: OnSkipped | None = None,
     ) -> None:
         self._api = api
         self._settings = settings
@@ -95,8 +111,11 @@ class ClusterCache:
         """Pod-affinity terms of placed pods that score nodes for other pods."""
         self.soft_tainted: set[str] = set()
         """Nodes with a ``PreferNoSchedule`` taint."""
+        self.on_skipped = on_skipped
         self.synced = False
         self.relists = 0
+        self.problem = ""
+        """Why the last list failed with something other than an API error; empty when not."""
 
     def _new_ledger(self, judged: Judged | None = None) -> Ledger:
         names, unit = self._settings.names, self._settings.unit
@@ -122,6 +141,19 @@ class ClusterCache:
         else:
             pending[uid] = pod
 
+    def _skip(self, kind: str, obj: KubeDict, why: str) -> None:
+        log.warning("%s=%s phase=watch skipped: %s", kind.lower(), _named(obj), why)
+        if self.on_skipped is not None:
+            self.on_skipped(kind, obj, why)
+
+    def _readable(self, kind: str, obj: KubeDict) -> bool:
+        """Whether ``obj`` has the shape the core reads; reported to ``on_skipped`` if not."""
+        problem = node_shape(obj) if kind == "Node" else pod_shape(obj)
+        if problem is None:
+            return True
+        self._skip(kind, obj, problem.message(kind))
+        return False
+
     def _read(self, node: KubeDict) -> NodeInventory:
         return read_node(node, cluster_unit=self._settings.unit, names=self._settings.names)
 
@@ -129,6 +161,8 @@ class ClusterCache:
         """List nodes and pods and rebuild from them; return both resourceVersions."""
         nodes, node_rv = await self._api.list_nodes()
         pods, pod_rv = await self._api.list_pods()
+        nodes = [n for n in nodes if self._readable("Node", n)]
+        pods = [p for p in pods if self._readable("Pod", p)]
         judged = self.ledger.judged  # judgements of pods that did not change stand
         ledger = self._new_ledger(judged)
         alive = {uid_of(p) for p in pods if not is_terminal(p)}
@@ -161,6 +195,7 @@ class ClusterCache:
         self.ledger = ledger
         self.pending = pending
         self.synced = True
+        self.problem = ""
         self.relists += 1
         self._changed()
         log.info("cache synced nodes=%d pods=%d relists=%d", len(nodes), len(pods), self.relists)
@@ -169,6 +204,8 @@ class ClusterCache:
     def apply_node(self, event: WatchEvent) -> None:
         """Take in one node event."""
         name = name_of(event.object)
+        if event.type != "DELETED" and not self._readable("Node", event.object):
+            return
         if event.type == "DELETED":
             self.nodes.pop(name, None)
             self.soft_tainted.discard(name)
@@ -186,6 +223,8 @@ class ClusterCache:
 
     def apply_pod(self, event: WatchEvent) -> None:
         """Take in one pod event."""
+        if event.type != "DELETED" and not self._readable("Pod", event.object):
+            return
         if event.type == "DELETED":
             self.pending.pop(stored_uid_of(event.object), None)
             self.placed_terms.forget(uid_of(event.object))
@@ -213,16 +252,24 @@ class ClusterCache:
         async def nodes() -> None:
             async for event in self._api.watch_nodes(node_rv):
                 self.backoff.reset()
-                self.apply_node(event)
+                self._apply("Node", self.apply_node, event)
 
         async def pods() -> None:
             async for event in self._api.watch_pods(pod_rv):
                 self.backoff.reset()
-                self.apply_pod(event)
+                self._apply("Pod", self.apply_pod, event)
 
         async with asyncio.TaskGroup() as group:
             group.create_task(nodes())
             group.create_task(pods())
+
+    def _apply(self, kind: str, apply: Callable[[WatchEvent], None], event: WatchEvent) -> None:
+        """Take in one event; a reader that raises costs that event, never the watch."""
+        try:
+            apply(event)
+        except Exception as err:  # the boundary: log, count, go on
+            log.exception("%s=%s phase=watch event failed", kind.lower(), _named(event.object))
+            self._skip(kind, event.object, f"{type(err).__name__}: {err}"[:300])
 
     async def run(self) -> None:
         """List, then watch, forever; relist on Gone at once, after a growing wait on errors."""
@@ -242,5 +289,18 @@ class ClusterCache:
                     wait,
                     self.backoff.failures,
                 )
+            except* Exception as group:  # a bug in a reader: keep trying, and say so
+                wait = self.backoff.failed()
+                self.problem = f"the last list failed: {group.exceptions[0]!r}"[:300]
+                log.error("%s; relisting in %.1fs", self.problem, wait, exc_info=group)
             if wait:
                 await self._sleep(wait)
+
+
+def _named(obj: KubeDict) -> str:
+    """``namespace/name`` of a pod, ``name`` of a node, for a log line, whatever its shape."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict):
+        return "?"
+    name, namespace = meta.get("name"), meta.get("namespace")
+    return f"{namespace}/{name}" if namespace else str(name)

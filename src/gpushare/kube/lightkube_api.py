@@ -21,6 +21,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event, Node, Pod, Secret
 from lightkube.types import PatchType
 
+from gpushare.core.kubejson import name_problem
 from gpushare.core.resourcepolicy import GROUP, KIND, PLURAL, VERSION
 from gpushare.kube.port import (
     Conflict,
@@ -101,6 +102,19 @@ def _to_dict(obj: Any) -> KubeDict:
     return data
 
 
+def _names(**names: str) -> None:
+    """Refuse names that no object can have before they go into a request path.
+
+    lightkube puts names into the URL as they are; ``../nodes/x`` or ``x?dryRun=All`` would
+    reach another path. kube-apiserver holds every name to ``name_problem``'s rules, so a name
+    that breaks them is an object that does not exist.
+    """
+    for what, value in names.items():
+        problem = name_problem(value, namespace=what == "namespace")
+        if problem:
+            raise NotFound(f"{what} {problem}: no such object can exist")
+
+
 class LightkubeAPI:
     """KubeAPI backed by a lightkube AsyncClient."""
 
@@ -169,6 +183,7 @@ class LightkubeAPI:
 
     async def get_pod(self, namespace: str, name: str) -> KubeDict:
         """One pod."""
+        _names(namespace=namespace, name=name)
         with _mapped(f"get pod {namespace}/{name}"):
             return _to_dict(await self._client.get(Pod, name, namespace=namespace))
 
@@ -189,6 +204,7 @@ class LightkubeAPI:
         if labels:
             metadata["labels"] = dict(labels)
         body = {"metadata": metadata}
+        _names(namespace=namespace, name=name)
         with _mapped(f"annotate pod {namespace}/{name}"):
             patched = await self._client.patch(
                 Pod, name, body, namespace=namespace, patch_type=PatchType.MERGE
@@ -197,11 +213,13 @@ class LightkubeAPI:
 
     async def get_node(self, name: str) -> KubeDict:
         """One node."""
+        _names(name=name)
         with _mapped(f"get node {name}"):
             return _to_dict(await self._client.get(Node, name))
 
     async def get_secret(self, namespace: str, name: str) -> KubeDict:
         """One Secret."""
+        _names(namespace=namespace, name=name)
         with _mapped(f"get secret {namespace}/{name}"):
             return _to_dict(await self._client.get(Secret, name, namespace=namespace))
 
@@ -220,6 +238,7 @@ class LightkubeAPI:
             metadata["annotations"] = dict(annotations)
         if labels:
             metadata["labels"] = dict(labels)
+        _names(name=name)
         with _mapped(f"patch node {name}"):
             if metadata:
                 await self._client.patch(
@@ -255,6 +274,7 @@ class LightkubeAPI:
             ),
             target=ObjectReference(apiVersion="v1", kind="Node", name=node),
         )
+        _names(namespace=namespace, name=name, node=node)
         with _mapped(f"bind pod {namespace}/{name} to {node}"):
             try:
                 await self._client.create(binding, name=name, namespace=namespace)
@@ -265,6 +285,7 @@ class LightkubeAPI:
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         """POST a core/v1 Event in the namespace."""
+        _names(namespace=namespace)
         with _mapped(f"create event in {namespace}"):
             posted = cast(Event, Event.from_dict(dict(event)))  # from_dict is typed as the mixin
             # lightkube 1.0.1's overloads of AsyncClient.create match no namespaced resource
@@ -273,6 +294,7 @@ class LightkubeAPI:
 
     async def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """Merge-patch an Event."""
+        _names(namespace=namespace, name=name)
         with _mapped(f"patch event {namespace}/{name}"):
             await self._client.patch(
                 Event, name, dict(patch), namespace=namespace, patch_type=PatchType.MERGE
