@@ -444,3 +444,33 @@ def test_the_crd_limits_the_units() -> None:
 
     schema = resource_policy_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     assert schema["properties"]["spec"]["properties"]["units"]["maxItems"] == 100
+
+
+def test_a_decision_looks_only_at_the_pods_of_its_namespace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    book = PolicyBook()
+    book.put_policy(policy_obj())
+    book.node_labels = dict(NODES)
+    for i in range(300):
+        book.observe_pod(pod(f"o{i}", "a1", namespace="other"))
+    book.observe_pod(pod("p1", "a1"))
+    book.assume(Placed(uid="p2", namespace="default", labels={"app": "web"}, node="a2"))
+    book.assume(Placed(uid="o-new", namespace="other", labels={"app": "web"}, node="a2"))
+    calls = 0
+    selects = ResourcePolicy.selects
+
+    def counted(self: ResourcePolicy, namespace: str, labels: Any) -> bool:
+        nonlocal calls
+        calls += 1
+        return selects(self, namespace, labels)
+
+    monkeypatch.setattr(ResourcePolicy, "selects", counted)
+    g = book.gate(pod("me"), fitting=["a1", "a2", "b1"], now_s=0)
+    assert g is not None and g.chosen is not None and g.chosen.number == 2  # p1, p2 fill unit 1
+    assert calls <= 4  # before: every pod of the cluster, twice (604)
+    assert {p.uid for p in book.placed("default")} == {"p1", "p2"}
+    assert len(book.placed()) == 303
+    book.forget_pod("p1")
+    book.retain_pods({"o0"})
+    assert [p.uid for p in book.placed()] == ["o0"]
