@@ -369,7 +369,7 @@ def test_a_policy_over_the_unit_limit_is_refused_with_the_count_and_the_way_out(
 def test_a_refused_value_is_quoted_in_part() -> None:
     read = read_policy(policy_obj(units="x" * 5000))
     assert isinstance(read, PolicyError)
-    assert "spec.units is 'xxx" in read.message and "(4802 more characters)" in read.message
+    assert "spec.units is 'xxx" in read.message and "x…: list at least one unit" in read.message
     assert len(read.message) < 400
 
 
@@ -419,7 +419,7 @@ def test_a_reason_is_cut_whatever_a_selector_holds() -> None:
     long = {f"label-{i}": "v" * 50 for i in range(40)}
     big = policy(units=[{"resource": "ecs", "nodeSelector": long}])
     g = gate(big, [], ["a1"])
-    assert len(g.reason) <= 1024 and g.reason.endswith("more characters)")
+    assert len(g.reason) <= 1000 and g.reason.endswith("…")
 
 
 @given(

@@ -26,8 +26,8 @@ first unit its node belongs to, else in none. The pod being decided is never cou
 What a decision costs and says is bounded whatever the policy holds: nodes are matched to units
 through the policy's ``UnitIndex`` (about one look per node and per unit, not one test per unit
 and node), and a reason names at most ``SHOWN_UNITS`` passed units and counts the rest, cut at
-``MAX_REASON_CHARS``. Every refused node of a filter carries that reason, so the reply grows with
-the nodes kube-scheduler sent and not with the units.
+``explain.MAX_MESSAGE`` (a unit's nodeSelector may be long). Every refused node of a filter
+carries that reason, so the reply grows with the nodes kube-scheduler sent, not with the units.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from gpushare.core.explain import clip
 from gpushare.core.resourcepolicy import NextPolicy, ResourcePolicy, Unit
 
 ANN_POLICY = "gpushare.io/resource-policy"
@@ -48,8 +49,6 @@ ANN_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 SHOWN_UNITS = 3
 """How many passed units a reason or event names; the others are counted."""
-MAX_REASON_CHARS = 1024
-"""The longest reason a decision gives (a unit's nodeSelector may be long)."""
 
 
 @dataclass(frozen=True)
@@ -245,14 +244,6 @@ def summary(passed: Sequence[str]) -> str:
     if rest <= 0:
         return shown
     return f"{shown}; and {rest} more units, each full or with no node for this pod"
-
-
-def clip(reason: str) -> str:
-    """``reason`` cut to ``MAX_REASON_CHARS``, saying how much was left out."""
-    if len(reason) <= MAX_REASON_CHARS:
-        return reason
-    cut = MAX_REASON_CHARS - 40
-    return f"{reason[:cut]}... ({len(reason) - cut} more characters)"
 
 
 def _chosen(

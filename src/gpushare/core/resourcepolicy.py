@@ -29,6 +29,7 @@ from enum import Enum
 from functools import cached_property
 from typing import Any
 
+from gpushare.core.explain import clip
 from gpushare.core.kubejson import KubeObject, meta, name_of, namespace_of, spec_of
 
 GROUP = "scheduling.alibabacloud.com"
@@ -232,16 +233,9 @@ class _Invalid(Exception):
     pass
 
 
-def shown(value: object) -> str:
-    """``repr(value)``, cut to ``SHOWN_VALUE_CHARS`` with a word on how much was left out."""
-    text = repr(value)
-    if len(text) <= SHOWN_VALUE_CHARS:
-        return text
-    return f"{text[:SHOWN_VALUE_CHARS]}... ({len(text) - SHOWN_VALUE_CHARS} more characters)"
-
-
 def _where(policy: str, path: str, value: object, rule: str) -> _Invalid:
-    return _Invalid(f"ResourcePolicy {policy}: {path} is {shown(value)}: {rule}")
+    shown = clip(repr(value), SHOWN_VALUE_CHARS)
+    return _Invalid(f"ResourcePolicy {policy}: {path} is {shown}: {rule}")
 
 
 def _string_map(value: object, path: str, policy: str) -> dict[str, str]:
