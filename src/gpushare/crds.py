@@ -3,7 +3,9 @@
 The chart ships it in ``charts/gpushare/crds/`` (a unit test checks the file equals
 ``render_yaml(resource_policy_crd())``) and the e2e harness applies the same text. The schema
 carries ACK's fields; a unit whose ``resource`` is ECI, elastic or ACS capacity is refused when
-the policy is applied, with a message that says what to do (``core.resourcepolicy``).
+the policy is applied, with a message that says what to do (``core.resourcepolicy``), and so is a
+policy of more than ``MAX_UNITS`` units (``maxItems``: the API server names the field and the
+limit).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import yaml
 from gpushare.core.resourcepolicy import (
     GROUP,
     KIND,
+    MAX_UNITS,
     NEXT_POLICY_ALIASES,
     PLURAL,
     VERSION,
@@ -60,7 +63,7 @@ def resource_policy_crd() -> dict[str, Any]:
         "properties": {
             "selector": _labels(),
             "strategy": {"type": "string", "enum": ["prefer"], "default": "prefer"},
-            "units": {"type": "array", "minItems": 1, "items": _unit()},
+            "units": {"type": "array", "minItems": 1, "maxItems": MAX_UNITS, "items": _unit()},
             "preemptPolicy": {"type": "string", "enum": [p.value for p in PreemptPolicy]},
             "whenTryNextUnits": {
                 "type": "object",

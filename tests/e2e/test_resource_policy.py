@@ -20,7 +20,7 @@ import pytest
 
 from gpushare.core.gating import ANN_DELETION_COST, ANN_POLICY, ANN_UNIT
 from gpushare.core.inventory import Mode
-from gpushare.core.resourcepolicy import GROUP, PLURAL
+from gpushare.core.resourcepolicy import GROUP, MAX_UNITS, PLURAL
 from gpushare.crds import REFUSED_MESSAGE, render_yaml, resource_policy_crd
 
 from .cluster import Cluster
@@ -169,6 +169,68 @@ def test_the_apiserver_refuses_an_eci_unit_with_the_crds_message(
         assert listed["items"] == []
     finally:
         cluster.kubectl("delete", "namespace", f"{NS}-eci", "--wait=false", check=False)
+
+
+def _units(count: int) -> list[dict[str, Any]]:
+    """``count`` units, each a node pool no node is in."""
+    return [{"nodeSelector": {"pool": f"none-{i}"}} for i in range(count)]
+
+
+def test_the_apiserver_refuses_a_policy_over_the_unit_limit(
+    cluster: Cluster, policy_crd: None
+) -> None:
+    ns = f"{NS}-limit"
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        policy = _policy("many", _units(MAX_UNITS + 1))
+        policy["metadata"]["namespace"] = ns
+        result = _apply(cluster, policy, check=False)
+        print(result.stderr)
+        assert result.returncode != 0
+        assert "spec.units: Too many: 101: must have at most 100 items" in result.stderr
+        assert cluster.kubectl_json("get", "resourcepolicies", "-n", ns)["items"] == []
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_a_policy_at_the_unit_limit_does_not_hold_up_another_namespace(
+    cluster: Cluster, policy_crd: None
+) -> None:
+    # Five pods under a policy of 100 units that hold no node are refused on every attempt,
+    # with a reason that names three units and counts the rest; meanwhile a GPU pod of another
+    # namespace, on the same nodes, binds as it would without them.
+    crowded, other, names = f"{NS}-crowded", f"{NS}-other", ["rpl-0", "rpl-1"]
+    create_nodes(cluster, labelled_kwok_nodes(names, "rpl", gpus_units=[15], mode=Mode.SHARE))
+    cluster.kubectl("create", "namespace", crowded)
+    cluster.kubectl("create", "namespace", other)
+    try:
+        policy = _policy("big", _units(MAX_UNITS))
+        policy["metadata"]["namespace"] = crowded
+        _apply(cluster, policy)
+        eventually(lambda: _generation_read(cluster, "big", crowded) is not None, 30, "read")
+        _apply(cluster, _deployment(5, ns=crowded, nodes="rpl"))
+        (held, *_) = eventually(
+            lambda: [p for p in _live_pods(cluster, crowded) if not p["spec"].get("nodeName")],
+            30,
+            "the crowded namespace's pods created",
+        )
+        name = held["metadata"]["name"]
+        said = eventually(
+            lambda: _events(cluster, crowded, name, "GPUShareUnschedulable"), 30, "refused"
+        )
+        print(name, said[0])
+        assert "and 97 more units, each full or with no node for this pod" in said[0]
+
+        started = time.monotonic()
+        _apply(cluster, _pod("elsewhere", other, "rpl"))
+        (bound,) = eventually(lambda: _placed(cluster, 1, other), 30, "the other pod bound")
+        print(f"[e2e] another namespace's pod bound in {time.monotonic() - started:.1f}s")
+        assert bound["spec"]["nodeName"] in names
+        assert ANN_UNIT not in _annotations(bound)
+        assert not any(p["spec"].get("nodeName") for p in _live_pods(cluster, crowded))
+    finally:
+        cluster.kubectl("delete", "namespace", crowded, other, "--wait=false", check=False)
+        delete_nodes(cluster, names)
 
 
 def test_timeout_or_exceed_max_waits_for_unit_one_then_moves_on(

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import pytest
 
 from gpushare.core.gating import ANN_DELETION_COST, ANN_UNIT
 from gpushare.core.policybook import PolicyBook
@@ -249,4 +251,79 @@ def test_metrics_show_the_generation_of_each_policy_read() -> None:
     assert (
         'gpushare_resource_policy_generation{name="bad",namespace="default",valid="false"} 1.0'
         in text
+    )
+
+
+def _crowded(units: int, nodes: int) -> tuple[MemoryKube, list[str]]:
+    """``nodes`` nodes in pool ``gpu`` and a policy of ``units`` units, none of which holds one."""
+    kube = MemoryKube()
+    names = [f"n{i:03d}" for i in range(nodes)]
+    for name in names:
+        kube.put_node(pooled(name, "gpu"))
+    kube.put_resource_policy(
+        {
+            "metadata": {"name": "web", "namespace": "default", "uid": "rp-uid"},
+            "spec": {
+                "selector": {"app": "web"},
+                "units": [{"nodeSelector": {"pool": f"none-{i}"}} for i in range(units)],
+            },
+        }
+    )
+    return kube, names
+
+
+async def _filter_once(kube: MemoryKube, names: list[str]) -> bytes:
+    """One filter of a pod the policy selects, over HTTP; the reply's bytes."""
+    settings = Settings()
+    book = PolicyBook()
+    cache = ClusterCache(kube, settings=settings, book=book)
+    await cache.sync()
+    extender = Extender(api=kube, cache=cache, scheduler=Scheduler(settings))
+    await PolicyWatch(kube, book, notify=extender.policy_notice).sync()
+    pod = kube.create_pod(web_pod("web-0"))
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(extender)), base_url="http://extender"
+    ) as client:
+        reply = await client.post("/filter", json={"Pod": pod, "NodeNames": names})
+    await extender.events.drain()
+    return reply.content
+
+
+def test_filter_work_and_reply_stay_bounded_under_a_policy_of_many_units(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpushare.core.resourcepolicy import Unit
+
+    calls = 0
+    holds = Unit.holds
+
+    def counted(unit: Unit, labels: Any) -> bool:
+        nonlocal calls
+        calls += 1
+        return holds(unit, labels)
+
+    monkeypatch.setattr(Unit, "holds", counted)
+    kube, names = _crowded(units=100, nodes=60)
+    body = asyncio.run(_filter_once(kube, names))
+    reply = json.loads(body)
+    assert sorted(reply["FailedNodes"]) == names and not reply["NodeNames"]
+    reason = reply["FailedNodes"]["n000"]
+    assert "and 97 more units, each full or with no node for this pod" in reason
+    # before: every unit's full description on every node (about 7.6 kB a node), and every
+    # unit tested against every node (6,000 calls)
+    assert len(body) <= len(names) * 1100
+    assert calls <= len(names) + 100
+
+
+def test_a_policy_over_the_unit_limit_is_refused_on_the_policy_and_its_pods() -> None:
+    kube, names = _crowded(units=101, nodes=2)
+    reply = json.loads(asyncio.run(_filter_once(kube, names)))
+    assert sorted(reply["FailedAndUnresolvableNodes"]) == names
+    assert "spec.units lists 101 units: at most 100" in reply["FailedAndUnresolvableNodes"]["n000"]
+    (warning,) = [e for e in kube.events() if e["reason"] == "GPUSharePolicyNotice"]
+    assert warning["type"] == "Warning"
+    assert warning["involvedObject"]["kind"] == "ResourcePolicy"
+    assert warning["involvedObject"]["uid"] == "rp-uid"
+    assert warning["message"].startswith(
+        "ResourcePolicy default/web: spec.units lists 101 units: at most 100 are allowed"
     )

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpushare.core.gating import ANN_POLICY, ANN_UNIT, Placed, decide, deletion_cost
 from gpushare.core.policybook import PolicyBook, recorded_units
@@ -12,6 +14,7 @@ from gpushare.core.resourcepolicy import (
     NextPolicy,
     PolicyError,
     ResourcePolicy,
+    Unit,
     parse_duration,
     read_policy,
 )
@@ -347,3 +350,127 @@ def test_recorded_units_for_inspect() -> None:
     book.observe_pod(placed)
     book.assume(Placed(uid="p4", namespace="default", labels={}, node="b1", policy="web", unit=1))
     assert book.recorded_units() == {"p1": ("web", 2), "p4": ("web", 1)}
+
+
+def many_units(count: int, pool: str = "none") -> list[dict[str, Any]]:
+    return [{"resource": "ecs", "nodeSelector": {"pool": f"{pool}-{i}"}} for i in range(count)]
+
+
+def test_a_policy_over_the_unit_limit_is_refused_with_the_count_and_the_way_out() -> None:
+    assert isinstance(read_policy(policy_obj(units=many_units(100))), ResourcePolicy)
+    read = read_policy(policy_obj(units=many_units(101)))
+    assert isinstance(read, PolicyError)
+    assert read.message.startswith("ResourcePolicy default/web: spec.units lists 101 units")
+    assert "at most 100 are allowed" in read.message
+    assert "select them with one unit" in read.message
+    assert read.selector == {"app": "web"}  # its pods are told
+
+
+def test_a_refused_value_is_quoted_in_part() -> None:
+    read = read_policy(policy_obj(units="x" * 5000))
+    assert isinstance(read, PolicyError)
+    assert "spec.units is 'xxx" in read.message and "x…: list at least one unit" in read.message
+    assert len(read.message) < 400
+
+
+class _Counted:
+    """Counts ``Unit.holds`` calls: the work of matching units to nodes."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from gpushare.core.resourcepolicy import Unit
+
+        self.calls = 0
+        holds = Unit.holds
+
+        def counted(unit: Unit, labels: Any) -> bool:
+            self.calls += 1
+            return holds(unit, labels)
+
+        monkeypatch.setattr(Unit, "holds", counted)
+
+
+def test_deciding_tests_about_one_unit_per_node_not_every_unit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    nodes = {f"n{i}": {"pool": "gpu", "zone": f"z{i % 3}"} for i in range(200)}
+    big = policy(units=[*many_units(99), {"resource": "ecs", "nodeSelector": {"pool": "gpu"}}])
+    placed = [p for n in list(nodes)[:50] for p in on(n, 1)]
+    counter = _Counted(monkeypatch)
+    g = gate(big, placed, list(nodes), node_labels=nodes)
+    assert g.chosen is not None and g.chosen.number == 100
+    assert g.states[-1].fitting == 200 and g.states[-1].pods == 50
+    # before: every unit against every fitting node and every placed pod's node (25,000)
+    assert counter.calls <= len(nodes) + len(placed) + len(big.units)
+
+
+def test_the_reason_names_three_passed_units_and_counts_the_rest() -> None:
+    big = policy(units=many_units(100))
+    g = gate(big, [], ["a1", "b1"])
+    assert g.chosen is None
+    assert g.reason.startswith(
+        "ResourcePolicy default/web has no unit open to this pod: unit 1 (nodeSelector "
+        "pool=none-0) has 0 pods (no max) and no node for this pod now; unit 2"
+    )
+    assert g.reason.endswith("; and 97 more units, each full or with no node for this pod")
+    assert len(g.passed) == 100  # all kept for whoever wants them, only the reason is short
+
+
+def test_a_reason_is_cut_whatever_a_selector_holds() -> None:
+    long = {f"label-{i}": "v" * 50 for i in range(40)}
+    big = policy(units=[{"resource": "ecs", "nodeSelector": long}])
+    g = gate(big, [], ["a1"])
+    assert len(g.reason) <= 1000 and g.reason.endswith("…")
+
+
+@given(
+    st.lists(
+        st.dictionaries(st.sampled_from("abc"), st.sampled_from("xy"), min_size=1), min_size=1
+    ),
+    st.dictionaries(st.sampled_from("abcd"), st.sampled_from("xyz")),
+)
+def test_the_unit_index_finds_exactly_the_units_that_hold_a_node(
+    selectors: list[dict[str, str]], labels: dict[str, str]
+) -> None:
+    from gpushare.core.resourcepolicy import UnitIndex
+
+    units = [Unit(number=i, node_selector=s) for i, s in enumerate(selectors, start=1)]
+    holding = [u for u in units if u.holds(labels)]
+    assert UnitIndex(units).holding(labels) == holding
+    assert UnitIndex(units).first_holding(labels) == (holding[0] if holding else None)
+
+
+def test_the_crd_limits_the_units() -> None:
+    from gpushare.crds import resource_policy_crd
+
+    schema = resource_policy_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert schema["properties"]["spec"]["properties"]["units"]["maxItems"] == 100
+
+
+def test_a_decision_looks_only_at_the_pods_of_its_namespace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    book = PolicyBook()
+    book.put_policy(policy_obj())
+    book.node_labels = dict(NODES)
+    for i in range(300):
+        book.observe_pod(pod(f"o{i}", "a1", namespace="other"))
+    book.observe_pod(pod("p1", "a1"))
+    book.assume(Placed(uid="p2", namespace="default", labels={"app": "web"}, node="a2"))
+    book.assume(Placed(uid="o-new", namespace="other", labels={"app": "web"}, node="a2"))
+    calls = 0
+    selects = ResourcePolicy.selects
+
+    def counted(self: ResourcePolicy, namespace: str, labels: Any) -> bool:
+        nonlocal calls
+        calls += 1
+        return selects(self, namespace, labels)
+
+    monkeypatch.setattr(ResourcePolicy, "selects", counted)
+    g = book.gate(pod("me"), fitting=["a1", "a2", "b1"], now_s=0)
+    assert g is not None and g.chosen is not None and g.chosen.number == 2  # p1, p2 fill unit 1
+    assert calls <= 4  # before: every pod of the cluster, twice (604)
+    assert {p.uid for p in book.placed("default")} == {"p1", "p2"}
+    assert len(book.placed()) == 303
+    book.forget_pod("p1")
+    book.retain_pods({"o0"})
+    assert [p.uid for p in book.placed()] == ["o0"]

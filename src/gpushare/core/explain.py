@@ -21,8 +21,9 @@ SHOWN_REASONS = 5
 """Distinct refusal reasons spelled out; the rest are counted."""
 
 
-def _clip(text: str) -> str:
-    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
+def clip(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text`` cut to ``limit`` characters, ending in an ellipsis where it was cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def placement_message(allocation: Allocation, node: NodeInventory, usage: NodeUsage) -> str:
@@ -41,10 +42,10 @@ def placement_message(allocation: Allocation, node: NodeInventory, usage: NodeUs
         parts.append((share.index, text))
     if len(parts) == 1:
         index, text = parts[0]
-        return _clip(f"GPU{index} on {allocation.node}, {text}")
+        return clip(f"GPU{index} on {allocation.node}, {text}")
     where = "+".join(f"GPU{i}" for i, _ in parts)
     detail = "; ".join(f"GPU{i} {text}" for i, text in parts)
-    return _clip(f"{where} on {allocation.node}: {detail}")
+    return clip(f"{where} on {allocation.node}: {detail}")
 
 
 ASKED = "nodes kube-scheduler asked gpushare about fit"
@@ -75,4 +76,4 @@ def refusal_summary(reasons: Iterable[str], total_nodes: int, counted: str = ASK
         nodes = sum(n for _, n in rest)
         shown.append(f"{nodes} node(s) for {len(rest)} other reason(s)")
     head = f"0/{total_nodes} {counted}"
-    return _clip(f"{head}: {'; '.join(shown)}" if shown else head)
+    return clip(f"{head}: {'; '.join(shown)}" if shown else head)

@@ -22,14 +22,22 @@ the policy's pods in the unit being deleted, whatever their group or age: an old
 pods hold the room whichever group they count in. A pod counts in the unit its bind recorded
 (``gpushare.io/resource-policy-unit``) while its node still belongs to that unit, else in the
 first unit its node belongs to, else in none. The pod being decided is never counted.
+
+What a decision costs and says is bounded whatever the policy holds: nodes are matched to units
+through the policy's ``UnitIndex`` (about one look per node and per unit, not one test per unit
+and node), and a reason names at most ``SHOWN_UNITS`` passed units and counts the rest, cut at
+``explain.MAX_MESSAGE`` (a unit's nodeSelector may be long). Every refused node of a filter
+carries that reason, so the reply grows with the nodes kube-scheduler sent, not with the units.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from gpushare.core.explain import clip
 from gpushare.core.resourcepolicy import NextPolicy, ResourcePolicy, Unit
 
 ANN_POLICY = "gpushare.io/resource-policy"
@@ -38,6 +46,9 @@ ANN_UNIT = "gpushare.io/resource-policy-unit"
 """The unit's number (from 1) a bind placed the pod in."""
 ANN_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 """ReplicaSets remove pods of lower cost first; later units get lower costs (``deletion_cost``)."""
+
+SHOWN_UNITS = 3
+"""How many passed units a reason or event names; the others are counted."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +131,7 @@ def unit_of(policy: ResourcePolicy, placed: Placed, node_labels: Mapping[str, st
         recorded = policy.units[placed.unit - 1]
         if recorded.holds(node_labels):
             return recorded
-    return next((u for u in policy.units if u.holds(node_labels)), None)
+    return policy.index.first_holding(node_labels)
 
 
 def counts(
@@ -191,7 +202,7 @@ def decide(
             None,
             (),
             "",
-            error=(
+            error=clip(
                 f"ResourcePolicy {policy.key} counts pods per value of matchLabelKeys "
                 f"{list(policy.match_label_keys)}, and this pod has no label {missing[0]!r}: add "
                 f"it to the pod (its template) or remove it from spec.matchLabelKeys"
@@ -200,10 +211,13 @@ def decide(
     placed = list(placed)
     tally = counts(policy, uid=uid, group=group, placed=placed, node_labels=node_labels)
     dying = terminating(policy, uid=uid, placed=placed, node_labels=node_labels)
+    fits = Counter(
+        unit.number for n in fitting for unit in policy.index.holding(node_labels.get(n, {}))
+    )
     states: list[UnitState] = []
     passed: list[str] = []
     for unit in policy.units:
-        fit = sum(1 for n in fitting if unit.holds(node_labels.get(n, {})))
+        fit = fits[unit.number]
         state = UnitState(unit, tally[unit.number], fit, dying[unit.number])
         states.append(state)
         if fit and not state.full:
@@ -212,26 +226,35 @@ def decide(
         if wait:
             # a full unit is waited for with no node open (its nodes would break max)
             chosen = None if state.full else unit
-            return Gate(policy.key, chosen, tuple(states), wait, passed=tuple(passed))
+            return Gate(policy.key, chosen, tuple(states), clip(wait), passed=tuple(passed))
         passed.append(_passed(policy, state))
     return Gate(
         policy.key,
         None,
         tuple(states),
-        f"ResourcePolicy {policy.key} has no unit open to this pod: {'; '.join(passed)}",
+        clip(f"ResourcePolicy {policy.key} has no unit open to this pod: {summary(passed)}"),
         passed=tuple(passed),
     )
+
+
+def summary(passed: Sequence[str]) -> str:
+    """Why units were passed, the first ``SHOWN_UNITS`` named and the rest counted."""
+    shown = "; ".join(passed[:SHOWN_UNITS])
+    rest = len(passed) - SHOWN_UNITS
+    if rest <= 0:
+        return shown
+    return f"{shown}; and {rest} more units, each full or with no node for this pod"
 
 
 def _chosen(
     policy: ResourcePolicy, unit: Unit, states: tuple[UnitState, ...], passed: list[str]
 ) -> Gate:
-    before = f" ({'; '.join(passed)})" if passed else ""
+    before = f" ({summary(passed)})" if passed else ""
     reason = (
         f"ResourcePolicy {policy.key} places this pod in {unit.describe()}{before}; later units "
         f"only when it is full or ({policy.next_policy.value}) cannot take the pod"
     )
-    return Gate(policy.key, unit, states, reason, passed=tuple(passed))
+    return Gate(policy.key, unit, states, clip(reason), passed=tuple(passed))
 
 
 def _waits_for_room(unit: Unit) -> bool:

@@ -57,11 +57,18 @@ def recorded_units(pods: Iterable[KubeObject]) -> dict[str, tuple[str, int]]:
 
 
 class PolicyBook:
-    """Policies by namespace, bound pods by UID, node labels by name, bind assumptions."""
+    """Policies by namespace, bound pods by namespace and UID, node labels by name, bind
+    assumptions.
+
+    Bound pods are kept per namespace because a policy counts only its own namespace's pods:
+    a decision then costs the pods of that namespace, not every pod of the cluster.
+    """
 
     def __init__(self) -> None:
         self._policies: dict[str, dict[str, Entry]] = {}
-        self._pods: dict[str, Placed] = {}
+        self._pods: dict[str, dict[str, Placed]] = {}
+        """namespace -> UID -> pod."""
+        self._namespace_of: dict[str, str] = {}
         self._assumed: dict[str, Placed] = {}
         self.node_labels: dict[str, Mapping[str, str]] = {}
 
@@ -104,21 +111,34 @@ class PolicyBook:
         """Take in a pod as the watch or a list shows it."""
         uid = uid_of(pod)
         if is_terminal(pod) or not node_name_of(pod):
-            self._pods.pop(uid, None)
+            self._drop(uid)
             if is_terminal(pod):
                 self._assumed.pop(uid, None)
             return
-        self._pods[uid] = placed_of(pod)
+        placed = placed_of(pod)
+        self._drop(uid)
+        self._pods.setdefault(placed.namespace, {})[uid] = placed
+        self._namespace_of[uid] = placed.namespace
         self._assumed.pop(uid, None)
+
+    def _drop(self, uid: str) -> None:
+        namespace = self._namespace_of.pop(uid, None)
+        if namespace is None:
+            return
+        pods = self._pods[namespace]
+        pods.pop(uid, None)
+        if not pods:
+            del self._pods[namespace]
 
     def forget_pod(self, uid: str) -> None:
         """Forget a deleted pod."""
-        self._pods.pop(uid, None)
+        self._drop(uid)
         self._assumed.pop(uid, None)
 
     def retain_pods(self, uids: set[str]) -> None:
         """After a relist, keep only the pods that still exist."""
-        self._pods = {u: p for u, p in self._pods.items() if u in uids}
+        for uid in [u for u in self._namespace_of if u not in uids]:
+            self._drop(uid)
         self._assumed = {u: p for u, p in self._assumed.items() if u in uids}
 
     def assume(self, placed: Placed) -> None:
@@ -129,9 +149,19 @@ class PolicyBook:
         """Drop a bind's assumption (the bind failed)."""
         self._assumed.pop(uid, None)
 
-    def placed(self) -> list[Placed]:
-        """Every pod counting sees: bound ones, then assumed ones not yet seen bound."""
-        return [*self._pods.values(), *(p for u, p in self._assumed.items() if u not in self._pods)]
+    def placed(self, namespace: str | None = None) -> list[Placed]:
+        """The pods counting sees (of ``namespace``, or all): bound ones, then assumed ones not
+        yet seen bound."""
+        if namespace is None:
+            bound = [p for pods in self._pods.values() for p in pods.values()]
+        else:
+            bound = list(self._pods.get(namespace, {}).values())
+        assumed = (
+            p
+            for u, p in self._assumed.items()
+            if u not in self._namespace_of and namespace in (None, p.namespace)
+        )
+        return [*bound, *assumed]
 
     def recorded_units(self) -> dict[str, tuple[str, int]]:
         """Per pod UID, the policy and unit its bind recorded, or is recording (assumed)."""
@@ -166,7 +196,7 @@ class PolicyBook:
             uid=uid_of(pod),
             labels=labels,
             created=str(meta(pod).get("creationTimestamp") or ""),
-            placed=self.placed(),
+            placed=self.placed(namespace),
             node_labels=self.node_labels,
             fitting=fitting,
             now_s=now_s,

@@ -9,6 +9,12 @@ would otherwise wait forever with no word of why. The CRD refuses those values w
 is applied (``gpushare.crds``); ``read_policy`` refuses them again for a policy stored before
 that CRD was installed, and the extender says so on every pod the policy selects.
 
+A policy lists at most ``MAX_UNITS`` units. The CRD says so (``maxItems``), and reading says so
+again for a policy stored before that CRD was installed: what a filter costs and how long its
+reply is must not grow with what one namespace writes into one object (``UnitIndex`` and
+``core.gating`` keep each filter's work near one look per node and per unit, and its reasons
+short, within that limit too).
+
 Reading is a pure function from the object's JSON to a ``ResourcePolicy`` or a
 ``PolicyError`` whose message names the field, the value, the rule and what to do.
 """
@@ -16,11 +22,14 @@ Reading is a pure function from the object's JSON to a ``ResourcePolicy`` or a
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from typing import Any
 
+from gpushare.core.explain import clip
 from gpushare.core.kubejson import KubeObject, meta, name_of, namespace_of, spec_of
 
 GROUP = "scheduling.alibabacloud.com"
@@ -33,6 +42,16 @@ SERVED_RESOURCES = ("ecs",)
 
 REFUSED_RESOURCES = ("eci", "elastic", "acs")
 """ACK's virtual capacity (ECI, elastic node pools, ACS): no GPU share can be booked there."""
+
+MAX_UNITS = 100
+"""The most units one policy may list (the CRD's ``spec.units`` ``maxItems``, checked on read).
+
+A node pool per unit: ACK's own examples use two or three; a hundred leaves room for a pool per
+zone and GPU model while keeping a filter's reply (reasons name units) and a bind's check small.
+"""
+
+SHOWN_VALUE_CHARS = 200
+"""How much of a refused value a message quotes (a units list may be the whole object)."""
 
 DEFAULT_TIMEOUT_S = 15 * 60
 """``whenTryNextUnits.timeout`` when left out (ACK's default)."""
@@ -105,6 +124,42 @@ class Unit:
         return f"unit {self.number} (nodeSelector {sel})"
 
 
+class UnitIndex:
+    """The units that hold a node, found without testing every unit against it.
+
+    Each unit is filed under one pair of its ``nodeSelector``, the pair fewest units share; a
+    node can only be in the units filed under one of its own labels, and only those are tested.
+    Built once per policy read, so a filter costs one look per node label and per candidate,
+    not one test per unit and node (``core.gating`` counts fitting nodes per unit this way).
+    """
+
+    def __init__(self, units: Iterable[Unit]) -> None:
+        units = tuple(units)
+        shared = Counter(pair for u in units for pair in u.node_selector.items())
+        self._filed: dict[tuple[str, str], list[Unit]] = {}
+        for unit in units:
+            if not unit.node_selector:  # only a hand-made Unit; reading requires a selector
+                self._filed.setdefault(("", ""), []).append(unit)
+                continue
+            pair = min(sorted(unit.node_selector.items()), key=lambda p: shared[p])
+            self._filed.setdefault(pair, []).append(unit)
+        self._keys = sorted({k for k, _ in self._filed if k})
+
+    def holding(self, node_labels: Mapping[str, str]) -> list[Unit]:
+        """The units a node with these labels belongs to, in the policy's order."""
+        found = [u for u in self._filed.get(("", ""), ())]
+        keys: Iterable[str] = self._keys if len(self._keys) < len(node_labels) else node_labels
+        for key in keys:
+            value = node_labels.get(key)
+            if value is not None:
+                found.extend(u for u in self._filed.get((key, value), ()) if u.holds(node_labels))
+        return sorted(found, key=lambda u: u.number)
+
+    def first_holding(self, node_labels: Mapping[str, str]) -> Unit | None:
+        """The first unit a node with these labels belongs to, if any."""
+        return next(iter(self.holding(node_labels)), None)
+
+
 @dataclass(frozen=True)
 class ResourcePolicy:
     """A checked policy."""
@@ -129,6 +184,11 @@ class ResourcePolicy:
     def key(self) -> str:
         """``namespace/name``."""
         return f"{self.namespace}/{self.name}"
+
+    @cached_property
+    def index(self) -> UnitIndex:
+        """The units filed by their nodeSelector (built on first use, once per policy read)."""
+        return UnitIndex(self.units)
 
     @property
     def notices(self) -> tuple[str, ...]:
@@ -160,6 +220,8 @@ class PolicyError:
     selector: Mapping[str, str] = field(default_factory=dict)
     """The pods it was meant for (when its selector could be read): they are told why."""
     generation: int = 0
+    uid: str = ""
+    """metadata.uid, so that a Warning Event on the policy can say why too."""
 
     @property
     def key(self) -> str:
@@ -172,7 +234,8 @@ class _Invalid(Exception):
 
 
 def _where(policy: str, path: str, value: object, rule: str) -> _Invalid:
-    return _Invalid(f"ResourcePolicy {policy}: {path} is {value!r}: {rule}")
+    shown = clip(repr(value), SHOWN_VALUE_CHARS)
+    return _Invalid(f"ResourcePolicy {policy}: {path} is {shown}: {rule}")
 
 
 def _string_map(value: object, path: str, policy: str) -> dict[str, str]:
@@ -270,6 +333,13 @@ def _read(obj: KubeObject, policy: str) -> ResourcePolicy:
     raw_units = spec.get("units")
     if not isinstance(raw_units, list) or not raw_units:
         raise _where(policy, "spec.units", raw_units, "list at least one unit")
+    if len(raw_units) > MAX_UNITS:
+        raise _Invalid(
+            f"ResourcePolicy {policy}: spec.units lists {len(raw_units)} units: at most "
+            f"{MAX_UNITS} are allowed. Give the nodes of units that may share one place in the "
+            f"order a common label and select them with one unit, or split the pods among "
+            f"several policies"
+        )
     units = tuple(_unit(u, i, policy) for i, u in enumerate(raw_units, start=1))
     when = spec.get("whenTryNextUnits") or {}
     if not isinstance(when, Mapping):
@@ -330,4 +400,11 @@ def read_policy(obj: KubeObject) -> ResourcePolicy | PolicyError:
             selector = _string_map(spec_of(obj).get("selector"), "spec.selector", key)
         except _Invalid:
             selector = {}
-        return PolicyError(namespace_of(obj), name_of(obj), str(err), selector, _generation(obj))
+        return PolicyError(
+            namespace_of(obj),
+            name_of(obj),
+            str(err),
+            selector,
+            _generation(obj),
+            uid=str(meta(obj).get("uid") or ""),
+        )

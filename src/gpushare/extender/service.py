@@ -54,7 +54,14 @@ from gpushare.core.allocation import Allocation, to_annotations
 from gpushare.core.binding import already_bound
 from gpushare.core.explain import placement_message, refusal_summary
 from gpushare.core.filtering import Code, Verdict
-from gpushare.core.gating import ANN_DELETION_COST, ANN_POLICY, ANN_UNIT, Gate, deletion_cost
+from gpushare.core.gating import (
+    ANN_DELETION_COST,
+    ANN_POLICY,
+    ANN_UNIT,
+    Gate,
+    deletion_cost,
+    summary,
+)
 from gpushare.core.handoff import is_deferral
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.kubejson import (
@@ -72,7 +79,7 @@ from gpushare.core.ledger import Kept
 from gpushare.core.names import ANN_ALLOCATION, ANN_SEAL, POD_ANNOTATIONS, SCHEDULER_NAME
 from gpushare.core.preferences import stated_preference
 from gpushare.core.requests import PodRequest, Rejection
-from gpushare.core.resourcepolicy import GROUP, KIND, VERSION, ResourcePolicy
+from gpushare.core.resourcepolicy import GROUP, KIND, VERSION, PolicyError, ResourcePolicy
 from gpushare.core.scheduling import Scheduler
 from gpushare.core.trust import Ignored
 from gpushare.extender.events import (
@@ -198,8 +205,8 @@ class Extender:
             f"spec.nodeName or gpushare annotations",
         )
 
-    def policy_notice(self, policy: ResourcePolicy, notice: str) -> None:
-        """Say on a ResourcePolicy what in it gpushare does not do (a Warning Event)."""
+    def policy_notice(self, policy: ResourcePolicy | PolicyError, notice: str) -> None:
+        """Say on a ResourcePolicy what in it gpushare does not do or refuses (a Warning Event)."""
         ref = PodRef(
             namespace=policy.namespace,
             name=policy.name,
@@ -220,7 +227,7 @@ class Extender:
                 f"ResourcePolicy {gate.policy} placed this pod in {unit.describe()} on {args.Node}"
             )
             if gate.passed:
-                return f"{where}; it moved on because {'; '.join(gate.passed)}"
+                return f"{where}; it moved on because {summary(gate.passed)}"
             return f"{where}, the first unit, which had room"
 
         ref = PodRef(namespace=args.PodNamespace, name=args.PodName, uid=uid)

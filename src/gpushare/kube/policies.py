@@ -10,10 +10,12 @@ the cluster cache does (kube.backoff); a Gone relists at once.
 extender reports ready only then, so a restarted extender cannot place, in the moment before its
 first list, a pod that a policy would have kept out of a node pool.
 
-A policy that cannot be applied is logged (its pods are told at filter); a policy with fields
-gpushare accepts but does not act on (``ResourcePolicy.notices``) is logged and handed to
-``notify``, which the extender turns into a Warning Event on the policy, so that the field is
-never ignored without a word where ``kubectl describe resourcepolicy`` shows it.
+A policy that cannot be applied (``PolicyError``: an ECI unit, more units than ``MAX_UNITS``
+where the CRD predates that limit...) is logged and handed to ``notify`` with why, and its pods
+are told at filter; a policy with fields gpushare accepts but does not act on
+(``ResourcePolicy.notices``) is logged and handed to ``notify`` too. The extender turns each into
+a Warning Event on the policy, so that nothing in it is ignored without a word where ``kubectl
+describe resourcepolicy`` shows it.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class PolicyWatch:
         absent_wait_s: float = 30.0,
         backoff: Backoff | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        notify: Callable[[ResourcePolicy, str], None] | None = None,
+        notify: Callable[[ResourcePolicy | PolicyError, str], None] | None = None,
     ) -> None:
         self._api = api
         self._notify = notify
@@ -65,6 +67,8 @@ class PolicyWatch:
     def _note(self, entry: PolicyError | ResourcePolicy) -> None:
         if isinstance(entry, PolicyError):
             log.warning("policy=%s phase=resourcepolicy invalid: %s", entry.key, entry.message)
+            if self._notify is not None:
+                self._notify(entry, entry.message)
             return
         for notice in entry.notices:
             log.warning("policy=%s phase=resourcepolicy %s", entry.key, notice)
