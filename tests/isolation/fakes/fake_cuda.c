@@ -237,6 +237,43 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     return rc;
 }
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) { return host_free(handle); }
+/* VMM address space: reserving and mapping cost nothing here; the handle holds the memory. */
+CUresult cuMemGetAllocationGranularity(size_t *granularity, const void *prop, int option) {
+    (void)prop;
+    (void)option;
+    *granularity = 2u << 20;
+    return CUDA_SUCCESS;
+}
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags) {
+    (void)alignment;
+    (void)addr;
+    (void)flags;
+    static CUdeviceptr next = (CUdeviceptr)1 << 40;
+    pthread_mutex_lock(&lock);
+    *ptr = next;
+    next += (size + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    (void)ptr;
+    (void)size;
+    return CUDA_SUCCESS;
+}
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+    (void)ptr;
+    (void)size;
+    (void)offset;
+    (void)flags;
+    return handle ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    (void)ptr;
+    (void)size;
+    return CUDA_SUCCESS;
+}
 CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc) {
     CUdeviceptr p;
     CUresult rc = host_alloc(&p, desc->Width * desc->Height * desc->NumChannels * 4);
