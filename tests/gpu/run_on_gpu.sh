@@ -16,7 +16,7 @@
 # same steps against the project's fake driver and NVML (tests/isolation/fakes), with a stand-in
 # nvidia-cuda-mps-control, so the plumbing is proven without a GPU.
 #
-# Knobs: GPUSHARE_GPU_BUDGET_S (the whole run, default 450), GPUSHARE_GPU_STEPS (a comma list),
+# Knobs: GPUSHARE_GPU_BUDGET_S (the steps' time, default 420), GPUSHARE_GPU_STEPS (a comma list),
 # GPUSHARE_GPU_QUICK=1 (short loads, for the rehearsal test), GPUSHARE_GPU_PYTHON (default
 # python3), GPUSHARE_GPU_WORK (scratch, default /tmp/gpushare-gpu: the carried interposers read
 # their limits files there).

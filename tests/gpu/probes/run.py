@@ -1,7 +1,7 @@
 """Run the steps in order of value, each in its own process group with its own timeout.
 
 ``python -m tests.gpu.probes.run`` (``run_on_gpu.sh`` calls it with the setting exported).
-``GPUSHARE_GPU_BUDGET_S`` (default 450) is the whole run's time: a step gets at most its own cap
+``GPUSHARE_GPU_BUDGET_S`` (default 420) is the whole run's time: a step gets at most its own cap
 and never more than what is left, and a step that would start with under ``MIN_STEP_S`` left is
 recorded as skipped. ``GPUSHARE_GPU_STEPS`` (comma-separated) runs only those steps. A step
 killed at its timeout takes its children with it (they share its process group) and is recorded
@@ -126,7 +126,7 @@ def report(s: Setting) -> int:
 
 def main() -> int:
     s = from_env()
-    budget = float(os.environ.get("GPUSHARE_GPU_BUDGET_S", "450"))
+    budget = float(os.environ.get("GPUSHARE_GPU_BUDGET_S", "420"))
     wanted = [w for w in os.environ.get("GPUSHARE_GPU_STEPS", "").split(",") if w]
     unknown = [w for w in wanted if w not in STEP_CAPS_S]
     if unknown:

@@ -103,6 +103,25 @@ uint64_t fakecuda_busy_pid_ns(int pid, uint64_t since, uint64_t until) {
     return busy;
 }
 
+/* The distinct pids whose kernels ran after since (at most max of them); how many. */
+int fakecuda_pids(uint64_t since, int *pids, int max) {
+    int found = 0;
+    sm_lock();
+    uint64_t n = sm->ring_n < RING ? sm->ring_n : RING;
+    for (uint64_t i = 0; i < n && found < max; i++) {
+        uint64_t j = (sm->ring_n - 1 - i) % RING;
+        if (sm->end[j] <= since)
+            break;
+        int k = 0;
+        while (k < found && pids[k] != sm->pid[j])
+            k++;
+        if (k == found)
+            pids[found++] = sm->pid[j];
+    }
+    sm_unlock();
+    return found;
+}
+
 uint64_t fakecuda_busy_ns(uint64_t since, uint64_t until) {
     return fakecuda_busy_pid_ns(0, since, until);
 }
