@@ -32,6 +32,12 @@ def probe(fn: Probe) -> Probe:
 # ------------------------------------------------------------------ the driver API, through ctypes
 
 
+def limit_figures(free: int, total: int, at_limit: object, one_more: object) -> dict[str, Any]:
+    """What every limit probe reports: the memory query, then the limit and one MiB more
+    (a CUresult through the driver, ``allocated`` or ``oom`` through a framework)."""
+    return {"free": free, "total": total, "at_limit": at_limit, "one_mib_more": one_more}
+
+
 class Driver:
     """The few driver calls the probes make, with their C signatures."""
 
@@ -81,12 +87,7 @@ def driver_limit(args: list[str]) -> dict[str, Any]:
     for ptr in (p, q):
         if ptr:
             d.cu.cuMemFree_v2(ptr)
-    return {
-        "free": free,
-        "total": total,
-        "alloc_limit_rc": rc_limit,
-        "alloc_one_mib_more_rc": rc_more,
-    }
+    return limit_figures(free, total, rc_limit, rc_more)
 
 
 @probe
@@ -217,10 +218,7 @@ def torch_limit(args: list[str]) -> dict[str, Any]:
     return {
         "torch": torch.__version__,
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-        "free": free,
-        "total": total,
-        "at_limit": at_limit,
-        "one_mib_more": one_more,
+        **limit_figures(free, total, at_limit, one_more),
     }
 
 
@@ -345,10 +343,7 @@ def cupy_limit(args: list[str]) -> dict[str, Any]:
     return {
         "cupy": cupy.__version__,
         "pool": pool,
-        "free": free,
-        "total": total,
-        "at_limit": at_limit,
-        "one_mib_more": one_more,
+        **limit_figures(free, total, at_limit, one_more),
     }
 
 

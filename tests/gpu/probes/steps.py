@@ -83,8 +83,8 @@ def memory(s: Setting, rec: Recorder) -> None:
             rec, "driver", run_child(s, container(s, b, 0, LIMIT), "driver_limit", str(LIMIT))
         )
         rec.check("driver: cuMemGetInfo total is the limit", r.get("total") == LIMIT)
-        rec.check("driver: the limit in one allocation", r.get("alloc_limit_rc") == 0)
-        rec.check("driver: one MiB more is out of memory", r.get("alloc_one_mib_more_rc") == OOM)
+        rec.check("driver: the limit in one allocation", r.get("at_limit") == 0)
+        rec.check("driver: one MiB more is out of memory", r.get("one_mib_more") == OOM)
         r = figure(rec, "nvml", run_child(s, container(s, b, 0, LIMIT), "nvml_memory"))
         rec.check("nvml: nvmlDeviceGetMemoryInfo total is the limit", r.get("total") == LIMIT)
         nvidia_smi(s, rec, container(s, b, 0, LIMIT))
@@ -562,7 +562,11 @@ def mps(s: Setting, rec: Recorder) -> None:
         elif missing := modules_missing(["torch"]):
             rec.skip("client", missing)
         else:
-            r = figure(rec, "client", run_child(s, env, "torch_fill", "64", str(2 * LIMIT // MiB), timeout=45))
+            r = figure(
+                rec,
+                "client",
+                run_child(s, env, "torch_fill", "64", str(2 * LIMIT // MiB), timeout=45),
+            )
             filled = int(r.get("filled", 0))
             rec.check("mps: the client fills at most its 2 GiB", 0 < filled <= LIMIT)
             rec.check("mps: the client gets most of its 2 GiB", filled >= LIMIT - 512 * MiB)
