@@ -261,13 +261,20 @@ def torch_fill(args: list[str]) -> dict[str, Any]:
 
 @probe
 def matmul(args: list[str]) -> dict[str, Any]:
-    """4096² fp16 matmuls, a sync every 10, for SECONDS; the rate per WINDOW (matmuls/s)."""
+    """4096² fp16 matmuls, a sync every 10, for SECONDS; the rate per WINDOW (matmuls/s).
+
+    With a third argument ``sync``, it says ``{"ready": true}`` once warm and waits for a line
+    on stdin, so that processes started together measure the same stretch of time.
+    """
     torch = _torch()
     seconds, window = float(args[0]), float(args[1])
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
     for _ in range(20):
         a @ a
     torch.cuda.synchronize()
+    if args[2:] == ["sync"]:
+        print(json.dumps({"ready": True}), flush=True)
+        sys.stdin.readline()
     t0 = time.perf_counter()
     edges, counts, n = [t0 + window], [0], 0
     while (now := time.perf_counter()) - t0 < seconds:

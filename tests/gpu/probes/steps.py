@@ -9,6 +9,7 @@ recorded under ``skipped`` with the reason and the step goes on.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -267,8 +269,17 @@ class Workload:
             return self._fake(envs)
         assert self.base
         procs = [
-            start_child(self.s, env, "matmul", str(self.seconds), str(self.window)) for env in envs
+            start_child(self.s, env, "matmul", str(self.seconds), str(self.window), "sync")
+            for env in envs
         ]
+        for p in procs:  # every one warm (imports and CUDA take seconds), then all at once
+            assert p.stdout is not None
+            p.stdout.readline()
+        for p in procs:
+            assert p.stdin is not None
+            with contextlib.suppress(BrokenPipeError):  # one that died is reported below
+                p.stdin.write("go\n")
+                p.stdin.flush()
         shares = []
         for p in procs:
             out, err = p.communicate(timeout=self.seconds + 120)
@@ -588,7 +599,13 @@ STEPS: dict[str, Callable[[Setting, Recorder], None]] = {
 def main(step: str) -> int:
     s = from_env()
     t = time.monotonic()
-    STEPS[step](s, Recorder(s.figures, step))
+    try:
+        STEPS[step](s, Recorder(s.figures, step))
+    except Exception as err:
+        traceback.print_exc()
+        why = f"{type(err).__name__}: {err}"[:400]
+        figures.finish(s.figures, step, "failed", time.monotonic() - t, why)
+        return 1
     figures.finish(s.figures, step, "ok", time.monotonic() - t)
     return 0
 
