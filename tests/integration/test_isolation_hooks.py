@@ -385,20 +385,10 @@ def test_the_plugin_check_hands_the_live_pods_and_devices_to_the_hook() -> None:
     run(body, mode=Mode.CGPU, hook=make)
 
 
-FAKE_MPS_CONTROL = """#!/bin/sh
-# A stand-in for nvidia-cuda-mps-control: -d "starts" a daemon (a file in the pipe directory);
-# commands on stdin answer only while it runs.
-pipe="$CUDA_MPS_PIPE_DIRECTORY"
-if [ "$1" = "-d" ]; then
-    echo "$CUDA_VISIBLE_DEVICES $CUDA_MPS_LOG_DIRECTORY" > "$pipe/control"
-    exit 0
-fi
-[ -f "$pipe/control" ] || exit 1
-read -r command
-echo "$command" >> "$pipe/commands"
-[ "$command" = quit ] && rm "$pipe/control"
-exit 0
-"""
+# A stand-in for nvidia-cuda-mps-control (the GPU run's rehearsal uses it too).
+FAKE_MPS_CONTROL = (
+    Path(__file__).parents[1] / "isolation" / "fakes" / "nvidia-cuda-mps-control"
+).read_text()
 
 
 def test_the_real_runner_speaks_nvidia_cuda_mps_control(

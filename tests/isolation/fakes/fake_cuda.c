@@ -103,6 +103,25 @@ uint64_t fakecuda_busy_pid_ns(int pid, uint64_t since, uint64_t until) {
     return busy;
 }
 
+/* The distinct pids whose kernels ran after since (at most max of them); how many. */
+int fakecuda_pids(uint64_t since, int *pids, int max) {
+    int found = 0;
+    sm_lock();
+    uint64_t n = sm->ring_n < RING ? sm->ring_n : RING;
+    for (uint64_t i = 0; i < n && found < max; i++) {
+        uint64_t j = (sm->ring_n - 1 - i) % RING;
+        if (sm->end[j] <= since)
+            break;
+        int k = 0;
+        while (k < found && pids[k] != sm->pid[j])
+            k++;
+        if (k == found)
+            pids[found++] = sm->pid[j];
+    }
+    sm_unlock();
+    return found;
+}
+
 uint64_t fakecuda_busy_ns(uint64_t since, uint64_t until) {
     return fakecuda_busy_pid_ns(0, since, until);
 }
@@ -237,6 +256,43 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     return rc;
 }
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) { return host_free(handle); }
+/* VMM address space: reserving and mapping cost nothing here; the handle holds the memory. */
+CUresult cuMemGetAllocationGranularity(size_t *granularity, const void *prop, int option) {
+    (void)prop;
+    (void)option;
+    *granularity = 2u << 20;
+    return CUDA_SUCCESS;
+}
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags) {
+    (void)alignment;
+    (void)addr;
+    (void)flags;
+    static CUdeviceptr next = (CUdeviceptr)1 << 40;
+    pthread_mutex_lock(&lock);
+    *ptr = next;
+    next += (size + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    (void)ptr;
+    (void)size;
+    return CUDA_SUCCESS;
+}
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+    (void)ptr;
+    (void)size;
+    (void)offset;
+    (void)flags;
+    return handle ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    (void)ptr;
+    (void)size;
+    return CUDA_SUCCESS;
+}
 CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc) {
     CUdeviceptr p;
     CUresult rc = host_alloc(&p, desc->Width * desc->Height * desc->NumChannels * 4);

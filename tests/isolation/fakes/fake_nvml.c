@@ -1,7 +1,8 @@
 /*
  * A test double of libnvidia-ml.so.1. Utilisation follows the fake driver's model: the busy time
  * of its fake SM over the last FAKE_NVML_WINDOW_MS milliseconds (default 200), as a percentage;
- * the per-process samples attribute it all to this process. Memory: 16 GiB, nothing used.
+ * the per-process samples give each process whose kernels ran in that window its own busy time,
+ * as NVML's do on a shared GPU. Memory: 16 GiB, nothing used.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -71,14 +72,35 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                              nvmlProcessUtilizationSample_t *samples,
                                              unsigned int *count, unsigned long long since) {
     (void)device, (void)since;
-    if (samples == NULL || *count < 1) {
-        *count = 1;
+    typedef int (*pids_t)(uint64_t, int *, int);
+    typedef uint64_t (*busy_pid_t)(int, uint64_t, uint64_t);
+    static pids_t pids_of;
+    static busy_pid_t busy_of;
+    static now_t now;
+    if (pids_of == NULL) {
+        pids_of = (pids_t)dlsym(RTLD_DEFAULT, "fakecuda_pids");
+        busy_of = (busy_pid_t)dlsym(RTLD_DEFAULT, "fakecuda_busy_pid_ns");
+        now = (now_t)dlsym(RTLD_DEFAULT, "fakecuda_now_ns");
+    }
+    if (pids_of == NULL || busy_of == NULL || now == NULL)
+        return NVML_ERROR_NOT_SUPPORTED;
+    const char *w = getenv("FAKE_NVML_WINDOW_MS");
+    uint64_t window = (w ? strtoull(w, NULL, 10) : 200ULL) * 1000000ULL;
+    uint64_t t = now();
+    int pids[64];
+    int n = pids_of(t - window, pids, 64);
+    if (samples == NULL || *count < (unsigned int)n) {
+        *count = (unsigned int)n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    samples[0].pid = (unsigned int)getpid();
-    samples[0].timeStamp = 0;
-    samples[0].smUtil = (unsigned int)(util_pct() + 0.5);
-    samples[0].memUtil = samples[0].encUtil = samples[0].decUtil = 0;
-    *count = 1;
+    for (int i = 0; i < n; i++) {
+        samples[i].pid = (unsigned int)pids[i];
+        samples[i].timeStamp = 0;
+        samples[i].smUtil = (unsigned int)(100.0 * (double)busy_of(pids[i], t - window, t) /
+                                               (double)window +
+                                           0.5);
+        samples[i].memUtil = samples[i].encUtil = samples[i].decUtil = 0;
+    }
+    *count = (unsigned int)n;
     return NVML_SUCCESS;
 }

@@ -1,0 +1,614 @@
+"""The run's steps, most valuable first: ``python -m tests.gpu.probes.steps STEP``.
+
+Each step records every figure as soon as it has it (``figures.Recorder``), checks the issue's
+goals as booleans and closes itself ``ok`` (a goal not met is a figure, not a crash) or
+``skipped`` with the reason; ``run.py`` marks a step that crashed or ran out of time. A probe
+that needs a module this machine lacks (PyTorch, CuPy, JAX here; nvidia-smi off a GPU) is
+recorded under ``skipped`` with the reason and the step goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpushare.isolation.limits import ContainerLimits
+from gpushare.isolation.policy import OPEN, Member, Policy, schedule
+
+from . import figures
+from .figures import Recorder
+from .setting import (
+    BrokerProcess,
+    GiB,
+    MiB,
+    Outcome,
+    Setting,
+    broker,
+    container,
+    from_env,
+    last_json,
+    modules_missing,
+    run_child,
+    start_child,
+)
+
+LIMIT = 2 * GiB
+HOLD = 3 * GiB // 2
+COMPUTE_MEM = 8 * GiB
+OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
+NOT_SUPPORTED = 801  # CUDA_ERROR_NOT_SUPPORTED
+TOLERANCE_PTS = 5.0
+MAX_PODS = 20
+
+
+def figure(rec: Recorder, probe: str, out: Outcome, **extra: Any) -> dict[str, Any]:
+    """Record a child's result, with its exit code and the interposer's messages."""
+    said = [line for line in out.stderr.splitlines() if line.startswith("gpushare:")]
+    value = {**out.result, **extra, "rc": out.rc, "seconds": round(out.seconds, 2)}
+    if said:
+        value["gpushare_said"] = said[:5]
+    if out.rc != 0 and "error" not in value:
+        value["stderr_tail"] = out.stderr[-600:]
+    rec.figure(probe, value)
+    return value
+
+
+# ------------------------------------------------------------------ 1. memory, PyTorch first
+
+
+def memory(s: Setting, rec: Recorder) -> None:
+    """A 2 GiB limit: to the limit and not one MiB more; what the queries say; two processes."""
+    no_torch = modules_missing(["torch"])
+    with broker(s) as b:
+        for probe, conf in (("torch_default", ""), ("torch_async", "backend:cudaMallocAsync")):
+            if no_torch:
+                rec.skip(probe, no_torch)
+                continue
+            env = container(s, b, 0, LIMIT)
+            if conf:
+                env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+            r = figure(rec, probe, run_child(s, env, "torch_limit", str(LIMIT)))
+            rec.check(f"{probe}: mem_get_info total is the limit", r.get("total") == LIMIT)
+            rec.check(f"{probe}: the limit in one tensor", r.get("at_limit") == "allocated")
+            rec.check(f"{probe}: one MiB more is out of memory", r.get("one_mib_more") == "oom")
+        r = figure(
+            rec, "driver", run_child(s, container(s, b, 0, LIMIT), "driver_limit", str(LIMIT))
+        )
+        rec.check("driver: cuMemGetInfo total is the limit", r.get("total") == LIMIT)
+        rec.check("driver: the limit in one allocation", r.get("at_limit") == 0)
+        rec.check("driver: one MiB more is out of memory", r.get("one_mib_more") == OOM)
+        r = figure(rec, "nvml", run_child(s, container(s, b, 0, LIMIT), "nvml_memory"))
+        rec.check("nvml: nvmlDeviceGetMemoryInfo total is the limit", r.get("total") == LIMIT)
+        nvidia_smi(s, rec, container(s, b, 0, LIMIT))
+        via = "driver" if no_torch else "torch"
+        two_processes(s, rec, b, via)
+        sigkill(s, rec, b, via)
+
+
+def nvidia_smi(s: Setting, rec: Recorder, env: dict[str, str]) -> None:
+    if shutil.which("nvidia-smi") is None:
+        rec.skip("nvidia_smi", "nvidia-smi not on PATH")
+        return
+    query = ["nvidia-smi", "--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"]
+    shown = {}
+    for name, run_env in (("plain", s.base_env()), ("preloaded", env)):
+        done = subprocess.run(query, env=run_env, capture_output=True, text=True, timeout=60)
+        shown[name] = done.stdout.strip().splitlines()[:1] + done.stderr.strip().splitlines()[:2]
+    rec.figure("nvidia_smi", {"query": query[1], **shown})
+    first = (shown["preloaded"] or [""])[0].split(",")[0].strip()
+    rec.check("nvidia-smi: total is the limit", first == str(LIMIT // MiB))
+
+
+def refused(result: dict[str, Any]) -> bool:
+    return result.get("alloc") == "oom" or result.get("alloc_rc") == OOM
+
+
+def hold(s: Setting, env: dict[str, str], via: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    holder = start_child(s, env, f"{via}_hold", str(HOLD))
+    assert holder.stdout is not None
+    return holder, last_json(holder.stdout.readline())
+
+
+def two_processes(s: Setting, rec: Recorder, b: BrokerProcess, via: str) -> None:
+    """One process holds 1.5 GiB; a second of the same container asks 1 GiB."""
+    env = container(s, b, 0, LIMIT)
+    holder, held = hold(s, env, via)
+    try:
+        usage = b.usage("c0")
+        second = run_child(s, env, f"{via}_try", str(GiB)).result
+    finally:
+        holder.kill()
+        holder.wait(30)
+    rec.figure("two_processes", {"via": via, "held": held, "broker_usage": usage, "second": second})
+    rec.check("two processes: the broker counts the holder's 1.5 GiB", usage >= HOLD)
+    rec.check("two processes: the second's 1 GiB is refused", refused(second))
+    rec.check(
+        "two processes: the second sees the rest as free",
+        int(second.get("free", LIMIT)) <= LIMIT - HOLD,
+    )
+
+
+def sigkill(s: Setting, rec: Recorder, b: BrokerProcess, via: str) -> None:
+    """A SIGKILLed holder's 1.5 GiB comes back: how fast, and can a new process take it."""
+    env = container(s, b, 0, LIMIT)
+    holder, held = hold(s, env, via)
+    before = b.usage("c0")
+    killed = time.monotonic()
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(30)
+    after, back_s = before, None
+    while time.monotonic() - killed < 5:
+        after = b.usage("c0")
+        if after == 0:
+            back_s = round(time.monotonic() - killed, 3)
+            break
+        time.sleep(0.01)
+    again = run_child(s, env, f"{via}_try", str(HOLD)).result
+    rec.figure(
+        "sigkill",
+        {
+            "via": via,
+            "held": held,
+            "usage_before": before,
+            "usage_after": after,
+            "back_after_s": back_s,
+            "new_process": again,
+        },
+    )
+    rec.check("SIGKILL: the memory is back in the account", after == 0)
+    rec.check(
+        "SIGKILL: a new process gets the 1.5 GiB", not refused(again) and "error" not in again
+    )
+
+
+# ------------------------------------------------------------------ 2. other allocators
+
+
+def allocators(s: Setting, rec: Recorder) -> None:
+    """CuPy (default pool, async pool), JAX's preallocation, VMM, managed memory, share helper."""
+    with broker(s) as b:
+        no_cupy = modules_missing(["cupy"])
+        for pool in ("default", "async"):
+            probe = f"cupy_{pool}"
+            if no_cupy:
+                rec.skip(probe, no_cupy)
+                continue
+            env = container(s, b, 0, LIMIT)
+            r = figure(rec, probe, run_child(s, env, "cupy_limit", str(LIMIT), pool))
+            rec.check(f"{probe}: memGetInfo total is the limit", r.get("total") == LIMIT)
+            rec.check(f"{probe}: the limit in one array", r.get("at_limit") == "allocated")
+            rec.check(f"{probe}: one MiB more is out of memory", r.get("one_mib_more") == "oom")
+        no_jax = modules_missing(["jax"])
+        if no_jax:
+            rec.skip("jax", no_jax)
+        else:
+            r = figure(
+                rec, "jax", run_child(s, container(s, b, 0, LIMIT), "jax_prealloc", str(LIMIT))
+            )
+            limit = r.get("bytes_limit")
+            rec.check(
+                "jax: its pool is inside the slice", isinstance(limit, int) and limit <= LIMIT
+            )
+            rec.check(
+                "jax: an array of the limit is refused",
+                str(r.get("limit_more")).startswith("refused"),
+            )
+        r = figure(rec, "vmm", run_child(s, container(s, b, 0, LIMIT), "vmm", str(LIMIT)))
+        rec.check(
+            "vmm: half the limit is created and mapped",
+            r.get("create_half_rc") == 0 and r.get("map_rc") == 0,
+        )
+        rec.check(
+            "vmm: the limit while half is held is refused",
+            r.get("create_limit_while_half_held_rc") == OOM,
+        )
+        rec.check(
+            "vmm: the limit after release is created", r.get("create_limit_after_release_rc") == 0
+        )
+        out = run_child(s, container(s, b, 0, LIMIT), "managed")
+        r = figure(rec, "managed", out)
+        rec.check(
+            "managed: refused with CUDA_ERROR_NOT_SUPPORTED", r.get("managed_rc") == NOT_SUPPORTED
+        )
+        rec.check(
+            "managed: the message says why",
+            "managed memory (cuMemAllocManaged) is not allowed" in out.stderr,
+        )
+    if no_torch := modules_missing(["torch"]):
+        rec.skip("share_helper", no_torch)
+        return
+    env = {**s.base_env(), "ALIYUN_COM_GPU_MEM_CONTAINER": "2", "GPUSHARE_MEM_UNIT": "1GiB"}
+    r = figure(rec, "share_helper", run_child(s, env, "share_helper"))
+    rec.check("share helper: half the share fits", r.get("half_of_share") == "allocated")
+    rec.check("share helper: over the share is out of memory", r.get("whole_share_more") == "oom")
+
+
+# ------------------------------------------------------------------ 3. computing power
+
+
+def quick() -> bool:
+    return os.environ.get("GPUSHARE_GPU_QUICK") == "1"
+
+
+class Workload:
+    """Processes flat out on GPU 0, each one's share (%) of the GPU per window of time.
+
+    On a GPU: 4096² fp16 matmuls (``children.matmul``), a share being the rate over one
+    process's alone, unthrottled. In rehearsal: the fake driver's ``launches`` on one shared
+    fake SM, a share being the SM's time that process's kernels took (its kernel ring).
+    """
+
+    def __init__(self, s: Setting) -> None:
+        self.s = s
+        self.seconds = 1.0 if quick() else 6.0
+        self.window = 0.1 if s.rehearsal else 0.25
+        self.base: float | None = None
+        self.runs = 0
+
+    def baseline(self, rec: Recorder) -> None:
+        if self.s.rehearsal:
+            self.base = 100.0
+            return
+        out = run_child(self.s, self.s.base_env(), "matmul", str(self.seconds), str(self.window))
+        r = figure(rec, "alone_unthrottled", out)
+        self.base = float(r["per_s"]) if "per_s" in r else None
+
+    def run(self, envs: list[dict[str, str]]) -> list[list[float]]:
+        self.runs += 1
+        if self.s.rehearsal:
+            return self._fake(envs)
+        assert self.base
+        procs = [
+            start_child(self.s, env, "matmul", str(self.seconds), str(self.window), "sync")
+            for env in envs
+        ]
+        for p in procs:  # every one warm (imports and CUDA take seconds), then all at once
+            assert p.stdout is not None
+            p.stdout.readline()
+        for p in procs:
+            assert p.stdin is not None
+            with contextlib.suppress(BrokenPipeError):  # one that died is reported below
+                p.stdin.write("go\n")
+                p.stdin.flush()
+        shares = []
+        for p in procs:
+            out, err = p.communicate(timeout=self.seconds + 120)
+            r = last_json(out)
+            if "rates" not in r:
+                raise RuntimeError(f"matmul failed (exit {p.returncode}): {r or err[-600:]}")
+            shares.append([100 * x / self.base for x in r["rates"]])
+        return shares
+
+    def _fake(self, envs: list[dict[str, str]]) -> list[list[float]]:
+        from tests.isolation.node import timeline
+
+        assert self.s.fake_dir is not None
+        state = self.s.work / f"fake-gpu-{self.runs}"
+        t0 = time.monotonic_ns()
+        procs = [
+            subprocess.Popen(
+                [str(self.s.fake_dir / "launches"), str(self.seconds)],
+                env={**env, "FAKE_GPU_STATE": str(state)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for env in envs
+        ]
+        for p in procs:
+            _, err = p.communicate(timeout=self.seconds + 60)
+            if p.returncode != 0:
+                raise RuntimeError(f"launches failed (exit {p.returncode}): {err[-600:]}")
+        rows = timeline(state, [p.pid for p in procs], t0, self.seconds, self.window)
+        return [[row[p.pid] for row in rows] for p in procs]
+
+
+def summary(shares: list[float], target: float, window: float) -> dict[str, Any]:
+    """Steady share (second half), its distance from the target, and when it settled.
+
+    Settled: every window from then on within ``TOLERANCE_PTS`` of the target.
+    """
+    half = shares[len(shares) // 2 :]
+    steady = statistics.mean(half) if half else 0.0
+    settle = None
+    for i in range(len(shares)):
+        if all(abs(x - target) <= TOLERANCE_PTS for x in shares[i:]):
+            settle = round(i * window, 2)
+            break
+    return {
+        "target_pct": round(target, 1),
+        "steady_pct": round(steady, 1),
+        "off_pts": round(steady - target, 1),
+        "settled_after_s": settle,
+        "windows_pct": [round(x, 1) for x in shares],
+    }
+
+
+def compute(s: Setting, rec: Recorder) -> None:
+    """A core limit alone at 30 % and 60 %, both together, then cGPU policies 0-4."""
+    if not s.rehearsal and (missing := modules_missing(["torch"])):
+        figures.finish(s.figures, "compute", "skipped", 0, missing)
+        raise SystemExit(0)
+    work = Workload(s)
+    work.baseline(rec)
+    if work.base is None:
+        raise RuntimeError("no unthrottled baseline: see alone_unthrottled")
+    with broker(s) as b:
+        for probe, cases in CORE_CASES.items():
+            envs, containers = [], {}
+            for index, pct in cases:
+                if index not in containers:
+                    containers[index] = container(s, b, index, COMPUTE_MEM, core_pct=pct)
+                envs.append(containers[index])
+            got = work.run(envs)
+            if len(containers) == len(cases):
+                each = [summary(g, t, work.window) for g, (_, t) in zip(got, cases, strict=True)]
+            else:  # one container's processes share its limit: their sum is what counts
+                each = [summary([sum(w) for w in zip(*got, strict=True)], cases[0][1], work.window)]
+            rec.figure(probe, {"processes": each, "seconds": work.seconds, "base": work.base})
+            rec.check(
+                f"{probe}: within {TOLERANCE_PTS:g} points",
+                all(abs(e["off_pts"]) <= TOLERANCE_PTS for e in each),
+            )
+        for policy, members, running in policy_cases():
+            policies(s, rec, b, work, policy, members, running)
+
+
+CORE_CASES = {
+    "core_30": ((0, 30),),
+    "core_60": ((0, 60),),
+    "core_30_and_60": ((0, 30), (1, 60)),
+    "core_40_one_container_two_processes": ((0, 40), (0, 40)),
+}
+"""(container, core limit %) of each process; two containers at 30 and 60 %, then one container
+whose two processes must share its 40 %."""
+
+
+def policy_cases() -> list[tuple[Policy, list[Member], int]]:
+    """The cases of ``benchmarks/cgpu_policies.py``: three containers, policy 4 with one running."""
+
+    def three(
+        pcts: tuple[float, ...] = (0, 0, 0), weights: tuple[int, ...] = (1, 1, 1)
+    ) -> list[Member]:
+        return [Member(f"c{i}", pcts[i], weights[i]) for i in range(3)]
+
+    return [
+        (Policy.EVEN, three(), 3),
+        (Policy.PREEMPTIVE, three(), 3),
+        (Policy.WEIGHTED, three(weights=(1, 2, 3)), 3),
+        (Policy.FIXED, three((10, 20, 40)), 3),
+        (Policy.SOFT, three(), 1),
+    ]
+
+
+def policies(
+    s: Setting,
+    rec: Recorder,
+    b: BrokerProcess,
+    work: Workload,
+    policy: Policy,
+    members: list[Member],
+    running: int,
+) -> None:
+    """One policy's schedule (every member active), the first ``running`` containers flat out."""
+    sched = s.work / "sched"
+    sched.mkdir(parents=True, exist_ok=True)
+    plan = schedule(policy, members, max_pods=MAX_PODS, epoch_ns=time.monotonic_ns())
+    (sched / "gpu0").write_text(plan.render())
+    envs = []
+    for i, m in enumerate(members[:running]):
+        limits = ContainerLimits(
+            (COMPUTE_MEM,),
+            round(m.share_pct) if policy is Policy.FIXED else 0,
+            "1GiB",
+            "/",
+            policy=int(policy),
+            weight=m.weight,
+            slot=m.slot,
+            sched_dir=str(sched),
+            gpus=(0,),
+        )
+        envs.append(container(s, b, i, COMPUTE_MEM, limits=limits))
+    open_pct = 100 * plan.share_of(OPEN) / running
+    targets = [100 * plan.share_of(m.slot) + open_pct for m in members[:running]]
+    got = work.run(envs)
+    each = [summary(g, t, work.window) for g, t in zip(got, targets, strict=True)]
+    probe = f"policy_{int(policy)}_{policy.name.lower()}"
+    rec.figure(probe, {"running": running, "processes": each, "seconds": work.seconds})
+    rec.check(
+        f"{probe}: within {TOLERANCE_PTS:g} points",
+        all(abs(e["off_pts"]) <= TOLERANCE_PTS for e in each),
+    )
+
+
+# ------------------------------------------------------------------ 4. overhead
+
+
+def overhead(s: Setting, rec: Recorder) -> None:
+    """50,000 tiny launches: plain, preloaded with no limit, preloaded under a memory limit."""
+    if missing := modules_missing(["torch"]):
+        figures.finish(s.figures, "overhead", "skipped", 0, missing)
+        raise SystemExit(0)
+    count, reps = ("5000", "2") if quick() else ("50000", "3")
+    best: dict[str, list[float]] = {"plain": [], "preload": [], "preload_limit": []}
+    with broker(s) as b:
+        for _ in range(2):
+            for name in best:
+                if name == "plain":
+                    env = s.base_env()
+                elif name == "preload":
+                    env = {**s.base_env(), "LD_PRELOAD": str(s.interposer)}
+                else:
+                    env = container(s, b, 0, COMPUTE_MEM)
+                out = run_child(s, env, "launches", count, reps)
+                if "seconds" not in out.result:
+                    figure(rec, f"launches_{name}", out)
+                    raise RuntimeError(f"launches under {name} failed")
+                best[name] += out.result["seconds"]
+    plain = min(best["plain"])
+    value: dict[str, Any] = {
+        "count": int(count),
+        "seconds": {k: [round(x, 4) for x in v] for k, v in best.items()},
+    }
+    for name in ("preload", "preload_limit"):
+        value[f"{name}_overhead_pct"] = round(100 * (min(best[name]) / plain - 1), 2)
+        rec.check(f"overhead: {name} 3 % or less", value[f"{name}_overhead_pct"] <= 3)
+    value["limits_file_present"] = Path("/etc/gpushare/limits").exists()
+    rec.figure("launches", value)
+
+
+# ------------------------------------------------------------------ 5. NVML as the plugin reads it
+
+
+def nvml(s: Setting, rec: Recorder) -> None:
+    """What the device plugin's NVML reader sees, beside nvidia-smi."""
+    try:
+        import pynvml
+
+        rec.figure("pynvml", {"file": str(pynvml.__file__)})
+        from gpushare.deviceplugin.gpus import NvmlGpus
+
+        source = NvmlGpus()
+    except Exception as err:
+        why = f"the plugin's NVML reader cannot start here: {type(err).__name__}: {err}"
+        figures.finish(s.figures, "nvml", "skipped", 0, why)
+        raise SystemExit(0) from err
+    gpus = source.gpus()
+    rec.figure(
+        "gpus",
+        {"gpus": [g.__dict__ for g in gpus], "topology": [list(r) for r in source.topology()]},
+    )
+    rec.figure("health_events", xid_events(pynvml))
+    if shutil.which("nvidia-smi") is None:
+        rec.skip("nvidia_smi", "nvidia-smi not on PATH")
+        return
+    q = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    rows = [[c.strip() for c in line.split(",")] for line in q.strip().splitlines()]
+    topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=60)
+    rec.figure("nvidia_smi", {"gpus": rows, "topo_m": topo.stdout[-3000:] or topo.stderr[-600:]})
+    rec.check(
+        "nvml: UUIDs as nvidia-smi lists them", [g.uuid for g in gpus] == [r[1] for r in rows]
+    )
+    rec.check(
+        "nvml: models as nvidia-smi names them", [g.model for g in gpus] == [r[2] for r in rows]
+    )
+    rec.check(
+        "nvml: memory as nvidia-smi reports it",
+        [str(g.memory_mib) for g in gpus] == [r[3] for r in rows],
+    )
+
+
+def xid_events(pynvml: Any) -> dict[str, Any]:
+    """Whether XID events can be registered (the plugin's health watch) and what a wait says."""
+    try:
+        events = pynvml.nvmlEventSetCreate()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, events)
+    except pynvml.NVMLError as err:
+        return {"registered": False, "error": str(err)}
+    try:
+        data = pynvml.nvmlEventSetWait(events, 500)
+        waited = f"event {data.eventType} xid {data.eventData}"
+    except pynvml.NVMLError as err:
+        waited = f"no event in 500 ms ({err})"
+    return {"registered": True, "wait": waited}
+
+
+# ------------------------------------------------------------------ 6. MPS
+
+
+def mps(s: Setting, rec: Recorder) -> None:
+    """The plugin's MPS hook starts the daemon; a client with the env it injects; the limit."""
+    from gpushare.core.handoff import MEM, Pending, Signature
+    from gpushare.core.inventory import Mode
+    from gpushare.core.units import MemoryUnit
+    from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo, GpuSource, NvmlGpus
+    from gpushare.deviceplugin.isolation import MpsControl, MpsIsolation
+    from gpushare.deviceplugin.serving import ContainerAnswer, Target
+
+    source: GpuSource
+    source = FakeGpus([GpuInfo(0, "GPU-fake-0", "fake", 16384)]) if s.rehearsal else NvmlGpus()
+    runner = MpsControl()
+    hook = MpsIsolation(
+        runner=runner, state_dir=s.work / "state", source=source, unit=MemoryUnit.GiB
+    )
+    if missing := hook.prepare(Mode.MPS):
+        figures.finish(s.figures, "mps", "skipped", 0, missing)
+        raise SystemExit(0)
+    signature = Signature(MEM, 2, ((0, 2),), 2, ((0, 30),))
+    target = Target(
+        signature, Mode.MPS, (Pending("uid-mps", "default/mps", "c0", signature),), ("dev-mps",)
+    )
+    try:
+        t = time.monotonic()
+        answer = hook.extend(ContainerAnswer(envs={}), target)
+        pipe = Path(answer.mounts[-1][1])
+        rec.figure(
+            "daemon",
+            {
+                "started_s": round(time.monotonic() - t, 2),
+                "envs": dict(answer.envs),
+                "alive": runner.alive(pipe),
+            },
+        )
+        rec.check("mps: the daemon answers", runner.alive(pipe))
+        env = {**s.base_env(), **answer.envs, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
+        if s.rehearsal:
+            rec.skip("client", "rehearsal: the stand-in daemon serves no clients")
+        elif missing := modules_missing(["torch"]):
+            rec.skip("client", missing)
+        else:
+            r = figure(
+                rec,
+                "client",
+                run_child(s, env, "torch_fill", "64", str(2 * LIMIT // MiB), timeout=45),
+            )
+            filled = int(r.get("filled", 0))
+            rec.check("mps: the client fills at most its 2 GiB", 0 < filled <= LIMIT)
+            rec.check("mps: the client gets most of its 2 GiB", filled >= LIMIT - 512 * MiB)
+    finally:
+        hook.close()
+    rec.figure("stopped", {"alive_after_close": runner.alive(pipe)})
+
+
+STEPS: dict[str, Callable[[Setting, Recorder], None]] = {
+    "memory": memory,
+    "allocators": allocators,
+    "compute": compute,
+    "overhead": overhead,
+    "nvml": nvml,
+    "mps": mps,
+}
+
+
+def main(step: str) -> int:
+    s = from_env()
+    t = time.monotonic()
+    try:
+        STEPS[step](s, Recorder(s.figures, step))
+    except Exception as err:
+        traceback.print_exc()
+        why = f"{type(err).__name__}: {err}"[:400]
+        figures.finish(s.figures, step, "failed", time.monotonic() - t, why)
+        return 1
+    figures.finish(s.figures, step, "ok", time.monotonic() - t)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1]))

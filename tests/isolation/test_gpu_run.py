@@ -1,0 +1,154 @@
+"""The GPU run (``tests/gpu/run_on_gpu.sh``), rehearsed on the fake driver, so CI guards it.
+
+Nobody can try the script on a GPU before the one lent call it is written for, so its plumbing
+is proven here: the same steps against the fake driver and NVML, a stand-in MPS control daemon,
+the accounting broker, and the figures file's shape. The timings on a shared CPU are not
+checked; the memory figures, which are exact, are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gpu.probes import figures, run
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = list(run.STEP_CAPS_S)
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("gcc") is None or shutil.which("bash") is None,
+    reason="gcc and bash are needed: the run builds the interposer and the fakes",
+)
+
+
+@pytest.fixture(scope="module")
+def rehearsal() -> Iterator[tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]]:
+    """One quick rehearsal of every step; its exit, its figures and its output folder."""
+    tmp = Path(tempfile.mkdtemp(prefix="gsgpu-", dir="/tmp"))  # short: socket paths
+    out = tmp / "out"
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "GPUSHARE_GPU_REHEARSAL": "1",
+        "GPUSHARE_GPU_QUICK": "1",
+        "GPUSHARE_GPU_PYTHON": sys.executable,
+        "GPUSHARE_GPU_WORK": str(tmp / "work"),
+        "GPUSHARE_GPU_BUDGET_S": "240",
+    }
+    done = subprocess.run(
+        ["bash", str(ROOT / "tests" / "gpu" / "run_on_gpu.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    print(done.stdout[-3000:])
+    yield done, json.loads((out / "figures.json").read_text()), out
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_every_step_runs_or_says_why_not(rehearsal: Any) -> None:
+    done, data, out = rehearsal
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert data["schema"] == figures.SCHEMA and data["mode"] == "rehearsal"
+    assert list(data["steps"]) == STEPS  # in order of value
+    for step, entry in data["steps"].items():
+        assert entry["status"] in ("ok", "skipped"), (step, entry)
+        assert entry["status"] == "ok" or entry["reason"], step
+        assert set(entry) >= {"figures", "skipped", "checks", "seconds"}
+    assert "| step | status |" in (out / "run.log").read_text()
+    assert data["machine"]["interposer"].startswith("built here")
+
+
+def test_the_memory_limit_holds_through_the_driver(rehearsal: Any) -> None:
+    _, data, _ = rehearsal
+    memory = data["steps"]["memory"]
+    assert set(memory["figures"]) >= {"driver", "nvml", "two_processes", "sigkill"}
+    assert memory["checks"] and all(memory["checks"].values()), memory["checks"]
+    assert memory["figures"]["sigkill"]["usage_before"] == 3 * 2**29
+    allocators = data["steps"]["allocators"]
+    assert all(allocators["checks"].values()), allocators["checks"]
+    assert {"vmm", "managed"} <= set(allocators["figures"])
+
+
+def test_frameworks_missing_are_skipped_with_the_reason(rehearsal: Any) -> None:
+    _, data, _ = rehearsal
+    modules = data["machine"]["modules"]
+    for module, step, probe in (
+        ("torch", "memory", "torch_default"),
+        ("torch", "memory", "torch_async"),
+        ("cupy", "allocators", "cupy_default"),
+        ("jax", "allocators", "jax"),
+    ):
+        if not modules[module]:
+            assert module in data["steps"][step]["skipped"][probe]
+    if not modules["torch"]:
+        assert "torch" in data["steps"]["overhead"]["reason"]
+
+
+def test_computing_power_figures_have_one_shape(rehearsal: Any) -> None:
+    _, data, _ = rehearsal
+    compute = data["steps"]["compute"]["figures"]
+    expected = {
+        *run_cases(),
+        *(f"policy_{p}" for p in ("0_even", "1_preemptive", "2_weighted", "3_fixed", "4_soft")),
+    }
+    assert set(compute) == expected
+    for probe, figure in compute.items():
+        for process in figure["processes"]:
+            assert set(process) == {
+                "target_pct",
+                "steady_pct",
+                "off_pts",
+                "settled_after_s",
+                "windows_pct",
+            }, probe
+            assert process["windows_pct"], probe
+
+
+def run_cases() -> list[str]:
+    from tests.gpu.probes.steps import CORE_CASES
+
+    return list(CORE_CASES)
+
+
+def test_the_mps_daemon_is_started_and_stopped_as_the_plugin_does(rehearsal: Any) -> None:
+    _, data, _ = rehearsal
+    mps = data["steps"]["mps"]["figures"]
+    assert mps["daemon"]["alive"] and not mps["stopped"]["alive_after_close"]
+    assert mps["daemon"]["envs"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
+    assert mps["daemon"]["envs"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+
+
+def test_a_step_without_time_left_is_skipped_with_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in {
+        "GPUSHARE_GPU_MODE": "rehearsal",
+        "GPUSHARE_GPU_FIGURES": str(tmp_path / "figures.json"),
+        "GPUSHARE_GPU_WORK": str(tmp_path),
+        "GPUSHARE_GPU_LIB_DIR": str(tmp_path),
+        "GPUSHARE_GPU_BUDGET_S": "5",
+        "GPUSHARE_GPU_STEPS": "nvml,mps",
+    }.items():
+        monkeypatch.setenv(name, value)
+    assert run.main() == 0
+    steps = json.loads((tmp_path / "figures.json").read_text())["steps"]
+    assert list(steps) == ["nvml", "mps"]
+    assert all(e["status"] == "skipped" and "budget" in e["reason"] for e in steps.values())
+
+
+def test_the_figures_file_names_a_bad_status() -> None:
+    with pytest.raises(ValueError, match="step status 'done' is not one of running, ok"):
+        figures.finish(Path("/nonexistent"), "memory", "done", 0)
