@@ -18,24 +18,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from gpushare.core.names import (
-    ANN_ALLOCATION,
-    ANN_ASSIGNED,
-    ANN_ASSUME_TIME,
-    ANN_DEV,
-    ANN_IDX,
-    ANN_NODE_GPUS,
-    ANN_NODE_GPUS_DISABLED,
-    ANN_NODE_HANDOFF,
-    ANN_NODE_TOPOLOGY,
-    ANN_NODE_UNIT,
-    ANN_POD,
-    ANN_SEAL,
-    DEFAULT_NAMES,
-    LABEL_MODE,
-    LABEL_PLACEMENT,
-    LABEL_POD_GPU_COUNT,
-)
+from gpushare.core import names
 
 Path = tuple[str | int, ...]
 
@@ -76,26 +59,21 @@ HOSTILE_STRINGS = (
 )
 """Strings chosen to break parsers: not the random ones hypothesis finds eventually."""
 
+
+def _prefixes(*path: str | int, start: int) -> tuple[Path, ...]:
+    """Every prefix of ``path`` from ``start`` steps on: each level of a nested field."""
+    return tuple(path[:end] for end in range(start, len(path) + 1))
+
+
 POD_PATHS: tuple[Path, ...] = (
     ("metadata",),
     ("metadata", "name"),
     ("metadata", "namespace"),
     ("metadata", "uid"),
     ("metadata", "labels"),
-    ("metadata", "labels", LABEL_POD_GPU_COUNT),
+    ("metadata", "labels", names.LABEL_POD_GPU_COUNT),
     ("metadata", "annotations"),
-    *(
-        ("metadata", "annotations", key)
-        for key in (
-            ANN_ALLOCATION,
-            ANN_SEAL,
-            ANN_IDX,
-            ANN_POD,
-            ANN_DEV,
-            ANN_ASSIGNED,
-            ANN_ASSUME_TIME,
-        )
-    ),
+    *(("metadata", "annotations", key) for key in names.POD_ANNOTATIONS),
     ("metadata", "creationTimestamp"),
     ("metadata", "deletionTimestamp"),
     ("metadata", "generateName"),
@@ -109,8 +87,8 @@ POD_PATHS: tuple[Path, ...] = (
     ("spec", "containers", 0, "name"),
     ("spec", "containers", 0, "resources"),
     ("spec", "containers", 0, "resources", "limits"),
-    ("spec", "containers", 0, "resources", "limits", DEFAULT_NAMES.mem),
-    ("spec", "containers", 0, "resources", "limits", DEFAULT_NAMES.core),
+    ("spec", "containers", 0, "resources", "limits", names.DEFAULT_NAMES.mem),
+    ("spec", "containers", 0, "resources", "limits", names.DEFAULT_NAMES.core),
     ("spec", "containers", 0, "resources", "limits", "cpu"),
     ("spec", "containers", 0, "resources", "requests"),
     ("spec", "containers", 0, "resources", "requests", "memory"),
@@ -122,32 +100,7 @@ POD_PATHS: tuple[Path, ...] = (
     ("spec", "initContainers", 0),
     ("spec", "affinity"),
     ("spec", "affinity", "nodeAffinity"),
-    ("spec", "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution"),
-    (
-        "spec",
-        "affinity",
-        "nodeAffinity",
-        "requiredDuringSchedulingIgnoredDuringExecution",
-        "nodeSelectorTerms",
-    ),
-    (
-        "spec",
-        "affinity",
-        "nodeAffinity",
-        "requiredDuringSchedulingIgnoredDuringExecution",
-        "nodeSelectorTerms",
-        0,
-    ),
-    (
-        "spec",
-        "affinity",
-        "nodeAffinity",
-        "requiredDuringSchedulingIgnoredDuringExecution",
-        "nodeSelectorTerms",
-        0,
-        "matchExpressions",
-    ),
-    (
+    *_prefixes(
         "spec",
         "affinity",
         "nodeAffinity",
@@ -157,18 +110,18 @@ POD_PATHS: tuple[Path, ...] = (
         "matchExpressions",
         0,
         "values",
+        start=4,
     ),
     ("spec", "affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution"),
     ("spec", "affinity", "podAffinity"),
-    ("spec", "affinity", "podAffinity", "requiredDuringSchedulingIgnoredDuringExecution"),
-    ("spec", "affinity", "podAffinity", "requiredDuringSchedulingIgnoredDuringExecution", 0),
-    (
+    *_prefixes(
         "spec",
         "affinity",
         "podAffinity",
         "requiredDuringSchedulingIgnoredDuringExecution",
         0,
         "labelSelector",
+        start=4,
     ),
     ("spec", "affinity", "podAffinity", "preferredDuringSchedulingIgnoredDuringExecution"),
     ("spec", "affinity", "podAffinity", "preferredDuringSchedulingIgnoredDuringExecution", 0),
@@ -202,18 +155,18 @@ NODE_PATHS: tuple[Path, ...] = (
     ("metadata",),
     ("metadata", "name"),
     ("metadata", "labels"),
-    ("metadata", "labels", LABEL_MODE),
-    ("metadata", "labels", LABEL_PLACEMENT),
+    ("metadata", "labels", names.LABEL_MODE),
+    ("metadata", "labels", names.LABEL_PLACEMENT),
     ("metadata", "labels", "kubernetes.io/hostname"),
     ("metadata", "annotations"),
     *(
         ("metadata", "annotations", key)
         for key in (
-            ANN_NODE_GPUS,
-            ANN_NODE_UNIT,
-            ANN_NODE_GPUS_DISABLED,
-            ANN_NODE_TOPOLOGY,
-            ANN_NODE_HANDOFF,
+            names.ANN_NODE_GPUS,
+            names.ANN_NODE_UNIT,
+            names.ANN_NODE_GPUS_DISABLED,
+            names.ANN_NODE_TOPOLOGY,
+            names.ANN_NODE_HANDOFF,
         )
     ),
     ("spec",),
@@ -223,12 +176,12 @@ NODE_PATHS: tuple[Path, ...] = (
     ("spec", "unschedulable"),
     ("status",),
     ("status", "capacity"),
-    ("status", "capacity", DEFAULT_NAMES.mem),
-    ("status", "capacity", DEFAULT_NAMES.count),
-    ("status", "capacity", DEFAULT_NAMES.core),
+    ("status", "capacity", names.DEFAULT_NAMES.mem),
+    ("status", "capacity", names.DEFAULT_NAMES.count),
+    ("status", "capacity", names.DEFAULT_NAMES.core),
     ("status", "allocatable"),
-    ("status", "allocatable", DEFAULT_NAMES.mem),
-    ("status", "allocatable", DEFAULT_NAMES.count),
+    ("status", "allocatable", names.DEFAULT_NAMES.mem),
+    ("status", "allocatable", names.DEFAULT_NAMES.count),
     ("status", "allocatable", "cpu"),
     ("status", "addresses"),
     ("status", "addresses", 0),
