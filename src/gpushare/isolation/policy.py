@@ -42,8 +42,6 @@ from gpushare.core.inventory import CORE_PER_GPU
 SCHEDULE_VERSION = 1
 DEFAULT_PERIOD_NS = 100_000_000
 """One round of time slices: 100 ms (a 5 % share is a 5 ms slice)."""
-CONTAINER_SCHED_DIR = "/var/run/gpushare-sched"
-"""Where containers see the node's schedule files (one per host GPU index), read-only."""
 MAX_WEIGHT = 100
 """The limits file's bound; a pod's weight is held to the node's most pods per GPU (below)."""
 IDLE_AFTER_S = 0.5
