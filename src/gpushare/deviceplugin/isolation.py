@@ -86,6 +86,7 @@ from gpushare.isolation.policy import (
     IDLE_AFTER_S,
     Member,
     Policy,
+    own_share_pct,
     schedule,
     slot_id,
 )
@@ -347,7 +348,12 @@ class InterposerIsolation:
         if scheduled:
             limits = replace(
                 limits,
-                core_pct=self.fixed_share(signature) if self.cgpu_policy is Policy.FIXED else 0,
+                core_pct=own_share_pct(
+                    self.cgpu_policy,
+                    max_pods=self.max_pods,
+                    weight=target.weight,
+                    fixed_pct=self.fixed_share(signature),
+                ),
                 policy=int(self.cgpu_policy),
                 weight=target.weight,
                 slot=slot_id(key),

@@ -31,7 +31,9 @@ LIMITS_VERSION = 2
 SCHEDULED_VERSION = 3
 """Version 3 adds a cGPU policy's settings (``gpushare.isolation.policy``): ``policy``,
 ``weight``, ``slot`` (the container's name in the schedules), ``sched_dir`` (where the container
-sees the schedule files) and ``gpus`` (the host GPU index of each device ordinal)."""
+sees the schedule files) and ``gpus`` (the host GPU index of each device ordinal); its
+``core_limit`` is the container's own share, which the interposer keeps to while it cannot use
+its schedule (never the whole GPU)."""
 LIMITS_FILE_NAME = "limits"
 MAX_SOCKET_PATH = 107
 """A unix socket path's longest (``sun_path`` is 108 bytes with its NUL)."""
@@ -53,7 +55,9 @@ class ContainerLimits:
     mem_limit_bytes: tuple[int, ...]
     """Per visible GPU, in the order of the container's device ordinals."""
     core_pct: int
-    """SM percent of each GPU; 0 (or 100) means no throttle."""
+    """SM percent of each GPU; 0 (or 100) means no throttle. Under a cGPU policy (version 3)
+    the container's own share (``policy.own_share_pct``), which the interposer keeps to while it
+    cannot use its schedule."""
     unit: str
     """The memory unit the limits were counted in (``1GiB``, ``128MiB``); for people."""
     broker: str
