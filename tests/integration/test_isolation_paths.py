@@ -8,20 +8,16 @@ is added. A volume of the pod's own at such a path, or below it, or at the same 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpushare.core.inventory import Mode
-from gpushare.core.units import MemoryUnit
-from gpushare.deviceplugin.gpus import FakeGpus
-from gpushare.deviceplugin.isolation import NodeIsolation
 from gpushare.isolation.policy import Policy
 from tests.unit.test_tampering import MEM, gpu_pod, refused, review
 
 from .test_device_plugin import CORE, Rig, pod, run
-from .test_isolation_hooks import FakeDaemons, admit, fake_library
+from .test_isolation_hooks import admit, fake_library, isolation
 
 SETUPS = [
     (Mode.SHARE, Policy.NATIVE),
@@ -34,18 +30,6 @@ SETUPS = [
 def allocated_mounts(mode: Mode, policy: Policy) -> set[str]:
     """The container paths of every mount Allocate gives a memory (and core) container."""
 
-    def make(root: Path, source: FakeGpus) -> NodeIsolation:
-        return NodeIsolation(
-            policy="auto",
-            lib_dir=root / "lib",
-            state_dir=root / "state",
-            unit=MemoryUnit.GiB,
-            source=source,
-            runner=FakeDaemons(),
-            packaged=fake_library(),
-            cgpu_policy=policy,
-        )
-
     async def body(r: Rig) -> set[str]:
         await r.kubelet.wait_devices(MEM, 30)
         if mode is Mode.CORE_MEM:
@@ -53,7 +37,9 @@ def allocated_mounts(mode: Mode, policy: Policy) -> set[str]:
         _, admitted = await admit(r, pod("app", 2, core=30 if mode is Mode.CORE_MEM else None))
         return {path for path, _, _ in admitted.mounts.get("c0", ())}
 
-    result: set[str] = run(body, mode=mode, hook=make)
+    result: set[str] = run(
+        body, mode=mode, hook=isolation(packaged=fake_library(), cgpu_policy=policy)
+    )
     return result
 
 
