@@ -1649,33 +1649,31 @@ static void gs_sched_gate(int dev) {
             if (!s->usable)
                 gs_sched_own(s);
         }
-        {
-            long long t = ((long long)now - s->epoch) % s->period;
-            if (t < 0)
-                t += s->period;
-            wait = -1;
-            for (int i = 0; i < s->n; i++) {
-                long long w;
-                /* Launches queue up: stop early enough for the queued work to end in the slot.
-                 * A launcher kept waiting by the driver's full queue launches once per kernel,
-                 * so twice its launch interval covers the queue the fake driver (and a GPU
-                 * running long kernels) holds. */
-                long long guard = (long long)(2 * s->gap_ns);
-                if (guard > s->len[i] / 4)
-                    guard = s->len[i] / 4;
-                if (t >= s->start[i] && t < s->start[i] + s->len[i] - guard) {
-                    wait = 0;
-                    if (s->last_launch_ns != 0 && now - s->last_launch_ns < (uint64_t)s->len[i]) {
-                        double gap = (double)(now - s->last_launch_ns);
-                        s->gap_ns = s->gap_ns > 0 ? 0.8 * s->gap_ns + 0.2 * gap : gap;
-                    }
-                    s->last_launch_ns = now;
-                    break;
+        long long t = ((long long)now - s->epoch) % s->period;
+        if (t < 0)
+            t += s->period;
+        wait = -1;
+        for (int i = 0; i < s->n; i++) {
+            long long w;
+            /* Launches queue up: stop early enough for the queued work to end in the slot.
+             * A launcher kept waiting by the driver's full queue launches once per kernel,
+             * so twice its launch interval covers the queue the fake driver (and a GPU
+             * running long kernels) holds. */
+            long long guard = (long long)(2 * s->gap_ns);
+            if (guard > s->len[i] / 4)
+                guard = s->len[i] / 4;
+            if (t >= s->start[i] && t < s->start[i] + s->len[i] - guard) {
+                wait = 0;
+                if (s->last_launch_ns != 0 && now - s->last_launch_ns < (uint64_t)s->len[i]) {
+                    double gap = (double)(now - s->last_launch_ns);
+                    s->gap_ns = s->gap_ns > 0 ? 0.8 * s->gap_ns + 0.2 * gap : gap;
                 }
-                w = s->start[i] > t ? s->start[i] - t : s->start[i] + s->period - t;
-                if (wait < 0 || w < wait)
-                    wait = w;
+                s->last_launch_ns = now;
+                break;
             }
+            w = s->start[i] > t ? s->start[i] - t : s->start[i] + s->period - t;
+            if (wait < 0 || w < wait)
+                wait = w;
         }
         pthread_mutex_unlock(&s->lock);
         if (wait <= 0)
