@@ -10,6 +10,9 @@ variable each process set changes nothing. The limits file names the policy and 
 the schedule directory is mounted read-only. The second pod is created once the first runs but
 before the plugin may have marked it served, so Allocate may see both as candidates and give the
 lower weight: the schedule must still come to each pod's own.
+
+Policy 1, a pod with an ``emptyDir`` over the schedule directory: its interposer finds no
+schedule and keeps it to its own share (one slice of 1 / 8), while the other pod gets its half.
 """
 
 from __future__ import annotations
@@ -129,3 +132,47 @@ def test_weighted_policy_takes_weights_from_the_pod_spec(
         print(f"\n[real node] both active: light {light_shares} %, heavy {heavy_shares} %")
     assert light_shares and heavy_shares
     assert max(light_shares) < 40 and max(heavy_shares) > 50
+
+
+# An emptyDir over the schedule directory: no file there, and the tenant could write one. The
+# real-node namespace has no admission webhook (test_webhook.py shows it refuses this pod), so
+# the pod runs and shows what the interposer does without its schedule.
+ATTACK_ROUNDS = 4
+ATTACK = (
+    "ls -A /var/run/gpushare-sched | sed 's/^/SCHED_FILE=/'; "
+    f"for i in $(seq 1 {ATTACK_ROUNDS}); do "
+    '  echo "ROUND $i $(/launches 2 2>&1 | tr "\\n" " ")"; '
+    "done"
+)
+
+
+def test_a_volume_over_the_schedules_gives_the_attacker_only_its_own_share(
+    real_node: RealNode, ns: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = real_node.cluster
+    real_node.set_mode("cgpu", unit="1GiB", extra=("--cgpu-policy", "1", "--max-pods-per-gpu", "8"))
+    attacker = pod("attacker", NS, [container("main", 5, command=ATTACK)])
+    attacker["spec"]["volumes"] = [{"name": "sched", "emptyDir": {}}]
+    attacker["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "sched", "mountPath": "/var/run/gpushare-sched"}
+    ]
+    victim = pod("victim", NS, [container("main", 5, command=ATTACK)])
+    create(cluster, [attacker])
+    wait_running(cluster, "attacker")
+    create(cluster, [victim])
+    wait_done(cluster, {"attacker", "victim"}, 240)
+    logs = {n: cluster.kubectl("logs", "-n", NS, n).stdout for n in ("attacker", "victim")}
+    shares = {
+        n: [float(s) for s in re.findall(r"^ROUND \d+ .*own=([\d.]+)", text, re.M)]
+        for n, text in logs.items()
+    }
+    with capsys.disabled():
+        for name, text in logs.items():
+            print(f"\n[real node] {name}:\n{text}", flush=True)
+        print(f"\n[real node] attacker {shares['attacker']} %, victim {shares['victim']} %")
+    assert "SCHED_FILE=" not in logs["attacker"] and "SCHED_FILE=gpu" in logs["victim"]
+    assert len(shares["attacker"]) == ATTACK_ROUNDS, logs["attacker"]
+    # policy 1 with 8 pods a GPU: one slice of 100 / 8, rounded down
+    assert "keep to this container's own share, 12 % of each 100 ms" in logs["attacker"]
+    assert max(shares["attacker"]) <= 17, shares
+    assert "gpushare:" not in logs["victim"]

@@ -332,3 +332,41 @@ def test_a_tenants_tampering_is_refused_on_create_and_update(
         "annotate", "pod", "honest", "-n", NS, "ALIYUN_COM_GPU_MEM_ASSIGNED=true", check=False
     )
     assert assigned.returncode != 0
+
+
+def test_a_volume_over_the_cgpu_schedules_is_refused_in_a_pod_and_a_job(
+    cluster: Cluster, webhook: tuple[str, ssl.SSLContext]
+) -> None:
+    """An emptyDir at /var/run/gpushare-sched (or /run/gpushare-sched, or below) would cover
+    the plugin's read-only schedules with a directory the tenant writes its own slices into."""
+    for name, path in (
+        ("sched-var-run", "/var/run/gpushare-sched"),
+        ("sched-run", "/run/gpushare-sched/x"),
+    ):
+        pod = nowhere_pod(name, {MEM: 1}, scheduler="ack-co-scheduler")
+        pod["spec"]["volumes"] = [{"name": "sched", "emptyDir": {}}]
+        pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "sched", "mountPath": path}]
+        refused = apply(cluster, pod)
+        print(f"[e2e] the pod with a volume at {path}:\n{refused.stderr}", flush=True)
+        assert refused.returncode != 0 and DENIED in refused.stderr
+        assert (
+            f'container "main" (spec.containers[0].volumeMounts[0]): mountPath={path!r} is '
+            f"refused on a pod that asks for {MEM}: the device plugin mounts the GPU isolation "
+            f"at {path.removesuffix('/x')}"
+        ) in refused.stderr
+        assert "mount the volume elsewhere" in refused.stderr
+        assert cluster.kubectl("get", "pod", name, "-n", NS, check=False).returncode != 0
+
+    workload = job("sched-job", {MEM: 1})
+    template = workload["spec"]["template"]["spec"]
+    template["volumes"] = [{"name": "sched", "emptyDir": {}}]
+    template["containers"][0]["volumeMounts"] = [
+        {"name": "sched", "mountPath": "/var/run/gpushare-sched"}
+    ]
+    refused = apply(cluster, workload)
+    assert refused.returncode != 0 and DENIED in refused.stderr, refused.stderr
+    assert (
+        'container "trainer" (spec.template.spec.containers[0].volumeMounts[0]): '
+        "mountPath='/var/run/gpushare-sched' is refused"
+    ) in refused.stderr
+    assert cluster.kubectl("get", "job", "sched-job", "-n", NS, check=False).returncode != 0

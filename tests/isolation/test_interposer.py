@@ -32,9 +32,10 @@ from typing import BinaryIO
 
 import pytest
 
+from gpushare.core.isolationpaths import CONTAINER_LIMITS_FILE
 from gpushare.deviceplugin.broker import SETTLE_S, SOCKET_NAME, Broker
 from gpushare.isolation import build
-from gpushare.isolation.limits import CONTAINER_LIMITS_FILE, ContainerLimits
+from gpushare.isolation.limits import ContainerLimits
 from tests.isolation.built import Built, build_all
 
 HERE = Path(__file__).parent

@@ -11,6 +11,7 @@ from gpushare.isolation.policy import (
     Policy,
     PolicyError,
     WeightReading,
+    own_share_pct,
     parse_max_pods,
     parse_policy,
     parse_weight,
@@ -170,3 +171,29 @@ def test_max_pods_per_gpu_1_to_64_is_read(value: object, expected: int) -> None:
 def test_other_max_pods_are_refused(value: object) -> None:
     with pytest.raises(PolicyError, match="is not a pod count per GPU: use a whole number from 1"):
         parse_max_pods(value)
+
+
+@pytest.mark.parametrize(
+    ("policy", "weight", "fixed", "expected"),
+    [
+        (Policy.EVEN, 1, 0, 5),
+        (Policy.PREEMPTIVE, 1, 0, 5),
+        (Policy.SOFT, 1, 0, 5),
+        (Policy.WEIGHTED, 3, 0, 15),
+        (Policy.WEIGHTED, 20, 0, 100),
+        (Policy.FIXED, 1, 35, 35),
+        (Policy.FIXED, 1, 0, 1),
+    ],
+)
+def test_own_share_is_what_the_policy_gives_on_a_full_gpu(
+    policy: Policy, weight: int, fixed: int, expected: int
+) -> None:
+    """The share the interposer keeps to without a schedule: never the whole GPU by default."""
+    assert own_share_pct(policy, max_pods=20, weight=weight, fixed_pct=fixed) == expected
+
+
+def test_own_share_rounds_down_and_is_never_zero() -> None:
+    assert own_share_pct(Policy.EVEN, max_pods=64) == 1
+    assert own_share_pct(Policy.EVEN, max_pods=16) == 6
+    with pytest.raises(PolicyError, match="max_pods=0"):
+        own_share_pct(Policy.EVEN, max_pods=0)

@@ -375,6 +375,10 @@ def test_the_extenders_bind_and_unbind_pass() -> None:
         ("/run/gpushare/gpushare-usage.v1", "/run/gpushare"),
         ("/var/run/gpushare-mps", "/var/run/gpushare-mps"),
         ("//etc/./gpushare/", "/etc/gpushare"),
+        ("/var/run/gpushare-sched", "/var/run/gpushare-sched"),
+        ("/run/gpushare-sched", "/run/gpushare-sched"),
+        ("/run/gpushare-sched/x", "/run/gpushare-sched"),
+        ("/var/run/gpushare-sched/gpu0", "/var/run/gpushare-sched"),
     ],
 )
 def test_a_volume_over_the_isolation_is_refused_on_a_gpu_pod(mount_path: str, covered: str) -> None:
@@ -392,11 +396,49 @@ def test_a_volume_over_the_isolation_is_refused_on_a_gpu_pod(mount_path: str, co
     assert "/data" not in message
 
 
+@pytest.mark.parametrize(
+    ("kind", "group", "template_at"),
+    [
+        ("Deployment", "apps", ("spec", "template")),
+        ("Job", "batch", ("spec", "template")),
+        ("CronJob", "batch", ("spec", "jobTemplate", "spec", "template")),
+    ],
+)
+def test_a_volume_over_the_schedules_in_a_workload_template_is_refused(
+    kind: str, group: str, template_at: tuple[str, ...]
+) -> None:
+    """An emptyDir over the cGPU schedules: the tenant would write its own slices."""
+    template = gpu_pod()
+    template["spec"]["volumes"] = [{"name": "sched", "emptyDir": {}}]
+    template["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "sched", "mountPath": "/var/run/gpushare-sched"}
+    ]
+    workload: dict[str, Any] = {
+        "apiVersion": f"{group}/v1",
+        "kind": kind,
+        "metadata": {"name": "w", "namespace": "team-a"},
+    }
+    inner: dict[str, Any] = workload
+    for key in template_at[:-1]:
+        inner = inner.setdefault(key, {})
+    inner[template_at[-1]] = template
+    request = review(workload)
+    request["request"]["kind"] = {"group": group, "version": "v1", "kind": kind}
+    at = ".".join(template_at)
+    assert (
+        f'container "main" ({at}.spec.containers[0].volumeMounts[0]): '
+        f"mountPath='/var/run/gpushare-sched' is refused on a pod that asks for {MEM}: the device "
+        f"plugin mounts the GPU isolation at /var/run/gpushare-sched, and a volume at that path "
+        f"or below it replaces what the plugin put there; mount the volume elsewhere"
+    ) in refused(request)
+
+
 def test_volumes_beside_the_isolation_pass_and_other_pods_mount_anywhere() -> None:
     pod = gpu_pod()
     pod["spec"]["containers"][0]["volumeMounts"] = [
         {"name": "etc", "mountPath": "/etc/app"},
         {"name": "lib", "mountPath": "/usr/local/gpushare-tools"},
+        {"name": "sched", "mountPath": "/run/gpushare-schedules"},
         {"name": "run", "mountPath": "/var/run"},
     ]
     assert answer(review(pod))["allowed"] is True

@@ -14,7 +14,8 @@ without ever asking the scheduler:
   the device plugin's, and the last one wins. ``NVIDIA_VISIBLE_DEVICES`` makes the NVIDIA
   container runtime mount every GPU it names into *any* container, GPU request or not.
 - The files the isolation mounts (the interposer, ``/etc/ld.so.preload``, the limits file, the
-  usage table, the MPS pipe directory) are shadowed by a volume mounted at the same path or
+  broker's socket, the cGPU schedules, the MPS pipe directory: ``core.isolationpaths``, the one
+  list the device plugin mounts from too) are shadowed by a volume mounted at the same path or
   below: kubelet lists the pod's volume mounts after the device plugin's, and runtimes mount
   them in that order (deeper paths later), so the pod's own wins.
 
@@ -49,11 +50,11 @@ see docs/webhook.md.
 
 from __future__ import annotations
 
-import posixpath
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpushare.core.isolationpaths import covered_by
 from gpushare.core.names import SCHEDULER_NAME, ResourceNames
 
 HANDOFF_ANNOTATION_PREFIXES = ("gpushare.io/", "ALIYUN_COM_GPU_MEM_")
@@ -62,17 +63,6 @@ ANNOTATION_RULE = (
     "gpushare.io/* and ALIYUN_COM_GPU_MEM_* annotations record the GPU a pod was given, and "
     "only gpushare's extender and device plugin write them"
 )
-
-ISOLATION_PATHS = (
-    "/usr/local/gpushare",
-    "/etc/ld.so.preload",
-    "/etc/gpushare",
-    "/var/run/gpushare",
-    "/run/gpushare",
-    "/var/run/gpushare-mps",
-    "/run/gpushare-mps",
-)
-"""Container paths where the device plugin mounts the isolation (/var/run is /run in images)."""
 
 CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
 HIDING_VALUES = ("void", "none")
@@ -302,13 +292,6 @@ def _env_findings(
     return findings
 
 
-def _isolation_path(mount_path: str) -> str:
-    """The isolation path a mount path is, or lies under; "" when none."""
-    normal = posixpath.normpath(mount_path) if mount_path else ""
-    normal = "/" + normal.lstrip("/")  # normpath keeps a leading "//"
-    return next((p for p in ISOLATION_PATHS if normal == p or normal.startswith(p + "/")), "")
-
-
 def _mount_findings(
     template: Mapping[str, Any], where: str, asked: tuple[str, ...]
 ) -> list[_Finding]:
@@ -320,7 +303,7 @@ def _mount_findings(
         mounts = container.get("volumeMounts")
         for index, mount in enumerate(mounts if isinstance(mounts, list) else ()):
             path = _mapping(mount).get("mountPath")
-            if not isinstance(path, str) or not (covered := _isolation_path(path)):
+            if not isinstance(path, str) or not (covered := covered_by(path)):
                 continue
             at = _at(where, f"spec.{kind}[{position}].volumeMounts[{index}]")
             findings.append(

@@ -33,12 +33,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpushare.core.isolationpaths import CONTAINER_BROKER_DIR
 from gpushare.isolation.accounting import MAX_LINE, OK, Account
 
 log = logging.getLogger(__name__)
 
 SOCKET_NAME = "broker.sock"
-CONTAINER_BROKER_DIR = "/var/run/gpushare"
 CONTAINER_BROKER_SOCKET = f"{CONTAINER_BROKER_DIR}/{SOCKET_NAME}"
 """Where the interposer finds the socket (the limits file's ``broker`` setting)."""
 BACKLOG = 128

@@ -59,13 +59,16 @@ from typing import Protocol
 
 from gpushare.core.handoff import MEM, Signature
 from gpushare.core.inventory import CORE_PER_GPU, Mode
-from gpushare.core.units import MemoryUnit
-from gpushare.deviceplugin.broker import (
+from gpushare.core.isolationpaths import (
     CONTAINER_BROKER_DIR,
-    CONTAINER_BROKER_SOCKET,
-    SETTLE_S,
-    Broker,
+    CONTAINER_LIB_DIR,
+    CONTAINER_LIMITS_FILE,
+    CONTAINER_MPS_PIPE_DIR,
+    CONTAINER_PRELOAD_FILE,
+    CONTAINER_SCHED_DIR,
 )
+from gpushare.core.units import MemoryUnit
+from gpushare.deviceplugin.broker import CONTAINER_BROKER_SOCKET, SETTLE_S, Broker
 from gpushare.deviceplugin.gpus import GpuInfo, GpuSource
 from gpushare.deviceplugin.serving import (
     ContainerAnswer,
@@ -75,16 +78,15 @@ from gpushare.deviceplugin.serving import (
     Target,
 )
 from gpushare.isolation.limits import (
-    CONTAINER_LIMITS_FILE,
     LIMITS_FILE_NAME,
     ContainerLimits,
     mem_limit_text,
 )
 from gpushare.isolation.policy import (
-    CONTAINER_SCHED_DIR,
     IDLE_AFTER_S,
     Member,
     Policy,
+    own_share_pct,
     schedule,
     slot_id,
 )
@@ -93,11 +95,8 @@ log = logging.getLogger(__name__)
 
 LIB_NAME = "libgpushare-cuda.so"
 DEFAULT_LIB_DIR = Path("/usr/local/gpushare")
-CONTAINER_LIB_DIR = "/usr/local/gpushare"
 PRELOAD_NAME = "ld.so.preload"
 """The host file, in the library directory, that containers see as /etc/ld.so.preload."""
-CONTAINER_PRELOAD_FILE = "/etc/ld.so.preload"
-CONTAINER_MPS_PIPE_DIR = "/var/run/gpushare-mps"
 POLICIES = ("auto", "none")
 BY_DEVICES = "by-devices"
 PRUNE_GRACE_S = 60.0
@@ -349,7 +348,12 @@ class InterposerIsolation:
         if scheduled:
             limits = replace(
                 limits,
-                core_pct=self.fixed_share(signature) if self.cgpu_policy is Policy.FIXED else 0,
+                core_pct=own_share_pct(
+                    self.cgpu_policy,
+                    max_pods=self.max_pods,
+                    weight=target.weight,
+                    fixed_pct=self.fixed_share(signature),
+                ),
                 policy=int(self.cgpu_policy),
                 weight=target.weight,
                 slot=slot_id(key),

@@ -3,10 +3,10 @@
 The device plugin gives the interposer each container's limits twice: as environment
 variables (``GPUSHARE_MEM_LIMIT``, ``GPUSHARE_CORE_LIMIT``), which people read, and as this
 file, written on the host under the state directory and mounted read-only at
-:data:`CONTAINER_LIMITS_FILE`. Environment is the container's own: kubelet puts the pod's
-``env`` after the plugin's, and any process may change it for the programs it starts. A
-read-only bind mount is not: an unprivileged container can neither write it nor unmount it. So
-the interposer reads the file first, and the file wins.
+``/etc/gpushare/limits`` (``core.isolationpaths``). Environment is the container's own:
+kubelet puts the pod's ``env`` after the plugin's, and any process may change it for the
+programs it starts. A read-only bind mount is not: an unprivileged container can neither
+write it nor unmount it. So the interposer reads the file first, and the file wins.
 
 The format is the interposer's (``native/interposer.c``, ``gs_parse_file``), version 2: lines
 ``key=value`` without spaces, ``#`` lines are comments, ``version=2`` first, then every one of
@@ -31,9 +31,9 @@ LIMITS_VERSION = 2
 SCHEDULED_VERSION = 3
 """Version 3 adds a cGPU policy's settings (``gpushare.isolation.policy``): ``policy``,
 ``weight``, ``slot`` (the container's name in the schedules), ``sched_dir`` (where the container
-sees the schedule files) and ``gpus`` (the host GPU index of each device ordinal)."""
-CONTAINER_LIMITS_FILE = "/etc/gpushare/limits"
-"""Where containers see the file; compiled into the interposer (``GPUSHARE_LIMITS_FILE``)."""
+sees the schedule files) and ``gpus`` (the host GPU index of each device ordinal); its
+``core_limit`` is the container's own share, which the interposer keeps to while it cannot use
+its schedule (never the whole GPU)."""
 LIMITS_FILE_NAME = "limits"
 MAX_SOCKET_PATH = 107
 """A unix socket path's longest (``sun_path`` is 108 bytes with its NUL)."""
@@ -55,7 +55,9 @@ class ContainerLimits:
     mem_limit_bytes: tuple[int, ...]
     """Per visible GPU, in the order of the container's device ordinals."""
     core_pct: int
-    """SM percent of each GPU; 0 (or 100) means no throttle."""
+    """SM percent of each GPU; 0 (or 100) means no throttle. Under a cGPU policy (version 3)
+    the container's own share (``policy.own_share_pct``), which the interposer keeps to while it
+    cannot use its schedule."""
     unit: str
     """The memory unit the limits were counted in (``1GiB``, ``128MiB``); for people."""
     broker: str

@@ -43,8 +43,6 @@ from gpushare.core.kubejson import whole_number
 SCHEDULE_VERSION = 1
 DEFAULT_PERIOD_NS = 100_000_000
 """One round of time slices: 100 ms (a 5 % share is a 5 ms slice)."""
-CONTAINER_SCHED_DIR = "/var/run/gpushare-sched"
-"""Where containers see the node's schedule files (one per host GPU index), read-only."""
 MAX_WEIGHT = 100
 """The limits file's bound; a pod's weight is held to the node's most pods per GPU (below)."""
 IDLE_AFTER_S = 0.5
@@ -221,6 +219,24 @@ def shares(policy: Policy, members: list[Member], max_pods: int) -> dict[str, fl
     if policy is Policy.SOFT:
         return {m.slot: 1 / max_pods for m in active}
     return {}
+
+
+def own_share_pct(policy: Policy, *, max_pods: int, weight: int = 1, fixed_pct: int = 0) -> int:
+    """The percent of a GPU a container is sure of under ``policy``, however full the GPU.
+
+    The interposer keeps the container to it while it cannot use its schedule (the limits file's
+    ``core_limit``), so a schedule that is missing never means the whole GPU: policy 3's share is
+    the container's own, policy 2's is its weight in slices of 1 / max pods, and 0, 1 and 4 give
+    at least one such slice when the GPU holds all the pods it may. Rounded down, at least 1.
+    """
+    if max_pods < 1:
+        raise PolicyError(f"max_pods={max_pods} must be at least 1")
+    if policy is Policy.FIXED:
+        pct = fixed_pct
+    else:
+        slices = weight if policy is Policy.WEIGHTED else 1
+        pct = CORE_PER_GPU * slices // max_pods
+    return max(1, min(CORE_PER_GPU, pct))
 
 
 def schedule(

@@ -133,6 +133,7 @@ static char gs_accounting[1024]; /* "" = count this process alone */
 static char gs_broker[GS_SUN_PATH]; /* "" = no broker: count in the table (or alone) */
 static int gs_policy = 5;           /* cGPU policy; 0..4 hold launches to the GPU's schedule */
 static char gs_slot[33];            /* this container's name in the schedules */
+static int gs_own_pct;              /* its own share, held while no schedule can be used */
 static char gs_sched_dir[256];      /* where the schedule files are, one per host GPU index */
 static int gs_gpus[GS_MAX_DEVS];    /* host GPU index of each device ordinal */
 static int gs_ngpus;
@@ -441,6 +442,7 @@ static void gs_config_init(void) {
         if (f.version == 3) {
             gs_policy = f.policy;
             gs_core_pct = 0; /* the schedule, not the rate throttle, holds this container */
+            gs_own_pct = f.core_pct > 0 ? f.core_pct : 1; /* files before it was written: 1 % */
             snprintf(gs_slot, sizeof gs_slot, "%s", f.slot);
             snprintf(gs_sched_dir, sizeof gs_sched_dir, "%s", f.sched_dir);
             memcpy(gs_gpus, f.gpus, sizeof gs_gpus);
@@ -1490,9 +1492,15 @@ static void gs_throttle_init(void) {
  * "slot=<owner>,<start_ns>,<length_ns>", owner "*" being policy 4's open window. A launch waits
  * until the current offset in the period lies in one of this container's slots (or the open
  * window). The file is re-read at most every 100 ms, so a new member or a changed share takes
- * effect within one period. A missing or unreadable schedule, or one without this container,
- * is said once and launches run unscheduled: the plugin writes the file before the container
- * starts, and the container cannot write it.
+ * effect within one period.
+ *
+ * A missing or unreadable schedule, or one that gives this container no time, is said once, and
+ * until it can be used the container keeps to its own share (core_limit of a version 3 limits
+ * file: what the policy is sure to give it on a full GPU), in one window of each 100 ms period
+ * placed by its slot name. It never launches unscheduled: the plugin writes the file before the
+ * container starts and the container cannot write it, so a file that is not there is a volume
+ * of the pod's own over the schedule directory, or damage, and neither is a reason to give the
+ * container the whole GPU.
  *
  * Policies 1, 2 and 4 share the GPU among the containers launching now. Each process says so
  * on its own broker connection, "active <device>", at most every GS_ACTIVE_NS while it
@@ -1569,6 +1577,22 @@ static void gs_sched_load(struct gs_sched *s, int host, char *why, size_t whylen
         s->usable = 1;
 }
 
+#define GS_OWN_PERIOD_NS 100000000LL
+/* Without a usable schedule: this container's own share, one window a period. The window's place
+ * comes from the slot name, so containers that all lost their schedule mostly miss each other. */
+static void gs_sched_own(struct gs_sched *s) {
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const char *c = gs_slot; *c != '\0'; c++)
+        h = (h ^ (unsigned char)*c) * 16777619u;
+    long long len = GS_OWN_PERIOD_NS * gs_own_pct / 100;
+    s->period = GS_OWN_PERIOD_NS;
+    s->epoch = 0;
+    s->n = 1;
+    s->start[0] = len < GS_OWN_PERIOD_NS ? (long long)(h % (uint32_t)(GS_OWN_PERIOD_NS - len)) : 0;
+    s->len[0] = len;
+    s->own = 0;
+}
+
 /* Tell the broker this container launches on device ordinal dev; 0 when it answered ok. */
 static int gs_sched_report(int dev) {
     char line[32], reply[96];
@@ -1617,38 +1641,39 @@ static void gs_sched_gate(int dev) {
             if (why[0] != '\0' && !s->said) {
                 s->said = 1;
                 fprintf(stderr,
-                        "gpushare: cGPU policy %d: %s; launches on device %d run unscheduled "
-                        "until it does\n",
-                        gs_policy, why, dev);
+                        "gpushare: cGPU policy %d: %s; launches on device %d keep to this "
+                        "container's own share, %d %% of each 100 ms, until the schedule can be "
+                        "used\n",
+                        gs_policy, why, dev, gs_own_pct);
             }
+            if (!s->usable)
+                gs_sched_own(s);
         }
-        if (s->usable) {
-            long long t = ((long long)now - s->epoch) % s->period;
-            if (t < 0)
-                t += s->period;
-            wait = -1;
-            for (int i = 0; i < s->n; i++) {
-                long long w;
-                /* Launches queue up: stop early enough for the queued work to end in the slot.
-                 * A launcher kept waiting by the driver's full queue launches once per kernel,
-                 * so twice its launch interval covers the queue the fake driver (and a GPU
-                 * running long kernels) holds. */
-                long long guard = (long long)(2 * s->gap_ns);
-                if (guard > s->len[i] / 4)
-                    guard = s->len[i] / 4;
-                if (t >= s->start[i] && t < s->start[i] + s->len[i] - guard) {
-                    wait = 0;
-                    if (s->last_launch_ns != 0 && now - s->last_launch_ns < (uint64_t)s->len[i]) {
-                        double gap = (double)(now - s->last_launch_ns);
-                        s->gap_ns = s->gap_ns > 0 ? 0.8 * s->gap_ns + 0.2 * gap : gap;
-                    }
-                    s->last_launch_ns = now;
-                    break;
+        long long t = ((long long)now - s->epoch) % s->period;
+        if (t < 0)
+            t += s->period;
+        wait = -1;
+        for (int i = 0; i < s->n; i++) {
+            long long w;
+            /* Launches queue up: stop early enough for the queued work to end in the slot.
+             * A launcher kept waiting by the driver's full queue launches once per kernel,
+             * so twice its launch interval covers the queue the fake driver (and a GPU
+             * running long kernels) holds. */
+            long long guard = (long long)(2 * s->gap_ns);
+            if (guard > s->len[i] / 4)
+                guard = s->len[i] / 4;
+            if (t >= s->start[i] && t < s->start[i] + s->len[i] - guard) {
+                wait = 0;
+                if (s->last_launch_ns != 0 && now - s->last_launch_ns < (uint64_t)s->len[i]) {
+                    double gap = (double)(now - s->last_launch_ns);
+                    s->gap_ns = s->gap_ns > 0 ? 0.8 * s->gap_ns + 0.2 * gap : gap;
                 }
-                w = s->start[i] > t ? s->start[i] - t : s->start[i] + s->period - t;
-                if (wait < 0 || w < wait)
-                    wait = w;
+                s->last_launch_ns = now;
+                break;
             }
+            w = s->start[i] > t ? s->start[i] - t : s->start[i] + s->period - t;
+            if (wait < 0 || w < wait)
+                wait = w;
         }
         pthread_mutex_unlock(&s->lock);
         if (wait <= 0)
