@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpushare.deviceplugin.config import BrokerStats
-from gpushare.deviceplugin.descriptors import BrokerCaps
+from gpushare.deviceplugin.descriptors import BrokerCaps, soft_limit
 from gpushare.isolation.accounting import MAX_CONNECTIONS, MAX_LINE, OK, Account
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,8 @@ class Broker:
         self.root = root
         self.on_active = on_active
         """Told ``(key, device ordinal)`` for each accepted ``active`` line."""
-        self.caps = caps or BrokerCaps()
+        self.caps = caps or BrokerCaps(descriptors=soft_limit())
+        """Without caps of its own, the defaults under the process's open-file limit."""
         self.stats = stats or BrokerStats()
         self._open: dict[str, _Open] = {}
         self._per_pod: dict[str, int] = {}

@@ -99,6 +99,12 @@ class BrokerCaps:
         return min(self.per_node, self.descriptors - RESERVED - listeners)
 
 
+def soft_limit() -> int | None:
+    """This process's soft ``RLIMIT_NOFILE``, or None when unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def descriptor_limit() -> int | None:
     """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit; the limit now in force.
 
