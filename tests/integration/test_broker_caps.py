@@ -46,11 +46,11 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 n, paths = int(sys.argv[1]), sys.argv[2:]
 counts = {"served": 0, "refused": 0, "silent": 0, "unconnected": 0}
 socks, first = [], b""
+until = time.monotonic() + 10  # a broker that takes none leaves the rest unconnected
 for path in paths:
     for _ in range(n):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(2)
-        until = time.monotonic() + 5
         while True:  # a full backlog answers EAGAIN at once: try again while it drains
             try:
                 s.connect(path)
@@ -165,11 +165,11 @@ def own_descriptors() -> int:
 
 async def still_works(r: Rig, name: str) -> Path:
     """The plugin's own work under the load: files open, a new pod's Allocate is served."""
+    _, admitted = await admit(r, pod(name, 1))
+    assert admitted.envs["c0"]["GPUSHARE_MEM_LIMIT"] == str(GiB)
     files = [open(os.devnull) for _ in range(32)]  # noqa: SIM115 - held on purpose
     for f in files:
         f.close()
-    _, admitted = await admit(r, pod(name, 1))
-    assert admitted.envs["c0"]["GPUSHARE_MEM_LIMIT"] == str(GiB)
     return broker_socket(admitted, "c0")
 
 
@@ -232,11 +232,11 @@ def test_the_node_keeps_its_descriptors_whatever_pods_open() -> None:
             _, admitted = await admit(r, pod(name, 1))
             socks.append(broker_socket(admitted, "c0"))
         async with hostile(600, *socks) as got:
+            victim = await still_works(r, "victim")
             room = LIMIT - RESERVED - 3  # three sockets listen once the victim is served
             assert got["silent"] == got["unconnected"] == 0, got
             assert got["served"] + got["refused"] == 1200, got
             assert got["served"] <= room + 1, got
-            victim = await still_works(r, "victim")
             # the victim's pod is admitted; its own connection is refused, and says why
             why = await refusal(victim)
             assert why.startswith("error too many connections: a node (for the device plugin")
