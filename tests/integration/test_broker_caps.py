@@ -353,3 +353,19 @@ def test_caps_that_cannot_be_served_are_refused_naming_the_flag() -> None:
         BrokerCaps(descriptors=200)
     assert BrokerCaps(descriptors=LIMIT).room(listeners=10) == LIMIT - RESERVED - 10
     assert BrokerCaps().room(listeners=10) == BrokerCaps().per_node
+
+
+def test_the_device_plugin_refuses_caps_it_cannot_serve() -> None:
+    from click.testing import CliRunner
+
+    from gpushare.cli import main as gpushare
+
+    for flags, words in (
+        (["--broker-max-connections-per-pod=0"], "per-pod=0 must be at least 1"),
+        (["--broker-max-connections-per-node=100"], "per-pod=2048 is more than"),
+        (["--broker-idle-timeout=-1"], "--broker-idle-timeout=-1 must be 0 (never)"),
+    ):
+        out = CliRunner().invoke(
+            gpushare, ["device-plugin", "--node-name=n", "--insecure-no-seal", *flags]
+        )
+        assert out.exit_code == 2 and words in out.output, out.output
