@@ -23,17 +23,15 @@ from typing import Any
 import pytest
 
 from gpushare.core.inventory import Mode
-from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.broker import SOCKET_NAME, Broker
 from gpushare.deviceplugin.config import Stats
 from gpushare.deviceplugin.descriptors import RESERVED, BrokerCaps, CapsError
-from gpushare.deviceplugin.gpus import FakeGpus
-from gpushare.deviceplugin.isolation import CONTAINER_BROKER_DIR, NodeIsolation
+from gpushare.deviceplugin.isolation import CONTAINER_BROKER_DIR
 from gpushare.deviceplugin.metrics import registry_for
 from tests import grpc_loop
 
 from .test_device_plugin import MEM, Rig, pod, run
-from .test_isolation_hooks import FakeDaemons, admit, ask, fake_library
+from .test_isolation_hooks import admit, ask, fake_library, isolation
 
 GiB = 2**30
 LIMIT = 1024
@@ -134,21 +132,8 @@ def broker_socket(admitted: Any, container: str) -> Path:
 
 
 def hook(caps: BrokerCaps | None = None) -> Any:
-    library = fake_library()
-
-    def make(root: Path, source: FakeGpus) -> NodeIsolation:
-        return NodeIsolation(
-            policy="auto",
-            lib_dir=root / "lib",
-            state_dir=root / "state",
-            unit=MemoryUnit.GiB,
-            source=source,
-            runner=FakeDaemons(),
-            packaged=library,
-            **({"caps": caps} if caps is not None else {}),
-        )
-
-    return make
+    """No caps: the hook's defaults, under the process's open-file limit."""
+    return isolation(packaged=fake_library(), **({"caps": caps} if caps is not None else {}))
 
 
 async def refusal(path: Path) -> str:

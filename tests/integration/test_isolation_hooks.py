@@ -80,8 +80,13 @@ def fake_library() -> Path:
 
 
 def isolation(
-    policy: str = "auto", packaged: Path | None = None, daemons: FakeDaemons | None = None
+    policy: str = "auto",
+    packaged: Path | None = None,
+    daemons: FakeDaemons | None = None,
+    **settings: Any,
 ) -> Any:
+    """The hook a rig builds; ``settings`` are more of NodeIsolation's keywords (``caps``)."""
+
     def make(root: Path, source: FakeGpus) -> NodeIsolation:
         return NodeIsolation(
             policy=policy,
@@ -91,6 +96,7 @@ def isolation(
             source=source,
             runner=daemons or FakeDaemons(),
             packaged=packaged,
+            **settings,
         )
 
     return make
