@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import resource
 import socket
 import time
 from collections.abc import Iterator
@@ -516,13 +515,14 @@ def test_a_hostile_pods_broker_connections_leave_other_gpu_pods_starting(
     through its own broker connection.
     """
     cluster = real_node.cluster
-    before = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))  # the plugin inherits it
-    try:
-        real_node.set_mode("cgpu", unit="1GiB")
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, before)
-    plugin = real_node.processes["gpushare-device-plugin"]
+    real_node.set_mode("cgpu", unit="1GiB")
+    # the same plugin again, under 4,096 open files (prlimit sets the limit and runs it)
+    argv = real_node.processes["gpushare-device-plugin"].argv
+    real_node.expect_registration()
+    plugin = real_node._spawn(
+        "gpushare-device-plugin", ["prlimit", "--nofile=4096:4096", "--", *argv]
+    )
+    real_node.wait_capacity()
 
     def descriptors() -> int:
         return len(os.listdir(f"/proc/{plugin.pid}/fd"))
@@ -555,7 +555,7 @@ def test_a_hostile_pods_broker_connections_leave_other_gpu_pods_starting(
             f"{took:.1f} s after creation; its log:\n{logs}"
         )
     assert counts == {"served": 2048, "refused": 2952, "silent": 0, "unconnected": 0}
-    assert "alloc rc=0" in logs  # its own broker connection served the allocation
+    assert "alloc:1000 rc=0" in logs  # its own broker connection served the allocation
     assert loaded < 4096 - 200
 
 
