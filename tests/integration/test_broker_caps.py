@@ -26,7 +26,7 @@ from gpushare.core.inventory import Mode
 from gpushare.deviceplugin.broker import SOCKET_NAME, Broker
 from gpushare.deviceplugin.config import Stats
 from gpushare.deviceplugin.descriptors import RESERVED, BrokerCaps, CapsError
-from gpushare.deviceplugin.isolation import CONTAINER_BROKER_DIR
+from gpushare.deviceplugin.isolation import BY_DEVICES, CONTAINER_BROKER_DIR
 from gpushare.deviceplugin.metrics import registry_for
 from tests import grpc_loop
 
@@ -265,13 +265,17 @@ def test_pods_named_only_by_their_devices_are_counted_once_podresources_names_th
         await r.kubelet.admit(second)
         broker = r.plugin.hook.chosen.broker
         socks = [broker_socket(admitted, c) for c in ("c0", "c1")]
+        uid = first["metadata"]["uid"]
+        named = keys(broker, socks)
+        assert all(k.startswith(f"{BY_DEVICES}/") for k in named)  # either pod's, at Allocate
         for _ in range(100):  # the check reads PodResources every 50 ms here
-            await asyncio.sleep(0.05)
-            if all(broker._open[k].pod == first["metadata"]["uid"] for k in keys(broker, socks)):
+            if [broker.pod(k) for k in named] == [uid, uid]:
                 break
+            await asyncio.sleep(0.05)
+        assert [broker.pod(k) for k in named] == [uid, uid]
         async with hostile(60, *socks) as got:
             assert got["served"] == 100 and got["refused"] == 20, got
-            assert broker.connections(first["metadata"]["uid"]) == 100
+            assert broker.connections(uid) == 100
 
     run(body, mode=Mode.CGPU, hook=hook(BrokerCaps(per_pod=100)))
 

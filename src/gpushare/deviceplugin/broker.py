@@ -290,6 +290,11 @@ class Broker:
         """The keys served."""
         return sorted(self._open)
 
+    def pod(self, key: str) -> str | None:
+        """What the pod cap counts a served container's connections under."""
+        entry = self._open.get(key)
+        return None if entry is None else entry.pod
+
     def connections(self, pod: str) -> int:
         """Open connections counted against a pod."""
         return self._per_pod.get(pod, 0)
