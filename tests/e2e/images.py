@@ -11,7 +11,8 @@ images that containerd's ``ctr images import`` reads (``manifest.json``, a confi
   ``/memops`` and ``/launches`` with the CPU-only fake driver and NVML of
   ``tests/isolation/fakes`` installed as ``libcuda.so.1`` and ``libnvidia-ml.so.1`` where the
   NVIDIA runtime would mount the real ones, so the interposer's limits and cGPU schedules can be
-  exercised inside a real container.
+  exercised inside a real container; and ``/flood``, a hostile process that opens many
+  connections to the accounting broker's socket (``node/flood.c``).
 
 Both come from the same layer. They are rebuilt when their inputs change (a content hash).
 """
@@ -27,6 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PROBE_SOURCE = HERE / "node" / "probe.c"
+FLOOD_SOURCE = HERE / "node" / "flood.c"
 ISOLATION = HERE.parent / "isolation"
 NATIVE = HERE.parents[1] / "src" / "gpushare" / "isolation" / "native"
 LIBDIR = "usr/lib/x86_64-linux-gnu"
@@ -88,7 +90,7 @@ def _build_driver(out: Path) -> dict[str, Path]:
     return {f"{LIBDIR}/{cuda.name}": cuda, f"{LIBDIR}/{nvml.name}": nvml, **programs}
 
 
-def _layer(probe: Path, driver: dict[str, Path]) -> bytes:
+def _layer(probe: Path, flood: Path, driver: dict[str, Path]) -> bytes:
     applets = subprocess.run(
         [str(BUSYBOX), "--list"], check=True, capture_output=True, text=True
     ).stdout.split()
@@ -102,6 +104,7 @@ def _layer(probe: Path, driver: dict[str, Path]) -> bytes:
         for library in GLIBC:
             _add_file(tar, str(library).lstrip("/"), library.resolve().read_bytes())
         _add_file(tar, "probe", probe.read_bytes())
+        _add_file(tar, "flood", flood.read_bytes())
         for directory in ("usr/lib", LIBDIR):
             _add_dir(tar, directory)
         for name, path in sorted(driver.items()):
@@ -135,19 +138,21 @@ def build_images(out: Path) -> dict[str, Path]:
     """Build (or reuse) both archives under ``out``; map each image name to its archive."""
     out.mkdir(parents=True, exist_ok=True)
     probe = out / "probe"
-    subprocess.run(
-        ["gcc", "-O2", "-o", str(probe), str(PROBE_SOURCE)], check=True, capture_output=True
-    )
+    flood = out / "flood"
+    for program, source in ((probe, PROBE_SOURCE), (flood, FLOOD_SOURCE)):
+        subprocess.run(
+            ["gcc", "-O2", "-o", str(program), str(source)], check=True, capture_output=True
+        )
     driver = _build_driver(out)
     inputs = hashlib.sha256()
-    for part in (BUSYBOX, probe, *GLIBC, *sorted(driver.values()), Path(__file__)):
+    for part in (BUSYBOX, probe, flood, *GLIBC, *sorted(driver.values()), Path(__file__)):
         inputs.update(part.resolve().read_bytes())
     stamp = out / "inputs.sha256"
     archives = {PAUSE_IMAGE: out / "pause.tar", TEST_IMAGE: out / "node-test.tar"}
     fresh = stamp.exists() and stamp.read_text() == inputs.hexdigest()
     if fresh and all(p.exists() for p in archives.values()):
         return archives
-    layer = _layer(probe, driver)
+    layer = _layer(probe, flood, driver)
     _archive(archives[PAUSE_IMAGE], PAUSE_IMAGE, layer, ["/bin/sleep", "2147483647"])
     _archive(archives[TEST_IMAGE], TEST_IMAGE, layer, ["/bin/sh"])
     stamp.write_text(inputs.hexdigest())

@@ -505,6 +505,60 @@ def ask_broker(sock: Path, line: str) -> str:
 # -- restarts and health ----------------------------------------------------------------------
 
 
+def test_a_hostile_pods_broker_connections_leave_other_gpu_pods_starting(
+    real_node: RealNode, ns: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 38's second hole, scaled down: there, one pod of 20 containers opening about 1,100
+    broker connections each spent the plugin's 20,000 descriptors and every later GPU pod failed
+    with ``Too many open files``; here 5 containers open 1,000 each against a plugin started
+    with 4,096. The pod gets its cap (2,048) and no more, and a victim pod starts and allocates
+    through its own broker connection.
+    """
+    cluster = real_node.cluster
+    real_node.set_mode("cgpu", unit="1GiB")
+    # the same plugin again, under 4,096 open files (prlimit sets the limit and runs it)
+    argv = real_node.processes["gpushare-device-plugin"].argv
+    real_node.expect_registration()
+    plugin = real_node._spawn(
+        "gpushare-device-plugin", ["prlimit", "--nofile=4096:4096", "--", *argv]
+    )
+    real_node.wait_capacity()
+
+    def descriptors() -> int:
+        return len(os.listdir(f"/proc/{plugin.pid}/fd"))
+
+    idle = descriptors()
+    flood = "/flood 1000 /var/run/gpushare/broker.sock"
+    hostile = [container(f"h{i}", 1, command=flood) for i in range(5)]
+    create(cluster, [pod("hostile", NS, hostile)])
+    counts: dict[str, int] = {}
+    deadline = time.monotonic() + 120
+    for c in hostile:
+        logs = ""
+        while "FLOOD" not in logs and time.monotonic() < deadline:
+            time.sleep(0.5)
+            logs = cluster.kubectl("logs", "-n", NS, "hostile", "-c", c["name"], check=False).stdout
+        assert "FLOOD" in logs, logs
+        for key, value in re.findall(r"(\w+)=(\d+)", logs.split("FLOOD", 1)[1]):
+            counts[key] = counts.get(key, 0) + int(value)
+    loaded = descriptors()
+    started = time.monotonic()
+    victim = container("main", 2, command="/memops alloc:1000 info")
+    create(cluster, [pod("victim", NS, [victim])])
+    wait_done(cluster, {"victim"}, timeout=120)
+    took = time.monotonic() - started
+    logs = cluster.kubectl("logs", "-n", NS, "victim").stdout
+    with capsys.disabled():
+        print(
+            f"\n[real node] hostile pod, 5 x 1000 connections: {counts}; plugin descriptors "
+            f"{idle} idle, {loaded} under the flood (limit 4096); the victim pod Succeeded "
+            f"{took:.1f} s after creation; its log:\n{logs}"
+        )
+    assert counts == {"served": 2048, "refused": 2952, "silent": 0, "unconnected": 0}
+    assert "alloc:1000 rc=0" in logs  # its own broker connection served the allocation
+    assert loaded < 4096 - 200
+
+
 def test_restarts_of_kubelet_plugin_and_containerd(
     real_node: RealNode, ns: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

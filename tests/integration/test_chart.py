@@ -325,6 +325,10 @@ def test_device_plugin_daemonset(default_docs: list[dict[str, Any]]) -> None:
     args = container["args"]
     assert "--state-dir=/var/lib/gpushare" in args and "--isolation=auto" in args
     assert "--isolation-lib-dir=/usr/local/gpushare" in args
+    # the accounting broker's caps (docs/device-plugin.md), as the command's defaults
+    assert "--broker-max-connections-per-pod=2048" in args
+    assert "--broker-max-connections-per-node=16384" in args
+    assert "--broker-idle-timeout=60" in args
 
 
 def test_device_plugin_can_be_privileged_again_and_name_the_nvidia_runtime() -> None:
@@ -649,6 +653,8 @@ def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> No
         ("scheduler.percentageOfNodesToScore=101", "percentageOfNodesToScore"),
         ("devicePlugin.nodeModes[0]=topology", "nodeModes"),
         ("scheduler.extender.logLevel=loud", "logLevel"),
+        ("isolation.broker.maxConnectionsPerPod=0", "maxConnectionsPerPod"),
+        ("isolation.broker.idleTimeoutSeconds=-1", "idleTimeoutSeconds"),
     ],
 )
 def test_schema_refuses(setting: str, words: str) -> None:

@@ -79,8 +79,10 @@ def isolation(
     policy: str = "auto",
     packaged: Path | None = None,
     daemons: FakeDaemons | None = None,
-    cgpu_policy: Policy = Policy.NATIVE,
+    **settings: Any,
 ) -> Any:
+    """The hook a rig builds; ``settings`` are more of NodeIsolation's keywords (``caps``)."""
+
     def make(root: Path, source: FakeGpus) -> NodeIsolation:
         return NodeIsolation(
             policy=policy,
@@ -90,7 +92,7 @@ def isolation(
             source=source,
             runner=daemons or FakeDaemons(),
             packaged=packaged,
-            cgpu_policy=cgpu_policy,
+            **settings,
         )
 
     return make

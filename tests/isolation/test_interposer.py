@@ -34,6 +34,7 @@ import pytest
 
 from gpushare.core.isolationpaths import CONTAINER_LIMITS_FILE
 from gpushare.deviceplugin.broker import SETTLE_S, SOCKET_NAME, Broker
+from gpushare.deviceplugin.descriptors import BrokerCaps
 from gpushare.isolation import build
 from gpushare.isolation.limits import ContainerLimits
 from tests.isolation.built import Built, build_all
@@ -350,15 +351,16 @@ class RunningBroker:
 
     KEY = "pod-uid/main"
 
-    def __init__(self, root: Path, limits: tuple[int, ...]) -> None:
+    def __init__(self, root: Path, limits: tuple[int, ...], caps: BrokerCaps | None = None) -> None:
         self.root = root
         self.limits = limits
+        self.caps = caps
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.short = Path(tempfile.mkdtemp(prefix="gsb-", dir="/tmp"))
         self.socket = self.short / SOCKET_NAME
-        self.broker = Broker(root)
+        self.broker = Broker(root, caps=caps)
         self.call(lambda: self.broker.open(self.KEY, limits))
         self.socket.symlink_to(root / self.KEY / SOCKET_NAME)
 
@@ -379,7 +381,7 @@ class RunningBroker:
     def restart(self) -> None:
         """What a plugin restart does: every account closed, then served again, empty."""
         self.call(self.broker.close)
-        self.broker = Broker(self.root)
+        self.broker = Broker(self.root, caps=self.caps)
         self.call(lambda: self.broker.open(self.KEY, self.limits, settle_s=SETTLE_S))
 
     def stop(self) -> None:
@@ -881,3 +883,27 @@ def test_the_interposer_loads_on_old_glibc(built: Built) -> None:
 def test_a_missing_compiler_is_a_clear_error() -> None:
     with pytest.raises(build.BuildError, match="not found on PATH: install gcc"):
         build.compiler("no-such-cc-for-gpushare")
+
+
+def test_an_idle_connection_the_broker_closed_is_opened_again_and_holders_are_kept(
+    built: Built,
+    accounting: Path,
+    limits: Path,
+    holder: list[subprocess.Popen[str]],
+    tmp_path: Path,
+) -> None:
+    """The broker closes a silent connection that holds nothing (descriptors are the plugin's);
+    the interposer asks again on a new one. One that holds memory is kept however silent."""
+    running = RunningBroker(tmp_path / "broker", (1024 * MiB,), caps=BrokerCaps(idle_s=0.3))
+    try:
+        limits.write_text(plugin_limits(1024 * MiB, running))
+        env = broker_env(built, accounting)
+        hold(built, env, holder, "alloc:600")
+        lines, err = memops(built, env, "alloc:100", "free", "sleep:900", "alloc:300", "info")
+        assert rcs(lines) == [0, 0, 0, 0, 0], err
+        assert fields(lines[4])["free"] == (1024 - 600 - 300) * MiB  # the holder still counts
+        assert "does not answer" not in err
+        assert eventually(lambda: running.usage() == 600 * MiB)
+        assert running.broker.stats.idle_closed == 1  # not again: holding nothing, it waits
+    finally:
+        running.stop()

@@ -88,6 +88,30 @@ NVML_HINT = (
     help="The chart's maxPodsPerGpu (1..64; default 20, or 16 at 128MiB): cGPU policy 0 gives "
     "each container one over it, and it bounds ALIYUN_COM_GPU_SCHD_WEIGHT.",
 )
+@click.option(
+    "--broker-max-connections-per-pod",
+    type=int,
+    default=2048,
+    show_default=True,
+    help="cgpu/core_mem nodes: accounting-broker connections all containers of one pod may hold "
+    "together (each container may hold 1024); more are answered with an error and closed.",
+)
+@click.option(
+    "--broker-max-connections-per-node",
+    type=int,
+    default=16384,
+    show_default=True,
+    help="Accounting-broker connections the whole node may hold; never more than the plugin's "
+    "open-file limit leaves after the 256 descriptors it keeps for its own work.",
+)
+@click.option(
+    "--broker-idle-timeout",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds a broker connection holding no memory may stay silent before it is closed "
+    "(the interposer reconnects when it next asks); 0: never.",
+)
 @click.option("--kubelet-config", default="/var/lib/kubelet/config.yaml", show_default=True)
 @click.option(
     "--cpu-manager-state", default="/var/lib/kubelet/cpu_manager_state", show_default=True
@@ -116,6 +140,9 @@ def device_plugin(
     isolation_lib_dir: str,
     cgpu_policy: str,
     max_pods_per_gpu: str | None,
+    broker_max_connections_per_pod: int,
+    broker_max_connections_per_node: int,
+    broker_idle_timeout: float,
     kubelet_config: str,
     cpu_manager_state: str,
     kubeconfig: str | None,
@@ -142,7 +169,13 @@ def device_plugin(
     import contextlib
     from pathlib import Path
 
-    from gpushare.deviceplugin.config import PluginConfig
+    from gpushare.deviceplugin.config import PluginConfig, Stats
+    from gpushare.deviceplugin.descriptors import (
+        RESERVED,
+        BrokerCaps,
+        CapsError,
+        descriptor_limit,
+    )
     from gpushare.deviceplugin.gpus import FakeGpus, GpuSource, NvmlGpus
     from gpushare.deviceplugin.isolation import NodeIsolation, packaged_library
     from gpushare.deviceplugin.metrics import registry_for, serve_metrics
@@ -151,6 +184,15 @@ def device_plugin(
     from gpushare.kube.lightkube_api import LightkubeAPI
     from gpushare.kube.port import KubeError
 
+    try:
+        caps = BrokerCaps(
+            per_pod=broker_max_connections_per_pod,
+            per_node=broker_max_connections_per_node,
+            idle_s=broker_idle_timeout,
+            descriptors=descriptor_limit(),
+        )
+    except CapsError as err:
+        raise CommandError(str(err)) from None
     setup_logging(log_level)
     trust = trust_from_flags(seal_key_file, insecure_no_seal)
     reason = refuse_static_cpu_policy(Path(kubelet_config), Path(cpu_manager_state))
@@ -186,6 +228,12 @@ def device_plugin(
         + ", ".join(f"{g.index}:{g.model}:{g.memory_mib}MiB" for g in gpus),
         err=True,
     )
+    click.echo(
+        f"accounting broker: at most {caps.per_pod} connections per pod, "
+        f"{caps.room(listeners=0)} per node (open-file limit {caps.descriptors or 'unlimited'}, "
+        f"{RESERVED} kept for the plugin's own work)",
+        err=True,
+    )
     config = PluginConfig(
         node=node_name,
         plugin_dir=Path(device_plugin_dir),
@@ -195,7 +243,10 @@ def device_plugin(
         max_pods_per_gpu=settings.max_pods_per_gpu,
         names=settings.names,
     )
+    stats = Stats()
     hook = NodeIsolation(
+        caps=caps,
+        broker_stats=stats.broker,
         cgpu_policy=policy_number,
         max_pods=max_pods,
         policy=isolation,
@@ -205,7 +256,9 @@ def device_plugin(
         source=source,
         packaged=packaged_library(),
     )
-    plugin = DevicePlugin(api=api, source=source, config=config, hook=hook, trust=trust)
+    plugin = DevicePlugin(
+        api=api, source=source, config=config, hook=hook, trust=trust, stats=stats
+    )
     try:
         serve_metrics(registry_for(plugin, node_name), port=metrics_port)
     except OSError as err:

@@ -20,12 +20,20 @@ Activity: an ``active D`` line that the account accepts is passed on to ``on_act
 account's key, before the answer goes back, so whatever the plugin does with it (rewriting a
 cGPU schedule) is done when the interposer reads ``ok``. The key comes from the socket the
 line arrived on, never from the line: a container reports for itself only.
+
+Caps: every connection is a descriptor of the plugin's, so connections are capped per container
+(``accounting.MAX_CONNECTIONS``), per pod and per node, and the node's cap never reaches into
+the descriptors the plugin keeps for its own work (``deviceplugin.descriptors``): no tenant can
+make Allocate, PodResources or the API client fail with ``Too many open files``. The pod is the
+one Allocate knew, or, for a container named by its device IDs, the one PodResources later
+names (:meth:`Broker.attribute`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import socket
@@ -34,7 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpushare.core.isolationpaths import CONTAINER_BROKER_DIR
-from gpushare.isolation.accounting import MAX_LINE, OK, Account
+from gpushare.deviceplugin.config import BrokerStats
+from gpushare.deviceplugin.descriptors import BrokerCaps, soft_limit
+from gpushare.isolation.accounting import MAX_CONNECTIONS, MAX_LINE, OK, Account
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +54,17 @@ CONTAINER_BROKER_SOCKET = f"{CONTAINER_BROKER_DIR}/{SOCKET_NAME}"
 BACKLOG = 128
 SETTLE_S = 1.0
 """How long a restored account delays reservations: four of the interposer's reconnect tries."""
+ACCEPT_BATCH = 16
+"""Connections taken per wake-up of one socket, so that a busy container cannot starve others."""
+ACCEPT_RETRY_S = 1.0
+"""How long a socket waits after accept() ran out of descriptors or memory (asyncio's own)."""
+RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+CAP_WORDS = {
+    "container": "container",
+    "pod": "pod",
+    "node": "node",
+    "descriptors": "node (for the device plugin's descriptors)",
+}
 
 
 @dataclass
@@ -51,29 +72,59 @@ class _Open:
     """One container's account, its listening socket and its live connections."""
 
     key: str
+    pod: str
+    """What the pod cap counts the connections under (the pod's UID when known)."""
     account: Account
     listener: socket.socket
-    server: asyncio.Task[asyncio.Server]
-    writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
     settle_until: float = 0.0
     """Loop time before which reservations wait (a restored account)."""
+    paused: asyncio.TimerHandle | None = None
+    """Set while accepting waits after accept() ran out of descriptors."""
 
 
 class Broker:
-    """Every container account of this node, served on the running event loop."""
+    """Every container account of this node, served on the running event loop.
 
-    def __init__(self, root: Path, *, on_active: Callable[[str, int], None] | None = None) -> None:
+    Connections are taken by the broker itself, one ``accept`` at a time, and each is checked
+    against the caps (:class:`~gpushare.deviceplugin.descriptors.BrokerCaps`) before anything
+    is built around it: one over a cap is answered ``error too many connections ...`` and
+    closed at once, so it holds a descriptor for microseconds, and the client, not the
+    plugin, is left without. A connection holding no memory that stays silent for the idle
+    timeout is closed (the interposer reconnects when it next asks); one holding memory is
+    kept, since closing it would give its memory back. When ``accept`` itself fails for want
+    of descriptors or memory, that socket stops accepting for :data:`ACCEPT_RETRY_S`, rather
+    than waking the loop again and again for a connection it cannot take.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        on_active: Callable[[str, int], None] | None = None,
+        caps: BrokerCaps | None = None,
+        stats: BrokerStats | None = None,
+    ) -> None:
         self.root = root
         self.on_active = on_active
         """Told ``(key, device ordinal)`` for each accepted ``active`` line."""
+        self.caps = caps or BrokerCaps(descriptors=soft_limit())
+        """Without caps of its own, the defaults under the process's open-file limit."""
+        self.stats = stats or BrokerStats()
         self._open: dict[str, _Open] = {}
+        self._per_pod: dict[str, int] = {}
+        """Open connections per pod."""
 
-    def open(self, key: str, limits: tuple[int, ...], *, settle_s: float = 0.0) -> Path:
+    def open(
+        self, key: str, limits: tuple[int, ...], *, pod: str | None = None, settle_s: float = 0.0
+    ) -> Path:
         """Serve a container's account, empty, at ``<root>/<key>``; that directory.
 
         Whatever was served under the key before is closed first: an Allocate for a key is a
-        new container (kubelet allocates once per container, not on its restarts). ``settle_s``
-        delays reservations, for accounts whose processes may hold memory already.
+        new container (kubelet allocates once per container, not on its restarts). ``pod``
+        names the pod its connections count against (default: the key alone, until
+        :meth:`attribute` names it). ``settle_s`` delays reservations, for accounts whose
+        processes may hold memory already.
         """
         self.drop(key)
         account = Account(limits)
@@ -96,33 +147,108 @@ class Broker:
             raise
         finally:
             os.close(fd)
-
-        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await self._serve(entry, reader, writer)
-
-        # listening already: connections wait in the backlog until the server takes them
-        server = asyncio.get_running_loop().create_task(
-            asyncio.start_unix_server(on_connect, sock=listener, limit=MAX_LINE)
-        )
         loop = asyncio.get_running_loop()
-        entry = _Open(key, account, listener, server, settle_until=loop.time() + settle_s)
+        entry = _Open(key, pod or key, account, listener, settle_until=loop.time() + settle_s)
         self._open[key] = entry
+        # listening already: connections wait in the backlog until the loop takes them
+        loop.add_reader(listener.fileno(), self._accept, entry)
         return directory
 
-    async def _serve(
-        self, entry: _Open, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        conn = entry.account.connect()
-        if conn is None:
-            writer.write(b"error too many connections: a container may hold 1024\n")
-            writer.close()
+    def attribute(self, key: str, pod: str) -> None:
+        """Count a served container's connections against ``pod`` from now on."""
+        entry = self._open.get(key)
+        if entry is None or entry.pod == pod:
             return
-        entry.writers.add(writer)
+        held = len(entry.account.holders)
+        self._count(entry.pod, -held)
+        entry.pod = pod
+        self._count(pod, held)
+
+    def _count(self, pod: str, delta: int) -> None:
+        left = self._per_pod.get(pod, 0) + delta
+        if left > 0:
+            self._per_pod[pod] = left
+        else:
+            self._per_pod.pop(pod, None)
+
+    def _cap_met(self, entry: _Open) -> str:
+        """The cap a new connection of this container would pass, or ""."""
+        if self._per_pod.get(entry.pod, 0) >= self.caps.per_pod:
+            return "pod"
+        if self.stats.open >= self.caps.per_node:
+            return "node"
+        if self.stats.open >= self.caps.room(len(self._open)):
+            return "descriptors"
+        if len(entry.account.holders) >= MAX_CONNECTIONS:
+            return "container"
+        return ""
+
+    def _accept(self, entry: _Open) -> None:
+        """Take the connections waiting on a container's socket (the loop calls it)."""
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, _ = entry.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:
+                if err.errno in RESOURCE_ERRORS:
+                    self._pause(entry, err)
+                    return
+                continue  # this connection went away before it was taken
+            cap = self._cap_met(entry)
+            conn = None if cap else entry.account.connect()
+            if conn is None:
+                self._refuse(sock, cap or "container")
+                continue
+            self.stats.open += 1
+            self._count(entry.pod, 1)
+            task = asyncio.get_running_loop().create_task(self._serve(entry, conn, sock))
+            entry.tasks.add(task)
+            task.add_done_callback(entry.tasks.discard)
+
+    def _pause(self, entry: _Open, err: OSError) -> None:
+        """accept() had no descriptor or memory: stop listening a while instead of spinning."""
+        self.stats.accept_errors += 1
+        log.warning(
+            "key=%s phase=broker cannot accept (%s): paused %.0fs", entry.key, err, ACCEPT_RETRY_S
+        )
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(entry.listener.fileno())
+
+        def resume() -> None:
+            entry.paused = None
+            if self._open.get(entry.key) is entry:
+                loop.add_reader(entry.listener.fileno(), self._accept, entry)
+
+        entry.paused = loop.call_later(ACCEPT_RETRY_S, resume)
+
+    def _refuse(self, sock: socket.socket, cap: str) -> None:
+        """Answer a connection over a cap with why, and close it."""
+        self.stats.refused[cap] = self.stats.refused.get(cap, 0) + 1
+        limit = {
+            "container": MAX_CONNECTIONS,
+            "pod": self.caps.per_pod,
+            "node": self.caps.per_node,
+            "descriptors": self.caps.room(len(self._open)),
+        }[cap]
+        with contextlib.suppress(OSError):
+            sock.setblocking(False)
+            sock.send(f"error too many connections: a {CAP_WORDS[cap]} may hold {limit}\n".encode())
+        sock.close()
+
+    async def _serve(self, entry: _Open, conn: int, sock: socket.socket) -> None:
+        writer: asyncio.StreamWriter | None = None
         try:
+            reader, writer = await asyncio.open_unix_connection(sock=sock, limit=MAX_LINE)
             while True:
+                idle = None if entry.account.holds(conn) else self.caps.idle_s or None
                 try:
-                    line = await reader.readuntil(b"\n")
-                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+                    async with asyncio.timeout(idle):
+                        line = await reader.readuntil(b"\n")
+                except TimeoutError:
+                    self.stats.idle_closed += 1
+                    break
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
                     break
                 wait = entry.settle_until - asyncio.get_running_loop().time()
                 if wait > 0 and line.startswith(b"reserve "):
@@ -131,13 +257,19 @@ class Broker:
                 if answer == OK and line.startswith(b"active ") and self.on_active is not None:
                     self._tell_active(entry.key, line)
                 writer.write(answer)
-                await writer.drain()
-        except OSError:
+                # a client that does not read its answers is idle too
+                async with asyncio.timeout(self.caps.idle_s or None):
+                    await writer.drain()
+        except (OSError, TimeoutError):
             pass
         finally:
             entry.account.disconnect(conn)
-            entry.writers.discard(writer)
-            writer.close()
+            self.stats.open -= 1
+            self._count(entry.pod, -1)
+            if writer is None:
+                sock.close()
+            else:
+                writer.close()
 
     def _tell_active(self, key: str, line: bytes) -> None:
         """Pass an accepted activity report on; the plugin's failure is logged, not the client's."""
@@ -158,18 +290,28 @@ class Broker:
         """The keys served."""
         return sorted(self._open)
 
+    def pod(self, key: str) -> str | None:
+        """What the pod cap counts a served container's connections under."""
+        entry = self._open.get(key)
+        return None if entry is None else entry.pod
+
+    def connections(self, pod: str) -> int:
+        """Open connections counted against a pod."""
+        return self._per_pod.get(pod, 0)
+
     def drop(self, key: str) -> None:
         """Stop serving a container's account and close its connections."""
         entry = self._open.pop(key, None)
         if entry is None:
             return
-        if entry.server.done() and not entry.server.cancelled() and not entry.server.exception():
-            entry.server.result().close()
+        if entry.paused is not None:
+            entry.paused.cancel()
         else:
-            entry.server.cancel()
+            with contextlib.suppress(RuntimeError):  # no loop: nothing was added to one
+                asyncio.get_running_loop().remove_reader(entry.listener.fileno())
         entry.listener.close()
-        for writer in list(entry.writers):
-            writer.close()
+        for task in list(entry.tasks):
+            task.cancel()
 
     def close(self) -> None:
         """Stop serving every account (the sockets stay for the next plugin to bind again)."""

@@ -16,6 +16,20 @@ from gpushare.core.units import MemoryUnit
 
 
 @dataclass
+class BrokerStats:
+    """The accounting broker's connections: how many are open and why others were closed."""
+
+    open: int = 0
+    """Connections open now, on every container's socket."""
+    refused: dict[str, int] = field(default_factory=dict)
+    """Connections closed at once, by the cap they met: container, pod, node, descriptors."""
+    idle_closed: int = 0
+    """Connections holding nothing, closed after the idle timeout."""
+    accept_errors: int = 0
+    """accept() failures for want of descriptors or memory (the socket pauses a second)."""
+
+
+@dataclass
 class Stats:
     """Counters the tests and the metrics read."""
 
@@ -26,6 +40,7 @@ class Stats:
     registrations: int = 0
     untrusted: dict[str, int] = field(default_factory=dict)
     """Pods whose allocation was ignored, by reason (core.trust), each pod once per reason."""
+    broker: BrokerStats = field(default_factory=BrokerStats)
 
 
 @dataclass

@@ -69,6 +69,8 @@ from gpushare.core.isolationpaths import (
 )
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.broker import CONTAINER_BROKER_SOCKET, SETTLE_S, Broker
+from gpushare.deviceplugin.config import BrokerStats
+from gpushare.deviceplugin.descriptors import BrokerCaps
 from gpushare.deviceplugin.gpus import GpuInfo, GpuSource
 from gpushare.deviceplugin.serving import (
     ContainerAnswer,
@@ -176,6 +178,19 @@ def accounting_key(target: Target) -> str:
     return f"{BY_DEVICES}/{devices_key(target.device_ids)}"
 
 
+def pod_of(key: str, target: Target | None = None) -> str:
+    """What the broker's pod cap counts a container's connections under.
+
+    The pod's UID when the key or the candidates name one pod; otherwise the key itself, until
+    PodResources names the pod (``InterposerIsolation.weigh``).
+    """
+    uid, _, _ = key.partition("/")
+    if uid != BY_DEVICES:
+        return uid
+    uids = {c.uid for c in target.candidates} if target is not None else set()
+    return uids.pop() if len(uids) == 1 else key
+
+
 def prune_accounting(
     root: Path,
     live_uids: frozenset[str],
@@ -222,12 +237,16 @@ class InterposerIsolation:
         cgpu_policy: Policy = Policy.NATIVE,
         gpu_memory_mib: dict[int, int] | None = None,
         max_pods: int | None = None,
+        caps: BrokerCaps | None = None,
+        broker_stats: BrokerStats | None = None,
     ) -> None:
         self.lib_dir = lib_dir
         self.state_dir = state_dir
         self.unit = unit
         self.packaged = packaged
-        self.broker = Broker(state_dir / "broker", on_active=self.note_active)
+        self.broker = Broker(
+            state_dir / "broker", on_active=self.note_active, caps=caps, stats=broker_stats
+        )
         self.cgpu_policy = cgpu_policy
         self.gpu_memory_mib = gpu_memory_mib or {}
         self.max_pods = max_pods or unit.default_max_pods_per_gpu
@@ -257,7 +276,7 @@ class InterposerIsolation:
             key = path.parent.relative_to(root).as_posix()
             try:
                 limits = ContainerLimits.parse(path.read_text())
-                self.broker.open(key, limits.mem_limit_bytes, settle_s=SETTLE_S)
+                self.broker.open(key, limits.mem_limit_bytes, pod=pod_of(key), settle_s=SETTLE_S)
                 if limits.policy is not None:
                     member = Member(limits.slot, limits.core_pct, limits.weight)
                     self._join(key, limits.gpus, member)
@@ -366,7 +385,7 @@ class InterposerIsolation:
             if scheduled:
                 self.write_schedules(set(gpus))
             _write_atomically(limits_file, limits.render(), 0o444)
-            broker_dir = self.broker.open(key, limits.mem_limit_bytes)
+            broker_dir = self.broker.open(key, limits.mem_limit_bytes, pod=pod_of(key, target))
         except OSError as err:
             raise IsolationError(
                 f"cannot write the limits of this container or serve its account under "
@@ -410,8 +429,10 @@ class InterposerIsolation:
 
         Only the schedule changes: the limits file, mounted into the running container, keeps
         the weight Allocate gave (the interposer does not use it; the schedule's ``member=``
-        lines say what counts).
+        lines say what counts). The broker counts the container's connections against the pod
+        from now on, too.
         """
+        self.broker.attribute(f"{BY_DEVICES}/{devices_key(device_ids)}", uid)
         key = next(
             (
                 k
@@ -616,6 +637,8 @@ class NodeIsolation:
         packaged: Path | None = None,
         cgpu_policy: Policy = Policy.NATIVE,
         max_pods: int | None = None,
+        caps: BrokerCaps | None = None,
+        broker_stats: BrokerStats | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"--isolation={policy!r} is not supported: use auto or none")
@@ -628,6 +651,9 @@ class NodeIsolation:
         self.source = source
         self.runner = runner or MpsControl()
         self.packaged = packaged
+        self.caps = caps
+        """The accounting broker's connection caps (cgpu and core_mem nodes)."""
+        self.broker_stats = broker_stats
         self.chosen: IsolationHook = NoIsolation()
 
     def prepare(self, mode: Mode) -> str:
@@ -651,6 +677,8 @@ class NodeIsolation:
                 cgpu_policy=self.cgpu_policy,
                 gpu_memory_mib={g.index: g.memory_mib for g in self.source.gpus()},
                 max_pods=self.max_pods,
+                caps=self.caps,
+                broker_stats=self.broker_stats,
             )
             if mode is Mode.CGPU:
                 log.info(

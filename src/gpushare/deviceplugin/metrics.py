@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpushare.deviceplugin.config import BrokerStats
 from gpushare.deviceplugin.gpus import GpuSource
 from gpushare.exporting import ExportRegistry
 
@@ -28,11 +29,16 @@ DEVICE_PLUGIN_METRICS = (
     "gpushare_device_plugin_untrusted_allocations_total",
     "gpushare_device_plugin_gpu_memory_bytes",
     "gpushare_device_plugin_gpu_unhealthy",
+    "gpushare_device_plugin_broker_connections",
+    "gpushare_device_plugin_broker_connections_refused_total",
+    "gpushare_device_plugin_broker_idle_closed_total",
+    "gpushare_device_plugin_broker_accept_errors_total",
 )
 """Series this collector exports (the dashboard test reads this list)."""
 
 
 class _Stats(Protocol):
+    broker: BrokerStats
     allocations: int
     refused: int
     served_pods: int
@@ -84,6 +90,17 @@ class DevicePluginCollector(Collector):
                 "Registrations with kubelet (one per resource, again after kubelet restarts)",
                 stats.registrations,
             ),
+            (
+                "gpushare_device_plugin_broker_idle_closed",
+                "Accounting-broker connections holding no memory closed after the idle timeout",
+                stats.broker.idle_closed,
+            ),
+            (
+                "gpushare_device_plugin_broker_accept_errors",
+                "Accounting-broker accept() failures for want of descriptors or memory (the "
+                "socket pauses a second each time)",
+                stats.broker.accept_errors,
+            ),
         ):
             family = CounterMetricFamily(name, text, labels=["node"])
             family.add_metric([self._node], value)
@@ -97,6 +114,23 @@ class DevicePluginCollector(Collector):
         for reason, value in sorted(stats.untrusted.items()):
             untrusted.add_metric([self._node, reason], value)
         yield untrusted
+        refused = CounterMetricFamily(
+            "gpushare_device_plugin_broker_connections_refused",
+            "Accounting-broker connections answered 'too many connections' and closed, by the "
+            "cap they met: container, pod, node, or descriptors (what the plugin's open-file "
+            "limit leaves after its own reserve)",
+            labels=["node", "cap"],
+        )
+        for cap, value in sorted(stats.broker.refused.items()):
+            refused.add_metric([self._node, cap], value)
+        yield refused
+        connections = GaugeMetricFamily(
+            "gpushare_device_plugin_broker_connections",
+            "Accounting-broker connections open now, every container of the node together",
+            labels=["node"],
+        )
+        connections.add_metric([self._node], stats.broker.open)
+        yield connections
         memory = GaugeMetricFamily(
             "gpushare_device_plugin_gpu_memory_bytes",
             "Memory of each GPU as the device plugin reads it",

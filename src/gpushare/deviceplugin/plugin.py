@@ -64,12 +64,14 @@ class DevicePlugin:
         config: PluginConfig,
         hook: IsolationHook | None = None,
         trust: Trust | None = None,
+        stats: Stats | None = None,
     ) -> None:
         self.api = api
         self.source = source
         self.config = config
         self.hook = hook or NoIsolation()
-        self.stats = Stats()
+        self.stats = stats or Stats()
+        """The counters; the CLI makes them first, so the isolation hook's broker adds to them."""
         self.trust = trust if trust is not None else keyless_trust(api)
         self.pods = NodeReader(api=api, config=config, trust=self.trust, stats=self.stats)
         self.mode = Mode.SHARE

@@ -83,6 +83,10 @@ class Account:
         self.holders[self._next] = [0] * MAX_DEVICES
         return self._next
 
+    def holds(self, conn: int) -> bool:
+        """Whether the connection holds any memory (closing it would give that back)."""
+        return any(self.holders.get(conn, ()))
+
     def disconnect(self, conn: int) -> None:
         """The connection closed: everything charged to it is given back."""
         self.holders.pop(conn, None)

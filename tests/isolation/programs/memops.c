@@ -4,7 +4,7 @@
  *   array:MiB (a 2D float4 array)  array3d:MiB (a 3D 8-bit array)  destroy
  *   procaddr:MiB (cuMemAlloc through cuGetProcAddress on a dlopen'ed driver handle)
  *   info (cuMemGetInfo, cuDeviceTotalMem)  nvml (nvmlDeviceGetMemoryInfo, _v2)  init  hold
- *   objects (the path of every loaded object, as the loader names it)
+ *   objects (the path of every loaded object, as the loader names it)  sleep:MS
  * Lines read "<op> rc=<CUresult> ...". Linked against the fake driver and NVML.
  */
 #define _GNU_SOURCE
@@ -115,6 +115,8 @@ int main(int argc, char **argv) {
                    m.free, m2.total, m2.used);
         } else if (strcmp(op, "objects") == 0) {
             dl_iterate_phdr(print_object, NULL);
+        } else if (strncmp(op, "sleep:", 6) == 0) {
+            usleep((useconds_t)(mib * 1000)); /* milliseconds, in the number's place */
         } else if (strcmp(op, "init") == 0) {
             rc = cuInit(0);
         } else if (strcmp(op, "hold") == 0) {

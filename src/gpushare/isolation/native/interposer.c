@@ -723,9 +723,13 @@ static void *gs_broker_watch(void *arg) {
         if (poll(&p, 1, 1000) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
             pthread_mutex_lock(&gs_broker_lock);
             if (gs_broker_fd == fd) {
-                gs_log("the accounting broker closed the connection; reconnecting");
+                /* holding nothing, there is nothing to declare: the broker may have closed an
+                 * idle connection, and the next question reconnects */
                 gs_broker_drop();
-                gs_broker_connect();
+                if (gs_broker_holds()) {
+                    gs_log("the accounting broker closed the connection; reconnecting");
+                    gs_broker_connect();
+                }
             }
             pthread_mutex_unlock(&gs_broker_lock);
         }

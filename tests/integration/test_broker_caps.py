@@ -1,0 +1,361 @@
+"""The accounting broker's connection caps, against a hostile client in a process of its own.
+
+The hostile "containers" connect from a child process, so their descriptors are its own and the
+plugin's (this test process's) are only the broker's side, as on a node. The plugin runs under a
+lowered open-file limit, so that what the caps protect (Allocate, files, PodResources) would
+fail with ``Too many open files`` without them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import socket
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gpushare.core.inventory import Mode
+from gpushare.core.isolationpaths import CONTAINER_BROKER_DIR
+from gpushare.deviceplugin.broker import SOCKET_NAME, Broker
+from gpushare.deviceplugin.config import Stats
+from gpushare.deviceplugin.descriptors import RESERVED, BrokerCaps, CapsError
+from gpushare.deviceplugin.isolation import BY_DEVICES
+from gpushare.deviceplugin.metrics import registry_for
+from tests import grpc_loop
+
+from .test_device_plugin import MEM, Rig, pod, run
+from .test_isolation_hooks import admit, ask, fake_library, isolation
+
+GiB = 2**30
+LIMIT = 1024
+"""The plugin's open-file limit in these tests: a container's usual soft limit."""
+
+HOSTILE = r"""
+import json, resource, selectors, socket, sys, time
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+n, paths = int(sys.argv[1]), sys.argv[2:]
+counts = {"served": 0, "refused": 0, "silent": 0, "unconnected": 0}
+socks, first = [], b""
+until = time.monotonic() + 10  # a broker that takes none leaves the rest unconnected
+for path in paths:
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(2)
+        while True:  # a full backlog answers EAGAIN at once: try again while it drains
+            try:
+                s.connect(path)
+                s.sendall(b"used 0\n")
+            except BlockingIOError:
+                if time.monotonic() < until:
+                    time.sleep(0.001)
+                    continue
+            except OSError:
+                pass
+            else:
+                socks.append(s)
+                break
+            s.close()
+            counts["unconnected"] += 1
+            break
+sel = selectors.DefaultSelector()
+for s in socks:
+    s.setblocking(False)
+    sel.register(s, selectors.EVENT_READ)
+waiting, deadline = len(socks), time.monotonic() + 10
+while waiting and time.monotonic() < deadline:
+    for key, _ in sel.select(timeout=0.5):
+        try:
+            data = key.fileobj.recv(200)
+        except OSError:
+            data = b""
+        sel.unregister(key.fileobj)
+        waiting -= 1
+        if data.startswith(b"used "):
+            counts["served"] += 1
+        elif data.startswith(b"error too many connections"):
+            counts["refused"] += 1
+            first = first or data
+        else:
+            counts["silent"] += 1
+counts["silent"] += waiting
+counts["why"] = first.decode().strip()
+print(json.dumps(counts), flush=True)
+sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def open_file_limit(soft: int) -> Iterator[None]:
+    """Run the plugin (this process) under a lower soft open-file limit."""
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, before[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, before)
+
+
+@contextlib.asynccontextmanager
+async def hostile(per_socket: int, *socks: Path) -> AsyncIterator[dict[str, Any]]:
+    """Connections from another process, ``per_socket`` to each socket, held until the end."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        HOSTILE,
+        str(per_socket),
+        *map(str, socks),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 40)
+        yield json.loads(line)
+    finally:
+        proc.stdin.close()
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
+def broker_socket(admitted: Any, container: str) -> Path:
+    (host,) = [h for c, h, _ in admitted.mounts[container] if c == CONTAINER_BROKER_DIR]
+    return Path(host) / SOCKET_NAME
+
+
+def hook(caps: BrokerCaps | None = None) -> Any:
+    """No caps: the hook's defaults, under the process's open-file limit."""
+    return isolation(packaged=fake_library(), **({"caps": caps} if caps is not None else {}))
+
+
+async def refusal(path: Path) -> str:
+    """What the broker says at once to a new connection (a refused one hears why)."""
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    line = await asyncio.wait_for(reader.readline(), 5)
+    writer.close()
+    return line.decode().rstrip("\n")
+
+
+def own_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def still_works(r: Rig, name: str) -> Path:
+    """The plugin's own work under the load: files open, a new pod's Allocate is served."""
+    _, admitted = await admit(r, pod(name, 1))
+    assert admitted.envs["c0"]["GPUSHARE_MEM_LIMIT"] == str(GiB)
+    files = [open(os.devnull) for _ in range(32)]  # noqa: SIM115 - held on purpose
+    for f in files:
+        f.close()
+    return broker_socket(admitted, "c0")
+
+
+def test_one_pods_containers_share_its_cap_and_another_pod_is_served() -> None:
+    """20 containers x 1,100 connections spent a node's descriptors: a pod now has its cap."""
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        # three identical containers: kubelet cannot tell them apart, the pod is still known
+        placed, admitted = await admit(r, pod("hostile", 1, 1, 1))
+        socks = [broker_socket(admitted, c) for c in ("c0", "c1", "c2")]
+        async with hostile(200, *socks) as got:
+            assert got["served"] == 300 and got["refused"] == 300, got
+            assert got["silent"] == got["unconnected"] == 0, got
+            assert got["why"] == "error too many connections: a pod may hold 300"
+            uid = placed["metadata"]["uid"]
+            assert r.plugin.hook.chosen.broker.connections(uid) == 300
+            broker = r.plugin.hook.chosen.broker
+            assert broker.stats.refused == {"pod": 300}
+            assert broker.stats.open == 300
+            # the CLI hands the plugin's counters to the broker: the metrics read them
+            plugin = SimpleNamespace(stats=Stats(broker=broker.stats), source=r.gpus)
+            exported = {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for m in registry_for(plugin, "n1").collect()
+                for s in m.samples
+            }
+            assert (
+                exported[
+                    (
+                        "gpushare_device_plugin_broker_connections_refused_total",
+                        (("cap", "pod"), ("node", "n1")),
+                    )
+                ]
+                == 300
+            )
+            assert exported[("gpushare_device_plugin_broker_connections", (("node", "n1"),))] == 300
+            victim = await still_works(r, "victim")
+            assert await ask(victim, "used 0") == [f"used 0 {GiB}"]
+        # the hostile process is gone: its connections, and the pod's count, with it
+        for _ in range(100):
+            if r.plugin.hook.chosen.broker.stats.open == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert r.plugin.hook.chosen.broker.stats.open == 0
+        assert r.plugin.hook.chosen.broker.connections(uid) == 0
+
+    with open_file_limit(LIMIT):
+        run(body, mode=Mode.CGPU, hook=hook(BrokerCaps(per_pod=300, descriptors=LIMIT)))
+
+
+def test_the_node_keeps_its_descriptors_whatever_pods_open() -> None:
+    """No caps given: the node's room is the open-file limit less the plugin's reserve."""
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        baseline = own_descriptors()
+        socks = []
+        for name in ("a", "b"):
+            _, admitted = await admit(r, pod(name, 1))
+            socks.append(broker_socket(admitted, "c0"))
+        async with hostile(600, *socks) as got:
+            victim = await still_works(r, "victim")
+            room = LIMIT - RESERVED - 3  # three sockets listen once the victim is served
+            assert got["silent"] == got["unconnected"] == 0, got
+            assert got["served"] + got["refused"] == 1200, got
+            assert got["served"] <= room + 1, got
+            # the victim's pod is admitted; its own connection is refused, and says why
+            why = await refusal(victim)
+            assert why.startswith("error too many connections: a node (for the device plugin")
+            assert r.plugin.hook.chosen.broker.stats.refused["descriptors"] >= 1200 - room
+            print(f"plugin descriptors: {baseline} before, {own_descriptors()} under the load")
+        for _ in range(100):
+            with contextlib.suppress(OSError, ConnectionError):
+                if await ask(victim, "used 0") == [f"used 0 {GiB}"]:
+                    break
+            await asyncio.sleep(0.05)
+        assert await ask(victim, "used 0") == [f"used 0 {GiB}"]
+
+    with open_file_limit(LIMIT):
+        run(body, mode=Mode.CGPU, hook=hook())
+
+
+def test_a_node_cap_bounds_every_pod_together() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        socks = []
+        for name in ("a", "b", "c"):
+            _, admitted = await admit(r, pod(name, 1))
+            socks.append(broker_socket(admitted, "c0"))
+        async with hostile(100, *socks) as got:
+            assert got["served"] == 250 and got["refused"] == 50, got
+            assert got["why"] == "error too many connections: a node may hold 250"
+            assert r.plugin.hook.chosen.broker.stats.refused == {"node": 50}
+
+    run(body, mode=Mode.CGPU, hook=hook(BrokerCaps(per_pod=100, per_node=250)))
+
+
+def test_pods_named_only_by_their_devices_are_counted_once_podresources_names_them() -> None:
+    """Two identical pods: Allocate cannot say whose container it serves; PodResources can."""
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        first = await r.place(pod("p", 1, 1))
+        second = await r.place(pod("q", 1, 1))
+        assert first is not None and second is not None
+        admitted = await r.kubelet.admit(first)
+        await r.kubelet.admit(second)
+        broker = r.plugin.hook.chosen.broker
+        socks = [broker_socket(admitted, c) for c in ("c0", "c1")]
+        uid = first["metadata"]["uid"]
+        named = keys(broker, socks)
+        assert all(k.startswith(f"{BY_DEVICES}/") for k in named)  # either pod's, at Allocate
+        for _ in range(100):  # the check reads PodResources every 50 ms here
+            if [broker.pod(k) for k in named] == [uid, uid]:
+                break
+            await asyncio.sleep(0.05)
+        assert [broker.pod(k) for k in named] == [uid, uid]
+        async with hostile(60, *socks) as got:
+            assert got["served"] == 100 and got["refused"] == 20, got
+            assert broker.connections(uid) == 100
+
+    run(body, mode=Mode.CGPU, hook=hook(BrokerCaps(per_pod=100)))
+
+
+def keys(broker: Broker, socks: list[Path]) -> list[str]:
+    return [sock.parent.relative_to(broker.root).as_posix() for sock in socks]
+
+
+def test_idle_connections_holding_nothing_are_closed_and_holders_kept(tmp_path: Path) -> None:
+    async def main() -> None:
+        broker = Broker(tmp_path, caps=BrokerCaps(idle_s=0.2))
+        sock = broker.open("uid/c0", (GiB,)) / SOCKET_NAME
+        idle_reader, idle = await asyncio.open_unix_connection(str(sock))
+        holder_reader, holder = await asyncio.open_unix_connection(str(sock))
+        holder.write(b"reserve 0 1\n")
+        assert await holder_reader.readline() == b"ok\n"
+        await asyncio.sleep(0.6)
+        assert await asyncio.wait_for(idle_reader.read(), 1) == b""  # closed by the broker
+        holder.write(b"used 0\n")
+        assert await holder_reader.readline() == f"used 1 {GiB}\n".encode()
+        assert broker.stats.idle_closed == 1 and broker.stats.open == 1
+        for writer in (idle, holder):
+            writer.close()
+            await writer.wait_closed()
+        broker.close()
+        await asyncio.sleep(0.05)  # the broker's side closes on the loop
+
+    grpc_loop.run(main())
+
+
+def test_accept_without_descriptors_pauses_instead_of_spinning(tmp_path: Path) -> None:
+    async def main() -> None:
+        broker = Broker(tmp_path, caps=BrokerCaps())
+        path = broker.open("uid/c0", (GiB,)) / SOCKET_NAME
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        client.connect(str(path))  # waits in the backlog: the loop has not run since
+        spent = []
+        with open_file_limit(own_descriptors() + 8):
+            with contextlib.suppress(OSError):
+                while True:
+                    spent.append(os.open(os.devnull, os.O_RDONLY))
+            await asyncio.sleep(1.5)
+            errors = broker.stats.accept_errors
+            for fd in spent:
+                os.close(fd)
+        assert 1 <= errors <= 3  # one try a second, not one per turn of the loop
+        client.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(client, b"used 0\n")
+        answer = await asyncio.wait_for(loop.sock_recv(client, 100), 5)
+        assert answer == f"used 0 {GiB}\n".encode()
+        client.close()
+        broker.close()
+
+    grpc_loop.run(main())
+
+
+def test_caps_that_cannot_be_served_are_refused_naming_the_flag() -> None:
+    with pytest.raises(CapsError, match="--broker-max-connections-per-pod=0 must be at least 1"):
+        BrokerCaps(per_pod=0)
+    with pytest.raises(CapsError, match=r"per-pod=3000 is more than .*per-node=2000"):
+        BrokerCaps(per_pod=3000, per_node=2000)
+    with pytest.raises(CapsError, match="keeps 256 for its own work"):
+        BrokerCaps(descriptors=200)
+    assert BrokerCaps(descriptors=LIMIT).room(listeners=10) == LIMIT - RESERVED - 10
+    assert BrokerCaps().room(listeners=10) == BrokerCaps().per_node
+
+
+def test_the_device_plugin_refuses_caps_it_cannot_serve() -> None:
+    from click.testing import CliRunner
+
+    from gpushare.cli import main as gpushare
+
+    for flags, words in (
+        (["--broker-max-connections-per-pod=0"], "per-pod=0 must be at least 1"),
+        (["--broker-max-connections-per-node=100"], "per-pod=2048 is more than"),
+        (["--broker-idle-timeout=-1"], "--broker-idle-timeout=-1 must be 0 (never)"),
+    ):
+        out = CliRunner().invoke(
+            gpushare, ["device-plugin", "--node-name=n", "--insecure-no-seal", *flags]
+        )
+        assert out.exit_code == 2 and words in out.output, out.output
