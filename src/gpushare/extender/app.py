@@ -164,7 +164,11 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         tasks = []
         if run_cache:
-            tasks = [asyncio.create_task(extender.cache.run()), asyncio.create_task(_freeze())]
+            tasks = [
+                asyncio.create_task(extender.cache.run()),
+                asyncio.create_task(_freeze()),
+                asyncio.create_task(extender.keep_intents()),
+            ]
         if policies is not None:
             tasks.append(asyncio.create_task(policies.run()))
         try:

@@ -190,6 +190,13 @@ class ExtenderMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.retries = Counter(
+            "gpushare_retries_total",
+            "Pods refused for want of GPU that the extender asked kube-scheduler to try again "
+            "once GPUs came back (an intent given back), by outcome: touched, gone, error",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.filter_answers = Counter(
             "gpushare_filter_answers_total",
             "Filter answers that let a GPU pod through, by how: top_node (only the extender's "

@@ -63,18 +63,26 @@ from gpushare.core.kubejson import (
     key_of,
     labels_of,
     name_of,
+    namespace_of,
     node_name_of,
     pod_spec_of,
     stored_uid_of,
     uid_of,
 )
 from gpushare.core.ledger import Kept
-from gpushare.core.names import ANN_ALLOCATION, ANN_SEAL, POD_ANNOTATIONS, SCHEDULER_NAME
+from gpushare.core.names import (
+    ANN_ALLOCATION,
+    ANN_RETRY,
+    ANN_SEAL,
+    POD_ANNOTATIONS,
+    SCHEDULER_NAME,
+)
 from gpushare.core.preferences import stated_preference
 from gpushare.core.requests import PodRequest, Rejection
 from gpushare.core.resourcepolicy import GROUP, KIND, VERSION, ResourcePolicy
 from gpushare.core.scheduling import Scheduler
 from gpushare.core.trust import Ignored
+from gpushare.core.waiting import Waiting, WaitingPod
 from gpushare.extender.events import (
     POLICY_NOTICE,
     POLICY_UNIT,
@@ -105,10 +113,21 @@ INTENT_TTL_S = 30.0
 
 kube-scheduler binds within milliseconds of choosing, unless a Permit plugin makes the pod
 wait; a pod it retried is filtered again first, which gives the old intent back at once. So
-the deadline matters only when no call for the pod comes again (kube-scheduler stopped, the
-pod left for another scheduler): then the share is free again after this long. Letting it go
-early is safe (bind checks the node again) but would bring back the retries intents remove.
+the deadline matters when no call for the pod comes for a while: the pod waits in PreBind
+(VolumeBinding waits up to 10 minutes for a volume to be provisioned, one that never is
+included), kube-scheduler stopped, or the pod left for another scheduler. The deadline runs
+from the booking and is kept by the clock (``sweep``), not by the next call, so however long
+the pod waits its share is free again after this long, and the pods refused meanwhile are
+tried again. Letting it go early is safe (bind checks the node again) but would bring back
+the retries intents remove.
 """
+
+SWEEP_S = 1.0
+"""How often the intents past their deadline are given back (``Extender.keep_intents``)."""
+
+RETRIES_PER_SWEEP = 20
+"""At most this many refused pods are touched per sweep (``core.waiting``): a crowd of them
+costs the API server 20 writes a second at most, however much capacity comes back."""
 
 SUCCESS = frozenset({"bound", "already_bound"})
 """Bind outcomes that answer kube-scheduler with success."""
@@ -171,6 +190,10 @@ class Extender:
         self.attempts = attempts
         self.clock_ns = clock_ns
         self._binding = _OnePerKey()
+        self.waiting = Waiting()
+        """GPU pods the filter refused, tried again when GPUs come back (``sweep``)."""
+        self._retry_before = 0
+        """``Waiting.mark`` when GPUs last came back: the pods refused before it are due."""
         if cache.on_ignored is None:
             cache.on_ignored = self._ignored
 
@@ -227,12 +250,70 @@ class Extender:
     def _new_attempt(self, pod: KubeObject) -> None:
         """Before a filter: give back the intents that expired, and the pod's own, since
         kube-scheduler tries a pod again only after its previous attempt has ended."""
-        ledger = self.cache.ledger
-        expired = ledger.expire(self.clock_ns())
+        self._expire()
+        if self.scheduler.drop_intent(uid_of(pod), self.cache.ledger):
+            self.metrics.intents.labels("dropped").inc()
+
+    def _expire(self) -> None:
+        """Give back the intents past their deadline; their GPUs are free again."""
+        expired = self.cache.ledger.expire(self.clock_ns())
         if expired:
             self.metrics.intents.labels("expired").inc(len(expired))
-        if self.scheduler.drop_intent(uid_of(pod), ledger):
-            self.metrics.intents.labels("dropped").inc()
+            self._capacity_returned()
+
+    def _capacity_returned(self) -> None:
+        """GPUs came back without an event kube-scheduler sees: the pods refused until now are
+        due to be tried again (``sweep``)."""
+        self._retry_before = self.waiting.mark()
+
+    def _waits(self, pod: KubeObject, request: PodRequest | Rejection, fits: bool) -> None:
+        """Remember a GPU pod refused on every node until GPUs come back; forget one that
+        fits somewhere (or asks for none)."""
+        uid = stored_uid_of(pod)
+        if fits or not isinstance(request, PodRequest) or not request.wants_gpu:
+            self.waiting.forget(uid)
+        elif uid:
+            self.waiting.refused(WaitingPod(uid, namespace_of(pod), name_of(pod)))
+
+    def sweep(self) -> list[WaitingPod]:
+        """Give back the intents past their deadline; the refused pods to try again now.
+
+        Those are the pods refused before GPUs last came back, still unbound, at most
+        ``RETRIES_PER_SWEEP`` (``core.waiting``); the rest come at the next sweeps.
+        """
+        self._expire()
+        pending = self.cache.pending
+        taken = self.waiting.take(RETRIES_PER_SWEEP, before=self._retry_before)
+        return [pod for pod in taken if pod.uid in pending]
+
+    async def retry(self, pods: list[WaitingPod]) -> None:
+        """Ask kube-scheduler to try these refused pods again: an annotation on each is an
+        update of the pod, which moves a pod only the extender refused back to its queue
+        (``core.waiting``). A pod gone meanwhile is skipped; a failed write is logged."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock_ns() / 1e9))
+        for pod in pods:
+            try:
+                await self.api.patch_pod_annotations(
+                    pod.namespace, pod.name, {ANN_RETRY: stamp}, resource_version=""
+                )
+            except NotFound:
+                self.metrics.retries.labels("gone").inc()
+                continue
+            except KubeError as err:
+                self.metrics.retries.labels("error").inc()
+                log.warning("pod=%s/%s phase=retry cannot touch: %s", pod.namespace, pod.name, err)
+                continue
+            self.metrics.retries.labels("touched").inc()
+
+    async def keep_intents(self, period_s: float = SWEEP_S) -> None:
+        """Every ``period_s``: give back the intents past their deadline and try the refused
+        pods again (``sweep``, ``retry``); runs for the app's lifetime."""
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                await self.retry(self.sweep())
+            except Exception:  # the next sweep must still come
+                log.exception("phase=sweep unexpected error")
 
     def _intend(
         self,
@@ -277,8 +358,7 @@ class Extender:
                 unresolvable[verdict.node] = verdict.message
         labels = {name_of(n): labels_of(n) for n in args.Nodes.items}
         passing = set(self._gate(args.Pod, sorted(passing), failed, unresolvable, labels))
-        self._count_filter(result.request, bool(passing))
-        self._explain_filter(args.Pod, result.request, bool(passing), failed, unresolvable)
+        self._filtered(args.Pod, result.request, bool(passing), failed, unresolvable)
         kept = [n for n in args.Nodes.items if name_of(n) in passing]
         return ExtenderFilterResult(
             Nodes=NodeList(items=kept), FailedNodes=failed, FailedAndUnresolvableNodes=unresolvable
@@ -297,8 +377,7 @@ class Extender:
             passing = self._gate(
                 args.Pod, passing, failed, result.unresolvable, self.cache.book.node_labels
             )
-        self._count_filter(result.request, bool(passing))
-        self._explain_filter(args.Pod, result.request, bool(passing), failed, result.unresolvable)
+        self._filtered(args.Pod, result.request, bool(passing), failed, result.unresolvable)
         top = self._top_only(args.Pod, result.request, passing)
         if top and len(passing) > 1:
             return ExtenderFilterResult(NodeNames=[top], FailedNodes={})
@@ -386,6 +465,19 @@ class Extender:
                 failed[name] = gate.reason
         return kept
 
+    def _filtered(
+        self,
+        pod: KubeObject,
+        request: PodRequest | Rejection,
+        fits: bool,
+        failed: dict[str, str],
+        unresolvable: dict[str, str],
+    ) -> None:
+        """After a filter: count it, say why no node fits, remember a refused GPU pod."""
+        self._count_filter(request, fits)
+        self._explain_filter(pod, request, fits, failed, unresolvable)
+        self._waits(pod, request, fits)
+
     def _count_filter(self, request: PodRequest | Rejection, fits: bool) -> None:
         outcome = (
             "rejected" if isinstance(request, Rejection) else ("fits" if fits else "unschedulable")
@@ -394,7 +486,7 @@ class Extender:
 
     def _explain_filter(
         self,
-        pod: dict[str, object],
+        pod: KubeObject,
         request: PodRequest | Rejection,
         fits: bool,
         failed: dict[str, str],
@@ -495,6 +587,7 @@ class Extender:
         self.metrics.requests.labels("bind", "error").inc()
         if args.PodUID and self.scheduler.drop_intent(args.PodUID, self.cache.ledger):
             self.metrics.intents.labels("dropped").inc()  # the pod will be tried again
+            self._capacity_returned()
         log.warning("pod=%s node=%s phase=bind error=%r", key, args.Node, error)
         return ExtenderBindingResult(Error=error)
 
