@@ -45,7 +45,9 @@ def test_a_pod_that_fits_again_is_forgotten_and_the_oldest_drop_out_past_the_lim
         Waiting(limit=0)
 
 
-@given(st.lists(st.tuples(st.sampled_from("refuse forget mark take".split()), st.integers(0, 5))))
+@given(
+    st.lists(st.tuples(st.sampled_from(["refuse", "forget", "mark", "take"]), st.integers(0, 5)))
+)
 def test_every_pod_is_taken_at_most_once_per_refusal(ops: list[tuple[str, int]]) -> None:
     waiting = Waiting(limit=4)
     refusals: dict[str, int] = {}

@@ -473,26 +473,13 @@ class Extender:
         failed: dict[str, str],
         unresolvable: dict[str, str],
     ) -> None:
-        """After a filter: count it, say why no node fits, remember a refused GPU pod."""
-        self._count_filter(request, fits)
-        self._explain_filter(pod, request, fits, failed, unresolvable)
-        self._waits(pod, request, fits)
-
-    def _count_filter(self, request: PodRequest | Rejection, fits: bool) -> None:
+        """After a filter: count it and the hand-off deferrals; when no node fits, say why on
+        the pod (an Event) and remember a GPU pod until GPUs come back (``_waits``)."""
         outcome = (
             "rejected" if isinstance(request, Rejection) else ("fits" if fits else "unschedulable")
         )
         self.metrics.requests.labels("filter", outcome).inc()
-
-    def _explain_filter(
-        self,
-        pod: KubeObject,
-        request: PodRequest | Rejection,
-        fits: bool,
-        failed: dict[str, str],
-        unresolvable: dict[str, str],
-    ) -> None:
-        """Count hand-off deferrals; when no node fits, say why on the pod (an Event)."""
+        self._waits(pod, request, fits)
         if failed:
             distinct = set(failed.values())  # few distinct messages, even over thousands of nodes
             if any(map(is_deferral, distinct)):
