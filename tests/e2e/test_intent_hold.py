@@ -11,6 +11,11 @@ seeing no event, tried the refused pod again only at its 5-minute flush: in a qu
 waited over 5 minutes. Now the extender gives intents back by the clock (30 s after booking)
 and touches the pods it refused meanwhile, which kube-scheduler takes as a reason to try them
 again: the victim is bound about 30 s after the pool was booked.
+
+Then eight more such pods of the same namespace arrive, while the first eight still wait. A
+namespace with a pod whose intent ran out and that is still pending books no intents (its pods
+are placed as before, with nothing held for them), so a second victim, created once kube-scheduler
+has sent all eight into PreBind, is bound at once instead of waiting another 30 s.
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ GPU_MEM = 16
 POD_MEM = 15
 ATTACKERS = 8
 LIMIT_S = float(os.environ.get("GPUSHARE_E2E_HOLD_LIMIT_S", "75"))
+SECOND_LIMIT_S = 20.0
+"""How long the second victim may wait: kube-scheduler's back-off at most, no intent's 30 s."""
+SELECTED_NODE = "volume.kubernetes.io/selected-node"
+"""The annotation VolumeBinding's PreBind writes on a claim it waits for."""
 """How long the victim may wait: the intent's 30 s, kube-scheduler's back-off (up to 10 s) and
 slack for a loaded machine; before the fix it waited for the 5-minute flush."""
 
@@ -70,6 +79,27 @@ def _attacker(index: int, selector: dict[str, str]) -> dict[str, Any]:
     pod["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]
     pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
     return pod
+
+
+def _in_prebind(cluster: Cluster, claims: list[str]) -> int:
+    """How many of these claims kube-scheduler's PreBind is waiting for."""
+    items = cluster.kubectl_json("get", "pvc", "-n", ATTACK_NS)["items"]
+    return sum(
+        1
+        for c in items
+        if c["metadata"]["name"] in claims
+        and SELECTED_NODE in (c["metadata"].get("annotations") or {})
+    )
+
+
+def _wait_bound(cluster: Cluster, name: str, limit_s: float) -> tuple[bool, float]:
+    """Create a 15 GiB pod in the victims' namespace; whether it was bound, and how soon."""
+    selector = {"gpushare-e2e": "intent-hold"}
+    apply_all(cluster, [gpu_pod_manifest(name, VICTIM_NS, POD_MEM, selector=selector)])
+    created = time.monotonic()
+    while name not in _bound(cluster, VICTIM_NS) and time.monotonic() - created < limit_s:
+        time.sleep(0.5)
+    return name in _bound(cluster, VICTIM_NS), time.monotonic() - created
 
 
 def _bound(cluster: Cluster, namespace: str) -> list[str]:
@@ -118,6 +148,19 @@ def test_pods_stuck_in_prebind_do_not_hold_the_pool_from_other_tenants(cluster: 
         print(f"[intent-hold] {report}", flush=True)
         assert not stuck, f"attackers bound, so nothing was held: {stuck}"
         assert bound, f"the victim waited over {LIMIT_S:.0f}s for GPUs held by pods never bound"
+
+        claims = [f"never-{i}" for i in range(ATTACKERS, 2 * ATTACKERS)]
+        apply_all(cluster, [_claim(c) for c in claims])
+        apply_all(cluster, [_attacker(i, selector) for i in range(ATTACKERS, 2 * ATTACKERS)])
+        deadline = time.monotonic() + 120
+        while _in_prebind(cluster, claims) < ATTACKERS:
+            assert time.monotonic() < deadline, "the second wave never reached PreBind"
+            time.sleep(0.5)
+        held = _held(cluster)
+        second, waited = _wait_bound(cluster, "victim-2", SECOND_LIMIT_S)
+        report = {"second_victim_waited_s": round(waited, 1), "held_by_second_wave": held - POD_MEM}
+        print(f"[intent-hold] {report}", flush=True)
+        assert second, f"the second victim waited over {SECOND_LIMIT_S:.0f}s: {held} GiB held"
     finally:
         for namespace in (ATTACK_NS, VICTIM_NS):
             cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

@@ -186,7 +186,8 @@ class ExtenderMetrics:
             "gpushare_intents_total",
             "Intents (GPUs booked at filter or prioritize for the top node until the bind comes) "
             "by what happened: booked, expired (no bind before the deadline), dropped (the pod "
-            "was tried again or its bind failed); bind's booking replaces the rest",
+            "was tried again or its bind failed), withheld (not booked: a pod of the namespace "
+            "whose intent expired is still pending); bind's booking replaces the rest",
             ["outcome"],
             registry=self.registry,
         )

@@ -194,6 +194,8 @@ class Extender:
         """GPU pods the filter refused, tried again when GPUs come back (``sweep``)."""
         self._retry_before = 0
         """``Waiting.mark`` when GPUs last came back: the pods refused before it are due."""
+        self._stuck: dict[str, set[str]] = {}
+        """By namespace: pods whose intent ran out with no bind, while pending (``_may_intend``)."""
         if cache.on_ignored is None:
             cache.on_ignored = self._ignored
 
@@ -260,6 +262,11 @@ class Extender:
         if expired:
             self.metrics.intents.labels("expired").inc(len(expired))
             self._capacity_returned()
+            pending = self.cache.pending
+            for uid in expired:
+                pod = pending.get(uid)
+                if pod is not None:
+                    self._stuck.setdefault(namespace_of(pod), set()).add(uid)
 
     def _capacity_returned(self) -> None:
         """GPUs came back without an event kube-scheduler sees: the pods refused until now are
@@ -275,6 +282,17 @@ class Extender:
         elif uid:
             self.waiting.refused(WaitingPod(uid, namespace_of(pod), name_of(pod)))
 
+    def _stuck_in(self, namespace: str) -> set[str]:
+        """The namespace's pods whose intent ran out with no bind and that are still pending."""
+        stuck = self._stuck.get(namespace)
+        if stuck is None:
+            return set()
+        pending = self.cache.pending
+        stuck.difference_update([uid for uid in stuck if uid not in pending])
+        if not stuck:
+            del self._stuck[namespace]
+        return stuck
+
     def sweep(self) -> list[WaitingPod]:
         """Give back the intents past their deadline; the refused pods to try again now.
 
@@ -282,6 +300,8 @@ class Extender:
         ``RETRIES_PER_SWEEP`` (``core.waiting``); the rest come at the next sweeps.
         """
         self._expire()
+        for namespace in list(self._stuck):
+            self._stuck_in(namespace)  # forget the pods bound or gone meanwhile
         pending = self.cache.pending
         taken = self.waiting.take(RETRIES_PER_SWEEP, before=self._retry_before)
         return [pod for pod in taken if pod.uid in pending]
@@ -324,9 +344,26 @@ class Extender:
     ) -> str:
         """Book the top node's GPUs for the pod until its bind comes (``Scheduler.intend``);
         the node booked, or an empty string."""
+        if not self._may_intend(pod):
+            return ""
         until = self._intent_deadline()
         booked = self.scheduler.intend(pod, names, scores, nodes, self.cache.ledger, until_ns=until)
         return self._booked(booked)
+
+    def _may_intend(self, pod: KubeObject) -> bool:
+        """Whether the pod's namespace may book intents: not while one of its pods whose intent
+        ran out with no bind is still pending (``_stuck``); counted as withheld.
+
+        Such a pod waits past PreBind or Permit (a volume never provisioned, say), and a pod
+        of the same tenant created next would most likely wait the same way: its intent would
+        only hold GPUs from everyone else for another 30 s. Without one nothing is refused,
+        the pod only loses the protection from a race at bind, which checks the node again.
+        """
+        if not self._stuck_in(namespace_of(pod)):
+            return True
+        self.scheduler.drop_intent(uid_of(pod), self.cache.ledger)
+        self.metrics.intents.labels("withheld").inc()
+        return False
 
     def _intent_deadline(self) -> int:
         """When an intent booked now expires unless its bind comes (``intent_ttl_s``)."""
@@ -410,6 +447,9 @@ class Extender:
         if not why:
             nodes, ledger = self.cache.nodes, self.cache.ledger
             name = self.scheduler.top_name(request, passing, nodes, ledger)
+            if name and not self._may_intend(pod):
+                self.metrics.filter_answers.labels("top_node").inc()
+                return name  # kube-scheduler's choice all the same, with nothing booked
             until = self._intent_deadline()
             top = self._booked(
                 self.scheduler.intend_on(request, name, nodes, ledger, until_ns=until)
