@@ -12,10 +12,11 @@ waited over 5 minutes. Now the extender gives intents back by the clock (30 s af
 and touches the pods it refused meanwhile, which kube-scheduler takes as a reason to try them
 again: the victim is bound about 30 s after the pool was booked.
 
-Then eight more such pods of the same namespace arrive, while the first eight still wait. A
-namespace with a pod whose intent ran out and that is still pending books no intents (its pods
-are placed as before, with nothing held for them), so a second victim, created once kube-scheduler
-has sent all eight into PreBind, is bound at once instead of waiting another 30 s.
+Then seven more such pods of the same namespace arrive, one for each GPU left, while the first
+eight still wait. A namespace with a pod whose intent ran out and that is still pending books
+no intents (its pods are placed as before, with nothing held for them), so a second victim,
+created once kube-scheduler has sent all seven into PreBind, is bound at once instead of
+waiting another 30 s (105 GiB held by the seven before this rule).
 """
 
 from __future__ import annotations
@@ -149,11 +150,13 @@ def test_pods_stuck_in_prebind_do_not_hold_the_pool_from_other_tenants(cluster: 
         assert not stuck, f"attackers bound, so nothing was held: {stuck}"
         assert bound, f"the victim waited over {LIMIT_S:.0f}s for GPUs held by pods never bound"
 
-        claims = [f"never-{i}" for i in range(ATTACKERS, 2 * ATTACKERS)]
+        # as many as there are GPUs left: with intents, each would hold one for 30 s
+        wave = range(ATTACKERS, 2 * ATTACKERS - 1)
+        claims = [f"never-{i}" for i in wave]
         apply_all(cluster, [_claim(c) for c in claims])
-        apply_all(cluster, [_attacker(i, selector) for i in range(ATTACKERS, 2 * ATTACKERS)])
+        apply_all(cluster, [_attacker(i, selector) for i in wave])
         deadline = time.monotonic() + 120
-        while _in_prebind(cluster, claims) < ATTACKERS:
+        while _in_prebind(cluster, claims) < len(claims):
             assert time.monotonic() < deadline, "the second wave never reached PreBind"
             time.sleep(0.5)
         held = _held(cluster)
