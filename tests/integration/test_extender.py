@@ -13,7 +13,7 @@ import pytest
 from gpushare.core.allocation import Allocation, plan
 from gpushare.core.inventory import Mode
 from gpushare.core.ledger import Ledger
-from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED, ANN_IDX
+from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED, ANN_IDX, ANN_RETRY
 from gpushare.core.requests import PodRequest, Rejection, read_pod
 from gpushare.core.scheduling import Settings
 from gpushare.core.trust import SealKey, Trust
@@ -785,7 +785,8 @@ def test_an_intent_is_given_back_when_its_pod_is_filtered_again_or_its_time_is_u
     kube.put_node(gpu_node("n1", gpus_units=[15]))
     # the default profile: the filter answers with every node and prioritize books the intent
     pod = kube.create_pod(gpu_pod("p0", mem=10, scheduler="default-scheduler"))
-    other = kube.create_pod(gpu_pod("p1", mem=10, scheduler="default-scheduler"))
+    # another namespace: p0's own waits for its pod to be bound or gone (``_may_intend``)
+    other = kube.create_pod(gpu_pod("p1", mem=10, namespace="other", scheduler="default-scheduler"))
     now = [1_700_000_000 * 10**9]
     both = ["n0", "n1"]
 
@@ -811,6 +812,76 @@ def test_an_intent_is_given_back_when_its_pod_is_filtered_again_or_its_time_is_u
         # two at prioritize, and one at the last filter, where n0 was the only node
         assert 'gpushare_intents_total{outcome="booked"} 3.0' in text
         assert ledger.usage("n0").on(0).mem_units == 10
+
+    run_with_rig(kube, body)
+
+
+def test_an_intent_past_its_deadline_is_given_back_by_the_clock_and_the_refused_pods_retried() -> (
+    None
+):
+    """A pod waiting in PreBind (a volume never provisioned) sends no bind: its intent goes
+    back by the clock, with no filter call, and the pods refused meanwhile are touched so
+    kube-scheduler tries them again before its 5-minute flush."""
+    kube = MemoryKube()
+    kube.put_node(gpu_node("n0", gpus_units=[16]))
+    stuck = kube.create_pod(gpu_pod("stuck", mem=15))
+    victim = kube.create_pod(gpu_pod("victim", mem=15, namespace="other"))
+    now = [1_700_000_000 * 10**9]
+
+    async def body(rig: Rig) -> None:
+        rig.extender.clock_ns = lambda: now[0]
+        ledger = rig.cache.ledger
+        booked = await rig.post("filter", {"Pod": stuck, "NodeNames": ["n0"]})
+        assert booked["NodeNames"] == ["n0"] and ledger.usage("n0").on(0).mem_units == 15
+        refused = await rig.post("filter", {"Pod": victim, "NodeNames": ["n0"]})
+        assert refused["NodeNames"] == []
+        assert rig.extender.sweep() == [], "nothing came back yet"
+        now[0] += int(rig.extender.intent_ttl_s * 1e9)
+        due = rig.extender.sweep()
+        assert ledger.usage("n0").on(0).mem_units == 0, "given back without a filter call"
+        assert [pod.name for pod in due] == ["victim"]
+        await rig.extender.retry(due)
+        stored = await rig.kube.get_pod("other", "victim")
+        assert ANN_RETRY in stored["metadata"]["annotations"]
+        assert rig.extender.sweep() == [], "touched once per refusal"
+        # refused again after the touch: it waits for the next time GPUs come back
+        await rig.post("filter", {"Pod": stuck, "NodeNames": ["n0"]})
+        await rig.post("filter", {"Pod": victim, "NodeNames": ["n0"]})
+        assert rig.extender.sweep() == []
+        text = (await rig.client.get("/metrics")).text
+        assert 'gpushare_retries_total{outcome="touched"} 1.0' in text
+        assert 'gpushare_intents_total{outcome="expired"} 1.0' in text
+
+    run_with_rig(kube, body)
+
+
+def test_a_namespace_whose_intent_ran_out_books_none_while_that_pod_is_pending() -> None:
+    """A tenant's next pods would most likely wait in PreBind too: they are placed as before,
+    with nothing booked, until the stuck pod is bound or gone; other namespaces book as ever."""
+    kube = MemoryKube()
+    kube.put_node(gpu_node("n0", gpus_units=[16, 16, 16]))
+    stuck = kube.create_pod(gpu_pod("stuck", mem=15, namespace="a"))
+    again = kube.create_pod(gpu_pod("again", mem=15, namespace="a"))
+    other = kube.create_pod(gpu_pod("other", mem=15, namespace="b"))
+    now = [1_700_000_000 * 10**9]
+
+    async def body(rig: Rig) -> None:
+        rig.extender.clock_ns = lambda: now[0]
+        ledger = rig.cache.ledger
+        await rig.post("filter", {"Pod": stuck, "NodeNames": ["n0"]})
+        now[0] += int(rig.extender.intent_ttl_s * 1e9)
+        rig.extender.sweep()
+        answer = await rig.post("filter", {"Pod": again, "NodeNames": ["n0"]})
+        assert answer["NodeNames"] == ["n0"], "placed all the same"
+        assert ledger.intent_until(again["metadata"]["uid"]) is None
+        await rig.post("filter", {"Pod": other, "NodeNames": ["n0"]})
+        assert ledger.intent_until(other["metadata"]["uid"]) is not None
+        rig.kube.delete_pod("a", "stuck")
+        await rig.settle()
+        await rig.post("filter", {"Pod": again, "NodeNames": ["n0"]})
+        assert ledger.intent_until(again["metadata"]["uid"]) is not None
+        text = (await rig.client.get("/metrics")).text
+        assert 'gpushare_intents_total{outcome="withheld"} 1.0' in text
 
     run_with_rig(kube, body)
 

@@ -417,3 +417,25 @@ def test_fuzz_bind_bodies_are_answered_never_a_500(body: dict[str, Any]) -> None
             await client.aclose()
 
     asyncio.run(run())
+
+
+def test_finding_5_a_filter_for_a_pod_that_does_not_exist_books_nothing() -> None:
+    """Anything that reaches the port can send a filter; only pods the watch has shown book."""
+
+    async def run(rig: Rig) -> None:
+        ghosts = []
+        for n in range(4):
+            ghost = gpu_pod(f"ghost-{n}", mem=15)
+            ghost["metadata"]["uid"] = f"ghost-uid-{n}"
+            ghosts.append(ghost)
+            reply = await rig.post("filter", {"Pod": ghost, "NodeNames": [NODE]})
+            assert reply["NodeNames"] == [NODE]
+        assert rig.cache.ledger.usage(NODE).mem_units == 0
+        real = rig.kube.create_pod(gpu_pod("real", mem=15))
+        await rig.settle()
+        await rig.post("filter", {"Pod": real, "NodeNames": [NODE]})
+        assert rig.cache.ledger.usage(NODE).mem_units == 15  # its intent
+        text = generate_latest(rig.extender.metrics.registry).decode()
+        assert 'gpushare_intents_total{outcome="unseen"} 4.0' in text
+
+    run_with_rig(cluster(), run)

@@ -43,6 +43,10 @@ ANN_NODE_HANDOFF = "gpushare.io/handoff"
 """Node: ``podresources`` when gpushare's device plugin serves it and keeps the hand-off
 invariant (see core.handoff); the extender then places pods so that Allocate is unambiguous."""
 HANDOFF_PODRESOURCES = "podresources"
+ANN_RETRY = "gpushare.io/retry"
+"""Pod: when the extender last asked kube-scheduler to try the pod again (UTC, RFC 3339),
+because GPUs came back after it refused the pod for want of them (see core.waiting). Only
+the update counts; bind neither reads nor clears it."""
 
 
 POD_ANNOTATIONS = (

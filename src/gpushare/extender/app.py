@@ -209,8 +209,12 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         tasks = []
         if run_cache:
-            tasks = [asyncio.create_task(extender.cache.run()), asyncio.create_task(_freeze())]
-            running.append(tasks[0])
+            tasks = [
+                asyncio.create_task(extender.cache.run()),
+                asyncio.create_task(_freeze()),
+                asyncio.create_task(extender.keep_intents()),
+            ]
+            running.extend((tasks[0], tasks[2]))
         if policies is not None:
             tasks.append(asyncio.create_task(policies.run()))
             running.append(tasks[-1])

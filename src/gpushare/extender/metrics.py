@@ -186,7 +186,16 @@ class ExtenderMetrics:
             "gpushare_intents_total",
             "Intents (GPUs booked at filter or prioritize for the top node until the bind comes) "
             "by what happened: booked, expired (no bind before the deadline), dropped (the pod "
-            "was tried again or its bind failed); bind's booking replaces the rest",
+            "was tried again or its bind failed), withheld (not booked: a pod of the namespace "
+            "whose intent expired is still pending), unseen (not booked: the watch has not shown "
+            "the pod unbound); bind's booking replaces the rest",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "gpushare_retries_total",
+            "Pods refused for want of GPU that the extender asked kube-scheduler to try again "
+            "once GPUs came back (an intent given back), by outcome: touched, gone, error",
             ["outcome"],
             registry=self.registry,
         )

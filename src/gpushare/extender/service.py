@@ -70,18 +70,26 @@ from gpushare.core.kubejson import (
     key_of,
     labels_of,
     name_of,
+    namespace_of,
     node_name_of,
     pod_spec_of,
     stored_uid_of,
     uid_of,
 )
 from gpushare.core.ledger import Kept
-from gpushare.core.names import ANN_ALLOCATION, ANN_SEAL, POD_ANNOTATIONS, SCHEDULER_NAME
+from gpushare.core.names import (
+    ANN_ALLOCATION,
+    ANN_RETRY,
+    ANN_SEAL,
+    POD_ANNOTATIONS,
+    SCHEDULER_NAME,
+)
 from gpushare.core.preferences import stated_preference
 from gpushare.core.requests import PodRequest, Rejection
 from gpushare.core.resourcepolicy import GROUP, KIND, VERSION, PolicyError, ResourcePolicy
 from gpushare.core.scheduling import Scheduler
 from gpushare.core.trust import Ignored
+from gpushare.core.waiting import Waiting, WaitingPod
 from gpushare.extender.events import (
     POLICY_NOTICE,
     POLICY_UNIT,
@@ -112,10 +120,21 @@ INTENT_TTL_S = 30.0
 
 kube-scheduler binds within milliseconds of choosing, unless a Permit plugin makes the pod
 wait; a pod it retried is filtered again first, which gives the old intent back at once. So
-the deadline matters only when no call for the pod comes again (kube-scheduler stopped, the
-pod left for another scheduler): then the share is free again after this long. Letting it go
-early is safe (bind checks the node again) but would bring back the retries intents remove.
+the deadline matters when no call for the pod comes for a while: the pod waits in PreBind
+(VolumeBinding waits up to 10 minutes for a volume to be provisioned, one that never is
+included), kube-scheduler stopped, or the pod left for another scheduler. The deadline runs
+from the booking and is kept by the clock (``sweep``), not by the next call, so however long
+the pod waits its share is free again after this long, and the pods refused meanwhile are
+tried again. Letting it go early is safe (bind checks the node again) but would bring back
+the retries intents remove.
 """
+
+SWEEP_S = 1.0
+"""How often the intents past their deadline are given back (``Extender.keep_intents``)."""
+
+RETRIES_PER_SWEEP = 20
+"""At most this many refused pods are touched per sweep (``core.waiting``): a crowd of them
+costs the API server 20 writes a second at most, however much capacity comes back."""
 
 SUCCESS = frozenset({"bound", "already_bound"})
 """Bind outcomes that answer kube-scheduler with success."""
@@ -178,6 +197,12 @@ class Extender:
         self.attempts = attempts
         self.clock_ns = clock_ns
         self._binding = _OnePerKey()
+        self.waiting = Waiting()
+        """GPU pods the filter refused, tried again when GPUs come back (``sweep``)."""
+        self._retry_before = 0
+        """``Waiting.mark`` when GPUs last came back: the pods refused before it are due."""
+        self._stuck: dict[str, set[str]] = {}
+        """By namespace: pods whose intent ran out with no bind, while pending (``_may_intend``)."""
         if cache.on_ignored is None:
             cache.on_ignored = self._ignored
         if cache.on_skipped is None:
@@ -241,12 +266,88 @@ class Extender:
     def _new_attempt(self, pod: KubeObject) -> None:
         """Before a filter: give back the intents that expired, and the pod's own, since
         kube-scheduler tries a pod again only after its previous attempt has ended."""
-        ledger = self.cache.ledger
-        expired = ledger.expire(self.clock_ns())
+        self._expire()
+        if self.scheduler.drop_intent(uid_of(pod), self.cache.ledger):
+            self.metrics.intents.labels("dropped").inc()
+
+    def _expire(self) -> None:
+        """Give back the intents past their deadline; their GPUs are free again."""
+        expired = self.cache.ledger.expire(self.clock_ns())
         if expired:
             self.metrics.intents.labels("expired").inc(len(expired))
-        if self.scheduler.drop_intent(uid_of(pod), ledger):
-            self.metrics.intents.labels("dropped").inc()
+            self._capacity_returned()
+            pending = self.cache.pending
+            for uid in expired:
+                pod = pending.get(uid)
+                if pod is not None:
+                    self._stuck.setdefault(namespace_of(pod), set()).add(uid)
+
+    def _capacity_returned(self) -> None:
+        """GPUs came back without an event kube-scheduler sees: the pods refused until now are
+        due to be tried again (``sweep``)."""
+        self._retry_before = self.waiting.mark()
+
+    def _waits(self, pod: KubeObject, request: PodRequest | Rejection, fits: bool) -> None:
+        """Remember a GPU pod refused on every node until GPUs come back; forget one that
+        fits somewhere (or asks for none)."""
+        uid = stored_uid_of(pod)
+        if fits or not isinstance(request, PodRequest) or not request.wants_gpu:
+            self.waiting.forget(uid)
+        elif uid:
+            self.waiting.refused(WaitingPod(uid, namespace_of(pod), name_of(pod)))
+
+    def _stuck_in(self, namespace: str) -> set[str]:
+        """The namespace's pods whose intent ran out with no bind and that are still pending."""
+        stuck = self._stuck.get(namespace)
+        if stuck is None:
+            return set()
+        pending = self.cache.pending
+        stuck.difference_update([uid for uid in stuck if uid not in pending])
+        if not stuck:
+            del self._stuck[namespace]
+        return stuck
+
+    def sweep(self) -> list[WaitingPod]:
+        """Give back the intents past their deadline; the refused pods to try again now.
+
+        Those are the pods refused before GPUs last came back, still unbound, at most
+        ``RETRIES_PER_SWEEP`` (``core.waiting``); the rest come at the next sweeps.
+        """
+        self._expire()
+        for namespace in list(self._stuck):
+            self._stuck_in(namespace)  # forget the pods bound or gone meanwhile
+        pending = self.cache.pending
+        taken = self.waiting.take(RETRIES_PER_SWEEP, before=self._retry_before)
+        return [pod for pod in taken if pod.uid in pending]
+
+    async def retry(self, pods: list[WaitingPod]) -> None:
+        """Ask kube-scheduler to try these refused pods again: an annotation on each is an
+        update of the pod, which moves a pod only the extender refused back to its queue
+        (``core.waiting``). A pod gone meanwhile is skipped; a failed write is logged."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock_ns() / 1e9))
+        for pod in pods:
+            try:
+                await self.api.patch_pod_annotations(
+                    pod.namespace, pod.name, {ANN_RETRY: stamp}, resource_version=""
+                )
+            except NotFound:
+                self.metrics.retries.labels("gone").inc()
+                continue
+            except KubeError as err:
+                self.metrics.retries.labels("error").inc()
+                log.warning("pod=%s/%s phase=retry cannot touch: %s", pod.namespace, pod.name, err)
+                continue
+            self.metrics.retries.labels("touched").inc()
+
+    async def keep_intents(self, period_s: float = SWEEP_S) -> None:
+        """Every ``period_s``: give back the intents past their deadline and try the refused
+        pods again (``sweep``, ``retry``); runs for the app's lifetime."""
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                await self.retry(self.sweep())
+            except Exception:  # the next sweep must still come
+                log.exception("phase=sweep unexpected error")
 
     def _intend(
         self,
@@ -257,9 +358,35 @@ class Extender:
     ) -> str:
         """Book the top node's GPUs for the pod until its bind comes (``Scheduler.intend``);
         the node booked, or an empty string."""
+        if not self._may_intend(pod):
+            return ""
         until = self._intent_deadline()
         booked = self.scheduler.intend(pod, names, scores, nodes, self.cache.ledger, until_ns=until)
         return self._booked(booked)
+
+    def _may_intend(self, pod: KubeObject) -> bool:
+        """Whether the pod's namespace may book intents: not while one of its pods whose intent
+        ran out with no bind is still pending (``_stuck``); counted as withheld.
+
+        Such a pod waits past PreBind or Permit (a volume never provisioned, say), and a pod
+        of the same tenant created next would most likely wait the same way: its intent would
+        only hold GPUs from everyone else for another 30 s. Without one nothing is refused,
+        the pod only loses the protection from a race at bind, which checks the node again.
+
+        Nor may a pod the watch has not shown unbound book one (counted as unseen): anything
+        that reaches the extender's port can send a filter for a pod that does not exist, and
+        its intent would hold GPUs for nobody. kube-scheduler's own pods are in the watch by
+        the time they are filtered (both follow the same API server), and one that is not yet
+        only goes without the intent.
+        """
+        if stored_uid_of(pod) not in self.cache.pending:
+            self.metrics.intents.labels("unseen").inc()
+            return False
+        if not self._stuck_in(namespace_of(pod)):
+            return True
+        self.scheduler.drop_intent(uid_of(pod), self.cache.ledger)
+        self.metrics.intents.labels("withheld").inc()
+        return False
 
     def _intent_deadline(self) -> int:
         """When an intent booked now expires unless its bind comes (``intent_ttl_s``)."""
@@ -291,8 +418,7 @@ class Extender:
                 unresolvable[verdict.node] = verdict.message
         labels = {name_of(n): labels_of(n) for n in args.Nodes.items}
         passing = set(self._gate(args.Pod, sorted(passing), failed, unresolvable, labels))
-        self._count_filter(result.request, bool(passing))
-        self._explain_filter(args.Pod, result.request, bool(passing), failed, unresolvable)
+        self._filtered(args.Pod, result.request, bool(passing), failed, unresolvable)
         kept = [n for n in args.Nodes.items if name_of(n) in passing]
         return ExtenderFilterResult(
             Nodes=NodeList(items=kept), FailedNodes=failed, FailedAndUnresolvableNodes=unresolvable
@@ -311,8 +437,7 @@ class Extender:
             passing = self._gate(
                 args.Pod, passing, failed, result.unresolvable, self.cache.book.node_labels
             )
-        self._count_filter(result.request, bool(passing))
-        self._explain_filter(args.Pod, result.request, bool(passing), failed, result.unresolvable)
+        self._filtered(args.Pod, result.request, bool(passing), failed, result.unresolvable)
         top = self._top_only(args.Pod, result.request, passing)
         if top and len(passing) > 1:
             return ExtenderFilterResult(NodeNames=[top], FailedNodes={})
@@ -345,6 +470,9 @@ class Extender:
         if not why:
             nodes, ledger = self.cache.nodes, self.cache.ledger
             name = self.scheduler.top_name(request, passing, nodes, ledger)
+            if name and not self._may_intend(pod):
+                self.metrics.filter_answers.labels("top_node").inc()
+                return name  # kube-scheduler's choice all the same, with nothing booked
             until = self._intent_deadline()
             top = self._booked(
                 self.scheduler.intend_on(request, name, nodes, ledger, until_ns=until)
@@ -400,21 +528,21 @@ class Extender:
                 failed[name] = gate.reason
         return kept
 
-    def _count_filter(self, request: PodRequest | Rejection, fits: bool) -> None:
-        outcome = (
-            "rejected" if isinstance(request, Rejection) else ("fits" if fits else "unschedulable")
-        )
-        self.metrics.requests.labels("filter", outcome).inc()
-
-    def _explain_filter(
+    def _filtered(
         self,
-        pod: dict[str, object],
+        pod: KubeObject,
         request: PodRequest | Rejection,
         fits: bool,
         failed: dict[str, str],
         unresolvable: dict[str, str],
     ) -> None:
-        """Count hand-off deferrals; when no node fits, say why on the pod (an Event)."""
+        """After a filter: count it and the hand-off deferrals; when no node fits, say why on
+        the pod (an Event) and remember a GPU pod until GPUs come back (``_waits``)."""
+        outcome = (
+            "rejected" if isinstance(request, Rejection) else ("fits" if fits else "unschedulable")
+        )
+        self.metrics.requests.labels("filter", outcome).inc()
+        self._waits(pod, request, fits)
         if failed:
             distinct = set(failed.values())  # few distinct messages, even over thousands of nodes
             if any(map(is_deferral, distinct)):
@@ -509,6 +637,7 @@ class Extender:
         self.metrics.requests.labels("bind", "error").inc()
         if args.PodUID and self.scheduler.drop_intent(args.PodUID, self.cache.ledger):
             self.metrics.intents.labels("dropped").inc()  # the pod will be tried again
+            self._capacity_returned()
         log.warning("pod=%s node=%s phase=bind error=%r", key, args.Node, error)
         return ExtenderBindingResult(Error=error)
 

@@ -1,0 +1,89 @@
+"""The extender's sweep: intents never outlive their deadline, refused pods come back with the GPUs.
+
+Random interleavings of filter calls (each may book an intent, be refused, or give back the
+pod's own intent), clock ticks and sweeps, with no bind ever coming (pods that wait in PreBind
+for a volume never provisioned): after every sweep no intent is past its deadline, whatever
+calls came or did not; and every pod refused before GPUs came back, and not tried since, has
+been handed out to be tried again, each once per refusal.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpushare.extender.wire import read_args
+from gpushare.kube.memory import MemoryKube
+from gpushare.kube.objects import gpu_node, gpu_pod
+
+from .conftest import Rig, run_with_rig
+
+PODS = 6
+START = 1_700_000_000 * 10**9
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("filter"), st.integers(0, PODS - 1)),
+        st.tuples(st.just("filter"), st.integers(0, PODS - 1)),
+        st.tuples(st.just("tick"), st.sampled_from([1, 15, 31])),
+        st.tuples(st.just("sweep"), st.just(0)),
+    ),
+    min_size=6,
+    max_size=40,
+)
+
+
+def _expired(rig: Rig) -> float:
+    value: float = rig.extender.metrics.intents.labels("expired")._value.get()
+    return value
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=steps)
+def test_no_intent_outlives_a_sweep_and_every_refused_pod_is_retried_once(
+    ops: list[tuple[str, int]],
+) -> None:
+    kube = MemoryKube()
+    kube.put_node(gpu_node("n0", gpus_units=[16]))
+    stream = [
+        kube.create_pod(gpu_pod(f"p{i}", mem=15, namespace=f"ns{i % 2}")) for i in range(PODS)
+    ]
+    now = [START]
+
+    async def body(rig: Rig) -> None:
+        extender = rig.extender
+        extender.clock_ns = lambda: now[0]
+        refused_at: dict[str, int] = {}
+        returned_at = -1
+        handed: list[str] = []
+        for step, (action, value) in enumerate(ops):
+            before = _expired(rig)
+            if action == "filter":
+                pod: dict[str, Any] = stream[value]
+                body = {"Pod": pod, "NodeNames": ["n0"]}
+                answer = extender.filter(read_args(json.dumps(body).encode()))
+                name = pod["metadata"]["name"]
+                if answer.NodeNames:
+                    refused_at.pop(name, None)
+                else:
+                    refused_at[name] = step
+            elif action == "tick":
+                now[0] += value * 10**9
+            if _expired(rig) > before:
+                returned_at = step  # within a filter, before its own verdict
+            if action == "sweep":
+                due = extender.sweep()
+                if _expired(rig) > before:
+                    returned_at = step
+                for pod_due in due:
+                    assert refused_at.get(pod_due.name, step) < returned_at
+                    refused_at.pop(pod_due.name)
+                    handed.append(pod_due.name)
+                assert all(until > now[0] for _, until in rig.cache.ledger.intents())
+                owed = [name for name, at in refused_at.items() if at < returned_at]
+                assert not owed, f"refused before GPUs came back, never handed out: {owed}"
+
+    run_with_rig(kube, body)
