@@ -468,12 +468,6 @@ def test_the_file_core_limit_wins_over_the_environment(
     assert abs(util - 30) <= 5
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with the broker each process keeps a private pid table, so it measures only its "
-    "own NVML samples and throttles itself to the container's whole limit (found rehearsing "
-    "the GPU run; docs/isolation.md, 'On a real GPU')",
-)
 def test_two_processes_of_a_broker_container_share_one_compute_limit(
     built: Built, accounting: Path, limits: Path, broker: RunningBroker
 ) -> None:
@@ -549,7 +543,7 @@ def test_a_process_cannot_lower_what_the_others_hold(
     assert bad == [
         "error reserve takes 2 decimal number(s)",
         "ok",  # one limit for every ordinal, as in the file; charged to this connection only
-        "error unknown request: use reserve, release, hold, used or active",
+        "error unknown request: use reserve, release, hold, used, active or pids",
         "error used takes 1 decimal number(s)",
     ]
     assert eventually(lambda: broker.usage() == 600 * MiB)
