@@ -502,19 +502,17 @@ def test_the_broker_names_each_connected_process(
     broker: RunningBroker,
 ) -> None:
     """``pids``: the kernel's pid of every live connection of the container, and no other's."""
+
+    def named(*pids: int) -> list[str]:
+        return [" ".join(["pids", *map(str, sorted(pids))])]
+
     first = hold(built, container, holder, "alloc:10")
     second = hold(built, container, holder, "alloc:10")
-    assert ask(broker.socket, "pids") == [
-        f"pids {' '.join(map(str, sorted([first.pid, second.pid, os.getpid()])))}"
-    ]
+    # the asking connection is this test's own
+    assert ask(broker.socket, "pids") == named(first.pid, second.pid, os.getpid())
     first.kill()
     first.wait(timeout=10)
-    assert eventually(
-        lambda: (
-            ask(broker.socket, "pids")
-            == [f"pids {' '.join(map(str, sorted([second.pid, os.getpid()])))}"]
-        )
-    )
+    assert eventually(lambda: ask(broker.socket, "pids") == named(second.pid, os.getpid()))
 
 
 def in_pid_namespace(env: dict[str, str], *commands: list[str]) -> subprocess.Popen[str]:
