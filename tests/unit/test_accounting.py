@@ -42,8 +42,11 @@ def test_a_connection_gives_back_only_its_own_and_all_of_it_when_it_closes() -> 
 @pytest.mark.parametrize(
     ("line", "answer"),
     [
-        (b"", b"error unknown request: use reserve, release, hold, used or active\n"),
-        (b"RESERVE 0 1", b"error unknown request: use reserve, release, hold, used or active\n"),
+        (b"", b"error unknown request: use reserve, release, hold, used, active or pids\n"),
+        (
+            b"RESERVE 0 1",
+            b"error unknown request: use reserve, release, hold, used, active or pids\n",
+        ),
         (b"reserve 0", b"error reserve takes 2 decimal number(s)\n"),
         (b"reserve 0 -5", b"error reserve takes 2 decimal number(s)\n"),
         (b"reserve 0 1e9", b"error reserve takes 2 decimal number(s)\n"),
@@ -53,7 +56,10 @@ def test_a_connection_gives_back_only_its_own_and_all_of_it_when_it_closes() -> 
         (b"used 2", b"error device 2 is not this container's\n"),
         (b"active 2", b"error device 2 is not this container's\n"),
         (b"active 0 1", b"error active takes 1 decimal number(s)\n"),
-        (b"\xff\xfe 0 1", b"error unknown request: use reserve, release, hold, used or active\n"),
+        (
+            b"\xff\xfe 0 1",
+            b"error unknown request: use reserve, release, hold, used, active or pids\n",
+        ),
     ],
 )
 def test_malformed_requests_change_nothing(line: bytes, answer: bytes) -> None:

@@ -3,7 +3,8 @@
  * cuLaunchCooperativeKernel and cuGraphLaunch) for SECONDS and prints the fake SM's utilisation over the second
  * half of the run: "util=<percent> launches=<n> own=<percent>", own being this process's kernels
  * alone (on a fake GPU shared through FAKE_GPU_STATE; by the pid the fake driver records). An optional second argument is the device
- * ordinal to launch on (default 0).
+ * ordinal to launch on (default 0). With LAUNCHES_AT_NS=<CLOCK_MONOTONIC ns> it starts launching
+ * then, so that processes started side by side measure the same stretch of time.
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -24,6 +25,10 @@ int main(int argc, char **argv) {
     CUcontext ctx;
     cuInit(0);
     cuCtxCreate_v2(&ctx, 0, dev);
+    const char *at = getenv("LAUNCHES_AT_NS"); /* start then (CLOCK_MONOTONIC): runs side by side
+                                                  measure the same stretch of time */
+    while (at != NULL && fakecuda_now_ns() < strtoull(at, NULL, 10))
+        usleep(1000);
     uint64_t start = fakecuda_now_ns();
     uint64_t end = start + (uint64_t)(seconds * 1e9);
     uint64_t half = start + (uint64_t)(seconds * 0.5e9);
