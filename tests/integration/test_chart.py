@@ -310,6 +310,8 @@ def test_device_plugin_daemonset(default_docs: list[dict[str, Any]]) -> None:
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "compute,utility"
     assert pod["automountServiceAccountToken"] is True and "runtimeClassName" not in pod
+    # the broker's pids are the host's, which NVML's per-process samples name
+    assert pod["hostPID"] is True
     paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert {
         "/var/lib/kubelet/device-plugins",

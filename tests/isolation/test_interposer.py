@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -468,28 +469,114 @@ def test_the_file_core_limit_wins_over_the_environment(
     assert abs(util - 30) <= 5
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with the broker each process keeps a private pid table, so it measures only its "
-    "own NVML samples and throttles itself to the container's whole limit (found rehearsing "
-    "the GPU run; docs/isolation.md, 'On a real GPU')",
-)
+@pytest.mark.parametrize("processes", [2, 4])
 def test_two_processes_of_a_broker_container_share_one_compute_limit(
-    built: Built, accounting: Path, limits: Path, broker: RunningBroker
+    built: Built, accounting: Path, limits: Path, broker: RunningBroker, processes: int
 ) -> None:
     """As the plugin sets a container up (its limits file names the broker, no usage table):
-    two processes launching flat out on one fake GPU hold the container's 40 % together."""
+    processes launching flat out on one fake GPU hold the container's 40 % together.
+
+    Each process has a pid table of its own, so before the broker named the container's
+    processes (``pids``) each one throttled its own samples to the whole 40 %: two took 74-80 %.
+    """
     limits.write_text(plugin_limits(1024 * MiB, broker, core_pct=40))
-    env = {**broker_env(built, accounting), "FAKE_GPU_STATE": str(accounting.parent / "gpu")}
-    procs = [
-        subprocess.Popen(
-            [str(built.dir / "launches"), "4"], env=env, stdout=subprocess.PIPE, text=True
-        )
-        for _ in range(2)
-    ]
-    utils = [utilisation(p.communicate(timeout=30)[0]) for p in procs]
-    print(f"two processes of a broker container at core_limit=40: GPU {utils}%")
-    assert all(abs(u - 40) <= 5 for u in utils)
+    runs: list[list[float]] = []
+    # a timing measure on a shared 2-core machine (a process starved past the common start ends
+    # its window alone): the best of up to three runs counts, as for one process above
+    for _ in range(3):
+        env = {
+            **broker_env(built, accounting),
+            "FAKE_GPU_STATE": str(accounting.parent / f"gpu{len(runs)}"),
+            # each prints the GPU's utilisation over the second half of its run: started at one
+            # instant, they measure the same stretch
+            "LAUNCHES_AT_NS": str(time.monotonic_ns() + 1_500_000_000),
+        }
+        procs = [
+            subprocess.Popen(
+                [str(built.dir / "launches"), "4"], env=env, stdout=subprocess.PIPE, text=True
+            )
+            for _ in range(processes)
+        ]
+        runs.append([utilisation(p.communicate(timeout=30)[0]) for p in procs])
+        print(f"{processes} processes of a broker container at core_limit=40: GPU {runs[-1]}%")
+        if all(abs(u - 40) <= 5 for u in runs[-1]):
+            break
+    assert any(all(abs(u - 40) <= 5 for u in utils) for utils in runs), runs
+
+
+def test_the_broker_names_each_connected_process(
+    built: Built,
+    container: dict[str, str],
+    holder: list[subprocess.Popen[str]],
+    broker: RunningBroker,
+) -> None:
+    """``pids``: the kernel's pid of every live connection of the container, and no other's."""
+
+    def named(*pids: int) -> list[str]:
+        return [" ".join(["pids", *map(str, sorted(pids))])]
+
+    first = hold(built, container, holder, "alloc:10")
+    second = hold(built, container, holder, "alloc:10")
+    # the asking connection is this test's own
+    assert ask(broker.socket, "pids") == named(first.pid, second.pid, os.getpid())
+    first.kill()
+    first.wait(timeout=10)
+    assert eventually(lambda: ask(broker.socket, "pids") == named(second.pid, os.getpid()))
+
+
+def in_pid_namespace(env: dict[str, str], *commands: list[str]) -> subprocess.Popen[str]:
+    """Run commands side by side in a new pid namespace, as the processes of one container:
+    their getpid() are small numbers, which the fake driver and NVML do not know them by."""
+    script = " & ".join(" ".join(map(shlex.quote, c)) for c in commands) + " & wait"
+    return subprocess.Popen(
+        ["unshare", "--pid", "--fork", "sh", "-c", script],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def pid_namespace_problem() -> str:
+    """Why a pid namespace cannot be made here, or ""."""
+    if namespace_problem():
+        return namespace_problem()
+    done = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True, text=True)
+    return f"unshare --pid failed: {done.stderr.strip()}" if done.returncode else ""
+
+
+def test_in_a_pid_namespace_the_container_counts_its_processes_by_the_broker_s_pids(
+    built: Built, accounting: Path, limits: Path, broker: RunningBroker
+) -> None:
+    """As on a real node: NVML names host pids, a container's processes see their own.
+
+    A 40 % container's two processes share one fake GPU with another container's process that
+    launches flat out, unthrottled, each container in a pid namespace of its own (the same
+    small pids in both). Matching NVML's samples by getpid() finds none, and the whole GPU's
+    utilisation (the neighbour's included) would throttle the container far below its share;
+    the broker's pids (the host's, from the kernel) count its two processes and nothing else.
+    """
+    if problem := pid_namespace_problem():
+        pytest.skip(problem)
+    limits.write_text(plugin_limits(1024 * MiB, broker, core_pct=40))
+    gpu = {"FAKE_GPU_STATE": str(accounting.parent / "gpu")}
+    neighbour_env = {**built.env(accounting), **gpu}
+    del neighbour_env["LD_PRELOAD"]
+    launches = str(built.dir / "launches")
+    neighbour = in_pid_namespace(neighbour_env, [launches, "7"])
+    time.sleep(0.5)  # the neighbour is busy before the container starts
+    at = {"LAUNCHES_AT_NS": str(time.monotonic_ns() + 1_000_000_000)}
+    container = in_pid_namespace(
+        {**broker_env(built, accounting), **gpu, **at}, [launches, "6"], [launches, "6"]
+    )
+    out, err = container.communicate(timeout=30)
+    neighbour_out, _ = neighbour.communicate(timeout=30)
+    owns = [float(m) for m in re.findall(r"own=([\d.]+)", out)]
+    print(f"a 40 % container of 2 processes beside a flat-out neighbour: {out} {neighbour_out}")
+    assert len(owns) == 2, (out, err)
+    assert "cannot name" not in err
+    assert utilisation(neighbour_out) > 80  # the GPU is full: the neighbour took the rest
+    assert abs(sum(owns) - 40) <= 5
 
 
 def broker_env(built: Built, accounting: Path) -> dict[str, str]:
@@ -549,7 +636,7 @@ def test_a_process_cannot_lower_what_the_others_hold(
     assert bad == [
         "error reserve takes 2 decimal number(s)",
         "ok",  # one limit for every ordinal, as in the file; charged to this connection only
-        "error unknown request: use reserve, release, hold, used or active",
+        "error unknown request: use reserve, release, hold, used, active or pids",
         "error used takes 1 decimal number(s)",
     ]
     assert eventually(lambda: broker.usage() == 600 * MiB)

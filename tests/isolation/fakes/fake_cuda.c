@@ -4,7 +4,9 @@
  * (default 1000), queued back to back like a stream; a launch blocks once two kernels are queued,
  * as a real driver's launch queue does. fakecuda_busy_ns() gives the fake NVML its utilisation.
  * With FAKE_GPU_STATE=<file>, the SM's timeline lives in that shared file, so the processes that
- * name the same file share one fake GPU.
+ * name the same file share one fake GPU. Kernels are recorded under the launching process's pid
+ * in the host's pid namespace (fakecuda_self_pid), as a real driver knows processes, so a process
+ * in a pid namespace of its own (unshare --pid) sees other pids in NVML's samples than getpid().
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -128,6 +130,29 @@ uint64_t fakecuda_busy_ns(uint64_t since, uint64_t until) {
 
 uint64_t fakecuda_now_ns(void) { return now_ns(); }
 
+/* This process's pid as /proc names it (NSpid's first field: the pid namespace that mounted
+ * /proc, the host's in the tests), or getpid() where /proc cannot tell. */
+int fakecuda_self_pid(void) {
+    static int pid, of;
+    if (pid != 0 && of == getpid())
+        return pid;
+    of = getpid();
+    pid = of;
+    char buf[4096];
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return pid;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return pid;
+    buf[n] = '\0';
+    char *line = strstr(buf, "\nNSpid:");
+    if (line != NULL)
+        pid = (int)strtol(line + 7, NULL, 10);
+    return pid > 0 ? pid : (pid = of);
+}
+
 static CUresult launch(void) {
     static uint64_t kernel_ns;
     if (kernel_ns == 0) {
@@ -140,7 +165,7 @@ static CUresult launch(void) {
     uint64_t end = start + kernel_ns;
     sm->start[sm->ring_n % RING] = start;
     sm->end[sm->ring_n % RING] = end;
-    sm->pid[sm->ring_n % RING] = (int32_t)getpid();
+    sm->pid[sm->ring_n % RING] = (int32_t)fakecuda_self_pid();
     sm->ring_n++;
     sm->last_end = end;
     sm_unlock();

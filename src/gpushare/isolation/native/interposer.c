@@ -554,6 +554,7 @@ static void gs_detached(void *(*fn)(void *), const char *what) {
  *   reserve D B -> ok | refused USED LIMIT     release D B -> ok
  *   hold D B    -> ok   (memory held before this connection: after the broker restarted)
  *   used D      -> used USED LIMIT
+ *   pids        -> pids P P ...  (the container's processes, as host pids: the throttle's)
  * A broker that cannot be reached within GS_BROKER_WAIT_MS fails closed: the reservation is
  * refused, as with an unusable limits file.
  */
@@ -786,6 +787,49 @@ static unsigned long long gs_broker_used(int dev) {
         used = gs_held[dev]; /* this process's own, at least */
     pthread_mutex_unlock(&gs_broker_lock);
     return used;
+}
+
+/*
+ * The processes of this container, by the pids NVML's per-process samples name: the host's.
+ * A process in a container sees its own pid in the container's pid namespace, so it cannot name
+ * them itself; the broker learns each connection's pid from the kernel (SO_PEERCRED) in the
+ * device plugin's namespace, the host's (the chart runs it with hostPID). How many (at most max)
+ * into pids, or -1 with why when the broker cannot tell: no answer, a plugin that does not know
+ * the question, or a 0 for a process outside its namespace. Asking keeps this process's own
+ * connection open, so it is always among them. Called by the throttle's thread alone.
+ */
+#define GS_BROKER_PIDS 1024 /* gpushare.isolation.accounting.MAX_CONNECTIONS */
+static int gs_broker_pids(unsigned int *pids, int max, char *why, size_t whylen) {
+    static char reply[GS_BROKER_PIDS * 12 + 16];
+    pthread_mutex_lock(&gs_broker_lock);
+    int rc = gs_broker_ask("pids\n", reply, sizeof reply, 0);
+    pthread_mutex_unlock(&gs_broker_lock);
+    if (rc != 0) {
+        snprintf(why, whylen, "it does not answer");
+        return -1;
+    }
+    if (strncmp(reply, "pids", 4) != 0 || (reply[4] != ' ' && reply[4] != '\0')) {
+        snprintf(why, whylen, "it answers \"pids\" with \"%.80s\" (an older device plugin?)", reply);
+        return -1;
+    }
+    int n = 0;
+    for (char *p = reply + 4; *p == ' ' && n < max;) {
+        char *end;
+        unsigned long pid = strtoul(p + 1, &end, 10);
+        if (end == p + 1 || pid == 0 || pid > UINT_MAX) {
+            snprintf(why, whylen,
+                     "it cannot see every process of this container (the device plugin runs "
+                     "outside the host's pid namespace: hostPID)");
+            return -1;
+        }
+        pids[n++] = (unsigned int)pid;
+        p = end;
+    }
+    if (n == 0) {
+        snprintf(why, whylen, "it names no process");
+        return -1;
+    }
+    return n;
 }
 
 /* ------------------------------------------------------------------ the shared usage table */
@@ -1377,8 +1421,11 @@ static uint64_t gs_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
-/* Container SM utilisation of a device in percent, or -1 if NVML cannot tell. */
-static double gs_measure(unsigned int index) {
+/* Container SM utilisation of a device in percent, or -1 if NVML cannot tell. mine: the
+ * container's processes by host pid (the broker's answer), n of them; n < 0 when unknown, and
+ * then this process's own samples count (the usage table's pids: the container's processes,
+ * where they share one table and one pid namespace with NVML), or else the whole device. */
+static double gs_measure(unsigned int index, const unsigned int *mine, int n) {
     typedef nvmlReturn_t (*handle_t)(unsigned int, nvmlDevice_t *);
     typedef nvmlReturn_t (*rates_t)(nvmlDevice_t, nvmlUtilization_t *);
     typedef nvmlReturn_t (*procs_t)(nvmlDevice_t, nvmlProcessUtilizationSample_t *,
@@ -1402,6 +1449,15 @@ static double gs_measure(unsigned int index) {
         if (procs(device, samples, &count, since) == NVML_SUCCESS) {
             double sum = 0;
             int matched = 0;
+            if (n >= 0) { /* every sample of the container's, none of anyone else's */
+                for (unsigned int s = 0; s < count; s++)
+                    for (int i = 0; i < n; i++)
+                        if (mine[i] == samples[s].pid) {
+                            sum += samples[s].smUtil;
+                            break;
+                        }
+                return sum;
+            }
             pthread_mutex_lock(&gs_table_lock);
             for (unsigned int s = 0; s < count; s++)
                 for (int i = 0; i < GS_MAX_PROCS; i++)
@@ -1422,6 +1478,8 @@ static double gs_measure(unsigned int index) {
     return u.gpu;
 }
 
+#define GS_PIDS_EVERY 10 /* control periods: a second */
+
 static void *gs_controller(void *arg) {
     (void)arg;
     typedef nvmlReturn_t (*init_t)(void);
@@ -1435,9 +1493,27 @@ static void *gs_controller(void *arg) {
     gs_table_lock_release();
     const double period = 0.1, target = gs_core_pct;
     uint64_t last = gs_now_ns();
-    for (;;) {
+    /* With the broker, the container's processes as host pids, asked every GS_PIDS_EVERY
+     * periods: all of them hold the limit together, each throttling on the container's total
+     * (the feed-forward then splits the rate among them by how much each launches). */
+    static unsigned int mine[GS_BROKER_PIDS];
+    int nmine = -1, said = 0;
+    for (unsigned long tick = 0;; tick++) {
         struct timespec ts = {0, 100000000L};
         nanosleep(&ts, NULL);
+        if (*gs_broker != '\0' && tick % GS_PIDS_EVERY == 0) {
+            char why[192];
+            nmine = gs_broker_pids(mine, GS_BROKER_PIDS, why, sizeof why);
+            if (nmine < 0 && !said) {
+                said = 1;
+                fprintf(stderr,
+                        "gpushare: the accounting broker at %s cannot name this container's "
+                        "processes: %s; the compute limit counts this process's own GPU time "
+                        "(or the whole GPU's when NVML names other pids), so processes of this "
+                        "container each hold it alone\n",
+                        gs_broker, why);
+            }
+        }
         uint64_t now = gs_now_ns();
         double dt = (double)(now - last) / 1e9;
         last = now;
@@ -1453,7 +1529,7 @@ static void *gs_controller(void *arg) {
             b->launches = 0;
             b->waited = 0;
             pthread_mutex_unlock(&b->lock);
-            double u = gs_measure((unsigned int)d);
+            double u = gs_measure((unsigned int)d, mine, nmine);
             if (u < 0)
                 continue;
             double r_obs = (double)n / dt;
