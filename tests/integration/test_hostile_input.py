@@ -37,7 +37,7 @@ from gpushare.core.scheduling import Scheduler, Settings
 from gpushare.core.trust import SealKey, Trust
 from gpushare.core.units import MemoryUnit
 from gpushare.extender.app import create_app
-from gpushare.extender.service import Extender
+from gpushare.extender.service import UNSEEN_TTL_S, Extender
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
@@ -419,23 +419,31 @@ def test_fuzz_bind_bodies_are_answered_never_a_500(body: dict[str, Any]) -> None
     asyncio.run(run())
 
 
-def test_finding_5_a_filter_for_a_pod_that_does_not_exist_books_nothing() -> None:
-    """Anything that reaches the port can send a filter; only pods the watch has shown book."""
+def test_finding_5_a_filter_for_a_pod_that_does_not_exist_holds_nothing_for_long() -> None:
+    """Anything that reaches the port can send a filter: an intent for a pod the watch has not
+    shown lasts ``UNSEEN_TTL_S``, and the full ``INTENT_TTL_S`` once the watch shows it."""
 
     async def run(rig: Rig) -> None:
-        ghosts = []
-        for n in range(4):
+        now = [1_700_000_000 * 10**9]
+        rig.extender.clock_ns = lambda: now[0]
+        for n in range(2):
             ghost = gpu_pod(f"ghost-{n}", mem=15)
             ghost["metadata"]["uid"] = f"ghost-uid-{n}"
-            ghosts.append(ghost)
             reply = await rig.post("filter", {"Pod": ghost, "NodeNames": [NODE]})
             assert reply["NodeNames"] == [NODE]
-        assert rig.cache.ledger.usage(NODE).mem_units == 0
+        assert rig.cache.ledger.usage(NODE).mem_units == 30  # booked, for a moment
         real = rig.kube.create_pod(gpu_pod("real", mem=15))
-        await rig.settle()
-        await rig.post("filter", {"Pod": real, "NodeNames": [NODE]})
-        assert rig.cache.ledger.usage(NODE).mem_units == 15  # its intent
+        now[0] += int((UNSEEN_TTL_S + 0.5) * 1e9)
+        rig.extender.sweep()
+        assert rig.cache.ledger.usage(NODE).mem_units == 0  # the ghosts' intents are gone
+        await rig.post("filter", {"Pod": real, "NodeNames": [NODE]})  # before the watch has it
+        await rig.settle()  # now the watch shows it
+        now[0] += int(1e9)
+        rig.extender.sweep()
+        now[0] += int((UNSEEN_TTL_S + 1) * 1e9)
+        rig.extender.sweep()
+        assert rig.cache.ledger.usage(NODE).mem_units == 15  # seen: its intent kept
         text = generate_latest(rig.extender.metrics.registry).decode()
-        assert 'gpushare_intents_total{outcome="unseen"} 4.0' in text
+        assert 'gpushare_intents_total{outcome="unseen"} 3.0' in text
 
     run_with_rig(cluster(), run)

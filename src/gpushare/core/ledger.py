@@ -295,6 +295,12 @@ class Ledger:
         self._intents[allocation.uid] = until_ns
         heapq.heappush(self._deadlines, (until_ns, allocation.uid))
 
+    def extend(self, uid: str, until_ns: int) -> None:
+        """Move the deadline of the pod's intent to ``until_ns``; nothing when it holds none."""
+        if uid in self._intents:
+            self._intents[uid] = until_ns
+            heapq.heappush(self._deadlines, (until_ns, uid))
+
     def expire(self, now_ns: int) -> list[str]:
         """Give back every intent whose deadline has passed; return their pods' UIDs."""
         expired = []

@@ -187,8 +187,8 @@ class ExtenderMetrics:
             "Intents (GPUs booked at filter or prioritize for the top node until the bind comes) "
             "by what happened: booked, expired (no bind before the deadline), dropped (the pod "
             "was tried again or its bind failed), withheld (not booked: a pod of the namespace "
-            "whose intent expired is still pending), unseen (not booked: the watch has not shown "
-            "the pod unbound); bind's booking replaces the rest",
+            "whose intent expired is still pending), unseen (booked for 3 s, kept once the watch "
+            "shows the pod); bind's booking replaces the rest",
             ["outcome"],
             registry=self.registry,
         )

@@ -129,6 +129,15 @@ tried again. Letting it go early is safe (bind checks the node again) but would 
 the retries intents remove.
 """
 
+UNSEEN_TTL_S = 3.0
+"""How long an intent lasts for a pod the watch has not shown unbound yet (``_intent_deadline``).
+
+kube-scheduler often filters a new pod a moment before the extender's own watch brings it
+(both follow the same API server), so such a pod still books. But anything that reaches the
+port can send a filter for a pod that does not exist, and its intent would hold GPUs for
+nobody: so it lasts this long, and gets the full ``INTENT_TTL_S`` from its booking only once
+the watch shows the pod (``sweep``)."""
+
 SWEEP_S = 1.0
 """How often the intents past their deadline are given back (``Extender.keep_intents``)."""
 
@@ -203,6 +212,9 @@ class Extender:
         """``Waiting.mark`` when GPUs last came back: the pods refused before it are due."""
         self._stuck: dict[str, set[str]] = {}
         """By namespace: pods whose intent ran out with no bind, while pending (``_may_intend``)."""
+        self._unseen: dict[str, int] = {}
+        """Intents of pods the watch had not shown yet, by UID: the deadline each gets once it
+        does (``UNSEEN_TTL_S``)."""
         if cache.on_ignored is None:
             cache.on_ignored = self._ignored
         if cache.on_skipped is None:
@@ -282,6 +294,17 @@ class Extender:
                 if pod is not None:
                     self._stuck.setdefault(namespace_of(pod), set()).add(uid)
 
+    def _confirm_seen(self) -> None:
+        """Give the intents of pods the watch now shows their full deadline (``UNSEEN_TTL_S``);
+        forget the ones that ended."""
+        ledger, pending = self.cache.ledger, self.cache.pending
+        for uid, until in list(self._unseen.items()):
+            if ledger.intent_until(uid) is None:
+                del self._unseen[uid]
+            elif uid in pending:
+                ledger.extend(uid, until)
+                del self._unseen[uid]
+
     def _capacity_returned(self) -> None:
         """GPUs came back without an event kube-scheduler sees: the pods refused until now are
         due to be tried again (``sweep``)."""
@@ -313,6 +336,7 @@ class Extender:
         Those are the pods refused before GPUs last came back, still unbound, at most
         ``RETRIES_PER_SWEEP`` (``core.waiting``); the rest come at the next sweeps.
         """
+        self._confirm_seen()
         self._expire()
         for namespace in list(self._stuck):
             self._stuck_in(namespace)  # forget the pods bound or gone meanwhile
@@ -360,7 +384,7 @@ class Extender:
         the node booked, or an empty string."""
         if not self._may_intend(pod):
             return ""
-        until = self._intent_deadline()
+        until = self._intent_deadline(pod)
         booked = self.scheduler.intend(pod, names, scores, nodes, self.cache.ledger, until_ns=until)
         return self._booked(booked)
 
@@ -372,25 +396,25 @@ class Extender:
         of the same tenant created next would most likely wait the same way: its intent would
         only hold GPUs from everyone else for another 30 s. Without one nothing is refused,
         the pod only loses the protection from a race at bind, which checks the node again.
-
-        Nor may a pod the watch has not shown unbound book one (counted as unseen): anything
-        that reaches the extender's port can send a filter for a pod that does not exist, and
-        its intent would hold GPUs for nobody. kube-scheduler's own pods are in the watch by
-        the time they are filtered (both follow the same API server), and one that is not yet
-        only goes without the intent.
         """
-        if stored_uid_of(pod) not in self.cache.pending:
-            self.metrics.intents.labels("unseen").inc()
-            return False
         if not self._stuck_in(namespace_of(pod)):
             return True
         self.scheduler.drop_intent(uid_of(pod), self.cache.ledger)
         self.metrics.intents.labels("withheld").inc()
         return False
 
-    def _intent_deadline(self) -> int:
-        """When an intent booked now expires unless its bind comes (``intent_ttl_s``)."""
-        return self.clock_ns() + int(self.intent_ttl_s * 1e9)
+    def _intent_deadline(self, pod: KubeObject) -> int:
+        """When an intent booked now expires unless its bind comes (``intent_ttl_s``); for a
+        pod the watch has not shown unbound, ``UNSEEN_TTL_S`` until it does (counted as
+        unseen)."""
+        until = self.clock_ns() + int(self.intent_ttl_s * 1e9)
+        uid = stored_uid_of(pod)
+        if uid in self.cache.pending:
+            self._unseen.pop(uid, None)
+            return until
+        self.metrics.intents.labels("unseen").inc()
+        self._unseen[uid] = until
+        return min(until, self.clock_ns() + int(UNSEEN_TTL_S * 1e9))
 
     def _booked(self, booked: Allocation | None) -> str:
         """Count a booked intent; the node it is on, or an empty string for none."""
@@ -473,7 +497,7 @@ class Extender:
             if name and not self._may_intend(pod):
                 self.metrics.filter_answers.labels("top_node").inc()
                 return name  # kube-scheduler's choice all the same, with nothing booked
-            until = self._intent_deadline()
+            until = self._intent_deadline(pod)
             top = self._booked(
                 self.scheduler.intend_on(request, name, nodes, ledger, until_ns=until)
             )
