@@ -168,23 +168,49 @@ def test_cgpu_containers_get_the_interposer_their_limit_and_their_own_accounting
     run(body, mode=Mode.CGPU, hook=isolation(packaged=library))
 
 
-def test_core_mem_adds_the_compute_limit_and_mounts_once_per_container() -> None:
+def test_core_mem_holds_the_compute_limit_by_a_fixed_slice_and_mounts_once_per_container() -> None:
+    """A core_mem container's computing power is its own slice of each period (policy 3).
+
+    On an H100 the NVML-steered rate throttle this replaces swung between 10 % and 100 %
+    (issue 37); slices of one schedule cannot overlap, so two containers on one GPU each keep
+    their whole share.
+    """
+
     async def body(r: Rig) -> None:
         await r.kubelet.wait_devices(CORE, 200)  # one device per percent per GPU
-        _, admitted = await admit(r, pod("cuda-sample", 2, core=30))
-        envs = admitted.envs["c0"]
-        assert envs["GPUSHARE_CORE_LIMIT"] == "30"
-        assert envs["GPUSHARE_MEM_LIMIT"] == str(2 * GiB)
-        assert envs["LD_PRELOAD"] == PRELOAD
-        # the memory and the core answers are merged by kubelet: the mounts come once
-        assert [m[0] for m in admitted.mounts["c0"]] == [
-            paths.CONTAINER_LIB_DIR,
-            paths.CONTAINER_PRELOAD_FILE,
-            paths.CONTAINER_LIMITS_FILE,
-            paths.CONTAINER_BROKER_DIR,
+        slots = {}
+        # two sizes: identical asks wait for the first to start (kubelet cannot tell them apart)
+        for name, size, pct in (("cuda-sample", 2, 30), ("other", 3, 60)):
+            _, admitted = await admit(r, pod(name, size, core=pct))
+            envs = admitted.envs["c0"]
+            assert envs["GPUSHARE_CORE_LIMIT"] == str(pct)  # visible inside the container
+            assert envs["GPUSHARE_CGPU_POLICY"] == "3"
+            assert envs["GPUSHARE_MEM_LIMIT"] == str(size * GiB)
+            assert envs["LD_PRELOAD"] == PRELOAD
+            # the memory and the core answers are merged by kubelet: the mounts come once
+            assert [m[0] for m in admitted.mounts["c0"]] == [
+                paths.CONTAINER_LIB_DIR,
+                paths.CONTAINER_PRELOAD_FILE,
+                paths.CONTAINER_LIMITS_FILE,
+                paths.CONTAINER_BROKER_DIR,
+                paths.CONTAINER_SCHED_DIR,
+            ]
+            (limits_path,) = [
+                h for c, h, _ in admitted.mounts["c0"] if c == paths.CONTAINER_LIMITS_FILE
+            ]
+            limits = ContainerLimits.parse(Path(limits_path).read_text())
+            assert (limits.core_pct, limits.policy) == (pct, int(Policy.FIXED))
+            assert limits.mem_limit_bytes == (size * GiB,)
+            slots[limits.slot] = pct
+        (gpu,) = {g for g in (0, 1) if (r.root / "state" / "sched" / f"gpu{g}").exists()}
+        text = (r.root / "state" / "sched" / f"gpu{gpu}").read_text()
+        fields = [
+            ln.removeprefix("slot=").split(",") for ln in text.splitlines() if ln[:5] == "slot="
         ]
-        (limits,) = [h for c, h, _ in admitted.mounts["c0"] if c == paths.CONTAINER_LIMITS_FILE]
-        assert Path(limits).read_text() == limits_text(str(2 * GiB), core=30)
+        laid = [(o, int(a), int(b)) for o, a, b in fields]
+        assert {o: b * 100 // 100_000_000 for o, _, b in laid} == slots
+        (_, a0, l0), (_, a1, _) = sorted(laid, key=lambda x: x[1])
+        assert a0 + l0 <= a1  # one after the other, never overlapping
 
     run(body, mode=Mode.CORE_MEM, hook=isolation(packaged=fake_library()))
 

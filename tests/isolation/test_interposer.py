@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shlex
 import shutil
 import signal
 import socket
@@ -504,79 +503,28 @@ def test_two_processes_of_a_broker_container_share_one_compute_limit(
     assert any(all(abs(u - 40) <= 5 for u in utils) for utils in runs), runs
 
 
-def test_the_broker_names_each_connected_process(
-    built: Built,
-    container: dict[str, str],
-    holder: list[subprocess.Popen[str]],
-    broker: RunningBroker,
-) -> None:
-    """``pids``: the kernel's pid of every live connection of the container, and no other's."""
-
-    def named(*pids: int) -> list[str]:
-        return [" ".join(["pids", *map(str, sorted(pids))])]
-
-    first = hold(built, container, holder, "alloc:10")
-    second = hold(built, container, holder, "alloc:10")
-    # the asking connection is this test's own
-    assert ask(broker.socket, "pids") == named(first.pid, second.pid, os.getpid())
-    first.kill()
-    first.wait(timeout=10)
-    assert eventually(lambda: ask(broker.socket, "pids") == named(second.pid, os.getpid()))
-
-
-def in_pid_namespace(env: dict[str, str], *commands: list[str]) -> subprocess.Popen[str]:
-    """Run commands side by side in a new pid namespace, as the processes of one container:
-    their getpid() are small numbers, which the fake driver and NVML do not know them by."""
-    script = " & ".join(" ".join(map(shlex.quote, c)) for c in commands) + " & wait"
-    return subprocess.Popen(
-        ["unshare", "--pid", "--fork", "sh", "-c", script],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def pid_namespace_problem() -> str:
-    """Why a pid namespace cannot be made here, or ""."""
-    if namespace_problem():
-        return namespace_problem()
-    done = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True, text=True)
-    return f"unshare --pid failed: {done.stderr.strip()}" if done.returncode else ""
-
-
-def test_in_a_pid_namespace_the_container_counts_its_processes_by_the_broker_s_pids(
+def test_a_core_limit_holds_without_nvml(
     built: Built, accounting: Path, limits: Path, broker: RunningBroker
 ) -> None:
-    """As on a real node: NVML names host pids, a container's processes see their own.
+    """The limit is time slices, not a controller fed by NVML's utilisation samples.
 
-    A 40 % container's two processes share one fake GPU with another container's process that
-    launches flat out, unthrottled, each container in a pid namespace of its own (the same
-    small pids in both). Matching NVML's samples by getpid() finds none, and the whole GPU's
-    utilisation (the neighbour's included) would throttle the container far below its share;
-    the broker's pids (the host's, from the kernel) count its two processes and nothing else.
+    On an H100 that controller swung between 10 % and 100 % (its samples lag their kernels by
+    most of a second), and where NVML could not be loaded it enforced nothing at all
+    ("GPUSHARE_CORE_LIMIT is not enforced"). Slices need no measurement.
     """
-    if problem := pid_namespace_problem():
-        pytest.skip(problem)
-    limits.write_text(plugin_limits(1024 * MiB, broker, core_pct=40))
-    gpu = {"FAKE_GPU_STATE": str(accounting.parent / "gpu")}
-    neighbour_env = {**built.env(accounting), **gpu}
-    del neighbour_env["LD_PRELOAD"]
-    launches = str(built.dir / "launches")
-    neighbour = in_pid_namespace(neighbour_env, [launches, "7"])
-    time.sleep(0.5)  # the neighbour is busy before the container starts
-    at = {"LAUNCHES_AT_NS": str(time.monotonic_ns() + 1_000_000_000)}
-    container = in_pid_namespace(
-        {**broker_env(built, accounting), **gpu, **at}, [launches, "6"], [launches, "6"]
-    )
-    out, err = container.communicate(timeout=30)
-    neighbour_out, _ = neighbour.communicate(timeout=30)
-    owns = [float(m) for m in re.findall(r"own=([\d.]+)", out)]
-    print(f"a 40 % container of 2 processes beside a flat-out neighbour: {out} {neighbour_out}")
-    assert len(owns) == 2, (out, err)
-    assert "cannot name" not in err
-    assert utilisation(neighbour_out) > 80  # the GPU is full: the neighbour took the rest
-    assert abs(sum(owns) - 40) <= 5
+    limits.write_text(plugin_limits(1024 * MiB, broker, core_pct=30))
+    env = {**broker_env(built, accounting), "GPUSHARE_REAL_NVML": "/nonexistent/libnvidia-ml.so.1"}
+    utils = []
+    for _ in range(3):  # a timing measure on a shared 2-core machine: the closest of three
+        done = subprocess.run(
+            [str(built.dir / "launches"), "3"], env=env, capture_output=True, text=True, timeout=30
+        )
+        assert "not enforced" not in done.stderr
+        utils.append(utilisation(done.stdout))
+        if abs(utils[-1] - 30) <= 5:
+            break
+    print(f"core_limit=30 with NVML unloadable: fake SM utilisation {utils}%")
+    assert min(abs(u - 30) for u in utils) <= 5, utils
 
 
 def broker_env(built: Built, accounting: Path) -> dict[str, str]:

@@ -253,6 +253,8 @@ class InterposerIsolation:
         """The most pods one GPU may hold: policy 0's share is one over it."""
         self.members: dict[int, dict[str, Member]] = {}
         """Per host GPU index, the scheduled containers by account key."""
+        self.policy_of: dict[int, Policy] = {}
+        """Per host GPU index, the policy its schedule is laid out by (see :meth:`policy_for`)."""
         self.gpus_of: dict[str, tuple[int, ...]] = {}
         """Per account key, the host GPU of each device ordinal (as in its limits file)."""
         self.last_active: dict[tuple[str, int], float] = {}
@@ -279,14 +281,30 @@ class InterposerIsolation:
                 self.broker.open(key, limits.mem_limit_bytes, pod=pod_of(key), settle_s=SETTLE_S)
                 if limits.policy is not None:
                     member = Member(limits.slot, limits.core_pct, limits.weight)
-                    self._join(key, limits.gpus, member)
+                    self._join(key, limits.gpus, member, Policy(limits.policy))
             except (OSError, ValueError) as err:
                 log.warning("key=%s phase=restore account not served: %s", key, err)
                 continue
             log.info("key=%s phase=restore account served", key)
         self.write_schedules(set(self.members))
 
-    def _join(self, key: str, gpus: tuple[int, ...], member: Member) -> None:
+    def policy_for(self, target: Target, core_pct: int) -> Policy | None:
+        """The policy whose schedule holds a container's launches, or None for no schedule.
+
+        A cgpu node's containers keep to the node's cGPU policy (none under 5, native). A
+        core_mem container with a share below the whole GPU gets policy 3, fixed: its share as one
+        time slice of each period, used or not, which is what ``gpu-core.percentage`` promises
+        (a ceiling that others' idleness does not lift). Time slices need no measurement; a
+        rate throttle steered by NVML's utilisation samples, which lag by most of a second on a
+        GPU, swung between 10 % and 100 % on an H100 where the slices held every share.
+        """
+        if target.mode is Mode.CGPU and self.cgpu_policy is not Policy.NATIVE:
+            return self.cgpu_policy
+        if target.mode is Mode.CORE_MEM and 0 < core_pct < CORE_PER_GPU:
+            return Policy.FIXED
+        return None
+
+    def _join(self, key: str, gpus: tuple[int, ...], member: Member, policy: Policy) -> None:
         """Add a container to its GPUs' members, idle until it reports activity.
 
         Under policies 1, 2 and 4 an idle container owns no slice; its interposer reports
@@ -294,9 +312,10 @@ class InterposerIsolation:
         schedule names it, so it never launches outside its slices for want of one.
         """
         self.gpus_of[key] = gpus
-        idle = replace(member, active=self.cgpu_policy not in BY_ACTIVITY)
+        idle = replace(member, active=policy not in BY_ACTIVITY)
         for gpu in gpus:
             self.members.setdefault(gpu, {})[key] = idle
+            self.policy_of[gpu] = policy
 
     def note_active(self, key: str, device: int) -> None:
         """The broker's report: a process of ``key`` launches on its device ordinal ``device``.
@@ -306,7 +325,7 @@ class InterposerIsolation:
         launches, nobody's share matters. Schedules are rewritten only when someone changes.
         """
         gpus = self.gpus_of.get(key, ())
-        if self.cgpu_policy not in BY_ACTIVITY or not 0 <= device < len(gpus):
+        if not 0 <= device < len(gpus) or self.policy_of.get(gpus[device]) not in BY_ACTIVITY:
             return
         now = self.clock()
         self.last_active[(key, gpus[device])] = now
@@ -326,13 +345,12 @@ class InterposerIsolation:
         Each container's interposer re-reads its GPU's file at most every 100 ms, and at once
         when the file does not name it.
         """
-        if self.cgpu_policy is Policy.NATIVE:
-            return
         for gpu in sorted(gpus):
+            policy = self.policy_of.get(gpu)
+            if policy is None:
+                continue
             members = list(self.members.get(gpu, {}).values())
-            plan = schedule(
-                self.cgpu_policy, members, max_pods=self.max_pods, epoch_ns=self.epoch_ns
-            )
+            plan = schedule(policy, members, max_pods=self.max_pods, epoch_ns=self.epoch_ns)
             _write_atomically(self.state_dir / SCHED / f"gpu{gpu}", plan.render(), 0o444)
 
     def fixed_share(self, signature: Signature) -> int:
@@ -362,24 +380,25 @@ class InterposerIsolation:
             unit=self.unit.value,
             broker=CONTAINER_BROKER_SOCKET,
         )
-        scheduled = target.mode is Mode.CGPU and self.cgpu_policy is not Policy.NATIVE
+        policy = self.policy_for(target, limits.core_pct)
+        scheduled = policy is not None
         gpus = tuple(gpu for gpu, _ in signature.layout)
-        if scheduled:
+        if policy is not None:
             limits = replace(
                 limits,
                 core_pct=own_share_pct(
-                    self.cgpu_policy,
+                    policy,
                     max_pods=self.max_pods,
                     weight=target.weight,
                     fixed_pct=self.fixed_share(signature),
                 ),
-                policy=int(self.cgpu_policy),
+                policy=int(policy),
                 weight=target.weight,
                 slot=slot_id(key),
                 sched_dir=CONTAINER_SCHED_DIR,
                 gpus=gpus,
             )
-            self._join(key, gpus, Member(limits.slot, limits.core_pct, limits.weight))
+            self._join(key, gpus, Member(limits.slot, limits.core_pct, limits.weight), policy)
         limits_file = self.state_dir / "limits" / key / LIMITS_FILE_NAME
         try:
             if scheduled:
@@ -396,7 +415,7 @@ class InterposerIsolation:
             "LD_PRELOAD": f"{CONTAINER_LIB_DIR}/{LIB_NAME}",
             "GPUSHARE_MEM_LIMIT": mem_limit_text(limits.mem_limit_bytes),
         }
-        if limits.core_pct and not scheduled:
+        if target.mode is Mode.CORE_MEM and limits.core_pct:
             envs["GPUSHARE_CORE_LIMIT"] = str(limits.core_pct)
         mounts = (
             *answer.mounts,

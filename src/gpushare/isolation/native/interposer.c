@@ -24,11 +24,13 @@
  * intercepts.
  *
  * Compute: launches (cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel, cuGraphLaunch)
- * pass a per-device token bucket whose rate a background thread sets every
- * 100 ms: a model-based feed-forward (rate = target / k, where k, the GPU time per launch, is
- * estimated from NVML utilisation over the observed launch rate) times an integral correction
- * that removes the remaining error. It holds when the pod is alone on the GPU because it targets
- * the measured utilisation, not the headroom left by others.
+ * wait for this container's time slices of each 100 ms period. Under cGPU policies 0..4, and
+ * for every core_mem container (the device plugin gives it policy 3, fixed: its computing-power
+ * share as one slice), the slices come from the GPU's schedule the plugin writes; with only
+ * GPUSHARE_CORE_LIMIT (no limits file naming a schedule) the container keeps to one slice of its
+ * share. Time slices need no measurement: a controller fed by NVML's utilisation samples, which
+ * lag their kernels by a good part of a second on a real GPU, oscillated between 10 % and 100 %
+ * on an H100 (issue 37), where the slices held every share within 2.3 points.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -459,6 +461,8 @@ static void gs_config_init(void) {
         if (accounting != NULL)
             snprintf(gs_accounting, sizeof gs_accounting, "%s", accounting);
     }
+    if (gs_policy >= 5)
+        gs_own_pct = gs_core_pct; /* no schedule: one slice of the core limit a period */
     for (int i = 0; i < GS_MAX_DEVS; i++)
         gs_any_limit |= gs_limit[i] != 0;
     gs_log("limits from %s: memory device0=%llu bytes, core limit=%d%%, usage kept %s %s",
@@ -787,49 +791,6 @@ static unsigned long long gs_broker_used(int dev) {
         used = gs_held[dev]; /* this process's own, at least */
     pthread_mutex_unlock(&gs_broker_lock);
     return used;
-}
-
-/*
- * The processes of this container, by the pids NVML's per-process samples name: the host's.
- * A process in a container sees its own pid in the container's pid namespace, so it cannot name
- * them itself; the broker learns each connection's pid from the kernel (SO_PEERCRED) in the
- * device plugin's namespace, the host's (the chart runs it with hostPID). How many (at most max)
- * into pids, or -1 with why when the broker cannot tell: no answer, a plugin that does not know
- * the question, or a 0 for a process outside its namespace. Asking keeps this process's own
- * connection open, so it is always among them. Called by the throttle's thread alone.
- */
-#define GS_BROKER_PIDS 1024 /* gpushare.isolation.accounting.MAX_CONNECTIONS */
-static int gs_broker_pids(unsigned int *pids, int max, char *why, size_t whylen) {
-    static char reply[GS_BROKER_PIDS * 12 + 16];
-    pthread_mutex_lock(&gs_broker_lock);
-    int rc = gs_broker_ask("pids\n", reply, sizeof reply, 0);
-    pthread_mutex_unlock(&gs_broker_lock);
-    if (rc != 0) {
-        snprintf(why, whylen, "it does not answer");
-        return -1;
-    }
-    if (strncmp(reply, "pids", 4) != 0 || (reply[4] != ' ' && reply[4] != '\0')) {
-        snprintf(why, whylen, "it answers \"pids\" with \"%.80s\" (an older device plugin?)", reply);
-        return -1;
-    }
-    int n = 0;
-    for (char *p = reply + 4; *p == ' ' && n < max;) {
-        char *end;
-        unsigned long pid = strtoul(p + 1, &end, 10);
-        if (end == p + 1 || pid == 0 || pid > UINT_MAX) {
-            snprintf(why, whylen,
-                     "it cannot see every process of this container (the device plugin runs "
-                     "outside the host's pid namespace: hostPID)");
-            return -1;
-        }
-        pids[n++] = (unsigned int)pid;
-        p = end;
-    }
-    if (n == 0) {
-        snprintf(why, whylen, "it names no process");
-        return -1;
-    }
-    return n;
 }
 
 /* ------------------------------------------------------------------ the shared usage table */
@@ -1398,169 +1359,12 @@ GS_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemor
     return rc;
 }
 
-/* ------------------------------------------------------------------ compute throttle */
-
-struct gs_bucket {
-    pthread_mutex_t lock;
-    double tokens;
-    double rate;  /* launches per second; 0 = not limited (yet) */
-    double k_est; /* estimated GPU seconds per launch */
-    double gain;  /* integral correction, multiplicative */
-    uint64_t last_ns;
-    unsigned long launches; /* in the current control period */
-    int waited;             /* a launch waited for a token in this period */
-    int seen;
-};
-
-static struct gs_bucket gs_buckets_dev[GS_MAX_DEVS];
-static pthread_once_t gs_throttle_once = PTHREAD_ONCE_INIT;
+/* ------------------------------------------------------------------ time slices */
 
 static uint64_t gs_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-}
-
-/* Container SM utilisation of a device in percent, or -1 if NVML cannot tell. mine: the
- * container's processes by host pid (the broker's answer), n of them; n < 0 when unknown, and
- * then this process's own samples count (the usage table's pids: the container's processes,
- * where they share one table and one pid namespace with NVML), or else the whole device. */
-static double gs_measure(unsigned int index, const unsigned int *mine, int n) {
-    typedef nvmlReturn_t (*handle_t)(unsigned int, nvmlDevice_t *);
-    typedef nvmlReturn_t (*rates_t)(nvmlDevice_t, nvmlUtilization_t *);
-    typedef nvmlReturn_t (*procs_t)(nvmlDevice_t, nvmlProcessUtilizationSample_t *,
-                                    unsigned int *, unsigned long long);
-    static handle_t get_handle;
-    static rates_t rates;
-    static procs_t procs;
-    if (get_handle == NULL) {
-        get_handle = (handle_t)gs_real_nvml("nvmlDeviceGetHandleByIndex_v2");
-        rates = (rates_t)gs_real_nvml("nvmlDeviceGetUtilizationRates");
-        procs = (procs_t)gs_real_nvml("nvmlDeviceGetProcessUtilization");
-    }
-    nvmlDevice_t device;
-    if (get_handle == NULL || get_handle(index, &device) != NVML_SUCCESS)
-        return -1;
-    /* Prefer per-process samples of this container's pids: right even when the GPU is shared. */
-    if (procs != NULL && gs_table != NULL) {
-        nvmlProcessUtilizationSample_t samples[64];
-        unsigned int count = 64;
-        unsigned long long since = (gs_now_ns() / 1000ULL) - 1000000ULL; /* last second, us */
-        if (procs(device, samples, &count, since) == NVML_SUCCESS) {
-            double sum = 0;
-            int matched = 0;
-            if (n >= 0) { /* every sample of the container's, none of anyone else's */
-                for (unsigned int s = 0; s < count; s++)
-                    for (int i = 0; i < n; i++)
-                        if (mine[i] == samples[s].pid) {
-                            sum += samples[s].smUtil;
-                            break;
-                        }
-                return sum;
-            }
-            pthread_mutex_lock(&gs_table_lock);
-            for (unsigned int s = 0; s < count; s++)
-                for (int i = 0; i < GS_MAX_PROCS; i++)
-                    if (gs_table->procs[i].pid != 0 &&
-                        (unsigned int)gs_table->procs[i].pid == samples[s].pid) {
-                        sum += samples[s].smUtil;
-                        matched = 1;
-                        break;
-                    }
-            pthread_mutex_unlock(&gs_table_lock);
-            if (matched)
-                return sum;
-        }
-    }
-    nvmlUtilization_t u;
-    if (rates == NULL || rates(device, &u) != NVML_SUCCESS)
-        return -1;
-    return u.gpu;
-}
-
-#define GS_PIDS_EVERY 10 /* control periods: a second */
-
-static void *gs_controller(void *arg) {
-    (void)arg;
-    typedef nvmlReturn_t (*init_t)(void);
-    init_t init = (init_t)gs_real_nvml("nvmlInit_v2");
-    if (init == NULL || init() != NVML_SUCCESS) {
-        fprintf(stderr, "gpushare: NVML unavailable; GPUSHARE_CORE_LIMIT is not enforced\n");
-        return NULL;
-    }
-    if (gs_table_lock_acquire() != 0) /* register, so that NVML's samples of this pid count */
-        gs_log("no accounting entry: measuring device utilisation");
-    gs_table_lock_release();
-    const double period = 0.1, target = gs_core_pct;
-    uint64_t last = gs_now_ns();
-    /* With the broker, the container's processes as host pids, asked every GS_PIDS_EVERY
-     * periods: all of them hold the limit together, each throttling on the container's total
-     * (the feed-forward then splits the rate among them by how much each launches). */
-    static unsigned int mine[GS_BROKER_PIDS];
-    int nmine = -1, said = 0;
-    for (unsigned long tick = 0;; tick++) {
-        struct timespec ts = {0, 100000000L};
-        nanosleep(&ts, NULL);
-        if (*gs_broker != '\0' && tick % GS_PIDS_EVERY == 0) {
-            char why[192];
-            nmine = gs_broker_pids(mine, GS_BROKER_PIDS, why, sizeof why);
-            if (nmine < 0 && !said) {
-                said = 1;
-                fprintf(stderr,
-                        "gpushare: the accounting broker at %s cannot name this container's "
-                        "processes: %s; the compute limit counts this process's own GPU time "
-                        "(or the whole GPU's when NVML names other pids), so processes of this "
-                        "container each hold it alone\n",
-                        gs_broker, why);
-            }
-        }
-        uint64_t now = gs_now_ns();
-        double dt = (double)(now - last) / 1e9;
-        last = now;
-        if (dt <= 0)
-            dt = period;
-        for (int d = 0; d < GS_MAX_DEVS; d++) {
-            struct gs_bucket *b = &gs_buckets_dev[d];
-            if (!b->seen)
-                continue;
-            pthread_mutex_lock(&b->lock);
-            unsigned long n = b->launches;
-            int waited = b->waited;
-            b->launches = 0;
-            b->waited = 0;
-            pthread_mutex_unlock(&b->lock);
-            double u = gs_measure((unsigned int)d, mine, nmine);
-            if (u < 0)
-                continue;
-            double r_obs = (double)n / dt;
-            if (n > 0 && u > 0.5) {
-                double k = (u / 100.0) / r_obs;
-                b->k_est = b->k_est > 0 ? 0.7 * b->k_est + 0.3 * k : k;
-            }
-            /* integral action in log space; no wind-up while the app is not launch-limited */
-            if (waited || u > target) {
-                b->gain *= 1.0 + 0.8 * (target - u) / 100.0; /* first order: no libm */
-                b->gain = b->gain < 0.05 ? 0.05 : b->gain > 20 ? 20 : b->gain;
-            }
-            pthread_mutex_lock(&b->lock);
-            if (b->k_est > 0)
-                b->rate = b->gain * (target / 100.0) / b->k_est;
-            pthread_mutex_unlock(&b->lock);
-            gs_log("device %d: util %.1f%% target %.0f%% launches/s %.0f k %.6fs rate %.1f/s",
-                   d, u, target, r_obs, b->k_est, b->rate);
-        }
-    }
-    return NULL;
-}
-
-static void gs_throttle_init(void) {
-    for (int d = 0; d < GS_MAX_DEVS; d++) {
-        pthread_mutex_init(&gs_buckets_dev[d].lock, NULL);
-        gs_buckets_dev[d].gain = 1.0;
-    }
-    if (gs_core_pct == 0)
-        return;
-    gs_detached(gs_controller, "the throttle");
 }
 
 /* ------------------------------------------------------------------ cGPU policy schedule */
@@ -1689,9 +1493,10 @@ static int gs_sched_report(int dev) {
     return rc;
 }
 
-/* Wait until this container may launch on device ordinal dev. */
+/* Wait until this container may launch on device ordinal dev. Policy 5 with a core limit (no
+ * schedule named): its own share, one slice a period, kept for good. */
 static void gs_sched_gate(int dev) {
-    if (dev < 0 || dev >= gs_ngpus)
+    if (dev < 0 || dev >= (gs_policy < 5 ? gs_ngpus : GS_MAX_DEVS))
         return;
     pthread_once(&gs_sched_once, gs_sched_init);
     struct gs_sched *s = &gs_scheds[dev];
@@ -1715,7 +1520,10 @@ static void gs_sched_gate(int dev) {
         char why[384];
         why[0] = '\0';
         pthread_mutex_lock(&s->lock);
-        if (s->loaded_ns == 0 || now - s->loaded_ns > 100000000ULL) {
+        if (gs_policy >= 5) {
+            if (s->n == 0)
+                gs_sched_own(s);
+        } else if (s->loaded_ns == 0 || now - s->loaded_ns > 100000000ULL) {
             gs_sched_load(s, gs_gpus[dev], why, sizeof why);
             s->loaded_ns = now;
             if (why[0] != '\0' && !s->said) {
@@ -1763,42 +1571,11 @@ static void gs_sched_gate(int dev) {
     }
 }
 
-/* Wait for a launch token on the current device. */
+/* Hold a launch to this container's time slices on the current device. */
 static void gs_throttle(void) {
     gs_config();
-    if (gs_policy < 5) {
+    if (gs_policy < 5 || gs_core_pct > 0)
         gs_sched_gate(gs_current_device());
-        return;
-    }
-    if (gs_core_pct == 0)
-        return;
-    pthread_once(&gs_throttle_once, gs_throttle_init);
-    int dev = gs_current_device();
-    if (dev < 0 || dev >= GS_MAX_DEVS)
-        return;
-    struct gs_bucket *b = &gs_buckets_dev[dev];
-    double wait = 0;
-    pthread_mutex_lock(&b->lock);
-    b->seen = 1;
-    b->launches++;
-    uint64_t now = gs_now_ns();
-    if (b->rate > 0) {
-        double burst = b->rate * 0.02 > 1 ? b->rate * 0.02 : 1;
-        b->tokens += b->rate * (double)(now - b->last_ns) / 1e9;
-        if (b->tokens > burst)
-            b->tokens = burst;
-        b->tokens -= 1;
-        if (b->tokens < 0) {
-            wait = -b->tokens / b->rate;
-            b->waited = 1;
-        }
-    }
-    b->last_ns = now;
-    pthread_mutex_unlock(&b->lock);
-    if (wait > 0) {
-        struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
-        nanosleep(&ts, NULL);
-    }
 }
 
 #define GS_LAUNCH(NAME, REALNAME)                                                              \
@@ -1840,7 +1617,7 @@ GS_LAUNCH_EX(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx_ptsz")
 GS_LAUNCH_COOP(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel")
 GS_LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel_ptsz")
 
-/* A CUDA graph launch takes one token: k_est then measures GPU time per graph. */
+/* A CUDA graph launch waits for a slice as one kernel does. */
 #define GS_GRAPH(NAME, REALNAME)                                                               \
     GS_EXPORT CUresult NAME(CUgraphExec graph, CUstream stream) {                              \
         REAL_CUDA(CUresult(*)(CUgraphExec, CUstream), REALNAME);                               \
