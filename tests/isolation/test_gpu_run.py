@@ -14,13 +14,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.gpu.probes import figures, run
+from tests.gpu.probes import figures, run, sampling, steps
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = list(run.STEP_CAPS_S)
@@ -112,6 +114,8 @@ def test_computing_power_figures_have_one_shape(rehearsal: Any) -> None:
                 "steady_pct",
                 "off_pts",
                 "settled_after_s",
+                "nvml_sm_pct",
+                "nvml_off_pts",
                 "windows_pct",
             }, probe
             assert process["windows_pct"], probe
@@ -152,3 +156,62 @@ def test_a_step_without_time_left_is_skipped_with_the_budget(
 def test_the_figures_file_names_a_bad_status() -> None:
     with pytest.raises(ValueError, match="step status 'done' is not one of running, ok"):
         figures.finish(Path("/nonexistent"), "memory", "done", 0)
+
+
+class StubNvml:
+    """pynvml's names the sampler uses, answering as the H100 run did (pids, µs stamps)."""
+
+    NVML_CLOCK_SM = 1
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.polls = 0
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
+        return f"gpu{index}"
+
+    def nvmlDeviceGetClockInfo(self, handle: str, kind: int) -> int:
+        return 1755 if kind == self.NVML_CLOCK_SM else 0
+
+    def nvmlDeviceGetProcessUtilization(self, handle: str, last_seen: int) -> list[Any]:
+        self.polls += 1
+        if self.polls % 2:  # NVML_ERROR_NOT_FOUND: nothing new since last_seen
+            raise RuntimeError("Not Found")
+        now = int(time.time() * 1e6)
+        sample = types.SimpleNamespace(pid=self.pid, timeStamp=now, smUtil=30 + self.polls % 4)
+        return [sample] if now > last_seen else []
+
+
+def test_the_sampler_reads_each_process_time_share_and_the_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The GPU-only path of the compute step, on a stub of pynvml (the rehearsal has none)."""
+    stub = StubNvml(pid=4242)
+    monkeypatch.setitem(sys.modules, "pynvml", stub)
+    start = time.time()
+    with sampling.NvmlSampler() as sampler:
+        time.sleep(12 * sampling.POLL_S)
+    end = time.time()
+    assert sampler.problem == ""
+    share = sampler.sm_pct(4242, start, end)
+    assert share is not None and 30 <= share <= 33
+    assert sampler.sm_pct(1, start, end) is None  # another pid's samples are not counted
+    assert sampler.clock_mhz(start, end) == 1755
+    assert sampler.sm_pct(4242, end + 1, end + 2) is None
+
+
+def test_without_nvml_the_sampler_says_why_and_the_rate_is_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    with sampling.NvmlSampler() as sampler:
+        pass
+    assert "NVML cannot be read here" in sampler.problem
+    near = steps.summary([31.0] * 8, 30, 0.25)
+    assert near["nvml_sm_pct"] is None and steps.held([near])
+    # with NVML's time share, that share is what counts
+    assert not steps.held([steps.summary([31.0] * 8, 30, 0.25, nvml_pct=40.0)])
+    assert steps.held([steps.summary([37.0] * 8, 30, 0.25, nvml_pct=31.0)])

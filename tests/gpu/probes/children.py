@@ -293,6 +293,8 @@ def matmul(args: list[str]) -> dict[str, Any]:
 @probe
 def launches(args: list[str]) -> dict[str, Any]:
     """REPS timings of COUNT tiny kernels (x.add_(1) on 16 floats), after 1,000 warm-up launches."""
+    if cpu := os.environ.get("GPUSHARE_GPU_PIN"):  # one core for every run: less noise
+        os.sched_setaffinity(0, {int(cpu)})
     torch = _torch()
     count, reps = int(args[0]), int(args[1])
     x = torch.zeros(16, device="cuda")
