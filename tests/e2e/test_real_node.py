@@ -244,6 +244,8 @@ def test_cuda_sample_on_a_real_core_mem_node(real_node: RealNode, ns: str) -> No
     assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2"
     assert env["ALIYUN_COM_GPU_CORE_PERCENTAGE"] == "30"
     assert env["GPUSHARE_CORE_LIMIT"] == "30"
+    # its own slice of each period, from the GPU's schedule (mounted read-only: it started)
+    assert env["GPUSHARE_CGPU_POLICY"] == "3"
     assert env["GPUSHARE_MEM_LIMIT"] == str(2 * 1024**3)
     assert "libgpushare-cuda.so" in env["PROBE_MAPPED"], env
     checked, mismatches, _ = compare(items, gpu_uuids(cluster))

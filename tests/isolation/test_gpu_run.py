@@ -212,6 +212,12 @@ def test_without_nvml_the_sampler_says_why_and_the_rate_is_checked(
     assert "NVML cannot be read here" in sampler.problem
     near = steps.summary([31.0] * 8, 30, 0.25)
     assert near["nvml_sm_pct"] is None and steps.held([near])
-    # with NVML's time share, that share is what counts
+    # with NVML's time share of a process alone, that share is what counts
     assert not steps.held([steps.summary([31.0] * 8, 30, 0.25, nvml_pct=40.0)])
     assert steps.held([steps.summary([37.0] * 8, 30, 0.25, nvml_pct=31.0)])
+    # several processes: NVML put them all on one pid (the H100 run), so the rates count
+    pair = [
+        steps.summary([31.0] * 8, 30, 0.25, nvml_pct=None),
+        steps.summary([61.0] * 8, 60, 0.25, nvml_pct=87.1),
+    ]
+    assert steps.held(pair)

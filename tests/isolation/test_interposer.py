@@ -475,8 +475,8 @@ def test_two_processes_of_a_broker_container_share_one_compute_limit(
     """As the plugin sets a container up (its limits file names the broker, no usage table):
     processes launching flat out on one fake GPU hold the container's 40 % together.
 
-    Each process has a pid table of its own, so before the broker named the container's
-    processes (``pids``) each one throttled its own samples to the whole 40 %: two took 74-80 %.
+    The processes share the container's slice of each period (one window, placed by the slot
+    name they all read), so together they cannot take more than it, however many fork.
     """
     limits.write_text(plugin_limits(1024 * MiB, broker, core_pct=40))
     runs: list[list[float]] = []
@@ -584,7 +584,7 @@ def test_a_process_cannot_lower_what_the_others_hold(
     assert bad == [
         "error reserve takes 2 decimal number(s)",
         "ok",  # one limit for every ordinal, as in the file; charged to this connection only
-        "error unknown request: use reserve, release, hold, used, active or pids",
+        "error unknown request: use reserve, release, hold, used or active",
         "error used takes 1 decimal number(s)",
     ]
     assert eventually(lambda: broker.usage() == 600 * MiB)

@@ -42,10 +42,10 @@ def test_a_connection_gives_back_only_its_own_and_all_of_it_when_it_closes() -> 
 @pytest.mark.parametrize(
     ("line", "answer"),
     [
-        (b"", b"error unknown request: use reserve, release, hold, used, active or pids\n"),
+        (b"", b"error unknown request: use reserve, release, hold, used or active\n"),
         (
             b"RESERVE 0 1",
-            b"error unknown request: use reserve, release, hold, used, active or pids\n",
+            b"error unknown request: use reserve, release, hold, used or active\n",
         ),
         (b"reserve 0", b"error reserve takes 2 decimal number(s)\n"),
         (b"reserve 0 -5", b"error reserve takes 2 decimal number(s)\n"),
@@ -58,7 +58,7 @@ def test_a_connection_gives_back_only_its_own_and_all_of_it_when_it_closes() -> 
         (b"active 0 1", b"error active takes 1 decimal number(s)\n"),
         (
             b"\xff\xfe 0 1",
-            b"error unknown request: use reserve, release, hold, used, active or pids\n",
+            b"error unknown request: use reserve, release, hold, used or active\n",
         ),
     ],
 )
@@ -133,19 +133,9 @@ def test_activity_is_acknowledged_and_charges_nothing() -> None:
     assert account.used(0) == account.used(1) == 0
 
 
-def test_pids_names_each_live_connection_s_process_once() -> None:
-    """The throttle's question: the container's processes, as the broker's namespace sees them."""
+def test_pids_is_no_longer_a_request() -> None:
+    """The compute limit is time slices now: nothing asks for the container's pids."""
     account = Account((MiB,))
-    first, second, third = (
-        account.connect(pid=4100),
-        account.connect(pid=4100),
-        account.connect(pid=77),
-    )
-    assert first is not None and second is not None and third is not None
-    assert account.answer(first, b"pids\n") == b"pids 77 4100\n"
-    account.disconnect(third)
-    assert account.answer(first, b"pids") == b"pids 4100\n"
-    unseen = account.connect(pid=0)  # a process outside the broker's pid namespace
-    assert unseen is not None
-    assert account.answer(unseen, b"pids\n") == b"pids 0 4100\n"
-    assert account.answer(first, b"pids 0\n") == b"error pids takes 0 decimal number(s)\n"
+    conn = account.connect()
+    assert conn is not None
+    assert account.answer(conn, b"pids\n").startswith(b"error unknown request")

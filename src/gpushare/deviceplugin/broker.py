@@ -21,13 +21,6 @@ account's key, before the answer goes back, so whatever the plugin does with it 
 cGPU schedule) is done when the interposer reads ``ok``. The key comes from the socket the
 line arrived on, never from the line: a container reports for itself only.
 
-Processes: each connection's process id comes from the kernel (``SO_PEERCRED``) when the broker
-takes it, in the plugin's pid namespace; ``pids`` names those of the container's live
-connections. The chart runs the plugin with ``hostPID``, so they are the host pids that NVML's
-per-process samples name, and the interposer's compute throttle counts the samples of every
-process of its container and of nothing else (docs/isolation.md, "Whose samples count"). A pid
-the plugin's namespace cannot see is 0, which the interposer takes as "cannot tell".
-
 Caps: every connection is a descriptor of the plugin's, so connections are capped per container
 (``accounting.MAX_CONNECTIONS``), per pod and per node, and the node's cap never reaches into
 the descriptors the plugin keeps for its own work (``deviceplugin.descriptors``): no tenant can
@@ -44,7 +37,6 @@ import errno
 import logging
 import os
 import socket
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,8 +59,6 @@ ACCEPT_BATCH = 16
 ACCEPT_RETRY_S = 1.0
 """How long a socket waits after accept() ran out of descriptors or memory (asyncio's own)."""
 RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-PEERCRED = struct.Struct("3i")
-"""struct ucred: pid, uid, gid."""
 CAP_WORDS = {
     "container": "container",
     "pod": "pod",
@@ -91,20 +81,6 @@ class _Open:
     """Loop time before which reservations wait (a restored account)."""
     paused: asyncio.TimerHandle | None = None
     """Set while accepting waits after accept() ran out of descriptors."""
-
-
-def peer_pid(sock: socket.socket) -> int:
-    """The connected process's id in this process's pid namespace; 0 when it cannot be seen.
-
-    The kernel answers with the pid of the process that connected, translated into the pid
-    namespace of the one asking, and 0 when that namespace does not contain it.
-    """
-    try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size)
-    except OSError:
-        return 0
-    pid, _, _ = PEERCRED.unpack(raw)
-    return max(int(pid), 0)
 
 
 class Broker:
@@ -220,7 +196,7 @@ class Broker:
                     return
                 continue  # this connection went away before it was taken
             cap = self._cap_met(entry)
-            conn = None if cap else entry.account.connect(peer_pid(sock))
+            conn = None if cap else entry.account.connect()
             if conn is None:
                 self._refuse(sock, cap or "container")
                 continue

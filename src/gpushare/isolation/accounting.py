@@ -26,21 +26,7 @@ request              answer                      what it does
 ``active D``         ``ok``                      the process launches on D now: the container
                                                  counts as active on that GPU (cGPU policies
                                                  1, 2 and 4; the broker tells the plugin)
-``pids``             ``pids P P ...``            the process ids of the container's live
-                                                 connections, distinct and ascending, as the
-                                                 broker's pid namespace sees them (``0``: one
-                                                 it cannot see)
 ===================  ==========================  ============================================
-
-``pids`` is for the compute throttle (``GPUSHARE_CORE_LIMIT``): NVML's per-process samples name
-host pids, and a process in a container knows only its own pid, in the container's namespace.
-The broker learns each connection's pid from the kernel (``SO_PEERCRED``, when the connection is
-taken), so a process cannot name another's, and with the plugin in the host's pid namespace
-(``hostPID``) these are the pids NVML names: every process of the container sums the samples of
-all of them and throttles against the container's total. A ``0`` says the broker's namespace
-does not see that process; the interposer then measures as it would without the answer. The
-answer can be longer than :data:`MAX_LINE` (that limit is the requests'): at most
-:data:`MAX_CONNECTIONS` pids.
 
 Anything else is answered ``error <why>``, and changes nothing. The limits are the plugin's, from
 the allocation, never the container's. The interposer (``native/interposer.c``, the broker
@@ -71,8 +57,6 @@ class Account:
     """Bytes per device ordinal; a single value applies to every ordinal, as in the file."""
     holders: dict[int, list[int]] = field(default_factory=dict)
     """Connection id → bytes held per device ordinal."""
-    pids: dict[int, int] = field(default_factory=dict)
-    """Connection id → its process id as the broker sees it (0: unknown)."""
     _next: int = 0
 
     def __post_init__(self) -> None:
@@ -91,17 +75,12 @@ class Account:
         """Bytes the whole container holds on a device."""
         return sum(held[dev] for held in self.holders.values())
 
-    def connect(self, pid: int = 0) -> int | None:
-        """A new connection's id, or None when the container already has too many.
-
-        ``pid`` is the connecting process's id as the kernel gave it to the broker (0 when the
-        broker cannot see that process); ``pids`` answers with it.
-        """
+    def connect(self) -> int | None:
+        """A new connection's id, or None when the container already has too many."""
         if len(self.holders) >= MAX_CONNECTIONS:
             return None
         self._next += 1
         self.holders[self._next] = [0] * MAX_DEVICES
-        self.pids[self._next] = max(pid, 0)
         return self._next
 
     def holds(self, conn: int) -> bool:
@@ -111,11 +90,6 @@ class Account:
     def disconnect(self, conn: int) -> None:
         """The connection closed: everything charged to it is given back."""
         self.holders.pop(conn, None)
-        self.pids.pop(conn, None)
-
-    def processes(self) -> list[int]:
-        """The distinct process ids of the live connections, ascending (0: one unknown)."""
-        return sorted(set(self.pids.values()))
 
     def answer(self, conn: int, line: bytes) -> bytes:
         """The answer to one request line (newline included or not) on a connection."""
@@ -124,11 +98,9 @@ class Account:
             return b"error this connection is closed\n"
         words = line.rstrip(b"\n").split(b" ")
         verb = words[0].decode("ascii", "replace")
-        arity = {"reserve": 3, "release": 3, "hold": 3, "used": 2, "active": 2, "pids": 1}
+        arity = {"reserve": 3, "release": 3, "hold": 3, "used": 2, "active": 2}
         if verb not in arity:
-            return b"error unknown request: use reserve, release, hold, used, active or pids\n"
-        if verb == "pids" and len(words) == 1:
-            return " ".join(["pids", *map(str, self.processes())]).encode() + b"\n"
+            return b"error unknown request: use reserve, release, hold, used or active\n"
         numbers = [whole_number(w.decode("ascii", "replace")) for w in words[1:]]
         if len(words) != arity[verb] or None in numbers:
             return f"error {verb} takes {arity[verb] - 1} decimal number(s)\n".encode()

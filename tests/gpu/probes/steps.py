@@ -359,11 +359,15 @@ def summary(
 
 
 def held(each: list[dict[str, Any]]) -> bool:
-    """Every process within the tolerance: by NVML's time share where there is one."""
-    return all(
-        abs(e["off_pts"] if e["nvml_off_pts"] is None else e["nvml_off_pts"]) <= TOLERANCE_PTS
-        for e in each
-    )
+    """Every process within the tolerance: by NVML's time share for a process alone.
+
+    With several processes on the GPU at once, NVML on the H100 put the GPU time of all of them
+    on one pid (three policy 0 containers at 5 %: 13.9 % on the last, nothing on the others),
+    so there the rates count; they ran at one clock, so they compare fairly with each other.
+    """
+    if len(each) == 1 and each[0]["nvml_off_pts"] is not None:
+        return abs(each[0]["nvml_off_pts"]) <= TOLERANCE_PTS
+    return all(abs(e["off_pts"]) <= TOLERANCE_PTS for e in each)
 
 
 def compute(s: Setting, rec: Recorder) -> None:
@@ -396,7 +400,7 @@ def compute(s: Setting, rec: Recorder) -> None:
                     for g, (_, t), n in zip(got, cases, work.nvml, strict=True)
                 ]
             else:  # one container's processes share its limit: their sum is what counts
-                nvml = None if None in work.nvml else sum(n or 0 for n in work.nvml)
+                nvml = None  # NVML gave each of the two the whole slice (41 %): see held()
                 total = [sum(w) for w in zip(*got, strict=True)]
                 each = [summary(total, cases[0][1], work.window, nvml)]
             rec.figure(

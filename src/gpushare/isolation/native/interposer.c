@@ -558,7 +558,7 @@ static void gs_detached(void *(*fn)(void *), const char *what) {
  *   reserve D B -> ok | refused USED LIMIT     release D B -> ok
  *   hold D B    -> ok   (memory held before this connection: after the broker restarted)
  *   used D      -> used USED LIMIT
- *   pids        -> pids P P ...  (the container's processes, as host pids: the throttle's)
+ *   active D    -> ok   (this process launches on D: cGPU policies 1, 2 and 4)
  * A broker that cannot be reached within GS_BROKER_WAIT_MS fails closed: the reservation is
  * refused, as with an unusable limits file.
  */
