@@ -316,8 +316,6 @@ def test_device_plugin_daemonset(default_docs: list[dict[str, Any]]) -> None:
     assert {
         "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources",
-        "/var/lib/kubelet/config.yaml",
-        "/var/lib/kubelet/cpu_manager_state",
         "/var/lib/gpushare",
         "/usr/local/gpushare",
     } <= paths
@@ -331,6 +329,21 @@ def test_device_plugin_daemonset(default_docs: list[dict[str, Any]]) -> None:
     assert "--broker-max-connections-per-pod=2048" in args
     assert "--broker-max-connections-per-node=16384" in args
     assert "--broker-idle-timeout=60" in args
+
+
+def test_device_plugin_needs_no_kubelet_file_unless_one_is_named(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    """EKS, GKE, k3s and RKE2 have no /var/lib/kubelet/config.yaml: a File hostPath there kept
+    the pod in ContainerCreating. kubelet's policy comes through PodResources instead."""
+    pod = find(default_docs, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    assert not [v for v in pod["volumes"] if v.get("hostPath", {}).get("type") == "File"]
+    args = pod["containers"][0]["args"]
+    assert "--kubelet-config=/nonexistent" in args and "--cpu-manager-state=/nonexistent" in args
+    docs = render("--set", "devicePlugin.kubeletConfigPath=/etc/kubernetes/kubelet/config.json")
+    pod = find(docs, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    files = [v["hostPath"] for v in pod["volumes"] if v.get("hostPath", {}).get("type") == "File"]
+    assert files == [{"path": "/etc/kubernetes/kubelet/config.json", "type": "File"}]
 
 
 def test_device_plugin_hands_gpus_over_by_cdi_unless_told_envvar(
