@@ -269,12 +269,31 @@ def test_kube_scheduler_accepts_the_chart(values: Path | None, tmp_path: Path) -
     ]
 
 
+@pytest.mark.parametrize(
+    ("cluster", "image"),
+    [
+        ("v1.30.4-eks-a737599", "v1.30.4"),
+        ("v1.31.1+k3s1", "v1.31.1"),
+        ("v1.32.2-gke.1182003", "v1.32.2"),
+    ],
+)
+def test_kube_scheduler_follows_the_cluster_s_release(cluster: str, image: str) -> None:
+    """Within the version-skew policy on every cluster, 1.30 to now; a pin is kept as named."""
+    docs = render("--kube-version", cluster)
+    scheduler = find(docs, "Deployment", "-scheduler")["spec"]["template"]["spec"]["containers"][0]
+    assert scheduler["image"] == f"registry.k8s.io/kube-scheduler:{image}"
+    docs = render("--kube-version", cluster, "--set", "scheduler.image.tag=v1.30.0")
+    scheduler = find(docs, "Deployment", "-scheduler")["spec"]["template"]["spec"]["containers"][0]
+    assert scheduler["image"] == "registry.k8s.io/kube-scheduler:v1.30.0"
+
+
 def test_scheduler_pod(default_docs: list[dict[str, Any]]) -> None:
     deployment = find(default_docs, "Deployment", "-scheduler")
     assert deployment["spec"]["replicas"] == 2
     pod = deployment["spec"]["template"]["spec"]
     scheduler, extender = pod["containers"]
-    assert scheduler["image"] == "registry.k8s.io/kube-scheduler:v1.36.3"
+    # the cluster's own release (rendered for the pinned control plane)
+    assert scheduler["image"] == f"registry.k8s.io/kube-scheduler:{KUBE_VERSION}"
     assert "--config=/etc/gpushare/scheduler-config.yaml" in scheduler["command"]
     assert scheduler["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
     assert extender["args"][:3] == ["extender", "--host=127.0.0.1", "--port=32766"]
