@@ -10,7 +10,6 @@ tests run kube-scheduler with that function's output), its webhook configuration
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
 import os
@@ -434,16 +433,21 @@ def test_device_plugin_policies_equal_the_renderer(
         ]
 
 
-def test_the_seal_key_is_made_once_and_mounted_into_extender_and_plugin(
+def test_the_seal_key_is_made_in_the_cluster_and_mounted_into_extender_and_plugin(
     default_docs: list[dict[str, Any]],
 ) -> None:
-    secret = find(default_docs, "Secret", "-seal")
-    assert secret["metadata"]["name"] == f"{RELEASE}-seal"
-    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    assert len(base64.b64decode(secret["data"]["key"])) == 32
+    """No key is rendered (GitOps: the same objects every render); a Job makes the Secret."""
+    assert not [
+        d for d in default_docs if d["kind"] == "Secret" and "-seal" in d["metadata"]["name"]
+    ]
+    job = find(default_docs, "Job", "-seal-1")["spec"]["template"]["spec"]
+    (container,) = job["containers"]
+    assert container["args"][:2] == ["seal-key", f"--secret={NAMESPACE}/{RELEASE}-seal"]
+    role = find(default_docs, "Role", "-seal")
+    assert {"get"} == {v for r in role["rules"] if r.get("resourceNames") for v in r["verbs"]}
+    assert helm(*template_args()).stdout == helm(*template_args()).stdout
     mine = render("--set", "seal.existingSecret=mine")
-    secrets = [d["metadata"]["name"] for d in mine if d["kind"] == "Secret"]
-    assert not [n for n in secrets if n.endswith("-seal")]
+    assert not [d for d in mine if d["metadata"]["name"].endswith(("-seal", "-seal-1"))]
     for docs, name in ((default_docs, f"{RELEASE}-seal"), (mine, "mine")):
         for kind, suffix, index, mode in (
             ("Deployment", "-scheduler", 1, 0o440),
@@ -630,7 +634,9 @@ def test_cert_modes(default_docs: list[dict[str, Any]], ci_docs: list[dict[str, 
     assert "cert-manager.io/inject-ca-from" not in webhook_config(default_docs)["metadata"].get(
         "annotations", {}
     )
-    assert not [d for d in ci_docs if d["kind"] == "Job"]
+    assert not [
+        d for d in ci_docs if d["kind"] == "Job" and "webhook-certs" in d["metadata"]["name"]
+    ]
     certificate = find(ci_docs, "Certificate")
     assert f"{RELEASE}-webhook.{NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
     find(ci_docs, "Issuer")
@@ -658,7 +664,7 @@ def test_gpushare_flags_exist(
             flag = arg.split("=")[0]
             assert re.search(rf"{re.escape(flag)}\b", helps[command]), f"gpushare {command} {flag}"
             checked += 1
-    assert set(helps) == {"extender", "device-plugin", "webhook"}
+    assert set(helps) == {"extender", "device-plugin", "webhook", "seal-key"}
     assert checked > 20
 
 
@@ -678,12 +684,12 @@ def test_gpushare_parses_the_arguments_the_chart_gives(
         with cli.commands[command].make_context(command, args) as context:
             assert context.params, f"gpushare {command} {args}"
         parsed.add(command)
-    assert parsed == {"extender", "device-plugin", "webhook"}
+    assert parsed == {"extender", "device-plugin", "webhook", "seal-key"}
 
 
 def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> None:
     for container in containers(ci_docs):
-        if container["image"].startswith("gpushare:"):
+        if container["image"].startswith("gpushare:") and container["args"][0] != "seal-key":
             assert "--gpu-memory-unit=128MiB" in container["args"]
             assert "--mem-resource=example.com/gpu-mem" in container["args"]
     extender = find(ci_docs, "Deployment", "-scheduler")["spec"]["template"]["spec"]
@@ -762,7 +768,7 @@ def test_testing_values_reach_the_api_calling_pods_only(
         "testing.fakeTopology=nvlink-pairs",
     )
     specs = _pod_specs(docs)
-    calling = {"scheduler", "device-plugin", "webhook-certs"}
+    calling = {"scheduler", "device-plugin", "webhook-certs", "seal"}
     assert set(specs) == {*calling, "webhook"}
     for component, spec in specs.items():
         assert spec.get("hostNetwork", False) is (component in calling), component
