@@ -15,6 +15,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -848,3 +849,48 @@ def test_pod_monitors_render_only_when_enabled_and_select_each_metrics_port() ->
     fewer = render(*on, "--set", "devicePlugin.metricsPort=0", "--set", "webhook.enabled=false")
     names = sorted(d["metadata"]["name"] for d in fewer if d["kind"] == "PodMonitor")
     assert names == [f"{RELEASE}-scheduler"]
+
+
+def test_prometheus_rule_alerts_on_what_an_operator_needs_first() -> None:
+    """Off by default; on, the alerts name the PodMonitors' jobs, and promtool accepts them."""
+    assert not [d for d in render() if d["kind"] == "PrometheusRule"]
+    docs = render("--set", "prometheusRule.enabled=true", "--set", "podMonitor.enabled=true")
+    rule = find(docs, "PrometheusRule")
+    (group,) = rule["spec"]["groups"]
+    alerts = {r["alert"]: r for r in group["rules"]}
+    assert set(alerts) == {
+        "GPUShareWebhookDown",
+        "GPUShareWebhookCertificateNotReloaded",
+        "GPUShareExtenderDown",
+        "GPUShareExtenderCacheNotSynced",
+        "GPUShareUntrustedAllocations",
+        "GPUShareGPUUnhealthy",
+        "GPUSharePodResourcesMismatch",
+    }
+    monitors = {d["metadata"]["name"] for d in docs if d["kind"] == "PodMonitor"}
+    for alert, monitor in (
+        ("GPUShareWebhookDown", "webhook"),
+        ("GPUShareExtenderDown", "scheduler"),
+    ):
+        assert f'job="{NAMESPACE}/{RELEASE}-{monitor}"' in alerts[alert]["expr"]
+        assert f"{RELEASE}-{monitor}" in monitors
+    promtool = cached("promtool-v0.316.0", "promtool")
+    if promtool is None:
+        pytest.skip("promtool is built by tests/e2e/controlplane/build.sh")
+    with tempfile.TemporaryDirectory() as tmp:
+        rules = Path(tmp) / "rules.yaml"
+        rules.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+        checked = subprocess.run(
+            [str(promtool), "check", "rules", str(rules)], capture_output=True, text=True
+        )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_helm_test_checks_the_webhook_through_its_service_and_ca() -> None:
+    docs = render()
+    pod = find(docs, "Pod", "-test")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    (container,) = pod["spec"]["containers"]
+    script = container["args"][0]
+    assert f"https://{RELEASE}-webhook.{NAMESPACE}.svc/readyz" in script
+    assert 'cafile="/certs/ca.crt"' in script
