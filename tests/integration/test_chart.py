@@ -894,3 +894,34 @@ def test_helm_test_checks_the_webhook_through_its_service_and_ca() -> None:
     script = container["args"][0]
     assert f"https://{RELEASE}-webhook.{NAMESPACE}.svc/readyz" in script
     assert 'cafile="/certs/ca.crt"' in script
+
+
+def test_every_component_takes_extra_args_env_and_an_update_strategy() -> None:
+    """What the chart does not foresee needs no fork (issue 40)."""
+    sets = []
+    for component in ("scheduler", "devicePlugin", "webhook"):
+        sets += [
+            "--set",
+            f"{component}.extraArgs={{--log-level=debug}}",
+            "--set",
+            f"{component}.extraEnv[0].name=EXTRA",
+            "--set",
+            f"{component}.extraEnv[0].value={component}",
+            "--set",
+            f"{component}.updateStrategy.type="
+            + ("OnDelete" if component == "devicePlugin" else "Recreate"),
+        ]
+    docs = render(*sets)
+    for kind, suffix, index, component in (
+        ("Deployment", "-scheduler", 1, "scheduler"),
+        ("DaemonSet", "-device-plugin", 0, "devicePlugin"),
+        ("Deployment", "-webhook", 0, "webhook"),
+    ):
+        workload = find(docs, kind, suffix)
+        container = workload["spec"]["template"]["spec"]["containers"][index]
+        assert container["args"][-1] == "--log-level=debug"
+        assert {"name": "EXTRA", "value": component} in container["env"]
+        strategy = workload["spec"]["strategy" if kind == "Deployment" else "updateStrategy"]
+        assert strategy["type"] in ("Recreate", "OnDelete")
+    webhook = find(render(), "Deployment", "-webhook")["spec"]["template"]["spec"]
+    assert webhook["priorityClassName"] == "system-cluster-critical"
