@@ -7,7 +7,7 @@ CLUSTER_DIR ?= .cluster
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= gpushare:$(VERSION)
 
-.PHONY: demo test unit native e2e lint typecheck controlplane cluster cluster-down bench replay image image-archive clean
+.PHONY: demo test unit native e2e e2e-oldest lint typecheck controlplane cluster cluster-down bench replay image image-archive clean
 
 $(STAMP): pyproject.toml constraints.txt packaging/gpushare_build.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,24 @@ unit: $(STAMP)
 # End-to-end tests on the real control plane.
 e2e: $(STAMP) controlplane
 	GPUSHARE_E2E=1 $(BIN)/python -m pytest -q tests/e2e
+
+# The oldest Kubernetes minor gpushare supports (docs/compatibility.md), built by build.sh the
+# same way as the newest (its own pinned module, tests/e2e/controlplane/kubernetes-1.30), and
+# the end-to-end tests that prove it on that control plane and the real node's kubelet: the
+# walkthroughs, the webhook, binding, the real node's seed, cuda-sample (core_mem) and sidecar
+# pods, the device plugin's node-bound token, and helm install. Cached like the newest; the
+# first build takes about as long (see docs/compatibility.md for the measured times).
+OLDEST_K8S ?= v1.30.14
+E2E_OLDEST := tests/e2e/test_walkthrough.py tests/e2e/test_webhook.py tests/e2e/test_bind_retry.py \
+	tests/e2e/test_real_node.py::test_seed_walkthrough_on_a_real_share_node \
+	tests/e2e/test_real_node.py::test_cuda_sample_on_a_real_core_mem_node \
+	tests/e2e/test_real_node.py::test_multi_container_init_sidecar_and_multi_gpu_pods \
+	tests/e2e/test_real_forgery.py::test_finding_6_the_device_plugins_token_is_held_to_its_own_node \
+	tests/e2e/test_helm.py
+e2e-oldest: $(STAMP)
+	K8S_VERSION=$(OLDEST_K8S) bash tests/e2e/controlplane/build.sh > /dev/null
+	bash tests/e2e/node/setup.sh
+	GPUSHARE_E2E=1 GPUSHARE_E2E_K8S_VERSION=$(OLDEST_K8S) $(BIN)/python -m pytest -q $(E2E_OLDEST)
 
 # Everything: lint, types, unit, integration, GPU (skipped without one) and end-to-end, in that
 # order, so the busy control plane of the e2e tests runs last. pytest's exit code 5 (no tests)

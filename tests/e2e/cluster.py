@@ -57,9 +57,29 @@ class StartError(RuntimeError):
     """A component did not come up; the message carries its log tail."""
 
 
+K8S_VERSION_ENV = "GPUSHARE_E2E_K8S_VERSION"
+"""Names the Kubernetes release the control plane and the real node's kubelet run (build.sh's
+``K8S_VERSION``, e.g. ``v1.30.14`` for the oldest supported minor; unset: build.sh's default,
+the newest tested). Only releases build.sh has a pinned module for build."""
+
+
+def build_env() -> dict[str, str]:
+    """build.sh's environment: this one, with the release named by ``GPUSHARE_E2E_K8S_VERSION``.
+
+    Only that variable selects the release, so a ``K8S_VERSION`` left in a shell for some other
+    tool does not quietly change what the tests run on."""
+    env = {k: v for k, v in os.environ.items() if k != "K8S_VERSION"}
+    version = os.environ.get(K8S_VERSION_ENV, "").strip()
+    if version:
+        env["K8S_VERSION"] = version
+    return env
+
+
 def build_binaries() -> dict[str, Path]:
     """Run build.sh (a no-op when cached) and map each binary name to its path."""
-    result = subprocess.run(["bash", str(BUILD)], check=True, stdout=subprocess.PIPE, text=True)
+    result = subprocess.run(
+        ["bash", str(BUILD)], check=True, stdout=subprocess.PIPE, text=True, env=build_env()
+    )
     found: dict[str, Path] = {}
     for line in result.stdout.split():
         for binary in Path(line).iterdir():

@@ -36,10 +36,13 @@ BUILD_SH = REPO / "tests" / "e2e" / "controlplane" / "build.sh"
 
 
 def pinned(name: str) -> str:
-    """A version build.sh pins (``K8S_VERSION=v1.36.3``): one place says which."""
-    found = re.search(rf"^{name}=(\S+)$", BUILD_SH.read_text(), re.MULTILINE)
+    """A version build.sh pins (``HELM_VERSION=v3.22.0``, or the default of one the caller may
+    choose, ``K8S_VERSION="${K8S_VERSION:-v1.36.3}"``): one place says which."""
+    found = re.search(
+        rf'^{name}=(?:"\$\{{{name}:-([^}}"]+)\}}"|(\S+))$', BUILD_SH.read_text(), re.MULTILINE
+    )
     assert found, f"{name} not in {BUILD_SH}"
-    return found.group(1)
+    return found.group(1) or found.group(2)
 
 
 HELM_VERSION = pinned("HELM_VERSION")

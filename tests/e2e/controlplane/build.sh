@@ -4,10 +4,13 @@
 # They land in a cache outside the repository, keyed by version, so a second run builds nothing:
 #   ${GPUSHARE_CACHE:-~/.cache/gpushare}/bin/<component>-<version>/<binary>
 # It prints the directory of each binary set; `bin-dir` prints one line PATH entries for all.
+# K8S_VERSION picks the Kubernetes release (default the newest tested); each release it accepts
+# is pinned by a module directory here whose go.mod requires it: kubernetes/ for the newest,
+# kubernetes-1.<minor>/ for the oldest supported minor (docs/compatibility.md).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-K8S_VERSION=v1.36.3
+K8S_VERSION="${K8S_VERSION:-v1.36.3}"
 ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0
@@ -22,16 +25,31 @@ esac
 
 log() { printf '[controlplane] %s\n' "$*" >&2; }
 
+# The module directory whose go.mod pins k8s.io/kubernetes at exactly K8S_VERSION, so that a
+# version is only ever built from the go.sum that was checked for it.
+kubernetes_module() {
+  local dir
+  for dir in "$HERE"/kubernetes "$HERE"/kubernetes-1.*; do
+    if grep -Eq "^(require )?[[:space:]]*k8s\.io/kubernetes $K8S_VERSION\$" "$dir/go.mod" 2>/dev/null; then
+      echo "$dir"; return
+    fi
+  done
+  log "K8S_VERSION=$K8S_VERSION: no go.mod under $HERE requires k8s.io/kubernetes $K8S_VERSION;" \
+      "pick one that does ($(cd "$HERE" && grep -ho 'k8s.io/kubernetes v[0-9.]*$' kubernetes*/go.mod | \
+      cut -d' ' -f2 | xargs)) or add a kubernetes-1.<minor>/ module for it"
+  exit 2
+}
+
 build_kubernetes() {
   local out="$CACHE/kubernetes-$K8S_VERSION"
   if [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-scheduler" ] && \
      [ -x "$out/kube-controller-manager" ] && [ -x "$out/kubectl" ] && [ -x "$out/kubelet" ]; then
     echo "$out"; return
   fi
-  log "building Kubernetes $K8S_VERSION (kube-apiserver alone takes about 3 minutes and 2 GiB)"
+  log "building Kubernetes $K8S_VERSION from $K8S_MODULE (kube-apiserver alone takes about 3 minutes and 2 GiB)"
   local start=$SECONDS tmp="$out.tmp.$$"
   mkdir -p "$tmp"
-  (cd "$HERE/kubernetes" && go build -trimpath -o "$tmp/" \
+  (cd "$K8S_MODULE" && go build -trimpath -o "$tmp/" \
     -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet)
@@ -65,6 +83,7 @@ install_module() {  # name package version binary
 }
 
 main() {
+  K8S_MODULE="$(kubernetes_module)"  # before any build: an unpinned version fails at once
   mkdir -p "$CACHE"
   build_etcd
   build_kubernetes
