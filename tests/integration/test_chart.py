@@ -222,7 +222,15 @@ def test_scheduler_config_follows_values(ci_docs: list[dict[str, Any]]) -> None:
     )
 
 
-KUBE_SCHEDULER = cached(f"kubernetes-{KUBE_VERSION}", "kube-scheduler")
+def oldest_release() -> str:
+    """The oldest supported release build.sh pins (``kubernetes-1.<minor>/go.mod``)."""
+    (go_mod,) = BUILD_SH.parent.glob("kubernetes-1.*/go.mod")
+    found = re.search(r"^require k8s\.io/kubernetes (v\S+)$", go_mod.read_text(), re.MULTILINE)
+    assert found, f"{go_mod} requires no k8s.io/kubernetes release"
+    return found.group(1)
+
+
+OLDEST_VERSION = oldest_release()
 # A kubeconfig the configuration must name (the pod's in-cluster connection does not exist
 # here); kube-scheduler only builds a client from it, and connects to nothing.
 NOWHERE = """apiVersion: v1
@@ -234,18 +242,24 @@ current-context: nowhere
 """
 
 
-@pytest.mark.skipif(
-    KUBE_SCHEDULER is None, reason=f"kube-scheduler {KUBE_VERSION} not built: `make controlplane`"
-)
+@pytest.mark.parametrize("release", [KUBE_VERSION, OLDEST_VERSION])
 @pytest.mark.parametrize("values", [None, CI_VALUES], ids=["default", "ci-values"])
-def test_kube_scheduler_accepts_the_chart(values: Path | None, tmp_path: Path) -> None:
+def test_kube_scheduler_accepts_the_chart(
+    values: Path | None, release: str, tmp_path: Path
+) -> None:
     """kube-scheduler validates the ConfigMap (leader election included) and the pod's flags.
 
-    ``--write-config-to`` loads, defaults and validates the configuration, writes it and exits
-    before scheduling; ``--secure-port=0`` keeps it from listening.
+    At the newest release and at the oldest the chart supports (the chart runs the cluster's
+    own kube-scheduler). ``--write-config-to`` loads, defaults and validates the configuration,
+    writes it and exits before scheduling; ``--secure-port=0`` keeps it from listening.
     """
-    assert KUBE_SCHEDULER is not None
-    docs = render(*(["-f", str(values)] if values else []))
+    kube_scheduler = cached(f"kubernetes-{release}", "kube-scheduler")
+    if kube_scheduler is None:
+        build = (
+            "make controlplane" if release == KUBE_VERSION else f"K8S_VERSION={release} {BUILD_SH}"
+        )
+        pytest.skip(f"kube-scheduler {release} not built: `{build}`")
+    docs = render("--kube-version", release, *(["-f", str(values)] if values else []))
     config = scheduler_config(docs)
     (tmp_path / "kubeconfig").write_text(NOWHERE)
     config["clientConnection"] = {"kubeconfig": str(tmp_path / "kubeconfig")}
@@ -259,7 +273,7 @@ def test_kube_scheduler_accepts_the_chart(values: Path | None, tmp_path: Path) -
         if not f.startswith("--secure-port=")
     ]
     result = subprocess.run(
-        [str(KUBE_SCHEDULER), *flags, "--secure-port=0", f"--write-config-to={tmp_path / 'out'}"],
+        [str(kube_scheduler), *flags, "--secure-port=0", f"--write-config-to={tmp_path / 'out'}"],
         capture_output=True,
         text=True,
         timeout=60,
