@@ -304,6 +304,33 @@ def test_kube_scheduler_follows_the_cluster_s_release(cluster: str, image: str) 
     assert scheduler["image"] == "registry.k8s.io/kube-scheduler:v1.30.0"
 
 
+@pytest.mark.parametrize(
+    ("cluster", "tag", "path"),
+    [
+        ("v1.30.14", "", "/healthz"),
+        ("v1.30.4-eks-a737599", "", "/healthz"),
+        ("v1.31.0", "", "/readyz"),
+        ("v1.36.3", "", "/readyz"),
+        ("v1.36.3", "v1.30.2", "/healthz"),
+        ("v1.30.14", "v1.31.1", "/readyz"),
+        ("v1.36.3", "custom-build", "/healthz"),
+    ],
+)
+def test_kube_scheduler_readiness_follows_the_release_it_runs(
+    cluster: str, tag: str, path: str
+) -> None:
+    """kube-scheduler serves /readyz from 1.31 only; 1.30 answers 404 there, which left the
+    scheduler pod never Ready on the oldest supported release (``make e2e-oldest``). /healthz,
+    served by every release, is the fallback for 1.30 and for a tag that names no release."""
+    docs = render(
+        "--kube-version", cluster, *(["--set", f"scheduler.image.tag={tag}"] if tag else [])
+    )
+    pod = find(docs, "Deployment", "-scheduler")["spec"]["template"]["spec"]
+    scheduler = next(c for c in pod["containers"] if c["name"] == "kube-scheduler")
+    assert scheduler["readinessProbe"]["httpGet"]["path"] == path
+    assert scheduler["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
 def test_scheduler_pod(default_docs: list[dict[str, Any]]) -> None:
     deployment = find(default_docs, "Deployment", "-scheduler")
     assert deployment["spec"]["replicas"] == 2

@@ -50,6 +50,20 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{- /* kube-scheduler's readiness path: /readyz from 1.31 (kubernetes#118148), /healthz before it
+       (1.30 answers 404 to /readyz, so the pod would never be Ready). Read from the release
+       the image runs: the tag named, else the cluster's; a tag that names no release gets
+       /healthz, which every release serves. */ -}}
+{{- define "gpushare.scheduler.readyPath" -}}
+{{- $i := .Values.scheduler.image -}}
+{{- $release := regexFind `^v?[0-9]+\.[0-9]+\.[0-9]+` (ternary (toString $i.tag) .Capabilities.KubeVersion.Version (ne (toString $i.tag) "")) -}}
+{{- if and $release (semverCompare ">=1.31.0-0" $release) -}}
+/readyz
+{{- else -}}
+/healthz
+{{- end -}}
+{{- end -}}
+
 {{- define "gpushare.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
