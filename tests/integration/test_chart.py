@@ -27,6 +27,7 @@ from gpushare.cli import main as cli
 from gpushare.cli.logs import LEVELS
 from gpushare.core.inventory import SHARED_MODES
 from gpushare.core.names import ResourceNames
+from gpushare.core.tampering import VISIBLE_DEVICES_MODES
 from gpushare.schedconfig import scheduler_configuration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -530,6 +531,40 @@ def test_webhook_trusts_the_extender_and_the_device_plugin(
     )
 
 
+def _visible_devices_flags(docs: list[dict[str, Any]]) -> list[str]:
+    args = find(docs, "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"][0]
+    wanted = ("--nvidia-visible-devices", "--device-list-strategy")
+    return [a for a in args["args"] if a.startswith(wanted)]
+
+
+def test_webhook_is_told_the_visible_devices_rule_and_its_exempt_namespaces(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    """auto beside the device plugin's strategy; the release namespace always exempt."""
+    assert _visible_devices_flags(default_docs) == [
+        "--nvidia-visible-devices=auto",
+        "--device-list-strategy=cdi-cri",
+        f"--nvidia-visible-devices-exempt-namespace={NAMESPACE}",
+        "--nvidia-visible-devices-exempt-namespace=kube-system",
+        "--nvidia-visible-devices-exempt-namespace=gpu-operator",
+        "--nvidia-visible-devices-exempt-namespace=nvidia-gpu-operator",
+    ]
+    docs = render(
+        "--set",
+        "webhook.nvidiaVisibleDevices=refuse",
+        "--set",
+        "devicePlugin.deviceListStrategy=envvar",
+        "--set",
+        f"webhook.nvidiaVisibleDevicesExemptNamespaces={{{NAMESPACE},nvidia}}",
+    )
+    assert _visible_devices_flags(docs) == [
+        "--nvidia-visible-devices=refuse",
+        "--device-list-strategy=envvar",
+        f"--nvidia-visible-devices-exempt-namespace={NAMESPACE}",
+        "--nvidia-visible-devices-exempt-namespace=nvidia",
+    ]
+
+
 def policy_docs(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         copy.deepcopy(find(docs, "ValidatingAdmissionPolicy", "-handoff")),
@@ -657,6 +692,8 @@ def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> No
         ("scheduler.extender.logLevel=loud", "logLevel"),
         ("isolation.broker.maxConnectionsPerPod=0", "maxConnectionsPerPod"),
         ("isolation.broker.idleTimeoutSeconds=-1", "idleTimeoutSeconds"),
+        ("webhook.nvidiaVisibleDevices=deny", "nvidiaVisibleDevices"),
+        ("webhook.nvidiaVisibleDevicesExemptNamespaces[0]=GPU Operator", "ExemptNamespaces"),
     ],
 )
 def test_schema_refuses(setting: str, words: str) -> None:
@@ -677,6 +714,8 @@ def test_the_schema_offers_the_shared_modes_and_log_levels_the_commands_take() -
         plugin["logLevel"],
     ]
     assert all(level["enum"] == list(LEVELS) for level in levels)
+    webhook = schema["properties"]["webhook"]["properties"]
+    assert webhook["nvidiaVisibleDevices"]["enum"] == list(VISIBLE_DEVICES_MODES)
 
 
 def test_without_a_cluster_the_unit_guard_renders_nothing() -> None:

@@ -17,6 +17,12 @@ from gpushare.cli.errors import CommandError
 from gpushare.cli.logs import log_level_option, setup_logging
 from gpushare.cli.options import resource_name_options, scheduling_config
 from gpushare.core.names import DEFAULT_SCHEDULER, SCHEDULER_NAME
+from gpushare.core.tampering import (
+    DEFAULT_EXEMPT_NAMESPACES,
+    DEVICE_LIST_STRATEGIES,
+    VISIBLE_DEVICES_MODES,
+    VisibleDevicesRule,
+)
 
 
 @click.command()
@@ -60,6 +66,32 @@ from gpushare.core.names import DEFAULT_SCHEDULER, SCHEDULER_NAME
     is_flag=True,
     help="POST /mutate changes nothing (the chart's webhook.steer.enabled=false).",
 )
+@click.option(
+    "--nvidia-visible-devices",
+    type=click.Choice(VISIBLE_DEVICES_MODES),
+    default="auto",
+    show_default=True,
+    help="NVIDIA_VISIBLE_DEVICES in a pod's env outside the exempt namespaces: refuse, allow, "
+    "or auto (refuse only under --device-list-strategy envvar, where the nodes must honour it "
+    "from unprivileged containers). The chart's webhook.nvidiaVisibleDevices.",
+)
+@click.option(
+    "--device-list-strategy",
+    type=click.Choice(DEVICE_LIST_STRATEGIES),
+    default="cdi-cri",
+    show_default=True,
+    help="How the device plugin hands GPUs over (the chart's devicePlugin.deviceListStrategy); "
+    "only --nvidia-visible-devices auto reads it.",
+)
+@click.option(
+    "--nvidia-visible-devices-exempt-namespace",
+    "exempt_namespaces",
+    multiple=True,
+    default=list(DEFAULT_EXEMPT_NAMESPACES),
+    show_default=True,
+    help="Namespace where NVIDIA_VISIBLE_DEVICES is never refused, for NVIDIA's own components "
+    "(repeatable; giving one replaces the defaults).",
+)
 @log_level_option
 def webhook(
     host: str,
@@ -76,6 +108,9 @@ def webhook(
     scheduler_name: str,
     steer_from: tuple[str, ...],
     no_steer: bool,
+    nvidia_visible_devices: str,
+    device_list_strategy: str,
+    exempt_namespaces: tuple[str, ...],
     log_level: str,
 ) -> None:
     """Serve the admission webhook (POST /validate, POST /mutate) over HTTPS."""
@@ -100,6 +135,9 @@ def webhook(
         trust=Trust(users=frozenset(trusted_user), groups=frozenset(trusted_group)),
         scheduler_name=scheduler_name,
         steer_from=() if no_steer else tuple(steer_from),
+        visible_devices=_visible_devices_rule(
+            nvidia_visible_devices, device_list_strategy, exempt_namespaces
+        ),
     )
     for flag, path in (
         ("--tls-cert-file", tls_cert_file),
@@ -118,6 +156,16 @@ def webhook(
         log_level=log_level,
     )
     uvicorn.Server(config).run()
+
+
+def _visible_devices_rule(mode: str, strategy: str, exempt: tuple[str, ...]) -> VisibleDevicesRule:
+    """The NVIDIA_VISIBLE_DEVICES rule for the flags, or the flag's error saying what to write."""
+    try:
+        return VisibleDevicesRule.resolve(mode, strategy, exempt)
+    except ValueError as err:
+        raise click.BadParameter(
+            str(err), param_hint="--nvidia-visible-devices-exempt-namespace"
+        ) from None
 
 
 @click.command("webhook-config")
