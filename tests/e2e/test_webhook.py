@@ -104,6 +104,10 @@ def webhook(cluster: Cluster) -> Iterator[tuple[str, ssl.SSLContext]]:
             str(cert),
             "--tls-private-key-file",
             str(key),
+            # the strict reading of NVIDIA_VISIBLE_DEVICES (nodes that honour it), so the
+            # hostile pod below is refused for every variable it sets
+            "--nvidia-visible-devices",
+            "refuse",
         ],
         cluster.root / "logs" / "webhook.log",
     )
