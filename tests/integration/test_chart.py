@@ -486,7 +486,9 @@ def test_webhook_config_equals_renderer(
     default_docs: list[dict[str, Any]], ci_docs: list[dict[str, Any]]
 ) -> None:
     configuration = pytest.importorskip("gpushare.webhook.configuration")
-    for docs in (default_docs, ci_docs):
+    ci_values = yaml.safe_load(CI_VALUES.read_text())["resourceNames"]
+    ci_names = ResourceNames(mem=ci_values["mem"], core=ci_values["core"])
+    for docs, names in ((default_docs, ResourceNames()), (ci_docs, ci_names)):
         chart = webhook_config(docs)
         expected = configuration.webhook_configuration(
             ca_bundle="",
@@ -494,6 +496,8 @@ def test_webhook_config_equals_renderer(
             failure_policy="Fail",
             excluded_namespaces=["kube-system", NAMESPACE],
             trusted_users=TRUSTED,
+            names=names,
+            nvidia_visible_devices_exempt=[NAMESPACE],
         )
         assert comparable(chart) == comparable(expected)
 
@@ -585,7 +589,7 @@ def test_webhook_trusts_the_extender_and_the_device_plugin(
         "--trusted-user=ops",
         "--trusted-group=gpushare:writers",
     ]
-    (condition,) = webhook_config(docs)["webhooks"][0]["matchConditions"]
+    _, condition = webhook_config(docs)["webhooks"][0]["matchConditions"]
     assert condition["expression"] == (
         f'!(request.userInfo.username in ["{TRUSTED[0]}","ops"]) && '
         '!request.userInfo.groups.exists(g, g in ["gpushare:writers"])'

@@ -164,7 +164,8 @@ def test_webhook_config_renders_url_or_service_with_the_chosen_failure_policy(
     assert pods[0]["operations"] == ["CREATE", "UPDATE"]  # annotation patches are UPDATEs
     debug = [r for r in hook["rules"] if r["resources"] == ["pods/ephemeralcontainers"]]
     assert debug[0]["operations"] == ["UPDATE"]
-    assert "matchConditions" not in hook  # nobody trusted, nobody left out
+    # nobody trusted, nobody left out: only the narrowing to what gpushare must see
+    assert [c["name"] for c in hook["matchConditions"]] == ["gpushare-must-see"]
     assert steering["kind"] == "MutatingWebhookConfiguration"
     (steer,) = steering["webhooks"]
     assert steer["clientConfig"]["service"]["path"] == "/mutate"
@@ -210,7 +211,7 @@ def test_webhook_config_leaves_trusted_identities_out_and_prints_the_policy(
     assert result.exit_code == 0, result.output
     configuration, steering, policy, binding = yaml.safe_load_all(result.output)
     assert steering["webhooks"][0]["clientConfig"]["url"] == "https://127.0.0.1:9443/mutate"
-    (condition,) = configuration["webhooks"][0]["matchConditions"]
+    _, condition = configuration["webhooks"][0]["matchConditions"]
     assert condition == {
         "name": "not-trusted",
         "expression": f'!(request.userInfo.username in ["{extender}","{plugin}"]) && '
