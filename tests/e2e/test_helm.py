@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 from gpushare.core.names import ANN_NODE_UNIT
+from gpushare.core.tampering import DEFAULT_EXEMPT_NAMESPACES
 from gpushare.webhook.configuration import steering_configuration, webhook_configuration
 
 from .cluster import Cluster, free_port
@@ -156,6 +157,9 @@ def test_helm_install(cluster: Cluster) -> None:
                 f"system:serviceaccount:{namespace}:{RELEASE}-device-plugin",
             ],
             name=f"{RELEASE}-renderer",
+            # the chart's defaults: auto beside cdi-cri refuses no NVIDIA_VISIBLE_DEVICES
+            nvidia_visible_devices=False,
+            nvidia_visible_devices_exempt=[namespace, *DEFAULT_EXEMPT_NAMESPACES],
         )
         assert without_client(webhook) == without_client(stored_webhook(cluster, rendered_config))
         # the steering configuration, the same way
@@ -292,6 +296,8 @@ def _real_values(cluster: Cluster, node: RealNode, images: dict[str, str]) -> di
         },
         "devicePlugin": {
             "metricsPort": 0,
+            # the loopback node's containerd has no CDI spec for the fake GPUs
+            "deviceListStrategy": "envvar",
             "tolerations": [*tolerations, {"key": "CriticalAddonsOnly", "operator": "Exists"}],
             "podResourcesPath": str(node.pod_resources_socket.parent),
             "kubeletConfigPath": str(node.kubelet_config),

@@ -9,6 +9,7 @@ extender, since it checks requests against the same rules the scheduler places t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -23,6 +24,41 @@ from gpushare.core.tampering import (
     VISIBLE_DEVICES_MODES,
     VisibleDevicesRule,
 )
+
+
+def visible_devices_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The NVIDIA_VISIBLE_DEVICES rule's flags, shared by the server and its configuration.
+
+    ``gpushare webhook-config`` takes them too: where the rule refuses nothing, the
+    configuration sends the webhook no pod for setting the variable.
+    """
+    command = click.option(
+        "--nvidia-visible-devices-exempt-namespace",
+        "exempt_namespaces",
+        multiple=True,
+        default=list(DEFAULT_EXEMPT_NAMESPACES),
+        show_default=True,
+        help="Namespace where NVIDIA_VISIBLE_DEVICES is never refused, for NVIDIA's own components "
+        "(repeatable; giving one replaces the defaults).",
+    )(command)
+    command = click.option(
+        "--device-list-strategy",
+        type=click.Choice(DEVICE_LIST_STRATEGIES),
+        default="cdi-cri",
+        show_default=True,
+        help="How the device plugin hands GPUs over (the chart's devicePlugin.deviceListStrategy); "
+        "only --nvidia-visible-devices auto reads it.",
+    )(command)
+    command = click.option(
+        "--nvidia-visible-devices",
+        type=click.Choice(VISIBLE_DEVICES_MODES),
+        default="auto",
+        show_default=True,
+        help="NVIDIA_VISIBLE_DEVICES in a pod's env outside the exempt namespaces: refuse, allow, "
+        "or auto (refuse only under --device-list-strategy envvar, where the nodes must honour it "
+        "from unprivileged containers). The chart's webhook.nvidiaVisibleDevices.",
+    )(command)
+    return command
 
 
 @click.command()
@@ -66,32 +102,7 @@ from gpushare.core.tampering import (
     is_flag=True,
     help="POST /mutate changes nothing (the chart's webhook.steer.enabled=false).",
 )
-@click.option(
-    "--nvidia-visible-devices",
-    type=click.Choice(VISIBLE_DEVICES_MODES),
-    default="auto",
-    show_default=True,
-    help="NVIDIA_VISIBLE_DEVICES in a pod's env outside the exempt namespaces: refuse, allow, "
-    "or auto (refuse only under --device-list-strategy envvar, where the nodes must honour it "
-    "from unprivileged containers). The chart's webhook.nvidiaVisibleDevices.",
-)
-@click.option(
-    "--device-list-strategy",
-    type=click.Choice(DEVICE_LIST_STRATEGIES),
-    default="cdi-cri",
-    show_default=True,
-    help="How the device plugin hands GPUs over (the chart's devicePlugin.deviceListStrategy); "
-    "only --nvidia-visible-devices auto reads it.",
-)
-@click.option(
-    "--nvidia-visible-devices-exempt-namespace",
-    "exempt_namespaces",
-    multiple=True,
-    default=list(DEFAULT_EXEMPT_NAMESPACES),
-    show_default=True,
-    help="Namespace where NVIDIA_VISIBLE_DEVICES is never refused, for NVIDIA's own components "
-    "(repeatable; giving one replaces the defaults).",
-)
+@visible_devices_options
 @log_level_option
 def webhook(
     host: str,
@@ -114,13 +125,13 @@ def webhook(
     log_level: str,
 ) -> None:
     """Serve the admission webhook (POST /validate, POST /mutate) over HTTPS."""
+    import asyncio
     from pathlib import Path
-
-    import uvicorn
 
     from gpushare.core.admission import AdmissionSettings
     from gpushare.core.tampering import Trust
-    from gpushare.webhook.app import create_app, server_config
+    from gpushare.webhook.app import WebhookMetrics, create_app, serve, server_config
+    from gpushare.webhook.certs import CertificateReloader
 
     scheduling = scheduling_config(
         gpu_memory_unit=gpu_memory_unit,
@@ -146,7 +157,14 @@ def webhook(
         if not Path(path).is_file():
             raise CommandError(f"{flag}={path!r} is not a readable file")
     setup_logging(log_level)
-    app = create_app(settings)
+    metrics = WebhookMetrics()
+    app = create_app(settings, metrics)
+    reloader = CertificateReloader(
+        tls_cert_file,
+        tls_private_key_file,
+        reloads=metrics.certificate_reloads,
+        loaded_at=metrics.certificate_loaded,
+    )
     config = server_config(
         app,
         host=host,
@@ -154,8 +172,9 @@ def webhook(
         cert_file=tls_cert_file,
         key_file=tls_private_key_file,
         log_level=log_level,
+        reloader=reloader,
     )
-    uvicorn.Server(config).run()
+    asyncio.run(serve(config, reloader))
 
 
 def _visible_devices_rule(mode: str, strategy: str, exempt: tuple[str, ...]) -> VisibleDevicesRule:
@@ -225,6 +244,7 @@ def _visible_devices_rule(mode: str, strategy: str, exempt: tuple[str, ...]) -> 
 )
 @click.option("--mem-resource", default="aliyun.com/gpu-mem", show_default=True)
 @click.option("--core-resource", default="aliyun.com/gpu-core.percentage", show_default=True)
+@visible_devices_options
 def webhook_config(
     url: str | None,
     service: str | None,
@@ -241,6 +261,9 @@ def webhook_config(
     steer_url: str | None,
     mem_resource: str,
     core_resource: str,
+    nvidia_visible_devices: str,
+    device_list_strategy: str,
+    exempt_namespaces: tuple[str, ...],
 ) -> None:
     """Print the webhook configurations that send reviews to gpushare webhook.
 
@@ -287,6 +310,7 @@ def webhook_config(
         "namespace_labels": labels,
     }
     names = ResourceNames(mem=mem_resource, core=core_resource)
+    visible = _visible_devices_rule(nvidia_visible_devices, device_list_strategy, exempt_namespaces)
     if not no_steer and url is not None and steer_url is None:
         if not url.endswith(PATH):
             raise click.BadParameter(
@@ -299,7 +323,13 @@ def webhook_config(
     try:
         documents = [
             webhook_configuration(
-                url=url, trusted_users=trusted_user, trusted_groups=trusted_group, **common
+                url=url,
+                trusted_users=trusted_user,
+                trusted_groups=trusted_group,
+                names=names,
+                nvidia_visible_devices=visible.refused,
+                nvidia_visible_devices_exempt=exempt_namespaces,
+                **common,
             )
         ]
         if not no_steer:
