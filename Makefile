@@ -105,17 +105,19 @@ image:
 	$(PYTHON) packaging/image.py --out $(IMAGE_ARCHIVE) $(if $(ARCH),--arch $(ARCH))
 
 image-in-docker:
-	docker run --rm --privileged -v "$(CURDIR)":/src -w /src debian:bookworm sh -c '\
+	docker run --rm --privileged -v "$(CURDIR)":/src -w /src \
+	  -e SOURCE_DATE_EPOCH=$(shell git log -1 --format=%ct 2>/dev/null) debian:bookworm sh -c '\
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends mmdebstrap \
-	    python3 python3-pip python3-venv gcc libc6-dev binutils ca-certificates make git >/dev/null && \
+	    python3 python3-pip python3-venv gcc libc6-dev binutils ca-certificates make >/dev/null && \
 	  make image PYTHON=python3 ARCH=$(ARCH) && chown -R $$(stat -c %u:%g Makefile) dist'
 
 # Every artifact of a release under $(DIST) (packaging/release.py): the image (OCI archive), the
 # chart (`helm package`; push with `helm push ... oci://ghcr.io/gpushare/charts`), the wheel and
 # sdist of the kube-gpushare distribution, kubectl-inspect-cgpu as one file and its krew
-# manifest, LICENSE, CHANGELOG.md and SHA256SUMS. RELEASE_ARGS=--no-image leaves the image out.
-release: $(STAMP)
-	$(BIN)/python packaging/release.py --out $(DIST) --image $(IMAGE_ARCHIVE) $(RELEASE_ARGS)
+# manifest, LICENSE, CHANGELOG.md and SHA256SUMS. It builds the image first (`make image`, with
+# ARCH); RELEASE_ARGS=--no-image leaves the image out.
+release: $(STAMP) $(if $(filter --no-image,$(RELEASE_ARGS)),,image)
+	$(BIN)/python packaging/release.py --out $(DIST) $(if $(filter --no-image,$(RELEASE_ARGS)),,--image $(IMAGE_ARCHIVE)) $(RELEASE_ARGS)
 
 # The real-node Helm test's images (tests/e2e/image_archive.py): the gpushare image by
 # the recipe above, plus stand-ins for kube-scheduler and the certificate Job's image, for

@@ -178,6 +178,15 @@ def _run(
 # -- 1. the wheels --------------------------------------------------------------------------------
 
 
+SOURCES = (
+    "pyproject.toml", "constraints.txt", "README.md", "LICENSE", "CHANGELOG.md", "MANIFEST.in",
+    "packaging", "src",
+)  # fmt: skip
+"""What gpushare's wheel is built from."""
+GENERATED = ("__pycache__", "*.egg-info", "api_pb2*", "*.so", "build")
+"""Build output in a checkout, which the wheel build makes again."""
+
+
 def platform_tags(arch: Arch) -> list[str]:
     """The manylinux tags bookworm's python3 loads on ``arch``, for ``pip download``."""
     return [f"manylinux2014_{arch.machine}"] + [
@@ -195,10 +204,19 @@ def wheels(arch: Arch, out: Path, python: str) -> None:
                 f"{env['CC']} not found: the interposer of the {arch.debian} image needs a "
                 f"cross compiler (Debian/Ubuntu: apt-get install gcc-{arch.triplet})"
             )
+    # from a copy: the backend writes the stubs and the interposer beside their sources, and a
+    # foreign interposer left in the checkout would break this machine's tests
+    source = out.parent / "source"
+    for name in SOURCES:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns(*GENERATED))
+        else:
+            source.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
     _run(
         "pip wheel (gpushare)",
         [python, "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir", str(out), "."],
-        cwd=REPO,
+        cwd=source,
         env=env,
         fix="It needs PyPI (the build requirements) and gcc.",
     )

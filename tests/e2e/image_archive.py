@@ -84,7 +84,10 @@ class ImageDescription:
 
 RECIPE = "packaging/image.py"
 """The release's image recipe, run here as ``make image`` runs it."""
-RECIPE_INPUTS = ("pyproject.toml", "constraints.txt", "README.md", "packaging", "src")
+RECIPE_INPUTS = (
+    "pyproject.toml", "constraints.txt", "README.md", "LICENSE", "CHANGELOG.md", "MANIFEST.in",
+    "packaging", "src",
+)  # fmt: skip
 """What the recipe reads: a change to any of them builds the gpushare image again."""
 
 

@@ -129,3 +129,7 @@ def test_the_archive_is_an_oci_layout_naming_the_release(
             assert config["config"]["Labels"]["org.opencontainers.image.version"] == "9.9.9"
             (layer,) = manifest["layers"]
             assert len(blob(layer["digest"])) == layer["size"]
+
+
+def test_the_cache_key_covers_what_the_recipe_builds_from(recipe: ModuleType) -> None:
+    assert set(recipe.SOURCES) | {"packaging"} <= set(image_archive.RECIPE_INPUTS)
