@@ -320,7 +320,10 @@ def _compress(layer: Path, out: Path) -> tuple[str, str]:
             def flush(self) -> None:
                 raw.flush()
 
-        with gzip.GzipFile(filename="", mode="wb", fileobj=Hashing(), mtime=0) as zipped:
+        # level 6: 77 MiB in a fifth of the time level 9 (the default) takes for 76 MiB
+        with gzip.GzipFile(
+            filename="", mode="wb", fileobj=Hashing(), mtime=0, compresslevel=6
+        ) as zipped:
             for block in iter(lambda: source.read(1 << 20), b""):
                 diff.update(block)
                 zipped.write(block)
