@@ -29,6 +29,7 @@ from gpushare.core.inventory import SHARED_MODES
 from gpushare.core.names import ResourceNames
 from gpushare.core.tampering import DEFAULT_EXEMPT_NAMESPACES, VISIBLE_DEVICES_MODES
 from gpushare.schedconfig import scheduler_configuration
+from tests.e2e.image_archive import project_version, recipe_repository
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "gpushare"
@@ -48,6 +49,8 @@ HELM_VERSION = pinned("HELM_VERSION")
 # cluster to ask, which the chart's kubeVersion refuses; render for the pinned control plane.
 KUBE_VERSION = pinned("K8S_VERSION")
 NAMESPACE = "gpushare-system"
+GPUSHARE_IMAGE = f"{recipe_repository()}:"
+"""The release's image (packaging/image.py names it); the chart's default."""
 RELEASE = "gpushare"
 
 
@@ -711,7 +714,7 @@ def test_gpushare_flags_exist(
     helps: dict[str, str] = {}
     checked = 0
     for container in containers(default_docs) + containers(ci_docs):
-        if not container["image"].startswith("gpushare:"):
+        if not container["image"].startswith(GPUSHARE_IMAGE):
             continue
         command, *args = container["args"]
         if command not in helps:
@@ -734,7 +737,7 @@ def test_gpushare_parses_the_arguments_the_chart_gives(
     """Each container's argument list parses as its command's flags (nothing is started)."""
     parsed = set()
     for container in containers(default_docs) + containers(ci_docs):
-        if not container["image"].startswith("gpushare:"):
+        if not container["image"].startswith(GPUSHARE_IMAGE):
             continue
         for variable in container.get("env", []):
             monkeypatch.setenv(variable["name"], variable.get("value", "from-the-downward-api"))
@@ -747,7 +750,7 @@ def test_gpushare_parses_the_arguments_the_chart_gives(
 
 def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> None:
     for container in containers(ci_docs):
-        if container["image"].startswith("gpushare:") and container["args"][0] != "seal-key":
+        if container["image"].startswith(GPUSHARE_IMAGE) and container["args"][0] != "seal-key":
             assert "--gpu-memory-unit=128MiB" in container["args"]
             assert "--mem-resource=example.com/gpu-mem" in container["args"]
     extender = find(ci_docs, "Deployment", "-scheduler")["spec"]["template"]["spec"]
@@ -986,3 +989,52 @@ def test_every_component_takes_extra_args_env_and_an_update_strategy() -> None:
         assert strategy["type"] in ("Recreate", "OnDelete")
     webhook = find(render(), "Deployment", "-webhook")["spec"]["template"]["spec"]
     assert webhook["priorityClassName"] == "system-cluster-critical"
+
+
+def test_the_default_image_is_the_release_image(default_docs: list[dict[str, Any]]) -> None:
+    """The chart runs what `make release` builds and would push: the recipe's repository at
+    the project's version, which is also the chart's appVersion and version."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["version"] == chart["appVersion"] == project_version()
+    images = {c["image"] for c in containers(default_docs) if "gpushare" in c["image"]}
+    assert images == {f"{recipe_repository()}:{project_version()}"}
+    assert recipe_repository().startswith("ghcr.io/")
+
+
+def test_a_mirror_sets_the_registry_or_the_whole_name() -> None:
+    mirrored = render("--set", "image.registry=mirror.example:5000", "--set-string", "image.tag=1")
+    assert {c["image"] for c in containers(mirrored) if "gpushare/gpushare" in c["image"]} == {
+        "mirror.example:5000/gpushare/gpushare:1"
+    }
+    whole = render("--set", "image.registry=", "--set", "image.repository=reg.example/gp")
+    names = {c["image"] for c in containers(whole)}
+    assert f"reg.example/gp:{project_version()}" in names
+    assert not [n for n in names if "ghcr.io" in n]
+
+
+def render_notes(tmp_path: Path, *args: str) -> str:
+    """NOTES.txt as `helm install` prints it: helm template leaves NOTES out, so a copy of the
+    chart renders it into a ConfigMap."""
+    import shutil
+
+    chart = tmp_path / "gpushare"
+    shutil.copytree(CHART, chart)
+    (chart / "notes.txt").write_text((chart / "templates" / "NOTES.txt").read_text())
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\n"
+        'data:\n  notes: {{ tpl (.Files.Get "notes.txt") . | toJson }}\n'
+    )
+    out = helm("template", RELEASE, str(chart), "-n", NAMESPACE, "--kube-version", KUBE_VERSION,
+               "--show-only", "templates/zz-notes.yaml", *args).stdout  # fmt: skip
+    notes: str = yaml.safe_load(out)["data"]["notes"]
+    return notes
+
+
+def test_the_notes_install_the_plugin_from_our_own_distribution(tmp_path: Path) -> None:
+    """`pip install gpushare` installs another project's code (that PyPI name is not ours)."""
+    notes = render_notes(tmp_path)
+    assert "pip install gpushare" not in notes
+    assert f"pip install kube-gpushare=={project_version()}" in notes
+    assert "kubectl inspect cgpu" in notes
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert 'name = "kube-gpushare"' in pyproject

@@ -51,7 +51,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{- define "gpushare.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- $name := .Values.image.repository -}}
+{{- with .Values.image.registry }}{{ $name = printf "%s/%s" . $name }}{{ end -}}
+{{- printf "%s:%s" $name (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
 {{/* Settings every gpushare component shares, as command-line arguments. Resource names are
