@@ -469,9 +469,13 @@ def test_helm_install_runs_on_the_real_node(
     cluster.kubectl("create", "namespace", REAL_NS)
     cluster.kubectl("label", "namespace", REAL_NS, f"{WEBHOOK_LABEL}={REAL_NS}")
     installed = False
+    # installed as a user would, from the packaged chart `make release` ships (helm package)
+    packaged = helm(cluster, "package", str(CHART), "-d", str(tmp_path)).stdout.strip()
+    archive = packaged.rsplit(" ", 1)[-1]
+    assert archive.endswith(".tgz") and Path(archive).is_file(), packaged
     try:
         started = time.monotonic()
-        helm(cluster, "install", REAL_RELEASE, str(CHART), *chart, "--wait=false")
+        helm(cluster, "install", REAL_RELEASE, archive, *chart, "--wait=false")
         installed = True
         _wait_components(cluster, "scheduler, webhook and device plugin Ready, certs stored")
         print(f"[e2e] chart running in {time.monotonic() - started:.1f}s", flush=True)
@@ -637,3 +641,59 @@ def test_helm_install_runs_on_the_real_node(
         got = cluster.kubectl("get", kind, "-l", instance, "-o", "name")
         assert not got.stdout.strip(), f"{kind} left behind: {got.stdout}"
     cluster.kubectl("delete", "namespace", REAL_NAMESPACE, "--wait=false", check=False)
+
+
+@pytest.mark.e2e
+def test_helm_template_applied_twice_by_kubectl_changes_nothing(
+    cluster: Cluster, helm_node: tuple[RealNode, dict[str, str]], tmp_path: Path
+) -> None:
+    """GitOps (Argo CD, Flux in template mode): the chart rendered by `helm template` and
+    applied with `kubectl apply`, then rendered and applied again. The second apply changes no
+    object (no resourceVersion moves), the seal key the Job made is the same, and the webhook
+    and the device plugin serve. Before, every render held a new random seal key."""
+    node, images = helm_node
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(_real_values(cluster, node, images)))
+    version = cluster.kubectl_json("version")["serverVersion"]["gitVersion"]
+
+    def render() -> str:
+        out: str = helm(
+            cluster, "template", REAL_RELEASE, str(CHART), "-n", REAL_NAMESPACE,
+            "-f", str(values), "--kube-version", version, "--skip-tests",
+        ).stdout  # fmt: skip
+        return out
+
+    first, second = render(), render()
+    assert first == second  # the same objects, byte for byte
+    cluster.kubectl("create", "namespace", REAL_NAMESPACE, check=False)
+    apply = ["apply", "--server-side", "--field-manager=gitops", "-f", "-"]
+    try:
+        cluster.kubectl(*apply, input=first)
+        _wait_components(cluster, "the applied chart Ready, seal and certs Jobs done")
+        seal = cluster.kubectl_json("get", "secret", f"{REAL_RELEASE}-seal", "-n", REAL_NAMESPACE)
+        docs = [d for d in yaml.safe_load_all(first) if d]
+
+        def versions() -> dict[str, str]:
+            """Each object's spec generation, or its resourceVersion where it has none (a
+            workload's status moves its resourceVersion by itself, never its generation)."""
+            got = json.loads(cluster.kubectl("get", "-f", "-", "-o", "json", input=first).stdout)
+            return {
+                f"{i['kind']}/{i['metadata']['name']}": str(
+                    i["metadata"].get("generation") or i["metadata"]["resourceVersion"]
+                )
+                for i in got["items"]
+            }
+
+        before = versions()
+        assert len(before) == len(docs)
+        cluster.kubectl(*apply, input=second)
+        time.sleep(2)
+        assert versions() == before  # nothing changed
+        again = cluster.kubectl_json("get", "secret", f"{REAL_RELEASE}-seal", "-n", REAL_NAMESPACE)
+        assert again["data"] == seal["data"]  # the key stayed
+        _wait_components(cluster, "the chart still Ready after the second apply")
+    finally:
+        cluster.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=true", input=first,
+                        check=False, timeout=240)  # fmt: skip
+        cluster.kubectl("delete", "secret", f"{REAL_RELEASE}-seal", "-n", REAL_NAMESPACE,
+                        "--ignore-not-found", check=False)  # fmt: skip
