@@ -560,6 +560,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 "0",
                 "--fake-health-file",
                 str(self.root / "fake-health"),
+                # the loopback node's containerd has no CDI spec for the fake GPUs
+                "--device-list-strategy",
+                "envvar",
                 "--seal-key-file",
                 str(self.cluster.seal_key),
                 *(("--fake-topology", self.fake_topology) if self.fake_topology else ()),

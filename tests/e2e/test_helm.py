@@ -292,6 +292,8 @@ def _real_values(cluster: Cluster, node: RealNode, images: dict[str, str]) -> di
         },
         "devicePlugin": {
             "metricsPort": 0,
+            # the loopback node's containerd has no CDI spec for the fake GPUs
+            "deviceListStrategy": "envvar",
             "tolerations": [*tolerations, {"key": "CriticalAddonsOnly", "operator": "Exists"}],
             "podResourcesPath": str(node.pod_resources_socket.parent),
             "kubeletConfigPath": str(node.kubelet_config),

@@ -50,6 +50,9 @@ class Admitted:
     """The containers PodResources reports: restartable init containers, then regular ones."""
     envs: dict[str, dict[str, str]] = field(default_factory=dict)
     mounts: dict[str, list[tuple[str, str, bool]]] = field(default_factory=dict)
+    cdi_devices: dict[str, list[str]] = field(default_factory=dict)
+    """CDI device names per container, every resource's answer's in turn (kubelet's device
+    manager appends each response's ``CDIDevices`` to the container's run options)."""
 
 
 class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServicer):
@@ -215,6 +218,9 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
             admitted.containers.setdefault(container["name"], {})[resource] = chosen
             chosen_by_resource[resource] = chosen
             envs.update(response.container_responses[0].envs)
+            admitted.cdi_devices.setdefault(container["name"], []).extend(
+                d.name for d in response.container_responses[0].cdi_devices
+            )
             mounts.extend(
                 (m.container_path, m.host_path, m.read_only)
                 for m in response.container_responses[0].mounts

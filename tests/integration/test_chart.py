@@ -333,6 +333,31 @@ def test_device_plugin_daemonset(default_docs: list[dict[str, Any]]) -> None:
     assert "--broker-idle-timeout=60" in args
 
 
+def test_device_plugin_hands_gpus_over_by_cdi_unless_told_envvar(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    """cdi-cri by default, the node's CDI spec directories mounted read-only to check them."""
+    pod = find(default_docs, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = container["args"]
+    assert "--device-list-strategy=cdi-cri" in args and "--cdi-kind=nvidia.com/gpu" in args
+    assert "--cdi-spec-dirs=/host/cdi/0,/host/cdi/1" in args
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/host/cdi/0"]["readOnly"] is True and mounts["/host/cdi/1"]["readOnly"] is True
+    volumes = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
+    assert volumes[mounts["/host/cdi/0"]["name"]] == {
+        "path": "/etc/cdi",
+        "type": "DirectoryOrCreate",
+    }
+    assert volumes[mounts["/host/cdi/1"]["name"]]["path"] == "/var/run/cdi"
+    docs = render("--set", "devicePlugin.deviceListStrategy=envvar")
+    pod = find(docs, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "--device-list-strategy=envvar" in container["args"]
+    assert not [a for a in container["args"] if a.startswith("--cdi")]
+    assert not [v for v in pod["volumes"] if v["name"].startswith("cdi")]
+
+
 def test_device_plugin_can_be_privileged_again_and_name_the_nvidia_runtime() -> None:
     docs = render(
         "--set", "devicePlugin.privileged=true", "--set", "devicePlugin.runtimeClassName=nvidia"

@@ -21,6 +21,7 @@ import pytest
 from gpushare.core.inventory import Mode
 from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED
 from gpushare.core.units import MemoryUnit
+from gpushare.deviceplugin.cdi import HandOff
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus
 from gpushare.deviceplugin.plugin import DevicePlugin
@@ -118,6 +119,7 @@ async def rig(
     mode: Mode = Mode.SHARE,
     gpus: str = "2x15GiB",
     hook: Callable[[Path, FakeGpus], IsolationHook] | None = None,
+    handoff: Callable[[Path], HandOff] | None = None,
 ) -> AsyncIterator[Rig]:
     root = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
     kube = MemoryKube()
@@ -131,6 +133,7 @@ async def rig(
         pod_resources_socket=root / "podres.sock",
         state_dir=root / "state",
         check_interval=0.05,
+        handoff=handoff(root) if handoff else HandOff(),
     )
     plugin = DevicePlugin(
         api=kube, source=source, config=config, hook=hook(root, source) if hook else None

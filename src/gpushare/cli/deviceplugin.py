@@ -112,6 +112,28 @@ NVML_HINT = (
     help="Seconds a broker connection holding no memory may stay silent before it is closed "
     "(the interposer reconnects when it next asks); 0: never.",
 )
+@click.option(
+    "--device-list-strategy",
+    default="cdi-cri",
+    envvar="GPUSHARE_DEVICE_LIST_STRATEGY",
+    show_default=True,
+    help="How Allocate hands the placed GPUs over: cdi-cri (CDI devices KIND=<uuid>, which the "
+    "node's CDI spec must name; NVIDIA_VISIBLE_DEVICES=void) or envvar "
+    "(NVIDIA_VISIBLE_DEVICES=<uuids>, for nodes without CDI). docs/gpu-operator.md.",
+)
+@click.option(
+    "--cdi-kind",
+    default="nvidia.com/gpu",
+    show_default=True,
+    help="cdi-cri: the CDI kind of the GPUs, as the NVIDIA Container Toolkit's spec declares it.",
+)
+@click.option(
+    "--cdi-spec-dirs",
+    default="/etc/cdi,/var/run/cdi",
+    show_default=True,
+    help="cdi-cri: where the node's CDI specs are (the container runtime's cdi_spec_dirs), "
+    "comma-separated.",
+)
 @click.option("--kubelet-config", default="/var/lib/kubelet/config.yaml", show_default=True)
 @click.option(
     "--cpu-manager-state", default="/var/lib/kubelet/cpu_manager_state", show_default=True
@@ -143,6 +165,9 @@ def device_plugin(
     broker_max_connections_per_pod: int,
     broker_max_connections_per_node: int,
     broker_idle_timeout: float,
+    device_list_strategy: str,
+    cdi_kind: str,
+    cdi_spec_dirs: str,
     kubelet_config: str,
     cpu_manager_state: str,
     kubeconfig: str | None,
@@ -169,6 +194,16 @@ def device_plugin(
     import contextlib
     from pathlib import Path
 
+    from gpushare.deviceplugin.cdi import HandOff, HandOffError, parse_kind, parse_strategy
+
+    try:
+        handoff = HandOff(
+            strategy=parse_strategy(device_list_strategy),
+            kind=parse_kind(cdi_kind),
+            spec_dirs=tuple(Path(d.strip()) for d in cdi_spec_dirs.split(",") if d.strip()),
+        )
+    except HandOffError as err:
+        raise click.BadParameter(str(err)) from None
     from gpushare.deviceplugin.config import PluginConfig, Stats
     from gpushare.deviceplugin.descriptors import (
         RESERVED,
@@ -242,6 +277,7 @@ def device_plugin(
         unit=settings.unit,
         max_pods_per_gpu=settings.max_pods_per_gpu,
         names=settings.names,
+        handoff=handoff,
     )
     stats = Stats()
     hook = NodeIsolation(

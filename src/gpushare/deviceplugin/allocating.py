@@ -187,9 +187,18 @@ class Allocator(OnNode):
             tuple(device_ids),
             weight=self.weight_of(answer.candidates),
         )
+        gpus = self.source.gpus()
+        handoff = self.config.handoff
+        placed = {i for i, _ in answer.signature.layout}
+        uuids = [g.uuid for g in gpus if g.index in placed]
+        reason = handoff.refusal(uuids)  # reads the specs again: the toolkit may rewrite them
+        if reason:
+            self.stats.refused += 1
+            log.error("resource=%s count=%d phase=allocate hand-off: %s", resource, count, reason)
+            return Refused(f"gpushare: {reason}")
         try:
             result = self.hook.extend(
-                container_answer(answer.signature, self.source.gpus(), self.config.unit, self.mode),
+                container_answer(answer.signature, gpus, self.config.unit, self.mode, handoff),
                 target,
             )
         except IsolationError as err:

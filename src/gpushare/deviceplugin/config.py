@@ -13,6 +13,7 @@ from pathlib import Path
 from gpushare.core.handoff import MEM
 from gpushare.core.names import DEFAULT_NAMES, ResourceNames
 from gpushare.core.units import MemoryUnit
+from gpushare.deviceplugin.cdi import HandOff
 
 
 @dataclass
@@ -56,6 +57,9 @@ class PluginConfig:
     check_interval: float = 1.0
     max_pods_per_gpu: int | None = None
     """The chart's maxPodsPerGpu (cGPU's max_inst); None: the unit's default, 20 or 16."""
+    handoff: HandOff = field(default_factory=HandOff)
+    """How Allocate hands the GPUs over (``cdi``): envvar unless told; the CLI's default, and
+    the chart's, is cdi-cri."""
 
     @property
     def max_pods(self) -> int:

@@ -124,6 +124,9 @@ class DevicePlugin:
         )
         if checked.refused:
             raise StartRefused(checked.refused)
+        refused = self.config.handoff.refusal([g.uuid for g in self.source.gpus()])
+        if refused:
+            raise StartRefused(refused)
         self.mode, self.resources = checked.mode, checked.resources
         self.allocator.mode = checked.mode
         await self.publish()

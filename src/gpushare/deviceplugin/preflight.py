@@ -1,11 +1,15 @@
 """Whether the plugin may start on this node, decided before it publishes or serves anything.
 
-Four things refuse a start, each with the reason and what to do: kubelet running the static CPU
+Six things refuse a start, each with the reason and what to do: kubelet running the static CPU
 manager policy (the seeds' limit; checked by the CLI from kubelet's files), a node labelled with
-a mode gpushare does not share GPUs in, a memory unit that differs from the node's published one
-while pods still hold memory counted in it (the scheduler's ledger would mix units), and an
-isolation hook that cannot serve the node's mode. The node's mode (``ack.node.gpu.schedule``)
-also decides what is served: memory always, computing power on ``core_mem`` nodes.
+a mode gpushare does not share GPUs in, another device plugin already handing out the node's
+GPUs (an ``nvidia.com/`` resource the node's status offers: NVIDIA's k8s-device-plugin, the GPU
+Operator's, HAMi's), a memory unit that differs from the node's published one while pods still
+hold memory counted in it (the scheduler's ledger would mix units), an isolation hook that
+cannot serve the node's mode, and under the ``cdi-cri`` hand-off a GPU the node's CDI specs do
+not name (the plugin checks that itself, ``cdi.HandOff.refusal``). The node's mode
+(``ack.node.gpu.schedule``) also decides what is served: memory always, computing power on
+``core_mem`` nodes.
 
 The chart keeps the plugin off other nodes already: its DaemonSet's node affinity asks for the
 label with one of ``devicePlugin.nodeModes`` (share, cgpu, core_mem and mps by default). A
@@ -79,10 +83,45 @@ def preflight(
     checked = node_mode(node)
     if checked.refused:
         return checked
-    reason = refuse_unit_change(node, pods, unit, names=names)
+    reason = refuse_other_plugin(node) or refuse_unit_change(node, pods, unit, names=names)
     if reason:
         return Preflight(checked.mode, reason)
     return Preflight(checked.mode, hook.prepare(checked.mode))
+
+
+OTHER_PLUGIN_PREFIX = "nvidia.com/"
+"""Resources of the device plugins that hand out whole NVIDIA GPUs or their MIG slices."""
+
+
+def refuse_other_plugin(node: KubeObject) -> str:
+    """Why the plugin must not serve a node whose GPUs another plugin hands out, or "".
+
+    Two plugins on one node each hand out the same GPUs, each blind to the other's pods: a
+    container of theirs lands on a GPU gpushare thinks is shared, or takes it whole. kubelet
+    offers a resource as allocatable only while its plugin is registered and its devices healthy
+    (it drops to 0 when the plugin goes), so a non-zero allocatable is a plugin serving now.
+    """
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    serving = {
+        k: v
+        for k, v in allocatable.items()
+        if isinstance(k, str)
+        and k.startswith(OTHER_PLUGIN_PREFIX)
+        and str(v).strip() not in ("0", "")
+    }
+    if not serving:
+        return ""
+    offered = ", ".join(f"{k}={v}" for k, v in sorted(serving.items()))
+    node_name = name_of(node)
+    return (
+        f"node {node_name} already offers {offered} from another device plugin (NVIDIA's "
+        f"k8s-device-plugin, the GPU Operator's or HAMi's): two plugins would hand out the same "
+        f"GPUs, each blind to the other's pods. Keep that plugin off this node (with the GPU "
+        f"Operator: kubectl label node {node_name} --overwrite "
+        f"nvidia.com/gpu.deploy.device-plugin=false; see docs/gpu-operator.md); kubelet stops "
+        f"offering its resource as soon as it is gone, and this plugin starts on its next "
+        f"restart"
+    )
 
 
 def refuse_static_cpu_policy(kubelet_config: Path, cpu_manager_state: Path) -> str:

@@ -46,6 +46,7 @@ def allocate_response(answer: ContainerAnswer) -> dp.ContainerAllocateResponse:
         envs=dict(answer.envs),
         annotations=dict(answer.annotations),
         mounts=[dp.Mount(container_path=c, host_path=h, read_only=r) for c, h, r in answer.mounts],
+        cdi_devices=[dp.CDIDevice(name=n) for n in answer.cdi_devices],
     )
 
 

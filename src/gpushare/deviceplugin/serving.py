@@ -20,6 +20,7 @@ from typing import Protocol
 from gpushare.core.handoff import MEM, Pending, Signature
 from gpushare.core.inventory import CORE_PER_GPU, Mode
 from gpushare.core.units import MemoryUnit
+from gpushare.deviceplugin.cdi import HandOff
 from gpushare.deviceplugin.gpus import GpuInfo
 
 HEALTHY = "Healthy"
@@ -58,6 +59,8 @@ class ContainerAnswer:
     envs: Mapping[str, str]
     mounts: tuple[tuple[str, str, bool], ...] = ()
     annotations: Mapping[str, str] = field(default_factory=dict)
+    cdi_devices: tuple[str, ...] = ()
+    """Fully qualified CDI device names (``nvidia.com/gpu=<uuid>``) under cdi-cri."""
 
 
 class IsolationError(Exception):
@@ -140,15 +143,23 @@ class NoIsolation:
 
 
 def container_answer(
-    signature: Signature, gpus: list[GpuInfo], unit: MemoryUnit, mode: Mode
+    signature: Signature,
+    gpus: list[GpuInfo],
+    unit: MemoryUnit,
+    mode: Mode,
+    handoff: HandOff | None = None,
 ) -> ContainerAnswer:
-    """The environment of a container served by a signature."""
+    """The environment (and under cdi-cri the CDI devices) of a container served by a signature."""
     by_index = {g.index: g for g in gpus}
     indexes = [i for i, _ in signature.layout]
     mem_layout = signature.layout if signature.resource == MEM else ()
     first = by_index.get(indexes[0]) if indexes else None
+    uuids = [by_index[i].uuid for i in indexes if i in by_index]
+    visible, cdi_devices = (handoff or HandOff()).answer(
+        uuids, carries_devices=signature.resource == MEM
+    )
     envs = {
-        "NVIDIA_VISIBLE_DEVICES": ",".join(by_index[i].uuid for i in indexes if i in by_index),
+        "NVIDIA_VISIBLE_DEVICES": visible,
         "ALIYUN_COM_GPU_MEM_IDX": ",".join(str(i) for i in indexes),
         "ALIYUN_COM_GPU_MEM_POD": str(signature.pod_mem_units),
         "ALIYUN_COM_GPU_MEM_DEV": str(mem_units(first, unit) if first else 0),
@@ -162,4 +173,4 @@ def container_answer(
         per_gpu = {pct for _, pct in signature.core_layout}
         envs["ALIYUN_COM_GPU_CORE_PERCENTAGE"] = str(max(per_gpu))
         envs["GPUSHARE_CORE_PER_GPU"] = ",".join(f"{i}:{p}" for i, p in signature.core_layout)
-    return ContainerAnswer(envs=envs)
+    return ContainerAnswer(envs=envs, cdi_devices=cdi_devices)
