@@ -98,9 +98,12 @@ class RealNode:
     containerd: str = "v2"
     """``v2``: containerd 2 as ``controlplane/build.sh`` builds it, CDI on, spec directory
     :attr:`cdi_dir`; ``debian``: Debian's containerd 1.6, which has no CDI."""
-    device_list_strategy: str = "envvar"
-    """The plugin's ``--device-list-strategy``: ``cdi-cri`` (CDI devices by UUID; containerd 2
-    only) or ``envvar`` (``NVIDIA_VISIBLE_DEVICES`` alone)."""
+    device_list_strategy: str = field(
+        default_factory=lambda: os.environ.get("GPUSHARE_E2E_DEVICE_LIST_STRATEGY", "cdi-cri")
+    )
+    """The plugin's ``--device-list-strategy``: ``cdi-cri`` (CDI devices by UUID, the plugin's
+    default; containerd 2 only) or ``envvar`` (``NVIDIA_VISIBLE_DEVICES`` alone).
+    ``GPUSHARE_E2E_DEVICE_LIST_STRATEGY`` sets it for a whole run, to compare the two."""
     processes: dict[str, Process] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     _plugin_log_offset: int = 0
@@ -521,16 +524,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         gpushare = Path(sys.executable).parent / "gpushare"
         log = self.cluster.root / "logs" / "gpushare-device-plugin.log"
         self._plugin_log_offset = log.stat().st_size if log.exists() else 0
-        strategy: tuple[str, ...] = ()
+        if self.device_list_strategy == "cdi-cri" and self.containerd == "debian":
+            raise StartError("the cdi-cri strategy needs containerd 2: Debian's 1.6 has no CDI")
         if self.containerd != "debian":
             self.write_cdi_spec()  # fake_gpus may have changed since containerd started
-        if self.device_list_strategy != "envvar":
-            strategy = (
-                "--device-list-strategy",
-                self.device_list_strategy,
-                "--cdi-spec-dirs",
-                str(self.cdi_dir),
-            )
         return self._spawn(
             "gpushare-device-plugin",
             [
@@ -560,13 +557,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 "0",
                 "--fake-health-file",
                 str(self.root / "fake-health"),
-                # the loopback node's containerd has no CDI spec for the fake GPUs
                 "--device-list-strategy",
-                "envvar",
+                self.device_list_strategy,
+                "--cdi-spec-dirs",
+                str(self.cdi_dir),
                 "--seal-key-file",
                 str(self.cluster.seal_key),
                 *(("--fake-topology", self.fake_topology) if self.fake_topology else ()),
-                *strategy,
                 *extra,
             ],
         )

@@ -292,8 +292,9 @@ def _real_values(cluster: Cluster, node: RealNode, images: dict[str, str]) -> di
         },
         "devicePlugin": {
             "metricsPort": 0,
-            # the loopback node's containerd has no CDI spec for the fake GPUs
-            "deviceListStrategy": "envvar",
+            # the chart's default, cdi-cri, against the fake GPUs' CDI spec (realnode.py)
+            "deviceListStrategy": node.device_list_strategy,
+            "cdi": {"specDirs": [str(node.cdi_dir)]},
             "tolerations": [*tolerations, {"key": "CriticalAddonsOnly", "operator": "Exists"}],
             "podResourcesPath": str(node.pod_resources_socket.parent),
             "kubeletConfigPath": str(node.kubelet_config),
