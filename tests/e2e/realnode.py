@@ -67,7 +67,7 @@ def unavailable() -> str:
     if os.geteuid() != 0:
         return "the real node needs root (kubelet and containerd manage cgroups and mounts)"
     subprocess.run(["bash", str(SETUP)], check=False)
-    for tool in ("runc", "gcc", "ip"):
+    for tool in ("runc", "containerd", "ctr", "gcc", "ip"):  # containerd 1.6: the envvar smoke
         if shutil.which(tool) is None:
             return f"{tool} is not installed (tests/e2e/node/setup.sh installs it as root)"
     if not Path("/usr/lib/cni/bridge").exists():
@@ -232,8 +232,9 @@ class RealNode:
         The 1.6 file's CRI section is split in two there: ``io.containerd.cri.v1.images``
         (snapshotter; the sandbox image, now ``pinned_images.sandbox``) and
         ``io.containerd.cri.v1.runtime`` (``restrict_oom_score_adj``, CDI, the runc runtime and
-        its ``SystemdCgroup``, CNI). Keys left out keep their defaults. No ``imports`` and no
-        NRI socket: nothing under ``/etc`` or ``/var/run`` of the host may change this node.
+        its ``SystemdCgroup``, CNI). Keys left out keep their defaults. Drop-in files come from the
+        node's own directory (an empty ``imports`` keeps the default, ``/etc/containerd/conf.d``)
+        and NRI is off: nothing under ``/etc`` or ``/var/run`` of the host may change this node.
         """
         base = self.root / "containerd"
         images, runtime = (
@@ -243,7 +244,7 @@ class RealNode:
         return f"""version = 3
 root = '{base / "root"}'
 state = '{base / "state"}'
-imports = []
+imports = ['{base / "conf.d" / "*.toml"}']
 disabled_plugins = ['io.containerd.snapshotter.v1.devmapper', 'io.containerd.snapshotter.v1.zfs',
   'io.containerd.snapshotter.v1.blockfile', 'io.containerd.snapshotter.v1.erofs',
   'io.containerd.internal.v1.tracing', 'io.containerd.nri.v1.nri']

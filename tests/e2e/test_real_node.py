@@ -13,7 +13,9 @@ import json
 import os
 import re
 import socket
+import subprocess
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ import yaml
 
 from .cluster import Cluster
 from .conftest import REPO, eventually
-from .images import TEST_IMAGE
+from .images import PAUSE_IMAGE, TEST_IMAGE
 from .realnode import NODE_NAME, TOLERATION, RealNode, container, hand_off, pod, probe_env
 
 NS = "e2e-real"
@@ -207,6 +209,41 @@ def logged(cluster: Cluster, items: list[dict[str, Any]]) -> list[dict[str, Any]
 
 
 # -- the seed examples ------------------------------------------------------------------------
+
+
+def test_the_node_runs_containerd_2_with_its_own_settings_and_cdi(real_node: RealNode) -> None:
+    """containerd keeps the defaults of a key it does not know, so a misspelt setting would pass
+    unseen: read the settings back as containerd 2 resolves them (``config dump``)."""
+    server = real_node.ctr("version").stdout.partition("Server:")[2]
+    assert "Version:  v2.2.9" in server, server
+    config = real_node.root / "containerd" / "config.toml"
+    dump = subprocess.run(
+        [real_node.containerd_bin("containerd"), "--config", str(config), "config", "dump"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    resolved = tomllib.loads(dump)
+    assert resolved["version"] == 3
+    assert (resolved["root"], resolved["state"]) == (
+        str(real_node.root / "containerd" / "root"),
+        str(real_node.root / "containerd" / "state"),
+    )
+    assert resolved["grpc"]["address"] == str(real_node.containerd_socket)
+    assert resolved["imports"] == [str(real_node.root / "containerd" / "conf.d" / "*.toml")]
+    images = resolved["plugins"]["io.containerd.cri.v1.images"]
+    assert images["snapshotter"] == "overlayfs"
+    assert images["pinned_images"]["sandbox"] == PAUSE_IMAGE
+    runtime = resolved["plugins"]["io.containerd.cri.v1.runtime"]
+    assert runtime["restrict_oom_score_adj"] is True
+    assert runtime["enable_cdi"] is True
+    assert runtime["cdi_spec_dirs"] == [str(real_node.cdi_dir)]
+    runc = runtime["containerd"]["runtimes"]["runc"]
+    assert runc["runtime_type"] == "io.containerd.runc.v2"
+    assert runc["options"]["SystemdCgroup"] is False
+    assert runtime["cni"]["bin_dirs"] == ["/usr/lib/cni"]
+    assert runtime["cni"]["conf_dir"] == str(real_node.root / "containerd" / "cni")
+    assert "io.containerd.nri.v1.nri" in resolved["disabled_plugins"]
 
 
 def test_seed_walkthrough_on_a_real_share_node(real_node: RealNode, ns: str) -> None:
