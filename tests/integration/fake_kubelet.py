@@ -236,6 +236,16 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
 
     # -- PodResources --------------------------------------------------------------------------
 
+    exclusive_cpus: tuple[int, ...] = ()
+    """CPUs offered for exclusive use: none, as kubelet's CPU manager answers under its none
+    policy (pkg/kubelet/cm/cpumanager/policy_none.go, GetAllocatableCPUs: an empty set); a
+    test sets some to stand for the static policy."""
+
+    async def GetAllocatableResources(
+        self, request: pr.AllocatableResourcesRequest, context: Any
+    ) -> pr.AllocatableResourcesResponse:
+        return pr.AllocatableResourcesResponse(cpu_ids=list(self.exclusive_cpus))
+
     async def List(
         self, request: pr.ListPodResourcesRequest, context: Any
     ) -> pr.ListPodResourcesResponse:

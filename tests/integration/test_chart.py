@@ -10,12 +10,12 @@ tests run kube-scheduler with that function's output), its webhook configuration
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
 import os
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -269,12 +269,31 @@ def test_kube_scheduler_accepts_the_chart(values: Path | None, tmp_path: Path) -
     ]
 
 
+@pytest.mark.parametrize(
+    ("cluster", "image"),
+    [
+        ("v1.30.4-eks-a737599", "v1.30.4"),
+        ("v1.31.1+k3s1", "v1.31.1"),
+        ("v1.32.2-gke.1182003", "v1.32.2"),
+    ],
+)
+def test_kube_scheduler_follows_the_cluster_s_release(cluster: str, image: str) -> None:
+    """Within the version-skew policy on every cluster, 1.30 to now; a pin is kept as named."""
+    docs = render("--kube-version", cluster)
+    scheduler = find(docs, "Deployment", "-scheduler")["spec"]["template"]["spec"]["containers"][0]
+    assert scheduler["image"] == f"registry.k8s.io/kube-scheduler:{image}"
+    docs = render("--kube-version", cluster, "--set", "scheduler.image.tag=v1.30.0")
+    scheduler = find(docs, "Deployment", "-scheduler")["spec"]["template"]["spec"]["containers"][0]
+    assert scheduler["image"] == "registry.k8s.io/kube-scheduler:v1.30.0"
+
+
 def test_scheduler_pod(default_docs: list[dict[str, Any]]) -> None:
     deployment = find(default_docs, "Deployment", "-scheduler")
     assert deployment["spec"]["replicas"] == 2
     pod = deployment["spec"]["template"]["spec"]
     scheduler, extender = pod["containers"]
-    assert scheduler["image"] == "registry.k8s.io/kube-scheduler:v1.36.3"
+    # the cluster's own release (rendered for the pinned control plane)
+    assert scheduler["image"] == f"registry.k8s.io/kube-scheduler:{KUBE_VERSION}"
     assert "--config=/etc/gpushare/scheduler-config.yaml" in scheduler["command"]
     assert scheduler["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
     assert extender["args"][:3] == ["extender", "--host=127.0.0.1", "--port=32766"]
@@ -316,8 +335,6 @@ def test_device_plugin_daemonset(default_docs: list[dict[str, Any]]) -> None:
     assert {
         "/var/lib/kubelet/device-plugins",
         "/var/lib/kubelet/pod-resources",
-        "/var/lib/kubelet/config.yaml",
-        "/var/lib/kubelet/cpu_manager_state",
         "/var/lib/gpushare",
         "/usr/local/gpushare",
     } <= paths
@@ -331,6 +348,21 @@ def test_device_plugin_daemonset(default_docs: list[dict[str, Any]]) -> None:
     assert "--broker-max-connections-per-pod=2048" in args
     assert "--broker-max-connections-per-node=16384" in args
     assert "--broker-idle-timeout=60" in args
+
+
+def test_device_plugin_needs_no_kubelet_file_unless_one_is_named(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    """EKS, GKE, k3s and RKE2 have no /var/lib/kubelet/config.yaml: a File hostPath there kept
+    the pod in ContainerCreating. kubelet's policy comes through PodResources instead."""
+    pod = find(default_docs, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    assert not [v for v in pod["volumes"] if v.get("hostPath", {}).get("type") == "File"]
+    args = pod["containers"][0]["args"]
+    assert "--kubelet-config=/nonexistent" in args and "--cpu-manager-state=/nonexistent" in args
+    docs = render("--set", "devicePlugin.kubeletConfigPath=/etc/kubernetes/kubelet/config.json")
+    pod = find(docs, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    files = [v["hostPath"] for v in pod["volumes"] if v.get("hostPath", {}).get("type") == "File"]
+    assert files == [{"path": "/etc/kubernetes/kubelet/config.json", "type": "File"}]
 
 
 def test_device_plugin_hands_gpus_over_by_cdi_unless_told_envvar(
@@ -402,16 +434,21 @@ def test_device_plugin_policies_equal_the_renderer(
         ]
 
 
-def test_the_seal_key_is_made_once_and_mounted_into_extender_and_plugin(
+def test_the_seal_key_is_made_in_the_cluster_and_mounted_into_extender_and_plugin(
     default_docs: list[dict[str, Any]],
 ) -> None:
-    secret = find(default_docs, "Secret", "-seal")
-    assert secret["metadata"]["name"] == f"{RELEASE}-seal"
-    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    assert len(base64.b64decode(secret["data"]["key"])) == 32
+    """No key is rendered (GitOps: the same objects every render); a Job makes the Secret."""
+    assert not [
+        d for d in default_docs if d["kind"] == "Secret" and "-seal" in d["metadata"]["name"]
+    ]
+    job = find(default_docs, "Job", "-seal-1")["spec"]["template"]["spec"]
+    (container,) = job["containers"]
+    assert container["args"][:2] == ["seal-key", f"--secret={NAMESPACE}/{RELEASE}-seal"]
+    role = find(default_docs, "Role", "-seal")
+    assert {"get"} == {v for r in role["rules"] if r.get("resourceNames") for v in r["verbs"]}
+    assert helm(*template_args()).stdout == helm(*template_args()).stdout
     mine = render("--set", "seal.existingSecret=mine")
-    secrets = [d["metadata"]["name"] for d in mine if d["kind"] == "Secret"]
-    assert not [n for n in secrets if n.endswith("-seal")]
+    assert not [d for d in mine if d["metadata"]["name"].endswith(("-seal", "-seal-1"))]
     for docs, name in ((default_docs, f"{RELEASE}-seal"), (mine, "mine")):
         for kind, suffix, index, mode in (
             ("Deployment", "-scheduler", 1, 0o440),
@@ -598,7 +635,9 @@ def test_cert_modes(default_docs: list[dict[str, Any]], ci_docs: list[dict[str, 
     assert "cert-manager.io/inject-ca-from" not in webhook_config(default_docs)["metadata"].get(
         "annotations", {}
     )
-    assert not [d for d in ci_docs if d["kind"] == "Job"]
+    assert not [
+        d for d in ci_docs if d["kind"] == "Job" and "webhook-certs" in d["metadata"]["name"]
+    ]
     certificate = find(ci_docs, "Certificate")
     assert f"{RELEASE}-webhook.{NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
     find(ci_docs, "Issuer")
@@ -626,7 +665,7 @@ def test_gpushare_flags_exist(
             flag = arg.split("=")[0]
             assert re.search(rf"{re.escape(flag)}\b", helps[command]), f"gpushare {command} {flag}"
             checked += 1
-    assert set(helps) == {"extender", "device-plugin", "webhook"}
+    assert set(helps) == {"extender", "device-plugin", "webhook", "seal-key"}
     assert checked > 20
 
 
@@ -646,12 +685,12 @@ def test_gpushare_parses_the_arguments_the_chart_gives(
         with cli.commands[command].make_context(command, args) as context:
             assert context.params, f"gpushare {command} {args}"
         parsed.add(command)
-    assert parsed == {"extender", "device-plugin", "webhook"}
+    assert parsed == {"extender", "device-plugin", "webhook", "seal-key"}
 
 
 def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> None:
     for container in containers(ci_docs):
-        if container["image"].startswith("gpushare:"):
+        if container["image"].startswith("gpushare:") and container["args"][0] != "seal-key":
             assert "--gpu-memory-unit=128MiB" in container["args"]
             assert "--mem-resource=example.com/gpu-mem" in container["args"]
     extender = find(ci_docs, "Deployment", "-scheduler")["spec"]["template"]["spec"]
@@ -730,7 +769,7 @@ def test_testing_values_reach_the_api_calling_pods_only(
         "testing.fakeTopology=nvlink-pairs",
     )
     specs = _pod_specs(docs)
-    calling = {"scheduler", "device-plugin", "webhook-certs"}
+    calling = {"scheduler", "device-plugin", "webhook-certs", "seal"}
     assert set(specs) == {*calling, "webhook"}
     for component, spec in specs.items():
         assert spec.get("hostNetwork", False) is (component in calling), component
@@ -810,3 +849,79 @@ def test_pod_monitors_render_only_when_enabled_and_select_each_metrics_port() ->
     fewer = render(*on, "--set", "devicePlugin.metricsPort=0", "--set", "webhook.enabled=false")
     names = sorted(d["metadata"]["name"] for d in fewer if d["kind"] == "PodMonitor")
     assert names == [f"{RELEASE}-scheduler"]
+
+
+def test_prometheus_rule_alerts_on_what_an_operator_needs_first() -> None:
+    """Off by default; on, the alerts name the PodMonitors' jobs, and promtool accepts them."""
+    assert not [d for d in render() if d["kind"] == "PrometheusRule"]
+    docs = render("--set", "prometheusRule.enabled=true", "--set", "podMonitor.enabled=true")
+    rule = find(docs, "PrometheusRule")
+    (group,) = rule["spec"]["groups"]
+    alerts = {r["alert"]: r for r in group["rules"]}
+    assert set(alerts) == {
+        "GPUShareWebhookDown",
+        "GPUShareWebhookCertificateNotReloaded",
+        "GPUShareExtenderDown",
+        "GPUShareExtenderCacheNotSynced",
+        "GPUShareUntrustedAllocations",
+        "GPUShareGPUUnhealthy",
+        "GPUSharePodResourcesMismatch",
+    }
+    monitors = {d["metadata"]["name"] for d in docs if d["kind"] == "PodMonitor"}
+    for alert, monitor in (
+        ("GPUShareWebhookDown", "webhook"),
+        ("GPUShareExtenderDown", "scheduler"),
+    ):
+        assert f'job="{NAMESPACE}/{RELEASE}-{monitor}"' in alerts[alert]["expr"]
+        assert f"{RELEASE}-{monitor}" in monitors
+    promtool = cached("promtool-v0.316.0", "promtool")
+    if promtool is None:
+        pytest.skip("promtool is built by tests/e2e/controlplane/build.sh")
+    with tempfile.TemporaryDirectory() as tmp:
+        rules = Path(tmp) / "rules.yaml"
+        rules.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+        checked = subprocess.run(
+            [str(promtool), "check", "rules", str(rules)], capture_output=True, text=True
+        )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_helm_test_checks_the_webhook_through_its_service_and_ca() -> None:
+    docs = render()
+    pod = find(docs, "Pod", "-test")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    (container,) = pod["spec"]["containers"]
+    script = container["args"][0]
+    assert f"https://{RELEASE}-webhook.{NAMESPACE}.svc/readyz" in script
+    assert 'cafile="/certs/ca.crt"' in script
+
+
+def test_every_component_takes_extra_args_env_and_an_update_strategy() -> None:
+    """What the chart does not foresee needs no fork (issue 40)."""
+    sets = []
+    for component in ("scheduler", "devicePlugin", "webhook"):
+        sets += [
+            "--set",
+            f"{component}.extraArgs={{--log-level=debug}}",
+            "--set",
+            f"{component}.extraEnv[0].name=EXTRA",
+            "--set",
+            f"{component}.extraEnv[0].value={component}",
+            "--set",
+            f"{component}.updateStrategy.type="
+            + ("OnDelete" if component == "devicePlugin" else "Recreate"),
+        ]
+    docs = render(*sets)
+    for kind, suffix, index, component in (
+        ("Deployment", "-scheduler", 1, "scheduler"),
+        ("DaemonSet", "-device-plugin", 0, "devicePlugin"),
+        ("Deployment", "-webhook", 0, "webhook"),
+    ):
+        workload = find(docs, kind, suffix)
+        container = workload["spec"]["template"]["spec"]["containers"][index]
+        assert container["args"][-1] == "--log-level=debug"
+        assert {"name": "EXTRA", "value": component} in container["env"]
+        strategy = workload["spec"]["strategy" if kind == "Deployment" else "updateStrategy"]
+        assert strategy["type"] in ("Recreate", "OnDelete")
+    webhook = find(render(), "Deployment", "-webhook")["spec"]["template"]["spec"]
+    assert webhook["priorityClassName"] == "system-cluster-critical"

@@ -97,14 +97,17 @@ def test_envvar_hands_over_the_uuids_and_no_cdi_device() -> None:
     run(body)
 
 
-def start(handoff: HandOff, node: dict[str, Any] | None = None) -> DevicePlugin:
-    """Start a plugin on a fresh node (no kubelet needed to be refused)."""
+def start(
+    handoff: HandOff, node: dict[str, Any] | None = None, exclusive_cpus: tuple[int, ...] = ()
+) -> DevicePlugin:
+    """Start (and stop) a plugin on a fresh node beside a kubelet double."""
 
     async def main() -> DevicePlugin:
         root = handoff.spec_dirs[0].parent if handoff.spec_dirs else Path("/tmp")
         kube = MemoryKube()
         kube.put_node(node or bare_node(Mode.SHARE))
         kubelet = FakeKubelet(root / "dp", root / "podres.sock")
+        kubelet.exclusive_cpus = exclusive_cpus
         await kubelet.start()
         plugin = DevicePlugin(
             api=kube,
@@ -181,3 +184,14 @@ def test_a_resource_the_other_plugin_no_longer_offers_does_not_stop_the_start(
     node["status"]["allocatable"] = {"nvidia.com/gpu": "0"}  # kubelet's after it went
     node["status"]["capacity"] = {"nvidia.com/gpu": "2"}
     start(HandOff(spec_dirs=(tmp_path / "none",)), node)
+
+
+def test_kubelet_s_static_cpu_policy_is_seen_through_pod_resources(tmp_path: Path) -> None:
+    """No kubelet file needed (EKS, GKE, k3s keep theirs elsewhere): CPUs offered for exclusive
+    use are the static policy's."""
+    with pytest.raises(StartRefused) as refused:
+        start(HandOff(spec_dirs=(tmp_path / "none",)), exclusive_cpus=(2, 3))
+    assert "kubelet runs the static CPU manager policy (PodResources offers 2 CPU(s)" in str(
+        refused.value
+    )
+    start(HandOff(spec_dirs=(tmp_path / "none",)), exclusive_cpus=())

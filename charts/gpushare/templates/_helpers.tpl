@@ -37,6 +37,19 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* The gpushare image. */}}
+{{- /* kube-scheduler's image: the tag named, else the cluster's own release (vMAJOR.MINOR.PATCH
+       of the API server, without a vendor's suffix such as -eks-... or +k3s1), which the
+       version-skew policy always allows and registry.k8s.io always has. */ -}}
+{{- define "gpushare.scheduler.image" -}}
+{{- $i := .Values.scheduler.image -}}
+{{- if $i.tag -}}
+{{- printf "%s:%s" $i.repository $i.tag -}}
+{{- else -}}
+{{- $own := regexFind `^v?[0-9]+\.[0-9]+\.[0-9]+` .Capabilities.KubeVersion.Version -}}
+{{- printf "%s:v%s" $i.repository (trimPrefix "v" $own) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "gpushare.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}

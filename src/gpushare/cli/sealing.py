@@ -62,8 +62,55 @@ def trust_from_flags(seal_key_file: str | None, insecure_no_seal: bool) -> Trust
 
 
 @click.command("seal-key")
-def seal_key() -> None:
-    """Print a new random seal key (for --seal-key-file, or the Secret gpushare-seal)."""
-    from gpushare.kube.sealing import new_key_text
+@click.option(
+    "--secret",
+    default=None,
+    metavar="NAMESPACE/NAME",
+    help="Instead of printing a key, create this Secret with one unless it exists (the chart's "
+    "seal Job); an existing Secret is kept as it is.",
+)
+@click.option(
+    "--label",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="With --secret: a label for the Secret it creates (repeatable).",
+)
+@click.option("--kubeconfig", default=None)
+def seal_key(secret: str | None, label: tuple[str, ...], kubeconfig: str | None) -> None:
+    """Print a new random seal key (for --seal-key-file), or create the seal Secret."""
+    from gpushare.kube.sealing import new_key_text, parse_secret_ref
 
-    click.echo(new_key_text())
+    if secret is None:
+        click.echo(new_key_text())
+        return
+    import asyncio
+
+    from gpushare.kube.lightkube_api import LightkubeAPI
+    from gpushare.kube.port import KubeError
+    from gpushare.kube.sealing import ensure_secret
+
+    try:
+        namespace, name = parse_secret_ref(secret)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--secret") from None
+    labels = {}
+    for item in label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r}: write KEY=VALUE", param_hint="--label")
+        labels[key] = value
+
+    async def run() -> tuple[bool, str]:
+        api = LightkubeAPI.connect(kubeconfig)
+        try:
+            return await ensure_secret(api, namespace, name, labels)
+        finally:
+            await api.close()
+
+    try:
+        fine, said = asyncio.run(run())
+    except KubeError as err:
+        raise CommandError(f"cannot make sure of the seal Secret {secret}: {err}") from None
+    if not fine:
+        raise CommandError(said)
+    click.echo(said)

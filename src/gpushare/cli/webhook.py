@@ -79,13 +79,13 @@ def webhook(
     log_level: str,
 ) -> None:
     """Serve the admission webhook (POST /validate, POST /mutate) over HTTPS."""
+    import asyncio
     from pathlib import Path
-
-    import uvicorn
 
     from gpushare.core.admission import AdmissionSettings
     from gpushare.core.tampering import Trust
-    from gpushare.webhook.app import create_app, server_config
+    from gpushare.webhook.app import WebhookMetrics, create_app, serve, server_config
+    from gpushare.webhook.certs import CertificateReloader
 
     scheduling = scheduling_config(
         gpu_memory_unit=gpu_memory_unit,
@@ -108,7 +108,14 @@ def webhook(
         if not Path(path).is_file():
             raise CommandError(f"{flag}={path!r} is not a readable file")
     setup_logging(log_level)
-    app = create_app(settings)
+    metrics = WebhookMetrics()
+    app = create_app(settings, metrics)
+    reloader = CertificateReloader(
+        tls_cert_file,
+        tls_private_key_file,
+        reloads=metrics.certificate_reloads,
+        loaded_at=metrics.certificate_loaded,
+    )
     config = server_config(
         app,
         host=host,
@@ -116,8 +123,9 @@ def webhook(
         cert_file=tls_cert_file,
         key_file=tls_private_key_file,
         log_level=log_level,
+        reloader=reloader,
     )
-    uvicorn.Server(config).run()
+    asyncio.run(serve(config, reloader))
 
 
 @click.command("webhook-config")

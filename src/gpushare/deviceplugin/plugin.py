@@ -36,9 +36,9 @@ from gpushare.deviceplugin.checkpoint import ServedCheckpoint
 from gpushare.deviceplugin.config import PluginConfig, Stats
 from gpushare.deviceplugin.gpus import GpuSource
 from gpushare.deviceplugin.health import Generations, watch_health
-from gpushare.deviceplugin.preflight import StartRefused, preflight
+from gpushare.deviceplugin.preflight import StartRefused, preflight, refuse_exclusive_cpus
 from gpushare.deviceplugin.publishing import publish
-from gpushare.deviceplugin.reconcile import ServedCheck
+from gpushare.deviceplugin.reconcile import ServedCheck, allocatable_cpus
 from gpushare.deviceplugin.registration import Registrar
 from gpushare.deviceplugin.serving import (
     ContainerAnswer,
@@ -124,7 +124,10 @@ class DevicePlugin:
         )
         if checked.refused:
             raise StartRefused(checked.refused)
-        refused = self.config.handoff.refusal([g.uuid for g in self.source.gpus()])
+        cpus = await allocatable_cpus(self.config.pod_resources_socket)
+        refused = refuse_exclusive_cpus(cpus or []) or self.config.handoff.refusal(
+            [g.uuid for g in self.source.gpus()]
+        )
         if refused:
             raise StartRefused(refused)
         self.mode, self.resources = checked.mode, checked.resources

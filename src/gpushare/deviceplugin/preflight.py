@@ -124,8 +124,31 @@ def refuse_other_plugin(node: KubeObject) -> str:
     )
 
 
+def refuse_exclusive_cpus(cpu_ids: Sequence[int]) -> str:
+    """Why the plugin must not start, from kubelet's PodResources ``GetAllocatableResources``.
+
+    The CPUs kubelet may hand out exclusively are none under the CPU manager's none policy
+    (``nonePolicy.GetAllocatableCPUs`` returns an empty set) and the non-reserved ones under
+    static: any CPU there is the static policy, on every distribution, through the socket the
+    plugin already has, with no kubelet file to find (EKS, GKE, k3s and RKE2 keep theirs
+    elsewhere, or none).
+    """
+    if not cpu_ids:
+        return ""
+    return (
+        f"kubelet runs the static CPU manager policy (PodResources offers {len(cpu_ids)} CPU(s) "
+        f"for exclusive use); shared GPU scheduling does not support it: set cpuManagerPolicy: "
+        f"none on this node (then remove kubelet's cpu_manager_state and restart kubelet, as "
+        f"the Kubernetes documentation says for a policy change)"
+    )
+
+
 def refuse_static_cpu_policy(kubelet_config: Path, cpu_manager_state: Path) -> str:
-    """Why the plugin must not start (kubelet runs the static CPU policy), or ''."""
+    """Why the plugin must not start (kubelet runs the static CPU policy), or ''.
+
+    From kubelet's files, where they are (kubeadm's paths by default; the command skips a file
+    that is not there). The plugin also asks kubelet itself (:func:`refuse_exclusive_cpus`).
+    """
     for path, key in ((kubelet_config, "cpuManagerPolicy"), (cpu_manager_state, "policyName")):
         try:
             text = path.read_text()

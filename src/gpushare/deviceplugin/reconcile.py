@@ -75,6 +75,23 @@ async def list_pod_resources(socket: Path) -> list[ListedPod]:
     return out
 
 
+async def allocatable_cpus(socket: Path) -> list[int] | None:
+    """kubelet's PodResources ``GetAllocatableResources`` CPUs; None where kubelet cannot say.
+
+    GA since Kubernetes 1.28 (``KubeletPodResourcesGetAllocatable``); an older or restricted
+    kubelet answers UNIMPLEMENTED, and then the plugin cannot tell the CPU manager's policy.
+    """
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            answer = await pr_grpc.PodResourcesListerStub(channel).GetAllocatableResources(
+                pr.AllocatableResourcesRequest(), timeout=10
+            )
+    except grpc.aio.AioRpcError as err:
+        log.warning("phase=preflight kubelet's allocatable CPUs unknown: %s", err.code().name)
+        return None
+    return list(answer.cpu_ids)
+
+
 @dataclass(frozen=True)
 class PodCheck:
     """What the listing says about one bound pod."""

@@ -6,6 +6,7 @@ Library errors are translated into gpushare's own tree (``gpushare.kube.port``) 
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
@@ -222,6 +223,19 @@ class LightkubeAPI:
         _names(namespace=namespace, name=name)
         with _mapped(f"get secret {namespace}/{name}"):
             return _to_dict(await self._client.get(Secret, name, namespace=namespace))
+
+    async def create_secret(
+        self, namespace: str, name: str, data: Mapping[str, bytes], labels: Mapping[str, str]
+    ) -> KubeDict:
+        """Create an Opaque Secret; Conflict (409) when it exists."""
+        _names(namespace=namespace, name=name)
+        secret = Secret(
+            metadata=ObjectMeta(name=name, namespace=namespace, labels=dict(labels)),
+            type="Opaque",
+            data={k: base64.b64encode(v).decode() for k, v in data.items()},
+        )
+        with _mapped(f"create secret {namespace}/{name}"):
+            return _to_dict(await self._client.create(secret))  # its namespace is in metadata
 
     async def patch_node(
         self,

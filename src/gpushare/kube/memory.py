@@ -272,6 +272,23 @@ class MemoryKube:
         except KeyError:
             raise NotFound(f"secret {namespace}/{name} not found") from None
 
+    async def create_secret(
+        self, namespace: str, name: str, data: Mapping[str, bytes], labels: Mapping[str, str]
+    ) -> KubeDict:
+        """Create an Opaque Secret; Conflict when it exists, as the API server answers."""
+        self.calls.append("create_secret")
+        if (namespace, name) in self._secrets:
+            raise Conflict(f"secrets {name!r} already exists")
+        secret: KubeDict = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {"namespace": namespace, "name": name, "labels": dict(labels)},
+            "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+        }
+        self._secrets[(namespace, name)] = secret
+        return _copy(secret)
+
     def put_secret(self, secret: Mapping[str, Any]) -> None:
         """Create or replace a Secret (``data`` base64, as the API stores it)."""
         obj = _copy(dict(secret))

@@ -111,6 +111,12 @@ class KubeAPI(Protocol):
         """One Secret (``kubectl inspect cgpu`` reads the seal key from it)."""
         ...
 
+    async def create_secret(
+        self, namespace: str, name: str, data: Mapping[str, bytes], labels: Mapping[str, str]
+    ) -> KubeDict:
+        """Create an Opaque Secret; Conflict when it exists (``gpushare seal-key --secret``)."""
+        ...
+
     async def patch_node(
         self,
         name: str,

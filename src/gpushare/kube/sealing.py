@@ -19,7 +19,7 @@ from typing import Any
 
 from gpushare.core.trust import SealKey, Trust, read_key
 from gpushare.kube.memory import MemoryKube
-from gpushare.kube.port import KubeAPI, KubeError
+from gpushare.kube.port import Conflict, KubeAPI, KubeError
 
 DEFAULT_SECRET = "gpushare/gpushare-seal"
 """``NAMESPACE/NAME`` of the Secret the chart creates under the default release name."""
@@ -82,6 +82,32 @@ async def secret_key(api: KubeAPI, namespace: str, name: str) -> SealKey | str:
     except KubeError as err:
         return f"cannot read {where}: {err}"
     return key_from_secret(secret, where=where)
+
+
+async def ensure_secret(
+    api: KubeAPI, namespace: str, name: str, labels: Mapping[str, str]
+) -> tuple[bool, str]:
+    """Create the seal Secret with a fresh key unless it exists: (fine, what happened).
+
+    Run in the cluster (the chart's seal Job), so no key is ever rendered: ``helm template``
+    twice gives the same objects, and a GitOps tool applying them again changes no key. An
+    existing Secret is never rewritten: one whose key does not read is reported, not replaced,
+    because a new key would make every allocation sealed with the old one count nowhere.
+    """
+    where = f"Secret {namespace}/{name}"
+    try:
+        await api.create_secret(namespace, name, {SECRET_FIELD: new_key_text().encode()}, labels)
+        return True, f"created {where} with a new seal key"
+    except Conflict:
+        pass
+    found = await secret_key(api, namespace, name)
+    if isinstance(found, str):
+        return False, (
+            f"{found}; it was left as it is: put a key in it (kubectl -n {namespace} create "
+            f"secret generic {name} --from-literal={SECRET_FIELD}=$(gpushare seal-key) "
+            f"--dry-run=client -o yaml | kubectl apply -f -) or delete it to have one made"
+        )
+    return True, f"kept {where}: it holds a seal key"
 
 
 def keyless_trust(api: KubeAPI) -> Trust:

@@ -11,6 +11,7 @@ server apply the failure policy instead (with ``Fail``, refuse without the reaso
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -20,10 +21,11 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
 from gpushare.core.admission import AdmissionSettings, Decision, decide, malformed, mutate
 from gpushare.exporting import ExportRegistry
+from gpushare.webhook.certs import CertificateReloader
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,18 @@ class WebhookMetrics:
             "gpushare_webhook_review_duration_seconds",
             "Time to read, decide and answer one admission review",
             buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.certificate_reloads = Counter(
+            "gpushare_webhook_certificate_reloads_total",
+            "Serving certificate files found changed, by result (loaded, failed: the last good "
+            "pair keeps serving)",
+            ["result"],
+            registry=self.registry,
+        )
+        self.certificate_loaded = Gauge(
+            "gpushare_webhook_certificate_loaded_timestamp_seconds",
+            "When the certificate now served was loaded (Unix time)",
             registry=self.registry,
         )
 
@@ -120,12 +134,19 @@ def create_app(settings: AdmissionSettings, metrics: WebhookMetrics | None = Non
 
 
 def server_config(
-    app: Any, *, host: str, port: int, cert_file: str, key_file: str, log_level: str
+    app: Any,
+    *,
+    host: str,
+    port: int,
+    cert_file: str,
+    key_file: str,
+    log_level: str,
+    reloader: CertificateReloader | None = None,
 ) -> uvicorn.Config:
     """How ``gpushare webhook`` serves the app: HTTPS only, as the API server requires.
 
-    uvicorn reads the certificate once at start: when cert-manager or a cert Job renews it,
-    the process must be restarted to serve the new one.
+    uvicorn builds the TLS context from the files once; ``reloader`` keeps that context and
+    loads a renewed certificate into it (``certs``), so a renewal needs no restart.
     """
     return uvicorn.Config(
         app,
@@ -134,5 +155,23 @@ def server_config(
         log_level=log_level,
         ssl_certfile=cert_file,
         ssl_keyfile=key_file,
+        ssl_context_factory=(
+            None if reloader is None else lambda _config, build: reloader.adopt(build())
+        ),
         access_log=log_level.lower() == "debug",
     )
+
+
+async def serve(
+    config: uvicorn.Config,
+    reloader: CertificateReloader | None,
+    server: uvicorn.Server | None = None,
+) -> None:
+    """Serve until stopped, checking the certificate files while serving."""
+    server = server or uvicorn.Server(config)
+    checks = asyncio.create_task(reloader.run()) if reloader is not None else None
+    try:
+        await server.serve()
+    finally:
+        if checks is not None:
+            checks.cancel()
