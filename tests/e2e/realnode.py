@@ -232,9 +232,10 @@ class RealNode:
         The 1.6 file's CRI section is split in two there: ``io.containerd.cri.v1.images``
         (snapshotter; the sandbox image, now ``pinned_images.sandbox``) and
         ``io.containerd.cri.v1.runtime`` (``restrict_oom_score_adj``, CDI, the runc runtime and
-        its ``SystemdCgroup``, CNI). Keys left out keep their defaults. Drop-in files come from the
-        node's own directory (an empty ``imports`` keeps the default, ``/etc/containerd/conf.d``)
-        and NRI is off: nothing under ``/etc`` or ``/var/run`` of the host may change this node.
+        its ``SystemdCgroup``, CNI). Keys left out keep their defaults. No drop-ins (containerd
+        follows only the ``imports`` of the files it reads, so ``/etc/containerd/conf.d`` is not
+        read, though ``config dump`` lists it) and NRI is off: nothing under ``/etc`` or
+        ``/var/run`` of the host may change this node.
         """
         base = self.root / "containerd"
         images, runtime = (
@@ -244,7 +245,7 @@ class RealNode:
         return f"""version = 3
 root = '{base / "root"}'
 state = '{base / "state"}'
-imports = ['{base / "conf.d" / "*.toml"}']
+imports = []
 disabled_plugins = ['io.containerd.snapshotter.v1.devmapper', 'io.containerd.snapshotter.v1.zfs',
   'io.containerd.snapshotter.v1.blockfile', 'io.containerd.snapshotter.v1.erofs',
   'io.containerd.internal.v1.tracing', 'io.containerd.nri.v1.nri']

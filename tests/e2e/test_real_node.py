@@ -212,8 +212,9 @@ def logged(cluster: Cluster, items: list[dict[str, Any]]) -> list[dict[str, Any]
 
 
 def test_the_node_runs_containerd_2_with_its_own_settings_and_cdi(real_node: RealNode) -> None:
-    """containerd keeps the defaults of a key it does not know, so a misspelt setting would pass
-    unseen: read the settings back as containerd 2 resolves them (``config dump``)."""
+    """containerd ignores a key it does not know (a warning in its log) and keeps the default, so
+    a misspelt setting would go unnoticed: read the settings back as containerd 2 resolves them
+    (``config dump``), and look for the warning."""
     server = real_node.ctr("version").stdout.partition("Server:")[2]
     assert "Version:  v2.2.9" in server, server
     config = real_node.root / "containerd" / "config.toml"
@@ -222,15 +223,17 @@ def test_the_node_runs_containerd_2_with_its_own_settings_and_cdi(real_node: Rea
         capture_output=True,
         text=True,
         check=True,
-    ).stdout
-    resolved = tomllib.loads(dump)
+    )
+    assert "unknown key" not in dump.stderr, dump.stderr
+    log = (real_node.cluster.root / "logs" / "containerd.log").read_text()
+    assert "unknown key" not in log
+    resolved = tomllib.loads(dump.stdout)
     assert resolved["version"] == 3
     assert (resolved["root"], resolved["state"]) == (
         str(real_node.root / "containerd" / "root"),
         str(real_node.root / "containerd" / "state"),
     )
     assert resolved["grpc"]["address"] == str(real_node.containerd_socket)
-    assert resolved["imports"] == [str(real_node.root / "containerd" / "conf.d" / "*.toml")]
     images = resolved["plugins"]["io.containerd.cri.v1.images"]
     assert images["snapshotter"] == "overlayfs"
     assert images["pinned_images"]["sandbox"] == PAUSE_IMAGE
