@@ -32,8 +32,8 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # Build (once; cached under ~/.cache/gpushare by version) etcd, the Kubernetes control plane,
-# kubectl, kwok and helm from the Go module proxy.
-# Also installs, as root, the real node's Debian packages (containerd, runc, CNI plugins).
+# kubectl, kwok, helm and the real node's containerd 2 from the Go module proxy.
+# Also installs, as root, the real node's Debian packages (runc, CNI plugins, containerd 1.6).
 controlplane:
 	bash tests/e2e/controlplane/build.sh > /dev/null
 	bash tests/e2e/node/setup.sh

@@ -297,8 +297,9 @@ def _real_values(cluster: Cluster, node: RealNode, images: dict[str, str]) -> di
         },
         "devicePlugin": {
             "metricsPort": 0,
-            # the loopback node's containerd has no CDI spec for the fake GPUs
-            "deviceListStrategy": "envvar",
+            # the chart's default, cdi-cri, against the fake GPUs' CDI spec (realnode.py)
+            "deviceListStrategy": node.device_list_strategy,
+            "cdi": {"specDirs": [str(node.cdi_dir)]},
             "tolerations": [*tolerations, {"key": "CriticalAddonsOnly", "operator": "Exists"}],
             "podResourcesPath": str(node.pod_resources_socket.parent),
             "kubeletConfigPath": str(node.kubelet_config),
@@ -517,9 +518,8 @@ def test_helm_install_runs_on_the_real_node(
         )
         assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "3"
         assert env["ALIYUN_COM_GPU_MEM_DEV"] == "15"
-        assert {k: env.get(k) for k in expected(items[0], "gpu-share-sample", uuids)} == expected(
-            items[0], "gpu-share-sample", uuids
-        )
+        want = expected(items[0], "gpu-share-sample", uuids, node.device_list_strategy)
+        assert {k: env.get(k) for k in want} == want
 
         # While it holds memory, an upgrade to another unit is refused, and nothing changes.
         upgrade = ["upgrade", REAL_RELEASE, str(CHART), *chart]
