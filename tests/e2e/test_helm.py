@@ -665,7 +665,11 @@ def test_helm_template_applied_twice_by_kubectl_changes_nothing(
 
     first, second = render(), render()
     assert first == second  # the same objects, byte for byte
-    cluster.kubectl("create", "namespace", REAL_NAMESPACE, check=False)
+    # the install test above leaves the namespace terminating: wait for it to go
+    cluster.kubectl(
+        "delete", "namespace", REAL_NAMESPACE, "--ignore-not-found", "--wait=true", timeout=240
+    )
+    cluster.kubectl("create", "namespace", REAL_NAMESPACE)
     apply = ["apply", "--server-side", "--field-manager=gitops", "-f", "-"]
     try:
         cluster.kubectl(*apply, input=first)
