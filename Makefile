@@ -4,10 +4,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CLUSTER_DIR ?= .cluster
-VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-IMAGE ?= gpushare:$(VERSION)
+# The one version source: pyproject.toml. The chart's version and appVersion must equal it
+# (`make release` refuses otherwise).
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+DIST ?= dist/$(VERSION)
+# The image's OCI archive; ARCH=amd64,arm64 for both (default: this machine's architecture).
+IMAGE_ARCHIVE ?= $(DIST)/gpushare-image-$(VERSION).oci.tar
+ARCH ?=
 
-.PHONY: demo test unit native e2e e2e-oldest lint typecheck controlplane cluster cluster-down bench replay image image-archive clean
+.PHONY: demo test unit native e2e e2e-oldest lint typecheck controlplane cluster cluster-down bench replay image image-in-docker image-archive release clean
 
 $(STAMP): pyproject.toml constraints.txt packaging/gpushare_build.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,8 +32,8 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # Build (once; cached under ~/.cache/gpushare by version) etcd, the Kubernetes control plane,
-# kubectl, kwok and helm from the Go module proxy.
-# Also installs, as root, the real node's Debian packages (containerd, runc, CNI plugins).
+# kubectl, kwok, helm and the real node's containerd 2 from the Go module proxy.
+# Also installs, as root, the real node's Debian packages (runc, CNI plugins, containerd 1.6).
 controlplane:
 	bash tests/e2e/controlplane/build.sh > /dev/null
 	bash tests/e2e/node/setup.sh
@@ -104,20 +109,40 @@ replay: $(STAMP)
 	bash tests/e2e/controlplane/build.sh > /dev/null
 	$(BIN)/python benchmarks/replay.py $(REPLAY_ARGS)
 
-# The container image for every component (Dockerfile). Needs a Docker engine with BuildKit,
-# which this repository's CI machines lack: there the Dockerfile is checked statically instead
-# (hadolint and tests/unit/test_dockerfile.py).
+# The container image for every component, ghcr.io/gpushare/gpushare:$(VERSION), as an OCI
+# archive: packaging/image.py is the one recipe, which `make release` ships and the real-node
+# Helm test builds and runs (tests/e2e/image_archive.py). Two ways to run it:
+# - here (Debian/Ubuntu): `make image` needs mmdebstrap (apt-get install -y mmdebstrap; root or
+#   user namespaces), Python 3.11 with pip, gcc, Debian's archive and PyPI; no image registry;
+# - anywhere with Docker: `make image-in-docker` runs the same recipe in debian:bookworm.
+# ARCH=amd64,arm64 makes one image index for both; a foreign architecture needs its cross gcc
+# (gcc-aarch64-linux-gnu) and qemu-user-static in binfmt_misc. Then load or push the archive:
+#   docker load -i $(IMAGE_ARCHIVE)          (or podman load -i ...)
+#   skopeo copy --all oci-archive:$(IMAGE_ARCHIVE) docker://ghcr.io/gpushare/gpushare:$(VERSION)
 image:
-	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
+	$(PYTHON) packaging/image.py --out $(IMAGE_ARCHIVE) $(if $(ARCH),--arch $(ARCH))
 
-# The same image without a Docker engine (tests/e2e/image_archive.py): a Debian bookworm root
-# filesystem from mmdebstrap (apt-get install -y mmdebstrap; root or user namespaces) with the
-# wheels installed, plus kube-scheduler and the certificate Job's image for the real-node Helm
-# test, as docker-archives for `ctr -n k8s.io images import`. Cached under
-# ~/.cache/gpushare/images by a hash of their inputs.
+image-in-docker:
+	docker run --rm --privileged -v "$(CURDIR)":/src -w /src \
+	  -e SOURCE_DATE_EPOCH=$(shell git log -1 --format=%ct 2>/dev/null) debian:bookworm sh -c '\
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends mmdebstrap \
+	    python3 python3-pip python3-venv gcc libc6-dev binutils ca-certificates make >/dev/null && \
+	  make image PYTHON=python3 ARCH=$(ARCH) && chown -R $$(stat -c %u:%g Makefile) dist'
+
+# Every artifact of a release under $(DIST) (packaging/release.py): the image (OCI archive), the
+# chart (`helm package`; push with `helm push ... oci://ghcr.io/gpushare/charts`), the wheel and
+# sdist of the kube-gpushare distribution, kubectl-inspect-cgpu as one file and its krew
+# manifest, LICENSE, CHANGELOG.md and SHA256SUMS. It builds the image first (`make image`, with
+# ARCH); RELEASE_ARGS=--no-image leaves the image out.
+release: $(STAMP) $(if $(filter --no-image,$(RELEASE_ARGS)),,image)
+	$(BIN)/python packaging/release.py --out $(DIST) $(if $(filter --no-image,$(RELEASE_ARGS)),,--image $(IMAGE_ARCHIVE)) $(RELEASE_ARGS)
+
+# The real-node Helm test's images (tests/e2e/image_archive.py): the gpushare image by
+# the recipe above, plus stand-ins for kube-scheduler and the certificate Job's image, for
+# `ctr -n k8s.io images import`. Cached under ~/.cache/gpushare/images by a hash of their inputs.
 image-archive: $(STAMP)
 	bash tests/e2e/controlplane/build.sh > /dev/null
 	$(BIN)/python -m tests.e2e.image_archive
 
 clean:
-	rm -rf $(VENV) build bench-out sim-report *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist bench-out sim-report *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -15,6 +15,7 @@ carries the sources only; the wheel built from it generates again.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,14 +58,52 @@ def _generate() -> None:
             )
 
 
+INTERPOSER = SRC / "gpushare" / "isolation" / "native" / "libgpushare-cuda.so"
+ELF_MACHINES = {0x3E: "x86_64", 0xB7: "aarch64"}
+"""ELF ``e_machine`` values -> the machine names of wheel platform tags."""
+
+
+def platform_tag(library: Path) -> str:
+    """The wheel platform tag a compiled ``library`` needs: its machine, and as manylinux
+    version the newest glibc version it needs (``readelf -V``'s version needs; GLIBC_2.17 ->
+    manylinux_2_17).
+
+    The wheel is pure Python but for the interposer, native code for one machine: tagged
+    ``any``, pip would install an x86_64 library on an arm64 node.
+    """
+    data = library.read_bytes()
+    if data[:4] != b"\x7fELF" or data[5] != 1:
+        raise RuntimeError(f"{library}: not a little-endian ELF file; rebuild the interposer")
+    machine = ELF_MACHINES.get(int.from_bytes(data[18:20], "little"))
+    if machine is None:
+        raise RuntimeError(
+            f"{library}: ELF machine {int.from_bytes(data[18:20], 'little'):#x} is none of "
+            f"{', '.join(ELF_MACHINES.values())}; build with a compiler for one of them"
+        )
+    shown = subprocess.run(
+        ["readelf", "-V", "--wide", str(library)], capture_output=True, text=True, check=False
+    )
+    if shown.returncode != 0:
+        raise RuntimeError(
+            f"readelf -V {library} failed: {shown.stderr.strip()}; readelf comes with gcc's "
+            "binutils (Debian/Ubuntu: apt-get install binutils)"
+        )
+    needs = shown.stdout.partition(".gnu.version_r")[2]
+    minors = [int(m) for m in re.findall(r"Name: GLIBC_2\.(\d+)", needs)]
+    return f"manylinux_2_{max([17, *minors])}_{machine}"
+
+
 def build_wheel(
     wheel_directory: str,
     config_settings: dict[str, Any] | None = None,
     metadata_directory: str | None = None,
 ) -> str:
-    """Generate, then let setuptools build the wheel."""
+    """Generate, then let setuptools build the wheel, tagged for the interposer's machine."""
     _generate()
-    name: str = _setuptools.build_wheel(wheel_directory, config_settings, metadata_directory)
+    settings = dict(config_settings or {})
+    if "--build-option" not in settings:
+        settings["--build-option"] = ["--plat-name", platform_tag(INTERPOSER)]
+    name: str = _setuptools.build_wheel(wheel_directory, settings, metadata_directory)
     return name
 
 

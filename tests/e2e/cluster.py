@@ -751,9 +751,10 @@ def _up(root: Path, *, real_node: bool = False, unit: MemoryUnit = MemoryUnit.Gi
             cluster.stop()
             raise
         print(
-            f"real node {node.name} is Ready (containerd, kubelet, gpushare device plugin with "
-            f"{node.fake_gpus} fake GPUs, mode {node.mode}); pods run image {node_image()} "
-            f"with imagePullPolicy: Never"
+            f"real node {node.name} is Ready (containerd 2 with CDI, kubelet, gpushare device "
+            f"plugin with {node.fake_gpus} fake GPUs, mode {node.mode}, device-list strategy "
+            f"{node.device_list_strategy}); pods run image {node_image()} with "
+            f"imagePullPolicy: Never"
         )
     example = "binpack-128mib.yaml" if unit is MemoryUnit.MiB128 else "GPUtest.yaml"
     print(f"\ncluster is up: {cluster.server} (gpuMemoryUnit {unit.value})")

@@ -56,6 +56,12 @@ def real_node(cluster: Cluster) -> Iterator[RealNode]:
     Where it cannot run (no root, packages missing) its tests skip, except under CI, where a
     missing real node is a failure rather than a silent skip.
     """
+    yield from hold_real_node(cluster)
+
+
+def hold_real_node(cluster: Cluster, **options: Any) -> Iterator[RealNode]:
+    """Start a :class:`RealNode` with ``options`` once this machine's real node is free; stop it
+    after. Skips (fails under CI) where a real node cannot run."""
     reason = unavailable()
     if reason:
         if os.environ.get("CI") == "true":
@@ -68,12 +74,12 @@ def real_node(cluster: Cluster) -> Iterator[RealNode]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if time.monotonic() - waited > 1:
             print(f"[e2e] waited {time.monotonic() - waited:.0f}s for the real node", flush=True)
-        yield from _real_node(cluster)
+        yield from _real_node(cluster, **options)
 
 
-def _real_node(cluster: Cluster) -> Iterator[RealNode]:
+def _real_node(cluster: Cluster, **options: Any) -> Iterator[RealNode]:
     started = time.monotonic()
-    node = RealNode(cluster=cluster, root=cluster.root / "realnode")
+    node = RealNode(cluster=cluster, root=cluster.root / "realnode", **options)
     node.start(progress=lambda s: print(f"[e2e] starting {s}", flush=True))
     print(f"[e2e] real node up in {time.monotonic() - started:.1f}s", flush=True)
     try:

@@ -1,30 +1,24 @@
 """The chart's images as archives ``ctr images import`` reads, built without a Docker engine.
 
-These machines have no Docker engine and no registry, so ``make image`` (``docker build``)
-cannot run here, and the real node cannot pull ``registry.k8s.io/kube-scheduler`` or
-``alpine/k8s``. This module builds the three images ``charts/gpushare`` runs from what they
-can reach (Debian packages, PyPI and the control-plane build), each as a one-layer
-docker-archive (``manifest.json``, a config JSON, ``layer.tar``):
+These machines reach no image registry, so the real node cannot pull the chart's images. This
+module makes the three images ``charts/gpushare`` runs from what they can reach (Debian
+packages, PyPI and the control-plane build):
 
-- ``gpushare.local/gpushare:<version>``: the Dockerfile's image. A Debian bookworm root
-  filesystem made by ``mmdebstrap`` (variant minbase, Debian's python3 3.11 and
-  ``python-is-python3``) with the wheels
-  the Dockerfile's builder stage makes (``pip wheel -c constraints.txt .`` after generating the
-  gRPC stubs and compiling the interposer, which the gpushare wheel carries as package data)
-  installed offline, the ``gpushare`` account (uid/gid 65532), and the Dockerfile's
-  entrypoint, user, environment and labels. ``IMAGE`` says all of that once;
-  ``tests/unit/test_image_archive.py`` reads the Dockerfile and fails when the two disagree.
+- the gpushare image, ``ghcr.io/gpushare/gpushare:<version>`` as the chart names it by default:
+  built by the release's own recipe, ``packaging/image.py``, run with the same arguments as
+  ``make image`` (``RECIPE``), so the image the Helm test runs is the one a release ships
+  (``tests/unit/test_image_archive.py`` checks that the Makefile and this module agree);
 - ``gpushare.local/kube-scheduler:<version>``: the statically linked kube-scheduler that
-  ``tests/e2e/controlplane/build.sh`` builds, as upstream's distroless image carries it.
+  ``tests/e2e/controlplane/build.sh`` builds, as upstream's distroless image carries it (a
+  stand-in for registry.k8s.io's, which a cluster pulls);
 - ``gpushare.local/webhook-certs:1``: what the chart's certificate Job needs (``sh``,
   ``openssl``, coreutils' ``base64``/``seq``, ``kubectl``): Debian minbase with ``openssl``
-  and the control plane's kubectl.
+  and the control plane's kubectl (a stand-in for ``alpine/k8s``).
 
-Each archive is cached under ``~/.cache/gpushare/images`` (``GPUSHARE_CACHE`` moves it) by a
-content hash of its inputs, so a second build is a lookup. The differences from a Docker build
-that remain: Debian's python3 installs into ``/usr/local/lib/python3.11/dist-packages`` where
-``python:3.11-slim`` uses ``site-packages`` (the interposer is found through the package, not
-by path), and the image has no ``pip`` (the Dockerfile's base image has one; nothing runs it).
+The stand-ins are one-layer docker-archives (``manifest.json``, a config JSON, ``layer.tar``);
+the gpushare image is the recipe's OCI archive. Each is cached under
+``~/.cache/gpushare/images`` (``GPUSHARE_CACHE`` moves it) by a content hash of its inputs, so
+a second build is a lookup.
 
     python -m tests.e2e.image_archive [--out DIR]     # make image-archive
 """
@@ -36,6 +30,7 @@ import hashlib
 import io
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -53,13 +48,17 @@ PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/usr/share/locale/*")
 
 
+ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64"}
+"""The kernel's machine names as OCI names them."""
+
+
 class ImageBuildError(RuntimeError):
     """A step of the image build failed; the message names the step and what to do."""
 
 
 @dataclass(frozen=True)
 class Account:
-    """The non-root account the image runs as (the Dockerfile's groupadd/useradd)."""
+    """The non-root account a stand-in image runs as."""
 
     name: str
     uid: int
@@ -69,11 +68,7 @@ class Account:
 
 @dataclass(frozen=True)
 class ImageDescription:
-    """What an image promises its users: how it starts, as whom, and what it installs.
-
-    The Dockerfile and this module each describe the gpushare image; a unit test parses the
-    Dockerfile into this shape and compares, so neither changes alone.
-    """
+    """What a stand-in image promises: how it starts and as whom."""
 
     entrypoint: tuple[str, ...]
     cmd: tuple[str, ...]
@@ -85,20 +80,15 @@ class ImageDescription:
     labels: tuple[tuple[str, str], ...] = ()
     account: Account | None = None
     """The user the image runs as, written into its passwd and group files."""
-    sources: tuple[str, ...] = ()
-    """What the gpushare wheel is built from, relative to the checkout (the builder stage's COPY
-    sources; its build backend generates the stubs and the interposer). The helper images, which
-    install no wheels, leave this and the three below empty."""
-    wheel_args: tuple[str, ...] = ()
-    """``pip wheel`` options (besides where the wheels go) that make the wheel set."""
-    requirement: str = ""
-    """What is installed from the wheels, offline."""
-    interposer: str = ""
-    """The interposer library, relative to site-packages."""
 
 
-WHEEL_SOURCES = ("pyproject.toml", "constraints.txt", "README.md", "packaging", "src")
-"""The Dockerfile's builder stage copies these and runs ``pip wheel .`` on them."""
+RECIPE = "packaging/image.py"
+"""The release's image recipe, run here as ``make image`` runs it."""
+RECIPE_INPUTS = (
+    "pyproject.toml", "constraints.txt", "README.md", "LICENSE", "CHANGELOG.md", "MANIFEST.in",
+    "packaging", "src",
+)  # fmt: skip
+"""What the recipe reads: a change to any of them builds the gpushare image again."""
 
 
 def project_version() -> str:
@@ -109,35 +99,9 @@ def project_version() -> str:
     raise ImageBuildError("pyproject.toml has no `version = ...` line; add one")
 
 
-def gpushare_image(version: str) -> ImageDescription:
-    """The gpushare image as the Dockerfile's runtime stage describes it."""
-    return ImageDescription(
-        entrypoint=("gpushare",),
-        cmd=("--help",),
-        user="65532:65532",
-        workdir="",
-        env=(
-            ("PIP_NO_CACHE_DIR", "1"),
-            ("PIP_DISABLE_PIP_VERSION_CHECK", "1"),
-            ("PYTHONDONTWRITEBYTECODE", "1"),
-            ("PYTHONUNBUFFERED", "1"),
-        ),
-        exposed_ports=(),
-        labels=(
-            ("org.opencontainers.image.title", "gpushare"),
-            (
-                "org.opencontainers.image.description",
-                "Shared GPU scheduling for Kubernetes (aliyun.com/gpu-mem)",
-            ),
-            ("org.opencontainers.image.version", version),
-            ("org.opencontainers.image.licenses", "Apache-2.0"),
-        ),
-        account=Account(name="gpushare", uid=65532, gid=65532, shell="/usr/sbin/nologin"),
-        sources=WHEEL_SOURCES,
-        wheel_args=("--no-cache-dir", "-c", "constraints.txt"),
-        requirement=f"gpushare=={version}",
-        interposer="gpushare/isolation/native/libgpushare-cuda.so",
-    )
+def recipe_argv(python: str, out: Path) -> list[str]:
+    """The command that builds the gpushare image: the Makefile's ``image`` target's."""
+    return [python, RECIPE, "--out", str(out)]
 
 
 def oci_config(image: ImageDescription, diff_id: str, created_by: str) -> dict[str, object]:
@@ -153,7 +117,8 @@ def oci_config(image: ImageDescription, diff_id: str, created_by: str) -> dict[s
     if image.exposed_ports:
         config["ExposedPorts"] = {port: {} for port in image.exposed_ports}
     return {
-        "architecture": "amd64",
+        # the binaries in it are this machine's
+        "architecture": ARCHITECTURES.get(platform.machine(), platform.machine()),
         "os": "linux",
         "config": config,
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
@@ -217,10 +182,10 @@ def inputs_hash(files: Iterable[Path], extra: Iterable[str] = ()) -> str:
 
 
 def _source_files() -> list[Path]:
-    """The files of WHEEL_SOURCES, without build output (the stubs and the interposer are
+    """The files of RECIPE_INPUTS, without build output (the stubs and the interposer are
     generated from the others)."""
     files: list[Path] = []
-    for name in WHEEL_SOURCES:
+    for name in RECIPE_INPUTS:
         top = REPO / name
         for path in [top] if top.is_file() else sorted(top.rglob("*")):
             if (
@@ -296,83 +261,23 @@ class Builder:
     # -- gpushare -------------------------------------------------------------------------------
 
     def gpushare(self) -> tuple[str, Path]:
-        """The gpushare image: (tag, archive)."""
+        """The gpushare image as a release builds it: (its name, the OCI archive)."""
         version = project_version()
-        image = gpushare_image(version)
-        tag = f"gpushare.local/gpushare:{version}"
-        key = inputs_hash([*_source_files(), Path(__file__)], [SUITE, *DPKG_EXCLUDES, repr(image)])
-        archive = self._cached("gpushare", key)
+        tag = f"{recipe_repository()}:{version}"
+        key = inputs_hash(_source_files(), [version])
+        archive = self._cached("gpushare-oci", key)
         if archive.exists():
             self._say(f"{tag}: cached {archive}")
             return tag, archive
-        self._say(f"{tag}: building (wheels, then a Debian root filesystem)")
-        with tempfile.TemporaryDirectory(prefix="gpushare-image-") as tmp:
-            work = Path(tmp)
-            wheels = work / "wheels"
-            _run(
-                "pip wheel",
-                [
-                    self.python,
-                    "-m",
-                    "pip",
-                    "wheel",
-                    "-q",
-                    *image.wheel_args,
-                    "--wheel-dir",
-                    str(wheels),
-                    ".",
-                ],
-                cwd=REPO,
-                fix="It needs PyPI (the pinned wheels in constraints.txt).",
-            )
-            # pip itself runs from its wheel inside the root filesystem and is not installed.
-            _run(
-                "pip download pip",
-                [self.python, "-m", "pip", "download", "-q", "--no-deps", "-d", str(work), "pip"],
-                fix="It needs PyPI.",
-            )
-            pip_wheel = next(work.glob("pip-*.whl"))
-            self._check_interposer(wheels, image)
-            account = image.account
-            assert account is not None
-            passwd, group = _accounts(account)
-            (work / "passwd").write_text(passwd)
-            (work / "group").write_text(group)
-            install = (
-                f'chroot "$1" python3 /tmp/{pip_wheel.name}/pip install -q --no-index '
-                f"--no-cache-dir --break-system-packages --no-warn-script-location "
-                f"--find-links /tmp/wheels {image.requirement!r}"
-            )
-            hooks = [
-                f'cp -r {wheels} {pip_wheel} "$1/tmp/"',
-                install,
-                f'test -f "$1/usr/local/lib/python3.11/dist-packages/{image.interposer}"',
-                f'test -x "$1/usr/local/bin/{image.entrypoint[0]}"',
-                f'rm -rf "$1/tmp/wheels" "$1/tmp/{pip_wheel.name}"',
-                f'cat {work / "passwd"} >> "$1/etc/passwd"',
-                f'cat {work / "group"} >> "$1/etc/group"',
-                'rm -rf "$1/var/lib/apt/lists"/* "$1/var/cache/apt"/*',
-            ]
-            rootfs = work / "rootfs.tar"
-            # python-is-python3: `python`, as python:3.11-slim has it (the chart's probes run it)
-            _mmdebstrap(rootfs, ["python3", "python-is-python3"], hooks)
-            write_archive(archive, tag, rootfs, image, "gpushare tests/e2e/image_archive.py")
+        self._say(f"{tag}: building with {RECIPE} (wheels, then a Debian root filesystem)")
+        _run(
+            RECIPE,
+            recipe_argv(self.python, archive),
+            fix=f"Run `make image` to see the whole output ({RECIPE} says what it needs).",
+            cwd=REPO,
+        )
         self._say(f"{tag}: {archive} ({archive.stat().st_size >> 20} MiB)")
         return tag, archive
-
-    @staticmethod
-    def _check_interposer(wheels: Path, image: ImageDescription) -> None:
-        import zipfile
-
-        found = list(wheels.glob("gpushare-*.whl"))
-        if not found:
-            raise ImageBuildError(f"pip wheel made no gpushare wheel in {wheels}")
-        with zipfile.ZipFile(found[0]) as wheel:
-            if image.interposer not in wheel.namelist():
-                raise ImageBuildError(
-                    f"the gpushare wheel lacks {image.interposer}: run "
-                    "`python -m gpushare.isolation.build` (needs gcc) before building"
-                )
 
     # -- kube-scheduler and the certificate Job ---------------------------------------------------
 
@@ -454,6 +359,15 @@ class Builder:
     def all(self) -> dict[str, Path]:
         """Every image: tag -> archive."""
         return dict([self.gpushare(), self.kube_scheduler(), self.webhook_certs()])
+
+
+def recipe_repository() -> str:
+    """The repository the recipe names its image (``REPOSITORY`` in packaging/image.py), read
+    from the file: the directory ``packaging`` is not importable beside pip's ``packaging``."""
+    for line in (REPO / RECIPE).read_text().splitlines():
+        if line.startswith("REPOSITORY = "):
+            return line.split("=", 1)[1].strip().strip('"')
+    raise ImageBuildError(f"{RECIPE} has no `REPOSITORY = ...` line")
 
 
 def default_cache() -> Path:

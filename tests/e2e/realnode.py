@@ -1,13 +1,22 @@
 """One real node beside the kwok nodes: containerd, runc, a real kubelet and the device plugin.
 
 The control plane's fake nodes cannot start a container, so they cannot tell whether the device
-plugin works with kubelet. This node can: containerd and runc come from Debian's packages
-(``node/setup.sh``), kubelet is built from the same pinned Kubernetes modules as the control
-plane (``controlplane/build.sh``), the pause and test images are built locally
-(``images.py``), and ``gpushare device-plugin --fake-gpus`` runs as a process registered with
-that kubelet. The facts it depends on (settings, pitfalls) are in ``shared/docs/KUBELET.md``.
+plugin works with kubelet. This node can: containerd 2 is built from the Go module proxy at a
+pinned release and kubelet from the same pinned Kubernetes modules as the control plane (both by
+``controlplane/build.sh``), runc and the CNI plugins come from Debian's packages
+(``node/setup.sh``), the pause and test images are built locally (``images.py``), and
+``gpushare device-plugin --fake-gpus`` runs as a process registered with that kubelet. The facts
+it depends on (settings, pitfalls) are in ``shared/docs/KUBELET.md``.
 
 Choices, and why:
+
+- containerd 2, because it is what GPU nodes run today and has CDI on by default: the plugin's
+  ``cdi-cri`` strategy names CDI devices, kubelet passes them through CRI, and containerd applies
+  the spec that ``cdi_double.py`` writes for the fake GPUs (each GPU's device node and one
+  variable), so a container shows from inside which GPUs it got. Its CDI spec directory is the
+  node's own, not ``/etc/cdi``: nothing on the host can add devices to the test's containers.
+  ``containerd="debian"`` runs Debian's containerd 1.6 instead (no CDI), for the ``envvar``
+  strategy's smoke test.
 
 - kubelet authenticates callers by client certificate (the cluster CA) and authorizes every
   authenticated caller (``AlwaysAllow``): kube-apiserver reaches it with the admin certificate
@@ -37,6 +46,9 @@ from typing import Any
 
 import yaml
 
+from gpushare.deviceplugin.gpus import FakeGpus
+
+from . import cdi_double
 from .cluster import Cluster, Process, StartError, _openssl, free_port, wait_for
 from .images import PAUSE_IMAGE, TEST_IMAGE, build_images
 
@@ -55,7 +67,7 @@ def unavailable() -> str:
     if os.geteuid() != 0:
         return "the real node needs root (kubelet and containerd manage cgroups and mounts)"
     subprocess.run(["bash", str(SETUP)], check=False)
-    for tool in ("containerd", "runc", "ctr", "gcc", "ip"):
+    for tool in ("runc", "containerd", "ctr", "gcc", "ip"):  # containerd 1.6: the envvar smoke
         if shutil.which(tool) is None:
             return f"{tool} is not installed (tests/e2e/node/setup.sh installs it as root)"
     if not Path("/usr/lib/cni/bridge").exists():
@@ -83,6 +95,15 @@ class RealNode:
     gateway: bool = False
     """Give this machine an address on the pods' bridge (CNI ``isGateway``), so that the API
     server and kubelet's probes reach pod IPs (a webhook behind a Service)."""
+    containerd: str = "v2"
+    """``v2``: containerd 2 as ``controlplane/build.sh`` builds it, CDI on, spec directory
+    :attr:`cdi_dir`; ``debian``: Debian's containerd 1.6, which has no CDI."""
+    device_list_strategy: str = field(
+        default_factory=lambda: os.environ.get("GPUSHARE_E2E_DEVICE_LIST_STRATEGY", "cdi-cri")
+    )
+    """The plugin's ``--device-list-strategy``: ``cdi-cri`` (CDI devices by UUID, the plugin's
+    default; containerd 2 only) or ``envvar`` (``NVIDIA_VISIBLE_DEVICES`` alone).
+    ``GPUSHARE_E2E_DEVICE_LIST_STRATEGY`` sets it for a whole run, to compare the two."""
     processes: dict[str, Process] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     _plugin_log_offset: int = 0
@@ -92,6 +113,31 @@ class RealNode:
     @property
     def containerd_socket(self) -> Path:
         return self.root / "containerd" / "containerd.sock"
+
+    @property
+    def cdi_dir(self) -> Path:
+        """The only CDI spec directory containerd 2 reads here; the fake GPUs' spec lives in it."""
+        return self.root / "cdi"
+
+    @property
+    def cdi_node_dir(self) -> Path:
+        """The fake GPUs' device nodes on the host (``/dev/null``'s numbers)."""
+        return self.root / "cdi-dev"
+
+    def containerd_bin(self, name: str) -> str:
+        """``containerd`` or ``ctr`` of the chosen containerd."""
+        if self.containerd == "debian":
+            return f"/usr/bin/{name}"
+        return str(self.cluster.binaries[name])
+
+    def fake_gpus_list(self) -> list[cdi_double.FakeGpu]:
+        """The GPUs ``--fake-gpus`` gives the plugin, with the UUIDs it reports for them."""
+        gpus = FakeGpus.parse(self.fake_gpus, node=self.name).gpus()
+        return [cdi_double.FakeGpu(g.index, g.uuid) for g in gpus]
+
+    def write_cdi_spec(self) -> Path:
+        """(Re)write the fake GPUs' CDI spec for the current ``fake_gpus``."""
+        return cdi_double.write(self.cdi_dir, self.cdi_node_dir, self.fake_gpus_list())
 
     @property
     def kubelet_root(self) -> Path:
@@ -113,12 +159,12 @@ class RealNode:
     def kubelet_config(self) -> Path:
         return self.root / "kubelet-config.yaml"
 
-    def _spawn(self, name: str, argv: list[str]) -> Process:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
         old = self.processes.get(name)
         if old is not None:
             old.stop()
         process = Process(name, argv, self.cluster.root / "logs" / f"{name}.log")
-        process.start()
+        process.start(env=env)
         self.processes[name] = process
         self._record()
         return process
@@ -133,7 +179,14 @@ class RealNode:
     ) -> subprocess.CompletedProcess[str]:
         """Run containerd's ``ctr`` in the CRI namespace."""
         return subprocess.run(
-            ["ctr", "--address", str(self.containerd_socket), "-n", "k8s.io", *args],
+            [
+                self.containerd_bin("ctr"),
+                "--address",
+                str(self.containerd_socket),
+                "-n",
+                "k8s.io",
+                *args,
+            ],
             capture_output=True,
             text=True,
             check=check,
@@ -168,6 +221,62 @@ class RealNode:
             raise
 
     def _containerd_config(self) -> str:
+        if self.containerd == "debian":
+            return self._containerd_1_6_config()
+        return self._containerd_2_config()
+
+    def _containerd_2_config(self) -> str:
+        """containerd 2's version-3 configuration: what ``containerd config default`` (v2.2.9)
+        shows, with this node's settings in place of the defaults.
+
+        The 1.6 file's CRI section is split in two there: ``io.containerd.cri.v1.images``
+        (snapshotter; the sandbox image, now ``pinned_images.sandbox``) and
+        ``io.containerd.cri.v1.runtime`` (``restrict_oom_score_adj``, CDI, the runc runtime and
+        its ``SystemdCgroup``, CNI). Keys left out keep their defaults. No drop-ins (containerd
+        follows only the ``imports`` of the files it reads, so ``/etc/containerd/conf.d`` is not
+        read, though ``config dump`` lists it) and NRI is off: nothing under ``/etc`` or
+        ``/var/run`` of the host may change this node.
+        """
+        base = self.root / "containerd"
+        images, runtime = (
+            "plugins.'io.containerd.cri.v1.images'",
+            "plugins.'io.containerd.cri.v1.runtime'",
+        )
+        return f"""version = 3
+root = '{base / "root"}'
+state = '{base / "state"}'
+imports = []
+disabled_plugins = ['io.containerd.snapshotter.v1.devmapper', 'io.containerd.snapshotter.v1.zfs',
+  'io.containerd.snapshotter.v1.blockfile', 'io.containerd.snapshotter.v1.erofs',
+  'io.containerd.internal.v1.tracing', 'io.containerd.nri.v1.nri']
+[grpc]
+  address = '{self.containerd_socket}'
+[ttrpc]
+  address = '{base / "containerd.ttrpc.sock"}'
+[{images}]
+  snapshotter = 'overlayfs'
+  [{images}.pinned_images]
+    sandbox = '{PAUSE_IMAGE}'
+[{runtime}]
+  # this VM lacks CAP_SYS_RESOURCE: runc cannot lower the sandbox's oom_score_adj
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  enable_cdi = true
+  cdi_spec_dirs = ['{self.cdi_dir}']
+  [{runtime}.containerd]
+    default_runtime_name = 'runc'
+    [{runtime}.containerd.runtimes.runc]
+      runtime_type = 'io.containerd.runc.v2'
+      [{runtime}.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [{runtime}.cni]
+    bin_dirs = ['/usr/lib/cni']
+    conf_dir = '{base / "cni"}'
+[plugins.'io.containerd.internal.v1.opt']
+  path = '{base / "opt"}'
+"""
+
+    def _containerd_1_6_config(self) -> str:
         base = self.root / "containerd"
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         return f"""version = 2
@@ -224,7 +333,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         )
         config = base / "config.toml"
         config.write_text(self._containerd_config())
-        process = self._spawn("containerd", ["containerd", "--config", str(config)])
+        env = None
+        if self.containerd != "debian":
+            self.write_cdi_spec()
+            # containerd looks its shim up in PATH first: the one built beside it, not Debian's
+            shim_dir = str(Path(self.containerd_bin("containerd")).parent)
+            env = {**os.environ, "PATH": f"{shim_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+        process = self._spawn(
+            "containerd", [self.containerd_bin("containerd"), "--config", str(config)], env
+        )
         wait_for(
             "containerd's socket",
             lambda: self.ctr("version", check=False).returncode == 0,
@@ -409,6 +526,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         gpushare = Path(sys.executable).parent / "gpushare"
         log = self.cluster.root / "logs" / "gpushare-device-plugin.log"
         self._plugin_log_offset = log.stat().st_size if log.exists() else 0
+        if self.device_list_strategy == "cdi-cri" and self.containerd == "debian":
+            raise StartError("the cdi-cri strategy needs containerd 2: Debian's 1.6 has no CDI")
+        if self.containerd != "debian":
+            self.write_cdi_spec()  # fake_gpus may have changed since containerd started
         return self._spawn(
             "gpushare-device-plugin",
             [
@@ -438,9 +559,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 "0",
                 "--fake-health-file",
                 str(self.root / "fake-health"),
-                # the loopback node's containerd has no CDI spec for the fake GPUs
                 "--device-list-strategy",
-                "envvar",
+                self.device_list_strategy,
+                "--cdi-spec-dirs",
+                str(self.cdi_dir),
                 "--seal-key-file",
                 str(self.cluster.seal_key),
                 *(("--fake-topology", self.fake_topology) if self.fake_topology else ()),
@@ -668,13 +790,33 @@ def container(
 
 
 def probe_env(text: str) -> dict[str, str]:
-    """The ``KEY=value`` lines /probe printed."""
+    """The ``KEY=value`` lines /probe printed, plus ``PROBE_CDI_ENV``: the fake CDI devices'
+    variables it saw, as ``index=uuid`` by index (:func:`cdi_double.seen`)."""
     out = {}
     for line in text.splitlines():
         key, sep, value = line.partition("=")
         if sep:
             out[key.strip()] = value.strip()
+    out["PROBE_CDI_ENV"] = cdi_double.seen(out)[1]
     return out
+
+
+def hand_off(placed: list[int], uuids: dict[int, str], strategy: str) -> dict[str, str]:
+    """What a container placed on the GPUs ``placed`` (in the allocation's order) must see
+    from inside, for the plugin's device-list strategy.
+
+    ``envvar``: the UUIDs in ``NVIDIA_VISIBLE_DEVICES`` and no device node (runc alone reads no
+    variable). ``cdi-cri``: the variable ``void``, and exactly the placed GPUs' device nodes and
+    CDI variables, which only containerd's CDI edits can have put there.
+    """
+    gpus = [cdi_double.FakeGpu(i, uuids[i]) for i in placed]
+    if strategy == "cdi-cri":
+        devices, cdi_env = cdi_double.expected(gpus)
+        visible = "void"
+    else:
+        devices, cdi_env = "", ""
+        visible = ",".join(g.uuid for g in gpus)
+    return {"NVIDIA_VISIBLE_DEVICES": visible, "PROBE_DEVICES": devices, "PROBE_CDI_ENV": cdi_env}
 
 
 __all__ = [
@@ -685,6 +827,7 @@ __all__ = [
     "StartError",
     "clean_up_stopped",
     "container",
+    "hand_off",
     "pod",
     "probe_env",
     "unavailable",

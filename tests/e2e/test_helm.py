@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 from gpushare.core.names import ANN_NODE_UNIT
+from gpushare.core.tampering import DEFAULT_EXEMPT_NAMESPACES
 from gpushare.webhook.configuration import steering_configuration, webhook_configuration
 
 from .cluster import Cluster, free_port
@@ -156,6 +157,9 @@ def test_helm_install(cluster: Cluster) -> None:
                 f"system:serviceaccount:{namespace}:{RELEASE}-device-plugin",
             ],
             name=f"{RELEASE}-renderer",
+            # the chart's defaults: auto beside cdi-cri refuses no NVIDIA_VISIBLE_DEVICES
+            nvidia_visible_devices=False,
+            nvidia_visible_devices_exempt=[namespace, *DEFAULT_EXEMPT_NAMESPACES],
         )
         assert without_client(webhook) == without_client(stored_webhook(cluster, rendered_config))
         # the steering configuration, the same way
@@ -276,7 +280,8 @@ def _real_values(cluster: Cluster, node: RealNode, images: dict[str, str]) -> di
         return {"repository": repository, "tag": version, "pullPolicy": never}
 
     return {
-        "image": image(images["gpushare"]),
+        # the chart's default name, which the release recipe's image carries: never pulled
+        "image": {"pullPolicy": never},
         "testing": {
             "apiServer": f"127.0.0.1:{cluster.ports['apiserver']}",
             "fakeGpus": node.fake_gpus,
@@ -292,8 +297,9 @@ def _real_values(cluster: Cluster, node: RealNode, images: dict[str, str]) -> di
         },
         "devicePlugin": {
             "metricsPort": 0,
-            # the loopback node's containerd has no CDI spec for the fake GPUs
-            "deviceListStrategy": "envvar",
+            # the chart's default, cdi-cri, against the fake GPUs' CDI spec (realnode.py)
+            "deviceListStrategy": node.device_list_strategy,
+            "cdi": {"specDirs": [str(node.cdi_dir)]},
             "tolerations": [*tolerations, {"key": "CriticalAddonsOnly", "operator": "Exists"}],
             "podResourcesPath": str(node.pod_resources_socket.parent),
             "kubeletConfigPath": str(node.kubelet_config),
@@ -464,12 +470,26 @@ def test_helm_install_runs_on_the_real_node(
     cluster.kubectl("create", "namespace", REAL_NS)
     cluster.kubectl("label", "namespace", REAL_NS, f"{WEBHOOK_LABEL}={REAL_NS}")
     installed = False
+    # installed as a user would, from the packaged chart `make release` ships (helm package)
+    packaged = helm(cluster, "package", str(CHART), "-d", str(tmp_path)).stdout.strip()
+    archive = packaged.rsplit(" ", 1)[-1]
+    assert archive.endswith(".tgz") and Path(archive).is_file(), packaged
     try:
         started = time.monotonic()
-        helm(cluster, "install", REAL_RELEASE, str(CHART), *chart, "--wait=false")
+        helm(cluster, "install", REAL_RELEASE, archive, *chart, "--wait=false")
         installed = True
         _wait_components(cluster, "scheduler, webhook and device plugin Ready, certs stored")
         print(f"[e2e] chart running in {time.monotonic() - started:.1f}s", flush=True)
+        # what runs is the release recipe's image, under the name the chart gives by default
+        running = _component_pods(cluster)
+        ran = {
+            c["image"]
+            for component in COMPONENTS
+            for pod in running.get(component, [])
+            for c in pod["spec"]["containers"]
+            if c["name"] != "kube-scheduler"
+        }
+        assert ran == {images["gpushare"]}, ran
         # kube-scheduler won its Lease; the device plugin registered its fake GPUs with kubelet
         lease = cluster.kubectl_json(
             "get", "lease", "-n", REAL_NAMESPACE, f"{REAL_RELEASE}-scheduler"
@@ -498,9 +518,8 @@ def test_helm_install_runs_on_the_real_node(
         )
         assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "3"
         assert env["ALIYUN_COM_GPU_MEM_DEV"] == "15"
-        assert {k: env.get(k) for k in expected(items[0], "gpu-share-sample", uuids)} == expected(
-            items[0], "gpu-share-sample", uuids
-        )
+        want = expected(items[0], "gpu-share-sample", uuids, node.device_list_strategy)
+        assert {k: env.get(k) for k in want} == want
 
         # While it holds memory, an upgrade to another unit is refused, and nothing changes.
         upgrade = ["upgrade", REAL_RELEASE, str(CHART), *chart]
@@ -579,7 +598,8 @@ def test_helm_install_runs_on_the_real_node(
             helm(cluster, "uninstall", REAL_RELEASE, "-n", REAL_NAMESPACE, "--wait", check=False)
         cluster.kubectl("delete", "namespace", REAL_NS, "--wait=false", check=False)
 
-    # Uninstall left nothing behind but the seal key's Secret (kept on purpose).
+    # Uninstall left nothing of the release behind; the seal key's Secret, made in the cluster
+    # by the seal Job and not part of the release, stays (a reinstall keeps the key).
     rendered = [d for d in yaml.safe_load_all(manifest_text) if d]
     left = json.loads(
         cluster.kubectl(
@@ -588,9 +608,12 @@ def test_helm_install_runs_on_the_real_node(
         or '{"items": []}'
     )["items"]
     assert len(rendered) > 20
-    assert [(d["kind"], d["metadata"]["name"]) for d in left] == [
-        ("Secret", f"{REAL_RELEASE}-seal")
+    assert [(d["kind"], d["metadata"]["name"]) for d in left] == []
+    assert not [
+        d for d in rendered if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-seal")
     ]
+    seal = cluster.kubectl_json("get", "secret", f"{REAL_RELEASE}-seal", "-n", REAL_NAMESPACE)
+    assert seal["metadata"]["labels"]["app.kubernetes.io/component"] == "seal"
     eventually(
         lambda: not cluster.kubectl_json("get", "pods", "-n", REAL_NAMESPACE)["items"],
         120,
@@ -618,3 +641,63 @@ def test_helm_install_runs_on_the_real_node(
         got = cluster.kubectl("get", kind, "-l", instance, "-o", "name")
         assert not got.stdout.strip(), f"{kind} left behind: {got.stdout}"
     cluster.kubectl("delete", "namespace", REAL_NAMESPACE, "--wait=false", check=False)
+
+
+@pytest.mark.e2e
+def test_helm_template_applied_twice_by_kubectl_changes_nothing(
+    cluster: Cluster, helm_node: tuple[RealNode, dict[str, str]], tmp_path: Path
+) -> None:
+    """GitOps (Argo CD, Flux in template mode): the chart rendered by `helm template` and
+    applied with `kubectl apply`, then rendered and applied again. The second apply changes no
+    object (no resourceVersion moves), the seal key the Job made is the same, and the webhook
+    and the device plugin serve. Before, every render held a new random seal key."""
+    node, images = helm_node
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(_real_values(cluster, node, images)))
+    version = cluster.kubectl_json("version")["serverVersion"]["gitVersion"]
+
+    def render() -> str:
+        out: str = helm(
+            cluster, "template", REAL_RELEASE, str(CHART), "-n", REAL_NAMESPACE,
+            "-f", str(values), "--kube-version", version, "--skip-tests",
+        ).stdout  # fmt: skip
+        return out
+
+    first, second = render(), render()
+    assert first == second  # the same objects, byte for byte
+    # the install test above leaves the namespace terminating: wait for it to go
+    cluster.kubectl(
+        "delete", "namespace", REAL_NAMESPACE, "--ignore-not-found", "--wait=true", timeout=240
+    )
+    cluster.kubectl("create", "namespace", REAL_NAMESPACE)
+    apply = ["apply", "--server-side", "--field-manager=gitops", "-f", "-"]
+    try:
+        cluster.kubectl(*apply, input=first)
+        _wait_components(cluster, "the applied chart Ready, seal and certs Jobs done")
+        seal = cluster.kubectl_json("get", "secret", f"{REAL_RELEASE}-seal", "-n", REAL_NAMESPACE)
+        docs = [d for d in yaml.safe_load_all(first) if d]
+
+        def versions() -> dict[str, str]:
+            """Each object's spec generation, or its resourceVersion where it has none (a
+            workload's status moves its resourceVersion by itself, never its generation)."""
+            got = json.loads(cluster.kubectl("get", "-f", "-", "-o", "json", input=first).stdout)
+            return {
+                f"{i['kind']}/{i['metadata']['name']}": str(
+                    i["metadata"].get("generation") or i["metadata"]["resourceVersion"]
+                )
+                for i in got["items"]
+            }
+
+        before = versions()
+        assert len(before) == len(docs)
+        cluster.kubectl(*apply, input=second)
+        time.sleep(2)
+        assert versions() == before  # nothing changed
+        again = cluster.kubectl_json("get", "secret", f"{REAL_RELEASE}-seal", "-n", REAL_NAMESPACE)
+        assert again["data"] == seal["data"]  # the key stayed
+        _wait_components(cluster, "the chart still Ready after the second apply")
+    finally:
+        cluster.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=true", input=first,
+                        check=False, timeout=240)  # fmt: skip
+        cluster.kubectl("delete", "secret", f"{REAL_RELEASE}-seal", "-n", REAL_NAMESPACE,
+                        "--ignore-not-found", check=False)  # fmt: skip

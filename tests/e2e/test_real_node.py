@@ -13,7 +13,9 @@ import json
 import os
 import re
 import socket
+import subprocess
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +25,8 @@ import yaml
 
 from .cluster import Cluster
 from .conftest import REPO, eventually
-from .images import TEST_IMAGE
-from .realnode import NODE_NAME, TOLERATION, RealNode, container, pod, probe_env
+from .images import PAUSE_IMAGE, TEST_IMAGE
+from .realnode import NODE_NAME, TOLERATION, RealNode, container, hand_off, pod, probe_env
 
 NS = "e2e-real"
 MiB = 2**20
@@ -53,8 +55,11 @@ def probed(entry: dict[str, Any]) -> dict[str, str] | None:
     return probe_env(last) if last else None
 
 
-def expected(item: dict[str, Any], name: str, uuids: dict[int, str]) -> dict[str, str]:
-    """The variables a container must have, from its pod's allocation record."""
+def expected(
+    item: dict[str, Any], name: str, uuids: dict[int, str], strategy: str
+) -> dict[str, str]:
+    """The variables (and, read back from inside, device nodes) a container must have, from its
+    pod's allocation record and the plugin's device-list strategy."""
     record = json.loads(item["metadata"]["annotations"]["gpushare.io/allocation"])
     entry = next((c for c in record["containers"] if c["name"] == name), None)
     if entry is None:
@@ -62,8 +67,8 @@ def expected(item: dict[str, Any], name: str, uuids: dict[int, str]) -> dict[str
     gpus = [g for g in entry["gpus"] if g["mem"] or g["core"]]
     out = {
         "ALIYUN_COM_GPU_MEM_IDX": ",".join(str(g["index"]) for g in gpus),
-        "NVIDIA_VISIBLE_DEVICES": ",".join(uuids[g["index"]] for g in gpus),
         "ALIYUN_COM_GPU_MEM_POD": str(sum(g["mem"] for g in record["gpus"])),
+        **hand_off([g["index"] for g in gpus], uuids, strategy),
     }
     mem = [g for g in gpus if g["mem"]]
     if mem:
@@ -92,7 +97,7 @@ def gpu_containers(item: dict[str, Any]) -> list[str]:
 
 
 def compare(
-    items: list[dict[str, Any]], uuids: dict[int, str]
+    items: list[dict[str, Any]], uuids: dict[int, str], strategy: str
 ) -> tuple[int, list[str], dict[str, dict[str, str]]]:
     """(containers checked, mismatches, env by pod/container) for pods whose containers ran."""
     checked, mismatches, seen = 0, [], {}
@@ -104,7 +109,7 @@ def compare(
                 continue
             key = f"{item['metadata']['name']}/{name}"
             seen[key] = got
-            want = expected(item, name, uuids)
+            want = expected(item, name, uuids, strategy)
             checked += 1
             wrong = {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v}
             if wrong:
@@ -206,6 +211,44 @@ def logged(cluster: Cluster, items: list[dict[str, Any]]) -> list[dict[str, Any]
 # -- the seed examples ------------------------------------------------------------------------
 
 
+def test_the_node_runs_containerd_2_with_its_own_settings_and_cdi(real_node: RealNode) -> None:
+    """containerd ignores a key it does not know (a warning in its log) and keeps the default, so
+    a misspelt setting would go unnoticed: read the settings back as containerd 2 resolves them
+    (``config dump``), and look for the warning."""
+    server = real_node.ctr("version").stdout.partition("Server:")[2]
+    assert "Version:  v2.2.9" in server, server
+    config = real_node.root / "containerd" / "config.toml"
+    dump = subprocess.run(
+        [real_node.containerd_bin("containerd"), "--config", str(config), "config", "dump"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "unknown key" not in dump.stderr, dump.stderr
+    log = (real_node.cluster.root / "logs" / "containerd.log").read_text()
+    assert "unknown key" not in log
+    resolved = tomllib.loads(dump.stdout)
+    assert resolved["version"] == 3
+    assert (resolved["root"], resolved["state"]) == (
+        str(real_node.root / "containerd" / "root"),
+        str(real_node.root / "containerd" / "state"),
+    )
+    assert resolved["grpc"]["address"] == str(real_node.containerd_socket)
+    images = resolved["plugins"]["io.containerd.cri.v1.images"]
+    assert images["snapshotter"] == "overlayfs"
+    assert images["pinned_images"]["sandbox"] == PAUSE_IMAGE
+    runtime = resolved["plugins"]["io.containerd.cri.v1.runtime"]
+    assert runtime["restrict_oom_score_adj"] is True
+    assert runtime["enable_cdi"] is True
+    assert runtime["cdi_spec_dirs"] == [str(real_node.cdi_dir)]
+    runc = runtime["containerd"]["runtimes"]["runc"]
+    assert runc["runtime_type"] == "io.containerd.runc.v2"
+    assert runc["options"]["SystemdCgroup"] is False
+    assert runtime["cni"]["bin_dirs"] == ["/usr/lib/cni"]
+    assert runtime["cni"]["conf_dir"] == str(real_node.root / "containerd" / "cni")
+    assert "io.containerd.nri.v1.nri" in resolved["disabled_plugins"]
+
+
 def test_seed_walkthrough_on_a_real_share_node(real_node: RealNode, ns: str) -> None:
     cluster = real_node.cluster
     real_node.set_mode("share", unit="1GiB")
@@ -223,7 +266,7 @@ def test_seed_walkthrough_on_a_real_share_node(real_node: RealNode, ns: str) -> 
     assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "3"
     assert env["ALIYUN_COM_GPU_MEM_POD"] == "3"
     assert env["ALIYUN_COM_GPU_MEM_DEV"] == "15"
-    checked, mismatches, _ = compare(items, gpu_uuids(cluster))
+    checked, mismatches, _ = compare(items, gpu_uuids(cluster), real_node.device_list_strategy)
     assert checked == 1 and not mismatches, mismatches
 
 
@@ -248,7 +291,7 @@ def test_cuda_sample_on_a_real_core_mem_node(real_node: RealNode, ns: str) -> No
     assert env["GPUSHARE_CGPU_POLICY"] == "3"
     assert env["GPUSHARE_MEM_LIMIT"] == str(2 * 1024**3)
     assert "libgpushare-cuda.so" in env["PROBE_MAPPED"], env
-    checked, mismatches, _ = compare(items, gpu_uuids(cluster))
+    checked, mismatches, _ = compare(items, gpu_uuids(cluster), real_node.device_list_strategy)
     assert checked == 1 and not mismatches, mismatches
 
 
@@ -309,7 +352,7 @@ def test_128mib_unit_and_a_statefulset_pod_recreated_under_its_name(
         env = probe_env(cluster.kubectl("logs", "-n", NS, "binpack-0").stdout)
         assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "16"
         assert env["GPUSHARE_MEM_UNIT"] == "128MiB"
-        want = expected(item, "binpack-1", uuids)
+        want = expected(item, "binpack-1", uuids, real_node.device_list_strategy)
         assert {k: env.get(k) for k in want} == want
         uid = item["metadata"]["uid"]
         cluster.kubectl("delete", "pod", "-n", NS, "binpack-0", "--wait=false")
@@ -359,7 +402,7 @@ def test_multi_container_init_sidecar_and_multi_gpu_pods(real_node: RealNode, ns
     create(cluster, manifests)
     names = {m["metadata"]["name"] for m in manifests}
     items = wait_done(cluster, names, 180)
-    checked, mismatches, seen = compare(items, gpu_uuids(cluster))
+    checked, mismatches, seen = compare(items, gpu_uuids(cluster), real_node.device_list_strategy)
     print(json.dumps(seen, indent=1))
     assert not mismatches, mismatches
     assert checked == sum(len(gpu_containers(p)) for p in items)
@@ -371,7 +414,7 @@ def test_multi_container_init_sidecar_and_multi_gpu_pods(real_node: RealNode, ns
             copy["spec"]["initContainers"] = original["spec"]["initContainers"]
     create(cluster, again)
     items = wait_done(cluster, {m["metadata"]["name"] for m in again}, 180)
-    checked, mismatches, _ = compare(items, gpu_uuids(cluster))
+    checked, mismatches, _ = compare(items, gpu_uuids(cluster), real_node.device_list_strategy)
     assert not mismatches, mismatches
 
 
@@ -411,7 +454,7 @@ def test_cgpu_container_has_the_interposer_preloaded(real_node: RealNode, ns: st
     assert env["PRELOAD_LIST"] == "/usr/local/gpushare/libgpushare-cuda.so"
     assert env["LIMITS_MEM"] == str(5 * 1024**3)
     assert (env["LIMITS_WRITABLE"], env["TABLE_WRITABLE"]) == ("no", "no")
-    checked, mismatches, _ = compare(items, gpu_uuids(cluster))
+    checked, mismatches, _ = compare(items, gpu_uuids(cluster), real_node.device_list_strategy)
     assert checked == 1 and not mismatches, mismatches
 
 
@@ -581,7 +624,9 @@ def test_restarts_of_kubelet_plugin_and_containerd(
         120,
         "4 long pods Running",
     )
-    checked, mismatches, _ = compare(logged(cluster, running), uuids)
+    checked, mismatches, _ = compare(
+        logged(cluster, running), uuids, real_node.device_list_strategy
+    )
     assert checked == 4 and not mismatches, mismatches
     before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in running}
     steps = [
@@ -600,7 +645,7 @@ def test_restarts_of_kubelet_plugin_and_containerd(
         create(cluster, late)
         names = {m["metadata"]["name"] for m in early + late}
         items = wait_done(cluster, names, 240)
-        checked, mismatches, _ = compare(items, uuids)
+        checked, mismatches, _ = compare(items, uuids, real_node.device_list_strategy)
         with capsys.disabled():
             print(
                 f"\n[real node] after {what}: {checked} containers checked, "
@@ -658,7 +703,7 @@ def test_unhealthy_gpu_gets_no_new_pod(real_node: RealNode, ns: str) -> None:
             for g in json.loads(p["metadata"]["annotations"]["gpushare.io/allocation"])["gpus"]
         }
         assert 0 not in used, used
-        checked, mismatches, _ = compare(items, gpu_uuids(cluster))
+        checked, mismatches, _ = compare(items, gpu_uuids(cluster), real_node.device_list_strategy)
         assert checked == 6 and not mismatches, mismatches
     finally:
         health.write_text("")

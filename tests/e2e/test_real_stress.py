@@ -78,7 +78,9 @@ def test_randomized_stress_on_the_real_node(
             failed = [p for p in finished if p["status"]["phase"] == "Failed"]
             for p in failed:
                 mismatches.append(f"{p['metadata']['name']} Failed: {reasons(p)}")
-            n, wrong, _ = compare([p for p in finished if p not in failed], uuids)
+            n, wrong, _ = compare(
+                [p for p in finished if p not in failed], uuids, real_node.device_list_strategy
+            )
             checked += n
             mismatches.extend(wrong)
             names = [p["metadata"]["name"] for p in finished]

@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpushare.webhook.configuration import CONFIGURATION_NAME
+
 from .cluster import Cluster, Process, free_port, wait_for
 
 NS = "e2e-webhook"
@@ -104,6 +106,10 @@ def webhook(cluster: Cluster) -> Iterator[tuple[str, ssl.SSLContext]]:
             str(cert),
             "--tls-private-key-file",
             str(key),
+            # the strict reading of NVIDIA_VISIBLE_DEVICES (nodes that honour it), so the
+            # hostile pod below is refused for every variable it sets
+            "--nvidia-visible-devices",
+            "refuse",
         ],
         cluster.root / "logs" / "webhook.log",
     )
@@ -124,6 +130,8 @@ def webhook(cluster: Cluster) -> Iterator[tuple[str, ssl.SSLContext]]:
             str(ca),
             "--namespace-label",
             "=".join(SELECTOR),
+            "--nvidia-visible-devices",
+            "refuse",  # as the server above: pods setting it are sent too
         ],
         check=True,
         capture_output=True,
@@ -370,3 +378,54 @@ def test_a_volume_over_the_cgpu_schedules_is_refused_in_a_pod_and_a_job(
         "mountPath='/var/run/gpushare-sched' is refused"
     ) in refused.stderr
     assert cluster.kubectl("get", "job", "sched-job", "-n", NS, check=False).returncode != 0
+
+
+def test_with_the_webhook_unreachable_only_gpu_objects_wait(
+    cluster: Cluster, webhook: tuple[str, ssl.SSLContext]
+) -> None:
+    """Every replica down (here: the configuration pointed at a closed port): ordinary pods and
+    Deployments are created as if the webhook were not installed; GPU objects, and pods that
+    set NVIDIA_VISIBLE_DEVICES where the rule is in effect, wait for it (failurePolicy Fail).
+    Before the matchConditions narrowing, the plain pod and Deployment were refused too."""
+    url, _ = webhook
+    name = CONFIGURATION_NAME  # what `gpushare webhook-config` printed and the fixture applied
+    dead = f"https://127.0.0.1:{free_port()}/validate"
+
+    def point(to: str) -> None:
+        patch = [{"op": "replace", "path": "/webhooks/0/clientConfig/url", "value": to}]
+        cluster.kubectl("patch", "validatingwebhookconfiguration", name, "--type=json",
+                        "-p", json.dumps(patch))  # fmt: skip
+
+    plain = nowhere_pod("plain", {})
+    plain["spec"]["containers"][0]["resources"] = {}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "plain", "namespace": NS},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "plain"}},
+            "template": {
+                "metadata": {"labels": {"app": "plain"}},
+                "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+            },
+        },
+    }
+    visible = nowhere_pod("visible", {})
+    visible["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    point(dead)
+    try:
+
+        def refused_gpu() -> bool:  # the API server picks the change up asynchronously
+            result = apply(cluster, job("gpu-while-down", {MEM: 2}))
+            return result.returncode != 0 and "failed calling webhook" in result.stderr
+
+        wait_for("the webhook to be unreachable", refused_gpu, 60)
+        created = [apply(cluster, m) for m in (plain, deployment)]
+        assert [r.returncode for r in created] == [0, 0], [r.stderr for r in created]
+        result = apply(cluster, visible)
+        assert result.returncode != 0 and "failed calling webhook" in result.stderr
+    finally:
+        point(f"{url}/validate")
+        cluster.kubectl("delete", "pod", "plain", "-n", NS, "--wait=false", check=False)
+        cluster.kubectl("delete", "deployment", "plain", "-n", NS, check=False)

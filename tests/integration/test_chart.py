@@ -27,7 +27,9 @@ from gpushare.cli import main as cli
 from gpushare.cli.logs import LEVELS
 from gpushare.core.inventory import SHARED_MODES
 from gpushare.core.names import ResourceNames
+from gpushare.core.tampering import DEFAULT_EXEMPT_NAMESPACES, VISIBLE_DEVICES_MODES
 from gpushare.schedconfig import scheduler_configuration
+from tests.e2e.image_archive import project_version, recipe_repository
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "gpushare"
@@ -50,6 +52,8 @@ HELM_VERSION = pinned("HELM_VERSION")
 # cluster to ask, which the chart's kubeVersion refuses; render for the pinned control plane.
 KUBE_VERSION = pinned("K8S_VERSION")
 NAMESPACE = "gpushare-system"
+GPUSHARE_IMAGE = f"{recipe_repository()}:"
+"""The release's image (packaging/image.py names it); the chart's default."""
 RELEASE = "gpushare"
 
 
@@ -530,7 +534,9 @@ def test_webhook_config_equals_renderer(
     default_docs: list[dict[str, Any]], ci_docs: list[dict[str, Any]]
 ) -> None:
     configuration = pytest.importorskip("gpushare.webhook.configuration")
-    for docs in (default_docs, ci_docs):
+    ci_values = yaml.safe_load(CI_VALUES.read_text())["resourceNames"]
+    ci_names = ResourceNames(mem=ci_values["mem"], core=ci_values["core"])
+    for docs, names in ((default_docs, ResourceNames()), (ci_docs, ci_names)):
         chart = webhook_config(docs)
         expected = configuration.webhook_configuration(
             ca_bundle="",
@@ -538,8 +544,28 @@ def test_webhook_config_equals_renderer(
             failure_policy="Fail",
             excluded_namespaces=["kube-system", NAMESPACE],
             trusted_users=TRUSTED,
+            names=names,
+            # auto beside cdi-cri (the defaults): no pod is sent for setting the variable
+            nvidia_visible_devices=False,
+            nvidia_visible_devices_exempt=[NAMESPACE, *DEFAULT_EXEMPT_NAMESPACES],
         )
         assert comparable(chart) == comparable(expected)
+    # where the rule refuses (auto beside envvar, or refuse), pods setting it are sent too
+    for values in (
+        ("--set", "devicePlugin.deviceListStrategy=envvar"),
+        ("--set", "webhook.nvidiaVisibleDevices=refuse"),
+    ):
+        chart = webhook_config(render(*values))
+        expected = configuration.webhook_configuration(
+            ca_bundle="",
+            service={"namespace": NAMESPACE, "name": f"{RELEASE}-webhook", "port": 443},
+            failure_policy="Fail",
+            excluded_namespaces=["kube-system", NAMESPACE],
+            trusted_users=TRUSTED,
+            nvidia_visible_devices=True,
+            nvidia_visible_devices_exempt=[NAMESPACE, *DEFAULT_EXEMPT_NAMESPACES],
+        )
+        assert comparable(chart) == comparable(expected), values
 
 
 def test_steering_config_equals_renderer(
@@ -629,11 +655,45 @@ def test_webhook_trusts_the_extender_and_the_device_plugin(
         "--trusted-user=ops",
         "--trusted-group=gpushare:writers",
     ]
-    (condition,) = webhook_config(docs)["webhooks"][0]["matchConditions"]
+    _, condition = webhook_config(docs)["webhooks"][0]["matchConditions"]
     assert condition["expression"] == (
         f'!(request.userInfo.username in ["{TRUSTED[0]}","ops"]) && '
         '!request.userInfo.groups.exists(g, g in ["gpushare:writers"])'
     )
+
+
+def _visible_devices_flags(docs: list[dict[str, Any]]) -> list[str]:
+    args = find(docs, "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"][0]
+    wanted = ("--nvidia-visible-devices", "--device-list-strategy")
+    return [a for a in args["args"] if a.startswith(wanted)]
+
+
+def test_webhook_is_told_the_visible_devices_rule_and_its_exempt_namespaces(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    """auto beside the device plugin's strategy; the release namespace always exempt."""
+    assert _visible_devices_flags(default_docs) == [
+        "--nvidia-visible-devices=auto",
+        "--device-list-strategy=cdi-cri",
+        f"--nvidia-visible-devices-exempt-namespace={NAMESPACE}",
+        "--nvidia-visible-devices-exempt-namespace=kube-system",
+        "--nvidia-visible-devices-exempt-namespace=gpu-operator",
+        "--nvidia-visible-devices-exempt-namespace=nvidia-gpu-operator",
+    ]
+    docs = render(
+        "--set",
+        "webhook.nvidiaVisibleDevices=refuse",
+        "--set",
+        "devicePlugin.deviceListStrategy=envvar",
+        "--set",
+        f"webhook.nvidiaVisibleDevicesExemptNamespaces={{{NAMESPACE},nvidia}}",
+    )
+    assert _visible_devices_flags(docs) == [
+        "--nvidia-visible-devices=refuse",
+        "--device-list-strategy=envvar",
+        f"--nvidia-visible-devices-exempt-namespace={NAMESPACE}",
+        "--nvidia-visible-devices-exempt-namespace=nvidia",
+    ]
 
 
 def policy_docs(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -698,7 +758,7 @@ def test_gpushare_flags_exist(
     helps: dict[str, str] = {}
     checked = 0
     for container in containers(default_docs) + containers(ci_docs):
-        if not container["image"].startswith("gpushare:"):
+        if not container["image"].startswith(GPUSHARE_IMAGE):
             continue
         command, *args = container["args"]
         if command not in helps:
@@ -721,7 +781,7 @@ def test_gpushare_parses_the_arguments_the_chart_gives(
     """Each container's argument list parses as its command's flags (nothing is started)."""
     parsed = set()
     for container in containers(default_docs) + containers(ci_docs):
-        if not container["image"].startswith("gpushare:"):
+        if not container["image"].startswith(GPUSHARE_IMAGE):
             continue
         for variable in container.get("env", []):
             monkeypatch.setenv(variable["name"], variable.get("value", "from-the-downward-api"))
@@ -734,7 +794,7 @@ def test_gpushare_parses_the_arguments_the_chart_gives(
 
 def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> None:
     for container in containers(ci_docs):
-        if container["image"].startswith("gpushare:") and container["args"][0] != "seal-key":
+        if container["image"].startswith(GPUSHARE_IMAGE) and container["args"][0] != "seal-key":
             assert "--gpu-memory-unit=128MiB" in container["args"]
             assert "--mem-resource=example.com/gpu-mem" in container["args"]
     extender = find(ci_docs, "Deployment", "-scheduler")["spec"]["template"]["spec"]
@@ -765,6 +825,8 @@ def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> No
         ("scheduler.extender.logLevel=loud", "logLevel"),
         ("isolation.broker.maxConnectionsPerPod=0", "maxConnectionsPerPod"),
         ("isolation.broker.idleTimeoutSeconds=-1", "idleTimeoutSeconds"),
+        ("webhook.nvidiaVisibleDevices=deny", "nvidiaVisibleDevices"),
+        ("webhook.nvidiaVisibleDevicesExemptNamespaces[0]=GPU Operator", "ExemptNamespaces"),
     ],
 )
 def test_schema_refuses(setting: str, words: str) -> None:
@@ -785,6 +847,8 @@ def test_the_schema_offers_the_shared_modes_and_log_levels_the_commands_take() -
         plugin["logLevel"],
     ]
     assert all(level["enum"] == list(LEVELS) for level in levels)
+    webhook = schema["properties"]["webhook"]["properties"]
+    assert webhook["nvidiaVisibleDevices"]["enum"] == list(VISIBLE_DEVICES_MODES)
 
 
 def test_without_a_cluster_the_unit_guard_renders_nothing() -> None:
@@ -969,3 +1033,52 @@ def test_every_component_takes_extra_args_env_and_an_update_strategy() -> None:
         assert strategy["type"] in ("Recreate", "OnDelete")
     webhook = find(render(), "Deployment", "-webhook")["spec"]["template"]["spec"]
     assert webhook["priorityClassName"] == "system-cluster-critical"
+
+
+def test_the_default_image_is_the_release_image(default_docs: list[dict[str, Any]]) -> None:
+    """The chart runs what `make release` builds and would push: the recipe's repository at
+    the project's version, which is also the chart's appVersion and version."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["version"] == chart["appVersion"] == project_version()
+    images = {c["image"] for c in containers(default_docs) if "gpushare" in c["image"]}
+    assert images == {f"{recipe_repository()}:{project_version()}"}
+    assert recipe_repository().startswith("ghcr.io/")
+
+
+def test_a_mirror_sets_the_registry_or_the_whole_name() -> None:
+    mirrored = render("--set", "image.registry=mirror.example:5000", "--set-string", "image.tag=1")
+    assert {c["image"] for c in containers(mirrored) if "gpushare/gpushare" in c["image"]} == {
+        "mirror.example:5000/gpushare/gpushare:1"
+    }
+    whole = render("--set", "image.registry=", "--set", "image.repository=reg.example/gp")
+    names = {c["image"] for c in containers(whole)}
+    assert f"reg.example/gp:{project_version()}" in names
+    assert not [n for n in names if "ghcr.io" in n]
+
+
+def render_notes(tmp_path: Path, *args: str) -> str:
+    """NOTES.txt as `helm install` prints it: helm template leaves NOTES out, so a copy of the
+    chart renders it into a ConfigMap."""
+    import shutil
+
+    chart = tmp_path / "gpushare"
+    shutil.copytree(CHART, chart)
+    (chart / "notes.txt").write_text((chart / "templates" / "NOTES.txt").read_text())
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\n"
+        'data:\n  notes: {{ tpl (.Files.Get "notes.txt") . | toJson }}\n'
+    )
+    out = helm("template", RELEASE, str(chart), "-n", NAMESPACE, "--kube-version", KUBE_VERSION,
+               "--show-only", "templates/zz-notes.yaml", *args).stdout  # fmt: skip
+    notes: str = yaml.safe_load(out)["data"]["notes"]
+    return notes
+
+
+def test_the_notes_install_the_plugin_from_our_own_distribution(tmp_path: Path) -> None:
+    """`pip install gpushare` installs another project's code (that PyPI name is not ours)."""
+    notes = render_notes(tmp_path)
+    assert "pip install gpushare" not in notes
+    assert f"pip install kube-gpushare=={project_version()}" in notes
+    assert "kubectl inspect cgpu" in notes
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert 'name = "kube-gpushare"' in pyproject

@@ -164,7 +164,8 @@ def test_webhook_config_renders_url_or_service_with_the_chosen_failure_policy(
     assert pods[0]["operations"] == ["CREATE", "UPDATE"]  # annotation patches are UPDATEs
     debug = [r for r in hook["rules"] if r["resources"] == ["pods/ephemeralcontainers"]]
     assert debug[0]["operations"] == ["UPDATE"]
-    assert "matchConditions" not in hook  # nobody trusted, nobody left out
+    # nobody trusted, nobody left out: only the narrowing to what gpushare must see
+    assert [c["name"] for c in hook["matchConditions"]] == ["gpushare-must-see"]
     assert steering["kind"] == "MutatingWebhookConfiguration"
     (steer,) = steering["webhooks"]
     assert steer["clientConfig"]["service"]["path"] == "/mutate"
@@ -210,7 +211,7 @@ def test_webhook_config_leaves_trusted_identities_out_and_prints_the_policy(
     assert result.exit_code == 0, result.output
     configuration, steering, policy, binding = yaml.safe_load_all(result.output)
     assert steering["webhooks"][0]["clientConfig"]["url"] == "https://127.0.0.1:9443/mutate"
-    (condition,) = configuration["webhooks"][0]["matchConditions"]
+    _, condition = configuration["webhooks"][0]["matchConditions"]
     assert condition == {
         "name": "not-trusted",
         "expression": f'!(request.userInfo.username in ["{extender}","{plugin}"]) && '
@@ -282,3 +283,37 @@ def test_webhook_config_steering_can_be_left_out_or_pointed_elsewhere(tmp_path: 
     (steer,) = steering["webhooks"]
     assert steer["clientConfig"]["url"] == "https://h:2/m"
     assert steer["matchConditions"][0]["expression"].endswith('in ["x"]')
+
+
+def test_webhook_config_sends_pods_setting_nvidia_visible_devices_only_where_refused(
+    tmp_path: Path,
+) -> None:
+    """The configuration takes the server's rule flags, so what it sends is what is judged."""
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    base = ["webhook-config", "--url", "https://127.0.0.1:9443/validate", "--ca-bundle-file",
+            str(ca), "--no-steer", "--mem-resource", "example.com/vram"]  # fmt: skip
+
+    def condition(*flags: str) -> str:
+        result = CliRunner().invoke(gpushare, [*base, *flags])
+        assert result.exit_code == 0, result.output
+        (hook,) = yaml.safe_load(result.output)["webhooks"]
+        (must_see,) = [c for c in hook["matchConditions"] if c["name"] == "gpushare-must-see"]
+        expression: str = must_see["expression"]
+        assert "example.com/vram" in expression  # the names given, not the defaults
+        return expression
+
+    assert "NVIDIA_VISIBLE_DEVICES" not in condition()  # auto beside cdi-cri
+    assert "NVIDIA_VISIBLE_DEVICES" not in condition("--nvidia-visible-devices", "allow")
+    for flags in (
+        ("--device-list-strategy", "envvar"),
+        ("--nvidia-visible-devices", "refuse"),
+    ):
+        expression = condition(*flags)
+        assert "'NVIDIA_VISIBLE_DEVICES'" in expression
+        assert '["kube-system","gpu-operator","nvidia-gpu-operator"]' in expression, expression
+    listed = condition("--nvidia-visible-devices=refuse",
+                       "--nvidia-visible-devices-exempt-namespace=gpu-ops")  # fmt: skip
+    assert '!(request.namespace in ["gpu-ops"])' in listed
+    bad = CliRunner().invoke(gpushare, [*base, "--nvidia-visible-devices-exempt-namespace", " "])
+    assert bad.exit_code == 2 and "exempt namespace ' ' is not a namespace name" in bad.output

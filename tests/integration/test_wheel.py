@@ -58,7 +58,7 @@ def test_pip_wheel_from_a_clean_checkout_carries_stubs_and_interposer(tmp_path: 
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    (wheel,) = tmp_path.glob("gpushare-*.whl")
+    (wheel,) = tmp_path.glob("kube_gpushare-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))

@@ -1,199 +1,135 @@
-"""The Dockerfile and the archive builder (tests/e2e/image_archive.py) describe one image.
+"""The image the e2e tests run is the image a release ships: one recipe, packaging/image.py.
 
-``make image`` builds from the Dockerfile where a Docker engine exists; ``make image-archive``
-builds the same image from Debian packages where none does (the real-node Helm test runs it).
-This test reads the Dockerfile's runtime and builder stages into the builder's
-:class:`ImageDescription` and compares field by field, so a change to either (an ENV, the user,
-the entrypoint, the wheel set, the install, the interposer) fails here until the other follows.
+``make image`` runs the recipe; the real-node Helm test's builder (tests/e2e/image_archive.py)
+runs the same command and imports the archive it writes. These tests hold the two to one
+command, check what the recipe writes (an OCI image layout naming the release's repository and
+version, the image config per architecture) and that no architecture is built in.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
-import re
-import shlex
+import subprocess
+import sys
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-from tests.e2e.image_archive import (
-    PATH_ENV,
-    Account,
-    ImageDescription,
-    gpushare_image,
-    oci_config,
-    project_version,
-    write_archive,
-)
-from tests.unit.test_dockerfile import DOCKERFILE, REPO, Stage, parse, resolve
+from tests.e2e import image_archive
+from tests.e2e.image_archive import RECIPE, Builder, project_version, recipe_argv
 
-
-def _env(stage: Stage) -> tuple[tuple[str, str], ...]:
-    pairs: list[tuple[str, str]] = []
-    for args in stage.all("ENV"):
-        for word in shlex.split(args):
-            key, _, value = word.partition("=")
-            pairs.append((key, value))
-    return tuple(pairs)
-
-
-def _labels(stage: Stage, args: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    pairs: list[tuple[str, str]] = []
-    for text in stage.all("LABEL"):
-        for word in shlex.split(text):
-            key, _, value = word.partition("=")
-            pairs.append((key, resolve(value, args)))
-    return tuple(pairs)
-
-
-def _options(command: str) -> tuple[dict[str, str], str]:
-    """A groupadd/useradd command's --option values and its last word (the name)."""
-    words = shlex.split(command)
-    options = {w: words[i + 1] for i, w in enumerate(words[:-1]) if w in OPTIONS_WITH_VALUES}
-    return options, words[-1]
-
-
-OPTIONS_WITH_VALUES = ("--uid", "--gid", "--shell")
-
-
-def _account(stage: Stage) -> Account | None:
-    commands = [c.strip() for r in stage.all("RUN") for c in r.split("&&")]
-    groups = [_options(c) for c in commands if c.startswith("groupadd")]
-    users = [_options(c) for c in commands if c.startswith("useradd")]
-    if not groups or not users:
-        return None
-    (group, group_name), (user, name) = groups[-1], users[-1]
-    assert group_name == name, "the group is named after the user"
-    assert group["--gid"] == user["--gid"], "the user's group is the one created"
-    return Account(name=name, uid=int(user["--uid"]), gid=int(user["--gid"]), shell=user["--shell"])
-
-
-def _wheel_args(builder: Stage) -> tuple[str, ...]:
-    """The `pip wheel` options, without --wheel-dir and its value and the source '.'."""
-    run = " ".join(builder.all("RUN"))
-    command = next(c for c in run.split("&&") if "pip wheel" in c)
-    words = shlex.split(command)
-    words = words[words.index("wheel") + 1 :]
-    out: list[str] = []
-    skip = False
-    for word in words:
-        if skip:
-            skip = False
-        elif word == "--wheel-dir":
-            skip = True
-        elif word != ".":
-            out.append(word)
-    return tuple(out)
-
-
-def _requirement(runtime: Stage, args: dict[str, str]) -> str:
-    run = next(r for r in runtime.all("RUN") if "pip install" in r)
-    words = shlex.split(run)
-    return resolve(words[-1], args)
-
-
-def describe_dockerfile(text: str) -> ImageDescription:
-    """The Dockerfile's image in the builder's terms."""
-    args, stages = parse(text)
-    builder, runtime = stages
-    # stage-level ARGs with defaults (VERSION) resolve the runtime's references
-    for arg in runtime.all("ARG"):
-        key, _, default = arg.partition("=")
-        args[key] = default
-    copied = tuple(source for copy in builder.all("COPY") for source in shlex.split(copy)[:-1])
-    workdirs = runtime.all("WORKDIR")
-    return ImageDescription(
-        entrypoint=tuple(json.loads(runtime.all("ENTRYPOINT")[-1])),
-        cmd=tuple(json.loads(runtime.all("CMD")[-1])) if runtime.all("CMD") else (),
-        user=runtime.all("USER")[-1],
-        workdir=workdirs[-1] if workdirs else "",
-        env=_env(runtime),
-        exposed_ports=tuple(
-            p if "/" in p else f"{p}/tcp" for e in runtime.all("EXPOSE") for p in e.split()
-        ),
-        labels=_labels(runtime, args),
-        account=_account(runtime),
-        sources=copied,
-        wheel_args=_wheel_args(builder),
-        requirement=_requirement(runtime, args),
-        # the wheel carries what the interposer build writes under the package
-        interposer=_interposer_in_package(),
-    )
-
-
-def _interposer_in_package() -> str:
-    """Where the interposer sits in the installed package: pyproject's package data."""
-    text = (REPO / "pyproject.toml").read_text()
-    data = re.search(r"\[tool\.setuptools\.package-data\]\ngpushare = \[(.*?)\]", text, re.S)
-    assert data, "pyproject.toml has gpushare package data"
-    libs = [
-        item.strip().strip('"')
-        for item in data.group(1).split(",")
-        if item.strip().endswith('.so"')
-    ]
-    assert len(libs) == 1, libs
-    return f"gpushare/{libs[0]}"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def dockerfile_image() -> ImageDescription:
-    return describe_dockerfile(DOCKERFILE.read_text())
+def recipe() -> Iterator[ModuleType]:
+    """packaging/image.py as a module (``packaging`` itself is pip's package, so by path)."""
+    sys.path.insert(0, str(REPO / "packaging"))
+    try:
+        yield importlib.import_module("image")
+    finally:
+        sys.path.remove(str(REPO / "packaging"))
 
 
-def test_the_dockerfile_and_the_builder_describe_the_same_image(
-    dockerfile_image: ImageDescription,
+def make_dry_run(*args: str) -> list[str]:
+    """The commands ``make -n`` would run, one per line."""
+    done = subprocess.run(
+        ["make", "-n", "--no-print-directory", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.splitlines()
+
+
+def test_make_image_and_the_e2e_builder_run_one_command() -> None:
+    (line,) = make_dry_run("image", "PYTHON=python3", "IMAGE_ARCHIVE=out.tar")
+    assert line.split() == recipe_argv("python3", Path("out.tar"))
+    assert recipe_argv("python3", Path("out.tar"))[1] == RECIPE == "packaging/image.py"
+
+
+def test_make_image_passes_the_architectures() -> None:
+    (line,) = make_dry_run("image", "PYTHON=python3", "IMAGE_ARCHIVE=o.tar", "ARCH=amd64,arm64")
+    assert line.split()[-2:] == ["--arch", "amd64,arm64"]
+
+
+def test_the_e2e_builder_builds_by_the_recipe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    built = gpushare_image(project_version())
-    for name in ImageDescription.__dataclass_fields__:
-        assert getattr(dockerfile_image, name) == getattr(built, name), (
-            f"{name}: Dockerfile says {getattr(dockerfile_image, name)!r}, "
-            f"tests/e2e/image_archive.py says {getattr(built, name)!r}; change both"
-        )
+    """Without a cached archive the builder runs the recipe's command and nothing else."""
+    ran: list[list[str]] = []
+
+    def run(step: str, argv: list[str], *, fix: str, cwd: Path | None = None) -> None:
+        ran.append(argv)
+        Path(argv[argv.index("--out") + 1]).write_bytes(b"archive")
+
+    monkeypatch.setattr(image_archive, "_run", run)
+    tag, archive = Builder(cache=tmp_path, python="py").gpushare()
+    assert ran == [recipe_argv("py", archive)]
+    assert tag == f"ghcr.io/gpushare/gpushare:{project_version()}"
+    assert Builder(cache=tmp_path, python="py").gpushare() == (tag, archive)
+    assert len(ran) == 1, "a second build with the same inputs is a lookup"
 
 
-def test_the_dockerfiles_version_default_is_the_projects(
-    dockerfile_image: ImageDescription,
+def test_the_builder_reads_the_recipes_repository(recipe: ModuleType) -> None:
+    assert image_archive.recipe_repository() == recipe.REPOSITORY
+
+
+def test_every_architecture_has_its_own_names(recipe: ModuleType) -> None:
+    arm = recipe.parse_arches("arm64")[0]
+    assert (arm.debian, arm.machine) == ("arm64", "aarch64")
+    assert all(tag.endswith("_aarch64") for tag in recipe.platform_tags(arm))
+    assert [a.debian for a in recipe.parse_arches("amd64, arm64")] == ["amd64", "arm64"]
+    with pytest.raises(recipe.RecipeError, match=r"--arch 'riscv64': not one of amd64, arm64"):
+        recipe.parse_arches("riscv64")
+    assert recipe.config("1", arm, "t")["architecture"] == "arm64"
+
+
+def test_the_archive_is_an_oci_layout_naming_the_release(
+    recipe: ModuleType, tmp_path: Path
 ) -> None:
-    assert dockerfile_image.requirement == f"gpushare=={project_version()}"
+    layers = {}
+    for arch in ("amd64", "arm64"):
+        layer = tmp_path / f"{arch}.tar"
+        with tarfile.open(layer, "w") as tar:
+            tar.add(str(REPO / "LICENSE"), arcname="LICENSE")
+        layers[arch] = layer
+    out = tmp_path / "image.oci.tar"
+    recipe.write_oci(out, "ghcr.io/gpushare/gpushare", "9.9.9", layers, "2026-01-01T00:00:00Z")
+    with tarfile.open(out) as tar:
+
+        def blob(digest: str) -> bytes:
+            member = tar.extractfile("blobs/sha256/" + digest.removeprefix("sha256:"))
+            assert member is not None
+            return member.read()
+
+        layout = tar.extractfile("oci-layout")
+        assert layout is not None and json.load(layout) == {"imageLayoutVersion": "1.0.0"}
+        top = tar.extractfile("index.json")
+        assert top is not None
+        (named,) = json.load(top)["manifests"]
+        assert named["annotations"] == {
+            "io.containerd.image.name": "ghcr.io/gpushare/gpushare:9.9.9",
+            "org.opencontainers.image.ref.name": "9.9.9",
+        }
+        index = json.loads(blob(named["digest"]))
+        platforms = [m["platform"]["architecture"] for m in index["manifests"]]
+        assert platforms == ["amd64", "arm64"]
+        for entry in index["manifests"]:
+            manifest = json.loads(blob(entry["digest"]))
+            config = json.loads(blob(manifest["config"]["digest"]))
+            assert config["architecture"] == entry["platform"]["architecture"]
+            assert config["config"]["Entrypoint"] == ["gpushare"]
+            assert config["config"]["User"] == "65532:65532"
+            assert config["config"]["Labels"]["org.opencontainers.image.version"] == "9.9.9"
+            (layer,) = manifest["layers"]
+            assert len(blob(layer["digest"])) == layer["size"]
 
 
-@pytest.mark.parametrize(
-    ("old", "new", "field"),
-    [
-        ("USER 65532:65532", "USER 65533:65533", "user"),
-        ('ENTRYPOINT ["gpushare"]', 'ENTRYPOINT ["python", "-m", "gpushare"]', "entrypoint"),
-        ("PYTHONUNBUFFERED=1", "PYTHONUNBUFFERED=0", "env"),
-        ('CMD ["--help"]', 'CMD ["--help"]\nEXPOSE 9400', "exposed_ports"),
-        ('CMD ["--help"]', 'CMD ["--help"]\nWORKDIR /app', "workdir"),
-        ("-c constraints.txt --wheel-dir", "--wheel-dir", "wheel_args"),
-        ('"gpushare==${VERSION}"', '"gpushare[bench]==${VERSION}"', "requirement"),
-        ("COPY packaging ./packaging\n", "", "sources"),
-        ("--uid 65532", "--uid 1000", "account"),
-    ],
-)
-def test_a_dockerfile_change_is_seen(old: str, new: str, field: str) -> None:
-    text = DOCKERFILE.read_text()
-    assert old in text, f"the Dockerfile no longer contains {old!r}: update this test"
-    changed = describe_dockerfile(text.replace(old, new, 1))
-    built = gpushare_image(project_version())
-    assert getattr(changed, field) != getattr(built, field)
-
-
-def test_the_archive_carries_the_description(tmp_path: Path) -> None:
-    layer = tmp_path / "layer.tar"
-    with tarfile.open(layer, "w") as tar:
-        tar.add(str(DOCKERFILE), arcname="Dockerfile")
-    image = gpushare_image("9.9.9")
-    archive = tmp_path / "image.tar"
-    write_archive(archive, "gpushare.local/gpushare:9.9.9", layer, image, "test")
-    with tarfile.open(archive) as tar:
-        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
-        assert manifest[0]["RepoTags"] == ["gpushare.local/gpushare:9.9.9"]
-        config = json.load(tar.extractfile(manifest[0]["Config"]))  # type: ignore[arg-type]
-    assert config == oci_config(image, config["rootfs"]["diff_ids"][0], "test")
-    assert config["config"]["Entrypoint"] == ["gpushare"]
-    assert config["config"]["User"] == "65532:65532"
-    assert config["config"]["Env"][0] == PATH_ENV
-    assert "PYTHONUNBUFFERED=1" in config["config"]["Env"]
-    assert config["config"]["Labels"]["org.opencontainers.image.version"] == "9.9.9"
+def test_the_cache_key_covers_what_the_recipe_builds_from(recipe: ModuleType) -> None:
+    assert set(recipe.SOURCES) | {"packaging"} <= set(image_archive.RECIPE_INPUTS)

@@ -65,7 +65,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{- define "gpushare.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- $name := .Values.image.repository -}}
+{{- with .Values.image.registry }}{{ $name = printf "%s/%s" . $name }}{{ end -}}
+{{- printf "%s:%s" $name (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
 {{/* Settings every gpushare component shares, as command-line arguments. Resource names are
@@ -149,9 +151,52 @@ ones) and the release namespace, whose pods must start while the webhook cannot 
 {{/* CEL: the pod (`object`) asks for gpushare's memory or core share in a container or an init
 container (webhook/configuration.py asks_gpushare). The policy and the steering webhook use it. */}}
 {{- define "gpushare.asksGpushare" -}}
-{{- $r := printf "['%s', '%s']" .Values.resourceNames.mem .Values.resourceNames.core -}}
+{{- include "gpushare.asksGpushareIn" (dict "root" . "spec" "object.spec") -}}
+{{- end -}}
+
+{{/* CEL: the pod spec `.spec` asks for gpushare's share (webhook/configuration.py
+asks_gpushare_in). */}}
+{{- define "gpushare.asksGpushareIn" -}}
+{{- $r := printf "['%s', '%s']" .root.Values.resourceNames.mem .root.Values.resourceNames.core -}}
 {{- $c := printf "has(c.resources) && %s.exists(r, (has(c.resources.limits) && r in c.resources.limits) || (has(c.resources.requests) && r in c.resources.requests))" $r -}}
-object.spec.containers.exists(c, {{ $c }}) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, {{ $c }}))
+{{ .spec }}.containers.exists(c, {{ $c }}) || (has({{ .spec }}.initContainers) && {{ .spec }}.initContainers.exists(c, {{ $c }}))
+{{- end -}}
+
+{{/* CEL: the pod spec of any kind the validating webhook is sent (webhook/configuration.py
+POD_SPEC). */}}
+{{- define "gpushare.podSpecCel" -}}
+(object.kind == 'Pod' ? object.spec : object.kind == 'CronJob' ? object.spec.jobTemplate.spec.template.spec : object.spec.template.spec)
+{{- end -}}
+
+{{/* CEL: a container of the pod spec `.` sets NVIDIA_VISIBLE_DEVICES or an envFrom prefix
+that can start it (webhook/configuration.py sets_nvidia_visible_devices). */}}
+{{- define "gpushare.setsNvidiaVisibleDevices" -}}
+{{- $e := "(has(c.env) && c.env.exists(e, e.name == 'NVIDIA_VISIBLE_DEVICES')) || (has(c.envFrom) && c.envFrom.exists(f, has(f.prefix) && f.prefix != '' && 'NVIDIA_VISIBLE_DEVICES'.startsWith(f.prefix)))" -}}
+{{ . }}.containers.exists(c, {{ $e }}) || (has({{ . }}.initContainers) && {{ . }}.initContainers.exists(c, {{ $e }})) || (has({{ . }}.ephemeralContainers) && {{ . }}.ephemeralContainers.exists(c, {{ $e }}))
+{{- end -}}
+
+{{/* "true" when the webhook refuses NVIDIA_VISIBLE_DEVICES (webhook.nvidiaVisibleDevices:
+refuse, or auto under the envvar hand-off). */}}
+{{- define "gpushare.webhook.refusesNvidiaVisibleDevices" -}}
+{{- $mode := .Values.webhook.nvidiaVisibleDevices | default "refuse" -}}
+{{- or (eq $mode "refuse") (and (eq $mode "auto") (eq .Values.devicePlugin.deviceListStrategy "envvar")) -}}
+{{- end -}}
+
+{{/* Namespaces where the webhook never refuses NVIDIA_VISIBLE_DEVICES: the release's first. */}}
+{{- define "gpushare.webhook.nvidiaVisibleDevicesExempt" -}}
+{{- prepend (.Values.webhook.nvidiaVisibleDevicesExemptNamespaces | default list) .Release.Namespace | uniq | toJson -}}
+{{- end -}}
+
+{{/* The validating webhook's matchCondition: only what gpushare must see is sent
+(webhook/configuration.py must_see). */}}
+{{- define "gpushare.webhook.mustSee" -}}
+{{- $spec := include "gpushare.podSpecCel" . -}}
+{{- $asks := include "gpushare.asksGpushareIn" (dict "root" . "spec" $spec) -}}
+{{- if eq (include "gpushare.webhook.refusesNvidiaVisibleDevices" .) "true" -}}
+{{ $asks }} || (!(request.namespace in {{ include "gpushare.webhook.nvidiaVisibleDevicesExempt" . }}) && ({{ include "gpushare.setsNvidiaVisibleDevices" $spec }}))
+{{- else -}}
+{{ $asks }}
+{{- end -}}
 {{- end -}}
 
 {{- define "gpushare.webhook.namespaceSelector" -}}
@@ -160,6 +205,10 @@ matchExpressions:
     operator: NotIn
     values:
       {{- toYaml (uniq (concat .Values.webhook.excludedNamespaces (list .Release.Namespace))) | nindent 6 }}
+  # An administrator's opt-out: a namespace labelled gpushare.io/webhook=skip is sent nothing.
+  - key: gpushare.io/webhook
+    operator: NotIn
+    values: ["skip"]
 {{- with .Values.webhook.namespaceLabels }}
 matchLabels:
   {{- toYaml . | nindent 2 }}

@@ -9,6 +9,7 @@ extender, since it checks requests against the same rules the scheduler places t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -17,6 +18,47 @@ from gpushare.cli.errors import CommandError
 from gpushare.cli.logs import log_level_option, setup_logging
 from gpushare.cli.options import resource_name_options, scheduling_config
 from gpushare.core.names import DEFAULT_SCHEDULER, SCHEDULER_NAME
+from gpushare.core.tampering import (
+    DEFAULT_EXEMPT_NAMESPACES,
+    DEVICE_LIST_STRATEGIES,
+    VISIBLE_DEVICES_MODES,
+    VisibleDevicesRule,
+)
+
+
+def visible_devices_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The NVIDIA_VISIBLE_DEVICES rule's flags, shared by the server and its configuration.
+
+    ``gpushare webhook-config`` takes them too: where the rule refuses nothing, the
+    configuration sends the webhook no pod for setting the variable.
+    """
+    command = click.option(
+        "--nvidia-visible-devices-exempt-namespace",
+        "exempt_namespaces",
+        multiple=True,
+        default=list(DEFAULT_EXEMPT_NAMESPACES),
+        show_default=True,
+        help="Namespace where NVIDIA_VISIBLE_DEVICES is never refused, for NVIDIA's own components "
+        "(repeatable; giving one replaces the defaults).",
+    )(command)
+    command = click.option(
+        "--device-list-strategy",
+        type=click.Choice(DEVICE_LIST_STRATEGIES),
+        default="cdi-cri",
+        show_default=True,
+        help="How the device plugin hands GPUs over (the chart's devicePlugin.deviceListStrategy); "
+        "only --nvidia-visible-devices auto reads it.",
+    )(command)
+    command = click.option(
+        "--nvidia-visible-devices",
+        type=click.Choice(VISIBLE_DEVICES_MODES),
+        default="auto",
+        show_default=True,
+        help="NVIDIA_VISIBLE_DEVICES in a pod's env outside the exempt namespaces: refuse, allow, "
+        "or auto (refuse only under --device-list-strategy envvar, where the nodes must honour it "
+        "from unprivileged containers). The chart's webhook.nvidiaVisibleDevices.",
+    )(command)
+    return command
 
 
 @click.command()
@@ -60,6 +102,7 @@ from gpushare.core.names import DEFAULT_SCHEDULER, SCHEDULER_NAME
     is_flag=True,
     help="POST /mutate changes nothing (the chart's webhook.steer.enabled=false).",
 )
+@visible_devices_options
 @log_level_option
 def webhook(
     host: str,
@@ -76,6 +119,9 @@ def webhook(
     scheduler_name: str,
     steer_from: tuple[str, ...],
     no_steer: bool,
+    nvidia_visible_devices: str,
+    device_list_strategy: str,
+    exempt_namespaces: tuple[str, ...],
     log_level: str,
 ) -> None:
     """Serve the admission webhook (POST /validate, POST /mutate) over HTTPS."""
@@ -100,6 +146,9 @@ def webhook(
         trust=Trust(users=frozenset(trusted_user), groups=frozenset(trusted_group)),
         scheduler_name=scheduler_name,
         steer_from=() if no_steer else tuple(steer_from),
+        visible_devices=_visible_devices_rule(
+            nvidia_visible_devices, device_list_strategy, exempt_namespaces
+        ),
     )
     for flag, path in (
         ("--tls-cert-file", tls_cert_file),
@@ -126,6 +175,16 @@ def webhook(
         reloader=reloader,
     )
     asyncio.run(serve(config, reloader))
+
+
+def _visible_devices_rule(mode: str, strategy: str, exempt: tuple[str, ...]) -> VisibleDevicesRule:
+    """The NVIDIA_VISIBLE_DEVICES rule for the flags, or the flag's error saying what to write."""
+    try:
+        return VisibleDevicesRule.resolve(mode, strategy, exempt)
+    except ValueError as err:
+        raise click.BadParameter(
+            str(err), param_hint="--nvidia-visible-devices-exempt-namespace"
+        ) from None
 
 
 @click.command("webhook-config")
@@ -185,6 +244,7 @@ def webhook(
 )
 @click.option("--mem-resource", default="aliyun.com/gpu-mem", show_default=True)
 @click.option("--core-resource", default="aliyun.com/gpu-core.percentage", show_default=True)
+@visible_devices_options
 def webhook_config(
     url: str | None,
     service: str | None,
@@ -201,6 +261,9 @@ def webhook_config(
     steer_url: str | None,
     mem_resource: str,
     core_resource: str,
+    nvidia_visible_devices: str,
+    device_list_strategy: str,
+    exempt_namespaces: tuple[str, ...],
 ) -> None:
     """Print the webhook configurations that send reviews to gpushare webhook.
 
@@ -247,6 +310,7 @@ def webhook_config(
         "namespace_labels": labels,
     }
     names = ResourceNames(mem=mem_resource, core=core_resource)
+    visible = _visible_devices_rule(nvidia_visible_devices, device_list_strategy, exempt_namespaces)
     if not no_steer and url is not None and steer_url is None:
         if not url.endswith(PATH):
             raise click.BadParameter(
@@ -259,7 +323,13 @@ def webhook_config(
     try:
         documents = [
             webhook_configuration(
-                url=url, trusted_users=trusted_user, trusted_groups=trusted_group, **common
+                url=url,
+                trusted_users=trusted_user,
+                trusted_groups=trusted_group,
+                names=names,
+                nvidia_visible_devices=visible.refused,
+                nvidia_visible_devices_exempt=exempt_namespaces,
+                **common,
             )
         ]
         if not no_steer:

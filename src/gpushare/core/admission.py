@@ -50,7 +50,14 @@ from typing import Any, Literal
 from gpushare.core.names import DEFAULT_NAMES, DEFAULT_SCHEDULER, SCHEDULER_NAME, ResourceNames
 from gpushare.core.requests import PodRequest, Rejection, read_pod
 from gpushare.core.shape import pod_shape
-from gpushare.core.tampering import Checked, Requester, Tampering, Trust, check
+from gpushare.core.tampering import (
+    Checked,
+    Requester,
+    Tampering,
+    Trust,
+    VisibleDevicesRule,
+    check,
+)
 from gpushare.core.units import MemoryUnit
 
 API_VERSION = "admission.k8s.io/v1"
@@ -81,6 +88,9 @@ class AdmissionSettings:
     """The extender's and device plugin's identities (``--trusted-user``); none by default."""
     steer_from: tuple[str, ...] = (DEFAULT_SCHEDULER,)
     """Scheduler names that count as none named: ``mutate`` replaces them on GPU pods."""
+    visible_devices: VisibleDevicesRule = field(default_factory=VisibleDevicesRule)
+    """Where ``NVIDIA_VISIBLE_DEVICES`` is refused; by default everywhere but the exempt
+    namespaces (``gpushare webhook`` and the chart resolve it from their settings)."""
 
 
 @dataclass(frozen=True)
@@ -349,10 +359,31 @@ def _tampering(
         is_pod=kind == "Pod",
         old=old_template,
         requester=Requester.from_user_info(request.get("userInfo")),
+        namespace=_namespace(request),
     )
     return check(
-        checked, names=settings.names, trust=settings.trust, scheduler_name=settings.scheduler_name
+        checked,
+        names=settings.names,
+        trust=settings.trust,
+        scheduler_name=settings.scheduler_name,
+        visible_devices=settings.visible_devices,
     )
+
+
+def _namespace(request: Mapping[str, Any]) -> str:
+    """The namespace the object lives in: the request's, as the API server routed it.
+
+    The object's own ``metadata.namespace`` may be empty in the review (a Pod created with
+    ``generateName`` from a manifest without one); ``request.namespace`` never is for a
+    namespaced kind, so it comes first.
+    """
+    namespace = request.get("namespace")
+    if isinstance(namespace, str) and namespace:
+        return namespace
+    obj = request.get("object")
+    metadata = obj.get("metadata") if isinstance(obj, Mapping) else None
+    found = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+    return found if isinstance(found, str) else ""
 
 
 def _same_rejection(old: Any, kind: str, new: Rejection, settings: AdmissionSettings) -> bool:

@@ -35,11 +35,25 @@ on a pod from before the webhook keep working; what is kept comes back as a warn
 patch of annotations reaches admission as an UPDATE of the whole pod, ``oldObject`` before and
 ``object`` after, so the comparison sees exactly what the patch changed.
 
-**Where the variables are refused.** ``NVIDIA_VISIBLE_DEVICES`` everywhere (on a GPU node whose
-runtime is NVIDIA's, a CPU pod that sets it gets the GPUs), except ``void`` and ``none`` on pods
-without gpushare resources, which hide GPUs. The others only on pods that ask for gpushare
-resources: elsewhere they are ordinary (``LD_PRELOAD`` of jemalloc, a pod running its own MPS
-with whole ``nvidia.com/gpu`` devices) and gpushare enforces nothing there to turn off.
+**Where the variables are refused.** ``NVIDIA_VISIBLE_DEVICES`` by its own rule
+(``VisibleDevicesRule``), on every pod outside the namespaces exempt from it, except ``void`` and
+``none`` on pods without gpushare resources, which hide GPUs. The others only on pods that ask
+for gpushare resources: elsewhere they are ordinary (``LD_PRELOAD`` of jemalloc, a pod running
+its own MPS with whole ``nvidia.com/gpu`` devices) and gpushare enforces nothing there to turn
+off.
+
+**Why ``NVIDIA_VISIBLE_DEVICES`` has a rule of its own.** The threat is a tenant's unprivileged
+pod that sets it to ``all`` on a node whose NVIDIA runtime hook reads it (the toolkit's legacy
+mode, or CDI mode turning the variable into CDI devices): the pod gets every GPU without asking
+any scheduler. Whether that can happen is a node setting, not a pod's: with the NVIDIA Container
+Toolkit's ``accept-nvidia-visible-devices-envvar-when-unprivileged = false`` the variable grants
+an unprivileged container nothing, and GPUs reach containers as CDI devices the device plugin
+names (the ``cdi-cri`` device-list strategy). gpushare's own ``envvar`` strategy needs the
+opposite, a node that honours the variable from unprivileged containers, so under it the
+variable is refused from tenants. The NVIDIA GPU Operator's DaemonSets (device plugin,
+dcgm-exporter, GPU feature discovery, validator) set it to ``all`` for themselves and run in
+their own namespace, which is exempt by default. A privileged container is not judged apart: it
+sees every device node of the host anyway, and refusing privilege is Pod Security's job.
 
 **What admission cannot see.** ``envFrom`` takes names from a ConfigMap's or Secret's keys,
 which are not in the pod (and can change after admission); only a ``prefix`` that can start an
@@ -50,9 +64,9 @@ see docs/webhook.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from gpushare.core.isolationpaths import covered_by
 from gpushare.core.names import SCHEDULER_NAME, ResourceNames
@@ -80,6 +94,8 @@ class OwnedVariable:
     """Refused on every pod, not only on those asking for gpushare resources."""
     why: str
     fix: str = "remove it"
+    scope: str = ""
+    """Where the refusal holds, when not on every pod of every namespace (``, in namespace``)."""
 
     @property
     def shown(self) -> str:
@@ -97,9 +113,11 @@ class OwnedVariable:
         return self.name.startswith(env_from_prefix) and self.name != env_from_prefix
 
 
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+
 OWNED_VARIABLES = (
     OwnedVariable(
-        "NVIDIA_VISIBLE_DEVICES",
+        VISIBLE_DEVICES,
         prefix=False,
         everywhere=True,
         why="the NVIDIA container runtime mounts every GPU it names into the container, "
@@ -132,6 +150,124 @@ OWNED_VARIABLES = (
         "limits in these, and the container's own value replaces the plugin's",
     ),
 )
+
+
+VisibleDevicesMode = Literal["auto", "refuse", "allow"]
+"""How the webhook treats ``NVIDIA_VISIBLE_DEVICES`` (chart: ``webhook.nvidiaVisibleDevices``)."""
+DeviceListStrategy = Literal["cdi-cri", "envvar"]
+"""How the device plugin hands GPUs over (the chart's ``devicePlugin.deviceListStrategy``)."""
+VISIBLE_DEVICES_MODES: tuple[str, ...] = get_args(VisibleDevicesMode)
+DEVICE_LIST_STRATEGIES: tuple[str, ...] = get_args(DeviceListStrategy)
+DEFAULT_EXEMPT_NAMESPACES = ("kube-system", "gpu-operator", "nvidia-gpu-operator")
+"""Where NVIDIA's own components run: kube-system, and the GPU Operator's namespace as its
+documentation installs it (``gpu-operator``) and as OpenShift's OperatorHub does
+(``nvidia-gpu-operator``). The chart adds its release namespace."""
+
+
+Cause = Literal["unset", "refuse", "envvar", "allow", "cdi-cri"]
+"""What decided the rule: no setting, the mode itself, or ``auto`` beside a strategy."""
+_BECAUSE: Mapping[str, str] = {
+    "unset": "nothing tells the webhook that the nodes ignore it from unprivileged containers",
+    "refuse": "the webhook is set to refuse it (nvidia-visible-devices mode refuse)",
+    "envvar": "gpushare's device plugin hands GPUs over by this variable (device-list strategy "
+    "envvar), so the nodes honour it from unprivileged containers",
+    "allow": "the webhook is set to allow it",
+    "cdi-cri": "the device plugin hands GPUs over by CDI (device-list strategy cdi-cri)",
+}
+
+
+@dataclass(frozen=True)
+class VisibleDevicesRule:
+    """Whether ``NVIDIA_VISIBLE_DEVICES`` is refused, why, and in which namespaces it is not.
+
+    The default refuses it everywhere but the exempt namespaces: a caller that says nothing
+    about its nodes gets the reading that is safe on any node. ``resolve`` turns the chart's
+    mode and device-list strategy into a rule.
+    """
+
+    cause: Cause = "unset"
+    exempt: frozenset[str] = frozenset(DEFAULT_EXEMPT_NAMESPACES)
+
+    @property
+    def refused(self) -> bool:
+        """Whether the variable is refused at all (outside the exempt namespaces)."""
+        return self.cause in ("unset", "refuse", "envvar")
+
+    @property
+    def because(self) -> str:
+        """Why it is refused or allowed, in words for messages and logs."""
+        return _BECAUSE[self.cause]
+
+    @classmethod
+    def resolve(
+        cls,
+        mode: str,
+        strategy: str,
+        exempt: Iterable[str] = DEFAULT_EXEMPT_NAMESPACES,
+    ) -> VisibleDevicesRule:
+        """The rule for a mode (auto, refuse, allow) beside a device-list strategy.
+
+        ``auto`` refuses exactly when the device plugin hands GPUs over by the variable
+        (``envvar``): then the nodes must honour it from unprivileged containers, and a tenant's
+        own value would be honoured too. Under ``cdi-cri`` it allows the variable, counting on
+        the toolkit setting that makes it grant unprivileged containers nothing.
+        """
+        if mode not in VISIBLE_DEVICES_MODES:
+            raise ValueError(
+                f"NVIDIA_VISIBLE_DEVICES mode {mode!r} is not one of "
+                f"{', '.join(VISIBLE_DEVICES_MODES)}; write auto (refuse only when the device "
+                f"plugin hands GPUs over by the variable), refuse or allow"
+            )
+        if strategy not in DEVICE_LIST_STRATEGIES:
+            raise ValueError(
+                f"device-list strategy {strategy!r} is not one of "
+                f"{', '.join(DEVICE_LIST_STRATEGIES)}; write the strategy the device plugin "
+                f"runs with (devicePlugin.deviceListStrategy)"
+            )
+        namespaces = frozenset(exempt)
+        blank = sorted(n for n in namespaces if not n or n != n.strip())
+        if blank:
+            raise ValueError(
+                f"exempt namespace {blank[0]!r} is not a namespace name; list names such as "
+                f"gpu-operator, without spaces"
+            )
+        cause: Cause = "refuse" if mode == "refuse" else "allow"
+        if mode == "auto":
+            cause = "envvar" if strategy == "envvar" else "cdi-cri"
+        return cls(cause=cause, exempt=namespaces)
+
+    def applies(self, namespace: str) -> bool:
+        """Whether the variable is refused on a pod in this namespace."""
+        return self.refused and namespace not in self.exempt
+
+    def owned(self, namespace: str) -> tuple[OwnedVariable, ...]:
+        """The variables refused in this namespace, ``NVIDIA_VISIBLE_DEVICES`` worded for it."""
+        if not self.applies(namespace):
+            return tuple(v for v in OWNED_VARIABLES if v.name != VISIBLE_DEVICES)
+        exempt = ", ".join(sorted(self.exempt)) or "none"
+        mode_fix = (
+            "or hand GPUs over by CDI (devicePlugin.deviceListStrategy=cdi-cri) on nodes "
+            "whose NVIDIA Container Toolkit sets accept-nvidia-visible-devices-envvar-when-"
+            "unprivileged = false, where the variable grants an unprivileged pod nothing"
+            if self.cause == "envvar"
+            else "or, once every node's NVIDIA Container Toolkit sets accept-nvidia-visible-"
+            "devices-envvar-when-unprivileged = false, set webhook.nvidiaVisibleDevices=auto "
+            "with CDI hand-off"
+        )
+        worded = OwnedVariable(
+            VISIBLE_DEVICES,
+            prefix=False,
+            everywhere=True,
+            scope=f" in namespace {namespace!r}, which is not exempt from this rule",
+            why=f"on a node whose NVIDIA runtime honours it from unprivileged containers it "
+            f"mounts every GPU it names into the container, whichever scheduler placed the pod, "
+            f"and {self.because}",
+            fix=f"remove it ('void' or 'none' hide GPUs on a pod without gpushare resources); "
+            f"a namespace that runs NVIDIA's own components (the GPU Operator, NVIDIA's device "
+            f"plugin) belongs in the namespaces exempt from this rule "
+            f"(webhook.nvidiaVisibleDevicesExemptNamespaces; now {exempt}); {mode_fix}",
+        )
+        return tuple(worded if v.name == VISIBLE_DEVICES else v for v in OWNED_VARIABLES)
 
 
 @dataclass(frozen=True)
@@ -191,6 +327,8 @@ class Checked:
     old: Mapping[str, Any] | None = None
     """The template before an UPDATE; None on CREATE."""
     requester: Requester = field(default_factory=Requester)
+    namespace: str = ""
+    """The request's namespace, which ``VisibleDevicesRule`` may exempt."""
 
 
 def _at(where: str, path: str) -> str:
@@ -243,7 +381,10 @@ def _env_value(variable: Mapping[str, Any]) -> tuple[str, Any]:
 
 
 def _env_findings(
-    template: Mapping[str, Any], where: str, asked: tuple[str, ...]
+    template: Mapping[str, Any],
+    where: str,
+    asked: tuple[str, ...],
+    owned: tuple[OwnedVariable, ...] = OWNED_VARIABLES,
 ) -> list[_Finding]:
     findings: list[_Finding] = []
     gpu = f"a pod that asks for {asked[0]}" if asked else ""
@@ -255,13 +396,13 @@ def _env_findings(
             if not isinstance(variable, Mapping) or not isinstance(variable.get("name"), str):
                 continue
             var = variable["name"]
-            for rule in OWNED_VARIABLES:
+            for rule in owned:
                 if not rule.matches(var) or not (rule.everywhere or asked):
                     continue
                 shown, value = _env_value(variable)
                 if not asked and value in HIDING_VALUES:
                     continue
-                scope = f"on {gpu}" if asked else "on every pod"
+                scope = (f"on {gpu}" if asked else "on every pod") + rule.scope
                 findings.append(
                     _Finding(
                         ("env", kind, name, var, repr(value)),
@@ -274,11 +415,9 @@ def _env_findings(
             prefix = _mapping(source).get("prefix")
             if not isinstance(prefix, str) or not prefix:
                 continue
-            reachable = [
-                r.shown for r in OWNED_VARIABLES if (r.everywhere or asked) and r.reachable(prefix)
-            ]
+            reachable = [r.shown for r in owned if (r.everywhere or asked) and r.reachable(prefix)]
             if reachable:
-                owned = ", ".join(r.shown for r in OWNED_VARIABLES if r.everywhere or asked)
+                names = ", ".join(r.shown for r in owned if r.everywhere or asked)
                 findings.append(
                     _Finding(
                         ("envFrom", kind, name, prefix),
@@ -286,7 +425,7 @@ def _env_findings(
                         f"{' and '.join(reachable)} from the keys it imports, which is refused "
                         f"{f'on {gpu}' if asked else 'on every pod'}: only gpushare sets "
                         f"{'them' if len(reachable) > 1 else 'it'}; use a prefix that starts "
-                        f"none of {owned}",
+                        f"none of {names}",
                     )
                 )
     return findings
@@ -383,12 +522,18 @@ def _node_findings(checked: Checked, asked: tuple[str, ...], scheduler_name: str
 
 
 def check(
-    checked: Checked, *, names: ResourceNames, trust: Trust, scheduler_name: str = SCHEDULER_NAME
+    checked: Checked,
+    *,
+    names: ResourceNames,
+    trust: Trust,
+    scheduler_name: str = SCHEDULER_NAME,
+    visible_devices: VisibleDevicesRule | None = None,
 ) -> Tampering:
     """Refuse what the request newly sets that only gpushare may write; keep the rest."""
     asked = gpushare_resources(checked.template, names)
     trusted = trust.trusts(checked.requester)
-    new = _env_findings(checked.template, checked.where, asked)
+    owned = (visible_devices or VisibleDevicesRule()).owned(checked.namespace)
+    new = _env_findings(checked.template, checked.where, asked, owned)
     new += _mount_findings(checked.template, checked.where, asked)
     if not trusted:
         new += _annotation_findings(checked) + _node_findings(checked, asked, scheduler_name)
@@ -397,7 +542,7 @@ def check(
     before = {
         f.key
         for f in (
-            *_env_findings(checked.old, checked.where, asked),
+            *_env_findings(checked.old, checked.where, asked, owned),
             *_mount_findings(checked.old, checked.where, asked),
         )
     }

@@ -9,6 +9,7 @@ Warnings are errors, so a compiler upgrade that notices something fails the buil
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -87,7 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Build the interposer; print its path, or the error and exit 1."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        path = build(Path(args[0]) if args else None)
+        # $CC: a cross compiler when an image for another architecture is built
+        path = build(Path(args[0]) if args else None, cc=os.environ.get("CC") or "gcc")
     except BuildError as err:
         print(f"gpushare.isolation.build: {err}", file=sys.stderr)
         return 1

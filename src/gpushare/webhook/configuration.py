@@ -15,6 +15,16 @@ device plugin's ``ASSIGNED`` patch are UPDATEs of tenants' pods, and they must n
 the webhook nor fail with it. The webhook trusts the same names (``--trusted-user``), so a
 configuration without the condition decides the same.
 
+**Only what gpushare must see is sent** (``matchConditions``, evaluated by the API server):
+pods and workload templates that ask for gpushare's memory or core share, and, where the
+``NVIDIA_VISIBLE_DEVICES`` rule is in effect, those that set that variable outside its exempt
+namespaces. Everything else is never sent, so a webhook that is down or slow holds up GPU pods
+only: ordinary pods and Deployments are created as if it were not installed. What must hold for
+every pod while it is down (the hand-off annotations, ``nodeName``) is the
+ValidatingAdmissionPolicy's, below. A namespace labelled ``gpushare.io/webhook=skip``
+(:data:`OPT_OUT_LABEL`) is never sent anything: for administrators, who can label namespaces;
+there is no per-object opt-out, since a tenant can label its own pods.
+
 **failurePolicy defaults to Fail.** With ``Ignore``, anyone who can make the webhook slow past
 ``timeoutSeconds`` (or who acts while it is down or being upgraded) gets every bypass it refuses:
 forged allocations, ``nodeName``, the isolation's variables. Those are not refused again later:
@@ -46,6 +56,9 @@ STEERING_WEBHOOK_NAME = "steer.gpushare.io"
 STEERING_PATH = "/mutate"
 DEFAULT_PORT = 9443
 DEFAULT_EXCLUDED_NAMESPACES = ("kube-system",)
+OPT_OUT_LABEL = "gpushare.io/webhook"
+"""A namespace labelled with it, value ``skip``, is sent nothing by either webhook."""
+NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 
 RULES: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("", "v1", ("pods",), ("CREATE", "UPDATE")),
@@ -86,15 +99,19 @@ def namespace_selector(
     excluded_namespaces: Sequence[str], namespace_labels: Mapping[str, str] | None
 ) -> dict[str, Any]:
     """Namespaces checked: all but the excluded ones, and only those with the labels if given."""
-    selector: dict[str, Any] = {}
+    expressions: list[dict[str, Any]] = [
+        {"key": OPT_OUT_LABEL, "operator": "NotIn", "values": ["skip"]}
+    ]
     if excluded_namespaces:
-        selector["matchExpressions"] = [
+        expressions.insert(
+            0,
             {
                 "key": "kubernetes.io/metadata.name",
                 "operator": "NotIn",
                 "values": list(excluded_namespaces),
-            }
-        ]
+            },
+        )
+    selector: dict[str, Any] = {"matchExpressions": expressions}
     if namespace_labels:
         selector["matchLabels"] = dict(namespace_labels)
     return selector
@@ -102,6 +119,11 @@ def namespace_selector(
 
 def asks_gpushare(names: ResourceNames, pod: str = "object") -> str:
     """CEL: the pod's containers or init containers ask for gpushare's memory or core share."""
+    return asks_gpushare_in(names, f"{pod}.spec")
+
+
+def asks_gpushare_in(names: ResourceNames, spec: str) -> str:
+    """CEL: the pod spec ``spec``'s containers or init containers ask for gpushare's share."""
     resources = f"['{names.mem}', '{names.core}']"
 
     def asks(containers: str) -> str:
@@ -112,9 +134,51 @@ def asks_gpushare(names: ResourceNames, pod: str = "object") -> str:
         )
 
     return (
-        f"{asks(f'{pod}.spec.containers')} || "
-        f"(has({pod}.spec.initContainers) && {asks(f'{pod}.spec.initContainers')})"
+        f"{asks(f'{spec}.containers')} || "
+        f"(has({spec}.initContainers) && {asks(f'{spec}.initContainers')})"
     )
+
+
+POD_SPEC = (
+    "(object.kind == 'Pod' ? object.spec : object.kind == 'CronJob' ? "
+    "object.spec.jobTemplate.spec.template.spec : object.spec.template.spec)"
+)
+"""CEL: the pod spec of any kind the webhook is sent (a pod, or a workload's template)."""
+
+
+def sets_nvidia_visible_devices(spec: str) -> str:
+    """CEL: a container of ``spec`` sets NVIDIA_VISIBLE_DEVICES, or takes names under an
+    ``envFrom`` prefix that can start it."""
+    name = NVIDIA_VISIBLE_DEVICES
+
+    def sets(containers: str) -> str:
+        return (
+            f"{containers}.exists(c, (has(c.env) && c.env.exists(e, e.name == '{name}')) || "
+            f"(has(c.envFrom) && c.envFrom.exists(f, has(f.prefix) && f.prefix != '' && "
+            f"'{name}'.startsWith(f.prefix))))"
+        )
+
+    return " || ".join(
+        sets(f"{spec}.{kind}")
+        if kind == "containers"
+        else f"(has({spec}.{kind}) && {sets(f'{spec}.{kind}')})"
+        for kind in ("containers", "initContainers", "ephemeralContainers")
+    )
+
+
+def must_see(
+    names: ResourceNames, *, nvidia_visible_devices: bool, exempt_namespaces: Sequence[str]
+) -> dict[str, str]:
+    """The matchCondition sending the webhook only what gpushare must see (module docstring)."""
+    expression = asks_gpushare_in(names, POD_SPEC)
+    if nvidia_visible_devices:
+        exempt = (
+            f"!(request.namespace in {_cel_list(exempt_namespaces)}) && "
+            if exempt_namespaces
+            else ""
+        )
+        expression = f"{expression} || ({exempt}({sets_nvidia_visible_devices(POD_SPEC)}))"
+    return {"name": "gpushare-must-see", "expression": expression}
 
 
 def _client(
@@ -175,8 +239,15 @@ def webhook_configuration(
     trusted_users: Sequence[str] = (),
     trusted_groups: Sequence[str] = (),
     name: str = CONFIGURATION_NAME,
+    names: ResourceNames = DEFAULT_NAMES,
+    nvidia_visible_devices: bool = True,
+    nvidia_visible_devices_exempt: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The configuration as a dict; ``ca_bundle`` is base64 PEM, one of url/service is given."""
+    """The configuration as a dict; ``ca_bundle`` is base64 PEM, one of url/service is given.
+
+    ``nvidia_visible_devices``: the webhook refuses that variable (outside the exempt
+    namespaces), so pods that set it are sent too.
+    """
     webhook = _webhook(
         WEBHOOK_NAME,
         _client(url, service, ca_bundle, PATH),
@@ -196,9 +267,17 @@ def webhook_configuration(
     ]
     if object_labels:
         webhook["objectSelector"] = {"matchLabels": dict(object_labels)}
+    conditions = [
+        must_see(
+            names,
+            nvidia_visible_devices=nvidia_visible_devices,
+            exempt_namespaces=nvidia_visible_devices_exempt,
+        )
+    ]
     condition = not_trusted(trusted_users, trusted_groups)
     if condition:
-        webhook["matchConditions"] = [condition]
+        conditions.append(condition)
+    webhook["matchConditions"] = conditions
     return _document("ValidatingWebhookConfiguration", name, webhook)
 
 

@@ -1,0 +1,348 @@
+"""A release: every artifact, versioned from pyproject.toml alone.
+
+    python packaging/release.py --out dist/0.1.0 --image dist/0.1.0/gpushare-image-0.1.0.oci.tar
+    make release                                   # the same, building the image first
+
+Into ``--out`` (the names are what ``tests/integration/test_release.py`` checks):
+
+- ``gpushare-image-<v>.oci.tar``: the image from ``packaging/image.py`` (``make image``), named
+  ``ghcr.io/gpushare/gpushare:<v>``; push with ``skopeo copy --all oci-archive:...``;
+- ``gpushare-<v>.tgz``: the chart (``helm package``); push with ``helm push ...
+  oci://ghcr.io/gpushare/charts``;
+- ``kube_gpushare-<v>.tar.gz`` and ``kube_gpushare-<v>-py3-none-manylinux_2_17_<m>.whl``: the
+  ``kube-gpushare`` distribution (``gpushare`` on PyPI is another project's; the import name
+  is still ``gpushare``), built by ``python -m build``, the wheel from the sdist;
+- ``kubectl-inspect-cgpu_<v>_linux_<arch>.tar.gz``: the kubectl plugin alone, one file (a
+  zipapp carrying its dependencies, which it unpacks once into ``~/.cache``; any CPython in
+  ``PLUGIN_PYTHONS`` runs it) and LICENSE, for each of amd64 and arm64; ``inspect-cgpu.yaml``,
+  the krew manifest pointing at them (``kubectl krew install --manifest=inspect-cgpu.yaml``);
+- ``LICENSE``, ``CHANGELOG.md`` and ``SHA256SUMS``.
+
+Nothing here pushes: publishing needs credentials, which a build does not hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import image
+
+REPO = image.REPO
+CHART = REPO / "charts" / "gpushare"
+RELEASES = "https://github.com/gpushare/gpushare/releases/download"
+"""Where a release's files are published (krew downloads the plugin from there)."""
+PLUGIN = "kubectl-inspect-cgpu"
+PLUGIN_ENTRY = "gpushare.inspect.cli:main"
+PLUGIN_REQUIREMENTS = (
+    "click", "rich", "msgspec", "pydantic", "lightkube", "lightkube-models", "PyYAML",
+)  # fmt: skip
+"""What ``gpushare.inspect`` imports (with what those need, which pip resolves); pinned by
+pyproject.toml's dependencies. tests/integration/test_release.py imports every module of
+gpushare.inspect and gpushare.kube from the plugin to show nothing is missing."""
+PLUGIN_PYTHONS = ("3.11", "3.12", "3.13")
+"""The CPython versions the plugin carries compiled dependencies for."""
+PLUGIN_ARCHES = ("amd64", "arm64")
+
+
+class ReleaseError(RuntimeError):
+    """A release step failed or its inputs disagree; the message says what to do."""
+
+
+def _run(step: str, argv: Sequence[str], *, cwd: Path = REPO) -> str:
+    done = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-25:])
+        raise ReleaseError(f"{step} failed (exit {done.returncode}): {' '.join(argv[:4])}\n{tail}")
+    return done.stdout
+
+
+def chart_versions() -> tuple[str, str]:
+    """Chart.yaml's (version, appVersion)."""
+    text = (CHART / "Chart.yaml").read_text()
+    found = [
+        re.search(rf"^{key}:\s*\"?([^\"\s]+)\"?\s*$", text, re.M)
+        for key in ("version", "appVersion")
+    ]
+    if not all(found):
+        raise ReleaseError(f"{CHART / 'Chart.yaml'} lacks version or appVersion")
+    return found[0].group(1), found[1].group(1)  # type: ignore[union-attr]
+
+
+def check_versions(version: str) -> None:
+    """The chart must carry pyproject.toml's version, as version and appVersion."""
+    chart, app = chart_versions()
+    if (chart, app) != (version, version):
+        raise ReleaseError(
+            f"charts/gpushare/Chart.yaml has version {chart}, appVersion {app}; pyproject.toml "
+            f"says {version}: set both to {version} (pyproject.toml is the version source)"
+        )
+
+
+def find_helm() -> str:
+    """$HELM, else helm on PATH, else the one tests/e2e/controlplane/build.sh caches."""
+    cache = Path(os.environ.get("GPUSHARE_CACHE", Path.home() / ".cache" / "gpushare"))
+    candidates = [os.environ.get("HELM", ""), shutil.which("helm") or ""]
+    candidates += [str(p) for p in sorted((cache / "bin").glob("helm-*/helm"), reverse=True)]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise ReleaseError("no helm: put helm 3 on PATH, set HELM, or run `make controlplane`")
+
+
+# -- the distribution -----------------------------------------------------------------------------
+
+
+def distribution(out: Path, python: str) -> list[Path]:
+    """The sdist, and the wheel built from it (``python -m build``)."""
+    _run("python -m build", [python, "-m", "build", "--outdir", str(out), "."])
+    built = sorted(out.glob(f"{image.WHEEL_NAME}-*"))
+    if len(built) != 2:
+        raise ReleaseError(f"python -m build made {[p.name for p in built]}, not a wheel and sdist")
+    return built
+
+
+# -- the kubectl plugin ---------------------------------------------------------------------------
+
+BOOTSTRAP = '''\
+"""kubectl-inspect-cgpu {version} ({arch}) as one file: unpacks its libraries once, then runs."""
+import os, platform, sys, tempfile, zipfile, shutil
+
+BUILD, MACHINE, PYTHONS = {build!r}, {machine!r}, {pythons!r}
+
+
+def main():
+    abi = "cp%d%d" % sys.version_info[:2]
+    if sys.implementation.name != "cpython" or abi not in PYTHONS:
+        sys.exit("kubectl-inspect-cgpu needs CPython %s; this is %s %s" % (
+            ", ".join(p[2] + "." + p[3:] for p in PYTHONS), sys.implementation.name,
+            platform.python_version()))
+    if platform.machine() != MACHINE:
+        sys.exit("kubectl-inspect-cgpu: this file is for %s, this machine is %s; take the "
+                 "release file for it" % (MACHINE, platform.machine()))
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    home = os.path.join(cache, "kubectl-inspect-cgpu", BUILD)
+    if not os.path.exists(os.path.join(home, "complete")):
+        os.makedirs(os.path.dirname(home), exist_ok=True)
+        work = tempfile.mkdtemp(dir=os.path.dirname(home))
+        with zipfile.ZipFile(os.path.dirname(os.path.abspath(__file__))) as archive:
+            archive.extractall(work, [n for n in archive.namelist() if n != "__main__.py"])
+        open(os.path.join(work, "complete"), "w").close()
+        try:
+            os.rename(work, home)
+        except OSError:  # another run unpacked it first
+            shutil.rmtree(work, ignore_errors=True)
+    sys.path[:0] = [os.path.join(home, "site"), os.path.join(home, abi)]
+    from {module} import {function}
+    sys.exit({function}())
+
+
+main()
+'''
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), mode, 0
+    tar.addfile(info, io.BytesIO(data))
+
+
+def plugin(wheel: Path, arch: image.Arch, version: str, work: Path, python: str) -> bytes:
+    """The plugin for ``arch`` as one executable zipapp: gpushare's wheel and the plugin's
+    requirements unpacked, compiled ones per CPython in PLUGIN_PYTHONS."""
+    pins = {re.split(r"[=<>]", r)[0].lower(): r for r in image.runtime_requirements()}
+    requirements = [pins[name.lower()] for name in PLUGIN_REQUIREMENTS]
+    tags = [arg for tag in image.platform_tags(arch) for arg in ("--platform", tag)]
+    layout: dict[str, Path] = {}
+    for version_ in PLUGIN_PYTHONS:
+        abi = "cp" + version_.replace(".", "")
+        target = work / arch.debian / abi
+        _run(
+            f"pip download (plugin, {arch.debian}, Python {version_})",
+            [
+                python, "-m", "pip", "download", "-q", "--only-binary=:all:", *tags,
+                "--python-version", version_, "--implementation", "cp", "--abi", abi,
+                "-c", "constraints.txt", "--dest", str(target), *requirements,
+            ],
+        )  # fmt: skip
+        for found in sorted(target.glob("*.whl")):
+            pure = found.name.endswith("-none-any.whl")
+            layout[f"site/{found.name}" if pure else f"{abi}/{found.name}"] = found
+    layout[f"site/{wheel.name}"] = wheel
+    buffer = io.BytesIO()
+    buffer.write(b"#!/usr/bin/env python3\n")
+    digest = hashlib.sha256(version.encode())
+    with zipfile.ZipFile(buffer, "a", zipfile.ZIP_DEFLATED) as archive:
+        for where, path in sorted(layout.items()):
+            folder = where.split("/", 1)[0]
+            digest.update(where.encode())
+            with zipfile.ZipFile(path) as whl:
+                for member in whl.infolist():
+                    top = member.filename.split("/", 1)[0]
+                    # scripts and headers (*.data) have no use here, nor the interposer
+                    interposer = top == "gpushare" and member.filename.endswith(".so")
+                    if member.is_dir() or top.endswith(".data") or interposer:
+                        continue
+                    info = zipfile.ZipInfo(f"{folder}/{member.filename}", (1980, 1, 1, 0, 0, 0))
+                    info.compress_type = zipfile.ZIP_DEFLATED
+                    info.external_attr = member.external_attr
+                    archive.writestr(info, whl.read(member))
+        module, function = PLUGIN_ENTRY.split(":")
+        main = BOOTSTRAP.format(
+            version=version,
+            arch=arch.debian,
+            build=digest.hexdigest()[:16],
+            machine=arch.machine,
+            pythons=tuple("cp" + v.replace(".", "") for v in PLUGIN_PYTHONS),
+            module=module,
+            function=function,
+        )
+        info = zipfile.ZipInfo("__main__.py", (1980, 1, 1, 0, 0, 0))
+        archive.writestr(info, main)
+    return buffer.getvalue()
+
+
+def krew_manifest(version: str, archives: dict[str, tuple[str, str]]) -> str:
+    """The krew plugin manifest: one platform per (arch -> (file name, sha256))."""
+    platforms = "".join(
+        f"""  - selector:
+      matchLabels:
+        os: linux
+        arch: {arch}
+    uri: {RELEASES}/v{version}/{name}
+    sha256: {sha}
+    bin: {PLUGIN}
+    files:
+    - from: {PLUGIN}
+      to: .
+    - from: LICENSE
+      to: .
+"""
+        for arch, (name, sha) in sorted(archives.items())
+    )
+    return f"""apiVersion: krew.googlecontainertools.github.com/v1alpha2
+kind: Plugin
+metadata:
+  name: inspect-cgpu
+spec:
+  version: v{version}
+  homepage: https://github.com/gpushare/gpushare
+  shortDescription: Show shared GPU memory and compute per node, GPU and pod
+  description: |
+    kubectl inspect cgpu shows how gpushare (ACK's aliyun.com/gpu-mem contract) has shared each
+    node's GPUs among pods, and --explain POD says why a GPU pod is Pending. Needs CPython
+    {", ".join(PLUGIN_PYTHONS)} on PATH as python3.
+  platforms:
+{platforms}"""
+
+
+def plugins(wheel_python: str, version: str, out: Path, work: Path) -> list[Path]:
+    """The plugin's archive per PLUGIN_ARCHES and the krew manifest."""
+    archives: dict[str, tuple[str, str]] = {}
+    made = []
+    for name in PLUGIN_ARCHES:
+        arch = image.ARCHES[name]
+        # gpushare's own wheel is the same Python code for every machine but its interposer,
+        # which the plugin leaves out
+        (wheel,) = out.glob(f"{image.WHEEL_NAME}-{version}-*.whl")
+        zipapp = plugin(wheel, arch, version, work, wheel_python)
+        target = out / f"{PLUGIN}_{version}_linux_{name}.tar.gz"
+        raw = io.BytesIO()
+        with tarfile.open(fileobj=raw, mode="w") as tar:
+            _add(tar, PLUGIN, zipapp, 0o755)
+            _add(tar, "LICENSE", (REPO / "LICENSE").read_bytes())
+        target.write_bytes(_gzip(raw.getvalue()))
+        archives[name] = (target.name, hashlib.sha256(target.read_bytes()).hexdigest())
+        made.append(target)
+    manifest = out / "inspect-cgpu.yaml"
+    manifest.write_text(krew_manifest(version, archives))
+    return [*made, manifest]
+
+
+def _gzip(data: bytes) -> bytes:
+    import gzip
+
+    return gzip.compress(data, mtime=0)
+
+
+# -- the whole release ----------------------------------------------------------------------------
+
+
+def release(out: Path, *, image_archive: Path | None, python: str) -> list[Path]:
+    """Every artifact into ``out``; returns them (SHA256SUMS last)."""
+    version = image.project_version()
+    check_versions(version)
+    out.mkdir(parents=True, exist_ok=True)
+    made: list[Path] = []
+    if image_archive is not None:
+        made.append(image_into(image_archive, out, version))
+    made += distribution(out, python)
+    _run("helm package", [find_helm(), "package", str(CHART), "--destination", str(out)])
+    made.append(out / f"gpushare-{version}.tgz")
+    with tempfile.TemporaryDirectory(prefix="gpushare-release-") as tmp:
+        made += plugins(python, version, out, Path(tmp))
+    for name in ("LICENSE", "CHANGELOG.md"):
+        shutil.copyfile(REPO / name, out / name)
+        made.append(out / name)
+    sums = out / "SHA256SUMS"
+    sums.write_text(
+        "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in made)
+    )
+    return [*made, sums]
+
+
+def image_into(archive: Path, out: Path, version: str) -> Path:
+    """The recipe's archive, checked to name this version, under its release name."""
+    import json
+
+    if not archive.is_file():
+        raise ReleaseError(f"--image {archive}: no such file; build it with `make image`")
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("index.json")
+        if member is None:
+            raise ReleaseError(f"--image {archive}: no index.json; not the recipe's OCI archive")
+        index = json.load(member)
+    names = {m.get("annotations", {}).get("io.containerd.image.name") for m in index["manifests"]}
+    wanted = f"{image.REPOSITORY}:{version}"
+    if names != {wanted}:
+        raise ReleaseError(f"--image {archive} names {names}, not {wanted}: run `make image`")
+    target = out / f"gpushare-image-{version}.oci.tar"
+    if archive.resolve() != target.resolve():
+        shutil.copyfile(archive, target)
+    return target
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="where the artifacts go")
+    parser.add_argument("--image", type=Path, help="the OCI archive of `make image`")
+    parser.add_argument("--no-image", action="store_true", help="leave the image out")
+    parser.add_argument("--python", default=sys.executable, help="runs pip and build")
+    args = parser.parse_args(argv)
+    if args.image is None and not args.no_image:
+        parser.error("give --image ARCHIVE (from `make image`) or --no-image")
+    try:
+        made = release(
+            args.out, image_archive=None if args.no_image else args.image, python=args.python
+        )
+    except (ReleaseError, image.RecipeError) as err:
+        print(f"packaging/release.py: {err}", file=sys.stderr)
+        return 1
+    for path in made:
+        print(f"{path.stat().st_size:>12}  {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
