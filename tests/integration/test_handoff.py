@@ -57,14 +57,19 @@ def cdi(spec: dict[str, Any] | None, *, as_json: bool = False) -> Any:
     return make
 
 
+async def admit_one(r: Rig, manifest: dict[str, Any]) -> tuple[Any, int]:
+    """Place and admit one pod through the kubelet double: what it was given, its GPU index."""
+    placed = await r.place(manifest)
+    assert placed is not None
+    admitted = await r.kubelet.admit(placed)
+    return admitted, int(admitted.envs["c0"]["ALIYUN_COM_GPU_MEM_IDX"])
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_cdi_cri_hands_over_the_placed_gpu_by_uuid_and_voids_the_variable(as_json: bool) -> None:
     async def body(r: Rig) -> None:
         await r.kubelet.wait_devices(MEM, 30)
-        placed = await r.place(pod("one", 4))
-        assert placed is not None
-        admitted = await r.kubelet.admit(placed)
-        index = int(admitted.envs["c0"]["ALIYUN_COM_GPU_MEM_IDX"])
+        admitted, index = await admit_one(r, pod("one", 4))
         assert admitted.cdi_devices["c0"] == [f"nvidia.com/gpu={uuid(index)}"]
         assert admitted.envs["c0"]["NVIDIA_VISIBLE_DEVICES"] == VOID
 
@@ -74,11 +79,8 @@ def test_cdi_cri_hands_over_the_placed_gpu_by_uuid_and_voids_the_variable(as_jso
 def test_under_core_mem_the_gpu_is_named_once_though_two_resources_answer() -> None:
     async def body(r: Rig) -> None:
         await r.kubelet.wait_devices(CORE, 200)
-        placed = await r.place(pod("both", 2, core=30))
-        assert placed is not None
-        admitted = await r.kubelet.admit(placed)
+        admitted, index = await admit_one(r, pod("both", 2, core=30))
         assert set(admitted.containers["c0"]) == {MEM, CORE}
-        index = int(admitted.envs["c0"]["ALIYUN_COM_GPU_MEM_IDX"])
         assert admitted.cdi_devices["c0"] == [f"nvidia.com/gpu={uuid(index)}"]
 
     run(body, mode=Mode.CORE_MEM, handoff=cdi(toolkit_spec(2)))
@@ -87,10 +89,7 @@ def test_under_core_mem_the_gpu_is_named_once_though_two_resources_answer() -> N
 def test_envvar_hands_over_the_uuids_and_no_cdi_device() -> None:
     async def body(r: Rig) -> None:
         await r.kubelet.wait_devices(MEM, 30)
-        placed = await r.place(pod("one", 4))
-        assert placed is not None
-        admitted = await r.kubelet.admit(placed)
-        index = int(admitted.envs["c0"]["ALIYUN_COM_GPU_MEM_IDX"])
+        admitted, index = await admit_one(r, pod("one", 4))
         assert admitted.envs["c0"]["NVIDIA_VISIBLE_DEVICES"] == uuid(index)
         assert admitted.cdi_devices["c0"] == []
 
