@@ -34,7 +34,10 @@ def test_a_kind_is_vendor_slash_class(kind: str) -> None:
     assert parse_kind(kind) == kind
 
 
-@pytest.mark.parametrize("kind", ["gpu", "nvidia/gpu", "nvidia.com/", "/gpu", "nvidia.com/g u"])
+@pytest.mark.parametrize(
+    "kind",
+    ["gpu", "nvidia/gpu", "nvidia.com/", "/gpu", "nvidia.com/g u", "9vendor.com/gpu", "x.com/9gpu"],
+)
 def test_a_kind_that_is_not_vendor_slash_class_is_refused(kind: str) -> None:
     with pytest.raises(HandOffError, match="is not a CDI kind"):
         parse_kind(kind)

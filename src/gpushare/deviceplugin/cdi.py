@@ -50,8 +50,10 @@ VOID = "void"
 MAX_SPEC_BYTES = 4 * 2**20
 """A spec file larger than this is skipped (NVIDIA's are a few kB per GPU)."""
 
-_VENDOR = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?$")
-_CLASS = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+# the CDI parser's rules (pkg/parser): vendor and class start with a letter and end with a letter
+# or digit; a device name starts and ends with a letter or digit
+_VENDOR = re.compile(r"^[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+_CLASS = re.compile(r"^[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 _NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 
 
