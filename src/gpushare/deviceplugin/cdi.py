@@ -146,6 +146,24 @@ def scan(dirs: Iterable[Path], kind: str) -> SpecScan:
     return SpecScan(frozenset(names), tuple(files), tuple(skipped))
 
 
+def _stat_specs(dirs: Iterable[Path]) -> tuple[tuple[str, int, int, int], ...]:
+    """Path, inode, size and modification time of every spec file in ``dirs``."""
+    found = []
+    for directory in dirs:
+        try:
+            entries = sorted(directory.iterdir())
+        except OSError:
+            continue
+        for path in entries:
+            if path.suffix in (".json", ".yaml", ".yml"):
+                try:
+                    st = path.stat()
+                except OSError:
+                    continue
+                found.append((str(path), st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(found)
+
+
 @dataclass
 class HandOff:
     """The node's strategy, and under ``cdi-cri`` the device names its CDI specs hold."""
@@ -154,11 +172,20 @@ class HandOff:
     kind: str = DEFAULT_KIND
     spec_dirs: Sequence[Path] = DEFAULT_SPEC_DIRS
     scanned: SpecScan = field(default_factory=lambda: SpecScan(frozenset()))
+    _seen: tuple[tuple[str, int, int, int], ...] | None = field(default=None, repr=False)
+    """What the spec files were (path, inode, size, mtime) when last parsed."""
 
     def refresh(self) -> SpecScan:
-        """Read the spec directories again (they are the node's; the toolkit may rewrite them)."""
+        """Read the spec directories again (they are the node's; the toolkit may rewrite them).
+
+        Called at every Allocate: the files are parsed again only when one of them changed
+        (a stat per file otherwise), so a burst of pod starts does not re-read YAML each time.
+        """
         if self.strategy is Strategy.CDI_CRI:
-            self.scanned = scan(self.spec_dirs, self.kind)
+            seen = _stat_specs(self.spec_dirs)
+            if seen != self._seen:
+                self.scanned = scan(self.spec_dirs, self.kind)
+                self._seen = seen
         return self.scanned
 
     def missing(self, uuids: Iterable[str]) -> list[str]:
