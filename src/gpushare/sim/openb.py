@@ -36,7 +36,7 @@ class TraceNode:
 
 @dataclass(frozen=True)
 class TracePod:
-    """One pod of the trace (timestamps, qos and phase are not used by the protocol)."""
+    """One pod of the trace (qos and phase are not used; the paper's protocol ignores the times too)."""
 
     name: str
     cpu_milli: int
@@ -49,6 +49,9 @@ class TracePod:
     exactly that instead of converting ``gpu_milli`` back, which would round up twice."""
     gpu_core_pct: int = 0
     """Computing power per GPU when the pod asked for it (Kubernetes YAML)."""
+    duration_s: int = 0
+    """How long the pod ran in the trace (deletion less creation time, seconds; 0 when the
+    input does not say). Only the churn protocol (``sim.churn``) reads it."""
 
     @property
     def gpu_request_milli(self) -> int:
@@ -118,6 +121,16 @@ def read_pods(path: Path) -> list[TracePod]:
                 num_gpu=num_gpu,
                 gpu_milli=gpu_milli if num_gpu else 0,
                 gpu_spec=spec,
+                duration_s=_duration(row, where),
             )
         )
     return pods
+
+
+def _duration(row: dict[str, str], where: str) -> int:
+    """Deletion less creation time, when the row has both (0 otherwise)."""
+    if not (row.get("creation_time") or "").strip() or not (row.get("deletion_time") or "").strip():
+        return 0
+    created = _int(row, "creation_time", where)
+    deleted = _int(row, "deletion_time", where)
+    return max(0, deleted - created)
