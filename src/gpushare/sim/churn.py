@@ -41,9 +41,9 @@ for a minute, as a pod that starts and fails does."""
 LOAD = 0.95
 """Target demand present, share of GPU capacity."""
 
-VOLUME = 3.0
-"""GPU demand of the whole stream, in cluster capacities: about two capacities of turnover
-after the first fill."""
+VOLUME = 2.0
+"""GPU demand of the whole stream, in cluster capacities: about one capacity of turnover after
+the first fill (a seed of gpushare on openb default takes about 30 s on one free core)."""
 
 SERIES = 120
 """Points of the unallocated-over-time series kept per run (on the window)."""

@@ -47,15 +47,16 @@ def published_points(trace: str) -> list[tuple[str, int, float]]:
     return points + [(p, 130, v) for p, v in PUBLISHED_130.get(trace, {}).items()]
 
 
-def spread(values: Sequence[float], *, signed: bool = False) -> str:
+def spread(values: Sequence[float], *, signed: bool = False, digits: int = 2) -> str:
     """``mean +- sd`` over seeds; one seed has no spread, so its value stands alone."""
     finite = [v for v in values if not math.isnan(v)]
     if not finite:
         return "-"
-    mean = f"{statistics.fmean(finite):+.2f}" if signed else f"{statistics.fmean(finite):.2f}"
+    sign = "+" if signed else ""
+    mean = f"{statistics.fmean(finite):{sign}.{digits}f}"
     if len(finite) == 1:
         return mean
-    return f"{mean} +- {statistics.stdev(finite):.2f}"
+    return f"{mean} +- {statistics.stdev(finite):.{digits}f}"
 
 
 def describe(seeds: int) -> str:
