@@ -18,6 +18,9 @@ from gpushare.core.inventory import SHARED_MODES, Mode
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
+
+    from gpushare.sim.openb import TraceNode, TracePod
 
 
 @click.command()
@@ -50,6 +53,22 @@ if TYPE_CHECKING:
     default="milli",
     show_default=True,
     help="milli: the paper's milli-GPU; memory: the extender's core places gpu-mem pods.",
+)
+@click.option(
+    "--protocol",
+    type=click.Choice(["paper", "churn"]),
+    default="paper",
+    show_default=True,
+    help="paper: every pod tried once, none leaves (the FGD paper's); churn: pods leave after "
+    "their trace run time, new ones keep --load of the GPUs asked for, and pods that do not "
+    "fit wait (milli accounting).",
+)
+@click.option(
+    "--load",
+    type=float,
+    default=0.95,
+    show_default=True,
+    help="Churn: the GPU demand (running and waiting) kept present, share of capacity.",
 )
 @click.option(
     "--gpu-memory-unit",
@@ -99,6 +118,8 @@ def simulate(
     pods_path: str | None,
     policies: tuple[str, ...],
     accounting: str,
+    protocol: str,
+    load: float,
     unit_text: str,
     node_mode: str,
     seeds: int | None,
@@ -112,8 +133,9 @@ def simulate(
 ) -> None:
     """Replay a workload under several policies with the FGD paper's protocol and report.
 
-    The report folder (--out) gets table.md, report.json, curve.png and fragmentation.png; a
-    folder that already holds files is refused unless --force is given.
+    The report folder (--out) gets table.md, report.json, curve.png and, in milli accounting,
+    fragmentation.png; with --protocol churn it gets churn.md, churn.json and churn.png
+    instead. A folder that already holds files is refused unless --force is given.
     """
     import importlib.util
     import os
@@ -156,6 +178,12 @@ def simulate(
         raise click.UsageError("give both --nodes and --pods, or neither for the built-in run")
     if not 1.0 <= tune <= 3.0:
         raise click.BadParameter(f"{tune} must be between 1.0 and 3.0", param_hint="--tune")
+    if protocol == "churn" and settings is not None:
+        raise click.UsageError(
+            "--protocol churn runs in milli accounting; leave out --accounting memory"
+        )
+    if not 0.5 <= load <= 1.0:
+        raise click.BadParameter(f"{load} must be between 0.5 and 1.0", param_hint="--load")
     try:
         if nodes_path and pods_path:
             nodes, pods = read_workload(Path(nodes_path), Path(pods_path), unit=unit)
@@ -182,6 +210,9 @@ def simulate(
             f"pass --force to overwrite them, or --out NEW_FOLDER to keep them"
         )
     seed_list = list(range(first_seed, first_seed + count))
+    if protocol == "churn":
+        _churn(trace, nodes, pods, chosen, seed_list, load, workers, folder, no_plots)
+        return
     jobs = (len(chosen) + (0 if no_offline or settings else 1)) * count
     workers = workers or min(4, os.cpu_count() or 1)
     console.print(
@@ -231,3 +262,44 @@ def simulate(
         )
     files = report.write(experiment, folder, plots=not no_plots)
     console.print("wrote " + ", ".join(str(f) for f in files))
+
+
+def _churn(
+    trace: str,
+    nodes: list[TraceNode],
+    pods: list[TracePod],
+    policies: list[str],
+    seeds: list[int],
+    load: float,
+    workers: int | None,
+    folder: Path,
+    no_plots: bool,
+) -> None:
+    """The churn protocol (``sim.churn``): the table per reference policy, then the files."""
+    import os
+
+    from gpushare.sim import churnreport
+    from gpushare.sim.progress import PlainProgress
+
+    workers = workers or min(4, os.cpu_count() or 1)
+    click.echo(
+        f"{trace}: {len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs; churn at "
+        f"{100 * load:.0f} % of capacity; policies {', '.join(policies)}; seeds "
+        f"{seeds[0]}..{seeds[-1]}; {workers} worker(s)"
+    )
+    say = PlainProgress(len(policies) * len(seeds), say=lambda line: click.echo(line, err=True))
+    experiment = churnreport.run_churn_experiment(
+        trace, nodes, pods, policies, seeds, load=load, workers=workers, progress=say
+    )
+    lines: list[str] = []
+    for reference in ("fgd", "bestfit"):
+        if reference in policies and len(policies) > 1:
+            lines += [*churnreport.header(reference), *churnreport.rows(experiment, reference), ""]
+    if not lines:
+        lines = [*churnreport.header(policies[0]), *churnreport.rows(experiment, policies[0])]
+    text = "\n".join(lines).rstrip() + "\n"
+    click.echo(text)
+    files = churnreport.write(experiment, folder, plot=not no_plots)
+    table = folder / "churn.md"
+    table.write_text(text)
+    click.echo("wrote " + ", ".join(str(f) for f in [table, *files]))

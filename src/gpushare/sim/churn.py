@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 import math
 import statistics
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -65,6 +66,8 @@ class ChurnRun:
     mean_wait_h: float = 0.0
     longest_wait_h: float = 0.0
     arrived: int = 0
+    seconds: float = 0.0
+    """How long the run took (the progress line says it)."""
     window_h: float = 0.0
     series: list[tuple[float, float, float]] = field(default_factory=list)
     """(hours into the window, unallocated GPUs, waiting GPUs) on ``SERIES`` evenly spaced
@@ -97,6 +100,7 @@ def run_churn(
     volume: float = VOLUME,
 ) -> ChurnRun:
     """One seed of the churn protocol under one simulator policy (``milligpu.POLICIES``)."""
+    began = time.perf_counter()
     policy: Policy = make_policy(policy_name, pods)
     cluster = Cluster(nodes, seed=seed)
     capacity = cluster.capacity
@@ -195,6 +199,7 @@ def run_churn(
     run.mean_wait_h = statistics.fmean(waits) / HOUR if waits else 0.0
     run.longest_wait_h = max(waits, default=0.0) / HOUR
     run.series = _series(marks, start, window, capacity)
+    run.seconds = time.perf_counter() - began
     return run
 
 

@@ -80,9 +80,7 @@ def run_churn_experiment(
                     progress(runs[-1])
     runs.sort(key=lambda r: (list(policies).index(r.policy), r.seed))
     gpus = sum(n.gpus for n in nodes)
-    return ChurnExperiment(
-        trace, len(nodes), gpus, load, volume, list(seeds), list(policies), runs
-    )
+    return ChurnExperiment(trace, len(nodes), gpus, load, volume, list(seeds), list(policies), runs)
 
 
 HEADER = (
@@ -195,9 +193,10 @@ def _plot(experiment: ChurnExperiment, path: Path) -> Path:
     top.set_xlim(0.0, end)
     top.legend(loc="lower right", fontsize=9)
     bottom.set_xlabel(f"{unit} since the pods asked for {100 * experiment.load:.0f} % of the GPUs")
+    load = f"{100 * experiment.load:.0f} %"
     top.set_title(
-        f"{experiment.trace} trace on {experiment.gpus} GPUs: new pods keep {100 * experiment.load:.0f}"
-        f" % of the GPUs asked for,\neach pod leaves after its own run time{band}",
+        f"{experiment.trace} trace on {experiment.gpus} GPUs: new pods keep {load} of the GPUs "
+        f"asked for,\neach pod leaves after its own run time{band}",
         fontsize=10,
     )
     fig.savefig(path, dpi=110, bbox_inches="tight")

@@ -56,4 +56,3 @@ def multigpu_mix(pods: Sequence[TracePod], share: float, *, seed: int = 0) -> li
         drawn.append(replace(model, name=f"{model.name}-m{len(drawn)}"))
         demand += model.gpu_request_milli
     return rest + drawn
-

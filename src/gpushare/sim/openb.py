@@ -36,7 +36,7 @@ class TraceNode:
 
 @dataclass(frozen=True)
 class TracePod:
-    """One pod of the trace (qos and phase are not used; the paper's protocol ignores the times too)."""
+    """One pod of the trace (qos and phase are not used; the paper's protocol ignores times)."""
 
     name: str
     cpu_milli: int

@@ -12,8 +12,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Protocol
 
-from gpushare.sim.experiment import SeedResult
+
+class Finished(Protocol):
+    """A finished run as the progress line names it (``SeedResult``, ``churn.ChurnRun``)."""
+
+    @property
+    def policy(self) -> str: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def seconds(self) -> float: ...
 
 
 def clock_text(seconds: float) -> str:
@@ -43,7 +55,7 @@ class PlainProgress:
         self.started = clock()
         self.last: float | None = None
 
-    def __call__(self, result: SeedResult) -> None:
+    def __call__(self, result: Finished) -> None:
         self.done += 1
         now = self.clock()
         final = self.done >= self.total
