@@ -4,8 +4,8 @@ Each mix keeps every pod of the default trace and resamples its whole-GPU multi-
 and 8 GPUs) until they carry 20, 30, 40 or 50 % of the GPU demand (``sim.mixes``, mix seed 0,
 so every run builds the same mixes). The protocol is the paper's (shuffle and inflate per run
 seed; no LP bound, to keep the run cheap). The table is policy_table's: mean +- sd at 100 %
-and 130 % arrived, and each policy minus FGD paired by seed. Reports land in ``bench-out/mixes/<mix>/``. The mixes are built in
-memory; nothing is written beside the traces.
+and 130 % arrived, and each policy minus FGD paired by seed. Reports land in
+``bench-out/mixes/<mix>/``. The mixes are built in memory; nothing is written beside the traces.
 
     python benchmarks/mix_table.py [--seeds 10] [--workers 2] [--share 0.4 ...] [--policy ...]
 """
