@@ -18,7 +18,7 @@ pod that finds no room waits for one. Here:
 Measured from the moment the demand first reaches the target to the last arrival (the
 *window*), time-weighted: the unallocated GPU (capacity less the GPUs pods hold), the GPU demand
 that waited (GPU-hours: each waiting pod's GPUs x its wait, inside the window), how many pods
-waited and how long (hours, mean and longest; a pod still waiting at the end counts to the end).
+waited and how long (hours, mean and longest; a pod still waiting at the end counts until then).
 """
 
 from __future__ import annotations
@@ -187,8 +187,7 @@ def run_churn(
             marks.append((clock, held, queued))
     if start is None:
         return run
-    for since, _, _ in waiting:
-        waits.append(clock - max(since, start))
+    waits += [clock - max(since, start) for since, _, _ in waiting if clock > max(since, start)]
     window = clock - start
     run.window_h = window / HOUR
     if window > 0:
