@@ -31,7 +31,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpushare.sim.milligpu import Cluster, Policy, make_policy
+import numpy as np
+
+from gpushare.sim.milligpu import BoolArray, Cluster, Policy, make_policy
 from gpushare.sim.openb import MILLI_PER_GPU, TraceNode, TracePod
 from gpushare.sim.stream import arrival_stream
 
@@ -129,9 +131,10 @@ def run_churn(
             area_waiting += queued * span
         last = to
 
-    def place(pod: TracePod) -> bool:
+    def place(pod: TracePod, mask: BoolArray | None = None) -> bool:
         nonlocal held, order
-        mask = cluster.feasible(pod)
+        if mask is None:
+            mask = cluster.feasible(pod)
         if not mask.any():
             return False
         node, gpus = policy.choose(cluster, pod, mask)
@@ -142,19 +145,33 @@ def run_churn(
         heapq.heappush(departures, (end, order, _Running(pod, node, list(gpus))))
         return True
 
-    def retry() -> None:
+    def retry(i: int) -> None:
+        """After a departure from node i: a waiting pod fitted nowhere when last tried, and
+        since then only placements (which take) and this departure changed the cluster, so
+        node i is the one node where it may fit now."""
         nonlocal waiting, queued
         still: list[tuple[float, int, TracePod]] = []
-        refused: set[tuple[int, int, int, int, tuple[str, ...]]] = set()
-        for since, k, pod in waiting:
-            key = (pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli, pod.gpu_spec)
-            if key not in refused and place(pod):
+        model = cluster.nodes[i].model
+        cpu, mem = int(cluster.cpu[i]), int(cluster.mem[i])
+        free = cluster.free_of(i)
+        for entry in waiting:
+            pod = entry[2]
+            if (
+                pod.cpu_milli <= cpu
+                and pod.memory_mib <= mem
+                and (not pod.gpu_spec or model in pod.gpu_spec)
+                and sum(1 for f in free if f >= pod.gpu_milli) >= pod.num_gpu
+            ):
+                only = np.zeros(len(cluster), dtype=np.bool_)
+                only[i] = True
+                place(pod, only)
                 queued -= pod.gpu_request_milli
                 if start is not None:
-                    waits.append(clock - max(since, start))
+                    waits.append(clock - max(entry[0], start))
+                cpu, mem = int(cluster.cpu[i]), int(cluster.mem[i])
+                free = cluster.free_of(i)
                 continue
-            refused.add(key)
-            still.append((since, k, pod))
+            still.append(entry)
         waiting = still
 
     def arrive() -> None:
@@ -181,7 +198,7 @@ def run_churn(
         remove(cluster, gone.node, gone.pod, gone.gpus)
         held -= gone.pod.gpu_request_milli
         present -= gone.pod.gpu_request_milli
-        retry()
+        retry(gone.node)
         arrive()
         if start is not None:
             marks.append((clock, held, queued))
