@@ -87,7 +87,7 @@ cluster-down: $(STAMP)
 # Benchmarks (not timed tests): the policy table on the shared openb traces (10 seeds, every
 # gpushare variant), the same table on the built-in stress workloads (multi-GPU,
 # model-restricted, CPU-heavy and mixed pods; benchmarks/stress_table.py), on multi-GPU-heavy
-# mixes of the default trace (benchmarks/mix_table.py), the churn protocol (pods leave, the
+# mixes of the default trace (policy_table.py --mixes), the churn protocol (pods leave, the
 # cluster at 95 % load; benchmarks/churn_table.py), decision speed at
 # 1213 and 4852 nodes, the extender's HTTP latency, and its filter + prioritize + bind round
 # trips over a real socket for binpack, fgd and gpushare (the server in its own process, served
@@ -96,7 +96,7 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[bench]'
 	$(BIN)/python benchmarks/policy_table.py
 	$(BIN)/python benchmarks/stress_table.py
-	$(BIN)/python benchmarks/mix_table.py
+	$(BIN)/python benchmarks/policy_table.py --mixes
 	$(BIN)/python benchmarks/churn_table.py
 	$(BIN)/python benchmarks/lp_bound.py
 	$(BIN)/python benchmarks/decision_speed.py

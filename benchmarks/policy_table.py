@@ -5,7 +5,14 @@ mean +- sd at 100 % arrived (and 130 %), beside the published FGD and BestFit va
 policy's difference to FGD seed by seed (mean +- sd: below zero and beyond the sd beats it). Every
 number also lands in ``bench-out/<trace>/report.json`` with the plots.
 
+``--mixes`` runs multi-GPU-heavy mixes of the default trace instead: every pod kept, its
+whole-GPU pods over 2, 4 and 8 GPUs resampled until they carry 20, 30, 40 and 50 % of the GPU
+demand (``sim.mixes``, mix seed 0, so every run builds the same mixes; nothing is written beside
+the traces), with no published value, offline reference or LP bound, each policy paired with
+FGD at 100 and 130 % arrived; reports in ``bench-out/mixes/multigpu<share>/``.
+
     python benchmarks/policy_table.py [--seeds 10] [--workers 2] [--trace default ...]
+    python benchmarks/policy_table.py --mixes [--share 0.4 ...] [--policy ...]
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from pathlib import Path
 
 from gpushare.sim import report
 from gpushare.sim.experiment import run_experiment
+from gpushare.sim.mixes import SHARES, multigpu_mix, multigpu_share
 from gpushare.sim.openb import read_nodes, read_pods
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "openb"
@@ -30,6 +38,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
     parser.add_argument("--trace", action="append", choices=NAMES)
     parser.add_argument("--policy", action="append")
+    parser.add_argument("--mixes", action="store_true", help="multi-GPU-heavy mixes of default")
+    parser.add_argument("--share", type=float, action="append", help="--mixes: share, 0..1")
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     args = parser.parse_args()
     if not TRACES.exists():
@@ -37,9 +47,20 @@ def main() -> int:
         return 2
     policies = args.policy or ["bestfit", "fgd", "gpushare"]
     nodes = read_nodes(TRACES / "openb_node_list_gpu_node.csv")
+    if args.mixes:
+        default = read_pods(TRACES / "openb_pod_list_default.csv")
+        workloads = [
+            (f"multigpu{round(100 * share)}", multigpu_mix(default, share, seed=0))
+            for share in args.share or SHARES
+        ]
+    else:
+        names = args.trace or NAMES
+        workloads = [(name, read_pods(TRACES / f"openb_pod_list_{name}.csv")) for name in names]
+    paired = (100, 130) if args.mixes else (100,)
     rows = []
-    for name in args.trace or NAMES:
-        pods = read_pods(TRACES / f"openb_pod_list_{name}.csv")
+    for name, pods in workloads:
+        if args.mixes:
+            print(f"{name}: {100 * multigpu_share(pods):.1f} % multi-GPU ", end="", flush=True)
         started = time.perf_counter()
         experiment = run_experiment(
             name,
@@ -48,13 +69,17 @@ def main() -> int:
             policies,
             list(range(args.seeds)),
             workers=args.workers,
+            offline=not args.mixes,
+            lp_bound=not args.mixes,
             progress=lambda r: print(".", end="", flush=True),
         )
-        report.write(experiment, args.out / name)
+        report.write(experiment, args.out / ("mixes" if args.mixes else "") / name)
         print(f" {name} in {time.perf_counter() - started:.0f} s", flush=True)
-        rows += report.versus_rows(experiment, published=True)
-    print(f"\nunallocated GPU %, mean +- sd over {args.seeds} seeds")
-    print("\n".join(report.versus_header(published=True, reference="fgd", paired=(100,))))
+        rows += report.versus_rows(experiment, published=not args.mixes, paired=paired)
+    what = "multi-GPU-heavy mixes of openb default" if args.mixes else "openb traces"
+    print(f"\n{what}: unallocated GPU %, mean +- sd over {args.seeds} seeds")
+    header = report.versus_header(published=not args.mixes, reference="fgd", paired=paired)
+    print("\n".join(header))
     print("\n".join(rows))
     return 0
 

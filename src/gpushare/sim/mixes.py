@@ -18,7 +18,7 @@ from dataclasses import replace
 from gpushare.sim.openb import MILLI_PER_GPU, TracePod
 
 SHARES = (0.2, 0.3, 0.4, 0.5)
-"""The multi-GPU shares of GPU demand the benchmark builds (``benchmarks/mix_table.py``)."""
+"""The multi-GPU shares of GPU demand ``benchmarks/policy_table.py --mixes`` builds."""
 
 
 def is_multigpu(pod: TracePod) -> bool:
