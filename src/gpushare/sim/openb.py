@@ -9,7 +9,7 @@ any). A malformed row is an error naming the file, the line, the field and the v
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 MILLI_PER_GPU = 1000
@@ -49,9 +49,10 @@ class TracePod:
     exactly that instead of converting ``gpu_milli`` back, which would round up twice."""
     gpu_core_pct: int = 0
     """Computing power per GPU when the pod asked for it (Kubernetes YAML)."""
-    duration_s: int = 0
+    duration_s: int = field(default=0, repr=False)
     """How long the pod ran in the trace (deletion less creation time, seconds; 0 when the
-    input does not say). Only the churn protocol (``sim.churn``) reads it."""
+    input does not say). Only the churn protocol (``sim.churn``) reads it; left out of the
+    repr, which digests of generated workloads are taken over."""
 
     @property
     def gpu_request_milli(self) -> int:
