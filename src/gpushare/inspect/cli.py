@@ -361,7 +361,12 @@ def _check(query: Query, *, explain: str | None, policy: str | None) -> Query:
     show_default=True,
     help="Where gpushare's chart is installed, for --explain to read the extender's settings.",
 )
-@click.option("--kubeconfig", envvar=None, help="Path to a kubeconfig (default: $KUBECONFIG).")
+@click.option(
+    "--kubeconfig",
+    envvar=None,
+    type=click.Path(dir_okay=False),
+    help="Path to a kubeconfig (default: $KUBECONFIG).",
+)
 @click.option("--context", shell_complete=complete_contexts, help="The kubeconfig context to use.")
 @click.option(
     "--seal-secret",

@@ -105,7 +105,7 @@ class _Amounts:
 def render_summary(view: ClusterView, layout: Layout = Layout()) -> str:
     """The default ``kubectl inspect cgpu`` table."""
     amounts = _Amounts(view)
-    width = max((len(n.gpus) for n in view.nodes), default=0)
+    width = max((_columns(n) for n in view.nodes), default=0)
     pending = any(n.pending_units for n in view.nodes)
     header = ["NAME", "IPADDRESS"] + [f"GPU{i}(Allocated/Total)" for i in range(width)]
     if pending:
@@ -177,6 +177,13 @@ def _ignored_lines(view: ClusterView) -> list[str]:
     ]
 
 
+def _columns(node: NodeView) -> int:
+    """GPU columns the node needs: its GPUs, or up to the highest index its pods name."""
+    if node.seen_from_pods:
+        return max((g.index + 1 for g in node.gpus), default=0)
+    return len(node.gpus)
+
+
 def _mode(node: NodeView) -> str:
     return "unknown" if node.seen_from_pods else node.mode.value
 
@@ -185,7 +192,7 @@ def _scope_lines(view: ClusterView) -> list[str]:
     """What the view leaves out by choice, and what the reader could not see."""
     out = []
     scope, sight = view.scope, view.sight
-    if scope.narrowed:
+    if scope.narrowed and (scope.selector.requirements or not sight.pods_namespace):
         where = f"namespace {scope.namespace}" if scope.namespace else "all namespaces"
         match = f" matching {scope.selector.text}" if scope.selector.requirements else ""
         out.append(f"Shown: the pods of {where}{match}, and the nodes they are on.")
