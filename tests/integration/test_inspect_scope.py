@@ -20,8 +20,9 @@ from gpushare.kube.port import Forbidden
 from gpushare.kube.sealing import keyless_trust
 
 
-def place(kube: MemoryKube, name: str, namespace: str, mem: int, node: str, index: int,
-          **labels: str) -> None:
+def place(
+    kube: MemoryKube, name: str, namespace: str, mem: int, node: str, index: int, **labels: str
+) -> None:
     pod: dict[str, Any] = gpu_pod(name, mem=mem, namespace=namespace)
     pod["metadata"]["uid"] = f"uid-{namespace}-{name}"
     pod["metadata"]["labels"] = labels
@@ -43,8 +44,9 @@ def cluster() -> MemoryKube:
     return kube
 
 
-def text(kube: MemoryKube, *, details: bool = False, output: str = "text", home: str = "",
-         **scope: Any) -> str:
+def text(
+    kube: MemoryKube, *, details: bool = False, output: str = "text", home: str = "", **scope: Any
+) -> str:
     view = asyncio.run(collect(kube, scope=Scope(**scope), home=home))
     return render(view, details=details, output=output)
 

@@ -268,9 +268,7 @@ async def _fetch(
 
     api = LightkubeAPI.connect(kubeconfig, context)
     try:
-        trust, note = await find_trust(
-            api, secret=query.seal_secret, key_file=query.seal_key_file
-        )
+        trust, note = await find_trust(api, secret=query.seal_secret, key_file=query.seal_key_file)
         notes = [note] if note else []
         if query.explain is not None:
             return await _explain(api, query, trust, notes, home=api.namespace), notes

@@ -44,9 +44,7 @@ def complete_contexts(ctx: click.Context, param: Any, incomplete: str) -> list[C
     return [CompletionItem(c) for c in sorted(_contexts(ctx)) if c.startswith(incomplete)]
 
 
-def complete_namespaces(
-    ctx: click.Context, param: Any, incomplete: str
-) -> list[CompletionItem]:
+def complete_namespaces(ctx: click.Context, param: Any, incomplete: str) -> list[CompletionItem]:
     """``-n``: the namespaces the kubeconfig's contexts name (no API call, no right needed)."""
     names = {ns for ns in _contexts(ctx).values() if ns} or {"default"}
     return [CompletionItem(n) for n in sorted(names) if n.startswith(incomplete)]

@@ -175,9 +175,7 @@ def build_view(
     views = []
     nodes = sorted(nodes, key=lambda n: n.name)
     unlabelled = tuple(
-        n.name
-        for n in nodes
-        if n.mode is Mode.NONE and n.gpus and selected is None and sight.nodes
+        n.name for n in nodes if n.mode is Mode.NONE and n.gpus and selected is None and sight.nodes
     )
 
     def shown(uid: str) -> bool:

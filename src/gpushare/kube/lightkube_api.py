@@ -178,9 +178,7 @@ class LightkubeAPI:
         """The kubeconfig context's namespace (``default`` when it names none), as kubectl's."""
         return str(self._client.namespace)
 
-    async def list_pods(
-        self, node: str = "", *, namespace: str = ""
-    ) -> tuple[list[KubeDict], str]:
+    async def list_pods(self, node: str = "", *, namespace: str = "") -> tuple[list[KubeDict], str]:
         """All pods in all namespaces (only those bound to ``node``, or of ``namespace``)."""
         fields = {"spec.nodeName": node} if node else None
         if namespace:

@@ -184,9 +184,7 @@ class MemoryKube:
         self._check("list_nodes")
         return self.nodes(), str(self._version)
 
-    async def list_pods(
-        self, node: str = "", *, namespace: str = ""
-    ) -> tuple[list[KubeDict], str]:
+    async def list_pods(self, node: str = "", *, namespace: str = "") -> tuple[list[KubeDict], str]:
         """All pods (or those bound to ``node``, or of ``namespace``) and the current
         resourceVersion."""
         self.calls.append("list_pods")

@@ -65,9 +65,7 @@ class KubeAPI(Protocol):
         """All nodes and the list's resourceVersion."""
         ...
 
-    async def list_pods(
-        self, node: str = "", *, namespace: str = ""
-    ) -> tuple[list[KubeDict], str]:
+    async def list_pods(self, node: str = "", *, namespace: str = "") -> tuple[list[KubeDict], str]:
         """All pods in all namespaces (only those bound to ``node`` if given; only those of
         ``namespace`` if given, which needs no cluster-wide right)."""
         ...
