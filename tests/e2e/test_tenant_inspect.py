@@ -22,6 +22,7 @@ from .helpers import apply_all, gpu_pod_manifest, pods
 
 TENANT, NEIGHBOUR = "tenant-a", "tenant-b"
 NODE = "tenant-view-0"
+IP = "192.168.70.10"
 
 
 def tenant_kubeconfig(cluster: Cluster, path: Path) -> Path:
@@ -83,7 +84,9 @@ def test_a_service_account_with_namespace_rights_sees_its_namespace(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     create_nodes(
-        cluster, labelled_kwok_nodes([NODE], "tenant", gpus_units=[15, 15], mode=Mode.SHARE)
+        cluster,
+        labelled_kwok_nodes([NODE], "tenant", ip=IP, gpus_units=[15, 15], mode=Mode.SHARE),
+    )
     )
     for namespace in (TENANT, NEIGHBOUR):
         cluster.kubectl("create", "namespace", namespace)
@@ -101,7 +104,7 @@ def test_a_service_account_with_namespace_rights_sees_its_namespace(
 
         table = as_tenant(cluster, config)
         assert table.returncode == 0
-        assert table.stdout.startswith("NAME ") and f"\n{NODE} " in table.stdout
+        assert table.stdout.startswith("NAME ") and f"\n{NODE}  {IP} " in table.stdout
         assert "3/15" in table.stdout and "7/" not in table.stdout  # only its own 3 GiB
         assert "Note: pods outside namespace tenant-a: forbidden" in table.stdout
         assert "Note: nodes: forbidden" in table.stdout

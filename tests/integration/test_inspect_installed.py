@@ -50,7 +50,7 @@ def test_explain_uses_the_installed_settings_and_says_when_it_cannot() -> None:
     fallback, note = asyncio.run(installed_settings(kube, "gpushare"))
     assert fallback == Settings() and fallback.policy == "gpushare"
     assert "cannot read the installed extender's settings" in note and "forbidden" in note
-    empty, note = asyncio.run(installed_settings(MemoryKube(), "elsewhere"))
+    _, note = asyncio.run(installed_settings(MemoryKube(), "elsewhere"))
     assert "no Deployment in namespace elsewhere runs the gpushare extender" in note
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare.core.requests import PodRequest, read_pod
 from gpushare.core.allocation import plan
+from gpushare.core.requests import PodRequest, read_pod
 from gpushare.core.units import MemoryUnit
 from gpushare.inspect.cli import collect, render
 from gpushare.inspect.scope import Scope, parse_selector

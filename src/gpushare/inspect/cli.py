@@ -36,7 +36,14 @@ from gpushare.inspect.explain import Explanation, explain_pod, explanation_json
 from gpushare.inspect.installed import describe, extender_settings
 from gpushare.inspect.render import Layout, render_details, render_explanation, render_summary
 from gpushare.inspect.schema import DOCUMENTS, json_schema
-from gpushare.inspect.scope import Scope, Sight, nodes_from_pods, parse_selector, selected_uids
+from gpushare.inspect.scope import (
+    EVERY_POD,
+    Scope,
+    Sight,
+    nodes_from_pods,
+    parse_selector,
+    selected_uids,
+)
 from gpushare.inspect.view import ClusterView, build_view, to_json
 from gpushare.kube.port import Forbidden, KubeAPI, KubeDict, KubeError
 from gpushare.kube.sealing import (
@@ -98,7 +105,7 @@ async def collect(
     unit: MemoryUnit | None = None,
     trust: Trust | None = None,
     notes: list[str] | None = None,
-    scope: Scope = Scope(),
+    scope: Scope = EVERY_POD,
     home: str = "",
 ) -> ClusterView:
     """List nodes and pods through the port and build the view of the pods in ``scope``.
@@ -224,7 +231,7 @@ class Query:
     """What the command line asks for, checked."""
 
     unit: MemoryUnit | None = None
-    scope: Scope = Scope()
+    scope: Scope = EVERY_POD
     all_namespaces: bool = False
     """``-A``: every namespace's pods, and an error (not a fallback) when that is forbidden."""
     explain: tuple[str, str] | None = None

@@ -149,6 +149,13 @@ class Sight:
         return tuple(out)
 
 
+EVERY_POD = Scope()
+"""No pod left out by choice (the seeds' view)."""
+
+ALL_VISIBLE = Sight()
+"""Nothing hidden by the reader's rights."""
+
+
 def selected_uids(pods: Iterable[Mapping[str, object]], scope: Scope) -> frozenset[str] | None:
     """The UIDs of the pods in scope; None when the scope leaves none out."""
     if not scope.narrowed:

@@ -32,7 +32,7 @@ from gpushare.inspect.schema import (
     ScopeDoc,
     dump,
 )
-from gpushare.inspect.scope import Scope, Sight
+from gpushare.inspect.scope import ALL_VISIBLE, EVERY_POD, Scope, Sight
 
 
 @dataclass(frozen=True)
@@ -127,9 +127,9 @@ class ClusterView:
     """The unit read for nodes that do not declare theirs."""
     unlabelled: tuple[str, ...] = ()
     """Nodes with GPUs whose ``ack.node.gpu.schedule`` is missing or not a mode gpushare knows."""
-    scope: Scope = Scope()
+    scope: Scope = EVERY_POD
     """The pods asked for; the nodes shown are theirs when it narrows."""
-    sight: Sight = Sight()
+    sight: Sight = ALL_VISIBLE
     """What the reader's rights let it read."""
 
     @property
@@ -162,9 +162,9 @@ def build_view(
     *,
     unit: MemoryUnit = MemoryUnit.GiB,
     units: Mapping[str, tuple[str, int]] | None = None,
-    scope: Scope = Scope(),
+    scope: Scope = EVERY_POD,
     selected: frozenset[str] | None = None,
-    sight: Sight = Sight(),
+    sight: Sight = ALL_VISIBLE,
 ) -> ClusterView:
     """Join inventories, holdings and recorded policy units into the inspect view.
 
