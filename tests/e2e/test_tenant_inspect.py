@@ -87,7 +87,6 @@ def test_a_service_account_with_namespace_rights_sees_its_namespace(
         cluster,
         labelled_kwok_nodes([NODE], "tenant", ip=IP, gpus_units=[15, 15], mode=Mode.SHARE),
     )
-    )
     for namespace in (TENANT, NEIGHBOUR):
         cluster.kubectl("create", "namespace", namespace)
     try:
