@@ -120,3 +120,14 @@ def test_wide_and_no_headers_keep_the_seed_columns() -> None:
     assert bare[2:] == plain[3:]
     details = render(view, details=True, output="text", headers=False)
     assert "NAME  NAMESPACE" not in details and "train  team-a" in details
+
+
+def test_a_bad_selector_names_the_flag_and_the_term() -> None:
+    from click.testing import CliRunner
+
+    from gpushare.inspect.cli import main as inspect_cgpu
+
+    result = CliRunner().invoke(inspect_cgpu, ["-l", "app=web,(x"])
+    assert result.exit_code == 2
+    assert "Invalid value for -l" in result.output
+    assert "'(x' is not a label requirement" in result.output
