@@ -6,6 +6,14 @@ does, and prints the view. It reads ``$KUBECONFIG`` like kubectl, and also takes
 (``core.inventory.declared_unit``); ``--unit`` only overrides it. ``-o json`` prints the
 documents of ``inspect.schema``, whose JSON Schema ``--schema`` prints.
 
+Its flags follow kubectl's: ``-n``, ``-A``, ``-l`` choose the pods shown (``inspect.scope``),
+``-o text|wide|json|yaml`` and ``--no-headers`` the rendering; without them the output is the
+seeds'. It asks for no more than it needs, and takes less when refused: a user who may not list
+every namespace's pods gets the context's namespace (or ``-n``'s), one who may not list nodes
+gets them as the pods describe them, each with a note in the output, never a traceback.
+``--explain`` needs the whole cluster and says so in one line when it cannot have it; it scores
+with the installed extender's settings (``inspect.installed``), read from its Deployment.
+
 Like the extender it counts only allocations gpushare sealed for their pod (core.trust). The
 key comes from ``--seal-key-file``, or from the Secret the chart creates (``--seal-secret``,
 read through the API). A user who may not read that Secret gets one line on stderr saying so,
