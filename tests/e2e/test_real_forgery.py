@@ -50,6 +50,7 @@ from gpushare.kube.port import KubeError
 
 from .cluster import Cluster
 from .conftest import REPO, create_nodes, delete_nodes, eventually, kwok_node
+from .helpers import token_kubeconfig
 from .realnode import NODE_NAME, RealNode, container, hand_off, pod, probe_env
 
 NS = "e2e-forgery"
@@ -498,28 +499,6 @@ def chart_documents(cluster: Cluster) -> list[dict[str, Any]]:
         check=True,
     )
     return [d for d in yaml.safe_load_all(result.stdout) if d]
-
-
-def token_kubeconfig(cluster: Cluster, token: str, path: Path) -> Path:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "e2e",
-                "cluster": {
-                    "server": cluster.server,
-                    "certificate-authority": str(cluster.pki / "ca.crt"),
-                },
-            }
-        ],
-        "users": [{"name": "device-plugin", "user": {"token": token}}],
-        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "device-plugin"}}],
-        "current-context": "e2e",
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
 
 
 def mounted_token(node: RealNode, uid: str) -> str:

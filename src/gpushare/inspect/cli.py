@@ -6,6 +6,14 @@ does, and prints the view. It reads ``$KUBECONFIG`` like kubectl, and also takes
 (``core.inventory.declared_unit``); ``--unit`` only overrides it. ``-o json`` prints the
 documents of ``inspect.schema``, whose JSON Schema ``--schema`` prints.
 
+Its flags follow kubectl's: ``-n``, ``-A``, ``-l`` choose the pods shown (``inspect.scope``),
+``-o text|wide|json|yaml`` and ``--no-headers`` the rendering; without them the output is the
+seeds'. It asks for no more than it needs, and takes less when refused: a user who may not list
+every namespace's pods gets the context's namespace (or ``-n``'s), one who may not list nodes
+gets them as the pods describe them, each with a note in the output, never a traceback.
+``--explain`` needs the whole cluster and says so in one line when it cannot have it; it scores
+with the installed extender's settings (``inspect.installed``), read from its Deployment.
+
 Like the extender it counts only allocations gpushare sealed for their pod (core.trust). The
 key comes from ``--seal-key-file``, or from the Secret the chart creates (``--seal-secret``,
 read through the API). A user who may not read that Secret gets one line on stderr saying so,
@@ -18,10 +26,11 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
+import yaml
 
 from gpushare.core.inventory import declared_unit, read_node
 from gpushare.core.kubejson import name_of, namespace_of
@@ -30,11 +39,21 @@ from gpushare.core.policybook import recorded_units
 from gpushare.core.scheduling import Scheduler, Settings
 from gpushare.core.trust import Trust
 from gpushare.core.units import MemoryUnit
+from gpushare.inspect.completion import complete_contexts, complete_namespaces, complete_pods
 from gpushare.inspect.explain import Explanation, explain_pod, explanation_json
-from gpushare.inspect.render import render_details, render_explanation, render_summary
+from gpushare.inspect.installed import describe, extender_settings
+from gpushare.inspect.render import Layout, render_details, render_explanation, render_summary
 from gpushare.inspect.schema import DOCUMENTS, json_schema
+from gpushare.inspect.scope import (
+    EVERY_POD,
+    Scope,
+    Sight,
+    nodes_from_pods,
+    parse_selector,
+    selected_uids,
+)
 from gpushare.inspect.view import ClusterView, build_view, to_json
-from gpushare.kube.port import KubeAPI, KubeError
+from gpushare.kube.port import Forbidden, KubeAPI, KubeDict, KubeError
 from gpushare.kube.sealing import (
     DEFAULT_SECRET,
     SealKeyError,
@@ -42,6 +61,9 @@ from gpushare.kube.sealing import (
     parse_secret_ref,
     secret_key,
 )
+
+DEFAULT_EXTENDER_NAMESPACE = "gpushare"
+"""The namespace the chart is installed into by default (that of ``--seal-secret``'s default)."""
 
 
 async def find_trust(
@@ -63,33 +85,90 @@ async def find_trust(
     return Trust.sealed(key), ""
 
 
+async def read_cluster(
+    api: KubeAPI, *, home: str = ""
+) -> tuple[list[KubeDict] | None, list[KubeDict], Sight]:
+    """Nodes (None when forbidden), the pods the user may list, and what was hidden.
+
+    Pods of every namespace when allowed; when not, those of ``home`` (a namespace), and a
+    Forbidden when there is no ``home`` to fall back to.
+    """
+    try:
+        nodes: list[KubeDict] | None = (await api.list_nodes())[0]
+    except Forbidden:
+        nodes = None
+    try:
+        pods, _ = await api.list_pods()
+        return nodes, pods, Sight(nodes=nodes is not None)
+    except Forbidden:
+        if not home:
+            raise
+    pods, _ = await api.list_pods(namespace=home)
+    return nodes, pods, Sight(nodes=nodes is not None, pods_namespace=home)
+
+
 async def collect(
     api: KubeAPI,
     *,
     unit: MemoryUnit | None = None,
     trust: Trust | None = None,
     notes: list[str] | None = None,
+    scope: Scope = EVERY_POD,
+    home: str = "",
 ) -> ClusterView:
-    """List nodes and pods through the port and build the view.
+    """List nodes and pods through the port and build the view of the pods in ``scope``.
 
     Without ``trust`` the key is read from the default Secret, else structure only. Without
-    ``unit`` it is the one the nodes declare; a note on that goes to ``notes``.
+    ``unit`` it is the one the nodes declare; a note on that goes to ``notes``. A user who may
+    not list every namespace's pods gets ``home``'s (``read_cluster``), and one who may not
+    list nodes gets them described from the pods (``scope.nodes_from_pods``).
     """
     if trust is None:
         trust, _ = await find_trust(api)
-    nodes, _ = await api.list_nodes()
-    pods, _ = await api.list_pods()
+    nodes, pods, sight = await read_cluster(api, home=home)
+    if sight.pods_namespace:
+        scope = replace(scope, namespace=sight.pods_namespace)
     if unit is None:
-        unit, note = declared_unit(nodes)
+        unit, note = declared_unit(nodes or [])
         if note and notes is not None:
             notes.append(note)
     ledger = Ledger.from_pods(pods, unit=unit, trust=trust)
-    inventories = (read_node(n, cluster_unit=unit) for n in nodes)
-    return build_view(inventories, ledger, unit=unit, units=recorded_units(pods))
+    if nodes is None:
+        inventories = nodes_from_pods(pods)
+    else:
+        inventories = [read_node(n, cluster_unit=unit) for n in nodes]
+    return build_view(
+        inventories,
+        ledger,
+        unit=unit,
+        units=recorded_units(pods),
+        scope=scope,
+        selected=selected_uids(pods, scope),
+        sight=sight,
+    )
 
 
 class PodNotFound(KubeError):
     """The pod to explain is not in the cluster."""
+
+
+class CannotExplain(KubeError):
+    """The user may not read what ``--explain`` needs (every node and every pod)."""
+
+
+async def installed_settings(api: KubeAPI, namespace: str) -> tuple[Settings, str]:
+    """The installed extender's settings (``inspect.installed``), and a note when they could
+    not be read and the extender's defaults stand in."""
+    try:
+        settings, where = extender_settings(await api.list_deployments(namespace), namespace)
+    except (KubeError, ValueError) as err:
+        settings = Settings()
+        return settings, (
+            f"note: cannot read the installed extender's settings ({err}); explaining with the "
+            f"extender's defaults ({describe(settings)}); give --policy, or "
+            f"--extender-namespace where gpushare is installed"
+        )
+    return settings, f"note: explaining with the settings of {where} ({describe(settings)})"
 
 
 async def collect_explanation(
@@ -108,8 +187,15 @@ async def collect_explanation(
     """
     if trust is None:
         trust, _ = await find_trust(api)
-    nodes, _ = await api.list_nodes()
-    pods, _ = await api.list_pods()
+    try:
+        nodes, _ = await api.list_nodes()
+        pods, _ = await api.list_pods()
+    except Forbidden as err:
+        raise CannotExplain(
+            f"cannot explain {namespace}/{name}: {err}; --explain runs the extender's filter, "
+            f"which needs every node and every pod (a cluster-wide right to list them); "
+            f"without it, `kubectl inspect cgpu -n {namespace}` shows what your pods hold"
+        ) from None
     if find_unit:
         unit, note = declared_unit(nodes, default=settings.unit)
         settings = replace(settings, unit=unit)
@@ -123,79 +209,178 @@ async def collect_explanation(
     return explain_pod(found[0], inventories, ledger, Scheduler(settings))
 
 
-def render_explained(explanation: Explanation, *, output: str) -> str:
+OUTPUTS = ("text", "wide", "json", "yaml")
+"""``-o``'s values: kubectl's table, its wide table, and the documents of ``inspect.schema``."""
+
+
+def _document(data: dict[str, object], output: str) -> str:
+    if output == "yaml":
+        return yaml.safe_dump(data, sort_keys=True, default_flow_style=False)
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def render_explained(explanation: Explanation, *, output: str, headers: bool = True) -> str:
     """The chosen rendering of an explanation."""
-    if output == "json":
-        return json.dumps(explanation_json(explanation), indent=2, sort_keys=True) + "\n"
-    return render_explanation(explanation)
+    if output in ("json", "yaml"):
+        return _document(explanation_json(explanation), output)
+    return render_explanation(explanation, Layout(headers=headers, wide=output == "wide"))
 
 
-def render(view: ClusterView, *, details: bool, output: str) -> str:
+def render(view: ClusterView, *, details: bool, output: str, headers: bool = True) -> str:
     """The chosen rendering of a view."""
-    if output == "json":
-        return json.dumps(to_json(view), indent=2, sort_keys=True) + "\n"
-    return render_details(view) if details else render_summary(view)
+    if output in ("json", "yaml"):
+        return _document(to_json(view), output)
+    layout = Layout(headers=headers, wide=output == "wide")
+    return render_details(view, layout) if details else render_summary(view, layout)
+
+
+@dataclass(frozen=True)
+class Query:
+    """What the command line asks for, checked."""
+
+    unit: MemoryUnit | None = None
+    scope: Scope = EVERY_POD
+    all_namespaces: bool = False
+    """``-A``: every namespace's pods, and an error (not a fallback) when that is forbidden."""
+    explain: tuple[str, str] | None = None
+    """``--explain``'s pod: (namespace, name); an empty namespace is the context's."""
+    policy: str | None = None
+    """``--policy``; None: the installed extender's."""
+    extender_namespace: str = DEFAULT_EXTENDER_NAMESPACE
+    seal_secret: str = DEFAULT_SECRET
+    seal_key_file: str | None = None
+
+
+async def _explain(
+    api: KubeAPI, query: Query, trust: Trust, notes: list[str], *, home: str
+) -> Explanation:
+    """``--explain``, with the installed extender's settings unless ``--policy`` is given."""
+    assert query.explain is not None
+    pod_ns, pod_name = query.explain
+    if query.policy is None:
+        settings, note = await installed_settings(api, query.extender_namespace)
+        notes.append(note)
+    else:
+        settings = Settings(policy=query.policy)
+    if query.unit is not None:
+        settings = replace(settings, unit=query.unit)
+    return await collect_explanation(
+        api,
+        pod_ns or home,
+        pod_name,
+        settings=settings,
+        trust=trust,
+        find_unit=query.unit is None,
+        notes=notes,
+    )
 
 
 async def _fetch(
-    kubeconfig: str | None,
-    context: str | None,
-    unit: MemoryUnit | None,
-    explain: tuple[str, str, Settings] | None = None,
-    *,
-    seal_secret: str = DEFAULT_SECRET,
-    seal_key_file: str | None = None,
+    kubeconfig: str | None, context: str | None, query: Query
 ) -> tuple[ClusterView | Explanation, list[str]]:
     """The view or explanation, and the notes made on the way (shown only on success)."""
     from gpushare.kube.lightkube_api import LightkubeAPI
 
     api = LightkubeAPI.connect(kubeconfig, context)
     try:
-        trust, note = await find_trust(api, secret=seal_secret, key_file=seal_key_file)
+        trust, note = await find_trust(api, secret=query.seal_secret, key_file=query.seal_key_file)
         notes = [note] if note else []
-        if explain is not None:
-            explained = await collect_explanation(
-                api,
-                explain[0],
-                explain[1],
-                settings=explain[2],
-                trust=trust,
-                find_unit=unit is None,
-                notes=notes,
-            )
-            return explained, notes
-        return await collect(api, unit=unit, trust=trust, notes=notes), notes
-    except PodNotFound:
+        if query.explain is not None:
+            return await _explain(api, query, trust, notes, home=api.namespace), notes
+        home = "" if query.all_namespaces else (query.scope.namespace or api.namespace)
+        view = await collect(
+            api, unit=query.unit, trust=trust, notes=notes, scope=query.scope, home=home
+        )
+        return view, notes
+    except (PodNotFound, CannotExplain):
         raise
+    except Forbidden as err:
+        raise Forbidden(
+            f"{err}: ask for a Role that lets you list pods in a namespace, and give it with -n "
+            f"(see docs/inspect.md, 'A tenant's view')"
+        ) from None
     except KubeError as err:
         raise KubeError(f"cannot read from the Kubernetes API at {api.server}: {err}") from None
     finally:
         await api.close()
 
 
+def _check(query: Query, *, explain: str | None, policy: str | None) -> Query:
+    """Refuse what cannot be asked, naming the option; ``query`` with --explain's pod."""
+    if explain is not None:
+        pod_ns, _, pod_name = explain.rpartition("/")
+        if not pod_name:
+            raise click.BadParameter(f"{explain!r}: write NAMESPACE/POD or POD", param_hint="-e")
+        query = replace(query, explain=(pod_ns or query.scope.namespace, pod_name))
+    if policy is not None:
+        try:
+            Scheduler(Settings(policy=policy))
+        except (KeyError, ValueError) as err:
+            raise click.BadParameter(str(err), param_hint="--policy") from None
+    return query
+
+
 @click.command(name="kubectl-inspect-cgpu")
 @click.option("-d", "--details", is_flag=True, help="Show each node's pods and their GPUs.")
 @click.option(
-    "-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True
+    "-o",
+    "--output",
+    type=click.Choice(OUTPUTS),
+    default="text",
+    show_default=True,
+    help="text: the seeds' table; wide: with each node's mode and pods; json or yaml: the "
+    "documents of --schema.",
 )
+@click.option(
+    "-n",
+    "--namespace",
+    default=None,
+    shell_complete=complete_namespaces,
+    help="Only this namespace's pods, and the nodes they are on. Default: every namespace, or "
+    "the kubeconfig context's namespace when you may not list pods cluster-wide; --explain's "
+    "POD is in the context's namespace.",
+)
+@click.option(
+    "-A",
+    "--all-namespaces",
+    is_flag=True,
+    help="Every namespace's pods (the default where allowed; with -A, an error where not).",
+)
+@click.option(
+    "-l",
+    "--selector",
+    default="",
+    help="Only pods matching this label selector (key=value, key!=value, 'key in (a,b)', "
+    "key, !key; joined by commas), and the nodes they are on.",
+)
+@click.option("--no-headers", is_flag=True, help="Print tables without their header row.")
 @click.option(
     "-e",
     "--explain",
     metavar="[NAMESPACE/]POD",
     default=None,
+    shell_complete=complete_pods,
     help="Say, node by node, whether this pod would fit now and why not (a what-if).",
 )
 @click.option(
-    "-n", "--namespace", default="default", show_default=True, help="Namespace of --explain's pod."
+    "--policy",
+    default=None,
+    help="--explain: score as this policy. Default: the installed extender's settings (its "
+    "Deployment's flags in --extender-namespace), else the extender's defaults.",
 )
 @click.option(
-    "--policy",
-    default="binpack",
+    "--extender-namespace",
+    default=DEFAULT_EXTENDER_NAMESPACE,
     show_default=True,
-    help="The extender's --policy, for --explain's GPU choice and scores.",
+    help="Where gpushare's chart is installed, for --explain to read the extender's settings.",
 )
-@click.option("--kubeconfig", envvar=None, help="Path to a kubeconfig (default: $KUBECONFIG).")
-@click.option("--context", help="The kubeconfig context to use.")
+@click.option(
+    "--kubeconfig",
+    envvar=None,
+    type=click.Path(dir_okay=False),
+    help="Path to a kubeconfig (default: $KUBECONFIG).",
+)
+@click.option("--context", shell_complete=complete_contexts, help="The kubeconfig context to use.")
 @click.option(
     "--seal-secret",
     default=DEFAULT_SECRET,
@@ -219,15 +404,19 @@ async def _fetch(
     "--schema",
     type=click.Choice(sorted(DOCUMENTS)),
     default=None,
-    help="Print the JSON Schema of the -o json output (summary: the table and -d; explain: "
-    "--explain) and exit.",
+    help="Print the JSON Schema of the -o json/yaml output (summary: the table and -d; "
+    "explain: --explain) and exit.",
 )
 def main(
     details: bool,
     output: str,
+    namespace: str | None,
+    all_namespaces: bool,
+    selector: str,
+    no_headers: bool,
     explain: str | None,
-    namespace: str,
-    policy: str,
+    policy: str | None,
+    extender_namespace: str,
     kubeconfig: str | None,
     context: str | None,
     seal_secret: str,
@@ -247,32 +436,26 @@ def main(
         parse_secret_ref(seal_secret)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--seal-secret") from None
-    target: tuple[str, str, Settings] | None = None
-    if explain is not None:
-        pod_ns, _, pod_name = explain.rpartition("/")
-        if not pod_name:
-            raise click.BadParameter(f"{explain!r}: write NAMESPACE/POD or POD", param_hint="-e")
-        settings = Settings(unit=memory_unit or MemoryUnit.GiB, policy=policy)
-        try:
-            Scheduler(settings)
-        except (KeyError, ValueError) as err:
-            raise click.BadParameter(str(err), param_hint="--policy") from None
-        target = (pod_ns or namespace, pod_name, settings)
     try:
-        result, notes = asyncio.run(
-            _fetch(
-                kubeconfig,
-                context,
-                memory_unit,
-                target,
-                seal_secret=seal_secret,
-                seal_key_file=seal_key_file,
-            )
-        )
+        labels = parse_selector(selector)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="-l") from None
+    query = Query(
+        unit=memory_unit,
+        scope=Scope(namespace="" if all_namespaces else (namespace or ""), selector=labels),
+        all_namespaces=all_namespaces,
+        policy=policy,
+        extender_namespace=extender_namespace,
+        seal_secret=seal_secret,
+        seal_key_file=seal_key_file,
+    )
+    query = _check(query, explain=explain, policy=policy)
+    try:
+        result, notes = asyncio.run(_fetch(kubeconfig, context, query))
     except SealKeyError as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(2)
-    except PodNotFound as err:
+    except (PodNotFound, CannotExplain, Forbidden) as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(1)
     except KubeError as err:
@@ -286,6 +469,7 @@ def main(
     for note in notes:
         click.echo(note, err=True)
     if isinstance(result, Explanation):
-        click.echo(render_explained(result, output=output), nl=False)
+        click.echo(render_explained(result, output=output, headers=not no_headers), nl=False)
     else:
-        click.echo(render(result, details=details, output=output), nl=False)
+        text = render(result, details=details, output=output, headers=not no_headers)
+        click.echo(text, nl=False)

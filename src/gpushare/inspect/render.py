@@ -22,14 +22,21 @@ Allocations gpushare ignores (core.trust) follow, one per
 pod, with why, and
 then a note naming the nodes that have GPU memory but no sharing mode label (none in the seeds,
 so their text is unchanged).
+
+A narrowed or partial view (``inspect.scope``: ``-n``, ``-l``, or a reader who may not list
+nodes or every namespace's pods) says so: its total line is not the cluster's, and notes name
+what could not be read; a GPU of a node known only from its pods that none of them holds is
+``?``. ``Layout`` carries kubectl's ``--no-headers`` and ``-o wide`` (``MODE`` and ``PODS``
+after the summary's columns); the default layout is the seeds'.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gpushare.core.inventory import Mode
-from gpushare.core.names import ANN_NODE_GPUS_DISABLED, LABEL_MODE
+from gpushare.core.names import ANN_DEV, ANN_NODE_GPUS_DISABLED, LABEL_MODE
 from gpushare.inspect.explain import Explanation
 from gpushare.inspect.view import ClusterView, NodeView
 
@@ -42,6 +49,19 @@ MIN_RULE = 75
 RULE_EXTRA = 20
 """What ACK's plugin adds to the first node row's unaligned length for the summary's line."""
 
+UNKNOWN = "?"
+"""A GPU cell the reader cannot know (a node read from its pods, a GPU none of them holds)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """kubectl's table options; the default is the seeds' layout."""
+
+    headers: bool = True
+    """False: ``--no-headers``, tables start with their first row."""
+    wide: bool = False
+    """``-o wide``: the summary adds each node's mode and its number of pods shown."""
+
 
 def rule_width(first_row: Sequence[str]) -> int:
     """Dashes under the summary table: the first node row unaligned (cells and one separator
@@ -51,7 +71,11 @@ def rule_width(first_row: Sequence[str]) -> int:
     return sum(len(cell) + 1 for cell in first_row) + RULE_EXTRA
 
 
-def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+def _table(rows: Sequence[Sequence[str]], *, headers: bool = True) -> list[str]:
+    if not headers:
+        rows = rows[1:]
+    if not rows:
+        return []
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = []
     for row in rows:
@@ -78,15 +102,17 @@ class _Amounts:
         return str(mib if self.mib else mib // 1024)
 
 
-def render_summary(view: ClusterView) -> str:
+def render_summary(view: ClusterView, layout: Layout = Layout()) -> str:
     """The default ``kubectl inspect cgpu`` table."""
     amounts = _Amounts(view)
-    width = max((len(n.gpus) for n in view.nodes), default=0)
+    width = max((_columns(n) for n in view.nodes), default=0)
     pending = any(n.pending_units for n in view.nodes)
     header = ["NAME", "IPADDRESS"] + [f"GPU{i}(Allocated/Total)" for i in range(width)]
     if pending:
         header.append("PENDING(Allocated)")
     header.append(f"GPU Memory({amounts.label})")
+    if layout.wide:
+        header += ["MODE", "PODS"]
     rows = [header]
     for node in view.nodes:
         by_index = {g.index: g for g in node.gpus}
@@ -97,19 +123,22 @@ def render_summary(view: ClusterView) -> str:
                 f"{amounts.of(node, gpu.allocated_units)}/{amounts.of(node, gpu.total_units)}"
                 f"{OUT_OF_SERVICE_MARK if gpu.out_of_service else ''}"
                 if gpu
-                else "-"
+                else (UNKNOWN if node.seen_from_pods else "-")
             )
         if pending:
             row.append(amounts.of(node, node.pending_units) if node.pending_units else "0")
         row.append(f"{amounts.of(node, node.allocated_units)}/{amounts.of(node, node.total_units)}")
+        if layout.wide:
+            row += [_mode(node), str(len(node.pods))]
         rows.append(row)
-    lines = _table(rows)
-    rule = "-" * rule_width(rows[1] if len(rows) > 1 else ())
+    lines = _table(rows, headers=layout.headers)
+    rule = "-" * rule_width(rows[1][: len(rows[1]) - 2 * layout.wide] if len(rows) > 1 else ())
     tail = [
         *_cluster_lines(view, amounts),
         *_out_of_service_lines(view),
         *_ignored_lines(view),
         *_unlabelled_lines(view),
+        *_scope_lines(view),
     ]
     return "\n".join([*lines, rule, *tail]) + "\n"
 
@@ -148,15 +177,49 @@ def _ignored_lines(view: ClusterView) -> list[str]:
     ]
 
 
+def _columns(node: NodeView) -> int:
+    """GPU columns the node needs: its GPUs, or up to the highest index its pods name."""
+    if node.seen_from_pods:
+        return max((g.index + 1 for g in node.gpus), default=0)
+    return len(node.gpus)
+
+
+def _mode(node: NodeView) -> str:
+    return "unknown" if node.seen_from_pods else node.mode.value
+
+
+def _scope_lines(view: ClusterView) -> list[str]:
+    """What the view leaves out by choice, and what the reader could not see."""
+    out = []
+    scope, sight = view.scope, view.sight
+    if scope.narrowed and (scope.selector.requirements or not sight.pods_namespace):
+        where = f"namespace {scope.namespace}" if scope.namespace else "all namespaces"
+        match = f" matching {scope.selector.text}" if scope.selector.requirements else ""
+        out.append(f"Shown: the pods of {where}{match}, and the nodes they are on.")
+    if sight.pods_namespace:
+        ns = sight.pods_namespace
+        out.append(
+            f"Note: pods outside namespace {ns}: forbidden; showing only namespace {ns}'s pods, "
+            f"and Allocated counts only theirs."
+        )
+    if not sight.nodes:
+        out.append(
+            f"Note: nodes: forbidden; each node is what its pods' allocations say: the GPUs they "
+            f"hold ({UNKNOWN}: others), sized by {ANN_DEV}."
+        )
+    return out
+
+
 def _cluster_lines(view: ClusterView, amounts: _Amounts) -> list[str]:
     total, allocated = view.total_mib(), view.allocated_mib()
+    where = "In Cluster" if view.whole else "On The Nodes Shown"
     return [
-        f"Allocated/Total GPU Memory In Cluster{'' if not amounts.mib else ' (MiB)'}:",
+        f"Allocated/Total GPU Memory {where}{'' if not amounts.mib else ' (MiB)'}:",
         f"{amounts.cluster(allocated)}/{amounts.cluster(total)} ({_pct(allocated, total)}%)",
     ]
 
 
-def render_details(view: ClusterView) -> str:
+def render_details(view: ClusterView, layout: Layout = Layout()) -> str:
     """``kubectl inspect cgpu -d``: per node, its pods and what each holds per GPU."""
     amounts = _Amounts(view)
     out: list[str] = []
@@ -165,7 +228,7 @@ def render_details(view: ClusterView) -> str:
         out += [
             f"NAME:       {node.name}",
             f"IPADDRESS:  {node.ip or '-'}",
-            f"MODE:       {node.mode.value}",
+            f"MODE:       {_mode(node)}",
         ]
         if node.problem:
             out.append(f"PROBLEM:    {node.problem}")
@@ -194,7 +257,7 @@ def render_details(view: ClusterView) -> str:
             if view.has_policies:
                 row.append(f"{pod.policy}({pod.unit})" if pod.unit else "-")
             rows.append(row)
-        out += _table(rows)
+        out += _table(rows, headers=layout.headers)
         allocated, total = node.allocated_units, node.total_units
         out.append(f"Allocated :  {amounts.of(node, allocated)} ({_pct(allocated, total)}%)")
         out.append(f"Total :      {amounts.of(node, total)}")
@@ -209,10 +272,11 @@ def render_details(view: ClusterView) -> str:
     out += _out_of_service_lines(view)
     out += _ignored_lines(view)
     out += _unlabelled_lines(view)
+    out += _scope_lines(view)
     return "\n".join(out) + "\n"
 
 
-def render_explanation(explanation: Explanation) -> str:
+def render_explanation(explanation: Explanation, layout: Layout = Layout()) -> str:
     """``kubectl inspect cgpu --explain``: the pod, then per node whether it fits and why not."""
     e = explanation
     where = f", bound to {e.bound_to}" if e.bound_to else ""
@@ -229,7 +293,7 @@ def render_explanation(explanation: Explanation) -> str:
         why = node.placement if node.fits == "yes" else "; ".join(node.reasons)
         score = str(node.score) if node.fits == "yes" else "-"
         rows.append([node.node, node.fits, gpus, score, why or "-"])
-    out += _table(rows)
+    out += _table(rows, headers=layout.headers)
     if not e.nodes:
         out.append("(no nodes)")
     out += [

@@ -81,6 +81,11 @@ class NodeDoc(_Doc):
     problem: str = Field(description="Why gpushare cannot read the node, or empty.")
     total_units: int = Field(description="Memory of all its GPUs, in the node's unit.")
     allocated_units: int = Field(description="Memory held on it (pending included).")
+    seen_from: Literal["node", "pods"] = Field(
+        default="node",
+        description="node: read from the Node object; pods: the reader may not read nodes, so "
+        "the node is described from its pods' allocations (only the GPUs they hold, mode none).",
+    )
 
 
 class IgnoredDoc(_Doc):
@@ -100,6 +105,20 @@ class ClusterDoc(_Doc):
     allocated_percent: int = Field(description="Truncated, as the table prints it.")
 
 
+class ScopeDoc(_Doc):
+    """Which pods the document shows and what its reader could not see."""
+
+    namespace: str = Field(
+        default="", description="Only this namespace's pods (-n); empty: every namespace."
+    )
+    selector: str = Field(default="", description="The label selector given with -l, or empty.")
+    forbidden: list[str] = Field(
+        default_factory=list,
+        description="What the reader's rights hid ('nodes', 'pods outside namespace X'); when "
+        "pods are hidden, allocated amounts count only the pods of the namespace it may list.",
+    )
+
+
 class InspectDocument(_Doc):
     """``kubectl inspect cgpu -o json`` (with or without ``-d``) and ``GET /inspect``."""
 
@@ -113,6 +132,11 @@ class InspectDocument(_Doc):
     unlabelled_nodes: list[str] = Field(
         description="Nodes with GPU memory but no ack.node.gpu.schedule value gpushare knows: "
         "nothing is placed there until the label is added."
+    )
+    scope: ScopeDoc = Field(
+        default_factory=ScopeDoc,
+        description="With -n or -l, the nodes listed are those holding a pod in scope, with "
+        "their full totals, and each node's pods are those in scope.",
     )
 
 

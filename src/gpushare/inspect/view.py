@@ -8,6 +8,9 @@ with GPUs but no sharing mode label are named apart too: gpushare places nothing
 label is added, which is the first thing to check when a pod stays Pending.
 A pod a ResourcePolicy placed carries the policy and unit its bind recorded (``units``, by pod
 UID, from ``core.policybook.recorded_units``), so the view says which pool each pod went to.
+A view can be narrowed to the pods in a scope (``inspect.scope``: a namespace, a label
+selector): it then shows those pods and the nodes they are on, with the nodes' full totals, and
+it records what its reader could not see, so the renderers can say it.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from gpushare.inspect.schema import (
     InspectDocument,
     NodeDoc,
     PodDoc,
+    ScopeDoc,
     dump,
 )
+from gpushare.inspect.scope import ALL_VISIBLE, EVERY_POD, Scope, Sight
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,8 @@ class NodeView:
     pods: tuple[PodView, ...]
     pending_units: int = 0
     problem: str = ""
+    seen_from_pods: bool = False
+    """The node could not be read: its GPUs are those the reader's pods hold, its mode unknown."""
 
     @property
     def total_units(self) -> int:
@@ -120,6 +127,15 @@ class ClusterView:
     """The unit read for nodes that do not declare theirs."""
     unlabelled: tuple[str, ...] = ()
     """Nodes with GPUs whose ``ack.node.gpu.schedule`` is missing or not a mode gpushare knows."""
+    scope: Scope = EVERY_POD
+    """The pods asked for; the nodes shown are theirs when it narrows."""
+    sight: Sight = ALL_VISIBLE
+    """What the reader's rights let it read."""
+
+    @property
+    def whole(self) -> bool:
+        """Whether this is the whole cluster (the seeds' view): nothing narrowed or hidden."""
+        return not self.scope.narrowed and self.sight.whole
 
     @property
     def has_policies(self) -> bool:
@@ -146,17 +162,32 @@ def build_view(
     *,
     unit: MemoryUnit = MemoryUnit.GiB,
     units: Mapping[str, tuple[str, int]] | None = None,
+    scope: Scope = EVERY_POD,
+    selected: frozenset[str] | None = None,
+    sight: Sight = ALL_VISIBLE,
 ) -> ClusterView:
-    """Join inventories, holdings and recorded policy units into the inspect view."""
+    """Join inventories, holdings and recorded policy units into the inspect view.
+
+    ``selected``: the UIDs of the pods in ``scope`` (``scope.selected_uids``); None shows all.
+    """
     units = units or {}
     busy = ledger.nodes()
     views = []
     nodes = sorted(nodes, key=lambda n: n.name)
-    unlabelled = tuple(n.name for n in nodes if n.mode is Mode.NONE and n.gpus)
+    unlabelled = tuple(
+        n.name for n in nodes if n.mode is Mode.NONE and n.gpus and selected is None and sight.nodes
+    )
+
+    def shown(uid: str) -> bool:
+        return selected is None or uid in selected
+
     for node in nodes:
         if not (node.mode is not Mode.NONE and node.gpus) and node.name not in busy:
             continue
         usage = ledger.usage(node.name)
+        uids = [a.uid for a in usage.allocations] + [u.uid for u in usage.unplaced]
+        if selected is not None and not any(shown(uid) for uid in uids):
+            continue
         gpus = tuple(
             GpuView(
                 index=g.index,
@@ -183,6 +214,7 @@ def build_view(
                 unit=units.get(a.uid, ("", 0))[1],
             )
             for a in usage.allocations
+            if shown(a.uid)
         ]
         pods += [
             PodView(
@@ -194,6 +226,7 @@ def build_view(
                 state="unplaced",
             )
             for u in usage.unplaced
+            if shown(u.uid)
         ]
         views.append(
             NodeView(
@@ -206,6 +239,7 @@ def build_view(
                 pods=tuple(sorted(pods, key=lambda p: (p.namespace, p.name))),
                 pending_units=usage.unplaced_mem_units,
                 problem=node.problem,
+                seen_from_pods=not sight.nodes,
             )
         )
     ignored = tuple(
@@ -213,11 +247,19 @@ def build_view(
             (
                 IgnoredView(namespace=i.namespace, name=i.name, node=i.node, reason=i.why.message)
                 for i in ledger.ignored()
+                if shown(i.uid)
             ),
             key=lambda i: (i.namespace, i.name),
         )
     )
-    return ClusterView(nodes=tuple(views), ignored=ignored, unit=unit.value, unlabelled=unlabelled)
+    return ClusterView(
+        nodes=tuple(views),
+        ignored=ignored,
+        unit=unit.value,
+        unlabelled=unlabelled,
+        scope=scope,
+        sight=sight,
+    )
 
 
 def to_json(view: ClusterView) -> dict[str, Any]:
@@ -262,6 +304,7 @@ def to_json(view: ClusterView) -> dict[str, Any]:
                 problem=node.problem,
                 total_units=node.total_units,
                 allocated_units=node.allocated_units,
+                seen_from="pods" if node.seen_from_pods else "node",
             )
             for node in view.nodes
         ],
@@ -275,5 +318,10 @@ def to_json(view: ClusterView) -> dict[str, Any]:
             allocated_percent=(allocated * 100 // total) if total else 0,
         ),
         unlabelled_nodes=list(view.unlabelled),
+        scope=ScopeDoc(
+            namespace=view.scope.namespace,
+            selector=view.scope.selector.text,
+            forbidden=list(view.sight.hidden()),
+        ),
     )
     return dump(document)

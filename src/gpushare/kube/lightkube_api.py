@@ -19,6 +19,7 @@ from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Event, Node, Pod, Secret
 from lightkube.types import PatchType
 
@@ -26,6 +27,7 @@ from gpushare.core.kubejson import name_problem
 from gpushare.core.resourcepolicy import GROUP, KIND, PLURAL, VERSION
 from gpushare.kube.port import (
     Conflict,
+    Forbidden,
     Gone,
     KubeDict,
     KubeError,
@@ -65,7 +67,9 @@ def _translate(err: Exception, what: str) -> KubeError:
             return Conflict(message)
         if code == 410:
             return Gone(message)
-        if code in (401, 403):
+        if code == 403:
+            return Forbidden(f"{message} (forbidden to these credentials)")
+        if code == 401:
             return Unreachable(f"{message} (check the credentials in your kubeconfig)")
     return KubeError(f"{message} (HTTP {code})")
 
@@ -95,6 +99,16 @@ def load_config(kubeconfig: str | None = None, context: str | None = None) -> Si
     if single is None:
         raise Unreachable(f"kubeconfig has no context {context!r}")
     return single
+
+
+def kubeconfig_contexts(kubeconfig: str | None = None) -> dict[str, str]:
+    """Each context of the kubeconfig (a file, else $KUBECONFIG or ~/.kube/config) and its
+    namespace (empty when it names none), for shell completion; {} when none can be read."""
+    try:
+        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+    except (ConfigError, OSError, KeyError, ValueError):
+        return {}
+    return {name: context.namespace or "" for name, context in config.contexts.items()}
 
 
 def _to_dict(obj: Any) -> KubeDict:
@@ -159,10 +173,27 @@ class LightkubeAPI:
         """All nodes."""
         return await self._list(Node, "list nodes")
 
-    async def list_pods(self, node: str = "") -> tuple[list[KubeDict], str]:
-        """All pods in all namespaces (only those bound to ``node`` if given)."""
+    @property
+    def namespace(self) -> str:
+        """The kubeconfig context's namespace (``default`` when it names none), as kubectl's."""
+        return str(self._client.namespace)
+
+    async def list_pods(self, node: str = "", *, namespace: str = "") -> tuple[list[KubeDict], str]:
+        """All pods in all namespaces (only those bound to ``node``, or of ``namespace``)."""
         fields = {"spec.nodeName": node} if node else None
+        if namespace:
+            _names(namespace=namespace)
+            what = f"list pods in namespace {namespace}"
+            return await self._list(Pod, what, namespace=namespace, fields=fields)
         return await self._list(Pod, "list pods", namespace="*", fields=fields)
+
+    async def list_deployments(self, namespace: str) -> list[KubeDict]:
+        """The Deployments of a namespace."""
+        _names(namespace=namespace)
+        items, _ = await self._list(
+            Deployment, f"list deployments in namespace {namespace}", namespace=namespace
+        )
+        return items
 
     async def list_resource_policies(self) -> tuple[list[KubeDict], str]:
         """All ResourcePolicies (NotFound while their CRD is not installed)."""

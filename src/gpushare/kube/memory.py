@@ -21,7 +21,15 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from gpushare.kube.port import Conflict, EventType, Gone, KubeDict, NotFound, WatchEvent
+from gpushare.kube.port import (
+    Conflict,
+    EventType,
+    Forbidden,
+    Gone,
+    KubeDict,
+    NotFound,
+    WatchEvent,
+)
 
 _ENCODE = msgspec.json.Encoder()
 _DECODE = msgspec.json.Decoder()
@@ -77,6 +85,10 @@ class MemoryKube:
         }
         self.calls: list[str] = []
         """Names of port methods called, in order (tests assert on the protocol used)."""
+        self._deployments: dict[tuple[str, str], KubeDict] = {}
+        self.forbidden: set[str] = set()
+        """Calls answered 403, as RBAC would: ``list_nodes``, ``list_pods:*`` (all
+        namespaces), ``list_pods:NAMESPACE``, ``get_secret``, ``list_deployments:NAMESPACE``."""
 
     # -- writes used by tests and the demo ---------------------------------------------------
 
@@ -161,16 +173,41 @@ class MemoryKube:
 
     # -- the port ------------------------------------------------------------------------------
 
+    def _check(self, call: str) -> None:
+        """Answer 403 for a call ``forbidden`` names, as RBAC would."""
+        if call in self.forbidden:
+            raise Forbidden(f"{call}: forbidden (in-memory RBAC)")
+
     async def list_nodes(self) -> tuple[list[KubeDict], str]:
         """All nodes and the current resourceVersion."""
         self.calls.append("list_nodes")
+        self._check("list_nodes")
         return self.nodes(), str(self._version)
 
-    async def list_pods(self, node: str = "") -> tuple[list[KubeDict], str]:
-        """All pods (or those bound to ``node``) and the current resourceVersion."""
+    async def list_pods(self, node: str = "", *, namespace: str = "") -> tuple[list[KubeDict], str]:
+        """All pods (or those bound to ``node``, or of ``namespace``) and the current
+        resourceVersion."""
         self.calls.append("list_pods")
-        pods = [p for p in self.pods() if not node or p.get("spec", {}).get("nodeName") == node]
+        self._check(f"list_pods:{namespace or '*'}")
+        pods = [
+            p
+            for p in self.pods()
+            if (not node or p.get("spec", {}).get("nodeName") == node)
+            and (not namespace or p["metadata"].get("namespace") == namespace)
+        ]
         return pods, str(self._version)
+
+    def put_deployment(self, deployment: Mapping[str, Any]) -> None:
+        """Create or replace a Deployment (only listed back: nothing runs it)."""
+        obj = _copy(dict(deployment))
+        meta = obj["metadata"]
+        self._deployments[(meta["namespace"], meta["name"])] = obj
+
+    async def list_deployments(self, namespace: str) -> list[KubeDict]:
+        """The Deployments of a namespace."""
+        self.calls.append("list_deployments")
+        self._check(f"list_deployments:{namespace}")
+        return [_copy(d) for (ns, _), d in sorted(self._deployments.items()) if ns == namespace]
 
     async def _watch(self, kind: Kind, resource_version: str) -> AsyncIterator[WatchEvent]:
         position = int(resource_version or 0)
@@ -267,6 +304,7 @@ class MemoryKube:
     async def get_secret(self, namespace: str, name: str) -> KubeDict:
         """One Secret."""
         self.calls.append("get_secret")
+        self._check("get_secret")
         try:
             return _copy(self._secrets[(namespace, name)])
         except KeyError:

@@ -4,6 +4,7 @@ Errors (raised by every implementation, never the client library's own)::
 
     KubeError                 any failure talking to the API
     ├── Unreachable           no connection, TLS or auth failure
+    │   └── Forbidden         403: these credentials may not do that (RBAC)
     ├── NotFound              404: the object is gone
     ├── Conflict              409: resourceVersion changed, or the pod is already bound
     └── Gone                  410: the watch's resourceVersion is too old; relist
@@ -24,6 +25,14 @@ class KubeError(Exception):
 
 class Unreachable(KubeError):
     """The API server could not be reached or refused our credentials."""
+
+
+class Forbidden(Unreachable):
+    """The credentials were accepted but may not do this (HTTP 403, RBAC).
+
+    A kind of Unreachable, so a caller that only knows "the API did not answer" stays right; a
+    caller that can do with less (``kubectl inspect cgpu`` for a tenant) catches it apart.
+    """
 
 
 class NotFound(KubeError):
@@ -56,8 +65,9 @@ class KubeAPI(Protocol):
         """All nodes and the list's resourceVersion."""
         ...
 
-    async def list_pods(self, node: str = "") -> tuple[list[KubeDict], str]:
-        """All pods in all namespaces (only those bound to ``node`` if given)."""
+    async def list_pods(self, node: str = "", *, namespace: str = "") -> tuple[list[KubeDict], str]:
+        """All pods in all namespaces (only those bound to ``node`` if given; only those of
+        ``namespace`` if given, which needs no cluster-wide right)."""
         ...
 
     def watch_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]:
@@ -109,6 +119,11 @@ class KubeAPI(Protocol):
 
     async def get_secret(self, namespace: str, name: str) -> KubeDict:
         """One Secret (``kubectl inspect cgpu`` reads the seal key from it)."""
+        ...
+
+    async def list_deployments(self, namespace: str) -> list[KubeDict]:
+        """The Deployments of a namespace (``kubectl inspect cgpu --explain`` reads the
+        installed extender's flags from its own)."""
         ...
 
     async def create_secret(
