@@ -40,7 +40,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,13 @@ sys.path.insert(0, str(REPO))
 from tests.e2e.cluster import running_cluster  # noqa: E402
 from tests.e2e.conftest import labelled_kwok_nodes  # noqa: E402
 from tests.e2e.helpers import per_gpu_memory  # noqa: E402
-from tests.e2e.staged import Stage, create_in_parallel, run_stage, stage_pods  # noqa: E402
+from tests.e2e.staged import (  # noqa: E402
+    Stage,
+    create_in_parallel,
+    run_stage,
+    stage_pods,
+    wait_nodes_ready,
+)
 
 from gpushare.schedconfig import (  # noqa: E402
     PERCENTAGE_OF_NODES_TO_SCORE,
@@ -121,21 +126,7 @@ def run(
                 cluster,
                 labelled_kwok_nodes(names, LABEL, gpus_units=[GPU_UNITS] * 8, mode="cgpu"),
             )
-            ready_deadline = time.monotonic() + 900
-            while time.monotonic() < ready_deadline:
-                text = cluster.kubectl(
-                    "get",
-                    "nodes",
-                    "-l",
-                    f"gpushare-e2e={LABEL}",
-                    "--no-headers",
-                    timeout=300,
-                ).stdout
-                if text.count(" Ready ") >= nodes:
-                    break
-                time.sleep(2)
-            else:
-                raise RuntimeError(f"{nodes} kwok nodes did not become Ready")
+            wait_nodes_ready(cluster, LABEL, nodes)
             plain_pods, gpu_pods = stage_pods(
                 pods,
                 seed,

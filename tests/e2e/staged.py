@@ -66,6 +66,19 @@ def create_in_parallel(cluster: Cluster, manifests: list[dict[str, Any]], worker
         list(pool.map(create, chunks))
 
 
+def wait_nodes_ready(cluster: Cluster, label: str, count: int, timeout: float = 900) -> None:
+    """Wait until ``count`` nodes labelled ``gpushare-e2e=<label>`` are Ready."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = cluster.kubectl(
+            "get", "nodes", "-l", f"gpushare-e2e={label}", "--no-headers", timeout=300
+        ).stdout
+        if text.count(" Ready ") >= count:
+            return
+        time.sleep(2)
+    raise RuntimeError(f"{count} kwok nodes did not become Ready")
+
+
 SIZES = [1, 1, 2, 2, 3, 4, 4, 6, 8, 12]
 """GiB per GPU pod of a stage, drawn uniformly."""
 

@@ -172,6 +172,10 @@ class MemoryKube:
         pods = [p for p in self.pods() if not node or p.get("spec", {}).get("nodeName") == node]
         return pods, str(self._version)
 
+    async def list_pod_pages(self) -> AsyncIterator[tuple[list[KubeDict], str]]:
+        """All pods as one page (``list_pods``)."""
+        yield await self.list_pods()
+
     async def _watch(self, kind: Kind, resource_version: str) -> AsyncIterator[WatchEvent]:
         position = int(resource_version or 0)
         while True:
