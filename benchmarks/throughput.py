@@ -13,7 +13,8 @@ first bind to the last):
 It prints, per node count: both rates and their ratio (GPU over plain), kube-scheduler's
 retries, the extender's binds by outcome, its p50/p99 per route, the CPU share of each
 process, and the packing (GPUs touched, their mean fill). ``--profile`` also samples the
-extender with py-spy during the GPU stage and prints its hottest frames.
+extender during the GPU stage and prints its hottest frames: with py-spy where it is
+installed, else from inside (``benchmarks/sampler.py``), with the innermost frames too.
 
     python benchmarks/throughput.py [--nodes 1000 5000] [--pods 5000] [--seed 2026]
                                     [--percentage 100] [--plain-percentage P] [--profile]
@@ -36,10 +37,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -66,6 +70,7 @@ from gpushare.schedconfig import (  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 NULL_EXTENDER = REPO / "benchmarks" / "null_extender.py"
+SAMPLER = REPO / "benchmarks" / "sampler.py"
 GPU_UNITS = 15
 LABEL = "throughput"
 
@@ -84,19 +89,29 @@ def packing(items: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def hottest(raw: Path, top: int = 25) -> list[tuple[str, float]]:
-    """py-spy's collapsed stacks as (frame, share of samples that include it), hottest first."""
-    inclusive: Counter[str] = Counter()
-    total = 0
+def _stacks(raw: Path) -> Counter[str]:
+    counts: Counter[str] = Counter()
     for line in raw.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue  # py-spy's own messages
-        n = int(count)
+        if stack and count.isdigit():  # not py-spy's own messages
+            counts[stack] += int(count)
+    return counts
+
+
+def hottest(raw: Path, top: int = 25, *, innermost: bool = False) -> list[tuple[str, float]]:
+    """Collapsed stacks (py-spy's or ``sampler.py``'s) as (frame, share of samples that
+    include it, or that end in it with ``innermost``), hottest first."""
+    counts = _stacks(raw)
+    shares: Counter[str] = Counter()
+    total = 0
+    for stack, n in counts.items():
+        if n <= 0:
+            continue
         total += n
-        for frame in set(stack.split(";")):
-            inclusive[frame] += n
-    return [(frame, n / total) for frame, n in inclusive.most_common(top)] if total else []
+        frames = stack.split(";")
+        for frame in [frames[-1]] if innermost else set(frames):
+            shares[frame] += n
+    return [(frame, n / total) for frame, n in shares.most_common(top)] if total else []
 
 
 def run(
@@ -118,8 +133,13 @@ def run(
         with running_cluster(
             root, progress, pods_run=False, scheduler_settings=profiles
         ) as cluster:
+            raw = out / f"profile-{nodes}.txt"
+            py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(VENV_BIN))
             if extender == "null":
                 cluster.start_extender(progress, command=[sys.executable, str(NULL_EXTENDER)])
+            elif profile and not py_spy:  # sampled from inside (benchmarks/sampler.py)
+                raw.unlink(missing_ok=True)
+                cluster.start_extender(progress, wrapper=[sys.executable, str(SAMPLER), str(raw)])
             names = [f"tp-{i:05d}" for i in range(nodes)]
             progress(f"creating {nodes} kwok nodes")
             create_in_parallel(
@@ -138,8 +158,8 @@ def run(
                 cluster, "plain", "tp-plain", plain_pods, gpu=False, progress=progress
             )
             spy = None
-            raw = out / f"profile-{nodes}.txt"
-            py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(VENV_BIN))
+            inside = profile and not py_spy and extender == "gpushare"
+            pid = cluster.processes["gpushare-extender"].pid
             if profile and py_spy:
                 spy = subprocess.Popen(
                     [
@@ -158,7 +178,16 @@ def run(
                     stdout=subprocess.DEVNULL,
                     stderr=(out / f"py-spy-{nodes}.log").open("wb"),
                 )
-            gpu = run_stage(cluster, "gpu", "tp-gpu", gpu_pods, gpu=True, progress=progress)
+            gpu = run_stage(
+                cluster,
+                "gpu",
+                "tp-gpu",
+                gpu_pods,
+                gpu=True,
+                progress=progress,
+                # the sampler counts from kube-scheduler's start
+                on_start=(lambda: os.kill(pid, signal.SIGUSR1)) if inside else None,
+            )
             if spy is not None:
                 spy.send_signal(2)
                 spy.wait(timeout=60)
@@ -176,8 +205,11 @@ def run(
                 else 0.0,
                 "packing": packing(items),
             }
-            if spy is not None and raw.exists():
+            if inside:
+                time.sleep(6)  # the sampler writes its counts every 5 s
+            if (spy is not None or inside) and raw.exists():
                 result["hottest"] = [(f, round(s, 3)) for f, s in hottest(raw)]
+                result["innermost"] = [(f, round(s, 3)) for f, s in hottest(raw, innermost=True)]
             return result
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -31,7 +31,7 @@ import ssl
 import threading
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -357,8 +357,10 @@ def run_stage(
     gpu: bool,
     timeout: float = 900,
     progress: Any = print,
+    on_start: Callable[[], None] | None = None,
 ) -> Stage:
-    """Create every pod with kube-scheduler stopped, start it, time first to last bind."""
+    """Create every pod with kube-scheduler stopped, start it, time first to last bind
+    (``on_start`` is called just before kube-scheduler starts)."""
     cluster.stop_scheduler()
     cluster.kubectl("create", "namespace", namespace)
     progress(f"[{name}] creating {len(manifests)} pods with kube-scheduler stopped")
@@ -372,6 +374,8 @@ def run_stage(
         extender_url = f"{cluster.extender_url}/metrics"
         before = scrape(extender_url) if gpu else {}
         progress(f"[{name}] starting kube-scheduler")
+        if on_start is not None:
+            on_start()
         cluster.start_scheduler()
         deadline = time.monotonic() + timeout
         shown = time.monotonic()
