@@ -20,10 +20,12 @@ bound (``spec.nodeName``, round robin over the nodes), which is what the extende
 pod kube-scheduler placed; GPU pods go through kube-scheduler and the extender's bind (their
 allocations must be the extender's own, sealed), staged (``tests/e2e/staged.py``) with
 kube-scheduler's adaptive sample to load them quickly, then the probe with every node scored.
-The probe's pods count in the step's total.
+The probe's pods count in the step's total. ``--compare SRC...`` also starts, at each step,
+one extender more from each source tree given (``git archive <commit> src``), which lists and
+watches the same objects and serves nothing, and prints its peak: two builds on one cluster.
 
     python benchmarks/sizing.py [--nodes 1000 5000] [--pods 10000 50000] [--probe 500]
-                                [--seed 2026] [--out sizing-out]
+                                [--seed 2026] [--out sizing-out] [--compare SRC ...]
 
 Big runs (more than 1,000 nodes) belong under ``flock /tmp/gpushare-big.lock``.
 """
@@ -32,10 +34,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +75,53 @@ def memory_mib(pid: int) -> dict[str, float]:
             if key in ("VmHWM", "VmRSS"):
                 values[key] = round(int(rest.split()[0]) / 1024, 1)
     return values
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def fresh_peak(root: Path, src: Path, timeout: float = 900) -> float:
+    """The peak RSS (MiB) of one more extender, run from the sources under ``src``, on the
+    cluster under ``root`` (the harness's files), once it has listed everything.
+
+    It serves nothing kube-scheduler calls; it lists and watches like the one that does, so
+    two builds are compared on the very same objects.
+    """
+    port = _free_port()
+    argv = [
+        str(Path(sys.executable).parent / "gpushare"),
+        "extender",
+        "--kubeconfig",
+        str(root / "admin.kubeconfig"),
+        "--port",
+        str(port),
+        "--seal-key-file",
+        str(root / "seal.key"),
+        "--log-level",
+        "warning",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"the extender from {src} ended: {process.stderr}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5):
+                    break
+            except OSError:
+                time.sleep(1)
+        else:
+            raise RuntimeError(f"the extender from {src} was not ready in {timeout:.0f}s")
+        time.sleep(2)
+        return memory_mib(process.pid)["VmHWM"]
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
 
 
 def profiles(percentage: int) -> dict[str, Any]:
@@ -106,6 +160,7 @@ def step(
     loaded: dict[str, int],
     probe: int,
     rng: random.Random,
+    compare: list[Path],
 ) -> dict[str, Any]:
     """Fill the cluster to ``total`` pods (``loaded`` counts what is there), restart the
     extender, probe filter with every node scored; return the figures."""
@@ -131,6 +186,10 @@ def step(
     )
     loaded["gpu"] += gpu_count
     load = memory_mib(cluster.processes["gpushare-extender"].pid)
+    compared = {}
+    for src in compare:
+        progress(f"[{n} nodes, {total} pods] a fresh extender from {src}")
+        compared[str(src)] = fresh_peak(cluster.root, src)
     progress(f"[{n} nodes, {total} pods] restarting the extender on the full cluster")
     cluster.start_extender(progress)
     cluster.scheduler_settings = profiles(PERCENTAGE_OF_NODES_TO_SCORE)
@@ -157,10 +216,13 @@ def step(
         "filter_p99_ms": filter_ms.get("p99"),
         "probe_pods_per_second": round(stage.pods_per_second, 1),
         "probe_cpu_share": {k: round(v, 2) for k, v in stage.cpu_share.items()},
+        "fresh_peak_mib_by_source": compared,
     }
 
 
-def run(nodes: int, totals: list[int], probe: int, seed: int) -> list[dict[str, Any]]:
+def run(
+    nodes: int, totals: list[int], probe: int, seed: int, compare: list[Path]
+) -> list[dict[str, Any]]:
     root = Path(tempfile.mkdtemp(prefix=f"gpushare-size-{nodes}-"))
     rng = random.Random(seed)
     try:
@@ -175,7 +237,7 @@ def run(nodes: int, totals: list[int], probe: int, seed: int) -> list[dict[str, 
             loaded = {"plain": 0, "gpu": 0}
             results = []
             for total in sorted(totals):
-                result = step(cluster, names, total, loaded, probe, rng)
+                result = step(cluster, names, total, loaded, probe, rng, compare)
                 print(json.dumps(result), flush=True)
                 results.append(result)
             return results
@@ -206,6 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe", type=int, default=500)
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--out", type=Path, default=Path("sizing-out"))
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="source trees (a src/ folder each) whose extender's fresh-start peak is measured "
+        "on the same cluster at each step, for a before-and-after comparison",
+    )
     args = parser.parse_args(argv)
     for n in args.nodes:
         if n < 1:
@@ -216,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for nodes in args.nodes:
-        results.extend(run(nodes, args.pods, args.probe, args.seed))
+        results.extend(run(nodes, args.pods, args.probe, args.seed, args.compare))
         (args.out / "sizing.json").write_text(json.dumps(results, indent=2))
     print(table(results), flush=True)
     return 0
