@@ -62,6 +62,12 @@ SIZES = [1, 1, 2, 2, 3, 4]
 """GiB per GPU pod, drawn uniformly: small enough that 25,000 of them fit 1,000 nodes."""
 
 
+NODE_LEASE_S = 600
+"""kwok's node lease: thousands of nodes renewing a 40 s lease on two busy cores fall behind,
+and a node whose lease ran out turns NotReady and takes no pods. Nothing here measures
+heartbeats, so they come rarely."""
+
+
 def progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -226,7 +232,7 @@ def run(
     root = Path(tempfile.mkdtemp(prefix=f"gpushare-size-{nodes}-"))
     rng = random.Random(seed)
     try:
-        with running_cluster(root, progress, pods_run=False) as cluster:
+        with running_cluster(root, progress, pods_run=False, node_lease_s=NODE_LEASE_S) as cluster:
             names = [f"sz-{i:05d}" for i in range(nodes)]
             progress(f"creating {nodes} kwok nodes")
             create_in_parallel(
