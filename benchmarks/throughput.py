@@ -18,7 +18,8 @@ installed, else from inside (``benchmarks/sampler.py``), with the innermost fram
 
     python benchmarks/throughput.py [--nodes 1000 5000] [--pods 5000] [--seed 2026]
                                     [--percentage 100] [--plain-percentage P] [--profile]
-                                    [--extender gpushare|null] [--out throughput-out]
+                                    [--extender gpushare|null] [--node-lease S]
+                                    [--out throughput-out]
 
 ``--percentage`` sets the GPU profile's ``percentageOfNodesToScore`` (the chart's
 ``scheduler.percentageOfNodesToScore``; 100 by default, 0 for kube-scheduler's adaptive
@@ -123,6 +124,7 @@ def run(
     percentage: int,
     plain_percentage: int | None = None,
     extender: str = "gpushare",
+    node_lease_s: int = 40,
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"gpushare-tp-{nodes}-"))
     profiles = {"profiles": scheduler_configuration(percentage=percentage)["profiles"]}
@@ -131,7 +133,11 @@ def run(
         default["percentageOfNodesToScore"] = plain_percentage
     try:
         with running_cluster(
-            root, progress, pods_run=False, scheduler_settings=profiles
+            root,
+            progress,
+            pods_run=False,
+            scheduler_settings=profiles,
+            node_lease_s=node_lease_s,
         ) as cluster:
             raw = out / f"profile-{nodes}.txt"
             py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(VENV_BIN))
@@ -282,6 +288,13 @@ def main(argv: list[str] | None = None) -> int:
         help="null: serve benchmarks/null_extender.py instead, which decides nothing (the "
         "floor of the round trip; its packing means nothing)",
     )
+    parser.add_argument(
+        "--node-lease",
+        type=int,
+        default=40,
+        help="kwok's node lease in seconds; a longer one keeps nodes Ready on cores too busy "
+        "to renew 1,000 leases in time",
+    )
     parser.add_argument("--profile", action="store_true", help="sample the extender with py-spy")
     parser.add_argument("--out", type=Path, default=Path("throughput-out"))
     args = parser.parse_args(argv)
@@ -309,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             args.percentage,
             args.plain_percentage,
             args.extender,
+            args.node_lease,
         )
         results.append(result)
         print(json.dumps(result), flush=True)
