@@ -12,6 +12,13 @@ down is dropped.
 
 ``synced`` stays False until the first full list, and ``/readyz`` reports it.
 
+**Memory.** Pods are listed a page at a time (``list_pod_pages``) and each page is read into
+the new state before the next is fetched; no pod object outlives its page except the unbound
+ones (``pending``). What stays per pod is what the decisions read: its booking and host
+requests in the ledger, its judgement, its placement for ResourcePolicies, its scoring terms.
+The API port hands over objects as the server's JSON without what no reader here reads
+(``managedFields``, condition lists, a node's images: ``kube.lightkube_api``).
+
 **One bad object never ends the watch.** Each node and pod passes ``core.shape`` before anything
 reads it, the boundary the extender's wire and the webhook use too; one that does not is skipped
 (its last good version stays) and reported to ``on_skipped``, which the extender logs and counts.
