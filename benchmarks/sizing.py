@@ -50,13 +50,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.e2e.cluster import Cluster, running_cluster  # noqa: E402
-from tests.e2e.conftest import labelled_kwok_nodes  # noqa: E402
 from tests.e2e.helpers import gpu_pod_manifest  # noqa: E402
-from tests.e2e.staged import create_in_parallel, run_stage, wait_nodes_ready  # noqa: E402
+from tests.e2e.staged import create_in_parallel, gpu_nodes, run_stage  # noqa: E402
 
 from gpushare.schedconfig import PERCENTAGE_OF_NODES_TO_SCORE, scheduler_configuration  # noqa: E402
 
-GPU_UNITS = 15
 LABEL = "sizing"
 SIZES = [1, 1, 2, 2, 3, 4]
 """GiB per GPU pod, drawn uniformly: small enough that 25,000 of them fit 1,000 nodes."""
@@ -235,11 +233,7 @@ def run(
         with running_cluster(root, progress, pods_run=False, node_lease_s=NODE_LEASE_S) as cluster:
             names = [f"sz-{i:05d}" for i in range(nodes)]
             progress(f"creating {nodes} kwok nodes")
-            create_in_parallel(
-                cluster,
-                labelled_kwok_nodes(names, LABEL, gpus_units=[GPU_UNITS] * 8, mode="cgpu"),
-            )
-            wait_nodes_ready(cluster, LABEL, nodes)
+            gpu_nodes(cluster, names, LABEL)
             loaded = {"plain": 0, "gpu": 0}
             results = []
             for total in sorted(totals):

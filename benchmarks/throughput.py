@@ -53,14 +53,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.e2e.cluster import running_cluster  # noqa: E402
-from tests.e2e.conftest import labelled_kwok_nodes  # noqa: E402
 from tests.e2e.helpers import per_gpu_memory  # noqa: E402
 from tests.e2e.staged import (  # noqa: E402
     Stage,
-    create_in_parallel,
+    gpu_nodes,
     run_stage,
     stage_pods,
-    wait_nodes_ready,
 )
 
 from gpushare.schedconfig import (  # noqa: E402
@@ -148,11 +146,7 @@ def run(
                 cluster.start_extender(progress, wrapper=[sys.executable, str(SAMPLER), str(raw)])
             names = [f"tp-{i:05d}" for i in range(nodes)]
             progress(f"creating {nodes} kwok nodes")
-            create_in_parallel(
-                cluster,
-                labelled_kwok_nodes(names, LABEL, gpus_units=[GPU_UNITS] * 8, mode="cgpu"),
-            )
-            wait_nodes_ready(cluster, LABEL, nodes)
+            gpu_nodes(cluster, names, LABEL)
             plain_pods, gpu_pods = stage_pods(
                 pods,
                 seed,

@@ -40,6 +40,7 @@ import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from .cluster import Cluster
+from .conftest import labelled_kwok_nodes
 from .helpers import gpu_pod_manifest
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -66,17 +67,20 @@ def create_in_parallel(cluster: Cluster, manifests: list[dict[str, Any]], worker
         list(pool.map(create, chunks))
 
 
-def wait_nodes_ready(cluster: Cluster, label: str, count: int, timeout: float = 900) -> None:
-    """Wait until ``count`` nodes labelled ``gpushare-e2e=<label>`` are Ready."""
+def gpu_nodes(cluster: Cluster, names: list[str], label: str, timeout: float = 900) -> None:
+    """Create kwok nodes of 8 x 15 GiB GPUs (cgpu) labelled ``gpushare-e2e=<label>`` and wait
+    until all are Ready."""
+    manifests = labelled_kwok_nodes(names, label, gpus_units=[15] * 8, mode="cgpu")
+    create_in_parallel(cluster, manifests)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = cluster.kubectl(
             "get", "nodes", "-l", f"gpushare-e2e={label}", "--no-headers", timeout=300
         ).stdout
-        if text.count(" Ready ") >= count:
+        if text.count(" Ready ") >= len(names):
             return
         time.sleep(2)
-    raise RuntimeError(f"{count} kwok nodes did not become Ready")
+    raise RuntimeError(f"{len(names)} kwok nodes did not become Ready")
 
 
 SIZES = [1, 1, 2, 2, 3, 4, 4, 6, 8, 12]

@@ -7,7 +7,7 @@ Library errors are translated into gpushare's own tree (``gpushare.kube.port``) 
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -108,6 +108,14 @@ PAGE = 500
 """Objects per list request: a cluster's pods are listed, and taken in, a page at a time."""
 
 
+def _version(listing: Any) -> str:
+    """A lightkube listing's resourceVersion; empty before it answered."""
+    try:
+        return str(listing.resourceVersion)
+    except NotReadyError:
+        return ""
+
+
 class _Version:
     """``metadata.resourceVersion`` of a listed object, read the way lightkube's watch does."""
 
@@ -157,6 +165,14 @@ def _slim(obj: Any, kind: str) -> KubeDict:
     return data
 
 
+def _slim_node(obj: Any) -> KubeDict:
+    return _slim(obj, "Node")
+
+
+def _slim_pod(obj: Any) -> KubeDict:
+    return _slim(obj, "Pod")
+
+
 def _names(**names: str) -> None:
     """Refuse names that no object can have before they go into a request path.
 
@@ -195,19 +211,20 @@ class LightkubeAPI:
         with _mapped(what):
             listing: Any = self._client.list(resource, **options)
             items = [_to_dict(item) async for item in listing]
-            try:
-                version = str(listing.resourceVersion)
-            except NotReadyError:
-                version = ""
-            return items, version
+            return items, _version(listing)
 
     async def _watch(
-        self, resource: Any, resource_version: str, what: str, **options: Any
+        self,
+        resource: Any,
+        resource_version: str,
+        what: str,
+        read: Callable[[Any], KubeDict] = _to_dict,
+        **options: Any,
     ) -> AsyncIterator[WatchEvent]:
         with _mapped(what):
             stream: Any = self._client.watch(resource, resource_version=resource_version, **options)
             async for type_, obj in stream:
-                yield WatchEvent(type=type_, object=_to_dict(obj))
+                yield WatchEvent(type=type_, object=read(obj))
 
     async def _slim_list(
         self, resource: Any, kind: str, what: str, **options: Any
@@ -220,21 +237,9 @@ class LightkubeAPI:
             async for item in listing:
                 page.append(_slim(item, kind))
                 if len(page) == PAGE:
-                    yield page, str(listing.resourceVersion)
+                    yield page, _version(listing)
                     page = []
-            try:
-                version = str(listing.resourceVersion)
-            except NotReadyError:
-                version = ""
-            yield page, version
-
-    async def _slim_watch(
-        self, resource: Any, kind: str, resource_version: str, what: str, **options: Any
-    ) -> AsyncIterator[WatchEvent]:
-        with _mapped(what):
-            stream: Any = self._client.watch(resource, resource_version=resource_version, **options)
-            async for type_, obj in stream:
-                yield WatchEvent(type=type_, object=_slim(obj, kind))
+            yield page, _version(listing)
 
     async def list_nodes(self) -> tuple[list[KubeDict], str]:
         """All nodes (without what ``_UNREAD`` names)."""
@@ -260,11 +265,11 @@ class LightkubeAPI:
 
     def watch_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]:
         """Node changes (without what ``_UNREAD`` names)."""
-        return self._slim_watch(_NodeJSON, "Node", resource_version, "watch nodes")
+        return self._watch(_NodeJSON, resource_version, "watch nodes", _slim_node)
 
     def watch_pods(self, resource_version: str) -> AsyncIterator[WatchEvent]:
         """Pod changes (without what ``_UNREAD`` names)."""
-        return self._slim_watch(_PodJSON, "Pod", resource_version, "watch pods", namespace="*")
+        return self._watch(_PodJSON, resource_version, "watch pods", _slim_pod, namespace="*")
 
     def watch_resource_policies(self, resource_version: str) -> AsyncIterator[WatchEvent]:
         """ResourcePolicy changes."""
