@@ -51,7 +51,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.e2e.cluster import Cluster, running_cluster  # noqa: E402
 from tests.e2e.helpers import gpu_pod_manifest  # noqa: E402
-from tests.e2e.staged import create_in_parallel, gpu_nodes, run_stage  # noqa: E402
+from tests.e2e.staged import Stage, create_in_parallel, gpu_nodes, run_stage  # noqa: E402
 
 from gpushare.schedconfig import PERCENTAGE_OF_NODES_TO_SCORE, scheduler_configuration  # noqa: E402
 
@@ -157,6 +157,20 @@ def gpu_pods(start: int, count: int, namespace: str, rng: random.Random) -> list
     return pods
 
 
+def gpu_stage(
+    cluster: Cluster,
+    name: str,
+    namespace: str,
+    start: int,
+    count: int,
+    rng: random.Random,
+    timeout: float = 900,
+) -> Stage:
+    """Schedule ``count`` new GPU pods through kube-scheduler and the extender, staged."""
+    pods = gpu_pods(start, count, namespace, rng)
+    return run_stage(cluster, name, namespace, pods, gpu=True, progress=progress, timeout=timeout)
+
+
 def step(
     cluster: Cluster,
     names: list[str],
@@ -179,15 +193,7 @@ def step(
     create_in_parallel(cluster, plain_pods(loaded["plain"], plain_count, namespace, names))
     loaded["plain"] += plain_count
     cluster.scheduler_settings = profiles(0)
-    run_stage(
-        cluster,
-        "load",
-        f"gpu-{total}",
-        gpu_pods(loaded["gpu"], gpu_count, f"gpu-{total}", rng),
-        gpu=True,
-        progress=progress,
-        timeout=1800,
-    )
+    gpu_stage(cluster, "load", f"gpu-{total}", loaded["gpu"], gpu_count, rng, timeout=1800)
     loaded["gpu"] += gpu_count
     load = memory_mib(cluster.processes["gpushare-extender"].pid)
     compared = {}
@@ -197,14 +203,7 @@ def step(
     progress(f"[{n} nodes, {total} pods] restarting the extender on the full cluster")
     cluster.start_extender(progress)
     cluster.scheduler_settings = profiles(PERCENTAGE_OF_NODES_TO_SCORE)
-    stage = run_stage(
-        cluster,
-        "probe",
-        f"probe-{total}",
-        gpu_pods(loaded["gpu"], probe, f"probe-{total}", rng),
-        gpu=True,
-        progress=progress,
-    )
+    stage = gpu_stage(cluster, "probe", f"probe-{total}", loaded["gpu"], probe, rng)
     loaded["gpu"] += probe
     fresh = memory_mib(cluster.processes["gpushare-extender"].pid)
     filter_ms = stage.routes_ms.get("filter", {})
