@@ -12,7 +12,7 @@ DIST ?= dist/$(VERSION)
 IMAGE_ARCHIVE ?= $(DIST)/gpushare-image-$(VERSION).oci.tar
 ARCH ?=
 
-.PHONY: demo test unit native e2e e2e-oldest lint typecheck controlplane cluster cluster-down bench replay image image-in-docker image-archive release clean
+.PHONY: demo test unit native e2e e2e-oldest lint typecheck controlplane cluster cluster-down bench sizing replay image image-in-docker image-archive release clean
 
 $(STAMP): pyproject.toml constraints.txt packaging/gpushare_build.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -103,6 +103,14 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/extender_latency.py
 	$(BIN)/python benchmarks/extender_http_speed.py --names all
 	$(BIN)/python benchmarks/extender_http_speed.py --names sample
+
+# The extender's memory and filter latency at 1,000 and 5,000 kwok nodes with 10,000 and
+# 50,000 pods, half of them GPU pods, on the real control plane (benchmarks/sizing.py; the
+# sizing table of docs/operations.md comes from it). Not in `bench`: 30-60 minutes on 2 cores,
+# under the lock other big kwok runs take. SIZING_ARGS="--nodes 1000 --pods 10000" for less.
+sizing: $(STAMP)
+	bash tests/e2e/controlplane/build.sh > /dev/null
+	flock /tmp/gpushare-big.lock $(BIN)/python benchmarks/sizing.py $(SIZING_ARGS)
 
 # The openb trace replayed on the real control plane (kwok nodes, kube-scheduler's
 # ack-co-scheduler profile, the extender per policy), one pod at a time, beside the memory-mode

@@ -13,11 +13,13 @@ first bind to the last):
 It prints, per node count: both rates and their ratio (GPU over plain), kube-scheduler's
 retries, the extender's binds by outcome, its p50/p99 per route, the CPU share of each
 process, and the packing (GPUs touched, their mean fill). ``--profile`` also samples the
-extender with py-spy during the GPU stage and prints its hottest frames.
+extender during the GPU stage and prints its hottest frames: with py-spy where it is
+installed, else from inside (``benchmarks/sampler.py``), with the innermost frames too.
 
     python benchmarks/throughput.py [--nodes 1000 5000] [--pods 5000] [--seed 2026]
                                     [--percentage 100] [--plain-percentage P] [--profile]
-                                    [--extender gpushare|null] [--out throughput-out]
+                                    [--extender gpushare|null] [--node-lease S]
+                                    [--out throughput-out]
 
 ``--percentage`` sets the GPU profile's ``percentageOfNodesToScore`` (the chart's
 ``scheduler.percentageOfNodesToScore``; 100 by default, 0 for kube-scheduler's adaptive
@@ -36,7 +38,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,9 +53,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.e2e.cluster import running_cluster  # noqa: E402
-from tests.e2e.conftest import labelled_kwok_nodes  # noqa: E402
 from tests.e2e.helpers import per_gpu_memory  # noqa: E402
-from tests.e2e.staged import Stage, create_in_parallel, run_stage, stage_pods  # noqa: E402
+from tests.e2e.staged import (  # noqa: E402
+    Stage,
+    gpu_nodes,
+    run_stage,
+    stage_pods,
+)
 
 from gpushare.schedconfig import (  # noqa: E402
     PERCENTAGE_OF_NODES_TO_SCORE,
@@ -61,6 +69,7 @@ from gpushare.schedconfig import (  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 NULL_EXTENDER = REPO / "benchmarks" / "null_extender.py"
+SAMPLER = REPO / "benchmarks" / "sampler.py"
 GPU_UNITS = 15
 LABEL = "throughput"
 
@@ -79,19 +88,29 @@ def packing(items: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def hottest(raw: Path, top: int = 25) -> list[tuple[str, float]]:
-    """py-spy's collapsed stacks as (frame, share of samples that include it), hottest first."""
-    inclusive: Counter[str] = Counter()
-    total = 0
+def _stacks(raw: Path) -> Counter[str]:
+    counts: Counter[str] = Counter()
     for line in raw.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue  # py-spy's own messages
-        n = int(count)
+        if stack and count.isdigit():  # not py-spy's own messages
+            counts[stack] += int(count)
+    return counts
+
+
+def hottest(raw: Path, top: int = 25, *, innermost: bool = False) -> list[tuple[str, float]]:
+    """Collapsed stacks (py-spy's or ``sampler.py``'s) as (frame, share of samples that
+    include it, or that end in it with ``innermost``), hottest first."""
+    counts = _stacks(raw)
+    shares: Counter[str] = Counter()
+    total = 0
+    for stack, n in counts.items():
+        if n <= 0:
+            continue
         total += n
-        for frame in set(stack.split(";")):
-            inclusive[frame] += n
-    return [(frame, n / total) for frame, n in inclusive.most_common(top)] if total else []
+        frames = stack.split(";")
+        for frame in [frames[-1]] if innermost else set(frames):
+            shares[frame] += n
+    return [(frame, n / total) for frame, n in shares.most_common(top)] if total else []
 
 
 def run(
@@ -103,6 +122,7 @@ def run(
     percentage: int,
     plain_percentage: int | None = None,
     extender: str = "gpushare",
+    node_lease_s: int = 40,
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"gpushare-tp-{nodes}-"))
     profiles = {"profiles": scheduler_configuration(percentage=percentage)["profiles"]}
@@ -111,31 +131,22 @@ def run(
         default["percentageOfNodesToScore"] = plain_percentage
     try:
         with running_cluster(
-            root, progress, pods_run=False, scheduler_settings=profiles
+            root,
+            progress,
+            pods_run=False,
+            scheduler_settings=profiles,
+            node_lease_s=node_lease_s,
         ) as cluster:
+            raw = out / f"profile-{nodes}.txt"
+            py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(VENV_BIN))
             if extender == "null":
                 cluster.start_extender(progress, command=[sys.executable, str(NULL_EXTENDER)])
+            elif profile and not py_spy:  # sampled from inside (benchmarks/sampler.py)
+                raw.unlink(missing_ok=True)
+                cluster.start_extender(progress, wrapper=[sys.executable, str(SAMPLER), str(raw)])
             names = [f"tp-{i:05d}" for i in range(nodes)]
             progress(f"creating {nodes} kwok nodes")
-            create_in_parallel(
-                cluster,
-                labelled_kwok_nodes(names, LABEL, gpus_units=[GPU_UNITS] * 8, mode="cgpu"),
-            )
-            ready_deadline = time.monotonic() + 900
-            while time.monotonic() < ready_deadline:
-                text = cluster.kubectl(
-                    "get",
-                    "nodes",
-                    "-l",
-                    f"gpushare-e2e={LABEL}",
-                    "--no-headers",
-                    timeout=300,
-                ).stdout
-                if text.count(" Ready ") >= nodes:
-                    break
-                time.sleep(2)
-            else:
-                raise RuntimeError(f"{nodes} kwok nodes did not become Ready")
+            gpu_nodes(cluster, names, LABEL)
             plain_pods, gpu_pods = stage_pods(
                 pods,
                 seed,
@@ -147,8 +158,8 @@ def run(
                 cluster, "plain", "tp-plain", plain_pods, gpu=False, progress=progress
             )
             spy = None
-            raw = out / f"profile-{nodes}.txt"
-            py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(VENV_BIN))
+            inside = profile and not py_spy and extender == "gpushare"
+            pid = cluster.processes["gpushare-extender"].pid
             if profile and py_spy:
                 spy = subprocess.Popen(
                     [
@@ -167,7 +178,16 @@ def run(
                     stdout=subprocess.DEVNULL,
                     stderr=(out / f"py-spy-{nodes}.log").open("wb"),
                 )
-            gpu = run_stage(cluster, "gpu", "tp-gpu", gpu_pods, gpu=True, progress=progress)
+            gpu = run_stage(
+                cluster,
+                "gpu",
+                "tp-gpu",
+                gpu_pods,
+                gpu=True,
+                progress=progress,
+                # the sampler counts from kube-scheduler's start
+                on_start=(lambda: os.kill(pid, signal.SIGUSR1)) if inside else None,
+            )
             if spy is not None:
                 spy.send_signal(2)
                 spy.wait(timeout=60)
@@ -185,8 +205,11 @@ def run(
                 else 0.0,
                 "packing": packing(items),
             }
-            if spy is not None and raw.exists():
+            if inside:
+                time.sleep(6)  # the sampler writes its counts every 5 s
+            if (spy is not None or inside) and raw.exists():
                 result["hottest"] = [(f, round(s, 3)) for f, s in hottest(raw)]
+                result["innermost"] = [(f, round(s, 3)) for f, s in hottest(raw, innermost=True)]
             return result
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -259,6 +282,13 @@ def main(argv: list[str] | None = None) -> int:
         help="null: serve benchmarks/null_extender.py instead, which decides nothing (the "
         "floor of the round trip; its packing means nothing)",
     )
+    parser.add_argument(
+        "--node-lease",
+        type=int,
+        default=40,
+        help="kwok's node lease in seconds; a longer one keeps nodes Ready on cores too busy "
+        "to renew 1,000 leases in time",
+    )
     parser.add_argument("--profile", action="store_true", help="sample the extender with py-spy")
     parser.add_argument("--out", type=Path, default=Path("throughput-out"))
     args = parser.parse_args(argv)
@@ -286,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             args.percentage,
             args.plain_percentage,
             args.extender,
+            args.node_lease,
         )
         results.append(result)
         print(json.dumps(result), flush=True)

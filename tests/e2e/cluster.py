@@ -525,12 +525,14 @@ class Cluster:
         unit: str | None = None,
         policy: str | None = None,
         command: Sequence[str] = (),
+        wrapper: Sequence[str] = (),
     ) -> None:
         """Start (or restart) the gpushare extender on its fixed port, counting ``unit`` and
         scoring nodes with ``policy`` (each kept for later restarts).
 
         ``command`` serves another program there instead (a benchmark's reference extender),
-        given the kubeconfig and the port as ``--kubeconfig K --port P``."""
+        given the kubeconfig and the port as ``--kubeconfig K --port P``; ``wrapper`` runs
+        gpushare's own command line under another program (a benchmark's profiler)."""
         progress("gpushare extender")
         if unit is not None:
             self.extender_unit = unit
@@ -553,7 +555,9 @@ class Cluster:
             "warning",
             *(["--policy", self.extender_policy] if self.extender_policy else []),
         ]
-        process = self._spawn("gpushare-extender", [*command, *where] if command else own)
+        process = self._spawn(
+            "gpushare-extender", [*command, *where] if command else [*wrapper, *own]
+        )
         wait_for(
             "gpushare extender /readyz",
             lambda: self._http_ok(f"{self.extender_url}/readyz"),

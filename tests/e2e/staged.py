@@ -31,7 +31,7 @@ import ssl
 import threading
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +40,7 @@ import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from .cluster import Cluster
+from .conftest import labelled_kwok_nodes
 from .helpers import gpu_pod_manifest
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -64,6 +65,22 @@ def create_in_parallel(cluster: Cluster, manifests: list[dict[str, Any]], worker
 
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(create, chunks))
+
+
+def gpu_nodes(cluster: Cluster, names: list[str], label: str, timeout: float = 900) -> None:
+    """Create kwok nodes of 8 x 15 GiB GPUs (cgpu) labelled ``gpushare-e2e=<label>`` and wait
+    until all are Ready."""
+    manifests = labelled_kwok_nodes(names, label, gpus_units=[15] * 8, mode="cgpu")
+    create_in_parallel(cluster, manifests)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = cluster.kubectl(
+            "get", "nodes", "-l", f"gpushare-e2e={label}", "--no-headers", timeout=300
+        ).stdout
+        if text.count(" Ready ") >= len(names):
+            return
+        time.sleep(2)
+    raise RuntimeError(f"{len(names)} kwok nodes did not become Ready")
 
 
 SIZES = [1, 1, 2, 2, 3, 4, 4, 6, 8, 12]
@@ -344,8 +361,10 @@ def run_stage(
     gpu: bool,
     timeout: float = 900,
     progress: Any = print,
+    on_start: Callable[[], None] | None = None,
 ) -> Stage:
-    """Create every pod with kube-scheduler stopped, start it, time first to last bind."""
+    """Create every pod with kube-scheduler stopped, start it, time first to last bind
+    (``on_start`` is called just before kube-scheduler starts)."""
     cluster.stop_scheduler()
     cluster.kubectl("create", "namespace", namespace)
     progress(f"[{name}] creating {len(manifests)} pods with kube-scheduler stopped")
@@ -359,6 +378,8 @@ def run_stage(
         extender_url = f"{cluster.extender_url}/metrics"
         before = scrape(extender_url) if gpu else {}
         progress(f"[{name}] starting kube-scheduler")
+        if on_start is not None:
+            on_start()
         cluster.start_scheduler()
         deadline = time.monotonic() + timeout
         shown = time.monotonic()

@@ -173,6 +173,10 @@ class WorkloadFeed:
         self.estimate.observe(shape_of(request))
         return True
 
+    def counted(self, uid: str) -> bool:
+        """Whether the pod with this UID was counted (and still exists)."""
+        return uid in self._uids
+
     def forget(self, uid: str) -> None:
         """A deleted pod's UID cannot come back; stop remembering it (its count stays)."""
         self._uids.discard(uid)

@@ -46,6 +46,14 @@ def placed_of(pod: KubeObject, node: str = "") -> Placed:
     )
 
 
+def placing_of(pod: KubeObject) -> tuple[str, Placed | None, bool]:
+    """A pod's UID, how counting sees it (None unless bound and unfinished), and whether it
+    finished: what ``PolicyBook.take_pod`` takes."""
+    terminal = is_terminal(pod)
+    placed = None if terminal or not node_name_of(pod) else placed_of(pod)
+    return uid_of(pod), placed, terminal
+
+
 def recorded_units(pods: Iterable[KubeObject]) -> dict[str, tuple[str, int]]:
     """Per pod UID, the policy name and unit number its bind recorded (pods with both only)."""
     found = {}
@@ -109,13 +117,17 @@ class PolicyBook:
     # pods
     def observe_pod(self, pod: KubeObject) -> None:
         """Take in a pod as the watch or a list shows it."""
-        uid = uid_of(pod)
-        if is_terminal(pod) or not node_name_of(pod):
+        uid, placed, terminal = placing_of(pod)
+        self.take_pod(uid, placed, terminal=terminal)
+
+    def take_pod(self, uid: str, placed: Placed | None, *, terminal: bool) -> None:
+        """Take in what ``placing_of`` read of a pod (the cache reads a relist's pods before it
+        takes them in all at once)."""
+        if placed is None:
             self._drop(uid)
-            if is_terminal(pod):
+            if terminal:
                 self._assumed.pop(uid, None)
             return
-        placed = placed_of(pod)
         self._drop(uid)
         self._pods.setdefault(placed.namespace, {})[uid] = placed
         self._namespace_of[uid] = placed.namespace

@@ -12,6 +12,13 @@ down is dropped.
 
 ``synced`` stays False until the first full list, and ``/readyz`` reports it.
 
+**Memory.** Pods are listed a page at a time (``list_pod_pages``) and each page is read into
+the new state before the next is fetched; no pod object outlives its page except the unbound
+ones (``pending``). What stays per pod is what the decisions read: its booking and host
+requests in the ledger, its judgement, its placement for ResourcePolicies, its scoring terms.
+The API port hands over objects as the server's JSON without what no reader here reads
+(``managedFields``, condition lists, a node's images: ``kube.lightkube_api``).
+
 **One bad object never ends the watch.** Each node and pod passes ``core.shape`` before anything
 reads it, the boundary the extender's wire and the webhook use too; one that does not is skipped
 (its last good version stays) and reported to ``on_skipped``, which the extender logs and counts.
@@ -46,11 +53,13 @@ from typing import Protocol
 
 from gpushare.core.changes import NodeTable
 from gpushare.core.defragmenting import WorkloadFeed
+from gpushare.core.gating import Placed
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.kubejson import KubeObject, name_of, node_name_of, stored_uid_of, uid_of
 from gpushare.core.ledger import Ledger, is_terminal
-from gpushare.core.policybook import PolicyBook
+from gpushare.core.policybook import PolicyBook, placing_of
 from gpushare.core.preferences import PlacedTerms, has_prefer_no_schedule_taint
+from gpushare.core.requests import PodRequest, read_pod
 from gpushare.core.scheduling import Settings
 from gpushare.core.shape import node_shape, pod_shape
 from gpushare.core.trust import Ignored, IgnoredOnce, Judged, Trust
@@ -158,15 +167,50 @@ class ClusterCache:
         return read_node(node, cluster_unit=self._settings.unit, names=self._settings.names)
 
     async def sync(self) -> tuple[str, str]:
-        """List nodes and pods and rebuild from them; return both resourceVersions."""
+        """List nodes and pods and rebuild from them; return both resourceVersions.
+
+        Pods come a page at a time (``list_pod_pages``) and each page is read into a new
+        ledger, pending set and terms before the next is fetched, so a relist holds one page
+        of pods, not the cluster's. Until the last page everything the extender decides on
+        stays as it was; then the new state replaces it at once, with no ``await`` between.
+        """
         nodes, node_rv = await self._api.list_nodes()
-        pods, pod_rv = await self._api.list_pods()
         nodes = [n for n in nodes if self._readable("Node", n)]
-        pods = [p for p in pods if self._readable("Pod", p)]
         judged = self.ledger.judged  # judgements of pods that did not change stand
         ledger = self._new_ledger(judged)
-        alive = {uid_of(p) for p in pods if not is_terminal(p)}
+        pending: dict[str, KubeDict] = {}
+        placed_terms = PlacedTerms()
+        listed: set[str] = set()
+        alive: set[str] = set()
+        kept: dict[str, KubeDict] = {}
+        """Pods that hold a booking or may get one: read again once the bookings are in."""
+        counted: list[tuple[str, PodRequest]] = []
+        placings: list[tuple[str, Placed | None, bool]] = []
+        pod_rv = ""
+        count = 0
+        async for page, version in self._api.list_pod_pages():
+            pod_rv = version
+            for pod in page:
+                if not self._readable("Pod", pod):
+                    continue
+                count += 1
+                uid = uid_of(pod)
+                listed.add(uid)
+                if not is_terminal(pod):
+                    alive.add(uid)
+                self._observe(ledger, pod)
+                self._track(pending, pod)
+                if not node_name_of(pod) or self._books(uid):
+                    kept[uid] = pod
+                placed_terms.observe(pod)
+                if self.workload is not None and not self.workload.counted(uid):
+                    request = read_pod(pod, names=self.workload.names, unit=self.workload.unit)
+                    if isinstance(request, PodRequest):
+                        counted.append((uid, request))
+                if self.book is not None:
+                    placings.append(placing_of(pod))
         judged.retain(alive)
+        self._reported.retain(alive)
         for assumed in self.ledger.assumptions():
             if assumed.uid in alive:  # a pod deleted while we were not watching frees it
                 host = self.ledger.host_of(assumed.uid)
@@ -175,31 +219,33 @@ class ClusterCache:
                     ledger.assume(assumed, host)
                 else:  # an intent stays one, with its deadline
                     ledger.intend(assumed, host, until_ns=until)
-        self._reported.retain(alive)
-        pending: dict[str, KubeDict] = {}
-        for pod in pods:
-            self._observe(ledger, pod)
-            self._track(pending, pod)
+                seen = kept.get(assumed.uid)
+                if seen is not None:  # seen with the booking's placement, it ends the booking
+                    ledger.observe(seen)
         if self.workload is not None:
-            self.workload.retain({uid_of(p) for p in pods})
-            for pod in pods:
-                self.workload.observe(pod)
+            self.workload.retain(listed)
+            for uid, request in counted:
+                self.workload.count(uid, request)
         if self.book is not None:
             self.book.replace_nodes(nodes)
             self.book.retain_pods(alive)
-            for pod in pods:
-                self.book.observe_pod(pod)
+            for uid, placed, terminal in placings:
+                self.book.take_pod(uid, placed, terminal=terminal)
         self.nodes = NodeTable((name_of(n), self._read(n)) for n in nodes)
         self.soft_tainted = {name_of(n) for n in nodes if has_prefer_no_schedule_taint(n)}
-        self.placed_terms = PlacedTerms(pods)
+        self.placed_terms = placed_terms
         self.ledger = ledger
         self.pending = pending
         self.synced = True
         self.problem = ""
         self.relists += 1
         self._changed()
-        log.info("cache synced nodes=%d pods=%d relists=%d", len(nodes), len(pods), self.relists)
+        log.info("cache synced nodes=%d pods=%d relists=%d", len(nodes), count, self.relists)
         return node_rv, pod_rv
+
+    def _books(self, uid: str) -> bool:
+        """Whether the current ledger holds a bind's booking or an intent for the pod."""
+        return self.ledger.kept(uid) is not None or self.ledger.intent_until(uid) is not None
 
     def apply_node(self, event: WatchEvent) -> None:
         """Take in one node event."""

@@ -7,7 +7,7 @@ Library errors are translated into gpushare's own tree (``gpushare.kube.port``) 
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -15,6 +15,7 @@ import httpx2
 import msgspec
 from lightkube import AsyncClient, KubeConfig
 from lightkube.config.kubeconfig import SingleConfig
+from lightkube.core import resource as lightkube_resource
 from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import ObjectReference
@@ -117,6 +118,75 @@ def _to_dict(obj: Any) -> KubeDict:
     return data
 
 
+PAGE = 500
+"""Objects per list request: a cluster's pods are listed, and taken in, a page at a time."""
+
+
+def _version(listing: Any) -> str:
+    """A lightkube listing's resourceVersion; empty before it answered."""
+    try:
+        return str(listing.resourceVersion)
+    except NotReadyError:
+        return ""
+
+
+class _Version:
+    """``metadata.resourceVersion`` of a listed object, read the way lightkube's watch does."""
+
+    __slots__ = ("resourceVersion",)
+
+    def __init__(self, version: object) -> None:
+        self.resourceVersion = version
+
+
+class _JSON(dict[str, Any]):
+    """A listed or watched object as the API server's JSON, with no model in between.
+
+    lightkube decodes a resource class that is not a model as plain JSON and hands it to the
+    class; its watch reads ``metadata.resourceVersion`` to resume. A model would build every
+    field of every object (``managedFields`` included) only for ``_to_dict`` to take it apart.
+    """
+
+    @property
+    def metadata(self) -> _Version:
+        meta = self.get("metadata")
+        return _Version(meta.get("resourceVersion") if isinstance(meta, dict) else None)
+
+
+class _NodeJSON(lightkube_resource.GlobalResource, _JSON):
+    _api_info = Node._api_info
+
+
+class _PodJSON(lightkube_resource.NamespacedResourceG, _JSON):
+    _api_info = Pod._api_info
+
+
+_UNREAD: dict[str, tuple[tuple[str, str], ...]] = {
+    "Node": (("metadata", "managedFields"), ("status", "images"), ("status", "conditions")),
+    "Pod": (("metadata", "managedFields"), ("status", "conditions")),
+}
+"""What the extender never reads and drops as an object comes in: the write history of every
+field, a node's image list (about 50 entries on a busy node) and the condition lists."""
+
+
+def _slim(obj: Any, kind: str) -> KubeDict:
+    """A plain dict of ``obj`` without what ``_UNREAD`` names (top-level dicts are copied)."""
+    data: KubeDict = dict(obj)
+    for part, key in _UNREAD[kind]:
+        inner = data.get(part)
+        if isinstance(inner, dict) and key in inner:
+            data[part] = {k: v for k, v in inner.items() if k != key}
+    return data
+
+
+def _slim_node(obj: Any) -> KubeDict:
+    return _slim(obj, "Node")
+
+
+def _slim_pod(obj: Any) -> KubeDict:
+    return _slim(obj, "Pod")
+
+
 def _names(**names: str) -> None:
     """Refuse names that no object can have before they go into a request path.
 
@@ -155,23 +225,48 @@ class LightkubeAPI:
         with _mapped(what):
             listing: Any = self._client.list(resource, **options)
             items = [_to_dict(item) async for item in listing]
-            try:
-                version = str(listing.resourceVersion)
-            except NotReadyError:
-                version = ""
-            return items, version
+            return items, _version(listing)
 
     async def _watch(
-        self, resource: Any, resource_version: str, what: str, **options: Any
+        self,
+        resource: Any,
+        resource_version: str,
+        what: str,
+        read: Callable[[Any], KubeDict] = _to_dict,
+        **options: Any,
     ) -> AsyncIterator[WatchEvent]:
         with _mapped(what):
             stream: Any = self._client.watch(resource, resource_version=resource_version, **options)
             async for type_, obj in stream:
-                yield WatchEvent(type=type_, object=_to_dict(obj))
+                yield WatchEvent(type=type_, object=read(obj))
+
+    async def _slim_list(
+        self, resource: Any, kind: str, what: str, **options: Any
+    ) -> AsyncIterator[tuple[list[KubeDict], str]]:
+        """Pages of ``PAGE`` objects as JSON without what ``_UNREAD`` names, each with the
+        list's resourceVersion (one snapshot: the pages after the first continue it)."""
+        with _mapped(what):
+            listing: Any = self._client.list(resource, chunk_size=PAGE, **options)
+            page: list[KubeDict] = []
+            async for item in listing:
+                page.append(_slim(item, kind))
+                if len(page) == PAGE:
+                    yield page, _version(listing)
+                    page = []
+            yield page, _version(listing)
 
     async def list_nodes(self) -> tuple[list[KubeDict], str]:
-        """All nodes."""
-        return await self._list(Node, "list nodes")
+        """All nodes (without what ``_UNREAD`` names)."""
+        nodes: list[KubeDict] = []
+        node_rv = ""
+        async for page, version in self._slim_list(_NodeJSON, "Node", "list nodes"):
+            nodes.extend(page)
+            node_rv = version
+        return nodes, node_rv
+
+    def list_pod_pages(self) -> AsyncIterator[tuple[list[KubeDict], str]]:
+        """All pods, ``PAGE`` at a time (without what ``_UNREAD`` names)."""
+        return self._slim_list(_PodJSON, "Pod", "list pods", namespace="*")
 
     @property
     def namespace(self) -> str:
@@ -200,12 +295,12 @@ class LightkubeAPI:
         return await self._list(ResourcePolicyResource, "list resourcepolicies", namespace="*")
 
     def watch_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]:
-        """Node changes."""
-        return self._watch(Node, resource_version, "watch nodes")
+        """Node changes (without what ``_UNREAD`` names)."""
+        return self._watch(_NodeJSON, resource_version, "watch nodes", _slim_node)
 
     def watch_pods(self, resource_version: str) -> AsyncIterator[WatchEvent]:
-        """Pod changes."""
-        return self._watch(Pod, resource_version, "watch pods", namespace="*")
+        """Pod changes (without what ``_UNREAD`` names)."""
+        return self._watch(_PodJSON, resource_version, "watch pods", _slim_pod, namespace="*")
 
     def watch_resource_policies(self, resource_version: str) -> AsyncIterator[WatchEvent]:
         """ResourcePolicy changes."""

@@ -209,6 +209,10 @@ class MemoryKube:
         self._check(f"list_deployments:{namespace}")
         return [_copy(d) for (ns, _), d in sorted(self._deployments.items()) if ns == namespace]
 
+    async def list_pod_pages(self) -> AsyncIterator[tuple[list[KubeDict], str]]:
+        """All pods as one page (``list_pods``)."""
+        yield await self.list_pods()
+
     async def _watch(self, kind: Kind, resource_version: str) -> AsyncIterator[WatchEvent]:
         position = int(resource_version or 0)
         while True:

@@ -70,6 +70,14 @@ class KubeAPI(Protocol):
         ``namespace`` if given, which needs no cluster-wide right)."""
         ...
 
+    def list_pod_pages(self) -> AsyncIterator[tuple[list[KubeDict], str]]:
+        """All pods in all namespaces, a page at a time, each with the list's resourceVersion.
+
+        The extender's cache takes a page in before the next is read, so a cluster's pods are
+        never all decoded at once (the pages of one list are one snapshot).
+        """
+        ...
+
     def watch_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]:
         """Node changes after ``resource_version``; raises Gone when it is too old."""
         ...

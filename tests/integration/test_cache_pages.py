@@ -1,0 +1,135 @@
+"""The cache takes a relist's pods in a page at a time and ends where one whole list ends.
+
+A cluster's pods are never all decoded at once: ``list_pod_pages`` hands them over in pages
+and the cache reads each into the new state before asking for the next. What the extender
+decides on stays as it was until the last page, then the new state replaces it at once;
+bookings made while the pages came in are carried over like those made before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from gpushare.core.allocation import Allocation, plan
+from gpushare.core.defragmenting import WorkloadFeed
+from gpushare.core.hostresources import NOTHING as NO_HOST
+from gpushare.core.policybook import PolicyBook
+from gpushare.core.requests import PodRequest, read_pod
+from gpushare.core.scheduling import Settings
+from gpushare.core.trust import SealKey, Trust
+from gpushare.core.units import MemoryUnit
+from gpushare.kube.cache import ClusterCache
+from gpushare.kube.memory import MemoryKube
+from gpushare.kube.objects import gpu_node, gpu_pod, placed
+from gpushare.kube.port import KubeDict
+
+NODES = ("n0", "n1", "n2")
+
+
+class PagedKube(MemoryKube):
+    """Pods in pages of ``size``, ``between`` called after each page; no whole list."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+        self.between: Callable[[int], None] = lambda _: None
+        self.pages = 0
+
+    async def list_pods(self, node: str = "") -> tuple[list[KubeDict], str]:
+        raise AssertionError("the cache lists pods a page at a time")
+
+    async def list_pod_pages(self) -> AsyncIterator[tuple[list[KubeDict], str]]:
+        pods, version = await MemoryKube.list_pods(self)
+        for start in range(0, len(pods), self.size):
+            self.pages += 1
+            yield pods[start : start + self.size], version
+            self.between(self.pages)
+
+
+def _allocation(pod: KubeDict, node: str, index: int) -> Allocation:
+    request = read_pod(pod)
+    assert isinstance(request, PodRequest)
+    return plan(request, node=node, indexes=[index], unit=MemoryUnit.GiB)
+
+
+def fill(kube: MemoryKube) -> list[KubeDict]:
+    """Nodes, sealed GPU pods, plain bound pods, pending GPU pods, a finished pod."""
+    trust = Trust.sealed(SealKey(kube.seal_key))
+    for name in NODES:
+        kube.put_node(gpu_node(name, gpus_units=[15, 15]))
+    pending = []
+    for i in range(12):
+        node = NODES[i % len(NODES)]
+        obj = gpu_pod(f"g{i}", mem=1 + i % 4)
+        obj["metadata"]["uid"] = f"uid-g{i}"
+        kube.create_pod(placed(obj, _allocation(obj, node, i % 2), trust=trust))
+        plain = gpu_pod(f"c{i}", mem=None, scheduler="default-scheduler")
+        plain["spec"]["nodeName"] = node
+        plain["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "500m"}}
+        kube.create_pod(plain)
+        pending.append(kube.create_pod(gpu_pod(f"p{i}", mem=2)))
+    kube.create_pod(gpu_pod("done", mem=3))
+    kube.update_pod("default", "done", phase="Succeeded")
+    return pending
+
+
+def state(cache: ClusterCache, uids: list[str]) -> dict[str, Any]:
+    """What the extender decides on, per pod and in all."""
+    assert cache.workload is not None and cache.book is not None
+    return {
+        "holding": {u: cache.ledger.holding(u) for u in uids},
+        "host": {u: cache.ledger.host_of(u) for u in uids},
+        "intent": {u: cache.ledger.intent_until(u) for u in uids},
+        "pending": sorted(cache.pending),
+        "terms": len(cache.placed_terms),
+        "workload": (cache.workload.seen, cache.workload.workload()),
+        "placed": sorted(p.uid for p in cache.book.placed()),
+        "nodes": sorted(cache.nodes),
+    }
+
+
+def new_cache(kube: MemoryKube) -> ClusterCache:
+    return ClusterCache(kube, settings=Settings(), workload=WorkloadFeed(), book=PolicyBook())
+
+
+def test_pages_end_where_one_whole_list_ends() -> None:
+    whole, paged = MemoryKube(), PagedKube(size=5)
+    fill(whole)
+    fill(paged)
+    uids = [str(p["metadata"]["uid"]) for p in whole.pods()]
+    one, many = new_cache(whole), new_cache(paged)
+    asyncio.run(one.sync())
+    asyncio.run(many.sync())
+    assert paged.pages == 8  # 37 pods
+    assert state(many, uids) == state(one, uids)
+
+
+def test_bookings_made_while_the_pages_come_in_are_kept() -> None:
+    kube = PagedKube(size=4)
+    pending = fill(kube)
+    cache = new_cache(kube)
+    asyncio.run(cache.sync())
+    first, second = pending[0], pending[1]
+    booked = {}
+
+    def book(page: int) -> None:
+        if page == 2:  # a bind books while the list is under way
+            allocation = _allocation(first, "n0", 0)
+            cache.ledger.assume(allocation, NO_HOST)
+            booked["bind"] = allocation
+        if page == 5:  # and prioritize books an intent
+            allocation = _allocation(second, "n1", 1)
+            cache.ledger.intend(allocation, NO_HOST, until_ns=123)
+            booked["intent"] = allocation
+
+    kube.between = book
+    kube.pages = 0
+    before = cache.ledger
+    asyncio.run(cache.sync())
+    assert cache.ledger is not before
+    kept = cache.ledger.kept(str(first["metadata"]["uid"]))
+    assert kept is not None and kept.allocation == booked["bind"]
+    assert cache.ledger.intent_until(str(second["metadata"]["uid"])) == 123
+    assert cache.ledger.holding(str(second["metadata"]["uid"])) == booked["intent"]
