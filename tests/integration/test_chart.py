@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -849,6 +850,27 @@ def test_the_schema_offers_the_shared_modes_and_log_levels_the_commands_take() -
     assert all(level["enum"] == list(LEVELS) for level in levels)
     webhook = schema["properties"]["webhook"]["properties"]
     assert webhook["nvidiaVisibleDevices"]["enum"] == list(VISIBLE_DEVICES_MODES)
+
+
+def _undescribed(node: dict[str, Any], path: str) -> Iterator[str]:
+    """Every property under ``node`` (nested objects and array items too) that has no
+    description, as a dotted path."""
+    for name, child in (node.get("properties") or {}).items():
+        where = f"{path}{name}"
+        if not str(child.get("description", "")).strip():
+            yield where
+        yield from _undescribed(child, f"{where}.")
+    if isinstance(node.get("items"), dict):
+        yield from _undescribed(node["items"], f"{path}[].")
+
+
+def test_every_value_in_the_schema_is_described() -> None:
+    """`helm show values` users and editors that read JSON schemas (VS Code, Argo CD's
+    parameter view) see each value's description: none may lack one."""
+    for schema_file in sorted(CHART.parent.glob("*/values.schema.json")):
+        schema = json.loads(schema_file.read_text())
+        missing = list(_undescribed(schema, ""))
+        assert not missing, f"{schema_file}: add a description to {', '.join(missing)}"
 
 
 def test_without_a_cluster_the_unit_guard_renders_nothing() -> None:
