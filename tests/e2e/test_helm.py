@@ -366,6 +366,11 @@ def _why_not(cluster: Cluster) -> str:
         check=False,
     )
     parts.append(f"--- extender log\n{logs.stdout[-3000:]}{logs.stderr[-500:]}")
+    jobs = cluster.kubectl(
+        "logs", "-n", REAL_NAMESPACE, "-l", "app.kubernetes.io/component in (seal,webhook-certs)",
+        "--tail=15", "--prefix", check=False,
+    )  # fmt: skip
+    parts.append(f"--- the Jobs' logs\n{jobs.stdout[-3000:]}{jobs.stderr[-500:]}")
     return "\n".join(parts)
 
 
