@@ -21,6 +21,7 @@ other tests, and the release is uninstalled at the end.
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import shutil
@@ -47,7 +48,7 @@ from gpushare.webhook.configuration import steering_configuration, webhook_confi
 
 from . import previous_release
 from .cluster import Cluster, free_port
-from .conftest import create_nodes, delete_nodes, eventually, kwok_node
+from .conftest import REAL_NODE_LOCK, create_nodes, delete_nodes, eventually, kwok_node
 from .image_archive import Builder, default_cache
 from .realnode import TOLERATION, RealNode, probe_env, unavailable
 from .test_real_node import NS as REAL_NS
@@ -448,26 +449,31 @@ def helm_node(cluster: Cluster) -> Iterator[tuple[RealNode, dict[str, str]]]:
         "webhook-certs": builder.webhook_certs(),
     }
     print(f"[e2e] chart images ready in {time.monotonic() - started:.1f}s", flush=True)
-    node = RealNode(cluster=cluster, root=cluster.root / "realnode", plugin=False, gateway=True)
-    saved_settings = dict(cluster.scheduler_settings)
-    try:
-        node.start(progress=lambda s: print(f"[e2e] starting {s}", flush=True))
-        for _, archive in built.values():
-            node.ctr("images", "import", str(archive), timeout=300)
-        cluster.processes["gpushare-extender"].stop()
-        cluster.scheduler_settings = {
-            **saved_settings,
-            "profiles": [{"schedulerName": "default-scheduler"}],
-            "extenders": [],
-        }
-        cluster.restart_scheduler()
-        print(f"[e2e] real node for helm up in {time.monotonic() - started:.1f}s", flush=True)
-        yield node, {name: tag for name, (tag, _) in built.items()}
-    finally:
-        node.stop()
-        cluster.scheduler_settings = saved_settings
-        cluster.restart_scheduler()
-        cluster.start_extender(unit="1GiB")
+    with open(REAL_NODE_LOCK, "w") as lock:
+        # one kubelet per machine, as conftest's real_node: wait for another session's to go
+        waited = time.monotonic()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        print(f"[e2e] waited {time.monotonic() - waited:.0f}s for the real node", flush=True)
+        node = RealNode(cluster=cluster, root=cluster.root / "realnode", plugin=False, gateway=True)
+        saved_settings = dict(cluster.scheduler_settings)
+        try:
+            node.start(progress=lambda s: print(f"[e2e] starting {s}", flush=True))
+            for _, archive in built.values():
+                node.ctr("images", "import", str(archive), timeout=300)
+            cluster.processes["gpushare-extender"].stop()
+            cluster.scheduler_settings = {
+                **saved_settings,
+                "profiles": [{"schedulerName": "default-scheduler"}],
+                "extenders": [],
+            }
+            cluster.restart_scheduler()
+            print(f"[e2e] real node for helm up in {time.monotonic() - started:.1f}s", flush=True)
+            yield node, {name: tag for name, (tag, _) in built.items()}
+        finally:
+            node.stop()
+            cluster.scheduler_settings = saved_settings
+            cluster.restart_scheduler()
+            cluster.start_extender(unit="1GiB")
 
 
 @pytest.mark.e2e
@@ -689,15 +695,7 @@ def test_helm_template_applied_twice_by_kubectl_changes_nothing(
     try:
         cluster.kubectl(*apply, input=first)
         _wait_components(cluster, "the applied chart Ready, seal and certs Jobs done")
-        eventually(lambda: _allocatable(node).get("aliyun.com/gpu-mem") == "60", 90, "60 GiB")
-        job = local_job("GPUtest.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 3600"])
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
-        (pod,) = eventually(
-            lambda: [p for p in ns_pods(cluster, REAL_NS) if p["status"].get("phase") == "Running"],
-            120,
-            "GPUtest Running",
-        )
-        assert _seals(cluster, node) == ([pod["metadata"]["name"]], [])
+        pod = _sealed_gpu_pod(cluster, node, "GPUtest Running")
         seal = cluster.kubectl_json("get", "secret", f"{REAL_RELEASE}-seal", "-n", REAL_NAMESPACE)
         docs = [d for d in yaml.safe_load_all(first) if d]
 
@@ -749,6 +747,20 @@ def _seals(cluster: Cluster, node: RealNode) -> tuple[list[str], list[str]]:
     trusted = sorted(a.name for a in judged.allocations)
     ignored = sorted(f"{name_of(pod)}: {why.message}" for pod, why in judged.ignored)
     return trusted, ignored
+
+
+def _sealed_gpu_pod(cluster: Cluster, node: RealNode, what: str) -> dict[str, Any]:
+    """The GPUtest Job's pod Running (it sleeps), its seal verifying with the cluster's key."""
+    eventually(lambda: _allocatable(node).get("aliyun.com/gpu-mem") == "60", 90, "60 GiB")
+    job = local_job("GPUtest.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 3600"])
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
+    (pod,) = eventually(
+        lambda: [p for p in ns_pods(cluster, REAL_NS) if p["status"].get("phase") == "Running"],
+        120,
+        what,
+    )
+    assert _seals(cluster, node) == ([pod["metadata"]["name"]], [])
+    return dict(pod)
 
 
 def _untrusted_warnings(cluster: Cluster) -> list[str]:
@@ -966,16 +978,8 @@ def test_helm_upgrade_from_the_previous_release_keeps_gpu_pods(
         helm(cluster, "install", REAL_RELEASE, str(previous.chart), *chart, "--wait=false")
         installed = True
         _rolled_to(cluster, previous.image_name, "the previous release Ready")
-        eventually(lambda: _allocatable(node).get("aliyun.com/gpu-mem") == "60", 90, "60 GiB")
-        job = local_job("GPUtest.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 3600"])
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
-        (pod,) = eventually(
-            lambda: [p for p in ns_pods(cluster, REAL_NS) if p["status"].get("phase") == "Running"],
-            120,
-            "GPUtest Running under the previous release",
-        )
+        pod = _sealed_gpu_pod(cluster, node, "GPUtest Running under the previous release")
         name = pod["metadata"]["name"]
-        assert _seals(cluster, node) == ([name], [])
         annotations = pod["metadata"]["annotations"]
 
         # CRDs: Helm upgrades none; docs/helm.md says to apply the chart's before upgrading
