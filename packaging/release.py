@@ -7,7 +7,8 @@ Into ``--out`` (the names are what ``tests/integration/test_release.py`` checks)
 
 - ``gpushare-image-<v>.oci.tar``: the image from ``packaging/image.py`` (``make image``), named
   ``ghcr.io/gpushare/gpushare:<v>``; push with ``skopeo copy --all oci-archive:...``;
-- ``gpushare-<v>.tgz``: the chart (``helm package``); push with ``helm push ...
+- ``gpushare-<semver(v)>.tgz``: the chart (``helm package``; ``0.2.0.dev0`` is ``0.2.0-dev.0``
+  there); push with ``helm push ...
   oci://ghcr.io/gpushare/charts``;
 - ``kube_gpushare-<v>.tar.gz`` and ``kube_gpushare-<v>-py3-none-manylinux_2_17_<m>.whl``: the
   ``kube-gpushare`` distribution (``gpushare`` on PyPI is another project's; the import name

@@ -79,7 +79,7 @@ def test_every_artifact_is_there_under_one_version(dist: Path) -> None:
             "CHANGELOG.md",
             "LICENSE",
             "SHA256SUMS",
-            f"gpushare-{VERSION}.tgz",
+            f"gpushare-{CHART_VERSION}.tgz",
             "inspect-cgpu.yaml",
             f"kube_gpushare-{VERSION}-py3-none-manylinux_2_17_{MACHINE}.whl",
             f"kube_gpushare-{VERSION}.tar.gz",
