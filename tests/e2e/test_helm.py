@@ -409,7 +409,12 @@ def _steered_job(cluster: Cluster, name: str) -> dict[str, str]:
     assert items[0]["spec"]["schedulerName"] == "ack-co-scheduler"
     env = probe_env(cluster.kubectl("logs", "-n", REAL_NS, items[0]["metadata"]["name"]).stdout)
     cluster.kubectl("delete", "job", "-n", REAL_NS, name, "--wait=true")
-    eventually(lambda: not ns_pods(cluster, REAL_NS), 90, f"{name} pod gone")
+
+    def gone() -> bool:
+        pods = ns_pods(cluster, REAL_NS)
+        return not [p for p in pods if p["metadata"].get("labels", {}).get("job-name") == name]
+
+    eventually(gone, 90, f"{name} pod gone")
     return env
 
 
@@ -900,16 +905,19 @@ def _set_ca_bundle(cluster: Cluster, bundle: bytes) -> None:
 
 
 def _served_certificate(cluster: Cluster) -> bytes:
-    """The certificate (DER) the webhook pod serves now, from a TLS handshake with it."""
+    """The certificate (DER) the webhook pod serves now, from a TLS handshake with it; empty
+    when the handshake fails."""
     (pod,) = _component_pods(cluster)["webhook"]
     address = (pod["status"]["podIP"], 9443)
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
-    with socket.create_connection(address, timeout=5) as raw, context.wrap_socket(raw) as tls:
-        der = tls.getpeercert(binary_form=True)
-    assert der is not None
-    return der
+    try:
+        with socket.create_connection(address, timeout=5) as raw, context.wrap_socket(raw) as tls:
+            der = tls.getpeercert(binary_form=True)
+    except OSError:
+        return b""
+    return der or b""
 
 
 def _der(pem: bytes) -> bytes:
