@@ -128,7 +128,8 @@ replay: $(STAMP)
 #   user namespaces), Python 3.11 with pip, gcc, Debian's archive and PyPI; no image registry;
 # - anywhere with Docker: `make image-in-docker` runs the same recipe in debian:bookworm.
 # ARCH=amd64,arm64 makes one image index for both; a foreign architecture needs its cross gcc
-# (gcc-aarch64-linux-gnu) and qemu-user-static in binfmt_misc. Then load or push the archive:
+# (gcc-aarch64-linux-gnu), arch-test and qemu-user-static in binfmt_misc (docs/helm.md). Then
+# load or push the archive:
 #   docker load -i $(IMAGE_ARCHIVE)          (or podman load -i ...)
 #   skopeo copy --all oci-archive:$(IMAGE_ARCHIVE) docker://ghcr.io/gpushare/gpushare:$(VERSION)
 image:
@@ -138,7 +139,8 @@ image-in-docker:
 	docker run --rm --privileged -v "$(CURDIR)":/src -w /src \
 	  -e SOURCE_DATE_EPOCH=$(shell git log -1 --format=%ct 2>/dev/null) debian:bookworm sh -c '\
 	  apt-get update -qq && apt-get install -y -qq --no-install-recommends mmdebstrap \
-	    python3 python3-pip python3-venv gcc libc6-dev binutils ca-certificates make >/dev/null && \
+	    python3 python3-pip python3-venv gcc libc6-dev binutils ca-certificates make \
+	    $(if $(findstring arm64,$(ARCH)),gcc-aarch64-linux-gnu libc6-dev-arm64-cross arch-test) >/dev/null && \
 	  make image PYTHON=python3 ARCH=$(ARCH) && chown -R $$(stat -c %u:%g Makefile) dist'
 
 # Every artifact of a release under $(DIST) (packaging/release.py): the image (OCI archive), the

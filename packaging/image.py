@@ -283,7 +283,9 @@ def rootfs(arch: Arch, wheel_dir: Path, version: str, out: Path, python: str) ->
         str(out),
         MIRROR,
     ]
-    foreign = "" if arch == host_arch() else " and qemu-user-static registered in binfmt_misc"
+    foreign = (
+        "" if arch == host_arch() else ", qemu-user-static registered in binfmt_misc, arch-test"
+    )
     _run(
         "mmdebstrap",
         argv,

@@ -7,7 +7,8 @@ Into ``--out`` (the names are what ``tests/integration/test_release.py`` checks)
 
 - ``gpushare-image-<v>.oci.tar``: the image from ``packaging/image.py`` (``make image``), named
   ``ghcr.io/gpushare/gpushare:<v>``; push with ``skopeo copy --all oci-archive:...``;
-- ``gpushare-<v>.tgz``: the chart (``helm package``); push with ``helm push ...
+- ``gpushare-<semver(v)>.tgz``: the chart (``helm package``; ``0.2.0.dev0`` is ``0.2.0-dev.0``
+  there); push with ``helm push ...
   oci://ghcr.io/gpushare/charts``;
 - ``kube_gpushare-<v>.tar.gz`` and ``kube_gpushare-<v>-py3-none-manylinux_2_17_<m>.whl``: the
   ``kube-gpushare`` distribution (``gpushare`` on PyPI is another project's; the import name
@@ -80,13 +81,41 @@ def chart_versions() -> tuple[str, str]:
     return found[0].group(1), found[1].group(1)  # type: ignore[union-attr]
 
 
+PRE_RELEASES = {"a": "alpha", "b": "beta", "rc": "rc"}
+PEP440 = re.compile(
+    r"(?P<release>\d+\.\d+\.\d+)(?:(?P<pre>a|b|rc)(?P<n>\d+))?(?:\.dev(?P<dev>\d+))?"
+)
+
+
+def semver(version: str) -> str:
+    """pyproject.toml's version (PEP 440) as SemVer 2, which Helm's chart version and krew's
+    plugin version must be: ``0.2.0`` stays, ``0.2.0.dev0`` is ``0.2.0-dev.0``, ``0.2.0rc1`` is
+    ``0.2.0-rc.1``. The image tag and the chart's appVersion keep the PEP 440 spelling (a tag
+    may hold it; the wheel's name carries it)."""
+    found = PEP440.fullmatch(version)
+    if found is None:
+        raise ReleaseError(
+            f"pyproject.toml version {version!r} is not X.Y.Z, X.Y.Z{{a,b,rc}}N or X.Y.Z.devN: "
+            "the chart needs a SemVer version made from it; use one of those forms"
+        )
+    parts = []
+    if found["pre"]:
+        parts += [PRE_RELEASES[found["pre"]], found["n"]]
+    if found["dev"]:
+        parts += ["dev", found["dev"]]
+    return found["release"] + ("-" + ".".join(parts) if parts else "")
+
+
 def check_versions(version: str) -> None:
-    """The chart must carry pyproject.toml's version, as version and appVersion."""
+    """The chart must carry pyproject.toml's version: as appVersion, and as its version in
+    SemVer spelling (``semver``)."""
     chart, app = chart_versions()
-    if (chart, app) != (version, version):
+    want = semver(version)
+    if (chart, app) != (want, version):
         raise ReleaseError(
             f"charts/gpushare/Chart.yaml has version {chart}, appVersion {app}; pyproject.toml "
-            f"says {version}: set both to {version} (pyproject.toml is the version source)"
+            f'says {version}: set version: {want} and appVersion: "{version}" '
+            "(pyproject.toml is the version source)"
         )
 
 
@@ -236,7 +265,7 @@ kind: Plugin
 metadata:
   name: inspect-cgpu
 spec:
-  version: v{version}
+  version: v{semver(version)}
   homepage: https://github.com/gpushare/gpushare
   shortDescription: Show shared GPU memory and compute per node, GPU and pod
   description: |
@@ -289,7 +318,7 @@ def release(out: Path, *, image_archive: Path | None, python: str) -> list[Path]
         made.append(image_into(image_archive, out, version))
     made += distribution(out, python)
     _run("helm package", [find_helm(), "package", str(CHART), "--destination", str(out)])
-    made.append(out / f"gpushare-{version}.tgz")
+    made.append(out / f"gpushare-{semver(version)}.tgz")
     with tempfile.TemporaryDirectory(prefix="gpushare-release-") as tmp:
         made += plugins(python, version, out, Path(tmp))
     for name in ("LICENSE", "CHANGELOG.md"):

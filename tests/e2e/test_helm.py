@@ -20,24 +20,35 @@ other tests, and the release is uninstalled at the end.
 
 from __future__ import annotations
 
+import base64
+import fcntl
 import json
 import os
 import shutil
+import socket
+import ssl
+import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from gpushare.core.kubejson import name_of
 from gpushare.core.names import ANN_NODE_UNIT
 from gpushare.core.tampering import DEFAULT_EXEMPT_NAMESPACES
+from gpushare.core.trust import SealKey, Trust, sort_node_pods
+from gpushare.kube.sealing import key_from_secret
 from gpushare.webhook.configuration import steering_configuration, webhook_configuration
 
+from . import previous_release
 from .cluster import Cluster, free_port
-from .conftest import create_nodes, delete_nodes, eventually, kwok_node
+from .conftest import REAL_NODE_LOCK, create_nodes, delete_nodes, eventually, kwok_node
 from .image_archive import Builder, default_cache
 from .realnode import TOLERATION, RealNode, probe_env, unavailable
 from .test_real_node import NS as REAL_NS
@@ -356,6 +367,11 @@ def _why_not(cluster: Cluster) -> str:
         check=False,
     )
     parts.append(f"--- extender log\n{logs.stdout[-3000:]}{logs.stderr[-500:]}")
+    jobs = cluster.kubectl(
+        "logs", "-n", REAL_NAMESPACE, "-l", "app.kubernetes.io/component in (seal,webhook-certs)",
+        "--tail=15", "--prefix", check=False,
+    )  # fmt: skip
+    parts.append(f"--- the Jobs' logs\n{jobs.stdout[-3000:]}{jobs.stderr[-500:]}")
     return "\n".join(parts)
 
 
@@ -393,7 +409,12 @@ def _steered_job(cluster: Cluster, name: str) -> dict[str, str]:
     assert items[0]["spec"]["schedulerName"] == "ack-co-scheduler"
     env = probe_env(cluster.kubectl("logs", "-n", REAL_NS, items[0]["metadata"]["name"]).stdout)
     cluster.kubectl("delete", "job", "-n", REAL_NS, name, "--wait=true")
-    eventually(lambda: not ns_pods(cluster, REAL_NS), 90, f"{name} pod gone")
+
+    def gone() -> bool:
+        pods = ns_pods(cluster, REAL_NS)
+        return not [p for p in pods if p["metadata"].get("labels", {}).get("job-name") == name]
+
+    eventually(gone, 90, f"{name} pod gone")
     return env
 
 
@@ -433,26 +454,31 @@ def helm_node(cluster: Cluster) -> Iterator[tuple[RealNode, dict[str, str]]]:
         "webhook-certs": builder.webhook_certs(),
     }
     print(f"[e2e] chart images ready in {time.monotonic() - started:.1f}s", flush=True)
-    node = RealNode(cluster=cluster, root=cluster.root / "realnode", plugin=False, gateway=True)
-    saved_settings = dict(cluster.scheduler_settings)
-    try:
-        node.start(progress=lambda s: print(f"[e2e] starting {s}", flush=True))
-        for _, archive in built.values():
-            node.ctr("images", "import", str(archive), timeout=300)
-        cluster.processes["gpushare-extender"].stop()
-        cluster.scheduler_settings = {
-            **saved_settings,
-            "profiles": [{"schedulerName": "default-scheduler"}],
-            "extenders": [],
-        }
-        cluster.restart_scheduler()
-        print(f"[e2e] real node for helm up in {time.monotonic() - started:.1f}s", flush=True)
-        yield node, {name: tag for name, (tag, _) in built.items()}
-    finally:
-        node.stop()
-        cluster.scheduler_settings = saved_settings
-        cluster.restart_scheduler()
-        cluster.start_extender(unit="1GiB")
+    with open(REAL_NODE_LOCK, "w") as lock:
+        # one kubelet per machine, as conftest's real_node: wait for another session's to go
+        waited = time.monotonic()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        print(f"[e2e] waited {time.monotonic() - waited:.0f}s for the real node", flush=True)
+        node = RealNode(cluster=cluster, root=cluster.root / "realnode", plugin=False, gateway=True)
+        saved_settings = dict(cluster.scheduler_settings)
+        try:
+            node.start(progress=lambda s: print(f"[e2e] starting {s}", flush=True))
+            for _, archive in built.values():
+                node.ctr("images", "import", str(archive), timeout=300)
+            cluster.processes["gpushare-extender"].stop()
+            cluster.scheduler_settings = {
+                **saved_settings,
+                "profiles": [{"schedulerName": "default-scheduler"}],
+                "extenders": [],
+            }
+            cluster.restart_scheduler()
+            print(f"[e2e] real node for helm up in {time.monotonic() - started:.1f}s", flush=True)
+            yield node, {name: tag for name, (tag, _) in built.items()}
+        finally:
+            node.stop()
+            cluster.scheduler_settings = saved_settings
+            cluster.restart_scheduler()
+            cluster.start_extender(unit="1GiB")
 
 
 @pytest.mark.e2e
@@ -481,14 +507,7 @@ def test_helm_install_runs_on_the_real_node(
         _wait_components(cluster, "scheduler, webhook and device plugin Ready, certs stored")
         print(f"[e2e] chart running in {time.monotonic() - started:.1f}s", flush=True)
         # what runs is the release recipe's image, under the name the chart gives by default
-        running = _component_pods(cluster)
-        ran = {
-            c["image"]
-            for component in COMPONENTS
-            for pod in running.get(component, [])
-            for c in pod["spec"]["containers"]
-            if c["name"] != "kube-scheduler"
-        }
+        ran = _running_images(cluster)
         assert ran == {images["gpushare"]}, ran
         # kube-scheduler won its Lease; the device plugin registered its fake GPUs with kubelet
         lease = cluster.kubectl_json(
@@ -649,8 +668,10 @@ def test_helm_template_applied_twice_by_kubectl_changes_nothing(
 ) -> None:
     """GitOps (Argo CD, Flux in template mode): the chart rendered by `helm template` and
     applied with `kubectl apply`, then rendered and applied again. The second apply changes no
-    object (no resourceVersion moves), the seal key the Job made is the same, and the webhook
-    and the device plugin serve. Before, every render held a new random seal key."""
+    object (no resourceVersion moves), the seal key the Job made is the same, a GPU pod placed
+    before the second apply keeps running and its seal still verifies with the cluster's key
+    (judged as the device plugin judges it), and the webhook still admits and steers. Before,
+    every render held a new random seal key."""
     node, images = helm_node
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump(_real_values(cluster, node, images)))
@@ -670,10 +691,16 @@ def test_helm_template_applied_twice_by_kubectl_changes_nothing(
         "delete", "namespace", REAL_NAMESPACE, "--ignore-not-found", "--wait=true", timeout=240
     )
     cluster.kubectl("create", "namespace", REAL_NAMESPACE)
+    cluster.kubectl(
+        "delete", "namespace", REAL_NS, "--ignore-not-found", "--wait=true", timeout=180
+    )
+    cluster.kubectl("create", "namespace", REAL_NS)
+    cluster.kubectl("label", "namespace", REAL_NS, f"{WEBHOOK_LABEL}={REAL_NS}")
     apply = ["apply", "--server-side", "--field-manager=gitops", "-f", "-"]
     try:
         cluster.kubectl(*apply, input=first)
         _wait_components(cluster, "the applied chart Ready, seal and certs Jobs done")
+        pod = _sealed_gpu_pod(cluster, node, "GPUtest Running")
         seal = cluster.kubectl_json("get", "secret", f"{REAL_RELEASE}-seal", "-n", REAL_NAMESPACE)
         docs = [d for d in yaml.safe_load_all(first) if d]
 
@@ -696,8 +723,371 @@ def test_helm_template_applied_twice_by_kubectl_changes_nothing(
         again = cluster.kubectl_json("get", "secret", f"{REAL_RELEASE}-seal", "-n", REAL_NAMESPACE)
         assert again["data"] == seal["data"]  # the key stayed
         _wait_components(cluster, "the chart still Ready after the second apply")
+        # the GPU pod untouched, its seal verifying; the webhook admitting and steering
+        (still,) = ns_pods(cluster, REAL_NS)
+        assert still["metadata"]["uid"] == pod["metadata"]["uid"]
+        assert [c["restartCount"] for c in still["status"]["containerStatuses"]] == [0]
+        assert _seals(cluster, node) == ([pod["metadata"]["name"]], [])
+        assert _untrusted_warnings(cluster) == []
+        assert _admitted(cluster) == (True, "")
     finally:
+        cluster.kubectl("delete", "namespace", REAL_NS, "--wait=true", check=False, timeout=180)
         cluster.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=true", input=first,
                         check=False, timeout=240)  # fmt: skip
         cluster.kubectl("delete", "secret", f"{REAL_RELEASE}-seal", "-n", REAL_NAMESPACE,
                         "--ignore-not-found", check=False)  # fmt: skip
+
+
+# -- upgrades, renewals and scaling on the real node ---------------------------------------------
+
+
+def _seals(cluster: Cluster, node: RealNode) -> tuple[list[str], list[str]]:
+    """The workload namespace's GPU pods on the node judged as the device plugin judges them
+    (``sort_node_pods``), with the key in the cluster's seal Secret: (trusted pod names,
+    ignored pods with why)."""
+    secret = cluster.kubectl_json("get", "secret", f"{REAL_RELEASE}-seal", "-n", REAL_NAMESPACE)
+    key = key_from_secret(secret, where="the seal Secret")
+    assert isinstance(key, SealKey), key
+    judged = sort_node_pods(ns_pods(cluster, REAL_NS), node=node.name, trust=Trust.sealed(key))
+    trusted = sorted(a.name for a in judged.allocations)
+    ignored = sorted(f"{name_of(pod)}: {why.message}" for pod, why in judged.ignored)
+    return trusted, ignored
+
+
+def _sealed_gpu_pod(cluster: Cluster, node: RealNode, what: str) -> dict[str, Any]:
+    """The GPUtest Job's pod Running (it sleeps), its seal verifying with the cluster's key."""
+    eventually(lambda: _allocatable(node).get("aliyun.com/gpu-mem") == "60", 90, "60 GiB")
+    job = local_job("GPUtest.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 3600"])
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
+    (pod,) = eventually(
+        lambda: [p for p in ns_pods(cluster, REAL_NS) if p["status"].get("phase") == "Running"],
+        120,
+        what,
+    )
+    assert _seals(cluster, node) == ([pod["metadata"]["name"]], [])
+    return dict(pod)
+
+
+def _untrusted_warnings(cluster: Cluster) -> list[str]:
+    """GPUShareUntrustedAllocation Events in the workload namespace (extender or plugin)."""
+    items = cluster.kubectl_json(
+        "get", "events", "-n", REAL_NS, "--field-selector=reason=GPUShareUntrustedAllocation"
+    )["items"]
+    return [f"{e['involvedObject']['name']}: {e.get('message', '')}" for e in items]
+
+
+def _running_images(cluster: Cluster) -> set[str]:
+    return {
+        c["image"]
+        for component in COMPONENTS
+        for pod in _component_pods(cluster).get(component, [])
+        for c in pod["spec"]["containers"]
+        if c["name"] != "kube-scheduler"
+    }
+
+
+def _rolled_to(cluster: Cluster, image: str, what: str) -> None:
+    """Every component's pods run ``image`` and are Ready, the Jobs complete."""
+
+    def done() -> bool:
+        return _running_images(cluster) == {image}
+
+    eventually(done, 240, what)
+    _wait_components(cluster, what)
+
+
+def _admission_pod() -> dict[str, Any]:
+    """A GPU pod naming no scheduler: both webhooks see it (the steering one names the
+    scheduler), the validating one passes it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "admit-", "namespace": REAL_NS},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox:1.37",
+                    "resources": {"limits": {"aliyun.com/gpu-mem": "1"}},
+                }
+            ]
+        },
+    }
+
+
+def _admitted(cluster: Cluster) -> tuple[bool, str]:
+    """One admission through both webhooks (a server-side dry run): passed and steered?"""
+    done = cluster.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-f", "-",
+        input=json.dumps(_admission_pod()), check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return False, done.stderr.strip()[-300:]
+    steered = json.loads(done.stdout)["spec"].get("schedulerName") == "ack-co-scheduler"
+    return steered, "" if steered else "not steered"
+
+
+@dataclass
+class Admissions:
+    """Admissions made one after another in a thread while something else happens."""
+
+    cluster: Cluster
+    results: list[tuple[float, float, bool, str]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Admissions:
+        def loop() -> None:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                ok, why = _admitted(self.cluster)
+                self.results.append((started, time.monotonic(), ok, why))
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(60)
+
+    def failed(self, since: float = 0.0) -> list[tuple[float, str]]:
+        return [(s, why) for s, _, ok, why in self.results if not ok and s >= since]
+
+
+def _new_certificate(work: Path, name: str) -> dict[str, bytes]:
+    """A new CA and a serving certificate it signs for the webhook's Service names, as the
+    cert Job or cert-manager would make them: {ca.crt, tls.crt, tls.key} in PEM."""
+    service = f"{REAL_RELEASE}-webhook"
+    names = [service, f"{service}.{REAL_NAMESPACE}", f"{service}.{REAL_NAMESPACE}.svc"]
+    names.append(f"{names[-1]}.cluster.local")
+    work.mkdir(parents=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=work, check=True, capture_output=True)
+
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+            "-subj", f"/CN={name}")  # fmt: skip
+    openssl("req", *ec, "-keyout", "tls.key", "-out", "tls.csr", "-subj", f"/CN={names[2]}")
+    (work / "san.ext").write_text(
+        "subjectAltName=" + ",".join(f"DNS:{n}" for n in names) + "\nextendedKeyUsage=serverAuth\n"
+    )
+    openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "2", "-extfile", "san.ext", "-out", "tls.crt")  # fmt: skip
+    return {n: (work / n).read_bytes() for n in ("ca.crt", "tls.crt", "tls.key")}
+
+
+def _store_certificate(cluster: Cluster, files: dict[str, bytes]) -> None:
+    """Replace the webhook's Secret (what the cert Job or cert-manager writes)."""
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "kubernetes.io/tls",
+        "metadata": {"name": f"{REAL_RELEASE}-webhook-tls", "namespace": REAL_NAMESPACE},
+        "data": {k: base64.b64encode(v).decode() for k, v in files.items()},
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(secret))
+
+
+def _set_ca_bundle(cluster: Cluster, bundle: bytes) -> None:
+    """caBundle of every webhook of both configurations (cert-manager's CA injector)."""
+    encoded = base64.b64encode(bundle).decode()
+    for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+        name = f"{REAL_RELEASE}-webhook"
+        count = len(cluster.kubectl_json("get", kind, name)["webhooks"])
+        patch = [
+            {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": encoded}
+            for i in range(count)
+        ]
+        cluster.kubectl("patch", kind, name, "--type=json", "-p", json.dumps(patch))
+
+
+def _served_certificate(cluster: Cluster) -> bytes:
+    """The certificate (DER) the webhook pod serves now, from a TLS handshake with it; empty
+    when the handshake fails."""
+    (pod,) = _component_pods(cluster)["webhook"]
+    address = (pod["status"]["podIP"], 9443)
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with socket.create_connection(address, timeout=5) as raw, context.wrap_socket(raw) as tls:
+            der = tls.getpeercert(binary_form=True)
+    except OSError:
+        return b""
+    return der or b""
+
+
+def _der(pem: bytes) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(pem.decode())
+
+
+def _renew(
+    cluster: Cluster, files: dict[str, bytes], old_ca: bytes, *, overlap: bool
+) -> tuple[float, float]:
+    """Renew the webhook's certificate with a new CA while admissions go on; return when the
+    Secret changed (monotonic) and how long after that the webhook served the new certificate.
+
+    ``overlap=False`` is what cert-manager's CA injector does: the Secret and caBundle change
+    together, so until kubelet refreshes the mounted files and the webhook reloads them the
+    API server trusts only a CA the webhook does not serve yet. ``overlap=True`` is the order
+    that loses nothing: caBundle holds both CAs while the files change, the old CA is dropped
+    once the new certificate is served."""
+    if overlap:
+        _set_ca_bundle(cluster, old_ca + files["ca.crt"])
+        time.sleep(3)  # the API server's configuration informer
+    started = time.monotonic()
+    _store_certificate(cluster, files)
+    if not overlap:
+        _set_ca_bundle(cluster, files["ca.crt"])
+    want = _der(files["tls.crt"])
+    eventually(lambda: _served_certificate(cluster) == want, 240, "the new certificate served")
+    served = time.monotonic() - started
+    if overlap:
+        _set_ca_bundle(cluster, files["ca.crt"])
+    time.sleep(8)  # admissions go on with the new certificate alone
+    return started, served
+
+
+@pytest.mark.e2e
+def test_helm_upgrade_from_the_previous_release_keeps_gpu_pods(
+    cluster: Cluster, helm_node: tuple[RealNode, dict[str, str]], tmp_path: Path
+) -> None:
+    """The previous release (0.1.0, rebuilt from its commit by previous_release.py: its packaged
+    chart and its image) installed on the real node with a GPU pod running; its CRDs applied
+    as docs/helm.md says, then `helm upgrade` to the working chart (packaged, the working
+    image). The GPU pod keeps running untouched, its seal verifies with the cluster's key as the
+    device plugin judges it, nothing reports an untrusted allocation, and a new GPU pod is
+    steered, placed and served by the upgraded components.
+
+    Then, on the upgraded release: the webhook's certificate renewed with a new CA while
+    admissions go on, first as cert-manager does (Secret and caBundle at once: the failures
+    until the files refresh are counted, none after), then with the CAs overlapping (none at
+    all), timing how long until the new certificate is served; and ``kubectl scale`` of the
+    webhook to 3 followed by a ``helm upgrade``."""
+    node, images = helm_node
+    previous = previous_release.build(str(cluster.binaries["helm"]), progress=True)
+    node.ctr("images", "import", str(previous.image), timeout=300)
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(_real_values(cluster, node, images)))
+    chart = ["-n", REAL_NAMESPACE, "-f", str(values)]
+    for namespace in (REAL_NAMESPACE, REAL_NS):  # an earlier test's may still be going
+        cluster.kubectl(
+            "delete", "namespace", namespace, "--ignore-not-found", "--wait=true", timeout=240
+        )
+        cluster.kubectl("create", "namespace", namespace)
+    cluster.kubectl("label", "namespace", REAL_NS, f"{WEBHOOK_LABEL}={REAL_NS}")
+    packaged = helm(cluster, "package", str(CHART), "-d", str(tmp_path)).stdout.strip()
+    working = packaged.rsplit(" ", 1)[-1]
+    installed = False
+    try:
+        helm(cluster, "install", REAL_RELEASE, str(previous.chart), *chart, "--wait=false")
+        installed = True
+        _rolled_to(cluster, previous.image_name, "the previous release Ready")
+        pod = _sealed_gpu_pod(cluster, node, "GPUtest Running under the previous release")
+        name = pod["metadata"]["name"]
+        annotations = pod["metadata"]["annotations"]
+
+        # CRDs: Helm upgrades none; docs/helm.md says to apply the chart's before upgrading
+        crds = sorted((CHART / "crds").glob("*.yaml"))
+        for crd in crds:
+            cluster.kubectl("apply", "--server-side", "-f", str(crd))
+        started = time.monotonic()
+        helm(cluster, "upgrade", REAL_RELEASE, working, *chart, "--wait=false")
+        _rolled_to(cluster, images["gpushare"], "the upgraded release Ready")
+        print(f"[e2e] upgrade rolled out in {time.monotonic() - started:.1f}s", flush=True)
+        history = json.loads(
+            helm(cluster, "history", REAL_RELEASE, "-n", REAL_NAMESPACE, "-o", "json").stdout
+        )
+        assert [(r["chart"], r["status"]) for r in history] == [
+            (f"gpushare-{previous.release.version}", "superseded"),
+            (
+                f"gpushare-{yaml.safe_load((CHART / 'Chart.yaml').read_text())['version']}",
+                "deployed",
+            ),
+        ]
+        for crd in crds:
+            document = yaml.safe_load(crd.read_text())
+            stored = cluster.kubectl_json("get", "crd", document["metadata"]["name"])
+            assert [v["name"] for v in stored["spec"]["versions"]] == [
+                v["name"] for v in document["spec"]["versions"]
+            ]
+
+        # The GPU pod: the same pod, never restarted, its allocation and seal unchanged and
+        # still verifying; the upgraded device plugin and extender trust it.
+        (after,) = ns_pods(cluster, REAL_NS)
+        assert after["metadata"]["uid"] == pod["metadata"]["uid"]
+        assert after["status"]["phase"] == "Running"
+        assert [c["restartCount"] for c in after["status"]["containerStatuses"]] == [0]
+        for key in ("gpushare.io/allocation", "gpushare.io/seal"):
+            assert after["metadata"]["annotations"][key] == annotations[key]
+        assert _seals(cluster, node) == ([name], [])
+        assert _untrusted_warnings(cluster) == []
+
+        # A new GPU pod after the upgrade: steered by the new webhook, placed and served.
+        env = _steered_job(cluster, "tensorflow-mnist-share")
+        assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "4"
+        assert _seals(cluster, node) == ([name], [])
+        assert _untrusted_warnings(cluster) == []
+
+        # Certificate renewal with a new CA, admissions going on.
+        secret = cluster.kubectl_json(
+            "get", "secret", f"{REAL_RELEASE}-webhook-tls", "-n", REAL_NAMESPACE
+        )
+        old_ca = base64.b64decode(secret["data"]["ca.crt"])
+        assert _admitted(cluster) == (True, "")
+        renewed = _new_certificate(tmp_path / "ca-2", "renewed-2")
+        with Admissions(cluster) as naive:
+            naive_changed, naive_served = _renew(cluster, renewed, old_ca, overlap=False)
+        overlapped = _new_certificate(tmp_path / "ca-3", "renewed-3")
+        with Admissions(cluster) as safe:
+            safe_changed, safe_served = _renew(cluster, overlapped, renewed["ca.crt"], overlap=True)
+        for label, run, changed, served in (
+            ("together (cert-manager)", naive, naive_changed, naive_served),
+            ("overlapping", safe, safe_changed, safe_served),
+        ):
+            failed = [round(s - changed, 1) for s, _ in run.failed()]
+            print(
+                f"[e2e] certificate renewal, caBundle and Secret {label}: new certificate served "
+                f"{served:.1f}s after the Secret changed; {len(run.results)} admissions, "
+                f"{len(failed)} failed (at {failed[:1]}..{failed[-1:]} s)",
+                flush=True,
+            )
+        # as cert-manager does it: failures only until the webhook serves the new certificate
+        late = naive.failed(since=naive_changed + naive_served)
+        assert late == [], late
+        assert [r for r in naive.results if r[0] > naive_changed + naive_served and r[2]]
+        # with the CAs overlapping: none at all
+        assert len(safe.results) > 10 and safe.failed() == [], safe.failed()
+
+        # kubectl scale of the webhook takes effect until the chart next renders replicas.
+        deployment = f"{REAL_RELEASE}-webhook"
+        cluster.kubectl("scale", "deployment", deployment, "-n", REAL_NAMESPACE, "--replicas=3")
+
+        def webhooks_ready() -> int:
+            return sum(_ready(p) for p in _component_pods(cluster).get("webhook", []))
+
+        eventually(lambda: webhooks_ready() == 3, 120, "3 webhook replicas Ready")
+        helm(cluster, "upgrade", REAL_RELEASE, working, *chart, "--wait=false")
+        eventually(
+            lambda: (
+                cluster.kubectl_json("get", "deployment", deployment, "-n", REAL_NAMESPACE)["spec"][
+                    "replicas"
+                ]
+                == 1
+            ),
+            60,
+            "helm upgrade sets replicas back to webhook.replicas",
+        )
+    except BaseException:
+        print(_why_not(cluster), flush=True)
+        raise
+    finally:
+        cluster.kubectl("delete", "namespace", REAL_NS, "--wait=true", check=False, timeout=180)
+        if installed:
+            helm(cluster, "uninstall", REAL_RELEASE, "-n", REAL_NAMESPACE, "--wait", check=False)
+        cluster.kubectl(
+            "delete", "namespace", REAL_NAMESPACE, "--wait=true", check=False, timeout=240
+        )

@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -851,6 +852,27 @@ def test_the_schema_offers_the_shared_modes_and_log_levels_the_commands_take() -
     assert webhook["nvidiaVisibleDevices"]["enum"] == list(VISIBLE_DEVICES_MODES)
 
 
+def _undescribed(node: dict[str, Any], path: str) -> Iterator[str]:
+    """Every property under ``node`` (nested objects and array items too) that has no
+    description, as a dotted path."""
+    for name, child in (node.get("properties") or {}).items():
+        where = f"{path}{name}"
+        if not str(child.get("description", "")).strip():
+            yield where
+        yield from _undescribed(child, f"{where}.")
+    if isinstance(node.get("items"), dict):
+        yield from _undescribed(node["items"], f"{path}[].")
+
+
+def test_every_value_in_the_schema_is_described() -> None:
+    """`helm show values` users and editors that read JSON schemas (VS Code, Argo CD's
+    parameter view) see each value's description: none may lack one."""
+    for schema_file in sorted(CHART.parent.glob("*/values.schema.json")):
+        schema = json.loads(schema_file.read_text())
+        missing = list(_undescribed(schema, ""))
+        assert not missing, f"{schema_file}: add a description to {', '.join(missing)}"
+
+
 def test_without_a_cluster_the_unit_guard_renders_nothing() -> None:
     docs = render("--set", "gpuMemoryUnit=128MiB")
     assert not [d for d in docs if d["metadata"]["name"].endswith("unit-guard")]
@@ -1037,9 +1059,19 @@ def test_every_component_takes_extra_args_env_and_an_update_strategy() -> None:
 
 def test_the_default_image_is_the_release_image(default_docs: list[dict[str, Any]]) -> None:
     """The chart runs what `make release` builds and would push: the recipe's repository at
-    the project's version, which is also the chart's appVersion and version."""
+    the project's version, which is also the chart's appVersion and, in SemVer spelling, its
+    version."""
+    import importlib
+    import sys
+
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert chart["version"] == chart["appVersion"] == project_version()
+    sys.path.insert(0, str(REPO / "packaging"))
+    try:
+        semver = importlib.import_module("release").semver
+    finally:
+        sys.path.remove(str(REPO / "packaging"))
+    assert chart["appVersion"] == project_version()
+    assert chart["version"] == semver(project_version())
     images = {c["image"] for c in containers(default_docs) if "gpushare" in c["image"]}
     assert images == {f"{recipe_repository()}:{project_version()}"}
     assert recipe_repository().startswith("ghcr.io/")

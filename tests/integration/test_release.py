@@ -19,6 +19,7 @@ import sys
 import tarfile
 import zipfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import yaml
@@ -27,7 +28,19 @@ from tests.e2e.image_archive import project_version
 from tests.integration.test_chart import find_helm
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _packaging(name: str) -> ModuleType:
+    """A module of packaging/ (not importable by name: pip's ``packaging`` holds it)."""
+    sys.path.insert(0, str(REPO / "packaging"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(REPO / "packaging"))
+
+
 VERSION = project_version()
+CHART_VERSION = _packaging("release").semver(VERSION)
 MACHINE = {"x86_64": "x86_64", "aarch64": "aarch64"}.get(platform.machine(), "")
 
 
@@ -66,7 +79,7 @@ def test_every_artifact_is_there_under_one_version(dist: Path) -> None:
             "CHANGELOG.md",
             "LICENSE",
             "SHA256SUMS",
-            f"gpushare-{VERSION}.tgz",
+            f"gpushare-{CHART_VERSION}.tgz",
             "inspect-cgpu.yaml",
             f"kube_gpushare-{VERSION}-py3-none-manylinux_2_17_{MACHINE}.whl",
             f"kube_gpushare-{VERSION}.tar.gz",
@@ -106,21 +119,21 @@ def test_the_distribution_is_ours_and_carries_the_interposer(dist: Path) -> None
 
 
 def test_the_chart_is_packaged_at_the_version(dist: Path) -> None:
-    with tarfile.open(dist / f"gpushare-{VERSION}.tgz") as chart:
+    with tarfile.open(dist / f"gpushare-{CHART_VERSION}.tgz") as chart:
         member = chart.extractfile("gpushare/Chart.yaml")
         assert member is not None
         meta = yaml.safe_load(member)
         values = chart.extractfile("gpushare/values.yaml")
         assert values is not None
         image = yaml.safe_load(values)["image"]
-    assert meta["version"] == meta["appVersion"] == VERSION
+    assert (meta["version"], meta["appVersion"]) == (CHART_VERSION, VERSION)
     assert (image["registry"], image["repository"]) == ("ghcr.io", "gpushare/gpushare")
 
 
 def test_the_krew_manifest_names_each_plugin_archive(dist: Path) -> None:
     manifest = yaml.safe_load((dist / "inspect-cgpu.yaml").read_text())
     assert manifest["kind"] == "Plugin" and manifest["metadata"]["name"] == "inspect-cgpu"
-    assert manifest["spec"]["version"] == f"v{VERSION}"
+    assert manifest["spec"]["version"] == f"v{CHART_VERSION}"
     for entry in manifest["spec"]["platforms"]:
         arch = entry["selector"]["matchLabels"]["arch"]
         name = f"kubectl-inspect-cgpu_{VERSION}_linux_{arch}.tar.gz"
@@ -171,12 +184,16 @@ def test_a_chart_at_another_version_is_refused(tmp_path: Path) -> None:
     try:
         release = importlib.import_module("release")
         chart = tmp_path / "Chart.yaml"
-        chart.write_text('version: 0.0.9\nappVersion: "0.1.0"\n')
+        chart.write_text('version: 0.1.0\nappVersion: "0.1.0"\n')
         original = release.CHART
         release.CHART = tmp_path
         try:
-            with pytest.raises(release.ReleaseError, match=r"version 0\.0\.9, appVersion 0\.1\.0"):
-                release.check_versions("0.1.0")
+            with pytest.raises(release.ReleaseError, match=r"version 0\.1\.0, appVersion 0\.1\.0"):
+                release.check_versions("0.2.0")
+            # a development version: SemVer for the chart, PEP 440 for the app (the image tag)
+            chart.write_text('version: 0.2.0.dev0\nappVersion: "0.2.0.dev0"\n')
+            with pytest.raises(release.ReleaseError, match=r"set version: 0\.2\.0-dev\.0 and"):
+                release.check_versions("0.2.0.dev0")
         finally:
             release.CHART = original
         release.check_versions(VERSION)
@@ -199,3 +216,24 @@ def test_the_wheel_tag_follows_the_interposers_glibc_needs(tmp_path: Path) -> No
     assert backend.platform_tag(library) == f"manylinux_2_17_{MACHINE}"
     with pytest.raises(RuntimeError, match="not a little-endian ELF file"):
         backend.platform_tag(source)
+
+
+@pytest.mark.parametrize(
+    ("pep440", "chart"),
+    [("0.1.0", "0.1.0"), ("0.2.0.dev0", "0.2.0-dev.0"), ("1.0.0rc2", "1.0.0-rc.2"),
+     ("1.0.0b1.dev3", "1.0.0-beta.1.dev.3")],
+)  # fmt: skip
+def test_the_chart_version_is_the_project_version_in_semver(pep440: str, chart: str) -> None:
+    """Helm refuses ``0.2.0.dev0`` as a chart version (not SemVer): the release spells it
+    ``0.2.0-dev.0``; a version with no SemVer spelling is refused, naming the forms."""
+    release = _packaging("release")
+    assert release.semver(pep440) == chart
+    with pytest.raises(release.ReleaseError, match=r"'0\.2' is not X\.Y\.Z"):
+        release.semver("0.2")
+
+
+def test_the_package_says_the_project_version() -> None:
+    """``gpushare --version`` (and the exported snapshots) say pyproject.toml's version."""
+    import gpushare
+
+    assert gpushare.__version__ == VERSION
