@@ -35,7 +35,7 @@ the answer, alike under both strategies.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -123,45 +123,42 @@ def scan(dirs: Iterable[Path], kind: str) -> SpecScan:
     names: set[str] = set()
     files: list[str] = []
     skipped: list[str] = []
-    for directory in dirs:
+    for path in _spec_files(dirs):
         try:
-            entries = sorted(directory.iterdir())
-        except OSError:
+            if path.stat().st_size > MAX_SPEC_BYTES:
+                skipped.append(f"{path}: larger than {MAX_SPEC_BYTES} bytes")
+                continue
+            spec = yaml.safe_load(path.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+            skipped.append(f"{path}: {type(err).__name__}")
             continue
-        for path in entries:
-            if path.suffix not in (".json", ".yaml", ".yml"):
-                continue
-            try:
-                if path.stat().st_size > MAX_SPEC_BYTES:
-                    skipped.append(f"{path}: larger than {MAX_SPEC_BYTES} bytes")
-                    continue
-                spec = yaml.safe_load(path.read_text())
-            except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-                skipped.append(f"{path}: {type(err).__name__}")
-                continue
-            found = devices_of(spec, kind)
-            if found is not None:
-                files.append(str(path))
-                names.update(found)
+        found = devices_of(spec, kind)
+        if found is not None:
+            files.append(str(path))
+            names.update(found)
     return SpecScan(frozenset(names), tuple(files), tuple(skipped))
 
 
 def _stat_specs(dirs: Iterable[Path]) -> tuple[tuple[str, int, int, int], ...]:
     """Path, inode, size and modification time of every spec file in ``dirs``."""
     found = []
+    for path in _spec_files(dirs):
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        found.append((str(path), st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(found)
+
+
+def _spec_files(dirs: Iterable[Path]) -> Iterator[Path]:
+    """The spec files of ``dirs`` in name order (a missing or unreadable directory is empty)."""
     for directory in dirs:
         try:
             entries = sorted(directory.iterdir())
         except OSError:
             continue
-        for path in entries:
-            if path.suffix in (".json", ".yaml", ".yml"):
-                try:
-                    st = path.stat()
-                except OSError:
-                    continue
-                found.append((str(path), st.st_ino, st.st_size, st.st_mtime_ns))
-    return tuple(found)
+        yield from (path for path in entries if path.suffix in (".json", ".yaml", ".yml"))
 
 
 @dataclass
