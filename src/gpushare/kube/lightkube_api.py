@@ -155,6 +155,31 @@ class LightkubeAPI:
             async for type_, obj in stream:
                 yield WatchEvent(type=type_, object=_to_dict(obj))
 
+    async def _watch_bookmarked(
+        self, resource: Any, resource_version: str, what: str, **params: str | None
+    ) -> AsyncIterator[WatchEvent]:
+        """A watch with ``allowWatchBookmarks``, which lightkube 1.0's ``watch`` cannot ask for.
+
+        The request is built by the same client lightkube's own ``watch`` uses, with the extra
+        query parameter; its loop re-opens a stream the server ended (its ``timeoutSeconds``)
+        from the last resourceVersion seen, bookmarks included.
+        """
+        generic: Any = self._client._client  # lightkube's GenericAsyncClient
+        request = generic.prepare_request(
+            "list",
+            res=resource,
+            namespace="*",
+            watch=True,
+            params={
+                "resourceVersion": resource_version or None,
+                "allowWatchBookmarks": "true",
+                **params,
+            },
+        )
+        with _mapped(what):
+            async for type_, obj in generic.watch(request):
+                yield WatchEvent(type=type_, object=_to_dict(obj))
+
     async def list_nodes(self) -> tuple[list[KubeDict], str]:
         """All nodes."""
         return await self._list(Node, "list nodes")
@@ -172,9 +197,18 @@ class LightkubeAPI:
         """Node changes."""
         return self._watch(Node, resource_version, "watch nodes")
 
-    def watch_pods(self, resource_version: str) -> AsyncIterator[WatchEvent]:
-        """Pod changes."""
-        return self._watch(Pod, resource_version, "watch pods", namespace="*")
+    def watch_pods(
+        self, resource_version: str, *, node: str = "", bookmarks: bool = False
+    ) -> AsyncIterator[WatchEvent]:
+        """Pod changes (of the pods bound to ``node`` if given; with bookmarks if asked)."""
+        if node:
+            _names(node=node)
+        selector = f"spec.nodeName={node}" if node else None
+        what = f"watch pods on {node}" if node else "watch pods"
+        if bookmarks:
+            return self._watch_bookmarked(Pod, resource_version, what, fieldSelector=selector)
+        fields = {"spec.nodeName": node} if node else None
+        return self._watch(Pod, resource_version, what, namespace="*", fields=fields)
 
     def watch_resource_policies(self, resource_version: str) -> AsyncIterator[WatchEvent]:
         """ResourcePolicy changes."""
