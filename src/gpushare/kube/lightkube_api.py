@@ -18,7 +18,7 @@ from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import ObjectReference
-from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.meta_v1 import ObjectMeta, Status
 from lightkube.resources.core_v1 import Event, Node, Pod, Secret
 from lightkube.types import PatchType
 
@@ -35,6 +35,16 @@ from gpushare.kube.port import (
 )
 
 ResourcePolicyResource: Any = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
+
+
+class _WatchLine(msgspec.Struct):
+    """One line of a watch stream, its object as a plain dict."""
+
+    type: str
+    object: dict[str, Any]
+
+
+_WATCH_LINE = msgspec.json.Decoder(_WatchLine)
 
 
 def _body_text(response: httpx2.Response) -> str:
@@ -158,11 +168,18 @@ class LightkubeAPI:
     async def _watch_bookmarked(
         self, resource: Any, resource_version: str, what: str, **params: str | None
     ) -> AsyncIterator[WatchEvent]:
-        """A watch with ``allowWatchBookmarks``, which lightkube 1.0's ``watch`` cannot ask for.
+        """A watch with ``allowWatchBookmarks``, its events as plain dicts.
 
-        The request is built by the same client lightkube's own ``watch`` uses, with the extra
-        query parameter; its loop re-opens a stream the server ended (its ``timeoutSeconds``)
-        from the last resourceVersion seen, bookmarks included.
+        lightkube 1.0's ``watch`` can neither ask for bookmarks nor read one: it decodes every
+        event's object as the resource's model, and a bookmark's Pod, which carries only its
+        ``metadata`` (``spec.containers`` null), fails that decoding. So the request is built
+        by the client lightkube's ``watch`` uses, with the extra query parameter, and each line
+        is decoded here, once, into the dict gpushare reads anyway. Like lightkube's loop, a
+        stream the server ended (its ``timeoutSeconds``) is re-opened from the last
+        resourceVersion seen, bookmarks included; an ``ERROR`` event ends the watch with its
+        Status (410 Gone: the version is too old), and a stream that ends before any event
+        (no server ends a bookmarked watch that way) with Unreachable, so the caller's backoff
+        paces the retries.
         """
         generic: Any = self._client._client  # lightkube's GenericAsyncClient
         request = generic.prepare_request(
@@ -170,15 +187,37 @@ class LightkubeAPI:
             res=resource,
             namespace="*",
             watch=True,
-            params={
-                "resourceVersion": resource_version or None,
-                "allowWatchBookmarks": "true",
-                **params,
-            },
+            params={"allowWatchBookmarks": "true", **params},
         )
+        version = resource_version
         with _mapped(what):
-            async for type_, obj in generic.watch(request):
-                yield WatchEvent(type=type_, object=_to_dict(obj))
+            while True:
+                if version:
+                    request.params["resourceVersion"] = version
+                built = generic._client.build_request(
+                    request.method,
+                    request.url,
+                    params=request.params,
+                    timeout=generic._watch_timeout,
+                )
+                response = await generic.send(built, stream=True)
+                lines = 0
+                try:
+                    generic.raise_for_status(response)
+                    async for line in response.aiter_lines():
+                        if not line.strip():
+                            continue
+                        lines += 1
+                        event = _WATCH_LINE.decode(line)
+                        if event.type == "ERROR":
+                            raise ApiError(status=cast(Status, Status.from_dict(event.object)))
+                        meta = event.object.get("metadata") or {}
+                        version = str(meta.get("resourceVersion") or version)
+                        yield WatchEvent(type=event.type, object=event.object)  # type: ignore[arg-type]
+                finally:
+                    await response.aclose()
+                if not lines:  # not the server's timeout, which follows a bookmark: a proxy?
+                    raise Unreachable(f"{what}: the stream ended before any event")
 
     async def list_nodes(self) -> tuple[list[KubeDict], str]:
         """All nodes."""

@@ -70,6 +70,7 @@ class NodePodWatch:
         self.watches = 0
         self.gones = 0
         self.events = 0
+        self.bookmarks = 0
 
     def objects(self) -> list[KubeObject]:
         """The node's pods now."""
@@ -91,6 +92,7 @@ class NodePodWatch:
         if version:
             self.version = version
         if event.type == "BOOKMARK":
+            self.bookmarks += 1
             return False
         uid = uid_of(event.object)
         if not uid:
