@@ -268,12 +268,21 @@ async def reaction_times(
     return [served[n] - bound[n] for n in served]
 
 
+SHOWN = 0.05
+"""Rows below this many requests per node per minute in every mode are summed as one."""
+
+
 def table(rows: dict[str, dict[tuple[str, str], float]]) -> None:
     keys = sorted({k for r in rows.values() for k in r}, key=lambda k: (k[1], k[0]))
+    shown = [k for k in keys if any(abs(r.get(k, 0.0)) >= SHOWN for r in rows.values())]
     print(f"  {'verb':<8} {'resource':<22}" + "".join(f"{m:>10}" for m in rows))
-    for verb, resource in keys:
+    for verb, resource in shown:
         cells = "".join(f"{rows[m].get((verb, resource), 0.0):>10.2f}" for m in rows)
         print(f"  {verb:<8} {resource:<22}{cells}")
+    rest = "".join(
+        f"{sum(v for k, v in r.items() if k not in shown):>10.2f}" for r in rows.values()
+    )
+    print(f"  {'others':<8} {f'(each < {SHOWN})':<22}{rest}")
     totals = "".join(f"{sum(r.values()):>10.2f}" for r in rows.values())
     print(f"  {'all':<8} {'':<22}{totals}")
 
@@ -297,21 +306,26 @@ async def bench(cluster: Cluster, nodes: int, seconds: float, pods: int) -> None
         rows: dict[str, dict[tuple[str, str], float]] = {}
         reactions: dict[str, list[float]] = {}
         watches: dict[str, float] = {}
+        reads: dict[str, float] = {}
         for mode in MODES:
             async with running_loops(cluster, names, mode, work, trust) as loops:
                 await asyncio.sleep(5)  # every loop has listed (and opened its watch)
+                before = sum(loop.double.lists for loop in loops.values())
                 phase = await measure(cluster, mode, seconds)
+                done = sum(loop.double.lists for loop in loops.values()) - before
+                reads[mode] = done * 60 / phase.seconds / nodes
                 rows[mode] = per_node_minute(phase, idle, nodes)
                 watches[mode] = phase.open_watches
                 reactions[mode] = await reaction_times(cluster, loops, mode, pods)
-                reads = sum(loop.double.lists for loop in loops.values())
-                print(f"{mode}: done ({reads} PodResources List calls in all)", flush=True)
+                print(f"{mode}: done", flush=True)
         print()
         print(f"kube-apiserver requests per node per minute at steady state ({nodes} nodes, ")
         print(f"{seconds:.0f}s per phase, beyond the idle phase; apiserver_request_total):")
         table(rows)
         opened = ", ".join(f"{m} {watches[m] - idle.open_watches:.0f}" for m in MODES)
         print(f"  WATCH requests on pods open at the end of the phase, beyond idle: {opened}")
+        per_node = ", ".join(f"{m} {reads[m]:.2f}" for m in MODES)
+        print(f"  PodResources List calls per node per minute: {per_node}")
         print()
         print("seconds from a pod seen bound to it seen marked served:")
         for mode in MODES:

@@ -125,13 +125,20 @@ def watched(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[tuple[
         delete_nodes(cluster, [node])
 
 
+def start_with_pods(cluster: Cluster, node: str, watching: Watching, *names: str) -> None:
+    """Create these pods on the node, start the watch, and wait until it holds them."""
+    create(cluster, *(bare_pod(name, node) for name in names))
+    watching.start()
+    eventually(
+        lambda: watching.held() == truth(cluster, node) and len(truth(cluster, node)) == len(names)
+    )
+
+
 def test_the_plugins_watch_survives_an_apiserver_restart_with_no_pod_missed(
     cluster: Cluster, watched: tuple[str, Watching]
 ) -> None:
     node, watching = watched
-    create(cluster, *(bare_pod(f"before-{i}", node) for i in range(3)))
-    watching.start()
-    eventually(lambda: watching.held() == truth(cluster, node) and len(truth(cluster, node)) == 3)
+    start_with_pods(cluster, node, watching, "before-0", "before-1", "before-2")
     lists = watching.watch.lists
 
     cluster.restart_apiserver(down_s=2.0)
@@ -162,9 +169,7 @@ def test_the_plugins_watch_lists_again_on_410_gone_with_no_pod_missed(
     cluster: Cluster, watched: tuple[str, Watching]
 ) -> None:
     node, watching = watched
-    create(cluster, *(bare_pod(f"old-{i}", node) for i in range(2)))
-    watching.start()
-    eventually(lambda: watching.held() == truth(cluster, node) and len(truth(cluster, node)) == 2)
+    start_with_pods(cluster, node, watching, "old-0", "old-1")
     watching.stop()  # a watch that was not connected while what follows happened
     stale = watching.watch.version
     cluster.restart_apiserver()  # its watch cache starts at a newer resourceVersion
