@@ -55,7 +55,7 @@ import grpc
 
 from gpushare.core.allocation import Allocation
 from gpushare.core.handoff import MEM, Signature, listed_signatures
-from gpushare.core.kubejson import KubeObject, uid_of
+from gpushare.core.kubejson import KubeObject
 from gpushare.core.names import ANN_ASSIGNED
 from gpushare.core.trust import NodePods
 from gpushare.deviceplugin.allocating import NodeParts, OnNode, spec_weight
@@ -196,7 +196,6 @@ class ServedCheck(OnNode):
         self._clock = clock
         self.waiting = False
         """After the last check: a pod placed here is not marked served yet."""
-        self.checks = 0
 
     async def _node_pods(self) -> tuple[NodePods, Mapping[str, KubeObject]]:
         """The node's pods, judged, and by UID: the watch's when it follows the server."""
@@ -209,7 +208,6 @@ class ServedCheck(OnNode):
 
     async def check(self, resources: Sequence[str]) -> None:
         """Read PodResources once and act on it."""
-        self.checks += 1
         listing = await list_pod_resources(self.config.pod_resources_socket)
         bound, by_uid = await self._node_pods()
         # trusted allocations only: an untrusted one is never marked served
@@ -230,7 +228,7 @@ class ServedCheck(OnNode):
             allocation = by_key.get((pod.namespace, pod.name))
             if allocation is None:
                 continue
-            self._weigh(pod, by_uid.get(allocation.uid), mem_name)
+            self._weigh(pod, allocation.uid, by_uid.get(allocation.uid), mem_name)
             if allocation.assigned:
                 continue
             verdict = check_pod(pod, allocation, resources=ours, served=self.checkpoint.signature)
@@ -242,11 +240,8 @@ class ServedCheck(OnNode):
                 await self._mark(allocation)
         self.waiting = any(not a.assigned and a.uid not in self.marked for a in bound.allocations)
 
-    def _weigh(self, pod: ListedPod, spec: KubeObject | None, mem_name: str) -> None:
+    def _weigh(self, pod: ListedPod, uid: str, spec: KubeObject | None, mem_name: str) -> None:
         """Now that the pod is known, give each of its containers its own cGPU weight."""
-        uid = uid_of(spec) if spec is not None else ""
-        if not uid:
-            return
         for (container, name), ids in pod.devices.items():
             if name == mem_name:
                 reading = spec_weight(spec, container, self.config.max_pods)
