@@ -12,7 +12,7 @@ DIST ?= dist/$(VERSION)
 IMAGE_ARCHIVE ?= $(DIST)/gpushare-image-$(VERSION).oci.tar
 ARCH ?=
 
-.PHONY: demo test unit native e2e e2e-oldest lint typecheck controlplane cluster cluster-down bench sizing replay image image-in-docker image-archive release clean
+.PHONY: demo test unit native e2e e2e-oldest lint typecheck controlplane cluster cluster-down bench sizing replay plugin-requests image image-in-docker image-archive release clean
 
 $(STAMP): pyproject.toml constraints.txt packaging/gpushare_build.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -120,6 +120,16 @@ sizing: $(STAMP)
 replay: $(STAMP)
 	bash tests/e2e/controlplane/build.sh > /dev/null
 	$(BIN)/python benchmarks/replay.py $(REPLAY_ARGS)
+
+# What N device plugins' node loops ask of kube-apiserver, the old one-second poll against the
+# watch, in one run on the real control plane with N kwok nodes (PodResources answered by
+# tests/e2e/podresources_double.py): apiserver_request_total per node per minute by verb and
+# resource, and the seconds from a pod bound to it marked served (benchmarks/plugin_api_requests.py).
+# About 7 minutes at the default 100 nodes and 60 s per phase on 2 cores;
+# PLUGIN_REQUESTS_ARGS="--nodes 300 --seconds 120" (or --pods) for another size.
+plugin-requests: $(STAMP)
+	bash tests/e2e/controlplane/build.sh > /dev/null
+	$(BIN)/python benchmarks/plugin_api_requests.py $(PLUGIN_REQUESTS_ARGS)
 
 # The container image for every component, ghcr.io/gpushare/gpushare:$(VERSION), as an OCI
 # archive: packaging/image.py is the one recipe, which `make release` ships and the real-node

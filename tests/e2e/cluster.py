@@ -607,6 +607,15 @@ class Cluster:
             process,
         )
 
+    def restart_apiserver(self, down_s: float = 0.0) -> None:
+        """Stop kube-apiserver, wait ``down_s``, and start it again on the same port; its state
+        is in etcd. Every watch open on it ends, and its watch cache starts over."""
+        old = self.processes.get("kube-apiserver")
+        if old is not None:
+            old.stop()
+        time.sleep(down_s)
+        self._start_apiserver(lambda _: None)
+
     def restart_scheduler(self) -> None:
         """Stop kube-scheduler and start it again (reading ``scheduler_settings`` anew)."""
         self.stop_scheduler()

@@ -30,6 +30,7 @@ from gpushare.deviceplugin.serving import IsolationHook, NoIsolation
 from gpushare.extender.driver import ExtenderDriver
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
+from gpushare.kube.port import Unreachable
 from tests import grpc_loop
 
 from .conftest import rig_for
@@ -242,6 +243,30 @@ async def served(r: Rig, name: str) -> bool:
             return True
         await asyncio.sleep(0.05)
     return False
+
+
+@pytest.mark.parametrize("outage", ["dropped", "expired"])
+def test_a_pod_admitted_while_the_plugins_watch_lists_again_is_still_marked_served(
+    outage: str,
+) -> None:
+    """The plugin's watch of its node's pods ends (a dropped connection, or 410 Gone) just
+    before kubelet admits a pod: the watch lists again and the pod is marked served."""
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        lists = r.plugin.watch.lists
+        placed = await r.place(pod("across", 2))
+        assert placed is not None
+        if outage == "dropped":
+            r.kube.break_watches(Unreachable("connection reset by peer"))
+        else:
+            r.kube.expire_watches()
+        await r.kubelet.admit(placed)
+        assert await served(r, "across")
+        assert r.plugin.watch.lists > lists
+        assert r.plugin.stats.mismatches == 0 and r.plugin.stats.served_pods == 1
+
+    run(body)
 
 
 def test_a_pod_whose_init_container_asks_for_memory_is_served_and_marked() -> None:

@@ -150,7 +150,10 @@ class FailingReader(NodeReader):
 
 
 def served_check(
-    tmp_path: Path, sleep: Callable[[float], Awaitable[None]], backoff: Backoff
+    tmp_path: Path,
+    sleep: Callable[[float], Awaitable[None]],
+    backoff: Backoff,
+    clock: Callable[[], float],
 ) -> tuple[ServedCheck, FailingReader]:
     kube = MemoryKube()
     config = PluginConfig(node="n", state_dir=tmp_path, check_interval=1.0)
@@ -164,15 +167,15 @@ def served_check(
         stats=stats,
         pods=reader,
     )
-    return ServedCheck(parts, backoff=backoff, sleep=sleep), reader
+    return ServedCheck(parts, backoff=backoff, sleep=sleep, clock=clock), reader
 
 
-def test_the_device_plugins_check_backs_off_and_returns_to_its_interval(
+def test_the_device_plugins_check_backs_off_and_returns_to_its_safety_period(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     time = FakeTime()
     backoff = Backoff(base_s=1.0, cap_s=30.0, draw=lambda: 0.5, clock=time.clock)
-    check, reader = served_check(tmp_path, time.sleep, backoff)
+    check, reader = served_check(tmp_path, time.sleep, backoff, time.clock)
     checks = 0
 
     async def listing(socket: Path) -> list[object]:
@@ -193,7 +196,7 @@ def test_the_device_plugins_check_backs_off_and_returns_to_its_interval(
                 await task
 
     asyncio.run(main())
-    # the first wait is the interval; then never less than it, growing to the cap; then the
-    # interval again once a check went through
-    assert time.slept[:11] == [1.0, 1.0, 1.5, 3.0, 6.0, 12.0, 22.5, 22.5, 1.0, 1.0, 1.0]
+    # the first check at once; after a failure never less than the interval, growing to the
+    # cap; then, once a check went through and no pod waits, the safety period
+    assert time.slept[:11] == [1.0, 1.5, 3.0, 6.0, 12.0, 22.5, 22.5, 60.0, 60.0, 60.0, 60.0]
     assert backoff.failures == 0

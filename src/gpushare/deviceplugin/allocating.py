@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from gpushare.core.handoff import Answer, Pending, pending_of, resolve
 from gpushare.core.inventory import Mode
@@ -109,14 +110,22 @@ class NodeReader:
         """This node's pods by UID, as of the last read (their specs give cGPU weights)."""
 
     async def read(self) -> NodePods:
-        """The live pods bound to this node, from the API, judged (raises KubeError)."""
+        """The live pods bound to this node, from the API, judged (raises KubeError).
+
+        A list, not the watch's store: Allocate answers for a pod kubelet has just seen bound,
+        which the watch may not have shown yet, and a refusal fails the pod for good.
+        """
         pods, _ = await self.api.list_pods(self.config.node)
-        sorted_pods = sort_node_pods(pods, node=self.config.node, trust=self._judged)
-        uids = {uid_of(p) for p in pods}
         self.by_uid = {uid_of(p): p for p in pods}
         self.finished = frozenset(
             uid_of(p) for p in pods if status_of(p).get("phase") in TERMINAL_PHASES
         )
+        return self.judge(pods)
+
+    def judge(self, pods: Sequence[KubeObject]) -> NodePods:
+        """These pods of this node (listed, or the watch's), judged."""
+        sorted_pods = sort_node_pods(pods, node=self.config.node, trust=self._judged)
+        uids = {uid_of(p) for p in pods}
         self._judged.retain(uids)
         self._reported.retain(uids)
         for pod, why in sorted_pods.ignored:
@@ -138,6 +147,9 @@ class NodeParts:
     checkpoint: ServedCheckpoint
     stats: Stats
     pods: NodeReader
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the node's pods may have changed in PodResources: the watch showed a change of
+    a pod bound here, or Allocate answered; the served check waits on it (reconcile)."""
 
 
 class OnNode:
@@ -150,6 +162,7 @@ class OnNode:
         self.checkpoint = parts.checkpoint
         self.stats = parts.stats
         self.pods = parts.pods
+        self.changed = parts.changed
 
 
 class Allocator(OnNode):
@@ -207,6 +220,7 @@ class Allocator(OnNode):
             return Refused(f"gpushare: {err}")
         self.checkpoint.remember(device_ids, answer.signature)
         self.stats.allocations += 1
+        self.changed.set()
         return result
 
     def weight_of(self, candidates: tuple[Pending, ...]) -> int:

@@ -17,8 +17,11 @@ Life cycle:
    never by guessing, and keep what was served per device-ID set on disk (allocating.py,
    checkpoint.py); only allocations gpushare sealed for their pod count (core.trust), and a
    pod bound here that gpushare did not place is never served;
-6. every ``check_interval``, read kubelet's PodResources API and mark the admitted pods served,
-   counting any that were served other than placed (reconcile.py).
+6. keep the node's pods from a field-selected list and watch (kube.podwatch): a quiet node
+   costs kube-apiserver no request while the watch stays open;
+7. when the watch or Allocate tells of a change (and every ``reconcile.RESYNC_S``), read
+   kubelet's PodResources API and mark the admitted pods served, counting any that were served
+   other than placed (reconcile.py).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from gpushare.deviceplugin.serving import (
     NoIsolation,
     devices,
 )
+from gpushare.kube.podwatch import NodePodWatch
 from gpushare.kube.port import KubeAPI
 from gpushare.kube.sealing import keyless_trust
 
@@ -88,7 +92,9 @@ class DevicePlugin:
         )
         self.allocator = Allocator(parts, source=source)
         self.registrar = Registrar(backend=self, config=config, stats=self.stats)
-        self.served_check = ServedCheck(parts)
+        self.watch = NodePodWatch(api, config.node, on_change=parts.changed.set)
+        """The node's pods, from a list and a watch; the served check reads them."""
+        self.served_check = ServedCheck(parts, watch=self.watch)
         self._tasks: list[asyncio.Task[None]] = []
         self._topology_on_node: str | None = None
         """``gpushare.io/gpu-topology`` as the node holds it, read at start, then as written."""
@@ -118,7 +124,7 @@ class DevicePlugin:
         self._topology_on_node = (node.get("metadata", {}).get("annotations") or {}).get(
             ANN_NODE_TOPOLOGY
         )
-        pods, _ = await self.api.list_pods(self.config.node)
+        pods, version = await self.api.list_pods(self.config.node)
         checked = preflight(
             node, pods, unit=self.config.unit, names=self.config.names, hook=self.hook
         )
@@ -135,7 +141,9 @@ class DevicePlugin:
         await self.publish()
         await self.generations.bump()
         await self.registrar.serve_and_register(self.resources)
+        self.watch.replace(pods, version)  # the watch starts from preflight's list
         self._tasks = [
+            asyncio.create_task(self.watch.run()),
             asyncio.create_task(self.registrar.watch_kubelet()),
             asyncio.create_task(watch_health(self.source, self.generations, self.publish)),
             asyncio.create_task(self.served_check.run(self.resources)),

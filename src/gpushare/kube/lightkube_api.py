@@ -19,7 +19,7 @@ from lightkube.core import resource as lightkube_resource
 from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import ObjectReference
-from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.meta_v1 import ObjectMeta, Status
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Event, Node, Pod, Secret
 from lightkube.types import PatchType
@@ -38,6 +38,16 @@ from gpushare.kube.port import (
 )
 
 ResourcePolicyResource: Any = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
+
+
+class _WatchLine(msgspec.Struct):
+    """One line of a watch stream, its object as a plain dict."""
+
+    type: str
+    object: dict[str, Any]
+
+
+_WATCH_LINE = msgspec.json.Decoder(_WatchLine)
 
 
 def _body_text(response: httpx2.Response) -> str:
@@ -255,6 +265,60 @@ class LightkubeAPI:
                     page = []
             yield page, _version(listing)
 
+    async def _watch_bookmarked(
+        self, resource: Any, resource_version: str, what: str, **params: str | None
+    ) -> AsyncIterator[WatchEvent]:
+        """A watch with ``allowWatchBookmarks``, its events as plain dicts.
+
+        lightkube 1.0's ``watch`` can neither ask for bookmarks nor read one: it decodes every
+        event's object as the resource's model, and a bookmark's Pod, which carries only its
+        ``metadata`` (``spec.containers`` null), fails that decoding. So the request is built
+        by the client lightkube's ``watch`` uses, with the extra query parameter, and each line
+        is decoded here, once, into the dict gpushare reads anyway. Like lightkube's loop, a
+        stream the server ended (its ``timeoutSeconds``) is re-opened from the last
+        resourceVersion seen, bookmarks included; an ``ERROR`` event ends the watch with its
+        Status (410 Gone: the version is too old), and a stream that ends before any event
+        (no server ends a bookmarked watch that way) with Unreachable, so the caller's backoff
+        paces the retries.
+        """
+        generic: Any = self._client._client  # lightkube's GenericAsyncClient
+        request = generic.prepare_request(
+            "list",
+            res=resource,
+            namespace="*",
+            watch=True,
+            params={"allowWatchBookmarks": "true", **params},
+        )
+        version = resource_version
+        with _mapped(what):
+            while True:
+                if version:
+                    request.params["resourceVersion"] = version
+                built = generic._client.build_request(
+                    request.method,
+                    request.url,
+                    params=request.params,
+                    timeout=generic._watch_timeout,
+                )
+                response = await generic.send(built, stream=True)
+                lines = 0
+                try:
+                    generic.raise_for_status(response)
+                    async for line in response.aiter_lines():
+                        if not line.strip():
+                            continue
+                        lines += 1
+                        event = _WATCH_LINE.decode(line)
+                        if event.type == "ERROR":
+                            raise ApiError(status=cast(Status, Status.from_dict(event.object)))
+                        meta = event.object.get("metadata") or {}
+                        version = str(meta.get("resourceVersion") or version)
+                        yield WatchEvent(type=event.type, object=event.object)  # type: ignore[arg-type]
+                finally:
+                    await response.aclose()
+                if not lines:  # not the server's timeout, which follows a bookmark: a proxy?
+                    raise Unreachable(f"{what}: the stream ended before any event")
+
     async def list_nodes(self) -> tuple[list[KubeDict], str]:
         """All nodes (without what ``_UNREAD`` names)."""
         nodes: list[KubeDict] = []
@@ -298,9 +362,21 @@ class LightkubeAPI:
         """Node changes (without what ``_UNREAD`` names)."""
         return self._watch(_NodeJSON, resource_version, "watch nodes", _slim_node)
 
-    def watch_pods(self, resource_version: str) -> AsyncIterator[WatchEvent]:
-        """Pod changes (without what ``_UNREAD`` names)."""
-        return self._watch(_PodJSON, resource_version, "watch pods", _slim_pod, namespace="*")
+    def watch_pods(
+        self, resource_version: str, *, node: str = "", bookmarks: bool = False
+    ) -> AsyncIterator[WatchEvent]:
+        """Pod changes (of the pods bound to ``node`` if given; with bookmarks if asked),
+        without what ``_UNREAD`` names."""
+        if node:
+            _names(node=node)
+        selector = f"spec.nodeName={node}" if node else None
+        what = f"watch pods on {node}" if node else "watch pods"
+        if bookmarks:
+            return self._watch_bookmarked(Pod, resource_version, what, fieldSelector=selector)
+        fields = {"spec.nodeName": node} if node else None
+        return self._watch(
+            _PodJSON, resource_version, what, _slim_pod, namespace="*", fields=fields
+        )
 
     def watch_resource_policies(self, resource_version: str) -> AsyncIterator[WatchEvent]:
         """ResourcePolicy changes."""

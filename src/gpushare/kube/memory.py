@@ -53,6 +53,22 @@ class _Logged:
     kind: Kind
     type: EventType
     object: KubeDict
+    binding: bool = False
+    """The change that set the pod's node (a field-selected watch sees it ADDED)."""
+
+
+def _selected(event: _Logged, node: str) -> WatchEvent | None:
+    """A pod event as a watch with ``fieldSelector=spec.nodeName=node`` sees it, or None.
+
+    kube-apiserver filters a watch on the object before and after each change: a pod that starts
+    to match arrives as ADDED, one that never matched not at all (k8s.io/apiserver
+    pkg/storage/cacher, ``cacheWatcher.convertToWatchEvent``). A pod's node never changes once
+    set, so only its binding makes a pod start to match, and its deletion is seen as it was.
+    """
+    if event.object.get("spec", {}).get("nodeName") != node:
+        return None
+    type_ = "ADDED" if event.binding else event.type
+    return WatchEvent(type=type_, object=_copy(event.object))
 
 
 class MemoryKube:
@@ -66,6 +82,8 @@ class MemoryKube:
         self._log: list[_Logged] = []
         self._compacted = 0
         self._waiters: list[asyncio.Future[None]] = []
+        self._broken: list[Exception] = []
+        """Errors waiting to end the watches open when ``break_watches`` was called."""
         self._uids = 0
         self._events: dict[tuple[str, str], KubeDict] = {}
         self.seal_key = seal_key if seal_key is not None else secrets.token_hex(32).encode()
@@ -92,15 +110,20 @@ class MemoryKube:
 
     # -- writes used by tests and the demo ---------------------------------------------------
 
-    def _record(self, kind: Kind, type_: EventType, obj: KubeDict) -> KubeDict:
+    def _record(
+        self, kind: Kind, type_: EventType, obj: KubeDict, *, binding: bool = False
+    ) -> KubeDict:
         self._version += 1
         obj.setdefault("metadata", {})["resourceVersion"] = str(self._version)
-        self._log.append(_Logged(self._version, kind, type_, _copy(obj)))
+        self._log.append(_Logged(self._version, kind, type_, _copy(obj), binding))
+        self._wake_watches()
+        return _copy(obj)
+
+    def _wake_watches(self) -> None:
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
-        return _copy(obj)
 
     def put_node(self, node: Mapping[str, Any]) -> KubeDict:
         """Create or replace a node."""
@@ -213,36 +236,68 @@ class MemoryKube:
         """All pods as one page (``list_pods``)."""
         yield await self.list_pods()
 
-    async def _watch(self, kind: Kind, resource_version: str) -> AsyncIterator[WatchEvent]:
+    async def _watch(
+        self, kind: Kind, resource_version: str, *, node: str = "", bookmarks: bool = False
+    ) -> AsyncIterator[WatchEvent]:
         position = int(resource_version or 0)
         while True:
+            if self._broken:
+                raise self._broken.pop()
             if position < self._compacted:
                 raise Gone(f"too old resource version: {position} ({self._compacted})")
             # the log is in version order: start after ``position`` instead of scanning it all
             start = bisect.bisect_right(self._log, position, key=lambda e: e.version)
             pending = self._log[start:]
+            skipped = False
             for event in pending:
                 position = event.version
-                if event.kind == kind:
+                if event.kind != kind:
+                    continue
+                if node:
+                    shown_event = _selected(event, node)
+                    if shown_event is None:
+                        skipped = True
+                        continue
+                    yield shown_event
+                else:
                     yield WatchEvent(type=event.type, object=_copy(event.object))
             if self._log and self._log[-1].version > position:
                 continue  # written while the last event was being handled
             # versions past the log went to Events, which no watch shows: nothing is unseen
             position = max(position, self._version)
+            if bookmarks and skipped:
+                # what kube-apiserver's watch cache sends a selective watch now and then
+                mark = {"kind": "Pod", "metadata": {"resourceVersion": str(position)}}
+                yield WatchEvent(type="BOOKMARK", object=mark)
             if position >= self._version:
                 waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 self._waiters.append(waiter)
                 await waiter
+
+    def expire_watches(self) -> None:
+        """Compact past every open watch's version: each gets Gone (410) at once, as after
+        etcd's compaction or kube-apiserver's restart with an empty watch cache."""
+        self._version += 1
+        self.compact()
+        self._wake_watches()
+
+    def break_watches(self, error: Exception) -> None:
+        """End every open watch with ``error`` (a dropped connection, a restarted server)."""
+        self._broken = [error] * len(self._waiters)
+        self._wake_watches()
 
     def watch_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]:
         """Node events after ``resource_version``."""
         self.calls.append("watch_nodes")
         return self._watch("nodes", resource_version)
 
-    def watch_pods(self, resource_version: str) -> AsyncIterator[WatchEvent]:
-        """Pod events after ``resource_version``."""
+    def watch_pods(
+        self, resource_version: str, *, node: str = "", bookmarks: bool = False
+    ) -> AsyncIterator[WatchEvent]:
+        """Pod events after ``resource_version``; only the pods bound to ``node`` if given,
+        with a BOOKMARK after changes the node's selector left out when ``bookmarks``."""
         self.calls.append("watch_pods")
-        return self._watch("pods", resource_version)
+        return self._watch("pods", resource_version, node=node, bookmarks=bookmarks)
 
     def put_resource_policy(self, policy: Mapping[str, Any]) -> KubeDict:
         """Create or replace a ResourcePolicy."""
@@ -406,7 +461,7 @@ class MemoryKube:
         obj.setdefault("status", {})["phase"] = "Pending"
         conditions = obj["status"].setdefault("conditions", [])
         conditions.append({"type": "PodScheduled", "status": "True"})
-        self._record("pods", "MODIFIED", obj)
+        self._record("pods", "MODIFIED", obj, binding=True)
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         """Store an Event; a name taken already is a Conflict, as on a real server."""

@@ -82,8 +82,16 @@ class KubeAPI(Protocol):
         """Node changes after ``resource_version``; raises Gone when it is too old."""
         ...
 
-    def watch_pods(self, resource_version: str) -> AsyncIterator[WatchEvent]:
-        """Pod changes after ``resource_version``; raises Gone when it is too old."""
+    def watch_pods(
+        self, resource_version: str, *, node: str = "", bookmarks: bool = False
+    ) -> AsyncIterator[WatchEvent]:
+        """Pod changes after ``resource_version``; raises Gone when it is too old.
+
+        ``node``: only pods bound to it (a field selector on ``spec.nodeName``; a pod bound there
+        later arrives as ADDED). ``bookmarks``: also BOOKMARK events, whose object carries only
+        a newer resourceVersion to resume from, so a quiet watch does not fall out of the
+        server's window and need a list.
+        """
         ...
 
     async def get_pod(self, namespace: str, name: str) -> KubeDict:
