@@ -44,6 +44,9 @@ SEED = int(os.environ.get("GPUSHARE_SOAK_SEED", "41"))
 GPUS, GPU_GIB = 8, 32
 IN_FLIGHT = 40
 WAVE = 12
+FAILED_GRACE_S = 10.0
+"""A Failed pod is counted once it stayed Failed (same UID) this long: the extender re-creates
+a bare pod kubelet refused for want of the device plugin under the same name."""
 STUCK_S = 300.0
 """A pod not finished this long after its creation is counted stuck (and deleted)."""
 RESTART_GAP_S = (40.0, 110.0)
@@ -63,21 +66,21 @@ def soak_pod(rng: random.Random, index: int) -> dict[str, Any]:
     labels = {"app": "soak"}
     init = None
     shape = rng.random()
-    if shape < 0.30:  # many small containers
-        containers = [gpu(f"c{k}", rng.randint(1, 3)) for k in range(rng.randint(4, 8))]
-    elif shape < 0.50:  # init containers before several containers
+    if shape < 0.35:  # many small containers
+        containers = [gpu(f"c{k}", rng.randint(1, 2)) for k in range(rng.randint(6, 12))]
+    elif shape < 0.55:  # init containers before several containers
         init = [gpu(f"init{k}", rng.randint(1, 6)) for k in range(rng.randint(1, 2))]
-        containers = [gpu(f"c{k}", rng.randint(1, 3)) for k in range(rng.randint(3, 6))]
-    elif shape < 0.62:  # two GPUs
+        containers = [gpu(f"c{k}", rng.randint(1, 2)) for k in range(rng.randint(4, 9))]
+    elif shape < 0.67:  # two GPUs
         labels["aliyun.com/gpu-count"] = "2"
-        containers = [gpu(f"c{k}", 2 * rng.randint(1, 3)) for k in range(rng.randint(1, 3))]
-    elif shape < 0.72:  # one large container
+        containers = [gpu(f"c{k}", 2 * rng.randint(1, 2)) for k in range(rng.randint(2, 6))]
+    elif shape < 0.74:  # one large container
         containers = [gpu("main", rng.randint(8, 24))]
-    elif shape < 0.86:  # a plain container beside the GPU ones
-        containers = [gpu(f"c{k}", rng.randint(1, 4)) for k in range(rng.randint(2, 5))]
+    elif shape < 0.88:  # a plain container beside the GPU ones
+        containers = [gpu(f"c{k}", rng.randint(1, 3)) for k in range(rng.randint(3, 8))]
         containers.append({**container("plain"), "resources": {}})
     else:
-        containers = [gpu(f"c{k}", rng.randint(1, 4)) for k in range(rng.randint(1, 6))]
+        containers = [gpu(f"c{k}", rng.randint(1, 4)) for k in range(rng.randint(2, 7))]
     manifest = pod(f"soak-{index:05d}", NS, containers, labels=labels, init=init)
     manifest["spec"]["hostNetwork"] = True  # no CNI set-up per pod: the pace is kubelet's
     return manifest
@@ -107,6 +110,8 @@ class Tally:
     failed: list[str] = field(default_factory=list)
     stuck: list[str] = field(default_factory=list)
     restarts: list[str] = field(default_factory=list)
+    recreated: int = 0
+    """Pods the extender re-created under their name after kubelet refused them."""
     rss: list[tuple[float, str, int, int]] = field(default_factory=list)
     """(seconds since start, component, pid, RSS KiB)."""
 
@@ -199,7 +204,8 @@ def summary(tally: Tally, elapsed: float, pending: list[str]) -> list[str]:
         f"[soak] containers checked {tally.checked}, allocation mismatches "
         f"{len(tally.mismatches)}, over-commits {len(tally.overcommits)}",
         f"[soak] pods failed {len(tally.failed)} (by gpushare {len(gpushare_failed)}), stuck "
-        f"{len(tally.stuck)}, left unfinished {len(pending)}",
+        f"{len(tally.stuck)}, left unfinished {len(pending)}; re-created by the extender after "
+        f"kubelet refused them {tally.recreated}",
         f"[soak] restarts ({len(tally.restarts)}): " + ", ".join(tally.restarts),
     ]
     for line in (tally.mismatches + tally.overcommits + tally.failed + tally.stuck)[:30]:
@@ -216,6 +222,8 @@ def test_soak_on_the_real_node(real_node: RealNode, capsys: pytest.CaptureFixtur
     uuids = gpu_uuids(cluster)
     tally = Tally()
     born: dict[str, float] = {}
+    uids: dict[str, str] = {}
+    failed_since: dict[str, float] = {}
     gone: set[str] = set()
     started = time.monotonic()
     deadline = started + MINUTES * 60
@@ -255,11 +263,22 @@ def test_soak_on_the_real_node(real_node: RealNode, capsys: pytest.CaptureFixtur
             items = ns_pods(cluster)
             tally.overcommits.extend(f"{now - started:.0f}s {o}" for o in overcommitted(items))
             live = [p for p in items if p["metadata"]["name"] not in gone]
-            finished = [p for p in live if p["status"].get("phase") in ("Succeeded", "Failed")]
-            for p in finished:
-                if p["status"]["phase"] == "Failed":
-                    owner = "[gpushare]" if by_gpushare(p) else "[other]"
-                    tally.failed.append(f"{owner} {p['metadata']['name']}: {reasons(p)}")
+            for p in live:
+                name, uid = p["metadata"]["name"], p["metadata"]["uid"]
+                if uids.setdefault(name, uid) != uid:
+                    uids[name] = uid
+                    tally.recreated += 1
+            finished = []
+            for p in live:
+                phase, name = p["status"].get("phase"), p["metadata"]["name"]
+                if phase == "Succeeded":
+                    finished.append(p)
+                elif phase == "Failed":
+                    first = failed_since.setdefault(p["metadata"]["uid"], now)
+                    if now - first >= FAILED_GRACE_S:
+                        finished.append(p)
+                        owner = "[gpushare]" if by_gpushare(p) else "[other]"
+                        tally.failed.append(f"{owner} {name}: {reasons(p)}")
             n, wrong, _ = compare(
                 [p for p in finished if p["status"]["phase"] == "Succeeded"],
                 uuids,
@@ -269,13 +288,14 @@ def test_soak_on_the_real_node(real_node: RealNode, capsys: pytest.CaptureFixtur
             tally.mismatches.extend(wrong)
             tally.finished += len(finished)
             unfinished = [p for p in live if p not in finished]
+            in_grace = [p for p in unfinished if p["status"].get("phase") == "Failed"]
             victims, stuck = [], []
             for p in unfinished:
                 name = p["metadata"]["name"]
                 if now - born.get(name, now) > STUCK_S:
                     stuck.append(name)
                     tally.stuck.append(f"{name}: {p['status'].get('phase')} {reasons(p)}")
-                elif rng.random() < 0.01:
+                elif p not in in_grace and rng.random() < 0.01:
                     victims.append(name)
             tally.deleted_early += len(victims)
             names = [p["metadata"]["name"] for p in finished] + victims + stuck

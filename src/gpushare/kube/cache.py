@@ -89,6 +89,7 @@ class ClusterCache:
         on_ignored: OnIgnored | None = None,
         book: PolicyBook | None = None,
         on_skipped: OnSkipped | None = None,
+        on_failed: Callable[[KubeDict], None] | None = None,
     ) -> None:
         self._api = api
         self._settings = settings
@@ -112,6 +113,8 @@ class ClusterCache:
         self.soft_tainted: set[str] = set()
         """Nodes with a ``PreferNoSchedule`` taint."""
         self.on_skipped = on_skipped
+        self.on_failed = on_failed
+        """Told of each pod listed or watched in phase Failed (``core.readmission``)."""
         self.synced = False
         self.relists = 0
         self.problem = ""
@@ -140,6 +143,10 @@ class ClusterCache:
             pending.pop(uid, None)
         else:
             pending[uid] = pod
+
+    def _failed(self, pod: KubeDict) -> None:
+        if self.on_failed is not None and (pod.get("status") or {}).get("phase") == "Failed":
+            self.on_failed(pod)
 
     def _skip(self, kind: str, obj: KubeDict, why: str) -> None:
         log.warning("%s=%s phase=watch skipped: %s", kind.lower(), _named(obj), why)
@@ -180,6 +187,7 @@ class ClusterCache:
         for pod in pods:
             self._observe(ledger, pod)
             self._track(pending, pod)
+            self._failed(pod)
         if self.workload is not None:
             self.workload.retain({uid_of(p) for p in pods})
             for pod in pods:
@@ -236,6 +244,7 @@ class ClusterCache:
                 self.book.forget_pod(uid_of(event.object))
         elif event.type in ("ADDED", "MODIFIED"):
             self._track(self.pending, event.object)
+            self._failed(event.object)
             self.placed_terms.observe(event.object)
             self._observe(self.ledger, event.object)
             if self.book is not None:
