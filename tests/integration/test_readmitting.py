@@ -52,6 +52,12 @@ def test_only_a_refusal_for_want_of_the_plugin_counts() -> None:
     out_of = refused()
     out_of["status"] = {"phase": "Failed", "reason": "OutOfaliyun.com/gpu-mem", "message": "x"}
     assert readmission(out_of, DEFAULT_NAMES).step is Step.RECREATE
+    cut_off = refused()
+    cut_off["status"]["message"] = (
+        "Pod was rejected: Allocate failed due to rpc error: code = Unavailable desc = error "
+        "reading from server: EOF, which is unexpected"
+    )
+    assert readmission(cut_off, DEFAULT_NAMES).step is Step.RECREATE
 
 
 def test_a_controllers_pod_a_finalized_pod_and_a_looping_name_are_not_recreated() -> None:

@@ -4,8 +4,9 @@ From the moment a device plugin's ListAndWatch stream ends, kubelet counts none 
 healthy (``PluginDisconnected``, pkg/kubelet/cm/devicemanager/manager.go) until a plugin
 registers again, and a pod it admits meanwhile that asks for the resource is refused
 (``devicesToAllocate``: "no healthy devices present", or "cannot allocate unregistered
-device" after a kubelet restart): the pod ends ``Failed`` with ``UnexpectedAdmissionError`` and
-none of its containers ran. kubelet's predicate can refuse it the same way as
+device" after a kubelet restart; "code = Unavailable" when the plugin ended during the pod's
+Allocate call): the pod ends ``Failed`` with ``UnexpectedAdmissionError`` and none of its
+containers ran. kubelet's predicate can refuse it the same way as
 ``OutOf<resource>`` while the node it reads shows the resource at 0. A plugin restart is short
 (docs/device-plugin.md, "Restarts") and the extender keeps new pods off a node whose kubelet
 allocates nothing, but pods bound just before the plugin went away still meet the gap.
@@ -45,7 +46,11 @@ MAX_RECREATIONS = 3
 
 REFUSED_BY_KUBELET = "UnexpectedAdmissionError"
 REFUSAL_TEXTS = ("no healthy devices present", "cannot allocate unregistered device")
-"""What kubelet's device manager says when no plugin serves the resource."""
+"""What kubelet's device manager says when no plugin serves the resource (it names it)."""
+CUT_OFF = "Allocate failed due to rpc error: code = Unavailable"
+"""kubelet's message when the plugin went away during the pod's Allocate call (its socket
+closed: "error reading from server: EOF"); it names no resource, and the pod is one gpushare
+placed, so the plugin was gpushare's."""
 
 
 class Step(enum.Enum):
@@ -76,6 +81,8 @@ def refusal(pod: KubeObject, names: ResourceNames) -> str:
     ours = (names.mem, names.core)
     if reason == REFUSED_BY_KUBELET and any(t in message for t in REFUSAL_TEXTS):
         return message if any(n in message for n in ours) else ""
+    if reason == REFUSED_BY_KUBELET and CUT_OFF in message:
+        return message
     if reason in (f"OutOf{n}" for n in ours):
         return message or reason
     return ""
