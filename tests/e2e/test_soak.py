@@ -45,13 +45,16 @@ CONTAINERS = int(os.environ.get("GPUSHARE_SOAK_CONTAINERS", "10000"))
 MINUTES = float(os.environ.get("GPUSHARE_SOAK_MINUTES", "40"))
 SEED = int(os.environ.get("GPUSHARE_SOAK_SEED", "41"))
 GPUS, GPU_GIB = 8, 32
-IN_FLIGHT = 40
+IN_FLIGHT = 30
 WAVE = 12
 FAILED_GRACE_S = 10.0
 """A Failed pod is counted once it stayed Failed (same UID) this long: the extender re-creates
 a bare pod kubelet refused for want of the device plugin under the same name."""
-STUCK_S = 300.0
-"""A pod not finished this long after its creation is counted stuck (and deleted)."""
+STUCK_S = 900.0
+"""A pod not finished this long after its creation is counted stuck (and deleted). Pods of
+one shape wait in turn (the hand-off invariant: a second pod whose container would ask for the
+same devices on the same GPU waits until the first has started), so a busy machine queues
+them for minutes."""
 RESTART_GAP_S = tuple(
     float(s) for s in os.environ.get("GPUSHARE_SOAK_RESTART_GAP", "40,110").split(",")
 )
@@ -72,10 +75,10 @@ def soak_pod(rng: random.Random, index: int) -> dict[str, Any]:
     init = None
     shape = rng.random()
     if shape < 0.35:  # many small containers
-        containers = [gpu(f"c{k}", rng.randint(1, 2)) for k in range(rng.randint(6, 12))]
+        containers = [gpu(f"c{k}", rng.randint(1, 4)) for k in range(rng.randint(5, 9))]
     elif shape < 0.55:  # init containers before several containers
         init = [gpu(f"init{k}", rng.randint(1, 6)) for k in range(rng.randint(1, 2))]
-        containers = [gpu(f"c{k}", rng.randint(1, 2)) for k in range(rng.randint(4, 9))]
+        containers = [gpu(f"c{k}", rng.randint(1, 3)) for k in range(rng.randint(3, 7))]
     elif shape < 0.67:  # two GPUs
         labels["aliyun.com/gpu-count"] = "2"
         containers = [gpu(f"c{k}", 2 * rng.randint(1, 2)) for k in range(rng.randint(2, 6))]
