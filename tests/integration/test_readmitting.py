@@ -58,6 +58,11 @@ def test_only_a_refusal_for_want_of_the_plugin_counts() -> None:
         "reading from server: EOF, which is unexpected"
     )
     assert readmission(cut_off, DEFAULT_NAMES).step is Step.RECREATE
+    cut_off["status"]["message"] = (
+        "Pod was rejected: Allocate failed due to device plugin GetPreferredAllocation rpc "
+        "failed with err: rpc error: code = Unavailable desc = error reading from server: EOF"
+    )
+    assert readmission(cut_off, DEFAULT_NAMES).step is Step.RECREATE
 
 
 def test_a_controllers_pod_a_finalized_pod_and_a_looping_name_are_not_recreated() -> None:

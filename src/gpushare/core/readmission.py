@@ -47,9 +47,10 @@ MAX_RECREATIONS = 3
 REFUSED_BY_KUBELET = "UnexpectedAdmissionError"
 REFUSAL_TEXTS = ("no healthy devices present", "cannot allocate unregistered device")
 """What kubelet's device manager says when no plugin serves the resource (it names it)."""
-CUT_OFF = "Allocate failed due to rpc error: code = Unavailable"
-"""kubelet's message when the plugin went away during the pod's Allocate call (its socket
-closed: "error reading from server: EOF"); it names no resource, and the pod is one gpushare
+CUT_OFF = "rpc error: code = Unavailable"
+"""kubelet's message when the plugin went away during the pod's Allocate or
+GetPreferredAllocation call (its socket closed: "error reading from server: EOF"); it names no
+resource, and the pod is one gpushare
 placed, so the plugin was gpushare's."""
 
 
