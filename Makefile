@@ -12,7 +12,7 @@ DIST ?= dist/$(VERSION)
 IMAGE_ARCHIVE ?= $(DIST)/gpushare-image-$(VERSION).oci.tar
 ARCH ?=
 
-.PHONY: demo test unit native e2e e2e-oldest lint typecheck controlplane cluster cluster-down bench sizing replay plugin-requests image image-in-docker image-archive release clean
+.PHONY: demo test unit native e2e e2e-oldest soak lint typecheck controlplane cluster cluster-down bench sizing replay plugin-requests image image-in-docker image-archive release clean
 
 $(STAMP): pyproject.toml constraints.txt packaging/gpushare_build.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,12 @@ unit: $(STAMP)
 # End-to-end tests on the real control plane.
 e2e: $(STAMP) controlplane
 	GPUSHARE_E2E=1 $(BIN)/python -m pytest -q tests/e2e
+
+# The soak (docs/testing.md, "The soak"): 10,000 containers of churn on the real node with
+# kubelet, containerd, device plugin and extender restarts at seeded random moments. Not part
+# of `make test` or `make e2e` (the test skips without GPUSHARE_SOAK=1); 30 minutes or more.
+soak: $(STAMP) controlplane
+	GPUSHARE_E2E=1 GPUSHARE_SOAK=1 $(BIN)/python -m pytest -q -s tests/e2e/test_soak.py
 
 # The oldest Kubernetes minor gpushare supports (docs/compatibility.md), built by build.sh the
 # same way as the newest (its own pinned module, tests/e2e/controlplane/kubernetes-1.30), and

@@ -647,6 +647,25 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             assert process.popen is not None
             process.popen.wait(timeout=30)
 
+    def restart_plugin_timed(self, sig: int = 9, timeout: float = 90) -> float:
+        """Kill the device plugin with ``sig``, start it again at once, and return the seconds
+        from the signal until it has registered every resource with kubelet again (read from
+        its log, polled every 20 ms): how long kubelet had no healthy device."""
+        log = self.cluster.root / "logs" / "gpushare-device-plugin.log"
+        resources = 2 if self.mode == "core_mem" else 1
+        killed = time.monotonic()
+        self.kill("gpushare-device-plugin", sig)
+        process = self.start_plugin()
+        while time.monotonic() - killed < timeout:
+            with log.open("rb") as handle:
+                handle.seek(self._plugin_log_offset)
+                if handle.read().count(b"phase=register") >= resources:
+                    return time.monotonic() - killed
+            if not process.alive():
+                raise StartError(f"the device plugin exited:\n{process.tail()}")
+            time.sleep(0.02)
+        raise StartError(f"the device plugin did not register within {timeout:.0f}s")
+
     # -- stop ---------------------------------------------------------------------------------
 
     def delete_pods(self) -> None:

@@ -234,7 +234,11 @@ def test_a_node_whose_kubelet_allocates_less_gpu_memory_than_published_is_checke
     empty = NodeUsage()
     unregistered = filter_node(req(4), with_allocatable(0), empty, rules=Rules())
     assert unregistered.code is Code.UNSCHEDULABLE
-    assert "kubelet allocates only 0 GiB of the node's 30 GiB" in unregistered.message
+    assert unregistered.message.endswith(
+        "node: its device plugin is not serving: kubelet allocates none of the node's 30 GiB "
+        "GPU memory (the plugin is restarting or not registered yet, or every device is "
+        "unhealthy); kubelet would refuse the pod at admission"
+    )
     half = with_allocatable(15)
     assert filter_node(req(10), half, empty, rules=Rules()).fits
     other = gpu_pod("other", mem=10, scheduler="default-scheduler")

@@ -55,6 +55,14 @@ from gpushare.core.names import SCHEDULER_NAME
 @scheduling_options
 @resource_name_options
 @seal_options
+@click.option(
+    "--recreate-refused-pods/--no-recreate-refused-pods",
+    default=True,
+    show_default=True,
+    help="Re-create, under the same name and with an event, a bare GPU pod that kubelet "
+    "refused (UnexpectedAdmissionError) while its node's device plugin was not serving; a "
+    "pod with a controller is left to it (docs/operations.md, 'Device plugin restarts').",
+)
 def extender(
     host: str,
     port: int,
@@ -72,6 +80,7 @@ def extender(
     count_resource: str | None,
     seal_key_file: str | None,
     insecure_no_seal: bool,
+    recreate_refused_pods: bool,
 ) -> None:
     """Serve the kube-scheduler extender (filter, prioritize, bind) over HTTP."""
     import asyncio
@@ -82,6 +91,7 @@ def extender(
     from gpushare.core.scheduling import Scheduler
     from gpushare.extender.app import create_app, create_metrics_app, server_config
     from gpushare.extender.events import EventRecorder
+    from gpushare.extender.readmitting import Readmitter
     from gpushare.extender.service import Extender
     from gpushare.kube.cache import ClusterCache
     from gpushare.kube.lightkube_api import LightkubeAPI
@@ -109,6 +119,10 @@ def extender(
         api, settings=settings, workload=scheduler.workload, trust=trust, book=book
     )
     events = EventRecorder(api, normal_per_s=normal_events_per_second)
+    readmitter = Readmitter(
+        api, names=settings.names, events=events, recreate=recreate_refused_pods
+    )
+    cache.on_failed = readmitter.seen
     service = Extender(
         api=api, cache=cache, scheduler=scheduler, packing_profile=packing_profile, events=events
     )

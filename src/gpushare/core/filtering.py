@@ -185,6 +185,17 @@ def filter_node(
                 ),
             )
     kubelet = node.kubelet_mem_units
+    if kubelet == 0 and node.mem_units_total:
+        return Verdict(
+            node=node.name,
+            code=Code.UNSCHEDULABLE,
+            reasons=(
+                "node: its device plugin is not serving: kubelet allocates none of the node's "
+                f"{unit.describe(node.mem_units_total)} GPU memory (the plugin is restarting "
+                "or not registered yet, or every device is unhealthy); kubelet would refuse "
+                "the pod at admission",
+            ),
+        )
     if (
         kubelet is not None
         and kubelet < node.mem_units_total

@@ -2,15 +2,17 @@
 
 Life cycle:
 
-1. preflight (preflight.py): read the node and its pods; refuse to start when the configured
-   unit differs from the node's while pods hold memory counted in it, or when the isolation hook
-   cannot serve the node's mode (``ack.node.gpu.schedule``);
-2. publish the per-GPU inventory, the unit, the hand-off marker and (when it changed) how the
+1. preflight (preflight.py): read the node, its pods and kubelet's allocatable CPUs at once;
+   refuse to start when the configured unit differs from the node's while pods hold memory
+   counted in it, or when the isolation hook cannot serve the node's mode
+   (``ack.node.gpu.schedule``);
+2. serve ``aliyun.com/gpu-mem`` (and ``aliyun.com/gpu-core.percentage`` on core_mem nodes) on
+   their own sockets and register each with kubelet, again whenever ``kubelet.sock`` is
+   re-created (registration.py, servicer.py): first, because kubelet fails the GPU pods it
+   admits while no plugin is registered (docs/device-plugin.md, "Restarts");
+3. publish the per-GPU inventory, the unit, the hand-off marker and (when it changed) how the
    GPUs are connected as node annotations, and ``aliyun.com/gpu-count`` in node status
    (publishing.py);
-3. serve ``aliyun.com/gpu-mem`` (and ``aliyun.com/gpu-core.percentage`` on core_mem nodes) on
-   their own sockets and register each with kubelet, again whenever ``kubelet.sock`` is
-   re-created (registration.py, servicer.py);
 4. on a health change, send the new device list on every ListAndWatch stream and republish the
    inventory, so the scheduler stops placing pods on the GPU (health.py);
 5. answer each ``Allocate`` from the pods bound to this node through the hand-off invariant,
@@ -29,6 +31,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import time
+from pathlib import Path
 
 from gpushare.core.handoff import MEM, Signature
 from gpushare.core.inventory import Mode
@@ -55,6 +60,26 @@ from gpushare.kube.port import KubeAPI
 from gpushare.kube.sealing import keyless_trust
 
 log = logging.getLogger(__name__)
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process was started (Linux ``/proc``), None where unknown.
+
+    Logged when the plugin has registered: from a restart's exec to its registration is the
+    window in which kubelet fails the GPU pods it admits, and most of it is spent before
+    ``start`` runs (the interpreter, imports, NVML).
+    """
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        booted = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return None
+    return time.time() - (booted + int(fields[19]) / ticks)
 
 
 class DevicePlugin:
@@ -116,21 +141,34 @@ class DevicePlugin:
     # -- start and stop ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Check, publish the node, serve and register every resource, start the watchers.
+        """Check, serve and register every resource, publish the node, start the watchers.
 
-        Raises StartRefused, before anything is published, when preflight refuses.
+        Raises StartRefused, before anything is published or served, when preflight refuses.
+
+        Registration comes as early as the checks allow: from the moment a plugin's
+        ListAndWatch stream ends, kubelet counts none of its devices healthy
+        (``PluginDisconnected`` in pkg/kubelet/cm/devicemanager/manager.go) and fails every pod
+        it admits that asks for them (``UnexpectedAdmissionError``, "no healthy devices
+        present"), so a restart's gap is what loses pods. The three reads the checks need (the
+        node, its pods, kubelet's allocatable CPUs) go out together, and publishing the node,
+        which only the scheduler reads, follows registration (a restarted plugin finds its
+        inventory published already).
         """
-        node = await self.api.get_node(self.config.node)
+        began = time.monotonic()
+        node, (pods, version), cpus = await asyncio.gather(
+            self.api.get_node(self.config.node),
+            self.api.list_pods(self.config.node),
+            allocatable_cpus(self.config.pod_resources_socket),
+        )
         self._topology_on_node = (node.get("metadata", {}).get("annotations") or {}).get(
             ANN_NODE_TOPOLOGY
         )
-        pods, version = await self.api.list_pods(self.config.node)
+        read = time.monotonic()
         checked = preflight(
             node, pods, unit=self.config.unit, names=self.config.names, hook=self.hook
         )
         if checked.refused:
             raise StartRefused(checked.refused)
-        cpus = await allocatable_cpus(self.config.pod_resources_socket)
         refused = refuse_exclusive_cpus(cpus or []) or self.config.handoff.refusal(
             [g.uuid for g in self.source.gpus()]
         )
@@ -138,10 +176,13 @@ class DevicePlugin:
             raise StartRefused(refused)
         self.mode, self.resources = checked.mode, checked.resources
         self.allocator.mode = checked.mode
-        await self.publish()
+        checked_at = time.monotonic()
         await self.generations.bump()
         await self.registrar.serve_and_register(self.resources)
+        registered = time.monotonic()
+        age = process_age_s()
         self.watch.replace(pods, version)  # the watch starts from preflight's list
+        await self.publish()
         self._tasks = [
             asyncio.create_task(self.watch.run()),
             asyncio.create_task(self.registrar.watch_kubelet()),
@@ -149,11 +190,17 @@ class DevicePlugin:
             asyncio.create_task(self.served_check.run(self.resources)),
         ]
         log.info(
-            "node=%s mode=%s resources=%s gpus=%d phase=start",
+            "node=%s mode=%s resources=%s gpus=%d phase=start read_s=%.3f checks_s=%.3f "
+            "register_s=%.3f publish_s=%.3f registered_after_exec_s=%s",
             self.config.node,
             self.mode.value,
             ",".join(self.resources),
             len(self.source.gpus()),
+            read - began,
+            checked_at - read,
+            registered - checked_at,
+            time.monotonic() - registered,
+            "unknown" if age is None else f"{age:.2f}",
         )
 
     async def stop(self) -> None:

@@ -98,6 +98,7 @@ class ClusterCache:
         on_ignored: OnIgnored | None = None,
         book: PolicyBook | None = None,
         on_skipped: OnSkipped | None = None,
+        on_failed: Callable[[KubeDict], None] | None = None,
     ) -> None:
         self._api = api
         self._settings = settings
@@ -121,6 +122,8 @@ class ClusterCache:
         self.soft_tainted: set[str] = set()
         """Nodes with a ``PreferNoSchedule`` taint."""
         self.on_skipped = on_skipped
+        self.on_failed = on_failed
+        """Told of each pod listed or watched in phase Failed (``core.readmission``)."""
         self.synced = False
         self.relists = 0
         self.problem = ""
@@ -149,6 +152,10 @@ class ClusterCache:
             pending.pop(uid, None)
         else:
             pending[uid] = pod
+
+    def _failed(self, pod: KubeDict) -> None:
+        if self.on_failed is not None and (pod.get("status") or {}).get("phase") == "Failed":
+            self.on_failed(pod)
 
     def _skip(self, kind: str, obj: KubeDict, why: str) -> None:
         log.warning("%s=%s phase=watch skipped: %s", kind.lower(), _named(obj), why)
@@ -200,6 +207,7 @@ class ClusterCache:
                     alive.add(uid)
                 self._observe(ledger, pod)
                 self._track(pending, pod)
+                self._failed(pod)
                 if not node_name_of(pod) or self._books(uid):
                     kept[uid] = pod
                 placed_terms.observe(pod)
@@ -282,6 +290,7 @@ class ClusterCache:
                 self.book.forget_pod(uid_of(event.object))
         elif event.type in ("ADDED", "MODIFIED"):
             self._track(self.pending, event.object)
+            self._failed(event.object)
             self.placed_terms.observe(event.object)
             self._observe(self.ledger, event.object)
             if self.book is not None:

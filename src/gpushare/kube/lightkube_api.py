@@ -414,6 +414,28 @@ class LightkubeAPI:
             )
             return _to_dict(patched)
 
+    async def remove_pod(self, namespace: str, name: str, *, uid: str) -> None:
+        """Read the pod, then delete it if it has ``uid``.
+
+        lightkube's delete sends no preconditions, so a pod re-created under the name between
+        the read and the delete would go too; the extender deletes only Failed pods it placed,
+        and a second re-creation of the same name within that moment is the window left.
+        """
+        _names(namespace=namespace, name=name)
+        with _mapped(f"delete pod {namespace}/{name}"):
+            current = _to_dict(await self._client.get(Pod, name, namespace=namespace))
+            if (current.get("metadata") or {}).get("uid") != uid:
+                raise NotFound(f"pod {namespace}/{name} has another UID than {uid}")
+            await self._client.delete(Pod, name, namespace=namespace)
+
+    async def add_pod(self, pod: Mapping[str, Any]) -> KubeDict:
+        """Create a pod from its dictionary."""
+        metadata = pod.get("metadata") or {}
+        namespace, name = str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+        _names(namespace=namespace, name=name)
+        with _mapped(f"create pod {namespace}/{name}"):
+            return _to_dict(await self._client.create(Pod.from_dict(dict(pod))))
+
     async def get_node(self, name: str) -> KubeDict:
         """One node."""
         _names(name=name)

@@ -319,6 +319,18 @@ class MemoryKube:
         self.calls.append("watch_resource_policies")
         return self._watch("resourcepolicies", resource_version)
 
+    async def remove_pod(self, namespace: str, name: str, *, uid: str) -> None:
+        """Delete the pod if it has ``uid``."""
+        self.calls.append("remove_pod")
+        if self._pod(namespace, name).get("metadata", {}).get("uid") != uid:
+            raise NotFound(f"pod {namespace}/{name} has another UID than {uid}")
+        self.delete_pod(namespace, name)
+
+    async def add_pod(self, pod: Mapping[str, Any]) -> KubeDict:
+        """Create a pod."""
+        self.calls.append("add_pod")
+        return _copy(self.create_pod(pod))
+
     async def get_pod(self, namespace: str, name: str) -> KubeDict:
         """One pod."""
         self.calls.append("get_pod")

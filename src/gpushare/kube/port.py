@@ -129,6 +129,14 @@ class KubeAPI(Protocol):
         """
         ...
 
+    async def remove_pod(self, namespace: str, name: str, *, uid: str) -> None:
+        """Delete the pod if it still has ``uid``; NotFound when it is gone or has another."""
+        ...
+
+    async def add_pod(self, pod: Mapping[str, Any]) -> KubeDict:
+        """Create a pod (namespace and name in its metadata); Conflict while the name is taken."""
+        ...
+
     async def get_node(self, name: str) -> KubeDict:
         """One node."""
         ...
