@@ -14,7 +14,7 @@ from __future__ import annotations
 import click
 
 from gpushare.cli.errors import CommandError
-from gpushare.cli.logs import log_level_option, setup_logging
+from gpushare.cli.logs import log_format_option, log_level_option, setup_logging
 from gpushare.cli.options import resource_name_options, scheduling_config
 from gpushare.cli.sealing import seal_options, trust_from_flags
 
@@ -140,6 +140,7 @@ NVML_HINT = (
 )
 @click.option("--kubeconfig", default=None)
 @log_level_option
+@log_format_option
 @click.option(
     "--metrics-port",
     type=int,
@@ -172,6 +173,7 @@ def device_plugin(
     cpu_manager_state: str,
     kubeconfig: str | None,
     log_level: str,
+    log_format: str,
     metrics_port: int,
     mem_resource: str | None,
     core_resource: str | None,
@@ -228,7 +230,7 @@ def device_plugin(
         )
     except CapsError as err:
         raise CommandError(str(err)) from None
-    setup_logging(log_level)
+    setup_logging(log_level, log_format)
     trust = trust_from_flags(seal_key_file, insecure_no_seal)
     reason = refuse_static_cpu_policy(Path(kubelet_config), Path(cpu_manager_state))
     if reason:
