@@ -122,7 +122,7 @@ def _generation_read(cluster: Cluster, name: str, ns: str = NS) -> int | None:
         text = reply.read().decode()
     pattern = (
         rf'^gpushare_resource_policy_generation\{{name="{re.escape(name)}",'
-        rf'namespace="{re.escape(ns)}",valid="true"\}} ([0-9.]+)$'
+        rf'policy_namespace="{re.escape(ns)}",valid="true"\}} ([0-9.]+)$'
     )
     found = re.search(pattern, text, re.MULTILINE)
     return int(float(found.group(1))) if found else None

@@ -111,7 +111,8 @@ def test_bind_conflicts_are_counted() -> None:
     async def body(rig: Rig) -> None:
         assert (await rig.driver.schedule(pod, ["node-a"])).bound
         got = await scrape(rig)
-        assert got[("gpushare_bind_conflicts_total", ())] == 1
+        assert got[("gpushare_bind_total", (("outcome", "conflict"),))] == 1
+        assert ("gpushare_bind_conflicts_total", ()) not in got  # the same count, once
         assert got[("gpushare_handoff_deferrals_total", ())] == 0
 
     run_with_rig(kube, body)

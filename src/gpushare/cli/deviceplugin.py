@@ -298,7 +298,7 @@ def device_plugin(
         api=api, source=source, config=config, hook=hook, trust=trust, stats=stats
     )
     try:
-        serve_metrics(registry_for(plugin, node_name), port=metrics_port)
+        serve_metrics(registry_for(plugin, node_name, hook.usage), port=metrics_port)
     except OSError as err:
         raise CommandError(f"cannot serve metrics on port {metrics_port}: {err}") from None
 

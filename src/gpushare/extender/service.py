@@ -807,7 +807,6 @@ class Extender:
             if not patch_first:  # nothing was written: read it again and start over
                 self.scheduler.unreserve(uid, self.cache.ledger, kept=kept)
                 self._unassume(uid)
-                self.metrics.conflicts.inc()
                 return "conflict", f"pod {key} changed or was bound while binding: {err}"
             outcome, error = await self._settle(args, key, uid, f"bind {key} to {args.Node}: {err}")
             if outcome not in SUCCESS:
@@ -842,7 +841,6 @@ class Extender:
             )
         except Conflict as err:
             self._unassume(uid)
-            self.metrics.conflicts.inc()
             return "conflict", f"pod {key} kept changing while binding: {err}"
         except KubeError as err:
             self._unassume(uid)
