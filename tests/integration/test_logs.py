@@ -76,7 +76,6 @@ def test_every_long_running_command_takes_log_format(command: str) -> None:
     assert refused.exit_code == 2 and "'xml' is not one of 'text', 'json'" in refused.output
 
 
-
 def test_the_chart_passes_log_format_to_every_component() -> None:
     import yaml
 

@@ -188,7 +188,9 @@ class DevicePluginCollector(Collector):
         uuids = {gpu.index: gpu.uuid for gpu in self._plugin.source.gpus()}
         for use in self._usage():
             owner = use.owner
-            for gpu, held, allowed in zip(owner.gpus, use.used_bytes, use.limit_bytes, strict=False):
+            for gpu, held, allowed in zip(
+                owner.gpus, use.used_bytes, use.limit_bytes, strict=False
+            ):
                 labels = [
                     self._node,
                     use.namespace,
