@@ -140,6 +140,15 @@ def _events(cluster: Cluster, ns: str, pod: str, reason: str) -> list[str]:
     return [e["message"] for e in listed["items"]]
 
 
+def _refusals(cluster: Cluster, ns: str, pod: str) -> list[str]:
+    """Why the pod waits: kube-scheduler's FailedScheduling, which carries the extender's
+    reasons, and gpushare's own Warning where that one could not hold them whole."""
+    return [
+        *_events(cluster, ns, pod, "FailedScheduling"),
+        *_events(cluster, ns, pod, "GPUShareUnschedulable"),
+    ]
+
+
 @pytest.fixture(scope="module")
 def policy_crd(cluster: Cluster) -> Iterator[None]:
     """The chart's CRD, Established, with the extender restarted so that it lists policies
@@ -216,7 +225,7 @@ def test_a_policy_at_the_unit_limit_does_not_hold_up_another_namespace(
         )
         name = held["metadata"]["name"]
         said = eventually(
-            lambda: _events(cluster, crowded, name, "GPUShareUnschedulable"), 30, "refused"
+            lambda: _refusals(cluster, crowded, name), 30, "refused"
         )
         print(name, said[0])
         assert "and 97 more units, each full or with no node for this pod" in said[0]
@@ -268,7 +277,7 @@ def test_timeout_or_exceed_max_waits_for_unit_one_then_moves_on(
         waiting = eventually(
             lambda: [
                 m
-                for m in _events(cluster, ns, name, "GPUShareUnschedulable")
+                for m in _refusals(cluster, ns, name)
                 if "left of whenTryNextUnits timeout 15s" in m
             ],
             30,
@@ -351,7 +360,7 @@ def test_lack_resource_and_no_terminating_waits_for_the_old_pod_to_go(
         waiting = eventually(
             lambda: [
                 m
-                for m in _events(cluster, ns, "new", "GPUShareUnschedulable")
+                for m in _refusals(cluster, ns, "new")
                 if "1 of the policy's pods there are terminating" in m
             ],
             30,

@@ -362,3 +362,30 @@ def fetch(url: str) -> str:
             return str(reply.read().decode())
 
     return asyncio.run(asyncio.to_thread(get))
+
+
+def test_behind_kube_scheduler_one_warning_per_pending_pod() -> None:
+    """kube-scheduler's FailedScheduling carries the filter's reasons: gpushare adds its own
+    Warning only where that message could not hold them whole."""
+    kube = cluster()
+    sizes = range(16, 40, 2)  # twelve node sizes: twelve distinct reasons for a 41 GiB pod
+    for units in sizes:
+        kube.put_node(gpu_node(f"node-{units}", gpus_units=[units, units]))
+    huge = kube.create_pod(gpu_pod("huge", mem=16))
+    giant = kube.create_pod(gpu_pod("giant", mem=41))
+    everywhere = [f"node-{u}" for u in sizes]
+
+    async def body(rig: Rig) -> None:
+        rig.extender.events = EventRecorder(kube, instance="test", min_interval_s=0)
+        rig.extender.scheduler_reports = True
+        assert not (await rig.driver.schedule(huge, ["node-a", "node-c", "node-sick"])).bound
+        assert not (await rig.driver.schedule(giant, everywhere)).bound
+        await rig.extender.events.drain()
+        assert pod_events(kube, "huge") == []  # kube-scheduler's event says all of it
+        [refused] = pod_events(kube, "giant")
+        assert refused["reason"] == UNSCHEDULABLE
+        assert refused["message"].startswith("0/12 nodes kube-scheduler asked gpushare about fit")
+        got = await scrape(rig)
+        assert got[("gpushare_events_total", (("reason", UNSCHEDULABLE),))] == 1
+
+    run_with_rig(kube, body)

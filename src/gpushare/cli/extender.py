@@ -112,7 +112,12 @@ def extender(
     )
     events = EventRecorder(api, normal_per_s=normal_events_per_second)
     service = Extender(
-        api=api, cache=cache, scheduler=scheduler, packing_profile=packing_profile, events=events
+        api=api,
+        cache=cache,
+        scheduler=scheduler,
+        packing_profile=packing_profile,
+        events=events,
+        scheduler_reports=True,
     )
     policies = PolicyWatch(api, book, notify=service.policy_notice)
     app = create_app(service, run_cache=True, policies=policies)
