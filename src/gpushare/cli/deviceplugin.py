@@ -148,6 +148,15 @@ NVML_HINT = (
     show_default=True,
     help="Serve Prometheus /metrics on this port (0 disables).",
 )
+@click.option(
+    "--used-summary-interval",
+    type=click.FloatRange(min=0),
+    default=300.0,
+    show_default=True,
+    help="Seconds between checks of the GPU memory in use that cgpu and core_mem nodes "
+    "publish as the node annotation gpushare.io/gpu-used (written only when a GPU's use moved "
+    "by a memory unit; kubectl inspect cgpu -d shows it); 0 never writes it.",
+)
 @resource_name_options
 @seal_options
 def device_plugin(
@@ -175,6 +184,7 @@ def device_plugin(
     log_level: str,
     log_format: str,
     metrics_port: int,
+    used_summary_interval: float,
     mem_resource: str | None,
     core_resource: str | None,
     count_resource: str | None,
@@ -216,6 +226,7 @@ def device_plugin(
     from gpushare.deviceplugin.gpus import FakeGpus, GpuSource, NvmlGpus
     from gpushare.deviceplugin.isolation import NodeIsolation, packaged_library
     from gpushare.deviceplugin.metrics import registry_for, serve_metrics
+    from gpushare.deviceplugin.usage import UsedSummaryPublisher
     from gpushare.deviceplugin.plugin import DevicePlugin
     from gpushare.deviceplugin.preflight import StartRefused, refuse_static_cpu_policy
     from gpushare.kube.lightkube_api import LightkubeAPI
@@ -304,9 +315,22 @@ def device_plugin(
 
     async def serve() -> None:
         await plugin.start()
+        summary = None
+        if used_summary_interval and hook.counts_usage:
+            publisher = UsedSummaryPublisher(
+                api,
+                node_name,
+                usage=hook.usage,
+                gpus=lambda: [g.index for g in source.gpus()],
+                step_mib=settings.unit.mib,
+                interval_s=used_summary_interval,
+            )
+            summary = asyncio.create_task(publisher.run())
         try:
             await asyncio.Event().wait()
         finally:
+            if summary is not None:
+                summary.cancel()
             await plugin.stop()
 
     try:

@@ -760,6 +760,11 @@ class NodeIsolation:
         """Delegate to the chosen hook."""
         self.chosen.weigh(uid, container, device_ids, weight)
 
+    @property
+    def counts_usage(self) -> bool:
+        """Whether the interposer's broker counts this node's containers' GPU memory."""
+        return isinstance(self.chosen, InterposerIsolation)
+
     def usage(self) -> list[ContainerUse]:
         """Each container's GPU memory held and allowed; none where no interposer counts it
         (``share`` nodes, ``mps``, ``--isolation none``)."""

@@ -15,12 +15,25 @@ file is not mounted anywhere, so the container never sees other pods' names eith
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import msgspec
 
+from gpushare.core.gpuuse import moved, render_used
+from gpushare.core.names import ANN_NODE_GPU_USED
+from gpushare.kube.port import KubeAPI, KubeError
+
+log = logging.getLogger(__name__)
+
 OWNER_FILE_NAME = "owner"
+USED_SUMMARY_INTERVAL_S = 300.0
+"""How often, at most, the node's ``gpushare.io/gpu-used`` summary is rewritten (core.gpuuse)."""
+MIB = 1024 * 1024
 
 
 class Owner(msgspec.Struct, frozen=True):
@@ -65,3 +78,66 @@ def read_owner(directory: Path) -> Owner | None:
         return msgspec.json.decode((directory / OWNER_FILE_NAME).read_bytes(), type=Owner)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return None
+
+
+def used_per_gpu(uses: list[ContainerUse], indexes: list[int]) -> dict[int, int]:
+    """MiB held on each GPU, every container together (GPUs nobody uses at 0)."""
+    out = dict.fromkeys(indexes, 0)
+    for use in uses:
+        for gpu, held in zip(use.owner.gpus, use.used_bytes, strict=False):
+            out[gpu] = out.get(gpu, 0) + held
+    return {gpu: held // MIB for gpu, held in out.items()}
+
+
+class UsedSummaryPublisher:
+    """Writes the node's per-GPU use summary, rarely (see ``core.gpuuse`` for why a summary).
+
+    Every ``interval_s`` it adds up what the containers hold and patches the node only when a
+    GPU's figure moved by ``step_mib`` (the node's memory unit) or more since the last write:
+    an idle node is written once, a busy one at most once per interval. A failed write is
+    logged and tried at the next interval; nothing else depends on it.
+    """
+
+    def __init__(
+        self,
+        api: KubeAPI,
+        node: str,
+        *,
+        usage: Callable[[], list[ContainerUse]],
+        gpus: Callable[[], list[int]],
+        step_mib: int,
+        interval_s: float = USED_SUMMARY_INTERVAL_S,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.api = api
+        self.node = node
+        self.usage = usage
+        self.gpus = gpus
+        self.step_mib = step_mib
+        self.interval_s = interval_s
+        self.now = now
+        self.published: dict[int, int] | None = None
+        self.writes = 0
+
+    async def publish(self) -> bool:
+        """Write the summary if it moved; whether it was written."""
+        used = used_per_gpu(self.usage(), self.gpus())
+        if not moved(self.published, used, self.step_mib):
+            return False
+        at = self.now().strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            await self.api.patch_node(
+                self.node, annotations={ANN_NODE_GPU_USED: render_used(used, at)}
+            )
+        except KubeError as err:
+            log.warning("node=%s phase=used-summary not written: %s", self.node, err)
+            return False
+        self.published = used
+        self.writes += 1
+        return True
+
+    async def run(self) -> None:
+        """Publish every interval, forever."""
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.publish()

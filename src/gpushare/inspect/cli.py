@@ -23,8 +23,9 @@ from pathlib import Path
 
 import click
 
+from gpushare.core.gpuuse import read_used
 from gpushare.core.inventory import declared_unit, read_node
-from gpushare.core.kubejson import name_of, namespace_of
+from gpushare.core.kubejson import annotations_of, name_of, namespace_of
 from gpushare.core.ledger import Ledger
 from gpushare.core.policybook import recorded_units
 from gpushare.core.scheduling import Scheduler, Settings
@@ -85,7 +86,8 @@ async def collect(
             notes.append(note)
     ledger = Ledger.from_pods(pods, unit=unit, trust=trust)
     inventories = (read_node(n, cluster_unit=unit) for n in nodes)
-    return build_view(inventories, ledger, unit=unit, units=recorded_units(pods))
+    used = {name_of(n): read_used(annotations_of(n)) for n in nodes}
+    return build_view(inventories, ledger, unit=unit, units=recorded_units(pods), used=used)
 
 
 class PodNotFound(KubeError):

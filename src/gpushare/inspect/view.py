@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpushare.core.gpuuse import UsedSummary
 from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory
 from gpushare.core.ledger import Ledger
 from gpushare.core.units import MemoryUnit
@@ -77,6 +78,8 @@ class NodeView:
     pods: tuple[PodView, ...]
     pending_units: int = 0
     problem: str = ""
+    used: UsedSummary | None = None
+    """GPU memory in use per GPU, as the node's device plugin last published it (core.gpuuse)."""
 
     @property
     def total_units(self) -> int:
@@ -146,9 +149,11 @@ def build_view(
     *,
     unit: MemoryUnit = MemoryUnit.GiB,
     units: Mapping[str, tuple[str, int]] | None = None,
+    used: Mapping[str, UsedSummary | None] | None = None,
 ) -> ClusterView:
-    """Join inventories, holdings and recorded policy units into the inspect view."""
+    """Join inventories, holdings, recorded policy units and published use into the view."""
     units = units or {}
+    used = used or {}
     busy = ledger.nodes()
     views = []
     nodes = sorted(nodes, key=lambda n: n.name)
@@ -206,6 +211,7 @@ def build_view(
                 pods=tuple(sorted(pods, key=lambda p: (p.namespace, p.name))),
                 pending_units=usage.unplaced_mem_units,
                 problem=node.problem,
+                used=used.get(node.name),
             )
         )
     ignored = tuple(
