@@ -52,3 +52,21 @@ def labelled(vector: Vector, *names: str) -> dict[tuple[str, ...], float]:
 def names_in(exprs: Iterable[str]) -> set[str]:
     """Every gpushare series name the expressions mention."""
     return {name for expr in exprs for name in re.findall(r"gpushare_\w+", expr)}
+
+
+TARGET_LABELS = frozenset(
+    {"namespace", "pod", "container", "job", "instance", "endpoint", "service"}
+)
+"""Labels Prometheus's Kubernetes discovery and the Prometheus Operator's monitors give every
+target; a series label of the same name would be renamed ``exported_<name>``."""
+
+
+def target_label_clashes(text: str) -> set[tuple[str, str]]:
+    """(series, label) of every sample in a /metrics text whose label a target label renames."""
+    return {
+        (sample.name, label)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        for label in sample.labels
+        if label in TARGET_LABELS
+    }

@@ -224,9 +224,7 @@ def test_a_policy_at_the_unit_limit_does_not_hold_up_another_namespace(
             "the crowded namespace's pods created",
         )
         name = held["metadata"]["name"]
-        said = eventually(
-            lambda: _refusals(cluster, crowded, name), 30, "refused"
-        )
+        said = eventually(lambda: _refusals(cluster, crowded, name), 30, "refused")
         print(name, said[0])
         assert "and 97 more units, each full or with no node for this pod" in said[0]
 

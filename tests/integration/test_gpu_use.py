@@ -19,7 +19,7 @@ from gpushare.deviceplugin.usage import UsedSummaryPublisher
 from gpushare.inspect.cli import collect
 from gpushare.inspect.render import render_details
 
-from ..promql import labelled, scrape
+from ..promql import labelled, scrape, target_label_clashes
 from .test_device_plugin import NODE, Rig, pod, run
 from .test_isolation_hooks import GiB, admit, fake_library, isolation
 
@@ -56,6 +56,9 @@ def test_containers_use_beside_their_limit_labelled_as_dcgm_exporter_labels_gpus
             ("default", "trainer", "c0", gpu, uuid): 1.5 * GiB,
             ("default", "trainer", "c1", gpu, uuid): 0.0,
         }
+        text = generate_latest(registry_for(r.plugin, NODE, r.plugin.hook.usage)).decode()  # type: ignore[attr-defined]
+        assert "gpushare_container_gpu_memory_used_bytes{" in text
+        assert target_label_clashes(text) == set()
         limits = series(r, "gpushare_container_gpu_memory_limit_bytes")
         assert limits[("default", "trainer", "c0", gpu, uuid)] == 3 * GiB
         first.close()  # a process ends: what it held is given back

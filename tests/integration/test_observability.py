@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import Counter
+from prometheus_client import Counter, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -27,9 +27,11 @@ from gpushare.extender.events import SCHEDULED, UNSCHEDULABLE, EventRecorder
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import KubeError
+from gpushare.webhook.app import WebhookMetrics
 from gpushare.webhook.app import create_app as create_webhook_app
 
 from ..ports import free_port
+from ..promql import target_label_clashes
 from .conftest import Rig, run_with_rig
 from .test_extender import ConflictOnce
 
@@ -389,3 +391,20 @@ def test_behind_kube_scheduler_one_warning_per_pending_pod() -> None:
         assert got[("gpushare_events_total", (("reason", UNSCHEDULABLE),))] == 1
 
     run_with_rig(kube, body)
+
+
+def test_no_series_carries_a_label_that_prometheus_targets_carry() -> None:
+    """A series label named like a target label (``namespace``, ``pod``, ...) is renamed
+    ``exported_...`` at scrape time; the extender's and the webhook's series carry none."""
+    kube = cluster()
+    pod = kube.create_pod(gpu_pod("p", mem=3))
+
+    async def body(rig: Rig) -> None:
+        assert (await rig.driver.schedule(pod, ["node-a"])).bound
+        text = (await rig.client.get("/metrics")).text
+        assert "gpushare_namespace_gpu_memory_allocated_bytes{pod_namespace=" in text
+        assert target_label_clashes(text) == set()
+
+    run_with_rig(kube, body)
+    webhook = generate_latest(WebhookMetrics().registry).decode()
+    assert target_label_clashes(webhook) == set()

@@ -226,9 +226,9 @@ def device_plugin(
     from gpushare.deviceplugin.gpus import FakeGpus, GpuSource, NvmlGpus
     from gpushare.deviceplugin.isolation import NodeIsolation, packaged_library
     from gpushare.deviceplugin.metrics import registry_for, serve_metrics
-    from gpushare.deviceplugin.usage import UsedSummaryPublisher
     from gpushare.deviceplugin.plugin import DevicePlugin
     from gpushare.deviceplugin.preflight import StartRefused, refuse_static_cpu_policy
+    from gpushare.deviceplugin.usage import UsedSummaryPublisher
     from gpushare.kube.lightkube_api import LightkubeAPI
     from gpushare.kube.port import KubeError
 

@@ -4,8 +4,9 @@ Every component logs ``key=value`` records through the standard library; the com
 for long choose the level (``--log-level``) and the format (``--log-format``) here, so the
 three components' logs read alike in ``kubectl logs``. uvicorn's own records (the extender and
 the webhook serve HTTP with it) go through the same root handler: uvicorn is started with no
-logging configuration of its own (``log_config=None`` in ``extender.app`` and ``webhook.app``), so its lines carry the same
-timestamp and, under ``json``, are JSON objects too, instead of a second format without time.
+logging configuration of its own (``log_config=None`` in ``extender.app`` and
+``webhook.app``), so its lines carry the same timestamp and, under ``json``, are JSON objects
+too, instead of a second format without time.
 
 ``json`` writes one object a line: ``time`` (RFC 3339, UTC, milliseconds), ``level``,
 ``logger``, ``message`` (the text as ``text`` prints it), each ``key=value`` word of the message

@@ -71,6 +71,8 @@ def scheduler_says_it(reasons: Iterable[str], asked: int) -> bool:
     listed = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
     text = f"0/{asked} nodes are available: {listed}."
     return len(text.encode()) + OTHER_REASONS_ROOM <= SCHEDULER_MESSAGE_MAX
+
+
 """What the extender's count counts: kube-scheduler calls it only with the nodes its own filters
 (taints, node selectors, CPU) kept, so its ``0/1`` stands beside kube-scheduler's ``0/2 nodes
 are available`` and must say it is the smaller set."""

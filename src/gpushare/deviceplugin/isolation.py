@@ -72,7 +72,6 @@ from gpushare.deviceplugin.broker import CONTAINER_BROKER_SOCKET, SETTLE_S, Brok
 from gpushare.deviceplugin.config import BrokerStats
 from gpushare.deviceplugin.descriptors import BrokerCaps
 from gpushare.deviceplugin.gpus import GpuInfo, GpuSource
-from gpushare.deviceplugin.usage import ContainerUse, Owner, read_owner, write_owner
 from gpushare.deviceplugin.serving import (
     ContainerAnswer,
     IsolationError,
@@ -80,6 +79,7 @@ from gpushare.deviceplugin.serving import (
     NoIsolation,
     Target,
 )
+from gpushare.deviceplugin.usage import ContainerUse, Owner, read_owner, write_owner
 from gpushare.isolation.limits import (
     LIMITS_FILE_NAME,
     ContainerLimits,
