@@ -246,13 +246,11 @@ def test_metrics_show_the_generation_of_each_policy_read() -> None:
     text = generate_latest(ExtenderMetrics(lambda: cache).registry).decode()
     assert (
         "gpushare_resource_policy_generation"
-        '{name="web",policy_namespace="default",valid="true"} 3.0'
-        in text
+        '{name="web",policy_namespace="default",valid="true"} 3.0' in text
     )
     assert (
         "gpushare_resource_policy_generation"
-        '{name="bad",policy_namespace="default",valid="false"} 1.0'
-        in text
+        '{name="bad",policy_namespace="default",valid="false"} 1.0' in text
     )
 
 
