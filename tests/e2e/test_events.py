@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from gpushare.core.inventory import Mode
 
 from .cluster import Cluster
@@ -35,13 +37,47 @@ def test_describe_shows_placement_and_refusal_reasons(cluster: Cluster) -> None:
         placed = eventually(lambda: described("placed", "GPUShareScheduled"), 90, "placement")
         print(placed)
         assert "GPU0 on events-0, 3/15 GiB" in placed or "GPU1 on events-0, 3/15 GiB" in placed
-        refused = eventually(lambda: described("too-big", "GPUShareUnschedulable"), 90, "refusal")
-        print(refused)
-        assert (
-            "0/1 nodes kube-scheduler asked gpushare about fit: "
-            "1 × GPU0: 15 GiB total < 16 GiB requested" in refused
+        # one Warning: kube-scheduler's FailedScheduling carries gpushare's reason whole, so
+        # gpushare writes no GPUShareUnschedulable of its own
+        refused = eventually(
+            lambda: described("too-big", "GPU0: 15 GiB total < 16 GiB requested"), 90, "refusal"
         )
-        assert "gpushare-extender" in refused
+        print(refused)
+        assert "FailedScheduling" in refused and "GPU1: 15 GiB total < 16 GiB requested" in refused
+        time.sleep(3)  # the extender's event worker would have written its own by now
+        again = cluster.kubectl("describe", "pod", "-n", NS, "too-big").stdout
+        assert "GPUShareUnschedulable" not in again
+        warnings = cluster.kubectl_json(
+            "get",
+            "events",
+            "-n",
+            NS,
+            "--field-selector",
+            "involvedObject.name=too-big,type=Warning",
+        )["items"]
+        assert {e["reason"] for e in warnings} == {"FailedScheduling"}
+
+        # twelve node sizes, twelve distinct reasons: more than kube-scheduler's message holds
+        # whole, so gpushare's counted summary is written beside it
+        many = [f"events-{u}" for u in range(16, 40, 2)]
+        create_nodes(
+            cluster,
+            [
+                n
+                for u in range(16, 40, 2)
+                for n in labelled_kwok_nodes(
+                    [f"events-{u}"], "events-many", gpus_units=[u, u], mode=Mode.SHARE
+                )
+            ],
+        )
+        names += many
+        apply_all(
+            cluster, [gpu_pod_manifest("giant", NS, 41, selector={"gpushare-e2e": "events-many"})]
+        )
+        summary = eventually(lambda: described("giant", "GPUShareUnschedulable"), 90, "summary")
+        print(summary)
+        assert "0/12 nodes kube-scheduler asked gpushare about fit" in summary
+        assert "FailedScheduling" in summary
     finally:
         cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
         delete_nodes(cluster, names)
@@ -88,11 +124,11 @@ def test_describe_shows_gpushares_reason_where_kube_scheduler_refused_before(
         print(big)
         assert "GPU1: 15 GiB total < 40 GiB requested" in big
         assert "Insufficient aliyun.com/gpu-mem" not in big
-        # kube-scheduler counts every node; the extender's event counts only the one it was
-        # asked about (the other fails the node selector first) and says so
+        # kube-scheduler counts every node, its own plugins' reasons beside gpushare's; with
+        # gpushare's reason whole in it, the extender writes no second Warning
         assert "nodes are available" in big and "didn't match Pod's node affinity/selector" in big
         described = cluster.kubectl("describe", "pod", "-n", REASONS_NS, "over-total").stdout
-        assert "0/1 nodes kube-scheduler asked gpushare about fit" in described
+        assert "GPUShareUnschedulable" not in described
 
         bytes_written = eventually(
             lambda: refused("suffixed", "'3Gi' has a unit suffix (Gi, x2^30)"),

@@ -122,7 +122,7 @@ def _generation_read(cluster: Cluster, name: str, ns: str = NS) -> int | None:
         text = reply.read().decode()
     pattern = (
         rf'^gpushare_resource_policy_generation\{{name="{re.escape(name)}",'
-        rf'namespace="{re.escape(ns)}",valid="true"\}} ([0-9.]+)$'
+        rf'policy_namespace="{re.escape(ns)}",valid="true"\}} ([0-9.]+)$'
     )
     found = re.search(pattern, text, re.MULTILINE)
     return int(float(found.group(1))) if found else None
@@ -138,6 +138,15 @@ def _events(cluster: Cluster, ns: str, pod: str, reason: str) -> list[str]:
         f"involvedObject.name={pod},reason={reason}",
     )
     return [e["message"] for e in listed["items"]]
+
+
+def _refusals(cluster: Cluster, ns: str, pod: str) -> list[str]:
+    """Why the pod waits: kube-scheduler's FailedScheduling, which carries the extender's
+    reasons, and gpushare's own Warning where that one could not hold them whole."""
+    return [
+        *_events(cluster, ns, pod, "FailedScheduling"),
+        *_events(cluster, ns, pod, "GPUShareUnschedulable"),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -215,9 +224,7 @@ def test_a_policy_at_the_unit_limit_does_not_hold_up_another_namespace(
             "the crowded namespace's pods created",
         )
         name = held["metadata"]["name"]
-        said = eventually(
-            lambda: _events(cluster, crowded, name, "GPUShareUnschedulable"), 30, "refused"
-        )
+        said = eventually(lambda: _refusals(cluster, crowded, name), 30, "refused")
         print(name, said[0])
         assert "and 97 more units, each full or with no node for this pod" in said[0]
 
@@ -268,7 +275,7 @@ def test_timeout_or_exceed_max_waits_for_unit_one_then_moves_on(
         waiting = eventually(
             lambda: [
                 m
-                for m in _events(cluster, ns, name, "GPUShareUnschedulable")
+                for m in _refusals(cluster, ns, name)
                 if "left of whenTryNextUnits timeout 15s" in m
             ],
             30,
@@ -351,7 +358,7 @@ def test_lack_resource_and_no_terminating_waits_for_the_old_pod_to_go(
         waiting = eventually(
             lambda: [
                 m
-                for m in _events(cluster, ns, "new", "GPUShareUnschedulable")
+                for m in _refusals(cluster, ns, "new")
                 if "1 of the policy's pods there are terminating" in m
             ],
             30,

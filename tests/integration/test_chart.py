@@ -15,7 +15,6 @@ import json
 import os
 import re
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -982,7 +981,7 @@ def test_pod_monitors_render_only_when_enabled_and_select_each_metrics_port() ->
 
 
 def test_prometheus_rule_alerts_on_what_an_operator_needs_first() -> None:
-    """Off by default; on, the alerts name the PodMonitors' jobs, and promtool accepts them."""
+    """Off by default; on, the alerts name the PodMonitors' jobs."""
     assert not [d for d in render() if d["kind"] == "PrometheusRule"]
     docs = render("--set", "prometheusRule.enabled=true", "--set", "podMonitor.enabled=true")
     rule = find(docs, "PrometheusRule")
@@ -1004,16 +1003,7 @@ def test_prometheus_rule_alerts_on_what_an_operator_needs_first() -> None:
     ):
         assert f'job="{NAMESPACE}/{RELEASE}-{monitor}"' in alerts[alert]["expr"]
         assert f"{RELEASE}-{monitor}" in monitors
-    promtool = cached("promtool-v0.316.0", "promtool")
-    if promtool is None:
-        pytest.skip("promtool is built by tests/e2e/controlplane/build.sh")
-    with tempfile.TemporaryDirectory() as tmp:
-        rules = Path(tmp) / "rules.yaml"
-        rules.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
-        checked = subprocess.run(
-            [str(promtool), "check", "rules", str(rules)], capture_output=True, text=True
-        )
-    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # Prometheus's own parser and engine check the expressions: tests/integration/test_alerts.py
 
 
 def test_helm_test_checks_the_webhook_through_its_service_and_ca() -> None:

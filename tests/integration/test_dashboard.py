@@ -31,7 +31,8 @@ from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.webhook.app import WebhookMetrics
 
-from ..promql import Value, Vector, evaluate, labelled, merge, names_in, scrape
+from ..promql import Vector, labelled, merge, names_in, scrape
+from ..promqlengine import evaluate, evaluate_all, grafana, need_binary, parse_all
 from .conftest import rig_for
 
 CHART = Path(__file__).parents[2] / "charts" / "gpushare"
@@ -91,7 +92,11 @@ def test_every_metric_the_dashboard_queries_is_exported(tmp_path: Path) -> None:
         "gpushare_gpu_memory_bytes",
         "gpushare_gpu_pods",
         "gpushare_extender_request_duration_seconds_bucket",
-        "gpushare_bind_conflicts_total",
+        "gpushare_bind_total",
+        "gpushare_container_gpu_memory_used_bytes",
+        "gpushare_container_gpu_memory_limit_bytes",
+        "gpushare_namespace_gpu_memory_allocated_bytes",
+        "gpushare_namespace_gpu_core_allocated",
         "gpushare_handoff_deferrals_total",
         "gpushare_gpu_unhealthy",
         "gpushare_device_plugin_gpu_unhealthy",
@@ -126,7 +131,11 @@ def test_chart_ships_the_dashboard_as_a_labelled_configmap() -> None:
     assert "--metrics-port=9400" in args["device-plugin"]
 
 
-NODE_SERIES = {m for m in (*LEDGER_METRICS, *DEVICE_PLUGIN_METRICS) if m != "gpushare_cache_synced"}
+NODE_SERIES = {
+    m
+    for m in (*LEDGER_METRICS, *DEVICE_PLUGIN_METRICS)
+    if m != "gpushare_cache_synced" and not m.startswith("gpushare_namespace_")
+}
 """Series with a ``node`` label: the node variable must filter every one."""
 
 
@@ -235,14 +244,15 @@ def panel(dashboard: dict[str, Any], title: str) -> dict[str, str]:
     return {t["refId"]: t["expr"] for t in found["targets"]}
 
 
-def scalar(value: Value) -> float:
-    assert isinstance(value, dict) and len(value) == 1, value
+def scalar(value: Vector) -> float:
+    assert len(value) == 1, value
     return next(iter(value.values()))
 
 
 def test_with_two_scheduler_replicas_the_totals_equal_the_clusters_gpu_memory(
     tmp_path: Path,
 ) -> None:
+    need_binary()
     _, samples = two_replicas_scraped(tmp_path)
     dashboard = json.loads(DASHBOARD.read_text())
     allocated = float(sum(m for _, m, _ in PODS) * GIB)
@@ -269,6 +279,9 @@ def test_with_two_scheduler_replicas_the_totals_equal_the_clusters_gpu_memory(
     assert labelled(evaluate(table["D"], samples, ALL), "node")[("node-sick",)] == 1
     unplaced = labelled(evaluate(table["E"], samples, ALL), "node")
     assert unplaced == {("node-a",): STRANGER_GIB * GIB}
+    by_namespace = panel(dashboard, "GPU memory in use and allocated, per pod namespace")
+    allocated_there = labelled(evaluate(by_namespace["B"], samples, ALL), "pod_namespace")
+    assert allocated_there == {("default",): allocated}  # the stranger holds no known GPU
 
     # one node, then two, picked in the node variable (Grafana writes a regex alternation)
     picked = {"namespace": "gpushare-system", "node": "node-b"}
@@ -283,14 +296,50 @@ def test_with_two_scheduler_replicas_the_totals_equal_the_clusters_gpu_memory(
 def test_no_gauge_panel_changes_when_a_second_replica_reports_the_same_cluster(
     tmp_path: Path,
 ) -> None:
+    need_binary()
     one, both = two_replicas_scraped(tmp_path)
     dashboard = json.loads(DASHBOARD.read_text())
-    evaluated = 0
-    for panel_id, ref, expr in targets(dashboard):
-        if not names_in([expr]) <= set(LEDGER_METRICS):
-            continue  # counters count calls, which only the replica called sees; build info
-        alone = evaluate(expr, one, ALL)
-        assert evaluate(expr, both, ALL) == alone, f"panel {panel_id} {ref}: {expr}"
+    gauges = [
+        (panel_id, ref, grafana(expr, ALL))
+        for panel_id, ref, expr in targets(dashboard)
+        # counters count calls, which only the replica called sees; build info
+        if names_in([expr]) <= set(LEDGER_METRICS)
+    ]
+    assert len(gauges) >= 14
+    answers = evaluate_all([(expr, s) for _, _, expr in gauges for s in (one, both)])
+    for i, (panel_id, ref, expr) in enumerate(gauges):
+        alone, with_both = answers[2 * i], answers[2 * i + 1]
+        assert with_both == alone, f"panel {panel_id} {ref}: {expr}"
         assert alone, f"panel {panel_id} {ref} is empty: {expr}"
-        evaluated += 1
-    assert evaluated >= 12
+
+
+def test_every_expression_parses_with_prometheus() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    named = [(f"panel {p} {r}", grafana(e, ALL)) for p, r, e in targets(dashboard)]
+    for name, query in variable_queries(dashboard).items():
+        # label_values(selector, label) is Grafana's; Prometheus is asked for the selector
+        selector = re.fullmatch(r"label_values\((.+), \w+\)", query)
+        assert selector, query
+        named.append((f"variable {name}", grafana(selector.group(1), ALL)))
+    parse_all(named)
+
+
+def test_rates_follow_grafanas_rate_interval() -> None:
+    for panel_id, ref, expr in targets(json.loads(DASHBOARD.read_text())):
+        for window in re.findall(r"\brate\([^\[]*\[([^\]]+)\]", expr):
+            assert window == "$__rate_interval", f"panel {panel_id} {ref}: {expr}"
+
+
+def test_every_stat_panel_has_thresholds_that_change_colour() -> None:
+    stats = [p for p in json.loads(DASHBOARD.read_text())["panels"] if p["type"] == "stat"]
+    assert stats
+    for panel in stats:
+        steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        assert len(steps) >= 2 and steps[0]["value"] is None, panel["title"]
+        assert len({s["color"] for s in steps}) == len(steps), panel["title"]
+    [unhealthy] = [p for p in stats if p["title"] == "Unhealthy GPUs"]
+    # one unhealthy GPU already shows red
+    assert unhealthy["fieldConfig"]["defaults"]["thresholds"]["steps"][1] == {
+        "color": "red",
+        "value": 1,
+    }

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import Counter
+from prometheus_client import Counter, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -27,9 +27,11 @@ from gpushare.extender.events import SCHEDULED, UNSCHEDULABLE, EventRecorder
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import KubeError
+from gpushare.webhook.app import WebhookMetrics
 from gpushare.webhook.app import create_app as create_webhook_app
 
 from ..ports import free_port
+from ..promql import target_label_clashes
 from .conftest import Rig, run_with_rig
 from .test_extender import ConflictOnce
 
@@ -111,7 +113,8 @@ def test_bind_conflicts_are_counted() -> None:
     async def body(rig: Rig) -> None:
         assert (await rig.driver.schedule(pod, ["node-a"])).bound
         got = await scrape(rig)
-        assert got[("gpushare_bind_conflicts_total", ())] == 1
+        assert got[("gpushare_bind_total", (("outcome", "conflict"),))] == 1
+        assert ("gpushare_bind_conflicts_total", ()) not in got  # the same count, once
         assert got[("gpushare_handoff_deferrals_total", ())] == 0
 
     run_with_rig(kube, body)
@@ -361,3 +364,47 @@ def fetch(url: str) -> str:
             return str(reply.read().decode())
 
     return asyncio.run(asyncio.to_thread(get))
+
+
+def test_behind_kube_scheduler_one_warning_per_pending_pod() -> None:
+    """kube-scheduler's FailedScheduling carries the filter's reasons: gpushare adds its own
+    Warning only where that message could not hold them whole."""
+    kube = cluster()
+    sizes = range(16, 40, 2)  # twelve node sizes: twelve distinct reasons for a 41 GiB pod
+    for units in sizes:
+        kube.put_node(gpu_node(f"node-{units}", gpus_units=[units, units]))
+    huge = kube.create_pod(gpu_pod("huge", mem=16))
+    giant = kube.create_pod(gpu_pod("giant", mem=41))
+    everywhere = [f"node-{u}" for u in sizes]
+
+    async def body(rig: Rig) -> None:
+        rig.extender.events = EventRecorder(kube, instance="test", min_interval_s=0)
+        rig.extender.scheduler_reports = True
+        assert not (await rig.driver.schedule(huge, ["node-a", "node-c", "node-sick"])).bound
+        assert not (await rig.driver.schedule(giant, everywhere)).bound
+        await rig.extender.events.drain()
+        assert pod_events(kube, "huge") == []  # kube-scheduler's event says all of it
+        [refused] = pod_events(kube, "giant")
+        assert refused["reason"] == UNSCHEDULABLE
+        assert refused["message"].startswith("0/12 nodes kube-scheduler asked gpushare about fit")
+        got = await scrape(rig)
+        assert got[("gpushare_events_total", (("reason", UNSCHEDULABLE),))] == 1
+
+    run_with_rig(kube, body)
+
+
+def test_no_series_carries_a_label_that_prometheus_targets_carry() -> None:
+    """A series label named like a target label (``namespace``, ``pod``, ...) is renamed
+    ``exported_...`` at scrape time; the extender's and the webhook's series carry none."""
+    kube = cluster()
+    pod = kube.create_pod(gpu_pod("p", mem=3))
+
+    async def body(rig: Rig) -> None:
+        assert (await rig.driver.schedule(pod, ["node-a"])).bound
+        text = (await rig.client.get("/metrics")).text
+        assert "gpushare_namespace_gpu_memory_allocated_bytes{pod_namespace=" in text
+        assert target_label_clashes(text) == set()
+
+    run_with_rig(kube, body)
+    webhook = generate_latest(WebhookMetrics().registry).decode()
+    assert target_label_clashes(webhook) == set()

@@ -245,12 +245,12 @@ def test_metrics_show_the_generation_of_each_policy_read() -> None:
     book.put_policy({**bad, "metadata": {"name": "bad", "namespace": "default", "generation": 1}})
     text = generate_latest(ExtenderMetrics(lambda: cache).registry).decode()
     assert (
-        'gpushare_resource_policy_generation{name="web",namespace="default",valid="true"} 3.0'
-        in text
+        "gpushare_resource_policy_generation"
+        '{name="web",policy_namespace="default",valid="true"} 3.0' in text
     )
     assert (
-        'gpushare_resource_policy_generation{name="bad",namespace="default",valid="false"} 1.0'
-        in text
+        "gpushare_resource_policy_generation"
+        '{name="bad",policy_namespace="default",valid="false"} 1.0' in text
     )
 
 

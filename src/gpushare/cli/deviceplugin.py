@@ -14,7 +14,7 @@ from __future__ import annotations
 import click
 
 from gpushare.cli.errors import CommandError
-from gpushare.cli.logs import log_level_option, setup_logging
+from gpushare.cli.logs import log_format_option, log_level_option, setup_logging
 from gpushare.cli.options import resource_name_options, scheduling_config
 from gpushare.cli.sealing import seal_options, trust_from_flags
 
@@ -140,12 +140,22 @@ NVML_HINT = (
 )
 @click.option("--kubeconfig", default=None)
 @log_level_option
+@log_format_option
 @click.option(
     "--metrics-port",
     type=int,
     default=9400,
     show_default=True,
     help="Serve Prometheus /metrics on this port (0 disables).",
+)
+@click.option(
+    "--used-summary-interval",
+    type=click.FloatRange(min=0),
+    default=300.0,
+    show_default=True,
+    help="Seconds between checks of the GPU memory in use that cgpu and core_mem nodes "
+    "publish as the node annotation gpushare.io/gpu-used (written only when a GPU's use moved "
+    "by a memory unit; kubectl inspect cgpu -d shows it); 0 never writes it.",
 )
 @resource_name_options
 @seal_options
@@ -172,7 +182,9 @@ def device_plugin(
     cpu_manager_state: str,
     kubeconfig: str | None,
     log_level: str,
+    log_format: str,
     metrics_port: int,
+    used_summary_interval: float,
     mem_resource: str | None,
     core_resource: str | None,
     count_resource: str | None,
@@ -216,6 +228,7 @@ def device_plugin(
     from gpushare.deviceplugin.metrics import registry_for, serve_metrics
     from gpushare.deviceplugin.plugin import DevicePlugin
     from gpushare.deviceplugin.preflight import StartRefused, refuse_static_cpu_policy
+    from gpushare.deviceplugin.usage import UsedSummaryPublisher
     from gpushare.kube.lightkube_api import LightkubeAPI
     from gpushare.kube.port import KubeError
 
@@ -228,7 +241,7 @@ def device_plugin(
         )
     except CapsError as err:
         raise CommandError(str(err)) from None
-    setup_logging(log_level)
+    setup_logging(log_level, log_format)
     trust = trust_from_flags(seal_key_file, insecure_no_seal)
     reason = refuse_static_cpu_policy(Path(kubelet_config), Path(cpu_manager_state))
     if reason:
@@ -296,15 +309,28 @@ def device_plugin(
         api=api, source=source, config=config, hook=hook, trust=trust, stats=stats
     )
     try:
-        serve_metrics(registry_for(plugin, node_name), port=metrics_port)
+        serve_metrics(registry_for(plugin, node_name, hook.usage), port=metrics_port)
     except OSError as err:
         raise CommandError(f"cannot serve metrics on port {metrics_port}: {err}") from None
 
     async def serve() -> None:
         await plugin.start()
+        summary = None
+        if used_summary_interval and hook.counts_usage:
+            publisher = UsedSummaryPublisher(
+                api,
+                node_name,
+                usage=hook.usage,
+                gpus=lambda: [g.index for g in source.gpus()],
+                step_mib=settings.unit.mib,
+                interval_s=used_summary_interval,
+            )
+            summary = asyncio.create_task(publisher.run())
         try:
             await asyncio.Event().wait()
         finally:
+            if summary is not None:
+                summary.cancel()
             await plugin.stop()
 
     try:

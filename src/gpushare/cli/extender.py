@@ -12,7 +12,7 @@ from __future__ import annotations
 import click
 
 from gpushare.cli.errors import CommandError
-from gpushare.cli.logs import log_level_option, setup_logging
+from gpushare.cli.logs import log_format_option, log_level_option, setup_logging
 from gpushare.cli.options import resource_name_options, scheduling_config, scheduling_options
 from gpushare.cli.sealing import seal_options, trust_from_flags
 from gpushare.core.names import SCHEDULER_NAME
@@ -26,6 +26,7 @@ from gpushare.core.names import SCHEDULER_NAME
 )
 @click.option("--context", default=None)
 @log_level_option
+@log_format_option
 @click.option(
     "--metrics-port",
     type=int,
@@ -70,6 +71,7 @@ def extender(
     kubeconfig: str | None,
     context: str | None,
     log_level: str,
+    log_format: str,
     packing_profile: str,
     normal_events_per_second: float,
     gpu_memory_unit: str | None,
@@ -111,7 +113,7 @@ def extender(
         api = LightkubeAPI.connect(kubeconfig, context)
     except KubeError as err:
         raise CommandError(str(err)) from None
-    setup_logging(log_level)
+    setup_logging(log_level, log_format)
     settings = config.settings()
     scheduler = Scheduler(settings)
     book = PolicyBook()
@@ -124,7 +126,12 @@ def extender(
     )
     cache.on_failed = readmitter.seen
     service = Extender(
-        api=api, cache=cache, scheduler=scheduler, packing_profile=packing_profile, events=events
+        api=api,
+        cache=cache,
+        scheduler=scheduler,
+        packing_profile=packing_profile,
+        events=events,
+        scheduler_reports=True,
     )
     policies = PolicyWatch(api, book, notify=service.policy_notice)
     app = create_app(service, run_cache=True, policies=policies)

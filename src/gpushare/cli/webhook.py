@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from gpushare.cli.errors import CommandError
-from gpushare.cli.logs import log_level_option, setup_logging
+from gpushare.cli.logs import log_format_option, log_level_option, setup_logging
 from gpushare.cli.options import resource_name_options, scheduling_config
 from gpushare.core.names import DEFAULT_SCHEDULER, SCHEDULER_NAME
 from gpushare.core.tampering import (
@@ -104,6 +104,7 @@ def visible_devices_options(command: Callable[..., Any]) -> Callable[..., Any]:
 )
 @visible_devices_options
 @log_level_option
+@log_format_option
 def webhook(
     host: str,
     port: int,
@@ -123,6 +124,7 @@ def webhook(
     device_list_strategy: str,
     exempt_namespaces: tuple[str, ...],
     log_level: str,
+    log_format: str,
 ) -> None:
     """Serve the admission webhook (POST /validate, POST /mutate) over HTTPS."""
     import asyncio
@@ -156,7 +158,7 @@ def webhook(
     ):
         if not Path(path).is_file():
             raise CommandError(f"{flag}={path!r} is not a readable file")
-    setup_logging(log_level)
+    setup_logging(log_level, log_format)
     metrics = WebhookMetrics()
     app = create_app(settings, metrics)
     reloader = CertificateReloader(

@@ -49,6 +49,30 @@ def placement_message(allocation: Allocation, node: NodeInventory, usage: NodeUs
 
 
 ASKED = "nodes kube-scheduler asked gpushare about fit"
+SCHEDULER_MESSAGE_MAX = 1024
+"""kube-scheduler cuts its FailedScheduling message to this many bytes (``truncateMessage`` in
+``pkg/scheduler/schedule_one.go``), ending it with `` ...``."""
+OTHER_REASONS_ROOM = 256
+"""Bytes left in that message for kube-scheduler's own plugins' reasons and its preemption
+sentence, which it sorts among and after the extender's."""
+
+
+def scheduler_says_it(reasons: Iterable[str], asked: int) -> bool:
+    """Whether kube-scheduler's FailedScheduling event carries every one of these reasons whole.
+
+    kube-scheduler writes each node the extender's filter refused into its FitError with the
+    extender's reason, counted per distinct reason (``0/3 nodes are available: 2 <reason>, 1
+    <reason>.``), so ``kubectl describe pod`` shows gpushare's reasons there. A second Warning
+    from gpushare saying the same is noise; it is still written when the reasons would not fit
+    in kube-scheduler's message whole (many distinct reasons), where gpushare's counted summary
+    is the one that says them all.
+    """
+    counts = Counter(reasons)
+    listed = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
+    text = f"0/{asked} nodes are available: {listed}."
+    return len(text.encode()) + OTHER_REASONS_ROOM <= SCHEDULER_MESSAGE_MAX
+
+
 """What the extender's count counts: kube-scheduler calls it only with the nodes its own filters
 (taints, node selectors, CPU) kept, so its ``0/1`` stands beside kube-scheduler's ``0/2 nodes
 are available`` and must say it is the smaller set."""

@@ -43,6 +43,9 @@ ANN_NODE_HANDOFF = "gpushare.io/handoff"
 """Node: ``podresources`` when gpushare's device plugin serves it and keeps the hand-off
 invariant (see core.handoff); the extender then places pods so that Allocate is unambiguous."""
 HANDOFF_PODRESOURCES = "podresources"
+ANN_NODE_GPU_USED = "gpushare.io/gpu-used"
+"""Node: GPU memory in use per GPU as the device plugin last read it, with the time (JSON, see
+core.gpuuse); written on cgpu and core_mem nodes, rarely."""
 ANN_RETRY = "gpushare.io/retry"
 """Pod: when the extender last asked kube-scheduler to try the pod again (UTC, RFC 3339),
 because GPUs came back after it refused the pod for want of them (see core.waiting). Only

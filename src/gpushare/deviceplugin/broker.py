@@ -286,6 +286,11 @@ class Broker:
             return None
         return tuple(entry.account.used(d) for d in range(len(entry.account.limits)))
 
+    def limits(self, key: str) -> tuple[int, ...] | None:
+        """Bytes the container may hold per device ordinal, or None if not served."""
+        entry = self._open.get(key)
+        return None if entry is None else tuple(entry.account.limits)
+
     def served(self) -> list[str]:
         """The keys served."""
         return sorted(self._open)

@@ -79,6 +79,7 @@ from gpushare.deviceplugin.serving import (
     NoIsolation,
     Target,
 )
+from gpushare.deviceplugin.usage import ContainerUse, Owner, read_owner, write_owner
 from gpushare.isolation.limits import (
     LIMITS_FILE_NAME,
     ContainerLimits,
@@ -263,6 +264,10 @@ class InterposerIsolation:
         """Seconds, for activity; tests replace it."""
         self.epoch_ns = time.monotonic_ns()
         """CLOCK_MONOTONIC is the host's, containers included: one epoch for every schedule."""
+        self.owners: dict[str, Owner] = {}
+        """Per account key, whose it is (``deviceplugin.usage``): what the metrics label."""
+        self.pods_by_uid: dict[str, str] = {}
+        """``namespace/name`` of each pod Allocate saw a candidate of, for :meth:`weigh`."""
 
     def prepare(self, mode: Mode) -> str:
         """Install the library and the preload list, serve the accounts of running containers."""
@@ -279,6 +284,9 @@ class InterposerIsolation:
             try:
                 limits = ContainerLimits.parse(path.read_text())
                 self.broker.open(key, limits.mem_limit_bytes, pod=pod_of(key), settle_s=SETTLE_S)
+                owner = read_owner(path.parent)
+                if owner is not None:
+                    self.owners[key] = owner
                 if limits.policy is not None:
                     member = Member(limits.slot, limits.core_pct, limits.weight)
                     self._join(key, limits.gpus, member, Policy(limits.policy))
@@ -405,6 +413,7 @@ class InterposerIsolation:
                 self.write_schedules(set(gpus))
             _write_atomically(limits_file, limits.render(), 0o444)
             broker_dir = self.broker.open(key, limits.mem_limit_bytes, pod=pod_of(key, target))
+            self._own(key, target, gpus, limits.core_pct)
         except OSError as err:
             raise IsolationError(
                 f"cannot write the limits of this container or serve its account under "
@@ -429,8 +438,30 @@ class InterposerIsolation:
             mounts = (*mounts, (CONTAINER_SCHED_DIR, str(self.state_dir / SCHED), True))
         return replace(answer, envs=envs, mounts=mounts)
 
+    def _own(self, key: str, target: Target, gpus: tuple[int, ...], core_pct: int) -> None:
+        """Note whose the account is, in memory and beside its limits file."""
+        for candidate in target.candidates:
+            self.pods_by_uid[candidate.uid] = candidate.pod
+        who = {(c.pod, c.container) for c in target.candidates}
+        pod, container = next(iter(who)) if len(who) == 1 else ("", "")
+        owner = Owner(pod=pod, container=container, gpus=gpus, core_pct=core_pct)
+        self.owners[key] = owner
+        write_owner(self.state_dir / "limits" / key, owner)
+
+    def usage(self) -> list[ContainerUse]:
+        """What every served container holds now, beside its limits, in key order."""
+        out = []
+        for key in sorted(self.owners):
+            held = self.broker.usage(key)
+            limits = self.broker.limits(key)
+            if held is not None and limits is not None:
+                out.append(ContainerUse(self.owners[key], held, limits))
+        return out
+
     def prune(self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]) -> None:
         """Close the accounts and remove the limits of containers that are gone."""
+        for uid in [u for u in self.pods_by_uid if u not in live_uids]:
+            del self.pods_by_uid[uid]
         for kind in PER_CONTAINER:
             root = self.state_dir / kind
             for path in prune_accounting(root, live_uids, live_devices, now=time.time()):
@@ -451,7 +482,14 @@ class InterposerIsolation:
         lines say what counts). The broker counts the container's connections against the pod
         from now on, too.
         """
-        self.broker.attribute(f"{BY_DEVICES}/{devices_key(device_ids)}", uid)
+        by_devices = f"{BY_DEVICES}/{devices_key(device_ids)}"
+        self.broker.attribute(by_devices, uid)
+        owner = self.owners.get(by_devices)
+        if owner is not None and not owner.pod and uid in self.pods_by_uid:
+            named = Owner(self.pods_by_uid[uid], container, owner.gpus, owner.core_pct)
+            self.owners[by_devices] = named
+            with contextlib.suppress(OSError):
+                write_owner(self.state_dir / "limits" / by_devices, named)
         key = next(
             (
                 k
@@ -482,6 +520,8 @@ class InterposerIsolation:
                 changed.add(gpu)
         for key in [k for k in self.gpus_of if k == gone or k.startswith(f"{gone}/")]:
             del self.gpus_of[key]
+        for key in [k for k in self.owners if k == gone or k.startswith(f"{gone}/")]:
+            del self.owners[key]
         self.write_schedules(changed)
 
     def close(self) -> None:
@@ -719,6 +759,16 @@ class NodeIsolation:
     def weigh(self, uid: str, container: str, device_ids: tuple[str, ...], weight: int) -> None:
         """Delegate to the chosen hook."""
         self.chosen.weigh(uid, container, device_ids, weight)
+
+    @property
+    def counts_usage(self) -> bool:
+        """Whether the interposer's broker counts this node's containers' GPU memory."""
+        return isinstance(self.chosen, InterposerIsolation)
+
+    def usage(self) -> list[ContainerUse]:
+        """Each container's GPU memory held and allowed; none where no interposer counts it
+        (``share`` nodes, ``mps``, ``--isolation none``)."""
+        return self.chosen.usage() if isinstance(self.chosen, InterposerIsolation) else []
 
     def close(self) -> None:
         """Delegate to the chosen hook."""

@@ -3,22 +3,32 @@
 The plugin's hot path is kubelet's gRPC, so metrics use prometheus-client's own HTTP server in a
 thread. Values are read from the plugin's counters and GPU list when scraped; nothing is
 updated per call besides the plain integers the plugin keeps anyway.
+
+Per container (``cgpu`` and ``core_mem`` nodes, where the interposer's broker counts memory):
+the GPU memory held now beside the limit, labelled with the pod and container and with the GPU
+as dcgm-exporter labels it (``gpu``, the index; ``UUID``), so ``on (UUID)`` joins the two. The
+pod's labels are ``pod_namespace``, ``pod_name`` and ``container_name``: Prometheus's
+Kubernetes discovery already gives every target ``namespace``, ``pod`` and ``container`` (the
+device plugin's own), and a series label of the same name would be renamed ``exported_...``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpushare.core.inventory import CORE_PER_GPU
 from gpushare.deviceplugin.config import BrokerStats
 from gpushare.deviceplugin.gpus import GpuSource
+from gpushare.deviceplugin.usage import ContainerUse
 from gpushare.exporting import ExportRegistry
 
 MIB = 1024 * 1024
+CONTAINER_LABELS = ["node", "pod_namespace", "pod_name", "container_name", "gpu", "UUID"]
 
 DEVICE_PLUGIN_METRICS = (
     "gpushare_device_plugin_allocations_total",
@@ -33,6 +43,9 @@ DEVICE_PLUGIN_METRICS = (
     "gpushare_device_plugin_broker_connections_refused_total",
     "gpushare_device_plugin_broker_idle_closed_total",
     "gpushare_device_plugin_broker_accept_errors_total",
+    "gpushare_container_gpu_memory_used_bytes",
+    "gpushare_container_gpu_memory_limit_bytes",
+    "gpushare_container_gpu_core_limit_ratio",
 )
 """Series this collector exports (the dashboard test reads this list)."""
 
@@ -58,9 +71,15 @@ class _Plugin(Protocol):
 class DevicePluginCollector(Collector):
     """Reads one plugin's counters and GPUs at scrape time."""
 
-    def __init__(self, plugin: _Plugin, node: str) -> None:
+    def __init__(
+        self,
+        plugin: _Plugin,
+        node: str,
+        usage: Callable[[], list[ContainerUse]] | None = None,
+    ) -> None:
         self._plugin = plugin
         self._node = node
+        self._usage = usage or list
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         stats = self._plugin.stats
@@ -147,12 +166,56 @@ class DevicePluginCollector(Collector):
             unhealthy.add_metric(labels, 0.0 if gpu.healthy else 1.0)
         yield memory
         yield unhealthy
+        yield from self._containers()
+
+    def _containers(self) -> Iterator[GaugeMetricFamily]:
+        used = GaugeMetricFamily(
+            "gpushare_container_gpu_memory_used_bytes",
+            "GPU memory a container's processes hold now, per GPU, as the interposer's broker "
+            "counts it (cgpu and core_mem nodes)",
+            labels=CONTAINER_LABELS,
+        )
+        limit = GaugeMetricFamily(
+            "gpushare_container_gpu_memory_limit_bytes",
+            "GPU memory a container may hold, per GPU (its allocation, as enforced)",
+            labels=CONTAINER_LABELS,
+        )
+        core = GaugeMetricFamily(
+            "gpushare_container_gpu_core_limit_ratio",
+            "Computing power a container was given on each GPU, 0..1 (only where one was)",
+            labels=CONTAINER_LABELS,
+        )
+        uuids = {gpu.index: gpu.uuid for gpu in self._plugin.source.gpus()}
+        for use in self._usage():
+            owner = use.owner
+            for gpu, held, allowed in zip(
+                owner.gpus, use.used_bytes, use.limit_bytes, strict=False
+            ):
+                labels = [
+                    self._node,
+                    use.namespace,
+                    use.pod_name,
+                    owner.container,
+                    str(gpu),
+                    uuids.get(gpu, ""),
+                ]
+                used.add_metric(labels, held)
+                limit.add_metric(labels, allowed)
+                if 0 < owner.core_pct < CORE_PER_GPU:
+                    core.add_metric(labels, owner.core_pct / CORE_PER_GPU)
+        yield from (used, limit, core)
 
 
-def registry_for(plugin: _Plugin, node: str) -> ExportRegistry:
-    """A registry holding only this plugin's metrics and the build info (no default registry)."""
+def registry_for(
+    plugin: _Plugin, node: str, usage: Callable[[], list[ContainerUse]] | None = None
+) -> ExportRegistry:
+    """A registry holding only this plugin's metrics and the build info (no default registry).
+
+    ``usage`` lists each container's GPU memory (``NodeIsolation.usage``); without it the
+    per-container series are empty.
+    """
     registry = ExportRegistry("device-plugin")
-    registry.register(DevicePluginCollector(plugin, node))
+    registry.register(DevicePluginCollector(plugin, node, usage))
     return registry
 
 

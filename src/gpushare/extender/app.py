@@ -52,6 +52,8 @@ def server_config(app: Any, *, host: str, port: int, log_level: str) -> uvicorn.
         host=host,
         port=port,
         log_level=log_level,
+        # none of its own: its records reach the root handler of --log-format (cli.logs)
+        log_config=None,
         loop="uvloop",
         http="httptools",
         access_log=log_level.lower() == "debug",

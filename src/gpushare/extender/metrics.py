@@ -30,6 +30,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpushare.core.allocation import Allocation
 from gpushare.core.inventory import CORE_PER_GPU
 from gpushare.core.resourcepolicy import PolicyError
 from gpushare.exporting import ExportRegistry
@@ -65,6 +66,8 @@ LEDGER_METRICS = (
     "gpushare_gpu_unhealthy",
     "gpushare_gpu_out_of_service",
     "gpushare_node_memory_unplaced_bytes",
+    "gpushare_namespace_gpu_memory_allocated_bytes",
+    "gpushare_namespace_gpu_core_allocated",
     "gpushare_cache_synced",
 )
 """Series the scrape-time collector exports (the dashboard test reads this list)."""
@@ -110,6 +113,7 @@ class _LedgerCollector(Collector):
             "GPU memory held on a node by pods whose GPU is unknown (placed by something else)",
             labels=["node"],
         )
+        by_namespace = _NamespaceTotals()
         synced = GaugeMetricFamily("gpushare_cache_synced", "1 once the cache has listed")
         synced.add_metric([], 1.0 if cache and cache.synced else 0.0)
         if cache is not None:
@@ -130,7 +134,46 @@ class _LedgerCollector(Collector):
                     off.add_metric(labels, 1.0 if gpu.disabled else 0.0)
                 if usage.unplaced:
                     unplaced.add_metric([name], usage.unplaced_mem_units * unit_bytes)
-        yield from (total, used, core, pods, unhealthy, off, unplaced, synced)
+            for allocation in ledger.allocations():
+                by_namespace.add(allocation)
+        yield from (total, used, core, pods, unhealthy, off, unplaced, *by_namespace.families())
+        yield synced
+
+
+class _NamespaceTotals:
+    """Memory and computing power held per pod namespace: chargeback's view of the ledger.
+
+    The label is ``pod_namespace``, not ``namespace``: Prometheus's Kubernetes discovery gives
+    every target a ``namespace`` label (the scraped gpushare pod's), which would rename this one
+    ``exported_namespace``. Bookings in flight count, as in the per-GPU gauges.
+    """
+
+    def __init__(self) -> None:
+        self.mem: dict[str, float] = {}
+        self.core: dict[str, float] = {}
+
+    def add(self, allocation: Allocation) -> None:
+        ns = allocation.namespace
+        mem = allocation.mem_units * allocation.unit.mib * MIB
+        self.mem[ns] = self.mem.get(ns, 0.0) + mem
+        self.core[ns] = self.core.get(ns, 0.0) + allocation.core_pct / CORE_PER_GPU
+
+    def families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        mem = GaugeMetricFamily(
+            "gpushare_namespace_gpu_memory_allocated_bytes",
+            "GPU memory allocated to the pods of each namespace (bookings in flight included)",
+            labels=["pod_namespace"],
+        )
+        core = GaugeMetricFamily(
+            "gpushare_namespace_gpu_core_allocated",
+            "Computing power allocated to the pods of each namespace, in GPUs (1 = a whole "
+            "GPU's; gpu-core.percentage pods on core_mem nodes)",
+            labels=["pod_namespace"],
+        )
+        for ns in sorted(self.mem):
+            mem.add_metric([ns], self.mem[ns])
+            core.add_metric([ns], self.core[ns])
+        return mem, core
 
 
 class _PolicyCollector(Collector):
@@ -148,7 +191,9 @@ class _PolicyCollector(Collector):
             "gpushare_resource_policy_generation",
             "metadata.generation of each ResourcePolicy as the extender last read it; valid is "
             "false when gpushare cannot apply it (its pods are refused with the reason)",
-            labels=["namespace", "name", "valid"],
+            # not "namespace": the target label of the scraped pod's namespace (see
+            # docs/observability.md, labels)
+            labels=["policy_namespace", "name", "valid"],
         )
         cache = self._cache()
         book = cache.book if cache is not None else None
@@ -206,12 +251,6 @@ class ExtenderMetrics:
             "node) or, with every fitting node, why not: other_profile, stated_preference, "
             "placed_affinity, prefer_no_schedule_taint, no_score",
             ["answer"],
-            registry=self.registry,
-        )
-        self.conflicts = Counter(
-            "gpushare_bind_conflicts_total",
-            "Annotation writes answered 409 (the pod changed meanwhile); bind gave the booking "
-            "back and retried",
             registry=self.registry,
         )
         self.deferrals = Counter(

@@ -52,7 +52,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 from gpushare.core.allocation import Allocation, to_annotations
 from gpushare.core.binding import already_bound
-from gpushare.core.explain import placement_message, refusal_summary
+from gpushare.core.explain import placement_message, refusal_summary, scheduler_says_it
 from gpushare.core.filtering import Code, Verdict
 from gpushare.core.gating import (
     ANN_DELETION_COST,
@@ -190,8 +190,15 @@ class Extender:
         events: EventRecorder | None = None,
         intent_ttl_s: float = INTENT_TTL_S,
         packing_profile: str = SCHEDULER_NAME,
+        scheduler_reports: bool = False,
     ) -> None:
         self.api = api
+        self.scheduler_reports = scheduler_reports
+        """Whether a kube-scheduler calls this extender, and so writes the filter's reasons into
+        its own FailedScheduling event: then ``GPUShareUnschedulable`` is written only where
+        that event cannot carry them whole (``core.explain.scheduler_says_it``), so a pending
+        pod gets one Warning, not two that say the same. The demo and tests drive the extender
+        without kube-scheduler, and keep it."""
         self.packing_profile = packing_profile
         """The kube-scheduler profile (``schedulerName``) configured as
         ``schedconfig.packing_profile``: for its pods that state no preference the filter
@@ -576,6 +583,8 @@ class Extender:
         if isinstance(request, PodRequest) and not request.wants_gpu:
             return
         reasons = [*failed.values(), *unresolvable.values()]
+        if self.scheduler_reports and scheduler_says_it(reasons, len(reasons)):
+            return
         self._tell(PodRef.of(pod), "Warning", UNSCHEDULABLE, refusal_summary(reasons, len(reasons)))
 
     def _explain_bind(
@@ -807,7 +816,6 @@ class Extender:
             if not patch_first:  # nothing was written: read it again and start over
                 self.scheduler.unreserve(uid, self.cache.ledger, kept=kept)
                 self._unassume(uid)
-                self.metrics.conflicts.inc()
                 return "conflict", f"pod {key} changed or was bound while binding: {err}"
             outcome, error = await self._settle(args, key, uid, f"bind {key} to {args.Node}: {err}")
             if outcome not in SUCCESS:
@@ -842,7 +850,6 @@ class Extender:
             )
         except Conflict as err:
             self._unassume(uid)
-            self.metrics.conflicts.inc()
             return "conflict", f"pod {key} kept changing while binding: {err}"
         except KubeError as err:
             self._unassume(uid)

@@ -32,8 +32,9 @@ from pathlib import Path
 import click
 import yaml
 
+from gpushare.core.gpuuse import read_used
 from gpushare.core.inventory import declared_unit, read_node
-from gpushare.core.kubejson import name_of, namespace_of
+from gpushare.core.kubejson import annotations_of, name_of, namespace_of
 from gpushare.core.ledger import Ledger
 from gpushare.core.policybook import recorded_units
 from gpushare.core.scheduling import Scheduler, Settings
@@ -135,8 +136,10 @@ async def collect(
     ledger = Ledger.from_pods(pods, unit=unit, trust=trust)
     if nodes is None:
         inventories = nodes_from_pods(pods)
+        used = {}
     else:
         inventories = [read_node(n, cluster_unit=unit) for n in nodes]
+        used = {name_of(n): read_used(annotations_of(n)) for n in nodes}
     return build_view(
         inventories,
         ledger,
@@ -145,6 +148,7 @@ async def collect(
         scope=scope,
         selected=selected_uids(pods, scope),
         sight=sight,
+        used=used,
     )
 
 

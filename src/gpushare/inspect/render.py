@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpushare.core.gpuuse import UsedSummary
 from gpushare.core.inventory import Mode
 from gpushare.core.names import ANN_DEV, ANN_NODE_GPUS_DISABLED, LABEL_MODE
 from gpushare.inspect.explain import Explanation
@@ -219,6 +220,17 @@ def _cluster_lines(view: ClusterView, amounts: _Amounts) -> list[str]:
     ]
 
 
+def _used_line(node: NodeView, used: UsedSummary, amounts: _Amounts) -> str:
+    """GPU memory in use beside allocated, per GPU, from the device plugin's summary."""
+    label = amounts.label
+    parts = []
+    for gpu in node.gpus:
+        mib = used.on(gpu.index)
+        held = "?" if mib is None else (str(mib) if amounts.mib else f"{mib / 1024:.1f}")
+        parts.append(f"GPU{gpu.index} {held}/{amounts.of(node, gpu.allocated_units)}")
+    return f"Used :       {', '.join(parts)} {label} in use/allocated (as of {used.at})"
+
+
 def render_details(view: ClusterView, layout: Layout = Layout()) -> str:
     """``kubectl inspect cgpu -d``: per node, its pods and what each holds per GPU."""
     amounts = _Amounts(view)
@@ -266,6 +278,8 @@ def render_details(view: ClusterView, layout: Layout = Layout()) -> str:
                 f"Core :       {node.core_allocated_pct}/{node.core_capacity_pct}% "
                 f"({_pct(node.core_allocated_pct, node.core_capacity_pct)}%)"
             )
+        if node.used is not None:
+            out.append(_used_line(node, node.used, amounts))
         out.append("-" * MIN_RULE)
         out.append("")
     out += _cluster_lines(view, amounts)

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpushare.core.gpuuse import UsedSummary
 from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory
 from gpushare.core.ledger import Ledger
 from gpushare.core.units import MemoryUnit
@@ -84,6 +85,8 @@ class NodeView:
     problem: str = ""
     seen_from_pods: bool = False
     """The node could not be read: its GPUs are those the reader's pods hold, its mode unknown."""
+    used: UsedSummary | None = None
+    """GPU memory in use per GPU, as the node's device plugin last published it (core.gpuuse)."""
 
     @property
     def total_units(self) -> int:
@@ -165,12 +168,14 @@ def build_view(
     scope: Scope = EVERY_POD,
     selected: frozenset[str] | None = None,
     sight: Sight = ALL_VISIBLE,
+    used: Mapping[str, UsedSummary | None] | None = None,
 ) -> ClusterView:
-    """Join inventories, holdings and recorded policy units into the inspect view.
+    """Join inventories, holdings, recorded policy units and published use into the view.
 
     ``selected``: the UIDs of the pods in ``scope`` (``scope.selected_uids``); None shows all.
     """
     units = units or {}
+    used = used or {}
     busy = ledger.nodes()
     views = []
     nodes = sorted(nodes, key=lambda n: n.name)
@@ -240,6 +245,7 @@ def build_view(
                 pending_units=usage.unplaced_mem_units,
                 problem=node.problem,
                 seen_from_pods=not sight.nodes,
+                used=used.get(node.name),
             )
         )
     ignored = tuple(

@@ -153,6 +153,8 @@ def server_config(
         host=host,
         port=port,
         log_level=log_level,
+        # none of its own: its records reach the root handler of --log-format (cli.logs)
+        log_config=None,
         ssl_certfile=cert_file,
         ssl_keyfile=key_file,
         ssl_context_factory=(

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds, once, the upstream binaries the end-to-end tests run, from the Go module proxy:
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kwok, helm,
-#   and the real node's container runtime: containerd 2 (daemon, runc shim, ctr).
+#   the real node's container runtime: containerd 2 (daemon, runc shim, ctr), and promqlcheck
+#   (Prometheus's PromQL parser and engine as a test binary, ../../promqlcheck).
 # They land in a cache outside the repository, keyed by version, so a second run builds nothing:
 #   ${GPUSHARE_CACHE:-~/.cache/gpushare}/bin/<component>-<version>/<binary>
 # It prints the directory of each binary set; `bin-dir` prints one line PATH entries for all.
@@ -106,6 +107,24 @@ build_containerd() {
   echo "$out"
 }
 
+# Prometheus's own parser and engine, for the dashboard's and the alerts' PromQL: a test binary
+# of the promql and promqltest packages (tests/promqlcheck), not promtool, whose service
+# discoveries and cloud SDKs took 23 minutes on 2 cores; this took 266 s cold (820 MB of
+# modules fetched) and seconds warm. Keyed by the hash of its sources, so an edit rebuilds it.
+build_promqlcheck() {
+  local src="$HERE/../../promqlcheck" key
+  key="$(cat "$src/go.mod" "$src/go.sum" "$src/check_test.go" | sha256sum | cut -c1-12)"
+  local out="$CACHE/promqlcheck-$key"
+  if [ -x "$out/promqlcheck.test" ]; then echo "$out"; return; fi
+  log "building promqlcheck $key"
+  local start=$SECONDS
+  mkdir -p "$out"
+  (cd "$src" && go test -c -trimpath -ldflags "-s -w" -o "$out/promqlcheck.test.tmp" .)
+  mv "$out/promqlcheck.test.tmp" "$out/promqlcheck.test"
+  log "promqlcheck built in $((SECONDS - start)) s"
+  echo "$out"
+}
+
 main() {
   K8S_MODULE="$(kubernetes_module)"  # before any build: an unpinned version fails at once
   mkdir -p "$CACHE"
@@ -114,6 +133,7 @@ main() {
   install_module kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" kwok
   install_module helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" helm
   build_containerd
+  build_promqlcheck
 }
 
 main "$@"
