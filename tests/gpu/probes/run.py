@@ -33,6 +33,7 @@ STEP_CAPS_S = {
     "overhead": 80,
     "nvml": 40,
     "mps": 70,
+    "use": 40,
 }
 """Each step's own timeout, in the order they run (most valuable first)."""
 MIN_STEP_S = 15

@@ -10,6 +10,7 @@ recorded under ``skipped`` with the reason and the step goes on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -668,6 +669,103 @@ def mps(s: Setting, rec: Recorder) -> None:
     rec.figure("stopped", {"alive_after_close": runner.alive(pipe)})
 
 
+# ------------------------------------------------------------------ 7. use beside allocation
+
+
+def use(s: Setting, rec: Recorder) -> None:
+    """A container's use as the device plugin exports it, beside what NVML says of its process.
+
+    A process holds 1.5 GiB of a 2 GiB container. The broker's count is what
+    ``gpushare_container_gpu_memory_used_bytes`` reports (``NodeIsolation.usage``); the series
+    is built by the plugin's own collector over the plugin's NVML reader, so its ``UUID`` label
+    is the one dcgm-exporter and nvidia-smi give the GPU the process runs on.
+    """
+    from gpushare.deviceplugin.config import Stats
+    from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo, GpuSource, NvmlGpus
+    from gpushare.deviceplugin.metrics import DevicePluginCollector
+    from gpushare.deviceplugin.usage import ContainerUse, Owner
+
+    source: GpuSource
+    source = FakeGpus([GpuInfo(0, "GPU-fake-0", "fake", 16384)]) if s.rehearsal else NvmlGpus()
+    via = "driver" if modules_missing(["torch"]) else "torch"
+    with broker(s) as b:
+        env = container(s, b, 0, LIMIT)
+        holder, held = hold(s, env, via)
+        try:
+            counted = b.usage("c0")
+            process = nvml_process(holder.pid)
+        finally:
+            holder.kill()
+            holder.wait(30)
+    owner = Owner(pod="tenant-a/trainer", container="c0", gpus=(0,))
+    uses = [ContainerUse(owner, (counted,), (LIMIT,))]
+
+    plugin = _Scraped(Stats(), source)
+    series = {
+        family.name: [(sample.labels, sample.value) for sample in family.samples]
+        for family in DevicePluginCollector(plugin, "gpu-node", lambda: uses).collect()
+    }
+    used = series.get("gpushare_container_gpu_memory_used_bytes", [])
+    labels, value = used[0] if used else ({}, -1.0)
+    rec.figure(
+        "use",
+        {
+            "via": via,
+            "held": held,
+            "broker_counted": counted,
+            "series_labels": labels,
+            "series_value": value,
+            "nvml_process": process,
+            "gpu_uuids": [g.uuid for g in source.gpus()],
+        },
+    )
+    rec.check("use: the series reports what the broker counts", value == counted)
+    rec.check("use: the broker counts the 1.5 GiB held", HOLD <= counted <= LIMIT)
+    if process.get("uuid"):
+        rec.check(
+            "use: the series' UUID is the process's GPU", labels.get("UUID") == process["uuid"]
+        )
+        nvml_used = int(process.get("used_bytes") or 0)
+        rec.check(
+            "use: NVML's figure for the process is the series' plus at most 1 GiB of context",
+            value <= nvml_used <= value + GiB,
+        )
+    else:
+        rec.skip("use_nvml", process.get("why", "NVML lists no process here"))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scraped:
+    """What the plugin's collector reads of the plugin: its counters and its GPU reader."""
+
+    stats: Any
+    source: Any
+
+
+def nvml_process(pid: int) -> dict[str, Any]:
+    """The GPU (UUID) and memory NVML lists for ``pid`` among compute processes."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as err:
+        return {"why": f"NVML: {type(err).__name__}: {err}"}
+    try:
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if p.pid == pid:
+                    uuid = pynvml.nvmlDeviceGetUUID(handle)
+                    return {"index": index, "uuid": uuid, "used_bytes": p.usedGpuMemory}
+        return {
+            "why": f"NVML lists no compute process {pid} (in a container of its own PID space?)"
+        }
+    except pynvml.NVMLError as err:
+        return {"why": f"NVML: {err}"}
+    finally:
+        pynvml.nvmlShutdown()
+
+
 STEPS: dict[str, Callable[[Setting, Recorder], None]] = {
     "memory": memory,
     "allocators": allocators,
@@ -675,6 +773,7 @@ STEPS: dict[str, Callable[[Setting, Recorder], None]] = {
     "overhead": overhead,
     "nvml": nvml,
     "mps": mps,
+    "use": use,
 }
 
 
