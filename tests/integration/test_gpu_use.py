@@ -18,6 +18,7 @@ from gpushare.deviceplugin.metrics import registry_for
 from gpushare.deviceplugin.usage import UsedSummaryPublisher
 from gpushare.inspect.cli import collect
 from gpushare.inspect.render import render_details
+from gpushare.inspect.view import to_json
 
 from ..promql import labelled, scrape, target_label_clashes
 from .test_device_plugin import NODE, Rig, pod, run
@@ -120,8 +121,12 @@ def test_the_node_summary_is_written_when_use_moves_and_inspect_shows_it() -> No
         assert summary is not None and summary.at == "2026-11-26T18:00:00Z"
         gpu = next(i for i in (0, 1) if summary.on(i))
         assert summary.on(gpu) == 2348 and summary.on(1 - gpu) == 0
-        shown = render_details(await collect(r.kube))
+        view = await collect(r.kube)
+        shown = render_details(view)
         print(shown)
+        document = to_json(view)["nodes"][0]  # -o json and -o yaml carry the same
+        assert document["usedAt"] == "2026-11-26T18:00:00Z"
+        assert document["usedMib"] == {str(gpu): 2348, str(1 - gpu): 0}
         held = {gpu: "2.3/3", 1 - gpu: "0.0/0"}
         assert (
             f"Used :       GPU0 {held[0]}, GPU1 {held[1]} GiB in use/allocated "

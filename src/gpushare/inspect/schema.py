@@ -86,6 +86,17 @@ class NodeDoc(_Doc):
         description="node: read from the Node object; pods: the reader may not read nodes, so "
         "the node is described from its pods' allocations (only the GPUs they hold, mode none).",
     )
+    used_mib: dict[str, int] = Field(
+        default_factory=dict,
+        description="GPU memory its containers' processes hold now, in MiB per GPU index, as the "
+        "node's device plugin last published it (the node's gpushare.io/gpu-used, read at "
+        "usedAt); empty where none is published: share and mps nodes, older plugins, and a "
+        "view that cannot read nodes.",
+    )
+    used_at: str = Field(
+        default="",
+        description="When the device plugin read usedMib (UTC, RFC 3339), or empty.",
+    )
 
 
 class IgnoredDoc(_Doc):

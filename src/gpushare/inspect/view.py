@@ -311,6 +311,8 @@ def to_json(view: ClusterView) -> dict[str, Any]:
                 total_units=node.total_units,
                 allocated_units=node.allocated_units,
                 seen_from="pods" if node.seen_from_pods else "node",
+                used_mib={} if node.used is None else dict(node.used.used_mib),
+                used_at="" if node.used is None else node.used.at,
             )
             for node in view.nodes
         ],
