@@ -97,7 +97,9 @@ def test_a_containers_use_shows_in_the_metrics_joined_by_uuid_and_in_inspect(
         shown = summary()
     plugin_log = (cluster.root / "logs" / "gpushare-device-plugin.log").read_text()
     json_line = next(
-        line for line in reversed(plugin_log.splitlines()) if line.startswith('{"time"')
+        line
+        for line in reversed(plugin_log.splitlines())
+        if line.startswith('{"time"') and '"logger": "gpushare.' in line
     )
     with capsys.disabled():
         print("\n[real node] scraped:\n" + "\n".join(mine))

@@ -68,6 +68,18 @@ def test_an_exception_is_one_json_line(capsys: pytest.CaptureFixture[str]) -> No
     assert record["key"] == "k" and "ValueError: boom" in record["exception"]
 
 
+@pytest.mark.parametrize(("level", "shown"), [("info", 0), ("debug", 1)])
+def test_the_http_clients_line_per_request_only_at_debug(
+    capsys: pytest.CaptureFixture[str], level: str, shown: int
+) -> None:
+    setup_logging(level, "json")
+    logging.getLogger("httpx2").info('HTTP Request: PATCH https://k/api/v1/nodes/n1 "200 OK"')
+    logging.getLogger("httpx2").warning("a retry")
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert sum("HTTP Request" in line["message"] for line in lines) == shown
+    assert any(line["message"] == "a retry" for line in lines)
+
+
 @pytest.mark.parametrize("command", ["extender", "device-plugin", "webhook"])
 def test_every_long_running_command_takes_log_format(command: str) -> None:
     shown = CliRunner().invoke(main, [command, "--help"]).output

@@ -71,6 +71,10 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
+HTTP_CLIENT_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")
+"""Loggers of the HTTP client lightkube uses (both spellings of its packages)."""
+
+
 def formatter(log_format: str) -> logging.Formatter:
     """The formatter of ``--log-format`` (``text`` or ``json``, any case)."""
     if log_format.lower() == "json":
@@ -87,8 +91,14 @@ def setup_logging(level: str, log_format: str = "text") -> None:
     """Send records at ``level`` (a name such as ``info``, any case) and above to stderr.
 
     One handler on the root logger, replacing any: uvicorn's loggers, left unconfigured,
-    propagate to it, so every line has one format.
+    propagate to it, so every line has one format. The HTTP client's line per request
+    (``HTTP Request: PATCH ...``, at info) is kept for ``debug``: at info it would log every
+    node and pod write and every watch re-opened, which the components log themselves where it
+    matters.
     """
     handler = logging.StreamHandler()
     handler.setFormatter(formatter(log_format))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    quiet = logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING
+    for name in HTTP_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(quiet)
