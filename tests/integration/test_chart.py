@@ -1104,3 +1104,23 @@ def test_the_notes_install_the_plugin_from_our_own_distribution(tmp_path: Path) 
     assert "kubectl inspect cgpu" in notes
     pyproject = (REPO / "pyproject.toml").read_text()
     assert 'name = "kube-gpushare"' in pyproject
+
+
+def test_recreating_refused_bare_pods_is_opt_in_with_its_rights() -> None:
+    """Creating pods in every namespace is a right to run any ServiceAccount there (issue 41)."""
+
+    def extender_and_rules(*args: str) -> tuple[list[str], list[dict[str, Any]]]:
+        docs = render(*args)
+        container = find(docs, "Deployment", "-scheduler")["spec"]["template"]["spec"][
+            "containers"
+        ][1]
+        roles = [d for d in docs if d["kind"] == "ClusterRole"]
+        rules = [r for role in roles for r in role.get("rules", [])]
+        return container["args"], [r for r in rules if "pods" in r.get("resources", [])]
+
+    args, rules = extender_and_rules()
+    assert "--no-recreate-refused-pods" in args
+    assert not any({"create", "delete"} & set(r["verbs"]) for r in rules)
+    args, rules = extender_and_rules("--set", "scheduler.extender.recreateRefusedPods=true")
+    assert "--recreate-refused-pods" in args
+    assert any({"create", "delete"} <= set(r["verbs"]) for r in rules)
