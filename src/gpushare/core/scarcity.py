@@ -9,7 +9,7 @@ pods that come later fail. This module
 looks at the whole cluster instead:
 
 - *supply*: how many pods of each shape the cluster can still host, summed over the nodes
-  (``fragmentation.copies``: GPU sets whole, CPU fractionally, models respected);
+  (``hosts``: whole pods per node, GPU sets and CPU both, models respected);
 - *demand*: the shape's share of the pods that would fill the idle GPU share, at the workload's
   mean GPU share per pod;
 - *price*: the chance that demand reaches the supply, P(Poisson(demand) >= supply), the value
