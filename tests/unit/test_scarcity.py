@@ -119,6 +119,23 @@ def test_copies_are_whole_gpu_sets_and_fractional_cpu() -> None:
     assert copies((16,) * 8, 96_000, "A100", Shape(8000, 0, 0)) == 0.0
 
 
+def test_the_supply_counts_only_whole_pods_a_node_can_host() -> None:
+    """An empty 96-core node holds 0.8 of a 120-core 8-GPU pod as ``copies`` counts it, and no
+    pod: neither the cluster's supply nor what the node's priced copies are worth count it."""
+    big = Shape(cpu=120_000, per_gpu=16, count=8)
+    workload = estimate((LIGHT, 90), (big, 10))
+    supply = Supply(workload)
+    for i in range(5):
+        supply.update(f"g2-{i}", EMPTY8)
+    supply.update("g3", ((16,) * 8, 128_000, "A100"))
+    assert copies(*EMPTY8, big) == pytest.approx(0.8)
+    assert dict(supply.counts())[big] == 1.0  # the 128-core node alone, not 1 + 5 x 0.8
+    prices = supply.prices()
+    assert dict(prices.shapes)[big] == rounded(shortage(0.1 * 6 * 128 / 16.4, 1))
+    assert prices.held(*EMPTY8) == 0.0
+    assert prices.held((16,) * 8, 128_000, "A100") == WEIGHT * dict(prices.shapes)[big] * 128
+
+
 states = st.tuples(
     st.lists(st.integers(0, 16), min_size=0, max_size=8).map(lambda f: tuple(sorted(f))),
     st.integers(0, 96_000),

@@ -9,7 +9,7 @@ pods that come later fail. This module
 looks at the whole cluster instead:
 
 - *supply*: how many pods of each shape the cluster can still host, summed over the nodes
-  (``fragmentation.copies``: GPU sets whole, CPU fractionally, models respected);
+  (``hosts``: whole pods per node, GPU sets and CPU both, models respected);
 - *demand*: the shape's share of the pods that would fill the idle GPU share, at the workload's
   mean GPU share per pod;
 - *price*: the chance that demand reaches the supply, P(Poisson(demand) >= supply), the value
@@ -140,6 +140,19 @@ def reserves(
     return tuple(shapes)
 
 
+def hosts(free: Sequence[int], cpu_free: int, model: str, shape: Shape) -> int:
+    """Whole pods of a shape the node can still host: the supply counts pods, not parts.
+
+    ``fragmentation.copies`` lets CPU bound copies fractionally, which is right for idle share
+    that lighter pods may still use, and wrong for a supply: summed over nodes, an empty 96-core
+    node counted 0.8 of a 120-core 8-GPU pod it can never host. On the openb default trace
+    with multi-GPU pods at 50 % of the GPU demand (``sim.mixes``) the 549 G2 nodes so counted
+    439 copies of that shape, which only the 39 G3 nodes (128 cores) can host; it was never
+    priced, and light pods opened the G3 nodes its pods needed.
+    """
+    return math.floor(copies(free, cpu_free, model, shape) + 1e-9)
+
+
 def rounded(price: float) -> float:
     """The price as cached decisions see it: 0 below ``PRICE_FLOOR``, else a power of two."""
     if price < PRICE_FLOOR:
@@ -159,7 +172,7 @@ class Prices:
         x price x GPUs x share per GPU per copy. A placement costs what it takes off this."""
         total = 0.0
         for shape, price in self.shapes:
-            total += price * shape.count * shape.per_gpu * copies(free, cpu_free, model, shape)
+            total += price * shape.count * shape.per_gpu * hosts(free, cpu_free, model, shape)
         return WEIGHT * total
 
 
@@ -263,7 +276,7 @@ class Supply:
             if len(self._memo) >= self.memo_limit:
                 self._memo.clear()
             free, cpu, model = state
-            vector = tuple(copies(free, cpu, model, shape) for shape, _ in self._shapes)
+            vector = tuple(hosts(free, cpu, model, shape) for shape, _ in self._shapes)
             self._memo[state] = vector
         totals = self._totals
         for i, value in enumerate(vector):
