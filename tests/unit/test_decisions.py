@@ -192,8 +192,8 @@ def test_the_one_node_answer_keeps_its_rule_over_ties_and_names_that_do_not_fit(
     table = NodeTable((f"n{i:02d}", made(f"n{i:02d}", gpus)) for i, gpus in enumerate(sizes))
     ledger = Ledger()
     scheduler = Scheduler(Settings(policy="binpack"))
-    for i in range(9, 13):  # some usage, so binpack likes these better, and one more than all
-        filler = pod(f"fill{i}", 2 + i % 3)
+    for i in range(9, 13):  # the same usage on four: binpack likes them better, all alike
+        filler = pod(f"fill{i}", 3)
         booked = scheduler.reserve(request_of(scheduler, filler), table[f"n{i:02d}"], ledger)
         assert isinstance(booked, Allocation)
     asking = pod("asking", 6)
