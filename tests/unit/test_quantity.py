@@ -89,9 +89,7 @@ def test_what_is_not_a_quantity(raw: object, reason: str) -> None:
 
 
 @settings(max_examples=300)
-@given(
-    st.from_regex(r"[+-]?[0-9]{0,4}(\.[0-9]{0,3})?(Ki|Mi|Gi|m|k|M|G|e[0-9])?", fullmatch=True)
-)
+@given(st.from_regex(r"[+-]?[0-9]{0,4}(\.[0-9]{0,3})?(Ki|Mi|Gi|m|k|M|G|e[0-9])?", fullmatch=True))
 def test_a_kept_reading_is_the_reading(text: str) -> None:
     """Readings of strings are kept; every one equals a fresh reading, twice over."""
     from gpushare.core import quantity
