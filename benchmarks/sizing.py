@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +67,13 @@ and a node whose lease ran out turns NotReady and takes no pods. Nothing here me
 heartbeats, so they come rarely."""
 
 
+CREATE_TIMEOUT_S = 3600
+"""How long creating one batch of objects (the nodes, a step's plain pods) may take: posted
+concurrently, 5,000 nodes or 25,000 pods take minutes on two shared cores, not the hour."""
+
+
 def progress(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    print(f"{time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
 
 
 def memory_mib(pid: int) -> dict[str, float]:
@@ -190,10 +196,15 @@ def step(
     namespace = f"plain-{total}"
     cluster.kubectl("create", "namespace", namespace)
     progress(f"[{n} nodes, {total} pods] creating {plain_count} bound plain pods")
-    create_in_parallel(cluster, plain_pods(loaded["plain"], plain_count, namespace, names))
+    create_in_parallel(
+        cluster,
+        plain_pods(loaded["plain"], plain_count, namespace, names),
+        timeout=CREATE_TIMEOUT_S,
+        progress=progress,
+    )
     loaded["plain"] += plain_count
     cluster.scheduler_settings = profiles(0)
-    gpu_stage(cluster, "load", f"gpu-{total}", loaded["gpu"], gpu_count, rng, timeout=1800)
+    gpu_stage(cluster, "load", f"gpu-{total}", loaded["gpu"], gpu_count, rng, timeout=3600)
     loaded["gpu"] += gpu_count
     load = memory_mib(cluster.processes["gpushare-extender"].pid)
     compared = {}
@@ -201,7 +212,7 @@ def step(
         progress(f"[{n} nodes, {total} pods] a fresh extender from {src}")
         compared[str(src)] = fresh_peak(cluster.root, src)
     progress(f"[{n} nodes, {total} pods] restarting the extender on the full cluster")
-    cluster.start_extender(progress)
+    cluster.start_extender(progress, ready_timeout=900)
     cluster.scheduler_settings = profiles(PERCENTAGE_OF_NODES_TO_SCORE)
     stage = gpu_stage(cluster, "probe", f"probe-{total}", loaded["gpu"], probe, rng)
     loaded["gpu"] += probe
@@ -224,7 +235,12 @@ def step(
 
 
 def run(
-    nodes: int, totals: list[int], probe: int, seed: int, compare: list[Path]
+    nodes: int,
+    totals: list[int],
+    probe: int,
+    seed: int,
+    compare: list[Path],
+    record: Callable[[dict[str, Any]], None] = lambda _: None,
 ) -> list[dict[str, Any]]:
     root = Path(tempfile.mkdtemp(prefix=f"gpushare-size-{nodes}-"))
     rng = random.Random(seed)
@@ -232,13 +248,14 @@ def run(
         with running_cluster(root, progress, pods_run=False, node_lease_s=NODE_LEASE_S) as cluster:
             names = [f"sz-{i:05d}" for i in range(nodes)]
             progress(f"creating {nodes} kwok nodes")
-            gpu_nodes(cluster, names, LABEL)
+            gpu_nodes(cluster, names, LABEL, timeout=CREATE_TIMEOUT_S, progress=progress)
             loaded = {"plain": 0, "gpu": 0}
             results = []
             for total in sorted(totals):
                 result = step(cluster, names, total, loaded, probe, rng, compare)
                 print(json.dumps(result), flush=True)
                 results.append(result)
+                record(result)
             return results
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -283,10 +300,14 @@ def main(argv: list[str] | None = None) -> int:
         if total < 2 * args.probe + 2:
             parser.error(f"--pods {total} is too small: give at least {2 * args.probe + 2}")
     args.out.mkdir(parents=True, exist_ok=True)
-    results = []
-    for nodes in args.nodes:
-        results.extend(run(nodes, args.pods, args.probe, args.seed, args.compare))
+    results: list[dict[str, Any]] = []
+
+    def record(result: dict[str, Any]) -> None:  # each step as it ends: big runs take hours
+        results.append(result)
         (args.out / "sizing.json").write_text(json.dumps(results, indent=2))
+
+    for nodes in args.nodes:
+        run(nodes, args.pods, args.probe, args.seed, args.compare, record)
     print(table(results), flush=True)
     return 0
 

@@ -123,6 +123,8 @@ def run(
     plain_percentage: int | None = None,
     extender: str = "gpushare",
     node_lease_s: int = 40,
+    before: Path | None = None,
+    tag: str = "",
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"gpushare-tp-{nodes}-"))
     profiles = {"profiles": scheduler_configuration(percentage=percentage)["profiles"]}
@@ -137,10 +139,12 @@ def run(
             scheduler_settings=profiles,
             node_lease_s=node_lease_s,
         ) as cluster:
-            raw = out / f"profile-{nodes}.txt"
+            raw = out / f"profile-{nodes}{tag}.txt"
             py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(VENV_BIN))
             if extender == "null":
                 cluster.start_extender(progress, command=[sys.executable, str(NULL_EXTENDER)])
+            elif extender == "before":  # gpushare from another source tree
+                cluster.start_extender(progress, wrapper=["env", f"PYTHONPATH={before}"])
             elif profile and not py_spy:  # sampled from inside (benchmarks/sampler.py)
                 raw.unlink(missing_ok=True)
                 cluster.start_extender(progress, wrapper=[sys.executable, str(SAMPLER), str(raw)])
@@ -159,6 +163,7 @@ def run(
             )
             spy = None
             inside = profile and not py_spy and extender == "gpushare"
+            profile = profile and extender == "gpushare"
             pid = cluster.processes["gpushare-extender"].pid
             if profile and py_spy:
                 spy = subprocess.Popen(
@@ -176,7 +181,7 @@ def run(
                         "--nonblocking",
                     ],
                     stdout=subprocess.DEVNULL,
-                    stderr=(out / f"py-spy-{nodes}.log").open("wb"),
+                    stderr=(out / f"py-spy-{nodes}{tag}.log").open("wb"),
                 )
             gpu = run_stage(
                 cluster,
@@ -185,6 +190,7 @@ def run(
                 gpu_pods,
                 gpu=True,
                 progress=progress,
+                timeout=1800,
                 # the sampler counts from kube-scheduler's start
                 on_start=(lambda: os.kill(pid, signal.SIGUSR1)) if inside else None,
             )
@@ -228,7 +234,24 @@ def _scored(result: dict[str, Any]) -> str:
     gpu = result.get("percentage_of_nodes_to_score", 100)
     plain = result.get("plain_percentage_of_nodes_to_score")
     text = str(gpu) if plain is None else f"{gpu} (plain {plain})"
-    return text if result.get("extender", "gpushare") == "gpushare" else f"{text}, null extender"
+    extender = result.get("extender", "gpushare")
+    if extender == "null":
+        return f"{text}, null extender"
+    if extender == "before":
+        return f"{text}, gpushare from {result.get('before', '?')}"
+    return text
+
+
+def against_null(results: list[dict[str, Any]]) -> None:
+    """Give each result of a round its GPU rate over the null extender's in the same round."""
+    for r in results:
+        null = [
+            x
+            for x in results
+            if x["extender"] == "null" and x["nodes"] == r["nodes"] and x["round"] == r["round"]
+        ]
+        if null and null[0]["gpu"]["pods_per_second"]:
+            r["to_null"] = round(r["gpu"]["pods_per_second"] / null[0]["gpu"]["pods_per_second"], 3)
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -236,9 +259,8 @@ def table(results: list[dict[str, Any]]) -> str:
     head = (
         "| nodes | % scored | pods | plain pods/s | GPU pods/s | ratio | retries (GPU) "
         "| binds by outcome | extender ms p50/p99 "
-        "| CPU share: extender / scheduler / apiserver / etcd | GPUs touched | mean fill |\n|"
-        + "---|"
-        * 12
+        "| CPU share: extender / scheduler / apiserver / etcd | GPUs touched | mean fill "
+        "| GPU rate to null's | load average |\n|" + "---|" * 14
     )
     rows = []
     for r in results:
@@ -252,7 +274,8 @@ def table(results: list[dict[str, Any]]) -> str:
             f"| {_routes(gpu)} "
             f"| {cpu.get('gpushare-extender', 0):.2f} / {cpu.get('kube-scheduler', 0):.2f} / "
             f"{cpu.get('kube-apiserver', 0):.2f} / {cpu.get('etcd', 0):.2f} "
-            f"| {r['packing']['gpus_touched']} | {r['packing']['mean_fill']} |"
+            f"| {r['packing']['gpus_touched']} | {r['packing']['mean_fill']} "
+            f"| {r.get('to_null', '-')} | {r.get('load', '-')} |"
         )
     return "\n".join([head, *rows])
 
@@ -277,10 +300,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--extender",
-        choices=["gpushare", "null"],
-        default="gpushare",
+        choices=["gpushare", "null", "before"],
+        nargs="+",
+        default=["gpushare"],
         help="null: serve benchmarks/null_extender.py instead, which decides nothing (the "
-        "floor of the round trip; its packing means nothing)",
+        "floor of the round trip; its packing means nothing); before: gpushare from --before; "
+        "several run one after another on a fresh cluster each, in the order given",
+    )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        default=None,
+        help="a source tree (its src/ folder, from git archive) served as --extender before",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the --extender list this many times over; each round's rates are also "
+        "given over the null extender's of the same round",
     )
     parser.add_argument(
         "--node-lease",
@@ -304,23 +342,40 @@ def main(argv: list[str] | None = None) -> int:
                 check_percentage(value)
         except ValueError as err:
             parser.error(f"{flag}: {err}")
+    if "before" in args.extender and (args.before is None or not args.before.is_dir()):
+        parser.error(f"--extender before needs --before SRC, a source folder (got {args.before})")
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds} is too small: give at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for nodes in args.nodes:
-        result = run(
-            nodes,
-            args.pods,
-            args.seed,
-            args.out,
-            args.profile,
-            args.percentage,
-            args.plain_percentage,
-            args.extender,
-            args.node_lease,
-        )
-        results.append(result)
-        print(json.dumps(result), flush=True)
-        (args.out / f"throughput-{nodes}.json").write_text(json.dumps(result, indent=2))
+        for round_ in range(args.rounds):
+            for extender in args.extender:
+                tag = f"-{extender}-{round_}" if len(args.extender) > 1 or args.rounds > 1 else ""
+                load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+                result = run(
+                    nodes,
+                    args.pods,
+                    args.seed,
+                    args.out,
+                    args.profile,
+                    args.percentage,
+                    args.plain_percentage,
+                    extender,
+                    args.node_lease,
+                    args.before,
+                    tag,
+                )
+                result["round"] = round_
+                result["load"] = f"{load} / {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
+                if extender == "before":
+                    result["before"] = str(args.before)
+                results.append(result)
+                print(json.dumps(result), flush=True)
+                (args.out / f"throughput-{nodes}{tag}.json").write_text(
+                    json.dumps(result, indent=2)
+                )
+    against_null(results)
     print(table(results), flush=True)
     return 0
 

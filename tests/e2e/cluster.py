@@ -526,13 +526,15 @@ class Cluster:
         policy: str | None = None,
         command: Sequence[str] = (),
         wrapper: Sequence[str] = (),
+        ready_timeout: float = 60,
     ) -> None:
         """Start (or restart) the gpushare extender on its fixed port, counting ``unit`` and
         scoring nodes with ``policy`` (each kept for later restarts).
 
         ``command`` serves another program there instead (a benchmark's reference extender),
         given the kubeconfig and the port as ``--kubeconfig K --port P``; ``wrapper`` runs
-        gpushare's own command line under another program (a benchmark's profiler)."""
+        gpushare's own command line under another program (a benchmark's profiler).
+        ``ready_timeout`` is how long its first list of the cluster may take."""
         progress("gpushare extender")
         if unit is not None:
             self.extender_unit = unit
@@ -561,7 +563,7 @@ class Cluster:
         wait_for(
             "gpushare extender /readyz",
             lambda: self._http_ok(f"{self.extender_url}/readyz"),
-            60,
+            ready_timeout,
             process,
         )
 

@@ -180,3 +180,46 @@ def test_keys_past_the_limit_start_over_without_changing_answers() -> None:
         booked = small.reserve(request_of(small, asked), table[a[step % len(a)]], ledger)
         assert isinstance(booked, Allocation)
     assert len(small.decisions) == 1
+
+
+def test_the_one_node_answer_keeps_its_rule_over_ties_and_names_that_do_not_fit() -> None:
+    """``top_name`` without a re-binding takes a shortcut; it must still give the best raw score
+    among the names that fit, the first in sort order among equals, names that do not fit
+    left out, whatever order the names come in."""
+    rng = random.Random(5)
+    # many look-alikes (equal scores), a few fuller ones (other scores), two that cannot fit
+    sizes = [[15, 15]] * 9 + [[15, 15]] * 4 + [[2]] * 2
+    table = NodeTable((f"n{i:02d}", made(f"n{i:02d}", gpus)) for i, gpus in enumerate(sizes))
+    ledger = Ledger()
+    scheduler = Scheduler(Settings(policy="binpack"))
+    for i in range(9, 13):  # the same usage on four: binpack likes them better, all alike
+        filler = pod(f"fill{i}", 3)
+        booked = scheduler.reserve(request_of(scheduler, filler), table[f"n{i:02d}"], ledger)
+        assert isinstance(booked, Allocation)
+    asking = pod("asking", 6)
+    request = request_of(scheduler, asking)
+    for _ in range(20):
+        names = list(table)
+        rng.shuffle(names)
+        names = names[: rng.randint(1, len(names))]
+        fits = scheduler.decisions.on_names(request, set(names), table, ledger).fits
+        fitting = [n for n in names if n in fits]
+        want = ""
+        if fitting:
+            best = max(fits[n] for n in fitting)
+            want = min(n for n in fitting if fits[n] == best)
+        assert scheduler.top_name(request, names, table, ledger) == want
+    assert scheduler.top_name(request, ["n13", "n14"], table, ledger) == ""
+
+
+def test_a_filter_over_some_names_reports_only_those() -> None:
+    """The refused nodes a filter reports are among the names asked about, when the cache
+    knows refusals on others (``_within``'s copy is for when every refusal was asked about)."""
+    table = NodeTable((f"n{i}", made(f"n{i}", [15] if i < 3 else [2])) for i in range(6))
+    ledger, scheduler = Ledger(), Scheduler(Settings(policy="binpack"))
+    big = pod("big", 8)
+    everything = scheduler.filter_names(big, list(table), table, ledger)
+    assert sorted({**everything.failed, **everything.unresolvable}) == ["n3", "n4", "n5"]
+    some = scheduler.filter_names(big, ["n0", "n4"], table, ledger)
+    assert some.passing == ["n0"]
+    assert sorted({**some.failed, **some.unresolvable}) == ["n4"]

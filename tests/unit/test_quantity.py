@@ -86,3 +86,26 @@ def test_values_and_suffixes(text: str, value: Fraction | int, suffix: str) -> N
 )
 def test_what_is_not_a_quantity(raw: object, reason: str) -> None:
     assert parse_quantity(raw) == reason
+
+
+@settings(max_examples=300)
+@given(st.from_regex(r"[+-]?[0-9]{0,4}(\.[0-9]{0,3})?(Ki|Mi|Gi|m|k|M|G|e[0-9])?", fullmatch=True))
+def test_a_kept_reading_is_the_reading(text: str) -> None:
+    """Readings of strings are kept; every one equals a fresh reading, twice over."""
+    from gpushare.core import quantity
+
+    fresh = quantity._parse_text.__wrapped__(text)
+    assert parse_quantity(text) == fresh
+    assert parse_quantity(text) == fresh
+    assert parse_quantity(f" {text} ") == fresh
+
+
+def test_kept_amounts_depend_on_the_scale_they_were_read_at() -> None:
+    """A CPU and a memory amount written alike are kept apart: milli-CPU and bytes."""
+    from gpushare.core.hostresources import HostResources, pod_requests
+
+    for text, cpu, memory in (("1", 1000, 1), ("100m", 100, 1), ("2k", 2_000_000, 2000)):
+        pod = {"spec": {"containers": [{"resources": {"requests": {"cpu": text}}}]}}
+        assert pod_requests(pod).cpu_milli == cpu
+        both = {"spec": {"containers": [{"resources": {"requests": {"memory": text}}}]}}
+        assert pod_requests(both) == HostResources(0, memory)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 MAX_LENGTH = 64
@@ -71,16 +72,33 @@ class Quantity:
         return f"x{10 ** DECIMAL_SI.get(self.suffix, 0)}"
 
 
+PARSED_KEPT = 4096
+"""Distinct quantity strings whose reading is kept (``parse_quantity``)."""
+
+
 def parse_quantity(raw: Any) -> Quantity | str:
-    """The quantity in a JSON value (string or number), or why it is not one."""
-    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+    """The quantity in a JSON value (string or number), or why it is not one.
+
+    A string's reading is kept (``PARSED_KEPT`` of them, least recently used dropped): a
+    cluster writes few distinct quantities (``100m``, ``4``, ``16Gi``), each read for every
+    container of every pod the watch shows and kube-scheduler asks about, and the reading, a
+    regular expression and exact fractions, cost more than all the rest of reading a pod.
+    Both answers are immutable, so sharing one is safe.
+    """
+    if isinstance(raw, str):
+        return _parse_text(raw)
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
         return "is not a number"
     if isinstance(raw, int):
         return Quantity(Fraction(raw))
-    if isinstance(raw, float):
-        if raw != raw or raw in (float("inf"), float("-inf")):
-            return "is not a number"
-        return Quantity(Fraction(raw))
+    if raw != raw or raw in (float("inf"), float("-inf")):
+        return "is not a number"
+    return Quantity(Fraction(raw))
+
+
+@lru_cache(maxsize=PARSED_KEPT)
+def _parse_text(raw: str) -> Quantity | str:
+    """``parse_quantity`` of a string."""
     text = raw.strip()
     if len(text) > MAX_LENGTH:
         return f"is longer than {MAX_LENGTH} characters"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any
 
 from gpushare.core.containers import ContainerKind, counted
@@ -157,6 +157,7 @@ class _Count:
     ceiling_why: str = ""
 
 
+@cache  # a few settings a process; read for every container with GPU memory
 def _mem_count(names: ResourceNames, unit: MemoryUnit) -> _Count:
     return _Count(
         what=names.mem,
@@ -168,6 +169,7 @@ def _mem_count(names: ResourceNames, unit: MemoryUnit) -> _Count:
     )
 
 
+@cache
 def _core_count(names: ResourceNames) -> _Count:
     return _Count(
         what=names.core,

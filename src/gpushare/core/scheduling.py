@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import compress, repeat
+from operator import eq
+from typing import cast
 
 from gpushare.core.allocation import Allocation, plan
 from gpushare.core.changes import NodeTable
@@ -148,8 +150,8 @@ class Scheduler:
             return NamesResult(request, [n for n in names if n in nodes], {}, {}, missing)
         outcomes = self.decisions.on_names(request, wanted, nodes, ledger)
         passing = list(filter(outcomes.fits.__contains__, names))
-        failed = {n: outcomes.failed[n] for n in outcomes.failed.keys() & wanted}
-        unresolvable = {n: outcomes.unresolvable[n] for n in outcomes.unresolvable.keys() & wanted}
+        failed = _within(outcomes.failed, wanted)
+        unresolvable = _within(outcomes.unresolvable, wanted)
         again = self.decisions.rebinding(request, wanted, nodes, ledger)
         if again:
             for name, (verdict, _) in again.items():
@@ -209,6 +211,15 @@ class Scheduler:
         known = self.decisions.on_names(request, set(names), nodes, ledger)
         again = self.decisions.rebinding(request, names, nodes, ledger)
         fits = known.fits
+        if not again:  # the usual case: the same rule as below, in passes that run in C
+            raws = list(map(fits.get, names))
+            if None in raws:  # names that do not fit are left out
+                names = [n for n, raw in zip(names, raws, strict=True) if raw is not None]
+                raws = [raw for raw in raws if raw is not None]
+            if not raws:
+                return ""
+            scores = cast(list[float], raws)
+            return min(compress(names, map(eq, scores, repeat(max(scores)))))
         best: float | None = None
         winner = ""
         for name in names:
@@ -388,3 +399,11 @@ class Scheduler:
             return False
         ledger.unassume(uid)
         return True
+
+
+def _within(found: Mapping[str, str], wanted: set[str]) -> dict[str, str]:
+    """The entries of ``found`` whose names are in ``wanted``: a copy when all are (every node
+    asked about, as kube-scheduler does by default), else the intersection."""
+    if found.keys() <= wanted:
+        return dict(found)
+    return {n: found[n] for n in found.keys() & wanted}

@@ -514,21 +514,35 @@ class LightkubeAPI:
         )
         _names(namespace=namespace, name=name, node=node)
         with _mapped(f"bind pod {namespace}/{name} to {node}"):
-            try:
-                await self._client.create(binding, name=name, namespace=namespace)
-            except msgspec.ValidationError:
-                # The server answers a successful binding with a Status, not a Binding; lightkube
-                # cannot decode it as the type it posted. Errors arrive as ApiError instead.
-                return
+            # the server answers a successful binding with a Status, not a Binding, which
+            # lightkube's create cannot decode as the type it posted: the answer is not read
+            await self._create_unread(binding, name=name, namespace=namespace)
+
+    async def _create_unread(self, obj: Any, *, namespace: str, name: str | None = None) -> None:
+        """POST ``obj`` as lightkube's ``create`` does, without decoding the answer.
+
+        ``create`` decodes the server's answer into the posted type's model, field by field:
+        for the binding and the Event of every pod, that was most of what each write cost the
+        extender, and nothing reads it. An error still arrives as ApiError (``raise_for_status``).
+        """
+        generic: Any = self._client._client  # lightkube's GenericAsyncClient
+        request = generic.prepare_request(
+            "post",
+            obj=obj,
+            name=name,
+            namespace=namespace,
+            params={"fieldManager": None, "dryRun": None},  # as create() sends them
+        )
+        request.response_type = None
+        response = await generic.send(generic.build_adapter_request(request))
+        generic.raise_for_status(response)
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         """POST a core/v1 Event in the namespace."""
         _names(namespace=namespace)
         with _mapped(f"create event in {namespace}"):
             posted = cast(Event, Event.from_dict(dict(event)))  # from_dict is typed as the mixin
-            # lightkube 1.0.1's overloads of AsyncClient.create match no namespaced resource
-            # with namespace= under mypy (a Pod fails the same way); the call is the documented one.
-            await self._client.create(posted, namespace=namespace)  # type: ignore[call-overload]
+            await self._create_unread(posted, namespace=namespace)
 
     async def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """Merge-patch an Event."""
