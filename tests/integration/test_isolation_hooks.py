@@ -20,7 +20,6 @@ from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo
 from gpushare.deviceplugin.isolation import (
     BY_DEVICES,
-    LIB_NAME,
     PRELOAD_NAME,
     MpsControl,
     NodeIsolation,
@@ -29,6 +28,7 @@ from gpushare.deviceplugin.isolation import (
 )
 from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.deviceplugin.preflight import StartRefused
+from gpushare.isolation.build import LIB_NAME
 from gpushare.isolation.limits import ContainerLimits
 from gpushare.isolation.policy import (
     IDLE_AFTER_S,

@@ -25,9 +25,9 @@ ALLOCATION = (
 
 
 def trusting(*users: str, groups: tuple[str, ...] = ()) -> AdmissionSettings:
-    from gpushare.core.tampering import Trust
+    from gpushare.core.tampering import TrustedWriters
 
-    return AdmissionSettings(trust=Trust(users=frozenset(users), groups=frozenset(groups)))
+    return AdmissionSettings(trust=TrustedWriters(users=frozenset(users), groups=frozenset(groups)))
 
 
 def gpu_pod(

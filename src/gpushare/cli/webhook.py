@@ -131,7 +131,7 @@ def webhook(
     from pathlib import Path
 
     from gpushare.core.admission import AdmissionSettings
-    from gpushare.core.tampering import Trust
+    from gpushare.core.tampering import TrustedWriters
     from gpushare.webhook.app import WebhookMetrics, create_app, serve, server_config
     from gpushare.webhook.certs import CertificateReloader
 
@@ -145,7 +145,7 @@ def webhook(
     settings = AdmissionSettings(
         names=scheduling.names,
         unit=scheduling.unit,
-        trust=Trust(users=frozenset(trusted_user), groups=frozenset(trusted_group)),
+        trust=TrustedWriters(users=frozenset(trusted_user), groups=frozenset(trusted_group)),
         scheduler_name=scheduler_name,
         steer_from=() if no_steer else tuple(steer_from),
         visible_devices=_visible_devices_rule(

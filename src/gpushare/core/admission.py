@@ -54,7 +54,7 @@ from gpushare.core.tampering import (
     Checked,
     Requester,
     Tampering,
-    Trust,
+    TrustedWriters,
     VisibleDevicesRule,
     check,
 )
@@ -84,7 +84,7 @@ class AdmissionSettings:
     names: ResourceNames = DEFAULT_NAMES
     unit: MemoryUnit = MemoryUnit.GiB
     scheduler_name: str = SCHEDULER_NAME
-    trust: Trust = field(default_factory=Trust)
+    trust: TrustedWriters = field(default_factory=TrustedWriters)
     """The extender's and device plugin's identities (``--trusted-user``); none by default."""
     steer_from: tuple[str, ...] = (DEFAULT_SCHEDULER,)
     """Scheduler names that count as none named: ``mutate`` replaces them on GPU pods."""

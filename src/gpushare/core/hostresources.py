@@ -21,7 +21,7 @@ loses some precision on a pod the API server would refuse anyway.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,42 +62,35 @@ def _amount(values: Mapping[str, Any], name: str, scale: int) -> int:
     return math.ceil(parsed.value * scale)
 
 
-def _container(container: Any) -> HostResources:
+def _container_amount(container: Any, name: str, scale: int) -> int:
+    """One container's request of a resource (its limit where it requests none)."""
     resources = (container or {}).get("resources") or {}
     requests = resources.get("requests") or {}
-    limits = resources.get("limits") or {}
+    return _amount(requests if name in requests else resources.get("limits") or {}, name, scale)
 
-    def one(name: str, scale: int) -> int:
-        return _amount(requests if name in requests else limits, name, scale)
 
-    return HostResources(one("cpu", 1000), one("memory", 1))
+def pod_amount(pod: KubeObject, name: str, scale: int) -> int:
+    """The pod's amount of one resource, scaled and rounded up, as kube-scheduler counts it.
+
+    ``scale`` is 1000 for milli-CPU and 1 for bytes or devices; the simulator reads manifests
+    through this too (``sim.kubeyaml``), so both count a pod alike.
+    """
+    spec = pod_spec_of(pod)
+    kinds: list[tuple[ContainerKind, int]] = []
+    for container in spec.get("initContainers") or []:
+        sidecar = (container or {}).get("restartPolicy") == "Always"
+        kind = ContainerKind.SIDECAR if sidecar else ContainerKind.INIT
+        kinds.append((kind, _container_amount(container, name, scale)))
+    for container in spec.get("containers") or []:
+        kinds.append((ContainerKind.APP, _container_amount(container, name, scale)))
+    pod_level = (spec.get("resources") or {}).get("requests") or {}
+    base = _amount(pod_level, name, scale) if name in pod_level else counted(kinds)
+    return base + _amount(spec.get("overhead") or {}, name, scale)
 
 
 def pod_requests(pod: KubeObject) -> HostResources:
     """What the pod requests of its node's CPU and memory, as kube-scheduler counts it."""
-    spec = pod_spec_of(pod)
-    kinds: list[tuple[ContainerKind, HostResources]] = []
-    for container in spec.get("initContainers") or []:
-        sidecar = (container or {}).get("restartPolicy") == "Always"
-        kinds.append(
-            (ContainerKind.SIDECAR if sidecar else ContainerKind.INIT, _container(container))
-        )
-    for container in spec.get("containers") or []:
-        kinds.append((ContainerKind.APP, _container(container)))
-    pod_level = (spec.get("resources") or {}).get("requests") or {}
-    overhead = spec.get("overhead") or {}
-
-    def total(name: str, scale: int, amount: Callable[[HostResources], int]) -> int:
-        if name in pod_level:
-            base = _amount(pod_level, name, scale)
-        else:
-            base = counted((kind, amount(r)) for kind, r in kinds)
-        return base + _amount(overhead, name, scale)
-
-    return HostResources(
-        total("cpu", 1000, lambda r: r.cpu_milli),
-        total("memory", 1, lambda r: r.memory_bytes),
-    )
+    return HostResources(pod_amount(pod, "cpu", 1000), pod_amount(pod, "memory", 1))
 
 
 def node_allocatable(node: KubeObject) -> HostResources:

@@ -145,6 +145,10 @@ def node_name_of(pod: KubeObject) -> str:
     return str(pod_spec_of(pod).get("nodeName") or "")
 
 
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+"""Pod phases after which its containers never run again: what it held is free."""
+
+
 def status_of(obj: KubeObject) -> Mapping[str, Any]:
     """The object's status, or an empty mapping."""
     value = obj.get("status") or {}

@@ -46,6 +46,7 @@ from gpushare.core.changes import ChangeLog
 from gpushare.core.hostresources import NOTHING as NO_HOST
 from gpushare.core.hostresources import HostResources, pod_requests
 from gpushare.core.kubejson import (
+    TERMINAL_PHASES,
     KubeObject,
     name_of,
     namespace_of,
@@ -57,8 +58,6 @@ from gpushare.core.names import DEFAULT_NAMES, ResourceNames
 from gpushare.core.requests import PodRequest, read_pod
 from gpushare.core.trust import Ignored, Judged, Trust
 from gpushare.core.units import MemoryUnit
-
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 @dataclass(frozen=True)

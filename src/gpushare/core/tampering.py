@@ -289,7 +289,7 @@ class Requester:
 
 
 @dataclass(frozen=True)
-class Trust:
+class TrustedWriters:
     """The identities whose hand-off writes pass: usernames and groups, exactly as spelled."""
 
     users: frozenset[str] = frozenset()
@@ -525,7 +525,7 @@ def check(
     checked: Checked,
     *,
     names: ResourceNames,
-    trust: Trust,
+    trust: TrustedWriters,
     scheduler_name: str = SCHEDULER_NAME,
     visible_devices: VisibleDevicesRule | None = None,
 ) -> Tampering:

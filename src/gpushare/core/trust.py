@@ -43,6 +43,7 @@ from enum import Enum
 from gpushare.core.allocation import Allocation, ContainerShare, from_pod, plan
 from gpushare.core.handoff import CORE, MEM, Stranger
 from gpushare.core.kubejson import (
+    TERMINAL_PHASES,
     KubeObject,
     annotations_of,
     key_of,
@@ -71,7 +72,6 @@ SEAL_PREFIX = f"v{SEAL_VERSION}."
 """Seals start with their message's version, so a later format can be told apart."""
 MIN_KEY_BYTES = 16
 """Shorter keys are refused: the chart makes 32 random bytes, ``gpushare seal-key`` 256 bits."""
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,16 @@ from dataclasses import dataclass, field
 
 from gpushare.core.handoff import Answer, Pending, pending_of, resolve
 from gpushare.core.inventory import Mode
-from gpushare.core.kubejson import KubeObject, name_of, namespace_of, spec_of, status_of, uid_of
-from gpushare.core.trust import (
+from gpushare.core.kubejson import (
     TERMINAL_PHASES,
+    KubeObject,
+    name_of,
+    namespace_of,
+    spec_of,
+    status_of,
+    uid_of,
+)
+from gpushare.core.trust import (
     IgnoredOnce,
     Judged,
     NodePods,

@@ -80,6 +80,7 @@ from gpushare.deviceplugin.serving import (
     Target,
 )
 from gpushare.deviceplugin.usage import ContainerUse, Owner, read_owner, write_owner
+from gpushare.isolation.build import LIB_NAME
 from gpushare.isolation.limits import (
     LIMITS_FILE_NAME,
     ContainerLimits,
@@ -96,7 +97,6 @@ from gpushare.isolation.policy import (
 
 log = logging.getLogger(__name__)
 
-LIB_NAME = "libgpushare-cuda.so"
 DEFAULT_LIB_DIR = Path("/usr/local/gpushare")
 PRELOAD_NAME = "ld.so.preload"
 """The host file, in the library directory, that containers see as /etc/ld.so.preload."""

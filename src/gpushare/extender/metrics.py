@@ -38,7 +38,7 @@ from gpushare.kube.cache import ClusterCache
 
 MIB = 1024 * 1024
 
-LATENCY_BUCKETS = (
+CALL_LATENCY_BUCKETS = (
     0.0005,
     0.001,
     0.0025,
@@ -218,7 +218,7 @@ class ExtenderMetrics:
             "gpushare_extender_request_duration_seconds",
             "Extender call latency by verb (filter, prioritize, bind)",
             ["verb"],
-            buckets=LATENCY_BUCKETS,
+            buckets=CALL_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.binds = Counter(

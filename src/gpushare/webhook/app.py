@@ -29,8 +29,9 @@ from gpushare.webhook.certs import CertificateReloader
 
 log = logging.getLogger(__name__)
 
-LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-"""Seconds; a decision takes well under a millisecond, the API server waits at most 30 s."""
+REVIEW_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+"""Seconds; a decision takes well under a millisecond, the API server waits at most 30 s.
+(The extender's calls have their own ladder, to kube-scheduler's 5 s: ``extender.metrics``.)"""
 
 
 class WebhookMetrics:
@@ -47,7 +48,7 @@ class WebhookMetrics:
         self.latency = Histogram(
             "gpushare_webhook_review_duration_seconds",
             "Time to read, decide and answer one admission review",
-            buckets=LATENCY_BUCKETS,
+            buckets=REVIEW_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.certificate_reloads = Counter(
