@@ -27,7 +27,7 @@ from gpushare.core.isolationpaths import CONTAINER_BROKER_DIR
 from gpushare.deviceplugin.broker import SOCKET_NAME, Broker
 from gpushare.deviceplugin.config import Stats
 from gpushare.deviceplugin.descriptors import RESERVED, BrokerCaps, CapsError
-from gpushare.deviceplugin.isolation import BY_DEVICES
+from gpushare.deviceplugin.hooks.accounts import BY_DEVICES
 from gpushare.deviceplugin.metrics import registry_for
 from tests import grpc_loop
 

@@ -18,14 +18,10 @@ from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.broker import SOCKET_NAME
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo
-from gpushare.deviceplugin.isolation import (
-    BY_DEVICES,
-    PRELOAD_NAME,
-    MpsControl,
-    NodeIsolation,
-    devices_key,
-    prune_accounting,
-)
+from gpushare.deviceplugin.hooks.accounts import BY_DEVICES, devices_key, prune_accounting
+from gpushare.deviceplugin.hooks.library import PRELOAD_NAME
+from gpushare.deviceplugin.hooks.mpsdaemon import MpsControl
+from gpushare.deviceplugin.hooks.node import NodeIsolation
 from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.deviceplugin.preflight import StartRefused
 from gpushare.isolation.build import LIB_NAME

@@ -620,7 +620,8 @@ def mps(s: Setting, rec: Recorder) -> None:
     from gpushare.core.inventory import Mode
     from gpushare.core.units import MemoryUnit
     from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo, GpuSource, NvmlGpus
-    from gpushare.deviceplugin.isolation import MpsControl, MpsIsolation
+    from gpushare.deviceplugin.hooks.mps import MpsIsolation
+    from gpushare.deviceplugin.hooks.mpsdaemon import MpsControl
     from gpushare.deviceplugin.serving import ContainerAnswer, Target
 
     source: GpuSource
