@@ -47,11 +47,12 @@ from gpushare.core.topology import layout, topology_annotation
 from gpushare.core.units import MemoryUnit
 from gpushare.kube.lightkube_api import LightkubeAPI
 from gpushare.kube.port import KubeError
+from harness.cluster import Cluster
+from harness.helpers import token_kubeconfig
+from harness.realnode import NODE_NAME, RealNode, container, hand_off, pod, probe_env
+from harness.seeding import kwok_node
 
-from .cluster import Cluster
-from .conftest import REPO, create_nodes, delete_nodes, eventually, kwok_node
-from .helpers import token_kubeconfig
-from .realnode import NODE_NAME, RealNode, container, hand_off, pod, probe_env
+from .conftest import REPO, create_nodes, delete_nodes, eventually
 
 NS = "e2e-forgery"
 GPUS = 4

@@ -21,10 +21,10 @@ import pytest
 
 from gpushare.core.names import ANN_ALLOCATION, ANN_NODE_GPUS, ANN_NODE_TOPOLOGY
 from gpushare.core.topology import layout
+from harness.cluster import Cluster
+from harness.realnode import NODE_NAME, RealNode, container, hand_off, pod, probe_env
 
-from .cluster import Cluster
 from .conftest import eventually
-from .realnode import NODE_NAME, RealNode, container, hand_off, pod, probe_env
 
 NS = "e2e-topology"
 LAYOUT = "nvlink-pairs"

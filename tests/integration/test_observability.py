@@ -29,8 +29,8 @@ from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import KubeError
 from gpushare.webhook.app import WebhookMetrics
 from gpushare.webhook.app import create_app as create_webhook_app
+from harness.ports import free_port
 
-from ..ports import free_port
 from ..promql import target_label_clashes
 from .conftest import Rig, run_with_rig
 from .test_extender import ConflictOnce

@@ -12,7 +12,7 @@ from gpushare.core.names import ANN_NODE_HANDOFF, ANN_NODE_UNIT
 from gpushare.core.units import MemoryUnit
 from gpushare.deviceplugin.gpus import FakeGpus
 from gpushare.deviceplugin.serving import devices
-from tests.e2e.seeding import (
+from harness.seeding import (
     CORE_NODE,
     KWOK_ANNOTATION,
     SHARE_IP,

@@ -9,7 +9,7 @@ packages, PyPI and the control-plane build):
   ``make image`` (``RECIPE``), so the image the Helm test runs is the one a release ships
   (``tests/unit/test_image_archive.py`` checks that the Makefile and this module agree);
 - ``gpushare.local/kube-scheduler:<version>``: the statically linked kube-scheduler that
-  ``tests/e2e/controlplane/build.sh`` builds, as upstream's distroless image carries it (a
+  ``harness/controlplane/build.sh`` builds, as upstream's distroless image carries it (a
   stand-in for registry.k8s.io's, which a cluster pulls);
 - ``gpushare.local/webhook-certs:1``: what the chart's certificate Job needs (``sh``,
   ``openssl``, coreutils' ``base64``/``seq``, ``kubectl``): Debian minbase with ``openssl``
@@ -20,7 +20,7 @@ the gpushare image is the recipe's OCI archive. Each is cached under
 ``~/.cache/gpushare/images`` (``GPUSHARE_CACHE`` moves it) by a content hash of its inputs, so
 a second build is a lookup.
 
-    python -m tests.e2e.image_archive [--out DIR]     # make image-archive
+    python -m harness.image_archive [--out DIR]     # make image-archive
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -352,7 +352,7 @@ class Builder:
                     'rm -rf "$1/var/lib/apt/lists"/* "$1/var/cache/apt"/*',
                 ],
             )
-            write_archive(archive, tag, rootfs, image, "webhook-certs tests/e2e/image_archive.py")
+            write_archive(archive, tag, rootfs, image, "webhook-certs harness/image_archive.py")
         self._say(f"{tag}: {archive} ({archive.stat().st_size >> 20} MiB)")
         return tag, archive
 
@@ -379,7 +379,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=default_cache(), help="cache directory")
     args = parser.parse_args()
-    from .cluster import build_binaries
+    from harness.cluster import build_binaries
 
     builder = Builder(cache=args.out, binaries=build_binaries(), progress=True)
     try:

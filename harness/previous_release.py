@@ -8,7 +8,7 @@ chart. What comes out is what ``make release`` made at that commit, not the work
 idea of it. Both are cached under ``~/.cache/gpushare/images`` by version and commit, so only
 the first run pays for the image (about as long as ``make image``).
 
-    python -m tests.e2e.previous_release      # build (or find) it and print where
+    python -m harness.previous_release      # build (or find) it and print where
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .image_archive import REPO, ImageBuildError, default_cache
+from harness.image_archive import REPO, ImageBuildError, default_cache
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def build(
 
 
 def main() -> None:
-    from .cluster import build_binaries
+    from harness.cluster import build_binaries
 
     try:
         built = build(str(build_binaries()["helm"]), progress=True)

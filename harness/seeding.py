@@ -75,3 +75,11 @@ def unit_option(text: str) -> MemoryUnit:
             f"must be one of {UNITS}; run `make cluster` for 1GiB or `make cluster UNIT=128MiB` "
             f"for the 128 MiB seed example"
         ) from None
+
+
+def labelled_kwok_nodes(names: list[str], label: str, **kwargs: Any) -> list[dict[str, Any]]:
+    """kwok nodes carrying ``gpushare-e2e=<label>``, so a test's pods can select only them."""
+    nodes = [kwok_node(name, **kwargs) for name in names]
+    for node in nodes:
+        node["metadata"]["labels"]["gpushare-e2e"] = label
+    return nodes

@@ -3,7 +3,7 @@
 # runc (the OCI runtime under containerd 2, which controlplane/build.sh builds), containerd 1.6
 # (the envvar smoke test's runtime without CDI), the CNI plugins (bridge, host-local, loopback),
 # busybox-static (the root filesystem of the local images), gcc (the dynamically linked probe),
-# mmdebstrap (the Debian root filesystems of the chart's images, tests/e2e/image_archive.py).
+# mmdebstrap (the Debian root filesystems of the chart's images, harness/image_archive.py).
 # kubelet and containerd 2 are built from pinned Go modules by controlplane/build.sh.
 # Without root it installs nothing and says what is missing; the real-node tests then skip.
 set -euo pipefail

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from .cluster import Cluster
+from harness.cluster import Cluster
 
 
 def token_kubeconfig(

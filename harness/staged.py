@@ -39,9 +39,9 @@ from typing import Any
 import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
-from .cluster import Cluster
-from .conftest import labelled_kwok_nodes
-from .helpers import gpu_pod_manifest
+from harness.cluster import Cluster
+from harness.helpers import gpu_pod_manifest
+from harness.seeding import labelled_kwok_nodes
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROCESSES = (

@@ -47,10 +47,9 @@ from typing import Any
 import yaml
 
 from gpushare.deviceplugin.gpus import FakeGpus
-
-from . import cdi_double
-from .cluster import Cluster, Process, StartError, _openssl, free_port, wait_for
-from .images import PAUSE_IMAGE, TEST_IMAGE, build_images
+from harness import cdi_double
+from harness.cluster import Cluster, Process, StartError, _openssl, free_port, wait_for
+from harness.images import PAUSE_IMAGE, TEST_IMAGE, build_images
 
 HERE = Path(__file__).resolve().parent
 SETUP = HERE / "node" / "setup.sh"
@@ -69,7 +68,7 @@ def unavailable() -> str:
     subprocess.run(["bash", str(SETUP)], check=False)
     for tool in ("runc", "containerd", "ctr", "gcc", "ip"):  # containerd 1.6: the envvar smoke
         if shutil.which(tool) is None:
-            return f"{tool} is not installed (tests/e2e/node/setup.sh installs it as root)"
+            return f"{tool} is not installed (harness/node/setup.sh installs it as root)"
     if not Path("/usr/lib/cni/bridge").exists():
         return "the CNI plugins are not installed (Debian package containernetworking-plugins)"
     return ""
@@ -414,7 +413,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 ext,
                 cwd=pki,
             )
-        from .cluster import write_kubeconfig
+        from harness.cluster import write_kubeconfig
 
         write_kubeconfig(self.root / "kubelet.kubeconfig", self.cluster.server, pki, user)
         config: dict[str, Any] = {

@@ -7,14 +7,14 @@ extender by the same ``KubeSchedulerConfiguration`` that ``gpushare scheduler-co
 the gpushare extender, and kwok for nodes without kubelets. Every process is stopped by PID; a
 component that fails to start has its log tail printed.
 
-    python -m tests.e2e.cluster up [--dir .cluster] [--unit 1GiB|128MiB] [--real-node]
-    python -m tests.e2e.cluster down [--dir .cluster]
+    python -m harness.cluster up [--dir .cluster] [--unit 1GiB|128MiB] [--real-node]
+    python -m harness.cluster down [--dir .cluster]
 
 ``up`` also creates the seeds' GPU nodes as kwok nodes (``seeding.py``) and the seal key's
 Secret, so the seed walkthrough runs with plain kubectl at once. ``down`` stops what actually
 runs for the directory, found by command line (``reaping.py``), not only what ``pids`` recorded.
 
-The binaries come from ``tests/e2e/controlplane/build.sh`` (built once, cached by version).
+The binaries come from ``harness/controlplane/build.sh`` (built once, cached by version).
 """
 
 from __future__ import annotations
@@ -40,13 +40,19 @@ import yaml
 from gpushare.core.units import MemoryUnit
 from gpushare.kube.sealing import DEFAULT_SECRET, SECRET_FIELD, new_key_text
 from gpushare.schedconfig import scheduler_configuration
-
-from ..ports import free_port
-from .reaping import find_running, stop
-from .seeding import CORE_NODE, KWOK_ANNOTATION, KWOK_VALUE, SHARE_NODE, seed_nodes, unit_option
+from harness.ports import free_port
+from harness.reaping import find_running, stop
+from harness.seeding import (
+    CORE_NODE,
+    KWOK_ANNOTATION,
+    KWOK_VALUE,
+    SHARE_NODE,
+    seed_nodes,
+    unit_option,
+)
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
+REPO = HERE.parent
 BUILD = HERE / "controlplane" / "build.sh"
 STAGES = HERE / "controlplane" / "kwok-stages.yaml"
 RUNNING_STAGE = "gpushare-pod-running"
@@ -751,7 +757,7 @@ def _up(root: Path, *, real_node: bool = False, unit: MemoryUnit = MemoryUnit.Gi
         cluster.stop()
         raise
     if real_node:
-        from .realnode import RealNode, unavailable
+        from harness.realnode import RealNode, unavailable
 
         reason = unavailable()
         if reason:
@@ -778,14 +784,14 @@ def _up(root: Path, *, real_node: bool = False, unit: MemoryUnit = MemoryUnit.Gi
     print(f"  kubectl inspect cgpu; kubectl apply -f {REPO / 'examples' / example}")
     print(f"gpushare extender at {cluster.extender_url}; logs in {root / 'logs'}")
     print(
-        f"stop it with: make cluster-down   (or: {sys.executable} -m tests.e2e.cluster down "
+        f"stop it with: make cluster-down   (or: {sys.executable} -m harness.cluster down "
         f"--dir {root})"
     )
     return cluster
 
 
 def node_image() -> str:
-    from .images import TEST_IMAGE
+    from harness.images import TEST_IMAGE
 
     return TEST_IMAGE
 
@@ -813,7 +819,7 @@ def _down(root: Path) -> list[str]:
         lines.append(f"{verb} {process.component} (pid {process.pid})")
         print(lines[-1], flush=True)
     if (root / "realnode").exists():
-        from .realnode import clean_up_stopped
+        from harness.realnode import clean_up_stopped
 
         clean_up_stopped(root / "realnode")
         print("cleaned up the real node (shims, mounts, bridge, device-plugin sockets)")

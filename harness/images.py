@@ -29,8 +29,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PROBE_SOURCE = HERE / "node" / "probe.c"
 FLOOD_SOURCE = HERE / "node" / "flood.c"
-ISOLATION = HERE.parent / "isolation"
-NATIVE = HERE.parents[1] / "src" / "gpushare" / "isolation" / "native"
+ISOLATION = HERE.parent / "tests" / "isolation"
+NATIVE = HERE.parent / "src" / "gpushare" / "isolation" / "native"
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 PAUSE_IMAGE = "gpushare.local/pause:1"
 TEST_IMAGE = "gpushare.local/node-test:1"
@@ -121,7 +121,7 @@ def _archive(path: Path, tag: str, layer: bytes, cmd: list[str]) -> None:
         "os": "linux",
         "config": {"Env": ["PATH=/bin"], "Cmd": cmd},
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        "history": [{"created_by": "gpushare tests/e2e/images.py"}],
+        "history": [{"created_by": "gpushare harness/images.py"}],
     }
     config_bytes = json.dumps(config, sort_keys=True).encode()
     config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
