@@ -25,6 +25,8 @@ from gpushare.core.inventory import NodeInventory
 from gpushare.core.kubejson import KubeObject
 from gpushare.core.ledger import Kept, Ledger
 from gpushare.core.names import DEFAULT_NAMES, ResourceNames
+from gpushare.core.policybook import PolicyBook
+from gpushare.core.policyplugin import unreserve_unit
 from gpushare.core.ranking import absolute, normalized, single_top
 from gpushare.core.requests import PodRequest, Rejection, read_pod
 from gpushare.core.scoring import NodePolicy, PolicyRegistry
@@ -320,8 +322,16 @@ class Scheduler:
         ledger.assume(allocation, request.host)
         return allocation
 
-    def unreserve(self, uid: str, ledger: Ledger, *, kept: Kept | None = None) -> None:
-        """Give back a reservation; idempotent.
+    def unreserve(
+        self,
+        uid: str,
+        ledger: Ledger,
+        *,
+        kept: Kept | None = None,
+        book: PolicyBook | None = None,
+    ) -> None:
+        """Give back a reservation in every booking store: the GPUs in the ledger and, with
+        ``book``, the ResourcePolicy unit (``core.policyplugin``); idempotent.
 
         ``kept`` is the booking the pod held before this bind booked over it (``Ledger.kept``:
         an earlier bind's, whose outcome was unknown); it comes back instead of nothing, since
@@ -330,6 +340,7 @@ class Scheduler:
         ledger.unassume(uid)
         if kept is not None:
             ledger.assume(kept.allocation, kept.host)
+        unreserve_unit(book, uid)
 
     def intend(
         self,

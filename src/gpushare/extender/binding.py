@@ -54,10 +54,11 @@ from enum import Enum
 from gpushare.core.allocation import to_annotations
 from gpushare.core.binding import already_bound
 from gpushare.core.filtering import Verdict
-from gpushare.core.gating import ANN_DELETION_COST, ANN_POLICY, ANN_UNIT, Gate, deletion_cost
-from gpushare.core.kubejson import annotations_of, key_of, node_name_of, stored_uid_of, uid_of
+from gpushare.core.gating import Gate
+from gpushare.core.kubejson import annotations_of, node_name_of, stored_uid_of, uid_of
 from gpushare.core.ledger import Kept
 from gpushare.core.names import ANN_ALLOCATION, ANN_SEAL, POD_ANNOTATIONS
+from gpushare.core.policyplugin import UnitRefused, reserve_unit, unreserve_unit
 from gpushare.core.requests import PodRequest, Rejection
 from gpushare.core.scheduling import Scheduler
 from gpushare.extender.events import PodRef
@@ -227,22 +228,15 @@ class Binding:
         node = self.cache.nodes.get(args.Node)
         if node is None:
             return BindResult(BindOutcome.ERROR, f"node {args.Node} is not in gpushare's cache")
-        gate = self._unit_for(pod, args.Node)
-        if isinstance(gate, BindResult):
-            return gate
+        # checked again here because kube-scheduler binds while it filters the next pod; the
+        # unit is assumed with no await since the check (``core.policyplugin``)
+        unit = reserve_unit(self.cache.book, pod, args.Node, now_s=self.clock_ns() / 1e9)
+        if isinstance(unit, UnitRefused):
+            outcome = BindOutcome.REJECTED if unit.rejected else BindOutcome.UNFIT
+            return BindResult(outcome, unit.message)
+        gate = unit.gate
         version = str(pod.get("metadata", {}).get("resourceVersion", ""))
-        annotations: dict[str, str | None] = {}
-        labels: dict[str, str] = {}
-        if gate is not None and gate.chosen is not None:
-            book = self.cache.book
-            assert book is not None
-            book.assume(book.placement(pod, args.Node, gate))  # no await since the check
-            unit = gate.chosen
-            annotations.update(unit.pod_annotations)
-            annotations[ANN_POLICY] = gate.policy.split("/", 1)[1]
-            annotations[ANN_UNIT] = str(unit.number)
-            annotations[ANN_DELETION_COST] = str(deletion_cost(unit))
-            labels.update(unit.pod_labels)
+        annotations, labels = dict(unit.annotations), dict(unit.labels)
         if not request.wants_gpu:
             failed = await self._write_and_bind(
                 pod, args, key, uid, annotations, labels, version, kept=None
@@ -254,7 +248,7 @@ class Binding:
         kept = self.cache.ledger.kept(uid)
         booked = self.scheduler.reserve(request, node, self.cache.ledger, now_ns=self.clock_ns())
         if isinstance(booked, Verdict):
-            self._unassume(uid)
+            unreserve_unit(self.cache.book, uid)
             return BindResult(
                 BindOutcome.UNFIT, f"pod {key} no longer fits node {args.Node}: {booked.message}"
             )
@@ -282,28 +276,6 @@ class Binding:
     def _explain_unit(self, args: ExtenderBindingArgs, uid: str, gate: Gate | None) -> None:
         ref = PodRef(namespace=args.PodNamespace, name=args.PodName, uid=uid)
         self.telling.unit(ref, args.Node, gate)
-
-    def _unit_for(self, pod: KubeDict, node: str) -> Gate | BindResult | None:
-        """The ResourcePolicy unit ``node`` places the pod in, or the bind's refusal.
-
-        Checked again here because kube-scheduler binds while it filters the next pod: two
-        pods filtered against one free place both pass, and only this check, with the
-        assumption that follows it, lets one of them have it.
-        """
-        book = self.cache.book
-        if book is None:
-            return None
-        gate = book.gate(pod, fitting=[node], now_s=self.clock_ns() / 1e9)
-        if gate is None:
-            return None
-        key = key_of(pod)
-        if gate.error:
-            return BindResult(BindOutcome.REJECTED, f"pod {key}: {gate.error}")
-        if not gate.allows(book.node_labels.get(node, {})):
-            return BindResult(
-                BindOutcome.UNFIT, f"pod {key} may not go to node {node} now: {gate.reason}"
-            )
-        return gate
 
     async def _write_and_bind(
         self,
@@ -365,14 +337,9 @@ class Binding:
         return None
 
     def _give_back(self, uid: str, *, kept: Kept | None = None) -> None:
-        """Give back what this bind booked: its GPUs (``kept``, the booking the pod held before,
-        comes back) and its ResourcePolicy assumption. Both are idempotent."""
-        self.scheduler.unreserve(uid, self.cache.ledger, kept=kept)
-        self._unassume(uid)
-
-    def _unassume(self, uid: str) -> None:
-        if self.cache.book is not None:
-            self.cache.book.unassume(uid)
+        """Give back what this bind booked, in every store: its GPUs (``kept``, the booking the
+        pod held before, comes back) and its ResourcePolicy unit. Idempotent."""
+        self.scheduler.unreserve(uid, self.cache.ledger, kept=kept, book=self.cache.book)
 
     async def _annotate(
         self,
@@ -393,10 +360,10 @@ class Binding:
                 **({"labels": labels} if labels else {}),
             )
         except Conflict as err:
-            self._unassume(uid)
+            unreserve_unit(self.cache.book, uid)
             return BindResult(BindOutcome.CONFLICT, f"pod {key} kept changing while binding: {err}")
         except KubeError as err:
-            self._unassume(uid)
+            unreserve_unit(self.cache.book, uid)
             return BindResult(BindOutcome.ERROR, f"annotate {key}: {err}")
         return None
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from gpushare.core.filtering import Code
 from gpushare.core.inventory import NodeInventory, read_node
 from gpushare.core.kubejson import KubeObject, labels_of, name_of, pod_spec_of
+from gpushare.core.policyplugin import filter_units
 from gpushare.core.preferences import stated_preference
 from gpushare.core.requests import PodRequest, Rejection
 from gpushare.core.scheduling import Scheduler
@@ -173,28 +174,10 @@ class Filtering:
         unresolvable: dict[str, str],
         node_labels: Mapping[str, Mapping[str, str]],
     ) -> list[str]:
-        """Keep only the passing nodes of the unit a ResourcePolicy opens to the pod.
-
-        A node refused here gets the gate's reason: unresolvable when the policy cannot order
-        the pod at all (fixing the policy or the pod is the way out), else unschedulable.
-        """
+        """Keep only the passing nodes of the unit a ResourcePolicy opens to the pod."""
+        now_s = self.clock_ns() / 1e9
         book = self.cache.book
-        if book is None:
-            return passing
-        gate = book.gate(pod, fitting=passing, now_s=self.clock_ns() / 1e9)
-        if gate is None:
-            return passing
-        if gate.error:
-            for name in passing:
-                unresolvable[name] = gate.error
-            return []
-        kept = []
-        for name in passing:
-            if gate.allows(node_labels.get(name, {})):
-                kept.append(name)
-            else:
-                failed[name] = gate.reason
-        return kept
+        return filter_units(book, pod, passing, failed, unresolvable, node_labels, now_s=now_s)
 
     def prioritize(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
         """Scores 0..10 for the given nodes, as (hosts, scores); unknown names are left out."""
