@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.core.decision.scheduling import Scheduler, Settings
 from gpushare.extender.app import create_app
 from gpushare.extender.service import Extender
 from gpushare.kube.cache import ClusterCache

@@ -45,9 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the harness lives in harness/
     sys.path.insert(0, str(ROOT))
 
-from gpushare.core.handoff import MEM  # noqa: E402
-from gpushare.core.names import ANN_ASSIGNED  # noqa: E402
-from gpushare.core.trust import Trust  # noqa: E402
+from gpushare.core.model.names import ANN_ASSIGNED  # noqa: E402
+from gpushare.core.records.handoff import MEM  # noqa: E402
+from gpushare.core.records.trust import Trust  # noqa: E402
 from gpushare.deviceplugin.allocating import NodeParts, NodeReader  # noqa: E402
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint  # noqa: E402
 from gpushare.deviceplugin.config import PluginConfig, Stats  # noqa: E402

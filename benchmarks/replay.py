@@ -86,9 +86,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the harness lives in harness/
     sys.path.insert(0, str(ROOT))
 
-from gpushare.core.allocation import from_pod  # noqa: E402
-from gpushare.core.gpumodel import LABEL_MODEL  # noqa: E402
-from gpushare.core.inventory import Mode  # noqa: E402
+from gpushare.core.model.gpumodel import LABEL_MODEL  # noqa: E402
+from gpushare.core.model.inventory import Mode  # noqa: E402
+from gpushare.core.records.allocation import from_pod  # noqa: E402
 from gpushare.kube.port import KubeDict  # noqa: E402
 from gpushare.sim import gpumem  # noqa: E402
 from gpushare.sim.kubeyaml import card_units  # noqa: E402

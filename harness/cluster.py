@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.units import MemoryUnit
 from gpushare.kube.sealing import DEFAULT_SECRET, SECRET_FIELD, new_key_text
 from gpushare.schedconfig import scheduler_configuration
 from harness.ports import free_port

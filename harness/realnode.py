@@ -84,7 +84,7 @@ class RealNode:
     mode: str = "share"
     fake_gpus: str = "4x15GiB"
     fake_topology: str = ""
-    """``--fake-topology`` for the plugin (``core.topology.layout``); empty: none."""
+    """``--fake-topology`` for the plugin (``core.model.topology.layout``); empty: none."""
     unit: str = "1GiB"
     taint: bool = True
     max_pods: int = 250

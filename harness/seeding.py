@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpushare.core.inventory import Mode
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.inventory import Mode
+from gpushare.core.model.units import MemoryUnit
 from gpushare.kube.objects import gpu_node
 
 SHARE_NODE = "cn-zhangjiakou.192.168.66.139"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from gpushare.core.inventory import Mode
+from gpushare.core.model.inventory import Mode
 from harness.cluster import Cluster
 from harness.helpers import apply_all, gpu_pod_manifest
 from harness.seeding import labelled_kwok_nodes

@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare.core.tampering import DEFAULT_EXEMPT_NAMESPACES
+from gpushare.core.admitting.tampering import DEFAULT_EXEMPT_NAMESPACES
 from harness.cluster import Cluster, Process, free_port, wait_for
 from harness.seeding import kwok_node
 from tests.nvidia_shapes import GPU_OPERATOR_SHAPES, k8s_device_plugin, tenant_pod

@@ -39,10 +39,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare.core.kubejson import name_of
-from gpushare.core.names import ANN_NODE_UNIT
-from gpushare.core.tampering import DEFAULT_EXEMPT_NAMESPACES
-from gpushare.core.trust import SealKey, Trust, sort_node_pods
+from gpushare.core.admitting.tampering import DEFAULT_EXEMPT_NAMESPACES
+from gpushare.core.model.kubejson import name_of
+from gpushare.core.model.names import ANN_NODE_UNIT
+from gpushare.core.records.trust import SealKey, Trust, sort_node_pods
 from gpushare.kube.sealing import key_from_secret
 from gpushare.webhook.configuration import steering_configuration, webhook_configuration
 from harness import previous_release

@@ -27,7 +27,7 @@ import time
 import urllib.request
 from typing import Any
 
-from gpushare.core.inventory import Mode
+from gpushare.core.model.inventory import Mode
 from harness.cluster import Cluster
 from harness.helpers import apply_all, gpu_pod_manifest, pods
 from harness.seeding import labelled_kwok_nodes

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from gpushare.core.inventory import Mode
+from gpushare.core.model.inventory import Mode
 from harness.cluster import Cluster, free_port, wait_for
 from harness.helpers import apply_all, gpu_pod_manifest, pods
 from harness.seeding import labelled_kwok_nodes

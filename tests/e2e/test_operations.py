@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from gpushare.core.gpumodel import LABEL_MODEL
-from gpushare.core.names import ANN_NODE_GPUS_DISABLED
+from gpushare.core.model.gpumodel import LABEL_MODEL
+from gpushare.core.model.names import ANN_NODE_GPUS_DISABLED
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo
 from gpushare.deviceplugin.publishing import publish

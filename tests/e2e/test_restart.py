@@ -6,7 +6,7 @@ import json
 import time
 import urllib.request
 
-from gpushare.core.inventory import Mode
+from gpushare.core.model.inventory import Mode
 from harness.cluster import Cluster
 from harness.helpers import apply_all, gpu_pod_manifest, per_gpu_memory, pods
 from harness.seeding import labelled_kwok_nodes

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from gpushare.core.inventory import Mode
+from gpushare.core.model.inventory import Mode
 from harness.cluster import Cluster
 from harness.helpers import apply_all, gpu_pod_manifest, pods, token_kubeconfig
 from harness.seeding import labelled_kwok_nodes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpushare.core.inventory import Mode
+from gpushare.core.model.inventory import Mode
 from harness.cluster import Cluster
 from harness.seeding import kwok_node
 

@@ -25,9 +25,9 @@ from click.testing import CliRunner
 
 from gpushare.cli import main as cli
 from gpushare.cli.logs import LEVELS
-from gpushare.core.inventory import SHARED_MODES
-from gpushare.core.names import ResourceNames
-from gpushare.core.tampering import DEFAULT_EXEMPT_NAMESPACES, VISIBLE_DEVICES_MODES
+from gpushare.core.admitting.tampering import DEFAULT_EXEMPT_NAMESPACES, VISIBLE_DEVICES_MODES
+from gpushare.core.model.inventory import SHARED_MODES
+from gpushare.core.model.names import ResourceNames
 from gpushare.schedconfig import scheduler_configuration
 from harness.image_archive import project_version, recipe_repository
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from gpushare.core import isolationpaths as paths
-from gpushare.core.inventory import Mode
-from gpushare.core.units import MemoryUnit
+from gpushare.core.admitting import isolationpaths as paths
+from gpushare.core.model.inventory import Mode
+from gpushare.core.model.units import MemoryUnit
 from gpushare.deviceplugin.broker import SOCKET_NAME
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo

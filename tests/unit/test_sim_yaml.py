@@ -11,8 +11,8 @@ import yaml
 from click.testing import CliRunner
 
 from gpushare.cli import main
-from gpushare.core.hostresources import pod_requests
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.hostresources import pod_requests
+from gpushare.core.model.units import MemoryUnit
 from gpushare.kube.objects import gpu_node
 from gpushare.sim import cards
 from gpushare.sim.kubeyaml import (
@@ -138,7 +138,8 @@ items:
 
 
 def test_pods_count_cpu_and_memory_as_the_extender_does(tmp_path: Path) -> None:
-    """Sidecars, pod-level requests and overhead count as ``core.hostresources`` counts them."""
+    """Sidecars, pod-level requests and overhead count as ``core.model.hostresources`` counts
+    them."""
     nodes = read_nodes(_cluster(tmp_path))
     manifest = tmp_path / "pods.yaml"
     manifest.write_text(

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.admission import AdmissionSettings, decide
+from gpushare.core.admitting.admission import AdmissionSettings, decide
 
 MEM = "aliyun.com/gpu-mem"
 CORE = "aliyun.com/gpu-core.percentage"
@@ -25,7 +25,7 @@ ALLOCATION = (
 
 
 def trusting(*users: str, groups: tuple[str, ...] = ()) -> AdmissionSettings:
-    from gpushare.core.tampering import TrustedWriters
+    from gpushare.core.admitting.tampering import TrustedWriters
 
     return AdmissionSettings(trust=TrustedWriters(users=frozenset(users), groups=frozenset(groups)))
 

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpushare.core.isolationpaths import CONTAINER_BROKER_DIR
+from gpushare.core.admitting.isolationpaths import CONTAINER_BROKER_DIR
 from gpushare.deviceplugin.config import BrokerStats
 from gpushare.deviceplugin.descriptors import BrokerCaps, soft_limit
 from gpushare.isolation.accounting import MAX_CONNECTIONS, MAX_LINE, OK, Account

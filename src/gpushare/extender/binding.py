@@ -10,7 +10,7 @@ Bind is where double-booking could happen, so it goes in this order:
 2. filter the node again and book the chosen GPUs in the ledger as an assumption; there is no
    ``await`` between check and booking, so two binds on one event loop cannot both pass. The
    booking replaces the pod's intent, the GPUs prioritize booked for it on its top node
-   (``core.ledger``), so the pods kube-scheduler sent on meanwhile were not given them;
+   (``core.booking.ledger``), so the pods kube-scheduler sent on meanwhile were not given them;
 3. create the ``pods/binding`` carrying the annotations and the resourceVersion: the API server
    sets the node and the annotations in one update, or answers 409 when the pod changed or was
    bound meanwhile; then this try's booking is given back (a booking the pod held before it,
@@ -25,7 +25,7 @@ was late, and a binding can time out after the API server stored it; clearing th
 a running pod with no record of its GPU, and the next pod would be booked on top of it. So:
 
 - a bind for a pod the API already shows bound writes nothing: it succeeds when the pod is on
-  that node with its allocation (``core.binding``), and fails otherwise, changing nothing;
+  that node with its allocation (``core.records.binding``), and fails otherwise, changing nothing;
 - after a failed binding the pod is read again: bound to the booked node means success (the
   binding went through), bound elsewhere means failure with the annotations kept, and only a
   pod still unbound is cleared, with its resourceVersion, so a binding that lands meanwhile
@@ -34,7 +34,8 @@ a running pod with no record of its GPU, and the next pod would be booked on top
 - binds of one pod run one at a time, so a retry arriving while the first bind is still
   waiting on the API finds its outcome instead of racing it.
 
-The annotations bind writes carry a seal (``gpushare.io/seal``, core.trust) made with the key
+The annotations bind writes carry a seal (``gpushare.io/seal``, core.records.trust) made with the
+key
 the cache judges by, over the pod's UID, namespace, name, the node and the allocation record as
 written: every reader counts an allocation only when its seal verifies, so a tenant's own
 annotations place nothing. An allocation the cache ignores is counted
@@ -51,16 +52,16 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from gpushare.core.allocation import to_annotations
-from gpushare.core.binding import already_bound
-from gpushare.core.filtering import Verdict
-from gpushare.core.gating import Gate
-from gpushare.core.kubejson import annotations_of, node_name_of, stored_uid_of, uid_of
-from gpushare.core.ledger import Kept
-from gpushare.core.names import ANN_ALLOCATION, ANN_SEAL, POD_ANNOTATIONS
-from gpushare.core.policyplugin import UnitRefused, reserve_unit, unreserve_unit
-from gpushare.core.requests import PodRequest, Rejection
-from gpushare.core.scheduling import Scheduler
+from gpushare.core.booking.ledger import Kept
+from gpushare.core.decision.scheduling import Scheduler
+from gpushare.core.model.kubejson import annotations_of, node_name_of, stored_uid_of, uid_of
+from gpushare.core.model.names import ANN_ALLOCATION, ANN_SEAL, POD_ANNOTATIONS
+from gpushare.core.model.requests import PodRequest, Rejection
+from gpushare.core.placement.filtering import Verdict
+from gpushare.core.records.allocation import to_annotations
+from gpushare.core.records.binding import already_bound
+from gpushare.core.resourcepolicies.gating import Gate
+from gpushare.core.resourcepolicies.policyplugin import UnitRefused, reserve_unit, unreserve_unit
 from gpushare.extender.events import PodRef
 from gpushare.extender.intents import Intents
 from gpushare.extender.metrics import ExtenderMetrics
@@ -229,7 +230,7 @@ class Binding:
         if node is None:
             return BindResult(BindOutcome.ERROR, f"node {args.Node} is not in gpushare's cache")
         # checked again here because kube-scheduler binds while it filters the next pod; the
-        # unit is assumed with no await since the check (``core.policyplugin``)
+        # unit is assumed with no await since the check (``core.resourcepolicies.policyplugin``)
         unit = reserve_unit(self.cache.book, pod, args.Node, now_s=self.clock_ns() / 1e9)
         if isinstance(unit, UnitRefused):
             outcome = BindOutcome.REJECTED if unit.rejected else BindOutcome.UNFIT

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from gpushare.core.filtering import Code
-from gpushare.core.inventory import NodeInventory, read_node
-from gpushare.core.kubejson import KubeObject, labels_of, name_of, pod_spec_of
-from gpushare.core.policyplugin import filter_units
-from gpushare.core.preferences import stated_preference
-from gpushare.core.requests import PodRequest, Rejection
-from gpushare.core.scheduling import Scheduler
+from gpushare.core.decision.scheduling import Scheduler
+from gpushare.core.model.inventory import NodeInventory, read_node
+from gpushare.core.model.kubejson import KubeObject, labels_of, name_of, pod_spec_of
+from gpushare.core.model.requests import PodRequest, Rejection
+from gpushare.core.placement.filtering import Code
+from gpushare.core.placement.preferences import stated_preference
+from gpushare.core.resourcepolicies.policyplugin import filter_units
 from gpushare.extender.intents import Intents
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.telling import Telling
@@ -126,7 +126,7 @@ class Filtering:
         (``schedulePod``, pkg/scheduler/schedule_one.go), which saves a round trip and its
         score plugins per pod. It would have taken the extender's top node anyway when the pod
         is in the packing profile and nothing kube-scheduler still scores there differs
-        between nodes (``core.preferences``). When only one node fits it has no choice
+        between nodes (``core.placement.preferences``). When only one node fits it has no choice
         either: the answer stays as it is, and this books the intent prioritize would have.
         With the top node alone the other nodes' reasons are left out: kube-scheduler reads
         them only when no node is left. With every node, prioritize books the intent.

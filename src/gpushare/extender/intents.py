@@ -1,10 +1,11 @@
 """Intents and refused pods: the extender's memory between filter, prioritize and bind.
 
 Prioritize (or a filter that answers with the top node alone) books the top node's GPUs for
-the pod as an *intent* (``core.ledger``) until its bind comes; bind's booking replaces it. An
+the pod as an *intent* (``core.booking.ledger``) until its bind comes; bind's booking replaces it.
+An
 intent is given back when the pod is filtered again, when its bind fails, when the watch shows
 it bound or gone, and at its deadline, kept by the clock (``sweep``). GPU pods the filter
-refused on every node are remembered (``core.waiting``) and touched when GPUs come back, so
+refused on every node are remembered (``core.booking.waiting``) and touched when GPUs come back, so
 kube-scheduler tries them again.
 """
 
@@ -12,17 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from gpushare.core.allocation import Allocation
-from gpushare.core.inventory import NodeInventory
-from gpushare.core.kubejson import KubeObject, name_of, namespace_of, stored_uid_of, uid_of
-from gpushare.core.requests import PodRequest, Rejection
-from gpushare.core.scheduling import Scheduler
-from gpushare.core.waiting import Waiting, WaitingPod
+from gpushare.core.booking.waiting import Waiting, WaitingPod
+from gpushare.core.decision.scheduling import Scheduler
+from gpushare.core.model.inventory import NodeInventory
+from gpushare.core.model.kubejson import KubeObject, name_of, namespace_of, stored_uid_of, uid_of
+from gpushare.core.model.requests import PodRequest, Rejection
+from gpushare.core.records.allocation import Allocation
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.kube.cache import ClusterCache
 
 INTENT_TTL_S = 30.0
-"""How long an intent booked at prioritize waits for its bind (``core.ledger``).
+"""How long an intent booked at prioritize waits for its bind (``core.booking.ledger``).
 
 kube-scheduler binds within milliseconds of choosing, unless a Permit plugin makes the pod
 wait; a pod it retried is filtered again first, which gives the old intent back at once. So
@@ -45,7 +46,7 @@ nobody: so it lasts this long, and gets the full ``INTENT_TTL_S`` from its booki
 the watch shows the pod (``sweep``)."""
 
 RETRIES_PER_SWEEP = 20
-"""At most this many refused pods are touched per sweep (``core.waiting``): a crowd of them
+"""At most this many refused pods are touched per sweep (``core.booking.waiting``): a crowd of them
 costs the API server 20 writes a second at most, however much capacity comes back."""
 
 
@@ -142,7 +143,7 @@ class Intents:
         """Give back the intents past their deadline; the refused pods to try again now.
 
         Those are the pods refused before GPUs last came back, still unbound, at most
-        ``RETRIES_PER_SWEEP`` (``core.waiting``); the rest come at the next sweeps.
+        ``RETRIES_PER_SWEEP`` (``core.booking.waiting``); the rest come at the next sweeps.
         """
         self._confirm_seen()
         self._expire()

@@ -30,9 +30,9 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpushare.core.allocation import Allocation
-from gpushare.core.inventory import CORE_PER_GPU
-from gpushare.core.resourcepolicy import PolicyError
+from gpushare.core.model.inventory import CORE_PER_GPU
+from gpushare.core.records.allocation import Allocation
+from gpushare.core.resourcepolicies.resourcepolicy import PolicyError
 from gpushare.exporting import ExportRegistry
 from gpushare.kube.cache import ClusterCache
 

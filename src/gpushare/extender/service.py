@@ -18,10 +18,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from gpushare.core.names import ANN_RETRY, SCHEDULER_NAME
-from gpushare.core.resourcepolicy import PolicyError, ResourcePolicy
-from gpushare.core.scheduling import Scheduler
-from gpushare.core.waiting import Waiting, WaitingPod
+from gpushare.core.booking.waiting import Waiting, WaitingPod
+from gpushare.core.decision.scheduling import Scheduler
+from gpushare.core.model.names import ANN_RETRY, SCHEDULER_NAME
+from gpushare.core.resourcepolicies.resourcepolicy import PolicyError, ResourcePolicy
 from gpushare.extender.binding import Binding
 from gpushare.extender.events import EventRecorder
 from gpushare.extender.filtering import Filtering
@@ -165,7 +165,7 @@ class Extender:
     async def retry(self, pods: list[WaitingPod]) -> None:
         """Ask kube-scheduler to try these refused pods again: an annotation on each is an
         update of the pod, which moves a pod only the extender refused back to its queue
-        (``core.waiting``). A pod gone meanwhile is skipped; a failed write is logged."""
+        (``core.booking.waiting``). A pod gone meanwhile is skipped; a failed write is logged."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock_ns() / 1e9))
         for pod in pods:
             try:

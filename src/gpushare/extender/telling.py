@@ -10,16 +10,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from gpushare.core.allocation import Allocation
-from gpushare.core.explain import placement_message, refusal_summary, scheduler_says_it
-from gpushare.core.gating import Gate, summary
-from gpushare.core.handoff import is_deferral
-from gpushare.core.inventory import NodeInventory
-from gpushare.core.kubejson import KubeObject, key_of
-from gpushare.core.names import ANN_ALLOCATION, SCHEDULER_NAME
-from gpushare.core.requests import PodRequest, Rejection
-from gpushare.core.resourcepolicy import GROUP, KIND, VERSION, PolicyError, ResourcePolicy
-from gpushare.core.trust import Ignored
+from gpushare.core.model.inventory import NodeInventory
+from gpushare.core.model.kubejson import KubeObject, key_of
+from gpushare.core.model.names import ANN_ALLOCATION, SCHEDULER_NAME
+from gpushare.core.model.requests import PodRequest, Rejection
+from gpushare.core.placement.explain import placement_message, refusal_summary, scheduler_says_it
+from gpushare.core.records.allocation import Allocation
+from gpushare.core.records.handoff import is_deferral
+from gpushare.core.records.trust import Ignored
+from gpushare.core.resourcepolicies.gating import Gate, summary
+from gpushare.core.resourcepolicies.resourcepolicy import (
+    GROUP,
+    KIND,
+    VERSION,
+    PolicyError,
+    ResourcePolicy,
+)
 from gpushare.extender.events import (
     POLICY_NOTICE,
     POLICY_UNIT,
@@ -53,7 +59,8 @@ class Telling:
         self.scheduler_reports = scheduler_reports
         """Whether a kube-scheduler calls this extender, and so writes the filter's reasons into
         its own FailedScheduling event: then ``GPUShareUnschedulable`` is written only where
-        that event cannot carry them whole (``core.explain.scheduler_says_it``), so a pending
+        that event cannot carry them whole (``core.placement.explain.scheduler_says_it``), so a
+        pending
         pod gets one Warning, not two that say the same. The demo and tests drive the extender
         without kube-scheduler, and keep it."""
 

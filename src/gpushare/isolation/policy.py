@@ -37,8 +37,8 @@ import hashlib
 from dataclasses import dataclass
 from enum import IntEnum
 
-from gpushare.core.inventory import CORE_PER_GPU
-from gpushare.core.kubejson import whole_number
+from gpushare.core.model.inventory import CORE_PER_GPU
+from gpushare.core.model.kubejson import whole_number
 
 SCHEDULE_VERSION = 1
 DEFAULT_PERIOD_NS = 100_000_000

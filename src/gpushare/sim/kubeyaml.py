@@ -13,11 +13,12 @@ from ``aliyun.accelerator/nvidia_name`` or ``nvidia.com/gpu.product``; the mode 
 
 Pods: a Pod is one pod, a Job ``min(parallelism, completions)`` (whichever is given, else 1), a
 Deployment, StatefulSet or ReplicaSet ``replicas`` (default 1); other kinds are skipped. CPU and
-memory are counted as the extender counts them (``core.hostresources.pod_amount``: requests, or
+memory are counted as the extender counts them (``core.model.hostresources.pod_amount``: requests,
+or
 limits when no request, as Kubernetes defaults them; app containers and sidecars add up, an init
 container needs its own amount beside the sidecars started before it; pod-level requests replace
 the containers' sum; plus the pod's overhead), and quantities are read with the core's own
-grammar (``core.quantity``). GPU requests are
+grammar (``core.model.quantity``). GPU requests are
 validated by the core's own reader, so a manifest the extender would reject is rejected here
 with the same sentence. ``nvidia.com/gpu: N`` is N whole GPUs. ``aliyun.com/gpu-mem`` (with
 ``aliyun.com/gpu-count``) becomes the paper's share by this rule:
@@ -44,12 +45,12 @@ from typing import Any
 
 import yaml
 
-from gpushare.core.hostresources import pod_amount
-from gpushare.core.inventory import read_node
-from gpushare.core.names import ANN_NODE_GPUS, DEFAULT_NAMES, LABEL_MODE
-from gpushare.core.quantity import Quantity, parse_quantity
-from gpushare.core.requests import Rejection, read_pod
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.hostresources import pod_amount
+from gpushare.core.model.inventory import read_node
+from gpushare.core.model.names import ANN_NODE_GPUS, DEFAULT_NAMES, LABEL_MODE
+from gpushare.core.model.quantity import Quantity, parse_quantity
+from gpushare.core.model.requests import Rejection, read_pod
+from gpushare.core.model.units import MemoryUnit
 from gpushare.sim import cards, openb
 from gpushare.sim.openb import MILLI_PER_GPU, TraceError, TraceNode, TracePod
 

@@ -1,6 +1,7 @@
 """The webhook's HTTP service (FastAPI): ``POST /validate``, ``POST /mutate``, probes, metrics.
 
-The decisions are ``core.admission.decide`` and ``core.admission.mutate``; this module only
+The decisions are ``core.admitting.admission.decide`` and ``core.admitting.admission.mutate``; this
+module only
 reads the body, times the call, counts it and logs it, with the requester (``user=``) so a
 refused forgery names its author. A body that is not JSON (malformed, not UTF-8, or nested
 deeper than the decoder goes) is answered like any unreadable review, with an HTTP 200
@@ -23,7 +24,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
-from gpushare.core.admission import AdmissionSettings, Decision, decide, malformed, mutate
+from gpushare.core.admitting.admission import AdmissionSettings, Decision, decide, malformed, mutate
 from gpushare.exporting import ExportRegistry
 from gpushare.webhook.certs import CertificateReloader
 

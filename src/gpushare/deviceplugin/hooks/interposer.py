@@ -10,16 +10,16 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from gpushare.core.handoff import MEM, Signature
-from gpushare.core.inventory import CORE_PER_GPU, Mode
-from gpushare.core.isolationpaths import (
+from gpushare.core.admitting.isolationpaths import (
     CONTAINER_BROKER_DIR,
     CONTAINER_LIB_DIR,
     CONTAINER_LIMITS_FILE,
     CONTAINER_PRELOAD_FILE,
     CONTAINER_SCHED_DIR,
 )
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.inventory import CORE_PER_GPU, Mode
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.handoff import MEM, Signature
 from gpushare.deviceplugin.broker import CONTAINER_BROKER_SOCKET, SETTLE_S, Broker
 from gpushare.deviceplugin.config import BrokerStats
 from gpushare.deviceplugin.descriptors import BrokerCaps

@@ -7,7 +7,7 @@ import shutil
 from importlib import resources
 from pathlib import Path
 
-from gpushare.core.isolationpaths import CONTAINER_LIB_DIR
+from gpushare.core.admitting.isolationpaths import CONTAINER_LIB_DIR
 from gpushare.isolation.build import LIB_NAME
 
 log = logging.getLogger(__name__)

@@ -7,10 +7,10 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from gpushare.core.handoff import MEM
-from gpushare.core.inventory import Mode
-from gpushare.core.isolationpaths import CONTAINER_MPS_PIPE_DIR
-from gpushare.core.units import MemoryUnit
+from gpushare.core.admitting.isolationpaths import CONTAINER_MPS_PIPE_DIR
+from gpushare.core.model.inventory import Mode
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.handoff import MEM
 from gpushare.deviceplugin.gpus import GpuInfo, GpuSource
 from gpushare.deviceplugin.hooks.mpsdaemon import DaemonRunner
 from gpushare.deviceplugin.serving import (

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from gpushare.core.inventory import Mode
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.inventory import Mode
+from gpushare.core.model.units import MemoryUnit
 from gpushare.deviceplugin.config import BrokerStats
 from gpushare.deviceplugin.descriptors import BrokerCaps
 from gpushare.deviceplugin.gpus import GpuSource
