@@ -76,7 +76,8 @@ class Filtering:
                 unresolvable[verdict.node] = verdict.message
         labels = {name_of(n): labels_of(n) for n in args.Nodes.items}
         passing = set(self._gate(args.Pod, sorted(passing), failed, unresolvable, labels))
-        self._filtered(args.Pod, result.request, bool(passing), failed, unresolvable)
+        self.telling.filtered(args.Pod, result.request, bool(passing), failed, unresolvable)
+        self.intents.waits(args.Pod, result.request, bool(passing))
         kept = [n for n in args.Nodes.items if name_of(n) in passing]
         return ExtenderFilterResult(
             Nodes=NodeList(items=kept), FailedNodes=failed, FailedAndUnresolvableNodes=unresolvable
@@ -95,7 +96,9 @@ class Filtering:
             passing = self._gate(
                 args.Pod, passing, failed, result.unresolvable, self.cache.book.node_labels
             )
-        self._filtered(args.Pod, result.request, bool(passing), failed, result.unresolvable)
+        fits = bool(passing)
+        self.telling.filtered(args.Pod, result.request, fits, failed, result.unresolvable)
+        self.intents.waits(args.Pod, result.request, fits)  # until GPUs come back
         top = self.top_only(args.Pod, result.request, passing)
         if top and len(passing) > 1:
             return ExtenderFilterResult(NodeNames=[top], FailedNodes={})
@@ -104,19 +107,6 @@ class Filtering:
             FailedNodes=failed,
             FailedAndUnresolvableNodes=result.unresolvable,
         )
-
-    def _filtered(
-        self,
-        pod: KubeObject,
-        request: PodRequest | Rejection,
-        fits: bool,
-        failed: dict[str, str],
-        unresolvable: dict[str, str],
-    ) -> None:
-        """After a filter: count and tell it; remember a GPU pod no node fits until GPUs come
-        back (``Intents.waits``)."""
-        self.telling.filtered(pod, request, fits, failed, unresolvable)
-        self.intents.waits(pod, request, fits)
 
     def top_only(self, pod: KubeObject, request: PodRequest | Rejection, passing: list[str]) -> str:
         """The one node to answer the filter with, its GPUs booked as the pod's intent; empty
