@@ -49,7 +49,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from gpushare.core.booking.ledger import Kept
@@ -132,30 +132,19 @@ class OnePerKey:
                 self._locks[key] = (lock, users - 1)
 
 
+@dataclass(eq=False, kw_only=True)
 class Binding:
     """Serves kube-scheduler's bind calls, one at a time per pod."""
 
-    def __init__(
-        self,
-        *,
-        api: KubeAPI,
-        cache: ClusterCache,
-        scheduler: Scheduler,
-        metrics: ExtenderMetrics,
-        intents: Intents,
-        telling: Telling,
-        attempts: int,
-        clock_ns: Callable[[], int],
-    ) -> None:
-        self.api = api
-        self.cache = cache
-        self.scheduler = scheduler
-        self.metrics = metrics
-        self.intents = intents
-        self.telling = telling
-        self.attempts = attempts
-        self.clock_ns = clock_ns
-        self._binding = OnePerKey()
+    api: KubeAPI
+    cache: ClusterCache
+    scheduler: Scheduler
+    metrics: ExtenderMetrics
+    intents: Intents
+    telling: Telling
+    attempts: int
+    clock_ns: Callable[[], int]
+    _binding: OnePerKey = field(default_factory=OnePerKey, init=False)
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
         """Annotate then bind, never double-booking; see the module docstring."""

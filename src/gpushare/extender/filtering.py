@@ -10,6 +10,7 @@ node it puts alone on top.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from gpushare.core.decision.scheduling import Scheduler
 from gpushare.core.model.inventory import NodeInventory, read_node
@@ -27,30 +28,20 @@ from gpushare.kube.cache import ClusterCache
 MISSING = "node is not in gpushare's cache yet; it will be after the next watch event"
 
 
+@dataclass(eq=False, kw_only=True)
 class Filtering:
     """Serves kube-scheduler's filter and prioritize calls."""
 
-    def __init__(
-        self,
-        *,
-        cache: ClusterCache,
-        scheduler: Scheduler,
-        metrics: ExtenderMetrics,
-        intents: Intents,
-        telling: Telling,
-        clock_ns: Callable[[], int],
-        packing_profile: str,
-    ) -> None:
-        self.cache = cache
-        self.scheduler = scheduler
-        self.metrics = metrics
-        self.intents = intents
-        self.telling = telling
-        self.clock_ns = clock_ns
-        self.packing_profile = packing_profile
-        """The kube-scheduler profile (``schedulerName``) configured as
-        ``schedconfig.packing_profile``: for its pods that state no preference the filter
-        answers with the top node alone (``top_only``); empty for never."""
+    cache: ClusterCache
+    scheduler: Scheduler
+    metrics: ExtenderMetrics
+    intents: Intents
+    telling: Telling
+    clock_ns: Callable[[], int]
+    packing_profile: str
+    """The kube-scheduler profile (``schedulerName``) configured as
+    ``schedconfig.packing_profile``: for its pods that state no preference the filter
+    answers with the top node alone (``top_only``); empty for never."""
 
     def read_nodes(self, nodes: NodeList) -> list[NodeInventory]:
         """Inventories of whole node objects sent by a scheduler without a node cache."""

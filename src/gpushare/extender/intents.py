@@ -12,6 +12,7 @@ kube-scheduler tries them again.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from gpushare.core.booking.waiting import Waiting, WaitingPod
 from gpushare.core.decision.scheduling import Scheduler
@@ -50,32 +51,24 @@ RETRIES_PER_SWEEP = 20
 costs the API server 20 writes a second at most, however much capacity comes back."""
 
 
+@dataclass(eq=False, kw_only=True)
 class Intents:
     """The intents booked for pods on their way to bind, and the refused pods waiting."""
 
-    def __init__(
-        self,
-        *,
-        cache: ClusterCache,
-        scheduler: Scheduler,
-        metrics: ExtenderMetrics,
-        clock_ns: Callable[[], int],
-        ttl_s: Callable[[], float],
-    ) -> None:
-        self.cache = cache
-        self.scheduler = scheduler
-        self.metrics = metrics
-        self.clock_ns = clock_ns
-        self.ttl_s = ttl_s
-        self.waiting = Waiting()
-        """GPU pods the filter refused, tried again when GPUs come back (``sweep``)."""
-        self._retry_before = 0
-        """``Waiting.mark`` when GPUs last came back: the pods refused before it are due."""
-        self._stuck: dict[str, set[str]] = {}
-        """By namespace: pods whose intent ran out with no bind, while pending (``may_intend``)."""
-        self._unseen: dict[str, int] = {}
-        """Intents of pods the watch had not shown yet, by UID: the deadline each gets once it
-        does (``UNSEEN_TTL_S``)."""
+    cache: ClusterCache
+    scheduler: Scheduler
+    metrics: ExtenderMetrics
+    clock_ns: Callable[[], int]
+    ttl_s: Callable[[], float]
+    waiting: Waiting = field(default_factory=Waiting, init=False)
+    """GPU pods the filter refused, tried again when GPUs come back (``sweep``)."""
+    _retry_before: int = field(default=0, init=False)
+    """``Waiting.mark`` when GPUs last came back: the pods refused before it are due."""
+    _stuck: dict[str, set[str]] = field(default_factory=dict, init=False)
+    """By namespace: pods whose intent ran out with no bind, while pending (``may_intend``)."""
+    _unseen: dict[str, int] = field(default_factory=dict, init=False)
+    """Intents of pods the watch had not shown yet, by UID: the deadline each gets once it
+    does (``UNSEEN_TTL_S``)."""
 
     def new_attempt(self, pod: KubeObject) -> None:
         """Before a filter: give back the intents that expired, and the pod's own, since

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from gpushare.core.model.inventory import NodeInventory
 from gpushare.core.model.kubejson import KubeObject, key_of
@@ -42,27 +43,19 @@ from gpushare.kube.cache import ClusterCache
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False, kw_only=True)
 class Telling:
     """Says on objects what the extender decided, and counts what it says."""
 
-    def __init__(
-        self,
-        *,
-        events: EventRecorder,
-        metrics: ExtenderMetrics,
-        cache: ClusterCache,
-        scheduler_reports: bool,
-    ) -> None:
-        self.events = events
-        self.metrics = metrics
-        self.cache = cache
-        self.scheduler_reports = scheduler_reports
-        """Whether a kube-scheduler calls this extender, and so writes the filter's reasons into
-        its own FailedScheduling event: then ``GPUShareUnschedulable`` is written only where
-        that event cannot carry them whole (``core.placement.explain.scheduler_says_it``), so a
-        pending
-        pod gets one Warning, not two that say the same. The demo and tests drive the extender
-        without kube-scheduler, and keep it."""
+    events: EventRecorder
+    metrics: ExtenderMetrics
+    cache: ClusterCache
+    scheduler_reports: bool
+    """Whether a kube-scheduler calls this extender, and so writes the filter's reasons into
+    its own FailedScheduling event: then ``GPUShareUnschedulable`` is written only where
+    that event cannot carry them whole (``core.placement.explain.scheduler_says_it``), so a
+    pending pod gets one Warning, not two that say the same. The demo and tests drive the extender
+    without kube-scheduler, and keep it."""
 
     def tell(
         self, ref: PodRef, kind: EventKind, reason: str, message: str | Callable[[], str]
