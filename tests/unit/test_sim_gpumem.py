@@ -102,7 +102,7 @@ def test_core_mem_and_cgpu_limits_come_from_the_core() -> None:
     core = MemoryCluster([T4], settings=MemorySettings(node_mode=Mode.CORE_MEM))
     pod = TracePod("c", 1, 1, 1, 100, gpu_mem_mib=1024, gpu_core_pct=60)
     assert _place(core, [pod] * 3) == [(1, ""), (1, ""), (0, "computing power")]
-    assert sorted(core.booking.ledger.usage("t4").on(i).core_pct for i in (0, 1)) == [60, 60]
+    assert sorted(core.ledger.usage("t4").on(i).core_pct for i in (0, 1)) == [60, 60]
     limited = MemoryCluster([T4], settings=MemorySettings(node_mode=Mode.CGPU, max_pods_per_gpu=2))
     small = TracePod("s", 1, 1, 1, 10)
     assert [r for _, r in _place(limited, [small] * 5)] == [""] * 4 + ["isolation pod limit"]
