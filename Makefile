@@ -24,8 +24,8 @@ demo: $(STAMP)
 	$(BIN)/gpushare demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks packaging
-	$(BIN)/ruff format --check src tests benchmarks packaging
+	$(BIN)/ruff check src tests harness benchmarks packaging
+	$(BIN)/ruff format --check src tests harness benchmarks packaging
 	$(BIN)/lint-imports --no-cache
 
 typecheck: $(STAMP)
@@ -35,8 +35,8 @@ typecheck: $(STAMP)
 # kubectl, kwok, helm and the real node's containerd 2 from the Go module proxy.
 # Also installs, as root, the real node's Debian packages (runc, CNI plugins, containerd 1.6).
 controlplane:
-	bash tests/e2e/controlplane/build.sh > /dev/null
-	bash tests/e2e/node/setup.sh
+	bash harness/controlplane/build.sh > /dev/null
+	bash harness/node/setup.sh
 
 # The native interposer (src/gpushare/isolation/native/libgpushare-cuda.so; needs gcc only).
 native: $(STAMP)
@@ -57,7 +57,7 @@ soak: $(STAMP) controlplane
 	GPUSHARE_E2E=1 GPUSHARE_SOAK=1 $(BIN)/python -m pytest -q -s tests/e2e/test_soak.py
 
 # The oldest Kubernetes minor gpushare supports (docs/compatibility.md), built by build.sh the
-# same way as the newest (its own pinned module, tests/e2e/controlplane/kubernetes-1.30), and
+# same way as the newest (its own pinned module, harness/controlplane/kubernetes-1.30), and
 # the end-to-end tests that prove it on that control plane and the real node's kubelet: the
 # walkthroughs, the webhook, binding, the real node's seed, cuda-sample (core_mem) and sidecar
 # pods, the device plugin's node-bound token, and helm install. Cached like the newest; the
@@ -70,8 +70,8 @@ E2E_OLDEST := tests/e2e/test_walkthrough.py tests/e2e/test_webhook.py tests/e2e/
 	tests/e2e/test_real_forgery.py::test_finding_6_the_device_plugins_token_is_held_to_its_own_node \
 	tests/e2e/test_helm.py
 e2e-oldest: $(STAMP)
-	K8S_VERSION=$(OLDEST_K8S) bash tests/e2e/controlplane/build.sh > /dev/null
-	bash tests/e2e/node/setup.sh
+	K8S_VERSION=$(OLDEST_K8S) bash harness/controlplane/build.sh > /dev/null
+	bash harness/node/setup.sh
 	GPUSHARE_E2E=1 GPUSHARE_E2E_K8S_VERSION=$(OLDEST_K8S) $(BIN)/python -m pytest -q $(E2E_OLDEST)
 
 # Everything: lint, types, unit, integration, GPU (skipped without one) and end-to-end, in that
@@ -85,10 +85,10 @@ test: $(STAMP) lint typecheck controlplane
 # REAL_NODE=1 adds one real node (containerd, kubelet, the device plugin; needs root).
 # cluster-down stops every process of CLUSTER_DIR, found by command line, and says which.
 cluster: $(STAMP) controlplane
-	$(BIN)/python -m tests.e2e.cluster up --dir $(CLUSTER_DIR) $(if $(UNIT),--unit $(UNIT)) $(if $(REAL_NODE),--real-node)
+	$(BIN)/python -m harness.cluster up --dir $(CLUSTER_DIR) $(if $(UNIT),--unit $(UNIT)) $(if $(REAL_NODE),--real-node)
 
 cluster-down: $(STAMP)
-	$(BIN)/python -m tests.e2e.cluster down --dir $(CLUSTER_DIR)
+	$(BIN)/python -m harness.cluster down --dir $(CLUSTER_DIR)
 
 # Benchmarks (not timed tests): the policy table on the shared openb traces (10 seeds, every
 # gpushare variant), the same table on the built-in stress workloads (multi-GPU,
@@ -115,7 +115,7 @@ bench: $(STAMP)
 # sizing table of docs/operations.md comes from it). Not in `bench`: 30-60 minutes on 2 cores,
 # under the lock other big kwok runs take. SIZING_ARGS="--nodes 1000 --pods 10000" for less.
 sizing: $(STAMP)
-	bash tests/e2e/controlplane/build.sh > /dev/null
+	bash harness/controlplane/build.sh > /dev/null
 	flock /tmp/gpushare-big.lock $(BIN)/python benchmarks/sizing.py $(SIZING_ARGS)
 
 # The openb trace replayed on the real control plane (kwok nodes, kube-scheduler's
@@ -124,22 +124,22 @@ sizing: $(STAMP)
 # per policy and seed at full size on 2 cores. REPLAY_ARGS="--nodes 40 --pods 400 --policy binpack"
 # (or --seeds, --seed, --out) for less; the cluster lives in .cluster-replay on free ports.
 replay: $(STAMP)
-	bash tests/e2e/controlplane/build.sh > /dev/null
+	bash harness/controlplane/build.sh > /dev/null
 	$(BIN)/python benchmarks/replay.py $(REPLAY_ARGS)
 
 # What N device plugins' node loops ask of kube-apiserver, the old one-second poll against the
 # watch, in one run on the real control plane with N kwok nodes (PodResources answered by
-# tests/e2e/podresources_double.py): apiserver_request_total per node per minute by verb and
+# harness/podresources_double.py): apiserver_request_total per node per minute by verb and
 # resource, and the seconds from a pod bound to it marked served (benchmarks/plugin_api_requests.py).
 # About 7 minutes at the default 100 nodes and 60 s per phase on 2 cores;
 # PLUGIN_REQUESTS_ARGS="--nodes 300 --seconds 120" (or --pods) for another size.
 plugin-requests: $(STAMP)
-	bash tests/e2e/controlplane/build.sh > /dev/null
+	bash harness/controlplane/build.sh > /dev/null
 	$(BIN)/python benchmarks/plugin_api_requests.py $(PLUGIN_REQUESTS_ARGS)
 
 # The container image for every component, ghcr.io/gpushare/gpushare:$(VERSION), as an OCI
 # archive: packaging/image.py is the one recipe, which `make release` ships and the real-node
-# Helm test builds and runs (tests/e2e/image_archive.py). Two ways to run it:
+# Helm test builds and runs (harness/image_archive.py). Two ways to run it:
 # - here (Debian/Ubuntu): `make image` needs mmdebstrap (apt-get install -y mmdebstrap; root or
 #   user namespaces), Python 3.11 with pip, gcc, Debian's archive and PyPI; no image registry;
 # - anywhere with Docker: `make image-in-docker` runs the same recipe in debian:bookworm.
@@ -167,12 +167,12 @@ image-in-docker:
 release: $(STAMP) $(if $(filter --no-image,$(RELEASE_ARGS)),,image)
 	$(BIN)/python packaging/release.py --out $(DIST) $(if $(filter --no-image,$(RELEASE_ARGS)),,--image $(IMAGE_ARCHIVE)) $(RELEASE_ARGS)
 
-# The real-node Helm test's images (tests/e2e/image_archive.py): the gpushare image by
+# The real-node Helm test's images (harness/image_archive.py): the gpushare image by
 # the recipe above, plus stand-ins for kube-scheduler and the certificate Job's image, for
 # `ctr -n k8s.io images import`. Cached under ~/.cache/gpushare/images by a hash of their inputs.
 image-archive: $(STAMP)
-	bash tests/e2e/controlplane/build.sh > /dev/null
-	$(BIN)/python -m tests.e2e.image_archive
+	bash harness/controlplane/build.sh > /dev/null
+	$(BIN)/python -m harness.image_archive
 
 clean:
 	rm -rf $(VENV) build dist bench-out sim-report *.egg-info src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

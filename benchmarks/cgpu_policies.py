@@ -29,9 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.isolation import test_activity, test_interposer, test_policies  # noqa: E402
-
 from gpushare.isolation.policy import Member, Policy  # noqa: E402
+from tests.isolation import test_activity, test_interposer, test_policies  # noqa: E402
 
 CASES: dict[Policy, tuple[str, Callable[[], list[Member]], int]] = {
     Policy.EVEN: ("1/20 each", lambda: test_policies.members(), 3),

@@ -57,7 +57,7 @@ from typing import Any
 import msgspec
 import uvicorn
 
-from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.core.decision.scheduling import Scheduler, Settings
 from gpushare.extender.app import create_app, server_config
 from gpushare.extender.service import Extender
 from gpushare.kube.cache import ClusterCache

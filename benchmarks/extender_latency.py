@@ -19,8 +19,8 @@ import time
 import httpx
 from rich.progress import Progress
 
-from gpushare.core.inventory import Mode
-from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.model.inventory import Mode
 from gpushare.extender.app import create_app
 from gpushare.extender.driver import ExtenderDriver
 from gpushare.extender.service import Extender

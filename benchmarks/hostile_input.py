@@ -28,15 +28,14 @@ from hypothesis import HealthCheck, given, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.hostile import NODE_PATHS, POD_PATHS, mutated, mutations
-
-from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.core.decision.scheduling import Scheduler, Settings
 from gpushare.extender.app import create_app
 from gpushare.extender.service import Extender
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import WatchEvent
+from tests.hostile import NODE_PATHS, POD_PATHS, mutated, mutations
 
 NODE = "gpu-node"
 BIND_NAMES = ("../../../nodes/gpu-node", "x?dryRun=All", "x/status", "", "a" * 300, "p")

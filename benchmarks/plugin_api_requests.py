@@ -1,10 +1,10 @@
 """What N device plugins' node loops ask of kube-apiserver: the old poll against the watch.
 
-The real control plane (tests/e2e/cluster.py: etcd, kube-apiserver, kube-scheduler with the
+The real control plane (harness/cluster.py: etcd, kube-apiserver, kube-scheduler with the
 extender, kube-controller-manager, kwok) with ``--nodes`` kwok GPU nodes (100 by default). For
 each node, in this one process, runs what the device plugin runs to learn its node's pods and
 mark them served, each with its own API client and its own PodResources socket answered by
-``tests/e2e/podresources_double.py``:
+``harness/podresources_double.py``:
 
 - ``poll``: the plugin as it was up to 0.x (one ``LIST pods?fieldSelector=spec.nodeName`` and
   one PodResources ``List`` every ``check_interval``, 1 s), kept here as the reference;
@@ -42,18 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # the harness lives in tests/e2e
+if str(ROOT) not in sys.path:  # the harness lives in harness/
     sys.path.insert(0, str(ROOT))
 
-from tests.e2e.cluster import Cluster, running_cluster  # noqa: E402
-from tests.e2e.helpers import gpu_pod_manifest  # noqa: E402
-from tests.e2e.podresources_double import PodResourcesDouble  # noqa: E402
-from tests.e2e.seeding import kwok_node  # noqa: E402
-from tests.e2e.staged import Samples, create_in_parallel, scrape  # noqa: E402
-
-from gpushare.core.handoff import MEM  # noqa: E402
-from gpushare.core.names import ANN_ASSIGNED  # noqa: E402
-from gpushare.core.trust import Trust  # noqa: E402
+from gpushare.core.model.names import ANN_ASSIGNED  # noqa: E402
+from gpushare.core.records.handoff import MEM  # noqa: E402
+from gpushare.core.records.trust import Trust  # noqa: E402
 from gpushare.deviceplugin.allocating import NodeParts, NodeReader  # noqa: E402
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint  # noqa: E402
 from gpushare.deviceplugin.config import PluginConfig, Stats  # noqa: E402
@@ -63,6 +57,11 @@ from gpushare.kube.lightkube_api import LightkubeAPI  # noqa: E402
 from gpushare.kube.podwatch import NodePodWatch  # noqa: E402
 from gpushare.kube.port import KubeError  # noqa: E402
 from gpushare.kube.sealing import load_key_file  # noqa: E402
+from harness.cluster import Cluster, running_cluster  # noqa: E402
+from harness.helpers import gpu_pod_manifest  # noqa: E402
+from harness.podresources_double import PodResourcesDouble  # noqa: E402
+from harness.seeding import kwok_node  # noqa: E402
+from harness.staged import Samples, create_in_parallel, scrape  # noqa: E402
 
 LABEL = "gpushare-bench"
 NAMESPACE = "default"

@@ -19,8 +19,8 @@ import asyncio
 import time
 from typing import Any
 
-from gpushare.core.policybook import PolicyBook
-from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.resourcepolicies.policybook import PolicyBook
 from gpushare.extender.service import Extender
 from gpushare.extender.wire import ExtenderArgs, filter_json
 from gpushare.kube.cache import ClusterCache

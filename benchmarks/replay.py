@@ -2,7 +2,7 @@
 
 ``sim/gpumem.py`` places the trace with the extender's own core in one process. This benchmark
 asks whether the real thing does the same: it starts the e2e harness's control plane
-(``tests/e2e/cluster.py``: etcd, kube-apiserver, kube-scheduler with the ``ack-co-scheduler``
+(``harness/cluster.py``: etcd, kube-apiserver, kube-scheduler with the ``ack-co-scheduler``
 profile of ``gpushare.schedconfig``, kube-controller-manager, ``gpushare extender --policy P``
 and kwok), makes every trace node a kwok node and sends the seed's arrival stream through
 kube-scheduler and the extender as real pods, one at a time, in order. It prints unallocated
@@ -83,19 +83,18 @@ import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # the harness lives in tests/e2e
+if str(ROOT) not in sys.path:  # the harness lives in harness/
     sys.path.insert(0, str(ROOT))
 
-from tests.e2e.cluster import Cluster, StartError, _down, running_cluster  # noqa: E402
-
-from gpushare.core.allocation import from_pod  # noqa: E402
-from gpushare.core.gpumodel import LABEL_MODEL  # noqa: E402
-from gpushare.core.inventory import Mode  # noqa: E402
+from gpushare.core.model.gpumodel import LABEL_MODEL  # noqa: E402
+from gpushare.core.model.inventory import Mode  # noqa: E402
+from gpushare.core.records.allocation import from_pod  # noqa: E402
 from gpushare.kube.port import KubeDict  # noqa: E402
 from gpushare.sim import gpumem  # noqa: E402
 from gpushare.sim.kubeyaml import card_units  # noqa: E402
 from gpushare.sim.milligpu import Run  # noqa: E402
 from gpushare.sim.openb import TraceNode, TracePod, read_nodes, read_pods  # noqa: E402
+from harness.cluster import Cluster, StartError, _down, running_cluster  # noqa: E402
 
 TRACES = ROOT.parent / "shared" / "traces" / "openb"
 NODE_LIST = "openb_node_list_gpu_node.csv"

@@ -1,6 +1,6 @@
 """The extender's memory and filter latency at a cluster's size, on the real control plane.
 
-For each node count it starts the e2e harness's control plane (``tests/e2e/cluster.py``: etcd,
+For each node count it starts the e2e harness's control plane (``harness/cluster.py``: etcd,
 kube-apiserver, kube-controller-manager, kube-scheduler, ``gpushare extender``, kwok), makes
 that many kwok nodes of 8 x 15 GiB GPUs, and fills it step by step to each pod count, half of
 the pods plain (``100m`` CPU) and half GPU pods (``100m`` and 1-4 GiB of
@@ -18,7 +18,7 @@ the pods plain (``100m`` CPU) and half GPU pods (``100m`` and 1-4 GiB of
 How the pods get there, the fastest honest way on two cores: plain pods are created already
 bound (``spec.nodeName``, round robin over the nodes), which is what the extender sees of a
 pod kube-scheduler placed; GPU pods go through kube-scheduler and the extender's bind (their
-allocations must be the extender's own, sealed), staged (``tests/e2e/staged.py``) with
+allocations must be the extender's own, sealed), staged (``harness/staged.py``) with
 kube-scheduler's adaptive sample to load them quickly, then the probe with every node scored.
 The probe's pods count in the step's total. ``--compare SRC...`` also starts, at each step,
 one extender more from each source tree given (``git archive <commit> src``), which lists and
@@ -50,11 +50,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.e2e.cluster import Cluster, running_cluster  # noqa: E402
-from tests.e2e.helpers import gpu_pod_manifest  # noqa: E402
-from tests.e2e.staged import Stage, create_in_parallel, gpu_nodes, run_stage  # noqa: E402
-
 from gpushare.schedconfig import PERCENTAGE_OF_NODES_TO_SCORE, scheduler_configuration  # noqa: E402
+from harness.cluster import Cluster, running_cluster  # noqa: E402
+from harness.helpers import gpu_pod_manifest  # noqa: E402
+from harness.staged import Stage, create_in_parallel, gpu_nodes, run_stage  # noqa: E402
 
 LABEL = "sizing"
 SIZES = [1, 1, 2, 2, 3, 4]

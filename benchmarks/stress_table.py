@@ -10,7 +10,7 @@ number also lands in ``bench-out/stress/<workload>/report.json`` with the plots.
 
     python benchmarks/stress_table.py [--seeds 10] [--workers 2] [--workload multigpu ...]
 
-``--topology LAYOUT`` (a name of ``core.topology.LAYOUTS``, e.g. ``nvlink-islands``) prints a
+``--topology LAYOUT`` (a name of ``core.model.topology.LAYOUTS``, e.g. ``nvlink-islands``) prints a
 second table instead: the nodes take that layout, and each policy runs twice on the same
 seeds, placing multi-GPU pods in packing order and topology-aware. It gives unallocated % at
 100 % arrived for both, their difference paired by seed (the packing cost of following the
@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gpushare.core.topology import LAYOUTS
+from gpushare.core.model.topology import LAYOUTS
 from gpushare.sim import gpumem, report, synthetic
 from gpushare.sim.experiment import Experiment, run_experiment
 from gpushare.sim.openb import TraceNode

@@ -1,9 +1,9 @@
 """Scheduling throughput on the real control plane, staged: plain pods against GPU pods.
 
-For each node count it starts the e2e harness's control plane (``tests/e2e/cluster.py``: etcd,
+For each node count it starts the e2e harness's control plane (``harness/cluster.py``: etcd,
 kube-apiserver, kube-controller-manager, kube-scheduler, ``gpushare extender``, kwok), makes
 that many kwok nodes of 8 x 15 GiB GPUs (``cgpu``), and runs two stages with the method of
-``tests/e2e/staged.py`` (every pod created while kube-scheduler is stopped, then timed from the
+``harness/staged.py`` (every pod created while kube-scheduler is stopped, then timed from the
 first bind to the last):
 
 1. plain pods (``100m`` CPU, no GPU) on the ``default-scheduler`` profile;
@@ -52,19 +52,18 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.e2e.cluster import running_cluster  # noqa: E402
-from tests.e2e.helpers import per_gpu_memory  # noqa: E402
-from tests.e2e.staged import (  # noqa: E402
-    Stage,
-    gpu_nodes,
-    run_stage,
-    stage_pods,
-)
-
 from gpushare.schedconfig import (  # noqa: E402
     PERCENTAGE_OF_NODES_TO_SCORE,
     check_percentage,
     scheduler_configuration,
+)
+from harness.cluster import running_cluster  # noqa: E402
+from harness.helpers import per_gpu_memory  # noqa: E402
+from harness.staged import (  # noqa: E402
+    Stage,
+    gpu_nodes,
+    run_stage,
+    stage_pods,
 )
 
 VENV_BIN = Path(sys.executable).parent

@@ -26,10 +26,10 @@ from typing import Any
 from lightkube.core import decoders
 from lightkube.resources.core_v1 import Pod
 
-from gpushare.core.allocation import plan
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.trust import SealKey, Trust
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.allocation import plan
+from gpushare.core.records.trust import SealKey, Trust
 from gpushare.kube.lightkube_api import _PodJSON, _slim
 from gpushare.kube.objects import gpu_pod, placed
 

@@ -3,7 +3,7 @@
     python3 packaging/image.py --out dist/gpushare-0.1.0.oci.tar [--arch amd64,arm64]
 
 ``make image`` runs it, ``make release`` ships what it writes, and the real-node Helm test
-(``tests/e2e/image_archive.py``) runs the same command and imports the same archive, so the image
+(``harness/image_archive.py``) runs the same command and imports the same archive, so the image
 a user builds is the image that was tested. It needs no image registry, only Debian's archive
 and PyPI, and ordinary tools: ``mmdebstrap`` (root, or unprivileged user namespaces), Python
 3.11 with pip, and gcc for the CUDA interposer. Where those are missing, run it inside a Debian

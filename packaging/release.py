@@ -120,7 +120,7 @@ def check_versions(version: str) -> None:
 
 
 def find_helm() -> str:
-    """$HELM, else helm on PATH, else the one tests/e2e/controlplane/build.sh caches."""
+    """$HELM, else helm on PATH, else the one harness/controlplane/build.sh caches."""
     cache = Path(os.environ.get("GPUSHARE_CACHE", Path.home() / ".cache" / "gpushare"))
     candidates = [os.environ.get("HELM", ""), shutil.which("helm") or ""]
     candidates += [str(p) for p in sorted((cache / "bin").glob("helm-*/helm"), reverse=True)]

@@ -18,7 +18,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from gpushare.core import names
+from gpushare.core.model import names
 
 Path = tuple[str | int, ...]
 
@@ -148,8 +148,10 @@ POD_PATHS: tuple[Path, ...] = (
     ("status", "containerStatuses", 0),
     ("status", "initContainerStatuses"),
 )
-"""Where gpushare reads a pod (``core.requests``, ``core.hostresources``, ``core.preferences``,
-``core.ledger``, ``core.trust``, ``core.policybook``, ``core.spreading``)."""
+"""Where gpushare reads a pod (``core.model.requests``, ``core.model.hostresources``,
+``core.placement.preferences``,
+``core.booking.ledger``, ``core.records.trust``, ``core.resourcepolicies.policybook``,
+``core.model.spreading``)."""
 
 NODE_PATHS: tuple[Path, ...] = (
     ("metadata",),
@@ -186,8 +188,9 @@ NODE_PATHS: tuple[Path, ...] = (
     ("status", "addresses"),
     ("status", "addresses", 0),
 )
-"""Where gpushare reads a node (``core.inventory``, ``core.disabling``, ``core.topology``,
-``core.handoff``, ``core.preferences``, ``core.policybook``)."""
+"""Where gpushare reads a node (``core.model.inventory``, ``core.model.disabling``,
+``core.model.topology``,
+``core.records.handoff``, ``core.placement.preferences``, ``core.resourcepolicies.policybook``)."""
 
 _leaves = st.one_of(
     st.none(),

@@ -10,10 +10,10 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gpushare.core.defragmenting import all_policies
-from gpushare.core.names import ResourceNames
-from gpushare.core.scheduling import Settings
-from gpushare.core.units import MemoryUnit
+from gpushare.core.decision.scheduling import Settings
+from gpushare.core.model.names import ResourceNames
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.placement.defragmenting import all_policies
 
 
 class ConfigError(ValueError):

@@ -3,7 +3,8 @@
 The chart ships it in ``charts/gpushare/crds/`` (a unit test checks the file equals
 ``render_yaml(resource_policy_crd())``) and the e2e harness applies the same text. The schema
 carries ACK's fields; a unit whose ``resource`` is ECI, elastic or ACS capacity is refused when
-the policy is applied, with a message that says what to do (``core.resourcepolicy``), and so is a
+the policy is applied, with a message that says what to do
+(``core.resourcepolicies.resourcepolicy``), and so is a
 policy of more than ``MAX_UNITS`` units (``maxItems``: the API server names the field and the
 limit).
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from gpushare.core.resourcepolicy import (
+from gpushare.core.resourcepolicies.resourcepolicy import (
     GROUP,
     KIND,
     MAX_UNITS,

@@ -19,11 +19,11 @@ import httpx
 import yaml
 from rich.console import Console
 
-from gpushare.core.admission import API_VERSION as ADMISSION_API
-from gpushare.core.admission import decide
-from gpushare.core.inventory import Mode
-from gpushare.core.names import ANN_ALLOCATION
-from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.core.admitting.admission import API_VERSION as ADMISSION_API
+from gpushare.core.admitting.admission import decide
+from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.model.inventory import Mode
+from gpushare.core.model.names import ANN_ALLOCATION
 from gpushare.extender.app import create_app
 from gpushare.extender.driver import ExtenderDriver, Outcome
 from gpushare.extender.service import Extender

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from gpushare.core.names import DEFAULT_NAMES, SCHEDULER_NAME, ResourceNames
+from gpushare.core.model.names import DEFAULT_NAMES, SCHEDULER_NAME, ResourceNames
 
 EXTENDER_WEIGHT = 5
 """Extender scores are 0..10 and kube-scheduler multiplies by weight x 10 (``prioritizeNodes`` in

@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 
-from .cluster import Cluster, running_cluster
-from .realnode import RealNode, unavailable
-from .seeding import kwok_node
+from harness.cluster import Cluster, running_cluster
+from harness.realnode import RealNode, unavailable
 
 ENABLED = os.environ.get("GPUSHARE_E2E") == "1"
 REPO = Path(__file__).resolve().parents[2]
@@ -88,14 +87,6 @@ def _real_node(cluster: Cluster, **options: Any) -> Iterator[RealNode]:
         node.stop()
         if cluster.extender_unit != "1GiB":  # the tests after these count in GiB
             cluster.start_extender(unit="1GiB")
-
-
-def labelled_kwok_nodes(names: list[str], label: str, **kwargs: Any) -> list[dict[str, Any]]:
-    """kwok nodes carrying ``gpushare-e2e=<label>``, so a test's pods can select only them."""
-    nodes = [kwok_node(name, **kwargs) for name in names]
-    for node in nodes:
-        node["metadata"]["labels"]["gpushare-e2e"] = label
-    return nodes
 
 
 def eventually(check: Callable[[], Any], timeout: float = 60, what: str = "") -> Any:

@@ -14,16 +14,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .cluster import Cluster, build_binaries
+from harness.cluster import Cluster, build_binaries
+from harness.reaping import find_running
+from harness.seeding import CORE_NODE, SHARE_NODE
+
 from .conftest import REPO, eventually
-from .reaping import find_running
-from .seeding import CORE_NODE, SHARE_NODE
 
 
 def cluster_command(*args: str, timeout: float = 240) -> str:
-    """``python -m tests.e2e.cluster ARGS`` from the repository; its output, checked."""
+    """``python -m harness.cluster ARGS`` from the repository; its output, checked."""
     result = subprocess.run(
-        [sys.executable, "-m", "tests.e2e.cluster", *args],
+        [sys.executable, "-m", "harness.cluster", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 
-from gpushare.core.inventory import Mode
+from gpushare.core.model.inventory import Mode
+from harness.cluster import Cluster
+from harness.helpers import apply_all, gpu_pod_manifest
+from harness.seeding import labelled_kwok_nodes
 
-from .cluster import Cluster
-from .conftest import create_nodes, delete_nodes, eventually, labelled_kwok_nodes
-from .helpers import apply_all, gpu_pod_manifest
+from .conftest import create_nodes, delete_nodes, eventually
 
 NS = "e2e-events"
 

@@ -39,18 +39,19 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare.core.kubejson import name_of
-from gpushare.core.names import ANN_NODE_UNIT
-from gpushare.core.tampering import DEFAULT_EXEMPT_NAMESPACES
-from gpushare.core.trust import SealKey, Trust, sort_node_pods
+from gpushare.core.admitting.tampering import DEFAULT_EXEMPT_NAMESPACES
+from gpushare.core.model.kubejson import name_of
+from gpushare.core.model.names import ANN_NODE_UNIT
+from gpushare.core.records.trust import SealKey, Trust, sort_node_pods
 from gpushare.kube.sealing import key_from_secret
 from gpushare.webhook.configuration import steering_configuration, webhook_configuration
+from harness import previous_release
+from harness.cluster import Cluster, free_port
+from harness.image_archive import Builder, default_cache
+from harness.realnode import TOLERATION, RealNode, probe_env, unavailable
+from harness.seeding import kwok_node
 
-from . import previous_release
-from .cluster import Cluster, free_port
-from .conftest import REAL_NODE_LOCK, create_nodes, delete_nodes, eventually, kwok_node
-from .image_archive import Builder, default_cache
-from .realnode import TOLERATION, RealNode, probe_env, unavailable
+from .conftest import REAL_NODE_LOCK, create_nodes, delete_nodes, eventually
 from .test_real_node import NS as REAL_NS
 from .test_real_node import (
     PROBE_THEN,

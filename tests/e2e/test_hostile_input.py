@@ -19,9 +19,11 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from .cluster import Cluster
-from .conftest import create_nodes, delete_nodes, eventually, labelled_kwok_nodes
-from .helpers import apply_all, gpu_pod_manifest
+from harness.cluster import Cluster
+from harness.helpers import apply_all, gpu_pod_manifest
+from harness.seeding import labelled_kwok_nodes
+
+from .conftest import create_nodes, delete_nodes, eventually
 
 NS = "e2e-hostile"
 LABEL = "hostile"

@@ -27,11 +27,12 @@ import time
 import urllib.request
 from typing import Any
 
-from gpushare.core.inventory import Mode
+from gpushare.core.model.inventory import Mode
+from harness.cluster import Cluster
+from harness.helpers import apply_all, gpu_pod_manifest, pods
+from harness.seeding import labelled_kwok_nodes
 
-from .cluster import Cluster
-from .conftest import create_nodes, delete_nodes, labelled_kwok_nodes
-from .helpers import apply_all, gpu_pod_manifest, pods
+from .conftest import create_nodes, delete_nodes
 
 ATTACK_NS = "e2e-hold-attack"
 VICTIM_NS = "e2e-hold-victim"

@@ -18,12 +18,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from gpushare.core.inventory import Mode
+from gpushare.core.model.inventory import Mode
+from harness.cluster import Cluster, free_port, wait_for
+from harness.helpers import apply_all, gpu_pod_manifest, pods
+from harness.seeding import labelled_kwok_nodes
 
 from ..promql import Vector, evaluate, labelled, merge, scrape
-from .cluster import Cluster, free_port, wait_for
-from .conftest import create_nodes, delete_nodes, eventually, labelled_kwok_nodes
-from .helpers import apply_all, gpu_pod_manifest, pods
+from .conftest import create_nodes, delete_nodes, eventually
 
 NS = "e2e-metrics"
 GIB = 2**30

@@ -9,16 +9,17 @@ from __future__ import annotations
 import asyncio
 import json
 
-from gpushare.core.gpumodel import LABEL_MODEL
-from gpushare.core.names import ANN_NODE_GPUS_DISABLED
+from gpushare.core.model.gpumodel import LABEL_MODEL
+from gpushare.core.model.names import ANN_NODE_GPUS_DISABLED
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo
 from gpushare.deviceplugin.publishing import publish
 from gpushare.kube.lightkube_api import LightkubeAPI
+from harness.cluster import Cluster
+from harness.helpers import apply_all, gpu_pod_manifest, pods
+from harness.seeding import labelled_kwok_nodes
 
-from .cluster import Cluster
-from .conftest import create_nodes, delete_nodes, eventually, labelled_kwok_nodes
-from .helpers import apply_all, gpu_pod_manifest, pods
+from .conftest import create_nodes, delete_nodes, eventually
 
 NS = "e2e-ops"
 NS_MODEL = "e2e-ops-model"

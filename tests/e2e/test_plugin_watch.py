@@ -27,10 +27,10 @@ import pytest
 
 from gpushare.kube.lightkube_api import LightkubeAPI
 from gpushare.kube.podwatch import NodePodWatch
+from harness.cluster import Cluster
+from harness.seeding import kwok_node
 
-from .cluster import Cluster
 from .conftest import delete_nodes, eventually
-from .seeding import kwok_node
 
 NAMESPACE = "default"
 

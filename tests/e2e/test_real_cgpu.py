@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from .cluster import Cluster
-from .realnode import RealNode, container, pod, probe_env
+from harness.cluster import Cluster
+from harness.realnode import RealNode, container, pod, probe_env
+
 from .test_real_node import NS, create, fresh_namespace, wait_done
 
 PERIOD_NS = 100_000_000

@@ -13,9 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from .cluster import Cluster
+from harness.cluster import Cluster
+from harness.realnode import RealNode, container, pod
+
 from .conftest import hold_real_node
-from .realnode import RealNode, container, pod
 from .test_real_node import (
     NS,
     compare,

@@ -6,7 +6,7 @@ kube-apiserver, kube-scheduler with the extender, a real kubelet with containerd
 plugin process registered with that kubelet. A tenant may create pods in their own namespace
 with any annotations, any ``schedulerName`` and ``spec.nodeName`` set (which skips the
 scheduler); the forged records are written the way gpushare spells them
-(``core.allocation.to_annotations``), only without the seal that the extender adds at bind.
+(``core.records.allocation.to_annotations``), only without the seal that the extender adds at bind.
 
 What each test reads is what a person would: ``kubectl inspect cgpu`` (the installed plugin,
 with the seal key from the Secret the chart creates), the pods' phase and status message as
@@ -33,25 +33,26 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpushare.core.allocation import Allocation, ContainerShare, GpuShare, to_annotations
-from gpushare.core.containers import ContainerKind
-from gpushare.core.gpumodel import LABEL_COUNT, LABEL_MEM, LABEL_MODEL
-from gpushare.core.names import (
+from gpushare.core.model.containers import ContainerKind
+from gpushare.core.model.gpumodel import LABEL_COUNT, LABEL_MEM, LABEL_MODEL
+from gpushare.core.model.names import (
     ANN_ALLOCATION,
     ANN_ASSIGNED,
     ANN_NODE_GPUS,
     ANN_NODE_TOPOLOGY,
     ANN_SEAL,
 )
-from gpushare.core.topology import layout, topology_annotation
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.topology import layout, topology_annotation
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.allocation import Allocation, ContainerShare, GpuShare, to_annotations
 from gpushare.kube.lightkube_api import LightkubeAPI
 from gpushare.kube.port import KubeError
+from harness.cluster import Cluster
+from harness.helpers import token_kubeconfig
+from harness.realnode import NODE_NAME, RealNode, container, hand_off, pod, probe_env
+from harness.seeding import kwok_node
 
-from .cluster import Cluster
-from .conftest import REPO, create_nodes, delete_nodes, eventually, kwok_node
-from .helpers import token_kubeconfig
-from .realnode import NODE_NAME, RealNode, container, hand_off, pod, probe_env
+from .conftest import REPO, create_nodes, delete_nodes, eventually
 
 NS = "e2e-forgery"
 GPUS = 4

@@ -1,6 +1,6 @@
 """The device plugin on a real node: containerd, runc and a real kubelet, with real containers.
 
-Every container here runs ``/probe`` (tests/e2e/node/probe.c), a dynamically linked program
+Every container here runs ``/probe`` (harness/node/probe.c), a dynamically linked program
 that prints whether the gpushare interposer is mapped into it and the environment the device
 plugin owns. It writes the same lines to its termination message, so a test reads every
 container's environment back from the pod status (and ``kubectl logs`` for the seed examples),
@@ -23,10 +23,11 @@ from typing import Any
 import pytest
 import yaml
 
-from .cluster import Cluster
+from harness.cluster import Cluster
+from harness.images import PAUSE_IMAGE, TEST_IMAGE
+from harness.realnode import NODE_NAME, TOLERATION, RealNode, container, hand_off, pod, probe_env
+
 from .conftest import REPO, eventually
-from .images import PAUSE_IMAGE, TEST_IMAGE
-from .realnode import NODE_NAME, TOLERATION, RealNode, container, hand_off, pod, probe_env
 
 NS = "e2e-real"
 MiB = 2**20

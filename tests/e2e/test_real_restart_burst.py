@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from .realnode import RealNode, container, pod
+from harness.realnode import RealNode, container, pod
+
 from .test_real_node import NS, compare, create, gpu_uuids, ns, ns_pods, reasons
 
 __all__ = ["ns"]  # the fixture, shared with test_real_node

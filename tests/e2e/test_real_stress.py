@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from .cluster import Cluster
-from .realnode import RealNode, container, pod
+from harness.cluster import Cluster
+from harness.realnode import RealNode, container, pod
+
 from .test_real_node import NS, compare, fresh_namespace, gpu_uuids, ns_pods, reasons
 
 TOTAL = int(os.environ.get("GPUSHARE_STRESS_PODS", "500"))

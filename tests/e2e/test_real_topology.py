@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.names import ANN_ALLOCATION, ANN_NODE_GPUS, ANN_NODE_TOPOLOGY
-from gpushare.core.topology import layout
+from gpushare.core.model.names import ANN_ALLOCATION, ANN_NODE_GPUS, ANN_NODE_TOPOLOGY
+from gpushare.core.model.topology import layout
+from harness.cluster import Cluster
+from harness.realnode import NODE_NAME, RealNode, container, hand_off, pod, probe_env
 
-from .cluster import Cluster
 from .conftest import eventually
-from .realnode import NODE_NAME, RealNode, container, hand_off, pod, probe_env
 
 NS = "e2e-topology"
 LAYOUT = "nvlink-pairs"
@@ -117,7 +117,7 @@ def test_a_two_gpu_pod_gets_the_nvlink_pair_the_plugin_published(
     assert held(packed) == [0, 2]
     cluster.kubectl("delete", "pod", "-n", NS, "packed", "--wait=true", timeout=60)
 
-    # the plugin restarted with a topology writes it on its node, in core.topology's format
+    # the plugin restarted with a topology writes it on its node, in core.model.topology's format
     restart_plugin(real_node, LAYOUT)
     text = eventually(lambda: topology_on_node(cluster), 30, "the topology annotation")
     distance, _ = layout(LAYOUT, 4)

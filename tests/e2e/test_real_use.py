@@ -16,10 +16,11 @@ import urllib.request
 
 import pytest
 
-from ..ports import free_port
+from harness.ports import free_port
+from harness.realnode import RealNode, container, pod
+
 from ..promql import labelled, merge, scrape
 from ..promqlengine import evaluate, need_binary
-from .realnode import RealNode, container, pod
 from .test_real_node import NS, MiB, create, ns  # noqa: F401  (ns: the fixture)
 
 HOLD_MIB = 3000

@@ -13,9 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.cluster import Cluster
 from tests import benchmarks
-
-from .cluster import Cluster
 
 NODES = 40
 PODS = 400

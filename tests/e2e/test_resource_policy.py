@@ -18,13 +18,14 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.gating import ANN_DELETION_COST, ANN_POLICY, ANN_UNIT
-from gpushare.core.inventory import Mode
-from gpushare.core.resourcepolicy import GROUP, MAX_UNITS, PLURAL
+from gpushare.core.model.inventory import Mode
+from gpushare.core.resourcepolicies.gating import ANN_DELETION_COST, ANN_POLICY, ANN_UNIT
+from gpushare.core.resourcepolicies.resourcepolicy import GROUP, MAX_UNITS, PLURAL
 from gpushare.crds import REFUSED_MESSAGE, render_yaml, resource_policy_crd
+from harness.cluster import Cluster
+from harness.seeding import labelled_kwok_nodes
 
-from .cluster import Cluster
-from .conftest import create_nodes, delete_nodes, eventually, labelled_kwok_nodes
+from .conftest import create_nodes, delete_nodes, eventually
 
 NS = "e2e-rp"
 CRD = f"{PLURAL}.{GROUP}"

@@ -5,7 +5,7 @@ A benchmark that prints numbers, not a timed assertion: the scheduling throughpu
 number of plain pods on the same nodes, in the same run, both staged (``staged.py``: all pods
 created while kube-scheduler is stopped, timed from the first bind to the last). The
 assertions are about correctness: every pod that fits is bound, no GPU is over-committed, and
-no bind finds its share taken by a pod scheduled before it (the intents of ``core.ledger``).
+no bind finds its share taken by a pod scheduled before it (the intents of ``core.booking.ledger``).
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ import time
 
 import pytest
 
-from gpushare.core.inventory import Mode
+from gpushare.core.model.inventory import Mode
+from harness.cluster import Cluster
+from harness.helpers import per_gpu_memory
+from harness.seeding import labelled_kwok_nodes
+from harness.staged import create_in_parallel, run_stage, stage_pods
 
-from .cluster import Cluster
-from .conftest import eventually, labelled_kwok_nodes
-from .helpers import per_gpu_memory
-from .staged import create_in_parallel, run_stage, stage_pods
+from .conftest import eventually
 
 NODES = int(os.environ.get("GPUSHARE_E2E_SCALE_NODES", "1000"))
 PODS = int(os.environ.get("GPUSHARE_E2E_SCALE_PODS", "5000"))

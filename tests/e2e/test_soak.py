@@ -32,9 +32,10 @@ from typing import Any
 
 import pytest
 
-from .cluster import Cluster
-from .helpers import per_gpu_memory
-from .realnode import NODE_NAME, RealNode, container, pod
+from harness.cluster import Cluster
+from harness.helpers import per_gpu_memory
+from harness.realnode import NODE_NAME, RealNode, container, pod
+
 from .test_real_node import NS, compare, create, fresh_namespace, gpu_uuids, ns_pods, reasons
 
 pytestmark = pytest.mark.skipif(

@@ -12,11 +12,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from gpushare.core.inventory import Mode
+from gpushare.core.model.inventory import Mode
+from harness.cluster import Cluster
+from harness.helpers import apply_all, gpu_pod_manifest, pods, token_kubeconfig
+from harness.seeding import labelled_kwok_nodes
 
-from .cluster import Cluster
-from .conftest import create_nodes, delete_nodes, eventually, labelled_kwok_nodes
-from .helpers import apply_all, gpu_pod_manifest, pods, token_kubeconfig
+from .conftest import create_nodes, delete_nodes, eventually
 
 TENANT, NEIGHBOUR = "tenant-a", "tenant-b"
 NODE = "tenant-view-0"

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpushare.core.inventory import Mode
+from gpushare.core.model.inventory import Mode
+from harness.cluster import Cluster
+from harness.seeding import kwok_node
 
-from .cluster import Cluster
-from .conftest import REPO, create_nodes, delete_nodes, eventually, kwok_node
+from .conftest import REPO, create_nodes, delete_nodes, eventually
 
 SEED = "cn-zhangjiakou.192.168.66.139"
 CORE = "cn-zhangjiakou.192.168.66.140"

@@ -23,8 +23,7 @@ import pytest
 import yaml
 
 from gpushare.webhook.configuration import CONFIGURATION_NAME
-
-from .cluster import Cluster, Process, free_port, wait_for
+from harness.cluster import Cluster, Process, free_port, wait_for
 
 NS = "e2e-webhook"
 SELECTOR = ("gpushare-e2e-webhook", "on")

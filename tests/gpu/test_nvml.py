@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpushare.core.handoff import MEM, Signature
-from gpushare.core.inventory import Mode
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.inventory import Mode
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.handoff import MEM, Signature
 from gpushare.deviceplugin.serving import container_answer, devices, mem_units
 
 

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.core.decision.scheduling import Scheduler, Settings
 from gpushare.extender.app import create_app
 from gpushare.extender.driver import ExtenderDriver
 from gpushare.extender.service import Extender

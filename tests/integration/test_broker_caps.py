@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.inventory import Mode
-from gpushare.core.isolationpaths import CONTAINER_BROKER_DIR
+from gpushare.core.admitting.isolationpaths import CONTAINER_BROKER_DIR
+from gpushare.core.model.inventory import Mode
 from gpushare.deviceplugin.broker import SOCKET_NAME, Broker
 from gpushare.deviceplugin.config import Stats
 from gpushare.deviceplugin.descriptors import RESERVED, BrokerCaps, CapsError
-from gpushare.deviceplugin.isolation import BY_DEVICES
+from gpushare.deviceplugin.hooks.accounts import BY_DEVICES
 from gpushare.deviceplugin.metrics import registry_for
 from tests import grpc_loop
 

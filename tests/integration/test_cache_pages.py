@@ -12,14 +12,14 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from gpushare.core.allocation import Allocation, plan
-from gpushare.core.defragmenting import WorkloadFeed
-from gpushare.core.hostresources import NOTHING as NO_HOST
-from gpushare.core.policybook import PolicyBook
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.scheduling import Settings
-from gpushare.core.trust import SealKey, Trust
-from gpushare.core.units import MemoryUnit
+from gpushare.core.decision.scheduling import Settings
+from gpushare.core.model.hostresources import NOTHING as NO_HOST
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.placement.defragmenting import WorkloadFeed
+from gpushare.core.records.allocation import Allocation, plan
+from gpushare.core.records.trust import SealKey, Trust
+from gpushare.core.resourcepolicies.policybook import PolicyBook
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod, placed

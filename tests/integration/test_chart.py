@@ -1,6 +1,6 @@
 """The Helm chart: ``helm lint``, ``helm template`` and what it renders.
 
-The helm binary is the one ``tests/e2e/controlplane/build.sh`` builds into its cache (``make
+The helm binary is the one ``harness/controlplane/build.sh`` builds into its cache (``make
 controlplane``); without it these tests skip and say so. The chart's KubeSchedulerConfiguration
 must equal ``gpushare.schedconfig.scheduler_configuration`` for the same values (the e2e
 tests run kube-scheduler with that function's output), its webhook configuration must equal
@@ -25,16 +25,16 @@ from click.testing import CliRunner
 
 from gpushare.cli import main as cli
 from gpushare.cli.logs import LEVELS
-from gpushare.core.inventory import SHARED_MODES
-from gpushare.core.names import ResourceNames
-from gpushare.core.tampering import DEFAULT_EXEMPT_NAMESPACES, VISIBLE_DEVICES_MODES
+from gpushare.core.admitting.tampering import DEFAULT_EXEMPT_NAMESPACES, VISIBLE_DEVICES_MODES
+from gpushare.core.model.inventory import SHARED_MODES
+from gpushare.core.model.names import ResourceNames
 from gpushare.schedconfig import scheduler_configuration
-from tests.e2e.image_archive import project_version, recipe_repository
+from harness.image_archive import project_version, recipe_repository
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "gpushare"
 CI_VALUES = CHART / "ci" / "fgd-128mib-certmanager-values.yaml"
-BUILD_SH = REPO / "tests" / "e2e" / "controlplane" / "build.sh"
+BUILD_SH = REPO / "harness" / "controlplane" / "build.sh"
 
 
 def pinned(name: str) -> str:

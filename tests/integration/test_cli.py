@@ -11,9 +11,9 @@ import yaml
 from click.testing import CliRunner
 
 from gpushare.cli import main as gpushare
-from gpushare.core.names import ANN_NODE_GPUS, ANN_NODE_UNIT
-from gpushare.core.trust import SealKey, Trust
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.names import ANN_NODE_GPUS, ANN_NODE_UNIT
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.trust import SealKey, Trust
 from gpushare.inspect.cli import collect, find_trust, render
 from gpushare.inspect.cli import main as inspect_cgpu
 from gpushare.kube.memory import MemoryKube

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpushare.core.inventory import Mode
-from gpushare.core.scheduling import Settings
+from gpushare.core.decision.scheduling import Settings
+from gpushare.core.model.inventory import Mode
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus
 from gpushare.deviceplugin.metrics import DEVICE_PLUGIN_METRICS, registry_for

@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
-from gpushare.core.inventory import Mode
-from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.inventory import Mode
+from gpushare.core.model.names import ANN_ALLOCATION, ANN_ASSIGNED
+from gpushare.core.model.units import MemoryUnit
 from gpushare.deviceplugin.cdi import HandOff
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus

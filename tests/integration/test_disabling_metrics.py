@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpushare.core.names import ANN_NODE_GPUS_DISABLED
+from gpushare.core.model.names import ANN_NODE_GPUS_DISABLED
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 

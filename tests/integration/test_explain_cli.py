@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpushare.core.inventory import Mode
-from gpushare.core.scheduling import Settings
+from gpushare.core.decision.scheduling import Settings
+from gpushare.core.model.inventory import Mode
 from gpushare.inspect.cli import PodNotFound, collect_explanation, render_explained
 from gpushare.inspect.cli import main as inspect_cgpu
 from gpushare.kube.memory import MemoryKube

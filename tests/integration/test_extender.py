@@ -10,14 +10,14 @@ from typing import Any
 import httpx
 import pytest
 
-from gpushare.core.allocation import Allocation, plan
-from gpushare.core.inventory import Mode
-from gpushare.core.ledger import Ledger
-from gpushare.core.names import ANN_ALLOCATION, ANN_ASSIGNED, ANN_IDX, ANN_RETRY
-from gpushare.core.requests import PodRequest, Rejection, read_pod
-from gpushare.core.scheduling import Settings
-from gpushare.core.trust import SealKey, Trust
-from gpushare.core.units import MemoryUnit
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.decision.scheduling import Settings
+from gpushare.core.model.inventory import Mode
+from gpushare.core.model.names import ANN_ALLOCATION, ANN_ASSIGNED, ANN_IDX, ANN_RETRY
+from gpushare.core.model.requests import PodRequest, Rejection, read_pod
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.allocation import Allocation, plan
+from gpushare.core.records.trust import SealKey, Trust
 from gpushare.extender.app import server_config
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod, placed

@@ -14,10 +14,10 @@ import grpc
 import pytest
 from prometheus_client import generate_latest
 
-from gpushare.core.allocation import Allocation, ContainerShare, GpuShare, to_annotations
-from gpushare.core.containers import ContainerKind
-from gpushare.core.names import ANN_ASSIGNED
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.containers import ContainerKind
+from gpushare.core.model.names import ANN_ASSIGNED
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.allocation import Allocation, ContainerShare, GpuShare, to_annotations
 from gpushare.deviceplugin.metrics import registry_for
 from gpushare.inspect.cli import collect
 from gpushare.kube.memory import MemoryKube

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from gpushare.core.gpuuse import read_used
-from gpushare.core.inventory import Mode
-from gpushare.core.names import ANN_NODE_GPU_USED
+from gpushare.core.model.inventory import Mode
+from gpushare.core.model.names import ANN_NODE_GPU_USED
+from gpushare.core.records.gpuuse import read_used
 from gpushare.deviceplugin.broker import SOCKET_NAME
 from gpushare.deviceplugin.metrics import registry_for
 from gpushare.deviceplugin.usage import UsedSummaryPublisher

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare.core.inventory import Mode
+from gpushare.core.model.inventory import Mode
 from gpushare.deviceplugin.cdi import VOID, HandOff, Strategy
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus

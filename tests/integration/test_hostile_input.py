@@ -24,18 +24,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from gpushare.core.allocation import plan
-from gpushare.core.names import (
+from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.model.names import (
     ANN_ASSUME_TIME,
     ANN_NODE_GPUS,
     ANN_NODE_GPUS_DISABLED,
     ANN_NODE_TOPOLOGY,
     LABEL_POD_GPU_COUNT,
 )
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.scheduling import Scheduler, Settings
-from gpushare.core.trust import SealKey, Trust
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.allocation import plan
+from gpushare.core.records.trust import SealKey, Trust
 from gpushare.extender.app import create_app
 from gpushare.extender.service import UNSEEN_TTL_S, Extender
 from gpushare.kube.cache import ClusterCache

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.image_archive import project_version, recipe_repository
+from harness.image_archive import project_version, recipe_repository
 
 REPO = Path(__file__).resolve().parents[2]
 BINFMT = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.scheduling import Settings
-from gpushare.core.units import MemoryUnit
+from gpushare.core.decision.scheduling import Settings
+from gpushare.core.model.units import MemoryUnit
 from gpushare.inspect.cli import CannotExplain, collect_explanation, installed_settings
 from gpushare.inspect.installed import extender_settings, flag_values
 from gpushare.kube.memory import MemoryKube

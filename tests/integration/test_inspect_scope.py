@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gpushare.core.allocation import plan
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.allocation import plan
 from gpushare.inspect.cli import collect, render
 from gpushare.inspect.scope import Scope, parse_selector
 from gpushare.kube.memory import MemoryKube

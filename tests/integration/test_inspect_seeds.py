@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from gpushare.core.allocation import plan
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.trust import SealKey, Trust
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.allocation import plan
+from gpushare.core.records.trust import SealKey, Trust
 from gpushare.inspect.cli import collect, render
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod, placed

@@ -12,23 +12,19 @@ from typing import Any
 
 import pytest
 
-from gpushare.core import isolationpaths as paths
-from gpushare.core.inventory import Mode
-from gpushare.core.units import MemoryUnit
+from gpushare.core.admitting import isolationpaths as paths
+from gpushare.core.model.inventory import Mode
+from gpushare.core.model.units import MemoryUnit
 from gpushare.deviceplugin.broker import SOCKET_NAME
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo
-from gpushare.deviceplugin.isolation import (
-    BY_DEVICES,
-    LIB_NAME,
-    PRELOAD_NAME,
-    MpsControl,
-    NodeIsolation,
-    devices_key,
-    prune_accounting,
-)
+from gpushare.deviceplugin.hooks.accounts import BY_DEVICES, devices_key, prune_accounting
+from gpushare.deviceplugin.hooks.library import PRELOAD_NAME
+from gpushare.deviceplugin.hooks.mpsdaemon import MpsControl
+from gpushare.deviceplugin.hooks.node import NodeIsolation
 from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.deviceplugin.preflight import StartRefused
+from gpushare.isolation.build import LIB_NAME
 from gpushare.isolation.limits import ContainerLimits
 from gpushare.isolation.policy import (
     IDLE_AFTER_S,

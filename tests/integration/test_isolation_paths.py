@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.inventory import Mode
+from gpushare.core.model.inventory import Mode
 from gpushare.isolation.policy import Policy
 from tests.unit.test_tampering import MEM, gpu_pod, refused, review
 

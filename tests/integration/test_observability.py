@@ -16,9 +16,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 import gpushare
-from gpushare.core.admission import AdmissionSettings
-from gpushare.core.inventory import Mode
-from gpushare.core.names import ANN_NODE_HANDOFF, HANDOFF_PODRESOURCES
+from gpushare.core.admitting.admission import AdmissionSettings
+from gpushare.core.model.inventory import Mode
+from gpushare.core.model.names import ANN_NODE_HANDOFF, HANDOFF_PODRESOURCES
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus
 from gpushare.deviceplugin.metrics import registry_for, serve_metrics
@@ -29,8 +29,8 @@ from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import KubeError
 from gpushare.webhook.app import WebhookMetrics
 from gpushare.webhook.app import create_app as create_webhook_app
+from harness.ports import free_port
 
-from ..ports import free_port
 from ..promql import target_label_clashes
 from .conftest import Rig, run_with_rig
 from .test_extender import ConflictOnce

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gpushare.core.names import ANN_ALLOCATION, DEFAULT_NAMES
-from gpushare.core.readmission import MAX_RECREATIONS, Step, readmission, replacement
-from gpushare.core.scheduling import Settings
+from gpushare.core.decision.scheduling import Settings
+from gpushare.core.model.names import ANN_ALLOCATION, DEFAULT_NAMES
+from gpushare.core.records.readmission import MAX_RECREATIONS, Step, readmission, replacement
 from gpushare.extender.events import EventRecorder
 from gpushare.extender.readmitting import RECREATED, REFUSED, Readmitter
 from gpushare.kube.cache import ClusterCache

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from gpushare.core.names import ANN_ALLOCATION, ANN_IDX
+from gpushare.core.model.names import ANN_ALLOCATION, ANN_IDX
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import Conflict, KubeDict, Unreachable

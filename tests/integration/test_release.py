@@ -24,7 +24,7 @@ from types import ModuleType
 import pytest
 import yaml
 
-from tests.e2e.image_archive import project_version
+from harness.image_archive import project_version
 from tests.integration.test_chart import find_helm
 
 REPO = Path(__file__).resolve().parents[2]

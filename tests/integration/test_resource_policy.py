@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gpushare.core.gating import ANN_DELETION_COST, ANN_UNIT
-from gpushare.core.policybook import PolicyBook
-from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.resourcepolicies.gating import ANN_DELETION_COST, ANN_UNIT
+from gpushare.core.resourcepolicies.policybook import PolicyBook
 from gpushare.extender.app import create_app
 from gpushare.extender.driver import ExtenderDriver
 from gpushare.extender.service import Extender
@@ -292,7 +292,7 @@ async def _filter_once(kube: MemoryKube, names: list[str]) -> bytes:
 def test_filter_work_and_reply_stay_bounded_under_a_policy_of_many_units(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gpushare.core.resourcepolicy import Unit
+    from gpushare.core.resourcepolicies.resourcepolicy import Unit
 
     calls = 0
     holds = Unit.holds

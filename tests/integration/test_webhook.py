@@ -14,8 +14,8 @@ import yaml
 from click.testing import CliRunner
 
 from gpushare.cli import main as gpushare
-from gpushare.core.admission import AdmissionSettings
-from gpushare.core.units import MemoryUnit
+from gpushare.core.admitting.admission import AdmissionSettings
+from gpushare.core.model.units import MemoryUnit
 from gpushare.webhook.app import create_app
 from gpushare.webhook.configuration import webhook_configuration
 
@@ -232,11 +232,11 @@ def test_webhook_config_leaves_trusted_identities_out_and_prints_the_policy(
 
 
 def test_the_app_refuses_tampering_and_passes_the_trusted_identities() -> None:
-    from gpushare.core.tampering import Trust
+    from gpushare.core.admitting.tampering import TrustedWriters
 
     request = golden_request("tampered_pod")
     plugin = "system:serviceaccount:gpushare:gpushare-device-plugin"
-    settings = AdmissionSettings(trust=Trust(users=frozenset({plugin})))
+    settings = AdmissionSettings(trust=TrustedWriters(users=frozenset({plugin})))
     before = request["request"]["object"]
     before["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_ASSIGNED"] = "false"
     before["spec"]["containers"][0].pop("env")

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from gpushare.core.admission import AdmissionSettings
-from gpushare.core.names import DEFAULT_NAMES
-from gpushare.core.units import MemoryUnit
+from gpushare.core.admitting.admission import AdmissionSettings
+from gpushare.core.model.names import DEFAULT_NAMES
+from gpushare.core.model.units import MemoryUnit
 from gpushare.webhook.app import WebhookMetrics, create_app, serve, server_config
 from gpushare.webhook.certs import CertificateReloader
 

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpushare.core.handoff import MEM, Pending, Signature
-from gpushare.core.inventory import Mode
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.inventory import Mode
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.handoff import MEM, Pending, Signature
 from gpushare.deviceplugin.broker import SOCKET_NAME
-from gpushare.deviceplugin.isolation import SCHED, InterposerIsolation
+from gpushare.deviceplugin.hooks.interposer import SCHED, InterposerIsolation
 from gpushare.deviceplugin.serving import ContainerAnswer, Target
 from gpushare.isolation import build
 from gpushare.isolation.limits import ContainerLimits

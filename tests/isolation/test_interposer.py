@@ -32,7 +32,7 @@ from typing import BinaryIO
 
 import pytest
 
-from gpushare.core.isolationpaths import CONTAINER_LIMITS_FILE
+from gpushare.core.admitting.isolationpaths import CONTAINER_LIMITS_FILE
 from gpushare.deviceplugin.broker import SETTLE_S, SOCKET_NAME, Broker
 from gpushare.deviceplugin.descriptors import BrokerCaps
 from gpushare.isolation import build

@@ -1,7 +1,8 @@
 """A container whose schedule is missing or garbage keeps to its own share, never the GPU.
 
 The attack: a volume of the pod's own over ``/var/run/gpushare-sched`` (admission refuses it
-now, ``core.isolationpaths``, but a namespace the webhook does not cover would still get it
+now, ``core.admitting.isolationpaths``, but a namespace the webhook does not cover would still get
+it
 through) covers the plugin's read-only schedules with a directory the tenant writes. With no
 file there, the interposer used to launch unscheduled and took what its neighbour's slices left,
 nearly all of the GPU. Here the plugin's real hook admits two containers on one fake GPU; the

@@ -1,6 +1,6 @@
 // Package promqlcheck runs gpushare's PromQL through Prometheus's own parser and engine.
 //
-// It is compiled once into a test binary (tests/e2e/controlplane/build.sh, `go test -c`) and run
+// It is compiled once into a test binary (harness/controlplane/build.sh, `go test -c`) and run
 // by tests/integration/test_promql_engine.py, which writes what to check into PROMQLCHECK_DIR:
 //
 //   - exprs.json: [{"name": ..., "expr": ...}], each parsed with the options Prometheus 3

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.admission import TEMPLATE_PATHS, AdmissionSettings, decide
-from gpushare.core.names import ResourceNames
-from gpushare.core.requests import Rejection, read_pod
-from gpushare.core.units import MemoryUnit
+from gpushare.core.admitting.admission import TEMPLATE_PATHS, AdmissionSettings, decide
+from gpushare.core.model.names import ResourceNames
+from gpushare.core.model.requests import Rejection, read_pod
+from gpushare.core.model.units import MemoryUnit
 
 MEM = "aliyun.com/gpu-mem"
 CORE = "aliyun.com/gpu-core.percentage"

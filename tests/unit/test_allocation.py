@@ -5,15 +5,15 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpushare.core.allocation import Allocation, from_pod, plan, to_annotations
-from gpushare.core.requests import (
+from gpushare.core.model.requests import (
     ContainerKind,
     ContainerRequest,
     PodRequest,
     counted,
     effective_amount,
 )
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.allocation import Allocation, from_pod, plan, to_annotations
 
 
 def request(
@@ -149,9 +149,9 @@ def test_the_record_text_is_what_the_seal_has_always_covered() -> None:
     written before keep their seals)."""
     import json
 
-    from gpushare.core.allocation import ContainerShare, GpuShare
-    from gpushare.core.containers import ContainerKind
-    from gpushare.core.names import ANN_ALLOCATION
+    from gpushare.core.model.containers import ContainerKind
+    from gpushare.core.model.names import ANN_ALLOCATION
+    from gpushare.core.records.allocation import ContainerShare, GpuShare
 
     allocation = Allocation(
         node="n1",
@@ -183,7 +183,7 @@ def test_the_record_text_is_what_the_seal_has_always_covered() -> None:
 def test_a_broken_record_names_the_field() -> None:
     import pytest
 
-    from gpushare.core.allocation import RecordError, read_record
+    from gpushare.core.records.allocation import RecordError, read_record
 
     cases = {
         '{"node":"n","gpus":[{"index":0,"mem":-1}]}': "gpus[0].mem: Expected `int` >= 0",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpushare.core.scheduling import Settings
+from gpushare.core.decision.scheduling import Settings
 from gpushare.deviceplugin.allocating import NodeParts, NodePods, NodeReader
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint
 from gpushare.deviceplugin.config import PluginConfig, Stats

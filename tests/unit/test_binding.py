@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from gpushare.core.allocation import plan, to_annotations
-from gpushare.core.binding import already_bound
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.allocation import plan, to_annotations
+from gpushare.core.records.binding import already_bound
 from gpushare.kube.objects import gpu_pod
 
 

@@ -12,7 +12,7 @@ import yaml
 
 from gpushare.deviceplugin.cdi import HandOff, Strategy, devices_of, scan
 from gpushare.deviceplugin.gpus import FakeGpus
-from tests.e2e.cdi_double import (
+from harness.cdi_double import (
     CDI_VERSION,
     KIND,
     SPEC_FILE,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpushare.core.handoff import Signature
+from gpushare.core.records.handoff import Signature
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint
 
 SIGNATURE = Signature(

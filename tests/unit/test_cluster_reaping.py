@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.reaping import Found, component_of, find_running, names_directory, stop_order
+from harness.reaping import Found, component_of, find_running, names_directory, stop_order
 
 ROOT = "/tmp/c"
 BIN = "/root/.cache/gpushare/bin/kubernetes-v1.36.3"
@@ -63,7 +63,7 @@ def test_components_of_the_directory(argv: list[str], component: str) -> None:
 @pytest.mark.parametrize(
     "argv",
     [
-        [f"{VENV}/python", "-m", "tests.e2e.cluster", "down", "--dir", "/tmp/c"],  # ourselves
+        [f"{VENV}/python", "-m", "harness.cluster", "down", "--dir", "/tmp/c"],  # ourselves
         ["make", "cluster-down", "CLUSTER_DIR=/tmp/c"],
         ["tail", "-f", "/tmp/c/logs/etcd.log"],  # only reading a log
         [f"{VENV}/python", f"{VENV}/gpushare", "simulate", "--out", "/tmp/c/report"],

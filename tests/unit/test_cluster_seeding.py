@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.handoff import CORE, MEM
-from gpushare.core.inventory import Mode, Placement, read_node
-from gpushare.core.names import ANN_NODE_HANDOFF, ANN_NODE_UNIT
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.inventory import Mode, Placement, read_node
+from gpushare.core.model.names import ANN_NODE_HANDOFF, ANN_NODE_UNIT
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.handoff import CORE, MEM
 from gpushare.deviceplugin.gpus import FakeGpus
 from gpushare.deviceplugin.serving import devices
-from tests.e2e.seeding import (
+from harness.seeding import (
     CORE_NODE,
     KWOK_ANNOTATION,
     SHARE_IP,

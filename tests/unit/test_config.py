@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from gpushare.config import ConfigError, load
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.units import MemoryUnit
 from gpushare.schedconfig import render_yaml, scheduler_configuration
 
 DEPLOYED = Path(__file__).parents[2] / "deploy" / "scheduler-config.yaml"

@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.allocation import Allocation
-from gpushare.core.changes import NodeTable
-from gpushare.core.deciding import Decision
-from gpushare.core.defragmenting import WorkloadFeed
-from gpushare.core.filtering import Code
-from gpushare.core.fragmentation import WorkloadEstimate
-from gpushare.core.inventory import NodeInventory, read_node
-from gpushare.core.ledger import Ledger, NodeUsage
-from gpushare.core.requests import PodRequest
-from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.core.booking.changes import NodeTable
+from gpushare.core.booking.ledger import Ledger, NodeUsage
+from gpushare.core.decision.decider import Decision
+from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.model.inventory import NodeInventory, read_node
+from gpushare.core.model.requests import PodRequest
+from gpushare.core.placement.defragmenting import WorkloadFeed
+from gpushare.core.placement.filtering import Code
+from gpushare.core.placement.fragmentation import WorkloadEstimate
+from gpushare.core.records.allocation import Allocation
 from gpushare.kube.objects import gpu_node, gpu_pod
 
 

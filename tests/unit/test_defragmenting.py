@@ -11,15 +11,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpushare.config import ConfigError, load
-from gpushare.core.allocation import Allocation, plan
-from gpushare.core.changes import NodeTable
-from gpushare.core.defragmenting import GPUSHARE, Defragmenter, WorkloadFeed, learned_workload
-from gpushare.core.filtering import Code
-from gpushare.core.fragmentation import Shape, WorkloadEstimate, fragmentation
-from gpushare.core.inventory import NodeInventory, read_node
-from gpushare.core.ledger import Ledger
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.scheduling import Scheduler, Settings
+from gpushare.core.booking.changes import NodeTable
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.model.inventory import NodeInventory, read_node
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.placement.defragmenting import (
+    GPUSHARE,
+    Defragmenter,
+    WorkloadFeed,
+    learned_workload,
+)
+from gpushare.core.placement.filtering import Code
+from gpushare.core.placement.fragmentation import Shape, WorkloadEstimate, fragmentation
+from gpushare.core.records.allocation import Allocation, plan
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from gpushare.core.allocation import plan
-from gpushare.core.disabling import parse_disabled
-from gpushare.core.filtering import Code, Rules, filter_node
-from gpushare.core.inventory import NodeInventory, read_node
-from gpushare.core.ledger import Ledger
-from gpushare.core.names import ANN_NODE_GPUS_DISABLED
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.survey import free_units
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.model.disabling import parse_disabled
+from gpushare.core.model.inventory import NodeInventory, read_node
+from gpushare.core.model.names import ANN_NODE_GPUS_DISABLED
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.placement.filtering import Code, Rules, filter_node
+from gpushare.core.placement.survey import free_units
+from gpushare.core.records.allocation import plan
 from gpushare.inspect.render import render_details, render_summary
 from gpushare.inspect.view import build_view, to_json
 from gpushare.kube.objects import gpu_node, gpu_pod

@@ -18,9 +18,11 @@ DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 SPAN = re.compile(r"`([^`\n]+)`")
-PATH = re.compile(r"^(?:src|tests|charts|deploy|benchmarks|examples|docs)/[\w./-]*\w$")
-MODULE = re.compile(r"^(?:core|kube|sim|extender|inspect|deviceplugin|isolation|webhook)/\w+\.py$")
-"""A module named from the package root, as ``core/ranking.py``."""
+PATH = re.compile(r"^(?:src|tests|harness|charts|deploy|benchmarks|examples|docs)/[\w./-]*\w$")
+MODULE = re.compile(
+    r"^(?:core|kube|sim|extender|inspect|deviceplugin|isolation|webhook)(?:/\w+)*/\w+\.py$"
+)
+"""A module named from the package root, as ``core/placement/ranking.py``."""
 
 
 def prose(text: str) -> str:

@@ -1,13 +1,18 @@
-"""Placement and refusal sentences (core.explain): what Events and --explain say."""
+"""Placement and refusal sentences (core.placement.explain): what Events and --explain say."""
 
 from __future__ import annotations
 
-from gpushare.core.allocation import plan
-from gpushare.core.explain import IN_CLUSTER, MAX_MESSAGE, placement_message, refusal_summary
-from gpushare.core.inventory import Mode, read_node
-from gpushare.core.ledger import Ledger
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.units import MemoryUnit
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.model.inventory import Mode, read_node
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.placement.explain import (
+    IN_CLUSTER,
+    MAX_MESSAGE,
+    placement_message,
+    refusal_summary,
+)
+from gpushare.core.records.allocation import plan
 from gpushare.kube.objects import gpu_node, gpu_pod
 
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from gpushare.core.allocation import plan
-from gpushare.core.changes import NodeTable
-from gpushare.core.filtering import Code, Rules, filter_node
-from gpushare.core.inventory import Mode, NodeInventory, read_node
-from gpushare.core.ledger import Ledger, NodeUsage
-from gpushare.core.ranking import single_top
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.scheduling import Scheduler, Settings
-from gpushare.core.units import MemoryUnit
+from gpushare.core.booking.changes import NodeTable
+from gpushare.core.booking.ledger import Ledger, NodeUsage
+from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.model.inventory import Mode, NodeInventory, read_node
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.placement.filtering import Code, Rules, filter_node
+from gpushare.core.placement.ranking import single_top
+from gpushare.core.records.allocation import plan
 from gpushare.kube.objects import gpu_node, gpu_pod
 
 

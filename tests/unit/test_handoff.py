@@ -8,19 +8,19 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.allocation import Allocation, plan
-from gpushare.core.changes import NodeTable
-from gpushare.core.handoff import (
+from gpushare.core.booking.changes import NodeTable
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.model.inventory import Mode, read_node
+from gpushare.core.model.requests import PodRequest
+from gpushare.core.records.allocation import Allocation, plan
+from gpushare.core.records.handoff import (
     conflict,
     container_signatures,
     listed_signatures,
     pending_of,
     resolve,
 )
-from gpushare.core.inventory import Mode, read_node
-from gpushare.core.ledger import Ledger
-from gpushare.core.requests import PodRequest
-from gpushare.core.scheduling import Scheduler, Settings
 from gpushare.kube.objects import gpu_node
 
 INTERLEAVINGS = 3000
@@ -145,7 +145,7 @@ def test_conflict_within_one_pod_is_reported() -> None:
     spec["metadata"]["labels"] = {"aliyun.com/gpu-count": "2"}
     request = scheduler.read(spec)
     assert isinstance(request, PodRequest)
-    from gpushare.core.allocation import plan
+    from gpushare.core.records.allocation import plan
 
     allocation = plan(request, node="n", indexes=[0, 1], unit=node.unit)
     assert conflict(allocation, []) == ""

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpushare.core.allocation import plan
-from gpushare.core.gpumodel import LABEL_MODEL, node_model, pod_models
-from gpushare.core.hostresources import HostResources, node_allocatable, pod_requests
-from gpushare.core.ledger import Ledger
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.units import MemoryUnit
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.model.gpumodel import LABEL_MODEL, node_model, pod_models
+from gpushare.core.model.hostresources import HostResources, node_allocatable, pod_requests
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.allocation import plan
 
 
 def container(cpu: str | None = None, memory: str | None = None, **extra: Any) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The image the e2e tests run is the image a release ships: one recipe, packaging/image.py.
 
-``make image`` runs the recipe; the real-node Helm test's builder (tests/e2e/image_archive.py)
+``make image`` runs the recipe; the real-node Helm test's builder (harness/image_archive.py)
 runs the same command and imports the archive it writes. These tests hold the two to one
 command, check what the recipe writes (an OCI image layout naming the release's repository and
 version, the image config per architecture) and that no architecture is built in.
@@ -19,8 +19,8 @@ from types import ModuleType
 
 import pytest
 
-from tests.e2e import image_archive
-from tests.e2e.image_archive import RECIPE, Builder, project_version, recipe_argv
+from harness import image_archive
+from harness.image_archive import RECIPE, Builder, project_version, recipe_argv
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from gpushare.core.inventory import read_node
-from gpushare.core.ledger import Ledger
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.model.inventory import read_node
 from gpushare.inspect.cli import main as inspect_cgpu
 from gpushare.inspect.explain import explanation_json
 from gpushare.inspect.schema import json_schema

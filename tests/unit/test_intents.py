@@ -14,13 +14,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare.core.allocation import Allocation
-from gpushare.core.hostresources import NOTHING, HostResources
-from gpushare.core.inventory import NodeInventory, read_node
-from gpushare.core.ledger import Ledger
-from gpushare.core.requests import PodRequest
-from gpushare.core.scheduling import Scheduler, Settings
-from gpushare.core.trust import SealKey, Trust
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.model.hostresources import NOTHING, HostResources
+from gpushare.core.model.inventory import NodeInventory, read_node
+from gpushare.core.model.requests import PodRequest
+from gpushare.core.records.allocation import Allocation
+from gpushare.core.records.trust import SealKey, Trust
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
 
 from .test_properties import assert_never_overcommitted, clusters, pods

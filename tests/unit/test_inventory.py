@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.inventory import Mode, Placement, read_node
-from gpushare.core.names import ANN_NODE_GPUS, ANN_NODE_UNIT
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.inventory import Mode, Placement, read_node
+from gpushare.core.model.names import ANN_NODE_GPUS, ANN_NODE_UNIT
+from gpushare.core.model.units import MemoryUnit
 from gpushare.kube.objects import gpu_node
 
 

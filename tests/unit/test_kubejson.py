@@ -1,4 +1,4 @@
-"""A pod's identity is read one way everywhere (core.kubejson), whatever the object lacks."""
+"""A pod's identity is read one way everywhere (core.model.kubejson), whatever the object lacks."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.kubejson import key_of, name_of, namespace_of, stored_uid_of, uid_of
+from gpushare.core.model.kubejson import key_of, name_of, namespace_of, stored_uid_of, uid_of
 from gpushare.extender.events import PodRef
 
 STORED = {"metadata": {"name": "p", "namespace": "team-a", "uid": "u-1"}}

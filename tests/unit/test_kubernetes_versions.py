@@ -2,7 +2,7 @@
 
 The oldest supported minor is claimed in three places (Chart.yaml's ``kubeVersion``,
 docs/compatibility.md, ``make e2e-oldest``) and proven by one build (a
-``tests/e2e/controlplane/kubernetes-1.<minor>/`` module); these tests keep the four saying the
+``harness/controlplane/kubernetes-1.<minor>/`` module); these tests keep the four saying the
 same thing, and each pinned module consistent with itself, so that a bump of one cannot leave
 the proof running on another release than the one claimed.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.e2e.cluster import K8S_VERSION_ENV, build_env
+from harness.cluster import K8S_VERSION_ENV, build_env
 
 REPO = Path(__file__).resolve().parents[2]
-CONTROLPLANE = REPO / "tests" / "e2e" / "controlplane"
+CONTROLPLANE = REPO / "harness" / "controlplane"
 BUILD_SH = CONTROLPLANE / "build.sh"
 MODULES = sorted(CONTROLPLANE.glob("kubernetes*/go.mod"))
 RELEASE = re.compile(r"^v1\.(\d+)\.(\d+)$")

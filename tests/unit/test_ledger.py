@@ -5,11 +5,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from gpushare.core.allocation import plan
-from gpushare.core.ledger import Ledger
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.trust import SealKey, Trust
-from gpushare.core.units import MemoryUnit
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.allocation import plan
+from gpushare.core.records.trust import SealKey, Trust
 from gpushare.kube import objects
 from gpushare.kube.objects import gpu_pod
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from gpushare.core.gpumodel import (
+from gpushare.core.model.gpumodel import (
     LABEL_COUNT,
     LABEL_MEM,
     LABEL_MODEL,
@@ -15,7 +15,7 @@ from gpushare.core.gpumodel import (
     model_label_value,
     pod_models,
 )
-from gpushare.core.inventory import read_node
+from gpushare.core.model.inventory import read_node
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo
 from gpushare.deviceplugin.publishing import publish

@@ -7,7 +7,7 @@ import json
 
 import httpx
 
-from gpushare.core.inventory import Mode
+from gpushare.core.model.inventory import Mode
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from tests.benchmarks import load

@@ -1,4 +1,4 @@
-"""The PodResources double answers as kubelet's List does (tests/e2e/podresources_double.py)."""
+"""The PodResources double answers as kubelet's List does (harness/podresources_double.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import grpc
 from gpushare.deviceplugin.protos.podresources_v1 import api_pb2 as pr
 from gpushare.deviceplugin.protos.podresources_v1 import api_pb2_grpc as pr_grpc
 from gpushare.deviceplugin.reconcile import ListedPod, list_pod_resources
+from harness.podresources_double import PodResourcesDouble
 from tests import grpc_loop
-from tests.e2e.podresources_double import PodResourcesDouble
 
 MEM = "aliyun.com/gpu-mem"
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare.core.handoff import MEM
+from gpushare.core.records.handoff import MEM
 from gpushare.deviceplugin.allocating import NodeParts, NodeReader
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint
 from gpushare.deviceplugin.config import PluginConfig, Stats

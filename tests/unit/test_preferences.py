@@ -1,4 +1,4 @@
-"""What kube-scheduler's remaining score plugins weigh (core.preferences)."""
+"""What kube-scheduler's remaining score plugins weigh (core.placement.preferences)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.preferences import (
+from gpushare.core.placement.preferences import (
     PlacedTerms,
     has_prefer_no_schedule_taint,
     selector_matches,

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.handoff import CORE, MEM
-from gpushare.core.inventory import SHARED_MODES, Mode
-from gpushare.core.names import DEFAULT_NAMES, LABEL_MODE
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.inventory import SHARED_MODES, Mode
+from gpushare.core.model.names import DEFAULT_NAMES, LABEL_MODE
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.handoff import CORE, MEM
 from gpushare.deviceplugin.preflight import Preflight, preflight
 from gpushare.deviceplugin.serving import NoIsolation
 

@@ -7,13 +7,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare.core.allocation import Allocation
-from gpushare.core.fragmentation import Shape, fragmentation, unused_by_copies
-from gpushare.core.inventory import SHARED_MODES, NodeInventory, read_node
-from gpushare.core.ledger import Ledger
-from gpushare.core.requests import PodRequest
-from gpushare.core.scheduling import Scheduler, Settings
-from gpushare.core.trust import SealKey, Trust
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.model.inventory import SHARED_MODES, NodeInventory, read_node
+from gpushare.core.model.requests import PodRequest
+from gpushare.core.placement.fragmentation import Shape, fragmentation, unused_by_copies
+from gpushare.core.records.allocation import Allocation
+from gpushare.core.records.trust import SealKey, Trust
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
 
 TRUST = Trust.sealed(SealKey(b"properties-test-key-0123456789ab"))

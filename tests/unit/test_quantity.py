@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare.core.quantity import MAX_LENGTH, Quantity, parse_quantity
+from gpushare.core.model.quantity import MAX_LENGTH, Quantity, parse_quantity
 
 
 @st.composite

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from gpushare.core.allocation import plan
-from gpushare.core.inventory import Mode, read_node
-from gpushare.core.ledger import Ledger
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.units import MemoryUnit
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.model.inventory import Mode, read_node
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.allocation import plan
 from gpushare.inspect.render import render_details, render_summary
 from gpushare.inspect.view import ClusterView, build_view, to_json
 from gpushare.kube.objects import gpu_node, gpu_pod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gpushare.core.names import ANN_ALLOCATION
+from gpushare.core.model.names import ANN_ALLOCATION
 from gpushare.sim.milligpu import Run
 from tests.benchmarks import load
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.containers import ContainerKind
-from gpushare.core.requests import PodRequest, Rejection, read_pod
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.containers import ContainerKind
+from gpushare.core.model.requests import PodRequest, Rejection, read_pod
+from gpushare.core.model.units import MemoryUnit
 
 MEM = "aliyun.com/gpu-mem"
 CORE = "aliyun.com/gpu-core.percentage"

@@ -8,9 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpushare.core.gating import ANN_POLICY, ANN_UNIT, Placed, decide, deletion_cost
-from gpushare.core.policybook import PolicyBook, recorded_units
-from gpushare.core.resourcepolicy import (
+from gpushare.core.resourcepolicies.gating import (
+    ANN_POLICY,
+    ANN_UNIT,
+    Placed,
+    decide,
+    deletion_cost,
+)
+from gpushare.core.resourcepolicies.policybook import PolicyBook, recorded_units
+from gpushare.core.resourcepolicies.resourcepolicy import (
     NextPolicy,
     PolicyError,
     ResourcePolicy,
@@ -377,7 +383,7 @@ class _Counted:
     """Counts ``Unit.holds`` calls: the work of matching units to nodes."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from gpushare.core.resourcepolicy import Unit
+        from gpushare.core.resourcepolicies.resourcepolicy import Unit
 
         self.calls = 0
         holds = Unit.holds
@@ -431,7 +437,7 @@ def test_a_reason_is_cut_whatever_a_selector_holds() -> None:
 def test_the_unit_index_finds_exactly_the_units_that_hold_a_node(
     selectors: list[dict[str, str]], labels: dict[str, str]
 ) -> None:
-    from gpushare.core.resourcepolicy import UnitIndex
+    from gpushare.core.resourcepolicies.resourcepolicy import UnitIndex
 
     units = [Unit(number=i, node_selector=s) for i, s in enumerate(selectors, start=1)]
     holding = [u for u in units if u.holds(labels)]

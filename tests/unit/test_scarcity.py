@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare.core.allocation import plan
-from gpushare.core.changes import NodeTable
-from gpushare.core.defragmenting import GPUSHARE, Defragmenter, FragmentationPolicy
-from gpushare.core.fragmentation import Shape, WorkloadEstimate, copies
-from gpushare.core.inventory import NodeInventory, read_node
-from gpushare.core.ledger import Ledger
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.scarcity import (
+from gpushare.core.booking.changes import NodeTable
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.model.inventory import NodeInventory, read_node
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.placement.defragmenting import GPUSHARE, Defragmenter, FragmentationPolicy
+from gpushare.core.placement.fragmentation import Shape, WorkloadEstimate, copies
+from gpushare.core.placement.scarcity import (
     NORMAL_FROM,
     PRICE_FLOOR,
     RESERVE,
@@ -27,8 +27,8 @@ from gpushare.core.scarcity import (
     rounded,
     shortage,
 )
-from gpushare.core.scheduling import Scheduler, Settings
-from gpushare.core.survey import Survey
+from gpushare.core.placement.survey import Survey
+from gpushare.core.records.allocation import plan
 from gpushare.kube.objects import gpu_node, gpu_pod
 
 

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare.core.inventory import read_node
-from gpushare.core.ledger import Ledger
-from gpushare.core.requests import read_pod
-from gpushare.core.scheduling import Scheduler, Settings
-from gpushare.core.shape import json_kind, node_shape, pod_shape, render_path
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.model.inventory import read_node
+from gpushare.core.model.requests import read_pod
+from gpushare.core.model.shape import json_kind, node_shape, pod_shape, render_path
 from gpushare.kube.objects import gpu_node, gpu_pod
 
 MEM = "aliyun.com/gpu-mem"

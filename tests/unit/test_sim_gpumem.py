@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from gpushare.cli import main
-from gpushare.core.inventory import Mode, read_node
-from gpushare.core.requests import PodRequest
-from gpushare.core.scheduling import Scheduler, Settings
-from gpushare.core.units import MemoryUnit
+from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.model.inventory import Mode, read_node
+from gpushare.core.model.requests import PodRequest
+from gpushare.core.model.units import MemoryUnit
 from gpushare.sim import gpumem, synthetic
 from gpushare.sim.experiment import run_experiment
 from gpushare.sim.gpumem import (

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpushare.cli import main
-from gpushare.core.fragmentation import (
+from gpushare.core.placement.fragmentation import (
     Shape,
     WorkloadEstimate,
     fgd_score,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpushare.core.inventory import read_node
-from gpushare.core.names import ANN_NODE_TOPOLOGY
-from gpushare.core.topology import best_worst_pair, islands, layout, worst_pair
+from gpushare.core.model.inventory import read_node
+from gpushare.core.model.names import ANN_NODE_TOPOLOGY
+from gpushare.core.model.topology import best_worst_pair, islands, layout, worst_pair
 from gpushare.sim import synthetic
 from gpushare.sim.experiment import run_seed
 from gpushare.sim.gpumem import MemoryCluster, MemorySettings, node_json

@@ -11,7 +11,8 @@ import yaml
 from click.testing import CliRunner
 
 from gpushare.cli import main
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.hostresources import pod_requests
+from gpushare.core.model.units import MemoryUnit
 from gpushare.kube.objects import gpu_node
 from gpushare.sim import cards
 from gpushare.sim.kubeyaml import (
@@ -134,6 +135,41 @@ items:
         8000,
     )
     assert (pods[5].num_gpu, pods[5].memory_mib) == (0, 954)
+
+
+def test_pods_count_cpu_and_memory_as_the_extender_does(tmp_path: Path) -> None:
+    """Sidecars, pod-level requests and overhead count as ``core.model.hostresources`` counts
+    them."""
+    nodes = read_nodes(_cluster(tmp_path))
+    manifest = tmp_path / "pods.yaml"
+    manifest.write_text(
+        """\
+kind: Pod
+metadata: {name: sidecar}
+spec:
+  initContainers:
+  - {name: s, restartPolicy: Always, resources: {requests: {cpu: "1", memory: 1Gi}}}
+  - {name: i, resources: {requests: {cpu: "2"}}}
+  containers: [{name: a, resources: {requests: {cpu: "2", memory: 2Gi}}}]
+  overhead: {cpu: 250m, memory: 64Mi}
+---
+kind: Pod
+metadata: {name: podlevel}
+spec:
+  resources: {requests: {cpu: "6", memory: 10Gi}}
+  containers: [{name: a, resources: {requests: {cpu: "1", memory: 1Gi}}}]
+"""
+    )
+    pods = {p.name: p for p in read_pods(manifest, nodes)}
+    extender = {
+        doc["metadata"]["name"]: pod_requests(doc)
+        for doc in yaml.safe_load_all(manifest.read_text())
+    }
+    for name, pod in pods.items():
+        assert pod.cpu_milli == extender[name].cpu_milli
+        assert pod.memory_mib * 1024 * 1024 == extender[name].memory_bytes
+    assert (pods["sidecar"].cpu_milli, pods["sidecar"].memory_mib) == (3250, 3 * 1024 + 64)
+    assert (pods["podlevel"].cpu_milli, pods["podlevel"].memory_mib) == (6000, 10 * 1024)
 
 
 def test_content_decides_the_reader_not_the_extension(tmp_path: Path) -> None:

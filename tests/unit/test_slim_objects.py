@@ -12,13 +12,13 @@ from typing import Any
 
 from lightkube.core import decoders
 
-from gpushare.core.allocation import plan
-from gpushare.core.hostresources import pod_requests
-from gpushare.core.inventory import read_node
-from gpushare.core.kubejson import node_name_of, uid_of
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.trust import SealKey, Trust
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.hostresources import pod_requests
+from gpushare.core.model.inventory import read_node
+from gpushare.core.model.kubejson import node_name_of, uid_of
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.allocation import plan
+from gpushare.core.records.trust import SealKey, Trust
 from gpushare.kube.lightkube_api import _NodeJSON, _PodJSON, _slim
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
 

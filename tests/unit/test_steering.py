@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.admission import AdmissionSettings, mutate
-from gpushare.core.names import ResourceNames
+from gpushare.core.admitting.admission import AdmissionSettings, mutate
+from gpushare.core.model.names import ResourceNames
 from tests.unit.test_admission import MEM, container, job, pod, pod_template, review
 
 

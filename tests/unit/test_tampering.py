@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.admission import AdmissionSettings, decide
+from gpushare.core.admitting.admission import AdmissionSettings, decide
 
 MEM = "aliyun.com/gpu-mem"
 CORE = "aliyun.com/gpu-core.percentage"
@@ -25,9 +25,9 @@ ALLOCATION = (
 
 
 def trusting(*users: str, groups: tuple[str, ...] = ()) -> AdmissionSettings:
-    from gpushare.core.tampering import Trust
+    from gpushare.core.admitting.tampering import TrustedWriters
 
-    return AdmissionSettings(trust=Trust(users=frozenset(users), groups=frozenset(groups)))
+    return AdmissionSettings(trust=TrustedWriters(users=frozenset(users), groups=frozenset(groups)))
 
 
 def gpu_pod(

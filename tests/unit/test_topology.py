@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from gpushare.core.allocation import plan
-from gpushare.core.filtering import Rules, filter_node
-from gpushare.core.inventory import NodeInventory, read_node
-from gpushare.core.ledger import Ledger
-from gpushare.core.names import ANN_NODE_TOPOLOGY
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.topology import closest_set, topology_annotation
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.model.inventory import NodeInventory, read_node
+from gpushare.core.model.names import ANN_NODE_TOPOLOGY
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.model.topology import closest_set, topology_annotation
+from gpushare.core.placement.filtering import Rules, filter_node
+from gpushare.core.records.allocation import plan
 from gpushare.kube.objects import gpu_node, gpu_pod
 
 # Two NVLink pairs (0-1, 2-3) on one NUMA node each, the pairs across sockets.

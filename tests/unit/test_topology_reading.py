@@ -12,9 +12,15 @@ from typing import Any
 
 import pytest
 
-from gpushare.core.inventory import read_node
-from gpushare.core.names import ANN_NODE_GPUS, ANN_NODE_TOPOLOGY
-from gpushare.core.topology import LAYOUTS, check_distance, islands, layout, topology_annotation
+from gpushare.core.model.inventory import read_node
+from gpushare.core.model.names import ANN_NODE_GPUS, ANN_NODE_TOPOLOGY
+from gpushare.core.model.topology import (
+    LAYOUTS,
+    check_distance,
+    islands,
+    layout,
+    topology_annotation,
+)
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus, NvmlGpus
 from gpushare.deviceplugin.interconnect import bus_id, read_interconnect

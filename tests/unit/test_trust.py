@@ -13,12 +13,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare.core.allocation import plan, to_annotations
-from gpushare.core.handoff import CORE, MEM, pending_of, resolve
-from gpushare.core.ledger import Ledger
-from gpushare.core.names import ANN_ALLOCATION, ANN_SEAL
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.trust import (
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.model.names import ANN_ALLOCATION, ANN_SEAL
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.allocation import plan, to_annotations
+from gpushare.core.records.handoff import CORE, MEM, pending_of, resolve
+from gpushare.core.records.trust import (
     TRUSTED,
     IgnoredOnce,
     Reason,
@@ -31,7 +32,6 @@ from gpushare.core.trust import (
     seal_matches,
     sort_node_pods,
 )
-from gpushare.core.units import MemoryUnit
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_pod, placed
 from gpushare.kube.sealing import keyless_trust, secret_key
@@ -68,7 +68,7 @@ def forged(pod: dict[str, Any], *, node: str, gpus: list[tuple[int, int]]) -> di
 
 
 def judge(pod: dict[str, Any], trust: Trust = TRUST) -> Any:
-    from gpushare.core.allocation import from_pod
+    from gpushare.core.records.allocation import from_pod
 
     allocation = from_pod(pod)
     assert allocation is not None

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpushare.core.names import ResourceNames
-from gpushare.core.unitchange import holders, refuse_unit_change
-from gpushare.core.units import MemoryUnit
+from gpushare.core.booking.unitchange import holders, refuse_unit_change
+from gpushare.core.model.names import ResourceNames
+from gpushare.core.model.units import MemoryUnit
 from gpushare.kube.objects import gpu_node, gpu_pod
 
 NODE = "gpu-a"

@@ -1,6 +1,7 @@
 """NVIDIA_VISIBLE_DEVICES at admission: refused from tenants only where the nodes honour it.
 
-The rule (``core.tampering.VisibleDevicesRule``) is a mode (auto, refuse, allow) beside the
+The rule (``core.admitting.tampering.VisibleDevicesRule``) is a mode (auto, refuse, allow) beside
+the
 device plugin's hand-off (cdi-cri, envvar), and a list of exempt namespaces. Every combination
 is checked against every kind of namespace, on privileged and unprivileged pods, with and without
 gpushare resources; then the NVIDIA components' DaemonSets as NVIDIA ships them, and the wording
@@ -16,8 +17,8 @@ import click
 import pytest
 
 from gpushare.cli.webhook import _visible_devices_rule
-from gpushare.core.admission import AdmissionSettings, decide
-from gpushare.core.tampering import (
+from gpushare.core.admitting.admission import AdmissionSettings, decide
+from gpushare.core.admitting.tampering import (
     DEFAULT_EXEMPT_NAMESPACES,
     VisibleDevicesRule,
 )

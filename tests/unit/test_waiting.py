@@ -1,4 +1,4 @@
-"""The refused GPU pods tried again when GPUs come back (core.waiting)."""
+"""The refused GPU pods tried again when GPUs come back (core.booking.waiting)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpushare.core.waiting import Waiting, WaitingPod
+from gpushare.core.booking.waiting import Waiting, WaitingPod
 
 
 def pod(uid: str) -> WaitingPod:

@@ -224,7 +224,8 @@ def device_plugin(
         descriptor_limit,
     )
     from gpushare.deviceplugin.gpus import FakeGpus, GpuSource, NvmlGpus
-    from gpushare.deviceplugin.isolation import NodeIsolation, packaged_library
+    from gpushare.deviceplugin.hooks.library import packaged_library
+    from gpushare.deviceplugin.hooks.node import NodeIsolation
     from gpushare.deviceplugin.metrics import registry_for, serve_metrics
     from gpushare.deviceplugin.plugin import DevicePlugin
     from gpushare.deviceplugin.preflight import StartRefused, refuse_static_cpu_policy

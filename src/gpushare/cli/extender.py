@@ -15,7 +15,7 @@ from gpushare.cli.errors import CommandError
 from gpushare.cli.logs import log_format_option, log_level_option, setup_logging
 from gpushare.cli.options import resource_name_options, scheduling_config, scheduling_options
 from gpushare.cli.sealing import seal_options, trust_from_flags
-from gpushare.core.names import SCHEDULER_NAME
+from gpushare.core.model.names import SCHEDULER_NAME
 
 
 @click.command()
@@ -89,8 +89,8 @@ def extender(
 
     import uvicorn
 
-    from gpushare.core.policybook import PolicyBook
-    from gpushare.core.scheduling import Scheduler
+    from gpushare.core.decision.scheduling import Scheduler
+    from gpushare.core.resourcepolicies.policybook import PolicyBook
     from gpushare.extender.app import create_app, create_metrics_app, server_config
     from gpushare.extender.events import EventRecorder
     from gpushare.extender.readmitting import Readmitter

@@ -15,7 +15,7 @@ import click
 from gpushare.cli.errors import CommandError
 
 if TYPE_CHECKING:
-    from gpushare.core.trust import Trust
+    from gpushare.core.records.trust import Trust
 
 
 def seal_options(func: click.decorators.FC) -> click.decorators.FC:
@@ -40,7 +40,7 @@ def trust_from_flags(seal_key_file: str | None, insecure_no_seal: bool) -> Trust
     """The ``Trust`` the flags ask for; a CommandError says how to make a key."""
     from pathlib import Path
 
-    from gpushare.core.trust import Trust
+    from gpushare.core.records.trust import Trust
     from gpushare.kube.sealing import HOW_TO_MAKE, SealKeyError, load_key_file
 
     if seal_key_file and insecure_no_seal:

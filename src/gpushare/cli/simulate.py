@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from gpushare.cli.errors import CommandError
-from gpushare.core.inventory import SHARED_MODES, Mode
+from gpushare.core.model.inventory import SHARED_MODES, Mode
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -152,7 +152,7 @@ def simulate(
             "out: install the extra, pip install 'gpushare[sim]' (or -e '.[sim]' in a checkout)"
         )
 
-    from gpushare.core.units import MemoryUnit
+    from gpushare.core.model.units import MemoryUnit
     from gpushare.sim import gpumem, report, synthetic
     from gpushare.sim.experiment import Experiment, SeedResult, run_experiment
     from gpushare.sim.kubeyaml import read_workload

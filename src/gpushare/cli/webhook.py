@@ -17,13 +17,13 @@ import click
 from gpushare.cli.errors import CommandError
 from gpushare.cli.logs import log_format_option, log_level_option, setup_logging
 from gpushare.cli.options import resource_name_options, scheduling_config
-from gpushare.core.names import DEFAULT_SCHEDULER, SCHEDULER_NAME
-from gpushare.core.tampering import (
+from gpushare.core.admitting.tampering import (
     DEFAULT_EXEMPT_NAMESPACES,
     DEVICE_LIST_STRATEGIES,
     VISIBLE_DEVICES_MODES,
     VisibleDevicesRule,
 )
+from gpushare.core.model.names import DEFAULT_SCHEDULER, SCHEDULER_NAME
 
 
 def visible_devices_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -130,8 +130,8 @@ def webhook(
     import asyncio
     from pathlib import Path
 
-    from gpushare.core.admission import AdmissionSettings
-    from gpushare.core.tampering import Trust
+    from gpushare.core.admitting.admission import AdmissionSettings
+    from gpushare.core.admitting.tampering import TrustedWriters
     from gpushare.webhook.app import WebhookMetrics, create_app, serve, server_config
     from gpushare.webhook.certs import CertificateReloader
 
@@ -145,7 +145,7 @@ def webhook(
     settings = AdmissionSettings(
         names=scheduling.names,
         unit=scheduling.unit,
-        trust=Trust(users=frozenset(trusted_user), groups=frozenset(trusted_group)),
+        trust=TrustedWriters(users=frozenset(trusted_user), groups=frozenset(trusted_group)),
         scheduler_name=scheduler_name,
         steer_from=() if no_steer else tuple(steer_from),
         visible_devices=_visible_devices_rule(
@@ -277,7 +277,7 @@ def webhook_config(
 
     import yaml
 
-    from gpushare.core.names import ResourceNames
+    from gpushare.core.model.names import ResourceNames
     from gpushare.webhook.configuration import (
         DEFAULT_EXCLUDED_NAMESPACES,
         PATH,

@@ -3,4 +3,15 @@
 Adapters (extender, inspect, demo, simulator) hand it plain Kubernetes JSON dicts and get
 values back: verdicts with reasons, placements, ledgers. That keeps every decision testable
 without a cluster and makes the demo and the simulator run the same code as the extender.
+
+Its subpackages, each a floor that imports only the floors below it (an import contract in
+``pyproject.toml``), top first:
+
+- ``decision``: the decision framework and the scheduler's facade;
+- ``resourcepolicies`` and ``admitting``, which never import each other: ResourcePolicy;
+  the webhook's admission decision;
+- ``placement``: filtering, GPU choice, scoring, the fragmentation-aware policies;
+- ``booking``: the ledger, change logs, refused pods;
+- ``records``: allocations, seals, the hand-off;
+- ``model``: Kubernetes JSON read into values.
 """

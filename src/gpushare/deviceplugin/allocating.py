@@ -1,17 +1,18 @@
 """Answering kubelet's ``Allocate`` for one container, from the pods bound to this node.
 
 kubelet names only device IDs, as many as the container's limit, never the pod. The answer comes
-from the hand-off invariant (core.handoff): the unserved containers bound here that ask for that
+from the hand-off invariant (core.records.handoff): the unserved containers bound here that ask for
+that
 many devices of the resource share one signature, and that signature says which GPUs and how much
 of each the container gets. The isolation hook then adds what enforces it. When the pods cannot
 be read, nobody waits for that count, or the candidates disagree, the answer is a refusal with
 the reason, which kubelet shows on the pod: a guess could hand one pod another's GPU.
 
-Only allocations gpushare sealed for their pod count (core.trust): an untrusted one is never
+Only allocations gpushare sealed for their pod count (core.records.trust): an untrusted one is never
 served, never marked served and takes no part in the hand-off. A pod bound here that asks for
 these devices without a trusted allocation and has not started (a *stranger*) may be the pod
 kubelet is admitting, so an ``Allocate`` of one of its containers' counts is refused, naming it
-(core.handoff.resolve). Ignored allocations are counted once per pod and reason.
+(core.records.handoff.resolve). Ignored allocations are counted once per pod and reason.
 
 A refusal because of strangers while pods gpushare placed wait is held back for up to
 :data:`STRANGER_WAIT_S`, re-reading the node: kubelet admits one pod at a time, sorted by
@@ -39,11 +40,18 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpushare.core.handoff import Answer, Pending, pending_of, resolve
-from gpushare.core.inventory import Mode
-from gpushare.core.kubejson import KubeObject, name_of, namespace_of, spec_of, status_of, uid_of
-from gpushare.core.trust import (
+from gpushare.core.model.inventory import Mode
+from gpushare.core.model.kubejson import (
     TERMINAL_PHASES,
+    KubeObject,
+    name_of,
+    namespace_of,
+    spec_of,
+    status_of,
+    uid_of,
+)
+from gpushare.core.records.handoff import Answer, Pending, pending_of, resolve
+from gpushare.core.records.trust import (
     IgnoredOnce,
     Judged,
     NodePods,

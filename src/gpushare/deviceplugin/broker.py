@@ -1,7 +1,7 @@
 """The accounting broker: each container's GPU memory usage, kept in the device plugin.
 
 One unix socket per container, ``<state>/broker/<key>/broker.sock`` on the host, where ``key``
-is the container's accounting key (``isolation.accounting_key``). Allocate mounts the socket's
+is the container's accounting key (``hooks.accounts.accounting_key``). Allocate mounts the socket's
 directory read-only at ``/var/run/gpushare`` (connecting needs no write access to the mount),
 so the container can reach its own account and nothing else, and can neither replace the
 socket nor add one. The arithmetic and the protocol are ``gpushare.isolation.accounting``; this
@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpushare.core.isolationpaths import CONTAINER_BROKER_DIR
+from gpushare.core.admitting.isolationpaths import CONTAINER_BROKER_DIR
 from gpushare.deviceplugin.config import BrokerStats
 from gpushare.deviceplugin.descriptors import BrokerCaps, soft_limit
 from gpushare.isolation.accounting import MAX_CONNECTIONS, MAX_LINE, OK, Account

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 
-from gpushare.core.handoff import Signature
+from gpushare.core.records.handoff import Signature
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpushare.core.handoff import MEM
-from gpushare.core.names import DEFAULT_NAMES, ResourceNames
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.names import DEFAULT_NAMES, ResourceNames
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.handoff import MEM
 from gpushare.deviceplugin.cdi import HandOff
 
 
@@ -40,7 +40,8 @@ class Stats:
     mismatches: int = 0
     registrations: int = 0
     untrusted: dict[str, int] = field(default_factory=dict)
-    """Pods whose allocation was ignored, by reason (core.trust), each pod once per reason."""
+    """Pods whose allocation was ignored, by reason (core.records.trust), each pod once per
+    reason."""
     broker: BrokerStats = field(default_factory=BrokerStats)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpushare.core.topology import Distance, layout
+from gpushare.core.model.topology import Distance, layout
 from gpushare.deviceplugin.interconnect import read_interconnect
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class GpuSource(Protocol):
         ...
 
     def topology(self) -> Distance:
-        """Links between the GPUs in index order (``core.topology``); () when not known."""
+        """Links between the GPUs in index order (``core.model.topology``); () when not known."""
         ...
 
     async def changed(self) -> None:
@@ -118,7 +118,7 @@ class FakeGpus:
     ) -> FakeGpus:
         """Read the flags; a ValueError names the flag, the part that is wrong and the rule.
 
-        ``topology`` (``--fake-topology``) is a layout of ``core.topology.LAYOUTS`` or an
+        ``topology`` (``--fake-topology``) is a layout of ``core.model.topology.LAYOUTS`` or an
         explicit matrix (``0,1;1,0``); empty: the node publishes none.
         """
         gpus: list[GpuInfo] = []

@@ -1,4 +1,4 @@
-"""How this node's GPUs are connected, read from NVML into ``core.topology``'s distances.
+"""How this node's GPUs are connected, read from NVML into ``core.model.topology``'s distances.
 
 Two facts per pair of GPUs, from nvidia-ml-py (``pynvml``):
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
-from gpushare.core.topology import (
+from gpushare.core.model.topology import (
     CROSS_NUMA,
     HOST_BRIDGE,
     NUMA_NODE,
@@ -49,7 +49,7 @@ PCIE_DISTANCE = {
     40: NUMA_NODE,  # NVML_TOPOLOGY_NODE (NVML_TOPOLOGY_CPU in older headers)
     50: CROSS_NUMA,  # NVML_TOPOLOGY_SYSTEM
 }
-"""NVML's ``nvmlGpuTopologyLevel_t`` values to ``core.topology`` distances; a level NVML adds
+"""NVML's ``nvmlGpuTopologyLevel_t`` values to ``core.model.topology`` distances; a level NVML adds
 later counts as the farthest, which only ever makes the scheduler more cautious."""
 
 SWITCH_DEVICE_TYPE = 2

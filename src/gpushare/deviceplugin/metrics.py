@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpushare.core.inventory import CORE_PER_GPU
+from gpushare.core.model.inventory import CORE_PER_GPU
 from gpushare.deviceplugin.config import BrokerStats
 from gpushare.deviceplugin.gpus import GpuSource
 from gpushare.deviceplugin.usage import ContainerUse

@@ -17,7 +17,7 @@ Life cycle:
    inventory, so the scheduler stops placing pods on the GPU (health.py);
 5. answer each ``Allocate`` from the pods bound to this node through the hand-off invariant,
    never by guessing, and keep what was served per device-ID set on disk (allocating.py,
-   checkpoint.py); only allocations gpushare sealed for their pod count (core.trust), and a
+   checkpoint.py); only allocations gpushare sealed for their pod count (core.records.trust), and a
    pod bound here that gpushare did not place is never served;
 6. keep the node's pods from a field-selected list and watch (kube.podwatch): a quiet node
    costs kube-apiserver no request while the watch stays open;
@@ -35,10 +35,10 @@ import os
 import time
 from pathlib import Path
 
-from gpushare.core.handoff import MEM, Signature
-from gpushare.core.inventory import Mode
-from gpushare.core.names import ANN_NODE_TOPOLOGY
-from gpushare.core.trust import Trust
+from gpushare.core.model.inventory import Mode
+from gpushare.core.model.names import ANN_NODE_TOPOLOGY
+from gpushare.core.records.handoff import MEM, Signature
+from gpushare.core.records.trust import Trust
 from gpushare.deviceplugin.allocating import Allocator, NodeParts, NodeReader, Refused
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint
 from gpushare.deviceplugin.config import PluginConfig, Stats

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import yaml
 
-from gpushare.core.handoff import CORE, MEM
-from gpushare.core.inventory import SHARED_MODES, Mode
-from gpushare.core.kubejson import KubeObject, labels_of, name_of
-from gpushare.core.names import LABEL_MODE, ResourceNames
-from gpushare.core.unitchange import refuse_unit_change
-from gpushare.core.units import MemoryUnit
+from gpushare.core.booking.unitchange import refuse_unit_change
+from gpushare.core.model.inventory import SHARED_MODES, Mode
+from gpushare.core.model.kubejson import KubeObject, labels_of, name_of
+from gpushare.core.model.names import LABEL_MODE, ResourceNames
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.handoff import CORE, MEM
 from gpushare.deviceplugin.serving import IsolationHook
 
 

@@ -8,11 +8,12 @@ GPU count as ``aliyun.com/gpu-count`` in node status. It is written at start and
 health change, so an unhealthy GPU stops receiving pods.
 
 It also labels the node the way ACK labels its GPU nodes (``aliyun.accelerator/nvidia_name``,
-``nvidia_count``, ``nvidia_mem``, see ``core.gpumodel``), so a pod chooses a model with a plain
+``nvidia_count``, ``nvidia_mem``, see ``core.model.gpumodel``), so a pod chooses a model with a
+plain
 nodeSelector and the scarcity policy reads the same model the selector names.
 
 How the GPUs are connected goes beside the inventory as ``gpushare.io/gpu-topology``
-(``core.topology``'s format, written by its encoder), only when it differs from what the node
+(``core.model.topology``'s format, written by its encoder), only when it differs from what the node
 holds: it is fixed while the plugin runs, so the health changes that republish the inventory
 leave it alone, and a backend that knows no topology removes a stale one rather than let the
 scheduler read links the node no longer has.
@@ -22,16 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpushare.core.gpumodel import gpu_node_labels
-from gpushare.core.inventory import Gpu, inventory_annotation
-from gpushare.core.names import (
+from gpushare.core.model.gpumodel import gpu_node_labels
+from gpushare.core.model.inventory import Gpu, inventory_annotation
+from gpushare.core.model.names import (
     ANN_NODE_GPUS,
     ANN_NODE_HANDOFF,
     ANN_NODE_TOPOLOGY,
     ANN_NODE_UNIT,
     HANDOFF_PODRESOURCES,
 )
-from gpushare.core.topology import Distance, topology_annotation
+from gpushare.core.model.topology import Distance, topology_annotation
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import GpuSource
 from gpushare.deviceplugin.serving import mem_units

@@ -9,7 +9,8 @@ marked served (``ALIYUN_COM_GPU_MEM_ASSIGNED=true``), which takes it out of the 
 What kubelet reports, and so what the check expects (kubernetes/kubernetes):
 
 - restartable init containers (sidecars) and regular containers, never ordinary init containers
-  (pkg/kubelet/apis/podresources/server_v1.go, ``List``; see core.handoff.listed_signatures);
+  (pkg/kubelet/apis/podresources/server_v1.go, ``List``; see
+  core.records.handoff.listed_signatures);
 - each device ID in a ``ContainerDevices`` entry of its own, one per NUMA node
   (pkg/kubelet/cm/container_manager.go, ``containerDevicesFromResourceDeviceInstances``), so a
   container's set is the union of its entries;
@@ -53,11 +54,11 @@ from pathlib import Path
 
 import grpc
 
-from gpushare.core.allocation import Allocation
-from gpushare.core.handoff import MEM, Signature, listed_signatures
-from gpushare.core.kubejson import KubeObject
-from gpushare.core.names import ANN_ASSIGNED
-from gpushare.core.trust import NodePods
+from gpushare.core.model.kubejson import KubeObject
+from gpushare.core.model.names import ANN_ASSIGNED
+from gpushare.core.records.allocation import Allocation
+from gpushare.core.records.handoff import MEM, Signature, listed_signatures
+from gpushare.core.records.trust import NodePods
 from gpushare.deviceplugin.allocating import NodeParts, OnNode, spec_weight
 from gpushare.deviceplugin.protos.podresources_v1 import api_pb2 as pr
 from gpushare.deviceplugin.protos.podresources_v1 import api_pb2_grpc as pr_grpc

@@ -7,7 +7,8 @@ many device IDs as the container's limit (kubernetes/kubernetes
 pkg/kubelet/cm/devicemanager/manager.go, ``allocateContainerResources``), so a 30 % container
 names 30 devices, and node capacity (the number of healthy devices) reads 100 per GPU, as ACK
 shows it. The device IDs are tokens for kubelet's counting only: which GPU a container really
-gets comes from its pod's allocation, found through the hand-off invariant (core.handoff), and is
+gets comes from its pod's allocation, found through the hand-off invariant (core.records.handoff),
+and is
 put into the container's environment.
 """
 
@@ -17,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpushare.core.handoff import MEM, Pending, Signature
-from gpushare.core.inventory import CORE_PER_GPU, Mode
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.inventory import CORE_PER_GPU, Mode
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.handoff import MEM, Pending, Signature
 from gpushare.deviceplugin.cdi import HandOff
 from gpushare.deviceplugin.gpus import GpuInfo
 

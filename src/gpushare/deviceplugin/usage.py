@@ -24,15 +24,16 @@ from pathlib import Path
 
 import msgspec
 
-from gpushare.core.gpuuse import moved, render_used
-from gpushare.core.names import ANN_NODE_GPU_USED
+from gpushare.core.model.names import ANN_NODE_GPU_USED
+from gpushare.core.records.gpuuse import moved, render_used
 from gpushare.kube.port import KubeAPI, KubeError
 
 log = logging.getLogger(__name__)
 
 OWNER_FILE_NAME = "owner"
 USED_SUMMARY_INTERVAL_S = 300.0
-"""How often, at most, the node's ``gpushare.io/gpu-used`` summary is rewritten (core.gpuuse)."""
+"""How often, at most, the node's ``gpushare.io/gpu-used`` summary is rewritten
+(core.records.gpuuse)."""
 MIB = 1024 * 1024
 
 
@@ -90,7 +91,8 @@ def used_per_gpu(uses: list[ContainerUse], indexes: list[int]) -> dict[int, int]
 
 
 class UsedSummaryPublisher:
-    """Writes the node's per-GPU use summary, rarely (see ``core.gpuuse`` for why a summary).
+    """Writes the node's per-GPU use summary, rarely (see ``core.records.gpuuse`` for why a
+    summary).
 
     Every ``interval_s`` it adds up what the containers hold and patches the node only when a
     GPU's figure moved by ``step_mib`` (the node's memory unit) or more since the last write:

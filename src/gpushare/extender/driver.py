@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from gpushare.core.kubejson import key_of, name_of, namespace_of, stored_uid_of
+from gpushare.core.model.kubejson import key_of, name_of, namespace_of, stored_uid_of
 
 
 @dataclass(frozen=True)

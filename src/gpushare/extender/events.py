@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from gpushare.core.kubejson import KubeObject, name_of, namespace_of, stored_uid_of
+from gpushare.core.model.kubejson import KubeObject, name_of, namespace_of, stored_uid_of
 from gpushare.kube.port import KubeAPI, KubeError
 
 log = logging.getLogger(__name__)

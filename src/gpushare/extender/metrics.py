@@ -30,15 +30,15 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpushare.core.allocation import Allocation
-from gpushare.core.inventory import CORE_PER_GPU
-from gpushare.core.resourcepolicy import PolicyError
+from gpushare.core.model.inventory import CORE_PER_GPU
+from gpushare.core.records.allocation import Allocation
+from gpushare.core.resourcepolicies.resourcepolicy import PolicyError
 from gpushare.exporting import ExportRegistry
 from gpushare.kube.cache import ClusterCache
 
 MIB = 1024 * 1024
 
-LATENCY_BUCKETS = (
+CALL_LATENCY_BUCKETS = (
     0.0005,
     0.001,
     0.0025,
@@ -218,7 +218,7 @@ class ExtenderMetrics:
             "gpushare_extender_request_duration_seconds",
             "Extender call latency by verb (filter, prioritize, bind)",
             ["verb"],
-            buckets=LATENCY_BUCKETS,
+            buckets=CALL_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.binds = Counter(

@@ -1,6 +1,6 @@
 """Bring back the GPU pods kubelet refused while their node's device plugin was not serving.
 
-The decision is ``core.readmission``'s; this module acts on it for the pods the cache sees
+The decision is ``core.records.readmission``'s; this module acts on it for the pods the cache sees
 Failed: an event on each refused pod, and for a bare pod its deletion and re-creation under
 the same name, with an event on the new pod that names the old one. Each pod (by UID) is
 handled once; the re-creations of one name are counted, so a node that keeps refusing cannot
@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gpushare.core.kubejson import stored_uid_of
-from gpushare.core.names import ResourceNames
-from gpushare.core.readmission import Step, readmission, replacement
+from gpushare.core.model.kubejson import stored_uid_of
+from gpushare.core.model.names import ResourceNames
+from gpushare.core.records.readmission import Step, readmission, replacement
 from gpushare.extender.events import EventRecorder, PodRef
 from gpushare.kube.port import Conflict, KubeAPI, KubeDict, KubeError, NotFound
 

@@ -10,7 +10,7 @@ the replies, and give the OpenAPI page its schemas. Every verb refuses a bad bod
 A body that is not the wire format is a ``WireError`` and an HTTP 400 whose message names the
 field and the rule (``Pod.spec.containers: expected a list, got null``): JSON that is malformed,
 not UTF-8 or nested deeper than the decoder goes, a field of the wrong type, and a pod or node
-that ``core.shape`` finds unreadable. kube-scheduler shows the message in the pod's events.
+that ``core.model.shape`` finds unreadable. kube-scheduler shows the message in the pod's events.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from gpushare.core.kubejson import name_problem
-from gpushare.core.shape import (
+from gpushare.core.model.kubejson import name_problem
+from gpushare.core.model.shape import (
     Path,
     ShapeProblem,
     node_shape,

@@ -3,7 +3,7 @@
 It lists nodes and pods once, rebuilds the ledger from pod annotations exactly as the extender
 does, and prints the view. It reads ``$KUBECONFIG`` like kubectl, and also takes
 ``--kubeconfig`` and ``--context``. The gpu-mem unit comes from the nodes themselves
-(``core.inventory.declared_unit``); ``--unit`` only overrides it. ``-o json`` prints the
+(``core.model.inventory.declared_unit``); ``--unit`` only overrides it. ``-o json`` prints the
 documents of ``inspect.schema``, whose JSON Schema ``--schema`` prints.
 
 Its flags follow kubectl's: ``-n``, ``-A``, ``-l`` choose the pods shown (``inspect.scope``),
@@ -14,7 +14,7 @@ gets them as the pods describe them, each with a note in the output, never a tra
 ``--explain`` needs the whole cluster and says so in one line when it cannot have it; it scores
 with the installed extender's settings (``inspect.installed``), read from its Deployment.
 
-Like the extender it counts only allocations gpushare sealed for their pod (core.trust). The
+Like the extender it counts only allocations gpushare sealed for their pod (core.records.trust). The
 key comes from ``--seal-key-file``, or from the Secret the chart creates (``--seal-secret``,
 read through the API). A user who may not read that Secret gets one line on stderr saying so,
 and a view built on the structural checks alone (node and requests), which a forged record that
@@ -32,14 +32,14 @@ from pathlib import Path
 import click
 import yaml
 
-from gpushare.core.gpuuse import read_used
-from gpushare.core.inventory import declared_unit, read_node
-from gpushare.core.kubejson import annotations_of, name_of, namespace_of
-from gpushare.core.ledger import Ledger
-from gpushare.core.policybook import recorded_units
-from gpushare.core.scheduling import Scheduler, Settings
-from gpushare.core.trust import Trust
-from gpushare.core.units import MemoryUnit
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.model.inventory import declared_unit, read_node
+from gpushare.core.model.kubejson import annotations_of, name_of, namespace_of
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.gpuuse import read_used
+from gpushare.core.records.trust import Trust
+from gpushare.core.resourcepolicies.policybook import recorded_units
 from gpushare.inspect.completion import complete_contexts, complete_namespaces, complete_pods
 from gpushare.inspect.explain import Explanation, explain_pod, explanation_json
 from gpushare.inspect.installed import describe, extender_settings

@@ -1,6 +1,6 @@
 """``kubectl inspect cgpu --explain``: would this pod fit each node now, and if not why (pure).
 
-It runs the extender's own filter and scores (``gpushare.core.scheduling``) over the ledger
+It runs the extender's own filter and scores (``gpushare.core.decision.scheduling``) over the ledger
 rebuilt from pod annotations, so the answer is the one kube-scheduler would get from the
 extender at this moment: per node a verdict with its reasons, and on nodes that fit the GPUs
 the pod would get and how full they would be. A pod that already holds GPUs is judged with its
@@ -13,14 +13,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gpushare.core.allocation import plan
-from gpushare.core.explain import IN_CLUSTER, placement_message, refusal_summary
-from gpushare.core.filtering import Code
-from gpushare.core.inventory import NodeInventory
-from gpushare.core.kubejson import KubeObject, name_of, namespace_of, spec_of, status_of
-from gpushare.core.ledger import Ledger
-from gpushare.core.requests import PodRequest, Rejection
-from gpushare.core.scheduling import Scheduler
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.decision.scheduling import Scheduler
+from gpushare.core.model.inventory import NodeInventory
+from gpushare.core.model.kubejson import KubeObject, name_of, namespace_of, spec_of, status_of
+from gpushare.core.model.requests import PodRequest, Rejection
+from gpushare.core.placement.explain import IN_CLUSTER, placement_message, refusal_summary
+from gpushare.core.placement.filtering import Code
+from gpushare.core.records.allocation import plan
 from gpushare.inspect.schema import ExplainDocument, NodeExplanationDoc, dump
 
 OUTCOMES = {Code.FITS: "yes", Code.UNSCHEDULABLE: "no", Code.UNRESOLVABLE: "never"}

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpushare.config import ConfigError, load
-from gpushare.core.scheduling import Settings
+from gpushare.core.decision.scheduling import Settings
 
 FLAGS = {
     "--policy": "policy",

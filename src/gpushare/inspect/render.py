@@ -18,7 +18,7 @@ column appears when some pod holds memory on an unknown GPU. Percentages are tru
 A GPU the operator took out of service (``gpushare.io/gpus-disabled``) has a ``*`` after its
 cell and a note after the cluster line. In ``-d``, a ``POLICY(UNIT)`` column names the
 ResourcePolicy and unit each pod was placed in, when some pod was (none in the seeds).
-Allocations gpushare ignores (core.trust) follow, one per
+Allocations gpushare ignores (core.records.trust) follow, one per
 pod, with why, and
 then a note naming the nodes that have GPU memory but no sharing mode label (none in the seeds,
 so their text is unchanged).
@@ -35,14 +35,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpushare.core.gpuuse import UsedSummary
-from gpushare.core.inventory import Mode
-from gpushare.core.names import ANN_DEV, ANN_NODE_GPUS_DISABLED, LABEL_MODE
+from gpushare.core.model.inventory import Mode
+from gpushare.core.model.names import ANN_DEV, ANN_NODE_GPUS_DISABLED, LABEL_MODE
+from gpushare.core.records.gpuuse import UsedSummary
 from gpushare.inspect.explain import Explanation
 from gpushare.inspect.view import ClusterView, NodeView
 
 OUT_OF_SERVICE_MARK = "*"
-"""Follows a GPU's cell when the operator took it out of service (``core.disabling``)."""
+"""Follows a GPU's cell when the operator took it out of service (``core.model.disabling``)."""
 
 MIN_RULE = 75
 """Width of the dashed line between nodes in ``-d`` (no seed shows that layout)."""

@@ -22,11 +22,11 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gpushare.core.allocation import from_pod
-from gpushare.core.inventory import Gpu, Mode, NodeInventory, Placement
-from gpushare.core.kubejson import annotations_of, labels_of, status_of, uid_of, whole_number
-from gpushare.core.names import ANN_DEV
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.inventory import Gpu, Mode, NodeInventory, Placement
+from gpushare.core.model.kubejson import annotations_of, labels_of, status_of, uid_of, whole_number
+from gpushare.core.model.names import ANN_DEV
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.allocation import from_pod
 
 _KEY = r"[A-Za-z0-9](?:[-A-Za-z0-9_./]*[A-Za-z0-9])?"
 _VALUE = r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?"

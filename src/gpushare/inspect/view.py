@@ -2,12 +2,13 @@
 
 The extender's ``GET /inspect`` returns the same view as JSON, so a person and a dashboard see
 the same numbers. Nodes appear when they are shared (a known mode with GPUs) or hold anything.
-Allocations the ledger ignored (core.trust: not sealed by gpushare for their pod, bound
+Allocations the ledger ignored (core.records.trust: not sealed by gpushare for their pod, bound
 elsewhere, or not matching the pod) are listed apart with the reason: they hold nothing. Nodes
 with GPUs but no sharing mode label are named apart too: gpushare places nothing there until the
 label is added, which is the first thing to check when a pod stays Pending.
 A pod a ResourcePolicy placed carries the policy and unit its bind recorded (``units``, by pod
-UID, from ``core.policybook.recorded_units``), so the view says which pool each pod went to.
+UID, from ``core.resourcepolicies.policybook.recorded_units``), so the view says which pool each
+pod went to.
 A view can be narrowed to the pods in a scope (``inspect.scope``: a namespace, a label
 selector): it then shows those pods and the nodes they are on, with the nodes' full totals, and
 it records what its reader could not see, so the renderers can say it.
@@ -19,10 +20,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpushare.core.gpuuse import UsedSummary
-from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory
-from gpushare.core.ledger import Ledger
-from gpushare.core.units import MemoryUnit
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.model.inventory import CORE_PER_GPU, Mode, NodeInventory
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.gpuuse import UsedSummary
 from gpushare.inspect.schema import (
     ClusterDoc,
     GpuDoc,
@@ -67,7 +68,7 @@ class GpuView:
     healthy: bool
     model: str = ""
     out_of_service: bool = False
-    """Taken out of service by the operator (``core.disabling``)."""
+    """Taken out of service by the operator (``core.model.disabling``)."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,8 @@ class NodeView:
     seen_from_pods: bool = False
     """The node could not be read: its GPUs are those the reader's pods hold, its mode unknown."""
     used: UsedSummary | None = None
-    """GPU memory in use per GPU, as the node's device plugin last published it (core.gpuuse)."""
+    """GPU memory in use per GPU, as the node's device plugin last published it
+    (core.records.gpuuse)."""
 
     @property
     def total_units(self) -> int:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpushare.core.kubejson import whole_number
+from gpushare.core.model.kubejson import whole_number
 
 MAX_LINE = 96
 """Longest request line, newline included; longer ones close the connection."""

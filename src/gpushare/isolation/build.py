@@ -18,6 +18,7 @@ from pathlib import Path
 
 NATIVE = Path(__file__).parent / "native"
 LIB_NAME = "libgpushare-cuda.so"
+"""The interposer's file name: built here, installed and preloaded by the device plugin."""
 SOURCES = ("interposer.c",)
 CFLAGS = ("-O2", "-fPIC", "-Wall", "-Wextra", "-Werror", "-std=gnu11")
 LIBS = ("-ldl", "-lpthread")

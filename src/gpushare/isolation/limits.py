@@ -3,7 +3,7 @@
 The device plugin gives the interposer each container's limits twice: as environment
 variables (``GPUSHARE_MEM_LIMIT``, ``GPUSHARE_CORE_LIMIT``), which people read, and as this
 file, written on the host under the state directory and mounted read-only at
-``/etc/gpushare/limits`` (``core.isolationpaths``). Environment is the container's own:
+``/etc/gpushare/limits`` (``core.admitting.isolationpaths``). Environment is the container's own:
 kubelet puts the pod's ``env`` after the plugin's, and any process may change it for the
 programs it starts. A read-only bind mount is not: an unprivileged container can neither
 write it nor unmount it. So the interposer reads the file first, and the file wins.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from gpushare.core.inventory import CORE_PER_GPU
+from gpushare.core.model.inventory import CORE_PER_GPU
 from gpushare.isolation.policy import MAX_WEIGHT, Policy
 
 LIMITS_VERSION = 2

@@ -14,7 +14,7 @@ schedule of time slices that the interposer holds every launch of a container to
 
 This module is pure: it validates the number and computes a schedule from the members of one
 GPU; the device plugin writes what :meth:`Schedule.render` returns, atomically, into a host
-directory mounted read-only into the containers (``gpushare.deviceplugin.isolation``), and the
+directory mounted read-only into the containers (``gpushare.deviceplugin.hooks``), and the
 interposer (``native/interposer.c``, ``gs_sched_*``) reads it. The file is the containers' shared
 view of each other: they can read it and cannot write it.
 
@@ -37,8 +37,8 @@ import hashlib
 from dataclasses import dataclass
 from enum import IntEnum
 
-from gpushare.core.inventory import CORE_PER_GPU
-from gpushare.core.kubejson import whole_number
+from gpushare.core.model.inventory import CORE_PER_GPU
+from gpushare.core.model.kubejson import whole_number
 
 SCHEDULE_VERSION = 1
 DEFAULT_PERIOD_NS = 100_000_000

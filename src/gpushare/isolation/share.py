@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpushare.core.kubejson import whole_number
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.kubejson import whole_number
+from gpushare.core.model.units import MemoryUnit
 
 __all__ = ["Applied", "ShareEnvError", "Slice", "apply", "read_slice"]
 

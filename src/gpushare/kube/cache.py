@@ -19,7 +19,8 @@ requests in the ledger, its judgement, its placement for ResourcePolicies, its s
 The API port hands over objects as the server's JSON without what no reader here reads
 (``managedFields``, condition lists, a node's images: ``kube.lightkube_api``).
 
-**One bad object never ends the watch.** Each node and pod passes ``core.shape`` before anything
+**One bad object never ends the watch.** Each node and pod passes ``core.model.shape`` before
+anything
 reads it, the boundary the extender's wire and the webhook use too; one that does not is skipped
 (its last good version stays) and reported to ``on_skipped``, which the extender logs and counts.
 The annotations and labels inside are strings whose readers turn any value into a reason, never
@@ -27,7 +28,7 @@ an exception. Should a reader still raise, the event is skipped and reported the
 than ending the watch, and a failure of a whole list is kept in ``problem`` (``/readyz`` then
 says the cache is not ready, and why) until a list succeeds again.
 
-Every pod is judged as it comes in (core.trust): the ledger takes only allocations gpushare
+Every pod is judged as it comes in (core.records.trust): the ledger takes only allocations gpushare
 sealed for that pod, once per pod version, so the filter never pays for it. An ignored one is
 reported to ``on_ignored`` once per pod and reason (a relist does not count it again), with a
 flag for the first report of that pod (the extender's metrics and Events use both).
@@ -37,7 +38,8 @@ start from the API's own copy instead of reading the pod again; the resourceVers
 guards the write, and a copy the watch has not caught up with only costs a 409 and a read.
 
 It also keeps what kube-scheduler's remaining score plugins weigh beyond the pod itself
-(``core.preferences``): the pod-affinity terms of placed pods (``placed_terms``) and the nodes
+(``core.placement.preferences``): the pod-affinity terms of placed pods (``placed_terms``) and the
+nodes
 with a ``PreferNoSchedule`` taint (``soft_tainted``).
 
 Every pod listed or watched is also handed to the ``workload`` feed, which counts each pod with
@@ -51,18 +53,18 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from gpushare.core.changes import NodeTable
-from gpushare.core.defragmenting import WorkloadFeed
-from gpushare.core.gating import Placed
-from gpushare.core.inventory import NodeInventory, read_node
-from gpushare.core.kubejson import KubeObject, name_of, node_name_of, stored_uid_of, uid_of
-from gpushare.core.ledger import Ledger, is_terminal
-from gpushare.core.policybook import PolicyBook, placing_of
-from gpushare.core.preferences import PlacedTerms, has_prefer_no_schedule_taint
-from gpushare.core.requests import PodRequest, read_pod
-from gpushare.core.scheduling import Settings
-from gpushare.core.shape import node_shape, pod_shape
-from gpushare.core.trust import Ignored, IgnoredOnce, Judged, Trust
+from gpushare.core.booking.changes import NodeTable
+from gpushare.core.booking.ledger import Ledger, is_terminal
+from gpushare.core.decision.scheduling import Settings
+from gpushare.core.model.inventory import NodeInventory, read_node
+from gpushare.core.model.kubejson import KubeObject, name_of, node_name_of, stored_uid_of, uid_of
+from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.model.shape import node_shape, pod_shape
+from gpushare.core.placement.defragmenting import WorkloadFeed
+from gpushare.core.placement.preferences import PlacedTerms, has_prefer_no_schedule_taint
+from gpushare.core.records.trust import Ignored, IgnoredOnce, Judged, Trust
+from gpushare.core.resourcepolicies.gating import Placed
+from gpushare.core.resourcepolicies.policybook import PolicyBook, placing_of
 from gpushare.kube.backoff import Backoff
 from gpushare.kube.port import Gone, KubeAPI, KubeDict, KubeError, WatchEvent
 from gpushare.kube.sealing import keyless_trust
@@ -123,7 +125,7 @@ class ClusterCache:
         """Nodes with a ``PreferNoSchedule`` taint."""
         self.on_skipped = on_skipped
         self.on_failed = on_failed
-        """Told of each pod listed or watched in phase Failed (``core.readmission``)."""
+        """Told of each pod listed or watched in phase Failed (``core.records.readmission``)."""
         self.synced = False
         self.relists = 0
         self.problem = ""

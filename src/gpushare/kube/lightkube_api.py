@@ -24,8 +24,8 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Event, Node, Pod, Secret
 from lightkube.types import PatchType
 
-from gpushare.core.kubejson import name_problem
-from gpushare.core.resourcepolicy import GROUP, KIND, PLURAL, VERSION
+from gpushare.core.model.kubejson import name_problem
+from gpushare.core.resourcepolicies.resourcepolicy import GROUP, KIND, PLURAL, VERSION
 from gpushare.kube.port import (
     Conflict,
     Forbidden,

@@ -4,7 +4,7 @@ It backs unit and integration tests and the demo, so the extender and the cache 
 without a cluster. It keeps an event log like etcd's; ``compact`` drops it so watches from an
 older resourceVersion get ``Gone``, as a real API server does after compaction.
 
-Like a cluster the chart installed into, it holds a seal key (core.trust) in the Secret
+Like a cluster the chart installed into, it holds a seal key (core.records.trust) in the Secret
 ``gpushare/gpushare-seal``: random, made when the in-memory cluster is, so the extender, the
 device plugin and ``kubectl inspect cgpu`` running on it share it without configuration.
 """
@@ -90,7 +90,8 @@ class MemoryKube:
         """The key gpushare's components on this in-memory cluster share (keyless mode).
 
         Text, as ``gpushare seal-key`` makes: every reader drops surrounding whitespace
-        (``core.trust.read_key``), so raw random bytes would be a different key to some readers
+        (``core.records.trust.read_key``), so raw random bytes would be a different key to some
+        readers
         whenever they began or ended with a whitespace byte.
         """
         self._secrets: dict[tuple[str, str], KubeDict] = {

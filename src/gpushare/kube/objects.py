@@ -11,9 +11,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpushare.core.allocation import Allocation, to_annotations
-from gpushare.core.inventory import CORE_PER_GPU, Gpu, Mode, inventory_annotation
-from gpushare.core.names import (
+from gpushare.core.model.inventory import CORE_PER_GPU, Gpu, Mode, inventory_annotation
+from gpushare.core.model.names import (
     ANN_ALLOCATION,
     ANN_NODE_GPUS,
     ANN_NODE_UNIT,
@@ -23,8 +22,9 @@ from gpushare.core.names import (
     LABEL_PLACEMENT,
     ResourceNames,
 )
-from gpushare.core.trust import Trust
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.allocation import Allocation, to_annotations
+from gpushare.core.records.trust import Trust
 from gpushare.kube.port import KubeDict
 
 

@@ -31,7 +31,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
-from gpushare.core.kubejson import KubeObject, uid_of
+from gpushare.core.model.kubejson import KubeObject, uid_of
 from gpushare.kube.backoff import Backoff
 from gpushare.kube.port import Gone, KubeAPI, KubeDict, KubeError, WatchEvent
 

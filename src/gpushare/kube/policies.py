@@ -24,9 +24,9 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from gpushare.core.kubejson import name_of, namespace_of
-from gpushare.core.policybook import PolicyBook
-from gpushare.core.resourcepolicy import PolicyError, ResourcePolicy
+from gpushare.core.model.kubejson import name_of, namespace_of
+from gpushare.core.resourcepolicies.policybook import PolicyBook
+from gpushare.core.resourcepolicies.resourcepolicy import PolicyError, ResourcePolicy
 from gpushare.kube.backoff import Backoff
 from gpushare.kube.port import Gone, KubeError, NotFound, PolicyAPI, WatchEvent
 

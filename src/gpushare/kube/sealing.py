@@ -1,4 +1,4 @@
-"""Where the seal key (core.trust) comes from: a file, a Secret, or the in-memory cluster.
+"""Where the seal key (core.records.trust) comes from: a file, a Secret, or the in-memory cluster.
 
 In a cluster the chart creates the Secret ``gpushare-seal`` once, with 32 random bytes, and
 mounts it into the extender and every device plugin, which read it with ``--seal-key-file``.
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpushare.core.trust import SealKey, Trust, read_key
+from gpushare.core.records.trust import SealKey, Trust, read_key
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.port import Conflict, KubeAPI, KubeError
 

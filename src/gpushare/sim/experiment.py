@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
-from gpushare.core.fragmentation import WorkloadEstimate
+from gpushare.core.placement.fragmentation import WorkloadEstimate
 from gpushare.sim import gpumem as memory_mode
 from gpushare.sim import lpbound
 from gpushare.sim.milligpu import BestFit, Cluster, make_policy, replay, shape_of
@@ -81,7 +81,7 @@ def run_seed(
     Fragmentation is sampled ``samples`` times along the run (0: not at all; it costs more
     than the replay itself on large clusters). With ``memory`` the extender's core places the
     pods in memory units (``sim.gpumem``) and ``policy`` is one of its node policies.
-    ``topology`` gives the nodes a layout of ``core.topology.LAYOUTS``; ``aware``: multi-GPU
+    ``topology`` gives the nodes a layout of ``core.model.topology.LAYOUTS``; ``aware``: multi-GPU
     pods follow it (in the memory mode, the nodes publish it to the core).
     """
     started = time.perf_counter()

@@ -4,7 +4,8 @@ The paper mode counts milli-GPU so its numbers compare with the published ones; 
 what gpushare itself would do. Every trace node becomes the node JSON the device plugin leaves
 (``kube.objects.gpu_node``: each card's memory at the unit, rounded down as the plugin counts
 it; mode label from the node, else ``node_mode``), every pod the pod JSON a user would write,
-and ``core.scheduling.Scheduler`` filters, scores with the named node policy and reserves into a
+and ``core.decision.scheduling.Scheduler`` filters, scores with the named node policy and reserves
+into a
 ``Ledger``: the code the extender runs, decisions and messages included.
 
 The mapping of a share, as a user writes it: one fixed integer ``aliyun.com/gpu-mem`` per pod,
@@ -49,16 +50,16 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gpushare.core.allocation import Allocation
-from gpushare.core.changes import NodeTable
-from gpushare.core.gpumodel import LABEL_MODEL
-from gpushare.core.inventory import CORE_PER_GPU, Mode, NodeInventory, read_node
-from gpushare.core.ledger import Ledger
-from gpushare.core.names import ANN_NODE_TOPOLOGY
-from gpushare.core.requests import CORE_STEP, PodRequest
-from gpushare.core.scheduling import Scheduler, Settings
-from gpushare.core.topology import Distance, topology_annotation
-from gpushare.core.units import MemoryUnit
+from gpushare.core.booking.changes import NodeTable
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.model.gpumodel import LABEL_MODEL
+from gpushare.core.model.inventory import CORE_PER_GPU, Mode, NodeInventory, read_node
+from gpushare.core.model.names import ANN_NODE_TOPOLOGY
+from gpushare.core.model.requests import CORE_STEP, PodRequest
+from gpushare.core.model.topology import Distance, topology_annotation
+from gpushare.core.model.units import MemoryUnit
+from gpushare.core.records.allocation import Allocation
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import KubeDict
 from gpushare.sim import cards
@@ -83,7 +84,7 @@ class MemorySettings:
     max_pods_per_gpu: int | None = None
     """The isolation limit on cgpu/core_mem nodes; None: the extender's default."""
     topology: str = ""
-    """A layout of ``core.topology.LAYOUTS`` the nodes have (``sim.links``); '': none."""
+    """A layout of ``core.model.topology.LAYOUTS`` the nodes have (``sim.links``); '': none."""
     topology_aware: bool = True
     """Publish that topology on the nodes, so the core follows it; False: the same nodes
     placed as if they published none (the measure of what following it costs)."""
@@ -234,7 +235,7 @@ def node_ranks(count: int, seed: int) -> list[int]:
 
     The simulator gives equal scores to the earliest node in this order; the real-cluster
     replay (``benchmarks/replay.py``) names its nodes so that name order is this order, because
-    the extender breaks ties by the first name (``core.ranking.single_top``).
+    the extender breaks ties by the first name (``core.placement.ranking.single_top``).
     """
     order = list(range(count))
     random.Random(seed).shuffle(order)

@@ -13,8 +13,12 @@ from ``aliyun.accelerator/nvidia_name`` or ``nvidia.com/gpu.product``; the mode 
 
 Pods: a Pod is one pod, a Job ``min(parallelism, completions)`` (whichever is given, else 1), a
 Deployment, StatefulSet or ReplicaSet ``replicas`` (default 1); other kinds are skipped. CPU and
-memory are the containers' requests (limits when no request, as Kubernetes defaults them): the
-sum of the app containers, or an init container's own amount when larger. GPU requests are
+memory are counted as the extender counts them (``core.model.hostresources.pod_amount``: requests,
+or
+limits when no request, as Kubernetes defaults them; app containers and sidecars add up, an init
+container needs its own amount beside the sidecars started before it; pod-level requests replace
+the containers' sum; plus the pod's overhead), and quantities are read with the core's own
+grammar (``core.model.quantity``). GPU requests are
 validated by the core's own reader, so a manifest the extender would reject is rejected here
 with the same sentence. ``nvidia.com/gpu: N`` is N whole GPUs. ``aliyun.com/gpu-mem`` (with
 ``aliyun.com/gpu-count``) becomes the paper's share by this rule:
@@ -33,18 +37,20 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gpushare.core.inventory import read_node
-from gpushare.core.names import ANN_NODE_GPUS, DEFAULT_NAMES, LABEL_MODE
-from gpushare.core.requests import Rejection, read_pod
-from gpushare.core.units import MemoryUnit
+from gpushare.core.model.hostresources import pod_amount
+from gpushare.core.model.inventory import read_node
+from gpushare.core.model.names import ANN_NODE_GPUS, DEFAULT_NAMES, LABEL_MODE
+from gpushare.core.model.quantity import Quantity, parse_quantity
+from gpushare.core.model.requests import Rejection, read_pod
+from gpushare.core.model.units import MemoryUnit
 from gpushare.sim import cards, openb
 from gpushare.sim.openb import MILLI_PER_GPU, TraceError, TraceNode, TracePod
 
@@ -60,21 +66,7 @@ WHOLE_GPU = "nvidia.com/gpu"
 REPLICATED = ("Deployment", "StatefulSet", "ReplicaSet")
 SUFFIXES = ("*.yaml", "*.yml", "*.json")
 _SNIFF = re.compile(r"^\s*(apiVersion|kind|items)\s*:", re.MULTILINE)
-_QUANTITY = re.compile(r"^([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?$")
-_FACTOR = {
-    "": Decimal(1),
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "k": Decimal("1e3"),
-    "M": Decimal("1e6"),
-    "G": Decimal("1e9"),
-    "T": Decimal("1e12"),
-    "P": Decimal("1e15"),
-    "E": Decimal("1e18"),
-    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-}
-MIB = Decimal(1024 * 1024)
+MIB = 1024 * 1024
 
 
 class KubeYamlError(TraceError):
@@ -150,22 +142,21 @@ def documents(path: Path) -> list[Document]:
     return out
 
 
-def quantity(doc: Document, field: str, value: object) -> Decimal:
-    """A Kubernetes quantity (``500m``, ``64``, ``256Gi``, ``1e9``) as a number."""
-    match = _QUANTITY.match(str(value).strip()) if not isinstance(value, bool) else None
-    if match is None:
+def quantity(doc: Document, field: str, value: object) -> Fraction:
+    """A Kubernetes quantity (``500m``, ``64``, ``256Gi``, ``1e9``) as an exact number."""
+    parsed = parse_quantity(value)
+    if not isinstance(parsed, Quantity):
         raise doc.fail(
             field, value, "is not a Kubernetes quantity; write e.g. 8, 500m, 32Gi or 1e9"
         )
-    try:
-        return Decimal(match.group(1)) * _FACTOR[match.group(2) or ""]
-    except InvalidOperation:
-        raise doc.fail(field, value, "is not a number") from None
+    if parsed.value < 0:
+        raise doc.fail(field, value, "is negative; write an amount of 0 or more")
+    return parsed.value
 
 
 def _count(doc: Document, field: str, value: object) -> int:
     number = quantity(doc, field, value)
-    if number != number.to_integral_value():
+    if number.denominator != 1:
         raise doc.fail(field, value, "is fractional; GPUs are counted whole: write an integer")
     return int(number)
 
@@ -328,9 +319,9 @@ def _pod(
     containers = spec.get("containers")
     if not isinstance(containers, list) or not containers:
         raise doc.fail(f"{prefix}spec.containers", containers, "must list at least one container")
-    cpu = _amount(doc, spec, prefix, "cpu", Decimal(1000))
-    memory = _amount(doc, spec, prefix, "memory", 1 / MIB)
-    whole = _amount(doc, spec, prefix, WHOLE_GPU, Decimal(1))
+    cpu = _amount(doc, pod, prefix, "cpu", 1000)
+    memory = math.ceil(Fraction(_amount(doc, pod, prefix, "memory", 1), MIB))
+    whole = _amount(doc, pod, prefix, WHOLE_GPU, 1)
     request = read_pod(pod, unit=unit)
     if isinstance(request, Rejection):
         raise doc.fail(
@@ -384,22 +375,27 @@ def card_units(node: TraceNode, unit: MemoryUnit) -> int:
     return mib // unit.mib
 
 
-def _amount(
-    doc: Document, spec: Mapping[str, Any], prefix: str, resource: str, scale: Decimal
-) -> int:
-    """The pod's amount of a resource as Kubernetes counts it, scaled and rounded up."""
+def _amount(doc: Document, pod: Mapping[str, Any], prefix: str, resource: str, scale: int) -> int:
+    """The pod's amount of a resource as the extender counts it, scaled and rounded up.
 
-    def each(kind: str) -> Iterator[int]:
+    Every amount written is read first, so a bad one is an error naming its field rather than
+    the nothing the extender's count takes it for (the API server would refuse that pod).
+    """
+    spec = pod.get("spec") or {}
+    for kind in ("initContainers", "containers"):
         for i, container in enumerate(spec.get(kind) or []):
             resources = (container or {}).get("resources") or {}
             for part in ("requests", "limits"):
                 value = (resources.get(part) or {}).get(resource)
                 if value is not None:
-                    field = f"{prefix}spec.{kind}[{i}].resources.{part}[{resource!r}]"
-                    yield math.ceil(quantity(doc, field, value) * scale)
-                    break
-
-    return max([sum(each("containers")), *each("initContainers")])
+                    quantity(doc, f"{prefix}spec.{kind}[{i}].resources.{part}[{resource!r}]", value)
+    for field, values in (
+        ("spec.resources.requests", (spec.get("resources") or {}).get("requests") or {}),
+        ("spec.overhead", spec.get("overhead") or {}),
+    ):
+        if values.get(resource) is not None:
+            quantity(doc, f"{prefix}{field}[{resource!r}]", values[resource])
+    return pod_amount(pod, resource, scale)
 
 
 def read_workload(

@@ -1,11 +1,11 @@
 """Simulated nodes with a GPU topology, and how well connected the multi-GPU pods' GPUs were.
 
 The traces say nothing about interconnects, so a run names a layout of
-``core.topology.LAYOUTS`` and every node whose GPU count the layout fits takes it (the others,
+``core.model.topology.LAYOUTS`` and every node whose GPU count the layout fits takes it (the others,
 a single GPU or an odd count for the pairwise layouts, publish none). The same layout is known
 to runs that ignore it, so both count the same thing: of the pods over two or more GPUs placed
 on a node with a topology, how many got a set whose worst pair is as close as any set of that
-many GPUs on that node can be (``core.topology.best_worst_pair``), i.e. NVLink whenever the
+many GPUs on that node can be (``core.model.topology.best_worst_pair``), i.e. NVLink whenever the
 node has an NVLink island that large.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpushare.core.topology import Distance, best_worst_pair, layout, worst_pair
+from gpushare.core.model.topology import Distance, best_worst_pair, layout, worst_pair
 from gpushare.sim.openb import TraceNode
 
 

@@ -11,7 +11,7 @@ each tie afresh at random instead spreads pods over the whole cluster and costs 
 points (10.2 % instead of 4.9 % unallocated at 100 % arrived on seed 0).
 
 With a topology (``sim.links``) and ``aware``, a pod over several GPUs takes the best-connected
-set of free ones (``core.topology.closest_set``, ties to the lowest indexes) instead of the
+set of free ones (``core.model.topology.closest_set``, ties to the lowest indexes) instead of the
 lowest indexes. Here every multi-GPU pod takes whole GPUs, which are interchangeable for every
 later pod and every policy's score (they read a node's free shares as a multiset), so the
 choice costs nothing in packing in this mode; the memory mode (``sim.gpumem``), where a GPU
@@ -28,10 +28,16 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from gpushare.core.defragmenting import FGD, GPUSHARE, Defragmenter, Variant, learned_workload
-from gpushare.core.fragmentation import Shape, WorkloadEstimate, fragmentation
-from gpushare.core.scarcity import Prices
-from gpushare.core.topology import closest_set
+from gpushare.core.model.topology import closest_set
+from gpushare.core.placement.defragmenting import (
+    FGD,
+    GPUSHARE,
+    Defragmenter,
+    Variant,
+    learned_workload,
+)
+from gpushare.core.placement.fragmentation import Shape, WorkloadEstimate, fragmentation
+from gpushare.core.placement.scarcity import Prices
 from gpushare.sim.links import Connected, node_layouts
 from gpushare.sim.openb import MILLI_PER_GPU, TraceNode, TracePod
 from gpushare.sim.stream import capacity_milli
@@ -343,7 +349,8 @@ def make_policy(name: str, pods: Sequence[TracePod]) -> Policy:
     - ``fgd-continuous``: FGD without the integer truncation (nearly no ties).
     - ``gpushare``: the core's ``GPUSHARE`` variant, the extender's policy: FGD's truncated score
       over fragmentation counted by copies (see
-      ``core.fragmentation``: the idle share that as many pods of each shape as the node can
+      ``core.placement.fragmentation``: the idle share that as many pods of each shape as the node
+      can
       hold, by GPU room and CPU, would leave), with the target workload learned online from
       the pods that arrived so far (nothing from the future of the stream) and covering 97 %
       of them. Ties as FGD's.
@@ -405,7 +412,7 @@ def replay(
     With ``measure`` and ``samples``, the cluster's fragmentation against that workload is
     recorded about ``samples`` times along the run, three quarters of them between 90 and
     130 % arrived, where the policies part (``sample_points``). ``topology`` names a layout
-    of ``core.topology.LAYOUTS`` the nodes take; ``aware``: multi-GPU pods follow it.
+    of ``core.model.topology.LAYOUTS`` the nodes take; ``aware``: multi-GPU pods follow it.
     """
     cluster = Cluster(nodes, seed=seed, topology=topology, aware=aware)
     connected = Connected()

@@ -1,1 +1,1 @@
-"""The validating admission webhook: HTTPS adapter around ``core.admission.decide``."""
+"""The validating admission webhook: HTTPS adapter around ``core.admitting.admission.decide``."""

@@ -1,6 +1,7 @@
 """The webhook's HTTP service (FastAPI): ``POST /validate``, ``POST /mutate``, probes, metrics.
 
-The decisions are ``core.admission.decide`` and ``core.admission.mutate``; this module only
+The decisions are ``core.admitting.admission.decide`` and ``core.admitting.admission.mutate``; this
+module only
 reads the body, times the call, counts it and logs it, with the requester (``user=``) so a
 refused forgery names its author. A body that is not JSON (malformed, not UTF-8, or nested
 deeper than the decoder goes) is answered like any unreadable review, with an HTTP 200
@@ -23,14 +24,15 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
-from gpushare.core.admission import AdmissionSettings, Decision, decide, malformed, mutate
+from gpushare.core.admitting.admission import AdmissionSettings, Decision, decide, malformed, mutate
 from gpushare.exporting import ExportRegistry
 from gpushare.webhook.certs import CertificateReloader
 
 log = logging.getLogger(__name__)
 
-LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-"""Seconds; a decision takes well under a millisecond, the API server waits at most 30 s."""
+REVIEW_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+"""Seconds; a decision takes well under a millisecond, the API server waits at most 30 s.
+(The extender's calls have their own ladder, to kube-scheduler's 5 s: ``extender.metrics``.)"""
 
 
 class WebhookMetrics:
@@ -47,7 +49,7 @@ class WebhookMetrics:
         self.latency = Histogram(
             "gpushare_webhook_review_duration_seconds",
             "Time to read, decide and answer one admission review",
-            buckets=LATENCY_BUCKETS,
+            buckets=REVIEW_LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.certificate_reloads = Counter(

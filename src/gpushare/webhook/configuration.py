@@ -44,7 +44,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from gpushare.core.names import DEFAULT_NAMES, DEFAULT_SCHEDULER, ResourceNames
+from gpushare.core.model.names import DEFAULT_NAMES, DEFAULT_SCHEDULER, ResourceNames
 
 FailurePolicy = Literal["Ignore", "Fail"]
 
@@ -72,7 +72,7 @@ RULES: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = (
         ("CREATE", "UPDATE"),
     ),
 )
-"""(API group, version, resources, operations): the kinds ``core.admission`` reads."""
+"""(API group, version, resources, operations): the kinds ``core.admitting.admission`` reads."""
 
 
 def not_trusted(users: Sequence[str], groups: Sequence[str]) -> dict[str, str] | None:
@@ -295,7 +295,7 @@ def steering_configuration(
     name: str = CONFIGURATION_NAME,
 ) -> dict[str, Any]:
     """The ``MutatingWebhookConfiguration`` that sends new GPU pods naming no scheduler to
-    ``/mutate`` (``core.admission.mutate``).
+    ``/mutate`` (``core.admitting.admission.mutate``).
 
     **Only those pods are sent** (``matchConditions``, evaluated by the API server): a pod that
     names another scheduler, or asks for no gpushare resource, never waits on the webhook, so

@@ -39,8 +39,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpushare.core.gpumodel import LABEL_COUNT, LABEL_MEM, LABEL_MODEL
-from gpushare.core.names import (
+from gpushare.core.model.gpumodel import LABEL_COUNT, LABEL_MEM, LABEL_MODEL
+from gpushare.core.model.names import (
     ANN_ASSIGNED,
     ANN_NODE_GPUS,
     ANN_NODE_HANDOFF,
@@ -55,7 +55,7 @@ NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 NODE_ANNOTATIONS = (ANN_NODE_GPUS, ANN_NODE_UNIT, ANN_NODE_HANDOFF, ANN_NODE_TOPOLOGY)
 """What ``deviceplugin.publishing`` writes on its node."""
 NODE_LABELS = (LABEL_MODEL, LABEL_COUNT, LABEL_MEM)
-"""ACK's GPU labels ``deviceplugin.publishing`` writes on its node (``core.gpumodel``)."""
+"""ACK's GPU labels ``deviceplugin.publishing`` writes on its node (``core.model.gpumodel``)."""
 POD_ANNOTATIONS = (ANN_ASSIGNED,)
 """What ``deviceplugin.reconcile`` writes on a pod it served."""
 NODE_STATUS_FIELDS = (

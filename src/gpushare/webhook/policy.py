@@ -3,7 +3,7 @@
 The webhook's failurePolicy decides what happens when it cannot answer; a policy the API server
 evaluates itself (CEL, ``admissionregistration.k8s.io/v1``, GA since Kubernetes 1.30) has no
 such gap. It carries the two rules a forger needs most, in the same words as
-``core.tampering``:
+``core.admitting.tampering``:
 
 - a pod's ``gpushare.io/*`` and ``ALIYUN_COM_GPU_MEM_*`` annotations cannot be set on CREATE,
   nor added, changed or removed on UPDATE, by anyone but the trusted identities;
@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpushare.core.names import DEFAULT_NAMES, ResourceNames
-from gpushare.core.tampering import HANDOFF_ANNOTATION_PREFIXES
+from gpushare.core.admitting.tampering import HANDOFF_ANNOTATION_PREFIXES
+from gpushare.core.model.names import DEFAULT_NAMES, ResourceNames
 from gpushare.webhook.configuration import (
     DEFAULT_EXCLUDED_NAMESPACES,
     asks_gpushare,

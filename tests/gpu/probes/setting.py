@@ -22,12 +22,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from gpushare.isolation.build import LIB_NAME
 from gpushare.isolation.limits import ContainerLimits
 
 GiB = 2**30
 MiB = 2**20
 CONTAINERS = 4
-LIB_NAME = "libgpushare-cuda.so"
 
 
 @dataclass(frozen=True)

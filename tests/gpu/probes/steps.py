@@ -617,11 +617,12 @@ def xid_events(pynvml: Any) -> dict[str, Any]:
 
 def mps(s: Setting, rec: Recorder) -> None:
     """The plugin's MPS hook starts the daemon; a client with the env it injects; the limit."""
-    from gpushare.core.handoff import MEM, Pending, Signature
-    from gpushare.core.inventory import Mode
-    from gpushare.core.units import MemoryUnit
+    from gpushare.core.model.inventory import Mode
+    from gpushare.core.model.units import MemoryUnit
+    from gpushare.core.records.handoff import MEM, Pending, Signature
     from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo, GpuSource, NvmlGpus
-    from gpushare.deviceplugin.isolation import MpsControl, MpsIsolation
+    from gpushare.deviceplugin.hooks.mps import MpsIsolation
+    from gpushare.deviceplugin.hooks.mpsdaemon import MpsControl
     from gpushare.deviceplugin.serving import ContainerAnswer, Target
 
     source: GpuSource

@@ -1,0 +1,82 @@
+"""Small helpers shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.cluster import Cluster
+
+
+def token_kubeconfig(
+    cluster: Cluster, token: str, path: Path, *, user: str = "device-plugin", namespace: str = ""
+) -> Path:
+    """A kubeconfig that authenticates with a bearer token (a ServiceAccount's), its context
+    naming ``namespace`` when given, as one handed to a tenant does."""
+    context: dict[str, str] = {"cluster": "e2e", "user": user}
+    if namespace:
+        context["namespace"] = namespace
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "e2e",
+                "cluster": {
+                    "server": cluster.server,
+                    "certificate-authority": str(cluster.pki / "ca.crt"),
+                },
+            }
+        ],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "e2e", "context": context}],
+        "current-context": "e2e",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+def gpu_pod_manifest(
+    name: str, namespace: str, mem: int, *, selector: dict[str, str], core: int | None = None
+) -> dict[str, Any]:
+    limits: dict[str, Any] = {"aliyun.com/gpu-mem": mem}
+    if core is not None:
+        limits["aliyun.com/gpu-core.percentage"] = core
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "e2e"}},
+        "spec": {
+            "schedulerName": "ack-co-scheduler",
+            "nodeSelector": selector,
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
+        },
+    }
+
+
+def apply_all(cluster: Cluster, manifests: list[dict[str, Any]], timeout: float = 300) -> None:
+    body = json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests})
+    cluster.kubectl("create", "-f", "-", input=body, timeout=timeout)
+
+
+def pods(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = cluster.kubectl_json("get", "pods", "-n", namespace)["items"]
+    return items
+
+
+def per_gpu_memory(items: list[dict[str, Any]]) -> dict[tuple[str, int], int]:
+    """Memory booked per (node, GPU), summed from the pods' own annotations."""
+    held: dict[tuple[str, int], int] = defaultdict(int)
+    for pod in items:
+        record = (pod["metadata"].get("annotations") or {}).get("gpushare.io/allocation")
+        if record and pod["spec"].get("nodeName"):
+            data = json.loads(record)
+            assert data["node"] == pod["spec"]["nodeName"]
+            for share in data["gpus"]:
+                held[(data["node"], share["index"])] += share["mem"]
+    return dict(held)

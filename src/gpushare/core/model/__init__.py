@@ -1,0 +1,14 @@
+"""The model: Kubernetes JSON read into values, the lowest floor of the core.
+
+- ``kubejson``: typed access to plain pod and node dicts; pod phases.
+- ``names``: resource, annotation and label names (the ACK-compatible ones and gpushare's).
+- ``quantity``: Kubernetes quantities, with the API server's grammar and exact values.
+- ``units``: the GPU memory unit (GiB, MiB, ...) a cluster counts in.
+- ``shape``: whether a pod or node has the JSON shape the readers expect.
+- ``containers``: init, sidecar and app containers, and how their amounts add up.
+- ``hostresources``: a pod's CPU and memory requests, a node's allocatable.
+- ``gpumodel``, ``topology``, ``disabling``: a node's GPU models, links and GPUs out of service.
+- ``inventory``: a node read into its GPUs (``NodeInventory``).
+- ``requests``, ``spreading``: a pod read into its validated GPU request (``PodRequest``) or a
+  rejection with reasons, and its containers spread over its GPUs.
+"""

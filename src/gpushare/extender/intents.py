@@ -1,0 +1,196 @@
+"""Intents and refused pods: the extender's memory between filter, prioritize and bind.
+
+Prioritize (or a filter that answers with the top node alone) books the top node's GPUs for
+the pod as an *intent* (``core.booking.ledger``) until its bind comes; bind's booking replaces it.
+An
+intent is given back when the pod is filtered again, when its bind fails, when the watch shows
+it bound or gone, and at its deadline, kept by the clock (``sweep``). GPU pods the filter
+refused on every node are remembered (``core.booking.waiting``) and touched when GPUs come back, so
+kube-scheduler tries them again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from gpushare.core.booking.waiting import Waiting, WaitingPod
+from gpushare.core.decision.scheduling import Scheduler
+from gpushare.core.model.inventory import NodeInventory
+from gpushare.core.model.kubejson import KubeObject, name_of, namespace_of, stored_uid_of, uid_of
+from gpushare.core.model.requests import PodRequest, Rejection
+from gpushare.core.records.allocation import Allocation
+from gpushare.extender.metrics import ExtenderMetrics
+from gpushare.kube.cache import ClusterCache
+
+INTENT_TTL_S = 30.0
+"""How long an intent booked at prioritize waits for its bind (``core.booking.ledger``).
+
+kube-scheduler binds within milliseconds of choosing, unless a Permit plugin makes the pod
+wait; a pod it retried is filtered again first, which gives the old intent back at once. So
+the deadline matters when no call for the pod comes for a while: the pod waits in PreBind
+(VolumeBinding waits up to 10 minutes for a volume to be provisioned, one that never is
+included), kube-scheduler stopped, or the pod left for another scheduler. The deadline runs
+from the booking and is kept by the clock (``sweep``), not by the next call, so however long
+the pod waits its share is free again after this long, and the pods refused meanwhile are
+tried again. Letting it go early is safe (bind checks the node again) but would bring back
+the retries intents remove.
+"""
+
+UNSEEN_TTL_S = 3.0
+"""How long an intent lasts for a pod the watch has not shown unbound yet (``deadline``).
+
+kube-scheduler often filters a new pod a moment before the extender's own watch brings it
+(both follow the same API server), so such a pod still books. But anything that reaches the
+port can send a filter for a pod that does not exist, and its intent would hold GPUs for
+nobody: so it lasts this long, and gets the full ``INTENT_TTL_S`` from its booking only once
+the watch shows the pod (``sweep``)."""
+
+RETRIES_PER_SWEEP = 20
+"""At most this many refused pods are touched per sweep (``core.booking.waiting``): a crowd of them
+costs the API server 20 writes a second at most, however much capacity comes back."""
+
+
+@dataclass(eq=False, kw_only=True)
+class Intents:
+    """The intents booked for pods on their way to bind, and the refused pods waiting."""
+
+    cache: ClusterCache
+    scheduler: Scheduler
+    metrics: ExtenderMetrics
+    clock_ns: Callable[[], int]
+    ttl_s: Callable[[], float]
+    waiting: Waiting = field(default_factory=Waiting, init=False)
+    """GPU pods the filter refused, tried again when GPUs come back (``sweep``)."""
+    _retry_before: int = field(default=0, init=False)
+    """``Waiting.mark`` when GPUs last came back: the pods refused before it are due."""
+    _stuck: dict[str, set[str]] = field(default_factory=dict, init=False)
+    """By namespace: pods whose intent ran out with no bind, while pending (``may_intend``)."""
+    _unseen: dict[str, int] = field(default_factory=dict, init=False)
+    """Intents of pods the watch had not shown yet, by UID: the deadline each gets once it
+    does (``UNSEEN_TTL_S``)."""
+
+    def new_attempt(self, pod: KubeObject) -> None:
+        """Before a filter: give back the intents that expired, and the pod's own, since
+        kube-scheduler tries a pod again only after its previous attempt has ended."""
+        self._expire()
+        if self.scheduler.drop_intent(uid_of(pod), self.cache.ledger):
+            self.metrics.intents.labels("dropped").inc()
+
+    def bind_failed(self, uid: str) -> None:
+        """After a bind that failed for good: the pod's intent goes back, and with it GPUs
+        that pods refused meanwhile may fit (kube-scheduler will try this pod again)."""
+        if uid and self.scheduler.drop_intent(uid, self.cache.ledger):
+            self.metrics.intents.labels("dropped").inc()
+            self.capacity_returned()
+
+    def _expire(self) -> None:
+        """Give back the intents past their deadline; their GPUs are free again."""
+        expired = self.cache.ledger.expire(self.clock_ns())
+        if expired:
+            self.metrics.intents.labels("expired").inc(len(expired))
+            self.capacity_returned()
+            pending = self.cache.pending
+            for uid in expired:
+                pod = pending.get(uid)
+                if pod is not None:
+                    self._stuck.setdefault(namespace_of(pod), set()).add(uid)
+
+    def _confirm_seen(self) -> None:
+        """Give the intents of pods the watch now shows their full deadline (``UNSEEN_TTL_S``);
+        forget the ones that ended."""
+        ledger, pending = self.cache.ledger, self.cache.pending
+        for uid, until in list(self._unseen.items()):
+            if ledger.intent_until(uid) is None:
+                del self._unseen[uid]
+            elif uid in pending:
+                ledger.extend(uid, until)
+                del self._unseen[uid]
+
+    def capacity_returned(self) -> None:
+        """GPUs came back without an event kube-scheduler sees: the pods refused until now are
+        due to be tried again (``sweep``)."""
+        self._retry_before = self.waiting.mark()
+
+    def waits(self, pod: KubeObject, request: PodRequest | Rejection, fits: bool) -> None:
+        """Remember a GPU pod refused on every node until GPUs come back; forget one that
+        fits somewhere (or asks for none)."""
+        uid = stored_uid_of(pod)
+        if fits or not isinstance(request, PodRequest) or not request.wants_gpu:
+            self.waiting.forget(uid)
+        elif uid:
+            self.waiting.refused(WaitingPod(uid, namespace_of(pod), name_of(pod)))
+
+    def _stuck_in(self, namespace: str) -> set[str]:
+        """The namespace's pods whose intent ran out with no bind and that are still pending."""
+        stuck = self._stuck.get(namespace)
+        if stuck is None:
+            return set()
+        pending = self.cache.pending
+        stuck.difference_update([uid for uid in stuck if uid not in pending])
+        if not stuck:
+            del self._stuck[namespace]
+        return stuck
+
+    def sweep(self) -> list[WaitingPod]:
+        """Give back the intents past their deadline; the refused pods to try again now.
+
+        Those are the pods refused before GPUs last came back, still unbound, at most
+        ``RETRIES_PER_SWEEP`` (``core.booking.waiting``); the rest come at the next sweeps.
+        """
+        self._confirm_seen()
+        self._expire()
+        for namespace in list(self._stuck):
+            self._stuck_in(namespace)  # forget the pods bound or gone meanwhile
+        pending = self.cache.pending
+        taken = self.waiting.take(RETRIES_PER_SWEEP, before=self._retry_before)
+        return [pod for pod in taken if pod.uid in pending]
+
+    def intend(
+        self,
+        pod: KubeObject,
+        names: list[str],
+        scores: list[int],
+        nodes: Mapping[str, NodeInventory],
+    ) -> str:
+        """Book the top node's GPUs for the pod until its bind comes (``Scheduler.intend``);
+        the node booked, or an empty string."""
+        if not self.may_intend(pod):
+            return ""
+        until = self.deadline(pod)
+        booked = self.scheduler.intend(pod, names, scores, nodes, self.cache.ledger, until_ns=until)
+        return self.booked(booked)
+
+    def may_intend(self, pod: KubeObject) -> bool:
+        """Whether the pod's namespace may book intents: not while one of its pods whose intent
+        ran out with no bind is still pending (``_stuck``); counted as withheld.
+
+        Such a pod waits past PreBind or Permit (a volume never provisioned, say), and a pod
+        of the same tenant created next would most likely wait the same way: its intent would
+        only hold GPUs from everyone else for another 30 s. Without one nothing is refused,
+        the pod only loses the protection from a race at bind, which checks the node again.
+        """
+        if not self._stuck_in(namespace_of(pod)):
+            return True
+        self.scheduler.drop_intent(uid_of(pod), self.cache.ledger)
+        self.metrics.intents.labels("withheld").inc()
+        return False
+
+    def deadline(self, pod: KubeObject) -> int:
+        """When an intent booked now expires unless its bind comes (``ttl_s``); for a pod the
+        watch has not shown unbound, ``UNSEEN_TTL_S`` until it does (counted as unseen)."""
+        until = self.clock_ns() + int(self.ttl_s() * 1e9)
+        uid = stored_uid_of(pod)
+        if uid in self.cache.pending:
+            self._unseen.pop(uid, None)
+            return until
+        self.metrics.intents.labels("unseen").inc()
+        self._unseen[uid] = until
+        return min(until, self.clock_ns() + int(UNSEEN_TTL_S * 1e9))
+
+    def booked(self, booked: Allocation | None) -> str:
+        """Count a booked intent; the node it is on, or an empty string for none."""
+        if booked is None:
+            return ""
+        self.metrics.intents.labels("booked").inc()
+        return booked.node
