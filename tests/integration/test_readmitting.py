@@ -63,6 +63,12 @@ def test_only_a_refusal_for_want_of_the_plugin_counts() -> None:
         "failed with err: rpc error: code = Unavailable desc = error reading from server: EOF"
     )
     assert readmission(cut_off, DEFAULT_NAMES).step is Step.RECREATE
+    cut_off["status"]["message"] = (  # the soak's, when kubelet closed its client meanwhile
+        "Pod was rejected: Allocate failed due to device plugin GetPreferredAllocation rpc "
+        "failed with err: rpc error: code = Canceled desc = grpc: the client connection is "
+        "closing, which is unexpected"
+    )
+    assert readmission(cut_off, DEFAULT_NAMES).step is Step.RECREATE
 
 
 def test_a_controllers_pod_a_finalized_pod_and_a_looping_name_are_not_recreated() -> None:

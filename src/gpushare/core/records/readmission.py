@@ -47,11 +47,15 @@ MAX_RECREATIONS = 3
 REFUSED_BY_KUBELET = "UnexpectedAdmissionError"
 REFUSAL_TEXTS = ("no healthy devices present", "cannot allocate unregistered device")
 """What kubelet's device manager says when no plugin serves the resource (it names it)."""
-CUT_OFF = "rpc error: code = Unavailable"
-"""kubelet's message when the plugin went away during the pod's Allocate or
-GetPreferredAllocation call (its socket closed: "error reading from server: EOF"); it names no
-resource, and the pod is one gpushare
-placed, so the plugin was gpushare's."""
+CUT_OFF = (
+    "rpc error: code = Unavailable",
+    "rpc error: code = Canceled desc = grpc: the client connection is closing",
+)
+"""kubelet's messages when the plugin went away during the pod's Allocate or
+GetPreferredAllocation call: its socket closed ("error reading from server: EOF"), or kubelet
+closed its client of the plugin's endpoint meanwhile (the plugin stopped serving, or registered
+again). They name no resource, and the pod is one gpushare placed, so the plugin was
+gpushare's."""
 
 
 class Step(enum.Enum):
@@ -82,7 +86,7 @@ def refusal(pod: KubeObject, names: ResourceNames) -> str:
     ours = (names.mem, names.core)
     if reason == REFUSED_BY_KUBELET and any(t in message for t in REFUSAL_TEXTS):
         return message if any(n in message for n in ours) else ""
-    if reason == REFUSED_BY_KUBELET and CUT_OFF in message:
+    if reason == REFUSED_BY_KUBELET and any(t in message for t in CUT_OFF):
         return message
     if reason in (f"OutOf{n}" for n in ours):
         return message or reason
