@@ -92,7 +92,7 @@ def test_what_is_not_a_quantity(raw: object, reason: str) -> None:
 @given(st.from_regex(r"[+-]?[0-9]{0,4}(\.[0-9]{0,3})?(Ki|Mi|Gi|m|k|M|G|e[0-9])?", fullmatch=True))
 def test_a_kept_reading_is_the_reading(text: str) -> None:
     """Readings of strings are kept; every one equals a fresh reading, twice over."""
-    from gpushare.core import quantity
+    from gpushare.core.model import quantity
 
     fresh = quantity._parse_text.__wrapped__(text)
     assert parse_quantity(text) == fresh
@@ -102,7 +102,7 @@ def test_a_kept_reading_is_the_reading(text: str) -> None:
 
 def test_kept_amounts_depend_on_the_scale_they_were_read_at() -> None:
     """A CPU and a memory amount written alike are kept apart: milli-CPU and bytes."""
-    from gpushare.core.hostresources import HostResources, pod_requests
+    from gpushare.core.model.hostresources import HostResources, pod_requests
 
     for text, cpu, memory in (("1", 1000, 1), ("100m", 100, 1), ("2k", 2_000_000, 2000)):
         pod = {"spec": {"containers": [{"resources": {"requests": {"cpu": text}}}]}}
