@@ -193,7 +193,7 @@ def step(
     if plain_count < 0 or gpu_count < 0:
         raise ValueError(f"--pods {total} is too small after {loaded} and a probe of {probe}")
     namespace = f"plain-{total}"
-    cluster.kubectl("create", "namespace", namespace)
+    cluster.create_namespace(namespace)
     progress(f"[{n} nodes, {total} pods] creating {plain_count} bound plain pods")
     create_in_parallel(
         cluster,

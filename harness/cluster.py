@@ -344,6 +344,26 @@ class Cluster:
             raise RuntimeError(f"kubectl {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
         return result
 
+    def create_namespace(self, name: str, *, check: bool = True) -> bool:
+        """Create a namespace and wait for its ``default`` ServiceAccount.
+
+        kube-apiserver's ServiceAccount admission refuses every pod of a namespace until
+        kube-controller-manager's serviceaccount controller has made ``default`` there (a
+        race a busy machine loses: "serviceaccount \"default\" not found"). Returns whether
+        the namespace was created; with ``check=False`` an existing one is not an error.
+        """
+        made = self.kubectl("create", "namespace", name, check=check).returncode == 0
+        wait_for(
+            f"the default ServiceAccount of namespace {name}",
+            lambda: (
+                self.kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode
+                == 0
+            ),
+            60,
+            self.processes.get("kube-controller-manager"),
+        )
+        return made
+
     def kubectl_json(self, *args: str) -> Any:
         """kubectl ... -o json, parsed."""
         return json.loads(self.kubectl(*args, "-o", "json").stdout)
@@ -733,7 +753,7 @@ def seed(cluster: Cluster, unit: MemoryUnit) -> None:
     ``kubectl inspect cgpu`` checks seals as it does in a cluster the chart installed."""
     cluster.create_nodes(seed_nodes(unit))
     namespace, name = DEFAULT_SECRET.split("/")
-    cluster.kubectl("create", "namespace", namespace)
+    cluster.create_namespace(namespace)
     cluster.kubectl(
         "create",
         "secret",

@@ -447,7 +447,7 @@ def run_stage(
     """Create every pod with kube-scheduler stopped, start it, time first to last bind
     (``on_start`` is called just before kube-scheduler starts)."""
     cluster.stop_scheduler()
-    cluster.kubectl("create", "namespace", namespace)
+    cluster.create_namespace(namespace)
     progress(f"[{name}] creating {len(manifests)} pods with kube-scheduler stopped")
     create_in_parallel(cluster, list(manifests), progress=progress)
     watch = BindWatch(cluster, namespace, len(manifests))

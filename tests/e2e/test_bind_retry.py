@@ -143,7 +143,7 @@ def test_binds_retried_over_a_paused_apiserver_keep_every_allocation(cluster: Cl
     create_nodes(
         cluster, labelled_kwok_nodes(names, "bind-retry", gpus_units=[GPU_MEM] * 2, mode=Mode.SHARE)
     )
-    cluster.kubectl("create", "namespace", NS)
+    cluster.create_namespace(NS)
     selector = {"gpushare-e2e": "bind-retry"}
     try:
         reports = [_burst(cluster, burst, selector) for burst in range(BURSTS)]

@@ -19,7 +19,7 @@ def test_describe_shows_placement_and_refusal_reasons(cluster: Cluster) -> None:
     create_nodes(
         cluster, labelled_kwok_nodes(names, "events", gpus_units=[15, 15], mode=Mode.SHARE)
     )
-    cluster.kubectl("create", "namespace", NS)
+    cluster.create_namespace(NS)
     try:
         selector = {"gpushare-e2e": "events"}
         # 16 GiB passes kube-scheduler's node total (30) but no single 15 GiB GPU
@@ -105,7 +105,7 @@ def test_describe_shows_gpushares_reason_where_kube_scheduler_refused_before(
     nodes = labelled_kwok_nodes(names[:1], "reasons", gpus_units=[15, 15], mode=Mode.SHARE)
     nodes += labelled_kwok_nodes(names[1:], "reasons-other", gpus_units=[15], mode=Mode.SHARE)
     create_nodes(cluster, nodes)
-    cluster.kubectl("create", "namespace", REASONS_NS)
+    cluster.create_namespace(REASONS_NS)
     try:
         selector = {"gpushare-e2e": "reasons"}
         over_total = gpu_pod_manifest("over-total", REASONS_NS, 40, selector=selector)

@@ -156,7 +156,7 @@ def apply(cluster: Cluster, obj: dict[str, Any], dry: bool = False) -> Any:
 
 
 def namespace(cluster: Cluster, name: str, suffix: str) -> None:
-    cluster.kubectl("create", "namespace", name, check=False)
+    cluster.create_namespace(name, check=False)
     cluster.kubectl("label", "namespace", name, f"{LABEL}={suffix}", "--overwrite")
 
 
@@ -199,7 +199,7 @@ def chart(cluster: Cluster) -> Iterator[ChartWebhook]:
     hooked = ChartWebhook(cluster, release_ns, suffix, ca, cert, key)
     cluster.kubectl("delete", "namespace", OPERATOR_NS, "--ignore-not-found", "--wait=true",
                     timeout=180)  # fmt: skip
-    cluster.kubectl("create", "namespace", release_ns)
+    cluster.create_namespace(release_ns)
     try:
         install(cluster, release_ns, suffix)
         hooked.start()

@@ -117,7 +117,7 @@ def test_helm_install(cluster: Cluster) -> None:
     namespace = f"gpushare-helm-{suffix}"
     node = f"helm-gpu-{suffix}"
     holder = "holds-gpu-mem"
-    cluster.kubectl("create", "namespace", namespace)
+    cluster.create_namespace(namespace)
     create_nodes(cluster, [kwok_node(node)])
     values = [
         "--set",
@@ -490,11 +490,11 @@ def test_helm_install_runs_on_the_real_node(
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump(_real_values(cluster, node, images)))
     chart = ["-n", REAL_NAMESPACE, "-f", str(values)]
-    cluster.kubectl("create", "namespace", REAL_NAMESPACE)
+    cluster.create_namespace(REAL_NAMESPACE)
     cluster.kubectl(
         "delete", "namespace", REAL_NS, "--ignore-not-found", "--wait=true", timeout=180
     )
-    cluster.kubectl("create", "namespace", REAL_NS)
+    cluster.create_namespace(REAL_NS)
     cluster.kubectl("label", "namespace", REAL_NS, f"{WEBHOOK_LABEL}={REAL_NS}")
     installed = False
     # installed as a user would, from the packaged chart `make release` ships (helm package)
@@ -691,11 +691,11 @@ def test_helm_template_applied_twice_by_kubectl_changes_nothing(
     cluster.kubectl(
         "delete", "namespace", REAL_NAMESPACE, "--ignore-not-found", "--wait=true", timeout=240
     )
-    cluster.kubectl("create", "namespace", REAL_NAMESPACE)
+    cluster.create_namespace(REAL_NAMESPACE)
     cluster.kubectl(
         "delete", "namespace", REAL_NS, "--ignore-not-found", "--wait=true", timeout=180
     )
-    cluster.kubectl("create", "namespace", REAL_NS)
+    cluster.create_namespace(REAL_NS)
     cluster.kubectl("label", "namespace", REAL_NS, f"{WEBHOOK_LABEL}={REAL_NS}")
     apply = ["apply", "--server-side", "--field-manager=gitops", "-f", "-"]
     try:
@@ -978,7 +978,7 @@ def test_helm_upgrade_from_the_previous_release_keeps_gpu_pods(
         cluster.kubectl(
             "delete", "namespace", namespace, "--ignore-not-found", "--wait=true", timeout=240
         )
-        cluster.kubectl("create", "namespace", namespace)
+        cluster.create_namespace(namespace)
     cluster.kubectl("label", "namespace", REAL_NS, f"{WEBHOOK_LABEL}={REAL_NS}")
     packaged = helm(cluster, "package", str(CHART), "-d", str(tmp_path)).stdout.strip()
     working = packaged.rsplit(" ", 1)[-1]

@@ -56,7 +56,7 @@ def _node_of(cluster: Cluster, name: str) -> str:
 
 
 def test_hostile_values_neither_blind_nor_break_the_extender(cluster: Cluster) -> None:
-    cluster.kubectl("create", "namespace", NS, check=False)
+    cluster.create_namespace(NS, check=False)
     first = labelled_kwok_nodes([f"{LABEL}-0"], LABEL, gpus_units=[15])
     create_nodes(cluster, first)
     later = f"{LABEL}-later"

@@ -122,7 +122,7 @@ def test_pods_stuck_in_prebind_do_not_hold_the_pool_from_other_tenants(cluster: 
         "volumeBindingMode": "WaitForFirstConsumer",
     }
     for namespace in (ATTACK_NS, VICTIM_NS):
-        cluster.kubectl("create", "namespace", namespace)
+        cluster.create_namespace(namespace)
     try:
         apply_all(cluster, [storage_class, *(_claim(f"never-{i}") for i in range(ATTACKERS))])
         apply_all(cluster, [_attacker(i, selector) for i in range(ATTACKERS)])

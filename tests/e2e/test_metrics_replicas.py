@@ -76,7 +76,7 @@ def test_two_extenders_add_up_to_the_clusters_gpu_memory_once(cluster: Cluster) 
             for node in labelled_kwok_nodes([name], "metrics", gpus_units=units, mode=Mode.SHARE)
         ],
     )
-    cluster.kubectl("create", "namespace", NS)
+    cluster.create_namespace(NS)
     port, metrics_port = free_port(), free_port()
     standby = cluster._spawn(
         "gpushare-extender-standby",

@@ -39,7 +39,7 @@ def bound(cluster: Cluster, name: str, namespace: str = NS) -> str:
 def test_gpu_out_of_service_is_avoided_and_used_again_once_removed(cluster: Cluster) -> None:
     node = "ops-off-0"
     create_nodes(cluster, labelled_kwok_nodes([node], "ops-off", gpus_units=[15, 15]))
-    cluster.kubectl("create", "namespace", NS)
+    cluster.create_namespace(NS)
     selector = {"gpushare-e2e": "ops-off"}
     try:
         cluster.kubectl("annotate", "node", node, f"{ANN_NODE_GPUS_DISABLED}=0")
@@ -87,7 +87,7 @@ async def _publish(cluster: Cluster, node: str, model: str) -> None:
 def test_node_selector_on_the_published_model_label(cluster: Cluster) -> None:
     names = ["ops-t4", "ops-a10"]
     create_nodes(cluster, labelled_kwok_nodes(names, "ops-model", gpus_units=[15, 15]))
-    cluster.kubectl("create", "namespace", NS_MODEL)
+    cluster.create_namespace(NS_MODEL)
     try:
         asyncio.run(_publish(cluster, "ops-t4", "Tesla T4"))
         asyncio.run(_publish(cluster, "ops-a10", "NVIDIA A10"))

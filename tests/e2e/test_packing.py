@@ -15,7 +15,7 @@ NS = "e2e-pack"
 def test_twenty_pods_fill_four_gpus_and_the_21st_waits(cluster: Cluster) -> None:
     names = ["pack-0", "pack-1"]
     create_nodes(cluster, labelled_kwok_nodes(names, "pack", gpus_units=[15, 15], mode=Mode.CGPU))
-    cluster.kubectl("create", "namespace", NS)
+    cluster.create_namespace(NS)
     try:
         selector = {"gpushare-e2e": "pack"}
         apply_all(

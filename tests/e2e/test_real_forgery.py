@@ -199,7 +199,7 @@ def ns(real_node: RealNode) -> Iterator[str]:
     """A fresh namespace, deleted and waited for afterwards: the next test finds no GPU held."""
     cluster = real_node.cluster
     cluster.kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=true", timeout=180)
-    cluster.kubectl("create", "namespace", NS)
+    cluster.create_namespace(NS)
     yield NS
     cluster.kubectl(
         "delete", "namespace", NS, "--ignore-not-found", "--wait=true", timeout=180, check=False
@@ -211,7 +211,7 @@ def seal_secret(real_node: RealNode) -> Iterator[None]:
     """The chart's Secret ``gpushare/gpushare-seal`` holding the key the extender and the
     device plugin use, so ``kubectl inspect cgpu`` checks seals exactly as they do."""
     cluster = real_node.cluster
-    made = cluster.kubectl("create", "namespace", SEAL_NAMESPACE, check=False).returncode == 0
+    made = cluster.create_namespace(SEAL_NAMESPACE, check=False)
     cluster.kubectl(
         "create",
         "secret",
@@ -548,7 +548,7 @@ def test_finding_6_the_device_plugins_token_is_held_to_its_own_node(
     assert kinds.count("ValidatingAdmissionPolicy") == 2, kinds
     rbac = [d for d in documents if not d["kind"].startswith("ValidatingAdmissionPolicy")]
     policies = [d for d in documents if d["kind"].startswith("ValidatingAdmissionPolicy")]
-    cluster.kubectl("create", "namespace", PLUGIN_NS, check=False)
+    cluster.create_namespace(PLUGIN_NS, check=False)
     create_nodes(cluster, [kwok_node(OTHER_NODE)])
     try:
         apply(cluster, rbac)

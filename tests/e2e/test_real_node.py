@@ -162,7 +162,7 @@ def served(item: dict[str, Any]) -> bool:
 
 def fresh_namespace(cluster: Cluster) -> None:
     cluster.kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=true", timeout=180)
-    cluster.kubectl("create", "namespace", NS)
+    cluster.create_namespace(NS)
 
 
 def local_job(path: str, *, command: list[str]) -> dict[str, Any]:

@@ -89,7 +89,7 @@ def pair_pod(name: str) -> dict[str, Any]:
 def ns(real_node: RealNode) -> Iterator[str]:
     cluster = real_node.cluster
     cluster.kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=true", timeout=180)
-    cluster.kubectl("create", "namespace", NS)
+    cluster.create_namespace(NS)
     yield NS
     cluster.kubectl(
         "delete", "namespace", NS, "--ignore-not-found", "--wait=true", timeout=180, check=False

@@ -166,7 +166,7 @@ def policy_crd(cluster: Cluster) -> Iterator[None]:
 def test_the_apiserver_refuses_an_eci_unit_with_the_crds_message(
     cluster: Cluster, policy_crd: None
 ) -> None:
-    cluster.kubectl("create", "namespace", f"{NS}-eci")
+    cluster.create_namespace(f"{NS}-eci")
     try:
         policy = _policy("overflow", [{"nodeSelector": {"pool": "a"}}, {"resource": "eci"}])
         policy["metadata"]["namespace"] = f"{NS}-eci"
@@ -190,7 +190,7 @@ def test_the_apiserver_refuses_a_policy_over_the_unit_limit(
     cluster: Cluster, policy_crd: None
 ) -> None:
     ns = f"{NS}-limit"
-    cluster.kubectl("create", "namespace", ns)
+    cluster.create_namespace(ns)
     try:
         policy = _policy("many", _units(MAX_UNITS + 1))
         policy["metadata"]["namespace"] = ns
@@ -211,8 +211,8 @@ def test_a_policy_at_the_unit_limit_does_not_hold_up_another_namespace(
     # namespace, on the same nodes, binds as it would without them.
     crowded, other, names = f"{NS}-crowded", f"{NS}-other", ["rpl-0", "rpl-1"]
     create_nodes(cluster, labelled_kwok_nodes(names, "rpl", gpus_units=[15], mode=Mode.SHARE))
-    cluster.kubectl("create", "namespace", crowded)
-    cluster.kubectl("create", "namespace", other)
+    cluster.create_namespace(crowded)
+    cluster.create_namespace(other)
     try:
         policy = _policy("big", _units(MAX_UNITS))
         policy["metadata"]["namespace"] = crowded
@@ -252,7 +252,7 @@ def test_timeout_or_exceed_max_waits_for_unit_one_then_moves_on(
     for node in nodes:
         node["metadata"]["labels"]["pool"] = "a" if node["metadata"]["name"] in a else "b"
     create_nodes(cluster, nodes)
-    cluster.kubectl("create", "namespace", ns)
+    cluster.create_namespace(ns)
     try:
         policy = _policy(
             "rp", [{"nodeSelector": {"pool": "a"}, "max": 3}, {"nodeSelector": {"pool": "b"}}]
@@ -343,7 +343,7 @@ def test_lack_resource_and_no_terminating_waits_for_the_old_pod_to_go(
     for node in nodes:
         node["metadata"]["labels"]["pool"] = "a" if node["metadata"]["name"] in a else "b"
     create_nodes(cluster, nodes)
-    cluster.kubectl("create", "namespace", ns)
+    cluster.create_namespace(ns)
     try:
         policy = _policy("rp", [{"nodeSelector": {"pool": "a"}}, {"nodeSelector": {"pool": "b"}}])
         policy["metadata"]["namespace"] = ns
@@ -405,7 +405,7 @@ def test_units_fill_in_order_and_scale_in_empties_the_last(
         pool = "a" if node["metadata"]["name"] in POOL_A else "b"
         node["metadata"]["labels"]["pool"] = pool
     create_nodes(cluster, nodes)
-    cluster.kubectl("create", "namespace", NS)
+    cluster.create_namespace(NS)
     started = time.monotonic()
     try:
         policy = _policy(

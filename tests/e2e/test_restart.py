@@ -21,7 +21,7 @@ def test_extender_restart_loses_nothing(cluster: Cluster) -> None:
     create_nodes(
         cluster, labelled_kwok_nodes(names, "restart", gpus_units=[15, 15], mode=Mode.SHARE)
     )
-    cluster.kubectl("create", "namespace", NS)
+    cluster.create_namespace(NS)
     selector = {"gpushare-e2e": "restart"}
     try:
         # 12 pods of 5 GiB fill the 4 GPUs exactly (3 per GPU); 2 more can never fit. The first

@@ -64,7 +64,7 @@ def test_a_service_account_with_namespace_rights_sees_its_namespace(
         labelled_kwok_nodes([NODE], "tenant", gpus_units=[15, 15], mode=Mode.SHARE),
     )
     for namespace in (TENANT, NEIGHBOUR):
-        cluster.kubectl("create", "namespace", namespace)
+        cluster.create_namespace(namespace)
     try:
         selector = {"gpushare-e2e": "tenant"}
         apply_all(cluster, [gpu_pod_manifest("train", TENANT, 3, selector=selector)])

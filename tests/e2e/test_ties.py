@@ -23,7 +23,7 @@ NS = "e2e-ties"
 def test_twelve_thirds_fill_four_gpus_of_six_empty_nodes(cluster: Cluster) -> None:
     names = [f"tie-{i}" for i in range(6)]
     create_nodes(cluster, labelled_kwok_nodes(names, "ties", gpus_units=[15, 15], mode=Mode.CGPU))
-    cluster.kubectl("create", "namespace", NS)
+    cluster.create_namespace(NS)
     try:
         selector = {"gpushare-e2e": "ties"}
         manifests = []

@@ -144,7 +144,7 @@ def webhook(cluster: Cluster) -> Iterator[tuple[str, ssl.SSLContext]]:
     name = configurations[0]["metadata"]["name"]
     try:
         wait_for("gpushare webhook /healthz over TLS", healthy, 30, process)
-        cluster.kubectl("create", "namespace", NS)
+        cluster.create_namespace(NS)
         cluster.kubectl("label", "namespace", NS, "=".join(SELECTOR))
         cluster.kubectl("apply", "-f", "-", input=rendered)
         probe = json.dumps(job("probe", {MEM: 2, CORE: 33}))
