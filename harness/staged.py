@@ -28,6 +28,7 @@ import json
 import os
 import random
 import ssl
+import sys
 import threading
 import time
 import urllib.request
@@ -210,10 +211,27 @@ def cpu_snapshot(cluster: Cluster) -> dict[str, float]:
 Samples = Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
+SCRAPE_TRIES = 4
+SCRAPE_TIMEOUT_S = 60.0
+
+
 def scrape(url: str, context: ssl.SSLContext | None = None) -> Samples:
-    """A Prometheus text page as ``{(sample name, sorted labels): value}``."""
-    with urllib.request.urlopen(url, timeout=30, context=context) as response:
-        text = response.read().decode()
+    """A Prometheus text page as ``{(sample name, sorted labels): value}``.
+
+    Tried ``SCRAPE_TRIES`` times: on two cores shared with a control plane taking in tens of
+    thousands of new pods, a process can go a minute without the CPU to answer, and an hour's
+    run must not be lost to one late page (the wait is said on stderr).
+    """
+    for attempt in range(1, SCRAPE_TRIES + 1):
+        try:
+            with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S, context=context) as response:
+                text = response.read().decode()
+            break
+        except (TimeoutError, OSError) as err:
+            if attempt == SCRAPE_TRIES:
+                raise
+            print(f"{url} did not answer ({err}); trying again", file=sys.stderr, flush=True)
+            time.sleep(5.0)
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
