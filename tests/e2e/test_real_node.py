@@ -149,10 +149,29 @@ def wait_done(cluster: Cluster, names: set[str], timeout: float = 180) -> list[d
 
 
 def reasons(item: dict[str, Any]) -> str:
+    """Why a pod is where it is: its conditions, its own reason, and each container that
+    ended or waits with a reason (a pod failed by a containerd restart says so only there)."""
     status = item.get("status", {})
     parts = [f"{c.get('reason')}: {c.get('message')}" for c in status.get("conditions") or []]
     if status.get("message"):
         parts.append(f"{status.get('reason')}: {status['message']}")
+    for kind in ("initContainerStatuses", "containerStatuses"):
+        for entry in status.get(kind) or []:
+            state = entry.get("state") or {}
+            last = (entry.get("lastState") or {}).get("terminated")
+            ended = state.get("terminated") or last
+            waiting = state.get("waiting")
+            if ended and (ended.get("exitCode") or ended.get("reason") != "Completed"):
+                message = (ended.get("message") or "").strip()[:160]
+                parts.append(
+                    f"{entry.get('name')} {ended.get('reason')} exit {ended.get('exitCode')}"
+                    + (f": {message}" if message else "")
+                )
+            elif waiting and waiting.get("reason"):
+                message = (waiting.get("message") or "").strip()[:160]
+                parts.append(
+                    f"{entry.get('name')} {waiting['reason']}" + (f": {message}" if message else "")
+                )
     return "; ".join(p for p in parts if "None: None" not in p)
 
 
