@@ -390,7 +390,10 @@ class Scheduler:
         book: PolicyBook | None = None,
     ) -> None:
         """Give back a reservation in every booking store: the GPUs in the ledger and, with
-        ``book``, the ResourcePolicy unit (``core.resourcepolicies.policyplugin``); idempotent.
+        ``book``, the ResourcePolicy unit (``core.resourcepolicies.policyplugin``). As the
+        framework asks of Unreserve, it is idempotent and safe after a reserve that stopped
+        part-way: each store drops what it holds for the pod, if anything
+        (``tests/unit/test_reserve.py``).
 
         ``kept`` is the booking the pod held before this bind booked over it (``Ledger.kept``:
         an earlier bind's, whose outcome was unknown); it comes back instead of nothing, since
