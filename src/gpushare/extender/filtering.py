@@ -1,10 +1,11 @@
 """Filtering and prioritizing: which of kube-scheduler's nodes fit a pod, and in what order.
 
-A filter starts a new attempt for the pod (its old intent goes back), asks the core for a
-verdict per node, keeps only the nodes of the unit a ResourcePolicy opens to the pod, and for
-most pods of the packing profile answers with the top node alone, its GPUs booked as the pod's
-intent (``Filtering.top_only``). Prioritize scores the nodes and books the intent for the
-node it puts alone on top.
+A filter is one core call (``core.decision.verbs.filter_pod``): it starts a new attempt for
+the pod (its old intent goes back, and the intents past their deadline), decides every node,
+keeps only the nodes of the unit a ResourcePolicy opens to the pod, and for most pods of the
+packing profile picks the top node alone and books its GPUs as the pod's intent. What it
+returns is all this adapter needs: it builds the answer from it, counts and tells.
+Prioritize scores the nodes and books the intent for the node it puts alone on top.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class Filtering:
     packing_profile: str
     """The kube-scheduler profile (``schedulerName``) configured as
     ``schedconfig.packing_profile``: for its pods that state no preference the filter
-    answers with the top node alone (``top_only``); empty for never."""
+    answers with the top node alone (``core.decision.verbs``); empty for never."""
 
     def read_nodes(self, nodes: NodeList) -> list[NodeInventory]:
         """Inventories of whole node objects sent by a scheduler without a node cache."""
