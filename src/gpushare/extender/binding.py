@@ -53,7 +53,14 @@ from dataclasses import dataclass, field
 
 from gpushare.core.booking.ledger import Kept
 from gpushare.core.decision.scheduling import Scheduler
-from gpushare.core.decision.verbs import BOUND, BindOutcome, BindPlan, BindResult, reserve_bind
+from gpushare.core.decision.verbs import (
+    BOUND,
+    BindOutcome,
+    BindPlan,
+    BindResult,
+    copy_will_do,
+    reserve_bind,
+)
 from gpushare.core.model.kubejson import annotations_of, node_name_of, uid_of
 from gpushare.core.model.names import POD_ANNOTATIONS
 from gpushare.extender.events import PodRef
@@ -112,15 +119,9 @@ class Binding:
 
     async def _bind(self, args: ExtenderBindingArgs, key: str) -> ExtenderBindingResult:
         error = ""
-        # the watch's copy of the pod saves a read (see the module docstring), but only while
-        # the pod holds nothing or its intent: a booking kept from an earlier bind whose outcome
-        # was unknown (the API server stalled) must meet the pod as it is now, not as the watch,
-        # stalled with it, last showed it
+        # the watch's copy of the pod saves a read (see the module docstring), when it will do
         watched = self.cache.pending.get(args.PodUID) if args.PodUID else None
-        ledger = self.cache.ledger
-        if watched is not None and (
-            ledger.holding(args.PodUID) is not None and ledger.intent_until(args.PodUID) is None
-        ):
+        if watched is not None and not copy_will_do(self.cache.ledger, args.PodUID):
             watched = None
         attempt = 0
         while attempt < self.attempts:

@@ -344,6 +344,14 @@ class BindPlan:
     """The annotations the ``pods/binding`` carries."""
 
 
+def copy_will_do(ledger: Ledger, uid: str) -> bool:
+    """Whether a bind may start from the watch's copy of the pod: only while the pod holds
+    nothing or its intent. A booking kept from an earlier bind whose outcome was unknown (the
+    API server stalled) must meet the pod as it is now, not as the watch, stalled with it,
+    last showed it."""
+    return ledger.holding(uid) is None or ledger.intent_until(uid) is not None
+
+
 def reserve_bind(
     scheduler: Scheduler,
     pod: KubeObject,
