@@ -50,18 +50,19 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from enum import Enum
 
 from gpushare.core.booking.ledger import Kept
 from gpushare.core.decision.scheduling import Scheduler
-from gpushare.core.model.kubejson import annotations_of, node_name_of, stored_uid_of, uid_of
-from gpushare.core.model.names import ANN_ALLOCATION, ANN_SEAL, POD_ANNOTATIONS
-from gpushare.core.model.requests import PodRequest, Rejection
-from gpushare.core.placement.filtering import Verdict
-from gpushare.core.records.allocation import to_annotations
-from gpushare.core.records.binding import already_bound
-from gpushare.core.resourcepolicies.gating import Gate
-from gpushare.core.resourcepolicies.policyplugin import UnitRefused, reserve_unit, unreserve_unit
+from gpushare.core.decision.verbs import (
+    BOUND,
+    BindOutcome,
+    BindPlan,
+    BindResult,
+    copy_will_do,
+    reserve_bind,
+)
+from gpushare.core.model.kubejson import annotations_of, node_name_of, uid_of
+from gpushare.core.model.names import POD_ANNOTATIONS
 from gpushare.extender.events import PodRef
 from gpushare.extender.intents import Intents
 from gpushare.extender.metrics import ExtenderMetrics
@@ -70,45 +71,9 @@ from gpushare.extender.wire import ExtenderBindingArgs, ExtenderBindingResult
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.port import Conflict, KubeAPI, KubeDict, KubeError, NotFound
 
+__all__ = ["BOUND", "BindOutcome", "BindResult", "Binding", "OnePerKey"]
+
 log = logging.getLogger(__name__)
-
-
-class BindOutcome(Enum):
-    """How one try of a bind ended; the value is the ``gpushare_binds_total`` outcome label."""
-
-    BOUND = "bound"
-    ALREADY_BOUND = "already_bound"
-    """The API already showed the pod bound there, with its allocation: nothing written."""
-    CONFLICT = "conflict"
-    """The pod changed, or was bound, while binding (a 409): nothing written, try again."""
-    UNFIT = "unfit"
-    """The pod no longer fits the node, or its ResourcePolicy unit is closed there now."""
-    REJECTED = "rejected"
-    """The pod's request, or its ResourcePolicy, is invalid."""
-    ERROR = "error"
-
-    @property
-    def succeeded(self) -> bool:
-        """Whether kube-scheduler is answered with success."""
-        return self in (BindOutcome.BOUND, BindOutcome.ALREADY_BOUND)
-
-    @property
-    def decided_from_the_copy(self) -> bool:
-        """Reached with nothing written: from the watch's copy of the pod, bind checks it again
-        on a fresh read. Errors are not among them: after a write whose effect is unknown the
-        booking must stay as ``Binding._settle`` left it."""
-        return self in (BindOutcome.CONFLICT, BindOutcome.UNFIT, BindOutcome.REJECTED)
-
-
-@dataclass(frozen=True)
-class BindResult:
-    """One try's outcome and, unless it succeeded, the error kube-scheduler is told."""
-
-    outcome: BindOutcome
-    error: str = ""
-
-
-BOUND = BindResult(BindOutcome.BOUND)
 
 
 class OnePerKey:
@@ -154,15 +119,9 @@ class Binding:
 
     async def _bind(self, args: ExtenderBindingArgs, key: str) -> ExtenderBindingResult:
         error = ""
-        # the watch's copy of the pod saves a read (see the module docstring), but only while
-        # the pod holds nothing or its intent: a booking kept from an earlier bind whose outcome
-        # was unknown (the API server stalled) must meet the pod as it is now, not as the watch,
-        # stalled with it, last showed it
+        # the watch's copy of the pod saves a read (see the module docstring), when it will do
         watched = self.cache.pending.get(args.PodUID) if args.PodUID else None
-        ledger = self.cache.ledger
-        if watched is not None and (
-            ledger.holding(args.PodUID) is not None and ledger.intent_until(args.PodUID) is None
-        ):
+        if watched is not None and not copy_will_do(self.cache.ledger, args.PodUID):
             watched = None
         attempt = 0
         while attempt < self.attempts:
@@ -196,7 +155,9 @@ class Binding:
     async def _bind_once(
         self, args: ExtenderBindingArgs, key: str, watched: KubeDict | None = None
     ) -> BindResult:
-        """One try: from the watched copy of the pod when given, else from a fresh read."""
+        """One try: from the watched copy of the pod when given, else from a fresh read. One
+        core call decides and reserves (``core.decision.verbs.reserve_bind``); then the writes
+        and the Events."""
         if watched is not None:
             pod = watched
         else:
@@ -204,103 +165,67 @@ class Binding:
                 pod = await self.api.get_pod(args.PodNamespace, args.PodName)
             except KubeError as err:
                 return BindResult(BindOutcome.ERROR, f"cannot read pod {key}: {err}")
-        uid = stored_uid_of(pod)
-        if args.PodUID and uid != args.PodUID:
-            return BindResult(
-                BindOutcome.ERROR,
-                f"pod {key} was recreated (UID {uid}, scheduler asked for {args.PodUID})",
-            )
-        request = self.scheduler.read(pod)
-        if node_name_of(pod):
-            return self._already_bound(pod, args, key, request)
-        if isinstance(request, Rejection):
-            return BindResult(BindOutcome.REJECTED, f"pod {key}: {request.message}")
-        node = self.cache.nodes.get(args.Node)
-        if node is None:
-            return BindResult(BindOutcome.ERROR, f"node {args.Node} is not in gpushare's cache")
-        # checked again here because kube-scheduler binds while it filters the next pod; the
-        # unit is assumed with no await since the check (``core.resourcepolicies.policyplugin``)
-        unit = reserve_unit(self.cache.book, pod, args.Node, now_s=self.clock_ns() / 1e9)
-        if isinstance(unit, UnitRefused):
-            outcome = BindOutcome.REJECTED if unit.rejected else BindOutcome.UNFIT
-            return BindResult(outcome, unit.message)
-        gate = unit.gate
-        version = str(pod.get("metadata", {}).get("resourceVersion", ""))
-        annotations, labels = dict(unit.annotations), dict(unit.labels)
-        if not request.wants_gpu:
-            failed = await self._write_and_bind(
-                pod, args, key, uid, annotations, labels, version, kept=None
-            )
-            if failed is not None:
-                return failed
-            self._explain_unit(args, uid, gate)
-            return BOUND
-        kept = self.cache.ledger.kept(uid)
-        booked = self.scheduler.reserve(request, node, self.cache.ledger, now_ns=self.clock_ns())
-        if isinstance(booked, Verdict):
-            unreserve_unit(self.cache.book, uid)
-            return BindResult(
-                BindOutcome.UNFIT, f"pod {key} no longer fits node {args.Node}: {booked.message}"
-            )
-        dev = node.gpu(booked.indexes[0])
-        written = to_annotations(booked, dev_units=dev.mem_units if dev else 0)
-        annotations.update(written)
-        annotations[ANN_SEAL] = self.cache.trust.seal_for(booked, written[ANN_ALLOCATION]) or None
-        failed = await self._write_and_bind(
-            pod, args, key, uid, annotations, labels, version, kept=kept
+        cache = self.cache
+        # no await from here to the writes: the check and the bookings are one step
+        plan = reserve_bind(
+            self.scheduler,
+            pod,
+            node=args.Node,
+            asked_uid=args.PodUID,
+            table=cache.nodes,
+            ledger=cache.ledger,
+            book=cache.book,
+            trust=cache.trust,
+            now_ns=self.clock_ns(),
         )
+        if isinstance(plan, BindResult):
+            if plan.outcome is BindOutcome.ALREADY_BOUND:
+                log.info(
+                    "pod=%s node=%s phase=bind already bound there; nothing to do", key, args.Node
+                )
+            return plan
+        failed = await self._write_and_bind(args, key, plan)
         if failed is not None:
             return failed
-        ref = PodRef(namespace=args.PodNamespace, name=args.PodName, uid=booked.uid)
-        self.telling.placed(ref, booked, node)
-        self._explain_unit(args, uid, gate)
-        log.info(
-            "pod=%s node=%s gpu=%s mem=%d phase=bind bound",
-            key,
-            args.Node,
-            ",".join(map(str, booked.indexes)),
-            booked.mem_units,
-        )
+        ref = PodRef(namespace=args.PodNamespace, name=args.PodName, uid=plan.uid)
+        booked = plan.allocation
+        if booked is not None:
+            self.telling.placed(ref, booked, plan.node)
+        self.telling.unit(ref, args.Node, plan.gate)
+        if booked is not None:
+            log.info(
+                "pod=%s node=%s gpu=%s mem=%d phase=bind bound",
+                key,
+                args.Node,
+                ",".join(map(str, booked.indexes)),
+                booked.mem_units,
+            )
         return BOUND
 
-    def _explain_unit(self, args: ExtenderBindingArgs, uid: str, gate: Gate | None) -> None:
-        ref = PodRef(namespace=args.PodNamespace, name=args.PodName, uid=uid)
-        self.telling.unit(ref, args.Node, gate)
-
     async def _write_and_bind(
-        self,
-        pod: KubeDict,
-        args: ExtenderBindingArgs,
-        key: str,
-        uid: str,
-        annotations: dict[str, str | None],
-        labels: dict[str, str],
-        version: str,
-        *,
-        kept: Kept | None,
+        self, args: ExtenderBindingArgs, key: str, plan: BindPlan
     ) -> BindResult | None:
-        """Write the annotations and bind; None when bound, else the outcome and error.
+        """Write the plan's annotations and bind; None when bound, else the outcome and error.
 
         One ``pods/binding`` carries the annotations, at the resourceVersion bind read: the
         API server sets the node and the annotations in one update, or neither. A merge patch
-        goes first only for what a binding cannot do: labels (a ResourcePolicy unit's
-        ``podLabels``; a binding's labels count only with PodTopologyLabelsAdmission) and
-        removing an annotation the pod carries. After an error whose effect is unknown, the
-        pod is read again (``_settle``, which decides what to give back); when nothing was
-        written, this try's GPU booking is given back here, and ``kept``, the booking the pod
-        held before it (``Ledger.kept``), comes back: the 409 may be the earlier binding that
-        booked it, landed meanwhile, and its GPUs must stay taken until the watch shows them.
+        goes first only for what a binding cannot do (``BindPlan.patch_first``): labels (a
+        ResourcePolicy unit's ``podLabels``; a binding's labels count only with
+        PodTopologyLabelsAdmission) and removing an annotation the pod carries. After an error
+        whose effect is unknown, the pod is read again (``_settle``, which decides what to give
+        back); when nothing was written, this try's bookings are given back here, and
+        ``BindPlan.kept``, the booking the pod held before it (``Ledger.kept``), comes back:
+        the 409 may be the earlier binding that booked it, landed meanwhile, and its GPUs must
+        stay taken until the watch shows them.
         """
-        present = annotations_of(pod)
-        patch_first = bool(labels) or any(
-            value is None and name in present for name, value in annotations.items()
-        )
-        carried = {name: value for name, value in annotations.items() if value is not None}
-        if patch_first:
-            failed = await self._annotate(args, key, uid, annotations, labels, version)
+        uid, version = plan.uid, plan.version
+        if plan.patch_first:
+            failed = await self._annotate(args, key, plan)
             if failed is not None:
-                self._give_back(uid, kept=kept)
+                self._give_back(uid, kept=plan.kept)
                 return failed
+        carried = plan.carried
+        if plan.patch_first:
             carried, version = {}, ""  # written; the patch changed the resourceVersion
         try:
             await self.api.bind_pod(
@@ -312,8 +237,8 @@ class Binding:
                 resource_version=version,
             )
         except Conflict as err:
-            if not patch_first:  # nothing was written: read it again and start over
-                self._give_back(uid, kept=kept)
+            if not plan.patch_first:  # nothing was written: read it again and start over
+                self._give_back(uid, kept=plan.kept)
                 return BindResult(
                     BindOutcome.CONFLICT, f"pod {key} changed or was bound while binding: {err}"
                 )
@@ -332,41 +257,23 @@ class Binding:
         self.scheduler.unreserve(uid, self.cache.ledger, kept=kept, book=self.cache.book)
 
     async def _annotate(
-        self,
-        args: ExtenderBindingArgs,
-        key: str,
-        uid: str,
-        annotations: dict[str, str | None],
-        labels: dict[str, str],
-        version: str,
+        self, args: ExtenderBindingArgs, key: str, plan: BindPlan
     ) -> BindResult | None:
-        """Write the bind's annotations and labels; on failure drop the unit assumption."""
+        """Write the plan's annotations and labels (the caller gives the bookings back when
+        this fails)."""
         try:
             await self.api.patch_pod_annotations(
                 args.PodNamespace,
                 args.PodName,
-                annotations,
-                resource_version=version,
-                **({"labels": labels} if labels else {}),
+                plan.annotations,
+                resource_version=plan.version,
+                **({"labels": plan.labels} if plan.labels else {}),
             )
         except Conflict as err:
-            unreserve_unit(self.cache.book, uid)
             return BindResult(BindOutcome.CONFLICT, f"pod {key} kept changing while binding: {err}")
         except KubeError as err:
-            unreserve_unit(self.cache.book, uid)
             return BindResult(BindOutcome.ERROR, f"annotate {key}: {err}")
         return None
-
-    def _already_bound(
-        self, pod: KubeDict, args: ExtenderBindingArgs, key: str, request: PodRequest | Rejection
-    ) -> BindResult:
-        """A pod the API shows bound: nothing is written, whatever the answer."""
-        wants_gpu = isinstance(request, PodRequest) and request.wants_gpu
-        reason = already_bound(pod, node=args.Node, wants_gpu=wants_gpu)
-        if reason:
-            return BindResult(BindOutcome.ERROR, reason)
-        log.info("pod=%s node=%s phase=bind already bound there; nothing to do", key, args.Node)
-        return BindResult(BindOutcome.ALREADY_BOUND)
 
     async def _settle(
         self, args: ExtenderBindingArgs, key: str, uid: str, error: str

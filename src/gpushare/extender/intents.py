@@ -11,14 +11,15 @@ kube-scheduler tries them again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from gpushare.core.booking.waiting import Waiting, WaitingPod
 from gpushare.core.decision.scheduling import Scheduler
+from gpushare.core.decision.verbs import Deadline, FilterOutcome, intent_deadline
 from gpushare.core.model.inventory import NodeInventory
-from gpushare.core.model.kubejson import KubeObject, name_of, namespace_of, stored_uid_of, uid_of
-from gpushare.core.model.requests import PodRequest, Rejection
+from gpushare.core.model.kubejson import KubeObject, namespace_of, stored_uid_of, uid_of
 from gpushare.core.records.allocation import Allocation
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.kube.cache import ClusterCache
@@ -51,6 +52,14 @@ RETRIES_PER_SWEEP = 20
 costs the API server 20 writes a second at most, however much capacity comes back."""
 
 
+class IntentTerms(TypedDict):
+    """How long an intent booked now lasts (``core.decision.verbs.intent_deadline``)."""
+
+    now_ns: int
+    ttl_ns: int
+    unseen_ttl_ns: int
+
+
 @dataclass(eq=False, kw_only=True)
 class Intents:
     """The intents booked for pods on their way to bind, and the refused pods waiting."""
@@ -70,12 +79,18 @@ class Intents:
     """Intents of pods the watch had not shown yet, by UID: the deadline each gets once it
     does (``UNSEEN_TTL_S``)."""
 
-    def new_attempt(self, pod: KubeObject) -> None:
-        """Before a filter: give back the intents that expired, and the pod's own, since
-        kube-scheduler tries a pod again only after its previous attempt has ended."""
-        self._expire()
-        if self.scheduler.drop_intent(uid_of(pod), self.cache.ledger):
+    def filtered(self, outcome: FilterOutcome) -> None:
+        """After a filter (``core.decision.verbs.filter_pod``): count the intents it gave back
+        and booked, remember the pods whose intent ran out while pending, and remember the pod
+        as waiting when it fits nowhere (the core did)."""
+        self._expired(outcome.expired)
+        if outcome.dropped:
             self.metrics.intents.labels("dropped").inc()
+        if outcome.withheld:
+            self.metrics.intents.labels("withheld").inc()
+        if outcome.deadline is not None:
+            self._deadline_taken(outcome.uid, outcome.deadline)
+        self.booked(outcome.intent)
 
     def bind_failed(self, uid: str) -> None:
         """After a bind that failed for good: the pod's intent goes back, and with it GPUs
@@ -86,7 +101,10 @@ class Intents:
 
     def _expire(self) -> None:
         """Give back the intents past their deadline; their GPUs are free again."""
-        expired = self.cache.ledger.expire(self.clock_ns())
+        self._expired(self.cache.ledger.expire(self.clock_ns()))
+
+    def _expired(self, expired: Sequence[str]) -> None:
+        """Count intents given back at their deadline; their pods still pending are stuck."""
         if expired:
             self.metrics.intents.labels("expired").inc(len(expired))
             self.capacity_returned()
@@ -112,14 +130,11 @@ class Intents:
         due to be tried again (``sweep``)."""
         self._retry_before = self.waiting.mark()
 
-    def waits(self, pod: KubeObject, request: PodRequest | Rejection, fits: bool) -> None:
-        """Remember a GPU pod refused on every node until GPUs come back; forget one that
-        fits somewhere (or asks for none)."""
-        uid = stored_uid_of(pod)
-        if fits or not isinstance(request, PodRequest) or not request.wants_gpu:
-            self.waiting.forget(uid)
-        elif uid:
-            self.waiting.refused(WaitingPod(uid, namespace_of(pod), name_of(pod)))
+    @property
+    def stuck_pods(self) -> Mapping[str, set[str]]:
+        """By namespace: pods whose intent ran out with no bind (``may_intend``); those no
+        longer pending are forgotten at the next sweep."""
+        return self._stuck
 
     def _stuck_in(self, namespace: str) -> set[str]:
         """The namespace's pods whose intent ran out with no bind and that are still pending."""
@@ -179,14 +194,27 @@ class Intents:
     def deadline(self, pod: KubeObject) -> int:
         """When an intent booked now expires unless its bind comes (``ttl_s``); for a pod the
         watch has not shown unbound, ``UNSEEN_TTL_S`` until it does (counted as unseen)."""
-        until = self.clock_ns() + int(self.ttl_s() * 1e9)
         uid = stored_uid_of(pod)
-        if uid in self.cache.pending:
+        deadline = intent_deadline(uid, self.cache.pending, **self.terms(self.clock_ns()))
+        self._deadline_taken(uid, deadline)
+        return deadline.until_ns
+
+    def terms(self, now_ns: int) -> IntentTerms:
+        """How long an intent booked at ``now_ns`` lasts, for ``intent_deadline``."""
+        return IntentTerms(
+            now_ns=now_ns,
+            ttl_ns=int(self.ttl_s() * 1e9),
+            unseen_ttl_ns=int(UNSEEN_TTL_S * 1e9),
+        )
+
+    def _deadline_taken(self, uid: str, deadline: Deadline) -> None:
+        """An intent was asked for with this deadline: a pod the watch has not shown gets
+        the full one once it does (``_confirm_seen``), and is counted as unseen."""
+        if deadline.seen:
             self._unseen.pop(uid, None)
-            return until
+            return
         self.metrics.intents.labels("unseen").inc()
-        self._unseen[uid] = until
-        return min(until, self.clock_ns() + int(UNSEEN_TTL_S * 1e9))
+        self._unseen[uid] = deadline.full_ns
 
     def booked(self, booked: Allocation | None) -> str:
         """Count a booked intent; the node it is on, or an empty string for none."""

@@ -1,11 +1,14 @@
 """The extender: kube-scheduler's filter, prioritize and bind over the cache, split by verb.
 
 - ``extender.filtering``: filter and prioritize (``Filtering``);
-- ``extender.binding``: bind, one at a time per pod, never double-booking (``Binding``, with
-  its outcomes as values, ``BindOutcome`` and ``BindResult``);
+- ``extender.binding``: bind, one at a time per pod, never double-booking (``Binding``; its
+  outcomes are values, ``BindOutcome`` and ``BindResult``, from ``core.decision.verbs``);
 - ``extender.intents``: the intents booked between filter and bind, and the refused pods tried
   again when GPUs come back (``Intents``), kept by the clock (``Extender.keep_intents``);
 - ``extender.telling``: the Events said on pods and policies, and their counters (``Telling``).
+
+Each verb asks the core once (``core.decision.verbs``: ``filter_pod``, ``reserve_bind`` per
+bind try) and answers, writes, counts and tells from the value it gets back.
 
 ``Extender`` puts them together over one cache, scheduler, metrics and clock, and is what the
 app, the demo and the tests hold.

@@ -34,7 +34,14 @@ from gpushare.core.placement.ranking import absolute, normalized, single_top
 from gpushare.core.placement.scoring import NodePolicy, PolicyRegistry
 from gpushare.core.records.allocation import Allocation, plan
 from gpushare.core.resourcepolicies.policybook import PolicyBook
-from gpushare.core.resourcepolicies.policyplugin import unreserve_unit
+from gpushare.core.resourcepolicies.policyplugin import (
+    UnitRefused,
+    UnitReserved,
+    reserve_unit,
+    unreserve_unit,
+)
+
+__all__ = ["FilterResult", "NamesResult", "Reservation", "Scheduler", "Settings", "UnitRefused"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,15 @@ class NamesResult:
     failed: dict[str, str]
     unresolvable: dict[str, str]
     missing: list[str]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A pod reserved in every booking store: its ResourcePolicy unit and its GPUs."""
+
+    unit: UnitReserved
+    allocation: Allocation | None
+    """The GPUs booked; None for a pod that asks for none."""
 
 
 @dataclass
@@ -335,6 +351,36 @@ class Scheduler:
         ledger.assume(allocation, request.host)
         return allocation
 
+    def reserve_pod(
+        self,
+        pod: KubeObject,
+        request: PodRequest,
+        node: NodeInventory,
+        ledger: Ledger,
+        *,
+        book: PolicyBook | None,
+        now_ns: int = 0,
+    ) -> Reservation | UnitRefused | Verdict:
+        """Reserve the pod on ``node`` in every booking store, as kube-scheduler's Reserve
+        does: its ResourcePolicy unit (``core.resourcepolicies.policyplugin``), then its GPUs
+        (``reserve``); the unit's refusal, or the failing verdict when the GPUs no longer fit.
+
+        All or nothing: when the GPUs fail after the unit was assumed, the unit is given back
+        before this returns. Idempotent: reserving a pod again replaces its bookings (each
+        store holds one per pod, and a pod's own booking is left out of its checks), so it
+        still holds one place in its unit and one set of GPUs. ``unreserve`` undoes it.
+        """
+        unit = reserve_unit(book, pod, node.name, now_s=now_ns / 1e9)
+        if isinstance(unit, UnitRefused):
+            return unit
+        if not request.wants_gpu:
+            return Reservation(unit, None)
+        booked = self.reserve(request, node, ledger, now_ns=now_ns)
+        if isinstance(booked, Verdict):
+            unreserve_unit(book, request.uid)  # a part-way reserve leaves nothing behind
+            return booked
+        return Reservation(unit, booked)
+
     def unreserve(
         self,
         uid: str,
@@ -344,7 +390,10 @@ class Scheduler:
         book: PolicyBook | None = None,
     ) -> None:
         """Give back a reservation in every booking store: the GPUs in the ledger and, with
-        ``book``, the ResourcePolicy unit (``core.resourcepolicies.policyplugin``); idempotent.
+        ``book``, the ResourcePolicy unit (``core.resourcepolicies.policyplugin``). As the
+        framework asks of Unreserve, it is idempotent and safe after a reserve that stopped
+        part-way: each store drops what it holds for the pod, if anything
+        (``tests/unit/test_reserve.py``).
 
         ``kept`` is the booking the pod held before this bind booked over it (``Ledger.kept``:
         an earlier bind's, whose outcome was unknown); it comes back instead of nothing, since

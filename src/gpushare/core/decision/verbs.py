@@ -1,0 +1,420 @@
+"""The extender's verbs as one core call each: ``filter_pod`` and ``reserve_bind``.
+
+kube-scheduler's filter and bind each take several steps in the core: a filter gives back the
+intents past their deadline and the pod's own, decides every node, lets a ResourcePolicy keep
+only its unit's nodes, and (for most pods of the packing profile) picks the top node and books
+its GPUs as the pod's intent; a bind reads the pod's request, checks it is not bound already,
+reserves its unit and its GPUs and writes the annotations that say so. Each verb is one call
+here that returns one value carrying everything the adapter needs to answer kube-scheduler,
+count and tell (``FilterOutcome``, ``BindPlan`` or ``BindResult``): the adapter converts the
+wire to these calls and back, writes to the API and tells, and decides nothing itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from gpushare.core.booking.changes import NodeTable
+from gpushare.core.booking.ledger import Kept, Ledger
+from gpushare.core.booking.waiting import Waiting, WaitingPod
+from gpushare.core.decision.scheduling import Reservation, Scheduler, UnitRefused
+from gpushare.core.model.inventory import NodeInventory
+from gpushare.core.model.kubejson import (
+    KubeObject,
+    annotations_of,
+    key_of,
+    name_of,
+    namespace_of,
+    node_name_of,
+    pod_spec_of,
+    stored_uid_of,
+    uid_of,
+)
+from gpushare.core.model.names import ANN_ALLOCATION, ANN_SEAL
+from gpushare.core.model.requests import PodRequest, Rejection
+from gpushare.core.placement.filtering import Code
+from gpushare.core.placement.preferences import PlacedTerms, stated_preference
+from gpushare.core.records.allocation import Allocation, to_annotations
+from gpushare.core.records.binding import already_bound
+from gpushare.core.records.trust import Trust
+from gpushare.core.resourcepolicies.gating import Gate
+from gpushare.core.resourcepolicies.policybook import PolicyBook
+from gpushare.core.resourcepolicies.policyplugin import filter_units
+
+MISSING = "node is not in gpushare's cache yet; it will be after the next watch event"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FilterAsk:
+    """One filter call: the pod, the nodes asked about, and what the answer may book.
+
+    ``nodes`` holds the inventories of whole node objects (a scheduler without a node cache)
+    and ``node_labels`` their labels; without them ``names`` are looked up in ``table``
+    (``nodeCacheCapable``), and the labels in the ResourcePolicy book.
+    """
+
+    pod: KubeObject
+    names: Sequence[str] = ()
+    nodes: Sequence[NodeInventory] | None = None
+    node_labels: Mapping[str, Mapping[str, str]] | None = None
+    now_ns: int
+    ttl_ns: int
+    """How long an intent booked now lasts (``extender.intents.INTENT_TTL_S``)."""
+    unseen_ttl_ns: int
+    """How long it lasts while the watch has not shown the pod (``UNSEEN_TTL_S``)."""
+    stuck: Mapping[str, Collection[str]]
+    """By namespace, the pods whose intent ran out with no bind: while one of them is still
+    pending, the namespace books no intent (``extender.intents.Intents.may_intend``)."""
+    pending: Mapping[str, KubeObject]
+    """The pods the watch shows unbound, by UID."""
+    packing_profile: str
+    placed_terms: PlacedTerms
+    soft_tainted: frozenset[str] | set[str]
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When an intent booked now runs out (``intent_deadline``)."""
+
+    until_ns: int
+    full_ns: int
+    """The deadline it gets once the watch shows the pod (``UNSEEN_TTL_S``)."""
+    seen: bool
+    """Whether the watch has shown the pod unbound."""
+
+
+def intent_deadline(
+    uid: str, pending: Mapping[str, KubeObject], *, now_ns: int, ttl_ns: int, unseen_ttl_ns: int
+) -> Deadline:
+    """The deadline of an intent booked now: the full one for a pod the watch shows unbound,
+    else the short one until it does (a filter for a pod that does not exist holds nothing
+    for long)."""
+    full = now_ns + ttl_ns
+    if uid in pending:
+        return Deadline(full, full, seen=True)
+    return Deadline(min(full, now_ns + unseen_ttl_ns), full, seen=False)
+
+
+@dataclass(frozen=True)
+class FilterOutcome:
+    """Everything a filter decided, booked and gave back, for the adapter to answer and tell."""
+
+    uid: str
+    """The pod's UID as stored (empty for a pod not stored yet)."""
+    request: PodRequest | Rejection
+    passing: list[str]
+    fits: bool
+    """Whether any node passed."""
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+    gated: tuple[str, ...]
+    """Fitting nodes the pod's ResourcePolicy refused (their reasons are in failed or
+    unresolvable)."""
+    top: str
+    """The node to book or that was booked (its intent, unless withheld); empty: none."""
+    one_node: bool
+    """Whether the answer is the top node alone rather than every fitting node."""
+    answer: str
+    """How the names path answered, the ``gpushare_filter_answers_total`` label: ``top_node``
+    or why every node; empty when it was not counted."""
+    expired: tuple[str, ...]
+    """Intents past their deadline, given back (their GPUs are free again)."""
+    dropped: bool
+    """Whether the pod's own earlier intent was given back (a new attempt)."""
+    deadline: Deadline | None
+    """The deadline an intent was asked for with (booked or not); None: none asked for."""
+    intent: Allocation | None
+    """The intent booked for the pod."""
+    withheld: bool
+    """Whether an intent was withheld: the pod's namespace holds a stuck pod."""
+
+
+def filter_pod(
+    scheduler: Scheduler,
+    ask: FilterAsk,
+    table: NodeTable,
+    ledger: Ledger,
+    book: PolicyBook | None,
+    waiting: Waiting,
+) -> FilterOutcome:
+    """A new attempt's filter, whole: see the module docstring. A GPU pod refused on every
+    node is remembered in ``waiting`` until GPUs come back; one that fits is forgotten."""
+    pod = ask.pod
+    uid = stored_uid_of(pod)
+    expired = tuple(ledger.expire(ask.now_ns))
+    dropped = scheduler.drop_intent(uid_of(pod), ledger)
+    if ask.nodes is not None:
+        result = scheduler.filter(pod, ask.nodes, ledger)
+        request = result.request
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        fits: list[str] = []
+        for verdict in result.verdicts:
+            if verdict.code is Code.FITS:
+                fits.append(verdict.node)
+            elif verdict.code is Code.UNSCHEDULABLE:
+                failed[verdict.node] = verdict.message
+            else:
+                unresolvable[verdict.node] = verdict.message
+        fits = sorted(set(fits))
+        labels = ask.node_labels or {}
+    else:
+        names = scheduler.filter_names(pod, list(ask.names), table, ledger)
+        request, fits = names.request, names.passing
+        failed, unresolvable = names.failed, names.unresolvable
+        for name in names.missing:
+            failed[name] = MISSING
+        labels = book.node_labels if book is not None else {}
+    passing = fits
+    if book is not None:
+        passing = filter_units(
+            book, pod, fits, failed, unresolvable, labels, now_s=ask.now_ns / 1e9
+        )
+    gated = tuple(n for n in fits if n not in set(passing)) if len(passing) < len(fits) else ()
+    if passing or not isinstance(request, PodRequest) or not request.wants_gpu:
+        waiting.forget(uid)
+    elif uid:
+        waiting.refused(WaitingPod(uid, namespace_of(pod), name_of(pod)))
+    outcome = FilterOutcome(
+        uid,
+        request,
+        passing,
+        bool(passing),
+        failed,
+        unresolvable,
+        gated,
+        "",
+        False,
+        "",
+        expired,
+        dropped,
+        None,
+        None,
+        False,
+    )
+    if ask.nodes is not None:
+        return outcome
+    return _top_only(scheduler, ask, table, ledger, outcome)
+
+
+def _top_only(
+    scheduler: Scheduler, ask: FilterAsk, table: NodeTable, ledger: Ledger, outcome: FilterOutcome
+) -> FilterOutcome:
+    """The one node to answer the filter with, its GPUs booked as the pod's intent.
+
+    kube-scheduler takes a lone feasible node without scoring or calling prioritize
+    (``schedulePod``, pkg/scheduler/schedule_one.go), which saves a round trip and its score
+    plugins per pod. It would have taken the extender's top node anyway when the pod is in the
+    packing profile and nothing kube-scheduler still scores there differs between nodes
+    (``core.placement.preferences``). When only one node fits it has no choice either: the
+    answer stays as it is, and this books the intent prioritize would have. With the top node
+    alone the other nodes' reasons are left out: kube-scheduler reads them only when no node is
+    left. With every node, prioritize books the intent.
+    """
+    request, passing = outcome.request, outcome.passing
+    if not passing or not isinstance(request, PodRequest) or not request.wants_gpu:
+        return outcome
+    why = _why_every_node(ask, passing) if len(passing) > 1 else ""
+    if why:
+        return _with(outcome, answer=why)
+    name = scheduler.top_name(request, passing, table, ledger)
+    if name and _withheld(ask, outcome.expired):
+        return _with(outcome, top=name, answer="top_node", withheld=True)
+    deadline = intent_deadline(
+        outcome.uid,
+        ask.pending,
+        now_ns=ask.now_ns,
+        ttl_ns=ask.ttl_ns,
+        unseen_ttl_ns=ask.unseen_ttl_ns,
+    )
+    intent = scheduler.intend_on(request, name, table, ledger, until_ns=deadline.until_ns)
+    if intent is None:
+        return _with(outcome, answer="no_score", deadline=deadline)
+    return _with(outcome, top=intent.node, answer="top_node", deadline=deadline, intent=intent)
+
+
+def _with(
+    outcome: FilterOutcome,
+    *,
+    top: str = "",
+    answer: str,
+    deadline: Deadline | None = None,
+    intent: Allocation | None = None,
+    withheld: bool = False,
+) -> FilterOutcome:
+    one_node = bool(top) and len(outcome.passing) > 1
+    return replace(
+        outcome,
+        top=top,
+        one_node=one_node,
+        answer=answer,
+        deadline=deadline,
+        intent=intent,
+        withheld=withheld,
+    )
+
+
+def _withheld(ask: FilterAsk, expired: Sequence[str]) -> bool:
+    """Whether the pod's namespace books no intent: it holds a pending pod whose intent ran
+    out with no bind, before this call or in it."""
+    namespace = namespace_of(ask.pod)
+    pending = ask.pending
+    if any(uid in pending for uid in ask.stuck.get(namespace, ())):
+        return True
+    return any(uid in pending and namespace_of(pending[uid]) == namespace for uid in expired)
+
+
+def _why_every_node(ask: FilterAsk, passing: list[str]) -> str:
+    """Why kube-scheduler's own scores may prefer another fitting node; empty if not."""
+    pod = ask.pod
+    if pod_spec_of(pod).get("schedulerName") != ask.packing_profile:
+        return "other_profile"
+    if stated_preference(pod):
+        return "stated_preference"
+    if ask.placed_terms.matching(pod):
+        return "placed_affinity"
+    tainted = ask.soft_tainted
+    if tainted and any(name in tainted for name in passing):
+        return "prefer_no_schedule_taint"
+    return ""
+
+
+class BindOutcome(Enum):
+    """How one try of a bind ended; the value is the ``gpushare_binds_total`` outcome label."""
+
+    BOUND = "bound"
+    ALREADY_BOUND = "already_bound"
+    """The API already showed the pod bound there, with its allocation: nothing written."""
+    CONFLICT = "conflict"
+    """The pod changed, or was bound, while binding (a 409): nothing written, try again."""
+    UNFIT = "unfit"
+    """The pod no longer fits the node, or its ResourcePolicy unit is closed there now."""
+    REJECTED = "rejected"
+    """The pod's request, or its ResourcePolicy, is invalid."""
+    ERROR = "error"
+
+    @property
+    def succeeded(self) -> bool:
+        """Whether kube-scheduler is answered with success."""
+        return self in (BindOutcome.BOUND, BindOutcome.ALREADY_BOUND)
+
+    @property
+    def decided_from_the_copy(self) -> bool:
+        """Reached with nothing written: from the watch's copy of the pod, bind checks it again
+        on a fresh read. Errors are not among them: after a write whose effect is unknown the
+        booking must stay as the adapter's settling left it."""
+        return self in (BindOutcome.CONFLICT, BindOutcome.UNFIT, BindOutcome.REJECTED)
+
+
+@dataclass(frozen=True)
+class BindResult:
+    """One try's outcome and, unless it succeeded, the error kube-scheduler is told."""
+
+    outcome: BindOutcome
+    error: str = ""
+
+
+BOUND = BindResult(BindOutcome.BOUND)
+
+
+@dataclass(frozen=True)
+class BindPlan:
+    """A bind reserved in every booking store: what to write on the pod, and what to tell."""
+
+    uid: str
+    node: NodeInventory
+    gate: Gate | None
+    """The pod's ResourcePolicy decision (None: no policy orders it)."""
+    allocation: Allocation | None
+    """The GPUs booked (None: the pod asks for none)."""
+    kept: Kept | None
+    """The booking the pod held before this one (an earlier bind's, outcome unknown): it comes
+    back if this try is given back."""
+    annotations: dict[str, str | None]
+    """The annotations to write (None: remove it)."""
+    labels: dict[str, str]
+    version: str
+    """The resourceVersion the writes are guarded by."""
+    patch_first: bool
+    """Whether a merge patch must go before the binding: labels, or the removal of an
+    annotation the pod carries (a binding can do neither)."""
+    carried: dict[str, str]
+    """The annotations the ``pods/binding`` carries."""
+
+
+def copy_will_do(ledger: Ledger, uid: str) -> bool:
+    """Whether a bind may start from the watch's copy of the pod: only while the pod holds
+    nothing or its intent. A booking kept from an earlier bind whose outcome was unknown (the
+    API server stalled) must meet the pod as it is now, not as the watch, stalled with it,
+    last showed it."""
+    return ledger.holding(uid) is None or ledger.intent_until(uid) is not None
+
+
+def reserve_bind(
+    scheduler: Scheduler,
+    pod: KubeObject,
+    *,
+    node: str,
+    asked_uid: str,
+    table: NodeTable,
+    ledger: Ledger,
+    book: PolicyBook | None,
+    trust: Trust,
+    now_ns: int,
+) -> BindPlan | BindResult:
+    """One bind try's decision over the pod as read (or watched): the plan it writes, every
+    store reserved (``Scheduler.reserve_pod``); or the outcome when it writes nothing."""
+    key = key_of(pod)
+    uid = stored_uid_of(pod)
+    if asked_uid and uid != asked_uid:
+        return BindResult(
+            BindOutcome.ERROR,
+            f"pod {key} was recreated (UID {uid}, scheduler asked for {asked_uid})",
+        )
+    request = scheduler.read(pod)
+    if node_name_of(pod):
+        wants_gpu = isinstance(request, PodRequest) and request.wants_gpu
+        reason = already_bound(pod, node=node, wants_gpu=wants_gpu)
+        if reason:
+            return BindResult(BindOutcome.ERROR, reason)
+        return BindResult(BindOutcome.ALREADY_BOUND)
+    if isinstance(request, Rejection):
+        return BindResult(BindOutcome.REJECTED, f"pod {key}: {request.message}")
+    inventory = table.get(node)
+    if inventory is None:
+        return BindResult(BindOutcome.ERROR, f"node {node} is not in gpushare's cache")
+    kept = ledger.kept(uid) if request.wants_gpu else None
+    # checked again here because kube-scheduler binds while it filters the next pod
+    reserved = scheduler.reserve_pod(pod, request, inventory, ledger, book=book, now_ns=now_ns)
+    if isinstance(reserved, UnitRefused):
+        outcome = BindOutcome.REJECTED if reserved.rejected else BindOutcome.UNFIT
+        return BindResult(outcome, reserved.message)
+    if not isinstance(reserved, Reservation):
+        return BindResult(
+            BindOutcome.UNFIT, f"pod {key} no longer fits node {node}: {reserved.message}"
+        )
+    annotations, labels = dict(reserved.unit.annotations), dict(reserved.unit.labels)
+    booked = reserved.allocation
+    if booked is not None:
+        dev = inventory.gpu(booked.indexes[0])
+        written = to_annotations(booked, dev_units=dev.mem_units if dev else 0)
+        annotations.update(written)
+        annotations[ANN_SEAL] = trust.seal_for(booked, written[ANN_ALLOCATION]) or None
+    present = annotations_of(pod)
+    patch_first = bool(labels) or any(
+        value is None and name in present for name, value in annotations.items()
+    )
+    return BindPlan(
+        uid=uid,
+        node=inventory,
+        gate=reserved.unit.gate,
+        allocation=booked,
+        kept=kept,
+        annotations=annotations,
+        labels=labels,
+        version=str(pod.get("metadata", {}).get("resourceVersion", "")),
+        patch_first=patch_first,
+        carried={name: value for name, value in annotations.items() if value is not None},
+    )
