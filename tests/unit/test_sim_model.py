@@ -23,7 +23,7 @@ QUICK = ["simulate", "--seeds", "1", "--workers", "1"]
 
 def test_the_default_model_is_the_charts_policy_and_unit() -> None:
     values = yaml.safe_load(VALUES.read_text())
-    assert CHART_POLICY == values["policy"] and CHART_POLICY in gpumem.policies()
+    assert values["policy"] == CHART_POLICY and CHART_POLICY in gpumem.policies()
     unit = next(p for p in main.commands["simulate"].params if p.name == "unit_text")
     assert unit.default == values["gpuMemoryUnit"]
     line = model_line("memory", "paper", values["gpuMemoryUnit"], "share")

@@ -21,6 +21,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -385,8 +386,10 @@ def _from_zero(ax: Axes, highest: float, experiment: Experiment) -> None:
     gpus = experiment.gpus
     if not gpus:
         return
+    import numpy as np
+
     right = ax.secondary_yaxis(
-        "right", functions=(lambda p: p * gpus / 100.0, lambda g: 100.0 * g / gpus)
+        "right", functions=(partial(np.multiply, gpus / 100.0), partial(np.multiply, 100.0 / gpus))
     )
     worth = "GPUs' worth of memory" if experiment.memory else "GPUs"
     right.set_ylabel(f"{worth} (of {gpus})")
