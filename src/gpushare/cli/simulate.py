@@ -45,8 +45,9 @@ if TYPE_CHECKING:
     "--policy",
     "policies",
     multiple=True,
-    help="milli: bestfit, fgd, fgd-continuous, gpushare (default: all but fgd-continuous); "
-    "memory: the core's node policies (default: all). Repeatable.",
+    help="memory accounting (the default): the extender's policies by their chart names, "
+    "binpack, fgd, gpushare, spread (default: all); milli: bestfit, fgd, fgd-continuous, "
+    "gpushare (default: all but fgd-continuous). Repeatable.",
 )
 @click.option(
     "--accounting",
