@@ -10,6 +10,9 @@
   no bound);
 - ``fragmentation.png``: the fragmented share of capacity along the first seed's run.
 
+Both plots read at a glance: y from 0, % of capacity on the left and GPUs on the right, titles
+in plain words.
+
 ``write`` replaces what the folder holds; the CLI refuses a folder that is not empty unless
 told ``--force``.
 """
@@ -355,7 +358,7 @@ def _plots(experiment: Experiment, out: Path) -> list[Path]:
     ax.set_ylabel("idle GPU where the trace's usual pods\nno longer fit, % (lower is better)")
     ax.set_title(
         f"{experiment.trace}: idle GPU stranded where the usual pods no longer fit "
-        f"(seed {first} only: measured on one seed, it costs more than the run)",
+        f"(seed {first} only: measuring every seed costs more than the runs)",
         fontsize=10,
     )
     ax.grid(alpha=0.3)
