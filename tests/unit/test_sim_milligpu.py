@@ -206,7 +206,18 @@ def test_experiment_report_and_cli_on_the_built_in_workload(tmp_path: Path) -> N
     assert paired[0] == pytest.approx(sum(diffs) / 2)
     assert experiment.paired("gpushare", "gpushare", 100) == (0.0, 0.0)
     result = CliRunner().invoke(
-        main, ["simulate", "--seeds", "1", "--workers", "1", "--out", str(tmp_path / "r")]
+        main,
+        [
+            "simulate",
+            "--accounting",
+            "milli",
+            "--seeds",
+            "1",
+            "--workers",
+            "1",
+            "--out",
+            str(tmp_path / "r"),
+        ],
     )
     assert result.exit_code == 0, result.output
     document = json.loads((tmp_path / "r" / "report.json").read_text())

@@ -17,7 +17,7 @@ from gpushare.sim.milligpu import BestFit, replay
 from gpushare.sim.openb import TraceNode, TracePod
 from gpushare.sim.progress import PlainProgress, clock_text
 
-SMALL = ["simulate", "--policy", "bestfit", "--workers", "1", "--no-plots"]
+SMALL = ["simulate", "--accounting", "milli", "--policy", "bestfit", "--workers", "1", "--no-plots"]
 
 
 def test_piped_progress_prints_plain_lines_not_a_bar(tmp_path: Path) -> None:

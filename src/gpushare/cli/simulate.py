@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from gpushare.cli.errors import CommandError
+from gpushare.config import SchedulingConfig
 from gpushare.core.model.inventory import SHARED_MODES, Mode
 
 if TYPE_CHECKING:
@@ -44,15 +45,17 @@ if TYPE_CHECKING:
     "--policy",
     "policies",
     multiple=True,
-    help="milli: bestfit, fgd, fgd-continuous, gpushare (default: all but fgd-continuous); "
-    "memory: the core's node policies (default: all). Repeatable.",
+    help="memory accounting (the default): the extender's policies by their chart names, "
+    "binpack, fgd, gpushare, spread (default: all); milli: bestfit, fgd, fgd-continuous, "
+    "gpushare (default: all but fgd-continuous). Repeatable.",
 )
 @click.option(
     "--accounting",
-    type=click.Choice(["milli", "memory"]),
-    default="milli",
-    show_default=True,
-    help="milli: the paper's milli-GPU; memory: the extender's core places gpu-mem pods.",
+    type=click.Choice(["memory", "milli"]),
+    default=None,
+    help="memory (default): what the chart deploys, the extender's core placing gpu-mem pods "
+    "with its policy names; milli: the FGD paper's milli-GPU protocol, whose numbers compare "
+    "with the published ones (and the churn protocol's only accounting).",
 )
 @click.option(
     "--protocol",
@@ -117,7 +120,7 @@ def simulate(
     nodes_path: str | None,
     pods_path: str | None,
     policies: tuple[str, ...],
-    accounting: str,
+    accounting: str | None,
     protocol: str,
     load: float,
     unit_text: str,
@@ -131,7 +134,12 @@ def simulate(
     no_plots: bool,
     force: bool,
 ) -> None:
-    """Replay a workload under several policies with the FGD paper's protocol and report.
+    """Replay a workload under several policies and report how well each packs it.
+
+    By default it models what the chart deploys: the extender's scheduler core, counting
+    aliyun.com/gpu-mem in the chart's unit, with the extender's policy names (the chart runs
+    gpushare). --accounting milli replays the FGD paper's milli-GPU protocol instead. The first
+    line printed says which model runs.
 
     The report folder (--out) gets table.md, report.json, curve.png and, in milli accounting,
     fragmentation.png; with --protocol churn it gets churn.md, churn.json and churn.png
@@ -164,6 +172,8 @@ def simulate(
     if not console.is_terminal:
         console.width = 160  # a log or a pipe: keep the table's rows on one line each
     unit = MemoryUnit.parse(unit_text)
+    if accounting is None:  # the churn protocol has only the paper's accounting
+        accounting = "milli" if protocol == "churn" else "memory"
     settings = gpumem.MemorySettings(unit, Mode(node_mode)) if accounting == "memory" else None
     known = gpumem.policies() if settings else list(POLICIES)
     chosen = list(policies) or (known if settings else ["bestfit", "fgd", "gpushare"])
@@ -210,6 +220,7 @@ def simulate(
             f"pass --force to overwrite them, or --out NEW_FOLDER to keep them"
         )
     seed_list = list(range(first_seed, first_seed + count))
+    click.echo(model_line(accounting, protocol, unit_text, node_mode))
     if protocol == "churn":
         _churn(trace, nodes, pods, chosen, seed_list, load, workers, folder, no_plots)
         return
@@ -303,3 +314,32 @@ def _churn(
     table = folder / "churn.md"
     table.write_text(text)
     click.echo("wrote " + ", ".join(str(f) for f in [table, *files]))
+
+
+CHART_POLICY: str = SchedulingConfig.model_fields["policy"].default
+"""The extender's policy when none is set, which is the chart's ``policy`` value too."""
+
+
+def model_line(accounting: str, protocol: str, unit: str, node_mode: str) -> str:
+    """The one line that says which model the run is, and how to get the other one.
+
+    A platform engineer reads the default as a prediction of their cluster, so the line says
+    when the numbers are the paper's protocol instead, which the chart does not run.
+    """
+    if accounting == "memory":
+        return (
+            f"model: what the chart deploys: the extender's scheduler core, aliyun.com/gpu-mem "
+            f"in {unit} units, nodes without a label in {node_mode} mode, the extender's "
+            f"policy names (the chart runs {CHART_POLICY}); for the FGD paper's milli-GPU "
+            f"protocol, pass --accounting milli"
+        )
+    if protocol == "churn":
+        return (
+            "model: the churn protocol in the FGD paper's milli-GPU accounting (its only one), "
+            "with the paper's policy names; not the extender's gpu-mem accounting"
+        )
+    return (
+        "model: the FGD paper's milli-GPU protocol (--accounting milli), with the paper's "
+        "policy names; numbers compare with the published ones, not with the chart's "
+        "deployment (leave out --accounting milli to model that)"
+    )

@@ -169,6 +169,9 @@ class Experiment:
     bound: dict[int, list[float]] = field(default_factory=dict)
     """The LP lower bound (``sim.lpbound``) at each point, one value per seed; empty when not
     computed (memory mode, no scipy)."""
+    memory: bool = False
+    """Counted in gpu-mem units (the extender's accounting) rather than milli-GPU: the
+    report's GPUs are then GPUs' worth of memory."""
 
     def of(self, policy: str) -> list[SeedResult]:
         return [r for r in self.results if r.policy == policy]
@@ -273,5 +276,13 @@ def run_experiment(
         per_seed = [lpbound.bound(nodes, pods, seed, POINTS, tune=tune) for seed in seeds]
         bound = {point: [b[point] for b in per_seed] for point in POINTS}
     return Experiment(
-        trace, len(nodes), sum(n.gpus for n in nodes), tune, list(seeds), names, results, bound
+        trace,
+        len(nodes),
+        sum(n.gpus for n in nodes),
+        tune,
+        list(seeds),
+        names,
+        results,
+        bound,
+        memory is not None,
     )

@@ -10,6 +10,9 @@
   no bound);
 - ``fragmentation.png``: the fragmented share of capacity along the first seed's run.
 
+Both plots read at a glance: y from 0, % of capacity on the left and GPUs on the right, titles
+in plain words.
+
 ``write`` replaces what the folder holds; the CLI refuses a folder that is not empty unless
 told ``--force``.
 """
@@ -21,9 +24,14 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpushare.sim.experiment import CURVE_POINTS, OFFLINE, POINTS, Experiment
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 PUBLISHED = {
     "default": {"bestfit": 7.14, "fgd": 4.77},
@@ -301,23 +309,23 @@ def _plots(experiment: Experiment, out: Path) -> list[Path]:
         handles.append(Rectangle((0, 0), 1, 1, color="0.5", alpha=0.3))
         labels.append(f"band: lowest to highest\nof {seeds} seeds")
     finite = [v for v in seen if not math.isnan(v)]
-    if finite:
-        pad = max(0.5, 0.08 * (max(finite) - min(finite)))
-        ax.set_ylim(max(0.0, min(finite) - pad), max(finite) + pad)
+    _from_zero(ax, max(finite) if finite else 1.0, experiment)
     ax.set_xlim(LOW - 1, HIGH + 1)
     ax.set_xticks(range(LOW, HIGH + 1, 5))
-    ax.set_xlabel("arrived GPU request, % of capacity")
-    ax.set_ylabel("unallocated GPU, % of capacity (lower is better)")
+    ax.set_xlabel(f"pods arrived: their {_asked(experiment)}, % of capacity")
+    ax.set_ylabel(f"{_what(experiment)} left unallocated, % (lower is better)")
     what = "one seed" if seeds == 1 else f"lines: mean of {seeds} seeds"
     ax.set_title(
-        f"{experiment.trace}: {experiment.nodes} nodes, {experiment.gpus} GPUs; {what}", fontsize=11
+        f"{experiment.trace}: {experiment.nodes} nodes, {experiment.gpus} GPUs; how much stays "
+        f"unallocated as pods arrive ({what})",
+        fontsize=11,
     )
     ax.grid(alpha=0.3)
     ax.legend(
         handles,
         labels,
         loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
+        bbox_to_anchor=(1.12, 1.0),
         fontsize=9,
         borderaxespad=0.0,
         labelspacing=0.9,
@@ -330,6 +338,7 @@ def _plots(experiment: Experiment, out: Path) -> list[Path]:
         return [curve]  # the memory mode does not sample fragmentation
     fig, ax = plt.subplots(figsize=(9, 5.2))
     first = experiment.seeds[0]
+    highest = 1.0
     for policy in experiment.policies:
         samples = [
             (a, f) for r in experiment.of(policy) if r.seed == first for a, f in r.fragmentation
@@ -341,20 +350,52 @@ def _plots(experiment: Experiment, out: Path) -> list[Path]:
         ax.plot(
             [a for a, _ in inside], [f for _, f in inside], "-o", ms=3, color=color, label=policy
         )
+        highest = max(highest, *(f for _, f in inside))
+    _from_zero(ax, highest, experiment)
     ax.set_xlim(LOW - 1, HIGH + 1)
     ax.set_xticks(range(LOW, HIGH + 1, 5))
-    ax.set_xlabel("arrived GPU request, % of capacity")
-    ax.set_ylabel("fragmented idle GPU, % of capacity (lower is better)")
+    ax.set_xlabel(f"pods arrived: their {_asked(experiment)}, % of capacity")
+    ax.set_ylabel("idle GPU where the trace's usual pods\nno longer fit, % (lower is better)")
     ax.set_title(
-        f"{experiment.trace}: fragmentation against the trace's target workload, seed {first}",
-        fontsize=11,
+        f"{experiment.trace}: idle GPU stranded where the usual pods no longer fit "
+        f"(seed {first} only: measuring every seed costs more than the runs)",
+        fontsize=10,
     )
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, borderaxespad=0.0)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.12, 1.0), fontsize=9, borderaxespad=0.0)
     frag = out / "fragmentation.png"
     fig.savefig(frag, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return [curve, frag]
+
+
+def _what(experiment: Experiment) -> str:
+    """What the percentages are of."""
+    return "GPU memory" if experiment.memory else "GPU"
+
+
+def _asked(experiment: Experiment) -> str:
+    """What arrived % counts."""
+    return "gpu-mem as written" if experiment.memory else "GPU requests"
+
+
+def _from_zero(ax: Axes, highest: float, experiment: Experiment) -> None:
+    """Y from 0 to above ``highest`` %, with GPUs on a second axis on the right.
+
+    From 0 so that a gap between lines reads as the share of the cluster it is; the GPUs say
+    what that share is on this cluster (in memory units, GPUs' worth of memory).
+    """
+    ax.set_ylim(0.0, max(1.0, highest) * 1.08)
+    gpus = experiment.gpus
+    if not gpus:
+        return
+    import numpy as np
+
+    right = ax.secondary_yaxis(
+        "right", functions=(partial(np.multiply, gpus / 100.0), partial(np.multiply, 100.0 / gpus))
+    )
+    worth = "GPUs' worth of memory" if experiment.memory else "GPUs"
+    right.set_ylabel(f"{worth} (of {gpus})")
 
 
 def _mean(values: list[float]) -> float:
