@@ -28,6 +28,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
@@ -741,11 +742,35 @@ def running_cluster(
         pods_run=pods_run,
         node_lease_s=node_lease_s,
     )
-    cluster.start(progress)
+    with _stopped_by_sigterm():
+        cluster.start(progress)
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into ``SystemExit`` while a cluster runs, so ``kill <pid>`` of a benchmark
+    stops the control plane it started: Python's own SIGTERM ends the process without running
+    ``finally``, leaving etcd, kube-apiserver, the extender and kwok behind. Only from the main
+    thread and only where nothing else handles SIGTERM."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def leave(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
     try:
-        yield cluster
+        yield
     finally:
-        cluster.stop()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def seed(cluster: Cluster, unit: MemoryUnit) -> None:
