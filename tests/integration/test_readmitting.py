@@ -69,6 +69,18 @@ def test_only_a_refusal_for_want_of_the_plugin_counts() -> None:
         "closing, which is unexpected"
     )
     assert readmission(cut_off, DEFAULT_NAMES).step is Step.RECREATE
+    stopped = refused()  # CI's, when kubelet had stopped the plugin's endpoint meanwhile
+    stopped["status"]["message"] = (
+        "Pod was rejected: Allocate failed due to device plugin GetPreferredAllocation rpc "
+        "failed with err: endpoint &{{{} {0 0}} aliyun.com/gpu-mem 0x28ead2b38290 "
+        "{14031633267636162576 10686874868 0x5492f60} <nil>} has been stopped, which is "
+        "unexpected"
+    )
+    assert readmission(stopped, DEFAULT_NAMES).step is Step.RECREATE
+    stopped["status"]["message"] = stopped["status"]["message"].replace(
+        "aliyun.com/gpu-mem", "nvidia.com/gpu"
+    )
+    assert readmission(stopped, DEFAULT_NAMES).step is Step.NOTHING
 
 
 def test_a_controllers_pod_a_finalized_pod_and_a_looping_name_are_not_recreated() -> None:

@@ -45,8 +45,15 @@ MAX_RECREATIONS = 3
 """Re-creations of one pod (namespace and name) the extender makes before leaving it Failed."""
 
 REFUSED_BY_KUBELET = "UnexpectedAdmissionError"
-REFUSAL_TEXTS = ("no healthy devices present", "cannot allocate unregistered device")
-"""What kubelet's device manager says when no plugin serves the resource (it names it)."""
+REFUSAL_TEXTS = (
+    "no healthy devices present",
+    "cannot allocate unregistered device",
+    "has been stopped",
+)
+"""What kubelet's device manager says when no plugin serves the resource; each names it. The
+last is its ``errEndpointStopped`` ("endpoint %v has been stopped", pkg/kubelet/cm/devicemanager
+types.go), returned by Allocate and GetPreferredAllocation on an endpoint kubelet stopped when
+the plugin went away; the endpoint's printed form carries the resource name."""
 CUT_OFF = (
     "rpc error: code = Unavailable",
     "rpc error: code = Canceled desc = grpc: the client connection is closing",
