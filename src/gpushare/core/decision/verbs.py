@@ -105,8 +105,6 @@ class FilterOutcome:
     """The pod's UID as stored (empty for a pod not stored yet)."""
     request: PodRequest | Rejection
     passing: list[str]
-    fits: bool
-    """Whether any node passed."""
     failed: dict[str, str]
     unresolvable: dict[str, str]
     gated: tuple[str, ...]
@@ -114,8 +112,6 @@ class FilterOutcome:
     unresolvable)."""
     top: str
     """The node to book or that was booked (its intent, unless withheld); empty: none."""
-    one_node: bool
-    """Whether the answer is the top node alone rather than every fitting node."""
     answer: str
     """How the names path answered, the ``gpushare_filter_answers_total`` label: ``top_node``
     or why every node; empty when it was not counted."""
@@ -129,6 +125,16 @@ class FilterOutcome:
     """The intent booked for the pod."""
     withheld: bool
     """Whether an intent was withheld: the pod's namespace holds a stuck pod."""
+
+    @property
+    def fits(self) -> bool:
+        """Whether any node passed."""
+        return bool(self.passing)
+
+    @property
+    def one_node(self) -> bool:
+        """Whether the answer is the top node alone rather than every fitting node."""
+        return bool(self.top) and len(self.passing) > 1
 
 
 def filter_pod(
@@ -172,27 +178,26 @@ def filter_pod(
         passing = filter_units(
             book, pod, fits, failed, unresolvable, labels, now_s=ask.now_ns / 1e9
         )
-    gated = tuple(n for n in fits if n not in set(passing)) if len(passing) < len(fits) else ()
+    kept = set(passing) if len(passing) < len(fits) else None
+    gated = tuple(n for n in fits if n not in kept) if kept is not None else ()
     if passing or not isinstance(request, PodRequest) or not request.wants_gpu:
         waiting.forget(uid)
     elif uid:
         waiting.refused(WaitingPod(uid, namespace_of(pod), name_of(pod)))
     outcome = FilterOutcome(
-        uid,
-        request,
-        passing,
-        bool(passing),
-        failed,
-        unresolvable,
-        gated,
-        "",
-        False,
-        "",
-        expired,
-        dropped,
-        None,
-        None,
-        False,
+        uid=uid,
+        request=request,
+        passing=passing,
+        failed=failed,
+        unresolvable=unresolvable,
+        gated=gated,
+        top="",
+        answer="",
+        expired=expired,
+        dropped=dropped,
+        deadline=None,
+        intent=None,
+        withheld=False,
     )
     if ask.nodes is not None:
         return outcome
@@ -244,11 +249,9 @@ def _with(
     intent: Allocation | None = None,
     withheld: bool = False,
 ) -> FilterOutcome:
-    one_node = bool(top) and len(outcome.passing) > 1
     return replace(
         outcome,
         top=top,
-        one_node=one_node,
         answer=answer,
         deadline=deadline,
         intent=intent,
