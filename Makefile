@@ -97,7 +97,8 @@ cluster-down: $(STAMP)
 # cluster at 95 % load; benchmarks/churn_table.py), decision speed at
 # 1213 and 4852 nodes, the extender's HTTP latency, and its filter + prioritize + bind round
 # trips over a real socket for binpack, fgd and gpushare (the server in its own process, served
-# as `gpushare extender` serves it; every node name, then kube-scheduler's own sample of names).
+# as `gpushare extender` serves it; every node name, then kube-scheduler's own sample of names),
+# and what one Prometheus scrape of the extender costs at 1,000 and 5,000 nodes.
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[bench]'
 	$(BIN)/python benchmarks/policy_table.py
@@ -107,6 +108,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/lp_bound.py
 	$(BIN)/python benchmarks/decision_speed.py
 	$(BIN)/python benchmarks/extender_latency.py
+	$(BIN)/python benchmarks/scrape_cost.py
 	$(BIN)/python benchmarks/extender_http_speed.py --names all
 	$(BIN)/python benchmarks/extender_http_speed.py --names sample
 

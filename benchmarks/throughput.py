@@ -178,6 +178,9 @@ def run(
                         "--output",
                         str(raw),
                         "--nonblocking",
+                        # only the thread holding the GIL: a wall-clock sample also counts
+                        # the time a socket write waits for the CPU after waking its reader
+                        "--gil",
                     ],
                     stdout=subprocess.DEVNULL,
                     stderr=(out / f"py-spy-{nodes}{tag}.log").open("wb"),

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpushare.core.decision.scheduling import Settings
 from gpushare.core.model.inventory import Mode
@@ -41,10 +42,14 @@ SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
 """Series a family exposes besides its name (no ``_created``: gpushare.exporting drops it)."""
 
 
-def exported(registry: CollectorRegistry) -> set[str]:
-    """Every series name a registry can expose, including counter and histogram suffixes."""
+def exported(source: CollectorRegistry | str) -> set[str]:
+    """Every series name a registry (or a /metrics text) can expose, including counter and
+    histogram suffixes."""
     names = set()
-    for family in registry.collect():
+    families = (
+        text_string_to_metric_families(source) if isinstance(source, str) else source.collect()
+    )
+    for family in families:
         names.add(family.name)
         names.update(family.name + suffix for suffix in SUFFIXES.get(family.type, ()))
     return names
@@ -72,7 +77,7 @@ def queried(dashboard: dict[str, Any]) -> set[str]:
 def test_every_metric_the_dashboard_queries_is_exported(tmp_path: Path) -> None:
     kube = MemoryKube()
     cache = ClusterCache(kube, settings=Settings())
-    extender = exported(ExtenderMetrics(lambda: cache).registry)
+    extender = exported(b"".join(asyncio.run(ExtenderMetrics(lambda: cache).exposition())).decode())
     plugin = DevicePlugin(
         api=kube,
         source=FakeGpus.parse("1x15GiB", node="n"),

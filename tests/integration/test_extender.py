@@ -23,6 +23,7 @@ from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
 from gpushare.kube.port import Conflict, KubeDict, KubeError
 
+from ..promql import scrape
 from .conftest import Rig, binding, run_with_rig
 
 SEED = "cn-zhangjiakou.192.168.66.139"
@@ -469,9 +470,16 @@ def test_metrics_expose_gpu_allocation() -> None:
         assert (await rig.driver.schedule(pod, [SEED, "core-node"])).bound
         await rig.settle()
         text = (await rig.client.get("/metrics")).text
-        labels = 'gpu="0",model="Tesla T4",node="core-node"'
-        assert f"gpushare_gpu_memory_allocated_bytes{{{labels}}} 2.147483648e+09" in text
-        assert f"gpushare_gpu_core_allocated_ratio{{{labels}}} 0.3" in text
+        series = scrape(text, {})
+        gpu0 = {"gpu": "0", "model": "Tesla T4", "node": "core-node"}
+
+        def value(name: str, labels: dict[str, str]) -> float:
+            return series[frozenset({**labels, "__name__": name}.items())]
+
+        assert value("gpushare_gpu_memory_allocated_bytes", gpu0) == 2 * 2**30
+        assert value("gpushare_gpu_core_allocated_ratio", gpu0) == 0.3
+        assert value("gpushare_gpu_pods", gpu0) == 1
+        assert value("gpushare_gpu_memory_allocated_bytes", {**gpu0, "gpu": "1"}) == 0
         assert "gpushare_cache_synced 1.0" in text
         assert 'gpushare_extender_requests_total{outcome="fits",verb="filter"} 1.0' in text
 

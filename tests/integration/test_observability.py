@@ -408,3 +408,48 @@ def test_no_series_carries_a_label_that_prometheus_targets_carry() -> None:
     run_with_rig(kube, body)
     webhook = generate_latest(WebhookMetrics().registry).decode()
     assert target_label_clashes(webhook) == set()
+
+
+def test_gpu_labels_are_escaped_as_the_text_format_asks() -> None:
+    kube = MemoryKube()
+    odd = 'A "B" \\ C\nD'
+    kube.put_node(gpu_node("n1", gpus_units=[15, 15], model=odd))
+
+    async def body(rig: Rig) -> None:
+        got = await scrape(rig)
+        assert got[("gpushare_gpu_memory_bytes", gpu("n1", 1, odd))] == 15 * GIB
+        assert got[("gpushare_gpu_out_of_service", gpu("n1", 0, odd))] == 0.0
+
+    run_with_rig(kube, body)
+
+
+def test_a_scrape_lets_kube_schedulers_calls_in_between() -> None:
+    """At 1,000 nodes a scrape writes 48,000 per-GPU lines: the event loop that answers
+    kube-scheduler gets several turns (one each ``NODES_PER_TURN`` nodes), not one at the end."""
+    kube = MemoryKube()
+    nodes = 1000
+    for i in range(nodes):
+        kube.put_node(gpu_node(f"n{i:04d}", gpus_units=[15] * 8, mode=Mode.CGPU))
+
+    async def body(rig: Rig) -> None:
+        turns = 0
+        done = False
+
+        async def ticker() -> None:
+            nonlocal turns
+            while not done:
+                turns += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        start = turns
+        got = await scrape(rig)
+        during = turns - start
+        done = True
+        await task
+        memory = [k for k in got if k[0] == "gpushare_gpu_memory_bytes"]
+        assert len(memory) == nodes * 8
+        assert during >= nodes // 250 - 1, f"{during} turns during the scrape"
+
+    run_with_rig(kube, body)

@@ -20,8 +20,8 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import Receive, Scope, Send
 
 from gpushare.extender.service import Extender
@@ -180,17 +180,27 @@ def _route(verb: Verb, limit: int) -> Callable[[Request], Awaitable[Response]]:
     return route
 
 
+def _exposition(chunks: list[bytes]) -> StreamingResponse:
+    """``/metrics``' answer, its pieces sent one by one (uvicorn writes each as it comes)."""
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield chunk
+
+    return StreamingResponse(pieces(), media_type=CONTENT_TYPE_LATEST)
+
+
 def create_metrics_app(extender: Extender) -> FastAPI:
     """``/metrics`` alone, for a port Prometheus may reach while the verbs stay on 127.0.0.1.
 
-    It runs on the same event loop as the extender, so scrapes never read the cache while the
-    watch changes it.
+    It runs on the same event loop as the extender: a scrape reads each node whole between two
+    of the watch's changes (``GpuSeries``).
     """
     app = FastAPI(title="gpushare extender metrics", openapi_url=None)
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(extender.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return _exposition(await extender.metrics.exposition())
 
     return app
 
@@ -316,7 +326,7 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(extender.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return _exposition(await extender.metrics.exposition())
 
     return app
 

@@ -24,9 +24,10 @@ Counters need nothing of the kind: only the leading kube-scheduler calls its ext
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -56,7 +57,6 @@ CALL_LATENCY_BUCKETS = (
 """Seconds: filter and prioritize take about a millisecond, bind two API round trips, and
 kube-scheduler gives up after 5 s (``httpTimeout``)."""
 
-GPU_LABELS = ["node", "gpu", "model"]
 
 LEDGER_METRICS = (
     "gpushare_gpu_memory_bytes",
@@ -73,41 +73,121 @@ LEDGER_METRICS = (
 """Series the scrape-time collector exports (the dashboard test reads this list)."""
 
 
+GPU_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("gpushare_gpu_memory_bytes", "GPU memory of each shared GPU"),
+    (
+        "gpushare_gpu_memory_allocated_bytes",
+        "GPU memory allocated to pods on each GPU (bookings in flight included)",
+    ),
+    (
+        "gpushare_gpu_core_allocated_ratio",
+        "Computing power allocated on each GPU, 0..1 (core_mem nodes)",
+    ),
+    ("gpushare_gpu_pods", "Pods holding a share of each GPU"),
+    (
+        "gpushare_gpu_unhealthy",
+        "1 when the node's inventory marks the GPU unhealthy (the filter avoids it)",
+    ),
+    (
+        "gpushare_gpu_out_of_service",
+        "1 when the node's gpushare.io/gpus-disabled annotation takes the GPU out of service "
+        "(its pods stay, the filter places no new one)",
+    ),
+)
+"""The per-GPU gauges (name, help), in the order they are written."""
+
+NODES_PER_TURN = 250
+"""Nodes whose per-GPU series are written before the scrape lets the event loop run again."""
+
+
+def _label_value(value: str) -> str:
+    """A label value escaped as the text format asks (backslash, double quote, newline)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    """A sample value: a whole number without its ``.0``, any other as Python writes it (both
+    forms are what Prometheus's text parser reads)."""
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+class GpuSeries:
+    """The per-GPU gauges, written straight in Prometheus's text format at scrape time.
+
+    They are six series per GPU: 48,000 lines at 1,000 nodes of eight GPUs, 240,000 at 5,000.
+    prometheus-client's generic path (a sample object per series, its labels validated and
+    escaped one by one) took 1.1 to 2.4 s at 1,000 nodes and 4.4 to 5.6 s at 5,000 on these
+    machines, all of it on the event loop that answers kube-scheduler: every scrape stalled
+    filter and bind for seconds. Written here, each node's labels are escaped once and its
+    numbers read once, and the event loop gets a turn every ``NODES_PER_TURN`` nodes, so a
+    filter waits for at most one turn's worth of a scrape.
+
+    Between turns the watch may change the cache: each node is read whole in one turn, and a
+    node gone meanwhile is left out, as it would be from a scrape a moment later.
+    """
+
+    def __init__(self, cache: Callable[[], ClusterCache | None]) -> None:
+        self._cache = cache
+
+    async def chunks(self) -> list[bytes]:
+        """The six families, HELP and TYPE first, every GPU of every node with GPUs, as pieces
+        to send one after the other (joining them would copy 17 MiB at 5,000 nodes in one turn
+        of the event loop)."""
+        bodies: list[list[bytes]] = [[] for _ in GPU_FAMILIES]
+        cache = self._cache()
+        if cache is not None:
+            names = [name for name, node in cache.nodes.items() if node.gpus]
+            for start in range(0, len(names), NODES_PER_TURN):
+                if start:
+                    await asyncio.sleep(0)
+                turn = self._lines(cache, names[start : start + NODES_PER_TURN])
+                for body, lines in zip(bodies, turn, strict=True):
+                    body.append("".join(lines).encode())
+        out: list[bytes] = []
+        for (name, help_text), body in zip(GPU_FAMILIES, bodies, strict=True):
+            out.append(f"# HELP {name} {help_text}\n# TYPE {name} gauge\n".encode())
+            out.extend(body)
+        return out
+
+    @staticmethod
+    def _lines(cache: ClusterCache, names: list[str]) -> list[list[str]]:
+        """One turn's lines of each family (a turn's lines are joined and encoded in the same
+        turn, so the end of the scrape only copies bytes)."""
+        lines: list[list[str]] = [[] for _ in GPU_FAMILIES]
+        total, used, core, pods, unhealthy, off = lines
+        (n_total, _), (n_used, _), (n_core, _), (n_pods, _), (n_unhealthy, _), (n_off, _) = (
+            GPU_FAMILIES
+        )
+        nodes, ledger = cache.nodes, cache.ledger
+        for name in names:
+            node = nodes.get(name)
+            if node is None or not node.gpus:
+                continue
+            usage = ledger.usage(name)
+            unit_bytes = node.unit.mib * MIB
+            node_label = _label_value(name)
+            for gpu in node.gpus:
+                model = _label_value(gpu.model)
+                labels = f'{{node="{node_label}",gpu="{gpu.index}",model="{model}"}} '
+                held = usage.on(gpu.index)
+                total.append(f"{n_total}{labels}{gpu.mem_units * unit_bytes}\n")
+                used.append(f"{n_used}{labels}{held.mem_units * unit_bytes}\n")
+                core.append(f"{n_core}{labels}{_number(held.core_pct / CORE_PER_GPU)}\n")
+                pods.append(f"{n_pods}{labels}{held.pods}\n")
+                unhealthy.append(f"{n_unhealthy}{labels}{0 if gpu.healthy else 1}\n")
+                off.append(f"{n_off}{labels}{1 if gpu.disabled else 0}\n")
+        return lines
+
+
 class _LedgerCollector(Collector):
-    """Reads the cache at scrape time, so the numbers are never stale."""
+    """The ledger's node and namespace totals, read from the cache at scrape time (the
+    per-GPU gauges are ``GpuSeries``)."""
 
     def __init__(self, cache: Callable[[], ClusterCache | None]) -> None:
         self._cache = cache
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         cache = self._cache()
-        total = GaugeMetricFamily(
-            "gpushare_gpu_memory_bytes", "GPU memory of each shared GPU", labels=GPU_LABELS
-        )
-        used = GaugeMetricFamily(
-            "gpushare_gpu_memory_allocated_bytes",
-            "GPU memory allocated to pods on each GPU (bookings in flight included)",
-            labels=GPU_LABELS,
-        )
-        core = GaugeMetricFamily(
-            "gpushare_gpu_core_allocated_ratio",
-            "Computing power allocated on each GPU, 0..1 (core_mem nodes)",
-            labels=GPU_LABELS,
-        )
-        pods = GaugeMetricFamily(
-            "gpushare_gpu_pods", "Pods holding a share of each GPU", labels=GPU_LABELS
-        )
-        unhealthy = GaugeMetricFamily(
-            "gpushare_gpu_unhealthy",
-            "1 when the node's inventory marks the GPU unhealthy (the filter avoids it)",
-            labels=GPU_LABELS,
-        )
-        off = GaugeMetricFamily(
-            "gpushare_gpu_out_of_service",
-            "1 when the node's gpushare.io/gpus-disabled annotation takes the GPU out of service "
-            "(its pods stay, the filter places no new one)",
-            labels=GPU_LABELS,
-        )
         unplaced = GaugeMetricFamily(
             "gpushare_node_memory_unplaced_bytes",
             "GPU memory held on a node by pods whose GPU is unknown (placed by something else)",
@@ -122,21 +202,11 @@ class _LedgerCollector(Collector):
                 if not node.gpus:
                     continue
                 usage = ledger.usage(name)
-                unit_bytes = node.unit.mib * MIB
-                for gpu in node.gpus:
-                    labels = [name, str(gpu.index), gpu.model]
-                    held = usage.on(gpu.index)
-                    total.add_metric(labels, gpu.mem_units * unit_bytes)
-                    used.add_metric(labels, held.mem_units * unit_bytes)
-                    core.add_metric(labels, held.core_pct / CORE_PER_GPU)
-                    pods.add_metric(labels, held.pods)
-                    unhealthy.add_metric(labels, 0.0 if gpu.healthy else 1.0)
-                    off.add_metric(labels, 1.0 if gpu.disabled else 0.0)
                 if usage.unplaced:
-                    unplaced.add_metric([name], usage.unplaced_mem_units * unit_bytes)
+                    unplaced.add_metric([name], usage.unplaced_mem_units * node.unit.mib * MIB)
             for allocation in ledger.allocations():
                 by_namespace.add(allocation)
-        yield from (total, used, core, pods, unhealthy, off, unplaced, *by_namespace.families())
+        yield from (unplaced, *by_namespace.families())
         yield synced
 
 
@@ -289,3 +359,9 @@ class ExtenderMetrics:
         )
         self.registry.register(_LedgerCollector(cache))
         self.registry.register(_PolicyCollector(cache))
+        self.gpus = GpuSeries(cache)
+
+    async def exposition(self) -> list[bytes]:
+        """What ``/metrics`` serves, in pieces: the registry's series, then the per-GPU gauges."""
+        gpus = await self.gpus.chunks()
+        return [generate_latest(self.registry), *gpus]
