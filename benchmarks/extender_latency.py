@@ -29,15 +29,21 @@ from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 
 
-async def main(nodes: int, pods: int) -> None:
+async def in_memory_extender(nodes: int) -> tuple[MemoryKube, list[str], Extender]:
+    """N nodes of eight 15 GiB GPUs (cgpu) in the in-memory API, and an extender that has
+    listed them."""
     kube = MemoryKube()
-    names = [f"node-{i:04d}" for i in range(nodes)]
+    names = [f"node-{i:05d}" for i in range(nodes)]
     for name in names:
         kube.put_node(gpu_node(name, gpus_units=[15] * 8, mode=Mode.CGPU))
     settings = Settings()
     cache = ClusterCache(kube, settings=settings)
     await cache.sync()
-    extender = Extender(api=kube, cache=cache, scheduler=Scheduler(settings))
+    return kube, names, Extender(api=kube, cache=cache, scheduler=Scheduler(settings))
+
+
+async def main(nodes: int, pods: int) -> None:
+    kube, names, extender = await in_memory_extender(nodes)
     client = httpx.AsyncClient(
         transport=httpx.ASGITransport(app=create_app(extender)), base_url="http://x"
     )
@@ -59,7 +65,7 @@ async def main(nodes: int, pods: int) -> None:
             latencies.append(time.perf_counter() - start)
             bound += outcome.bound
             # apply the watch events synchronously, as the cache would
-            cache.ledger.observe(await kube.get_pod("default", f"p{i}"))
+            extender.cache.ledger.observe(await kube.get_pod("default", f"p{i}"))
             progress.advance(task)
     await client.aclose()
     ref = statistics.median(reference)

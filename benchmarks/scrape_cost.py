@@ -19,15 +19,11 @@ import time
 from typing import Any
 
 import httpx
+from extender_latency import in_memory_extender  # this folder, as a script's sys.path has it
 
-from gpushare.core.decision.scheduling import Scheduler, Settings
-from gpushare.core.model.inventory import Mode
 from gpushare.extender.app import create_app
 from gpushare.extender.driver import ExtenderDriver
-from gpushare.extender.service import Extender
-from gpushare.kube.cache import ClusterCache
-from gpushare.kube.memory import MemoryKube
-from gpushare.kube.objects import gpu_node, gpu_pod
+from gpushare.kube.objects import gpu_pod
 
 
 async def longest_wait(stop: asyncio.Event, waits: list[float]) -> None:
@@ -79,14 +75,7 @@ async def served(app: Any, path: str) -> bytes:
 
 
 async def one(nodes: int, scrapes: int) -> None:
-    kube = MemoryKube()
-    names = [f"node-{i:05d}" for i in range(nodes)]
-    for name in names:
-        kube.put_node(gpu_node(name, gpus_units=[15] * 8, mode=Mode.CGPU))
-    settings = Settings()
-    cache = ClusterCache(kube, settings=settings)
-    await cache.sync()
-    extender = Extender(api=kube, cache=cache, scheduler=Scheduler(settings))
+    kube, names, extender = await in_memory_extender(nodes)
     app = create_app(extender)
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x")
     driver = ExtenderDriver(client)
