@@ -144,3 +144,20 @@ def test_published_values_are_drawn_where_the_benchmark_doc_gives_them() -> None
     assert ("bestfit", 130, 6.92) in marks
     assert [m for m in report.published_points("gpushare60") if m[1] == 130] == []
     assert report.published_points("synthetic") == []
+
+
+def test_every_seed_samples_fragmentation_for_the_plots_band() -> None:
+    nodes = synthetic.nodes()[::3]
+    experiment = run_experiment(
+        "synthetic", nodes, synthetic.pods(nodes), ["bestfit"], [0, 1, 2], offline=False
+    )
+    runs = experiment.of("bestfit")
+    assert [r.seed for r in runs] == [0, 1, 2]
+    assert all(len(r.fragmentation) >= 30 for r in runs)
+    # each seed's samples, read on one grid: straight between samples, nothing outside them
+    first = runs[0].fragmentation
+    (a0, f0), (a1, f1) = first[-3], first[-2]
+    middle = (a0 + a1) / 2
+    read = report._along(first, [first[0][0] - 1, a0, middle, first[-1][0] + 1])
+    assert math.isnan(read[0]) and math.isnan(read[3])
+    assert read[1] == f0 and read[2] == pytest.approx((f0 + f1) / 2)

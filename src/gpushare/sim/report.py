@@ -8,7 +8,8 @@
   over seeds) in a band from the lowest to the highest seed, the published values as points,
   and the LP lower bound (with no scipy: the offline first-fit-decreasing packing, which is
   no bound);
-- ``fragmentation.png``: the fragmented share of capacity along the first seed's run.
+- ``fragmentation.png``: the fragmented share of capacity as pods arrive, one line per policy
+  (mean over seeds) in a band from the lowest to the highest seed.
 
 Both plots read at a glance: y from 0, % of capacity on the left and GPUs on the right, titles
 in plain words.
@@ -337,36 +338,65 @@ def _plots(experiment: Experiment, out: Path) -> list[Path]:
     if not any(r.fragmentation for r in experiment.results):
         return [curve]  # the memory mode does not sample fragmentation
     fig, ax = plt.subplots(figsize=(9, 5.2))
-    first = experiment.seeds[0]
     highest = 1.0
+    fine = [LOW - 1 + k * 0.5 for k in range(2 * (HIGH - LOW + 2) + 1)]
     for policy in experiment.policies:
-        samples = [
-            (a, f) for r in experiment.of(policy) if r.seed == first for a, f in r.fragmentation
-        ]
-        inside = [(a, f) for a, f in samples if LOW - 1 <= a <= HIGH + 1]
-        if not inside:
+        runs = [_along(r.fragmentation, fine) for r in experiment.of(policy) if r.fragmentation]
+        if not runs:
             continue
+        mean = [_mean([run[k] for run in runs]) for k in range(len(fine))]
+        low = [_least([run[k] for run in runs]) for k in range(len(fine))]
+        high = [_most([run[k] for run in runs]) for k in range(len(fine))]
         color = colors.get(policy)
-        ax.plot(
-            [a for a, _ in inside], [f for _, f in inside], "-o", ms=3, color=color, label=policy
-        )
-        highest = max(highest, *(f for _, f in inside))
+        ax.plot(fine, mean, "-", lw=1.8, color=color, label=policy)
+        if len(runs) > 1:
+            ax.fill_between(fine, low, high, color=color, alpha=0.18, lw=0)
+        highest = max(highest, *(v for v in high if not math.isnan(v)))
+    handles, labels = ax.get_legend_handles_labels()
+    if seeds > 1:
+        handles.append(Rectangle((0, 0), 1, 1, color="0.5", alpha=0.3))
+        labels.append(f"band: lowest to highest\nof {seeds} seeds")
     _from_zero(ax, highest, experiment)
     ax.set_xlim(LOW - 1, HIGH + 1)
     ax.set_xticks(range(LOW, HIGH + 1, 5))
     ax.set_xlabel(f"pods arrived: their {_asked(experiment)}, % of capacity")
     ax.set_ylabel("idle GPU where the trace's usual pods\nno longer fit, % (lower is better)")
+    what = "one seed" if seeds == 1 else f"lines: mean of {seeds} seeds"
     ax.set_title(
-        f"{experiment.trace}: idle GPU stranded where the usual pods no longer fit "
-        f"(seed {first} only: measuring every seed costs more than the runs)",
+        f"{experiment.trace}: idle GPU stranded where the usual pods no longer fit ({what})",
         fontsize=10,
     )
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.12, 1.0), fontsize=9, borderaxespad=0.0)
+    ax.legend(
+        handles,
+        labels,
+        loc="upper left",
+        bbox_to_anchor=(1.12, 1.0),
+        fontsize=9,
+        borderaxespad=0.0,
+        labelspacing=0.9,
+    )
     frag = out / "fragmentation.png"
     fig.savefig(frag, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return [curve, frag]
+
+
+def _along(samples: Sequence[tuple[float, float]], xs: Sequence[float]) -> list[float]:
+    """A run's fragmentation samples read at ``xs`` arrived %, straight between samples
+    (seeds sample at slightly different arrived %: each samples when a pod takes it past a
+    mark); NaN outside what the run sampled."""
+    out: list[float] = []
+    k = 0
+    for x in xs:
+        while k + 1 < len(samples) and samples[k + 1][0] < x:
+            k += 1
+        if not samples or x < samples[0][0] or x > samples[-1][0]:
+            out.append(math.nan)
+            continue
+        (a0, f0), (a1, f1) = samples[k], samples[min(k + 1, len(samples) - 1)]
+        out.append(f0 if a1 == a0 else f0 + (f1 - f0) * (x - a0) / (a1 - a0))
+    return out
 
 
 def _what(experiment: Experiment) -> str:
