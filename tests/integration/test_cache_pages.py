@@ -9,11 +9,13 @@ bookings made while the pages came in are carried over like those made before.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from gpushare.core.decision.scheduling import Settings
 from gpushare.core.model.hostresources import NOTHING as NO_HOST
+from gpushare.core.model.kubejson import read_fields
 from gpushare.core.model.requests import PodRequest, read_pod
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.placement.defragmenting import WorkloadFeed
@@ -23,7 +25,7 @@ from gpushare.core.resourcepolicies.policybook import PolicyBook
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
-from gpushare.kube.port import KubeDict
+from gpushare.kube.port import KubeDict, WatchEvent
 
 NODES = ("n0", "n1", "n2")
 
@@ -133,3 +135,23 @@ def test_bookings_made_while_the_pages_come_in_are_kept() -> None:
     assert kept is not None and kept.allocation == booked["bind"]
     assert cache.ledger.intent_until(str(second["metadata"]["uid"])) == 123
     assert cache.ledger.holding(str(second["metadata"]["uid"])) == booked["intent"]
+
+
+def test_a_pending_pod_is_kept_as_the_fields_the_core_reads_listed_or_watched() -> None:
+    kube = MemoryKube()
+    kube.put_node(gpu_node("n0", gpus_units=[15]))
+    heavy = gpu_pod("p0", mem=2)
+    heavy["spec"]["containers"][0].update(image="registry.example/app:1", env=[{"name": "A"}])
+    heavy["spec"]["volumes"] = [{"name": "token", "projected": {"sources": [{"x": {}}]}}]
+    listed = kube.create_pod(heavy)
+    cache = ClusterCache(kube, settings=Settings())
+    asyncio.run(cache.sync())
+    watched = json.loads(json.dumps(listed))
+    watched["metadata"]["uid"] = "uid-watched"
+    cache.apply_pod(WatchEvent(type="ADDED", object=watched))
+    for pod in (listed, watched):
+        kept = cache.pending[pod["metadata"]["uid"]]
+        assert kept == read_fields(pod)
+        [container] = kept["spec"]["containers"]
+        assert set(container) == {"name", "resources"}
+        assert kept["spec"]["volumes"] == [{"name": "token", "projected": {}}]

@@ -13,9 +13,10 @@ down is dropped.
 ``synced`` stays False until the first full list, and ``/readyz`` reports it.
 
 **Memory.** Pods are listed a page at a time (``list_pod_pages``) and each page is read into
-the new state before the next is fetched; no pod object outlives its page except the unbound
-ones (``pending``). What stays per pod is what the decisions read: its booking and host
-requests in the ledger, its judgement, its placement for ResourcePolicies, its scoring terms.
+the new state before the next is fetched; no pod object outlives its page. What stays per pod
+is what the decisions read: its booking and host requests in the ledger, its judgement, its
+placement for ResourcePolicies, its scoring terms, and for a pod not yet bound the fields the
+core reads of it, as compact JSON (``kube.pendingpods``).
 The API port hands over objects as the server's JSON without what no reader here reads
 (``managedFields``, condition lists, a node's images: ``kube.lightkube_api``).
 
@@ -33,9 +34,10 @@ sealed for that pod, once per pod version, so the filter never pays for it. An i
 reported to ``on_ignored`` once per pod and reason (a relist does not count it again), with a
 flag for the first report of that pod (the extender's metrics and Events use both).
 
-Unbound live pods are kept as the watch last showed them (``pending``, by UID), so bind can
-start from the API's own copy instead of reading the pod again; the resourceVersion it carries
-guards the write, and a copy the watch has not caught up with only costs a 409 and a read.
+Unbound live pods are kept as the watch last showed them (``pending``, by UID, what the core
+reads of them), so bind can start from the API's own copy instead of reading the pod again;
+the resourceVersion it carries guards the write, and a copy the watch has not caught up with
+only costs a 409 and a read.
 
 It also keeps what kube-scheduler's remaining score plugins weigh beyond the pod itself
 (``core.placement.preferences``): the pod-affinity terms of placed pods (``placed_terms``) and the
@@ -66,6 +68,7 @@ from gpushare.core.records.trust import Ignored, IgnoredOnce, Judged, Trust
 from gpushare.core.resourcepolicies.gating import Placed
 from gpushare.core.resourcepolicies.policybook import PolicyBook, placing_of
 from gpushare.kube.backoff import Backoff
+from gpushare.kube.pendingpods import PendingPods
 from gpushare.kube.port import Gone, KubeAPI, KubeDict, KubeError, WatchEvent
 from gpushare.kube.sealing import keyless_trust
 
@@ -117,8 +120,9 @@ class ClusterCache:
         self._reported = IgnoredOnce()
         self.nodes = NodeTable()
         self.ledger = self._new_ledger()
-        self.pending: dict[str, KubeDict] = {}
-        """Unbound, unfinished pods by UID, as last listed or watched (never written to)."""
+        self.pending = PendingPods()
+        """Unbound, unfinished pods by UID, what the core reads of them as last listed or
+        watched (each read is a new copy)."""
         self.placed_terms = PlacedTerms()
         """Pod-affinity terms of placed pods that score nodes for other pods."""
         self.soft_tainted: set[str] = set()
@@ -145,7 +149,7 @@ class ClusterCache:
         if report.count:
             self.on_ignored(pod, why, first=report.tell)
 
-    def _track(self, pending: dict[str, KubeDict], pod: KubeDict) -> None:
+    def _track(self, pending: PendingPods, pod: KubeDict) -> None:
         """Keep an unbound live pod in ``pending``; drop it once bound or finished."""
         uid = stored_uid_of(pod)
         if not uid:
@@ -187,12 +191,13 @@ class ClusterCache:
         nodes = [n for n in nodes if self._readable("Node", n)]
         judged = self.ledger.judged  # judgements of pods that did not change stand
         ledger = self._new_ledger(judged)
-        pending: dict[str, KubeDict] = {}
+        pending = PendingPods()
         placed_terms = PlacedTerms()
         listed: set[str] = set()
         alive: set[str] = set()
         kept: dict[str, KubeDict] = {}
-        """Pods that hold a booking or may get one: read again once the bookings are in."""
+        """Bound pods that hold a booking: read again once the bookings are in (unbound ones
+        are read again from ``pending``)."""
         counted: list[tuple[str, PodRequest]] = []
         placings: list[tuple[str, Placed | None, bool]] = []
         pod_rv = ""
@@ -210,7 +215,7 @@ class ClusterCache:
                 self._observe(ledger, pod)
                 self._track(pending, pod)
                 self._failed(pod)
-                if not node_name_of(pod) or self._books(uid):
+                if node_name_of(pod) and self._books(uid):
                     kept[uid] = pod
                 placed_terms.observe(pod)
                 if self.workload is not None and not self.workload.counted(uid):
@@ -229,7 +234,7 @@ class ClusterCache:
                     ledger.assume(assumed, host)
                 else:  # an intent stays one, with its deadline
                     ledger.intend(assumed, host, until_ns=until)
-                seen = kept.get(assumed.uid)
+                seen = kept.get(assumed.uid) or pending.get(assumed.uid)
                 if seen is not None:  # seen with the booking's placement, it ends the booking
                     ledger.observe(seen)
         if self.workload is not None:
