@@ -12,16 +12,26 @@ from typing import Any
 
 from lightkube.core import decoders
 
+from gpushare.core.booking.changes import NodeTable
+from gpushare.core.booking.ledger import Ledger
+from gpushare.core.booking.waiting import Waiting
+from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.decision.verbs import FilterAsk, filter_pod, reserve_bind
 from gpushare.core.model.hostresources import pod_requests
 from gpushare.core.model.inventory import read_node
-from gpushare.core.model.kubejson import node_name_of, uid_of
+from gpushare.core.model.kubejson import namespace_of, node_name_of, stored_uid_of, uid_of
 from gpushare.core.model.requests import PodRequest, read_pod
 from gpushare.core.model.units import MemoryUnit
+from gpushare.core.placement.preferences import PlacedTerms
 from gpushare.core.records.allocation import plan
 from gpushare.core.records.trust import SealKey, Trust
+from gpushare.core.resourcepolicies.policybook import PolicyBook, placing_of
 from gpushare.kube.lightkube_api import _NodeJSON, _PodJSON, _slim
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
 from gpushare.kube.pendingpods import PendingPods
+
+from .test_reserve import node
+from .test_resource_policy import policy_obj
 
 MANAGED = [{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
 CONDITIONS = [{"type": "Ready", "status": "True"}]
@@ -200,12 +210,11 @@ def _at(obj: Any, path: tuple[Any, ...]) -> Any:
     """What a reader finds at ``path``: a scalar, the kind of a dict and the length of a
     list (their insides are paths of their own), or MISSING."""
     for step in path:
-        if isinstance(obj, dict) and step in obj:
-            obj = obj[step]
-        elif isinstance(obj, list) and isinstance(step, int) and step < len(obj):
-            obj = obj[step]
-        else:
+        found = isinstance(obj, dict) and step in obj
+        found = found or (isinstance(obj, list) and isinstance(step, int) and step < len(obj))
+        if not found:
             return MISSING
+        obj = obj[step]
     if isinstance(obj, dict):
         return dict
     if isinstance(obj, list):
@@ -218,17 +227,6 @@ def _decisions(pod: dict[str, Any]) -> tuple[Any, ...]:
     plan (with a ResourcePolicy over its labels), the ledger's reading of the pod, its
     ResourcePolicy placing, its namespace and UID (intents), and, for good measure, the filter
     as if the pod had come in the request, with the policy and without."""
-    from gpushare.core.booking.changes import NodeTable
-    from gpushare.core.booking.ledger import Ledger
-    from gpushare.core.booking.waiting import Waiting
-    from gpushare.core.decision.scheduling import Scheduler, Settings
-    from gpushare.core.decision.verbs import FilterAsk, filter_pod, reserve_bind
-    from gpushare.core.model.kubejson import namespace_of, stored_uid_of
-    from gpushare.core.placement.preferences import PlacedTerms
-    from gpushare.core.resourcepolicies.policybook import PolicyBook, placing_of
-
-    from .test_resource_policy import policy_obj
-    from .test_reserve import node
 
     def world() -> tuple[Scheduler, NodeTable, Ledger, PolicyBook]:
         nodes = [node("a1", "a"), node("b1", "b")]
