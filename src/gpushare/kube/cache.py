@@ -52,14 +52,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 from gpushare.core.booking.changes import NodeTable
 from gpushare.core.booking.ledger import Ledger, is_terminal
 from gpushare.core.decision.scheduling import Settings
 from gpushare.core.model.inventory import NodeInventory, read_node
-from gpushare.core.model.kubejson import KubeObject, name_of, node_name_of, stored_uid_of, uid_of
+from gpushare.core.model.kubejson import (
+    KubeObject,
+    labels_of,
+    name_of,
+    node_name_of,
+    stored_uid_of,
+    uid_of,
+)
 from gpushare.core.model.requests import PodRequest, read_pod
 from gpushare.core.model.shape import node_shape, pod_shape
 from gpushare.core.placement.defragmenting import WorkloadFeed
@@ -187,8 +194,14 @@ class ClusterCache:
         of pods, not the cluster's. Until the last page everything the extender decides on
         stays as it was; then the new state replaces it at once, with no ``await`` between.
         """
-        nodes, node_rv = await self._api.list_nodes()
-        nodes = [n for n in nodes if self._readable("Node", n)]
+        listed_nodes, node_rv = await self._api.list_nodes()
+        nodes = [n for n in listed_nodes if self._readable("Node", n)]
+        table = NodeTable((name_of(n), self._read(n)) for n in nodes)
+        soft_tainted = {name_of(n) for n in nodes if has_prefer_no_schedule_taint(n)}
+        node_labels: dict[str, Mapping[str, str]] = {name_of(n): dict(labels_of(n)) for n in nodes}
+        # what is read of the nodes is taken before the pods come, and the objects go: as
+        # listed, 5,000 nodes are about 32 MiB, which the pods' new state would come on top of
+        del listed_nodes, nodes
         judged = self.ledger.judged  # judgements of pods that did not change stand
         ledger = self._new_ledger(judged)
         pending = PendingPods()
@@ -242,12 +255,12 @@ class ClusterCache:
             for uid, request in counted:
                 self.workload.count(uid, request)
         if self.book is not None:
-            self.book.replace_nodes(nodes)
+            self.book.replace_node_labels(node_labels)
             self.book.retain_pods(alive)
             for uid, placed, terminal in placings:
                 self.book.take_pod(uid, placed, terminal=terminal)
-        self.nodes = NodeTable((name_of(n), self._read(n)) for n in nodes)
-        self.soft_tainted = {name_of(n) for n in nodes if has_prefer_no_schedule_taint(n)}
+        self.nodes = table
+        self.soft_tainted = soft_tainted
         self.placed_terms = placed_terms
         self.ledger = ledger
         self.pending = pending
@@ -255,7 +268,7 @@ class ClusterCache:
         self.problem = ""
         self.relists += 1
         self._changed()
-        log.info("cache synced nodes=%d pods=%d relists=%d", len(nodes), count, self.relists)
+        log.info("cache synced nodes=%d pods=%d relists=%d", len(table), count, self.relists)
         return node_rv, pod_rv
 
     def _books(self, uid: str) -> bool:
