@@ -30,7 +30,8 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpushare.core.model.inventory import CORE_PER_GPU
+from gpushare.core.booking.ledger import GpuUsage
+from gpushare.core.model.inventory import CORE_PER_GPU, Gpu
 from gpushare.core.records.allocation import Allocation
 from gpushare.core.resourcepolicies.resourcepolicy import PolicyError
 from gpushare.exporting import ExportRegistry
@@ -80,42 +81,20 @@ class _LedgerCollector(Collector):
         self._cache = cache
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        """One family at a time: the scrape formats each before the next is built.
+
+        At 5,000 nodes of 8 GPUs each per-GPU family is 40,000 samples (a labels dict each);
+        built all at once the six came to about 100 MiB for the length of a scrape.
+        """
         cache = self._cache()
-        total = GaugeMetricFamily(
-            "gpushare_gpu_memory_bytes", "GPU memory of each shared GPU", labels=GPU_LABELS
-        )
-        used = GaugeMetricFamily(
-            "gpushare_gpu_memory_allocated_bytes",
-            "GPU memory allocated to pods on each GPU (bookings in flight included)",
-            labels=GPU_LABELS,
-        )
-        core = GaugeMetricFamily(
-            "gpushare_gpu_core_allocated_ratio",
-            "Computing power allocated on each GPU, 0..1 (core_mem nodes)",
-            labels=GPU_LABELS,
-        )
-        pods = GaugeMetricFamily(
-            "gpushare_gpu_pods", "Pods holding a share of each GPU", labels=GPU_LABELS
-        )
-        unhealthy = GaugeMetricFamily(
-            "gpushare_gpu_unhealthy",
-            "1 when the node's inventory marks the GPU unhealthy (the filter avoids it)",
-            labels=GPU_LABELS,
-        )
-        off = GaugeMetricFamily(
-            "gpushare_gpu_out_of_service",
-            "1 when the node's gpushare.io/gpus-disabled annotation takes the GPU out of service "
-            "(its pods stay, the filter places no new one)",
-            labels=GPU_LABELS,
-        )
+        gpus: list[tuple[list[str], Gpu, GpuUsage, int]] = []
+        """Each GPU's labels, inventory, what is held on it and its unit in bytes."""
         unplaced = GaugeMetricFamily(
             "gpushare_node_memory_unplaced_bytes",
             "GPU memory held on a node by pods whose GPU is unknown (placed by something else)",
             labels=["node"],
         )
         by_namespace = _NamespaceTotals()
-        synced = GaugeMetricFamily("gpushare_cache_synced", "1 once the cache has listed")
-        synced.add_metric([], 1.0 if cache and cache.synced else 0.0)
         if cache is not None:
             ledger = cache.ledger
             for name, node in cache.nodes.items():
@@ -124,20 +103,54 @@ class _LedgerCollector(Collector):
                 usage = ledger.usage(name)
                 unit_bytes = node.unit.mib * MIB
                 for gpu in node.gpus:
-                    labels = [name, str(gpu.index), gpu.model]
-                    held = usage.on(gpu.index)
-                    total.add_metric(labels, gpu.mem_units * unit_bytes)
-                    used.add_metric(labels, held.mem_units * unit_bytes)
-                    core.add_metric(labels, held.core_pct / CORE_PER_GPU)
-                    pods.add_metric(labels, held.pods)
-                    unhealthy.add_metric(labels, 0.0 if gpu.healthy else 1.0)
-                    off.add_metric(labels, 1.0 if gpu.disabled else 0.0)
+                    gpus.append(
+                        ([name, str(gpu.index), gpu.model], gpu, usage.on(gpu.index), unit_bytes)
+                    )
                 if usage.unplaced:
                     unplaced.add_metric([name], usage.unplaced_mem_units * unit_bytes)
             for allocation in ledger.allocations():
                 by_namespace.add(allocation)
-        yield from (total, used, core, pods, unhealthy, off, unplaced, *by_namespace.families())
+        for name, help_text, value in _PER_GPU:
+            family = GaugeMetricFamily(name, help_text, labels=GPU_LABELS)
+            for labels, gpu, held, unit_bytes in gpus:
+                family.add_metric(labels, value(gpu, held, unit_bytes))
+            yield family
+        yield from (unplaced, *by_namespace.families())
+        synced = GaugeMetricFamily("gpushare_cache_synced", "1 once the cache has listed")
+        synced.add_metric([], 1.0 if cache and cache.synced else 0.0)
         yield synced
+
+
+_PER_GPU: tuple[tuple[str, str, Callable[[Gpu, GpuUsage, int], float]], ...] = (
+    (
+        "gpushare_gpu_memory_bytes",
+        "GPU memory of each shared GPU",
+        lambda gpu, _, unit_bytes: gpu.mem_units * unit_bytes,
+    ),
+    (
+        "gpushare_gpu_memory_allocated_bytes",
+        "GPU memory allocated to pods on each GPU (bookings in flight included)",
+        lambda _, held, unit_bytes: held.mem_units * unit_bytes,
+    ),
+    (
+        "gpushare_gpu_core_allocated_ratio",
+        "Computing power allocated on each GPU, 0..1 (core_mem nodes)",
+        lambda _, held, __: held.core_pct / CORE_PER_GPU,
+    ),
+    ("gpushare_gpu_pods", "Pods holding a share of each GPU", lambda _, held, __: held.pods),
+    (
+        "gpushare_gpu_unhealthy",
+        "1 when the node's inventory marks the GPU unhealthy (the filter avoids it)",
+        lambda gpu, _, __: 0.0 if gpu.healthy else 1.0,
+    ),
+    (
+        "gpushare_gpu_out_of_service",
+        "1 when the node's gpushare.io/gpus-disabled annotation takes the GPU out of service "
+        "(its pods stay, the filter places no new one)",
+        lambda gpu, _, __: 1.0 if gpu.disabled else 0.0,
+    ),
+)
+"""The per-GPU families, in the order they are exported: name, help, value of one GPU."""
 
 
 class _NamespaceTotals:
