@@ -9,11 +9,14 @@ bookings made while the pages came in are carried over like those made before.
 from __future__ import annotations
 
 import asyncio
+import json
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from gpushare.core.decision.scheduling import Settings
 from gpushare.core.model.hostresources import NOTHING as NO_HOST
+from gpushare.core.model.kubejson import read_fields
 from gpushare.core.model.requests import PodRequest, read_pod
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.placement.defragmenting import WorkloadFeed
@@ -23,7 +26,7 @@ from gpushare.core.resourcepolicies.policybook import PolicyBook
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
-from gpushare.kube.port import KubeDict
+from gpushare.kube.port import KubeDict, WatchEvent
 
 NODES = ("n0", "n1", "n2")
 
@@ -133,3 +136,51 @@ def test_bookings_made_while_the_pages_come_in_are_kept() -> None:
     assert kept is not None and kept.allocation == booked["bind"]
     assert cache.ledger.intent_until(str(second["metadata"]["uid"])) == 123
     assert cache.ledger.holding(str(second["metadata"]["uid"])) == booked["intent"]
+
+
+def test_a_pending_pod_is_kept_as_the_fields_the_core_reads_listed_or_watched() -> None:
+    kube = MemoryKube()
+    kube.put_node(gpu_node("n0", gpus_units=[15]))
+    heavy = gpu_pod("p0", mem=2)
+    heavy["spec"]["containers"][0].update(image="registry.example/app:1", env=[{"name": "A"}])
+    heavy["spec"]["volumes"] = [{"name": "token", "projected": {"sources": [{"x": {}}]}}]
+    listed = kube.create_pod(heavy)
+    cache = ClusterCache(kube, settings=Settings())
+    asyncio.run(cache.sync())
+    watched = json.loads(json.dumps(listed))
+    watched["metadata"]["uid"] = "uid-watched"
+    cache.apply_pod(WatchEvent(type="ADDED", object=watched))
+    for pod in (listed, watched):
+        kept = cache.pending[pod["metadata"]["uid"]]
+        assert kept == read_fields(pod)
+        [container] = kept["spec"]["containers"]
+        assert set(container) == {"name", "resources"}
+        assert kept["spec"]["volumes"] == [{"name": "token", "projected": {}}]
+
+
+class _Listed(dict[str, Any]):
+    """A listed node that can be watched for being freed (a plain dict cannot)."""
+
+
+def test_the_listed_nodes_are_let_go_before_the_pods_are_listed() -> None:
+    """A node as listed is several KiB; the cache keeps what it reads of each (inventory,
+    labels, taints) and drops the objects before the pod pages, whose state would come on top
+    of them: 5,000 nodes are about 32 MiB."""
+    kube = PagedKube(size=4)
+    fill(kube)
+    seen: list[weakref.ref[_Listed]] = []
+
+    async def list_nodes() -> tuple[list[KubeDict], str]:
+        nodes, version = await MemoryKube.list_nodes(kube)
+        listed = [_Listed(n) for n in nodes]
+        seen.extend(weakref.ref(n) for n in listed)
+        return list(listed), version
+
+    alive: list[int] = []
+    kube.list_nodes = list_nodes  # type: ignore[method-assign]
+    kube.between = lambda _: alive.append(sum(ref() is not None for ref in seen))
+    cache = ClusterCache(kube, settings=Settings(), book=PolicyBook())
+    asyncio.run(cache.sync())
+    assert len(seen) == len(NODES) and set(cache.nodes) == set(NODES)
+    assert cache.book is not None and set(cache.book.node_labels) == set(NODES)
+    assert alive and set(alive) == {0}

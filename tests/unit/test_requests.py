@@ -208,6 +208,12 @@ def test_core_above_100_per_gpu_is_rejected(core: int, labels: dict[str, str] | 
     assert "per GPU" in message and "from 5 to 100" in message
 
 
+def test_core_too_large_for_a_float_is_rejected_in_words() -> None:
+    core = 3 * 10**400  # a whole number as JSON may spell it; no float holds its share
+    message = rejected(pod(c(limits={MEM: 2, CORE: core})))
+    assert "3.00000e+400% per GPU" in message and "from 5 to 100" in message
+
+
 def test_core_below_five_per_gpu_over_several_gpus_is_rejected() -> None:
     message = rejected(pod(c(limits={MEM: 4, CORE: 5}), labels={"aliyun.com/gpu-count": "2"}))
     assert "2.5% per GPU" in message

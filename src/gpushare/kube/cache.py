@@ -13,9 +13,10 @@ down is dropped.
 ``synced`` stays False until the first full list, and ``/readyz`` reports it.
 
 **Memory.** Pods are listed a page at a time (``list_pod_pages``) and each page is read into
-the new state before the next is fetched; no pod object outlives its page except the unbound
-ones (``pending``). What stays per pod is what the decisions read: its booking and host
-requests in the ledger, its judgement, its placement for ResourcePolicies, its scoring terms.
+the new state before the next is fetched; no pod object outlives its page. What stays per pod
+is what the decisions read: its booking and host requests in the ledger, its judgement, its
+placement for ResourcePolicies, its scoring terms, and for a pod not yet bound the fields the
+core reads of it, as compact JSON (``kube.pendingpods``).
 The API port hands over objects as the server's JSON without what no reader here reads
 (``managedFields``, condition lists, a node's images: ``kube.lightkube_api``).
 
@@ -33,9 +34,10 @@ sealed for that pod, once per pod version, so the filter never pays for it. An i
 reported to ``on_ignored`` once per pod and reason (a relist does not count it again), with a
 flag for the first report of that pod (the extender's metrics and Events use both).
 
-Unbound live pods are kept as the watch last showed them (``pending``, by UID), so bind can
-start from the API's own copy instead of reading the pod again; the resourceVersion it carries
-guards the write, and a copy the watch has not caught up with only costs a 409 and a read.
+Unbound live pods are kept as the watch last showed them (``pending``, by UID, what the core
+reads of them), so bind can start from the API's own copy instead of reading the pod again;
+the resourceVersion it carries guards the write, and a copy the watch has not caught up with
+only costs a 409 and a read.
 
 It also keeps what kube-scheduler's remaining score plugins weigh beyond the pod itself
 (``core.placement.preferences``): the pod-affinity terms of placed pods (``placed_terms``) and the
@@ -50,14 +52,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 from gpushare.core.booking.changes import NodeTable
 from gpushare.core.booking.ledger import Ledger, is_terminal
 from gpushare.core.decision.scheduling import Settings
 from gpushare.core.model.inventory import NodeInventory, read_node
-from gpushare.core.model.kubejson import KubeObject, name_of, node_name_of, stored_uid_of, uid_of
+from gpushare.core.model.kubejson import (
+    KubeObject,
+    labels_of,
+    name_of,
+    node_name_of,
+    stored_uid_of,
+    uid_of,
+)
 from gpushare.core.model.requests import PodRequest, read_pod
 from gpushare.core.model.shape import node_shape, pod_shape
 from gpushare.core.placement.defragmenting import WorkloadFeed
@@ -66,6 +75,7 @@ from gpushare.core.records.trust import Ignored, IgnoredOnce, Judged, Trust
 from gpushare.core.resourcepolicies.gating import Placed
 from gpushare.core.resourcepolicies.policybook import PolicyBook, placing_of
 from gpushare.kube.backoff import Backoff
+from gpushare.kube.pendingpods import PendingPods
 from gpushare.kube.port import Gone, KubeAPI, KubeDict, KubeError, WatchEvent
 from gpushare.kube.sealing import keyless_trust
 
@@ -117,8 +127,9 @@ class ClusterCache:
         self._reported = IgnoredOnce()
         self.nodes = NodeTable()
         self.ledger = self._new_ledger()
-        self.pending: dict[str, KubeDict] = {}
-        """Unbound, unfinished pods by UID, as last listed or watched (never written to)."""
+        self.pending = PendingPods()
+        """Unbound, unfinished pods by UID, what the core reads of them as last listed or
+        watched (each read is a new copy)."""
         self.placed_terms = PlacedTerms()
         """Pod-affinity terms of placed pods that score nodes for other pods."""
         self.soft_tainted: set[str] = set()
@@ -145,7 +156,7 @@ class ClusterCache:
         if report.count:
             self.on_ignored(pod, why, first=report.tell)
 
-    def _track(self, pending: dict[str, KubeDict], pod: KubeDict) -> None:
+    def _track(self, pending: PendingPods, pod: KubeDict) -> None:
         """Keep an unbound live pod in ``pending``; drop it once bound or finished."""
         uid = stored_uid_of(pod)
         if not uid:
@@ -183,16 +194,23 @@ class ClusterCache:
         of pods, not the cluster's. Until the last page everything the extender decides on
         stays as it was; then the new state replaces it at once, with no ``await`` between.
         """
-        nodes, node_rv = await self._api.list_nodes()
-        nodes = [n for n in nodes if self._readable("Node", n)]
+        listed_nodes, node_rv = await self._api.list_nodes()
+        nodes = [n for n in listed_nodes if self._readable("Node", n)]
+        table = NodeTable((name_of(n), self._read(n)) for n in nodes)
+        soft_tainted = {name_of(n) for n in nodes if has_prefer_no_schedule_taint(n)}
+        node_labels: dict[str, Mapping[str, str]] = {name_of(n): dict(labels_of(n)) for n in nodes}
+        # what is read of the nodes is taken before the pods come, and the objects go: as
+        # listed, 5,000 nodes are about 32 MiB, which the pods' new state would come on top of
+        del listed_nodes, nodes
         judged = self.ledger.judged  # judgements of pods that did not change stand
         ledger = self._new_ledger(judged)
-        pending: dict[str, KubeDict] = {}
+        pending = PendingPods()
         placed_terms = PlacedTerms()
         listed: set[str] = set()
         alive: set[str] = set()
         kept: dict[str, KubeDict] = {}
-        """Pods that hold a booking or may get one: read again once the bookings are in."""
+        """Bound pods that hold a booking: read again once the bookings are in (unbound ones
+        are read again from ``pending``)."""
         counted: list[tuple[str, PodRequest]] = []
         placings: list[tuple[str, Placed | None, bool]] = []
         pod_rv = ""
@@ -210,7 +228,7 @@ class ClusterCache:
                 self._observe(ledger, pod)
                 self._track(pending, pod)
                 self._failed(pod)
-                if not node_name_of(pod) or self._books(uid):
+                if node_name_of(pod) and self._books(uid):
                     kept[uid] = pod
                 placed_terms.observe(pod)
                 if self.workload is not None and not self.workload.counted(uid):
@@ -229,7 +247,7 @@ class ClusterCache:
                     ledger.assume(assumed, host)
                 else:  # an intent stays one, with its deadline
                     ledger.intend(assumed, host, until_ns=until)
-                seen = kept.get(assumed.uid)
+                seen = kept.get(assumed.uid) or pending.get(assumed.uid)
                 if seen is not None:  # seen with the booking's placement, it ends the booking
                     ledger.observe(seen)
         if self.workload is not None:
@@ -237,12 +255,12 @@ class ClusterCache:
             for uid, request in counted:
                 self.workload.count(uid, request)
         if self.book is not None:
-            self.book.replace_nodes(nodes)
+            self.book.replace_node_labels(node_labels)
             self.book.retain_pods(alive)
             for uid, placed, terminal in placings:
                 self.book.take_pod(uid, placed, terminal=terminal)
-        self.nodes = NodeTable((name_of(n), self._read(n)) for n in nodes)
-        self.soft_tainted = {name_of(n) for n in nodes if has_prefer_no_schedule_taint(n)}
+        self.nodes = table
+        self.soft_tainted = soft_tainted
         self.placed_terms = placed_terms
         self.ledger = ledger
         self.pending = pending
@@ -250,7 +268,7 @@ class ClusterCache:
         self.problem = ""
         self.relists += 1
         self._changed()
-        log.info("cache synced nodes=%d pods=%d relists=%d", len(nodes), count, self.relists)
+        log.info("cache synced nodes=%d pods=%d relists=%d", len(table), count, self.relists)
         return node_rv, pod_rv
 
     def _books(self, uid: str) -> bool:

@@ -145,6 +145,62 @@ def node_name_of(pod: KubeObject) -> str:
     return str(pod_spec_of(pod).get("nodeName") or "")
 
 
+CLAIM_VOLUMES = frozenset({"persistentVolumeClaim", "ephemeral"})
+"""Volume kinds that bind a pod to storage: kube-scheduler weighs where those can go."""
+
+_SPEC_READ = frozenset(PodSpec.__annotations__)
+_CONTAINER_READ = frozenset(Container.__annotations__) - {"env"}
+"""A container's ``env`` is read of an admission request's template (``core.admitting``),
+never of a pod already stored."""
+_STATUS_READ = frozenset(PodStatus.__annotations__)
+
+
+def read_fields(pod: KubeObject) -> dict[str, Any]:
+    """The pod with only what the core reads of a stored pod: its whole metadata, the spec,
+    container and status fields the TypedDicts above name, and of its volumes their names and
+    kinds (what a kind holds only for claims).
+
+    The extender keeps every pod kube-scheduler has not placed yet, and bind decides from that
+    copy (``kube.pendingpods``). As the API server gives it, such a pod is about 9 KiB in
+    memory, most of it what only kubelet reads (the service-account volume and its mounts,
+    image, probes, defaults); a burst of tens of thousands of pending pods set the extender's
+    peak. Whatever the core
+    reads of this copy reads as of the whole pod (``tests/unit/test_slim_objects.py`` records
+    what a decision reads and checks it). Sub-objects are shared with ``pod``, not copied.
+    """
+    spec = spec_of(pod)
+    kept: dict[str, Any] = {k: v for k, v in spec.items() if k in _SPEC_READ}
+    for kind in ("initContainers", "containers"):
+        if isinstance(kept.get(kind), list):
+            kept[kind] = [_container_read(c) for c in kept[kind]]
+    if isinstance(kept.get("volumes"), list):
+        kept["volumes"] = [_volume_read(v) for v in kept["volumes"]]
+    out: dict[str, Any] = {k: v for k, v in pod.items() if k not in ("spec", "status")}
+    if "spec" in pod:
+        out["spec"] = kept if isinstance(pod["spec"], Mapping) else pod["spec"]
+    if "status" in pod:
+        status = pod["status"]
+        out["status"] = (
+            {k: v for k, v in status.items() if k in _STATUS_READ}
+            if isinstance(status, Mapping)
+            else status
+        )
+    return out
+
+
+def _volume_read(volume: Any) -> Any:
+    """A volume's name and kind; what the kind holds only for a claim (``CLAIM_VOLUMES``)."""
+    if not isinstance(volume, Mapping) or CLAIM_VOLUMES & set(volume):
+        return volume
+    return {k: {} if isinstance(v, Mapping) else v for k, v in volume.items()}
+
+
+def _container_read(container: Any) -> Any:
+    if not isinstance(container, Mapping):
+        return container
+    return {k: v for k, v in container.items() if k in _CONTAINER_READ}
+
+
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 """Pod phases after which its containers never run again: what it held is free."""
 

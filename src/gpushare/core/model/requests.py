@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import cache, cached_property
 from typing import Any
 
@@ -368,9 +369,10 @@ def read_pod(
         if core:
             per_gpu, rest = divmod(core, gpu_count)
             if rest or per_gpu % CORE_STEP or not CORE_MIN <= per_gpu <= CORE_PER_GPU:
+                share = Decimal(core) / gpu_count  # exact: a float cannot hold every count
                 reasons.append(
                     f"pod computing power {names.core}={core} over {gpu_count} GPU(s) is "
-                    f"{core / gpu_count:g}% per GPU; each GPU gives a multiple of {CORE_STEP} "
+                    f"{share:.6g}% per GPU; each GPU gives a multiple of {CORE_STEP} "
                     f"from {CORE_MIN} to {CORE_PER_GPU}: lower the request or raise {label}"
                 )
     if reasons:

@@ -30,6 +30,7 @@ from typing import Any
 
 from gpushare.core.booking.ledger import is_terminal
 from gpushare.core.model.kubejson import (
+    CLAIM_VOLUMES,
     KubeObject,
     labels_of,
     namespace_of,
@@ -66,7 +67,7 @@ def stated_preference(pod: KubeObject) -> str:
     if _list(spec.get("resourceClaims")):
         return "resourceClaims"
     for volume in _list(spec.get("volumes")):
-        if {"persistentVolumeClaim", "ephemeral"} & set(_mapping(volume)):
+        if CLAIM_VOLUMES & set(_mapping(volume)):
             return "persistent volumes"
     return ""
 

@@ -190,7 +190,12 @@ class PolicyBook:
 
     def replace_nodes(self, nodes: Iterable[KubeObject]) -> None:
         """Start over from a full list."""
-        self.node_labels = {name_of(n): dict(labels_of(n)) for n in nodes}
+        self.replace_node_labels({name_of(n): dict(labels_of(n)) for n in nodes})
+
+    def replace_node_labels(self, labels: dict[str, Mapping[str, str]]) -> None:
+        """Start over from a full list's labels by node name (the cache reads them off the
+        node objects before it lists the pods, and lets the objects go)."""
+        self.node_labels = labels
 
     # deciding
     def gate(
