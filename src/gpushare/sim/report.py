@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from gpushare.sim.experiment import CURVE_POINTS, OFFLINE, POINTS, Experiment
 
 if TYPE_CHECKING:
+    from matplotlib.artist import Artist
     from matplotlib.axes import Axes
 
 PUBLISHED = {
@@ -250,7 +251,6 @@ def _plots(experiment: Experiment, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
-    from matplotlib.patches import Rectangle
 
     grid = [k * 0.5 for k in range(CURVE_POINTS)]
     shown = [k for k, x in enumerate(grid) if LOW <= x <= HIGH]
@@ -306,9 +306,6 @@ def _plots(experiment: Experiment, out: Path) -> list[Path]:
     if marks:
         handles.append(Line2D([], [], marker="D", ms=8, mfc="0.8", mec="k", ls="none"))
         labels.append("published (FGD artifact,\n10-seed mean; colour: policy)")
-    if seeds > 1:
-        handles.append(Rectangle((0, 0), 1, 1, color="0.5", alpha=0.3))
-        labels.append(f"band: lowest to highest\nof {seeds} seeds")
     finite = [v for v in seen if not math.isnan(v)]
     _from_zero(ax, max(finite) if finite else 1.0, experiment)
     ax.set_xlim(LOW - 1, HIGH + 1)
@@ -321,16 +318,7 @@ def _plots(experiment: Experiment, out: Path) -> list[Path]:
         f"unallocated as pods arrive ({what})",
         fontsize=11,
     )
-    ax.grid(alpha=0.3)
-    ax.legend(
-        handles,
-        labels,
-        loc="upper left",
-        bbox_to_anchor=(1.12, 1.0),
-        fontsize=9,
-        borderaxespad=0.0,
-        labelspacing=0.9,
-    )
+    _legend(ax, handles, labels, seeds)
     curve = out / "curve.png"
     fig.savefig(curve, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -353,9 +341,6 @@ def _plots(experiment: Experiment, out: Path) -> list[Path]:
             ax.fill_between(fine, low, high, color=color, alpha=0.18, lw=0)
         highest = max(highest, *(v for v in high if not math.isnan(v)))
     handles, labels = ax.get_legend_handles_labels()
-    if seeds > 1:
-        handles.append(Rectangle((0, 0), 1, 1, color="0.5", alpha=0.3))
-        labels.append(f"band: lowest to highest\nof {seeds} seeds")
     _from_zero(ax, highest, experiment)
     ax.set_xlim(LOW - 1, HIGH + 1)
     ax.set_xticks(range(LOW, HIGH + 1, 5))
@@ -366,16 +351,7 @@ def _plots(experiment: Experiment, out: Path) -> list[Path]:
         f"{experiment.trace}: idle GPU stranded where the usual pods no longer fit ({what})",
         fontsize=10,
     )
-    ax.grid(alpha=0.3)
-    ax.legend(
-        handles,
-        labels,
-        loc="upper left",
-        bbox_to_anchor=(1.12, 1.0),
-        fontsize=9,
-        borderaxespad=0.0,
-        labelspacing=0.9,
-    )
+    _legend(ax, handles, labels, seeds)
     frag = out / "fragmentation.png"
     fig.savefig(frag, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -397,6 +373,25 @@ def _along(samples: Sequence[tuple[float, float]], xs: Sequence[float]) -> list[
         (a0, f0), (a1, f1) = samples[k], samples[min(k + 1, len(samples) - 1)]
         out.append(f0 if a1 == a0 else f0 + (f1 - f0) * (x - a0) / (a1 - a0))
     return out
+
+
+def _legend(ax: Axes, handles: list[Artist], labels: list[str], seeds: int) -> None:
+    """The grid, and the legend right of the plot, with the seeds' band explained."""
+    from matplotlib.patches import Rectangle
+
+    if seeds > 1:
+        handles.append(Rectangle((0, 0), 1, 1, color="0.5", alpha=0.3))
+        labels.append(f"band: lowest to highest\nof {seeds} seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(
+        handles,
+        labels,
+        loc="upper left",
+        bbox_to_anchor=(1.12, 1.0),
+        fontsize=9,
+        borderaxespad=0.0,
+        labelspacing=0.9,
+    )
 
 
 def _what(experiment: Experiment) -> str:
