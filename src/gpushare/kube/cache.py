@@ -16,7 +16,7 @@ down is dropped.
 the new state before the next is fetched; no pod object outlives its page. What stays per pod
 is what the decisions read: its booking and host requests in the ledger, its judgement, its
 placement for ResourcePolicies, its scoring terms, and for a pod not yet bound the fields the
-core reads of it, as compact JSON (``kube.pendingpods``).
+core reads of it, serialised (``kube.pendingpods``).
 The API port hands over objects as the server's JSON without what no reader here reads
 (``managedFields``, condition lists, a node's images: ``kube.lightkube_api``).
 

@@ -2,14 +2,15 @@
 
 A burst of pods created at once waits for kube-scheduler, and the extender keeps every one of
 them until it is bound: bind starts from the watch's copy (``extender.binding``), intents ask
-whether a pod is still pending and in which namespace. As the API server gives it, such a pod is
-about 8.5 KiB of Python objects; what the core reads of it (``read_fields``) is still about
+whether a pod is still pending and in which namespace. Kept as the API server gives it, such a
+pod cost the cache about 11 KiB; what the core reads of it (``read_fields``) is still about
 2.6 KiB of dicts and strings, most of that the dicts themselves. Kept serialised it is about
-0.7 KiB, and it is read back only when bind or an expired intent asks for
-it (a few µs), never by the filter, which asks only whether a UID is pending.
+0.6 KiB, read back only when bind or an expired intent asks for it (a few µs), never by the
+filter, which asks only whether a UID is pending.
 
 So a pending burst of 24,500 pods, which set the extender's peak at 5,000 nodes and 50,000
-pods (docs/operations.md, sizing), costs about 17 MiB instead of about 200 MiB.
+pods (docs/operations.md, sizing), costs 14.1 MiB instead of 258.4 MiB
+(``benchmarks/pending_memory.py --pods 24500``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ class PendingPods(MutableMapping[str, KubeDict]):
     A pod put in is narrowed to ``read_fields`` and serialised with ``marshal``, which takes
     back exactly what went in (any int, a float's every bit, ``inf``; JSON would not) and is
     never read outside this process; each read builds a new dict, which its reader may keep
-    or change without touching the store (readers do not write to it all the same).
+    or change without touching the store. An object ``marshal`` refuses (only a test builds
+    one: the API's JSON never holds such a value) is kept as narrowed, and read as it is.
     """
 
     __slots__ = ("_pods",)

@@ -164,9 +164,9 @@ def read_fields(pod: KubeObject) -> dict[str, Any]:
     copy (``kube.pendingpods``). As the API server gives it, such a pod is about 9 KiB in
     memory, most of it what only kubelet reads (the service-account volume and its mounts,
     image, probes, defaults); a burst of tens of thousands of pending pods set the extender's
-    peak. Whatever the core
-    reads of this copy reads as of the whole pod (``tests/unit/test_slim_objects.py`` records
-    what a decision reads and checks it). Sub-objects are shared with ``pod``, not copied.
+    peak. Whatever the core reads of this copy reads as of the whole pod
+    (``tests/unit/test_slim_objects.py`` records what a decision reads and checks it).
+    Sub-objects are shared with ``pod``, not copied.
     """
     spec = spec_of(pod)
     kept: dict[str, Any] = {k: v for k, v in spec.items() if k in _SPEC_READ}
