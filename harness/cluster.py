@@ -696,8 +696,13 @@ class Cluster:
         return path
 
     def create_nodes(self, nodes: list[dict[str, Any]], timeout: float = 120) -> None:
-        """kubectl apply the nodes and wait until kwok reports them Ready."""
-        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(nodes), timeout=300)
+        """kubectl apply the nodes and wait until kwok reports them Ready.
+
+        Sent as JSON: PyYAML writes a string such as ``123e45`` (a random hex suffix) unquoted,
+        and kubectl's YAML reader takes it for a number, refusing it as a label value.
+        """
+        body = json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes})
+        self.kubectl("apply", "-f", "-", input=body, timeout=300)
         names = {n["metadata"]["name"] for n in nodes}
 
         def ready() -> bool:
