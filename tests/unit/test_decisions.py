@@ -125,6 +125,66 @@ def test_reserve_reuses_the_decision_made_for_the_names() -> None:
     assert decided[1:] == [chosen]
 
 
+def test_a_workload_refresh_decides_again_only_the_groups_the_pod_fits() -> None:
+    """After the policy's version changes, nodes the pod did not fit keep their decision
+    (fitting is the filter's alone); every answer still equals a fresh scheduler's."""
+    full, most, empty = made("full", [15]), made("most", [15]), made("empty", [15])
+    table = NodeTable([("full", full), ("most", most), ("empty", empty)])
+    ledger = Ledger()
+    feed = WorkloadFeed(estimate=WorkloadEstimate(refresh=1))
+    scheduler = Scheduler(Settings(policy="gpushare"), workload=feed)
+    for name, mem, node in (("a", 12, full), ("b", 10, most)):
+        booked = scheduler.reserve(request_of(scheduler, pod(name, mem)), node, ledger)
+        assert isinstance(booked, Allocation)
+    asked = pod("asked", 8)
+    feed.observe(asked)
+    names = list(table)
+    scheduler.filter_names(asked, names, table, ledger)
+    decided = counting(scheduler)
+    version = scheduler.decider.version
+    for step, mem in enumerate((1, 2, 4, 12, 3)):  # a new shape each time: a new workload
+        feed.observe(pod(f"w{step}", mem))
+        if scheduler.decider.version != version:
+            break
+    assert scheduler.decider.version != version
+    again = scheduler.filter_names(asked, names, table, ledger)
+    assert decided == ["empty"]  # 3 and 5 GiB free: neither fits 8, both decisions kept
+    fresh = Scheduler(Settings(policy="gpushare"), workload=feed)
+    want = fresh.filter_names(asked, names, table, ledger)
+    assert (again.passing, again.failed) == (want.passing, want.failed)
+    assert scheduler.top_name(request_of(scheduler, asked), again.passing, table, ledger) == (
+        fresh.top_name(request_of(fresh, asked), want.passing, table, ledger)
+    )
+
+
+def test_a_filter_reads_a_pod_version_once() -> None:
+    """kube-scheduler asks about one version of a pending pod again and again: it is read
+    once; a new version, or a pod with no version, is read again. Bind reads for itself."""
+    scheduler = Scheduler(Settings())
+    table = NodeTable([("n0", made("n0", [15]))])
+    ledger = Ledger()
+    reads: list[str] = []
+    read = scheduler.read
+
+    def counted(obj: Any) -> Any:
+        reads.append(obj["metadata"].get("resourceVersion", ""))
+        return read(obj)
+
+    scheduler.read = counted  # type: ignore[method-assign]
+    asked = pod("p", 4)
+    asked["metadata"]["resourceVersion"] = "7"
+    for _ in range(3):
+        assert scheduler.filter_names(asked, ["n0"], table, ledger).passing == ["n0"]
+    assert reads == ["7"]
+    bigger = pod("p", 20)
+    bigger["metadata"]["resourceVersion"] = "8"
+    assert scheduler.filter_names(bigger, ["n0"], table, ledger).passing == []
+    unversioned = pod("p", 4)
+    for _ in range(2):
+        scheduler.filter_names(unversioned, ["n0"], table, ledger)
+    assert reads == ["7", "8", "", ""]
+
+
 def test_a_pods_own_share_is_left_out_for_it_and_counted_for_others() -> None:
     """Re-binding: the pod's own holding does not count against it, and what it was told is
     not remembered for a look-alike pod, on either way in."""

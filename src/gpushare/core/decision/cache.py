@@ -231,15 +231,20 @@ class DecisionCache:
         """Decide one node per look-alike group again, for the whole group.
 
         After a workload refresh every score is stale, but nodes that looked alike still do, so
-        a refresh costs one decision per kind of node and usage, not one per node.
+        a refresh costs one decision per kind of node and usage, not one per node. A group
+        the pod did not fit keeps its decision: whether a pod fits, and why not, is the
+        filter's alone; the policy only chooses among GPUs that fit, and scores nodes that do.
         """
+        before = known.alike
         groups = known.restart(version)
         for key, names in groups.items():
             if not names:
                 continue
-            name = next(iter(names))
-            node = known.nodes[name]
-            decision = self.decider.decide(request, node, known.ledger.usage(name))
+            decision = before.get(key)
+            if decision is None or decision[0].fits:
+                name = next(iter(names))
+                node = known.nodes[name]
+                decision = self.decider.decide(request, node, known.ledger.usage(name))
             known.put_group(key, names, decision)
 
     def on_nodes(
@@ -303,6 +308,11 @@ class DecisionCache:
                 decision = alike[key] = decide(request, node, usage)
             known.put(name, decision, key)
         return known
+
+    def caught_up(self, request: PodRequest, table: NodeTable, ledger: Ledger) -> KeyDecisions:
+        """The key's decisions caught up with every change, without deciding names not yet
+        decided: for a second look at names ``on_names`` has just made current."""
+        return self._current(request, ledger, table)
 
     def rebinding(
         self,

@@ -44,6 +44,10 @@ from gpushare.core.resourcepolicies.policyplugin import (
 __all__ = ["FilterResult", "NamesResult", "Reservation", "Scheduler", "Settings", "UnitRefused"]
 
 
+READS_KEPT = 1024
+"""Pod readings ``Scheduler._read_asked`` keeps before starting over."""
+
+
 @dataclass(frozen=True)
 class Settings:
     """Cluster-wide scheduling settings, validated at the config edge."""
@@ -118,6 +122,8 @@ class Scheduler:
         self.policy: NodePolicy = self.registry.get(self.settings.policy)  # fails early
         self.decider = Decider(self.settings.rules, self.policy)
         self.decisions = DecisionCache(self.decider, limit=self.keys_kept)
+        self._reads: dict[tuple[str, str], PodRequest | Rejection] = {}
+        """Requests read, by pod UID and resourceVersion (``_read_asked``)."""
 
     def _survey(
         self,
@@ -141,6 +147,28 @@ class Scheduler:
         """Read a pod's request under these settings."""
         return read_pod(pod, names=self.settings.names, unit=self.settings.unit)
 
+    def _read_asked(self, pod: KubeObject) -> PodRequest | Rejection:
+        """``read`` for filter and prioritize, once per pod and resourceVersion.
+
+        kube-scheduler asks about the same version of a pod again while it stays pending, and
+        the API server gives every change a new version, so the reading stays the pod's. Only
+        the answers use it: bind reads the pod it books for itself (``read``), so a body
+        that named a real pod's UID and version over a different spec could mislead one answer,
+        never a booking. A pod without UID or version is read each time.
+        """
+        meta = pod.get("metadata")
+        version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        if not (uid and version and isinstance(uid, str) and isinstance(version, str)):
+            return self.read(pod)
+        reads = self._reads
+        known = reads.get((uid, version))
+        if known is None:
+            if len(reads) >= READS_KEPT:
+                reads.clear()
+            known = reads[uid, version] = self.read(pod)
+        return known
+
     def _asked(self, pod: KubeObject) -> PodRequest | Rejection:
         """Read a pod that is being scheduled, and count it in the target workload.
 
@@ -148,7 +176,7 @@ class Scheduler:
         whether the watch event for the pod arrived before kube-scheduler's call (the feed
         counts each UID once, so the watch's later event changes nothing).
         """
-        request = self.read(pod)
+        request = self._read_asked(pod)
         if isinstance(request, PodRequest) and self.workload is not None:
             self.workload.count(request.uid, request)
         return request
@@ -224,11 +252,12 @@ class Scheduler:
         order (``single_top``'s rule; 0..10 scores only round the raw ones, so the top of
         those holds the best raw score). Empty when none fits.
 
-        For the filter's one-node answer, right after ``filter_names`` for the same request:
-        it neither reads the pod again nor lets the policy catch up, as nothing has changed
-        in between.
+        For the filter's one-node answer, right after ``filter_names`` for the same request
+        over a superset of ``names``: it neither reads the pod again, nor lets the policy catch
+        up, nor looks for undecided names, as nothing has changed in between (a name found
+        undecided all the same counts as not fitting: never a node nobody checked).
         """
-        known = self.decisions.on_names(request, set(names), nodes, ledger)
+        known = self.decisions.caught_up(request, nodes, ledger)
         again = self.decisions.rebinding(request, names, nodes, ledger)
         fits = known.fits
         if not again:  # the usual case: the same rule as below, in passes that run in C

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import cached_property
 
-from gpushare.core.booking.ledger import NodeUsage
-from gpushare.core.model.inventory import CORE_PER_GPU, Mode, NodeInventory, Placement
+from gpushare.core.booking.ledger import NOTHING, GpuUsage, NodeUsage
+from gpushare.core.model.inventory import CORE_PER_GPU, Gpu, Mode, NodeInventory, Placement
 from gpushare.core.model.names import ANN_NODE_GPUS_DISABLED, LABEL_MODE, LABEL_POD_GPU_COUNT
 from gpushare.core.model.requests import PodRequest
 from gpushare.core.model.topology import closest_set
@@ -104,6 +104,40 @@ def _node_rules(request: PodRequest, node: NodeInventory, rules: Rules) -> str:
     return ""
 
 
+def _miss_reasons(
+    misses: Sequence[tuple[Gpu, GpuUsage]], request: PodRequest, node: NodeInventory, limit: int
+) -> list[str]:
+    """Why each GPU that cannot take the pod does not, in GPU order (``filter_node``)."""
+    unit = node.unit
+    want = request.mem_per_gpu
+    want_core = request.core_per_gpu
+    reasons: list[str] = []
+    for gpu, held in misses:
+        label = f"GPU{gpu.index}"
+        free = gpu.mem_units - held.mem_units
+        if gpu.mem_units < want:
+            reasons.append(
+                f"{label}: {unit.describe(gpu.mem_units)} total < {unit.describe(want)} requested"
+            )
+        elif not gpu.healthy:
+            reasons.append(f"{label}: unhealthy")
+        elif gpu.disabled:
+            reasons.append(f"{label}: out of service ({ANN_NODE_GPUS_DISABLED} on the node)")
+        elif free < want:
+            reasons.append(
+                f"{label}: {unit.describe_ratio(free, gpu.mem_units)} free < "
+                f"{unit.describe(want)} requested"
+            )
+        elif node.mode is Mode.CORE_MEM and CORE_PER_GPU - held.core_pct < want_core:
+            reasons.append(
+                f"{label}: {CORE_PER_GPU - held.core_pct}/{CORE_PER_GPU}% computing power free "
+                f"< {want_core}% requested"
+            )
+        else:
+            reasons.append(f"{label}: {held.pods}/{limit} pods, the isolation limit per GPU")
+    return reasons
+
+
 GpuChooser = Callable[[Sequence[Candidate]], tuple[int, ...]]
 """Picks GPUs among the fitting ones (a policy's choice); () leaves it to the placement."""
 
@@ -135,40 +169,32 @@ def filter_node(
     check_pods = node.mode.isolated
     big_enough = 0
     fitting: list[Candidate] = []
-    reasons: list[str] = []
+    misses: list[tuple[Gpu, GpuUsage]] = []
+    """GPUs that cannot take the pod: their reasons are written only if the node fails."""
     for gpu in node.gpus:
-        label = f"GPU{gpu.index}"
         if gpu.mem_units < want:
-            reasons.append(
-                f"{label}: {unit.describe(gpu.mem_units)} total < {unit.describe(want)} requested"
-            )
+            misses.append((gpu, NOTHING))
             continue
         big_enough += 1
         held = usage.on(gpu.index)
-        free = gpu.mem_units - held.mem_units
-        if not gpu.healthy:
-            reasons.append(f"{label}: unhealthy")
-        elif gpu.disabled:
-            reasons.append(f"{label}: out of service ({ANN_NODE_GPUS_DISABLED} on the node)")
-        elif free < want:
-            reasons.append(
-                f"{label}: {unit.describe_ratio(free, gpu.mem_units)} free < "
-                f"{unit.describe(want)} requested"
-            )
-        elif check_core and CORE_PER_GPU - held.core_pct < want_core:
-            reasons.append(
-                f"{label}: {CORE_PER_GPU - held.core_pct}/{CORE_PER_GPU}% computing power free "
-                f"< {want_core}% requested"
-            )
-        elif check_pods and held.pods >= limit:
-            reasons.append(f"{label}: {held.pods}/{limit} pods, the isolation limit per GPU")
-        else:
+        if (
+            gpu.healthy
+            and not gpu.disabled
+            and gpu.mem_units - held.mem_units >= want
+            and not (check_core and CORE_PER_GPU - held.core_pct < want_core)
+            and not (check_pods and held.pods >= limit)
+        ):
+            free = gpu.mem_units - held.mem_units
             fitting.append(
                 Candidate(gpu.index, free - want, CORE_PER_GPU - held.core_pct - want_core)
             )
+        else:
+            misses.append((gpu, held))
     if big_enough < request.gpu_count:
+        reasons = _miss_reasons(misses, request, node, limit)
         return Verdict(node=node.name, code=Code.UNRESOLVABLE, reasons=tuple(reasons))
     if len(fitting) < request.gpu_count:
+        reasons = _miss_reasons(misses, request, node, limit)
         if request.gpu_count > 1:
             reasons.insert(0, f"{len(fitting)} of {request.gpu_count} GPUs needed have room")
         return Verdict(node=node.name, code=Code.UNSCHEDULABLE, reasons=tuple(reasons))
