@@ -184,3 +184,62 @@ def test_the_listed_nodes_are_let_go_before_the_pods_are_listed() -> None:
     assert len(seen) == len(NODES) and set(cache.nodes) == set(NODES)
     assert cache.book is not None and set(cache.book.node_labels) == set(NODES)
     assert alive and set(alive) == {0}
+
+
+def test_a_bound_pods_status_updates_are_passed_over_and_its_changes_taken_in() -> None:
+    """kubelet's status updates of a bound pod repeat what the cache read of it: they are
+    not judged, read and booked again. A change of what is read (labels, annotations, spec,
+    a phase that ends the pod) is taken in, and an unbound pod is always kept as watched
+    (bind starts from that copy's resourceVersion)."""
+    kube = MemoryKube()
+    pending = fill(kube)
+    cache = new_cache(kube)
+    asyncio.run(cache.sync())
+    taken: list[str] = []
+    observe = cache.ledger.observe
+
+    def counted(pod: KubeDict) -> Any:
+        taken.append(pod["metadata"]["name"])
+        return observe(pod)
+
+    cache.ledger.observe = counted  # type: ignore[method-assign]
+    bound = json.loads(json.dumps(asyncio.run(kube.get_pod("default", "g0"))))
+
+    def event(change: Callable[[KubeDict], None], version: int) -> WatchEvent:
+        changed = json.loads(json.dumps(bound))
+        changed["metadata"]["resourceVersion"] = str(version)
+        change(changed)
+        return WatchEvent(type="MODIFIED", object=changed)
+
+    def running(pod: KubeDict) -> None:
+        pod["status"] = {"phase": "Running", "containerStatuses": [{"name": "main"}]}
+
+    cache.apply_pod(event(lambda pod: None, 900))  # first sight since the list: taken in
+    for version in (901, 902):
+        cache.apply_pod(event(running, version))
+    assert taken == ["g0"]
+
+    def labelled(pod: KubeDict) -> None:
+        pod["metadata"]["labels"]["team"] = "a"
+
+    def labelled_running(pod: KubeDict) -> None:
+        labelled(pod)
+        running(pod)
+
+    cache.apply_pod(event(labelled, 903))
+    cache.apply_pod(event(labelled_running, 904))
+    assert taken == ["g0", "g0"]
+
+    def done(pod: KubeDict) -> None:
+        labelled(pod)
+        pod["status"] = {"phase": "Succeeded"}
+
+    cache.apply_pod(event(done, 905))
+    assert taken == ["g0", "g0", "g0"]
+    assert cache.ledger.holding(bound["metadata"]["uid"]) is None
+    waiting = json.loads(json.dumps(pending[0]))
+    for version in (906, 907):
+        waiting["metadata"]["resourceVersion"] = str(version)
+        cache.apply_pod(WatchEvent(type="MODIFIED", object=json.loads(json.dumps(waiting))))
+    assert taken[3:] == ["p0", "p0"]
+    assert cache.pending[waiting["metadata"]["uid"]]["metadata"]["resourceVersion"] == "907"

@@ -55,11 +55,14 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
+import msgspec
+
 from gpushare.core.booking.changes import NodeTable
 from gpushare.core.booking.ledger import Ledger, is_terminal
 from gpushare.core.decision.scheduling import Settings
 from gpushare.core.model.inventory import NodeInventory, read_node
 from gpushare.core.model.kubejson import (
+    TERMINAL_PHASES,
     KubeObject,
     labels_of,
     name_of,
@@ -125,6 +128,8 @@ class ClusterCache:
         self.book = book
         """Placed pods and node labels for ResourcePolicy decisions (fed here too)."""
         self._reported = IgnoredOnce()
+        self._digests: dict[str, int] = {}
+        """What was last taken in of recently watched bound pods, by UID (``_digest``)."""
         self.nodes = NodeTable()
         self.ledger = self._new_ledger()
         self.pending = PendingPods()
@@ -259,6 +264,7 @@ class ClusterCache:
             self.book.retain_pods(alive)
             for uid, placed, terminal in placings:
                 self.book.take_pod(uid, placed, terminal=terminal)
+        self._digests.clear()
         self.nodes = table
         self.soft_tainted = soft_tainted
         self.placed_terms = placed_terms
@@ -296,9 +302,20 @@ class ClusterCache:
         self._changed()
 
     def apply_pod(self, event: WatchEvent) -> None:
-        """Take in one pod event."""
+        """Take in one pod event; one that repeats what was taken in of a bound pod is
+        passed over (``_digest``)."""
+        digest = _digest(event.object) if event.type != "DELETED" else None
+        uid = stored_uid_of(event.object)
+        if digest is not None and self._digests.get(uid) == digest:
+            return
         if event.type != "DELETED" and not self._readable("Pod", event.object):
             return
+        if digest is None:
+            self._digests.pop(uid, None)
+        else:
+            if len(self._digests) >= DIGESTS_KEPT:
+                self._digests.clear()
+            self._digests[uid] = digest
         if event.type == "DELETED":
             self.pending.pop(stored_uid_of(event.object), None)
             self.placed_terms.forget(uid_of(event.object))
@@ -370,6 +387,42 @@ class ClusterCache:
                 log.error("%s; relisting in %.1fs", self.problem, wait, exc_info=group)
             if wait:
                 await self._sleep(wait)
+
+
+DIGESTS_KEPT = 8192
+"""Bound pods whose last event ``ClusterCache`` remembers, to pass over repeats: the status
+updates kubelet writes come within seconds of the binding, so the most recent few thousand
+pods are enough, and the memory stays small at any cluster size."""
+
+_VOLATILE = frozenset(("resourceVersion", "managedFields"))
+_encode = msgspec.json.encode
+
+
+def _digest(pod: KubeDict) -> int | None:
+    """A digest of everything the cache reads of a bound pod, or None for a pod it keeps
+    whole (unbound: bind starts from that copy and its resourceVersion) or cannot key.
+
+    The readers here (the ledger, the ResourcePolicy book, the scoring terms, the workload,
+    the failed-pod hand-off) read the pod's metadata, its spec and whether its phase ended,
+    never the rest of its status. kubelet's status updates (``Pending`` to ``Running``,
+    container states) then repeat what was taken in, one to three events per pod that would
+    each be judged, read and booked again. The hash is salted per process, so a tenant
+    cannot make two different pods collide.
+    """
+    meta = pod.get("metadata")
+    spec = pod.get("spec")
+    if not isinstance(meta, dict) or not isinstance(spec, dict) or not spec.get("nodeName"):
+        return None
+    if not isinstance(meta.get("uid"), str) or not meta["uid"]:
+        return None
+    status = pod.get("status")
+    phase = status.get("phase") if isinstance(status, dict) else None
+    ended = isinstance(phase, str) and phase in TERMINAL_PHASES
+    kept = {k: v for k, v in meta.items() if k not in _VOLATILE}
+    try:
+        return hash(_encode((kept, spec, phase if ended else "")))
+    except (TypeError, ValueError, OverflowError):  # not JSON after all: take it in as it is
+        return None
 
 
 def _named(obj: KubeDict) -> str:
