@@ -11,6 +11,7 @@ from gpushare.core.booking.changes import NodeTable
 from gpushare.core.booking.ledger import Ledger, NodeUsage
 from gpushare.core.decision.decider import Decision
 from gpushare.core.decision.scheduling import Scheduler, Settings
+from gpushare.core.model import requests
 from gpushare.core.model.inventory import NodeInventory, read_node
 from gpushare.core.model.requests import PodRequest
 from gpushare.core.placement.defragmenting import WorkloadFeed
@@ -157,32 +158,44 @@ def test_a_workload_refresh_decides_again_only_the_groups_the_pod_fits() -> None
     )
 
 
-def test_a_filter_reads_a_pod_version_once() -> None:
-    """kube-scheduler asks about one version of a pending pod again and again: it is read
-    once; a new version, or a pod with no version, is read again. Bind reads for itself."""
+def test_one_pod_version_is_read_once_and_a_bodys_reading_never_reaches_bind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kube-scheduler asks about one version of a pending pod again and again, after the
+    watch has shown it: that version is read once, for the workload, the filters and bind.
+    A pod with no version is read each time. What a filter body said is kept apart: bind
+    reads the stored pod for itself, even under the same UID and version."""
+    reads: list[str] = []
+    read_pod = requests.read_pod
+
+    def counted(obj: Any, **kwargs: Any) -> Any:
+        reads.append(obj["metadata"].get("resourceVersion", ""))
+        return read_pod(obj, **kwargs)
+
+    monkeypatch.setattr(requests, "read_pod", counted)
     scheduler = Scheduler(Settings())
+    assert scheduler.workload is not None
     table = NodeTable([("n0", made("n0", [15]))])
     ledger = Ledger()
-    reads: list[str] = []
-    read = scheduler.read
-
-    def counted(obj: Any) -> Any:
-        reads.append(obj["metadata"].get("resourceVersion", ""))
-        return read(obj)
-
-    scheduler.read = counted  # type: ignore[method-assign]
-    asked = pod("p", 4)
-    asked["metadata"]["resourceVersion"] = "7"
+    stored = pod("p", 4)
+    stored["metadata"]["resourceVersion"] = "7"
+    scheduler.workload.observe(stored)  # the watch
     for _ in range(3):
-        assert scheduler.filter_names(asked, ["n0"], table, ledger).passing == ["n0"]
+        assert scheduler.filter_names(stored, ["n0"], table, ledger).passing == ["n0"]
+    assert request_of(scheduler, stored).mem_units == 4  # bind
     assert reads == ["7"]
-    bigger = pod("p", 20)
-    bigger["metadata"]["resourceVersion"] = "8"
-    assert scheduler.filter_names(bigger, ["n0"], table, ledger).passing == []
-    unversioned = pod("p", 4)
+    unversioned = pod("q", 4)
     for _ in range(2):
         scheduler.filter_names(unversioned, ["n0"], table, ledger)
-    assert reads == ["7", "8", "", ""]
+    assert reads == ["7", "", ""]
+    forged = pod("r", 1)
+    forged["metadata"]["resourceVersion"] = "9"
+    for _ in range(2):
+        assert scheduler.filter_names(forged, ["n0"], table, ledger).passing == ["n0"]
+    real = pod("r", 20)
+    real["metadata"]["resourceVersion"] = "9"
+    assert request_of(scheduler, real).mem_units == 20
+    assert reads == ["7", "", "", "9", "9"]
 
 
 def test_a_pods_own_share_is_left_out_for_it_and_counted_for_others() -> None:

@@ -26,7 +26,7 @@ from gpushare.core.decision.decider import Decider, Decision
 from gpushare.core.model.inventory import NodeInventory
 from gpushare.core.model.kubejson import KubeObject
 from gpushare.core.model.names import DEFAULT_NAMES, ResourceNames
-from gpushare.core.model.requests import PodRequest, Rejection, read_pod
+from gpushare.core.model.requests import PodRequest, Readings, Rejection
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.placement.defragmenting import WorkloadFeed, all_policies
 from gpushare.core.placement.filtering import Code, Rules, Verdict
@@ -42,10 +42,6 @@ from gpushare.core.resourcepolicies.policyplugin import (
 )
 
 __all__ = ["FilterResult", "NamesResult", "Reservation", "Scheduler", "Settings", "UnitRefused"]
-
-
-READS_KEPT = 1024
-"""Pod readings ``Scheduler._read_asked`` keeps before starting over."""
 
 
 @dataclass(frozen=True)
@@ -122,8 +118,12 @@ class Scheduler:
         self.policy: NodePolicy = self.registry.get(self.settings.policy)  # fails early
         self.decider = Decider(self.settings.rules, self.policy)
         self.decisions = DecisionCache(self.decider, limit=self.keys_kept)
-        self._reads: dict[tuple[str, str], PodRequest | Rejection] = {}
-        """Requests read, by pod UID and resourceVersion (``_read_asked``)."""
+        names, unit = self.settings.names, self.settings.unit
+        feed = self.workload
+        shared = feed.readings if feed.names == names and feed.unit == unit else None
+        self.readings = shared if shared is not None else Readings(names=names, unit=unit)
+        """Pods as stored, read once per version: the workload feed's, when it reads alike."""
+        self._asked_readings = Readings(names=names, unit=unit)
 
     def _survey(
         self,
@@ -144,30 +144,21 @@ class Scheduler:
             policy.show(shown, ledger)
 
     def read(self, pod: KubeObject) -> PodRequest | Rejection:
-        """Read a pod's request under these settings."""
-        return read_pod(pod, names=self.settings.names, unit=self.settings.unit)
+        """Read a pod's request under these settings: a pod as the API server stored it
+        (bind's), whose reading is kept for its version (``Readings``)."""
+        return self.readings.read(pod)
 
     def _read_asked(self, pod: KubeObject) -> PodRequest | Rejection:
-        """``read`` for filter and prioritize, once per pod and resourceVersion.
+        """``read`` for the pod in a filter or prioritize body, which kube-scheduler sends
+        again and again for one version of a pending pod.
 
-        kube-scheduler asks about the same version of a pod again while it stays pending, and
-        the API server gives every change a new version, so the reading stays the pod's. Only
-        the answers use it: bind reads the pod it books for itself (``read``), so a body
-        that named a real pod's UID and version over a different spec could mislead one answer,
-        never a booking. A pod without UID or version is read each time.
+        The reading of that version from the watch serves when there is one; otherwise the
+        body is read into this scheduler's own ``Readings``, apart from the one bind reads, so
+        a body that named a real pod's UID and version over another spec could mislead an
+        answer, never a booking.
         """
-        meta = pod.get("metadata")
-        version = meta.get("resourceVersion") if isinstance(meta, dict) else None
-        uid = meta.get("uid") if isinstance(meta, dict) else None
-        if not (uid and version and isinstance(uid, str) and isinstance(version, str)):
-            return self.read(pod)
-        reads = self._reads
-        known = reads.get((uid, version))
-        if known is None:
-            if len(reads) >= READS_KEPT:
-                reads.clear()
-            known = reads[uid, version] = self.read(pod)
-        return known
+        known = self.readings.get(pod)
+        return known if known is not None else self._asked_readings.read(pod)
 
     def _asked(self, pod: KubeObject) -> PodRequest | Rejection:
         """Read a pod that is being scheduled, and count it in the target workload.
@@ -451,7 +442,7 @@ class Scheduler:
         never over the pod's own bind booking, and it replaces the pod's earlier intent. The
         node that gets it is the first with the highest score (``single_top`` leaves one).
         """
-        request = self.read(pod)
+        request = self._read_asked(pod)
         if not isinstance(request, PodRequest):
             return None
         top = max(scores, default=0)

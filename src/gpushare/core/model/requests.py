@@ -388,3 +388,64 @@ def read_pod(
         host=pod_requests(pod),
         models=pod_models(pod),
     )
+
+
+READINGS_KEPT = 2048
+"""Readings ``Readings`` keeps before it starts over: more than the pods in flight between
+the watch, a filter and a bind."""
+
+Reading = PodRequest | Rejection
+
+
+def _version_key(pod: KubeObject) -> tuple[str, str] | None:
+    """(UID, resourceVersion) of a stored pod; None for one without either."""
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, dict):
+        return None
+    uid, version = metadata.get("uid"), metadata.get("resourceVersion")
+    if not (uid and version and isinstance(uid, str) and isinstance(version, str)):
+        return None
+    return uid, version
+
+
+class Readings:
+    """Pod requests read once per stored version of each pod.
+
+    One pod is read several times on its way: the watch shows it and the workload counts it,
+    kube-scheduler's filter hands it over, bind starts from the watch's copy. All of them
+    carry the same resourceVersion, and the API server gives every change a new one, so
+    one reading serves all. A pod without UID or version is read each time.
+
+    What fills one ``Readings`` must be a pod as the API server stored it (the watch, a list,
+    bind's own read): a body sent to the extender names the UID and version it likes, so it
+    is read into a ``Readings`` of its own (``Scheduler``), never into the one bind reads.
+    """
+
+    def __init__(
+        self,
+        *,
+        names: ResourceNames = DEFAULT_NAMES,
+        unit: MemoryUnit = MemoryUnit.GiB,
+        kept: int = READINGS_KEPT,
+    ) -> None:
+        self.names = names
+        self.unit = unit
+        self.kept = kept
+        self._read: dict[tuple[str, str], Reading] = {}
+
+    def read(self, pod: KubeObject) -> Reading:
+        """The pod's request, read now or the reading of its version kept from before."""
+        key = _version_key(pod)
+        if key is None:
+            return read_pod(pod, names=self.names, unit=self.unit)
+        known = self._read.get(key)
+        if known is None:
+            if len(self._read) >= self.kept:
+                self._read.clear()
+            known = self._read[key] = read_pod(pod, names=self.names, unit=self.unit)
+        return known
+
+    def get(self, pod: KubeObject) -> Reading | None:
+        """The reading kept for the pod's version; None when there is none."""
+        key = _version_key(pod)
+        return self._read.get(key) if key is not None else None

@@ -50,7 +50,7 @@ from gpushare.core.booking.ledger import Ledger, NodeUsage
 from gpushare.core.model.inventory import NodeInventory
 from gpushare.core.model.kubejson import KubeObject, uid_of
 from gpushare.core.model.names import DEFAULT_NAMES, ResourceNames
-from gpushare.core.model.requests import PodRequest, read_pod
+from gpushare.core.model.requests import PodRequest, Readings
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.placement.fragmentation import Shape, WorkloadEstimate, fgd_score, fragmentation
 from gpushare.core.placement.placing import Candidate
@@ -137,6 +137,8 @@ class WorkloadFeed:
         self.names = names
         self.unit = unit
         self.estimate = estimate or learned_workload()
+        self.readings = Readings(names=names, unit=unit)
+        """Pods read from the API server, shared with the scheduler's bind (``Readings``)."""
         self._uids: set[str] = set()
 
     @property
@@ -158,7 +160,7 @@ class WorkloadFeed:
         uid = uid_of(pod)
         if not uid or uid in self._uids:
             return False
-        request = read_pod(pod, names=self.names, unit=self.unit)
+        request = self.readings.read(pod)
         if not isinstance(request, PodRequest):
             return False
         return self.count(uid, request)
