@@ -282,6 +282,17 @@ def test_the_one_node_answer_keeps_its_rule_over_ties_and_names_that_do_not_fit(
             best = max(fits[n] for n in fitting)
             want = min(n for n in fitting if fits[n] == best)
         assert scheduler.top_name(request, names, table, ledger) == want
+        # the filter's own pass: scores line up with its passing names, names the table
+        # does not hold are reported missing, in order, and the answer is the same
+        unknown = [f"gone{i}" for i in range(rng.randint(0, 2))]
+        asked = names + unknown
+        rng.shuffle(asked)
+        found = scheduler.filter_names(asking, asked, table, ledger)
+        in_order = [n for n in asked if n in fits]
+        assert found.passing == in_order and found.scores == [fits[n] for n in in_order]
+        assert found.missing == [n for n in asked if n in unknown]
+        top = scheduler.top_name(request, found.passing, table, ledger, scores=found.scores)
+        assert top == want
     assert scheduler.top_name(request, ["n13", "n14"], table, ledger) == ""
 
 

@@ -76,6 +76,8 @@ class KeyDecisions:
         """The same as 0..10 (absolute policies)."""
         self.failed: dict[str, str] = {}
         self.unresolvable: dict[str, str] = {}
+        self.absent: set[str] = set()
+        """Names asked about that are not in the table (decided None)."""
         self.alike: dict[Alike, Decision] = {}
         """Decisions by look-alike key, under this version."""
         self.groups: dict[Alike, set[str]] = {}
@@ -119,6 +121,7 @@ class KeyDecisions:
             self.tens.pop(name, None)
             self.failed.pop(name, None)
             self.unresolvable.pop(name, None)
+            self.absent.discard(name)
 
     def restart(self, version: int) -> dict[Alike, set[str]]:
         """Forget every decision for a new policy version; the look-alike groups as they were."""
@@ -135,6 +138,7 @@ class KeyDecisions:
         self.tens.clear()
         self.failed.clear()
         self.unresolvable.clear()
+        self.absent.clear()
         self.groups.clear()
         self.key_of.clear()
 
@@ -161,6 +165,7 @@ class KeyDecisions:
             else:
                 group.add(name)
         if decision is None:
+            self.absent.add(name)
             return
         verdict, score = decision
         if verdict.fits:

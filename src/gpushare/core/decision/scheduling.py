@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import compress, repeat
-from operator import eq
+from operator import eq, is_not
 from typing import cast
 
 from gpushare.core.booking.changes import NodeTable
@@ -81,6 +82,9 @@ class NamesResult:
     failed: dict[str, str]
     unresolvable: dict[str, str]
     missing: list[str]
+    scores: list[float] | None = None
+    """The raw score of each passing name, in order, when the filter read them on the way
+    (``top_name`` takes them instead of looking every name up again); None when not."""
 
 
 @dataclass(frozen=True)
@@ -180,15 +184,21 @@ class Scheduler:
         request = self._asked(pod)
         self._survey(ledger, table=nodes)
         wanted = set(names)
-        missing = [] if nodes.keys() >= wanted else [n for n in names if n not in nodes]
-        if isinstance(request, Rejection):
-            reason = request.message
-            known = {n: reason for n in names if n in nodes}
-            return NamesResult(request, [], {}, known, missing)
-        if not request.wants_gpu:
+        if isinstance(request, Rejection) or not request.wants_gpu:
+            missing = [] if nodes.keys() >= wanted else [n for n in names if n not in nodes]
+            if isinstance(request, Rejection):
+                reason = request.message
+                known = {n: reason for n in names if n in nodes}
+                return NamesResult(request, [], {}, known, missing)
             return NamesResult(request, [n for n in names if n in nodes], {}, {}, missing)
         outcomes = self.decisions.on_names(request, wanted, nodes, ledger)
-        passing = list(filter(outcomes.fits.__contains__, names))
+        gone = outcomes.absent & wanted if outcomes.absent else None
+        missing = [n for n in names if n in gone] if gone else []
+        # one pass of lookups, then passes over the scores alone (no string compared again)
+        raws = list(map(outcomes.fits.get, names))
+        fitting = list(map(_is_score, raws))
+        passing = list(compress(names, fitting))
+        scores: list[float] | None = cast(list[float], list(compress(raws, fitting)))
         failed = _within(outcomes.failed, wanted)
         unresolvable = _within(outcomes.unresolvable, wanted)
         again = self.decisions.rebinding(request, wanted, nodes, ledger)
@@ -202,7 +212,8 @@ class Scheduler:
                     unresolvable[name] = verdict.message
             fits = {n for n, (v, _) in again.items() if v.fits}
             passing = [n for n in names if (n in fits or (n in outcomes.fits and n not in again))]
-        return NamesResult(request, passing, failed, unresolvable, missing)
+            scores = None
+        return NamesResult(request, passing, failed, unresolvable, missing, scores)
 
     def prioritize_names(
         self, pod: KubeObject, names: list[str], nodes: NodeTable, ledger: Ledger
@@ -236,7 +247,13 @@ class Scheduler:
         return single_top(names, tens, raw if again else fits)
 
     def top_name(
-        self, request: PodRequest, names: Sequence[str], nodes: NodeTable, ledger: Ledger
+        self,
+        request: PodRequest,
+        names: Sequence[str],
+        nodes: NodeTable,
+        ledger: Ledger,
+        *,
+        scores: Sequence[float] | None = None,
     ) -> str:
         """The node ``prioritize_names`` would put alone on top of ``names``, without scoring
         every node: the best raw score among those that fit, then the first name in sort
@@ -247,10 +264,16 @@ class Scheduler:
         over a superset of ``names``: it neither reads the pod again, nor lets the policy catch
         up, nor looks for undecided names, as nothing has changed in between (a name found
         undecided all the same counts as not fitting: never a node nobody checked).
+        ``scores`` are the filter's raw scores of ``names`` (``NamesResult.scores``), read
+        on its way; without them each name is looked up again.
         """
         known = self.decisions.caught_up(request, nodes, ledger)
         again = self.decisions.rebinding(request, names, nodes, ledger)
         fits = known.fits
+        if not again and scores is not None and len(scores) == len(names):
+            if not scores:
+                return ""
+            return min(compress(names, map(eq, scores, repeat(max(scores)))))
         if not again:  # the usual case: the same rule as below, in passes that run in C
             raws = list(map(fits.get, names))
             if None in raws:  # names that do not fit are left out
@@ -481,6 +504,10 @@ class Scheduler:
             return False
         ledger.unassume(uid)
         return True
+
+
+_is_score = partial(is_not, None)
+"""Whether a name's looked-up score says it fits (a score of 0.0 does; None does not)."""
 
 
 def _within(found: Mapping[str, str], wanted: set[str]) -> dict[str, str]:

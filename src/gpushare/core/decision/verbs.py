@@ -125,6 +125,9 @@ class FilterOutcome:
     """The intent booked for the pod."""
     withheld: bool
     """Whether an intent was withheld: the pod's namespace holds a stuck pod."""
+    scores: Sequence[float] | None = None
+    """The raw score of each passing node, in order, when the filter read them on its way
+    (``NamesResult.scores``); None when not."""
 
     @property
     def fits(self) -> bool:
@@ -166,12 +169,14 @@ def filter_pod(
                 unresolvable[verdict.node] = verdict.message
         fits = sorted(set(fits))
         labels = ask.node_labels or {}
+        scores = None
     else:
         names = scheduler.filter_names(pod, list(ask.names), table, ledger)
         request, fits = names.request, names.passing
         failed, unresolvable = names.failed, names.unresolvable
         for name in names.missing:
             failed[name] = MISSING
+        scores = names.scores
         labels = book.node_labels if book is not None else {}
     passing = fits
     if book is not None:
@@ -179,6 +184,8 @@ def filter_pod(
             book, pod, fits, failed, unresolvable, labels, now_s=ask.now_ns / 1e9
         )
     kept = set(passing) if len(passing) < len(fits) else None
+    if kept is not None:
+        scores = None  # a ResourcePolicy left some out: they no longer line up
     gated = tuple(n for n in fits if n not in kept) if kept is not None else ()
     if passing or not isinstance(request, PodRequest) or not request.wants_gpu:
         waiting.forget(uid)
@@ -198,6 +205,7 @@ def filter_pod(
         deadline=None,
         intent=None,
         withheld=False,
+        scores=scores,
     )
     if ask.nodes is not None:
         return outcome
@@ -224,7 +232,7 @@ def _top_only(
     why = _why_every_node(ask, passing) if len(passing) > 1 else ""
     if why:
         return _with(outcome, answer=why)
-    name = scheduler.top_name(request, passing, table, ledger)
+    name = scheduler.top_name(request, passing, table, ledger, scores=outcome.scores)
     if name and _withheld(ask, outcome.expired):
         return _with(outcome, top=name, answer="top_node", withheld=True)
     deadline = intent_deadline(
