@@ -108,6 +108,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/lp_bound.py
 	$(BIN)/python benchmarks/decision_speed.py
 	$(BIN)/python benchmarks/extender_latency.py
+	$(BIN)/python benchmarks/filter_cpu.py
 	$(BIN)/python benchmarks/scrape_cost.py
 	$(BIN)/python benchmarks/extender_http_speed.py --names all
 	$(BIN)/python benchmarks/extender_http_speed.py --names sample
