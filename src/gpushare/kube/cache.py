@@ -317,7 +317,7 @@ class ClusterCache:
                 self._digests.clear()
             self._digests[uid] = digest
         if event.type == "DELETED":
-            self.pending.pop(stored_uid_of(event.object), None)
+            self.pending.pop(uid, None)
             self.placed_terms.forget(uid_of(event.object))
             self.ledger.forget(uid_of(event.object))
             self._reported.forget(uid_of(event.object))

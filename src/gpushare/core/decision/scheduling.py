@@ -124,8 +124,8 @@ class Scheduler:
         self.decisions = DecisionCache(self.decider, limit=self.keys_kept)
         names, unit = self.settings.names, self.settings.unit
         feed = self.workload
-        shared = feed.readings if feed.names == names and feed.unit == unit else None
-        self.readings = shared if shared is not None else Readings(names=names, unit=unit)
+        alike = feed.names == names and feed.unit == unit
+        self.readings = feed.readings if alike else Readings(names=names, unit=unit)
         """Pods as stored, read once per version: the workload feed's, when it reads alike."""
         self._asked_readings = Readings(names=names, unit=unit)
 
