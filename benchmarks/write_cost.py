@@ -1,0 +1,148 @@
+"""What one API write costs the extender's process: lightkube's client against the floor.
+
+Every GPU pod costs the extender one ``pods/binding`` POST, and some an Event POST, through
+``LightkubeAPI`` (lightkube over httpx, httpcore and h11). The staged benchmark cannot say how
+much of the extender's CPU per pod those writes are, because its runs vary by a third. This
+one starts the e2e harness's control plane (``harness/cluster.py``), then POSTs Events one at a
+time, alternating two clients over the same kube-apiserver, and prints the CPU each write cost
+this thread (``time.thread_time``: the Python work and the TLS, not the server's):
+
+1. ``full``: ``LightkubeAPI.create_event``, as the extender writes an Event (a binding goes
+   the same way, ``_create_unread``): lightkube, httpx, httpcore and h11 whole;
+2. ``floor``: the same JSON in one HTTP/1.1 request over one kept-alive asyncio TLS stream,
+   with the TLS context and headers of lightkube's own client, read back by Content-Length.
+   It handles nothing but this exchange (no redirects, no auth flows, no chunked replies), so
+   it is what a write cannot go below in Python, not a client to use.
+
+    python benchmarks/write_cost.py [--writes 300] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from gpushare.kube.lightkube_api import LightkubeAPI  # noqa: E402
+from harness.cluster import running_cluster  # noqa: E402
+
+NAMESPACE = "default"
+
+
+def event(number: int) -> dict[str, Any]:
+    """An Event the size of the extender's ``GPUShareScheduled``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"write-cost-{number}", "namespace": NAMESPACE},
+        "involvedObject": {"kind": "Pod", "namespace": NAMESPACE, "name": "p", "uid": "u"},
+        "reason": "GPUShareScheduled",
+        "message": "m" * 120,
+        "type": "Normal",
+        "source": {"component": "write-cost"},
+        "firstTimestamp": "2026-01-01T00:00:00Z",
+        "lastTimestamp": "2026-01-01T00:00:00Z",
+        "count": 1,
+    }
+
+
+class Floor:
+    """One kept-alive TLS stream that POSTs a JSON body and reads the status and body back."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: str):
+        self.reader, self.writer, self.head = reader, writer, head
+
+    @classmethod
+    async def open(cls, api: LightkubeAPI, path: str) -> Floor:
+        client: Any = api._client._client._client  # lightkube's httpx client: its TLS, its headers
+        url = client.base_url
+        context = client._transport._pool._ssl_context
+        reader, writer = await asyncio.open_connection(
+            url.host, url.port, ssl=context, server_hostname=url.host
+        )
+        headers = "".join(
+            f"{name}: {value}\r\n" for name, value in client.headers.items() if name != "host"
+        )
+        head = f"POST {path} HTTP/1.1\r\nhost: {url.host}:{url.port}\r\n{headers}"
+        return cls(reader, writer, head)
+
+    async def post(self, body: bytes) -> int:
+        framing = f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+        self.writer.write(f"{self.head}{framing}".encode() + body)
+        status = int((await self.reader.readline()).split()[1])
+        length = 0
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+        await self.reader.readexactly(length)
+        return status
+
+
+async def cpu_per_write(write: Callable[[], Awaitable[None]], writes: int) -> float:
+    """Milliseconds of this thread's CPU per write."""
+    start = time.thread_time()
+    for _ in range(writes):
+        await write()
+    return (time.thread_time() - start) / writes * 1e3
+
+
+async def measure(kubeconfig: Path, writes: int, rounds: int) -> None:
+    full = LightkubeAPI.connect(str(kubeconfig))
+    floor = await Floor.open(full, f"/api/v1/namespaces/{NAMESPACE}/events")
+    numbers = itertools.count()
+
+    async def through_lightkube() -> None:
+        await full.create_event(NAMESPACE, event(next(numbers)))
+
+    async def at_the_floor() -> None:
+        status = await floor.post(msgspec.json.encode(event(next(numbers))))
+        if status != 201:
+            raise SystemExit(f"the floor's POST answered {status}, not 201")
+
+    clients = {"full": through_lightkube, "floor": at_the_floor}
+    for _ in range(20):  # connections open, caches warm
+        for write in clients.values():
+            await write()
+    kept: dict[str, list[float]] = {name: [] for name in clients}
+    for number in range(rounds):
+        for name, write in clients.items():
+            kept[name].append(await cpu_per_write(write, writes))
+        said = ", ".join(f"{name} {kept[name][-1]:.2f} ms" for name in clients)
+        print(f"round {number + 1}: {said} of CPU per write", file=sys.stderr, flush=True)
+    medians = {name: statistics.median(values) for name, values in kept.items()}
+    print(f"writes={writes} rounds={rounds} (Event POSTs, one at a time, alternated)")
+    print(f"full client (lightkube, httpx):  median {medians['full']:.2f} ms of CPU per write")
+    print(f"floor (one asyncio TLS stream):  median {medians['floor']:.2f} ms of CPU per write")
+    print(f"full client over floor: {medians['full'] / medians['floor']:.1f}x")
+    await full.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--writes", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    for name, value in (("--writes", args.writes), ("--rounds", args.rounds)):
+        if value < 1:
+            parser.error(f"{name} {value}: must be 1 or more")
+    root = Path(tempfile.mkdtemp(prefix="gpushare-write-cost-"))
+    progress = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    with running_cluster(root, progress, node_lease_s=600) as cluster:
+        asyncio.run(measure(cluster.kubeconfig, args.writes, args.rounds))
+
+
+if __name__ == "__main__":
+    main()
