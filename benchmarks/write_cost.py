@@ -14,7 +14,11 @@ this thread (``time.thread_time``: the Python work and the TLS, not the server's
    It handles nothing but this exchange (no redirects, no auth flows, no chunked replies), so
    it is what a write cannot go below in Python, not a client to use.
 
-    python benchmarks/write_cost.py [--writes 300] [--rounds 3]
+Then, with a pod watch open as the extender's cache opens it (``LightkubeAPI.watch_pods``),
+it creates ``--watched`` pods the size of a bound GPU pod (a ``kubectl create`` in another
+process) and prints the CPU this thread spent per event taking them off the stream, decoded.
+
+    python benchmarks/write_cost.py [--writes 300] [--rounds 3] [--watched 1500]
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import statistics
 import sys
 import tempfile
@@ -36,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gpushare.kube.lightkube_api import LightkubeAPI  # noqa: E402
-from harness.cluster import running_cluster  # noqa: E402
+from harness.cluster import Cluster, running_cluster  # noqa: E402
 
 NAMESPACE = "default"
 
@@ -130,18 +135,78 @@ async def measure(kubeconfig: Path, writes: int, rounds: int) -> None:
     await full.close()
 
 
+def watched_pods(count: int) -> dict[str, Any]:
+    """A List of pods nobody schedules, each with a GPU request and annotations the size of
+    gpushare's allocation and seal."""
+    requests = {"cpu": "100m", "aliyun.com/gpu-mem": "4"}
+    return {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"write-cost-watched-{number}",
+                    "namespace": NAMESPACE,
+                    "annotations": {
+                        "gpushare.io/allocation": "a" * 300,
+                        "gpushare.io/seal": "s" * 64,
+                    },
+                },
+                "spec": {
+                    "schedulerName": "write-cost-nobody",
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "none",
+                            "resources": {
+                                "requests": requests,
+                                "limits": {"aliyun.com/gpu-mem": "4"},
+                            },
+                        }
+                    ],
+                },
+            }
+            for number in range(count)
+        ],
+    }
+
+
+async def watch_cost(cluster: Cluster, count: int) -> None:
+    """CPU of this thread per pod event read off ``watch_pods`` while another process creates
+    ``count`` pods."""
+    api = LightkubeAPI.connect(str(cluster.kubeconfig))
+    _, version = await api.list_pods()
+    stream = api.watch_pods(version).__aiter__()
+    listing = Path(tempfile.mkdtemp(prefix="gpushare-write-cost-")) / "pods.json"
+    listing.write_text(json.dumps(watched_pods(count)))
+    creating = asyncio.create_task(asyncio.to_thread(cluster.kubectl, "create", "-f", str(listing)))
+    spent = 0.0
+    for _ in range(count):
+        start = time.thread_time()
+        await stream.__anext__()
+        spent += time.thread_time() - start
+    await creating
+    await api.close()
+    print(f"watch: {count} pod events, {spent / count * 1e3:.2f} ms of CPU per event read off it")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--writes", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--watched", type=int, default=1500)
     args = parser.parse_args()
-    for name, value in (("--writes", args.writes), ("--rounds", args.rounds)):
+    checked = (("--writes", args.writes), ("--rounds", args.rounds), ("--watched", args.watched))
+    for name, value in checked:
         if value < 1:
             parser.error(f"{name} {value}: must be 1 or more")
     root = Path(tempfile.mkdtemp(prefix="gpushare-write-cost-"))
     progress = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     with running_cluster(root, progress, node_lease_s=600) as cluster:
         asyncio.run(measure(cluster.kubeconfig, args.writes, args.rounds))
+        asyncio.run(watch_cost(cluster, args.watched))
 
 
 if __name__ == "__main__":
