@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gpushare.kube.lightkube_api import LightkubeAPI  # noqa: E402
+from gpushare.kube.objects import gpu_pod  # noqa: E402
 from harness.cluster import Cluster, running_cluster  # noqa: E402
 
 NAMESPACE = "default"
@@ -66,6 +67,20 @@ def event(number: int) -> dict[str, Any]:
     }
 
 
+async def floor_stream(
+    api: LightkubeAPI,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, list[tuple[str, str]]]:
+    """A bare TLS stream to ``api``'s server with its client's TLS context, and that client's
+    headers (Host first) for requests over it."""
+    client: Any = api._client._client._client  # lightkube's httpx client: its TLS, its headers
+    url = client.base_url
+    reader, writer = await asyncio.open_connection(
+        url.host, url.port, ssl=client._transport._pool._ssl_context, server_hostname=url.host
+    )
+    own = [(name, value) for name, value in client.headers.items() if name != "host"]
+    return reader, writer, [("host", f"{url.host}:{url.port}"), *own]
+
+
 class Floor:
     """One kept-alive TLS stream that POSTs a JSON body and reads the status and body back."""
 
@@ -74,17 +89,9 @@ class Floor:
 
     @classmethod
     async def open(cls, api: LightkubeAPI, path: str) -> Floor:
-        client: Any = api._client._client._client  # lightkube's httpx client: its TLS, its headers
-        url = client.base_url
-        context = client._transport._pool._ssl_context
-        reader, writer = await asyncio.open_connection(
-            url.host, url.port, ssl=context, server_hostname=url.host
-        )
-        headers = "".join(
-            f"{name}: {value}\r\n" for name, value in client.headers.items() if name != "host"
-        )
-        head = f"POST {path} HTTP/1.1\r\nhost: {url.host}:{url.port}\r\n{headers}"
-        return cls(reader, writer, head)
+        reader, writer, headers = await floor_stream(api)
+        lines = "".join(f"{name}: {value}\r\n" for name, value in headers)
+        return cls(reader, writer, f"POST {path} HTTP/1.1\r\n{lines}")
 
     async def post(self, body: bytes) -> int:
         framing = f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
@@ -99,12 +106,12 @@ class Floor:
         return status
 
 
-async def cpu_per_write(write: Callable[[], Awaitable[None]], writes: int) -> float:
-    """Milliseconds of this thread's CPU per write."""
+async def cpu_per_call(call: Callable[[], Awaitable[Any]], times: int) -> float:
+    """Milliseconds of this thread's CPU per awaited call (a write, or an event off a stream)."""
     start = time.thread_time()
-    for _ in range(writes):
-        await write()
-    return (time.thread_time() - start) / writes * 1e3
+    for _ in range(times):
+        await call()
+    return (time.thread_time() - start) / times * 1e3
 
 
 async def measure(kubeconfig: Path, writes: int, rounds: int) -> None:
@@ -127,7 +134,7 @@ async def measure(kubeconfig: Path, writes: int, rounds: int) -> None:
     kept: dict[str, list[float]] = {name: [] for name in clients}
     for number in range(rounds):
         for name, write in clients.items():
-            kept[name].append(await cpu_per_write(write, writes))
+            kept[name].append(await cpu_per_call(write, writes))
         said = ", ".join(f"{name} {kept[name][-1]:.2f} ms" for name in clients)
         print(f"round {number + 1}: {said} of CPU per write", file=sys.stderr, flush=True)
     medians = {name: statistics.median(values) for name, values in kept.items()}
@@ -135,63 +142,31 @@ async def measure(kubeconfig: Path, writes: int, rounds: int) -> None:
     print(f"full client (lightkube, httpx):  median {medians['full']:.2f} ms of CPU per write")
     print(f"floor (one asyncio TLS stream):  median {medians['floor']:.2f} ms of CPU per write")
     print(f"full client over floor: {medians['full'] / medians['floor']:.1f}x")
+    floor.writer.close()
     await full.close()
 
 
 def watched_pods(count: int, batch: int) -> dict[str, Any]:
     """A List of pods nobody schedules, each with a GPU request and annotations the size of
     gpushare's allocation and seal."""
-    requests = {"cpu": "100m", "aliyun.com/gpu-mem": "4"}
-    return {
-        "apiVersion": "v1",
-        "kind": "List",
-        "items": [
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": f"write-cost-watched-{batch}-{number}",
-                    "namespace": NAMESPACE,
-                    "annotations": {
-                        "gpushare.io/allocation": "a" * 300,
-                        "gpushare.io/seal": "s" * 64,
-                    },
-                },
-                "spec": {
-                    "schedulerName": "write-cost-nobody",
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "none",
-                            "resources": {
-                                "requests": requests,
-                                "limits": {"aliyun.com/gpu-mem": "4"},
-                            },
-                        }
-                    ],
-                },
-            }
-            for number in range(count)
-        ],
-    }
+    pods = []
+    for number in range(count):
+        pod = gpu_pod(f"write-cost-watched-{batch}-{number}", mem=4, scheduler="write-cost-nobody")
+        pod["metadata"]["annotations"] = {
+            "gpushare.io/allocation": "a" * 300,
+            "gpushare.io/seal": "s" * 64,
+        }
+        pods.append(pod)
+    return {"apiVersion": "v1", "kind": "List", "items": pods}
 
 
 async def floor_watch(api: LightkubeAPI, version: str) -> AsyncIterator[dict[str, Any]]:
     """The pod watch's GET over one asyncio TLS stream, framed by h11, each line decoded."""
-    client: Any = api._client._client._client  # lightkube's httpx client: its TLS, its headers
-    url = client.base_url
-    reader, writer = await asyncio.open_connection(
-        url.host, url.port, ssl=client._transport._pool._ssl_context, server_hostname=url.host
-    )
+    reader, writer, headers = await floor_stream(api)
     http = h11.Connection(h11.CLIENT)
-    headers = [(k, v) for k, v in client.headers.items() if k != "host"]
     target = f"/api/v1/pods?watch=true&resourceVersion={version}"
     writer.write(
-        http.send(
-            h11.Request(
-                method="GET", target=target, headers=[("host", f"{url.host}:{url.port}"), *headers]
-            )
-        )
+        http.send(h11.Request(method="GET", target=target, headers=headers))
         + http.send(h11.EndOfMessage())
     )
     decode = msgspec.json.Decoder(dict[str, Any]).decode
@@ -212,16 +187,6 @@ async def floor_watch(api: LightkubeAPI, version: str) -> AsyncIterator[dict[str
         writer.close()
 
 
-async def per_event(stream: AsyncIterator[Any], count: int) -> float:
-    """Milliseconds of this thread's CPU per event taken off ``stream``."""
-    spent = 0.0
-    for _ in range(count):
-        start = time.thread_time()
-        await anext(stream)
-        spent += time.thread_time() - start
-    return spent / count * 1e3
-
-
 async def watch_cost(cluster: Cluster, count: int) -> None:
     """CPU of this thread per pod event read off ``watch_pods``, then off the floor's watch,
     while another process creates ``count`` pods for each."""
@@ -240,7 +205,7 @@ async def watch_cost(cluster: Cluster, count: int) -> None:
         creating = asyncio.create_task(
             asyncio.to_thread(cluster.kubectl, "create", "-f", str(listing))
         )
-        spent[name] = await per_event(stream, count)
+        spent[name] = await cpu_per_call(stream.__anext__, count)
         await creating
         await stream.aclose()  # type: ignore[attr-defined]
     await api.close()
