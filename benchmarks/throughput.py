@@ -12,7 +12,8 @@ first bind to the last):
 
 It prints, per node count: both rates and their ratio (GPU over plain), kube-scheduler's
 retries, the extender's binds by outcome, its p50/p99 per route, the CPU share of each
-process, and the packing (GPUs touched, their mean fill). ``--profile`` also samples the
+process, how long the extender, kube-scheduler and kube-apiserver waited for a free core per
+GPU pod (``harness.staged.run_delay_seconds``), and the packing (GPUs touched, their mean fill). ``--profile`` also samples the
 extender during the GPU stage and prints its hottest frames: with py-spy where it is
 installed, else from inside (``benchmarks/sampler.py``), with the innermost frames too.
 
@@ -261,13 +262,15 @@ def table(results: list[dict[str, Any]]) -> str:
     head = (
         "| nodes | % scored | pods | plain pods/s | GPU pods/s | ratio | retries (GPU) "
         "| binds by outcome | extender ms p50/p99 "
-        "| CPU share: extender / scheduler / apiserver / etcd | GPUs touched | mean fill "
-        "| GPU rate to null's | load average |\n|" + "---|" * 14
+        "| CPU share: extender / scheduler / apiserver / etcd "
+        "| waited for a CPU, ms a GPU pod: extender / scheduler / apiserver | GPUs touched "
+        "| mean fill | GPU rate to null's | load average |\n|" + "---|" * 15
     )
     rows = []
     for r in results:
         gpu = r["gpu"]
         cpu = gpu["cpu_share"]
+        wait = gpu.get("run_wait_ms", {})
         rows.append(
             f"| {r['nodes']} | {_scored(r)} | {r['pods']} "
             f"| {r['plain']['pods_per_second']} "
@@ -276,6 +279,8 @@ def table(results: list[dict[str, Any]]) -> str:
             f"| {_routes(gpu)} "
             f"| {cpu.get('gpushare-extender', 0):.2f} / {cpu.get('kube-scheduler', 0):.2f} / "
             f"{cpu.get('kube-apiserver', 0):.2f} / {cpu.get('etcd', 0):.2f} "
+            f"| {wait.get('gpushare-extender', 0):.2f} / {wait.get('kube-scheduler', 0):.2f} / "
+            f"{wait.get('kube-apiserver', 0):.2f} "
             f"| {r['packing']['gpus_touched']} | {r['packing']['mean_fill']} "
             f"| {r.get('to_null', '-')} | {r.get('load', '-')} |"
         )

@@ -199,6 +199,36 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(v) for v in fields[11:15]) / CLOCK_TICKS
 
 
+def run_delay_seconds(pid: int) -> float:
+    """Seconds the threads of a process have waited on a run queue for a CPU, summed.
+
+    The kernel's ``/proc/PID/task/TID/schedstat`` (its second field, in nanoseconds): time a
+    thread was ready to run and did not. The extender runs one event loop, so its figure is
+    how long that loop waited for a core; a Go process's figure adds its threads' waits.
+    """
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as handle:
+                total += int(handle.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended, or a kernel without schedstats
+    return total / 1e9
+
+
+def wait_snapshot(cluster: Cluster) -> dict[str, float]:
+    """Run-queue wait so far, in seconds, of each control-plane process that runs."""
+    return {
+        name: run_delay_seconds(cluster.processes[name].pid)
+        for name in PROCESSES
+        if name in cluster.processes and cluster.processes[name].alive()
+    }
+
+
 def cpu_snapshot(cluster: Cluster) -> dict[str, float]:
     """CPU seconds so far of each control-plane process that runs."""
     return {
@@ -329,6 +359,7 @@ class BindWatch:
         self.listed = threading.Event()
         self.done = threading.Event()
         self.cpu_at_first: dict[str, float] = {}
+        self.wait_at_first: dict[str, float] = {}
         self._cluster = cluster
         self._path = f"/api/v1/namespaces/{namespace}/pods"
         self._closed = threading.Event()
@@ -347,6 +378,7 @@ class BindWatch:
         if pod.spec.nodeName and pod.metadata.name not in self.bound:
             if not self.bound:
                 self.cpu_at_first = cpu_snapshot(self._cluster)
+                self.wait_at_first = wait_snapshot(self._cluster)
             self.bound[pod.metadata.name] = now
             if len(self.bound) >= self.expected:
                 self.done.set()
@@ -405,6 +437,9 @@ class Stage:
     """From the first bind to the last."""
     cpu_share: dict[str, float] = field(default_factory=dict)
     """Each process's CPU seconds over ``seconds``, as a fraction of one core."""
+    run_wait_ms: dict[str, float] = field(default_factory=dict)
+    """Each process's run-queue wait per pod bound, in milliseconds (``run_delay_seconds``):
+    how long it was ready to run and found no free core."""
     attempts: dict[str, float] = field(default_factory=dict)
     """kube-scheduler's schedule attempts of this stage by result."""
     binds: dict[str, float] = field(default_factory=dict)
@@ -440,6 +475,7 @@ class Stage:
             "routes_ms": self.routes_ms,
             "scheduler_ms": self.scheduler_ms,
             "cpu_share": {k: round(v, 3) for k, v in self.cpu_share.items()},
+            "run_wait_ms": {k: round(v, 2) for k, v in self.run_wait_ms.items()},
         }
 
 
@@ -490,6 +526,7 @@ def run_stage(
                 progress(f"[{name}] {len(watch.bound)}/{len(manifests)} bound")
         watch.check()
         cpu_end = cpu_snapshot(cluster)
+        wait_end = wait_snapshot(cluster)
         after = scrape(extender_url) if gpu else {}
         port = cluster.ports["scheduler"]
         sched = scrape(f"https://127.0.0.1:{port}/metrics", _scheduler_context(cluster))
@@ -501,6 +538,11 @@ def run_stage(
         proc: (cpu_end[proc] - watch.cpu_at_first.get(proc, cpu_end[proc])) / seconds
         for proc in cpu_end
         if seconds > 0
+    }
+    run_wait_ms = {
+        proc: (wait_end[proc] - watch.wait_at_first.get(proc, wait_end[proc])) * 1000 / len(times)
+        for proc in wait_end
+        if times
     }
     attempts = {
         dict(ls)["result"]: v
@@ -547,6 +589,7 @@ def run_stage(
         bound=len(watch.bound),
         seconds=seconds,
         cpu_share=cpu_share,
+        run_wait_ms=run_wait_ms,
         attempts=attempts,
         binds=binds,
         routes_ms=routes,
