@@ -13,9 +13,10 @@ first bind to the last):
 It prints, per node count: both rates and their ratio (GPU over plain), kube-scheduler's
 retries, the extender's binds by outcome, its p50/p99 per route, the CPU share of each
 process, how long the extender, kube-scheduler and kube-apiserver waited for a free core per
-GPU pod (``harness.staged.run_delay_seconds``), and the packing (GPUs touched, their mean fill). ``--profile`` also samples the
-extender during the GPU stage and prints its hottest frames: with py-spy where it is
-installed, else from inside (``benchmarks/sampler.py``), with the innermost frames too.
+GPU pod (``harness.staged.run_delay_seconds``), and the packing (GPUs touched, their mean
+fill). ``--profile`` also samples the extender during the GPU stage and prints its hottest
+frames: with py-spy where it is installed, else from inside (``benchmarks/sampler.py``), with
+the innermost frames too.
 
     python benchmarks/throughput.py [--nodes 1000 5000] [--pods 5000] [--seed 2026]
                                     [--percentage 100] [--plain-percentage P] [--profile]

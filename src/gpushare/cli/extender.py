@@ -47,7 +47,7 @@ from gpushare.core.model.names import SCHEDULER_NAME
 @click.option(
     "--normal-events-per-second",
     type=click.FloatRange(min=0),
-    default=10.0,
+    default=2.0,
     show_default=True,
     help="Cap on Normal Events (where a pod went), with a burst of five seconds' worth; past "
     "it they are skipped and counted in gpushare_events_skipped_total. Warnings (why a pod "

@@ -94,7 +94,7 @@ class EventRecorder:
         min_interval_s: float = 10.0,
         max_remembered: int = 4096,
         max_queued: int = 1024,
-        normal_per_s: float = 10.0,
+        normal_per_s: float = 2.0,
         normal_burst: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
