@@ -220,22 +220,23 @@ def run_delay_seconds(pid: int) -> float:
     return total / 1e9
 
 
-def wait_snapshot(cluster: Cluster) -> dict[str, float]:
-    """Run-queue wait so far, in seconds, of each control-plane process that runs."""
+def _per_process(cluster: Cluster, read: Callable[[int], float]) -> dict[str, float]:
+    """``read`` of each control-plane process that runs, by name."""
     return {
-        name: run_delay_seconds(cluster.processes[name].pid)
+        name: read(cluster.processes[name].pid)
         for name in PROCESSES
         if name in cluster.processes and cluster.processes[name].alive()
     }
+
+
+def wait_snapshot(cluster: Cluster) -> dict[str, float]:
+    """Run-queue wait so far, in seconds, of each control-plane process that runs."""
+    return _per_process(cluster, run_delay_seconds)
 
 
 def cpu_snapshot(cluster: Cluster) -> dict[str, float]:
     """CPU seconds so far of each control-plane process that runs."""
-    return {
-        name: cpu_seconds(cluster.processes[name].pid)
-        for name in PROCESSES
-        if name in cluster.processes and cluster.processes[name].alive()
-    }
+    return _per_process(cluster, cpu_seconds)
 
 
 Samples = Mapping[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -16,6 +16,7 @@ from gpushare.cli.logs import log_format_option, log_level_option, setup_logging
 from gpushare.cli.options import resource_name_options, scheduling_config, scheduling_options
 from gpushare.cli.sealing import seal_options, trust_from_flags
 from gpushare.core.model.names import SCHEDULER_NAME
+from gpushare.extender.events import NORMAL_PER_S
 
 
 @click.command()
@@ -47,7 +48,7 @@ from gpushare.core.model.names import SCHEDULER_NAME
 @click.option(
     "--normal-events-per-second",
     type=click.FloatRange(min=0),
-    default=2.0,
+    default=NORMAL_PER_S,
     show_default=True,
     help="Cap on Normal Events (where a pod went), with a burst of five seconds' worth; past "
     "it they are skipped and counted in gpushare_events_skipped_total. Warnings (why a pod "

@@ -44,6 +44,10 @@ POLICY_NOTICE = "GPUSharePolicyNotice"
 
 EventKind = Literal["Normal", "Warning"]
 
+NORMAL_PER_S = 2.0
+"""The default cap on Normal Events a second (``EventRecorder``, ``--normal-events-per-second``):
+a cluster placing fewer GPU pods a second gets one for every pod, a burst its first few."""
+
 
 @dataclass(frozen=True)
 class PodRef:
@@ -94,7 +98,7 @@ class EventRecorder:
         min_interval_s: float = 10.0,
         max_remembered: int = 4096,
         max_queued: int = 1024,
-        normal_per_s: float = 2.0,
+        normal_per_s: float = NORMAL_PER_S,
         normal_burst: int | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
