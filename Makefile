@@ -104,6 +104,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/policy_table.py
 	$(BIN)/python benchmarks/stress_table.py
 	$(BIN)/python benchmarks/policy_table.py --mixes
+	$(BIN)/python benchmarks/noise_floor.py
 	$(BIN)/python benchmarks/churn_table.py
 	$(BIN)/python benchmarks/lp_bound.py
 	$(BIN)/python benchmarks/decision_speed.py

@@ -148,3 +148,15 @@ def test_the_stress_table_on_a_small_cluster(tmp_path: Path) -> None:
     assert cells(rows[3])[4:] == ["", ""]  # fgd against itself: blank
     assert said[0].startswith("mixed: ") and said.count(".") == 8 and said[-1].endswith(" s\n")
     assert (tmp_path / "mixed" / "report.json").exists()
+
+
+def test_the_noise_floor_pairs_fgd_with_itself_on_the_same_stream() -> None:
+    noise_floor = benchmarks.load("noise_floor")
+    small = NODES[::6]
+    workload = synthetic.pods(small, mix=synthetic.workload("multigpu"), fill=1.3)
+    # at the paper's own coverage the two policies are one: the same placements, the same value
+    same = noise_floor.one_seed(small, workload, 0, 0.95)
+    assert same[0] == same[1] and 0.0 <= same[0] <= 100.0
+    # all shapes in the measure: still a value of the protocol, on the very same stream
+    first, other = noise_floor.one_seed(small, workload, 0, 1.0)
+    assert first == same[0] and 0.0 <= other <= 100.0
