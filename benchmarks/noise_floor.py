@@ -28,6 +28,7 @@ from gpushare.core.placement.fragmentation import WorkloadEstimate
 from gpushare.sim.milligpu import FragmentationPolicy, fgd, replay, shape_of
 from gpushare.sim.mixes import SHARES, multigpu_mix
 from gpushare.sim.openb import TraceNode, TracePod, read_nodes, read_pods
+from gpushare.sim.report import spread
 from gpushare.sim.stream import arrival_stream
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "openb"
@@ -97,21 +98,13 @@ def main() -> int:
     )
     print("|---|---|---|---|---|")
     for name, pairs in rows:
-        first = [a for a, _ in pairs]
-        second = [b for _, b in pairs]
         diffs = [b - a for a, b in pairs]
-        spread = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+        error = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else 0.0
         print(
-            f"| {name} | {_mean_sd(first)} | {_mean_sd(second)} "
-            f"| {statistics.fmean(diffs):+.3f} +- {spread:.3f} "
-            f"| {spread / len(diffs) ** 0.5:.3f} |"
+            f"| {name} | {spread([a for a, _ in pairs])} | {spread([b for _, b in pairs])} "
+            f"| {spread(diffs, signed=True, digits=3)} | {error:.3f} |"
         )
     return 0
-
-
-def _mean_sd(values: list[float]) -> str:
-    spread = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.2f} +- {spread:.2f}"
 
 
 if __name__ == "__main__":
