@@ -345,18 +345,22 @@ def _reference_best_gpu(
 
     before = value(free, cpu)
     best: tuple[float, float, int] | None = None
-    best_growth = 0.0
+    best_growth = best_bonus = 0.0
     for order, position in enumerate(candidates):
         after = list(free)
         after[position] -= shape.per_gpu
         growth = value(after, cpu - shape.cpu) - before
         variant = defragmenter.variant
-        rank = -defragmenter.score(growth, scale) if variant.truncate else growth
+        bonus = defragmenter.bonus(shape, free[position], scale)
+        if variant.truncate or variant.pairing:
+            rank = -(defragmenter.score(growth, scale) + bonus)
+        else:
+            rank = growth
         key = (rank, after[position] if variant.tight else 0, order)
         if best is None or key < best:
-            best, best_growth = key, growth
+            best, best_growth, best_bonus = key, growth, bonus
     assert best is not None
-    return defragmenter.score(best_growth, scale), candidates[best[2]]
+    return defragmenter.score(best_growth, scale) + best_bonus, candidates[best[2]]
 
 
 @given(
