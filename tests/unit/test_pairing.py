@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gpushare.core.placement.defragmenting import GPUSHARE, PAIRING_BONUS, Defragmenter
 from gpushare.core.placement.fragmentation import Shape, WorkloadEstimate
-from gpushare.core.placement.pairing import CELLS, NO_PAIRING, pairing, solve
+from gpushare.core.placement.pairing import CELLS, NO_PAIRING, SHARES, pairing, solve
 
 OPENB = {810: 1078, 470: 750, 320: 328, 650: 253, 230: 140, 460: 128, 590: 75, 160: 74}
 """The most frequent one-GPU shares of the openb default trace, with their pod counts."""
@@ -56,6 +56,15 @@ def test_fine_units_stay_within_the_knapsack_cells() -> None:
     assert guide.step >= math.ceil(81_920 / CELLS)
     assert len(guide.best) <= CELLS + 1
     assert guide.fits(40_961, 81_920)
+
+
+def test_only_the_heaviest_shares_enter_the_program() -> None:
+    # every GiB share of an 80 GiB card, the heavier the smaller: the program keeps its size
+    weights = {share: 100.0 - share for share in range(1, 80)}
+    program = solve(weights, 80)
+    assert program.shares == tuple(range(1, SHARES + 1))
+    guide = pairing(weights, 80)
+    assert SHARES in guide.value and SHARES + 1 not in guide.value
 
 
 shares = st.dictionaries(
