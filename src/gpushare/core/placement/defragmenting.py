@@ -312,7 +312,7 @@ class Defragmenter:
 
     def bonus(self, shape: Shape, free_share: int, scale: float) -> float:
         """``PAIRING_BONUS`` when the shape on a GPU with this free share stays on pattern."""
-        return PAIRING_BONUS if self._pairing(shape, scale).fits(shape.per_gpu, free_share) else 0.0
+        return _bonus(self._pairing(shape, scale), shape, free_share)
 
     def _pairing(self, shape: Shape, scale: float) -> Pairing:
         """The pairing of the learned one-GPU shares on a GPU of ``scale`` (remembered per
@@ -326,14 +326,7 @@ class Defragmenter:
         found = self._pairings.get(capacity)
         if found is None:
             weights: dict[int, float] = {}
-            import os
-
-            source = (
-                self.workload.top()
-                if not os.environ.get("PALL")
-                else tuple((k, float(v)) for k, v in self.workload._counts.items())
-            )
-            for seen, weight in source:
+            for seen, weight in self.workload.top():
                 if seen.count == 1 and 0 < seen.per_gpu < capacity:
                     weights[seen.per_gpu] = weights.get(seen.per_gpu, 0.0) + weight
             found = self._pairings[capacity] = pairing(weights, capacity)
@@ -380,7 +373,7 @@ class Defragmenter:
                 after.remove(share)
                 after.append(share - shape.per_gpu)
                 growth = value((tuple(sorted(after)), after_cpu, model)) - before
-                bonus = PAIRING_BONUS if pairing.fits(shape.per_gpu, share) else 0.0
+                bonus = _bonus(pairing, shape, share)
                 if self.variant.truncate or self.variant.pairing:
                     rank = -(self.score(growth, scale) + bonus)
                 else:
@@ -469,6 +462,11 @@ class FragmentationPolicy:
             _one_gpu(node),
         )
         return (node.gpus[best].index,)
+
+
+def _bonus(pairing: Pairing, shape: Shape, free_share: int) -> float:
+    """``PAIRING_BONUS`` when the shape on a GPU with this free share stays on pattern."""
+    return PAIRING_BONUS if pairing.fits(shape.per_gpu, free_share) else 0.0
 
 
 def _one_gpu(node: NodeInventory) -> float:
