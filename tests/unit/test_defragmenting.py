@@ -17,6 +17,7 @@ from gpushare.core.decision.scheduling import Scheduler, Settings
 from gpushare.core.model.inventory import NodeInventory, read_node
 from gpushare.core.model.requests import PodRequest, read_pod
 from gpushare.core.placement.defragmenting import (
+    BALANCE_BONUS,
     GPUSHARE,
     Defragmenter,
     WorkloadFeed,
@@ -135,6 +136,69 @@ def test_gpushare_sees_gpus_that_the_node_has_no_cpu_left_for() -> None:
         blind.workload.observe(pod(f"w{i}", 15))
     bare = [read_node(gpu_node(n.name, gpus_units=[15, 15])) for n in nodes]
     assert blind.prioritize(pod("new", 15), bare, Ledger()) == {"a-roomy": 10, "b-starved": 9}
+
+
+def test_balance_prefers_the_node_that_keeps_cpu_for_the_gpus_it_has_left() -> None:
+    # Whole-GPU pods of 1 core and of 9 cores (3 to 1), and the 7-core pod being scheduled:
+    # 3.8 cores per GPU on average. The 7-core pod leaves "a-tight" (9 cores) one GPU and 2
+    # cores, "b-roomy" one GPU and 57 cores. Fragmentation alone likes a-tight a little more
+    # (its second GPU never had CPU for the 9-core shape), and a-tight is first by name too;
+    # the balance sees that a-tight keeps 2 of the 3.8 cores its GPU is expected to need.
+    nodes = []
+    for name, cores in (("a-tight", "9"), ("b-roomy", "64")):
+        obj = gpu_node(name, gpus_units=[15, 15])
+        obj["status"]["allocatable"]["cpu"] = cores
+        nodes.append(read_node(obj))
+
+    def whole(name: str, cpu: str) -> dict[str, object]:
+        obj = pod(name, 15)
+        obj["spec"]["containers"][0]["resources"]["requests"] = {"cpu": cpu}  # type: ignore[index]
+        return obj
+
+    balanced = Scheduler(Settings(policy="gpushare"))
+    assert balanced.workload is not None
+    for i, cpu in enumerate(("1", "1", "1", "9")):
+        balanced.workload.observe(whole(f"w{i}", cpu))
+    assert balanced.prioritize(whole("new", "7"), nodes, Ledger()) == {"a-tight": 0, "b-roomy": 10}
+
+    defragmenter = Defragmenter(balanced.workload.estimate, GPUSHARE)
+    shape = Shape(cpu=7000, per_gpu=15, count=1)
+    parts = {}
+    for name, cpu in (("a", 9000), ("b", 64000)):
+        growth = defragmenter.growth([15, 15], cpu, "", shape, [0])
+        parts[name] = (
+            defragmenter.score(growth, 15.0),
+            defragmenter.balance([15, 15], cpu, shape, 15.0),
+        )
+    assert parts["a"][0] > parts["b"][0]  # fragmentation alone: a-tight
+    assert parts["a"][1] == pytest.approx(BALANCE_BONUS * 2 / 3.8)
+    assert parts["b"][1] == BALANCE_BONUS
+    assert sum(parts["a"]) < sum(parts["b"])
+
+
+def test_balance_reads_the_learned_cpu_per_gpu() -> None:
+    # half the pods a whole GPU and 8 cores, half a half GPU and 4: 6 cores per 0.75 GPU
+    estimate = WorkloadEstimate.of(
+        [Shape(8000, 1000, 1), Shape(4000, 500, 1)] * 5 + [Shape(2000, 0, 0)] * 3, coverage=1.0
+    )
+    defragmenter = Defragmenter(estimate, GPUSHARE)
+    half = Shape(4000, 500, 1)
+    # a 2-GPU node left with 1.5 GPUs free needs 12 cores: it keeps 6 of them
+    assert defragmenter.balance([1000, 1000], 10_000, half, 1000.0) == pytest.approx(
+        BALANCE_BONUS / 2
+    )
+    assert defragmenter.balance([1000, 1000], 16_000, half, 1000.0) == BALANCE_BONUS
+    # nothing left to feed: the whole bonus, whatever the CPU
+    assert defragmenter.balance([500, 0], 4000, half, 1000.0) == BALANCE_BONUS
+    assert (
+        Defragmenter(estimate, replace(GPUSHARE, balance=False)).balance(
+            [1000, 1000], 10_000, half, 1000.0
+        )
+        == 0.0
+    )
+    # a workload that asks no CPU (a caller that does not track it) leaves every node equal
+    blind = Defragmenter(WorkloadEstimate.of([Shape(0, 500, 1)] * 4), GPUSHARE)
+    assert blind.balance([1000, 1000], 0, Shape(0, 500, 1), 1000.0) == BALANCE_BONUS
 
 
 def test_gpushare_counts_the_two_gpu_pods_a_node_can_still_hold() -> None:

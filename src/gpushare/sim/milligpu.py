@@ -258,12 +258,14 @@ class FragmentationPolicy:
         cpu = int(cluster.cpu[i])
         model = cluster.nodes[i].model
         shape = shape or shape_of(pod)
+        balance = self.defragmenter.balance(free, cpu, shape, MILLI_PER_GPU)
         if pod.num_gpu == 1 and pod.gpu_milli < MILLI_PER_GPU:
             fitting = [g for g, share in enumerate(free) if share >= pod.gpu_milli]
-            return self.defragmenter.best_gpu(free, cpu, model, shape, fitting, MILLI_PER_GPU)
+            score, gpu = self.defragmenter.best_gpu(free, cpu, model, shape, fitting, MILLI_PER_GPU)
+            return score + balance, gpu
         positions = cluster.best_fit_gpus(i, pod, free)
         growth = self.defragmenter.growth(free, cpu, model, shape, positions)
-        return self.defragmenter.score(growth, MILLI_PER_GPU), -1
+        return self.defragmenter.score(growth, MILLI_PER_GPU) + balance, -1
 
     def _forget_holders(self, cluster: Cluster, shapes: Sequence[Shape]) -> None:
         """After a price change: forget the scores of nodes that can host a changed shape.
