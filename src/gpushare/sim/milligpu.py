@@ -258,7 +258,8 @@ class FragmentationPolicy:
         cpu = int(cluster.cpu[i])
         model = cluster.nodes[i].model
         shape = shape or shape_of(pod)
-        balance = self.defragmenter.balance(free, cpu, shape, MILLI_PER_GPU)
+        built = cluster.nodes[i].cpu_milli / max(1, len(free))
+        balance = self.defragmenter.balance(free, cpu, shape, MILLI_PER_GPU, built)
         if pod.num_gpu == 1 and pod.gpu_milli < MILLI_PER_GPU:
             fitting = [g for g, share in enumerate(free) if share >= pod.gpu_milli]
             score, gpu = self.defragmenter.best_gpu(free, cpu, model, shape, fitting, MILLI_PER_GPU)

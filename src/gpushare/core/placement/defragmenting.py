@@ -343,13 +343,19 @@ class Defragmenter:
         """``PAIRING_BONUS`` when the shape on a GPU with this free share stays on pattern."""
         return _bonus(self._pairing(shape, scale), shape, free_share)
 
-    def balance(self, free: Sequence[int], cpu: int, shape: Shape, scale: float) -> float:
+    def balance(
+        self, free: Sequence[int], cpu: int, shape: Shape, scale: float, built: float = 0.0
+    ) -> float:
         """Up to ``BALANCE_BONUS`` for a node that keeps CPU for the GPU share it has left
-        after the shape is placed (0 without ``balance``)."""
+        after the shape is placed (0 without ``balance``). ``built``: the node's own milli-CPU
+        per GPU (0: not known); a node is not asked to keep more than it was built with."""
         if not self.variant.balance:
             return 0.0
         left = (sum(share for share in free if share > 0) - shape.per_gpu * shape.count) / scale
-        wanted = left * self._cpu_per_gpu(scale)
+        per = self._cpu_per_gpu(scale)
+        if built > 0:
+            per = min(per, built)
+        wanted = left * per
         if left < EMPTY_ENOUGH or wanted <= 0:
             return BALANCE_BONUS
         return BALANCE_BONUS * min(1.0, max(0, cpu - shape.cpu) / wanted)
@@ -494,7 +500,8 @@ class FragmentationPolicy:
         growth = self.defragmenter.growth(free, cpu_free(node, usage), node.model, shape, positions)
         scale = _one_gpu(node)
         bonus = self.defragmenter.bonus(shape, free[positions[0]], scale) if len(gpus) == 1 else 0.0
-        bonus += self.defragmenter.balance(free, cpu_free(node, usage), shape, scale)
+        built = node.host.cpu_milli / len(node.gpus)
+        bonus += self.defragmenter.balance(free, cpu_free(node, usage), shape, scale, built)
         return (self.defragmenter.score(growth, scale) + bonus) / 100.0
 
     def reads(self, request: PodRequest) -> tuple[object, ...]:
