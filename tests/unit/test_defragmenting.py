@@ -188,6 +188,11 @@ def test_balance_reads_the_learned_cpu_per_gpu() -> None:
         BALANCE_BONUS / 2
     )
     assert defragmenter.balance([1000, 1000], 16_000, half, 1000.0) == BALANCE_BONUS
+    # a node built with 4 cores per GPU is asked for 4 per GPU left, not the learned 8
+    assert defragmenter.balance([1000, 1000], 10_000, half, 1000.0, built=4000) == BALANCE_BONUS
+    assert defragmenter.balance([1000, 1000], 7_000, half, 1000.0, built=4000) == pytest.approx(
+        BALANCE_BONUS / 2
+    )
     # nothing left to feed: the whole bonus, whatever the CPU
     assert defragmenter.balance([500, 0], 4000, half, 1000.0) == BALANCE_BONUS
     assert (

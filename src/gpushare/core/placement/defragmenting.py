@@ -110,15 +110,20 @@ small bonus moves only the placements that fragmentation scores nearly alike."""
 
 BALANCE_BONUS = 3.0
 """Score points (of FGD's 0..100) for a node that keeps, after the placement, at least the
-learned CPU per GPU for each GPU's worth of share it has left; a node left with less gets the
-part it keeps. Where CPU ran out, the GPU share left is idle for good (at 100 % arrived on the
-openb default trace, 25-45 GPUs of the 250 idle, most on the 96-core 8-GPU G2 nodes), and
-fragmentation sees it only as far as the learned shapes' CPU says. Milli-GPU simulator, seeds
-0-3, unallocated % at 100 % arrived (openb default; multi-GPU-heavy mix at 40 %): no balance
-4.13 and 3.32; 0.9 points 4.08 and 3.23 (a tie-break only); 3 points 4.03 and 3.09; 4.5
-points 4.05 and 3.16; 6 points 4.05 and 3.13. With a fixed 8 cores per GPU instead of the
-learned (about 10.7 on openb): 4.02 and 3.17; 4 cores: 4.09 and 3.18; 16 cores: 4.05 and
-3.27."""
+learned CPU per GPU (at most its own) for each GPU's worth of share it has left; a node left
+with less gets the part it keeps. Where CPU ran out the GPU share left idles for good (at 100 %
+arrived on the openb default trace 25-45 GPUs of the 250 idle, most on the 96-core 8-GPU G2
+nodes), and fragmentation sees it only as far as the learned shapes' CPU says.
+
+Milli-GPU simulator, unallocated % at 100 % arrived, seeds 0-3 of the openb default trace and
+of the multi-GPU-heavy mix at 40 %: no balance 4.13 and 3.32. With a fixed 8 cores per GPU:
+0.9 points (a tie-break only) 4.08 and 3.23, 3 points 4.02 and 3.17, 4.5 points 4.05 and 3.16,
+6 points 4.05 and 3.13. 3 points with a fixed 4, 10.7 or 16 cores: 4.09 and 3.18, 4.03 and
+3.09, 4.05 and 3.27; with the learned CPU per GPU (10.6-10.9 on openb): 4.02 and 3.17. Without the
+node's own CPU per GPU as the cap, the ``cpuheavy`` stress workload (which wants more CPU per
+GPU than the G2 nodes have) lost 0.53 points over 10 seeds, 12.70 against 12.17 before the
+balance; with it 12.03, and openb 4.04 and 3.18. Pricing only the GPUs a placement leaves
+without CPU (the change in starved share, not the share kept) gave 4.08 and 3.29."""
 
 EMPTY_ENOUGH = 0.05
 """A node left with less free share than this many GPUs needs no CPU for it."""
