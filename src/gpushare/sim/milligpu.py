@@ -71,6 +71,10 @@ class Cluster:
         self.cpu: IntArray = np.array([n.cpu_milli for n in self.nodes], dtype=np.int64)
         self.mem: IntArray = np.array([n.memory_mib for n in self.nodes], dtype=np.int64)
         self.gpus: IntArray = np.array([n.gpus for n in self.nodes], dtype=np.int64)
+        self.built: FloatArray = np.array(
+            [n.cpu_milli / max(1, n.gpus) for n in self.nodes], dtype=np.float64
+        )
+        """Each node's own milli-CPU per GPU."""
         self.free: IntArray = np.full((count, max(width, 1)), -1, dtype=np.int64)
         for i, node in enumerate(self.nodes):
             self.free[i, : node.gpus] = MILLI_PER_GPU
@@ -258,7 +262,7 @@ class FragmentationPolicy:
         cpu = int(cluster.cpu[i])
         model = cluster.nodes[i].model
         shape = shape or shape_of(pod)
-        built = cluster.nodes[i].cpu_milli / max(1, len(free))
+        built = float(cluster.built[i])
         balance = self.defragmenter.balance(free, cpu, shape, MILLI_PER_GPU, built)
         if pod.num_gpu == 1 and pod.gpu_milli < MILLI_PER_GPU:
             fitting = [g for g, share in enumerate(free) if share >= pod.gpu_milli]

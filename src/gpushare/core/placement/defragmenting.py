@@ -267,9 +267,8 @@ class Defragmenter:
         self._pairings: dict[int, Pairing] = {}
         """The pairing per GPU capacity, under ``_pairings_version`` of the workload."""
         self._pairings_version = -1
-        self._cpu_per: dict[int, float] = {}
-        """Learned CPU per GPU per GPU capacity, under ``_cpu_version`` of the workload."""
-        self._cpu_version = -1
+        self._cpu_per: dict[tuple[int, int], float] = {}
+        """Learned CPU per GPU by workload version and GPU capacity."""
 
     @property
     def version(self) -> int:
@@ -352,34 +351,37 @@ class Defragmenter:
         self, free: Sequence[int], cpu: int, shape: Shape, scale: float, built: float = 0.0
     ) -> float:
         """Up to ``BALANCE_BONUS`` for a node that keeps CPU for the GPU share it has left
-        after the shape is placed (0 without ``balance``). ``built``: the node's own milli-CPU
-        per GPU (0: not known); a node is not asked to keep more than it was built with."""
+        after the shape is placed (0 without ``balance``). ``free`` holds no negative share;
+        ``built``: the node's own milli-CPU per GPU (0: not known); a node is not asked to keep
+        more than it was built with."""
         if not self.variant.balance:
             return 0.0
-        left = (sum(share for share in free if share > 0) - shape.per_gpu * shape.count) / scale
-        per = self._cpu_per_gpu(scale)
-        if built > 0:
-            per = min(per, built)
-        wanted = left * per
-        if left < EMPTY_ENOUGH or wanted <= 0:
+        left = (sum(free) - shape.per_gpu * shape.count) / scale
+        if left < EMPTY_ENOUGH:
             return BALANCE_BONUS
-        return BALANCE_BONUS * min(1.0, max(0, cpu - shape.cpu) / wanted)
+        per = self._cpu_per_gpu(scale)
+        if 0 < built < per:
+            per = built
+        wanted = left * per
+        kept = cpu - shape.cpu
+        if wanted <= 0 or kept >= wanted:
+            return BALANCE_BONUS
+        return BALANCE_BONUS * max(0, kept) / wanted
 
     def _cpu_per_gpu(self, scale: float) -> float:
         """Milli-CPU per GPU (of ``scale``) the learned GPU shapes ask, weighed by frequency
-        (remembered per workload version); 0 when they ask no CPU."""
-        if self._cpu_version != self.workload.version:
-            self._cpu_per.clear()
-            self._cpu_version = self.workload.version
-        capacity = round(scale)
-        found = self._cpu_per.get(capacity)
+        (remembered per workload version and GPU capacity); 0 when they ask no CPU."""
+        key = (self.workload.version, round(scale))
+        found = self._cpu_per.get(key)
         if found is None:
+            if len(self._cpu_per) >= 64:
+                self._cpu_per.clear()
             cpu = gpus = 0.0
             for seen, weight in self.workload.top():
                 if seen.count > 0 and seen.per_gpu > 0:
                     cpu += weight * seen.cpu
                     gpus += weight * seen.per_gpu * seen.count / scale
-            found = self._cpu_per[capacity] = cpu / gpus if gpus > 0 else 0.0
+            found = self._cpu_per[key] = cpu / gpus if gpus > 0 else 0.0
         return found
 
     def _pairing(self, shape: Shape, scale: float) -> Pairing:
