@@ -15,11 +15,12 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpushare.extender.intents import LAG_S
 from gpushare.extender.wire import read_args
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 
-from .conftest import Rig, run_with_rig
+from .conftest import Rig, binding, run_with_rig
 
 PODS = 6
 START = 1_700_000_000 * 10**9
@@ -85,5 +86,92 @@ def test_no_intent_outlives_a_sweep_and_every_refused_pod_is_retried_once(
                 assert all(until > now[0] for _, until in rig.cache.ledger.intents())
                 owed = [name for name, at in refused_at.items() if at < returned_at]
                 assert not owed, f"refused before GPUs came back, never handed out: {owed}"
+
+    run_with_rig(kube, body)
+
+
+def _filter(rig: Rig, pod: dict[str, Any]) -> list[str]:
+    body = {"Pod": pod, "NodeNames": ["n0"]}
+    names: list[str] = rig.extender.filter(read_args(json.dumps(body).encode())).NodeNames or []
+    return names
+
+
+def test_a_pod_refused_while_the_extenders_watch_lagged_a_deletion_is_tried_again() -> None:
+    # kube-scheduler saw the bound pod deleted before the extender did and filtered the waiting
+    # pod again at once: the extender, still counting the deleted pod, refused it. Nothing else
+    # would bring it back for 5 minutes, so the deletion the watch shows next makes it due.
+    kube = MemoryKube()
+    kube.put_node(gpu_node("n0", gpus_units=[16]))
+    holder = kube.create_pod(gpu_pod("holder", mem=15))
+    waiter = kube.create_pod(gpu_pod("waiter", mem=15))
+    now = [START]
+
+    async def body(rig: Rig) -> None:
+        rig.extender.clock_ns = lambda: now[0]
+        await rig.settle()
+        assert _filter(rig, holder) == ["n0"]
+        reply = await rig.post("bind", binding(holder, "n0"))
+        assert not reply.get("Error"), reply
+        await rig.settle()
+        assert rig.extender.sweep() == []
+        assert _filter(rig, waiter) == []  # refused: the holder is there
+        now[0] += 2 * 10**9
+        assert rig.extender.sweep() == []  # nothing came back yet
+        kube.delete_pod("default", "holder")
+        await rig.settle()
+        due = rig.extender.sweep()
+        assert [p.name for p in due] == ["waiter"]
+        assert rig.extender.sweep() == []  # once per refusal
+        assert _filter(rig, waiter) == ["n0"]
+
+    run_with_rig(kube, body)
+
+
+def test_a_deletion_makes_due_only_the_pods_refused_in_the_last_lag_seconds() -> None:
+    # A pod refused long before the deletion was refused before the share came back:
+    # kube-scheduler tries it again on the deletion itself, and the extender does not touch it.
+    kube = MemoryKube()
+    kube.put_node(gpu_node("n0", gpus_units=[16]))
+    holder = kube.create_pod(gpu_pod("holder", mem=15))
+    old = kube.create_pod(gpu_pod("old", mem=15))
+    recent = kube.create_pod(gpu_pod("recent", mem=15))
+    now = [START]
+
+    async def body(rig: Rig) -> None:
+        rig.extender.clock_ns = lambda: now[0]
+        await rig.settle()
+        assert _filter(rig, holder) == ["n0"]
+        assert not (await rig.post("bind", binding(holder, "n0"))).get("Error")
+        await rig.settle()
+        rig.extender.sweep()
+        assert _filter(rig, old) == []
+        for _ in range(int(LAG_S) + 2):  # the sweeps a running extender makes, a second apart
+            now[0] += 10**9
+            assert rig.extender.sweep() == []
+        assert _filter(rig, recent) == []
+        kube.delete_pod("default", "holder")
+        await rig.settle()
+        assert [p.name for p in rig.extender.sweep()] == ["recent"]
+
+    run_with_rig(kube, body)
+
+
+def test_a_pending_pods_intent_gone_with_it_makes_the_refused_pods_due() -> None:
+    # A pending pod's intent holds the share until it is bound or gone; deleted while pending it
+    # frees the share with no event kube-scheduler counts for the pods waiting on it.
+    kube = MemoryKube()
+    kube.put_node(gpu_node("n0", gpus_units=[16]))
+    first = kube.create_pod(gpu_pod("first", mem=15))
+    second = kube.create_pod(gpu_pod("second", mem=15))
+
+    async def body(rig: Rig) -> None:
+        await rig.settle()
+        assert _filter(rig, first) == ["n0"]
+        assert rig.cache.ledger.intent_until(first["metadata"]["uid"]) is not None
+        assert _filter(rig, second) == []
+        assert rig.extender.sweep() == []
+        kube.delete_pod("default", "first")
+        await rig.settle()
+        assert [p.name for p in rig.extender.sweep()] == ["second"]
 
     run_with_rig(kube, body)

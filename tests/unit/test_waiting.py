@@ -69,3 +69,14 @@ def test_every_pod_is_taken_at_most_once_per_refusal(ops: list[tuple[str, int]])
                 takes[p.uid] = takes.get(p.uid, 0) + 1
         assert len(waiting) <= 4
     assert all(takes[uid] <= refusals[uid] for uid in takes)
+
+
+def test_a_take_after_a_mark_leaves_the_pods_refused_before_it() -> None:
+    waiting = Waiting()
+    waiting.refused(pod("a"))
+    after = waiting.mark()
+    waiting.refused(pod("b"))
+    waiting.refused(pod("c"))
+    before = waiting.mark()
+    assert [p.uid for p in waiting.take(10, before=before, after=after)] == ["b", "c"]
+    assert [p.uid for p in waiting.take(10, before=before)] == ["a"]

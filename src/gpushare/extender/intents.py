@@ -11,6 +11,7 @@ kube-scheduler tries them again.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict
@@ -51,6 +52,15 @@ RETRIES_PER_SWEEP = 20
 """At most this many refused pods are touched per sweep (``core.booking.waiting``): a crowd of them
 costs the API server 20 writes a second at most, however much capacity comes back."""
 
+LAG_S = 10.0
+"""How far back ``Intents.freed_seen`` reaches: the pods refused this long before the
+extender's watch showed GPU share given back are tried again. kube-scheduler's own watch may
+show a deleted pod first; it then filters its refused pods again at once (after their back-off),
+and those the extender refuses with its older view wait for nothing. The extender's watch lags
+by well under a second on an idle control plane and by a few seconds on a loaded one; pods
+refused earlier than this were refused before the share came back, and kube-scheduler tries
+them again on the deletion itself."""
+
 
 class IntentTerms(TypedDict):
     """How long an intent booked now lasts (``core.decision.verbs.intent_deadline``)."""
@@ -72,7 +82,13 @@ class Intents:
     waiting: Waiting = field(default_factory=Waiting, init=False)
     """GPU pods the filter refused, tried again when GPUs come back (``sweep``)."""
     _retry_before: int = field(default=0, init=False)
-    """``Waiting.mark`` when GPUs last came back: the pods refused before it are due."""
+    """``Waiting.mark`` when GPUs last came back: the pods refused before it are due..."""
+    _retry_after: int = field(default=0, init=False)
+    """...and not before this mark (0: all of them); equal to ``_retry_before`` when none are
+    due."""
+    _marks: deque[tuple[int, int]] = field(default_factory=deque, init=False)
+    """(clock ns, ``Waiting.mark``) at each sweep, oldest first, back to the first one at least
+    ``LAG_S`` old: which refusals ``freed_seen`` reaches."""
     _stuck: dict[str, set[str]] = field(default_factory=dict, init=False)
     """By namespace: pods whose intent ran out with no bind, while pending (``may_intend``)."""
     _unseen: dict[str, int] = field(default_factory=dict, init=False)
@@ -128,7 +144,27 @@ class Intents:
     def capacity_returned(self) -> None:
         """GPUs came back without an event kube-scheduler sees: the pods refused until now are
         due to be tried again (``sweep``)."""
-        self._retry_before = self.waiting.mark()
+        self._due(after=0)
+
+    def freed_seen(self) -> None:
+        """The watch showed GPU share given back (``ClusterCache.on_freed``), an event
+        kube-scheduler sees too, maybe first: the pods refused in the last ``LAG_S`` are due to
+        be tried again (``sweep``); kube-scheduler tries the older ones again itself."""
+        self._due(after=self._mark_at(self.clock_ns() - int(LAG_S * 1e9)))
+
+    def _due(self, *, after: int) -> None:
+        """The pods refused from the ``after`` mark until now are due, with those still due."""
+        if self._retry_after < self._retry_before:
+            after = min(after, self._retry_after)
+        self._retry_after, self._retry_before = after, self.waiting.mark()
+
+    def _mark_at(self, when_ns: int) -> int:
+        """``Waiting.mark`` as of the last sweep at or before ``when_ns`` (0 before the first);
+        older samples go."""
+        marks = self._marks
+        while len(marks) > 1 and marks[1][0] <= when_ns:
+            marks.popleft()
+        return marks[0][1] if marks and marks[0][0] <= when_ns else 0
 
     @property
     def stuck_pods(self) -> Mapping[str, set[str]]:
@@ -157,8 +193,15 @@ class Intents:
         self._expire()
         for namespace in list(self._stuck):
             self._stuck_in(namespace)  # forget the pods bound or gone meanwhile
+        now = self.clock_ns()
+        self._marks.append((now, self.waiting.mark()))
+        self._mark_at(now - int(LAG_S * 1e9))
         pending = self.cache.pending
-        taken = self.waiting.take(RETRIES_PER_SWEEP, before=self._retry_before)
+        taken = self.waiting.take(
+            RETRIES_PER_SWEEP, before=self._retry_before, after=self._retry_after
+        )
+        if len(taken) < RETRIES_PER_SWEEP:  # every due pod taken
+            self._retry_after = self._retry_before
         return [pod for pod in taken if pod.uid in pending]
 
     def intend(

@@ -112,6 +112,8 @@ class Extender:
             cache.on_ignored = self.telling.ignored
         if cache.on_skipped is None:
             cache.on_skipped = self.telling.skipped
+        if cache.on_freed is None:
+            cache.on_freed = self.intents.freed_seen
 
     @property
     def events(self) -> EventRecorder:

@@ -114,6 +114,7 @@ class ClusterCache:
         book: PolicyBook | None = None,
         on_skipped: OnSkipped | None = None,
         on_failed: Callable[[KubeDict], None] | None = None,
+        on_freed: Callable[[], None] | None = None,
     ) -> None:
         self._api = api
         self._settings = settings
@@ -142,6 +143,10 @@ class ClusterCache:
         self.on_skipped = on_skipped
         self.on_failed = on_failed
         """Told of each pod listed or watched in phase Failed (``core.records.readmission``)."""
+        self.on_freed = on_freed
+        """Told when the watch shows a pod give back the GPU share it held (deleted, finished,
+        its intent gone with it) and after each relist, which may have missed such a pod: the
+        extender tries again the pods it refused just before (``Intents.freed_seen``)."""
         self.synced = False
         self.relists = 0
         self.problem = ""
@@ -274,6 +279,7 @@ class ClusterCache:
         self.problem = ""
         self.relists += 1
         self._changed()
+        self._freed()
         log.info("cache synced nodes=%d pods=%d relists=%d", len(table), count, self.relists)
         return node_rv, pod_rv
 
@@ -310,6 +316,7 @@ class ClusterCache:
             return
         if event.type != "DELETED" and not self._readable("Pod", event.object):
             return
+        held = bool(self.ledger.nodes_held_by(uid_of(event.object)))
         if digest is None:
             self._digests.pop(uid, None)
         else:
@@ -335,10 +342,16 @@ class ClusterCache:
             if self.workload is not None:
                 self.workload.observe(event.object)
         self._changed()
+        if held and not self.ledger.nodes_held_by(uid_of(event.object)):
+            self._freed()
 
     def _changed(self) -> None:
         if self._on_change is not None:
             self._on_change()
+
+    def _freed(self) -> None:
+        if self.on_freed is not None:
+            self.on_freed()
 
     async def _follow(self, node_rv: str, pod_rv: str) -> None:
         async def nodes() -> None:

@@ -16,6 +16,13 @@ The book is bounded and taken in order of refusal, oldest first, a few pods at a
 before the capacity came back are taken (``mark``): a pod taken is forgotten, and one refused
 again afterwards waits for the next time capacity comes back, so touching pods never feeds
 itself.
+
+kube-scheduler also tries its refused pods again on the events it sees itself, a pod deleted
+among them; but it follows the API server through its own watch, and when the extender's watch
+lags behind it, the pod is filtered again while the extender still counts the deleted pod, is
+refused once more, and then waits for the next event or those 5 minutes. So when the extender's
+watch shows GPU share given back, the pods refused in the last few seconds are due too
+(``extender.intents``, ``take``'s ``after``).
 """
 
 from __future__ import annotations
@@ -65,14 +72,15 @@ class Waiting:
         """Now, for ``take``: pods refused from here on are not taken before the next mark."""
         return self._refusals
 
-    def take(self, count: int, *, before: int) -> list[WaitingPod]:
-        """Up to ``count`` of the oldest pods refused before the ``before`` mark, forgotten
-        here until they are refused again."""
+    def take(self, count: int, *, before: int, after: int = 0) -> list[WaitingPod]:
+        """Up to ``count`` of the oldest pods refused before the ``before`` mark and not before
+        the ``after`` mark, forgotten here until they are refused again."""
         taken: list[WaitingPod] = []
         for refused_at, pod in self._pods.values():
             if len(taken) >= count or refused_at >= before:
                 break
-            taken.append(pod)
+            if refused_at >= after:
+                taken.append(pod)
         for pod in taken:
             del self._pods[pod.uid]
         return taken
