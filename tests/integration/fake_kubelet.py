@@ -141,6 +141,21 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
 
         return await asyncio.wait_for(ready(), timeout)
 
+    async def wait_listed(self, timeout: float = 10) -> None:
+        """Until every registered resource's ListAndWatch has sent a device list: kubelet
+        advertises a resource on the node only from that list, so no pod is bound to the node
+        for it before (a test that binds and admits at once, on a loaded machine, would
+        otherwise ask for devices this double has not heard of yet)."""
+
+        async def ready() -> None:
+            while not self.registrations or any(
+                not self.devices.get(resource) for resource in self.registrations
+            ):
+                self._changed.clear()
+                await self._changed.wait()
+
+        await asyncio.wait_for(ready(), timeout)
+
     # -- admission -----------------------------------------------------------------------------
 
     def _in_use(self, resource: str) -> set[str]:

@@ -140,6 +140,7 @@ async def rig(
         api=kube, source=source, config=config, hook=hook(root, source) if hook else None
     )
     await plugin.start()
+    await kubelet.wait_listed()
     current: Rig | None = None
     try:
         async with rig_for(kube) as extender:
