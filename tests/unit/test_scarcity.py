@@ -366,3 +366,30 @@ def test_an_unrestricted_pod_leaves_the_last_whole_node_of_a_rare_model() -> Non
     common = defragmenter.growth((1000,) * 8, 0, "R2", pod, everything)
     assert last > common  # the last whole R3 node costs more than an R2 node
     assert many_left < last
+
+
+def test_a_multi_gpu_shape_too_rare_for_the_top_is_still_priced_as_its_last_homes_go() -> None:
+    # 8-GPU pods are 2 of 1,000 here, 0.2 % of the pods and about 3 % of the GPU demand: a
+    # 97 % coverage leaves them out of the top shapes, so fragmentation never weighs them, yet
+    # each needs a whole node. Their last empty nodes are priced all the same (``rare``).
+    workload = WorkloadEstimate.of([LIGHT] * 998 + [WHOLE8] * 2, coverage=0.97)
+    assert WHOLE8 not in dict(workload.top())
+    assert dict(workload.rare()) == {WHOLE8: 2 / 1000}
+    supply = Supply(workload)
+    for i in range(60):  # 60 nodes, each with one GPU free: ample idle share, no home
+        supply.update(f"used{i}", ((0,) * 7 + (16,), 8_000, "A100"))
+    supply.update("empty", EMPTY8)
+    assert dict(supply.counts())[WHOLE8] == 1.0
+    # idle 60 x 16 + 128 units at 4 units a pod: 272 pods to come, 0.54 of them 8-GPU
+    assert dict(supply.prices().shapes)[WHOLE8] == rounded(shortage(0.002 * 1088 / 4, 1)) > 0
+    for i in range(40):  # plenty of empty nodes: no price
+        supply.update(f"more{i}", EMPTY8)
+    assert WHOLE8 not in dict(supply.prices().shapes)
+
+
+def test_rare_shapes_are_only_the_multi_gpu_ones_outside_the_top() -> None:
+    single = Shape(cpu=1000, per_gpu=16, count=1)
+    workload = WorkloadEstimate.of([LIGHT] * 990 + [single] * 5 + [WHOLE8] * 5, coverage=0.95)
+    assert dict(workload.rare()) == {WHOLE8: 5 / 1000}
+    covered = WorkloadEstimate.of([LIGHT] * 90 + [WHOLE8] * 10, coverage=1.0)
+    assert covered.rare() == ()

@@ -197,6 +197,7 @@ class WorkloadEstimate:
         self._since = 0
         self._top: Workload = ()
         self._restricted: tuple[Restriction, ...] = ()
+        self._rare: Workload = ()
 
     @classmethod
     def of(cls, shapes: Sequence[Shape], *, coverage: float = 0.95) -> WorkloadEstimate:
@@ -231,6 +232,12 @@ class WorkloadEstimate:
         them), refreshed with ``top``."""
         return self._restricted
 
+    def rare(self) -> Workload:
+        """The multi-GPU shapes seen that ``top`` leaves out, with their share of all the pods
+        seen, refreshed with ``top``: too rare to weigh in fragmentation, yet each needs several
+        GPUs of one node at once (``core.placement.scarcity`` prices their last homes)."""
+        return self._rare
+
     def _recompute(self) -> None:
         self._since = 0
         pooled: dict[tuple[str, ...], tuple[int, int]] = {}
@@ -252,6 +259,12 @@ class WorkloadEstimate:
             covered += count
         total = sum(count for _, count in chosen)
         self._top = tuple((shape, count / total) for shape, count in chosen) if total else ()
+        kept = {shape for shape, _ in chosen}
+        self._rare = tuple(
+            (shape, count / self._seen)
+            for shape, count in ranked
+            if shape not in kept and shape.count > 1 and shape.per_gpu > 0
+        )
         self.version += 1
 
 

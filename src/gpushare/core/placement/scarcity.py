@@ -29,14 +29,24 @@ restricted to GPU models) gpushare had 6.58 +- 1.28 % unallocated at 100 % arriv
 FGD's 5.65 +- 0.46, because light pods opened the empty 8-GPU nodes the rare 8-GPU pods needed;
 with prices it has 4.89 +- 0.41 (10 seeds; the table at ``WEIGHT``).
 
-Shapes nobody has asked for yet have no price of their own, and rare ones never enter the
-workload's top shapes. That leaves the pods restricted to a rare GPU model unprotected: on the
-``multigpu`` stress workload each of its few pods restricted to the six 8-GPU G3 nodes has a
-shape of its own, unrestricted 4- to 8-GPU pods open every G3 node (their CPU fits best there),
-and a G3-only pod that comes late finds no room. So each model set that pods were restricted to
-also gets a *reserve* shape: a whole node of those models, demanded by a ``RESERVE`` part of
-those pods (``reserves``). Its price stays 0 while the models have whole nodes to spare and
-rises as their last ones go, which turns unrestricted pods to nodes of other models.
+The workload's top shapes cover 97 % of the pods, and a multi-GPU shape can be rarer than the
+rest: on the openb gpushare40 trace the 8-GPU pods are 0.5 % of the pods and 5.5 % of the GPU
+demand, split over three shapes (64, 88 and 120 cores), none of which was in the top until 76 %
+arrived (seed 4). Unpriced, light pods opened every empty 8-GPU node by 72 % arrived, where FGD
+kept some until 95 %, and under churn 8-GPU pods waited for nodes to drain. So the supply also
+counts, and prices, every multi-GPU shape seen that the top leaves out, at its share of all the
+pods seen (``WorkloadEstimate.rare``); fragmentation still weighs the top shapes only. With them
+the first 8-GPU pod failed at 89 % arrived there.
+
+Shapes nobody has asked for yet have no price of their own, and rare one-GPU shapes never enter
+the workload's top shapes. That leaves the pods restricted to a rare GPU model unprotected: on
+the ``multigpu`` stress workload each of its few pods restricted to the six 8-GPU G3 nodes has
+a shape of its own, unrestricted 4- to 8-GPU pods open every G3 node (their CPU fits best
+there), and a G3-only pod that comes late finds no room. So each model set that pods were
+restricted to also gets a *reserve* shape: a whole node of those models, demanded by a
+``RESERVE`` part of those pods (``reserves``). Its price stays 0 while the models have whole
+nodes to spare and rises as their last ones go, which turns unrestricted pods to nodes of other
+models.
 """
 
 from __future__ import annotations
@@ -197,17 +207,18 @@ class Supply:
         self._dirty = True
         self._prices = Prices()
         self._shapes: tuple[tuple[Shape, float], ...] = ()
+        """The workload's top shapes, its rare multi-GPU shapes, then the reserve shapes
+        (``reserves``), as counted."""
         self._gpus: dict[str, int] = {}
         """The most GPUs a node of each model has, as the reserve shapes were sized."""
-        """The workload's top shapes, then the reserve shapes (``reserves``), as counted."""
 
     def __len__(self) -> int:
         """Nodes counted."""
         return len(self._states)
 
     def counts(self) -> tuple[tuple[Shape, float], ...]:
-        """Copies of each workload shape, then of each reserve shape, the counted nodes can
-        still host."""
+        """Copies of each workload shape, then of each rare multi-GPU shape, then of each
+        reserve shape, the counted nodes can still host."""
         if self._workload_version != self.workload.version:
             self._recount()
         return tuple(
@@ -266,7 +277,11 @@ class Supply:
         for free, _, model in self._states.values():
             gpus[model] = max(gpus.get(model, 0), len(free))
         self._gpus = gpus
-        self._shapes = (*self.workload.top(), *reserves(self.workload.restricted(), gpus))
+        self._shapes = (
+            *self.workload.top(),
+            *self.workload.rare(),
+            *reserves(self.workload.restricted(), gpus),
+        )
         self._totals = [0.0] * len(self._shapes)
         self._idle = 0
         for state in self._states.values():
