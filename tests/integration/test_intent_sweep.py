@@ -96,31 +96,39 @@ def _filter(rig: Rig, pod: dict[str, Any]) -> list[str]:
     return names
 
 
+def _one_gpu(*names: str) -> tuple[MemoryKube, list[dict[str, Any]]]:
+    """One 16 GiB GPU and pods of 15 GiB each: one fits at a time."""
+    kube = MemoryKube()
+    kube.put_node(gpu_node("n0", gpus_units=[16]))
+    return kube, [kube.create_pod(gpu_pod(name, mem=15)) for name in names]
+
+
+async def _bound(rig: Rig, pod: dict[str, Any], now: list[int]) -> None:
+    """The extender on a clock of its own, the pod filtered and bound, the watch caught up."""
+    rig.extender.clock_ns = lambda: now[0]
+    await rig.settle()
+    assert _filter(rig, pod) == ["n0"]
+    reply = await rig.post("bind", binding(pod, "n0"))
+    assert not reply.get("Error"), reply
+    await rig.settle()
+    assert rig.extender.sweep() == []
+
+
 def test_a_pod_refused_while_the_extenders_watch_lagged_a_deletion_is_tried_again() -> None:
     # kube-scheduler saw the bound pod deleted before the extender did and filtered the waiting
     # pod again at once: the extender, still counting the deleted pod, refused it. Nothing else
     # would bring it back for 5 minutes, so the deletion the watch shows next makes it due.
-    kube = MemoryKube()
-    kube.put_node(gpu_node("n0", gpus_units=[16]))
-    holder = kube.create_pod(gpu_pod("holder", mem=15))
-    waiter = kube.create_pod(gpu_pod("waiter", mem=15))
+    kube, (holder, waiter) = _one_gpu("holder", "waiter")
     now = [START]
 
     async def body(rig: Rig) -> None:
-        rig.extender.clock_ns = lambda: now[0]
-        await rig.settle()
-        assert _filter(rig, holder) == ["n0"]
-        reply = await rig.post("bind", binding(holder, "n0"))
-        assert not reply.get("Error"), reply
-        await rig.settle()
-        assert rig.extender.sweep() == []
+        await _bound(rig, holder, now)
         assert _filter(rig, waiter) == []  # refused: the holder is there
         now[0] += 2 * 10**9
         assert rig.extender.sweep() == []  # nothing came back yet
         kube.delete_pod("default", "holder")
         await rig.settle()
-        due = rig.extender.sweep()
-        assert [p.name for p in due] == ["waiter"]
+        assert [p.name for p in rig.extender.sweep()] == ["waiter"]
         assert rig.extender.sweep() == []  # once per refusal
         assert _filter(rig, waiter) == ["n0"]
 
@@ -130,20 +138,11 @@ def test_a_pod_refused_while_the_extenders_watch_lagged_a_deletion_is_tried_agai
 def test_a_deletion_makes_due_only_the_pods_refused_in_the_last_lag_seconds() -> None:
     # A pod refused long before the deletion was refused before the share came back:
     # kube-scheduler tries it again on the deletion itself, and the extender does not touch it.
-    kube = MemoryKube()
-    kube.put_node(gpu_node("n0", gpus_units=[16]))
-    holder = kube.create_pod(gpu_pod("holder", mem=15))
-    old = kube.create_pod(gpu_pod("old", mem=15))
-    recent = kube.create_pod(gpu_pod("recent", mem=15))
+    kube, (holder, old, recent) = _one_gpu("holder", "old", "recent")
     now = [START]
 
     async def body(rig: Rig) -> None:
-        rig.extender.clock_ns = lambda: now[0]
-        await rig.settle()
-        assert _filter(rig, holder) == ["n0"]
-        assert not (await rig.post("bind", binding(holder, "n0"))).get("Error")
-        await rig.settle()
-        rig.extender.sweep()
+        await _bound(rig, holder, now)
         assert _filter(rig, old) == []
         for _ in range(int(LAG_S) + 2):  # the sweeps a running extender makes, a second apart
             now[0] += 10**9
@@ -159,10 +158,7 @@ def test_a_deletion_makes_due_only_the_pods_refused_in_the_last_lag_seconds() ->
 def test_a_pending_pods_intent_gone_with_it_makes_the_refused_pods_due() -> None:
     # A pending pod's intent holds the share until it is bound or gone; deleted while pending it
     # frees the share with no event kube-scheduler counts for the pods waiting on it.
-    kube = MemoryKube()
-    kube.put_node(gpu_node("n0", gpus_units=[16]))
-    first = kube.create_pod(gpu_pod("first", mem=15))
-    second = kube.create_pod(gpu_pod("second", mem=15))
+    kube, (first, second) = _one_gpu("first", "second")
 
     async def body(rig: Rig) -> None:
         await rig.settle()
