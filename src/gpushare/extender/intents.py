@@ -56,10 +56,11 @@ LAG_S = 10.0
 """How far back ``Intents.freed_seen`` reaches: the pods refused this long before the
 extender's watch showed GPU share given back are tried again. kube-scheduler's own watch may
 show a deleted pod first; it then filters its refused pods again at once (after their back-off),
-and those the extender refuses with its older view wait for nothing. The extender's watch lags
-by well under a second on an idle control plane and by a few seconds on a loaded one; pods
-refused earlier than this were refused before the share came back, and kube-scheduler tries
-them again on the deletion itself."""
+and those the extender refuses with its older view wait for nothing (on a loaded CI machine a
+pod waiting for a terminating one stayed Pending that way). Pods refused earlier than this were
+refused before the share came back, and kube-scheduler tries them again on the deletion itself;
+10 s leaves room for a watch seconds behind, and touches at most ``RETRIES_PER_SWEEP`` pods a
+second all the same."""
 
 
 class IntentTerms(TypedDict):
