@@ -145,7 +145,10 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
         """Until every registered resource's ListAndWatch has sent a device list: kubelet
         advertises a resource on the node only from that list, so no pod is bound to the node
         for it before (a test that binds and admits at once, on a loaded machine, would
-        otherwise ask for devices this double has not heard of yet)."""
+        otherwise ask for devices this double has not heard of yet). Follows kubelet's
+        ``pkg/kubelet/cm/devicemanager/manager.go``: the plugin's ListAndWatch updates fill
+        its healthy devices (``genericDeviceUpdateCallback``), the node's capacity is read
+        from them (``GetCapacity``), and an allocation past them is refused."""
 
         async def ready() -> None:
             while not self.registrations or any(

@@ -61,6 +61,7 @@ pod waiting for a terminating one stayed Pending that way). Pods refused earlier
 refused before the share came back, and kube-scheduler tries them again on the deletion itself;
 10 s leaves room for a watch seconds behind, and touches at most ``RETRIES_PER_SWEEP`` pods a
 second all the same."""
+LAG_NS = int(LAG_S * 1e9)
 
 
 class IntentTerms(TypedDict):
@@ -151,7 +152,7 @@ class Intents:
         """The watch showed GPU share given back (``ClusterCache.on_freed``), an event
         kube-scheduler sees too, maybe first: the pods refused in the last ``LAG_S`` are due to
         be tried again (``sweep``); kube-scheduler tries the older ones again itself."""
-        self._due(after=self._mark_at(self.clock_ns() - int(LAG_S * 1e9)))
+        self._due(after=self._mark_at(self.clock_ns() - LAG_NS))
 
     def _due(self, *, after: int) -> None:
         """The pods refused from the ``after`` mark until now are due, with those still due."""
@@ -196,7 +197,9 @@ class Intents:
             self._stuck_in(namespace)  # forget the pods bound or gone meanwhile
         now = self.clock_ns()
         self._marks.append((now, self.waiting.mark()))
-        self._mark_at(now - int(LAG_S * 1e9))
+        self._mark_at(now - LAG_NS)
+        if self._retry_after >= self._retry_before:
+            return []  # none due: the book is not walked (pods before ``after`` stay in it)
         pending = self.cache.pending
         taken = self.waiting.take(
             RETRIES_PER_SWEEP, before=self._retry_before, after=self._retry_after
