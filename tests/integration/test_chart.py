@@ -395,6 +395,7 @@ def test_device_plugin_daemonset(default_docs: list[dict[str, Any]]) -> None:
     # the accounting broker's caps (docs/device-plugin.md), as the command's defaults
     assert "--broker-max-connections-per-pod=2048" in args
     assert "--broker-max-connections-per-node=16384" in args
+    assert "--broker-min-connections-per-container=16" in args
     assert "--broker-idle-timeout=60" in args
 
 

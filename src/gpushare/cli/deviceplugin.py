@@ -105,6 +105,14 @@ NVML_HINT = (
     "open-file limit leaves after the 256 descriptors it keeps for its own work.",
 )
 @click.option(
+    "--broker-min-connections-per-container",
+    type=int,
+    default=16,
+    show_default=True,
+    help="Accounting-broker connections every container can always open, whatever other "
+    "containers hold: the pod and node caps bound only what a container takes beyond them.",
+)
+@click.option(
     "--broker-idle-timeout",
     type=float,
     default=60.0,
@@ -174,6 +182,7 @@ def device_plugin(
     max_pods_per_gpu: str | None,
     broker_max_connections_per_pod: int,
     broker_max_connections_per_node: int,
+    broker_min_connections_per_container: int,
     broker_idle_timeout: float,
     device_list_strategy: str,
     cdi_kind: str,
@@ -237,6 +246,7 @@ def device_plugin(
         caps = BrokerCaps(
             per_pod=broker_max_connections_per_pod,
             per_node=broker_max_connections_per_node,
+            kept=broker_min_connections_per_container,
             idle_s=broker_idle_timeout,
             descriptors=descriptor_limit(),
         )
@@ -279,7 +289,8 @@ def device_plugin(
     )
     click.echo(
         f"accounting broker: at most {caps.per_pod} connections per pod, "
-        f"{caps.room(listeners=0)} per node (open-file limit {caps.descriptors or 'unlimited'}, "
+        f"{caps.room(listeners=0)} per node, {caps.kept} kept for each container "
+        f"(open-file limit {caps.descriptors or 'unlimited'}, "
         f"{RESERVED} kept for the plugin's own work)",
         err=True,
     )

@@ -27,6 +27,20 @@ the descriptors the plugin keeps for its own work (``deviceplugin.descriptors``)
 make Allocate, PodResources or the API client fail with ``Too many open files``. The pod is the
 one Allocate knew, or, for a container named by its device IDs, the one PodResources later
 names (:meth:`Broker.attribute`).
+
+Kept connections: caps alone let one tenant spend the node's budget for everyone (nine pods of
+two containers, 1,000 connections each, reach 16,384, and every allocation of another tenant's
+new pod then failed until the attacker left). So each served container is *kept* a few
+connections (``BrokerCaps.kept``, 16): a connection within them is refused only when the
+open-file limit itself is spent, never by the pod or node cap. The node's cap is charged, for
+each container, the larger of its connections and what it is kept, and holds back room for
+``descriptors.ARRIVALS`` more containers; a connection beyond what its container is kept is
+taken only while that charge is under the cap (and the pod's and container's caps allow it).
+Whatever one tenant opens, across any number of pods and namespaces, it takes only from the
+shared part, and every other container still opens its own. The heavy holder is refused, not
+closed: a connection may hold memory, and closing it would give memory back to the account
+while the process still uses it. Refusal rather than eviction also needs no notion of tenant:
+what a container is kept does not depend on who else is on the node.
 """
 
 from __future__ import annotations
@@ -173,15 +187,25 @@ class Broker:
 
     def _cap_met(self, entry: _Open) -> str:
         """The cap a new connection of this container would pass, or ""."""
+        held = len(entry.account.holders)
+        if held >= MAX_CONNECTIONS:
+            return "container"
+        containers = len(self._open)
+        hard = self.caps.hard(containers)
+        if hard is not None and self.stats.open >= hard:
+            return "descriptors"
+        kept = self.caps.kept_each(containers)
+        if held < kept:
+            return ""  # the container's own: no other container can have taken them
         if self._per_pod.get(entry.pod, 0) >= self.caps.per_pod:
             return "pod"
-        if self.stats.open >= self.caps.per_node:
-            return "node"
-        if self.stats.open >= self.caps.room(len(self._open)):
-            return "descriptors"
-        if len(entry.account.holders) >= MAX_CONNECTIONS:
-            return "container"
+        if self.charged(kept) >= self.caps.shared(containers):
+            return "descriptors" if self.caps.room(containers) < self.caps.per_node else "node"
         return ""
+
+    def charged(self, kept: int) -> int:
+        """What the node's cap is charged: each container's connections, or ``kept`` if more."""
+        return sum(max(len(e.account.holders), kept) for e in self._open.values())
 
     def _accept(self, entry: _Open) -> None:
         """Take the connections waiting on a container's socket (the loop calls it)."""
@@ -225,15 +249,20 @@ class Broker:
     def _refuse(self, sock: socket.socket, cap: str) -> None:
         """Answer a connection over a cap with why, and close it."""
         self.stats.refused[cap] = self.stats.refused.get(cap, 0) + 1
+        containers = len(self._open)
         limit = {
             "container": MAX_CONNECTIONS,
             "pod": self.caps.per_pod,
             "node": self.caps.per_node,
-            "descriptors": self.caps.room(len(self._open)),
+            "descriptors": self.caps.room(containers),
         }[cap]
+        kept = self.caps.kept_each(containers)
+        why = f"error too many connections: a {CAP_WORDS[cap]} may hold {limit}"
+        if cap in ("pod", "node"):
+            why += f" ({kept} kept for each container)"
         with contextlib.suppress(OSError):
             sock.setblocking(False)
-            sock.send(f"error too many connections: a {CAP_WORDS[cap]} may hold {limit}\n".encode())
+            sock.send(f"{why}\n".encode())
         sock.close()
 
     async def _serve(self, entry: _Open, conn: int, sock: socket.socket) -> None:

@@ -7,7 +7,12 @@ Allocate cannot write a limits file, PodResources cannot be read and every new G
 node fails with ``Too many open files``. So the plugin keeps :data:`RESERVED` descriptors for its
 own work, whatever tenants do, and hands the broker only what is left, under three caps: per
 container (``gpushare.isolation.accounting.MAX_CONNECTIONS``), per pod and per node
-(:class:`BrokerCaps`).
+(:class:`BrokerCaps`). Those caps bound what tenants take from the node; they would not keep one
+tenant from taking all of it (nine pods of two containers at 1,000 connections each fill 16,384),
+so each container is also *kept* a few connections (:attr:`BrokerCaps.kept`, 16) that no other
+container can take: the node's cap is charged, for every container served, the larger of its
+connections and what it is kept, and room for :data:`ARRIVALS` more containers' worth is held
+back besides, so that a container that arrives while the node is full still finds its own.
 
 The reserve, counted for the largest node the plugin serves (16 GPUs, both resources,
 concurrent scrapes); the broker's listening sockets, one per served container, are counted as
@@ -39,12 +44,22 @@ from __future__ import annotations
 import resource
 from dataclasses import dataclass
 
+from gpushare.isolation.accounting import MAX_CONNECTIONS
+
 RESERVED = 256
 """Descriptors the plugin keeps for its own work (the table above)."""
 DEFAULT_PER_POD = 2048
 """Broker connections one pod's containers may hold together: two containers' worth."""
 DEFAULT_PER_NODE = 16384
 """Broker connections the whole node may hold (fewer when the descriptor limit is lower)."""
+DEFAULT_KEPT = 16
+"""Connections every container can always open, whatever other containers hold: one per
+process that uses the GPU, for up to 16 such processes (a trainer, its evaluator, a profiler)."""
+ARRIVALS = 8
+"""Containers that may arrive while the node's shared connections are all taken and still find
+what they are kept: the node's cap holds back ``kept`` connections for each (more arriving at
+once than this is only possible while the open-file limit leaves room, which it does by default:
+16,384 under a limit of 20,000 and more)."""
 DEFAULT_IDLE_S = 60.0
 """Seconds a connection that holds no memory may stay silent before the broker closes it."""
 
@@ -60,7 +75,10 @@ class BrokerCaps:
     per_pod: int = DEFAULT_PER_POD
     """Connections of all the containers of one pod together."""
     per_node: int = DEFAULT_PER_NODE
-    """Connections of every container of the node together."""
+    """Connections of every container of the node together, each container charged at least
+    what it is kept (``kept``)."""
+    kept: int = DEFAULT_KEPT
+    """Connections each container can always open, whatever the others hold (``kept_each``)."""
     idle_s: float = DEFAULT_IDLE_S
     """Seconds of silence after which a connection holding nothing is closed; 0: never."""
     descriptors: int | None = None
@@ -74,6 +92,12 @@ class BrokerCaps:
         ):
             if value < 1:
                 raise CapsError(f"{flag}={value} must be at least 1: a container needs one")
+        if not 1 <= self.kept <= min(self.per_pod, MAX_CONNECTIONS):
+            raise CapsError(
+                f"--broker-min-connections-per-container={self.kept} must be from 1 (a "
+                f"container needs one) to {min(self.per_pod, MAX_CONNECTIONS)} (the pod's cap "
+                f"and the container's, whichever is lower)"
+            )
         if self.per_pod > self.per_node:
             raise CapsError(
                 f"--broker-max-connections-per-pod={self.per_pod} is more than "
@@ -97,6 +121,22 @@ class BrokerCaps:
         if self.descriptors is None:
             return self.per_node
         return min(self.per_node, self.descriptors - RESERVED - listeners)
+
+    def hard(self, listeners: int) -> int | None:
+        """Connections the open-file limit allows at all, with ``listeners`` sockets listening
+        (None: no limit); not even a kept connection goes past it."""
+        return None if self.descriptors is None else self.descriptors - RESERVED - listeners
+
+    def kept_each(self, containers: int) -> int:
+        """What each of ``containers`` served containers is kept: ``kept``, less when the node
+        cannot keep that much for all of them and :data:`ARRIVALS` more (then an equal share)."""
+        return min(self.kept, self.room(containers) // (containers + ARRIVALS))
+
+    def shared(self, containers: int) -> int:
+        """The charge (each container: the larger of its connections and ``kept_each``) up to
+        which a container may open connections beyond what it is kept: the node's room less
+        what :data:`ARRIVALS` more containers are kept."""
+        return self.room(containers) - ARRIVALS * self.kept_each(containers)
 
 
 def soft_limit() -> int | None:
