@@ -15,7 +15,10 @@ What it shows:
   ``NVIDIA_VISIBLE_DEVICES=all``, are admitted in namespace ``gpu-operator`` and in another
   namespace, and the DaemonSet controller's pods for them are admitted too (one per DaemonSet on
   a kwok node labelled for them, re-created after a delete); NVIDIA's k8s-device-plugin
-  DaemonSet, kept off gpushare's nodes by node affinity, is admitted in its own namespace.
+  DaemonSet, kept off gpushare's nodes by node affinity, is admitted in its chart's namespace
+  (``nvidia-device-plugin``, exempt by default). A tenant's unprivileged pod setting the
+  variable is refused under the same defaults (the webhook cannot see whether the nodes'
+  toolkit ignores it).
 - With ``webhook.nvidiaVisibleDevices=refuse`` (``helm upgrade``), a tenant's pod that sets the
   variable is refused outside the exempt namespaces, with a message naming the variable, the
   rule and what to do, while the GPU Operator's pods in ``gpu-operator`` keep being admitted.
@@ -51,6 +54,8 @@ from .test_webhook import serving_pki
 
 RELEASE = "gpushare-gpuop"
 OPERATOR_NS = "gpu-operator"
+PLUGIN_NS = "nvidia-device-plugin"
+"""Where NVIDIA's k8s-device-plugin chart installs (exempt by default)."""
 LABEL = "gpushare.io/e2e-gpuop"
 DENIED = 'admission webhook "validate.gpushare.io" denied the request'
 MEM = "aliyun.com/gpu-mem"
@@ -197,8 +202,9 @@ def chart(cluster: Cluster) -> Iterator[ChartWebhook]:
     root = Path(tempfile.mkdtemp(prefix="gs-gpuop-", dir="/tmp"))
     ca, cert, key = serving_pki(root)
     hooked = ChartWebhook(cluster, release_ns, suffix, ca, cert, key)
-    cluster.kubectl("delete", "namespace", OPERATOR_NS, "--ignore-not-found", "--wait=true",
-                    timeout=180)  # fmt: skip
+    for ns in (OPERATOR_NS, PLUGIN_NS):
+        cluster.kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=true",
+                        timeout=180)  # fmt: skip
     cluster.create_namespace(release_ns)
     try:
         install(cluster, release_ns, suffix)
@@ -210,7 +216,7 @@ def chart(cluster: Cluster) -> Iterator[ChartWebhook]:
             print(f"[e2e] webhook log tail:\n{hooked.process.tail(15)}", flush=True)
         hooked.stop()
         helm(cluster, "uninstall", RELEASE, "-n", release_ns, "--wait", check=False)
-        for ns in (release_ns, OPERATOR_NS):
+        for ns in (release_ns, OPERATOR_NS, PLUGIN_NS):
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
@@ -232,7 +238,7 @@ def test_nvidias_daemonsets_are_admitted_under_the_chart_defaults(
 ) -> None:
     suffix = chart.suffix
     elsewhere = f"gpuop-elsewhere-{suffix}"
-    plugin_ns = f"nvidia-device-plugin-{suffix}"
+    plugin_ns = PLUGIN_NS
     for ns in (OPERATOR_NS, elsewhere, plugin_ns):
         namespace(cluster, ns, suffix)
     wait_active(cluster, chart, elsewhere)
@@ -289,10 +295,21 @@ def test_nvidias_daemonsets_are_admitted_under_the_chart_defaults(
         # what the chart told its webhook: auto, beside the device plugin's cdi-cri
         assert "--nvidia-visible-devices=auto" in chart.args
         assert "--device-list-strategy=cdi-cri" in chart.args
+        # issue 56: a tenant's own NVIDIA_VISIBLE_DEVICES=all was admitted under these defaults
+        greedy = apply(cluster, tenant_pod(elsewhere, "greedy"), dry=True)
+        assert greedy.returncode != 0, greedy.stdout
+        for words in (
+            DENIED,
+            f"NVIDIA_VISIBLE_DEVICES='all' is refused on every pod (from unprivileged "
+            f"containers) in namespace '{elsewhere}', which is not exempt from this rule",
+            "device-list strategy cdi-cri",
+            "set webhook.nvidiaVisibleDevices=allow with CDI hand-off",
+        ):
+            assert words in greedy.stderr, (words, greedy.stderr)
+        print(f"[e2e] a tenant's NVIDIA_VISIBLE_DEVICES=all, defaults:\n{greedy.stderr}", flush=True)
     finally:
         delete_nodes(cluster, [node["metadata"]["name"]])
-        for ns in (elsewhere, plugin_ns):
-            cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        cluster.kubectl("delete", "namespace", elsewhere, "--wait=false", check=False)
 
 
 def test_with_refuse_a_tenant_pod_setting_it_is_refused_outside_the_exempt_list(

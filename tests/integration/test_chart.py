@@ -680,6 +680,7 @@ def test_webhook_is_told_the_visible_devices_rule_and_its_exempt_namespaces(
         "--nvidia-visible-devices-exempt-namespace=kube-system",
         "--nvidia-visible-devices-exempt-namespace=gpu-operator",
         "--nvidia-visible-devices-exempt-namespace=nvidia-gpu-operator",
+        "--nvidia-visible-devices-exempt-namespace=nvidia-device-plugin",
     ]
     docs = render(
         "--set",

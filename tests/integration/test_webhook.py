@@ -303,15 +303,18 @@ def test_webhook_config_sends_pods_setting_nvidia_visible_devices_only_where_ref
         assert "example.com/vram" in expression  # the names given, not the defaults
         return expression
 
-    assert "NVIDIA_VISIBLE_DEVICES" not in condition()  # auto beside cdi-cri
     assert "NVIDIA_VISIBLE_DEVICES" not in condition("--nvidia-visible-devices", "allow")
     for flags in (
+        (),  # auto beside cdi-cri: refused from unprivileged containers
         ("--device-list-strategy", "envvar"),
         ("--nvidia-visible-devices", "refuse"),
     ):
         expression = condition(*flags)
         assert "'NVIDIA_VISIBLE_DEVICES'" in expression
-        assert '["kube-system","gpu-operator","nvidia-gpu-operator"]' in expression, expression
+        assert (
+            '["kube-system","gpu-operator","nvidia-gpu-operator","nvidia-device-plugin"]'
+            in expression
+        ), expression
     listed = condition("--nvidia-visible-devices=refuse",
                        "--nvidia-visible-devices-exempt-namespace=gpu-ops")  # fmt: skip
     assert '!(request.namespace in ["gpu-ops"])' in listed

@@ -1,4 +1,4 @@
-"""NVIDIA_VISIBLE_DEVICES at admission: refused from tenants only where the nodes honour it.
+"""NVIDIA_VISIBLE_DEVICES at admission: refused from tenants unless the nodes are known to ignore it.
 
 The rule (``core.admitting.tampering.VisibleDevicesRule``) is a mode (auto, refuse, allow) beside
 the
@@ -32,8 +32,8 @@ TENANT = "system:serviceaccount:team-a:default"
 ADMIN = ("kubernetes-admin", ("system:masters", "system:authenticated"))
 
 MODES = {
-    # (mode, strategy): refused outside the exempt namespaces?
-    ("auto", "cdi-cri"): False,
+    # (mode, strategy): refused outside the exempt namespaces? (auto with cdi-cri: unprivileged)
+    ("auto", "cdi-cri"): True,
     ("auto", "envvar"): True,
     ("refuse", "cdi-cri"): True,
     ("refuse", "envvar"): True,
@@ -43,7 +43,7 @@ MODES = {
 NAMESPACES = {
     # namespace: exempt by the chart's defaults?
     "team-a": False,
-    "nvidia-device-plugin": False,
+    "nvidia-device-plugin": True,
     "gpu-operator": True,
     "nvidia-gpu-operator": True,
     "kube-system": True,
@@ -98,12 +98,14 @@ def gpushare_pod(namespace: str, *, privileged: bool) -> dict[str, Any]:
 def test_every_mode_namespace_and_privilege(
     mode: str, strategy: str, namespace: str, privileged: bool, gpushare: bool
 ) -> None:
-    """Refused exactly when the mode refuses and the namespace is not exempt; privilege and
-    gpushare resources change nothing (a privileged container sees every device anyway)."""
+    """Refused exactly when the mode refuses and the namespace is not exempt; gpushare resources
+    change nothing, privilege only under auto beside CDI hand-off (where the toolkit setting the
+    webhook cannot see is about unprivileged containers; a privileged one sees every device)."""
     make = gpushare_pod if gpushare else _plain_pod
     pod = make(namespace, privileged=privileged)
     answer = response(pod, settings(mode, strategy))
-    refused = MODES[(mode, strategy)] and not NAMESPACES[namespace]
+    spared = privileged and (mode, strategy) == ("auto", "cdi-cri")
+    refused = MODES[(mode, strategy)] and not NAMESPACES[namespace] and not spared
     assert answer["allowed"] is not refused, answer
     if refused:
         assert answer["status"]["code"] == 403
@@ -145,16 +147,18 @@ def test_with_refuse_the_operator_passes_only_in_its_exempt_namespace(operand: s
     assert "spec.template.spec.containers[0].env[" in message or "initContainers" in message
 
 
-def test_nvidias_device_plugin_for_other_nodes_passes_under_the_defaults() -> None:
-    """Its chart's own namespace is not exempt; under cdi-cri and auto it needs not be."""
-    daemonset = k8s_device_plugin("nvidia-device-plugin", {})
+def test_nvidias_device_plugin_for_other_nodes_passes_in_its_charts_namespace() -> None:
+    """Unprivileged with every GPU visible: exempt by default in its chart's own namespace
+    (nvidia-device-plugin), refused in another one unless that is listed."""
     defaults = settings("auto", "cdi-cri")
+    daemonset = k8s_device_plugin("nvidia-device-plugin", {})
     assert response(daemonset, defaults)["allowed"]
     assert response(pods_of(daemonset), defaults)["allowed"]
-    # under refuse, its namespace must be listed; then it passes
-    assert not response(daemonset, settings("refuse", "cdi-cri"))["allowed"]
-    listed = settings("refuse", "cdi-cri", (*EXEMPT, "nvidia-device-plugin"))
-    assert response(daemonset, listed)["allowed"]
+    assert response(daemonset, settings("refuse", "cdi-cri"))["allowed"]
+    elsewhere = k8s_device_plugin("nvidia", {})
+    assert not response(elsewhere, defaults)["allowed"]
+    listed = settings("auto", "cdi-cri", (*EXEMPT, "nvidia"))
+    assert response(elsewhere, listed)["allowed"]
 
 
 def test_the_refusal_names_the_variable_the_rule_and_what_to_do() -> None:
@@ -170,14 +174,46 @@ def test_the_refusal_names_the_variable_the_rule_and_what_to_do() -> None:
         "device-list strategy envvar",
         "remove it",
         "webhook.nvidiaVisibleDevicesExemptNamespaces; now gpu-operator, gpushare-system, "
-        "kube-system, nvidia-gpu-operator",
+        "kube-system, nvidia-device-plugin, nvidia-gpu-operator",
         "devicePlugin.deviceListStrategy=cdi-cri",
         "accept-nvidia-visible-devices-envvar-when-unprivileged = false",
     ):
         assert words in envvar, words
     refuse = response(pod, settings("refuse", "cdi-cri"))["status"]["message"]
     assert "the webhook is set to refuse it (nvidia-visible-devices mode refuse)" in refuse
-    assert "set webhook.nvidiaVisibleDevices=auto with CDI hand-off" in refuse
+    assert "set webhook.nvidiaVisibleDevices=allow with CDI hand-off" in refuse
+
+
+@pytest.mark.parametrize("gpushare", [False, True])
+def test_a_tenants_variable_is_refused_under_the_chart_defaults(gpushare: bool) -> None:
+    """Issue 56: ``NVIDIA_VISIBLE_DEVICES=all`` from a tenant was admitted under the defaults
+    (auto beside cdi-cri), safe only on nodes whose toolkit ignores it from unprivileged
+    containers, which the webhook cannot see; now refused, in a GPU-sharing pod and in a pod
+    without GPU resources alike, naming the field, the value, the rule and what to do."""
+    pod = gpushare_pod("team-a", privileged=False) if gpushare else tenant_pod("team-a", "greedy")
+    answer = response(pod, settings("auto", "cdi-cri"))
+    assert answer["allowed"] is False and answer["status"]["code"] == 403
+    message = answer["status"]["message"]
+    name = pod["metadata"]["name"]
+    scope = "on a pod that asks for aliyun.com/gpu-mem" if gpushare else "on every pod"
+    assert message.startswith(
+        f'Pod team-a/{name} is refused: container "main" (spec.containers[0].env[0]): '
+        f"NVIDIA_VISIBLE_DEVICES='all' is refused {scope} (from unprivileged containers) in "
+        "namespace 'team-a', which is not exempt from this rule: "
+    ), message
+    for words in (
+        "device-list strategy cdi-cri",
+        "harmless only on nodes whose NVIDIA Container Toolkit ignores it from unprivileged "
+        "containers, which the webhook cannot see",
+        "remove it",
+        "ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED=false",
+        "set webhook.nvidiaVisibleDevices=allow with CDI hand-off",
+    ):
+        assert words in message, words
+    # 'void' still hides GPUs on a pod without gpushare resources
+    if not gpushare:
+        pod["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+        assert response(pod, settings("auto", "cdi-cri"))["allowed"]
 
 
 def test_hiding_values_and_the_other_variables_keep_their_rules() -> None:
@@ -202,7 +238,8 @@ def test_env_from_with_an_nvidia_prefix_follows_the_rule() -> None:
     pod["spec"]["containers"][0]["envFrom"] = [{"prefix": "NVIDIA_", "configMapRef": {"name": "c"}}]
     refused = response(pod, settings("auto", "envvar"))
     assert "prefix 'NVIDIA_' can make NVIDIA_VISIBLE_DEVICES" in refused["status"]["message"]
-    assert response(pod, settings("auto", "cdi-cri"))["allowed"]
+    assert not response(pod, settings("auto", "cdi-cri"))["allowed"]
+    assert response(pod, settings("allow", "cdi-cri"))["allowed"]
     pod["metadata"]["namespace"] = "gpu-operator"
     assert response(pod, settings("auto", "envvar"))["allowed"]
 

@@ -176,10 +176,10 @@ that can start it (webhook/configuration.py sets_nvidia_visible_devices). */}}
 {{- end -}}
 
 {{/* "true" when the webhook refuses NVIDIA_VISIBLE_DEVICES (webhook.nvidiaVisibleDevices:
-refuse, or auto under the envvar hand-off). */}}
+refuse or auto; auto spares privileged containers under the cdi-cri hand-off). */}}
 {{- define "gpushare.webhook.refusesNvidiaVisibleDevices" -}}
 {{- $mode := .Values.webhook.nvidiaVisibleDevices | default "refuse" -}}
-{{- or (eq $mode "refuse") (and (eq $mode "auto") (eq .Values.devicePlugin.deviceListStrategy "envvar")) -}}
+{{- ne $mode "allow" -}}
 {{- end -}}
 
 {{/* Namespaces where the webhook never refuses NVIDIA_VISIBLE_DEVICES: the release's first. */}}

@@ -55,8 +55,9 @@ def visible_devices_options(command: Callable[..., Any]) -> Callable[..., Any]:
         default="auto",
         show_default=True,
         help="NVIDIA_VISIBLE_DEVICES in a pod's env outside the exempt namespaces: refuse, allow, "
-        "or auto (refuse only under --device-list-strategy envvar, where the nodes must honour it "
-        "from unprivileged containers). The chart's webhook.nvidiaVisibleDevices.",
+        "or auto (refuse it from every container under --device-list-strategy envvar, where the "
+        "nodes must honour it, and from unprivileged ones under cdi-cri, where only the nodes' "
+        "toolkit setting would make it harmless). The chart's webhook.nvidiaVisibleDevices.",
     )(command)
     return command
 

@@ -49,12 +49,15 @@ mode, or CDI mode turning the variable into CDI devices): the pod gets every GPU
 any scheduler. Whether that can happen is a node setting, not a pod's: with the NVIDIA Container
 Toolkit's ``accept-nvidia-visible-devices-envvar-when-unprivileged = false`` the variable grants
 an unprivileged container nothing, and GPUs reach containers as CDI devices the device plugin
-names (the ``cdi-cri`` device-list strategy). gpushare's own ``envvar`` strategy needs the
-opposite, a node that honours the variable from unprivileged containers, so under it the
-variable is refused from tenants. The NVIDIA GPU Operator's DaemonSets (device plugin,
-dcgm-exporter, GPU feature discovery, validator) set it to ``all`` for themselves and run in
-their own namespace, which is exempt by default. A privileged container is not judged apart: it
-sees every device node of the host anyway, and refusing privilege is Pod Security's job.
+names (the ``cdi-cri`` device-list strategy). The webhook cannot see that setting, and the
+toolkit's default is ``true``, so by default (``auto``) the variable is refused from tenants
+under either hand-off: under ``envvar``, which needs nodes that honour it, from every container;
+under ``cdi-cri`` from unprivileged containers, the ones the setting is about (a privileged
+container sees every device node of the host whatever the variable says, and refusing privilege
+is Pod Security's job), so the GPU Operator's DaemonSets (device plugin, dcgm-exporter, GPU
+feature discovery, validator: privileged, ``all``) pass in any namespace. Only ``allow``, for
+clusters whose every node has the setting, lets tenants set it. NVIDIA's own unprivileged
+components (NVIDIA's k8s-device-plugin) run in namespaces exempt by default.
 
 **What admission cannot see.** ``envFrom`` takes names from a ConfigMap's or Secret's keys,
 which are not in the pod (and can change after admission); only a ``prefix`` that can start an
@@ -97,6 +100,8 @@ class OwnedVariable:
     fix: str = "remove it"
     scope: str = ""
     """Where the refusal holds, when not on every pod of every namespace (``, in namespace``)."""
+    unprivileged_only: bool = False
+    """Refused only from containers that are not privileged (``securityContext.privileged``)."""
 
     @property
     def shown(self) -> str:
@@ -159,10 +164,16 @@ DeviceListStrategy = Literal["cdi-cri", "envvar"]
 """How the device plugin hands GPUs over (the chart's ``devicePlugin.deviceListStrategy``)."""
 VISIBLE_DEVICES_MODES: tuple[str, ...] = get_args(VisibleDevicesMode)
 DEVICE_LIST_STRATEGIES: tuple[str, ...] = get_args(DeviceListStrategy)
-DEFAULT_EXEMPT_NAMESPACES = ("kube-system", "gpu-operator", "nvidia-gpu-operator")
-"""Where NVIDIA's own components run: kube-system, and the GPU Operator's namespace as its
+DEFAULT_EXEMPT_NAMESPACES = (
+    "kube-system",
+    "gpu-operator",
+    "nvidia-gpu-operator",
+    "nvidia-device-plugin",
+)
+"""Where NVIDIA's own components run: kube-system, the GPU Operator's namespace as its
 documentation installs it (``gpu-operator``) and as OpenShift's OperatorHub does
-(``nvidia-gpu-operator``). The chart adds its release namespace."""
+(``nvidia-gpu-operator``), and NVIDIA's k8s-device-plugin chart's (``nvidia-device-plugin``).
+The chart adds its release namespace."""
 
 
 Cause = Literal["unset", "refuse", "envvar", "allow", "cdi-cri"]
@@ -173,7 +184,9 @@ _BECAUSE: Mapping[str, str] = {
     "envvar": "gpushare's device plugin hands GPUs over by this variable (device-list strategy "
     "envvar), so the nodes honour it from unprivileged containers",
     "allow": "the webhook is set to allow it",
-    "cdi-cri": "the device plugin hands GPUs over by CDI (device-list strategy cdi-cri)",
+    "cdi-cri": "the device plugin hands GPUs over by CDI (device-list strategy cdi-cri), where "
+    "the variable is harmless only on nodes whose NVIDIA Container Toolkit ignores it from "
+    "unprivileged containers, which the webhook cannot see",
 }
 
 
@@ -192,7 +205,13 @@ class VisibleDevicesRule:
     @property
     def refused(self) -> bool:
         """Whether the variable is refused at all (outside the exempt namespaces)."""
-        return self.cause in ("unset", "refuse", "envvar")
+        return self.cause != "allow"
+
+    @property
+    def unprivileged_only(self) -> bool:
+        """Whether privileged containers may set it: ``auto`` beside CDI hand-off, where what
+        the nodes' toolkit setting decides is what unprivileged containers get."""
+        return self.cause == "cdi-cri"
 
     @property
     def because(self) -> str:
@@ -208,10 +227,11 @@ class VisibleDevicesRule:
     ) -> VisibleDevicesRule:
         """The rule for a mode (auto, refuse, allow) beside a device-list strategy.
 
-        ``auto`` refuses exactly when the device plugin hands GPUs over by the variable
-        (``envvar``): then the nodes must honour it from unprivileged containers, and a tenant's
-        own value would be honoured too. Under ``cdi-cri`` it allows the variable, counting on
-        the toolkit setting that makes it grant unprivileged containers nothing.
+        ``auto`` refuses it from every container when the device plugin hands GPUs over by the
+        variable (``envvar``): then the nodes must honour it from unprivileged containers, and a
+        tenant's own value would be honoured too. Under ``cdi-cri`` it refuses it from
+        unprivileged containers: the toolkit setting that makes it grant them nothing is a
+        node's, which the webhook cannot see (and the toolkit's default honours it).
         """
         if mode not in VISIBLE_DEVICES_MODES:
             raise ValueError(
@@ -252,14 +272,17 @@ class VisibleDevicesRule:
             "unprivileged = false, where the variable grants an unprivileged pod nothing"
             if self.cause == "envvar"
             else "or, once every node's NVIDIA Container Toolkit sets accept-nvidia-visible-"
-            "devices-envvar-when-unprivileged = false, set webhook.nvidiaVisibleDevices=auto "
-            "with CDI hand-off"
+            "devices-envvar-when-unprivileged = false (the GPU Operator's toolkit.env "
+            "ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED=false), set "
+            "webhook.nvidiaVisibleDevices=allow with CDI hand-off"
         )
+        who = " (from unprivileged containers)" if self.unprivileged_only else ""
         worded = OwnedVariable(
             VISIBLE_DEVICES,
             prefix=False,
             everywhere=True,
-            scope=f" in namespace {namespace!r}, which is not exempt from this rule",
+            unprivileged_only=self.unprivileged_only,
+            scope=f"{who} in namespace {namespace!r}, which is not exempt from this rule",
             why=f"on a node whose NVIDIA runtime honours it from unprivileged containers it "
             f"mounts every GPU it names into the container, whichever scheduler placed the pod, "
             f"and {self.because}",
@@ -381,6 +404,11 @@ def _env_value(variable: Mapping[str, Any]) -> tuple[str, Any]:
     return f"={_shown(value)}", value
 
 
+def _privileged(container: Mapping[str, Any]) -> bool:
+    """Whether the container runs privileged (it sees every device node of the host)."""
+    return _mapping(container.get("securityContext")).get("privileged") is True
+
+
 def _env_findings(
     template: Mapping[str, Any],
     where: str,
@@ -392,12 +420,14 @@ def _env_findings(
     for kind, position, container in _containers(template):
         name = str(container.get("name") or "")
         at = f'container "{name}" ({_at(where, f"spec.{kind}[{position}]")}'
+        privileged = _privileged(container)
+        rules = tuple(r for r in owned if not (privileged and r.unprivileged_only))
         env = container.get("env")
         for index, variable in enumerate(env if isinstance(env, list) else ()):
             if not isinstance(variable, Mapping) or not isinstance(variable.get("name"), str):
                 continue
             var = variable["name"]
-            for rule in owned:
+            for rule in rules:
                 if not rule.matches(var) or not (rule.everywhere or asked):
                     continue
                 shown, value = _env_value(variable)
@@ -416,9 +446,9 @@ def _env_findings(
             prefix = _mapping(source).get("prefix")
             if not isinstance(prefix, str) or not prefix:
                 continue
-            reachable = [r.shown for r in owned if (r.everywhere or asked) and r.reachable(prefix)]
+            reachable = [r.shown for r in rules if (r.everywhere or asked) and r.reachable(prefix)]
             if reachable:
-                names = ", ".join(r.shown for r in owned if r.everywhere or asked)
+                names = ", ".join(r.shown for r in rules if r.everywhere or asked)
                 findings.append(
                     _Finding(
                         ("envFrom", kind, name, prefix),
