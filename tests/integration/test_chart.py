@@ -546,8 +546,9 @@ def test_webhook_config_equals_renderer(
             excluded_namespaces=["kube-system", NAMESPACE],
             trusted_users=TRUSTED,
             names=names,
-            # auto beside cdi-cri (the defaults): no pod is sent for setting the variable
-            nvidia_visible_devices=False,
+            # auto beside cdi-cri (the defaults) refuses it from unprivileged containers: pods
+            # setting it are sent
+            nvidia_visible_devices=True,
             nvidia_visible_devices_exempt=[NAMESPACE, *DEFAULT_EXEMPT_NAMESPACES],
         )
         assert comparable(chart) == comparable(expected)

@@ -12,6 +12,7 @@ import pytest
 
 from gpushare.core.booking.ledger import Ledger
 from gpushare.core.decision.scheduling import Settings
+from gpushare.core.decision.yielding import HOLD_S
 from gpushare.core.model.inventory import Mode
 from gpushare.core.model.names import ANN_ALLOCATION, ANN_ASSIGNED, ANN_IDX, ANN_RETRY
 from gpushare.core.model.requests import PodRequest, Rejection, read_pod
@@ -890,6 +891,80 @@ def test_a_namespace_whose_intent_ran_out_books_none_while_that_pod_is_pending()
         assert ledger.intent_until(again["metadata"]["uid"]) is not None
         text = (await rig.client.get("/metrics")).text
         assert 'gpushare_intents_total{outcome="withheld"} 1.0' in text
+
+    run_with_rig(kube, body)
+
+
+def born(pod: dict[str, Any], when: str, priority: int | None = None) -> dict[str, Any]:
+    """The pod with the creation time (and priority) the API server would have written."""
+    pod["metadata"]["creationTimestamp"] = when
+    if priority is not None:
+        pod["spec"]["priority"] = priority
+    return pod
+
+
+def test_an_intent_older_than_the_hold_gives_way_to_a_pod_that_fits_nowhere_else() -> None:
+    """Issue 56's waves: pods stuck in PreBind, created again before their intents ran out,
+    held the pool whatever rule remembered pods or namespaces. After ``HOLD_S`` an intent only
+    prefers: a pod that fits nowhere while it stands is placed, and the stuck pod's
+    namespace counts as stuck (as if its intent had run out)."""
+    kube = MemoryKube()
+    kube.put_node(gpu_node("n0", gpus_units=[16]))
+    stuck = kube.create_pod(born(gpu_pod("stuck", mem=15, namespace="a"), "2026-01-01T00:00:10Z"))
+    victim = kube.create_pod(born(gpu_pod("victim", mem=15, namespace="b"), "2026-01-01T00:00:20Z"))
+    now = [1_700_000_000 * 10**9]
+
+    async def body(rig: Rig) -> None:
+        rig.extender.clock_ns = lambda: now[0]
+        ledger = rig.cache.ledger
+        await rig.post("filter", {"Pod": stuck, "NodeNames": ["n0"]})
+        assert ledger.intent_until(stuck["metadata"]["uid"]) is not None
+        # within the hold, the stuck pod was there first: the victim waits
+        now[0] += int(HOLD_S * 1e9) - 10**9
+        answer = await rig.post("filter", {"Pod": victim, "NodeNames": ["n0"]})
+        assert answer["NodeNames"] == [], answer
+        assert ledger.intent_until(stuck["metadata"]["uid"]) is not None, "booked again"
+        now[0] += 2 * 10**9
+        answer = await rig.post("filter", {"Pod": victim, "NodeNames": ["n0"]})
+        assert answer["NodeNames"] == ["n0"], answer
+        assert ledger.intent_until(stuck["metadata"]["uid"]) is None
+        assert ledger.intent_until(victim["metadata"]["uid"]) is not None
+        assert rig.extender.intents.stuck_pods == {"a": {stuck["metadata"]["uid"]}}
+        text = (await rig.client.get("/metrics")).text
+        assert 'gpushare_intents_total{outcome="yielded"} 1.0' in text
+        # the stuck pod's bind, were it to come, finds the GPU taken and fails
+        bound = await rig.post("bind", binding(stuck, "n0"))
+        assert bound.get("Error"), bound
+
+    run_with_rig(kube, body)
+
+
+def test_a_fresh_intent_gives_way_only_to_a_pod_that_was_there_first() -> None:
+    """A pod created again is the newest there is: its fresh intent gives way to a pod that
+    was waiting before it (higher priority, or equal and created earlier), never the other
+    way round, so the first pod of a burst keeps its share."""
+    kube = MemoryKube()
+    kube.put_node(gpu_node("n0", gpus_units=[16]))
+    old = kube.create_pod(born(gpu_pod("old", mem=15, namespace="b"), "2026-01-01T00:00:05Z"))
+    young = kube.create_pod(born(gpu_pod("young", mem=15, namespace="a"), "2026-01-01T00:00:30Z"))
+    urgent = kube.create_pod(
+        born(gpu_pod("urgent", mem=15, namespace="c"), "2026-01-01T00:00:40Z", priority=1000)
+    )
+    now = [1_700_000_000 * 10**9]
+
+    async def body(rig: Rig) -> None:
+        rig.extender.clock_ns = lambda: now[0]
+        ledger = rig.cache.ledger
+        await rig.post("filter", {"Pod": young, "NodeNames": ["n0"]})
+        answer = await rig.post("filter", {"Pod": old, "NodeNames": ["n0"]})
+        assert answer["NodeNames"] == ["n0"], "the older pod takes the younger one's share"
+        assert ledger.intent_until(young["metadata"]["uid"]) is None
+        answer = await rig.post("filter", {"Pod": young, "NodeNames": ["n0"]})
+        assert answer["NodeNames"] == [], "and keeps it against the younger one"
+        assert ledger.intent_until(old["metadata"]["uid"]) is not None
+        answer = await rig.post("filter", {"Pod": urgent, "NodeNames": ["n0"]})
+        assert answer["NodeNames"] == ["n0"], "a higher priority goes first"
+        assert rig.extender.intents.stuck_pods == {}, "none was held past the hold"
 
     run_with_rig(kube, body)
 

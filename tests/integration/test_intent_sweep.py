@@ -38,7 +38,10 @@ steps = st.lists(
 
 
 def _expired(rig: Rig) -> float:
-    value: float = rig.extender.metrics.intents.labels("expired")._value.get()
+    """Intents given back with no bind: run out, or given way to a pod that fitted nowhere
+    while they stood (``core.decision.yielding``); either brings GPUs back."""
+    intents = rig.extender.metrics.intents
+    value: float = intents.labels("expired")._value.get() + intents.labels("yielded")._value.get()
     return value
 
 

@@ -4,7 +4,10 @@ Prioritize (or a filter that answers with the top node alone) books the top node
 the pod as an *intent* (``core.booking.ledger``) until its bind comes; bind's booking replaces it.
 An
 intent is given back when the pod is filtered again, when its bind fails, when the watch shows
-it bound or gone, and at its deadline, kept by the clock (``sweep``). GPU pods the filter
+it bound or gone, at its deadline, kept by the clock (``sweep``), and when a pod that fits
+nowhere while it stands was there first, or it is older than ``HOLD_S`` (its pod waits past
+PreBind or Permit: ``core.decision.yielding``, which no re-creating of pods or namespaces
+resets). GPU pods the filter
 refused on every node are remembered (``core.booking.waiting``) and touched when GPUs come back, so
 kube-scheduler tries them again.
 """
@@ -19,6 +22,7 @@ from typing import TypedDict
 from gpushare.core.booking.waiting import Waiting, WaitingPod
 from gpushare.core.decision.scheduling import Scheduler
 from gpushare.core.decision.verbs import Deadline, FilterOutcome, intent_deadline
+from gpushare.core.decision.yielding import HOLD_S
 from gpushare.core.model.inventory import NodeInventory
 from gpushare.core.model.kubejson import KubeObject, namespace_of, stored_uid_of, uid_of
 from gpushare.core.records.allocation import Allocation
@@ -62,6 +66,7 @@ refused before the share came back, and kube-scheduler tries them again on the d
 10 s leaves room for a watch seconds behind, and touches at most ``RETRIES_PER_SWEEP`` pods a
 second all the same."""
 LAG_NS = int(LAG_S * 1e9)
+HOLD_NS = int(HOLD_S * 1e9)
 
 
 class IntentTerms(TypedDict):
@@ -93,6 +98,8 @@ class Intents:
     ``LAG_S`` old: which refusals ``freed_seen`` reaches."""
     _stuck: dict[str, set[str]] = field(default_factory=dict, init=False)
     """By namespace: pods whose intent ran out with no bind, while pending (``may_intend``)."""
+    _holding: set[str] = field(default_factory=set, init=False)
+    """Intents booked less than ``HOLD_S`` ago at the last sweep (``_overdue``)."""
     _unseen: dict[str, int] = field(default_factory=dict, init=False)
     """Intents of pods the watch had not shown yet, by UID: the deadline each gets once it
     does (``UNSEEN_TTL_S``)."""
@@ -102,6 +109,7 @@ class Intents:
         and booked, remember the pods whose intent ran out while pending, and remember the pod
         as waiting when it fits nowhere (the core did)."""
         self._expired(outcome.expired)
+        self._yielded(outcome)
         if outcome.dropped:
             self.metrics.intents.labels("dropped").inc()
         if outcome.withheld:
@@ -131,6 +139,40 @@ class Intents:
                 pod = pending.get(uid)
                 if pod is not None:
                     self._stuck.setdefault(namespace_of(pod), set()).add(uid)
+
+    def _yielded(self, outcome: FilterOutcome) -> None:
+        """Count intents given way to the filtered pod (``core.decision.yielding``): their GPUs
+        beyond what it takes are free again, and the pods of those past ``HOLD_S`` are stuck."""
+        yielded = outcome.yielded
+        if not yielded.uids:
+            return
+        self.metrics.intents.labels("yielded").inc(len(yielded.uids))
+        self.capacity_returned()
+        pending = self.cache.pending
+        for uid in yielded.overdue:
+            pod = pending.get(uid)
+            if pod is not None:
+                self._stuck.setdefault(namespace_of(pod), set()).add(uid)
+
+    def _overdue(self) -> None:
+        """An intent that passed ``HOLD_S`` since the last sweep no longer holds against a pod
+        that fits nowhere else (``core.decision.yielding``): the pods refused meanwhile are
+        due to be tried again, as when an intent runs out, or they would wait for its
+        deadline with nothing telling kube-scheduler to try them."""
+        since = self.clock_ns() - HOLD_NS
+        holding: set[str] = set()
+        passed = False
+        for allocation, _ in self.cache.ledger.intents():
+            booked = self.cache.ledger.intent_booked(allocation.uid)
+            if booked is None:
+                continue
+            if booked > since:
+                holding.add(allocation.uid)
+            elif allocation.uid in self._holding:
+                passed = True
+        self._holding = holding
+        if passed:
+            self.capacity_returned()
 
     def _confirm_seen(self) -> None:
         """Give the intents of pods the watch now shows their full deadline (``UNSEEN_TTL_S``);
@@ -193,6 +235,7 @@ class Intents:
         """
         self._confirm_seen()
         self._expire()
+        self._overdue()
         for namespace in list(self._stuck):
             self._stuck_in(namespace)  # forget the pods bound or gone meanwhile
         now = self.clock_ns()
@@ -220,7 +263,9 @@ class Intents:
         if not self.may_intend(pod):
             return ""
         until = self.deadline(pod)
-        booked = self.scheduler.intend(pod, names, scores, nodes, self.cache.ledger, until_ns=until)
+        booked = self.scheduler.intend(
+            pod, names, scores, nodes, self.cache.ledger, until_ns=until, booked_ns=self.clock_ns()
+        )
         return self.booked(booked)
 
     def may_intend(self, pod: KubeObject) -> bool:

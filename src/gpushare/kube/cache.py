@@ -256,7 +256,8 @@ class ClusterCache:
                 if until is None:
                     ledger.assume(assumed, host)
                 else:  # an intent stays one, with its deadline
-                    ledger.intend(assumed, host, until_ns=until)
+                    booked = self.ledger.intent_booked(assumed.uid)
+                    ledger.intend(assumed, host, until_ns=until, booked_ns=booked)
                 seen = kept.get(assumed.uid) or pending.get(assumed.uid)
                 if seen is not None:  # seen with the booking's placement, it ends the booking
                     ledger.observe(seen)

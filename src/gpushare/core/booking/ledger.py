@@ -176,6 +176,8 @@ class Ledger:
         self._unplaced: dict[str, Unplaced] = {}
         self._intents: dict[str, int] = {}
         """Assumptions that are intents: pod UID to the deadline (ns) of its intent."""
+        self._booked: dict[str, int] = {}
+        """When each intent was booked (ns), where its booker said (``intent_booked``)."""
         self._deadlines: list[tuple[int, str]] = []
         """Intent deadlines as a heap; entries an intent no longer has are skipped."""
         self._by_node: dict[str, set[str]] = {}
@@ -278,20 +280,33 @@ class Ledger:
         It replaces the pod's intent, if it had one.
         """
         self._intents.pop(allocation.uid, None)
+        self._booked.pop(allocation.uid, None)
         self._assumed[allocation.uid] = allocation
         known = self._host.get(allocation.uid)
         if known is None or known[2]:
             self._set_host(allocation.uid, allocation.node, host, assumed=True)
         self._reindex(allocation.uid)
 
-    def intend(self, allocation: Allocation, host: HostResources, *, until_ns: int) -> None:
+    def intend(
+        self,
+        allocation: Allocation,
+        host: HostResources,
+        *,
+        until_ns: int,
+        booked_ns: int | None = None,
+    ) -> None:
         """Book what the extender's top score promises a pod, until ``until_ns`` at most.
 
         Counted like an assumption (every decision sees it) and replaced by one at bind. A
-        pod holds one intent: a later one replaces it, wherever it was.
+        pod holds one intent: a later one replaces it, wherever it was. ``booked_ns`` is when
+        it was booked, which decides when it gives way to other pods (``core.decision.verbs``).
         """
         self.assume(allocation, host)
         self._intents[allocation.uid] = until_ns
+        if booked_ns is None:
+            self._booked.pop(allocation.uid, None)
+        else:
+            self._booked[allocation.uid] = booked_ns
         heapq.heappush(self._deadlines, (until_ns, allocation.uid))
 
     def extend(self, uid: str, until_ns: int) -> None:
@@ -322,9 +337,14 @@ class Ledger:
         """The deadline of the pod's intent (ns), or None when it holds no intent."""
         return self._intents.get(uid)
 
+    def intent_booked(self, uid: str) -> int | None:
+        """When the pod's intent was booked (ns); None when it holds none or nobody said."""
+        return self._booked.get(uid) if uid in self._intents else None
+
     def unassume(self, uid: str) -> None:
         """Give back a reservation whose bind failed, or an intent; idempotent."""
         self._intents.pop(uid, None)
+        self._booked.pop(uid, None)
         self._assumed.pop(uid, None)
         known = self._host.get(uid)
         if known is not None and known[2]:

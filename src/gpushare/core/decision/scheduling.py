@@ -456,6 +456,7 @@ class Scheduler:
         ledger: Ledger,
         *,
         until_ns: int,
+        booked_ns: int | None = None,
     ) -> Allocation | None:
         """Book, as an intent, the GPUs that the top of a prioritize answer promises.
 
@@ -470,7 +471,9 @@ class Scheduler:
             return None
         top = max(scores, default=0)
         name = next((n for n, v in zip(names, scores, strict=True) if v == top), "")
-        return self.intend_on(request, name if top > 0 else "", nodes, ledger, until_ns=until_ns)
+        return self.intend_on(
+            request, name if top > 0 else "", nodes, ledger, until_ns=until_ns, booked_ns=booked_ns
+        )
 
     def intend_on(
         self,
@@ -480,6 +483,7 @@ class Scheduler:
         ledger: Ledger,
         *,
         until_ns: int,
+        booked_ns: int | None = None,
     ) -> Allocation | None:
         """Book the pod's GPUs on the named node as an intent (see ``intend``); no node name
         or a node where the pod no longer fits gives back the pod's earlier intent instead."""
@@ -494,7 +498,7 @@ class Scheduler:
             self.drop_intent(uid, ledger)
             return None
         allocation = plan(request, node=node.name, indexes=verdict.gpus, unit=node.unit)
-        ledger.intend(allocation, request.host, until_ns=until_ns)
+        ledger.intend(allocation, request.host, until_ns=until_ns, booked_ns=booked_ns)
         return allocation
 
     def drop_intent(self, uid: str, ledger: Ledger) -> bool:

@@ -20,6 +20,7 @@ from gpushare.core.booking.changes import NodeTable
 from gpushare.core.booking.ledger import Kept, Ledger
 from gpushare.core.booking.waiting import Waiting, WaitingPod
 from gpushare.core.decision.scheduling import Reservation, Scheduler, UnitRefused
+from gpushare.core.decision.yielding import HOLD_S, NONE, Yielded, give_way
 from gpushare.core.model.inventory import NodeInventory
 from gpushare.core.model.kubejson import (
     KubeObject,
@@ -64,6 +65,8 @@ class FilterAsk:
     """How long an intent booked now lasts (``extender.intents.INTENT_TTL_S``)."""
     unseen_ttl_ns: int
     """How long it lasts while the watch has not shown the pod (``UNSEEN_TTL_S``)."""
+    hold_ns: int = int(HOLD_S * 1e9)
+    """How long an intent holds against every pod (``core.decision.yielding``)."""
     stuck: Mapping[str, Collection[str]]
     """By namespace, the pods whose intent ran out with no bind: while one of them is still
     pending, the namespace books no intent (``extender.intents.Intents.may_intend``)."""
@@ -125,6 +128,9 @@ class FilterOutcome:
     """The intent booked for the pod."""
     withheld: bool
     """Whether an intent was withheld: the pod's namespace holds a stuck pod."""
+    yielded: Yielded = NONE
+    """Other pods' intents given back because this pod fitted nowhere while they stood
+    (``core.decision.yielding``)."""
     scores: Sequence[float] | None = None
     """The raw score of each passing node, in order, when the filter read them on its way
     (``NamesResult.scores``); None when not."""
@@ -154,30 +160,24 @@ def filter_pod(
     uid = stored_uid_of(pod)
     expired = tuple(ledger.expire(ask.now_ns))
     dropped = scheduler.drop_intent(uid_of(pod), ledger)
-    if ask.nodes is not None:
-        result = scheduler.filter(pod, ask.nodes, ledger)
-        request = result.request
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
-        fits: list[str] = []
-        for verdict in result.verdicts:
-            if verdict.code is Code.FITS:
-                fits.append(verdict.node)
-            elif verdict.code is Code.UNSCHEDULABLE:
-                failed[verdict.node] = verdict.message
-            else:
-                unresolvable[verdict.node] = verdict.message
-        fits = sorted(set(fits))
-        labels = ask.node_labels or {}
-        scores = None
-    else:
-        names = scheduler.filter_names(pod, list(ask.names), table, ledger)
-        request, fits = names.request, names.passing
-        failed, unresolvable = names.failed, names.unresolvable
-        for name in names.missing:
-            failed[name] = MISSING
-        scores = names.scores
-        labels = book.node_labels if book is not None else {}
+    found = _fits(scheduler, ask, table, ledger, book)
+    yielded = NONE
+    if not found.fits and isinstance(found.request, PodRequest) and found.request.wants_gpu:
+        yielded = give_way(
+            pod, uid_of(pod), ledger, ask.pending, now_ns=ask.now_ns, hold_ns=ask.hold_ns
+        )
+        if yielded.booked:
+            found = _fits(scheduler, ask, table, ledger, book)
+            if not found.fits:
+                yielded.restore(ledger)  # no room all the same: nothing changes
+                yielded = NONE
+    request, fits, failed, unresolvable = (
+        found.request,
+        found.fits,
+        found.failed,
+        found.unresolvable,
+    )
+    scores, labels = found.scores, found.labels
     passing = fits
     if book is not None:
         passing = filter_units(
@@ -205,11 +205,58 @@ def filter_pod(
         deadline=None,
         intent=None,
         withheld=False,
+        yielded=yielded,
         scores=scores,
     )
     if ask.nodes is not None:
         return outcome
     return _top_only(scheduler, ask, table, ledger, outcome)
+
+
+@dataclass(frozen=True)
+class _Fits:
+    """Where the pod's GPUs fit, before its ResourcePolicy (``filter_pod``)."""
+
+    request: PodRequest | Rejection
+    fits: list[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+    scores: Sequence[float] | None
+    labels: Mapping[str, Mapping[str, str]]
+
+
+def _fits(
+    scheduler: Scheduler, ask: FilterAsk, table: NodeTable, ledger: Ledger, book: PolicyBook | None
+) -> _Fits:
+    """Every node asked about, decided against the ledger as it stands."""
+    pod = ask.pod
+    if ask.nodes is not None:
+        result = scheduler.filter(pod, ask.nodes, ledger)
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        fits: list[str] = []
+        for verdict in result.verdicts:
+            if verdict.code is Code.FITS:
+                fits.append(verdict.node)
+            elif verdict.code is Code.UNSCHEDULABLE:
+                failed[verdict.node] = verdict.message
+            else:
+                unresolvable[verdict.node] = verdict.message
+        return _Fits(
+            result.request, sorted(set(fits)), failed, unresolvable, None, ask.node_labels or {}
+        )
+    names = scheduler.filter_names(pod, list(ask.names), table, ledger)
+    failed = dict(names.failed)
+    for name in names.missing:
+        failed[name] = MISSING
+    return _Fits(
+        names.request,
+        names.passing,
+        failed,
+        names.unresolvable,
+        names.scores,
+        book.node_labels if book is not None else {},
+    )
 
 
 def _top_only(
@@ -242,7 +289,9 @@ def _top_only(
         ttl_ns=ask.ttl_ns,
         unseen_ttl_ns=ask.unseen_ttl_ns,
     )
-    intent = scheduler.intend_on(request, name, table, ledger, until_ns=deadline.until_ns)
+    intent = scheduler.intend_on(
+        request, name, table, ledger, until_ns=deadline.until_ns, booked_ns=ask.now_ns
+    )
     if intent is None:
         return _with(outcome, answer="no_score", deadline=deadline)
     return _with(outcome, top=intent.node, answer="top_node", deadline=deadline, intent=intent)

@@ -55,6 +55,9 @@ class PodSpec(TypedDict, total=False):
     topologySpreadConstraints: list[Mapping[str, Any]]
     resourceClaims: list[Mapping[str, Any]]
     volumes: list[Mapping[str, Any]]
+    priority: int
+    """Set by the API server from priorityClassName: which pod an intent gives way to
+    (``core.decision.yielding``)."""
 
 
 class PodStatus(TypedDict, total=False):
