@@ -306,7 +306,7 @@ def test_nvidias_daemonsets_are_admitted_under_the_chart_defaults(
             "set webhook.nvidiaVisibleDevices=allow with CDI hand-off",
         ):
             assert words in greedy.stderr, (words, greedy.stderr)
-        print(f"[e2e] a tenant's NVIDIA_VISIBLE_DEVICES=all, defaults:\n{greedy.stderr}", flush=True)
+        print(f"[e2e] a tenant's variable, defaults:\n{greedy.stderr}", flush=True)
     finally:
         delete_nodes(cluster, [node["metadata"]["name"]])
         cluster.kubectl("delete", "namespace", elsewhere, "--wait=false", check=False)

@@ -1,4 +1,4 @@
-"""NVIDIA_VISIBLE_DEVICES at admission: refused from tenants unless the nodes are known to ignore it.
+"""NVIDIA_VISIBLE_DEVICES at admission: refused from tenants unless the nodes ignore it.
 
 The rule (``core.admitting.tampering.VisibleDevicesRule``) is a mode (auto, refuse, allow) beside
 the
