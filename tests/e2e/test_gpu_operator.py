@@ -190,7 +190,7 @@ def install(cluster: Cluster, ns: str, suffix: str, *values: str) -> None:
         "--set", "webhook.replicas=1",
         "--set", "webhook.steer.enabled=false",
         "--set", "webhook.failurePolicy=Ignore",
-        "--set", f"webhook.namespaceLabels.gpushare\\.io/e2e-gpuop={suffix}",
+        "--set-string", f"webhook.namespaceLabels.gpushare\\.io/e2e-gpuop={suffix}",
         *values,
     )  # fmt: skip
 
