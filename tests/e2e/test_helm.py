@@ -169,8 +169,9 @@ def test_helm_install(cluster: Cluster) -> None:
                 f"system:serviceaccount:{namespace}:{RELEASE}-device-plugin",
             ],
             name=f"{RELEASE}-renderer",
-            # the chart's defaults: auto beside cdi-cri refuses no NVIDIA_VISIBLE_DEVICES
-            nvidia_visible_devices=False,
+            # the chart's defaults: auto beside cdi-cri refuses NVIDIA_VISIBLE_DEVICES from
+            # unprivileged containers, so pods setting it are sent
+            nvidia_visible_devices=True,
             nvidia_visible_devices_exempt=[namespace, *DEFAULT_EXEMPT_NAMESPACES],
         )
         assert without_client(webhook) == without_client(stored_webhook(cluster, rendered_config))
