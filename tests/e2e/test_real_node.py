@@ -629,6 +629,59 @@ def test_a_hostile_pods_broker_connections_leave_other_gpu_pods_starting(
     assert loaded < 4096 - 200
 
 
+def test_one_tenant_at_the_broker_node_cap_leaves_another_tenants_pod_allocating(
+    real_node: RealNode, ns: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 56's third attack as filed: 9 pods x 2 containers x 1,000 broker connections reach
+    the node's 16,384 (each pod under its 2,048), with the chart's caps. Before every container
+    was kept connections of its own, another tenant's pod started but its allocation failed
+    (``rc=2``) until the attacker left; now it allocates through its own broker connection.
+    The plugin runs with no idle timeout, so that the flood holds for as long as it is up.
+    """
+    cluster = real_node.cluster
+    real_node.set_mode("cgpu", unit="1GiB", extra=("--broker-idle-timeout=0",))
+    flood = "/flood 1000 /var/run/gpushare/broker.sock"
+    attackers = [
+        pod(f"tenant-a-{i}", NS, [container(f"c{j}", 1, command=flood) for j in range(2)])
+        for i in range(9)
+    ]
+    create(cluster, attackers)
+    counts: dict[str, int] = {}
+    deadline = time.monotonic() + 240
+    for attacker in attackers:
+        for c in attacker["spec"]["containers"]:
+            logs = ""
+            while "FLOOD" not in logs and time.monotonic() < deadline:
+                time.sleep(0.5)
+                logs = cluster.kubectl(
+                    "logs", "-n", NS, attacker["metadata"]["name"], "-c", c["name"], check=False
+                ).stdout
+            assert "FLOOD" in logs, logs
+            for key, value in re.findall(r"(\w+)=(\d+)", logs.split("FLOOD", 1)[1]):
+                counts[key] = counts.get(key, 0) + int(value)
+    started = time.monotonic()
+    victim = container("main", 2, command="/memops alloc:1000 info")
+    create(cluster, [pod("tenant-b", NS, [victim])])
+    failed = None
+    try:
+        wait_done(cluster, {"tenant-b"}, timeout=120)
+    except AssertionError as err:
+        failed = str(err)[-600:]
+    took = time.monotonic() - started
+    logs = cluster.kubectl("logs", "-n", NS, "tenant-b", check=False).stdout
+    with capsys.disabled():
+        print(
+            f"\n[real node] tenant A, 9 pods x 2 containers x 1000 connections: {counts}; "
+            f"tenant B's pod {'Succeeded' if failed is None else 'did not succeed'} "
+            f"{took:.1f} s after creation; its log:\n{logs}"
+        )
+    assert "alloc:1000 rc=0" in logs, (logs, failed)
+    assert failed is None, failed
+    # the attack took the node's shared part and no more: 16,384 less 8 containers' 16
+    assert 15000 < counts["served"] <= 16384 - 8 * 16, counts
+    assert counts["silent"] == 0, counts
+
+
 def test_restarts_of_kubelet_plugin_and_containerd(
     real_node: RealNode, ns: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
