@@ -619,8 +619,10 @@ def test_a_hostile_pods_broker_connections_leave_other_gpu_pods_starting(
             f"{idle} idle, {loaded} under the flood (limit 4096); the victim pod Succeeded "
             f"{took:.1f} s after creation; its log:\n{logs}"
         )
-    # every connection the plugin took was answered, and the pod got its cap and no more
-    assert counts["served"] == 2048 and counts["silent"] == 0, counts
+    # every connection the plugin took was answered, and the pod got its cap and no more, but
+    # for the 16 each container is kept, where it started flooding after the cap was reached
+    # (the containers start together: in practice each has 16 by then)
+    assert 2048 <= counts["served"] <= 2048 + 4 * 16 and counts["silent"] == 0, counts
     assert sum(counts.values()) == 5000, counts
     # a connect that waits past the flood's 2 s for a full backlog counts as unconnected: the
     # hostile pod's own flood slowing only itself (CI saw 1 of 5,000 on a loaded 2-core machine)
