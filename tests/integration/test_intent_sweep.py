@@ -38,10 +38,12 @@ steps = st.lists(
 
 
 def _expired(rig: Rig) -> float:
-    """Intents given back with no bind: run out, or given way to a pod that fitted nowhere
-    while they stood (``core.decision.yielding``); either brings GPUs back."""
+    """Intents that brought GPUs back with no bind: run out, past their hold (they give way to
+    a pod that fits nowhere else: ``core.decision.yielding``), or given way."""
     intents = rig.extender.metrics.intents
-    value: float = intents.labels("expired")._value.get() + intents.labels("yielded")._value.get()
+    value: float = sum(
+        intents.labels(outcome)._value.get() for outcome in ("expired", "overdue", "yielded")
+    )
     return value
 
 

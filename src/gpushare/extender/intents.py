@@ -161,7 +161,7 @@ class Intents:
         deadline with nothing telling kube-scheduler to try them."""
         since = self.clock_ns() - HOLD_NS
         holding: set[str] = set()
-        passed = False
+        passed = 0
         for allocation, _ in self.cache.ledger.intents():
             booked = self.cache.ledger.intent_booked(allocation.uid)
             if booked is None:
@@ -169,9 +169,10 @@ class Intents:
             if booked > since:
                 holding.add(allocation.uid)
             elif allocation.uid in self._holding:
-                passed = True
+                passed += 1
         self._holding = holding
         if passed:
+            self.metrics.intents.labels("overdue").inc(passed)
             self.capacity_returned()
 
     def _confirm_seen(self) -> None:

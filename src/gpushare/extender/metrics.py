@@ -303,8 +303,10 @@ class ExtenderMetrics:
             "by what happened: booked, expired (no bind before the deadline), dropped (the pod "
             "was tried again or its bind failed), withheld (not booked: a pod of the namespace "
             "whose intent expired is still pending), unseen (booked for 3 s, kept once the watch "
-            "shows the pod), yielded (given back to a pod that fitted nowhere while it stood: "
-            "older than 5 s, or younger than that pod); bind's booking replaces the rest",
+            "shows the pod), overdue (held 5 s with no bind: its pod waits past PreBind or "
+            "Permit, and the intent now gives way), yielded (given back to a pod that fitted "
+            "nowhere while it stood: overdue, or younger than that pod); bind's booking "
+            "replaces the rest",
             ["outcome"],
             registry=self.registry,
         )

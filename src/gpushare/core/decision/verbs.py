@@ -163,8 +163,15 @@ def filter_pod(
     found = _fits(scheduler, ask, table, ledger, book)
     yielded = NONE
     if not found.fits and isinstance(found.request, PodRequest) and found.request.wants_gpu:
+        asked = {n.name for n in ask.nodes} if ask.nodes is not None else set(ask.names)
         yielded = give_way(
-            pod, uid_of(pod), ledger, ask.pending, now_ns=ask.now_ns, hold_ns=ask.hold_ns
+            pod,
+            uid_of(pod),
+            ledger,
+            ask.pending,
+            nodes=asked,
+            now_ns=ask.now_ns,
+            hold_ns=ask.hold_ns,
         )
         if yielded.booked:
             found = _fits(scheduler, ask, table, ledger, book)

@@ -32,7 +32,7 @@ stuck (``extender.intents``), as one whose intent ran out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from gpushare.core.booking.ledger import Ledger
@@ -94,16 +94,18 @@ def give_way(
     ledger: Ledger,
     pending: Mapping[str, KubeObject],
     *,
+    nodes: Collection[str],
     now_ns: int,
     hold_ns: int,
 ) -> Yielded:
-    """Give back the intents that give way to ``pod`` (module docstring); what was given."""
+    """Give back the intents on ``nodes`` (those the filter asks about) that give way to
+    ``pod`` (module docstring); what was given."""
     overdue: list[str] = []
     outranked: list[str] = []
     booked: list[tuple[Allocation, HostResources, int, int | None]] = []
     for allocation, until in list(ledger.intents()):
         holder = allocation.uid
-        if holder == uid:
+        if holder == uid or allocation.node not in nodes:
             continue
         at = ledger.intent_booked(holder)
         if at is not None and now_ns - at >= hold_ns:
