@@ -24,6 +24,7 @@ import pytest
 
 from gpushare.core.admitting.isolationpaths import CONTAINER_BROKER_DIR
 from gpushare.core.model.inventory import Mode
+from gpushare.core.model.names import ANN_ASSIGNED
 from gpushare.deviceplugin.broker import SOCKET_NAME, Broker
 from gpushare.deviceplugin.config import Stats
 from gpushare.deviceplugin.descriptors import RESERVED, BrokerCaps, CapsError
@@ -148,6 +149,17 @@ async def first_answer(path: Path, line: bytes) -> str:
             await loop.sock_sendall(sock, line)
         answer = await asyncio.wait_for(loop.sock_recv(sock, 200), 5)
     return answer.decode().strip()
+
+
+async def started(r: Rig, name: str) -> None:
+    """Until the plugin marks the pod served (a pod of the same shape on the same GPU is placed
+    only then: the hand-off must tell them apart)."""
+    for _ in range(200):
+        stored = await r.kube.get_pod("default", name)
+        if stored["metadata"].get("annotations", {}).get(ANN_ASSIGNED) == "true":
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{name} never marked served")
 
 
 def own_descriptors() -> int:
@@ -390,6 +402,7 @@ def test_one_tenant_at_the_node_cap_leaves_every_other_container_its_own_connect
         for i in range(9):
             _, admitted = await admit(r, pod(f"tenant-a-{i}", 1, 1))
             socks += [broker_socket(admitted, c) for c in ("c0", "c1")]
+            await started(r, f"tenant-a-{i}")  # the next one, the same shape, waits for it
         broker = r.plugin.hook.chosen.broker
         async with hostile(1000, *socks) as got:
             # a connect the attacker's own backlog kept waiting past its 10 s counts unconnected
