@@ -134,6 +134,14 @@ NVML_HINT = (
     help="cdi-cri: where the node's CDI specs are (the container runtime's cdi_spec_dirs), "
     "comma-separated.",
 )
+@click.option(
+    "--cdi-hook-dir",
+    default="/var/run/cdi",
+    show_default=True,
+    help="cdi-cri: where the plugin writes the CDI spec of its isolation check, a hook that "
+    "refuses a container whose isolation mounts a volume or an image link moved; one of the "
+    "runtime's cdi_spec_dirs, writable. docs/isolation.md.",
+)
 @click.option("--kubelet-config", default="/var/lib/kubelet/config.yaml", show_default=True)
 @click.option(
     "--cpu-manager-state", default="/var/lib/kubelet/cpu_manager_state", show_default=True
@@ -178,6 +186,7 @@ def device_plugin(
     device_list_strategy: str,
     cdi_kind: str,
     cdi_spec_dirs: str,
+    cdi_hook_dir: str,
     kubelet_config: str,
     cpu_manager_state: str,
     kubeconfig: str | None,
@@ -206,7 +215,13 @@ def device_plugin(
     import contextlib
     from pathlib import Path
 
-    from gpushare.deviceplugin.cdi import HandOff, HandOffError, parse_kind, parse_strategy
+    from gpushare.deviceplugin.cdi import (
+        HandOff,
+        HandOffError,
+        Strategy,
+        parse_kind,
+        parse_strategy,
+    )
 
     try:
         handoff = HandOff(
@@ -225,6 +240,7 @@ def device_plugin(
     )
     from gpushare.deviceplugin.gpus import FakeGpus, GpuSource, NvmlGpus
     from gpushare.deviceplugin.hooks.library import packaged_library
+    from gpushare.deviceplugin.hooks.mountcheck import MountCheck, packaged_mountcheck
     from gpushare.deviceplugin.hooks.node import NodeIsolation
     from gpushare.deviceplugin.metrics import registry_for, serve_metrics
     from gpushare.deviceplugin.plugin import DevicePlugin
@@ -305,6 +321,16 @@ def device_plugin(
         unit=settings.unit,
         source=source,
         packaged=packaged_library(),
+        mount_check=(
+            MountCheck(
+                spec_dir=Path(cdi_hook_dir),
+                lib_dir=Path(isolation_lib_dir),
+                watched=(Path(state_dir), Path(isolation_lib_dir)),
+                packaged=packaged_mountcheck(),
+            )
+            if handoff.strategy is Strategy.CDI_CRI
+            else None
+        ),
     )
     plugin = DevicePlugin(
         api=api, source=source, config=config, hook=hook, trust=trust, stats=stats
