@@ -562,6 +562,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 self.device_list_strategy,
                 "--cdi-spec-dirs",
                 str(self.cdi_dir),
+                "--cdi-hook-dir",
+                str(self.cdi_dir),
                 "--seal-key-file",
                 str(self.cluster.seal_key),
                 *(("--fake-topology", self.fake_topology) if self.fake_topology else ()),
