@@ -27,7 +27,7 @@ from harness.cluster import Cluster
 from harness.realnode import RealNode, container, pod, probe_env
 
 from .conftest import eventually
-from .test_real_node import NS, create, fresh_namespace, ns_pods, wait_done
+from .test_real_node import NS, create, fresh_namespace, ns_pods, reasons, wait_done
 
 PERIOD_NS = 100_000_000
 ROUNDS = 14
@@ -186,28 +186,38 @@ def test_volumes_moved_over_the_isolation_are_refused_by_the_runtime(
     victim = pod("victim", NS, [container("main", 5, command=ATTACK)])
     create(cluster, [victim])
 
-    def refused() -> dict[str, str] | None:
+    def ended() -> dict[str, dict[str, Any]] | None:
+        """Every attacker refused or finished, and the victim finished."""
         items = {p["metadata"]["name"]: p for p in ns_pods(cluster)}
-        found = {name: refusal(items[name]) for name in ATTACKS if name in items}
-        return found if all(found.get(name) for name in ATTACKS) else None
+        over = {
+            n: p for n, p in items.items() if refusal(p) or p["status"].get("phase") != "Pending"
+        }
+        finished = all(
+            n in over and (refusal(over[n]) or over[n]["status"].get("phase") != "Running")
+            for n in (*ATTACKS, "victim")
+        )
+        return items if finished else None
 
-    messages = eventually(refused, 180, "every attacker's start refused by gpushare-mountcheck")
-    wait_done(cluster, {"victim"}, 240)
+    items = eventually(ended, 300, "every attacker refused or finished, and the victim finished")
     logs = {
         n: cluster.kubectl("logs", "-n", NS, n, check=False).stdout for n in (*ATTACKS, "victim")
     }
-    victim_shares = [
-        float(s) for s in re.findall(r"^ROUND \d+ .*own=([\d.]+)", logs["victim"], re.M)
-    ]
+    shares = {
+        n: [float(s) for s in re.findall(r"^ROUND \d+ .*own=([\d.]+)", text, re.M)]
+        for n, text in logs.items()
+    }
+    messages = {name: refusal(items[name]) for name in ATTACKS}
     with capsys.disabled():
-        for name, message in messages.items():
-            print(f"\n[real node] {name}: {message[-300:]}", flush=True)
-        print(f"\n[real node] victim {victim_shares} %:\n{logs['victim']}", flush=True)
+        for name in ATTACKS:
+            seen = messages[name][-300:] or f"ran: {shares[name]} %\n{logs[name]}"
+            print(f"\n[real node] {name}: {seen}", flush=True)
+        print(f"\n[real node] victim {shares['victim']} %:\n{logs['victim']}", flush=True)
     for name, (_, refused_path) in ATTACKS.items():
         assert f"{refused_path} " in messages[name] or f"{refused_path}:" in messages[name], (
             name,
-            messages[name],
+            messages[name] or logs[name],
         )
         assert "ROUND" not in logs[name], (name, logs[name])  # it never ran
+    assert items["victim"]["status"].get("phase") == "Succeeded", reasons(items["victim"])
     assert "SCHED_FILE=gpu" in logs["victim"]
-    assert len(victim_shares) == ATTACK_ROUNDS and "gpushare:" not in logs["victim"]
+    assert len(shares["victim"]) == ATTACK_ROUNDS and "gpushare:" not in logs["victim"]

@@ -25,10 +25,9 @@ import json
 import logging
 import shutil
 from dataclasses import dataclass, replace
-from importlib import resources
 from pathlib import Path
 
-from gpushare.deviceplugin.hooks.library import write_atomically
+from gpushare.deviceplugin.hooks.library import packaged, write_atomically
 from gpushare.deviceplugin.serving import ContainerAnswer
 from gpushare.isolation.build import MOUNTCHECK_NAME
 
@@ -48,11 +47,7 @@ TIMEOUT_S = 10
 
 def packaged_mountcheck() -> Path | None:
     """The hook program built into this package, if the build produced it."""
-    try:
-        path = Path(str(resources.files("gpushare.isolation") / "native" / MOUNTCHECK_NAME))
-    except ModuleNotFoundError:
-        return None
-    return path if path.is_file() else None
+    return packaged(MOUNTCHECK_NAME)
 
 
 @dataclass(frozen=True)
