@@ -4,41 +4,9 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from harness.cluster import Cluster
-
-
-def token_kubeconfig(
-    cluster: Cluster, token: str, path: Path, *, user: str = "device-plugin", namespace: str = ""
-) -> Path:
-    """A kubeconfig that authenticates with a bearer token (a ServiceAccount's), its context
-    naming ``namespace`` when given, as one handed to a tenant does."""
-    context: dict[str, str] = {"cluster": "e2e", "user": user}
-    if namespace:
-        context["namespace"] = namespace
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "e2e",
-                "cluster": {
-                    "server": cluster.server,
-                    "certificate-authority": str(cluster.pki / "ca.crt"),
-                },
-            }
-        ],
-        "users": [{"name": user, "user": {"token": token}}],
-        "contexts": [{"name": "e2e", "context": context}],
-        "current-context": "e2e",
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
 
 
 def gpu_pod_manifest(

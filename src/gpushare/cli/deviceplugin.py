@@ -157,6 +157,15 @@ NVML_HINT = (
     help="Serve Prometheus /metrics on this port (0 disables).",
 )
 @click.option(
+    "--health-port",
+    type=click.IntRange(min=0, max=65535),
+    default=0,
+    show_default=True,
+    help="Serve /healthz and /readyz on 127.0.0.1 at this port (0 disables): /readyz answers "
+    "503 with the reason until the plugin has registered, and while the API server refuses "
+    "its pod watch (the chart's readiness probe reads it).",
+)
+@click.option(
     "--used-summary-interval",
     type=click.FloatRange(min=0),
     default=300.0,
@@ -193,6 +202,7 @@ def device_plugin(
     log_level: str,
     log_format: str,
     metrics_port: int,
+    health_port: int,
     used_summary_interval: float,
     mem_resource: str | None,
     core_resource: str | None,
@@ -245,6 +255,7 @@ def device_plugin(
     from gpushare.deviceplugin.metrics import registry_for, serve_metrics
     from gpushare.deviceplugin.plugin import DevicePlugin
     from gpushare.deviceplugin.preflight import StartRefused, refuse_static_cpu_policy
+    from gpushare.deviceplugin.readiness import serve_health
     from gpushare.deviceplugin.usage import UsedSummaryPublisher
     from gpushare.kube.lightkube_api import LightkubeAPI
     from gpushare.kube.port import KubeError
@@ -339,6 +350,10 @@ def device_plugin(
         serve_metrics(registry_for(plugin, node_name, hook.usage), port=metrics_port)
     except OSError as err:
         raise CommandError(f"cannot serve metrics on port {metrics_port}: {err}") from None
+    try:
+        serve_health(plugin.not_ready, port=health_port)
+    except OSError as err:
+        raise CommandError(f"cannot serve /readyz on port {health_port}: {err}") from None
 
     async def serve() -> None:
         await plugin.start()

@@ -18,6 +18,12 @@ from gpushare.cli.sealing import seal_options, trust_from_flags
 from gpushare.core.model.names import SCHEDULER_NAME
 from gpushare.extender.events import NORMAL_PER_S
 
+EXTENDER_ROLE = (
+    "the extender's ClusterRole (<release>-scheduler-extender, "
+    "charts/gpushare/templates/scheduler-rbac.yaml)"
+)
+"""Where its verbs are granted, for the advice a refused watch logs."""
+
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -100,6 +106,7 @@ def extender(
     from gpushare.kube.lightkube_api import LightkubeAPI
     from gpushare.kube.policies import PolicyWatch
     from gpushare.kube.port import KubeError
+    from gpushare.kube.watchhealth import WatchHealth
 
     config = scheduling_config(
         gpu_memory_unit=gpu_memory_unit,
@@ -118,8 +125,10 @@ def extender(
     settings = config.settings()
     scheduler = Scheduler(settings)
     book = PolicyBook()
+    # one place for every list and watch the extender runs: /readyz and the metrics read it
+    health = WatchHealth(role=EXTENDER_ROLE)
     cache = ClusterCache(
-        api, settings=settings, workload=scheduler.workload, trust=trust, book=book
+        api, settings=settings, workload=scheduler.workload, trust=trust, book=book, health=health
     )
     events = EventRecorder(api, normal_per_s=normal_events_per_second)
     readmitter = Readmitter(
@@ -134,7 +143,7 @@ def extender(
         events=events,
         scheduler_reports=True,
     )
-    policies = PolicyWatch(api, book, notify=service.policy_notice)
+    policies = PolicyWatch(api, book, notify=service.policy_notice, health=health)
     app = create_app(service, run_cache=True, policies=policies)
     main_server = uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level))
     if not metrics_port:

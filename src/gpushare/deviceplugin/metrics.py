@@ -25,7 +25,8 @@ from gpushare.core.model.inventory import CORE_PER_GPU
 from gpushare.deviceplugin.config import BrokerStats
 from gpushare.deviceplugin.gpus import GpuSource
 from gpushare.deviceplugin.usage import ContainerUse
-from gpushare.exporting import ExportRegistry
+from gpushare.exporting import ExportRegistry, watch_refused_family
+from gpushare.kube.watchhealth import WatchHealth
 
 MIB = 1024 * 1024
 CONTAINER_LABELS = ["node", "pod_namespace", "pod_name", "container_name", "gpu", "UUID"]
@@ -43,6 +44,7 @@ DEVICE_PLUGIN_METRICS = (
     "gpushare_device_plugin_broker_connections_refused_total",
     "gpushare_device_plugin_broker_idle_closed_total",
     "gpushare_device_plugin_broker_accept_errors_total",
+    "gpushare_device_plugin_watch_refused",
     "gpushare_container_gpu_memory_used_bytes",
     "gpushare_container_gpu_memory_limit_bytes",
     "gpushare_container_gpu_core_limit_ratio",
@@ -63,6 +65,9 @@ class _Stats(Protocol):
 class _Plugin(Protocol):
     @property
     def stats(self) -> _Stats: ...
+
+    @property
+    def health(self) -> WatchHealth: ...
 
     @property
     def source(self) -> GpuSource: ...
@@ -150,6 +155,13 @@ class DevicePluginCollector(Collector):
         )
         connections.add_metric([self._node], stats.broker.open)
         yield connections
+        health = self._plugin.health
+        yield watch_refused_family(
+            "gpushare_device_plugin_watch_refused",
+            health.rows(),
+            labels=(("node", self._node),),
+            failing_after=health.failing_after,
+        )
         memory = GaugeMetricFamily(
             "gpushare_device_plugin_gpu_memory_bytes",
             "Memory of each GPU as the device plugin reads it",

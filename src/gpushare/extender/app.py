@@ -316,6 +316,8 @@ def create_app(
             reason = f"a background task stopped: {_ended(stopped[0])}"
         elif extender.cache.problem:
             reason = f"cache: {extender.cache.problem}"
+        elif refused := extender.cache.health.problem():
+            reason = refused
         elif not extender.cache.synced:
             reason = "cache has not listed nodes and pods yet"
         elif policies is not None and not policies.listed:

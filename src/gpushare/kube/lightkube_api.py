@@ -33,6 +33,7 @@ from gpushare.kube.port import (
     KubeDict,
     KubeError,
     NotFound,
+    Unauthorized,
     Unreachable,
     WatchEvent,
 )
@@ -81,7 +82,7 @@ def _translate(err: Exception, what: str) -> KubeError:
         if code == 403:
             return Forbidden(f"{message} (forbidden to these credentials)")
         if code == 401:
-            return Unreachable(f"{message} (check the credentials in your kubeconfig)")
+            return Unauthorized(f"{message} (check the credentials in your kubeconfig)")
     return KubeError(f"{message} (HTTP {code})")
 
 
@@ -303,6 +304,10 @@ class LightkubeAPI:
                 response = await generic.send(built, stream=True)
                 lines = 0
                 try:
+                    if response.is_error:
+                        # read the refusal's Status (a 403 names the user and the verb), which
+                        # an unread stream cannot give: lightkube would raise ResponseNotRead
+                        await response.aread()
                     generic.raise_for_status(response)
                     async for line in response.aiter_lines():
                         if not line.strip():

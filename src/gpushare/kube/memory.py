@@ -107,7 +107,8 @@ class MemoryKube:
         self._deployments: dict[tuple[str, str], KubeDict] = {}
         self.forbidden: set[str] = set()
         """Calls answered 403, as RBAC would: ``list_nodes``, ``list_pods:*`` (all
-        namespaces), ``list_pods:NAMESPACE``, ``get_secret``, ``list_deployments:NAMESPACE``."""
+        namespaces), ``list_pods:NAMESPACE``, ``get_secret``, ``list_deployments:NAMESPACE``,
+        ``watch_nodes``, ``watch_pods`` (the watch's first read raises)."""
 
     # -- writes used by tests and the demo ---------------------------------------------------
 
@@ -200,7 +201,10 @@ class MemoryKube:
     def _check(self, call: str) -> None:
         """Answer 403 for a call ``forbidden`` names, as RBAC would."""
         if call in self.forbidden:
-            raise Forbidden(f"{call}: forbidden (in-memory RBAC)")
+            raise Forbidden(
+                f'{call}: forbidden: User "system:serviceaccount:memory:test" cannot do it '
+                "(in-memory RBAC)"
+            )
 
     async def list_nodes(self) -> tuple[list[KubeDict], str]:
         """All nodes and the current resourceVersion."""
@@ -240,6 +244,7 @@ class MemoryKube:
     async def _watch(
         self, kind: Kind, resource_version: str, *, node: str = "", bookmarks: bool = False
     ) -> AsyncIterator[WatchEvent]:
+        self._check(f"watch_{kind}")
         position = int(resource_version or 0)
         while True:
             if self._broken:

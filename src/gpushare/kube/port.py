@@ -4,6 +4,7 @@ Errors (raised by every implementation, never the client library's own)::
 
     KubeError                 any failure talking to the API
     ├── Unreachable           no connection, TLS or auth failure
+    │   ├── Unauthorized      401: the server does not accept these credentials
     │   └── Forbidden         403: these credentials may not do that (RBAC)
     ├── NotFound              404: the object is gone
     ├── Conflict              409: resourceVersion changed, or the pod is already bound
@@ -25,6 +26,10 @@ class KubeError(Exception):
 
 class Unreachable(KubeError):
     """The API server could not be reached or refused our credentials."""
+
+
+class Unauthorized(Unreachable):
+    """The server does not accept the credentials (HTTP 401: an expired or unknown token)."""
 
 
 class Forbidden(Unreachable):
