@@ -51,7 +51,9 @@ OPEN_PATHS = ("/healthz", "/readyz")
 """What kubelet's probes ask; everything else on a guarded port needs an allowed token."""
 
 
-def guarded(app: ASGIApp, guard: MetricsGuard, *, open_paths: tuple[str, ...] = OPEN_PATHS) -> ASGIApp:
+def guarded(
+    app: ASGIApp, guard: MetricsGuard, *, open_paths: tuple[str, ...] = OPEN_PATHS
+) -> ASGIApp:
     """``app`` answered only for requests the guard allows, but for ``open_paths``.
 
     Every path but the open ones is guarded, not ``/metrics`` alone: a server that answers
@@ -128,8 +130,9 @@ def serve_in_thread(
     """Serve ``app`` on a daemon thread with its own event loop, the port bound here first.
 
     Binding and listening here make a taken port fail the caller at once (``OSError``), not
-    the thread later, and a scrape right after the call wait instead of being refused; the thread's own loop keeps scrapes off the caller's loop, as prometheus-client's
-    server thread did.
+    the thread later, and a scrape right after the call wait instead of being refused; the
+    thread's own loop keeps scrapes off the caller's loop, as prometheus-client's server
+    thread did.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

@@ -69,7 +69,7 @@ def test_the_extenders_metrics_port_serves_only_the_monitoring_identity() -> Non
             served = await client.get("/metrics", headers=bearer("prom-token"))
             assert served.status_code == 200
             got = samples(served.text)
-            assert ("gpushare_gpu_memory_bytes" in {name for name, _ in got}), served.text[:500]
+            assert "gpushare_gpu_memory_bytes" in {name for name, _ in got}, served.text[:500]
             assert got[("gpushare_metrics_scrapes_total", (("outcome", "forbidden"),))] == 1
             assert (await client.get("/healthz")).text == "ok"  # probes need no token
             for _ in range(5):

@@ -21,7 +21,9 @@ from gpushare.core.metricsaccess import (
 from gpushare.kube.memory import MemoryReviews
 from gpushare.kube.metricsguard import MetricsGuard
 
-PROMETHEUS = Identity("system:serviceaccount:monitoring:prometheus", groups=("system:authenticated",))
+PROMETHEUS = Identity(
+    "system:serviceaccount:monitoring:prometheus", groups=("system:authenticated",)
+)
 TENANT = Identity("system:serviceaccount:team-a:default", groups=("system:authenticated",))
 
 
