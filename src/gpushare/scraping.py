@@ -24,7 +24,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpushare.core.metricsaccess import METRICS_PATH, ScrapeDecision
+from gpushare.core.admitting.metricsaccess import METRICS_PATH, ScrapeDecision
 from gpushare.kube.metricsguard import MetricsGuard
 from gpushare.servingcert import ServingCert
 

@@ -19,7 +19,7 @@ import pytest
 
 from gpushare.cli.errors import CommandError
 from gpushare.cli.scrapeaccess import metrics_access
-from gpushare.core.metricsaccess import Identity, ReviewCache
+from gpushare.core.admitting.metricsaccess import Identity, ReviewCache
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus
 from gpushare.deviceplugin.metrics import registry_for, serve_metrics

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gpushare.core.metricsaccess import (
+from gpushare.core.admitting.metricsaccess import (
     AccessVerdict,
     Identity,
     ReviewCache,

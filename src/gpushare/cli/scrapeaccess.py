@@ -70,7 +70,7 @@ def metrics_access(
                 "--metrics-authorization; drop them with --no-metrics-authorization"
             )
         return None, None
-    from gpushare.core.metricsaccess import ReviewCache
+    from gpushare.core.admitting.metricsaccess import ReviewCache
     from gpushare.kube.metricsguard import MetricsGuard
     from gpushare.servingcert import ServingCertError, serving_cert
 

@@ -28,7 +28,7 @@ from lightkube.resources.authorization_v1 import SubjectAccessReview
 from lightkube.resources.core_v1 import Event, Node, Pod, Secret
 from lightkube.types import PatchType
 
-from gpushare.core.metricsaccess import AccessVerdict, Identity, TokenVerdict
+from gpushare.core.admitting.metricsaccess import AccessVerdict, Identity, TokenVerdict
 from gpushare.core.model.kubejson import name_problem
 from gpushare.core.resourcepolicies.resourcepolicy import GROUP, KIND, PLURAL, VERSION
 from gpushare.kube.port import (

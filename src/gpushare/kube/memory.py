@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from gpushare.core.metricsaccess import AccessVerdict, Identity, TokenVerdict
+from gpushare.core.admitting.metricsaccess import AccessVerdict, Identity, TokenVerdict
 from gpushare.kube.port import (
     Conflict,
     EventType,

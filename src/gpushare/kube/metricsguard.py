@@ -1,7 +1,7 @@
 """The check in front of ``/metrics``: the bearer token reviewed by the API server, remembered.
 
-``core.metricsaccess`` decides from the reviews' answers and keeps the cache; this module asks
-the API server (``ReviewAPI``: a TokenReview, then a SubjectAccessReview for ``get
+``core.admitting.metricsaccess`` decides from the reviews' answers and keeps the cache; this
+module asks the API server (``ReviewAPI``: a TokenReview, then a SubjectAccessReview for ``get
 /metrics``) when the cache has no answer, and counts what it asked and what it answered, which
 ``gpushare_metrics_reviews_total`` and ``gpushare_metrics_scrapes_total`` export: the reviews a
 scrape costs kube-apiserver are the first over the second.
@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpushare.core.metricsaccess import (
+from gpushare.core.admitting.metricsaccess import (
     METRICS_PATH,
     METRICS_VERB,
     ReviewCache,
@@ -44,7 +44,7 @@ class MetricsGuard:
     reviews: Counter[str] = field(default_factory=Counter)
     """Reviews sent to the API server, by kind (``token``, ``access``)."""
     outcomes: Counter[str] = field(default_factory=Counter)
-    """Requests answered, by outcome (``core.metricsaccess.Outcome``)."""
+    """Requests answered, by outcome (``core.admitting.metricsaccess.Outcome``)."""
 
     async def check(self, authorization: str | None) -> ScrapeDecision:
         """The decision for one request, from the cache or from the API server."""

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from gpushare.core.metricsaccess import AccessVerdict, Identity, TokenVerdict
+from gpushare.core.admitting.metricsaccess import AccessVerdict, Identity, TokenVerdict
 
 KubeDict = dict[str, Any]
 
@@ -196,7 +196,8 @@ class PolicyAPI(Protocol):
 
 class ReviewAPI(Protocol):
     """TokenReview and SubjectAccessReview, to check who scrapes ``/metrics``
-    (``core.metricsaccess``). Neither raises: a failed review is a verdict with ``error``."""
+    (``core.admitting.metricsaccess``). Neither raises: a failed review is a verdict with
+    ``error``."""
 
     async def review_token(self, token: str) -> TokenVerdict:
         """Who the API server says the bearer token is (TokenReview, the default audiences)."""
