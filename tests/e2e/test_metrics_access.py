@@ -1,4 +1,5 @@
-"""Who may read the extender's /metrics, asked of the real API server with the chart's RBAC.
+"""Who may read the extender's and the device plugin's /metrics, asked of the real API server
+with the chart's RBAC.
 
 The chart's RBAC (``helm template``: the scheduler's ServiceAccount and roles, and
 ``metrics-rbac.yaml``) is applied, and an extender runs as the chart's scheduler ServiceAccount
@@ -7,7 +8,9 @@ token``: no token is 401, a tenant ServiceAccount (rights in its own namespace o
 monitoring stack's ServiceAccount (bound through ``metrics.authorization.subjects``) and the
 PodMonitors' scraper 200; ``/healthz`` needs none. Repeated scrapes cost the API server one
 TokenReview and one SubjectAccessReview per cache TTL, and a token whose ServiceAccount is
-deleted stops reading within it (and kube-apiserver's own 10 s token cache).
+deleted stops reading within it (and kube-apiserver's own 10 s token cache). The device
+plugin's metrics server, wired as its command wires it, asks as the chart's device-plugin
+ServiceAccount (no kubelet needed for that).
 """
 
 from __future__ import annotations
@@ -17,11 +20,20 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from gpushare.cli.scrapeaccess import metrics_access
+from gpushare.deviceplugin.config import PluginConfig
+from gpushare.deviceplugin.gpus import FakeGpus
+from gpushare.deviceplugin.metrics import registry_for, serve_metrics
+from gpushare.deviceplugin.plugin import DevicePlugin
+from gpushare.kube.lightkube_api import LightkubeAPI
+from gpushare.kube.memory import MemoryKube
 from harness.cluster import Cluster, free_port, wait_for
 from harness.helpers import scrape_with_token, token_kubeconfig
 
@@ -70,7 +82,7 @@ def chart_rbac(cluster: Cluster) -> list[dict[str, Any]]:
         },
     ).stdout
     docs = [d for d in yaml.safe_load_all(rendered) if d]
-    wanted = (f"{RELEASE}-scheduler", f"{RELEASE}-metrics-")
+    wanted = (f"{RELEASE}-scheduler", f"{RELEASE}-device-plugin", f"{RELEASE}-metrics-")
     return [
         d
         for d in docs
@@ -91,9 +103,10 @@ def reviews(text: str) -> dict[str, float]:
     }
 
 
-def test_only_the_monitoring_identity_reads_the_extenders_metrics(
-    cluster: Cluster, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def chart_identities(cluster: Cluster) -> Iterator[None]:
+    """The chart's RBAC applied; a tenant ServiceAccount holding admin in its namespace, and the
+    monitoring stack's ServiceAccount (bound through metrics.authorization.subjects)."""
     for namespace in (NAMESPACE, TENANT, MONITORING):
         cluster.create_namespace(namespace, check=False)
     docs = chart_rbac(cluster)
@@ -109,6 +122,62 @@ def test_only_the_monitoring_identity_reads_the_extenders_metrics(
         f"--serviceaccount={TENANT}:workload",
     )
     cluster.kubectl("-n", MONITORING, "create", "serviceaccount", "prometheus")
+    try:
+        yield
+    finally:
+        cluster.kubectl("delete", "namespace", TENANT, MONITORING, "--wait=false", check=False)
+        cluster.kubectl(
+            "delete", "-f", "-", "--wait=false", check=False, input=yaml.safe_dump_all(docs)
+        )
+
+
+def test_the_device_plugins_metrics_answer_its_chart_identitys_reviews(
+    cluster: Cluster, chart_identities: None, tmp_path: Path
+) -> None:
+    """The device plugin's metrics server as ``gpushare device-plugin`` wires it
+    (``metrics_access``), asking the API server as the chart's device-plugin ServiceAccount."""
+    identity = token_kubeconfig(
+        cluster,
+        token(cluster, NAMESPACE, f"{RELEASE}-device-plugin"),
+        tmp_path / "plugin.kubeconfig",
+    )
+    plugin = DevicePlugin(
+        api=MemoryKube(),
+        source=FakeGpus.parse("T4:15GiB", node="n1"),
+        config=PluginConfig(node="n1", state_dir=tmp_path),
+    )
+    guard, cert = metrics_access(
+        LightkubeAPI.connect(str(identity)),
+        enabled=True,
+        cert_file=None,
+        key_file=None,
+        ttl_s=60,
+        name="gpushare-device-plugin.n1",
+    )
+    port = free_port()
+    serve_metrics(registry_for(plugin, "n1"), port=port, host="127.0.0.1", guard=guard, cert=cert)
+    url = f"https://127.0.0.1:{port}"
+    got = {
+        "no token": scrape_with_token(f"{url}/metrics")[0],
+        "tenant token": scrape_with_token(f"{url}/metrics", token(cluster, TENANT, "workload"))[0],
+        "/healthz, no token": scrape_with_token(f"{url}/healthz")[0],
+        "monitoring token": scrape_with_token(
+            f"{url}/metrics", token(cluster, MONITORING, "prometheus")
+        )[0],
+    }
+    print(f"device plugin metrics access (status codes): {got}")
+    assert got == {
+        "no token": 401,
+        "tenant token": 403,
+        "/healthz, no token": 200,
+        "monitoring token": 200,
+    }
+
+
+@pytest.mark.usefixtures("chart_identities")
+def test_only_the_monitoring_identity_reads_the_extenders_metrics(
+    cluster: Cluster, tmp_path: Path
+) -> None:
     identity = token_kubeconfig(
         cluster,
         token(cluster, NAMESPACE, f"{RELEASE}-scheduler"),
@@ -192,7 +261,3 @@ def test_only_the_monitoring_identity_reads_the_extenders_metrics(
         assert refused_after <= TTL_S + APISERVER_TOKEN_CACHE_S + 5
     finally:
         extender.stop()
-        cluster.kubectl("delete", "namespace", TENANT, MONITORING, "--wait=false", check=False)
-        cluster.kubectl(
-            "delete", "-f", "-", "--wait=false", check=False, input=yaml.safe_dump_all(docs)
-        )
