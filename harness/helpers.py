@@ -48,3 +48,22 @@ def per_gpu_memory(items: list[dict[str, Any]]) -> dict[tuple[str, int], int]:
             for share in data["gpus"]:
                 held[(data["node"], share["index"])] += share["mem"]
     return dict(held)
+
+
+def scrape_with_token(url: str, token: str = "", timeout: float = 10) -> tuple[int, str]:
+    """GET a guarded /metrics over HTTPS as Prometheus does with the chart's PodMonitors
+    (``Authorization: Bearer``, the self-signed certificate not verified): status and body."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=timeout) as reply:
+            return int(reply.status), reply.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()

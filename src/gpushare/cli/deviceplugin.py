@@ -16,6 +16,7 @@ import click
 from gpushare.cli.errors import CommandError
 from gpushare.cli.logs import log_format_option, log_level_option, setup_logging
 from gpushare.cli.options import resource_name_options, scheduling_config
+from gpushare.cli.scrapeaccess import metrics_access, metrics_access_options
 from gpushare.cli.sealing import seal_options, trust_from_flags
 
 NVML_HINT = (
@@ -156,6 +157,7 @@ NVML_HINT = (
     show_default=True,
     help="Serve Prometheus /metrics on this port (0 disables).",
 )
+@metrics_access_options
 @click.option(
     "--health-port",
     type=click.IntRange(min=0, max=65535),
@@ -203,6 +205,10 @@ def device_plugin(
     log_format: str,
     metrics_port: int,
     health_port: int,
+    metrics_authorization: bool,
+    metrics_tls_cert_file: str | None,
+    metrics_tls_private_key_file: str | None,
+    metrics_auth_cache_ttl: float,
     used_summary_interval: float,
     mem_resource: str | None,
     core_resource: str | None,
@@ -346,8 +352,21 @@ def device_plugin(
     plugin = DevicePlugin(
         api=api, source=source, config=config, hook=hook, trust=trust, stats=stats
     )
+    guard, cert = None, None
+    if metrics_port:
+        # its own client: the guard asks the API server from the metrics server's thread
+        guard, cert = metrics_access(
+            LightkubeAPI.connect(kubeconfig),
+            enabled=metrics_authorization,
+            cert_file=metrics_tls_cert_file,
+            key_file=metrics_tls_private_key_file,
+            ttl_s=metrics_auth_cache_ttl,
+            name=f"gpushare-device-plugin.{node_name}",
+        )
     try:
-        serve_metrics(registry_for(plugin, node_name, hook.usage), port=metrics_port)
+        serve_metrics(
+            registry_for(plugin, node_name, hook.usage), port=metrics_port, guard=guard, cert=cert
+        )
     except OSError as err:
         raise CommandError(f"cannot serve metrics on port {metrics_port}: {err}") from None
     try:

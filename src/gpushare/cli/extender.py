@@ -14,6 +14,7 @@ import click
 from gpushare.cli.errors import CommandError
 from gpushare.cli.logs import log_format_option, log_level_option, setup_logging
 from gpushare.cli.options import resource_name_options, scheduling_config, scheduling_options
+from gpushare.cli.scrapeaccess import metrics_access, metrics_access_options
 from gpushare.cli.sealing import seal_options, trust_from_flags
 from gpushare.core.model.names import SCHEDULER_NAME
 from gpushare.extender.events import NORMAL_PER_S
@@ -42,6 +43,7 @@ EXTENDER_ROLE = (
     help="Also serve /metrics alone on 0.0.0.0:PORT (0: only on --port), for Prometheus when "
     "--host is 127.0.0.1.",
 )
+@metrics_access_options
 @click.option(
     "--packing-profile",
     default=SCHEDULER_NAME,
@@ -75,6 +77,10 @@ def extender(
     host: str,
     port: int,
     metrics_port: int,
+    metrics_authorization: bool,
+    metrics_tls_cert_file: str | None,
+    metrics_tls_private_key_file: str | None,
+    metrics_auth_cache_ttl: float,
     kubeconfig: str | None,
     context: str | None,
     log_level: str,
@@ -149,8 +155,20 @@ def extender(
     if not metrics_port:
         main_server.run()
         return
+    guard, cert = metrics_access(
+        api,
+        enabled=metrics_authorization,
+        cert_file=metrics_tls_cert_file,
+        key_file=metrics_tls_private_key_file,
+        ttl_s=metrics_auth_cache_ttl,
+        name="gpushare-extender",
+    )
     metrics_config = server_config(
-        create_metrics_app(service), host="0.0.0.0", port=metrics_port, log_level=log_level
+        create_metrics_app(service, guard),
+        host="0.0.0.0",
+        port=metrics_port,
+        log_level=log_level,
+        cert=cert,
     )
 
     async def both() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_asgi_app, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -26,7 +26,10 @@ from gpushare.deviceplugin.config import BrokerStats
 from gpushare.deviceplugin.gpus import GpuSource
 from gpushare.deviceplugin.usage import ContainerUse
 from gpushare.exporting import ExportRegistry, watch_refused_family
+from gpushare.kube.metricsguard import MetricsGuard
 from gpushare.kube.watchhealth import WatchHealth
+from gpushare.scraping import GuardCollector, guarded, metrics_only, serve_in_thread
+from gpushare.servingcert import ServingCert
 
 MIB = 1024 * 1024
 CONTAINER_LABELS = ["node", "pod_namespace", "pod_name", "container_name", "gpu", "UUID"]
@@ -231,7 +234,25 @@ def registry_for(
     return registry
 
 
-def serve_metrics(registry: CollectorRegistry, *, port: int, host: str = "0.0.0.0") -> None:
-    """Serve ``/metrics`` on a daemon thread; port 0 disables it."""
-    if port:
+def serve_metrics(
+    registry: CollectorRegistry,
+    *,
+    port: int,
+    host: str = "0.0.0.0",
+    guard: MetricsGuard | None = None,
+    cert: ServingCert | None = None,
+) -> None:
+    """Serve ``/metrics`` on a daemon thread; port 0 disables it.
+
+    With ``guard``: over HTTPS (``cert``), to identities allowed ``get /metrics`` only
+    (``scraping``), with the guard's own series added to ``registry``. Without: plain HTTP to
+    anyone, as before (``--no-metrics-authorization``, for scrapers that cannot send a token).
+    """
+    if not port:
+        return
+    if guard is None:
         start_http_server(port, addr=host, registry=registry)
+        return
+    registry.register(GuardCollector(guard))
+    app = guarded(metrics_only(make_asgi_app(registry)), guard)
+    serve_in_thread(app, host=host, port=port, cert=cert)

@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from gpushare.core.admitting.metricsaccess import AccessVerdict, Identity, TokenVerdict
+
 KubeDict = dict[str, Any]
 
 
@@ -194,4 +196,19 @@ class PolicyAPI(Protocol):
 
     def watch_resource_policies(self, resource_version: str) -> AsyncIterator[WatchEvent]:
         """Policy changes after ``resource_version``."""
+        ...
+
+
+class ReviewAPI(Protocol):
+    """TokenReview and SubjectAccessReview, to check who scrapes ``/metrics``
+    (``core.admitting.metricsaccess``). Neither raises: a failed review is a verdict with
+    ``error``."""
+
+    async def review_token(self, token: str) -> TokenVerdict:
+        """Who the API server says the bearer token is (TokenReview, the default audiences)."""
+        ...
+
+    async def review_access(self, identity: Identity, *, path: str, verb: str) -> AccessVerdict:
+        """Whether ``identity`` may ``verb`` the non-resource URL ``path``
+        (SubjectAccessReview)."""
         ...
