@@ -35,7 +35,8 @@ from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.kube.lightkube_api import LightkubeAPI
 from gpushare.kube.memory import MemoryKube
 from harness.cluster import Cluster, free_port, wait_for
-from harness.helpers import scrape_with_token, token_kubeconfig
+from harness.helpers import scrape_with_token
+from harness.identities import token_kubeconfig
 
 from ..integration.test_observability import samples
 from .conftest import eventually
