@@ -280,6 +280,9 @@ class Cluster:
     ports: dict[str, int] = field(default_factory=dict)
     extender_unit: str = "1GiB"
     extender_policy: str | None = None
+    extender_identity: str = "chart"
+    """``chart``: the extender runs with a token of the chart's scheduler ServiceAccount, bound
+    by the chart's RBAC (harness.identities); ``admin``: with the admin kubeconfig."""
     """``gpushare extender --policy``; None: the extender's default."""
     pods_run: bool = True
     """kwok's stage that turns bound pods Running. The replay benchmark turns it off: nothing
@@ -571,7 +574,12 @@ class Cluster:
         if old is not None:
             old.stop()
         gpushare = Path(sys.executable).parent / "gpushare"
-        where = ["--kubeconfig", str(self.kubeconfig), "--port", str(self.ports["extender"])]
+        kubeconfig = self.kubeconfig
+        if self.extender_identity == "chart" and not command:
+            from harness.identities import extender_kubeconfig
+
+            kubeconfig = extender_kubeconfig(self)
+        where = ["--kubeconfig", str(kubeconfig), "--port", str(self.ports["extender"])]
         own = [
             str(gpushare),
             "extender",

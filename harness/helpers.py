@@ -4,41 +4,9 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from harness.cluster import Cluster
-
-
-def token_kubeconfig(
-    cluster: Cluster, token: str, path: Path, *, user: str = "device-plugin", namespace: str = ""
-) -> Path:
-    """A kubeconfig that authenticates with a bearer token (a ServiceAccount's), its context
-    naming ``namespace`` when given, as one handed to a tenant does."""
-    context: dict[str, str] = {"cluster": "e2e", "user": user}
-    if namespace:
-        context["namespace"] = namespace
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "e2e",
-                "cluster": {
-                    "server": cluster.server,
-                    "certificate-authority": str(cluster.pki / "ca.crt"),
-                },
-            }
-        ],
-        "users": [{"name": user, "user": {"token": token}}],
-        "contexts": [{"name": "e2e", "context": context}],
-        "current-context": "e2e",
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
 
 
 def gpu_pod_manifest(
@@ -80,3 +48,22 @@ def per_gpu_memory(items: list[dict[str, Any]]) -> dict[tuple[str, int], int]:
             for share in data["gpus"]:
                 held[(data["node"], share["index"])] += share["mem"]
     return dict(held)
+
+
+def scrape_with_token(url: str, token: str = "", timeout: float = 10) -> tuple[int, str]:
+    """GET a guarded /metrics over HTTPS as Prometheus does with the chart's PodMonitors
+    (``Authorization: Bearer``, the self-signed certificate not verified): status and body."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=timeout) as reply:
+            return int(reply.status), reply.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()

@@ -12,7 +12,10 @@ images that containerd's ``ctr images import`` reads (``manifest.json``, a confi
   ``tests/isolation/fakes`` installed as ``libcuda.so.1`` and ``libnvidia-ml.so.1`` where the
   NVIDIA runtime would mount the real ones, so the interposer's limits and cGPU schedules can be
   exercised inside a real container; and ``/flood``, a hostile process that opens many
-  connections to the accounting broker's socket (``node/flood.c``).
+  connections to the accounting broker's socket (``node/flood.c``); and, as a hostile image
+  would have them, links from ``/x/y/z/`` to each isolation path and to ``/etc``
+  (:data:`HOSTILE_LINKS`), so that a volume at the link lands over what the plugin mounted;
+  ``/var/run`` links to ``/run``, as in Debian's images.
 
 Both come from the same layer. They are rebuilt when their inputs change (a content hash).
 """
@@ -90,14 +93,28 @@ def _build_driver(out: Path) -> dict[str, Path]:
     return {f"{LIBDIR}/{cuda.name}": cuda, f"{LIBDIR}/{nvml.name}": nvml, **programs}
 
 
+HOSTILE_LINKS = {
+    "x/y/z/sched": "/var/run/gpushare-sched",
+    "x/y/z/conf": "/etc/gpushare",
+    "x/y/z/etc": "/etc",
+    "x/y/z/lib": "/usr/local/gpushare",
+    "x/y/z/broker": "/var/run/gpushare",
+}
+"""Links a tenant's image may hold: ``/x/y/z/<name>`` to an isolation path (or above one)."""
+
+
 def _layer(probe: Path, flood: Path, driver: dict[str, Path]) -> bytes:
     applets = subprocess.run(
         [str(BUSYBOX), "--list"], check=True, capture_output=True, text=True
     ).stdout.split()
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for directory in ("bin", "etc", "tmp", "lib", "lib64", "lib/x86_64-linux-gnu", "usr"):
+        directories = ("bin", "etc", "tmp", "lib", "lib64", "lib/x86_64-linux-gnu", "usr", "run")
+        for directory in (*directories, "var", "x", "x/y", "x/y/z"):
             _add_dir(tar, directory, 0o1777 if directory == "tmp" else 0o755)
+        _add_link(tar, "var/run", "/run")
+        for link, target in HOSTILE_LINKS.items():
+            _add_link(tar, link, target)
         _add_file(tar, "bin/busybox", BUSYBOX.read_bytes())
         for applet in sorted(set(applets) - {"busybox"}):
             _add_link(tar, f"bin/{applet}", "busybox")

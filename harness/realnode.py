@@ -89,6 +89,10 @@ class RealNode:
     taint: bool = True
     max_pods: int = 250
     plugin: bool = True
+    plugin_identity: str = "chart"
+    """``chart``: the plugin runs with a token of the chart's ServiceAccount bound to this node,
+    under the chart's RBAC and node policies (harness.identities); ``admin``: the admin
+    kubeconfig, for a test that needs it."""
     """Start ``gpushare device-plugin`` as a process here; False leaves the node to a device
     plugin that runs in a pod (the Helm chart's DaemonSet)."""
     gateway: bool = False
@@ -541,7 +545,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 "--gpu-memory-unit",
                 self.unit,
                 "--kubeconfig",
-                str(self.cluster.kubeconfig),
+                str(self.plugin_kubeconfig()),
                 "--device-plugin-dir",
                 str(DEVICE_PLUGIN_DIR),
                 "--pod-resources-socket",
@@ -562,12 +566,22 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 self.device_list_strategy,
                 "--cdi-spec-dirs",
                 str(self.cdi_dir),
+                "--cdi-hook-dir",
+                str(self.cdi_dir),
                 "--seal-key-file",
                 str(self.cluster.seal_key),
                 *(("--fake-topology", self.fake_topology) if self.fake_topology else ()),
                 *extra,
             ],
         )
+
+    def plugin_kubeconfig(self) -> Path:
+        """The credentials the plugin runs with (see ``plugin_identity``)."""
+        if self.plugin_identity == "admin":
+            return self.cluster.kubeconfig
+        from harness.identities import device_plugin_kubeconfig
+
+        return device_plugin_kubeconfig(self.cluster, self.name)
 
     def expect_registration(self) -> None:
         """Make :meth:`wait_capacity` wait for registrations logged from now on (after a

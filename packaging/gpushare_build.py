@@ -34,7 +34,7 @@ from setuptools.build_meta import (  # noqa: F401  (the hooks this backend does 
 SRC = Path(__file__).resolve().parents[1] / "src"
 STEPS = (
     ("the gRPC stubs", SRC / "gpushare" / "deviceplugin" / "genproto.py"),
-    ("the CUDA interposer", SRC / "gpushare" / "isolation" / "build.py"),
+    ("the CUDA interposer and the mount-check hook", SRC / "gpushare" / "isolation" / "build.py"),
 )
 
 

@@ -64,6 +64,9 @@ DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"
 INTERPOSER = "gpushare/isolation/native/libgpushare-cuda.so"
+MOUNTCHECK = "gpushare/isolation/native/gpushare-mountcheck"
+NATIVE_FILES = (INTERPOSER, MOUNTCHECK)
+"""The native files the wheel must carry: the interposer, and the runtime hook."""
 UID = GID = 65532
 ACCOUNT = f"gpushare:x:{UID}:{GID}::/nonexistent:/usr/sbin/nologin\n"
 GROUP = f"gpushare:x:{GID}:\n"
@@ -183,7 +186,7 @@ SOURCES = (
     "packaging", "src",
 )  # fmt: skip
 """What gpushare's wheel is built from."""
-GENERATED = ("__pycache__", "*.egg-info", "api_pb2*", "*.so", "build")
+GENERATED = ("__pycache__", "*.egg-info", "api_pb2*", "*.so", "gpushare-mountcheck", "build")
 """Build output in a checkout, which the wheel build makes again."""
 
 
@@ -233,8 +236,9 @@ def wheels(arch: Arch, out: Path, python: str) -> None:
     )  # fmt: skip
     (own,) = out.glob(f"{WHEEL_NAME}-*.whl")
     with zipfile.ZipFile(own) as wheel:
-        if INTERPOSER not in wheel.namelist():
-            raise RecipeError(f"{own.name} lacks {INTERPOSER}: the build backend must compile it")
+        for native in NATIVE_FILES:
+            if native not in wheel.namelist():
+                raise RecipeError(f"{own.name} lacks {native}: the build backend must compile it")
 
 
 # -- 2. the root filesystem -----------------------------------------------------------------------
@@ -263,7 +267,7 @@ def rootfs(arch: Arch, wheel_dir: Path, version: str, out: Path, python: str) ->
         f'chroot "$1" python3 /tmp/{pip_wheel.name}/pip install -q --no-index --no-cache-dir '
         f"--break-system-packages --no-warn-script-location --find-links /tmp/wheels "
         f"'{DISTRIBUTION}=={version}'",
-        f'test -f "$1/{SITE_PACKAGES}/{INTERPOSER}"',
+        *(f'test -f "$1/{SITE_PACKAGES}/{native}"' for native in NATIVE_FILES),
         'test -x "$1/usr/local/bin/gpushare"',
         f'rm -rf "$1/tmp/wheels" "$1/tmp/{pip_wheel.name}"',
         f'cat {work / "passwd"} >> "$1/etc/passwd"',

@@ -87,3 +87,28 @@ class ExportRegistry(CollectorRegistry):
 
     def restricted_registry(self, names: Iterable[str]) -> RestrictedRegistry:
         return _RestrictedExport(names, self)
+
+
+WATCH_REFUSED_HELP = (
+    "1 while the API server refuses this list or watch (reason forbidden: 403, RBAC lacks the "
+    "verb; unauthorized: 401; failing: {n} failures in a row); no series while none is"
+)
+
+
+def watch_refused_family(
+    name: str,
+    refusals: Iterable[tuple[str, str, str]],
+    *,
+    labels: tuple[tuple[str, str], ...] = (),
+    failing_after: int = 5,
+) -> GaugeMetricFamily:
+    """``name{<labels>, resource, verb, reason} 1`` per refused step (kube.watchhealth), with
+    the process's own ``labels`` (the device plugin's ``node``) first."""
+    family = GaugeMetricFamily(
+        name,
+        WATCH_REFUSED_HELP.format(n=failing_after),
+        labels=[*(k for k, _ in labels), "resource", "verb", "reason"],
+    )
+    for resource, verb, reason in refusals:
+        family.add_metric([*(v for _, v in labels), resource, verb, reason], 1.0)
+    return family

@@ -89,6 +89,8 @@ def test_two_extenders_add_up_to_the_clusters_gpu_memory_once(cluster: Cluster) 
             str(port),
             "--metrics-port",
             str(metrics_port),
+            # plain HTTP: this test adds up series; test_metrics_access checks who may read them
+            "--no-metrics-authorization",
             "--seal-key-file",
             str(cluster.seal_key),
             "--log-level",

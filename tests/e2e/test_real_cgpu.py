@@ -11,8 +11,9 @@ the schedule directory is mounted read-only. The second pod is created once the 
 before the plugin may have marked it served, so Allocate may see both as candidates and give the
 lower weight: the schedule must still come to each pod's own.
 
-Policy 1, a pod with an ``emptyDir`` over the schedule directory: its interposer finds no
-schedule and keeps it to its own share (one slice of 1 / 8), while the other pod gets its half.
+Pods with an ``emptyDir`` moved over the isolation (through a link in the image, or straight at
+the schedules where no admission runs) are refused by the runtime before they run, while the
+victim beside them keeps its schedule.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import pytest
 from harness.cluster import Cluster
 from harness.realnode import RealNode, container, pod, probe_env
 
-from .test_real_node import NS, create, fresh_namespace, wait_done
+from .conftest import eventually
+from .test_real_node import NS, create, fresh_namespace, ns_pods, reasons, wait_done
 
 PERIOD_NS = 100_000_000
 ROUNDS = 14
@@ -35,7 +37,7 @@ ROUNDS = 14
 SCRIPT = (
     "sed -n 's/^\\(policy\\|weight\\|slot\\|gpus\\|sched_dir\\)=/LIMITS_\\1=/p' "
     "/etc/gpushare/limits; "
-    'awk \'$2 == "/var/run/gpushare-sched" {print "SCHED_MOUNT=" substr($4, 1, 2)}\' '
+    'awk \'$2 == "/run/gpushare-sched" {print "SCHED_MOUNT=" substr($4, 1, 2)}\' '
     "/proc/mounts; "
     "gpu=$(sed -n 's/^gpus=//p' /etc/gpushare/limits); "
     "sched=/var/run/gpushare-sched/gpu$gpu; "
@@ -135,9 +137,20 @@ def test_weighted_policy_takes_weights_from_the_pod_spec(
     assert max(light_shares) < 40 and max(heavy_shares) > 50
 
 
-# An emptyDir over the schedule directory: no file there, and the tenant could write one. The
-# real-node namespace has no admission webhook (test_webhook.py shows it refuses this pod), so
-# the pod runs and shows what the interposer does without its schedule.
+# Volumes over the isolation: through the links a hostile image holds (harness/images.py
+# HOSTILE_LINKS), which admission cannot see, and one straight at the schedules, which it would
+# refuse: the real-node namespace has no admission webhook, like a namespace labelled
+# gpushare.io/webhook=skip. The runtime's check (gpushare-mountcheck, a createRuntime hook the
+# plugin's CDI spec names) refuses every one before it runs; the victim on the same GPU keeps
+# its schedule and its share. Each attack's name, its volume's path and the path refused.
+ATTACKS = {
+    "link-sched": ("/x/y/z/sched", "/var/run/gpushare-sched"),
+    "link-limits": ("/x/y/z/conf", "/etc/gpushare/limits"),
+    "link-etc": ("/x/y/z/etc", "/etc/ld.so.preload"),
+    "link-lib": ("/x/y/z/lib", "/usr/local/gpushare"),
+    "link-broker": ("/x/y/z/broker", "/var/run/gpushare"),
+    "direct-sched": ("/var/run/gpushare-sched", "/var/run/gpushare-sched"),
+}
 ATTACK_ROUNDS = 4
 ATTACK = (
     "ls -A /var/run/gpushare-sched | sed 's/^/SCHED_FILE=/'; "
@@ -147,33 +160,64 @@ ATTACK = (
 )
 
 
-def test_a_volume_over_the_schedules_gives_the_attacker_only_its_own_share(
+def refusal(item: dict[str, Any]) -> str:
+    """The message of the container's failed start, or ""."""
+    for entry in item["status"].get("containerStatuses") or []:
+        for state in (entry.get("state") or {}, entry.get("lastState") or {}):
+            for phase in ("waiting", "terminated"):
+                message = (state.get(phase) or {}).get("message") or ""
+                if "gpushare-mountcheck" in message:
+                    return str(message)
+    return ""
+
+
+def test_volumes_moved_over_the_isolation_are_refused_by_the_runtime(
     real_node: RealNode, ns: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cluster = real_node.cluster
-    real_node.set_mode("cgpu", unit="1GiB", extra=("--cgpu-policy", "1", "--max-pods-per-gpu", "8"))
-    attacker = pod("attacker", NS, [container("main", 5, command=ATTACK)])
-    attacker["spec"]["volumes"] = [{"name": "sched", "emptyDir": {}}]
-    attacker["spec"]["containers"][0]["volumeMounts"] = [
-        {"name": "sched", "mountPath": "/var/run/gpushare-sched"}
-    ]
+    real_node.set_mode("cgpu", unit="1GiB", extra=("--cgpu-policy", "2", "--max-pods-per-gpu", "8"))
+    attackers = []
+    for name, (path, _) in ATTACKS.items():
+        manifest = pod(name, NS, [container("main", 5, command=ATTACK)])
+        manifest["spec"]["volumes"] = [{"name": "mine", "emptyDir": {}}]
+        manifest["spec"]["containers"][0]["volumeMounts"] = [{"name": "mine", "mountPath": path}]
+        attackers.append(manifest)
+    create(cluster, attackers)
     victim = pod("victim", NS, [container("main", 5, command=ATTACK)])
-    create(cluster, [attacker])
-    wait_running(cluster, "attacker")
     create(cluster, [victim])
-    wait_done(cluster, {"attacker", "victim"}, 240)
-    logs = {n: cluster.kubectl("logs", "-n", NS, n).stdout for n in ("attacker", "victim")}
+
+    def ended() -> dict[str, dict[str, Any]] | None:
+        """Every attacker refused or finished, and the victim finished."""
+        items = {p["metadata"]["name"]: p for p in ns_pods(cluster)}
+        over = {
+            n: p for n, p in items.items() if refusal(p) or p["status"].get("phase") != "Pending"
+        }
+        finished = all(
+            n in over and (refusal(over[n]) or over[n]["status"].get("phase") != "Running")
+            for n in (*ATTACKS, "victim")
+        )
+        return items if finished else None
+
+    items = eventually(ended, 300, "every attacker refused or finished, and the victim finished")
+    logs = {
+        n: cluster.kubectl("logs", "-n", NS, n, check=False).stdout for n in (*ATTACKS, "victim")
+    }
     shares = {
         n: [float(s) for s in re.findall(r"^ROUND \d+ .*own=([\d.]+)", text, re.M)]
         for n, text in logs.items()
     }
+    messages = {name: refusal(items[name]) for name in ATTACKS}
     with capsys.disabled():
-        for name, text in logs.items():
-            print(f"\n[real node] {name}:\n{text}", flush=True)
-        print(f"\n[real node] attacker {shares['attacker']} %, victim {shares['victim']} %")
-    assert "SCHED_FILE=" not in logs["attacker"] and "SCHED_FILE=gpu" in logs["victim"]
-    assert len(shares["attacker"]) == ATTACK_ROUNDS, logs["attacker"]
-    # policy 1 with 8 pods a GPU: one slice of 100 / 8, rounded down
-    assert "keep to this container's own share, 12 % of each 100 ms" in logs["attacker"]
-    assert max(shares["attacker"]) <= 17, shares
-    assert "gpushare:" not in logs["victim"]
+        for name in ATTACKS:
+            seen = messages[name][-300:] or f"ran: {shares[name]} %\n{logs[name]}"
+            print(f"\n[real node] {name}: {seen}", flush=True)
+        print(f"\n[real node] victim {shares['victim']} %:\n{logs['victim']}", flush=True)
+    for name, (_, refused_path) in ATTACKS.items():
+        assert f"{refused_path} " in messages[name] or f"{refused_path}:" in messages[name], (
+            name,
+            messages[name] or logs[name],
+        )
+        assert "ROUND" not in logs[name], (name, logs[name])  # it never ran
+    assert items["victim"]["status"].get("phase") == "Succeeded", reasons(items["victim"])
+    assert "SCHED_FILE=gpu" in logs["victim"]
+    assert len(shares["victim"]) == ATTACK_ROUNDS and "gpushare:" not in logs["victim"]

@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
@@ -47,12 +46,13 @@ from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.allocation import Allocation, ContainerShare, GpuShare, to_annotations
 from gpushare.kube.lightkube_api import LightkubeAPI
 from gpushare.kube.port import KubeError
+from harness import identities
 from harness.cluster import Cluster
-from harness.helpers import token_kubeconfig
+from harness.identities import token_kubeconfig
 from harness.realnode import NODE_NAME, RealNode, container, hand_off, pod, probe_env
 from harness.seeding import kwok_node
 
-from .conftest import REPO, create_nodes, delete_nodes, eventually
+from .conftest import create_nodes, delete_nodes, eventually
 
 NS = "e2e-forgery"
 GPUS = 4
@@ -470,36 +470,12 @@ OTHER_NODE = "forgery-other"
 def chart_documents(cluster: Cluster) -> list[dict[str, Any]]:
     """The device plugin's ServiceAccount, RBAC and node policies as ``helm template`` renders
     them from charts/gpushare (default values) for this cluster's Kubernetes version."""
-    version = cluster.kubectl_json("version")["serverVersion"]["gitVersion"]
-    helm_home = cluster.root / "helm-forgery"
-    env = {
-        **os.environ,
-        "HELM_CACHE_HOME": str(helm_home / "cache"),
-        "HELM_CONFIG_HOME": str(helm_home / "config"),
-        "HELM_DATA_HOME": str(helm_home / "data"),
-    }
-    result = subprocess.run(
-        [
-            str(cluster.binaries["helm"]),
-            "template",
-            RELEASE,
-            str(REPO / "charts" / "gpushare"),
-            "--namespace",
-            PLUGIN_NS,
-            "--show-only",
-            "templates/deviceplugin-rbac.yaml",
-            "--show-only",
-            "templates/deviceplugin-policy.yaml",
-            "--kube-version",
-            version,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=True,
+    return identities.chart_documents(
+        cluster,
+        ("templates/deviceplugin-rbac.yaml", "templates/deviceplugin-policy.yaml"),
+        release=RELEASE,
+        namespace=PLUGIN_NS,
     )
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
 def mounted_token(node: RealNode, uid: str) -> str:

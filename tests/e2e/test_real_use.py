@@ -36,7 +36,15 @@ def test_a_containers_use_shows_in_the_metrics_joined_by_uuid_and_in_inspect(
     real_node.set_mode(
         "cgpu",
         unit="1GiB",
-        extra=("--metrics-port", str(port), "--used-summary-interval", "1", "--log-format", "json"),
+        extra=(
+            "--metrics-port",
+            str(port),
+            "--no-metrics-authorization",  # who may read: test_metrics_access
+            "--used-summary-interval",
+            "1",
+            "--log-format",
+            "json",
+        ),
     )
     script = (
         f"/memops alloc:{HOLD_MIB} hold > /tmp/held & "

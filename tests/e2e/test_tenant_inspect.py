@@ -14,7 +14,8 @@ from typing import Any
 
 from gpushare.core.model.inventory import Mode
 from harness.cluster import Cluster
-from harness.helpers import apply_all, gpu_pod_manifest, pods, token_kubeconfig
+from harness.helpers import apply_all, gpu_pod_manifest, pods
+from harness.identities import token_kubeconfig
 from harness.seeding import labelled_kwok_nodes
 
 from .conftest import create_nodes, delete_nodes, eventually

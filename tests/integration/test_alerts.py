@@ -75,6 +75,26 @@ CASES: dict[str, list[tuple[str, list[str]]]] = {
             ['{node="a", gpu="1"}'],
         ),
     ],
+    "GPUShareExtenderWatchRefused": [
+        (  # one replica refused, the other not: the refused one alone
+            f'gpushare_watch_refused{{{TARGET}, pod="s-0", resource="pods", verb="watch", '
+            'reason="forbidden"} 1x15\n'
+            f'gpushare_build_info{{{TARGET}, pod="s-1"}} 1x15',
+            ['{pod="s-0", resource="pods", verb="watch", reason="forbidden"}'],
+        ),
+        (f'gpushare_build_info{{{TARGET}, pod="s-0"}} 1x15', []),
+    ],
+    "GPUShareDevicePluginWatchRefused": [
+        (
+            "gpushare_device_plugin_watch_refused"
+            f'{{{TARGET}, pod="dp-a", node="a", resource="pods", verb="watch", '
+            'reason="forbidden"} 1x15\n'
+            "gpushare_device_plugin_watch_refused"
+            f'{{{TARGET}, pod="dp-b", node="b", resource="pods", verb="list", '
+            'reason="failing"} 0x15',
+            ['{node="a", resource="pods", verb="watch", reason="forbidden"}'],
+        ),
+    ],
     "GPUSharePodResourcesMismatch": [
         (
             "gpushare_device_plugin_podresources_mismatches_total"

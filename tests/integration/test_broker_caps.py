@@ -30,6 +30,7 @@ from gpushare.deviceplugin.config import Stats
 from gpushare.deviceplugin.descriptors import RESERVED, BrokerCaps, CapsError
 from gpushare.deviceplugin.hooks.accounts import BY_DEVICES
 from gpushare.deviceplugin.metrics import registry_for
+from gpushare.kube.watchhealth import WatchHealth
 from tests import grpc_loop
 
 from .test_device_plugin import MEM, Rig, pod, run
@@ -197,7 +198,9 @@ def test_one_pods_containers_share_its_cap_and_another_pod_is_served() -> None:
             assert broker.stats.refused == {"pod": 284}
             assert broker.stats.open == 316
             # the CLI hands the plugin's counters to the broker: the metrics read them
-            plugin = SimpleNamespace(stats=Stats(broker=broker.stats), source=r.gpus)
+            plugin = SimpleNamespace(
+                stats=Stats(broker=broker.stats), source=r.gpus, health=WatchHealth(role="test")
+            )
             exported = {
                 (s.name, tuple(sorted(s.labels.items()))): s.value
                 for m in registry_for(plugin, "n1").collect()

@@ -998,6 +998,8 @@ def test_prometheus_rule_alerts_on_what_an_operator_needs_first() -> None:
         "GPUShareUntrustedAllocations",
         "GPUShareGPUUnhealthy",
         "GPUSharePodResourcesMismatch",
+        "GPUShareExtenderWatchRefused",
+        "GPUShareDevicePluginWatchRefused",
     }
     monitors = {d["metadata"]["name"] for d in docs if d["kind"] == "PodMonitor"}
     for alert, monitor in (

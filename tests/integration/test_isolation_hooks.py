@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
 import tempfile
@@ -20,6 +21,7 @@ from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo
 from gpushare.deviceplugin.hooks.accounts import BY_DEVICES, devices_key, prune_accounting
 from gpushare.deviceplugin.hooks.library import PRELOAD_NAME
+from gpushare.deviceplugin.hooks.mountcheck import DEVICE, SPEC_NAME, MountCheck
 from gpushare.deviceplugin.hooks.mpsdaemon import MpsControl
 from gpushare.deviceplugin.hooks.node import NodeIsolation
 from gpushare.deviceplugin.plugin import DevicePlugin
@@ -247,6 +249,72 @@ def test_isolation_none_serves_cgpu_without_the_interposer() -> None:
         assert "LD_PRELOAD" not in admitted.envs["c0"] and "c0" not in admitted.mounts
 
     run(body, mode=Mode.CGPU, hook=isolation(policy="none"))
+
+
+def checked(packaged: Path | None) -> Any:
+    """A hook whose isolated answers name the runtime's mount check (``cdi-cri`` nodes)."""
+
+    def make(root: Path, source: FakeGpus) -> NodeIsolation:
+        check = MountCheck(
+            spec_dir=root / "cdi",
+            lib_dir=root / "lib",
+            watched=(root / "state", root / "lib"),
+            packaged=packaged,
+        )
+        return isolation(packaged=fake_library(), mount_check=check)(root, source)
+
+    return make
+
+
+def fake_program() -> Path:
+    path = Path(tempfile.mkdtemp()) / "gpushare-mountcheck"
+    path.write_bytes(b"\x7fELF fake hook")
+    return path
+
+
+@pytest.mark.parametrize("mode", [Mode.CGPU, Mode.MPS])
+def test_isolated_containers_name_the_mount_check_and_its_spec_is_installed(mode: Mode) -> None:
+    program = fake_program()
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        installed = r.root / "lib" / "gpushare-mountcheck"
+        assert installed.read_bytes() == program.read_bytes() and os.access(installed, os.X_OK)
+        spec = json.loads((r.root / "cdi" / SPEC_NAME).read_text())
+        assert spec["kind"] == "gpushare.io/isolation"
+        (device,) = spec["devices"]
+        (hook,) = device["containerEdits"]["hooks"]
+        assert hook["hookName"] == "createRuntime" and hook["path"] == str(installed)
+        assert hook["args"] == ["gpushare-mountcheck", "--under", str(r.root / "state"),
+                                "--under", str(r.root / "lib")]  # fmt: skip
+        _, admitted = await admit(r, pod("app", 4))
+        assert admitted.cdi_devices["c0"].count(DEVICE) == 1
+        assert admitted.mounts["c0"]
+
+    run(body, mode=mode, hook=checked(program))
+
+
+def test_unisolated_containers_are_not_checked() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        _, admitted = await admit(r, pod("app", 4))
+        assert DEVICE not in admitted.cdi_devices.get("c0", [])
+        assert not (r.root / "cdi" / SPEC_NAME).exists()
+
+    run(body, mode=Mode.SHARE, hook=checked(fake_program()))
+
+
+def test_cgpu_without_the_mount_check_refuses_to_start(tmp_path: Path) -> None:
+    kube = MemoryKube()
+    kube.put_node(bare_node(Mode.CGPU))
+    source = FakeGpus.parse("1x15GiB", node=NODE)
+    config = PluginConfig(node=NODE, plugin_dir=tmp_path / "dp", state_dir=tmp_path / "state")
+    plugin = DevicePlugin(
+        api=kube, source=source, config=config, hook=checked(None)(tmp_path, source)
+    )
+    with pytest.raises(StartRefused) as err:
+        grpc_loop.run(plugin.start())
+    assert "gpushare-mountcheck" in str(err.value) and "gpushare.isolation.build" in str(err.value)
 
 
 def test_cgpu_without_the_library_refuses_to_start(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from gpushare.core.decision.scheduling import Settings
-from gpushare.core.model.names import ANN_ALLOCATION, DEFAULT_NAMES
+from gpushare.core.model.names import ANN_ALLOCATION, ANN_REFUSAL_REPORTED, DEFAULT_NAMES
 from gpushare.core.records.readmission import MAX_RECREATIONS, Step, readmission, replacement
 from gpushare.extender.events import EventRecorder
 from gpushare.extender.readmitting import RECREATED, REFUSED, Readmitter
@@ -129,5 +129,45 @@ def test_the_extender_recreates_a_refused_bare_pod_once_with_events() -> None:
         assert readmitter.counts == {"controller": 1, "recreated": 1, "left": 0, "error": 0}
         reasons = sorted((e["involvedObject"]["name"], e["reason"]) for e in kube.events())
         assert reasons == [("p", RECREATED), ("p", REFUSED), ("q", REFUSED)]
+
+    asyncio.run(scenario())
+
+
+def test_with_re_creation_off_the_event_says_the_pod_stays_failed() -> None:
+    """The chart's default (recreateRefusedPods: false) must not promise a re-creation."""
+    left = readmission(refused(), DEFAULT_NAMES, recreate=False)
+    assert left.step is Step.NOTHING
+    assert "it stays Failed" in left.why and "re-creates it" not in left.why
+    assert "re-creates it under the same name" in readmission(refused(), DEFAULT_NAMES).why
+
+
+def test_a_restarted_extender_does_not_report_a_pod_it_reported_already() -> None:
+    """The first extender writes the event and marks the pod; a second one, started later
+    with nothing in memory, lists the same Failed pod and writes nothing."""
+
+    async def extender_run(kube: MemoryKube) -> Readmitter:
+        cache = ClusterCache(kube, settings=Settings())
+        events = EventRecorder(kube, min_interval_s=0)
+        readmitter = Readmitter(kube, names=DEFAULT_NAMES, events=events, recreate=False)
+        cache.on_failed = readmitter.seen
+        await cache.sync()
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+        return readmitter
+
+    async def scenario() -> None:
+        kube = MemoryKube()
+        kube.create_pod(refused())
+        first = await extender_run(kube)
+        assert first.counts["left"] == 1
+        (pod,) = kube.pods()
+        assert ANN_REFUSAL_REPORTED in pod["metadata"]["annotations"]
+        assert pod["status"]["phase"] == "Failed"
+        second = await extender_run(kube)  # a restart: a new process, the same cluster
+        assert second.counts == {"controller": 0, "recreated": 0, "left": 0, "error": 0}
+        reasons = [(e["involvedObject"]["name"], e["reason"]) for e in kube.events()]
+        assert reasons == [("p", REFUSED)]
+        (event,) = kube.events()
+        assert "it stays Failed" in event["message"]
 
     asyncio.run(scenario())

@@ -6,7 +6,15 @@ import httpx2
 import pytest
 
 from gpushare.kube.lightkube_api import _mapped, _translate
-from gpushare.kube.port import Conflict, Forbidden, Gone, KubeError, NotFound, Unreachable
+from gpushare.kube.port import (
+    Conflict,
+    Forbidden,
+    Gone,
+    KubeError,
+    NotFound,
+    Unauthorized,
+    Unreachable,
+)
 
 URL = "https://127.0.0.1:6443/apis/scheduling.alibabacloud.com/v1alpha1/resourcepolicies"
 
@@ -26,7 +34,7 @@ def test_a_plain_text_404_for_an_absent_crd_is_not_found() -> None:
 
 @pytest.mark.parametrize(
     ("code", "kind"),
-    [(409, Conflict), (410, Gone), (403, Forbidden), (401, Unreachable), (500, KubeError)],
+    [(409, Conflict), (410, Gone), (403, Forbidden), (401, Unauthorized), (500, KubeError)],
 )
 def test_other_plain_answers_map_by_code(code: int, kind: type[KubeError]) -> None:
     err = _translate(_status_error(code, ""), "watch resourcepolicies")

@@ -244,3 +244,16 @@ hostNetwork: true
   value: {{ $port | quote }}
 {{- end }}
 {{- end -}}
+
+{{/* The metrics port's access flags (metrics.authorization), for the extender and device plugin. */}}
+{{- define "gpushare.metricsAccessArgs" -}}
+{{- $a := .Values.metrics.authorization -}}
+{{- if $a.enabled }}
+# metrics.authorization: HTTPS, /metrics only for identities allowed get /metrics.
+- --metrics-authorization
+- --metrics-auth-cache-ttl={{ $a.cacheTTLSeconds }}
+{{- else }}
+# metrics.authorization.enabled=false: plain HTTP, /metrics to anyone who reaches the pod.
+- --no-metrics-authorization
+{{- end }}
+{{- end -}}

@@ -16,6 +16,7 @@ import click
 from gpushare.cli.errors import CommandError
 from gpushare.cli.logs import log_format_option, log_level_option, setup_logging
 from gpushare.cli.options import resource_name_options, scheduling_config
+from gpushare.cli.scrapeaccess import metrics_access, metrics_access_options
 from gpushare.cli.sealing import seal_options, trust_from_flags
 
 NVML_HINT = (
@@ -142,6 +143,14 @@ NVML_HINT = (
     help="cdi-cri: where the node's CDI specs are (the container runtime's cdi_spec_dirs), "
     "comma-separated.",
 )
+@click.option(
+    "--cdi-hook-dir",
+    default="/var/run/cdi",
+    show_default=True,
+    help="cdi-cri: where the plugin writes the CDI spec of its isolation check, a hook that "
+    "refuses a container whose isolation mounts a volume or an image link moved; one of the "
+    "runtime's cdi_spec_dirs, writable. docs/isolation.md.",
+)
 @click.option("--kubelet-config", default="/var/lib/kubelet/config.yaml", show_default=True)
 @click.option(
     "--cpu-manager-state", default="/var/lib/kubelet/cpu_manager_state", show_default=True
@@ -155,6 +164,16 @@ NVML_HINT = (
     default=9400,
     show_default=True,
     help="Serve Prometheus /metrics on this port (0 disables).",
+)
+@metrics_access_options
+@click.option(
+    "--health-port",
+    type=click.IntRange(min=0, max=65535),
+    default=0,
+    show_default=True,
+    help="Serve /healthz and /readyz on 127.0.0.1 at this port (0 disables): /readyz answers "
+    "503 with the reason until the plugin has registered, and while the API server refuses "
+    "its pod watch (the chart's readiness probe reads it).",
 )
 @click.option(
     "--used-summary-interval",
@@ -187,12 +206,18 @@ def device_plugin(
     device_list_strategy: str,
     cdi_kind: str,
     cdi_spec_dirs: str,
+    cdi_hook_dir: str,
     kubelet_config: str,
     cpu_manager_state: str,
     kubeconfig: str | None,
     log_level: str,
     log_format: str,
     metrics_port: int,
+    health_port: int,
+    metrics_authorization: bool,
+    metrics_tls_cert_file: str | None,
+    metrics_tls_private_key_file: str | None,
+    metrics_auth_cache_ttl: float,
     used_summary_interval: float,
     mem_resource: str | None,
     core_resource: str | None,
@@ -215,7 +240,13 @@ def device_plugin(
     import contextlib
     from pathlib import Path
 
-    from gpushare.deviceplugin.cdi import HandOff, HandOffError, parse_kind, parse_strategy
+    from gpushare.deviceplugin.cdi import (
+        HandOff,
+        HandOffError,
+        Strategy,
+        parse_kind,
+        parse_strategy,
+    )
 
     try:
         handoff = HandOff(
@@ -234,10 +265,12 @@ def device_plugin(
     )
     from gpushare.deviceplugin.gpus import FakeGpus, GpuSource, NvmlGpus
     from gpushare.deviceplugin.hooks.library import packaged_library
+    from gpushare.deviceplugin.hooks.mountcheck import MountCheck, packaged_mountcheck
     from gpushare.deviceplugin.hooks.node import NodeIsolation
     from gpushare.deviceplugin.metrics import registry_for, serve_metrics
     from gpushare.deviceplugin.plugin import DevicePlugin
     from gpushare.deviceplugin.preflight import StartRefused, refuse_static_cpu_policy
+    from gpushare.deviceplugin.readiness import serve_health
     from gpushare.deviceplugin.usage import UsedSummaryPublisher
     from gpushare.kube.lightkube_api import LightkubeAPI
     from gpushare.kube.port import KubeError
@@ -316,14 +349,41 @@ def device_plugin(
         unit=settings.unit,
         source=source,
         packaged=packaged_library(),
+        mount_check=(
+            MountCheck(
+                spec_dir=Path(cdi_hook_dir),
+                lib_dir=Path(isolation_lib_dir),
+                watched=(Path(state_dir), Path(isolation_lib_dir)),
+                packaged=packaged_mountcheck(),
+            )
+            if handoff.strategy is Strategy.CDI_CRI
+            else None
+        ),
     )
     plugin = DevicePlugin(
         api=api, source=source, config=config, hook=hook, trust=trust, stats=stats
     )
+    guard, cert = None, None
+    if metrics_port:
+        # its own client: the guard asks the API server from the metrics server's thread
+        guard, cert = metrics_access(
+            LightkubeAPI.connect(kubeconfig),
+            enabled=metrics_authorization,
+            cert_file=metrics_tls_cert_file,
+            key_file=metrics_tls_private_key_file,
+            ttl_s=metrics_auth_cache_ttl,
+            name=f"gpushare-device-plugin.{node_name}",
+        )
     try:
-        serve_metrics(registry_for(plugin, node_name, hook.usage), port=metrics_port)
+        serve_metrics(
+            registry_for(plugin, node_name, hook.usage), port=metrics_port, guard=guard, cert=cert
+        )
     except OSError as err:
         raise CommandError(f"cannot serve metrics on port {metrics_port}: {err}") from None
+    try:
+        serve_health(plugin.not_ready, port=health_port)
+    except OSError as err:
+        raise CommandError(f"cannot serve /readyz on port {health_port}: {err}") from None
 
     async def serve() -> None:
         await plugin.start()

@@ -14,9 +14,16 @@ import click
 from gpushare.cli.errors import CommandError
 from gpushare.cli.logs import log_format_option, log_level_option, setup_logging
 from gpushare.cli.options import resource_name_options, scheduling_config, scheduling_options
+from gpushare.cli.scrapeaccess import metrics_access, metrics_access_options
 from gpushare.cli.sealing import seal_options, trust_from_flags
 from gpushare.core.model.names import SCHEDULER_NAME
 from gpushare.extender.events import NORMAL_PER_S
+
+EXTENDER_ROLE = (
+    "the extender's ClusterRole (<release>-scheduler-extender, "
+    "charts/gpushare/templates/scheduler-rbac.yaml)"
+)
+"""Where its verbs are granted, for the advice a refused watch logs."""
 
 
 @click.command()
@@ -36,6 +43,7 @@ from gpushare.extender.events import NORMAL_PER_S
     help="Also serve /metrics alone on 0.0.0.0:PORT (0: only on --port), for Prometheus when "
     "--host is 127.0.0.1.",
 )
+@metrics_access_options
 @click.option(
     "--packing-profile",
     default=SCHEDULER_NAME,
@@ -69,6 +77,10 @@ def extender(
     host: str,
     port: int,
     metrics_port: int,
+    metrics_authorization: bool,
+    metrics_tls_cert_file: str | None,
+    metrics_tls_private_key_file: str | None,
+    metrics_auth_cache_ttl: float,
     kubeconfig: str | None,
     context: str | None,
     log_level: str,
@@ -100,6 +112,7 @@ def extender(
     from gpushare.kube.lightkube_api import LightkubeAPI
     from gpushare.kube.policies import PolicyWatch
     from gpushare.kube.port import KubeError
+    from gpushare.kube.watchhealth import WatchHealth
 
     config = scheduling_config(
         gpu_memory_unit=gpu_memory_unit,
@@ -118,8 +131,10 @@ def extender(
     settings = config.settings()
     scheduler = Scheduler(settings)
     book = PolicyBook()
+    # one place for every list and watch the extender runs: /readyz and the metrics read it
+    health = WatchHealth(role=EXTENDER_ROLE)
     cache = ClusterCache(
-        api, settings=settings, workload=scheduler.workload, trust=trust, book=book
+        api, settings=settings, workload=scheduler.workload, trust=trust, book=book, health=health
     )
     events = EventRecorder(api, normal_per_s=normal_events_per_second)
     readmitter = Readmitter(
@@ -134,14 +149,26 @@ def extender(
         events=events,
         scheduler_reports=True,
     )
-    policies = PolicyWatch(api, book, notify=service.policy_notice)
+    policies = PolicyWatch(api, book, notify=service.policy_notice, health=health)
     app = create_app(service, run_cache=True, policies=policies)
     main_server = uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level))
     if not metrics_port:
         main_server.run()
         return
+    guard, cert = metrics_access(
+        api,
+        enabled=metrics_authorization,
+        cert_file=metrics_tls_cert_file,
+        key_file=metrics_tls_private_key_file,
+        ttl_s=metrics_auth_cache_ttl,
+        name="gpushare-extender",
+    )
     metrics_config = server_config(
-        create_metrics_app(service), host="0.0.0.0", port=metrics_port, log_level=log_level
+        create_metrics_app(service, guard),
+        host="0.0.0.0",
+        port=metrics_port,
+        log_level=log_level,
+        cert=cert,
     )
 
     async def both() -> None:

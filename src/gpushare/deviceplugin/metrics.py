@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_asgi_app, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -25,7 +25,11 @@ from gpushare.core.model.inventory import CORE_PER_GPU
 from gpushare.deviceplugin.config import BrokerStats
 from gpushare.deviceplugin.gpus import GpuSource
 from gpushare.deviceplugin.usage import ContainerUse
-from gpushare.exporting import ExportRegistry
+from gpushare.exporting import ExportRegistry, watch_refused_family
+from gpushare.kube.metricsguard import MetricsGuard
+from gpushare.kube.watchhealth import WatchHealth
+from gpushare.scraping import GuardCollector, guarded, metrics_only, serve_in_thread
+from gpushare.servingcert import ServingCert
 
 MIB = 1024 * 1024
 CONTAINER_LABELS = ["node", "pod_namespace", "pod_name", "container_name", "gpu", "UUID"]
@@ -43,6 +47,7 @@ DEVICE_PLUGIN_METRICS = (
     "gpushare_device_plugin_broker_connections_refused_total",
     "gpushare_device_plugin_broker_idle_closed_total",
     "gpushare_device_plugin_broker_accept_errors_total",
+    "gpushare_device_plugin_watch_refused",
     "gpushare_container_gpu_memory_used_bytes",
     "gpushare_container_gpu_memory_limit_bytes",
     "gpushare_container_gpu_core_limit_ratio",
@@ -63,6 +68,9 @@ class _Stats(Protocol):
 class _Plugin(Protocol):
     @property
     def stats(self) -> _Stats: ...
+
+    @property
+    def health(self) -> WatchHealth: ...
 
     @property
     def source(self) -> GpuSource: ...
@@ -150,6 +158,13 @@ class DevicePluginCollector(Collector):
         )
         connections.add_metric([self._node], stats.broker.open)
         yield connections
+        health = self._plugin.health
+        yield watch_refused_family(
+            "gpushare_device_plugin_watch_refused",
+            health.rows(),
+            labels=(("node", self._node),),
+            failing_after=health.failing_after,
+        )
         memory = GaugeMetricFamily(
             "gpushare_device_plugin_gpu_memory_bytes",
             "Memory of each GPU as the device plugin reads it",
@@ -219,7 +234,25 @@ def registry_for(
     return registry
 
 
-def serve_metrics(registry: CollectorRegistry, *, port: int, host: str = "0.0.0.0") -> None:
-    """Serve ``/metrics`` on a daemon thread; port 0 disables it."""
-    if port:
+def serve_metrics(
+    registry: CollectorRegistry,
+    *,
+    port: int,
+    host: str = "0.0.0.0",
+    guard: MetricsGuard | None = None,
+    cert: ServingCert | None = None,
+) -> None:
+    """Serve ``/metrics`` on a daemon thread; port 0 disables it.
+
+    With ``guard``: over HTTPS (``cert``), to identities allowed ``get /metrics`` only
+    (``scraping``), with the guard's own series added to ``registry``. Without: plain HTTP to
+    anyone, as before (``--no-metrics-authorization``, for scrapers that cannot send a token).
+    """
+    if not port:
+        return
+    if guard is None:
         start_http_server(port, addr=host, registry=registry)
+        return
+    registry.register(GuardCollector(guard))
+    app = guarded(metrics_only(make_asgi_app(registry)), guard)
+    serve_in_thread(app, host=host, port=port, cert=cert)

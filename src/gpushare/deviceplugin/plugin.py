@@ -58,8 +58,15 @@ from gpushare.deviceplugin.serving import (
 from gpushare.kube.podwatch import NodePodWatch
 from gpushare.kube.port import KubeAPI
 from gpushare.kube.sealing import keyless_trust
+from gpushare.kube.watchhealth import WatchHealth
 
 log = logging.getLogger(__name__)
+
+ROLE = (
+    "the device plugin's ClusterRole (<release>-device-plugin, "
+    "charts/gpushare/templates/deviceplugin-rbac.yaml)"
+)
+"""Where its verbs are granted, for the advice a refused watch logs."""
 
 
 def process_age_s() -> float | None:
@@ -117,7 +124,9 @@ class DevicePlugin:
         )
         self.allocator = Allocator(parts, source=source)
         self.registrar = Registrar(backend=self, config=config, stats=self.stats)
-        self.watch = NodePodWatch(api, config.node, on_change=parts.changed.set)
+        self.health = WatchHealth(role=ROLE)
+        """Whether the API server refuses the pod watch (``/readyz``, metrics)."""
+        self.watch = NodePodWatch(api, config.node, on_change=parts.changed.set, health=self.health)
         """The node's pods, from a list and a watch; the served check reads them."""
         self.served_check = ServedCheck(parts, watch=self.watch)
         self._tasks: list[asyncio.Task[None]] = []
@@ -228,6 +237,17 @@ class DevicePlugin:
     def served_signature(self, device_ids: list[str]) -> Signature | None:
         """What Allocate answered for exactly these device IDs, if it did."""
         return self.checkpoint.signature(device_ids)
+
+    def not_ready(self) -> str:
+        """Why the plugin is not ready, '' when it is (``/readyz``, deviceplugin.readiness)."""
+        if not self._tasks:
+            return "starting: not registered with kubelet yet"
+        stopped = [t for t in self._tasks if t.done()]
+        if stopped:
+            task = stopped[0]
+            err = None if task.cancelled() else task.exception()
+            return f"a background task stopped: {type(err).__name__ if err else 'cancelled'}: {err}"
+        return self.health.problem()
 
     @property
     def mismatch_log(self) -> list[str]:

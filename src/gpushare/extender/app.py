@@ -22,7 +22,7 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpushare.extender.service import Extender
 from gpushare.extender.wire import (
@@ -35,17 +35,22 @@ from gpushare.extender.wire import (
     read_binding_args,
 )
 from gpushare.inspect.view import build_view, to_json
+from gpushare.kube.metricsguard import MetricsGuard
 from gpushare.kube.policies import PolicyWatch
+from gpushare.scraping import GuardCollector, guarded, tls_options
+from gpushare.servingcert import ServingCert
 
 log = logging.getLogger(__name__)
 
 
-def server_config(app: Any, *, host: str, port: int, log_level: str) -> uvicorn.Config:
+def server_config(
+    app: Any, *, host: str, port: int, log_level: str, cert: ServingCert | None = None
+) -> uvicorn.Config:
     """How ``gpushare extender`` serves the app (the benchmarks serve it the same way).
 
     uvloop and httptools (C event loop and HTTP parser) leave more of each call to the
     decision; the access log, a line per call at thousands of calls a minute, only at debug
-    (the request metrics count the calls).
+    (the request metrics count the calls). ``cert``: over HTTPS (the metrics port).
     """
     return uvicorn.Config(
         app,
@@ -57,6 +62,7 @@ def server_config(app: Any, *, host: str, port: int, log_level: str) -> uvicorn.
         loop="uvloop",
         http="httptools",
         access_log=log_level.lower() == "debug",
+        **tls_options(cert),  # type: ignore[arg-type]
     )
 
 
@@ -190,11 +196,12 @@ def _exposition(chunks: list[bytes]) -> StreamingResponse:
     return StreamingResponse(pieces(), media_type=CONTENT_TYPE_LATEST)
 
 
-def create_metrics_app(extender: Extender) -> FastAPI:
+def create_metrics_app(extender: Extender, guard: MetricsGuard | None = None) -> ASGIApp:
     """``/metrics`` alone, for a port Prometheus may reach while the verbs stay on 127.0.0.1.
 
     It runs on the same event loop as the extender: a scrape reads each node whole between two
-    of the watch's changes (``GpuSeries``).
+    of the watch's changes (``GpuSeries``). With ``guard``, only identities allowed
+    ``get /metrics`` read it (``scraping``); ``/healthz`` stays open.
     """
     app = FastAPI(title="gpushare extender metrics", openapi_url=None)
 
@@ -202,7 +209,14 @@ def create_metrics_app(extender: Extender) -> FastAPI:
     async def metrics() -> Response:
         return _exposition(await extender.metrics.exposition())
 
-    return app
+    @app.get("/healthz", response_class=PlainTextResponse)
+    async def healthz() -> str:
+        return "ok"
+
+    if guard is None:
+        return app
+    extender.metrics.registry.register(GuardCollector(guard))
+    return guarded(app, guard)
 
 
 def create_app(
@@ -316,6 +330,8 @@ def create_app(
             reason = f"a background task stopped: {_ended(stopped[0])}"
         elif extender.cache.problem:
             reason = f"cache: {extender.cache.problem}"
+        elif refused := extender.cache.health.problem():
+            reason = refused
         elif not extender.cache.synced:
             reason = "cache has not listed nodes and pods yet"
         elif policies is not None and not policies.listed:

@@ -34,8 +34,9 @@ from prometheus_client.registry import Collector
 from gpushare.core.model.inventory import CORE_PER_GPU
 from gpushare.core.records.allocation import Allocation
 from gpushare.core.resourcepolicies.resourcepolicy import PolicyError
-from gpushare.exporting import ExportRegistry
+from gpushare.exporting import ExportRegistry, watch_refused_family
 from gpushare.kube.cache import ClusterCache
+from gpushare.kube.watchhealth import FAILING_AFTER
 
 MIB = 1024 * 1024
 
@@ -69,6 +70,7 @@ LEDGER_METRICS = (
     "gpushare_namespace_gpu_memory_allocated_bytes",
     "gpushare_namespace_gpu_core_allocated",
     "gpushare_cache_synced",
+    "gpushare_watch_refused",
 )
 """Series the scrape-time collector exports (the dashboard test reads this list)."""
 
@@ -208,6 +210,12 @@ class _LedgerCollector(Collector):
                 by_namespace.add(allocation)
         yield from (unplaced, *by_namespace.families())
         yield synced
+        health = cache.health if cache is not None else None
+        yield watch_refused_family(
+            "gpushare_watch_refused",
+            health.rows() if health is not None else [],
+            failing_after=health.failing_after if health is not None else FAILING_AFTER,
+        )
 
 
 class _NamespaceTotals:

@@ -10,7 +10,9 @@ Bind-time assumptions survive a relist while their pods still exist, because tho
 show their annotations yet; an assumption whose pod vanished or finished while the watch was
 down is dropped.
 
-``synced`` stays False until the first full list, and ``/readyz`` reports it.
+``synced`` stays False until the first full list, and ``/readyz`` reports it. Each list's and
+watch's outcome also goes to ``health`` (kube.watchhealth), so that a watch the API server
+refuses (RBAC) makes ``/readyz`` fail with the verb to grant, even after the lists went through.
 
 **Memory.** Pods are listed a page at a time (``list_pod_pages``) and each page is read into
 the new state before the next is fetched; no pod object outlives its page. What stays per pod
@@ -81,6 +83,7 @@ from gpushare.kube.backoff import Backoff
 from gpushare.kube.pendingpods import PendingPods
 from gpushare.kube.port import Gone, KubeAPI, KubeDict, KubeError, WatchEvent
 from gpushare.kube.sealing import keyless_trust
+from gpushare.kube.watchhealth import WatchHealth
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +118,11 @@ class ClusterCache:
         on_skipped: OnSkipped | None = None,
         on_failed: Callable[[KubeDict], None] | None = None,
         on_freed: Callable[[], None] | None = None,
+        health: WatchHealth | None = None,
     ) -> None:
         self._api = api
+        self.health = health if health is not None else WatchHealth(role="its ClusterRole")
+        """Where a refused list or watch is reported (kube.watchhealth); ``/readyz`` reads it."""
         self._settings = settings
         self._on_change = on_change
         self.backoff = backoff if backoff is not None else Backoff()
@@ -204,7 +210,9 @@ class ClusterCache:
         of pods, not the cluster's. Until the last page everything the extender decides on
         stays as it was; then the new state replaces it at once, with no ``await`` between.
         """
-        listed_nodes, node_rv = await self._api.list_nodes()
+        with self.health.step("nodes", "list"):
+            listed_nodes, node_rv = await self._api.list_nodes()
+        self.health.succeeded("nodes", "list")
         nodes = [n for n in listed_nodes if self._readable("Node", n)]
         table = NodeTable((name_of(n), self._read(n)) for n in nodes)
         soft_tainted = {name_of(n) for n in nodes if has_prefer_no_schedule_taint(n)}
@@ -225,28 +233,30 @@ class ClusterCache:
         placings: list[tuple[str, Placed | None, bool]] = []
         pod_rv = ""
         count = 0
-        async for page, version in self._api.list_pod_pages():
-            pod_rv = version
-            for pod in page:
-                if not self._readable("Pod", pod):
-                    continue
-                count += 1
-                uid = uid_of(pod)
-                listed.add(uid)
-                if not is_terminal(pod):
-                    alive.add(uid)
-                self._observe(ledger, pod)
-                self._track(pending, pod)
-                self._failed(pod)
-                if node_name_of(pod) and self._books(uid):
-                    kept[uid] = pod
-                placed_terms.observe(pod)
-                if self.workload is not None and not self.workload.counted(uid):
-                    request = read_pod(pod, names=self.workload.names, unit=self.workload.unit)
-                    if isinstance(request, PodRequest):
-                        counted.append((uid, request))
-                if self.book is not None:
-                    placings.append(placing_of(pod))
+        with self.health.step("pods", "list"):
+            async for page, version in self._api.list_pod_pages():
+                pod_rv = version
+                for pod in page:
+                    if not self._readable("Pod", pod):
+                        continue
+                    count += 1
+                    uid = uid_of(pod)
+                    listed.add(uid)
+                    if not is_terminal(pod):
+                        alive.add(uid)
+                    self._observe(ledger, pod)
+                    self._track(pending, pod)
+                    self._failed(pod)
+                    if node_name_of(pod) and self._books(uid):
+                        kept[uid] = pod
+                    placed_terms.observe(pod)
+                    if self.workload is not None and not self.workload.counted(uid):
+                        request = read_pod(pod, names=self.workload.names, unit=self.workload.unit)
+                        if isinstance(request, PodRequest):
+                            counted.append((uid, request))
+                    if self.book is not None:
+                        placings.append(placing_of(pod))
+        self.health.succeeded("pods", "list")
         judged.retain(alive)
         self._reported.retain(alive)
         for assumed in self.ledger.assumptions():
@@ -356,14 +366,18 @@ class ClusterCache:
 
     async def _follow(self, node_rv: str, pod_rv: str) -> None:
         async def nodes() -> None:
-            async for event in self._api.watch_nodes(node_rv):
-                self.backoff.reset()
-                self._apply("Node", self.apply_node, event)
+            with self.health.step("nodes", "watch"):
+                async for event in self._api.watch_nodes(node_rv):
+                    self.backoff.reset()
+                    self.health.succeeded("nodes", "watch")
+                    self._apply("Node", self.apply_node, event)
 
         async def pods() -> None:
-            async for event in self._api.watch_pods(pod_rv):
-                self.backoff.reset()
-                self._apply("Pod", self.apply_pod, event)
+            with self.health.step("pods", "watch"):
+                async for event in self._api.watch_pods(pod_rv):
+                    self.backoff.reset()
+                    self.health.succeeded("pods", "watch")
+                    self._apply("Pod", self.apply_pod, event)
 
         async with asyncio.TaskGroup() as group:
             group.create_task(nodes())

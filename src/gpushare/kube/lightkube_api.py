@@ -18,12 +18,17 @@ from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core import resource as lightkube_resource
 from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
 from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.authentication_v1 import TokenReviewSpec
+from lightkube.models.authorization_v1 import NonResourceAttributes, SubjectAccessReviewSpec
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta, Status
 from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.authentication_v1 import TokenReview
+from lightkube.resources.authorization_v1 import SubjectAccessReview
 from lightkube.resources.core_v1 import Event, Node, Pod, Secret
 from lightkube.types import PatchType
 
+from gpushare.core.admitting.metricsaccess import AccessVerdict, Identity, TokenVerdict
 from gpushare.core.model.kubejson import name_problem
 from gpushare.core.resourcepolicies.resourcepolicy import GROUP, KIND, PLURAL, VERSION
 from gpushare.kube.port import (
@@ -33,6 +38,7 @@ from gpushare.kube.port import (
     KubeDict,
     KubeError,
     NotFound,
+    Unauthorized,
     Unreachable,
     WatchEvent,
 )
@@ -81,7 +87,7 @@ def _translate(err: Exception, what: str) -> KubeError:
         if code == 403:
             return Forbidden(f"{message} (forbidden to these credentials)")
         if code == 401:
-            return Unreachable(f"{message} (check the credentials in your kubeconfig)")
+            return Unauthorized(f"{message} (check the credentials in your kubeconfig)")
     return KubeError(f"{message} (HTTP {code})")
 
 
@@ -303,6 +309,10 @@ class LightkubeAPI:
                 response = await generic.send(built, stream=True)
                 lines = 0
                 try:
+                    if response.is_error:
+                        # read the refusal's Status (a 403 names the user and the verb), which
+                        # an unread stream cannot give: lightkube would raise ResponseNotRead
+                        await response.aread()
                     generic.raise_for_status(response)
                     async for line in response.aiter_lines():
                         if not line.strip():
@@ -551,3 +561,47 @@ class LightkubeAPI:
             await self._client.patch(
                 Event, name, dict(patch), namespace=namespace, patch_type=PatchType.MERGE
             )
+
+    async def review_token(self, token: str) -> TokenVerdict:
+        """POST a TokenReview; its error, or a failed call, comes back as the verdict."""
+        review = TokenReview(spec=TokenReviewSpec(token=token))
+        try:
+            with _mapped("create tokenreview"):
+                answer = await self._client.create(review)
+        except KubeError as err:
+            return TokenVerdict(error=str(err))
+        status = answer.status
+        if status is None or not status.authenticated or status.user is None:
+            return TokenVerdict(reason=(status.error if status else "") or "")
+        user = status.user
+        extra = {k: tuple(v or ()) for k, v in (user.extra or {}).items()}
+        identity = Identity(
+            user=user.username or "",
+            uid=user.uid or "",
+            groups=tuple(user.groups or ()),
+            extra=extra,
+        )
+        return TokenVerdict(identity=identity)
+
+    async def review_access(self, identity: Identity, *, path: str, verb: str) -> AccessVerdict:
+        """POST a SubjectAccessReview for a non-resource URL."""
+        review = SubjectAccessReview(
+            spec=SubjectAccessReviewSpec(
+                user=identity.user,
+                uid=identity.uid or None,
+                groups=list(identity.groups) or None,
+                extra={k: list(v) for k, v in identity.extra.items()} or None,
+                nonResourceAttributes=NonResourceAttributes(path=path, verb=verb),
+            )
+        )
+        try:
+            with _mapped("create subjectaccessreview"):
+                answer = await self._client.create(review)
+        except KubeError as err:
+            return AccessVerdict(error=str(err))
+        status = answer.status
+        if status is None:
+            return AccessVerdict(error="the SubjectAccessReview came back without a status")
+        if status.evaluationError and not status.allowed:
+            return AccessVerdict(reason=f"{status.reason or ''} {status.evaluationError}".strip())
+        return AccessVerdict(allowed=bool(status.allowed), reason=status.reason or "")

@@ -21,6 +21,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from gpushare.core.admitting.metricsaccess import AccessVerdict, Identity, TokenVerdict
 from gpushare.kube.port import (
     Conflict,
     EventType,
@@ -107,7 +108,8 @@ class MemoryKube:
         self._deployments: dict[tuple[str, str], KubeDict] = {}
         self.forbidden: set[str] = set()
         """Calls answered 403, as RBAC would: ``list_nodes``, ``list_pods:*`` (all
-        namespaces), ``list_pods:NAMESPACE``, ``get_secret``, ``list_deployments:NAMESPACE``."""
+        namespaces), ``list_pods:NAMESPACE``, ``get_secret``, ``list_deployments:NAMESPACE``,
+        ``watch_nodes``, ``watch_pods`` (the watch's first read raises)."""
 
     # -- writes used by tests and the demo ---------------------------------------------------
 
@@ -200,7 +202,10 @@ class MemoryKube:
     def _check(self, call: str) -> None:
         """Answer 403 for a call ``forbidden`` names, as RBAC would."""
         if call in self.forbidden:
-            raise Forbidden(f"{call}: forbidden (in-memory RBAC)")
+            raise Forbidden(
+                f'{call}: forbidden: User "system:serviceaccount:memory:test" cannot do it '
+                "(in-memory RBAC)"
+            )
 
     async def list_nodes(self) -> tuple[list[KubeDict], str]:
         """All nodes and the current resourceVersion."""
@@ -240,6 +245,7 @@ class MemoryKube:
     async def _watch(
         self, kind: Kind, resource_version: str, *, node: str = "", bookmarks: bool = False
     ) -> AsyncIterator[WatchEvent]:
+        self._check(f"watch_{kind}")
         position = int(resource_version or 0)
         while True:
             if self._broken:
@@ -496,3 +502,40 @@ class MemoryKube:
         if obj is None:
             raise NotFound(f"event {namespace}/{name} not found")
         obj.update(_copy(dict(patch)))
+
+
+@dataclass
+class MemoryReviews:
+    """TokenReview and SubjectAccessReview over a table of tokens and allowed users.
+
+    ``tokens`` maps a token to its identity; ``allowed`` holds the users who may ``get``
+    ``/metrics``; ``down`` makes every review fail as an unreachable API server does. ``calls``
+    counts the reviews asked, by kind, as the API server would see them.
+    """
+
+    tokens: dict[str, Identity]
+    allowed: set[str]
+    down: bool = False
+    calls: dict[str, int] | None = None
+
+    async def review_token(self, token: str) -> TokenVerdict:
+        self._count("token")
+        if self.down:
+            return TokenVerdict(error="connection refused")
+        identity = self.tokens.get(token)
+        if identity is None:
+            return TokenVerdict(reason="invalid bearer token")
+        return TokenVerdict(identity=identity)
+
+    async def review_access(self, identity: Identity, *, path: str, verb: str) -> AccessVerdict:
+        self._count("access")
+        if self.down:
+            return AccessVerdict(error="connection refused")
+        if identity.user in self.allowed and (path, verb) == ("/metrics", "get"):
+            return AccessVerdict(allowed=True, reason="bound to the metrics reader")
+        return AccessVerdict(reason="no RBAC policy matched")
+
+    def _count(self, kind: str) -> None:
+        if self.calls is None:
+            self.calls = {}
+        self.calls[kind] = self.calls.get(kind, 0) + 1

@@ -19,6 +19,9 @@ open:
   and failures are rare enough for its cost;
 - an event proves the server answers and starts the backoff's count over.
 
+Each list's and watch's outcome goes to ``health`` (kube.watchhealth): a watch RBAC refuses is
+logged as an error naming the verb to grant, and the plugin's ``/readyz`` and metrics show it.
+
 ``current`` says whether the store can be trusted now: True from a successful list until a
 failure, so a reader never acts on pods the watch stopped following. Each change of the store
 (a pod added, changed or gone, a list that differs from what was held) calls ``on_change``; an
@@ -34,6 +37,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from gpushare.core.model.kubejson import KubeObject, uid_of
 from gpushare.kube.backoff import Backoff
 from gpushare.kube.port import Gone, KubeAPI, KubeDict, KubeError, WatchEvent
+from gpushare.kube.watchhealth import WatchHealth
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +58,12 @@ class NodePodWatch:
         on_change: Callable[[], None] | None = None,
         backoff: Backoff | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        health: WatchHealth | None = None,
     ) -> None:
         self.api = api
         self.node = node
+        self.health = health if health is not None else WatchHealth(role="its ClusterRole")
+        """Where a refused list or watch is reported (see the module)."""
         self.on_change = on_change
         self.backoff = backoff if backoff is not None else Backoff()
         self._sleep = sleep
@@ -115,17 +122,21 @@ class NodePodWatch:
 
     async def list(self) -> None:
         """List the node's pods and hold them."""
-        pods, version = await self.api.list_pods(self.node)
+        with self.health.step("pods", "list"):
+            pods, version = await self.api.list_pods(self.node)
+        self.health.succeeded("pods", "list")
         self.lists += 1
         self.replace(pods, version)
 
     async def follow(self) -> None:
         """Take in the watch's events until it ends (raises Gone or KubeError)."""
         self.watches += 1
-        async for event in self.api.watch_pods(self.version, node=self.node, bookmarks=True):
-            self.backoff.reset()
-            self.events += 1
-            self.apply(event)
+        with self.health.step("pods", "watch"):
+            async for event in self.api.watch_pods(self.version, node=self.node, bookmarks=True):
+                self.backoff.reset()
+                self.health.succeeded("pods", "watch")
+                self.events += 1
+                self.apply(event)
 
     async def run(self) -> None:
         """List unless the store is current, then watch; forever (see the module)."""

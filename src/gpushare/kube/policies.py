@@ -29,6 +29,7 @@ from gpushare.core.resourcepolicies.policybook import PolicyBook
 from gpushare.core.resourcepolicies.resourcepolicy import PolicyError, ResourcePolicy
 from gpushare.kube.backoff import Backoff
 from gpushare.kube.port import Gone, KubeError, NotFound, PolicyAPI, WatchEvent
+from gpushare.kube.watchhealth import WatchHealth
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,11 @@ class PolicyWatch:
         backoff: Backoff | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         notify: Callable[[ResourcePolicy | PolicyError, str], None] | None = None,
+        health: WatchHealth | None = None,
     ) -> None:
         self._api = api
+        self.health = health if health is not None else WatchHealth(role="its ClusterRole")
+        """Where a refused list or watch is reported (kube.watchhealth)."""
         self._notify = notify
         self.book = book
         self.absent_wait_s = absent_wait_s
@@ -77,7 +81,9 @@ class PolicyWatch:
 
     async def sync(self) -> str:
         """List every policy and start the book's policies over; return the resourceVersion."""
-        items, version = await self._api.list_resource_policies()
+        with self.health.step("resourcepolicies", "list"):
+            items, version = await self._api.list_resource_policies()
+        self.health.succeeded("resourcepolicies", "list")
         self.book.replace_policies([])
         for obj in items:
             self._note(self.book.put_policy(obj))
@@ -92,9 +98,11 @@ class PolicyWatch:
             try:
                 version = await self.sync()
                 self._told_absent = False
-                async for event in self._api.watch_resource_policies(version):
-                    self.backoff.reset()
-                    self.apply(event)
+                with self.health.step("resourcepolicies", "watch"):
+                    async for event in self._api.watch_resource_policies(version):
+                        self.backoff.reset()
+                        self.health.succeeded("resourcepolicies", "watch")
+                        self.apply(event)
             except Gone:
                 continue
             except NotFound as err:

@@ -4,6 +4,7 @@ Errors (raised by every implementation, never the client library's own)::
 
     KubeError                 any failure talking to the API
     ├── Unreachable           no connection, TLS or auth failure
+    │   ├── Unauthorized      401: the server does not accept these credentials
     │   └── Forbidden         403: these credentials may not do that (RBAC)
     ├── NotFound              404: the object is gone
     ├── Conflict              409: resourceVersion changed, or the pod is already bound
@@ -16,6 +17,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from gpushare.core.admitting.metricsaccess import AccessVerdict, Identity, TokenVerdict
+
 KubeDict = dict[str, Any]
 
 
@@ -25,6 +28,10 @@ class KubeError(Exception):
 
 class Unreachable(KubeError):
     """The API server could not be reached or refused our credentials."""
+
+
+class Unauthorized(Unreachable):
+    """The server does not accept the credentials (HTTP 401: an expired or unknown token)."""
 
 
 class Forbidden(Unreachable):
@@ -189,4 +196,19 @@ class PolicyAPI(Protocol):
 
     def watch_resource_policies(self, resource_version: str) -> AsyncIterator[WatchEvent]:
         """Policy changes after ``resource_version``."""
+        ...
+
+
+class ReviewAPI(Protocol):
+    """TokenReview and SubjectAccessReview, to check who scrapes ``/metrics``
+    (``core.admitting.metricsaccess``). Neither raises: a failed review is a verdict with
+    ``error``."""
+
+    async def review_token(self, token: str) -> TokenVerdict:
+        """Who the API server says the bearer token is (TokenReview, the default audiences)."""
+        ...
+
+    async def review_access(self, identity: Identity, *, path: str, verb: str) -> AccessVerdict:
+        """Whether ``identity`` may ``verb`` the non-resource URL ``path``
+        (SubjectAccessReview)."""
         ...

@@ -42,6 +42,7 @@ from typing import Any
 from gpushare.core.model.gpumodel import LABEL_COUNT, LABEL_MEM, LABEL_MODEL
 from gpushare.core.model.names import (
     ANN_ASSIGNED,
+    ANN_NODE_GPU_USED,
     ANN_NODE_GPUS,
     ANN_NODE_HANDOFF,
     ANN_NODE_TOPOLOGY,
@@ -52,8 +53,16 @@ from gpushare.core.model.names import (
 POLICY_NAME = "gpushare-device-plugin"
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 """The user extra a pod-bound ServiceAccount token carries (ServiceAccountTokenPodNodeInfo)."""
-NODE_ANNOTATIONS = (ANN_NODE_GPUS, ANN_NODE_UNIT, ANN_NODE_HANDOFF, ANN_NODE_TOPOLOGY)
-"""What ``deviceplugin.publishing`` writes on its node."""
+NODE_ANNOTATIONS = (
+    ANN_NODE_GPUS,
+    ANN_NODE_UNIT,
+    ANN_NODE_HANDOFF,
+    ANN_NODE_TOPOLOGY,
+    ANN_NODE_GPU_USED,
+)
+"""What the device plugin writes on its node: ``deviceplugin.publishing`` the first four,
+``deviceplugin.usage`` the GPU use summary (tests/unit/test_node_policy_keys.py finds every
+annotation the plugin's source writes and checks it is here)."""
 NODE_LABELS = (LABEL_MODEL, LABEL_COUNT, LABEL_MEM)
 """ACK's GPU labels ``deviceplugin.publishing`` writes on its node (``core.model.gpumodel``)."""
 POD_ANNOTATIONS = (ANN_ASSIGNED,)

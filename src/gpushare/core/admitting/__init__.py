@@ -1,8 +1,9 @@
-"""Admission: the webhook's decision, and what only gpushare may write.
+"""Admission: the webhook's decision, what only gpushare may write, who may read /metrics.
 
 - ``admission``: an AdmissionReview request in, its response out.
 - ``tampering``: the hand-off annotations, variables and mounts a pod may not carry itself.
 - ``isolationpaths``: the container paths where the GPU isolation is mounted.
+- ``metricsaccess``: a ``/metrics`` request let in or not, from the token and access reviews.
 
 Above the model only; independent of ResourcePolicy.
 """

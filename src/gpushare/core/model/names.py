@@ -54,6 +54,11 @@ ANN_RETRY = "gpushare.io/retry"
 because GPUs came back after it refused the pod for want of them (see core.booking.waiting). Only
 the update counts; bind neither reads nor clears it."""
 
+ANN_REFUSAL_REPORTED = "gpushare.io/refusal-reported"
+"""Pod: when the extender reported that kubelet refused it (UTC, RFC 3339): a ``RefusedByKubelet``
+event was written, and an extender started later does not write it again (see
+extender.readmitting)."""
+
 
 POD_ANNOTATIONS = (
     ANN_ALLOCATION,

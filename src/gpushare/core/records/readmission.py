@@ -39,7 +39,13 @@ from gpushare.core.model.kubejson import (
     node_name_of,
     pod_status_of,
 )
-from gpushare.core.model.names import ANN_ALLOCATION, ANN_RETRY, POD_ANNOTATIONS, ResourceNames
+from gpushare.core.model.names import (
+    ANN_ALLOCATION,
+    ANN_REFUSAL_REPORTED,
+    ANN_RETRY,
+    POD_ANNOTATIONS,
+    ResourceNames,
+)
 
 MAX_RECREATIONS = 3
 """Re-creations of one pod (namespace and name) the extender makes before leaving it Failed."""
@@ -107,10 +113,14 @@ def _controller(pod: KubeObject) -> str:
     return ""
 
 
-def readmission(pod: KubeObject, names: ResourceNames, recreated: int = 0) -> Readmission:
-    """What to do about ``pod``, re-created ``recreated`` times already."""
+def readmission(
+    pod: KubeObject, names: ResourceNames, recreated: int = 0, *, recreate: bool = True
+) -> Readmission:
+    """What to do about ``pod``, re-created ``recreated`` times already; ``recreate``: whether
+    bare pods are re-created at all (``scheduler.extender.recreateRefusedPods``), so that the
+    sentence says what will happen."""
     message = refusal(pod, names)
-    if not message:
+    if not message or ANN_REFUSAL_REPORTED in annotations_of(pod):
         return Readmission(Step.NOTHING)
     node = node_name_of(pod) or "its node"
     said = (
@@ -122,6 +132,13 @@ def readmission(pod: KubeObject, names: ResourceNames, recreated: int = 0) -> Re
         return Readmission(Step.CONTROLLER, f"{said}; its controller {owner} replaces it")
     if meta(pod).get("deletionTimestamp") or meta(pod).get("finalizers"):
         return Readmission(Step.NOTHING)
+    if not recreate:
+        return Readmission(
+            Step.NOTHING,
+            f"{said}; it stays Failed (gpushare re-creates such pods only with the chart's "
+            "scheduler.extender.recreateRefusedPods: true): create it again once the node's "
+            f"device plugin serves (kubectl describe node {node})",
+        )
     if recreated >= MAX_RECREATIONS:
         return Readmission(
             Step.NOTHING,
@@ -140,7 +157,7 @@ def replacement(pod: KubeObject) -> dict[str, Any]:
     """The pod to create in place of a refused bare pod: its spec less the node, its labels,
     annotations and non-controller owners, without gpushare's hand-off annotations."""
     source = meta(pod)
-    dropped = {*POD_ANNOTATIONS, ANN_RETRY}
+    dropped = {*POD_ANNOTATIONS, ANN_RETRY, ANN_REFUSAL_REPORTED}
     metadata: dict[str, Any] = {"name": name_of(pod), "namespace": source.get("namespace")}
     for key in ("labels", "ownerReferences"):
         if source.get(key):

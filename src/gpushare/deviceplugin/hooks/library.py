@@ -17,13 +17,18 @@ PRELOAD_NAME = "ld.so.preload"
 """The host file, in the library directory, that containers see as /etc/ld.so.preload."""
 
 
-def packaged_library() -> Path | None:
-    """The interposer built into this package, if the build produced it."""
+def packaged(name: str) -> Path | None:
+    """A native file built into this package (``gpushare/isolation/native``), if it was built."""
     try:
-        path = Path(str(resources.files("gpushare.isolation") / "native" / LIB_NAME))
+        path = Path(str(resources.files("gpushare.isolation") / "native" / name))
     except ModuleNotFoundError:
         return None
     return path if path.is_file() else None
+
+
+def packaged_library() -> Path | None:
+    """The interposer built into this package, if the build produced it."""
+    return packaged(LIB_NAME)
 
 
 def install_library(source: Path | None, lib_dir: Path) -> str:

@@ -11,6 +11,7 @@ from gpushare.deviceplugin.config import BrokerStats
 from gpushare.deviceplugin.descriptors import BrokerCaps
 from gpushare.deviceplugin.gpus import GpuSource
 from gpushare.deviceplugin.hooks.interposer import InterposerIsolation
+from gpushare.deviceplugin.hooks.mountcheck import MountCheck
 from gpushare.deviceplugin.hooks.mps import MpsIsolation
 from gpushare.deviceplugin.hooks.mpsdaemon import DaemonRunner, MpsControl
 from gpushare.deviceplugin.serving import (
@@ -48,6 +49,7 @@ class NodeIsolation:
         max_pods: int | None = None,
         caps: BrokerCaps | None = None,
         broker_stats: BrokerStats | None = None,
+        mount_check: MountCheck | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"--isolation={policy!r} is not supported: use auto or none")
@@ -64,6 +66,8 @@ class NodeIsolation:
         """The accounting broker's connection caps (cgpu and core_mem nodes)."""
         self.broker_stats = broker_stats
         self.chosen: IsolationHook = NoIsolation()
+        self.mount_check = mount_check
+        """The runtime's check of the isolation mounts (``cdi-cri``); None: no CDI to carry it."""
 
     def prepare(self, mode: Mode) -> str:
         """Pick the hook for ``mode`` and prepare it."""
@@ -96,11 +100,25 @@ class NodeIsolation:
                     self.cgpu_policy.name.lower(),
                     self.max_pods or self.unit.default_max_pods_per_gpu,
                 )
-        return self.chosen.prepare(mode)
+        refused = self.chosen.prepare(mode)
+        if refused or isinstance(self.chosen, NoIsolation):
+            return refused
+        if self.mount_check is None:
+            log.warning(
+                "mode=%s device-list-strategy=envvar: no CDI to carry the runtime's check of the "
+                "isolation mounts, so a volume that an image's link moves over them goes "
+                "unnoticed; use cdi-cri where the runtime has CDI (docs/isolation.md)",
+                mode.value,
+            )
+            return ""
+        return self.mount_check.install()
 
     def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
-        """Delegate to the chosen hook."""
-        return self.chosen.extend(answer, target)
+        """Delegate to the chosen hook; name the mount check in an answer it isolated."""
+        extended = self.chosen.extend(answer, target)
+        if self.mount_check is None or extended.mounts == answer.mounts:
+            return extended
+        return self.mount_check.guard(extended)
 
     def prune(self, live_uids: frozenset[str], live_devices: frozenset[tuple[str, ...]]) -> None:
         """Delegate to the chosen hook."""
