@@ -179,7 +179,7 @@ async def still_works(r: Rig, name: str) -> Path:
 
 def test_one_pods_containers_share_its_cap_and_another_pod_is_served() -> None:
     """20 containers x 1,100 connections spent a node's descriptors: a pod now has its cap, and
-    each of its containers what it is kept (the third container's 16 after the pod's 300)."""
+    each of its containers what it is kept (16 beyond the pod's 300 for one that came late)."""
 
     async def body(r: Rig) -> None:
         await r.kubelet.wait_devices(MEM, 30)
@@ -187,16 +187,20 @@ def test_one_pods_containers_share_its_cap_and_another_pod_is_served() -> None:
         placed, admitted = await admit(r, pod("hostile", 1, 1, 1))
         socks = [broker_socket(admitted, c) for c in ("c0", "c1", "c2")]
         async with hostile(200, *socks) as got:
-            assert got["served"] == 316 and got["refused"] == 284, got
+            # the pod's 300, and the 16 kept for each container whose first connections came
+            # after the others had reached it: 300 when all three started early, 316 at most
+            # (the three run at once, so the order is the scheduler's)
+            served = got["served"]
+            assert 300 <= served <= 316 and got["refused"] == 600 - served, got
             assert got["silent"] == got["unconnected"] == 0, got
             assert got["why"] == (
                 "error too many connections: a pod may hold 300 (16 kept for each container)"
             )
             uid = placed["metadata"]["uid"]
-            assert r.plugin.hook.chosen.broker.connections(uid) == 316
+            assert r.plugin.hook.chosen.broker.connections(uid) == served
             broker = r.plugin.hook.chosen.broker
-            assert broker.stats.refused == {"pod": 284}
-            assert broker.stats.open == 316
+            assert broker.stats.refused == {"pod": 600 - served}
+            assert broker.stats.open == served
             # the CLI hands the plugin's counters to the broker: the metrics read them
             plugin = SimpleNamespace(
                 stats=Stats(broker=broker.stats), source=r.gpus, health=WatchHealth(role="test")
@@ -213,9 +217,10 @@ def test_one_pods_containers_share_its_cap_and_another_pod_is_served() -> None:
                         (("cap", "pod"), ("node", "n1")),
                     )
                 ]
-                == 284
+                == 600 - served
             )
-            assert exported[("gpushare_device_plugin_broker_connections", (("node", "n1"),))] == 316
+            connections = ("gpushare_device_plugin_broker_connections", (("node", "n1"),))
+            assert exported[connections] == served
             victim = await still_works(r, "victim")
             assert await ask(victim, "used 0") == [f"used 0 {GiB}"]
         # the hostile process is gone: its connections, and the pod's count, with it
