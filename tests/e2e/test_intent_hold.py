@@ -28,6 +28,7 @@ import os
 import threading
 import time
 import urllib.request
+from collections.abc import Collection
 from typing import Any
 
 import pytest
@@ -55,14 +56,14 @@ SELECTED_NODE = "volume.kubernetes.io/selected-node"
 slack for a loaded machine; before the fix it waited for the 5-minute flush."""
 
 
-def _held(cluster: Cluster) -> int:
-    """GPU memory the extender's ledger holds on the pool (bookings, intents included)."""
+def _held(cluster: Cluster, nodes: Collection[str] = NODES) -> int:
+    """GPU memory the extender's ledger holds on ``nodes`` (bookings, intents included)."""
     with urllib.request.urlopen(f"{cluster.extender_url}/inspect", timeout=5) as response:
         view = json.load(response)
     return sum(
         gpu["allocatedUnits"]
         for node in view["nodes"]
-        if node["name"] in NODES
+        if node["name"] in nodes
         for gpu in node["gpus"]
     )
 
@@ -205,17 +206,6 @@ def _stuck_pod(cluster: Cluster, namespace: str, wave: int, i: int, fresh: bool)
     return str(pod["metadata"]["name"])
 
 
-def _pool_held(cluster: Cluster) -> int:
-    with urllib.request.urlopen(f"{cluster.extender_url}/inspect", timeout=5) as response:
-        view = json.load(response)
-    return sum(
-        gpu["allocatedUnits"]
-        for node in view["nodes"]
-        if node["name"] in WAVE_NODES
-        for gpu in node["gpus"]
-    )
-
-
 @pytest.mark.parametrize("new_namespace_each_wave", [False, True], ids=["same-ns", "new-ns"])
 def test_waves_of_re_created_stuck_pods_do_not_keep_victims_out(
     cluster: Cluster, new_namespace_each_wave: bool
@@ -253,8 +243,10 @@ def test_waves_of_re_created_stuck_pods_do_not_keep_victims_out(
             for i in range(WAVE_ATTACKERS)
         ]
         deadline = time.monotonic() + 120
-        while _pool_held(cluster) < WAVE_ATTACKERS * POD_MEM:
-            assert time.monotonic() < deadline, f"the attack never booked: {_pool_held(cluster)}"
+        while _held(cluster, WAVE_NODES) < WAVE_ATTACKERS * POD_MEM:
+            assert time.monotonic() < deadline, (
+                f"the attack never booked: {_held(cluster, WAVE_NODES)}"
+            )
             time.sleep(0.5)
 
         def attacker() -> None:
@@ -293,7 +285,7 @@ def test_waves_of_re_created_stuck_pods_do_not_keep_victims_out(
         while time.monotonic() - created < WINDOW_S:
             for name in _bound(cluster, victims_ns):
                 bound_at.setdefault(name, round(time.monotonic() - created, 1))
-            samples.append(_pool_held(cluster) - POD_MEM * len(bound_at))
+            samples.append(_held(cluster, WAVE_NODES) - POD_MEM * len(bound_at))
             time.sleep(1.0)
         observed = time.monotonic() - created
         stop.set()
