@@ -685,6 +685,7 @@ def use(s: Setting, rec: Recorder) -> None:
     from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo, GpuSource, NvmlGpus
     from gpushare.deviceplugin.metrics import DevicePluginCollector
     from gpushare.deviceplugin.usage import ContainerUse, Owner
+    from gpushare.kube.watchhealth import WatchHealth
 
     source: GpuSource
     source = FakeGpus([GpuInfo(0, "GPU-fake-0", "fake", 16384)]) if s.rehearsal else NvmlGpus()
@@ -701,7 +702,7 @@ def use(s: Setting, rec: Recorder) -> None:
     owner = Owner(pod="tenant-a/trainer", container="c0", gpus=(0,))
     uses = [ContainerUse(owner, (counted,), (LIMIT,))]
 
-    plugin = _Scraped(Stats(), source)
+    plugin = _Scraped(Stats(), source, WatchHealth(role="device-plugin"))
     series = {
         family.name: [(sample.labels, sample.value) for sample in family.samples]
         for family in DevicePluginCollector(plugin, "gpu-node", lambda: uses).collect()
@@ -737,10 +738,12 @@ def use(s: Setting, rec: Recorder) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _Scraped:
-    """What the plugin's collector reads of the plugin: its counters and its GPU reader."""
+    """What the plugin's collector reads of the plugin: its counters, its GPU reader and the
+    health of its watches."""
 
     stats: Any
     source: Any
+    health: Any
 
 
 def nvml_process(pid: int) -> dict[str, Any]:
