@@ -1,16 +1,23 @@
-"""The trip of one GPU pod through the extender's filter and bind, traced.
+"""The trip of one GPU pod through the extender's filter, prioritize and bind, and the device
+plugin's Allocate, traced.
 
 How far one pod's decision wanders is a measure of the architecture, not of speed: a thin
 adapter asks the pure core once per verb and gets back everything it needs to answer, count
 and tell; a conducting adapter goes down into the core and back up many times. This drives
-one pod through ``filter`` (kube-scheduler's ``nodeCacheCapable`` call, node names) then
-``bind`` on the in-memory Kubernetes port, with ``sys.setprofile`` watching only the Python
-functions in files of the ``gpushare`` package, and prints:
+one pod through ``filter`` (kube-scheduler's ``nodeCacheCapable`` call, node names), then
+``prioritize`` over the same nodes (as kube-scheduler calls it when more than one node passes),
+``bind``, and the device plugin's ``Allocate`` for the container (the gRPC servicer's method,
+called in process with kubelet's request) on the in-memory Kubernetes port, with
+``sys.setprofile`` watching only the Python functions in files of the ``gpushare`` package,
+and prints, per verb and for the whole trip:
 
 - the distinct files entered, split into the core (``gpushare/core``) and the adapters (every
   other ``gpushare`` module: the extender, the cache, the in-memory port);
 - how many times control returns from a core frame to an adapter frame (the route going back
   up), the caller being the nearest ``gpushare`` frame below it.
+
+The device plugin's decisions are not in ``gpushare/core`` (only the pod records it reads are),
+so Allocate's returns count the trips its adapter makes into the core's records.
 
     PYTHONPATH=src python benchmarks/trip.py [--files]
 
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import tempfile
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -31,6 +39,11 @@ import gpushare
 from gpushare.core.decision.scheduling import Scheduler, Settings
 from gpushare.core.model.inventory import Mode
 from gpushare.core.resourcepolicies.policybook import PolicyBook
+from gpushare.deviceplugin.config import PluginConfig
+from gpushare.deviceplugin.gpus import FakeGpus
+from gpushare.deviceplugin.plugin import DevicePlugin
+from gpushare.deviceplugin.protos.v1beta1 import api_pb2 as dp
+from gpushare.deviceplugin.servicer import DevicePluginService
 from gpushare.extender.service import Extender
 from gpushare.extender.wire import ExtenderArgs, ExtenderBindingArgs
 from gpushare.kube.cache import ClusterCache
@@ -40,6 +53,8 @@ from gpushare.kube.objects import gpu_node, gpu_pod
 ROOT = str(Path(gpushare.__file__).resolve().parent) + "/"
 CORE = ROOT + "core/"
 NODES = ["node-a", "node-b"]
+MEM = "mem"
+"""The device plugin's key for the aliyun.com/gpu-mem service (``core.records.handoff.MEM``)."""
 
 
 class Trip:
@@ -67,7 +82,10 @@ class Trip:
             self.returns += 1
 
 
-async def trip() -> tuple[Trip, bool]:
+VERBS = ("filter", "prioritize", "bind", "allocate")
+
+
+async def trip(state_dir: Path) -> tuple[dict[str, Trip], bool]:
     kube = MemoryKube()
     for name in NODES:
         kube.put_node(gpu_node(name, gpus_units=[15] * 2, mode=Mode.CGPU))
@@ -80,35 +98,70 @@ async def trip() -> tuple[Trip, bool]:
         api=kube, cache=cache, scheduler=scheduler, clock_ns=lambda: 1_700_000_000_000_000_000
     )
     meta = pod["metadata"]
-    filter_args = ExtenderArgs(Pod=pod, NodeNames=list(NODES))
-    traced = Trip()
-    sys.setprofile(traced.profile)
+    traced = {verb: Trip() for verb in VERBS}
+    args = ExtenderArgs(Pod=pod, NodeNames=list(NODES))
     try:
-        answer = extender.filter(filter_args)
+        sys.setprofile(traced["filter"].profile)
+        answer = extender.filter(args)
+        sys.setprofile(traced["prioritize"].profile)
+        extender.prioritize(args)
         chosen = (answer.NodeNames or [""])[0]
         bind_args = ExtenderBindingArgs(
             PodName=meta["name"], PodNamespace=meta["namespace"], PodUID=meta["uid"], Node=chosen
         )
+        sys.setprofile(traced["bind"].profile)
         result = await extender.bind(bind_args)
     finally:
         sys.setprofile(None)
-    return traced, bool(chosen) and not result.Error
+    if not chosen or result.Error:
+        return traced, False
+    # kubelet admits the bound pod's container on the chosen node: Allocate for its 4 units
+    plugin = DevicePlugin(
+        api=kube,
+        source=FakeGpus.parse("2x15GiB", node=chosen),
+        config=PluginConfig(node=chosen, state_dir=state_dir),
+    )
+    service = DevicePluginService(plugin, MEM)
+    ids = [entry.id for entry in plugin.device_list(MEM)][:4]
+    request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)])
+    try:
+        sys.setprofile(traced["allocate"].profile)
+        response = await service.Allocate(request, None)
+    finally:
+        sys.setprofile(None)
+    served = bool(response.container_responses[0].envs)
+    return traced, served
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", action="store_true", help="list the files entered")
     args = parser.parse_args()
-    traced, bound = asyncio.run(trip())
-    core = sorted(f for f in traced.files if f.startswith(CORE))
-    adapter = sorted(f for f in traced.files if not f.startswith(CORE))
+    with tempfile.TemporaryDirectory() as state_dir:
+        traced, served = asyncio.run(trip(Path(state_dir)))
     print(f"package: {ROOT}")
-    print(f"pod bound: {bound}")
-    print(f"files entered: {len(traced.files)} ({len(adapter)} adapter, {len(core)} core)")
-    print(f"returns from the core to an adapter: {traced.returns}")
+    print(f"pod bound and served: {served}")
+    print(f"{'verb':<11} {'files':>5} {'adapter':>7} {'core':>4} {'returns':>7}")
+    every = Trip()
+    for verb in VERBS:
+        one = traced[verb]
+        every.files |= one.files
+        every.returns += one.returns
+        core = sum(1 for f in one.files if f.startswith(CORE))
+        print(
+            f"{verb:<11} {len(one.files):>5} {len(one.files) - core:>7} {core:>4} {one.returns:>7}"
+        )
+    core = sum(1 for f in every.files if f.startswith(CORE))
+    print(
+        f"{'all':<11} {len(every.files):>5} {len(every.files) - core:>7} {core:>4} "
+        f"{every.returns:>7}"
+    )
     if args.files:
-        for path in adapter + core:
-            print("  " + path.removeprefix(ROOT))
+        for verb in VERBS:
+            print(f"{verb}:")
+            files = traced[verb].files
+            for path in sorted(files, key=lambda f: (f.startswith(CORE), f)):
+                print("  " + path.removeprefix(ROOT))
 
 
 if __name__ == "__main__":
