@@ -113,7 +113,7 @@ def test_readyz_waits_for_the_first_sync() -> None:
         rig.cache.synced = False
         response = await rig.client.get("/readyz")
         assert response.status_code == 503
-        await rig.cache.sync()
+        await rig.cache.sync(rig.extender.take)
         assert (await rig.client.get("/readyz")).status_code == 200
         assert (await rig.client.get("/healthz")).text == "ok"
 
@@ -496,10 +496,10 @@ def test_relist_drops_assumptions_of_pods_that_vanished() -> None:
         node = rig.cache.nodes[SEED]
         assert not isinstance(request, Rejection)
         rig.extender.scheduler.reserve(request, node, rig.cache.ledger)
-        await rig.cache.sync()  # the pod still exists: the booking stays
+        await rig.cache.sync(rig.extender.take)  # the pod still exists: the booking stays
         assert rig.cache.ledger.usage(SEED).mem_units == 5
         kube.delete_pod_unseen("default", "p")
-        await rig.cache.sync()
+        await rig.cache.sync(rig.extender.take)
         assert rig.cache.ledger.usage(SEED).mem_units == 0
 
     run_with_rig(kube, body)

@@ -236,7 +236,7 @@ def create_app(
         tasks = []
         if run_cache:
             tasks = [
-                asyncio.create_task(extender.cache.run()),
+                asyncio.create_task(extender.cache.run(extender.take)),
                 asyncio.create_task(_freeze()),
                 asyncio.create_task(extender.keep_intents()),
             ]
