@@ -794,7 +794,7 @@ def test_an_intent_is_given_back_when_its_pod_is_filtered_again_or_its_time_is_u
     kube.put_node(gpu_node("n1", gpus_units=[15]))
     # the default profile: the filter answers with every node and prioritize books the intent
     pod = kube.create_pod(gpu_pod("p0", mem=10, scheduler="default-scheduler"))
-    # another namespace: p0's own waits for its pod to be bound or gone (``_may_intend``)
+    # another namespace: p0's own waits for its pod to be bound or gone (``namespace_stuck``)
     other = kube.create_pod(gpu_pod("p1", mem=10, namespace="other", scheduler="default-scheduler"))
     now = [1_700_000_000 * 10**9]
     both = ["n0", "n1"]

@@ -55,6 +55,7 @@ from gpushare.core.booking.ledger import Kept
 from gpushare.core.decision.scheduling import Scheduler
 from gpushare.core.decision.verbs import (
     BOUND,
+    BindAsk,
     BindOutcome,
     BindPlan,
     BindResult,
@@ -165,19 +166,9 @@ class Binding:
                 pod = await self.api.get_pod(args.PodNamespace, args.PodName)
             except KubeError as err:
                 return BindResult(BindOutcome.ERROR, f"cannot read pod {key}: {err}")
-        cache = self.cache
         # no await from here to the writes: the check and the bookings are one step
-        plan = reserve_bind(
-            self.scheduler,
-            pod,
-            node=args.Node,
-            asked_uid=args.PodUID,
-            table=cache.nodes,
-            ledger=cache.ledger,
-            book=cache.book,
-            trust=cache.trust,
-            now_ns=self.clock_ns(),
-        )
+        ask = BindAsk(pod=pod, node=args.Node, asked_uid=args.PodUID, now_ns=self.clock_ns())
+        plan = reserve_bind(self.scheduler, self.cache.state, ask)
         if isinstance(plan, BindResult):
             if plan.outcome is BindOutcome.ALREADY_BOUND:
                 log.info(

@@ -21,10 +21,9 @@ from typing import TypedDict
 
 from gpushare.core.booking.waiting import Waiting, WaitingPod
 from gpushare.core.decision.scheduling import Scheduler
-from gpushare.core.decision.verbs import Deadline, FilterOutcome, intent_deadline
+from gpushare.core.decision.verbs import Deadline, FilterOutcome, PrioritizeOutcome
 from gpushare.core.decision.yielding import HOLD_S
-from gpushare.core.model.inventory import NodeInventory
-from gpushare.core.model.kubejson import KubeObject, namespace_of, stored_uid_of, uid_of
+from gpushare.core.model.kubejson import KubeObject, namespace_of
 from gpushare.core.records.allocation import Allocation
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.kube.cache import ClusterCache
@@ -97,7 +96,8 @@ class Intents:
     """(clock ns, ``Waiting.mark``) at each sweep, oldest first, back to the first one at least
     ``LAG_S`` old: which refusals ``freed_seen`` reaches."""
     _stuck: dict[str, set[str]] = field(default_factory=dict, init=False)
-    """By namespace: pods whose intent ran out with no bind, while pending (``may_intend``)."""
+    """By namespace: pods whose intent ran out with no bind, while pending (the core's
+    ``namespace_stuck`` reads it)."""
     _holding: set[str] = field(default_factory=set, init=False)
     """Intents booked less than ``HOLD_S`` ago at the last sweep (``_overdue``)."""
     _unseen: dict[str, int] = field(default_factory=dict, init=False)
@@ -192,7 +192,7 @@ class Intents:
         self._due(after=0)
 
     def freed_seen(self) -> None:
-        """The watch showed GPU share given back (``ClusterCache.on_freed``), an event
+        """The watch showed GPU share given back (``PodTaken.freed``, ``Extender.take``), an event
         kube-scheduler sees too, maybe first: the pods refused in the last ``LAG_S`` are due to
         be tried again (``sweep``); kube-scheduler tries the older ones again itself."""
         self._due(after=self._mark_at(self.clock_ns() - LAG_NS))
@@ -213,8 +213,8 @@ class Intents:
 
     @property
     def stuck_pods(self) -> Mapping[str, set[str]]:
-        """By namespace: pods whose intent ran out with no bind (``may_intend``); those no
-        longer pending are forgotten at the next sweep."""
+        """By namespace: pods whose intent ran out with no bind (``core.decision.verbs.
+        namespace_stuck``); those no longer pending are forgotten at the next sweep."""
         return self._stuck
 
     def _stuck_in(self, namespace: str) -> set[str]:
@@ -252,45 +252,15 @@ class Intents:
             self._retry_after = self._retry_before
         return [pod for pod in taken if pod.uid in pending]
 
-    def intend(
-        self,
-        pod: KubeObject,
-        names: list[str],
-        scores: list[int],
-        nodes: Mapping[str, NodeInventory],
-    ) -> str:
-        """Book the top node's GPUs for the pod until its bind comes (``Scheduler.intend``);
-        the node booked, or an empty string."""
-        if not self.may_intend(pod):
-            return ""
-        until = self.deadline(pod)
-        booked = self.scheduler.intend(
-            pod, names, scores, nodes, self.cache.ledger, until_ns=until, booked_ns=self.clock_ns()
-        )
-        return self.booked(booked)
-
-    def may_intend(self, pod: KubeObject) -> bool:
-        """Whether the pod's namespace may book intents: not while one of its pods whose intent
-        ran out with no bind is still pending (``_stuck``); counted as withheld.
-
-        Such a pod waits past PreBind or Permit (a volume never provisioned, say), and a pod
-        of the same tenant created next would most likely wait the same way: its intent would
-        only hold GPUs from everyone else for another 30 s. Without one nothing is refused,
-        the pod only loses the protection from a race at bind, which checks the node again.
-        """
-        if not self._stuck_in(namespace_of(pod)):
-            return True
-        self.scheduler.drop_intent(uid_of(pod), self.cache.ledger)
-        self.metrics.intents.labels("withheld").inc()
-        return False
-
-    def deadline(self, pod: KubeObject) -> int:
-        """When an intent booked now expires unless its bind comes (``ttl_s``); for a pod the
-        watch has not shown unbound, ``UNSEEN_TTL_S`` until it does (counted as unseen)."""
-        uid = stored_uid_of(pod)
-        deadline = intent_deadline(uid, self.cache.pending, **self.terms(self.clock_ns()))
-        self._deadline_taken(uid, deadline)
-        return deadline.until_ns
+    def prioritized(self, pod: KubeObject, outcome: PrioritizeOutcome) -> None:
+        """After a prioritize (``core.decision.verbs.prioritize_pod``): count the intent it
+        withheld or booked, and remember a deadline taken for a pod the watch has not shown."""
+        self._stuck_in(namespace_of(pod))  # forget the pods bound or gone meanwhile
+        if outcome.withheld:
+            self.metrics.intents.labels("withheld").inc()
+        if outcome.deadline is not None:
+            self._deadline_taken(outcome.uid, outcome.deadline)
+        self.booked(outcome.intent)
 
     def terms(self, now_ns: int) -> IntentTerms:
         """How long an intent booked at ``now_ns`` lasts, for ``intent_deadline``."""
