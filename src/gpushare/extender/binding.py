@@ -121,8 +121,8 @@ class Binding:
     async def _bind(self, args: ExtenderBindingArgs, key: str) -> ExtenderBindingResult:
         error = ""
         # the watch's copy of the pod saves a read (see the module docstring), when it will do
-        watched = self.cache.pending.get(args.PodUID) if args.PodUID else None
-        if watched is not None and not copy_will_do(self.cache.ledger, args.PodUID):
+        watched = self.cache.state.pending.get(args.PodUID) if args.PodUID else None
+        if watched is not None and not copy_will_do(self.cache.state.ledger, args.PodUID):
             watched = None
         attempt = 0
         while attempt < self.attempts:
@@ -245,7 +245,8 @@ class Binding:
     def _give_back(self, uid: str, *, kept: Kept | None = None) -> None:
         """Give back what this bind booked, in every store: its GPUs (``kept``, the booking the
         pod held before, comes back) and its ResourcePolicy unit. Idempotent."""
-        self.scheduler.unreserve(uid, self.cache.ledger, kept=kept, book=self.cache.book)
+        state = self.cache.state
+        self.scheduler.unreserve(uid, state.ledger, kept=kept, book=state.book)
 
     async def _annotate(
         self, args: ExtenderBindingArgs, key: str, plan: BindPlan

@@ -121,20 +121,20 @@ class Intents:
     def bind_failed(self, uid: str) -> None:
         """After a bind that failed for good: the pod's intent goes back, and with it GPUs
         that pods refused meanwhile may fit (kube-scheduler will try this pod again)."""
-        if uid and self.scheduler.drop_intent(uid, self.cache.ledger):
+        if uid and self.scheduler.drop_intent(uid, self.cache.state.ledger):
             self.metrics.intents.labels("dropped").inc()
             self.capacity_returned()
 
     def _expire(self) -> None:
         """Give back the intents past their deadline; their GPUs are free again."""
-        self._expired(self.cache.ledger.expire(self.clock_ns()))
+        self._expired(self.cache.state.ledger.expire(self.clock_ns()))
 
     def _expired(self, expired: Sequence[str]) -> None:
         """Count intents given back at their deadline; their pods still pending are stuck."""
         if expired:
             self.metrics.intents.labels("expired").inc(len(expired))
             self.capacity_returned()
-            pending = self.cache.pending
+            pending = self.cache.state.pending
             for uid in expired:
                 pod = pending.get(uid)
                 if pod is not None:
@@ -148,7 +148,7 @@ class Intents:
             return
         self.metrics.intents.labels("yielded").inc(len(yielded.uids))
         self.capacity_returned()
-        pending = self.cache.pending
+        pending = self.cache.state.pending
         for uid in yielded.overdue:
             pod = pending.get(uid)
             if pod is not None:
@@ -162,8 +162,8 @@ class Intents:
         since = self.clock_ns() - HOLD_NS
         holding: set[str] = set()
         passed = 0
-        for allocation, _ in self.cache.ledger.intents():
-            booked = self.cache.ledger.intent_booked(allocation.uid)
+        for allocation, _ in self.cache.state.ledger.intents():
+            booked = self.cache.state.ledger.intent_booked(allocation.uid)
             if booked is None:
                 continue
             if booked > since:
@@ -178,7 +178,7 @@ class Intents:
     def _confirm_seen(self) -> None:
         """Give the intents of pods the watch now shows their full deadline (``UNSEEN_TTL_S``);
         forget the ones that ended."""
-        ledger, pending = self.cache.ledger, self.cache.pending
+        ledger, pending = self.cache.state.ledger, self.cache.state.pending
         for uid, until in list(self._unseen.items()):
             if ledger.intent_until(uid) is None:
                 del self._unseen[uid]
@@ -222,7 +222,7 @@ class Intents:
         stuck = self._stuck.get(namespace)
         if stuck is None:
             return set()
-        pending = self.cache.pending
+        pending = self.cache.state.pending
         stuck.difference_update([uid for uid in stuck if uid not in pending])
         if not stuck:
             del self._stuck[namespace]
@@ -244,7 +244,7 @@ class Intents:
         self._mark_at(now - LAG_NS)
         if self._retry_after >= self._retry_before:
             return []  # none due: the book is not walked (pods before ``after`` stay in it)
-        pending = self.cache.pending
+        pending = self.cache.state.pending
         taken = self.waiting.take(
             RETRIES_PER_SWEEP, before=self._retry_before, after=self._retry_after
         )

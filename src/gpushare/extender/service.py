@@ -74,7 +74,7 @@ class Extender:
         self.cache = cache
         self.scheduler = scheduler
         if scheduler.cluster is None:  # scarce shapes are priced over every node in the cache
-            scheduler.cluster = lambda: cache.nodes
+            scheduler.cluster = lambda: cache.state.nodes
         self.metrics = metrics or ExtenderMetrics(lambda: cache)
         self.attempts = attempts
         self.clock_ns = clock_ns

@@ -29,6 +29,7 @@ from gpushare.core.booking.ledger import Ledger, is_terminal
 from gpushare.core.decision.scheduling import Settings
 from gpushare.core.model.inventory import NodeInventory, read_node
 from gpushare.core.model.kubejson import (
+    KubeObject,
     labels_of,
     name_of,
     node_name_of,
@@ -146,6 +147,25 @@ class ClusterState:
         """Pod-affinity terms of placed pods that score nodes for other pods."""
         self.soft_tainted: set[str] = set()
         """Nodes with a ``PreferNoSchedule`` taint."""
+
+    @classmethod
+    def listed(
+        cls,
+        *,
+        settings: Settings,
+        trust: Trust,
+        nodes: Iterable[NodeInventory],
+        pods: Iterable[KubeObject] = (),
+    ) -> ClusterState:
+        """The state one list gives, with nothing watched after: the nodes as read and the
+        ledger rebuilt from the pods' annotations (``Ledger.observe``). ``kubectl inspect cgpu
+        --explain`` and the simulator start from it."""
+        state = cls(settings=settings, trust=trust)
+        for node in nodes:
+            state.nodes[node.name] = node
+        for pod in pods:
+            state.ledger.observe(pod)
+        return state
 
     def _new_ledger(self, judged: Judged | None = None) -> Ledger:
         names, unit = self.settings.names, self.settings.unit
