@@ -20,7 +20,7 @@ the state, never the informers.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Literal
 
@@ -46,7 +46,7 @@ from gpushare.core.resourcepolicies.policybook import PolicyBook, placing_of
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
 """What a watch says happened to an object (a bookmark changes nothing)."""
 
-Pod = dict[str, Any]
+ApiObject = dict[str, Any]
 """A node or pod object as the API server's JSON (``kube.port.KubeDict``)."""
 
 
@@ -72,7 +72,7 @@ class NodeTaken:
 class PodTaken:
     """What one pod event (or one listed pod) changed, for the adapter to act on."""
 
-    pod: Pod
+    pod: ApiObject
     ignored: Ignored | None = None
     """An allocation the ledger did not take, to report: only the first time this pod is
     ignored for this reason (a relist does not report it again); None: nothing to report."""
@@ -128,7 +128,7 @@ class ClusterState:
         trust: Trust,
         workload: WorkloadFeed | None = None,
         book: PolicyBook | None = None,
-        pending_store: Callable[[], MutableMapping[str, Pod]] = dict,
+        pending_store: Callable[[], MutableMapping[str, ApiObject]] = dict,
     ) -> None:
         self.settings = settings
         self.trust = trust
@@ -141,10 +141,10 @@ class ClusterState:
         self._reported = IgnoredOnce()
         self.nodes = NodeTable()
         self.ledger = self._new_ledger()
-        self.pending: MutableMapping[str, Pod] = pending_store()
+        self.pending: MutableMapping[str, ApiObject] = pending_store()
         """Unbound, unfinished pods by UID, as last listed or watched."""
         self.placed_terms = PlacedTerms()
-        """Pod-affinity terms of placed pods that score nodes for other pods."""
+        """ApiObject-affinity terms of placed pods that score nodes for other pods."""
         self.soft_tainted: set[str] = set()
         """Nodes with a ``PreferNoSchedule`` taint."""
 
@@ -173,10 +173,10 @@ class ClusterState:
             return Ledger(names=names, unit=unit, judged=judged)
         return Ledger(names=names, unit=unit, trust=self.trust)
 
-    def _read(self, node: Pod) -> NodeInventory:
+    def _read(self, node: ApiObject) -> NodeInventory:
         return read_node(node, cluster_unit=self.settings.unit, names=self.settings.names)
 
-    def _observe(self, ledger: Ledger, pod: Pod) -> PodTaken:
+    def _observe(self, ledger: Ledger, pod: ApiObject) -> PodTaken:
         """Book the pod's allocation, if trusted; what to report about it."""
         failed = (pod.get("status") or {}).get("phase") == "Failed"
         why = ledger.observe(pod)
@@ -184,10 +184,10 @@ class ClusterState:
             report = self._reported.note(uid_of(pod), why.reason)
             if report.count:
                 return PodTaken(pod, ignored=why, first=report.tell, failed=failed)
-        return PodTaken(pod, failed=failed) if failed else PodTaken(pod)
+        return PodTaken(pod, failed=failed)
 
     @staticmethod
-    def _track(pending: MutableMapping[str, Pod], pod: Pod) -> None:
+    def _track(pending: MutableMapping[str, ApiObject], pod: ApiObject) -> None:
         """Keep an unbound live pod in ``pending``; drop it once bound or finished."""
         uid = stored_uid_of(pod)
         if not uid:
@@ -201,7 +201,7 @@ class ClusterState:
         """Whether the ledger holds a bind's booking or an intent for the pod."""
         return self.ledger.kept(uid) is not None or self.ledger.intent_until(uid) is not None
 
-    def apply_node(self, event: EventType, node: Pod) -> NodeTaken:
+    def apply_node(self, event: EventType, node: ApiObject) -> NodeTaken:
         """Take in one node event (the node's shape checked already)."""
         name = name_of(node)
         if event == "DELETED":
@@ -222,7 +222,7 @@ class ClusterState:
             self.book.observe_node(node)
         return NodeTaken(name, change)
 
-    def apply_pod(self, event: EventType, pod: Pod) -> PodTaken:
+    def apply_pod(self, event: EventType, pod: ApiObject) -> PodTaken:
         """Take in one pod event (the pod's shape checked already)."""
         uid = uid_of(pod)
         held = bool(self.ledger.nodes_held_by(uid))
@@ -245,10 +245,10 @@ class ClusterState:
             if self.workload is not None:
                 self.workload.observe(pod)
         if held and not self.ledger.nodes_held_by(uid):
-            return PodTaken(pod, taken.ignored, taken.first, taken.failed, freed=True)
+            return replace(taken, freed=True)
         return taken
 
-    def relist(self, nodes: Iterable[Pod]) -> Relist:
+    def relist(self, nodes: Iterable[ApiObject]) -> Relist:
         """Start a relist from the listed nodes (shapes checked): feed it the listed pods,
         then ``Relist.finish`` replaces the state at once."""
         return Relist(self, nodes)
@@ -261,7 +261,7 @@ class Relist:
     ``take`` and no pod object outlives its page (only what the decisions read is kept).
     """
 
-    def __init__(self, state: ClusterState, listed_nodes: Iterable[Pod]) -> None:
+    def __init__(self, state: ClusterState, listed_nodes: Iterable[ApiObject]) -> None:
         self.state = state
         nodes = list(listed_nodes)
         self.table = NodeTable((name_of(n), state._read(n)) for n in nodes)
@@ -277,14 +277,14 @@ class Relist:
         self.placed_terms = PlacedTerms()
         self.listed: set[str] = set()
         self.alive: set[str] = set()
-        self.kept: dict[str, Pod] = {}
+        self.kept: dict[str, ApiObject] = {}
         """Bound pods that hold a booking: read again once the bookings are in (unbound ones
         are read again from ``pending``)."""
         self.counted: list[tuple[str, PodRequest]] = []
         self.placings: list[tuple[str, Placed | None, bool]] = []
         self.pods = 0
 
-    def take(self, pod: Pod) -> PodTaken:
+    def take(self, pod: ApiObject) -> PodTaken:
         """Take in one listed pod (its shape checked)."""
         state = self.state
         self.pods += 1
