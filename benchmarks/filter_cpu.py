@@ -67,7 +67,7 @@ async def main(nodes: int, pods: int, seed: int) -> None:
         pod = kube.create_pod(spec)
         body = msgspec.json.encode({"Pod": pod, "NodeNames": names})
         start = time.thread_time()
-        cache.apply_pod(WatchEvent(type="ADDED", object=copy.deepcopy(pod)))
+        extender.take(cache.apply_pod(WatchEvent(type="ADDED", object=copy.deepcopy(pod))))
         watched = time.thread_time() - start
         start = time.thread_time()
         answer = filter_json(extender.filter(read_args(body)))
@@ -105,7 +105,7 @@ async def main(nodes: int, pods: int, seed: int) -> None:
         version += 4
         start = time.thread_time()
         for shown in (bound, _running(bound, version + 1), plain, _running(plain, version + 2)):
-            cache.apply_pod(WatchEvent(type="MODIFIED", object=shown))
+            extender.take(cache.apply_pod(WatchEvent(type="MODIFIED", object=shown)))
         watching.append(watched + time.thread_time() - start)
     ms = 1e3
     print(f"nodes={nodes} gpu pods={pods} plain pods={pods} seed={seed}")

@@ -91,7 +91,7 @@ class Demo:
         return outcome
 
     async def run(self) -> None:
-        task = asyncio.create_task(self.cache.run())
+        task = asyncio.create_task(self.cache.run(self.extender.take))
         try:
             await self._walkthrough()
         finally:

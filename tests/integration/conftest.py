@@ -52,7 +52,7 @@ async def rig_for(kube: MemoryKube, settings: Settings | None = None) -> AsyncIt
     client = httpx.AsyncClient(
         transport=httpx.ASGITransport(app=create_app(extender)), base_url="http://extender"
     )
-    task = asyncio.create_task(cache.run())
+    task = asyncio.create_task(cache.run(extender.take))
     rig = Rig(kube, cache, extender, client, ExtenderDriver(client))
     await rig.settle()
     try:

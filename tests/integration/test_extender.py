@@ -113,7 +113,7 @@ def test_readyz_waits_for_the_first_sync() -> None:
         rig.cache.synced = False
         response = await rig.client.get("/readyz")
         assert response.status_code == 503
-        await rig.cache.sync()
+        await rig.cache.sync(rig.extender.take)
         assert (await rig.client.get("/readyz")).status_code == 200
         assert (await rig.client.get("/healthz")).text == "ok"
 
@@ -496,10 +496,10 @@ def test_relist_drops_assumptions_of_pods_that_vanished() -> None:
         node = rig.cache.nodes[SEED]
         assert not isinstance(request, Rejection)
         rig.extender.scheduler.reserve(request, node, rig.cache.ledger)
-        await rig.cache.sync()  # the pod still exists: the booking stays
+        await rig.cache.sync(rig.extender.take)  # the pod still exists: the booking stays
         assert rig.cache.ledger.usage(SEED).mem_units == 5
         kube.delete_pod_unseen("default", "p")
-        await rig.cache.sync()
+        await rig.cache.sync(rig.extender.take)
         assert rig.cache.ledger.usage(SEED).mem_units == 0
 
     run_with_rig(kube, body)
@@ -794,7 +794,7 @@ def test_an_intent_is_given_back_when_its_pod_is_filtered_again_or_its_time_is_u
     kube.put_node(gpu_node("n1", gpus_units=[15]))
     # the default profile: the filter answers with every node and prioritize books the intent
     pod = kube.create_pod(gpu_pod("p0", mem=10, scheduler="default-scheduler"))
-    # another namespace: p0's own waits for its pod to be bound or gone (``_may_intend``)
+    # another namespace: p0's own waits for its pod to be bound or gone (``namespace_stuck``)
     other = kube.create_pod(gpu_pod("p1", mem=10, namespace="other", scheduler="default-scheduler"))
     now = [1_700_000_000 * 10**9]
     both = ["n0", "n1"]

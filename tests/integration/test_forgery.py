@@ -70,7 +70,7 @@ def test_finding_1_a_forged_allocation_fills_no_gpu() -> None:
         await rig.settle()
         outcome = await rig.driver.schedule(small, [VICTIM])
         assert outcome.bound, outcome.event(1)
-        await rig.cache.sync()  # a relist does not count the pod again
+        await rig.cache.sync(rig.extender.take)  # a relist does not count the pod again
         await rig.extender.events.drain()
         metrics = samples((await rig.client.get("/metrics")).text)
         assert metrics[("gpushare_untrusted_allocations_total", (("reason", "no_seal"),))] == 1

@@ -126,7 +126,7 @@ def test_readiness_tells_the_truth_when_the_watch_ends() -> None:
         scheduler = Scheduler(settings_)
         cache = ClusterCache(kube, settings=settings_, workload=scheduler.workload)
 
-        async def broken() -> None:
+        async def broken(take: object) -> None:
             await cache.sync()
             raise RuntimeError("watch decoder broke")
 
@@ -149,7 +149,7 @@ def test_readiness_tells_the_truth_when_the_watch_ends() -> None:
 
 def test_a_list_that_fails_in_a_reader_is_retried_and_reported_not_ready() -> None:
     async def body(rig: Rig) -> None:
-        real = rig.cache._read
+        real = rig.cache.state._read
         calls = 0
 
         def failing(node: KubeDict) -> Any:
@@ -157,12 +157,12 @@ def test_a_list_that_fails_in_a_reader_is_retried_and_reported_not_ready() -> No
             calls += 1
             raise ValueError("reader bug")
 
-        rig.cache._read = failing  # type: ignore[method-assign]
+        rig.cache.state._read = failing  # type: ignore[method-assign]
         with pytest.raises(ValueError):
-            await rig.cache.sync()
-        rig.cache._read = real  # type: ignore[method-assign]
+            await rig.cache.sync(rig.extender.take)
+        rig.cache.state._read = real  # type: ignore[method-assign]
         assert calls == 1
-        await rig.cache.sync()
+        await rig.cache.sync(rig.extender.take)
         assert rig.cache.problem == ""
 
     run_with_rig(cluster(), body)
@@ -172,9 +172,9 @@ def test_a_watched_object_of_the_wrong_shape_is_skipped_and_counted() -> None:
     async def body(rig: Rig) -> None:
         bad = gpu_pod("bad", mem=1)
         bad["spec"]["affinity"] = {"nodeAffinity": []}
-        rig.cache.apply_pod(WatchEvent("ADDED", bad))
+        rig.extender.take(rig.cache.apply_pod(WatchEvent("ADDED", bad)))
         good = gpu_node("fine", gpus_units=[15])
-        rig.cache.apply_node(WatchEvent("ADDED", good))
+        rig.extender.take(rig.cache.apply_node(WatchEvent("ADDED", good)))
         assert "fine" in rig.cache.nodes
         text = generate_latest(rig.extender.metrics.registry).decode()
         assert 'gpushare_watch_skipped_total{kind="Pod",reason="shape"} 1.0' in text
@@ -292,7 +292,7 @@ def test_finding_7_a_thousand_units_stored_as_1k_are_placed_and_held() -> None:
         )
         assert reply == {"Error": ""}
         await until(lambda: rig.cache.ledger.usage(NODE).mem_units == 1000, rig)
-        await rig.cache.sync()  # rebuilt from the annotations alone: still held
+        await rig.cache.sync(rig.extender.take)  # rebuilt from the annotations alone: still held
         assert rig.cache.ledger.usage(NODE).mem_units == 1000
 
     run_with_rig(kube, run, Settings(unit=unit))

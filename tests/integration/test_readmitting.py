@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from gpushare.core.decision.clusterstate import PodTaken
 from gpushare.core.decision.scheduling import Settings
 from gpushare.core.model.names import ANN_ALLOCATION, ANN_REFUSAL_REPORTED, DEFAULT_NAMES
 from gpushare.core.records.readmission import MAX_RECREATIONS, Step, readmission, replacement
 from gpushare.extender.events import EventRecorder
 from gpushare.extender.readmitting import RECREATED, REFUSED, Readmitter
-from gpushare.kube.cache import ClusterCache
+from gpushare.kube.cache import Change, ClusterCache, Take
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.port import KubeDict
 
@@ -103,23 +104,32 @@ def test_the_replacement_keeps_the_authors_pod_and_drops_the_hand_off() -> None:
     assert "nodeName" not in fresh["spec"] and fresh["spec"]["containers"][0]["name"] == "main"
 
 
+def failed_to(readmitter: Readmitter) -> Take:
+    """Hand the Failed pods the cache takes in to the readmitter, as the extender does."""
+
+    def take(change: Change) -> None:
+        if isinstance(change, PodTaken) and change.failed:
+            readmitter.seen(change.pod)
+
+    return take
+
+
 def test_the_extender_recreates_a_refused_bare_pod_once_with_events() -> None:
     async def scenario() -> None:
         kube = MemoryKube()
         cache = ClusterCache(kube, settings=Settings())
         events = EventRecorder(kube, min_interval_s=0)
         readmitter = Readmitter(kube, names=DEFAULT_NAMES, events=events)
-        cache.on_failed = readmitter.seen
         old = kube.create_pod(refused())
         owned = kube.create_pod(
             refused("q", ownerReferences=[{"kind": "Job", "name": "j", "controller": True}])
         )
-        await cache.sync()
+        await cache.sync(failed_to(readmitter))
         for _ in range(50):
             await asyncio.sleep(0.01)
             if readmitter.counts["recreated"]:
                 break
-        await cache.sync()  # the same refusal seen again is not acted on twice
+        await cache.sync(failed_to(readmitter))  # the same refusal seen again is not acted on twice
         await asyncio.sleep(0.05)
         pods = {p["metadata"]["name"]: p for p in kube.pods()}
         new = pods["p"]
@@ -149,8 +159,7 @@ def test_a_restarted_extender_does_not_report_a_pod_it_reported_already() -> Non
         cache = ClusterCache(kube, settings=Settings())
         events = EventRecorder(kube, min_interval_s=0)
         readmitter = Readmitter(kube, names=DEFAULT_NAMES, events=events, recreate=False)
-        cache.on_failed = readmitter.seen
-        await cache.sync()
+        await cache.sync(failed_to(readmitter))
         for _ in range(20):
             await asyncio.sleep(0.01)
         return readmitter

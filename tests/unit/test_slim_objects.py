@@ -12,17 +12,16 @@ from typing import Any
 
 from lightkube.core import decoders
 
-from gpushare.core.booking.changes import NodeTable
 from gpushare.core.booking.ledger import Ledger
 from gpushare.core.booking.waiting import Waiting
+from gpushare.core.decision.clusterstate import ClusterState
 from gpushare.core.decision.scheduling import Scheduler, Settings
-from gpushare.core.decision.verbs import FilterAsk, filter_pod, reserve_bind
+from gpushare.core.decision.verbs import BindAsk, FilterAsk, filter_pod, reserve_bind
 from gpushare.core.model.hostresources import pod_requests
 from gpushare.core.model.inventory import read_node
 from gpushare.core.model.kubejson import namespace_of, node_name_of, stored_uid_of, uid_of
 from gpushare.core.model.requests import PodRequest, read_pod
 from gpushare.core.model.units import MemoryUnit
-from gpushare.core.placement.preferences import PlacedTerms
 from gpushare.core.records.allocation import plan
 from gpushare.core.records.trust import SealKey, Trust
 from gpushare.core.resourcepolicies.policybook import PolicyBook, placing_of
@@ -228,17 +227,18 @@ def _decisions(pod: dict[str, Any]) -> tuple[Any, ...]:
     ResourcePolicy placing, its namespace and UID (intents), and, for good measure, the filter
     as if the pod had come in the request, with the policy and without."""
 
-    def world() -> tuple[Scheduler, NodeTable, Ledger, PolicyBook]:
+    def world(*, policies: bool = True) -> tuple[Scheduler, ClusterState]:
         nodes = [node("a1", "a"), node("b1", "b")]
         for each in nodes:
             each["metadata"]["labels"]["zone"] = "z1"
         book = PolicyBook()
-        book.replace_nodes(nodes)
         book.put_policy(policy_obj())
-        table = NodeTable((n["metadata"]["name"], read_node(n)) for n in nodes)
-        return Scheduler(Settings()), table, Ledger(trust=SEAL), book
+        state = ClusterState(settings=Settings(), trust=SEAL, book=book if policies else None)
+        for each in nodes:
+            state.apply_node("ADDED", each)
+        return Scheduler(Settings()), state
 
-    scheduler, table, ledger, book = world()
+    scheduler, state = world()
     ask = FilterAsk(
         pod=pod,
         names=["a1", "b1"],
@@ -246,18 +246,18 @@ def _decisions(pod: dict[str, Any]) -> tuple[Any, ...]:
         ttl_ns=30 * 10**9,
         unseen_ttl_ns=60 * 10**9,
         stuck={},
-        pending={},
         packing_profile="ack-co-scheduler",
-        placed_terms=PlacedTerms(),
-        soft_tainted=set(),
     )
-    filtered = filter_pod(scheduler, ask, table, ledger, book, Waiting())
-    scheduler, table, ledger, _ = world()
-    unbooked = filter_pod(scheduler, ask, table, ledger, None, Waiting())
-    scheduler, table, ledger, book = world()
-    common = {"table": table, "ledger": ledger, "book": book, "trust": SEAL, "now_ns": NOW_NS}
-    planned = reserve_bind(scheduler, pod, node="a1", asked_uid="uid-web-0", **common)
-    again = reserve_bind(scheduler, pod, node="b1", asked_uid="uid-web-0", **common)
+    filtered = filter_pod(scheduler, state, ask, Waiting())
+    scheduler, state = world(policies=False)
+    unbooked = filter_pod(scheduler, state, ask, Waiting())
+    scheduler, state = world()
+    planned = reserve_bind(
+        scheduler, state, BindAsk(pod=pod, node="a1", asked_uid="uid-web-0", now_ns=NOW_NS)
+    )
+    again = reserve_bind(
+        scheduler, state, BindAsk(pod=pod, node="b1", asked_uid="uid-web-0", now_ns=NOW_NS)
+    )
     observed = Ledger(trust=SEAL).observe(pod)
     return (
         filtered,

@@ -140,7 +140,6 @@ def extender(
     readmitter = Readmitter(
         api, names=settings.names, events=events, recreate=recreate_refused_pods
     )
-    cache.on_failed = readmitter.seen
     service = Extender(
         api=api,
         cache=cache,
@@ -148,6 +147,7 @@ def extender(
         packing_profile=packing_profile,
         events=events,
         scheduler_reports=True,
+        on_failed=readmitter.seen,
     )
     policies = PolicyWatch(api, book, notify=service.policy_notice, health=health)
     app = create_app(service, run_cache=True, policies=policies)

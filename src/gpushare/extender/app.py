@@ -236,7 +236,7 @@ def create_app(
         tasks = []
         if run_cache:
             tasks = [
-                asyncio.create_task(extender.cache.run()),
+                asyncio.create_task(extender.cache.run(extender.take)),
                 asyncio.create_task(_freeze()),
                 asyncio.create_task(extender.keep_intents()),
             ]
@@ -314,10 +314,10 @@ def create_app(
 
     @app.get("/inspect")
     async def inspect() -> dict[str, Any]:
-        cache = extender.cache
+        state = extender.cache.state
         unit = extender.scheduler.settings.unit
-        units = cache.book.recorded_units() if cache.book is not None else {}
-        return to_json(build_view(cache.nodes.values(), cache.ledger, unit=unit, units=units))
+        units = state.book.recorded_units() if state.book is not None else {}
+        return to_json(build_view(state.nodes.values(), state.ledger, unit=unit, units=units))
 
     @app.get("/healthz", response_class=PlainTextResponse)
     async def healthz() -> str:

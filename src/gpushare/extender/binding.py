@@ -55,6 +55,7 @@ from gpushare.core.booking.ledger import Kept
 from gpushare.core.decision.scheduling import Scheduler
 from gpushare.core.decision.verbs import (
     BOUND,
+    BindAsk,
     BindOutcome,
     BindPlan,
     BindResult,
@@ -120,8 +121,8 @@ class Binding:
     async def _bind(self, args: ExtenderBindingArgs, key: str) -> ExtenderBindingResult:
         error = ""
         # the watch's copy of the pod saves a read (see the module docstring), when it will do
-        watched = self.cache.pending.get(args.PodUID) if args.PodUID else None
-        if watched is not None and not copy_will_do(self.cache.ledger, args.PodUID):
+        watched = self.cache.state.pending.get(args.PodUID) if args.PodUID else None
+        if watched is not None and not copy_will_do(self.cache.state.ledger, args.PodUID):
             watched = None
         attempt = 0
         while attempt < self.attempts:
@@ -165,19 +166,9 @@ class Binding:
                 pod = await self.api.get_pod(args.PodNamespace, args.PodName)
             except KubeError as err:
                 return BindResult(BindOutcome.ERROR, f"cannot read pod {key}: {err}")
-        cache = self.cache
         # no await from here to the writes: the check and the bookings are one step
-        plan = reserve_bind(
-            self.scheduler,
-            pod,
-            node=args.Node,
-            asked_uid=args.PodUID,
-            table=cache.nodes,
-            ledger=cache.ledger,
-            book=cache.book,
-            trust=cache.trust,
-            now_ns=self.clock_ns(),
-        )
+        ask = BindAsk(pod=pod, node=args.Node, asked_uid=args.PodUID, now_ns=self.clock_ns())
+        plan = reserve_bind(self.scheduler, self.cache.state, ask)
         if isinstance(plan, BindResult):
             if plan.outcome is BindOutcome.ALREADY_BOUND:
                 log.info(
@@ -254,7 +245,8 @@ class Binding:
     def _give_back(self, uid: str, *, kept: Kept | None = None) -> None:
         """Give back what this bind booked, in every store: its GPUs (``kept``, the booking the
         pod held before, comes back) and its ResourcePolicy unit. Idempotent."""
-        self.scheduler.unreserve(uid, self.cache.ledger, kept=kept, book=self.cache.book)
+        state = self.cache.state
+        self.scheduler.unreserve(uid, state.ledger, kept=kept, book=state.book)
 
     async def _annotate(
         self, args: ExtenderBindingArgs, key: str, plan: BindPlan

@@ -5,7 +5,8 @@ the pod (its old intent goes back, and the intents past their deadline), decides
 keeps only the nodes of the unit a ResourcePolicy opens to the pod, and for most pods of the
 packing profile picks the top node alone and books its GPUs as the pod's intent. What it
 returns is all this adapter needs: it builds the answer from it, counts and tells.
-Prioritize scores the nodes and books the intent for the node it puts alone on top.
+Prioritize is one core call too (``prioritize_pod``): it scores the nodes and books the
+intent for the node it puts alone on top.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpushare.core.decision.scheduling import Scheduler
-from gpushare.core.decision.verbs import FilterAsk, filter_pod
+from gpushare.core.decision.verbs import FilterAsk, PrioritizeAsk, filter_pod, prioritize_pod
 from gpushare.core.model.inventory import NodeInventory, read_node
 from gpushare.core.model.kubejson import labels_of, name_of
 from gpushare.extender.intents import Intents
@@ -58,14 +59,9 @@ class Filtering:
             ),
             **intents.terms(self.clock_ns()),
             stuck=intents.stuck_pods,
-            pending=cache.pending,
             packing_profile=self.packing_profile,
-            placed_terms=cache.placed_terms,
-            soft_tainted=cache.soft_tainted,
         )
-        outcome = filter_pod(
-            self.scheduler, ask, cache.nodes, cache.ledger, cache.book, intents.waiting
-        )
+        outcome = filter_pod(self.scheduler, cache.state, ask, intents.waiting)
         intents.filtered(outcome)
         self.telling.filtered(
             pod, outcome.request, outcome.fits, outcome.failed, outcome.unresolvable
@@ -91,15 +87,13 @@ class Filtering:
     def prioritize(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
         """Scores 0..10 for the given nodes, as (hosts, scores); unknown names are left out."""
         self.metrics.requests.labels("prioritize", "ok").inc()
-        if args.Nodes is None:
-            nodes = self.cache.nodes
-            names = list(filter(nodes.__contains__, args.NodeNames or []))
-            scores = self.scheduler.prioritize_names(args.Pod, names, nodes, self.cache.ledger)
-            self.intents.intend(args.Pod, names, scores, nodes)
-            return names, scores
-        found = self.read_nodes(args.Nodes)
-        by_name = self.scheduler.prioritize(args.Pod, found, self.cache.ledger)
-        names = [n.name for n in found]
-        scores = [by_name.get(n.name, 0) for n in found]
-        self.intents.intend(args.Pod, names, scores, {n.name: n for n in found})
-        return names, scores
+        ask = PrioritizeAsk(
+            pod=args.Pod,
+            names=args.NodeNames or [],
+            nodes=None if args.Nodes is None else self.read_nodes(args.Nodes),
+            **self.intents.terms(self.clock_ns()),
+            stuck=self.intents.stuck_pods,
+        )
+        outcome = prioritize_pod(self.scheduler, self.cache.state, ask)
+        self.intents.prioritized(args.Pod, outcome)
+        return outcome.names, outcome.scores

@@ -21,10 +21,9 @@ from typing import TypedDict
 
 from gpushare.core.booking.waiting import Waiting, WaitingPod
 from gpushare.core.decision.scheduling import Scheduler
-from gpushare.core.decision.verbs import Deadline, FilterOutcome, intent_deadline
+from gpushare.core.decision.verbs import Deadline, FilterOutcome, PrioritizeOutcome
 from gpushare.core.decision.yielding import HOLD_S
-from gpushare.core.model.inventory import NodeInventory
-from gpushare.core.model.kubejson import KubeObject, namespace_of, stored_uid_of, uid_of
+from gpushare.core.model.kubejson import KubeObject, namespace_of
 from gpushare.core.records.allocation import Allocation
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.kube.cache import ClusterCache
@@ -97,7 +96,8 @@ class Intents:
     """(clock ns, ``Waiting.mark``) at each sweep, oldest first, back to the first one at least
     ``LAG_S`` old: which refusals ``freed_seen`` reaches."""
     _stuck: dict[str, set[str]] = field(default_factory=dict, init=False)
-    """By namespace: pods whose intent ran out with no bind, while pending (``may_intend``)."""
+    """By namespace: pods whose intent ran out with no bind, while pending (the core's
+    ``namespace_stuck`` reads it)."""
     _holding: set[str] = field(default_factory=set, init=False)
     """Intents booked less than ``HOLD_S`` ago at the last sweep (``_overdue``)."""
     _unseen: dict[str, int] = field(default_factory=dict, init=False)
@@ -121,20 +121,20 @@ class Intents:
     def bind_failed(self, uid: str) -> None:
         """After a bind that failed for good: the pod's intent goes back, and with it GPUs
         that pods refused meanwhile may fit (kube-scheduler will try this pod again)."""
-        if uid and self.scheduler.drop_intent(uid, self.cache.ledger):
+        if uid and self.scheduler.drop_intent(uid, self.cache.state.ledger):
             self.metrics.intents.labels("dropped").inc()
             self.capacity_returned()
 
     def _expire(self) -> None:
         """Give back the intents past their deadline; their GPUs are free again."""
-        self._expired(self.cache.ledger.expire(self.clock_ns()))
+        self._expired(self.cache.state.ledger.expire(self.clock_ns()))
 
     def _expired(self, expired: Sequence[str]) -> None:
         """Count intents given back at their deadline; their pods still pending are stuck."""
         if expired:
             self.metrics.intents.labels("expired").inc(len(expired))
             self.capacity_returned()
-            pending = self.cache.pending
+            pending = self.cache.state.pending
             for uid in expired:
                 pod = pending.get(uid)
                 if pod is not None:
@@ -148,7 +148,7 @@ class Intents:
             return
         self.metrics.intents.labels("yielded").inc(len(yielded.uids))
         self.capacity_returned()
-        pending = self.cache.pending
+        pending = self.cache.state.pending
         for uid in yielded.overdue:
             pod = pending.get(uid)
             if pod is not None:
@@ -162,8 +162,8 @@ class Intents:
         since = self.clock_ns() - HOLD_NS
         holding: set[str] = set()
         passed = 0
-        for allocation, _ in self.cache.ledger.intents():
-            booked = self.cache.ledger.intent_booked(allocation.uid)
+        for allocation, _ in self.cache.state.ledger.intents():
+            booked = self.cache.state.ledger.intent_booked(allocation.uid)
             if booked is None:
                 continue
             if booked > since:
@@ -178,7 +178,7 @@ class Intents:
     def _confirm_seen(self) -> None:
         """Give the intents of pods the watch now shows their full deadline (``UNSEEN_TTL_S``);
         forget the ones that ended."""
-        ledger, pending = self.cache.ledger, self.cache.pending
+        ledger, pending = self.cache.state.ledger, self.cache.state.pending
         for uid, until in list(self._unseen.items()):
             if ledger.intent_until(uid) is None:
                 del self._unseen[uid]
@@ -192,7 +192,7 @@ class Intents:
         self._due(after=0)
 
     def freed_seen(self) -> None:
-        """The watch showed GPU share given back (``ClusterCache.on_freed``), an event
+        """The watch showed GPU share given back (``PodTaken.freed``, ``Extender.take``), an event
         kube-scheduler sees too, maybe first: the pods refused in the last ``LAG_S`` are due to
         be tried again (``sweep``); kube-scheduler tries the older ones again itself."""
         self._due(after=self._mark_at(self.clock_ns() - LAG_NS))
@@ -213,8 +213,8 @@ class Intents:
 
     @property
     def stuck_pods(self) -> Mapping[str, set[str]]:
-        """By namespace: pods whose intent ran out with no bind (``may_intend``); those no
-        longer pending are forgotten at the next sweep."""
+        """By namespace: pods whose intent ran out with no bind (``core.decision.verbs.
+        namespace_stuck``); those no longer pending are forgotten at the next sweep."""
         return self._stuck
 
     def _stuck_in(self, namespace: str) -> set[str]:
@@ -222,7 +222,7 @@ class Intents:
         stuck = self._stuck.get(namespace)
         if stuck is None:
             return set()
-        pending = self.cache.pending
+        pending = self.cache.state.pending
         stuck.difference_update([uid for uid in stuck if uid not in pending])
         if not stuck:
             del self._stuck[namespace]
@@ -244,7 +244,7 @@ class Intents:
         self._mark_at(now - LAG_NS)
         if self._retry_after >= self._retry_before:
             return []  # none due: the book is not walked (pods before ``after`` stay in it)
-        pending = self.cache.pending
+        pending = self.cache.state.pending
         taken = self.waiting.take(
             RETRIES_PER_SWEEP, before=self._retry_before, after=self._retry_after
         )
@@ -252,45 +252,15 @@ class Intents:
             self._retry_after = self._retry_before
         return [pod for pod in taken if pod.uid in pending]
 
-    def intend(
-        self,
-        pod: KubeObject,
-        names: list[str],
-        scores: list[int],
-        nodes: Mapping[str, NodeInventory],
-    ) -> str:
-        """Book the top node's GPUs for the pod until its bind comes (``Scheduler.intend``);
-        the node booked, or an empty string."""
-        if not self.may_intend(pod):
-            return ""
-        until = self.deadline(pod)
-        booked = self.scheduler.intend(
-            pod, names, scores, nodes, self.cache.ledger, until_ns=until, booked_ns=self.clock_ns()
-        )
-        return self.booked(booked)
-
-    def may_intend(self, pod: KubeObject) -> bool:
-        """Whether the pod's namespace may book intents: not while one of its pods whose intent
-        ran out with no bind is still pending (``_stuck``); counted as withheld.
-
-        Such a pod waits past PreBind or Permit (a volume never provisioned, say), and a pod
-        of the same tenant created next would most likely wait the same way: its intent would
-        only hold GPUs from everyone else for another 30 s. Without one nothing is refused,
-        the pod only loses the protection from a race at bind, which checks the node again.
-        """
-        if not self._stuck_in(namespace_of(pod)):
-            return True
-        self.scheduler.drop_intent(uid_of(pod), self.cache.ledger)
-        self.metrics.intents.labels("withheld").inc()
-        return False
-
-    def deadline(self, pod: KubeObject) -> int:
-        """When an intent booked now expires unless its bind comes (``ttl_s``); for a pod the
-        watch has not shown unbound, ``UNSEEN_TTL_S`` until it does (counted as unseen)."""
-        uid = stored_uid_of(pod)
-        deadline = intent_deadline(uid, self.cache.pending, **self.terms(self.clock_ns()))
-        self._deadline_taken(uid, deadline)
-        return deadline.until_ns
+    def prioritized(self, pod: KubeObject, outcome: PrioritizeOutcome) -> None:
+        """After a prioritize (``core.decision.verbs.prioritize_pod``): count the intent it
+        withheld or booked, and remember a deadline taken for a pod the watch has not shown."""
+        self._stuck_in(namespace_of(pod))  # forget the pods bound or gone meanwhile
+        if outcome.withheld:
+            self.metrics.intents.labels("withheld").inc()
+        if outcome.deadline is not None:
+            self._deadline_taken(outcome.uid, outcome.deadline)
+        self.booked(outcome.intent)
 
     def terms(self, now_ns: int) -> IntentTerms:
         """How long an intent booked at ``now_ns`` lasts, for ``intent_deadline``."""

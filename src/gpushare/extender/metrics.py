@@ -138,7 +138,7 @@ class GpuSeries:
         bodies: list[list[bytes]] = [[] for _ in GPU_FAMILIES]
         cache = self._cache()
         if cache is not None:
-            names = [name for name, node in cache.nodes.items() if node.gpus]
+            names = [name for name, node in cache.state.nodes.items() if node.gpus]
             for start in range(0, len(names), NODES_PER_TURN):
                 if start:
                     await asyncio.sleep(0)
@@ -160,7 +160,7 @@ class GpuSeries:
         (n_total, _), (n_used, _), (n_core, _), (n_pods, _), (n_unhealthy, _), (n_off, _) = (
             GPU_FAMILIES
         )
-        nodes, ledger = cache.nodes, cache.ledger
+        nodes, ledger = cache.state.nodes, cache.state.ledger
         for name in names:
             node = nodes.get(name)
             if node is None or not node.gpus:
@@ -199,8 +199,8 @@ class _LedgerCollector(Collector):
         synced = GaugeMetricFamily("gpushare_cache_synced", "1 once the cache has listed")
         synced.add_metric([], 1.0 if cache and cache.synced else 0.0)
         if cache is not None:
-            ledger = cache.ledger
-            for name, node in cache.nodes.items():
+            ledger = cache.state.ledger
+            for name, node in cache.state.nodes.items():
                 if not node.gpus:
                     continue
                 usage = ledger.usage(name)
@@ -274,7 +274,7 @@ class _PolicyCollector(Collector):
             labels=["policy_namespace", "name", "valid"],
         )
         cache = self._cache()
-        book = cache.book if cache is not None else None
+        book = cache.state.book if cache is not None else None
         for entry in book.entries() if book is not None else ():
             valid = "false" if isinstance(entry, PolicyError) else "true"
             family.add_metric([entry.namespace, entry.name, valid], entry.generation)

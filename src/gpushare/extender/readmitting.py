@@ -40,7 +40,7 @@ CREATE_WAIT_S = 0.5
 
 
 class Readmitter:
-    """Acts on refused GPU pods as the cache sees them (``ClusterCache.on_failed``)."""
+    """Acts on refused GPU pods as the cache sees them (``PodTaken.failed``, ``Extender.take``)."""
 
     def __init__(
         self,

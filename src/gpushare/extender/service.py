@@ -11,7 +11,9 @@ Each verb asks the core once (``core.decision.verbs``: ``filter_pod``, ``reserve
 bind try) and answers, writes, counts and tells from the value it gets back.
 
 ``Extender`` puts them together over one cache, scheduler, metrics and clock, and is what the
-app, the demo and the tests hold.
+app, the demo and the tests hold. What the cache takes in comes back as values
+(``core.decision.clusterstate``), which ``Extender.take`` acts on: the cache's ``run`` is
+given it, nothing is wired into the cache afterwards.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from collections.abc import Callable
 
 from gpushare.core.booking.waiting import Waiting, WaitingPod
+from gpushare.core.decision.clusterstate import PodTaken, Relisted
 from gpushare.core.decision.scheduling import Scheduler
 from gpushare.core.model.names import ANN_RETRY, SCHEDULER_NAME
 from gpushare.core.resourcepolicies.resourcepolicy import PolicyError, ResourcePolicy
@@ -37,8 +40,8 @@ from gpushare.extender.wire import (
     ExtenderBindingResult,
     ExtenderFilterResult,
 )
-from gpushare.kube.cache import ClusterCache
-from gpushare.kube.port import KubeAPI, KubeError, NotFound
+from gpushare.kube.cache import Change, ClusterCache, Skipped
+from gpushare.kube.port import KubeAPI, KubeDict, KubeError, NotFound
 
 __all__ = ["INTENT_TTL_S", "SWEEP_S", "UNSEEN_TTL_S", "Extender"]
 
@@ -64,13 +67,14 @@ class Extender:
         intent_ttl_s: float = INTENT_TTL_S,
         packing_profile: str = SCHEDULER_NAME,
         scheduler_reports: bool = False,
+        on_failed: Callable[[KubeDict], None] | None = None,
     ) -> None:
         self.api = api
         self.intent_ttl_s = intent_ttl_s
         self.cache = cache
         self.scheduler = scheduler
         if scheduler.cluster is None:  # scarce shapes are priced over every node in the cache
-            scheduler.cluster = lambda: cache.nodes
+            scheduler.cluster = lambda: cache.state.nodes
         self.metrics = metrics or ExtenderMetrics(lambda: cache)
         self.attempts = attempts
         self.clock_ns = clock_ns
@@ -108,12 +112,25 @@ class Extender:
             attempts=attempts,
             clock_ns=lambda: self.clock_ns(),
         )
-        if cache.on_ignored is None:
-            cache.on_ignored = self.telling.ignored
-        if cache.on_skipped is None:
-            cache.on_skipped = self.telling.skipped
-        if cache.on_freed is None:
-            cache.on_freed = self.intents.freed_seen
+        self.on_failed = on_failed
+        """Told of each pod listed or watched in phase Failed (``extender.readmitting``)."""
+
+    def take(self, change: Change | None) -> None:
+        """Act on what the cache took in (``ClusterCache.run`` hands each change here): count
+        and tell an object skipped or an allocation ignored, hand a Failed pod on, and when
+        GPU share came back (a pod gave it back, or a relist may have missed one) try again
+        the pods refused just before (``Intents.freed_seen``)."""
+        if isinstance(change, PodTaken):
+            if change.ignored is not None:
+                self.telling.ignored(change.pod, change.ignored, first=change.first)
+            if change.failed and self.on_failed is not None:
+                self.on_failed(change.pod)
+            if change.freed:
+                self.intents.freed_seen()
+        elif isinstance(change, Skipped):
+            self.telling.skipped(change.kind, change.obj, change.why)
+        elif isinstance(change, Relisted):
+            self.intents.freed_seen()
 
     @property
     def events(self) -> EventRecorder:

@@ -134,7 +134,7 @@ class Telling:
             ref,
             "Normal",
             SCHEDULED,
-            lambda: placement_message(booked, node, self.cache.ledger.usage(node.name)),
+            lambda: placement_message(booked, node, self.cache.state.ledger.usage(node.name)),
         )
 
     def unit(self, ref: PodRef, node: str, gate: Gate | None) -> None:

@@ -33,6 +33,7 @@ import click
 import yaml
 
 from gpushare.core.booking.ledger import Ledger
+from gpushare.core.decision.clusterstate import ClusterState
 from gpushare.core.decision.scheduling import Scheduler, Settings
 from gpushare.core.model.inventory import declared_unit, read_node
 from gpushare.core.model.kubejson import annotations_of, name_of, namespace_of
@@ -208,9 +209,9 @@ async def collect_explanation(
     found = [p for p in pods if namespace_of(p) == namespace and name_of(p) == name]
     if not found:
         raise PodNotFound(f"pod {namespace}/{name} not found")
-    ledger = Ledger.from_pods(pods, names=settings.names, unit=settings.unit, trust=trust)
     inventories = [read_node(n, cluster_unit=settings.unit, names=settings.names) for n in nodes]
-    return explain_pod(found[0], inventories, ledger, Scheduler(settings))
+    state = ClusterState.listed(settings=settings, trust=trust, nodes=inventories, pods=pods)
+    return explain_pod(found[0], state, Scheduler(settings))
 
 
 OUTPUTS = ("text", "wide", "json", "yaml")

@@ -9,13 +9,11 @@ own share left out, as a re-bind would be.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gpushare.core.booking.ledger import Ledger
+from gpushare.core.decision.clusterstate import ClusterState
 from gpushare.core.decision.scheduling import Scheduler
-from gpushare.core.model.inventory import NodeInventory
 from gpushare.core.model.kubejson import KubeObject, name_of, namespace_of, spec_of, status_of
 from gpushare.core.model.requests import PodRequest, Rejection
 from gpushare.core.placement.explain import IN_CLUSTER, placement_message, refusal_summary
@@ -74,15 +72,14 @@ def _asks(request: PodRequest | Rejection, scheduler: Scheduler) -> str:
     return text
 
 
-def explain_pod(
-    pod: KubeObject, nodes: Iterable[NodeInventory], ledger: Ledger, scheduler: Scheduler
-) -> Explanation:
-    """Filter and score the pod on every node, as the extender would now.
+def explain_pod(pod: KubeObject, state: ClusterState, scheduler: Scheduler) -> Explanation:
+    """Filter and score the pod on every node of the state, as the extender would now.
 
-    The ledger is borrowed: a fitting node's placement is booked and given back at once to
-    read how full its GPUs would be.
+    The state's ledger is borrowed: a fitting node's placement is booked and given back at
+    once to read how full its GPUs would be.
     """
-    nodes = sorted(nodes, key=lambda n: n.name)
+    ledger = state.ledger
+    nodes = sorted(state.nodes.values(), key=lambda n: n.name)
     result = scheduler.filter(pod, nodes, ledger)
     request = result.request
     scores = scheduler.prioritize(pod, nodes, ledger, request=request)

@@ -50,8 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gpushare.core.booking.changes import NodeTable
-from gpushare.core.booking.ledger import Ledger
+from gpushare.core.decision.clusterstate import ClusterState
 from gpushare.core.decision.scheduling import Scheduler, Settings
 from gpushare.core.model.gpumodel import LABEL_MODEL
 from gpushare.core.model.inventory import CORE_PER_GPU, Mode, NodeInventory, read_node
@@ -60,6 +59,7 @@ from gpushare.core.model.requests import CORE_STEP, PodRequest
 from gpushare.core.model.topology import Distance, topology_annotation
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.allocation import Allocation
+from gpushare.core.records.trust import Trust
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import KubeDict
 from gpushare.sim import cards
@@ -263,15 +263,18 @@ class MemoryCluster:
         self.scheduler = Scheduler(
             Settings(unit=unit, max_pods_per_gpu=self.settings.max_pods_per_gpu, policy=policy)
         )
-        self.ledger = Ledger(unit=unit)
         self.distance = node_layouts(self.nodes, self.settings.topology)
         self.connected = Connected()
         self.inventories: list[NodeInventory] = [
             read_node(node_json(n, self.settings, d), cluster_unit=unit)
             for n, d in zip(self.nodes, self.distance, strict=True)
         ]
-        table = NodeTable((inv.name, inv) for inv in self.inventories)
-        self.scheduler.cluster = lambda: table  # the extender's cache holds every node
+        # the state the extender's cache keeps, every node in it, rebuilt as one list gives it
+        self.state = ClusterState.listed(
+            settings=self.scheduler.settings, trust=Trust(), nodes=self.inventories
+        )
+        self.ledger = self.state.ledger
+        self.scheduler.cluster = lambda: self.state.nodes
         self.index = {n.name: i for i, n in enumerate(self.nodes)}
         self.units: IntArray = np.array([card_units(n, unit) for n in self.nodes], dtype=np.int64)
         self.core_mem: BoolArray = np.array(

@@ -1,4 +1,5 @@
-"""The extender's verbs as one core call each: ``filter_pod`` and ``reserve_bind``.
+"""The extender's verbs as one core call each: ``filter_pod``, ``prioritize_pod`` and
+``reserve_bind``, each over the ``ClusterState`` (``core.decision.clusterstate``) and one ask.
 
 kube-scheduler's filter and bind each take several steps in the core: a filter gives back the
 intents past their deadline and the pod's own, decides every node, lets a ResourcePolicy keep
@@ -6,8 +7,12 @@ only its unit's nodes, and (for most pods of the packing profile) picks the top 
 its GPUs as the pod's intent; a bind reads the pod's request, checks it is not bound already,
 reserves its unit and its GPUs and writes the annotations that say so. Each verb is one call
 here that returns one value carrying everything the adapter needs to answer kube-scheduler,
-count and tell (``FilterOutcome``, ``BindPlan`` or ``BindResult``): the adapter converts the
-wire to these calls and back, writes to the API and tells, and decides nothing itself.
+count and tell (``FilterOutcome``, ``PrioritizeOutcome``, ``BindPlan`` or ``BindResult``):
+the adapter converts the wire to these calls and back, writes to the API and tells, and
+decides nothing itself.
+
+One rule spans filter and prioritize: a namespace whose pod's intent ran out with no bind
+books no intent while that pod is pending (``namespace_stuck``).
 """
 
 from __future__ import annotations
@@ -16,9 +21,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from gpushare.core.booking.changes import NodeTable
 from gpushare.core.booking.ledger import Kept, Ledger
 from gpushare.core.booking.waiting import Waiting, WaitingPod
+from gpushare.core.decision.clusterstate import ClusterState
 from gpushare.core.decision.scheduling import Reservation, Scheduler, UnitRefused
 from gpushare.core.decision.yielding import HOLD_S, NONE, Yielded, give_way
 from gpushare.core.model.inventory import NodeInventory
@@ -36,12 +41,10 @@ from gpushare.core.model.kubejson import (
 from gpushare.core.model.names import ANN_ALLOCATION, ANN_SEAL
 from gpushare.core.model.requests import PodRequest, Rejection
 from gpushare.core.placement.filtering import Code
-from gpushare.core.placement.preferences import PlacedTerms, stated_preference
+from gpushare.core.placement.preferences import stated_preference
 from gpushare.core.records.allocation import Allocation, to_annotations
 from gpushare.core.records.binding import already_bound
-from gpushare.core.records.trust import Trust
 from gpushare.core.resourcepolicies.gating import Gate
-from gpushare.core.resourcepolicies.policybook import PolicyBook
 from gpushare.core.resourcepolicies.policyplugin import filter_units
 
 MISSING = "node is not in gpushare's cache yet; it will be after the next watch event"
@@ -52,8 +55,8 @@ class FilterAsk:
     """One filter call: the pod, the nodes asked about, and what the answer may book.
 
     ``nodes`` holds the inventories of whole node objects (a scheduler without a node cache)
-    and ``node_labels`` their labels; without them ``names`` are looked up in ``table``
-    (``nodeCacheCapable``), and the labels in the ResourcePolicy book.
+    and ``node_labels`` their labels; without them ``names`` are looked up in the state's
+    ``nodes`` (``nodeCacheCapable``), and the labels in its ResourcePolicy book.
     """
 
     pod: KubeObject
@@ -69,12 +72,8 @@ class FilterAsk:
     """How long an intent holds against every pod (``core.decision.yielding``)."""
     stuck: Mapping[str, Collection[str]]
     """By namespace, the pods whose intent ran out with no bind: while one of them is still
-    pending, the namespace books no intent (``extender.intents.Intents.may_intend``)."""
-    pending: Mapping[str, KubeObject]
-    """The pods the watch shows unbound, by UID."""
+    pending, the namespace books no intent (``namespace_stuck``)."""
     packing_profile: str
-    placed_terms: PlacedTerms
-    soft_tainted: frozenset[str] | set[str]
 
 
 @dataclass(frozen=True)
@@ -147,20 +146,16 @@ class FilterOutcome:
 
 
 def filter_pod(
-    scheduler: Scheduler,
-    ask: FilterAsk,
-    table: NodeTable,
-    ledger: Ledger,
-    book: PolicyBook | None,
-    waiting: Waiting,
+    scheduler: Scheduler, state: ClusterState, ask: FilterAsk, waiting: Waiting
 ) -> FilterOutcome:
     """A new attempt's filter, whole: see the module docstring. A GPU pod refused on every
     node is remembered in ``waiting`` until GPUs come back; one that fits is forgotten."""
     pod = ask.pod
     uid = stored_uid_of(pod)
+    ledger, book = state.ledger, state.book
     expired = tuple(ledger.expire(ask.now_ns))
     dropped = scheduler.drop_intent(uid_of(pod), ledger)
-    found = _fits(scheduler, ask, table, ledger, book)
+    found = _fits(scheduler, ask, state)
     yielded = NONE
     if not found.fits and isinstance(found.request, PodRequest) and found.request.wants_gpu:
         asked = {n.name for n in ask.nodes} if ask.nodes is not None else set(ask.names)
@@ -168,13 +163,13 @@ def filter_pod(
             pod,
             uid_of(pod),
             ledger,
-            ask.pending,
+            state.pending,
             nodes=asked,
             now_ns=ask.now_ns,
             hold_ns=ask.hold_ns,
         )
         if yielded.booked:
-            found = _fits(scheduler, ask, table, ledger, book)
+            found = _fits(scheduler, ask, state)
             if not found.fits:
                 yielded.restore(ledger)  # no room all the same: nothing changes
                 yielded = NONE
@@ -217,7 +212,7 @@ def filter_pod(
     )
     if ask.nodes is not None:
         return outcome
-    return _top_only(scheduler, ask, table, ledger, outcome)
+    return _top_only(scheduler, ask, state, outcome)
 
 
 @dataclass(frozen=True)
@@ -232,11 +227,9 @@ class _Fits:
     labels: Mapping[str, Mapping[str, str]]
 
 
-def _fits(
-    scheduler: Scheduler, ask: FilterAsk, table: NodeTable, ledger: Ledger, book: PolicyBook | None
-) -> _Fits:
+def _fits(scheduler: Scheduler, ask: FilterAsk, state: ClusterState) -> _Fits:
     """Every node asked about, decided against the ledger as it stands."""
-    pod = ask.pod
+    pod, ledger, book = ask.pod, state.ledger, state.book
     if ask.nodes is not None:
         result = scheduler.filter(pod, ask.nodes, ledger)
         failed: dict[str, str] = {}
@@ -252,7 +245,7 @@ def _fits(
         return _Fits(
             result.request, sorted(set(fits)), failed, unresolvable, None, ask.node_labels or {}
         )
-    names = scheduler.filter_names(pod, list(ask.names), table, ledger)
+    names = scheduler.filter_names(pod, list(ask.names), state.nodes, ledger)
     failed = dict(names.failed)
     for name in names.missing:
         failed[name] = MISSING
@@ -267,7 +260,7 @@ def _fits(
 
 
 def _top_only(
-    scheduler: Scheduler, ask: FilterAsk, table: NodeTable, ledger: Ledger, outcome: FilterOutcome
+    scheduler: Scheduler, ask: FilterAsk, state: ClusterState, outcome: FilterOutcome
 ) -> FilterOutcome:
     """The one node to answer the filter with, its GPUs booked as the pod's intent.
 
@@ -283,15 +276,18 @@ def _top_only(
     request, passing = outcome.request, outcome.passing
     if not passing or not isinstance(request, PodRequest) or not request.wants_gpu:
         return outcome
-    why = _why_every_node(ask, passing) if len(passing) > 1 else ""
+    table, ledger = state.nodes, state.ledger
+    why = _why_every_node(ask, state, passing) if len(passing) > 1 else ""
     if why:
         return _with(outcome, answer=why)
     name = scheduler.top_name(request, passing, table, ledger, scores=outcome.scores)
-    if name and _withheld(ask, outcome.expired):
+    if name and namespace_stuck(
+        namespace_of(ask.pod), ask.stuck, state.pending, expired=outcome.expired
+    ):
         return _with(outcome, top=name, answer="top_node", withheld=True)
     deadline = intent_deadline(
         outcome.uid,
-        ask.pending,
+        state.pending,
         now_ns=ask.now_ns,
         ttl_ns=ask.ttl_ns,
         unseen_ttl_ns=ask.unseen_ttl_ns,
@@ -323,29 +319,108 @@ def _with(
     )
 
 
-def _withheld(ask: FilterAsk, expired: Sequence[str]) -> bool:
-    """Whether the pod's namespace books no intent: it holds a pending pod whose intent ran
-    out with no bind, before this call or in it."""
-    namespace = namespace_of(ask.pod)
-    pending = ask.pending
-    if any(uid in pending for uid in ask.stuck.get(namespace, ())):
+def namespace_stuck(
+    namespace: str,
+    stuck: Mapping[str, Collection[str]],
+    pending: Mapping[str, KubeObject],
+    *,
+    expired: Sequence[str] = (),
+) -> bool:
+    """Whether the namespace books no intent: it holds a pending pod whose intent ran out with
+    no bind (``stuck``, by namespace), before this call or in it (``expired``).
+
+    Such a pod waits past PreBind or Permit (a volume never provisioned, say), and a pod of
+    the same tenant created next would most likely wait the same way: its intent would only
+    hold GPUs from everyone else for another 30 s. Without one nothing is refused, the pod only
+    loses the protection from a race at bind, which checks the node again.
+    """
+    if any(uid in pending for uid in stuck.get(namespace, ())):
         return True
     return any(uid in pending and namespace_of(pending[uid]) == namespace for uid in expired)
 
 
-def _why_every_node(ask: FilterAsk, passing: list[str]) -> str:
+def _why_every_node(ask: FilterAsk, state: ClusterState, passing: list[str]) -> str:
     """Why kube-scheduler's own scores may prefer another fitting node; empty if not."""
     pod = ask.pod
     if pod_spec_of(pod).get("schedulerName") != ask.packing_profile:
         return "other_profile"
     if stated_preference(pod):
         return "stated_preference"
-    if ask.placed_terms.matching(pod):
+    if state.placed_terms.matching(pod):
         return "placed_affinity"
-    tainted = ask.soft_tainted
+    tainted = state.soft_tainted
     if tainted and any(name in tainted for name in passing):
         return "prefer_no_schedule_taint"
     return ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrioritizeAsk:
+    """One prioritize call: the pod, the nodes asked about, and how long its intent lasts.
+
+    ``nodes`` holds the inventories of whole node objects (a scheduler without a node cache);
+    without them ``names`` are looked up in the state's ``nodes``, and unknown ones left out.
+    """
+
+    pod: KubeObject
+    names: Sequence[str] = ()
+    nodes: Sequence[NodeInventory] | None = None
+    now_ns: int
+    ttl_ns: int
+    unseen_ttl_ns: int
+    stuck: Mapping[str, Collection[str]]
+    """By namespace, the pods whose intent ran out with no bind (``namespace_stuck``)."""
+
+
+@dataclass(frozen=True)
+class PrioritizeOutcome:
+    """The scores a prioritize answers with, and the intent it booked or withheld."""
+
+    uid: str
+    """The pod's UID as stored (empty for a pod not stored yet)."""
+    names: list[str]
+    scores: list[int]
+    """0..10 for each of ``names``, in order."""
+    withheld: bool
+    """Whether an intent was withheld (and the pod's earlier one given back): the pod's
+    namespace holds a stuck pod."""
+    deadline: Deadline | None
+    """The deadline an intent was asked for with (booked or not); None: none asked for."""
+    intent: Allocation | None
+    """The intent booked on the top node; None: none (no GPU asked, no node fits, withheld)."""
+
+
+def prioritize_pod(
+    scheduler: Scheduler, state: ClusterState, ask: PrioritizeAsk
+) -> PrioritizeOutcome:
+    """Score the nodes asked about and book the top node's GPUs as the pod's intent until its
+    bind comes (``Scheduler.intend``), unless its namespace holds a stuck pod."""
+    pod, ledger = ask.pod, state.ledger
+    nodes: Mapping[str, NodeInventory]
+    if ask.nodes is None:
+        nodes = state.nodes
+        names = list(filter(nodes.__contains__, ask.names))
+        scores = scheduler.prioritize_names(pod, names, nodes, ledger)
+    else:
+        by_name = scheduler.prioritize(pod, ask.nodes, ledger)
+        names = [n.name for n in ask.nodes]
+        scores = [by_name.get(name, 0) for name in names]
+        nodes = {n.name: n for n in ask.nodes}
+    uid = stored_uid_of(pod)
+    if namespace_stuck(namespace_of(pod), ask.stuck, state.pending):
+        scheduler.drop_intent(uid_of(pod), ledger)
+        return PrioritizeOutcome(uid, names, scores, withheld=True, deadline=None, intent=None)
+    deadline = intent_deadline(
+        uid,
+        state.pending,
+        now_ns=ask.now_ns,
+        ttl_ns=ask.ttl_ns,
+        unseen_ttl_ns=ask.unseen_ttl_ns,
+    )
+    intent = scheduler.intend(
+        pod, names, scores, nodes, ledger, until_ns=deadline.until_ns, booked_ns=ask.now_ns
+    )
+    return PrioritizeOutcome(uid, names, scores, withheld=False, deadline=deadline, intent=intent)
 
 
 class BindOutcome(Enum):
@@ -419,20 +494,22 @@ def copy_will_do(ledger: Ledger, uid: str) -> bool:
     return ledger.holding(uid) is None or ledger.intent_until(uid) is not None
 
 
-def reserve_bind(
-    scheduler: Scheduler,
-    pod: KubeObject,
-    *,
-    node: str,
-    asked_uid: str,
-    table: NodeTable,
-    ledger: Ledger,
-    book: PolicyBook | None,
-    trust: Trust,
-    now_ns: int,
-) -> BindPlan | BindResult:
+@dataclass(frozen=True, kw_only=True)
+class BindAsk:
+    """One bind try: the pod as read (or watched), the node, and the UID kube-scheduler
+    asked for (empty: any)."""
+
+    pod: KubeObject
+    node: str
+    asked_uid: str
+    now_ns: int
+
+
+def reserve_bind(scheduler: Scheduler, state: ClusterState, ask: BindAsk) -> BindPlan | BindResult:
     """One bind try's decision over the pod as read (or watched): the plan it writes, every
     store reserved (``Scheduler.reserve_pod``); or the outcome when it writes nothing."""
+    pod, node, asked_uid = ask.pod, ask.node, ask.asked_uid
+    ledger, trust = state.ledger, state.trust
     key = key_of(pod)
     uid = stored_uid_of(pod)
     if asked_uid and uid != asked_uid:
@@ -449,12 +526,14 @@ def reserve_bind(
         return BindResult(BindOutcome.ALREADY_BOUND)
     if isinstance(request, Rejection):
         return BindResult(BindOutcome.REJECTED, f"pod {key}: {request.message}")
-    inventory = table.get(node)
+    inventory = state.nodes.get(node)
     if inventory is None:
         return BindResult(BindOutcome.ERROR, f"node {node} is not in gpushare's cache")
     kept = ledger.kept(uid) if request.wants_gpu else None
     # checked again here because kube-scheduler binds while it filters the next pod
-    reserved = scheduler.reserve_pod(pod, request, inventory, ledger, book=book, now_ns=now_ns)
+    reserved = scheduler.reserve_pod(
+        pod, request, inventory, ledger, book=state.book, now_ns=ask.now_ns
+    )
     if isinstance(reserved, UnitRefused):
         outcome = BindOutcome.REJECTED if reserved.rejected else BindOutcome.UNFIT
         return BindResult(outcome, reserved.message)
