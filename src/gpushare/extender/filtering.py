@@ -68,7 +68,12 @@ class Filtering:
         )
         intents.filtered(outcome)
         self.telling.filtered(
-            pod, outcome.request, outcome.fits, outcome.failed, outcome.unresolvable
+            pod,
+            outcome.request,
+            outcome.fits,
+            outcome.failed,
+            outcome.unresolvable,
+            outcome.deferred,
         )
         if outcome.answer:
             self.metrics.filter_answers.labels(outcome.answer).inc()
