@@ -23,7 +23,7 @@ from gpushare.core.resourcepolicies.resourcepolicy import (
     GROUP,
     KIND,
     VERSION,
-    PolicyError,
+    InvalidResourcePolicy,
     ResourcePolicy,
 )
 from gpushare.extender.events import (
@@ -89,7 +89,7 @@ class Telling:
             f"spec.nodeName or gpushare annotations",
         )
 
-    def policy_notice(self, policy: ResourcePolicy | PolicyError, notice: str) -> None:
+    def policy_notice(self, policy: ResourcePolicy | InvalidResourcePolicy, notice: str) -> None:
         """Say on a ResourcePolicy what in it gpushare does not do or refuses (a Warning Event)."""
         ref = PodRef(
             namespace=policy.namespace,

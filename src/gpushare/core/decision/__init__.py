@@ -7,7 +7,7 @@
   unreserve (every store, idempotent).
 - ``verbs``: the extender's verbs as one call each, returning everything the adapter answers,
   counts and tells (``filter_pod`` with ``FilterOutcome``; ``reserve_bind`` with ``BindPlan``
-  or ``BindResult``).
+  or the try's ``Status``).
 - ``yielding``: when another pod's intent gives way to a pod that fits nowhere while it stands
   (older than ``HOLD_S``, or younger than that pod), so that pods which never bind, however
   often they are created again, cannot hold GPUs from others.
