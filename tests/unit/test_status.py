@@ -8,7 +8,7 @@ from typing import Any
 from gpushare.core.booking.changes import NodeTable
 from gpushare.core.booking.ledger import Ledger
 from gpushare.core.decision.scheduling import Scheduler, Settings
-from gpushare.core.decision.verbs import BindOutcome
+from gpushare.core.decision.verbs import BIND_OUTCOMES
 from gpushare.core.model.inventory import read_node
 from gpushare.core.model.requests import PodRequest
 from gpushare.core.model.status import SUCCESS, Code, Status, refused
@@ -42,7 +42,7 @@ def test_a_status_says_whether_it_passed_and_why_not_in_one_line() -> None:
 
 
 def test_bind_outcomes_keep_their_metric_labels() -> None:
-    labels = {code: BindOutcome.of(Status(code)).value for code in Code}
+    labels = {code: BIND_OUTCOMES[code].value for code in Code}
     assert labels == {
         Code.SUCCESS: "bound",
         Code.SKIP: "already_bound",

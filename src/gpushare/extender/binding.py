@@ -55,6 +55,7 @@ from gpushare.core.booking.ledger import Kept
 from gpushare.core.decision.scheduling import Scheduler
 from gpushare.core.decision.verbs import (
     BIND,
+    BIND_OUTCOMES,
     BOUND,
     BindOutcome,
     BindPlan,
@@ -133,7 +134,7 @@ class Binding:
                 log.exception("pod=%s node=%s phase=bind unexpected error", key, args.Node)
                 error = f"bind {key}: internal error {type(err).__name__}: {err}"
                 result = await self._settle(args, key, args.PodUID, error)
-            outcome, error = BindOutcome.of(result), result.message
+            outcome, error = BIND_OUTCOMES[result.code], result.message
             if watched is not None and outcome.decided_from_the_copy:
                 # A write carries the copy's resourceVersion, so a success was checked against
                 # the API; these answers came from the copy before any write: read, try again.

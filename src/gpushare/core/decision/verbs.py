@@ -339,8 +339,8 @@ def _why_every_node(ask: FilterAsk, passing: list[str]) -> str:
 
 
 class BindOutcome(Enum):
-    """How one try of a bind ended, as its ``Status`` counts (``of``); the value is the
-    ``gpushare_binds_total`` outcome label."""
+    """How one try of a bind ended, as its ``Status`` counts (``BIND_OUTCOMES``); the value is
+    the ``gpushare_binds_total`` outcome label."""
 
     BOUND = "bound"
     ALREADY_BOUND = "already_bound"
@@ -365,14 +365,8 @@ class BindOutcome(Enum):
         booking must stay as the adapter's settling left it."""
         return self in (BindOutcome.CONFLICT, BindOutcome.UNFIT, BindOutcome.REJECTED)
 
-    @classmethod
-    def of(cls, status: Status) -> BindOutcome:
-        """The outcome a bind try's status counts as: unfit for every refusal on the node,
-        rejected for an invalid pod or policy."""
-        return _OUTCOMES[status.code]
 
-
-_OUTCOMES = {
+BIND_OUTCOMES: Mapping[Code, BindOutcome] = {
     Code.SUCCESS: BindOutcome.BOUND,
     Code.SKIP: BindOutcome.ALREADY_BOUND,
     Code.CONFLICT: BindOutcome.CONFLICT,
@@ -382,6 +376,9 @@ _OUTCOMES = {
     Code.INVALID: BindOutcome.REJECTED,
     Code.ERROR: BindOutcome.ERROR,
 }
+"""The outcome a bind try's status counts as, by its code: unfit for every refusal on the
+node, rejected for an invalid pod or policy (a table, so the adapter looks it up without a
+call into the core)."""
 
 BIND = "bind"
 """Who the statuses of a bind's own steps say decided."""

@@ -19,9 +19,8 @@ does: ``gpushare`` (the GPU filter; kubelet reads it in front of an Allocate ref
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from functools import cached_property
 
 
 class Code(Enum):
@@ -56,6 +55,13 @@ class Status:
     reasons: tuple[str, ...] = ()
     source: str = ""
     """The plugin or step that decided: ``gpushare``, ``handoff``, ``ResourcePolicy``, ``bind``."""
+    message: str = field(init=False, repr=False, compare=False)
+    """All reasons in one line; empty when there are none. Joined once, when the status is
+    made: the extender sends it for every failing node, and an adapter reads it as a plain
+    attribute, without a call back into the core."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "message", "; ".join(self.reasons))
 
     @property
     def ok(self) -> bool:
@@ -72,12 +78,6 @@ class Status:
         """Refused now, but may pass once something changes (``Unschedulable`` or ``Wait``),
         as opposed to refused for good here (``UnschedulableAndUnresolvable``)."""
         return self.code in _LATER
-
-    @cached_property
-    def message(self) -> str:
-        """All reasons in one line; empty when there are none (kept: the extender sends it for
-        every failing node)."""
-        return "; ".join(self.reasons)
 
     @property
     def attributed(self) -> str:
