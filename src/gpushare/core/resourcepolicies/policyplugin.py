@@ -54,7 +54,7 @@ def filter_units(
     gate = book.gate(pod, fitting=passing, now_s=now_s)
     if gate is None:
         return passing
-    if gate.error:
+    if gate.error is not None:
         for name in passing:
             unresolvable[name] = gate.error
         return []
@@ -99,7 +99,7 @@ def reserve_unit(
     if gate is None:
         return UnitReservation(None)
     key = key_of(pod)
-    if gate.error:
+    if gate.error is not None:
         return UnitReservation(
             gate, status=refused(Code.INVALID, f"pod {key}: {gate.error}", SOURCE)
         )
