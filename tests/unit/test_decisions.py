@@ -15,7 +15,6 @@ from gpushare.core.model import requests
 from gpushare.core.model.inventory import NodeInventory, read_node
 from gpushare.core.model.requests import PodRequest
 from gpushare.core.placement.defragmenting import WorkloadFeed
-from gpushare.core.placement.filtering import Code
 from gpushare.core.placement.fragmentation import WorkloadEstimate
 from gpushare.core.records.allocation import Allocation
 from gpushare.kube.objects import gpu_node, gpu_pod
@@ -81,7 +80,7 @@ def test_one_scheduler_answers_alike_by_names_by_nodes_and_at_reserve(policy: st
         by_nodes = shared.filter(new, table.values(), ledger).verdicts
         assert by_nodes == want
         assert by_names.passing == [v.node for v in want if v.fits]
-        assert by_names.failed == {v.node: v.message for v in want if v.code is Code.UNSCHEDULABLE}
+        assert by_names.failed == {v.node: v.message for v in want if v.status.may_pass_later}
         fitting = [table[n] for n in by_names.passing]
         scores = fresh.prioritize(new, fitting, ledger)
         assert shared.prioritize(new, fitting, ledger) == scores

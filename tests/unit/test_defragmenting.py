@@ -23,7 +23,6 @@ from gpushare.core.placement.defragmenting import (
     WorkloadFeed,
     learned_workload,
 )
-from gpushare.core.placement.filtering import Code
 from gpushare.core.placement.fragmentation import Shape, WorkloadEstimate, fragmentation
 from gpushare.core.records.allocation import Allocation, plan
 from gpushare.kube.cache import ClusterCache
@@ -326,9 +325,7 @@ def test_names_view_answers_as_the_node_by_node_filter(policy: str, refresh: int
         result = fast.filter_names(new, names, table, ledger)
         verdicts = slow.filter(new, table.values(), ledger).verdicts
         assert result.passing == [v.node for v in verdicts if v.fits]
-        assert result.failed == {
-            v.node: v.message for v in verdicts if v.code is Code.UNSCHEDULABLE
-        }
+        assert result.failed == {v.node: v.message for v in verdicts if v.status.may_pass_later}
         assert result.missing == ["ghost"]
         scores = fast.prioritize_names(new, result.passing, table, ledger)
         passing = [table[n] for n in result.passing]

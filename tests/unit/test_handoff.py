@@ -148,7 +148,7 @@ def test_conflict_within_one_pod_is_reported() -> None:
     from gpushare.core.records.allocation import plan
 
     allocation = plan(request, node="n", indexes=[0, 1], unit=node.unit)
-    assert conflict(allocation, []) == ""
+    assert conflict(allocation, []) is None
 
 
 @pytest.mark.parametrize("order", [["a", "b"], ["b", "a"]])

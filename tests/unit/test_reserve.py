@@ -12,10 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare.core.booking.ledger import Ledger
-from gpushare.core.decision.scheduling import Reservation, Scheduler, Settings, UnitRefused
+from gpushare.core.decision.scheduling import Reservation, Scheduler, Settings
 from gpushare.core.model.inventory import NodeInventory, read_node
 from gpushare.core.model.requests import PodRequest
-from gpushare.core.placement.filtering import Verdict
 from gpushare.core.records.allocation import Allocation
 from gpushare.core.resourcepolicies.policybook import PolicyBook
 from gpushare.core.resourcepolicies.policyplugin import reserve_unit
@@ -55,7 +54,7 @@ class World:
         assert isinstance(request, PodRequest), request
         return request
 
-    def reserve(self, pod: dict[str, Any], on: str) -> Reservation | UnitRefused | Verdict:
+    def reserve(self, pod: dict[str, Any], on: str) -> Reservation:
         inventory: NodeInventory = self.table[on]
         return self.scheduler.reserve_pod(
             pod, self.request(pod), inventory, self.ledger, book=self.book, now_ns=NOW_NS
@@ -77,21 +76,21 @@ class World:
 def test_reserving_a_pod_twice_books_it_once_in_every_store() -> None:
     world = World()
     first, second = web("p", 8), web("q", 8)
-    assert isinstance(world.reserve(first, "a1"), Reservation)
+    assert world.reserve(first, "a1").status.ok
     again = world.reserve(first, "a1")
-    assert isinstance(again, Reservation), "its own booking is left out of the check"
+    assert again.status.ok, "its own booking is left out of the check"
     assert list(world.held()) == [world.request(first).uid]
     assert [p.uid for p in world.book.placed()] == [world.request(first).uid]
     # the GPU holds 8 of 16 GiB, and the unit 1 of 2 places: both are still open to another
-    assert isinstance(world.reserve(second, "a1"), Reservation)
+    assert world.reserve(second, "a1").status.ok
     assert world.unit_of_next() == 2, "pool a is full with two pods, not three"
 
 
 def test_unreserving_twice_gives_back_once_and_nothing_else() -> None:
     world = World()
     mine, other = web("p", 8), web("q", 8)
-    assert isinstance(world.reserve(other, "a1"), Reservation)
-    assert isinstance(world.reserve(mine, "a1"), Reservation)
+    assert world.reserve(other, "a1").status.ok
+    assert world.reserve(mine, "a1").status.ok
     world.unreserve(mine)
     after_one = (world.held(), [p.uid for p in world.book.placed()])
     world.unreserve(mine)
@@ -104,7 +103,7 @@ def test_a_reserve_that_fails_on_the_gpus_leaves_no_unit_behind() -> None:
     world = World()
     big = web("big", 20)  # the unit opens to it, no GPU of 16 GiB holds it
     refused = world.reserve(big, "a1")
-    assert isinstance(refused, Verdict) and not refused.fits
+    assert not refused.status.ok and refused.allocation is None
     assert world.held() == {}
     assert world.book.placed() == [], "the unit assumed before the GPUs was given back"
 
@@ -112,11 +111,11 @@ def test_a_reserve_that_fails_on_the_gpus_leaves_no_unit_behind() -> None:
 def test_unreserve_after_a_reserve_that_stopped_part_way_gives_back_what_it_took() -> None:
     world = World()
     other, mine = web("q", 8), web("p", 8)
-    assert isinstance(world.reserve(other, "a1"), Reservation)
+    assert world.reserve(other, "a1").status.ok
     # the unit is assumed, then the reserve stops before the GPUs (the process is told to
     # give back): unreserve must take back the unit and leave the other pod's bookings
     unit = reserve_unit(world.book, mine, "a1", now_s=NOW_NS / 1e9)
-    assert not isinstance(unit, UnitRefused) and unit.gate is not None
+    assert unit.status.ok and unit.gate is not None
     assert len(world.book.placed()) == 2
     world.unreserve(mine)
     world.unreserve(mine)

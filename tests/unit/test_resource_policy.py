@@ -17,8 +17,8 @@ from gpushare.core.resourcepolicies.gating import (
 )
 from gpushare.core.resourcepolicies.policybook import PolicyBook, recorded_units
 from gpushare.core.resourcepolicies.resourcepolicy import (
+    InvalidResourcePolicy,
     NextPolicy,
-    PolicyError,
     ResourcePolicy,
     Unit,
     parse_duration,
@@ -109,7 +109,7 @@ def test_reads_acks_fields() -> None:
 )
 def test_bad_specs_say_field_value_and_rule(spec: dict[str, Any], words: list[str]) -> None:
     read = read_policy(policy_obj(**spec))
-    assert isinstance(read, PolicyError)
+    assert isinstance(read, InvalidResourcePolicy)
     for word in words:
         assert word in read.message
     assert read.message.startswith("ResourcePolicy default/web: ")
@@ -365,7 +365,7 @@ def many_units(count: int, pool: str = "none") -> list[dict[str, Any]]:
 def test_a_policy_over_the_unit_limit_is_refused_with_the_count_and_the_way_out() -> None:
     assert isinstance(read_policy(policy_obj(units=many_units(100))), ResourcePolicy)
     read = read_policy(policy_obj(units=many_units(101)))
-    assert isinstance(read, PolicyError)
+    assert isinstance(read, InvalidResourcePolicy)
     assert read.message.startswith("ResourcePolicy default/web: spec.units lists 101 units")
     assert "at most 100 are allowed" in read.message
     assert "select them with one unit" in read.message
@@ -374,7 +374,7 @@ def test_a_policy_over_the_unit_limit_is_refused_with_the_count_and_the_way_out(
 
 def test_a_refused_value_is_quoted_in_part() -> None:
     read = read_policy(policy_obj(units="x" * 5000))
-    assert isinstance(read, PolicyError)
+    assert isinstance(read, InvalidResourcePolicy)
     assert "spec.units is 'xxx" in read.message and "x…: list at least one unit" in read.message
     assert len(read.message) < 400
 

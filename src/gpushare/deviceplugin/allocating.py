@@ -50,6 +50,7 @@ from gpushare.core.model.kubejson import (
     status_of,
     uid_of,
 )
+from gpushare.core.model.status import Code, Status, refused
 from gpushare.core.records.handoff import Answer, Pending, pending_of, resolve
 from gpushare.core.records.trust import (
     IgnoredOnce,
@@ -95,11 +96,13 @@ def spec_weight(pod: KubeObject | None, container: str, max_weight: int) -> Weig
     return weight_from_env(found.get("env"), max_weight=max_weight, where=where)
 
 
-@dataclass(frozen=True)
-class Refused:
-    """Why a container cannot be served; kubelet gets it as the Allocate error."""
+SOURCE = "gpushare"
+"""Who an Allocate refusal says decided: kubelet shows ``gpushare: <reason>`` on the pod."""
 
-    reason: str
+
+def refusal(code: Code, reason: str) -> Status:
+    """Why a container cannot be served; kubelet gets ``Status.attributed`` as the error."""
+    return refused(code, reason, SOURCE)
 
 
 class NodeReader:
@@ -181,14 +184,14 @@ class Allocator(OnNode):
         self.source = source
         self.mode = Mode.SHARE
 
-    async def allocate(self, resource: str, device_ids: list[str]) -> ContainerAnswer | Refused:
+    async def allocate(self, resource: str, device_ids: list[str]) -> ContainerAnswer | Status:
         """Answer one container's request for these device IDs of a resource."""
         count = len(device_ids)
         try:
             bound = await self.pods.read()
         except KubeError as err:
             self.stats.refused += 1
-            return Refused(f"gpushare: cannot read the pods bound to {self.config.node}: {err}")
+            return refusal(Code.ERROR, f"cannot read the pods bound to {self.config.node}: {err}")
         answer = resolve(resource, count, pending_of(bound.allocations), bound.strangers)
         if answer.signature is None and answer.candidates:
             try:
@@ -200,7 +203,7 @@ class Allocator(OnNode):
             log.warning(
                 "resource=%s count=%d phase=allocate refused: %s", resource, count, answer.error
             )
-            return Refused(f"gpushare: {answer.error}")
+            return refusal(Code.UNSCHEDULABLE, answer.error)
         target = Target(
             answer.signature,
             self.mode,
@@ -216,7 +219,7 @@ class Allocator(OnNode):
         if reason:
             self.stats.refused += 1
             log.error("resource=%s count=%d phase=allocate hand-off: %s", resource, count, reason)
-            return Refused(f"gpushare: {reason}")
+            return refusal(Code.ERROR, reason)
         try:
             result = self.hook.extend(
                 container_answer(answer.signature, gpus, self.config.unit, self.mode, handoff),
@@ -225,7 +228,7 @@ class Allocator(OnNode):
         except IsolationError as err:
             self.stats.refused += 1
             log.error("resource=%s count=%d phase=allocate isolation: %s", resource, count, err)
-            return Refused(f"gpushare: {err}")
+            return refusal(Code.ERROR, str(err))
         self.checkpoint.remember(device_ids, answer.signature)
         self.stats.allocations += 1
         self.changed.set()

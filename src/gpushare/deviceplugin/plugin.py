@@ -37,9 +37,10 @@ from pathlib import Path
 
 from gpushare.core.model.inventory import Mode
 from gpushare.core.model.names import ANN_NODE_TOPOLOGY
+from gpushare.core.model.status import Status
 from gpushare.core.records.handoff import MEM, Signature
 from gpushare.core.records.trust import Trust
-from gpushare.deviceplugin.allocating import Allocator, NodeParts, NodeReader, Refused
+from gpushare.deviceplugin.allocating import Allocator, NodeParts, NodeReader
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint
 from gpushare.deviceplugin.config import PluginConfig, Stats
 from gpushare.deviceplugin.gpus import GpuSource
@@ -143,7 +144,7 @@ class DevicePlugin:
         """The resource's devices as they are now."""
         return devices(resource, self.source.gpus(), self.config.unit)
 
-    async def allocate(self, resource: str, device_ids: list[str]) -> ContainerAnswer | Refused:
+    async def allocate(self, resource: str, device_ids: list[str]) -> ContainerAnswer | Status:
         """Answer one container."""
         return await self.allocator.allocate(resource, device_ids)
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from gpushare.deviceplugin.allocating import Refused
+from gpushare.core.model.status import Status
 from gpushare.deviceplugin.protos.v1beta1 import api_pb2 as dp
 from gpushare.deviceplugin.protos.v1beta1 import api_pb2_grpc as dp_grpc
 from gpushare.deviceplugin.serving import HEALTHY, UNHEALTHY, ContainerAnswer, DeviceEntry
@@ -35,7 +35,7 @@ class Backend(Protocol):
         """The resource's devices as they are now."""
         ...
 
-    async def allocate(self, resource: str, device_ids: list[str]) -> ContainerAnswer | Refused:
+    async def allocate(self, resource: str, device_ids: list[str]) -> ContainerAnswer | Status:
         """Answer one container."""
         ...
 
@@ -93,8 +93,8 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
         responses = []
         for ask in request.container_requests:
             answer = await self.backend.allocate(self.resource, list(ask.devices_ids))
-            if isinstance(answer, Refused):  # abort raises: kubelet gets the reason
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, answer.reason)
+            if isinstance(answer, Status):  # abort raises: kubelet gets the reason
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, answer.attributed)
             else:
                 responses.append(allocate_response(answer))
         return dp.AllocateResponse(container_responses=responses)

@@ -54,16 +54,18 @@ from dataclasses import dataclass, field
 from gpushare.core.booking.ledger import Kept
 from gpushare.core.decision.scheduling import Scheduler
 from gpushare.core.decision.verbs import (
+    BIND,
+    BIND_OUTCOMES,
     BOUND,
     BindAsk,
     BindOutcome,
     BindPlan,
-    BindResult,
     copy_will_do,
     reserve_bind,
 )
 from gpushare.core.model.kubejson import annotations_of, node_name_of, uid_of
 from gpushare.core.model.names import POD_ANNOTATIONS
+from gpushare.core.model.status import Code, Status, refused
 from gpushare.extender.events import PodRef
 from gpushare.extender.intents import Intents
 from gpushare.extender.metrics import ExtenderMetrics
@@ -72,7 +74,7 @@ from gpushare.extender.wire import ExtenderBindingArgs, ExtenderBindingResult
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.port import Conflict, KubeAPI, KubeDict, KubeError, NotFound
 
-__all__ = ["BOUND", "BindOutcome", "BindResult", "Binding", "OnePerKey"]
+__all__ = ["BOUND", "BindOutcome", "Binding", "OnePerKey"]
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +135,7 @@ class Binding:
                 log.exception("pod=%s node=%s phase=bind unexpected error", key, args.Node)
                 error = f"bind {key}: internal error {type(err).__name__}: {err}"
                 result = await self._settle(args, key, args.PodUID, error)
-            outcome, error = result.outcome, result.error
+            outcome, error = BIND_OUTCOMES[result.code], result.message
             if watched is not None and outcome.decided_from_the_copy:
                 # A write carries the copy's resourceVersion, so a success was checked against
                 # the API; these answers came from the copy before any write: read, try again.
@@ -155,7 +157,7 @@ class Binding:
 
     async def _bind_once(
         self, args: ExtenderBindingArgs, key: str, watched: KubeDict | None = None
-    ) -> BindResult:
+    ) -> Status:
         """One try: from the watched copy of the pod when given, else from a fresh read. One
         core call decides and reserves (``core.decision.verbs.reserve_bind``); then the writes
         and the Events."""
@@ -165,12 +167,12 @@ class Binding:
             try:
                 pod = await self.api.get_pod(args.PodNamespace, args.PodName)
             except KubeError as err:
-                return BindResult(BindOutcome.ERROR, f"cannot read pod {key}: {err}")
+                return _error(f"cannot read pod {key}: {err}")
         # no await from here to the writes: the check and the bookings are one step
         ask = BindAsk(pod=pod, node=args.Node, asked_uid=args.PodUID, now_ns=self.clock_ns())
         plan = reserve_bind(self.scheduler, self.cache.state, ask)
-        if isinstance(plan, BindResult):
-            if plan.outcome is BindOutcome.ALREADY_BOUND:
+        if isinstance(plan, Status):
+            if plan.code is Code.SKIP:
                 log.info(
                     "pod=%s node=%s phase=bind already bound there; nothing to do", key, args.Node
                 )
@@ -195,7 +197,7 @@ class Binding:
 
     async def _write_and_bind(
         self, args: ExtenderBindingArgs, key: str, plan: BindPlan
-    ) -> BindResult | None:
+    ) -> Status | None:
         """Write the plan's annotations and bind; None when bound, else the outcome and error.
 
         One ``pods/binding`` carries the annotations, at the resourceVersion bind read: the
@@ -230,15 +232,15 @@ class Binding:
         except Conflict as err:
             if not plan.patch_first:  # nothing was written: read it again and start over
                 self._give_back(uid, kept=plan.kept)
-                return BindResult(
-                    BindOutcome.CONFLICT, f"pod {key} changed or was bound while binding: {err}"
+                return refused(
+                    Code.CONFLICT, f"pod {key} changed or was bound while binding: {err}", BIND
                 )
             settled = await self._settle(args, key, uid, f"bind {key} to {args.Node}: {err}")
-            if not settled.outcome.succeeded:
+            if not settled.ok:
                 return settled
         except KubeError as err:
             settled = await self._settle(args, key, uid, f"bind {key} to {args.Node}: {err}")
-            if not settled.outcome.succeeded:
+            if not settled.ok:
                 return settled
         return None
 
@@ -248,9 +250,7 @@ class Binding:
         state = self.cache.state
         self.scheduler.unreserve(uid, state.ledger, kept=kept, book=state.book)
 
-    async def _annotate(
-        self, args: ExtenderBindingArgs, key: str, plan: BindPlan
-    ) -> BindResult | None:
+    async def _annotate(self, args: ExtenderBindingArgs, key: str, plan: BindPlan) -> Status | None:
         """Write the plan's annotations and labels (the caller gives the bookings back when
         this fails)."""
         try:
@@ -262,14 +262,12 @@ class Binding:
                 **({"labels": plan.labels} if plan.labels else {}),
             )
         except Conflict as err:
-            return BindResult(BindOutcome.CONFLICT, f"pod {key} kept changing while binding: {err}")
+            return refused(Code.CONFLICT, f"pod {key} kept changing while binding: {err}", BIND)
         except KubeError as err:
-            return BindResult(BindOutcome.ERROR, f"annotate {key}: {err}")
+            return _error(f"annotate {key}: {err}")
         return None
 
-    async def _settle(
-        self, args: ExtenderBindingArgs, key: str, uid: str, error: str
-    ) -> BindResult:
+    async def _settle(self, args: ExtenderBindingArgs, key: str, uid: str, error: str) -> Status:
         """After a failed or unknown binding, read the pod to learn what happened.
 
         Annotations are removed only from a pod seen unbound, and only at the resourceVersion it
@@ -280,19 +278,16 @@ class Binding:
                 pod = await self.api.get_pod(args.PodNamespace, args.PodName)
             except NotFound:
                 self._give_back(uid)
-                return BindResult(BindOutcome.ERROR, f"{error}; pod {key} no longer exists")
+                return _error(f"{error}; pod {key} no longer exists")
             except KubeError as err:
-                return BindResult(
-                    BindOutcome.ERROR,
+                return _error(
                     f"{error}; cannot read pod {key} to learn whether it is bound ({err}): its "
                     f"annotations and booking stay until the watch shows it",
                 )
             seen = uid_of(pod)
             if uid and seen != uid:
                 self._give_back(uid)
-                return BindResult(
-                    BindOutcome.ERROR, f"{error}; pod {key} was recreated (UID {seen})"
-                )
+                return _error(f"{error}; pod {key} was recreated (UID {seen})")
             uid = seen
             bound_to = node_name_of(pod)
             if bound_to == args.Node:
@@ -300,13 +295,12 @@ class Binding:
                 return BOUND
             if bound_to:
                 self._give_back(uid)
-                return BindResult(
-                    BindOutcome.ERROR,
+                return _error(
                     f"{error}; pod {key} is bound to node {bound_to}: its annotations are kept",
                 )
             self._give_back(uid)
             if not any(name in annotations_of(pod) for name in POD_ANNOTATIONS):
-                return BindResult(BindOutcome.ERROR, error)
+                return _error(error)
             version = str(pod.get("metadata", {}).get("resourceVersion", ""))
             try:
                 await self.api.patch_pod_annotations(
@@ -319,6 +313,11 @@ class Binding:
                 continue  # changed meanwhile, perhaps bound: look again
             except KubeError as err:
                 log.warning("pod=%s phase=unreserve cannot clear annotations: %s", key, err)
-            return BindResult(BindOutcome.ERROR, error)
+            return _error(error)
         log.warning("pod=%s phase=unreserve pod kept changing; annotations left", key)
-        return BindResult(BindOutcome.ERROR, error)
+        return _error(error)
+
+
+def _error(reason: str) -> Status:
+    """A bind try that failed with an error kube-scheduler is told."""
+    return refused(Code.ERROR, reason, BIND)

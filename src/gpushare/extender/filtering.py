@@ -64,7 +64,12 @@ class Filtering:
         outcome = filter_pod(self.scheduler, cache.state, ask, intents.waiting)
         intents.filtered(outcome)
         self.telling.filtered(
-            pod, outcome.request, outcome.fits, outcome.failed, outcome.unresolvable
+            pod,
+            outcome.request,
+            outcome.fits,
+            outcome.failed,
+            outcome.unresolvable,
+            outcome.deferred,
         )
         if outcome.answer:
             self.metrics.filter_answers.labels(outcome.answer).inc()

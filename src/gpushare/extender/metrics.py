@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 
 from gpushare.core.model.inventory import CORE_PER_GPU
 from gpushare.core.records.allocation import Allocation
-from gpushare.core.resourcepolicies.resourcepolicy import PolicyError
+from gpushare.core.resourcepolicies.resourcepolicy import InvalidResourcePolicy
 from gpushare.exporting import ExportRegistry, watch_refused_family
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.watchhealth import FAILING_AFTER
@@ -276,7 +276,7 @@ class _PolicyCollector(Collector):
         cache = self._cache()
         book = cache.state.book if cache is not None else None
         for entry in book.entries() if book is not None else ():
-            valid = "false" if isinstance(entry, PolicyError) else "true"
+            valid = "false" if isinstance(entry, InvalidResourcePolicy) else "true"
             family.add_metric([entry.namespace, entry.name, valid], entry.generation)
         yield family
 

@@ -2,7 +2,8 @@
 
 - ``extender.filtering``: filter and prioritize (``Filtering``);
 - ``extender.binding``: bind, one at a time per pod, never double-booking (``Binding``; its
-  outcomes are values, ``BindOutcome`` and ``BindResult``, from ``core.decision.verbs``);
+  outcomes are values: a ``Status`` per try, counted by its ``BindOutcome`` from
+  ``core.decision.verbs``);
 - ``extender.intents``: the intents booked between filter and bind, and the refused pods tried
   again when GPUs come back (``Intents``), kept by the clock (``Extender.keep_intents``);
 - ``extender.telling``: the Events said on pods and policies, and their counters (``Telling``).
@@ -27,7 +28,7 @@ from gpushare.core.booking.waiting import Waiting, WaitingPod
 from gpushare.core.decision.clusterstate import PodTaken, Relisted
 from gpushare.core.decision.scheduling import Scheduler
 from gpushare.core.model.names import ANN_RETRY, SCHEDULER_NAME
-from gpushare.core.resourcepolicies.resourcepolicy import PolicyError, ResourcePolicy
+from gpushare.core.resourcepolicies.resourcepolicy import InvalidResourcePolicy, ResourcePolicy
 from gpushare.extender.binding import Binding
 from gpushare.extender.events import EventRecorder
 from gpushare.extender.filtering import Filtering
@@ -176,7 +177,7 @@ class Extender:
         """Annotate then bind, never double-booking (``extender.binding``)."""
         return await self.binding.bind(args)
 
-    def policy_notice(self, policy: ResourcePolicy | PolicyError, notice: str) -> None:
+    def policy_notice(self, policy: ResourcePolicy | InvalidResourcePolicy, notice: str) -> None:
         """Say on a ResourcePolicy what in it gpushare does not do or refuses (a Warning Event)."""
         self.telling.policy_notice(policy, notice)
 

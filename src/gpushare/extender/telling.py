@@ -17,14 +17,13 @@ from gpushare.core.model.names import ANN_ALLOCATION, SCHEDULER_NAME
 from gpushare.core.model.requests import PodRequest, Rejection
 from gpushare.core.placement.explain import placement_message, refusal_summary, scheduler_says_it
 from gpushare.core.records.allocation import Allocation
-from gpushare.core.records.handoff import is_deferral
 from gpushare.core.records.trust import Ignored
 from gpushare.core.resourcepolicies.gating import Gate, summary
 from gpushare.core.resourcepolicies.resourcepolicy import (
     GROUP,
     KIND,
     VERSION,
-    PolicyError,
+    InvalidResourcePolicy,
     ResourcePolicy,
 )
 from gpushare.extender.events import (
@@ -90,7 +89,7 @@ class Telling:
             f"spec.nodeName or gpushare annotations",
         )
 
-    def policy_notice(self, policy: ResourcePolicy | PolicyError, notice: str) -> None:
+    def policy_notice(self, policy: ResourcePolicy | InvalidResourcePolicy, notice: str) -> None:
         """Say on a ResourcePolicy what in it gpushare does not do or refuses (a Warning Event)."""
         ref = PodRef(
             namespace=policy.namespace,
@@ -108,17 +107,16 @@ class Telling:
         fits: bool,
         failed: dict[str, str],
         unresolvable: dict[str, str],
+        deferred: int,
     ) -> None:
-        """After a filter: count it and the hand-off deferrals; when no node fits, say why on
-        the pod (an Event)."""
+        """After a filter: count it and the hand-off deferrals (``deferred`` of the failed
+        nodes); when no node fits, say why on the pod (an Event)."""
         outcome = (
             "rejected" if isinstance(request, Rejection) else ("fits" if fits else "unschedulable")
         )
         self.metrics.requests.labels("filter", outcome).inc()
-        if failed:
-            distinct = set(failed.values())  # few distinct messages, even over thousands of nodes
-            if any(map(is_deferral, distinct)):
-                self.metrics.deferrals.inc(sum(map(is_deferral, failed.values())))
+        if deferred:
+            self.metrics.deferrals.inc(deferred)
         if fits or not (failed or unresolvable):
             return
         if isinstance(request, PodRequest) and not request.wants_gpu:

@@ -16,13 +16,19 @@ from gpushare.core.decision.clusterstate import ClusterState
 from gpushare.core.decision.scheduling import Scheduler
 from gpushare.core.model.kubejson import KubeObject, name_of, namespace_of, spec_of, status_of
 from gpushare.core.model.requests import PodRequest, Rejection
+from gpushare.core.model.status import Code
 from gpushare.core.placement.explain import IN_CLUSTER, placement_message, refusal_summary
-from gpushare.core.placement.filtering import Code
 from gpushare.core.records.allocation import plan
 from gpushare.inspect.schema import ExplainDocument, NodeExplanationDoc, dump
 
-OUTCOMES = {Code.FITS: "yes", Code.UNSCHEDULABLE: "no", Code.UNRESOLVABLE: "never"}
-"""``no``: it could fit once something is freed; ``never``: not on this node as it is."""
+OUTCOMES = {
+    Code.SUCCESS: "yes",
+    Code.UNSCHEDULABLE: "no",
+    Code.WAIT: "no",
+    Code.UNRESOLVABLE: "never",
+}
+"""``no``: it could fit once something is freed (or another pod has started); ``never``: not
+on this node as it is."""
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ the cluster cache does (kube.backoff); a Gone relists at once.
 extender reports ready only then, so a restarted extender cannot place, in the moment before its
 first list, a pod that a policy would have kept out of a node pool.
 
-A policy that cannot be applied (``PolicyError``: an ECI unit, more units than ``MAX_UNITS``
-where the CRD predates that limit...) is logged and handed to ``notify`` with why, and its pods
-are told at filter; a policy with fields gpushare accepts but does not act on
+A policy that cannot be applied (``InvalidResourcePolicy``: an ECI unit, more units than
+``MAX_UNITS`` where the CRD predates that limit...) is logged and handed to ``notify`` with why,
+and its pods are told at filter; a policy with fields gpushare accepts but does not act on
 (``ResourcePolicy.notices``) is logged and handed to ``notify`` too. The extender turns each into
 a Warning Event on the policy, so that nothing in it is ignored without a word where ``kubectl
 describe resourcepolicy`` shows it.
@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 
 from gpushare.core.model.kubejson import name_of, namespace_of
 from gpushare.core.resourcepolicies.policybook import PolicyBook
-from gpushare.core.resourcepolicies.resourcepolicy import PolicyError, ResourcePolicy
+from gpushare.core.resourcepolicies.resourcepolicy import InvalidResourcePolicy, ResourcePolicy
 from gpushare.kube.backoff import Backoff
 from gpushare.kube.port import Gone, KubeError, NotFound, PolicyAPI, WatchEvent
 from gpushare.kube.watchhealth import WatchHealth
@@ -45,7 +45,7 @@ class PolicyWatch:
         absent_wait_s: float = 30.0,
         backoff: Backoff | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        notify: Callable[[ResourcePolicy | PolicyError, str], None] | None = None,
+        notify: Callable[[ResourcePolicy | InvalidResourcePolicy, str], None] | None = None,
         health: WatchHealth | None = None,
     ) -> None:
         self._api = api
@@ -68,8 +68,8 @@ class PolicyWatch:
         elif event.type in ("ADDED", "MODIFIED"):
             self._note(self.book.put_policy(obj))
 
-    def _note(self, entry: PolicyError | ResourcePolicy) -> None:
-        if isinstance(entry, PolicyError):
+    def _note(self, entry: InvalidResourcePolicy | ResourcePolicy) -> None:
+        if isinstance(entry, InvalidResourcePolicy):
             log.warning("policy=%s phase=resourcepolicy invalid: %s", entry.key, entry.message)
             if self._notify is not None:
                 self._notify(entry, entry.message)

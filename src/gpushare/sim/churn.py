@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpushare.sim.milligpu import BoolArray, Cluster, Policy, make_policy
+from gpushare.sim.milligpu import BoolArray, Cluster, PlacementPolicy, make_policy
 from gpushare.sim.openb import MILLI_PER_GPU, TraceNode, TracePod
 from gpushare.sim.stream import arrival_stream
 
@@ -103,7 +103,7 @@ def run_churn(
 ) -> ChurnRun:
     """One seed of the churn protocol under one simulator policy (``milligpu.POLICIES``)."""
     began = time.perf_counter()
-    policy: Policy = make_policy(policy_name, pods)
+    policy: PlacementPolicy = make_policy(policy_name, pods)
     cluster = Cluster(nodes, seed=seed)
     capacity = cluster.capacity
     stream = deque(arrival_stream(pods, nodes, seed=seed, tune=volume))

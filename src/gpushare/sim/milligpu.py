@@ -184,8 +184,9 @@ class Cluster:
 Choice = tuple[int, list[int]]
 
 
-class Policy(Protocol):
-    """Chooses a node and its GPUs among the feasible ones."""
+class PlacementPolicy(Protocol):
+    """The simulator's placement policy: chooses a node and its GPUs among the feasible ones
+    (not the cGPU time-slicing policy, ``isolation.policy.Policy``)."""
 
     name: str
 
@@ -349,7 +350,7 @@ POLICIES = ("bestfit", "fgd", "fgd-continuous", "gpushare")
 """Policies the simulator knows, by name."""
 
 
-def make_policy(name: str, pods: Sequence[TracePod]) -> Policy:
+def make_policy(name: str, pods: Sequence[TracePod]) -> PlacementPolicy:
     """A fresh policy by name; ``pods`` is the original trace (FGD's offline statistics).
 
     - ``bestfit`` and ``fgd``: the paper's definitions.
@@ -406,7 +407,7 @@ class Run:
 def replay(
     nodes: Sequence[TraceNode],
     stream: Sequence[TracePod],
-    policy: Policy,
+    policy: PlacementPolicy,
     *,
     seed: int = 0,
     measure: WorkloadEstimate | None = None,

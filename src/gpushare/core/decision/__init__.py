@@ -11,7 +11,7 @@
 - ``verbs``: the extender's verbs as one call each over the state, returning everything the
   adapter answers, counts and tells (``filter_pod`` with ``FilterOutcome``;
   ``prioritize_pod`` with ``PrioritizeOutcome``; ``reserve_bind`` with ``BindPlan`` or
-  ``BindResult``).
+  the try's ``Status``).
 - ``yielding``: when another pod's intent gives way to a pod that fits nowhere while it stands
   (older than ``HOLD_S``, or younger than that pod), so that pods which never bind, however
   often they are created again, cannot hold GPUs from others.

@@ -40,7 +40,7 @@ from gpushare.core.booking.ledger import Ledger
 from gpushare.core.decision.decider import Decider, Decision
 from gpushare.core.model.inventory import NodeInventory
 from gpushare.core.model.requests import PodRequest
-from gpushare.core.placement.filtering import Code
+from gpushare.core.model.status import Code
 from gpushare.core.placement.ranking import absolute
 from gpushare.core.records.handoff import any_pending
 
@@ -76,6 +76,8 @@ class KeyDecisions:
         """The same as 0..10 (absolute policies)."""
         self.failed: dict[str, str] = {}
         self.unresolvable: dict[str, str] = {}
+        self.deferred: set[str] = set()
+        """The names in ``failed`` that wait for another pod to start (``Code.WAIT``)."""
         self.absent: set[str] = set()
         """Names asked about that are not in the table (decided None)."""
         self.alike: dict[Alike, Decision] = {}
@@ -121,6 +123,7 @@ class KeyDecisions:
             self.tens.pop(name, None)
             self.failed.pop(name, None)
             self.unresolvable.pop(name, None)
+            self.deferred.discard(name)
             self.absent.discard(name)
 
     def restart(self, version: int) -> dict[Alike, set[str]]:
@@ -138,6 +141,7 @@ class KeyDecisions:
         self.tens.clear()
         self.failed.clear()
         self.unresolvable.clear()
+        self.deferred.clear()
         self.absent.clear()
         self.groups.clear()
         self.key_of.clear()
@@ -171,8 +175,10 @@ class KeyDecisions:
         if verdict.fits:
             self.fits[name] = score
             self.tens[name] = absolute(score)
-        elif verdict.code is Code.UNSCHEDULABLE:
+        elif verdict.status.may_pass_later:
             self.failed[name] = verdict.message
+            if verdict.code is Code.WAIT:
+                self.deferred.add(name)
         else:
             self.unresolvable[name] = verdict.message
 
@@ -186,8 +192,10 @@ class KeyDecisions:
         if verdict.fits:
             self.fits.update(dict.fromkeys(names, score))
             self.tens.update(dict.fromkeys(names, absolute(score)))
-        elif verdict.code is Code.UNSCHEDULABLE:
+        elif verdict.status.may_pass_later:
             self.failed.update(dict.fromkeys(names, verdict.message))
+            if verdict.code is Code.WAIT:
+                self.deferred.update(names)
         else:
             self.unresolvable.update(dict.fromkeys(names, verdict.message))
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from gpushare.core.booking.ledger import NodeUsage
 from gpushare.core.model.inventory import NodeInventory
 from gpushare.core.model.requests import PodRequest
-from gpushare.core.placement.filtering import Code, GpuChooser, Rules, Verdict, filter_node
+from gpushare.core.placement.filtering import GpuChooser, Rules, Verdict, filter_node
 from gpushare.core.placement.placing import Candidate
 from gpushare.core.placement.scoring import ChoosingPolicy, NodePolicy
 from gpushare.core.records.allocation import plan
@@ -48,17 +48,18 @@ def with_handoff(
     pending = pending_of(usage.allocations)
     if not pending:
         return verdict
-    reason = conflict(plan(request, node=node.name, indexes=verdict.gpus, unit=node.unit), pending)
-    if not reason:
+    broken = conflict(plan(request, node=node.name, indexes=verdict.gpus, unit=node.unit), pending)
+    if broken is None:
         return verdict
     prefer = preferred_gpus((c.mem_units for c in request.containers), pending)
     if prefer:
         again = filter_node(request, node, usage, rules=rules, prefer=prefer)
-        if again.fits and not conflict(
-            plan(request, node=node.name, indexes=again.gpus, unit=node.unit), pending
+        if again.fits and (
+            conflict(plan(request, node=node.name, indexes=again.gpus, unit=node.unit), pending)
+            is None
         ):
             return again
-    return Verdict(node=node.name, code=Code.UNSCHEDULABLE, reasons=(reason,))
+    return Verdict(node=node.name, status=broken)
 
 
 class Decider:

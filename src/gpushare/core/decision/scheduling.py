@@ -25,24 +25,24 @@ from gpushare.core.booking.ledger import Kept, Ledger
 from gpushare.core.decision.cache import DecisionCache
 from gpushare.core.decision.decider import Decider, Decision
 from gpushare.core.model.inventory import NodeInventory
-from gpushare.core.model.kubejson import KubeObject
+from gpushare.core.model.kubejson import KubeObject, key_of
 from gpushare.core.model.names import DEFAULT_NAMES, ResourceNames
 from gpushare.core.model.requests import PodRequest, Readings, Rejection
+from gpushare.core.model.status import SUCCESS, Code, Status
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.placement.defragmenting import WorkloadFeed, all_policies
-from gpushare.core.placement.filtering import Code, Rules, Verdict
+from gpushare.core.placement.filtering import Rules, Verdict, refusal
 from gpushare.core.placement.ranking import absolute, normalized, single_top
 from gpushare.core.placement.scoring import NodePolicy, PolicyRegistry
 from gpushare.core.records.allocation import Allocation, plan
 from gpushare.core.resourcepolicies.policybook import PolicyBook
 from gpushare.core.resourcepolicies.policyplugin import (
-    UnitRefused,
-    UnitReserved,
+    UnitReservation,
     reserve_unit,
     unreserve_unit,
 )
 
-__all__ = ["FilterResult", "NamesResult", "Reservation", "Scheduler", "Settings", "UnitRefused"]
+__all__ = ["FilterResult", "NamesResult", "Reservation", "Scheduler", "Settings"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,9 @@ class FilterResult:
 
 @dataclass(frozen=True)
 class NamesResult:
-    """A filter over node names, as kube-scheduler gets it back with ``nodeCacheCapable``."""
+    """A filter over node names, as kube-scheduler gets it back with ``nodeCacheCapable``
+    (``filter_names``); the same for node objects before a ResourcePolicy
+    (``core.decision.verbs.filter_pod``)."""
 
     request: PodRequest | Rejection
     passing: list[str]
@@ -85,15 +87,21 @@ class NamesResult:
     scores: list[float] | None = None
     """The raw score of each passing name, in order, when the filter read them on the way
     (``top_name`` takes them instead of looking every name up again); None when not."""
+    deferred: int = 0
+    """How many of the ``failed`` nodes wait for another pod to start (``Code.WAIT``: the
+    device plugin's hand-off, ``core.records.handoff``)."""
 
 
 @dataclass(frozen=True)
 class Reservation:
-    """A pod reserved in every booking store: its ResourcePolicy unit and its GPUs."""
+    """A pod reserved in every booking store, its ResourcePolicy unit and its GPUs; or, when
+    ``status`` is not ok, why not (then nothing is held)."""
 
-    unit: UnitReserved
+    unit: UnitReservation
     allocation: Allocation | None
-    """The GPUs booked; None for a pod that asks for none."""
+    """The GPUs booked; None for a pod that asks for none, or when refused."""
+    status: Status = SUCCESS
+    """The unit's refusal, or why the GPUs no longer fit (``reserve_pod``)."""
 
 
 @dataclass
@@ -201,19 +209,23 @@ class Scheduler:
         scores: list[float] | None = cast(list[float], list(compress(raws, fitting)))
         failed = _within(outcomes.failed, wanted)
         unresolvable = _within(outcomes.unresolvable, wanted)
+        deferred = outcomes.deferred & wanted if outcomes.deferred else set()
         again = self.decisions.rebinding(request, wanted, nodes, ledger)
         if again:
             for name, (verdict, _) in again.items():
                 failed.pop(name, None)
                 unresolvable.pop(name, None)
-                if verdict.code is Code.UNSCHEDULABLE:
+                deferred.discard(name)
+                if verdict.status.may_pass_later:
                     failed[name] = verdict.message
+                    if verdict.code is Code.WAIT:
+                        deferred.add(name)
                 elif verdict.code is Code.UNRESOLVABLE:
                     unresolvable[name] = verdict.message
             fits = {n for n, (v, _) in again.items() if v.fits}
             passing = [n for n in names if (n in fits or (n in outcomes.fits and n not in again))]
             scores = None
-        return NamesResult(request, passing, failed, unresolvable, missing, scores)
+        return NamesResult(request, passing, failed, unresolvable, missing, scores, len(deferred))
 
     def prioritize_names(
         self, pod: KubeObject, names: list[str], nodes: NodeTable, ledger: Ledger
@@ -309,14 +321,12 @@ class Scheduler:
         request = self._asked(pod)
         nodes = list(nodes)
         if isinstance(request, Rejection):
-            verdicts = tuple(
-                Verdict(node=n.name, code=Code.UNRESOLVABLE, reasons=request.reasons) for n in nodes
-            )
+            verdicts = tuple(refusal(n.name, Code.UNRESOLVABLE, request.reasons) for n in nodes)
             return FilterResult(request=request, verdicts=verdicts)
         if not request.wants_gpu:
             return FilterResult(
                 request=request,
-                verdicts=tuple(Verdict(node=n.name, code=Code.FITS) for n in nodes),
+                verdicts=tuple(Verdict(node=n.name) for n in nodes),
             )
         self._survey(ledger, shown=nodes)
         return FilterResult(
@@ -385,14 +395,21 @@ class Scheduler:
         Check and booking happen with no I/O between them, so callers running on one event
         loop cannot double-book.
         """
+        verdict, booked = self._book(request, node, ledger, now_ns=now_ns)
+        return verdict if booked is None else booked
+
+    def _book(
+        self, request: PodRequest, node: NodeInventory, ledger: Ledger, *, now_ns: int
+    ) -> tuple[Verdict, Allocation | None]:
+        """``reserve``'s verdict, and the GPUs booked when it fits (None when not)."""
         verdict = self.verdict(request, node, ledger)
         if not verdict.fits:
-            return verdict
+            return verdict, None
         allocation = plan(
             request, node=node.name, indexes=verdict.gpus, unit=node.unit, assume_time_ns=now_ns
         )
         ledger.assume(allocation, request.host)
-        return allocation
+        return verdict, allocation
 
     def reserve_pod(
         self,
@@ -403,10 +420,11 @@ class Scheduler:
         *,
         book: PolicyBook | None,
         now_ns: int = 0,
-    ) -> Reservation | UnitRefused | Verdict:
+    ) -> Reservation:
         """Reserve the pod on ``node`` in every booking store, as kube-scheduler's Reserve
         does: its ResourcePolicy unit (``core.resourcepolicies.policyplugin``), then its GPUs
-        (``reserve``); the unit's refusal, or the failing verdict when the GPUs no longer fit.
+        (``reserve``); refused with the unit's status, or the verdict's when the GPUs no
+        longer fit.
 
         All or nothing: when the GPUs fail after the unit was assumed, the unit is given back
         before this returns. Idempotent: reserving a pod again replaces its bookings (each
@@ -414,14 +432,15 @@ class Scheduler:
         still holds one place in its unit and one set of GPUs. ``unreserve`` undoes it.
         """
         unit = reserve_unit(book, pod, node.name, now_s=now_ns / 1e9)
-        if isinstance(unit, UnitRefused):
-            return unit
+        if not unit.status.ok:
+            return Reservation(unit, None, unit.status)
         if not request.wants_gpu:
             return Reservation(unit, None)
-        booked = self.reserve(request, node, ledger, now_ns=now_ns)
-        if isinstance(booked, Verdict):
+        verdict, booked = self._book(request, node, ledger, now_ns=now_ns)
+        if booked is None:
             unreserve_unit(book, request.uid)  # a part-way reserve leaves nothing behind
-            return booked
+            why = f"pod {key_of(pod)} no longer fits node {node.name}: {verdict.message}"
+            return Reservation(unit, None, Status(verdict.code, (why,), verdict.status.source))
         return Reservation(unit, booked)
 
     def unreserve(

@@ -7,9 +7,9 @@ only its unit's nodes, and (for most pods of the packing profile) picks the top 
 its GPUs as the pod's intent; a bind reads the pod's request, checks it is not bound already,
 reserves its unit and its GPUs and writes the annotations that say so. Each verb is one call
 here that returns one value carrying everything the adapter needs to answer kube-scheduler,
-count and tell (``FilterOutcome``, ``PrioritizeOutcome``, ``BindPlan`` or ``BindResult``):
-the adapter converts the wire to these calls and back, writes to the API and tells, and
-decides nothing itself.
+count and tell (``FilterOutcome``, ``PrioritizeOutcome``, ``BindPlan`` or the ``Status`` of a
+bind that writes nothing, ``core.model.status``): the adapter converts the wire to these calls
+and back, writes to the API and tells, and decides nothing itself.
 
 One rule spans filter and prioritize: a namespace whose pod's intent ran out with no bind
 books no intent while that pod is pending (``namespace_stuck``).
@@ -24,7 +24,7 @@ from enum import Enum
 from gpushare.core.booking.ledger import Kept, Ledger
 from gpushare.core.booking.waiting import Waiting, WaitingPod
 from gpushare.core.decision.clusterstate import ClusterState
-from gpushare.core.decision.scheduling import Reservation, Scheduler, UnitRefused
+from gpushare.core.decision.scheduling import NamesResult, Scheduler
 from gpushare.core.decision.yielding import HOLD_S, NONE, Yielded, give_way
 from gpushare.core.model.inventory import NodeInventory
 from gpushare.core.model.kubejson import (
@@ -40,7 +40,7 @@ from gpushare.core.model.kubejson import (
 )
 from gpushare.core.model.names import ANN_ALLOCATION, ANN_SEAL
 from gpushare.core.model.requests import PodRequest, Rejection
-from gpushare.core.placement.filtering import Code
+from gpushare.core.model.status import Code, Status, refused
 from gpushare.core.placement.preferences import stated_preference
 from gpushare.core.records.allocation import Allocation, to_annotations
 from gpushare.core.records.binding import already_bound
@@ -133,6 +133,8 @@ class FilterOutcome:
     scores: Sequence[float] | None = None
     """The raw score of each passing node, in order, when the filter read them on its way
     (``NamesResult.scores``); None when not."""
+    deferred: int = 0
+    """How many failed nodes wait for another pod to start (``NamesResult.deferred``)."""
 
     @property
     def fits(self) -> bool:
@@ -157,7 +159,7 @@ def filter_pod(
     dropped = scheduler.drop_intent(uid_of(pod), ledger)
     found = _fits(scheduler, ask, state)
     yielded = NONE
-    if not found.fits and isinstance(found.request, PodRequest) and found.request.wants_gpu:
+    if not found.passing and isinstance(found.request, PodRequest) and found.request.wants_gpu:
         asked = {n.name for n in ask.nodes} if ask.nodes is not None else set(ask.names)
         yielded = give_way(
             pod,
@@ -170,18 +172,19 @@ def filter_pod(
         )
         if yielded.booked:
             found = _fits(scheduler, ask, state)
-            if not found.fits:
+            if not found.passing:
                 yielded.restore(ledger)  # no room all the same: nothing changes
                 yielded = NONE
     request, fits, failed, unresolvable = (
         found.request,
-        found.fits,
+        found.passing,
         found.failed,
         found.unresolvable,
     )
-    scores, labels = found.scores, found.labels
+    scores = found.scores
     passing = fits
     if book is not None:
+        labels = (ask.node_labels or {}) if ask.nodes is not None else book.node_labels
         passing = filter_units(
             book, pod, fits, failed, unresolvable, labels, now_s=ask.now_ns / 1e9
         )
@@ -209,54 +212,42 @@ def filter_pod(
         withheld=False,
         yielded=yielded,
         scores=scores,
+        deferred=found.deferred,
     )
     if ask.nodes is not None:
         return outcome
     return _top_only(scheduler, ask, state, outcome)
 
 
-@dataclass(frozen=True)
-class _Fits:
-    """Where the pod's GPUs fit, before its ResourcePolicy (``filter_pod``)."""
-
-    request: PodRequest | Rejection
-    fits: list[str]
-    failed: dict[str, str]
-    unresolvable: dict[str, str]
-    scores: Sequence[float] | None
-    labels: Mapping[str, Mapping[str, str]]
-
-
-def _fits(scheduler: Scheduler, ask: FilterAsk, state: ClusterState) -> _Fits:
-    """Every node asked about, decided against the ledger as it stands."""
-    pod, ledger, book = ask.pod, state.ledger, state.book
+def _fits(scheduler: Scheduler, ask: FilterAsk, state: ClusterState) -> NamesResult:
+    """Every node asked about, decided against the ledger as it stands, before the pod's
+    ResourcePolicy; a name not in the state's nodes fails as ``MISSING``."""
+    pod, ledger = ask.pod, state.ledger
     if ask.nodes is not None:
         result = scheduler.filter(pod, ask.nodes, ledger)
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         fits: list[str] = []
+        deferred = 0
         for verdict in result.verdicts:
-            if verdict.code is Code.FITS:
+            status = verdict.status
+            if status.is_success:
                 fits.append(verdict.node)
-            elif verdict.code is Code.UNSCHEDULABLE:
-                failed[verdict.node] = verdict.message
+            elif status.may_pass_later:
+                failed[verdict.node] = status.message
+                deferred += status.code is Code.WAIT
             else:
-                unresolvable[verdict.node] = verdict.message
-        return _Fits(
-            result.request, sorted(set(fits)), failed, unresolvable, None, ask.node_labels or {}
+                unresolvable[verdict.node] = status.message
+        return NamesResult(
+            result.request, sorted(set(fits)), failed, unresolvable, [], None, deferred
         )
     names = scheduler.filter_names(pod, list(ask.names), state.nodes, ledger)
+    if not names.missing:
+        return names
     failed = dict(names.failed)
     for name in names.missing:
         failed[name] = MISSING
-    return _Fits(
-        names.request,
-        names.passing,
-        failed,
-        names.unresolvable,
-        names.scores,
-        book.node_labels if book is not None else {},
-    )
+    return replace(names, failed=failed)
 
 
 def _top_only(
@@ -424,7 +415,8 @@ def prioritize_pod(
 
 
 class BindOutcome(Enum):
-    """How one try of a bind ended; the value is the ``gpushare_binds_total`` outcome label."""
+    """How one try of a bind ended, as its ``Status`` counts (``BIND_OUTCOMES``); the value is
+    the ``gpushare_binds_total`` outcome label."""
 
     BOUND = "bound"
     ALREADY_BOUND = "already_bound"
@@ -450,15 +442,24 @@ class BindOutcome(Enum):
         return self in (BindOutcome.CONFLICT, BindOutcome.UNFIT, BindOutcome.REJECTED)
 
 
-@dataclass(frozen=True)
-class BindResult:
-    """One try's outcome and, unless it succeeded, the error kube-scheduler is told."""
+BIND_OUTCOMES: Mapping[Code, BindOutcome] = {
+    Code.SUCCESS: BindOutcome.BOUND,
+    Code.SKIP: BindOutcome.ALREADY_BOUND,
+    Code.CONFLICT: BindOutcome.CONFLICT,
+    Code.UNSCHEDULABLE: BindOutcome.UNFIT,
+    Code.UNRESOLVABLE: BindOutcome.UNFIT,
+    Code.WAIT: BindOutcome.UNFIT,
+    Code.INVALID: BindOutcome.REJECTED,
+    Code.ERROR: BindOutcome.ERROR,
+}
+"""The outcome a bind try's status counts as, by its code: unfit for every refusal on the
+node, rejected for an invalid pod or policy (a table, so the adapter looks it up without a
+call into the core)."""
 
-    outcome: BindOutcome
-    error: str = ""
-
-
-BOUND = BindResult(BindOutcome.BOUND)
+BIND = "bind"
+"""Who the statuses of a bind's own steps say decided."""
+BOUND = Status(source=BIND)
+"""A bind try that bound the pod."""
 
 
 @dataclass(frozen=True)
@@ -505,42 +506,35 @@ class BindAsk:
     now_ns: int
 
 
-def reserve_bind(scheduler: Scheduler, state: ClusterState, ask: BindAsk) -> BindPlan | BindResult:
+def reserve_bind(scheduler: Scheduler, state: ClusterState, ask: BindAsk) -> BindPlan | Status:
     """One bind try's decision over the pod as read (or watched): the plan it writes, every
-    store reserved (``Scheduler.reserve_pod``); or the outcome when it writes nothing."""
+    store reserved (``Scheduler.reserve_pod``); or the status when it writes nothing."""
     pod, node, asked_uid = ask.pod, ask.node, ask.asked_uid
     ledger, trust = state.ledger, state.trust
     key = key_of(pod)
     uid = stored_uid_of(pod)
     if asked_uid and uid != asked_uid:
-        return BindResult(
-            BindOutcome.ERROR,
+        return refused(
+            Code.ERROR,
             f"pod {key} was recreated (UID {uid}, scheduler asked for {asked_uid})",
+            BIND,
         )
     request = scheduler.read(pod)
     if node_name_of(pod):
         wants_gpu = isinstance(request, PodRequest) and request.wants_gpu
-        reason = already_bound(pod, node=node, wants_gpu=wants_gpu)
-        if reason:
-            return BindResult(BindOutcome.ERROR, reason)
-        return BindResult(BindOutcome.ALREADY_BOUND)
+        return already_bound(pod, node=node, wants_gpu=wants_gpu)
     if isinstance(request, Rejection):
-        return BindResult(BindOutcome.REJECTED, f"pod {key}: {request.message}")
+        return refused(Code.INVALID, f"pod {key}: {request.message}", BIND)
     inventory = state.nodes.get(node)
     if inventory is None:
-        return BindResult(BindOutcome.ERROR, f"node {node} is not in gpushare's cache")
+        return refused(Code.ERROR, f"node {node} is not in gpushare's cache", BIND)
     kept = ledger.kept(uid) if request.wants_gpu else None
     # checked again here because kube-scheduler binds while it filters the next pod
     reserved = scheduler.reserve_pod(
         pod, request, inventory, ledger, book=state.book, now_ns=ask.now_ns
     )
-    if isinstance(reserved, UnitRefused):
-        outcome = BindOutcome.REJECTED if reserved.rejected else BindOutcome.UNFIT
-        return BindResult(outcome, reserved.message)
-    if not isinstance(reserved, Reservation):
-        return BindResult(
-            BindOutcome.UNFIT, f"pod {key} no longer fits node {node}: {reserved.message}"
-        )
+    if not reserved.status.ok:
+        return reserved.status
     annotations, labels = dict(reserved.unit.annotations), dict(reserved.unit.labels)
     booked = reserved.allocation
     if booked is not None:

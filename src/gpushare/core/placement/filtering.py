@@ -1,33 +1,27 @@
 """Filter: can this pod's request be placed on this node, and if not, why.
 
-Outcomes follow the kube-scheduler framework: ``FITS``, ``UNSCHEDULABLE`` (could fit once
-something is freed) and ``UNRESOLVABLE`` (never on this node as it is: wrong mode, unit or size,
-so preemption would not help). Every failure carries reasons a person can act on, such as
-``GPU0: 2/15 GiB free < 3 GiB requested``.
+Outcomes follow the kube-scheduler framework, as a ``Status`` (``core.model.status``):
+``SUCCESS``, ``UNSCHEDULABLE`` (could fit once something is freed) and ``UNRESOLVABLE`` (never
+on this node as it is: wrong mode, unit or size, so preemption would not help). Every failure
+carries reasons a person can act on, such as ``GPU0: 2/15 GiB free < 3 GiB requested``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import Enum
-from functools import cached_property
 
 from gpushare.core.booking.ledger import NOTHING, GpuUsage, NodeUsage
 from gpushare.core.model.inventory import CORE_PER_GPU, Gpu, Mode, NodeInventory, Placement
 from gpushare.core.model.names import ANN_NODE_GPUS_DISABLED, LABEL_MODE, LABEL_POD_GPU_COUNT
 from gpushare.core.model.requests import PodRequest
+from gpushare.core.model.status import SUCCESS, Code, Status
 from gpushare.core.model.topology import closest_set
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.placement.placing import Candidate, choose_gpus, rank_gpus
 
-
-class Code(Enum):
-    """The filter's outcome, named as the kube-scheduler names them."""
-
-    FITS = "Success"
-    UNSCHEDULABLE = "Unschedulable"
-    UNRESOLVABLE = "UnschedulableAndUnresolvable"
+SOURCE = "gpushare"
+"""Who the filter's statuses say decided."""
 
 
 @dataclass(frozen=True)
@@ -35,19 +29,33 @@ class Verdict:
     """A node's answer for one pod, with the GPUs it would use when it fits."""
 
     node: str
-    code: Code
-    reasons: tuple[str, ...] = ()
+    status: Status = SUCCESS
     gpus: tuple[int, ...] = ()
 
     @property
     def fits(self) -> bool:
         """Whether the pod can be placed on this node now."""
-        return self.code is Code.FITS
+        return self.status.is_success
 
-    @cached_property
+    @property
+    def code(self) -> Code:
+        """The status's code."""
+        return self.status.code
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """The status's reasons."""
+        return self.status.reasons
+
+    @property
     def message(self) -> str:
-        """All reasons in one line (kept: the extender sends it for every failing node)."""
-        return "; ".join(self.reasons)
+        """All reasons in one line (the extender sends it for every failing node)."""
+        return self.status.message
+
+
+def refusal(node: str, code: Code, reasons: Sequence[str]) -> Verdict:
+    """The filter's verdict that the pod does not go to ``node``, with why."""
+    return Verdict(node=node, status=Status(code, tuple(reasons), SOURCE))
 
 
 @dataclass(frozen=True)
@@ -63,12 +71,8 @@ class Rules:
         return self.max_pods_per_gpu or unit.default_max_pods_per_gpu
 
 
-def _never(node: str, reason: str) -> Verdict:
-    return Verdict(node=node, code=Code.UNRESOLVABLE, reasons=(reason,))
-
-
-def _node_rules(request: PodRequest, node: NodeInventory, rules: Rules) -> str:
-    """The reason the node can never take the pod, or an empty string."""
+def _node_rules(request: PodRequest, node: NodeInventory, rules: Rules) -> str | None:
+    """The reason the node can never take the pod; None when its rules allow it."""
     if node.problem:
         return node.problem
     if node.mode is Mode.NONE:
@@ -101,7 +105,7 @@ def _node_rules(request: PodRequest, node: NodeInventory, rules: Rules) -> str:
             f"pod needs {request.gpu_count} GPUs ({LABEL_POD_GPU_COUNT}) but node has "
             f"{len(node.gpus)}"
         )
-    return ""
+    return None
 
 
 def _miss_reasons(
@@ -159,8 +163,8 @@ def filter_node(
     going to that choice.
     """
     never = _node_rules(request, node, rules)
-    if never:
-        return _never(node.name, never)
+    if never is not None:
+        return refusal(node.name, Code.UNRESOLVABLE, (never,))
     unit = node.unit
     want = request.mem_per_gpu
     want_core = request.core_per_gpu
@@ -192,19 +196,19 @@ def filter_node(
             misses.append((gpu, held))
     if big_enough < request.gpu_count:
         reasons = _miss_reasons(misses, request, node, limit)
-        return Verdict(node=node.name, code=Code.UNRESOLVABLE, reasons=tuple(reasons))
+        return refusal(node.name, Code.UNRESOLVABLE, reasons)
     if len(fitting) < request.gpu_count:
         reasons = _miss_reasons(misses, request, node, limit)
         if request.gpu_count > 1:
             reasons.insert(0, f"{len(fitting)} of {request.gpu_count} GPUs needed have room")
-        return Verdict(node=node.name, code=Code.UNSCHEDULABLE, reasons=tuple(reasons))
+        return refusal(node.name, Code.UNSCHEDULABLE, reasons)
     if usage.unplaced_mem_units:
         free_total = node.mem_units_total - usage.mem_units
         if free_total < request.mem_units:
-            return Verdict(
-                node=node.name,
-                code=Code.UNSCHEDULABLE,
-                reasons=(
+            return refusal(
+                node.name,
+                Code.UNSCHEDULABLE,
+                (
                     f"node: {unit.describe_ratio(free_total, node.mem_units_total)} free < "
                     f"{unit.describe(request.mem_units)} requested ("
                     f"{unit.describe(usage.unplaced_mem_units)} held by pods on unknown GPUs)",
@@ -212,10 +216,10 @@ def filter_node(
             )
     kubelet = node.kubelet_mem_units
     if kubelet == 0 and node.mem_units_total:
-        return Verdict(
-            node=node.name,
-            code=Code.UNSCHEDULABLE,
-            reasons=(
+        return refusal(
+            node.name,
+            Code.UNSCHEDULABLE,
+            (
                 "node: its device plugin is not serving: kubelet allocates none of the node's "
                 f"{unit.describe(node.mem_units_total)} GPU memory (the plugin is restarting "
                 "or not registered yet, or every device is unhealthy); kubelet would refuse "
@@ -227,10 +231,10 @@ def filter_node(
         and kubelet < node.mem_units_total
         and usage.mem_units + request.mem_units > kubelet
     ):
-        return Verdict(
-            node=node.name,
-            code=Code.UNSCHEDULABLE,
-            reasons=(
+        return refusal(
+            node.name,
+            Code.UNSCHEDULABLE,
+            (
                 f"node: kubelet allocates only {unit.describe(kubelet)} of the node's "
                 f"{unit.describe(node.mem_units_total)} GPU memory and "
                 f"{unit.describe(usage.mem_units)} is held, < {unit.describe(request.mem_units)} "
@@ -248,6 +252,5 @@ def filter_node(
         chosen = closest_set(ranked, request.gpu_count, node.distance, node.position)
     return Verdict(
         node=node.name,
-        code=Code.FITS,
         gpus=chosen or choose_gpus(fitting, request.gpu_count, node.placement, prefer),
     )

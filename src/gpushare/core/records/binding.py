@@ -11,25 +11,35 @@ says whether the pod already is where the scheduler wants it, with the allocatio
 from __future__ import annotations
 
 from gpushare.core.model.kubejson import KubeObject, key_of, node_name_of
+from gpushare.core.model.status import Code, Status, refused
 from gpushare.core.records.allocation import from_pod
 
+SOURCE = "bind"
+ALREADY_BOUND = Status(Code.SKIP, source=SOURCE)
+"""The pod is already bound there, with what it needs: the bind has nothing to do."""
 
-def already_bound(pod: KubeObject, *, node: str, wants_gpu: bool) -> str:
-    """Why a bind of this bound pod to ``node`` cannot succeed; empty when it already has."""
+
+def already_bound(pod: KubeObject, *, node: str, wants_gpu: bool) -> Status:
+    """Whether a bind of this bound pod to ``node`` has already succeeded (``SKIP``), or why
+    it cannot (``ERROR``)."""
     key = key_of(pod)
     bound_to = node_name_of(pod)
     if bound_to != node:
-        return (
+        return refused(
+            Code.ERROR,
             f"pod {key} is already bound to node {bound_to}, not {node}; a bound pod is never "
-            f"moved, and its GPU allocation is left as it is"
+            f"moved, and its GPU allocation is left as it is",
+            SOURCE,
         )
     if not wants_gpu:
-        return ""
+        return ALREADY_BOUND
     allocation = from_pod(pod)
     if allocation is None or allocation.node != node:
-        return (
+        return refused(
+            Code.ERROR,
             f"pod {key} is bound to node {node} without a gpushare allocation for that node, "
             f"so no GPU is known to be reserved for it; gpushare does not place a pod that is "
-            f"already bound: delete the pod so that it is scheduled again"
+            f"already bound: delete the pod so that it is scheduled again",
+            SOURCE,
         )
-    return ""
+    return ALREADY_BOUND

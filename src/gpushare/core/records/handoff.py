@@ -30,12 +30,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpushare.core.model.containers import ContainerKind
+from gpushare.core.model.status import Code, Status, refused
 from gpushare.core.records.allocation import Allocation, ContainerShare
 
 MEM = "mem"
 CORE = "core"
-DEFERRAL = "waiting for pod "
-"""How a hand-off deferral's reason starts (the pod fits once the other pod has started)."""
+SOURCE = "handoff"
+"""Who the hand-off's statuses say decided."""
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,12 @@ def pending_of(allocations: Iterable[Allocation]) -> list[Pending]:
     return out
 
 
-def conflict(candidate: Allocation, pending: Iterable[Pending]) -> str:
-    """Why placing ``candidate`` would break the invariant, or an empty string."""
+def conflict(candidate: Allocation, pending: Iterable[Pending]) -> Status | None:
+    """Why placing ``candidate`` would break the invariant; None when it keeps it.
+
+    A pod that must wait for another to start is deferred (``Code.WAIT``); one whose own
+    containers cannot be told apart is unschedulable as it is placed.
+    """
     mine = [s for c in candidate.containers for s in container_signatures(candidate, c)]
     by_key = {(s.resource, s.count): s for s in mine}
     if len(by_key) != len(mine):
@@ -129,9 +134,11 @@ def conflict(candidate: Allocation, pending: Iterable[Pending]) -> str:
         for s in mine:
             other = seen.setdefault((s.resource, s.count), s)
             if other != s:
-                return (
+                return refused(
+                    Code.UNSCHEDULABLE,
                     f"two containers of the pod ask for {s.count} {s.resource} devices but get "
-                    f"different GPUs; the device plugin could not tell them apart"
+                    f"different GPUs; the device plugin could not tell them apart",
+                    SOURCE,
                 )
     for entry in pending:
         if entry.uid == candidate.uid:
@@ -139,17 +146,14 @@ def conflict(candidate: Allocation, pending: Iterable[Pending]) -> str:
         key = (entry.signature.resource, entry.signature.count)
         if key in by_key and by_key[key] != entry.signature:
             gpus = ",".join(str(i) for i, _ in entry.signature.layout)
-            return (
-                f"{DEFERRAL}{entry.pod} to start: its container {entry.container} asks for "
-                f"the same {entry.signature.count} {entry.signature.resource} devices on GPU "
-                f"{gpus}, and the device plugin must tell the two apart"
+            return refused(
+                Code.WAIT,
+                f"waiting for pod {entry.pod} to start: its container {entry.container} asks "
+                f"for the same {entry.signature.count} {entry.signature.resource} devices on "
+                f"GPU {gpus}, and the device plugin must tell the two apart",
+                SOURCE,
             )
-    return ""
-
-
-def is_deferral(message: str) -> bool:
-    """Whether a filter reason is a hand-off deferral rather than a lack of room."""
-    return message.startswith(DEFERRAL)
+    return None
 
 
 def preferred_gpus(candidate_sizes: Iterable[int], pending: Iterable[Pending]) -> tuple[int, ...]:

@@ -103,12 +103,13 @@ class Gate:
     """Why a node that could take the pod is refused (every such node outside ``chosen``)."""
     passed: tuple[str, ...] = ()
     """Why each unit before ``chosen`` was passed, in order (for the pod's event)."""
-    error: str = ""
-    """Set when the policy cannot order this pod at all (the pod is refused everywhere)."""
+    error: str | None = None
+    """Why the policy cannot order this pod at all (the pod is refused everywhere); None when
+    it can."""
 
     def allows(self, node_labels: Mapping[str, str]) -> bool:
         """Whether a node with these labels is open to the pod."""
-        return not self.error and self.chosen is not None and self.chosen.holds(node_labels)
+        return self.error is None and self.chosen is not None and self.chosen.holds(node_labels)
 
 
 def seconds(timestamp: str) -> float | None:

@@ -25,9 +25,13 @@ from gpushare.core.model.kubejson import (
     whole_number,
 )
 from gpushare.core.resourcepolicies.gating import ANN_POLICY, ANN_UNIT, Gate, Placed, decide
-from gpushare.core.resourcepolicies.resourcepolicy import PolicyError, ResourcePolicy, read_policy
+from gpushare.core.resourcepolicies.resourcepolicy import (
+    InvalidResourcePolicy,
+    ResourcePolicy,
+    read_policy,
+)
 
-Entry = ResourcePolicy | PolicyError
+Entry = ResourcePolicy | InvalidResourcePolicy
 
 
 def placed_of(pod: KubeObject, node: str = "") -> Placed:
@@ -206,7 +210,7 @@ class PolicyBook:
         entry = self.policy_for(namespace, labels)
         if entry is None:
             return None
-        if isinstance(entry, PolicyError):
+        if isinstance(entry, InvalidResourcePolicy):
             return Gate(entry.key, None, (), "", error=entry.message)
         return decide(
             entry,

@@ -12,7 +12,8 @@ bookkeeping (``core.resourcepolicies.policybook``) rather than in the extender:
 - ``reserve_unit``: check the bind's node again and assume the pod in its unit, with no
   ``await`` before the caller's booking, so two binds cannot both take a unit's last place;
   the result carries what the bind writes on the pod (the unit's annotations and
-  ``podLabels``, the policy and unit numbers, the deletion cost);
+  ``podLabels``, the policy and unit numbers, the deletion cost), or the refusal as a
+  ``Status`` (``core.model.status``);
 - ``unreserve_unit``: drop that assumption.
 """
 
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpushare.core.model.kubejson import KubeObject, key_of
+from gpushare.core.model.status import SUCCESS, Code, Status, refused
 from gpushare.core.resourcepolicies.gating import (
     ANN_DELETION_COST,
     ANN_POLICY,
@@ -52,7 +54,7 @@ def filter_units(
     gate = book.gate(pod, fitting=passing, now_s=now_s)
     if gate is None:
         return passing
-    if gate.error:
+    if gate.error is not None:
         for name in passing:
             unresolvable[name] = gate.error
         return []
@@ -65,28 +67,26 @@ def filter_units(
     return kept
 
 
+SOURCE = "ResourcePolicy"
+"""Who the plugin's statuses say decided."""
+
+
 @dataclass(frozen=True)
-class UnitReserved:
-    """The pod's unit, assumed; what the bind writes on the pod for it."""
+class UnitReservation:
+    """The pod's unit, assumed, and what the bind writes on the pod for it; or, when
+    ``status`` is not ok, why the bind may not place the pod on its node: ``INVALID`` when the
+    pod or its policy is invalid, ``UNSCHEDULABLE`` when only its unit is closed there now."""
 
     gate: Gate | None
     """None: no policy orders the pod (nothing assumed, nothing to write)."""
     annotations: dict[str, str | None] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class UnitRefused:
-    """The bind may not place the pod on its node: why, and whether the pod or policy is invalid
-    (``rejected``) or only its unit is closed there now."""
-
-    message: str
-    rejected: bool
+    status: Status = SUCCESS
 
 
 def reserve_unit(
     book: PolicyBook | None, pod: KubeObject, node: str, *, now_s: float
-) -> UnitReserved | UnitRefused:
+) -> UnitReservation:
     """The ResourcePolicy unit ``node`` places the pod in, assumed; or the bind's refusal.
 
     Checked again at bind because kube-scheduler binds while it filters the next pod: two
@@ -94,26 +94,27 @@ def reserve_unit(
     assumption that follows it, lets one of them have it.
     """
     if book is None:
-        return UnitReserved(None)
+        return UnitReservation(None)
     gate = book.gate(pod, fitting=[node], now_s=now_s)
     if gate is None:
-        return UnitReserved(None)
+        return UnitReservation(None)
     key = key_of(pod)
-    if gate.error:
-        return UnitRefused(f"pod {key}: {gate.error}", rejected=True)
-    if not gate.allows(book.node_labels.get(node, {})):
-        return UnitRefused(
-            f"pod {key} may not go to node {node} now: {gate.reason}", rejected=False
+    if gate.error is not None:
+        return UnitReservation(
+            gate, status=refused(Code.INVALID, f"pod {key}: {gate.error}", SOURCE)
         )
+    if not gate.allows(book.node_labels.get(node, {})):
+        why = f"pod {key} may not go to node {node} now: {gate.reason}"
+        return UnitReservation(gate, status=refused(Code.UNSCHEDULABLE, why, SOURCE))
     if gate.chosen is None:
-        return UnitReserved(gate)
+        return UnitReservation(gate)
     book.assume(book.placement(pod, node, gate))
     unit = gate.chosen
     annotations: dict[str, str | None] = dict(unit.pod_annotations)
     annotations[ANN_POLICY] = gate.policy.split("/", 1)[1]
     annotations[ANN_UNIT] = str(unit.number)
     annotations[ANN_DELETION_COST] = str(deletion_cost(unit))
-    return UnitReserved(gate, annotations, dict(unit.pod_labels))
+    return UnitReservation(gate, annotations, dict(unit.pod_labels))
 
 
 def unreserve_unit(book: PolicyBook | None, uid: str) -> None:

@@ -16,8 +16,8 @@ reply is must not grow with what one namespace writes into one object (``UnitInd
 its reasons
 short, within that limit too).
 
-Reading is a pure function from the object's JSON to a ``ResourcePolicy`` or a
-``PolicyError`` whose message names the field, the value, the rule and what to do.
+Reading is a pure function from the object's JSON to a ``ResourcePolicy`` or an
+``InvalidResourcePolicy`` whose message names the field, the value, the rule and what to do.
 """
 
 from __future__ import annotations
@@ -213,8 +213,9 @@ class ResourcePolicy:
 
 
 @dataclass(frozen=True)
-class PolicyError:
-    """A policy gpushare cannot apply, and why."""
+class InvalidResourcePolicy:
+    """A ResourcePolicy gpushare cannot apply, and why: a value the book keeps (its pods are
+    told at filter), not an exception; the cGPU policy's ``isolation.policy.PolicyError`` is one."""
 
     namespace: str
     name: str
@@ -392,7 +393,7 @@ def _generation(obj: KubeObject) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def read_policy(obj: KubeObject) -> ResourcePolicy | PolicyError:
+def read_policy(obj: KubeObject) -> ResourcePolicy | InvalidResourcePolicy:
     """The policy in ``obj``, or why gpushare cannot apply it."""
     key = f"{namespace_of(obj)}/{name_of(obj)}"
     try:
@@ -402,7 +403,7 @@ def read_policy(obj: KubeObject) -> ResourcePolicy | PolicyError:
             selector = _string_map(spec_of(obj).get("selector"), "spec.selector", key)
         except _Invalid:
             selector = {}
-        return PolicyError(
+        return InvalidResourcePolicy(
             namespace_of(obj),
             name_of(obj),
             str(err),
