@@ -5,7 +5,7 @@ reason: the cGPU policy and pods per GPU (flags or the chart's environment), the
 kubelet's CPU manager policy (read from kubelet's files), a fake topology without fake GPUs, the
 scheduling settings (through ``gpushare.config``, as the extender reads the same values), the
 GPUs (NVML, or fakes for tests) and the API client. The plugin's own preflight
-(``deviceplugin.preflight``: the node's mode label, a unit change under pods, the isolation hook)
+(``node.preflight``: the node's mode label, a unit change under pods, the isolation hook)
 refuses from inside the running plugin and ends the command the same way.
 """
 
@@ -240,7 +240,7 @@ def device_plugin(
     import contextlib
     from pathlib import Path
 
-    from gpushare.deviceplugin.cdi import (
+    from gpushare.node.cdi import (
         HandOff,
         HandOffError,
         Strategy,
@@ -257,23 +257,23 @@ def device_plugin(
     except HandOffError as err:
         raise click.BadParameter(str(err)) from None
     from gpushare.deviceplugin.config import PluginConfig, Stats
-    from gpushare.deviceplugin.descriptors import (
+    from gpushare.deviceplugin.metrics import registry_for, serve_metrics
+    from gpushare.deviceplugin.plugin import DevicePlugin
+    from gpushare.deviceplugin.readiness import serve_health
+    from gpushare.kube.lightkube_api import LightkubeAPI
+    from gpushare.kube.port import KubeError
+    from gpushare.node.descriptors import (
         RESERVED,
         BrokerCaps,
         CapsError,
         descriptor_limit,
     )
-    from gpushare.deviceplugin.gpus import FakeGpus, GpuSource, NvmlGpus
-    from gpushare.deviceplugin.hooks.library import packaged_library
-    from gpushare.deviceplugin.hooks.mountcheck import MountCheck, packaged_mountcheck
-    from gpushare.deviceplugin.hooks.node import NodeIsolation
-    from gpushare.deviceplugin.metrics import registry_for, serve_metrics
-    from gpushare.deviceplugin.plugin import DevicePlugin
-    from gpushare.deviceplugin.preflight import StartRefused, refuse_static_cpu_policy
-    from gpushare.deviceplugin.readiness import serve_health
-    from gpushare.deviceplugin.usage import UsedSummaryPublisher
-    from gpushare.kube.lightkube_api import LightkubeAPI
-    from gpushare.kube.port import KubeError
+    from gpushare.node.enforcement.library import packaged_library
+    from gpushare.node.enforcement.mountcheck import MountCheck, packaged_mountcheck
+    from gpushare.node.enforcement.nodehook import NodeIsolation
+    from gpushare.node.gpus import FakeGpus, GpuSource, NvmlGpus
+    from gpushare.node.preflight import StartRefused, refuse_static_cpu_policy
+    from gpushare.node.usage import UsedSummaryPublisher
 
     try:
         caps = BrokerCaps(

@@ -5,11 +5,11 @@ One hook per node mode (``ack.node.gpu.schedule``), picked when the plugin start
 - ``cgpu`` and ``core_mem``: :class:`InterposerIsolation` preloads the native interposer
   (``gpushare/isolation/native``) and gives each container its memory limit in bytes per visible
   GPU, its SM percentage on core_mem, and an account of its own in the plugin's accounting
-  broker (``deviceplugin.broker``), through which the interposer counts usage across the
+  broker (``node.enforcement.broker``), through which the interposer counts usage across the
   container's processes.
 - ``mps``: :class:`MpsIsolation` runs one NVIDIA MPS control daemon per GPU and points each
   container at its GPU's pipe directory, with MPS's own pinned-memory limit.
-- ``share`` (and ``--isolation none``): :class:`~gpushare.deviceplugin.serving.NoIsolation`; the
+- ``share`` (and ``--isolation none``): :class:`~gpushare.node.enforcement.hook.NoIsolation`; the
   container gets the ``ALIYUN_COM_GPU_MEM_*`` variables only and limits itself
   (``gpushare.isolation.share``).
 
