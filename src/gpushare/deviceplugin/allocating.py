@@ -45,7 +45,6 @@ from gpushare.core.model.kubejson import (
     status_of,
     uid_of,
 )
-from gpushare.core.records.handoff import pending_of, resolve
 from gpushare.core.records.trust import (
     IgnoredOnce,
     Judged,
@@ -162,12 +161,6 @@ class Allocator(OnNode):
         except KubeError as err:
             self.stats.refused += 1
             return Refused(f"gpushare: cannot read the pods bound to {self.config.node}: {err}")
-        suspects = blocking_strangers(request, bound)
-        if suspects:
-            try:
-                bound = await self._without_rejected(request, suspects, bound)
-            except KubeError as err:
-                log.warning("resource=%s count=%d phase=allocate re-read: %s", resource, count, err)
         node = NodeFacts(
             gpus=tuple(self.source.gpus()),
             mode=self.mode,
@@ -176,6 +169,23 @@ class Allocator(OnNode):
             max_pods=self.config.max_pods,
         )
         decided = answer(request, bound, self.pods.by_uid, node)
+        suspects = blocking_strangers(request, bound) if isinstance(decided, Refused) else None
+        if suspects:
+            try:
+                again = await self._without_rejected(suspects)
+            except KubeError as err:
+                log.warning("resource=%s count=%d phase=allocate re-read: %s", resource, count, err)
+            else:
+                if again is not None:
+                    decided = answer(request, again, self.pods.by_uid, node)
+                    log.info(
+                        "resource=%s count=%d phase=allocate strangers rejected by kubelet: %s",
+                        resource,
+                        count,
+                        decided.reason.removeprefix("gpushare: ")
+                        if isinstance(decided, Refused)
+                        else "served",
+                    )
         if isinstance(decided, Refused):
             self.stats.refused += 1
             log.warning(
@@ -208,10 +218,9 @@ class Allocator(OnNode):
         self.changed.set()
         return result
 
-    async def _without_rejected(
-        self, request: Request, suspects: frozenset[str], bound: NodePods
-    ) -> NodePods:
-        """The node's pods once the strangers behind a refusal are seen Failed, or as they were.
+    async def _without_rejected(self, suspects: frozenset[str]) -> NodePods | None:
+        """The node's pods once the strangers behind a refusal are seen Failed (None: not in
+        time, and the refusal stands).
 
         Only strangers seen in a terminal phase stop counting; new strangers count as usual.
         """
@@ -222,14 +231,5 @@ class Allocator(OnNode):
             again = await self.pods.read()
             if not suspects <= self.pods.finished:
                 continue
-            settled = resolve(
-                request.resource, request.count, pending_of(again.allocations), again.strangers
-            )
-            log.info(
-                "resource=%s count=%d phase=allocate strangers rejected by kubelet: %s",
-                request.resource,
-                request.count,
-                "served" if settled.signature else settled.error,
-            )
             return again
-        return bound
+        return None
