@@ -42,12 +42,19 @@ from the limits files.
 The MPS daemon commands run inside Allocate (which kubelet awaits anyway): at most one start per
 GPU, and one liveness probe per container.
 
-The modules, one per job:
+The modules, one per job, top first (an import-linter contract keeps lower ones from importing
+higher ones):
 
-- ``node``: ``NodeIsolation``, the hook the plugin holds; picks one of the below per mode.
+- ``nodehook``: ``NodeIsolation``, the hook the plugin holds; picks one of the below per mode.
 - ``interposer``: ``InterposerIsolation`` (cgpu, core_mem) with its cGPU schedules.
 - ``mps``: ``MpsIsolation`` (mps), the containers' side of MPS.
 - ``mpsdaemon``: ``MpsControl``, the MPS control daemon itself, behind ``DaemonRunner``.
 - ``library``: installing the interposer library and the preload list on the host.
+- ``mountcheck``: the OCI hook that refuses a container whose isolation mounts were moved, and
+  its CDI spec.
 - ``accounts``: each container's state directory, and pruning those of gone containers.
+- ``broker``: the accounting broker, each container's usage account on a socket, and its
+  counters.
+- ``hook``: the contract every hook keeps (``IsolationHook``), what it extends
+  (``ContainerAnswer``, ``Target``), and ``NoIsolation``.
 """
