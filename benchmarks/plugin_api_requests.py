@@ -51,12 +51,12 @@ from gpushare.core.records.trust import Trust  # noqa: E402
 from gpushare.deviceplugin.allocating import NodeParts, NodeReader  # noqa: E402
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint  # noqa: E402
 from gpushare.deviceplugin.config import PluginConfig, Stats  # noqa: E402
-from gpushare.deviceplugin.reconcile import ServedCheck  # noqa: E402
-from gpushare.deviceplugin.serving import NoIsolation  # noqa: E402
+from gpushare.deviceplugin.kubelet.reconcile import ServedCheck  # noqa: E402
 from gpushare.kube.lightkube_api import LightkubeAPI  # noqa: E402
 from gpushare.kube.podwatch import NodePodWatch  # noqa: E402
 from gpushare.kube.port import KubeError  # noqa: E402
 from gpushare.kube.sealing import load_key_file  # noqa: E402
+from gpushare.node.enforcement.hook import NoIsolation  # noqa: E402
 from harness.cluster import Cluster, running_cluster  # noqa: E402
 from harness.helpers import gpu_pod_manifest  # noqa: E402
 from harness.podresources_double import PodResourcesDouble  # noqa: E402

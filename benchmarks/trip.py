@@ -40,15 +40,15 @@ from gpushare.core.decision.scheduling import Scheduler, Settings
 from gpushare.core.model.inventory import Mode
 from gpushare.core.resourcepolicies.policybook import PolicyBook
 from gpushare.deviceplugin.config import PluginConfig
-from gpushare.deviceplugin.gpus import FakeGpus
+from gpushare.deviceplugin.kubelet.protos.v1beta1 import api_pb2 as dp
+from gpushare.deviceplugin.kubelet.servicer import DevicePluginService
 from gpushare.deviceplugin.plugin import DevicePlugin
-from gpushare.deviceplugin.protos.v1beta1 import api_pb2 as dp
-from gpushare.deviceplugin.servicer import DevicePluginService
 from gpushare.extender.service import Extender
 from gpushare.extender.wire import ExtenderArgs, ExtenderBindingArgs
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
+from gpushare.node.gpus import FakeGpus
 
 ROOT = str(Path(gpushare.__file__).resolve().parent) + "/"
 CORE = ROOT + "core/"

@@ -32,8 +32,8 @@ from typing import Any
 
 import grpc
 
-from gpushare.deviceplugin.protos.podresources_v1 import api_pb2 as pr
-from gpushare.deviceplugin.protos.podresources_v1 import api_pb2_grpc as pr_grpc
+from gpushare.deviceplugin.kubelet.protos.podresources_v1 import api_pb2 as pr
+from gpushare.deviceplugin.kubelet.protos.podresources_v1 import api_pb2_grpc as pr_grpc
 
 
 @dataclass

@@ -46,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from gpushare.deviceplugin.gpus import FakeGpus
+from gpushare.node.gpus import FakeGpus
 from harness import cdi_double
 from harness.cluster import Cluster, Process, StartError, _openssl, free_port, wait_for
 from harness.images import PAUSE_IMAGE, TEST_IMAGE, build_images

@@ -5,7 +5,8 @@ backend (pyproject.toml's ``[build-system]``), which first writes the two build 
 package carries but git does not keep, then hands over to setuptools:
 
 - the gRPC stubs from gpushare's copies of kubelet's .proto files
-  (``src/gpushare/deviceplugin/genproto.py``, with grpcio-tools from the build requirements);
+  (``src/gpushare/deviceplugin/kubelet/genproto.py``, with grpcio-tools from the build
+  requirements);
 - the CUDA interposer ``libgpushare-cuda.so`` (``src/gpushare/isolation/build.py``, with gcc).
 
 Both scripts run as files in a child process: importing them as ``gpushare.*`` would import the
@@ -33,7 +34,7 @@ from setuptools.build_meta import (  # noqa: F401  (the hooks this backend does 
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 STEPS = (
-    ("the gRPC stubs", SRC / "gpushare" / "deviceplugin" / "genproto.py"),
+    ("the gRPC stubs", SRC / "gpushare" / "deviceplugin" / "kubelet" / "genproto.py"),
     ("the CUDA interposer and the mount-check hook", SRC / "gpushare" / "isolation" / "build.py"),
 )
 

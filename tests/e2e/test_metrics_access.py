@@ -29,11 +29,11 @@ import yaml
 
 from gpushare.cli.scrapeaccess import metrics_access
 from gpushare.deviceplugin.config import PluginConfig
-from gpushare.deviceplugin.gpus import FakeGpus
 from gpushare.deviceplugin.metrics import registry_for, serve_metrics
 from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.kube.lightkube_api import LightkubeAPI
 from gpushare.kube.memory import MemoryKube
+from gpushare.node.gpus import FakeGpus
 from harness.cluster import Cluster, free_port, wait_for
 from harness.helpers import scrape_with_token
 from harness.identities import token_kubeconfig

@@ -12,9 +12,9 @@ import json
 from gpushare.core.model.gpumodel import LABEL_MODEL
 from gpushare.core.model.names import ANN_NODE_GPUS_DISABLED
 from gpushare.deviceplugin.config import PluginConfig
-from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo
-from gpushare.deviceplugin.publishing import publish
 from gpushare.kube.lightkube_api import LightkubeAPI
+from gpushare.node.gpus import FakeGpus, GpuInfo
+from gpushare.node.publishing import publish
 from harness.cluster import Cluster
 from harness.helpers import apply_all, gpu_pod_manifest, pods
 from harness.seeding import labelled_kwok_nodes

@@ -10,7 +10,9 @@ import pytest
 from gpushare.core.model.inventory import Mode
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.handoff import MEM, Signature
-from gpushare.deviceplugin.serving import container_answer, devices, mem_units
+from gpushare.deviceplugin.answering import container_answer
+from gpushare.deviceplugin.kubelet.devices import devices
+from gpushare.node.gpus import mem_units
 
 
 def nvml_or_skip() -> object:
@@ -23,7 +25,7 @@ def nvml_or_skip() -> object:
         pytest.skip(f"no NVIDIA GPU here: {type(err).__name__}: {err}")
     if count == 0:
         pytest.skip("NVML found no GPU")
-    from gpushare.deviceplugin.gpus import NvmlGpus
+    from gpushare.node.gpus import NvmlGpus
 
     return NvmlGpus()
 

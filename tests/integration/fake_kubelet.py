@@ -34,10 +34,10 @@ from typing import Any
 
 import grpc
 
-from gpushare.deviceplugin.protos.podresources_v1 import api_pb2 as pr
-from gpushare.deviceplugin.protos.podresources_v1 import api_pb2_grpc as pr_grpc
-from gpushare.deviceplugin.protos.v1beta1 import api_pb2 as dp
-from gpushare.deviceplugin.protos.v1beta1 import api_pb2_grpc as dp_grpc
+from gpushare.deviceplugin.kubelet.protos.podresources_v1 import api_pb2 as pr
+from gpushare.deviceplugin.kubelet.protos.podresources_v1 import api_pb2_grpc as pr_grpc
+from gpushare.deviceplugin.kubelet.protos.v1beta1 import api_pb2 as dp
+from gpushare.deviceplugin.kubelet.protos.v1beta1 import api_pb2_grpc as dp_grpc
 
 
 @dataclass

@@ -25,12 +25,12 @@ import pytest
 from gpushare.core.admitting.isolationpaths import CONTAINER_BROKER_DIR
 from gpushare.core.model.inventory import Mode
 from gpushare.core.model.names import ANN_ASSIGNED
-from gpushare.deviceplugin.broker import SOCKET_NAME, Broker
 from gpushare.deviceplugin.config import Stats
-from gpushare.deviceplugin.descriptors import RESERVED, BrokerCaps, CapsError
-from gpushare.deviceplugin.hooks.accounts import BY_DEVICES
 from gpushare.deviceplugin.metrics import registry_for
 from gpushare.kube.watchhealth import WatchHealth
+from gpushare.node.descriptors import RESERVED, BrokerCaps, CapsError
+from gpushare.node.enforcement.accounts import BY_DEVICES
+from gpushare.node.enforcement.broker import SOCKET_NAME, Broker
 from tests import grpc_loop
 
 from .test_device_plugin import MEM, Rig, pod, run

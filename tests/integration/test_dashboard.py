@@ -23,13 +23,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpushare.core.decision.scheduling import Settings
 from gpushare.core.model.inventory import Mode
 from gpushare.deviceplugin.config import PluginConfig
-from gpushare.deviceplugin.gpus import FakeGpus
 from gpushare.deviceplugin.metrics import DEVICE_PLUGIN_METRICS, registry_for
 from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.extender.metrics import LEDGER_METRICS, ExtenderMetrics
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
+from gpushare.node.gpus import FakeGpus
 from gpushare.webhook.app import WebhookMetrics
 
 from ..promql import Vector, labelled, merge, names_in, scrape

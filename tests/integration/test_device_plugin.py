@@ -21,16 +21,16 @@ import pytest
 from gpushare.core.model.inventory import Mode
 from gpushare.core.model.names import ANN_ALLOCATION, ANN_ASSIGNED
 from gpushare.core.model.units import MemoryUnit
-from gpushare.deviceplugin.cdi import HandOff
 from gpushare.deviceplugin.config import PluginConfig
-from gpushare.deviceplugin.gpus import FakeGpus
 from gpushare.deviceplugin.plugin import DevicePlugin
-from gpushare.deviceplugin.preflight import StartRefused, refuse_static_cpu_policy
-from gpushare.deviceplugin.serving import IsolationHook, NoIsolation
 from gpushare.extender.driver import ExtenderDriver
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.port import Unreachable
+from gpushare.node.cdi import HandOff
+from gpushare.node.enforcement.hook import IsolationHook, NoIsolation
+from gpushare.node.gpus import FakeGpus
+from gpushare.node.preflight import StartRefused, refuse_static_cpu_policy
 from tests import grpc_loop
 
 from .conftest import rig_for

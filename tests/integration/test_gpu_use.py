@@ -13,12 +13,12 @@ from prometheus_client import generate_latest
 from gpushare.core.model.inventory import Mode
 from gpushare.core.model.names import ANN_NODE_GPU_USED
 from gpushare.core.records.gpuuse import read_used
-from gpushare.deviceplugin.broker import SOCKET_NAME
 from gpushare.deviceplugin.metrics import registry_for
-from gpushare.deviceplugin.usage import UsedSummaryPublisher
 from gpushare.inspect.cli import collect
 from gpushare.inspect.render import render_details
 from gpushare.inspect.view import to_json
+from gpushare.node.enforcement.broker import SOCKET_NAME
+from gpushare.node.usage import UsedSummaryPublisher
 
 from ..promql import labelled, scrape, target_label_clashes
 from .test_device_plugin import NODE, Rig, pod, run

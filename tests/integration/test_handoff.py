@@ -11,12 +11,12 @@ import pytest
 import yaml
 
 from gpushare.core.model.inventory import Mode
-from gpushare.deviceplugin.cdi import VOID, HandOff, Strategy
 from gpushare.deviceplugin.config import PluginConfig
-from gpushare.deviceplugin.gpus import FakeGpus
 from gpushare.deviceplugin.plugin import DevicePlugin
-from gpushare.deviceplugin.preflight import StartRefused
 from gpushare.kube.memory import MemoryKube
+from gpushare.node.cdi import VOID, HandOff, Strategy
+from gpushare.node.gpus import FakeGpus
+from gpushare.node.preflight import StartRefused
 from tests import grpc_loop
 
 from .fake_kubelet import FakeKubelet

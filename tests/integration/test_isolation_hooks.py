@@ -16,16 +16,8 @@ import pytest
 from gpushare.core.admitting import isolationpaths as paths
 from gpushare.core.model.inventory import Mode
 from gpushare.core.model.units import MemoryUnit
-from gpushare.deviceplugin.broker import SOCKET_NAME
 from gpushare.deviceplugin.config import PluginConfig
-from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo
-from gpushare.deviceplugin.hooks.accounts import BY_DEVICES, devices_key, prune_accounting
-from gpushare.deviceplugin.hooks.library import PRELOAD_NAME
-from gpushare.deviceplugin.hooks.mountcheck import DEVICE, SPEC_NAME, MountCheck
-from gpushare.deviceplugin.hooks.mpsdaemon import MpsControl
-from gpushare.deviceplugin.hooks.node import NodeIsolation
 from gpushare.deviceplugin.plugin import DevicePlugin
-from gpushare.deviceplugin.preflight import StartRefused
 from gpushare.isolation.build import LIB_NAME
 from gpushare.isolation.limits import ContainerLimits
 from gpushare.isolation.policy import (
@@ -35,6 +27,14 @@ from gpushare.isolation.policy import (
     slot_id,
 )
 from gpushare.kube.memory import MemoryKube
+from gpushare.node.enforcement.accounts import BY_DEVICES, devices_key, prune_accounting
+from gpushare.node.enforcement.broker import SOCKET_NAME
+from gpushare.node.enforcement.library import PRELOAD_NAME
+from gpushare.node.enforcement.mountcheck import DEVICE, SPEC_NAME, MountCheck
+from gpushare.node.enforcement.mpsdaemon import MpsControl
+from gpushare.node.enforcement.nodehook import NodeIsolation
+from gpushare.node.gpus import FakeGpus, GpuInfo
+from gpushare.node.preflight import StartRefused
 from tests import grpc_loop
 
 from .test_device_plugin import CORE, MEM, NODE, Rig, bare_node, pod, run, served

@@ -21,12 +21,12 @@ from gpushare.cli.errors import CommandError
 from gpushare.cli.scrapeaccess import metrics_access
 from gpushare.core.admitting.metricsaccess import Identity, ReviewCache
 from gpushare.deviceplugin.config import PluginConfig
-from gpushare.deviceplugin.gpus import FakeGpus
 from gpushare.deviceplugin.metrics import registry_for, serve_metrics
 from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.extender.app import create_metrics_app
 from gpushare.kube.memory import MemoryKube, MemoryReviews
 from gpushare.kube.metricsguard import MetricsGuard
+from gpushare.node.gpus import FakeGpus
 from gpushare.servingcert import self_signed
 from harness.ports import free_port
 

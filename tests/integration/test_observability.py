@@ -20,13 +20,13 @@ from gpushare.core.admitting.admission import AdmissionSettings
 from gpushare.core.model.inventory import Mode
 from gpushare.core.model.names import ANN_NODE_HANDOFF, HANDOFF_PODRESOURCES
 from gpushare.deviceplugin.config import PluginConfig
-from gpushare.deviceplugin.gpus import FakeGpus
 from gpushare.deviceplugin.metrics import registry_for, serve_metrics
 from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.extender.events import SCHEDULED, UNSCHEDULABLE, EventRecorder
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import KubeError
+from gpushare.node.gpus import FakeGpus
 from gpushare.webhook.app import WebhookMetrics
 from gpushare.webhook.app import create_app as create_webhook_app
 from harness.ports import free_port

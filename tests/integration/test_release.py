@@ -114,7 +114,7 @@ def test_the_distribution_is_ours_and_carries_the_interposer(dist: Path) -> None
         members = {m.name.split("/", 1)[1] for m in sdist.getmembers() if "/" in m.name}
     # what the wheel is built again from, and nothing generated
     assert {"packaging/gpushare_build.py", "LICENSE", "CHANGELOG.md", "pyproject.toml"} <= members
-    assert "src/gpushare/deviceplugin/protos/v1beta1/api.proto" in members
+    assert "src/gpushare/deviceplugin/kubelet/protos/v1beta1/api.proto" in members
     assert not [m for m in members if "api_pb2" in m or m.endswith(".so")]
 
 

@@ -28,12 +28,12 @@ from typing import Any, TypeVar
 from gpushare.core.model.inventory import Mode
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.handoff import MEM, Pending, Signature
-from gpushare.deviceplugin.broker import SOCKET_NAME
-from gpushare.deviceplugin.hooks.interposer import SCHED, InterposerIsolation
-from gpushare.deviceplugin.serving import ContainerAnswer, Target
 from gpushare.isolation import build
 from gpushare.isolation.limits import ContainerLimits
 from gpushare.isolation.policy import Policy
+from gpushare.node.enforcement.broker import SOCKET_NAME
+from gpushare.node.enforcement.hook import ContainerAnswer, Target
+from gpushare.node.enforcement.interposer import SCHED, InterposerIsolation
 
 T = TypeVar("T")
 RING = 65536

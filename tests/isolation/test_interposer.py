@@ -33,10 +33,10 @@ from typing import BinaryIO
 import pytest
 
 from gpushare.core.admitting.isolationpaths import CONTAINER_LIMITS_FILE
-from gpushare.deviceplugin.broker import SETTLE_S, SOCKET_NAME, Broker
-from gpushare.deviceplugin.descriptors import BrokerCaps
 from gpushare.isolation import build
 from gpushare.isolation.limits import ContainerLimits
+from gpushare.node.descriptors import BrokerCaps
+from gpushare.node.enforcement.broker import SETTLE_S, SOCKET_NAME, Broker
 from tests.isolation.built import Built, build_all
 
 HERE = Path(__file__).parent

@@ -12,14 +12,14 @@ from gpushare.core.decision.scheduling import Settings
 from gpushare.deviceplugin.allocating import NodeParts, NodePods, NodeReader
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint
 from gpushare.deviceplugin.config import PluginConfig, Stats
-from gpushare.deviceplugin.reconcile import ServedCheck
-from gpushare.deviceplugin.serving import NoIsolation
+from gpushare.deviceplugin.kubelet.reconcile import ServedCheck
 from gpushare.kube.backoff import Backoff
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node
 from gpushare.kube.port import KubeDict, Unreachable
 from gpushare.kube.sealing import keyless_trust
+from gpushare.node.enforcement.hook import NoIsolation
 
 
 class FakeTime:
@@ -183,7 +183,7 @@ def test_the_device_plugins_check_backs_off_and_returns_to_its_safety_period(
         checks += 1
         return []
 
-    monkeypatch.setattr("gpushare.deviceplugin.reconcile.list_pod_resources", listing)
+    monkeypatch.setattr("gpushare.deviceplugin.kubelet.reconcile.list_pod_resources", listing)
     reader.down = 7
 
     async def main() -> None:

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpushare.cli import main as gpushare
-from gpushare.deviceplugin.cdi import (
+from gpushare.node.cdi import (
     MAX_SPEC_BYTES,
     VOID,
     HandOff,

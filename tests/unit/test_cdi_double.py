@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpushare.deviceplugin.cdi import HandOff, Strategy, devices_of, scan
-from gpushare.deviceplugin.gpus import FakeGpus
+from gpushare.node.cdi import HandOff, Strategy, devices_of, scan
+from gpushare.node.gpus import FakeGpus
 from harness.cdi_double import (
     CDI_VERSION,
     KIND,

@@ -10,8 +10,8 @@ from gpushare.core.model.inventory import Mode, Placement, read_node
 from gpushare.core.model.names import ANN_NODE_HANDOFF, ANN_NODE_UNIT
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.handoff import CORE, MEM
-from gpushare.deviceplugin.gpus import FakeGpus
-from gpushare.deviceplugin.serving import devices
+from gpushare.deviceplugin.kubelet.devices import devices
+from gpushare.node.gpus import FakeGpus
 from harness.seeding import (
     CORE_NODE,
     KWOK_ANNOTATION,

@@ -17,9 +17,9 @@ from gpushare.core.model.gpumodel import (
 )
 from gpushare.core.model.inventory import read_node
 from gpushare.deviceplugin.config import PluginConfig
-from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo
-from gpushare.deviceplugin.publishing import publish
 from gpushare.kube.memory import MemoryKube
+from gpushare.node.gpus import FakeGpus, GpuInfo
+from gpushare.node.publishing import publish
 
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$")
 """Kubernetes' rule for a label value."""

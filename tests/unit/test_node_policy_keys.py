@@ -17,7 +17,11 @@ from gpushare.core.model import names
 from gpushare.webhook.noderestriction import NODE_ANNOTATIONS
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "gpushare"
-PLUGIN_SOURCES = [*sorted((SRC / "deviceplugin").rglob("*.py")), SRC / "cli" / "deviceplugin.py"]
+PLUGIN_SOURCES = [
+    *sorted((SRC / "deviceplugin").rglob("*.py")),
+    *sorted((SRC / "node").rglob("*.py")),
+    SRC / "cli" / "deviceplugin.py",
+]
 
 
 def _key(node: ast.expr, module: ast.Module) -> str:

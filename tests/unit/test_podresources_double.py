@@ -7,9 +7,9 @@ from pathlib import Path
 
 import grpc
 
-from gpushare.deviceplugin.protos.podresources_v1 import api_pb2 as pr
-from gpushare.deviceplugin.protos.podresources_v1 import api_pb2_grpc as pr_grpc
-from gpushare.deviceplugin.reconcile import ListedPod, list_pod_resources
+from gpushare.deviceplugin.kubelet.protos.podresources_v1 import api_pb2 as pr
+from gpushare.deviceplugin.kubelet.protos.podresources_v1 import api_pb2_grpc as pr_grpc
+from gpushare.deviceplugin.kubelet.reconcile import ListedPod, list_pod_resources
 from harness.podresources_double import PodResourcesDouble
 from tests import grpc_loop
 

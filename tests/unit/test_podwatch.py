@@ -21,13 +21,13 @@ from gpushare.core.records.handoff import MEM
 from gpushare.deviceplugin.allocating import NodeParts, NodeReader
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint
 from gpushare.deviceplugin.config import PluginConfig, Stats
-from gpushare.deviceplugin.reconcile import FOLLOW_S, RESYNC_S, ServedCheck, next_check
-from gpushare.deviceplugin.serving import NoIsolation
+from gpushare.deviceplugin.kubelet.reconcile import FOLLOW_S, RESYNC_S, ServedCheck, next_check
 from gpushare.kube.backoff import Backoff
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.podwatch import NodePodWatch
 from gpushare.kube.port import KubeDict, Unreachable, WatchEvent
 from gpushare.kube.sealing import keyless_trust
+from gpushare.node.enforcement.hook import NoIsolation
 
 NODE = "n1"
 
@@ -280,7 +280,7 @@ def test_a_quiet_node_is_checked_each_safety_period_and_a_change_wakes_the_check
         reads += 1
         return []
 
-    monkeypatch.setattr("gpushare.deviceplugin.reconcile.list_pod_resources", listing)
+    monkeypatch.setattr("gpushare.deviceplugin.kubelet.reconcile.list_pod_resources", listing)
 
     async def main() -> None:
         r = rig()

@@ -10,8 +10,8 @@ from gpushare.core.model.inventory import SHARED_MODES, Mode
 from gpushare.core.model.names import DEFAULT_NAMES, LABEL_MODE
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.handoff import CORE, MEM
-from gpushare.deviceplugin.preflight import Preflight, preflight
-from gpushare.deviceplugin.serving import NoIsolation
+from gpushare.node.enforcement.hook import NoIsolation
+from gpushare.node.preflight import Preflight, preflight
 
 
 class Recording(NoIsolation):

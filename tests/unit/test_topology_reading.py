@@ -22,11 +22,11 @@ from gpushare.core.model.topology import (
     topology_annotation,
 )
 from gpushare.deviceplugin.config import PluginConfig
-from gpushare.deviceplugin.gpus import FakeGpus, NvmlGpus
-from gpushare.deviceplugin.interconnect import bus_id, read_interconnect
 from gpushare.deviceplugin.plugin import DevicePlugin
-from gpushare.deviceplugin.publishing import publish, topology_change
 from gpushare.kube.memory import MemoryKube
+from gpushare.node.gpus import FakeGpus, NvmlGpus
+from gpushare.node.interconnect import bus_id, read_interconnect
+from gpushare.node.publishing import publish, topology_change
 
 # -- a stand-in for pynvml ---------------------------------------------------------------------
 

@@ -16,7 +16,6 @@ import pytest
 
 from gpushare.core.decision.scheduling import Settings
 from gpushare.deviceplugin.config import PluginConfig
-from gpushare.deviceplugin.gpus import FakeGpus
 from gpushare.deviceplugin.metrics import registry_for
 from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.extender.metrics import ExtenderMetrics
@@ -26,6 +25,7 @@ from gpushare.kube.memory import MemoryKube
 from gpushare.kube.podwatch import NodePodWatch
 from gpushare.kube.port import Forbidden, Gone, KubeError, NotFound, Unauthorized, Unreachable
 from gpushare.kube.watchhealth import WatchHealth, identity_in
+from gpushare.node.gpus import FakeGpus
 
 FORBIDDEN = Forbidden(
     'watch pods on n1: pods is forbidden: User "system:serviceaccount:gpushare:gpushare-device-'

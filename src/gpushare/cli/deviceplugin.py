@@ -1,23 +1,35 @@
 """``gpushare device-plugin``: kubelet's device plugin for one node's shared GPUs.
 
-The command checks what it can before touching the node, in this order, and refuses with the
-reason: the cGPU policy and pods per GPU (flags or the chart's environment), the seal key,
-kubelet's CPU manager policy (read from kubelet's files), a fake topology without fake GPUs, the
-scheduling settings (through ``gpushare.config``, as the extender reads the same values), the
-GPUs (NVML, or fakes for tests) and the API client. The plugin's own preflight
-(``deviceplugin.preflight``: the node's mode label, a unit change under pods, the isolation hook)
-refuses from inside the running plugin and ends the command the same way.
+The composition root, in three steps. The flags become one validated value
+(``cli.pluginoptions.PluginOptions``: the cGPU policy and pods per GPU, flags or the chart's
+environment; the hand-off; the broker's caps; a fake topology without fake GPUs; the scheduling
+settings). :func:`build_plugin` then checks what only the node can say, in this order, and
+refuses with the reason: the seal key, kubelet's CPU manager policy (read from kubelet's files),
+the GPUs (NVML, or fakes for tests) and the API client; and wires the plugin, its isolation hook
+and its counters. :func:`run_plugin` serves the metrics and health ports and runs the plugin. The
+plugin's own preflight (``node.preflight``: the node's mode label, a unit change under pods, the
+isolation hook) refuses from inside the running plugin and ends the command the same way.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from gpushare.cli.errors import CommandError
 from gpushare.cli.logs import log_format_option, log_level_option, setup_logging
-from gpushare.cli.options import resource_name_options, scheduling_config
+from gpushare.cli.options import resource_name_options
 from gpushare.cli.scrapeaccess import metrics_access, metrics_access_options
 from gpushare.cli.sealing import seal_options, trust_from_flags
+
+if TYPE_CHECKING:
+    from gpushare.cli.pluginoptions import PluginOptions
+    from gpushare.deviceplugin.plugin import DevicePlugin
+    from gpushare.kube.port import KubeAPI
+    from gpushare.node.enforcement.nodehook import NodeIsolation
+    from gpushare.node.gpus import GpuSource
 
 NVML_HINT = (
     "is the NVIDIA driver installed, and does this container see /dev/nvidiactl, "
@@ -186,128 +198,56 @@ NVML_HINT = (
 )
 @resource_name_options
 @seal_options
-def device_plugin(
-    node_name: str,
-    fake_gpus: str | None,
-    fake_health_file: str | None,
-    fake_topology: str,
-    gpu_memory_unit: str,
-    device_plugin_dir: str,
-    pod_resources_socket: str,
-    state_dir: str,
-    isolation: str,
-    isolation_lib_dir: str,
-    cgpu_policy: str,
-    max_pods_per_gpu: str | None,
-    broker_max_connections_per_pod: int,
-    broker_max_connections_per_node: int,
-    broker_min_connections_per_container: int,
-    broker_idle_timeout: float,
-    device_list_strategy: str,
-    cdi_kind: str,
-    cdi_spec_dirs: str,
-    cdi_hook_dir: str,
-    kubelet_config: str,
-    cpu_manager_state: str,
-    kubeconfig: str | None,
-    log_level: str,
-    log_format: str,
-    metrics_port: int,
-    health_port: int,
-    metrics_authorization: bool,
-    metrics_tls_cert_file: str | None,
-    metrics_tls_private_key_file: str | None,
-    metrics_auth_cache_ttl: float,
-    used_summary_interval: float,
-    mem_resource: str | None,
-    core_resource: str | None,
-    count_resource: str | None,
-    seal_key_file: str | None,
-    insecure_no_seal: bool,
-) -> None:
+def device_plugin(**flags: Any) -> None:
     """Serve kubelet's device plugin API for this node's shared GPUs."""
-    from gpushare.isolation.policy import PolicyError, parse_max_pods, parse_policy
+    from gpushare.cli.pluginoptions import PluginOptions
 
-    try:
-        policy_number = parse_policy(cgpu_policy, "--cgpu-policy (GPUSHARE_ISOLATION_POLICY)")
-    except PolicyError as err:
-        raise click.BadParameter(str(err), param_hint="--cgpu-policy") from None
-    try:
-        max_pods = None if max_pods_per_gpu is None else parse_max_pods(max_pods_per_gpu)
-    except PolicyError as err:
-        raise click.BadParameter(str(err), param_hint="--max-pods-per-gpu") from None
-    import asyncio
-    import contextlib
-    from pathlib import Path
+    options = PluginOptions.from_flags(flags)
+    setup_logging(options.log_level, options.log_format)
+    run_plugin(build_plugin(options))
 
-    from gpushare.deviceplugin.cdi import (
-        HandOff,
-        HandOffError,
-        Strategy,
-        parse_kind,
-        parse_strategy,
-    )
 
-    try:
-        handoff = HandOff(
-            strategy=parse_strategy(device_list_strategy),
-            kind=parse_kind(cdi_kind),
-            spec_dirs=tuple(Path(d.strip()) for d in cdi_spec_dirs.split(",") if d.strip()),
-        )
-    except HandOffError as err:
-        raise click.BadParameter(str(err)) from None
+@dataclass(frozen=True)
+class Wired:
+    """The device plugin as built for this node, with the parts its servers read."""
+
+    options: PluginOptions
+    plugin: DevicePlugin
+    hook: NodeIsolation
+    source: GpuSource
+    api: KubeAPI
+
+
+def build_plugin(options: PluginOptions) -> Wired:
+    """Check what only the node can say, then wire the plugin; a CommandError says why not."""
     from gpushare.deviceplugin.config import PluginConfig, Stats
-    from gpushare.deviceplugin.descriptors import (
-        RESERVED,
-        BrokerCaps,
-        CapsError,
-        descriptor_limit,
-    )
-    from gpushare.deviceplugin.gpus import FakeGpus, GpuSource, NvmlGpus
-    from gpushare.deviceplugin.hooks.library import packaged_library
-    from gpushare.deviceplugin.hooks.mountcheck import MountCheck, packaged_mountcheck
-    from gpushare.deviceplugin.hooks.node import NodeIsolation
-    from gpushare.deviceplugin.metrics import registry_for, serve_metrics
     from gpushare.deviceplugin.plugin import DevicePlugin
-    from gpushare.deviceplugin.preflight import StartRefused, refuse_static_cpu_policy
-    from gpushare.deviceplugin.readiness import serve_health
-    from gpushare.deviceplugin.usage import UsedSummaryPublisher
     from gpushare.kube.lightkube_api import LightkubeAPI
     from gpushare.kube.port import KubeError
+    from gpushare.node.cdi import Strategy
+    from gpushare.node.descriptors import RESERVED
+    from gpushare.node.enforcement.library import packaged_library
+    from gpushare.node.enforcement.mountcheck import MountCheck, packaged_mountcheck
+    from gpushare.node.enforcement.nodehook import NodeIsolation
+    from gpushare.node.gpus import FakeGpus, NvmlGpus
+    from gpushare.node.preflight import refuse_static_cpu_policy
 
-    try:
-        caps = BrokerCaps(
-            per_pod=broker_max_connections_per_pod,
-            per_node=broker_max_connections_per_node,
-            kept=broker_min_connections_per_container,
-            idle_s=broker_idle_timeout,
-            descriptors=descriptor_limit(),
-        )
-    except CapsError as err:
-        raise CommandError(str(err)) from None
-    setup_logging(log_level, log_format)
-    trust = trust_from_flags(seal_key_file, insecure_no_seal)
-    reason = refuse_static_cpu_policy(Path(kubelet_config), Path(cpu_manager_state))
+    trust = trust_from_flags(options.seal_key_file, options.insecure_no_seal)
+    reason = refuse_static_cpu_policy(options.kubelet_config, options.cpu_manager_state)
     if reason:
         raise CommandError(reason)
-    if fake_topology and not fake_gpus:
-        raise CommandError("--fake-topology describes fake GPUs; give --fake-gpus too")
-    # An empty resource name keeps the default, as an unset one does.
-    settings = scheduling_config(
-        gpu_memory_unit=gpu_memory_unit,
-        max_pods_per_gpu=max_pods,
-        mem_resource=mem_resource or None,
-        core_resource=core_resource or None,
-        count_resource=count_resource or None,
-    ).settings()
     try:
-        health = Path(fake_health_file) if fake_health_file else None
         source: GpuSource = (
-            FakeGpus.parse(fake_gpus, node=node_name, health_file=health, topology=fake_topology)
-            if fake_gpus
+            FakeGpus.parse(
+                options.fake_gpus,
+                node=options.node,
+                health_file=options.fake_health_file,
+                topology=options.fake_topology,
+            )
+            if options.fake_gpus
             else NvmlGpus()
         )
-        api = LightkubeAPI.connect(kubeconfig)
+        api = LightkubeAPI.connect(options.kubeconfig)
     except (ValueError, KubeError) as err:
         raise CommandError(str(err)) from None
     except Exception as err:
@@ -315,8 +255,9 @@ def device_plugin(
             f"cannot read GPUs through NVML ({type(err).__name__}: {err}); {NVML_HINT}"
         ) from None
     gpus = source.gpus()
+    caps, settings = options.caps, options.settings
     click.echo(
-        f"gpushare device plugin on {node_name}: {len(gpus)} GPU(s) "
+        f"gpushare device plugin on {options.node}: {len(gpus)} GPU(s) "
         + ", ".join(f"{g.index}:{g.model}:{g.memory_mib}MiB" for g in gpus),
         err=True,
     )
@@ -328,74 +269,92 @@ def device_plugin(
         err=True,
     )
     config = PluginConfig(
-        node=node_name,
-        plugin_dir=Path(device_plugin_dir),
-        pod_resources_socket=Path(pod_resources_socket),
-        state_dir=Path(state_dir),
+        node=options.node,
+        plugin_dir=options.plugin_dir,
+        pod_resources_socket=options.pod_resources_socket,
+        state_dir=options.state_dir,
         unit=settings.unit,
         max_pods_per_gpu=settings.max_pods_per_gpu,
         names=settings.names,
-        handoff=handoff,
+        handoff=options.handoff,
     )
     stats = Stats()
     hook = NodeIsolation(
         caps=caps,
         broker_stats=stats.broker,
-        cgpu_policy=policy_number,
-        max_pods=max_pods,
-        policy=isolation,
-        lib_dir=Path(isolation_lib_dir),
-        state_dir=Path(state_dir),
+        cgpu_policy=options.cgpu_policy,
+        max_pods=options.max_pods,
+        policy=options.isolation,
+        lib_dir=options.isolation_lib_dir,
+        state_dir=options.state_dir,
         unit=settings.unit,
         source=source,
         packaged=packaged_library(),
         mount_check=(
             MountCheck(
-                spec_dir=Path(cdi_hook_dir),
-                lib_dir=Path(isolation_lib_dir),
-                watched=(Path(state_dir), Path(isolation_lib_dir)),
+                spec_dir=options.cdi_hook_dir,
+                lib_dir=options.isolation_lib_dir,
+                watched=(options.state_dir, options.isolation_lib_dir),
                 packaged=packaged_mountcheck(),
             )
-            if handoff.strategy is Strategy.CDI_CRI
+            if options.handoff.strategy is Strategy.CDI_CRI
             else None
         ),
     )
     plugin = DevicePlugin(
         api=api, source=source, config=config, hook=hook, trust=trust, stats=stats
     )
+    return Wired(options=options, plugin=plugin, hook=hook, source=source, api=api)
+
+
+def run_plugin(wired: Wired) -> None:
+    """Serve the metrics and health ports, then run the plugin until it is stopped."""
+    import asyncio
+    import contextlib
+
+    from gpushare.deviceplugin.metrics import registry_for, serve_metrics
+    from gpushare.deviceplugin.readiness import serve_health
+    from gpushare.kube.lightkube_api import LightkubeAPI
+    from gpushare.node.preflight import StartRefused
+    from gpushare.node.usage import UsedSummaryPublisher
+
+    options, plugin, hook, source = wired.options, wired.plugin, wired.hook, wired.source
     guard, cert = None, None
-    if metrics_port:
+    if options.metrics_port:
         # its own client: the guard asks the API server from the metrics server's thread
         guard, cert = metrics_access(
-            LightkubeAPI.connect(kubeconfig),
-            enabled=metrics_authorization,
-            cert_file=metrics_tls_cert_file,
-            key_file=metrics_tls_private_key_file,
-            ttl_s=metrics_auth_cache_ttl,
-            name=f"gpushare-device-plugin.{node_name}",
+            LightkubeAPI.connect(options.kubeconfig),
+            enabled=options.metrics.enabled,
+            cert_file=options.metrics.cert_file,
+            key_file=options.metrics.key_file,
+            ttl_s=options.metrics.ttl_s,
+            name=f"gpushare-device-plugin.{options.node}",
         )
     try:
         serve_metrics(
-            registry_for(plugin, node_name, hook.usage), port=metrics_port, guard=guard, cert=cert
+            registry_for(plugin, options.node, hook.usage),
+            port=options.metrics_port,
+            guard=guard,
+            cert=cert,
         )
     except OSError as err:
-        raise CommandError(f"cannot serve metrics on port {metrics_port}: {err}") from None
+        raise CommandError(f"cannot serve metrics on port {options.metrics_port}: {err}") from None
     try:
-        serve_health(plugin.not_ready, port=health_port)
+        serve_health(plugin.not_ready, port=options.health_port)
     except OSError as err:
-        raise CommandError(f"cannot serve /readyz on port {health_port}: {err}") from None
+        raise CommandError(f"cannot serve /readyz on port {options.health_port}: {err}") from None
 
     async def serve() -> None:
         await plugin.start()
         summary = None
-        if used_summary_interval and hook.counts_usage:
+        if options.used_summary_interval_s and hook.counts_usage:
             publisher = UsedSummaryPublisher(
-                api,
-                node_name,
+                wired.api,
+                options.node,
                 usage=hook.usage,
                 gpus=lambda: [g.index for g in source.gpus()],
-                step_mib=settings.unit.mib,
-                interval_s=used_summary_interval,
+                step_mib=options.settings.unit.mib,
+                interval_s=options.used_summary_interval_s,
             )
             summary = asyncio.create_task(publisher.run())
         try:

@@ -9,39 +9,55 @@ values, never starts one that reads them differently.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import click
+from click.decorators import FC
 
 from gpushare.cli.errors import CommandError
 from gpushare.config import ConfigError, SchedulingConfig, load
 
 
-def scheduling_options(func: click.decorators.FC) -> click.decorators.FC:
-    """Add ``--gpu-memory-unit``, ``--policy`` and ``--max-pods-per-gpu`` (the extender's)."""
-    func = click.option("--gpu-memory-unit", default=None, help="1GiB (default) or 128MiB.")(func)
-    func = click.option(
-        "--policy",
-        default=None,
-        help="Node-level policy: gpushare (default, fragmentation-aware), binpack, spread or fgd.",
-    )(func)
-    func = click.option(
+class Decorator(Protocol):
+    """A click option (or group of them), as a decorator."""
+
+    def __call__(self, func: FC, /) -> FC: ...
+
+
+def option_group(*options: Decorator) -> Decorator:
+    """One decorator adding these click options, in the order given (the order --help shows)."""
+
+    def add(func: FC, /) -> FC:
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return add
+
+
+scheduling_options = option_group(
+    click.option(
         "--max-pods-per-gpu",
         type=int,
         default=None,
         help="Pods per GPU under isolation (default 20, or 16 at 128MiB).",
-    )(func)
-    return func
+    ),
+    click.option(
+        "--policy",
+        default=None,
+        help="Node-level policy: gpushare (default, fragmentation-aware), binpack, spread or fgd.",
+    ),
+    click.option("--gpu-memory-unit", default=None, help="1GiB (default) or 128MiB."),
+)
+"""Add ``--gpu-memory-unit``, ``--policy`` and ``--max-pods-per-gpu`` (the extender's)."""
 
 
-def resource_name_options(func: click.decorators.FC) -> click.decorators.FC:
-    """Add ``--mem-resource``, ``--core-resource`` and ``--count-resource``."""
-    func = click.option("--count-resource", default=None, help="Default aliyun.com/gpu-count.")(
-        func
-    )
-    func = click.option(
-        "--core-resource", default=None, help="Default aliyun.com/gpu-core.percentage."
-    )(func)
-    func = click.option("--mem-resource", default=None, help="Default aliyun.com/gpu-mem.")(func)
-    return func
+resource_name_options = option_group(
+    click.option("--mem-resource", default=None, help="Default aliyun.com/gpu-mem."),
+    click.option("--core-resource", default=None, help="Default aliyun.com/gpu-core.percentage."),
+    click.option("--count-resource", default=None, help="Default aliyun.com/gpu-count."),
+)
+"""Add ``--mem-resource``, ``--core-resource`` and ``--count-resource``."""
 
 
 def scheduling_config(**flags: object) -> SchedulingConfig:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import click
 
 from gpushare.cli.errors import CommandError
+from gpushare.cli.options import option_group
 
 if TYPE_CHECKING:
     from gpushare.kube.metricsguard import MetricsGuard
@@ -20,9 +21,27 @@ if TYPE_CHECKING:
     from gpushare.servingcert import ServingCert
 
 
-def metrics_access_options(func: click.decorators.FC) -> click.decorators.FC:
-    """Add ``--metrics-authorization``, the serving certificate and the review cache's TTL."""
-    func = click.option(
+metrics_access_options = option_group(
+    click.option(
+        "--metrics-authorization/--no-metrics-authorization",
+        default=True,
+        show_default=True,
+        help="Serve the metrics port over HTTPS, /metrics only to a bearer token whose identity "
+        "may get the non-resource URL /metrics (TokenReview, SubjectAccessReview); "
+        "/healthz stays open. --no-metrics-authorization: plain HTTP to anyone.",
+    ),
+    click.option(
+        "--metrics-tls-cert-file",
+        default=None,
+        help="PEM serving certificate of the metrics port; none: a self-signed one is made at "
+        "start (scrapers then skip verification).",
+    ),
+    click.option(
+        "--metrics-tls-private-key-file",
+        default=None,
+        help="PEM key of --metrics-tls-cert-file.",
+    ),
+    click.option(
         "--metrics-auth-cache-ttl",
         type=click.FloatRange(min=0),
         default=60.0,
@@ -30,27 +49,9 @@ def metrics_access_options(func: click.decorators.FC) -> click.decorators.FC:
         help="Seconds a token allowed to read /metrics is served without asking the API server "
         "again (a revoked token works at most this long); refusals are remembered 10 s at "
         "most. 0 reviews every request.",
-    )(func)
-    func = click.option(
-        "--metrics-tls-private-key-file",
-        default=None,
-        help="PEM key of --metrics-tls-cert-file.",
-    )(func)
-    func = click.option(
-        "--metrics-tls-cert-file",
-        default=None,
-        help="PEM serving certificate of the metrics port; none: a self-signed one is made at "
-        "start (scrapers then skip verification).",
-    )(func)
-    func = click.option(
-        "--metrics-authorization/--no-metrics-authorization",
-        default=True,
-        show_default=True,
-        help="Serve the metrics port over HTTPS, /metrics only to a bearer token whose identity "
-        "may get the non-resource URL /metrics (TokenReview, SubjectAccessReview); "
-        "/healthz stays open. --no-metrics-authorization: plain HTTP to anyone.",
-    )(func)
-    return func
+    ),
+)
+"""Add ``--metrics-authorization``, the serving certificate and the review cache's TTL."""
 
 
 def metrics_access(

@@ -13,27 +13,28 @@ from typing import TYPE_CHECKING
 import click
 
 from gpushare.cli.errors import CommandError
+from gpushare.cli.options import option_group
 
 if TYPE_CHECKING:
     from gpushare.core.records.trust import Trust
 
 
-def seal_options(func: click.decorators.FC) -> click.decorators.FC:
-    """Add ``--seal-key-file`` and ``--insecure-no-seal``."""
-    func = click.option(
+seal_options = option_group(
+    click.option(
+        "--seal-key-file",
+        default=None,
+        help="The key that seals allocations (gpushare.io/seal); the same file for the extender "
+        "and every device plugin. Make one with `gpushare seal-key > seal.key`.",
+    ),
+    click.option(
         "--insecure-no-seal",
         is_flag=True,
         help="Run without a seal key: allocations are checked for structure only, so a tenant "
         "who creates a pod with spec.nodeName and a matching gpushare.io/allocation is counted "
         "and served. For tests only.",
-    )(func)
-    func = click.option(
-        "--seal-key-file",
-        default=None,
-        help="The key that seals allocations (gpushare.io/seal); the same file for the extender "
-        "and every device plugin. Make one with `gpushare seal-key > seal.key`.",
-    )(func)
-    return func
+    ),
+)
+"""Add ``--seal-key-file`` and ``--insecure-no-seal``."""
 
 
 def trust_from_flags(seal_key_file: str | None, insecure_no_seal: bool) -> Trust:

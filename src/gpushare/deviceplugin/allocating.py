@@ -1,12 +1,11 @@
 """Answering kubelet's ``Allocate`` for one container, from the pods bound to this node.
 
 kubelet names only device IDs, as many as the container's limit, never the pod. The answer comes
-from the hand-off invariant (core.records.handoff): the unserved containers bound here that ask for
-that
-many devices of the resource share one signature, and that signature says which GPUs and how much
-of each the container gets. The isolation hook then adds what enforces it. When the pods cannot
-be read, nobody waits for that count, or the candidates disagree, the answer is a refusal with
-the reason, which kubelet shows on the pod: a guess could hand one pod another's GPU.
+from the hand-off invariant (core.records.handoff): the unserved containers bound here that ask
+for that many devices of the resource share one signature, and that signature says which GPUs and
+how much of each the container gets. The isolation hook then adds what enforces it. When the
+pods cannot be read, nobody waits for that count, or the candidates disagree, the answer is a
+refusal with the reason, which kubelet shows on the pod: a guess could hand one pod another's GPU.
 
 Only allocations gpushare sealed for their pod count (core.records.trust): an untrusted one is never
 served, never marked served and takes no part in the hand-off. A pod bound here that asks for
@@ -25,12 +24,9 @@ the pod being admitted (its admission ended before its status was written), so i
 counts; one that merely vanished (force-deleted) still does, since kubelet may still be admitting
 it.
 
-cGPU policy 2's weight is read here, from ``ALIYUN_COM_GPU_SCHD_WEIGHT`` in the container's
-``env`` in the pod object (isolation.policy.weight_from_env): the process's own environment is
-the tenant's to change, the pod spec is not once it is admitted. When the candidates for one
-answer ask for different weights, kubelet's silence about which one it admits leaves the lowest
-of them, so that no pod is ever given more than its spec asks; a bad value is logged with the
-field, value and rule, and weight 1 is used.
+The answer itself is computed by a pure function (deviceplugin.answering) from what this module
+reads; this module adds what needs the node: the reads, the wait, the CDI specs checked again, the
+isolation hook, the checkpoint and the counters.
 """
 
 from __future__ import annotations
@@ -46,12 +42,10 @@ from gpushare.core.model.kubejson import (
     KubeObject,
     name_of,
     namespace_of,
-    spec_of,
     status_of,
     uid_of,
 )
-from gpushare.core.model.status import Code, Status, refused
-from gpushare.core.records.handoff import Answer, Pending, pending_of, resolve
+from gpushare.core.model.status import Code, Status
 from gpushare.core.records.trust import (
     IgnoredOnce,
     Judged,
@@ -59,50 +53,25 @@ from gpushare.core.records.trust import (
     Trust,
     sort_node_pods,
 )
+from gpushare.deviceplugin.answering import (
+    Granted,
+    NodeFacts,
+    Request,
+    answer,
+    blocking_strangers,
+    refusal,
+)
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint
 from gpushare.deviceplugin.config import PluginConfig, Stats
-from gpushare.deviceplugin.gpus import GpuSource
-from gpushare.deviceplugin.serving import (
-    ContainerAnswer,
-    IsolationError,
-    IsolationHook,
-    Target,
-    container_answer,
-)
-from gpushare.isolation.policy import WeightReading, weight_from_env
 from gpushare.kube.port import KubeAPI, KubeError
+from gpushare.node.enforcement.hook import ContainerAnswer, IsolationError, IsolationHook
+from gpushare.node.gpus import GpuSource
 
 log = logging.getLogger(__name__)
 
 STRANGER_WAIT_S = 2.0
 """How long a refusal caused by strangers waits for them to be seen Failed (see above)."""
 STRANGER_POLL_S = 0.1
-
-
-def spec_weight(pod: KubeObject | None, container: str, max_weight: int) -> WeightReading:
-    """A container's cGPU weight as its pod object gives it (1 when the pod is not known)."""
-    if pod is None:
-        return WeightReading()
-    spec = spec_of(pod)
-    found = next(
-        (
-            c
-            for c in (*spec.get("initContainers", ()), *spec.get("containers", ()))
-            if isinstance(c, dict) and c.get("name") == container
-        ),
-        {},
-    )
-    where = f"pod {namespace_of(pod)}/{name_of(pod)} container {container}"
-    return weight_from_env(found.get("env"), max_weight=max_weight, where=where)
-
-
-SOURCE = "gpushare"
-"""Who an Allocate refusal says decided: kubelet shows ``gpushare: <reason>`` on the pod."""
-
-
-def refusal(code: Code, reason: str) -> Status:
-    """Why a container cannot be served; kubelet gets ``Status.attributed`` as the error."""
-    return refused(code, reason, SOURCE)
 
 
 class NodeReader:
@@ -186,93 +155,80 @@ class Allocator(OnNode):
 
     async def allocate(self, resource: str, device_ids: list[str]) -> ContainerAnswer | Status:
         """Answer one container's request for these device IDs of a resource."""
-        count = len(device_ids)
+        request = Request(resource, tuple(device_ids))
+        count = request.count
         try:
             bound = await self.pods.read()
         except KubeError as err:
             self.stats.refused += 1
             return refusal(Code.ERROR, f"cannot read the pods bound to {self.config.node}: {err}")
-        answer = resolve(resource, count, pending_of(bound.allocations), bound.strangers)
-        if answer.signature is None and answer.candidates:
+        node = NodeFacts(
+            gpus=tuple(self.source.gpus()),
+            mode=self.mode,
+            unit=self.config.unit,
+            handoff=self.config.handoff,
+            max_pods=self.config.max_pods,
+        )
+        decided = answer(request, bound, self.pods.by_uid, node)
+        suspects = blocking_strangers(request, bound) if isinstance(decided, Status) else None
+        if suspects:
             try:
-                answer = await self._without_rejected(resource, count, bound, answer)
+                again = await self._without_rejected(suspects)
             except KubeError as err:
                 log.warning("resource=%s count=%d phase=allocate re-read: %s", resource, count, err)
-        if answer.signature is None:
+            else:
+                if again is not None:
+                    decided = answer(request, again, self.pods.by_uid, node)
+                    log.info(
+                        "resource=%s count=%d phase=allocate strangers rejected by kubelet: %s",
+                        resource,
+                        count,
+                        decided.message if isinstance(decided, Status) else "served",
+                    )
+        if isinstance(decided, Status):
             self.stats.refused += 1
             log.warning(
-                "resource=%s count=%d phase=allocate refused: %s", resource, count, answer.error
+                "resource=%s count=%d phase=allocate refused: %s",
+                resource,
+                count,
+                decided.message,
             )
-            return refusal(Code.UNSCHEDULABLE, answer.error)
-        target = Target(
-            answer.signature,
-            self.mode,
-            answer.candidates,
-            tuple(device_ids),
-            weight=self.weight_of(answer.candidates),
-        )
-        gpus = self.source.gpus()
-        handoff = self.config.handoff
-        placed = {i for i, _ in answer.signature.layout}
-        uuids = [g.uuid for g in gpus if g.index in placed]
-        reason = handoff.refusal(uuids)  # reads the specs again: the toolkit may rewrite them
+            return decided
+        return self._serve(request, decided)
+
+    def _serve(self, request: Request, granted: Granted) -> ContainerAnswer | Status:
+        """Check the node's CDI specs again, let the hook enforce the answer, remember it."""
+        resource, count = request.resource, request.count
+        for note in granted.notes:
+            log.warning("%s", note)
+        reason = self.config.handoff.refusal(granted.uuids)  # the toolkit may rewrite the specs
         if reason:
             self.stats.refused += 1
             log.error("resource=%s count=%d phase=allocate hand-off: %s", resource, count, reason)
             return refusal(Code.ERROR, reason)
         try:
-            result = self.hook.extend(
-                container_answer(answer.signature, gpus, self.config.unit, self.mode, handoff),
-                target,
-            )
+            result = self.hook.extend(granted.answer, granted.target)
         except IsolationError as err:
             self.stats.refused += 1
             log.error("resource=%s count=%d phase=allocate isolation: %s", resource, count, err)
             return refusal(Code.ERROR, str(err))
-        self.checkpoint.remember(device_ids, answer.signature)
+        self.checkpoint.remember(list(request.device_ids), granted.target.signature)
         self.stats.allocations += 1
         self.changed.set()
         return result
 
-    def weight_of(self, candidates: tuple[Pending, ...]) -> int:
-        """The cGPU weight for an answer: the candidates' own, or the lowest when they differ."""
-        weights = set()
-        for pending in candidates:
-            reading = spec_weight(
-                self.pods.by_uid.get(pending.uid), pending.container, self.config.max_pods
-            )
-            if reading.problem:
-                log.warning("pod=%s phase=allocate cgpu weight: %s", pending.pod, reading.problem)
-            weights.add(reading.weight)
-        if len(weights) > 1:
-            log.warning(
-                "phase=allocate cgpu weight: the pods waiting for this answer ask for weights %s; "
-                "the lowest is given, since kubelet does not say which pod it admits",
-                sorted(weights),
-            )
-        return min(weights, default=1)
-
-    async def _without_rejected(
-        self, resource: str, count: int, bound: NodePods, answer: Answer
-    ) -> Answer:
-        """The answer once the strangers behind a refusal are seen Failed, or the refusal.
+    async def _without_rejected(self, suspects: frozenset[str]) -> NodePods | None:
+        """The node's pods once the strangers behind a refusal are seen Failed (None: not in
+        time, and the refusal stands).
 
         Only strangers seen in a terminal phase stop counting; new strangers count as usual.
         """
-        suspects = {s.uid for s in bound.strangers if (resource, count) in s.counts}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + STRANGER_WAIT_S
-        while suspects and loop.time() < deadline:
+        while loop.time() < deadline:
             await asyncio.sleep(STRANGER_POLL_S)
             again = await self.pods.read()
             if not suspects <= self.pods.finished:
                 continue
-            settled = resolve(resource, count, pending_of(again.allocations), again.strangers)
-            log.info(
-                "resource=%s count=%d phase=allocate strangers rejected by kubelet: %s",
-                resource,
-                count,
-                "served" if settled.signature else settled.error,
-            )
-            return settled
-        return answer
+            return again
+        return None

@@ -13,21 +13,8 @@ from pathlib import Path
 from gpushare.core.model.names import DEFAULT_NAMES, ResourceNames
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.handoff import MEM
-from gpushare.deviceplugin.cdi import HandOff
-
-
-@dataclass
-class BrokerStats:
-    """The accounting broker's connections: how many are open and why others were closed."""
-
-    open: int = 0
-    """Connections open now, on every container's socket."""
-    refused: dict[str, int] = field(default_factory=dict)
-    """Connections closed at once, by the cap they met: container, pod, node, descriptors."""
-    idle_closed: int = 0
-    """Connections holding nothing, closed after the idle timeout."""
-    accept_errors: int = 0
-    """accept() failures for want of descriptors or memory (the socket pauses a second)."""
+from gpushare.node.cdi import HandOff
+from gpushare.node.enforcement.broker import BrokerStats
 
 
 @dataclass

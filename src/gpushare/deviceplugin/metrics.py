@@ -22,12 +22,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpushare.core.model.inventory import CORE_PER_GPU
-from gpushare.deviceplugin.config import BrokerStats
-from gpushare.deviceplugin.gpus import GpuSource
-from gpushare.deviceplugin.usage import ContainerUse
 from gpushare.exporting import ExportRegistry, watch_refused_family
 from gpushare.kube.metricsguard import MetricsGuard
 from gpushare.kube.watchhealth import WatchHealth
+from gpushare.node.enforcement.broker import BrokerStats
+from gpushare.node.gpus import GpuSource
+from gpushare.node.usage import ContainerUse
 from gpushare.scraping import GuardCollector, guarded, metrics_only, serve_in_thread
 from gpushare.servingcert import ServingCert
 

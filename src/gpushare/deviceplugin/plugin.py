@@ -43,23 +43,18 @@ from gpushare.core.records.trust import Trust
 from gpushare.deviceplugin.allocating import Allocator, NodeParts, NodeReader
 from gpushare.deviceplugin.checkpoint import ServedCheckpoint
 from gpushare.deviceplugin.config import PluginConfig, Stats
-from gpushare.deviceplugin.gpus import GpuSource
-from gpushare.deviceplugin.health import Generations, watch_health
-from gpushare.deviceplugin.preflight import StartRefused, preflight, refuse_exclusive_cpus
-from gpushare.deviceplugin.publishing import publish
-from gpushare.deviceplugin.reconcile import ServedCheck, allocatable_cpus
-from gpushare.deviceplugin.registration import Registrar
-from gpushare.deviceplugin.serving import (
-    ContainerAnswer,
-    DeviceEntry,
-    IsolationHook,
-    NoIsolation,
-    devices,
-)
+from gpushare.deviceplugin.kubelet.devices import DeviceEntry, devices
+from gpushare.deviceplugin.kubelet.health import Generations, watch_health
+from gpushare.deviceplugin.kubelet.reconcile import ServedCheck, allocatable_cpus
+from gpushare.deviceplugin.kubelet.registration import Registrar
 from gpushare.kube.podwatch import NodePodWatch
 from gpushare.kube.port import KubeAPI
 from gpushare.kube.sealing import keyless_trust
 from gpushare.kube.watchhealth import WatchHealth
+from gpushare.node.enforcement.hook import ContainerAnswer, IsolationHook, NoIsolation
+from gpushare.node.gpus import GpuSource
+from gpushare.node.preflight import StartRefused, preflight, refuse_exclusive_cpus
+from gpushare.node.publishing import publish
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Every process of a container must see what the others hold, so usage cannot live in the process.
 Kept in a file the container writes, it is the container's to falsify: a process could zero what
-it holds and allocate past its limit. So the device plugin keeps it (``deviceplugin.broker``),
+it holds and allocate past its limit. So the device plugin keeps it (``node.enforcement.broker``),
 one :class:`Account` per container, and each process of the container talks to it over its own
 connection to a unix socket. The connection is the identity: what a process reserves is charged
 to its connection, and closing the connection, which the kernel does however the process ends,

@@ -14,7 +14,7 @@ schedule of time slices that the interposer holds every launch of a container to
 
 This module is pure: it validates the number and computes a schedule from the members of one
 GPU; the device plugin writes what :meth:`Schedule.render` returns, atomically, into a host
-directory mounted read-only into the containers (``gpushare.deviceplugin.hooks``), and the
+directory mounted read-only into the containers (``gpushare.node.enforcement``), and the
 interposer (``native/interposer.c``, ``gs_sched_*``) reads it. The file is the containers' shared
 view of each other: they can read it and cannot write it.
 

@@ -60,13 +60,13 @@ NODE_ANNOTATIONS = (
     ANN_NODE_TOPOLOGY,
     ANN_NODE_GPU_USED,
 )
-"""What the device plugin writes on its node: ``deviceplugin.publishing`` the first four,
-``deviceplugin.usage`` the GPU use summary (tests/unit/test_node_policy_keys.py finds every
+"""What the device plugin writes on its node: ``node.publishing`` the first four,
+``node.usage`` the GPU use summary (tests/unit/test_node_policy_keys.py finds every
 annotation the plugin's source writes and checks it is here)."""
 NODE_LABELS = (LABEL_MODEL, LABEL_COUNT, LABEL_MEM)
-"""ACK's GPU labels ``deviceplugin.publishing`` writes on its node (``core.model.gpumodel``)."""
+"""ACK's GPU labels ``node.publishing`` writes on its node (``core.model.gpumodel``)."""
 POD_ANNOTATIONS = (ANN_ASSIGNED,)
-"""What ``deviceplugin.reconcile`` writes on a pod it served."""
+"""What ``deviceplugin.kubelet.reconcile`` writes on a pod it served."""
 NODE_STATUS_FIELDS = (
     "phase",
     "conditions",

@@ -1,6 +1,6 @@
 """The device plugin's accounting broker in a process of its own, driven by lines on stdin.
 
-The steps need the broker that Allocate opens for each container (``deviceplugin/broker.py``):
+The steps need the broker that Allocate opens for each container (``node/enforcement/broker.py``):
 the interposer asks it before every allocation, and a process's memory comes back when its
 connection closes. The plugin's isolation hook would bring the rest of the plugin (and its
 dependencies) with it, so this serves the broker alone, on its own event loop:
@@ -19,7 +19,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from gpushare.deviceplugin.broker import SOCKET_NAME, Broker
+from gpushare.node.enforcement.broker import SOCKET_NAME, Broker
 
 
 def answer(broker: Broker, line: str) -> str:

@@ -559,7 +559,7 @@ def nvml(s: Setting, rec: Recorder) -> None:
         import pynvml
 
         rec.figure("pynvml", {"file": str(pynvml.__file__)})
-        from gpushare.deviceplugin.gpus import NvmlGpus
+        from gpushare.node.gpus import NvmlGpus
 
         source = NvmlGpus()
     except Exception as err:
@@ -620,10 +620,10 @@ def mps(s: Setting, rec: Recorder) -> None:
     from gpushare.core.model.inventory import Mode
     from gpushare.core.model.units import MemoryUnit
     from gpushare.core.records.handoff import MEM, Pending, Signature
-    from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo, GpuSource, NvmlGpus
-    from gpushare.deviceplugin.hooks.mps import MpsIsolation
-    from gpushare.deviceplugin.hooks.mpsdaemon import MpsControl
-    from gpushare.deviceplugin.serving import ContainerAnswer, Target
+    from gpushare.node.enforcement.hook import ContainerAnswer, Target
+    from gpushare.node.enforcement.mps import MpsIsolation
+    from gpushare.node.enforcement.mpsdaemon import MpsControl
+    from gpushare.node.gpus import FakeGpus, GpuInfo, GpuSource, NvmlGpus
 
     source: GpuSource
     source = FakeGpus([GpuInfo(0, "GPU-fake-0", "fake", 16384)]) if s.rehearsal else NvmlGpus()
@@ -682,10 +682,10 @@ def use(s: Setting, rec: Recorder) -> None:
     is the one dcgm-exporter and nvidia-smi give the GPU the process runs on.
     """
     from gpushare.deviceplugin.config import Stats
-    from gpushare.deviceplugin.gpus import FakeGpus, GpuInfo, GpuSource, NvmlGpus
     from gpushare.deviceplugin.metrics import DevicePluginCollector
-    from gpushare.deviceplugin.usage import ContainerUse, Owner
     from gpushare.kube.watchhealth import WatchHealth
+    from gpushare.node.gpus import FakeGpus, GpuInfo, GpuSource, NvmlGpus
+    from gpushare.node.usage import ContainerUse, Owner
 
     source: GpuSource
     source = FakeGpus([GpuInfo(0, "GPU-fake-0", "fake", 16384)]) if s.rehearsal else NvmlGpus()

@@ -699,7 +699,7 @@ static int gs_broker_ask(const char *line, char *reply, size_t len, int wait_ms)
  * plugin restart, or a neighbour could be given the same memory. So while a process holds any,
  * a thread of its own waits for the connection to break (POLLRDHUP: it reads nothing, the
  * answers stay for their callers), then reconnects, which declares the holdings; the restarted
- * broker delays reservations briefly for exactly this (gpushare.deviceplugin.broker).
+ * broker delays reservations briefly for exactly this (gpushare.node.enforcement.broker).
  */
 static pid_t gs_watcher_pid;
 

@@ -1,7 +1,7 @@
 """The device plugin's file descriptors: what its own work needs, and what tenants may have.
 
 Every GPU container of a cgpu or core_mem node can connect to its accounting broker
-(``deviceplugin.broker``), and every connection is a descriptor of the plugin's. Left unbounded,
+(``node.enforcement.broker``), and every connection is a descriptor of the plugin's. Left unbounded,
 one pod's containers can open them until the plugin's ``RLIMIT_NOFILE`` is spent, after which
 Allocate cannot write a limits file, PodResources cannot be read and every new GPU pod of the
 node fails with ``Too many open files``. So the plugin keeps :data:`RESERVED` descriptors for its

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Protocol
 
-from gpushare.deviceplugin.gpus import GpuInfo
+from gpushare.node.gpus import GpuInfo
 
 log = logging.getLogger(__name__)
 

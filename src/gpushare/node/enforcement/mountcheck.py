@@ -27,9 +27,9 @@ import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpushare.deviceplugin.hooks.library import packaged, write_atomically
-from gpushare.deviceplugin.serving import ContainerAnswer
 from gpushare.isolation.build import MOUNTCHECK_NAME
+from gpushare.node.enforcement.hook import ContainerAnswer
+from gpushare.node.enforcement.library import packaged, write_atomically
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from gpushare.core.model.kubejson import KubeObject, labels_of, name_of
 from gpushare.core.model.names import LABEL_MODE, ResourceNames
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.handoff import CORE, MEM
-from gpushare.deviceplugin.serving import IsolationHook
+from gpushare.node.enforcement.hook import IsolationHook
 
 
 class StartRefused(Exception):

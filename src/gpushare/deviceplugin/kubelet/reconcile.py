@@ -59,9 +59,10 @@ from gpushare.core.model.names import ANN_ASSIGNED
 from gpushare.core.records.allocation import Allocation
 from gpushare.core.records.handoff import MEM, Signature, listed_signatures
 from gpushare.core.records.trust import NodePods
-from gpushare.deviceplugin.allocating import NodeParts, OnNode, spec_weight
-from gpushare.deviceplugin.protos.podresources_v1 import api_pb2 as pr
-from gpushare.deviceplugin.protos.podresources_v1 import api_pb2_grpc as pr_grpc
+from gpushare.deviceplugin.allocating import NodeParts, OnNode
+from gpushare.deviceplugin.answering import spec_weight
+from gpushare.deviceplugin.kubelet.protos.podresources_v1 import api_pb2 as pr
+from gpushare.deviceplugin.kubelet.protos.podresources_v1 import api_pb2_grpc as pr_grpc
 from gpushare.kube.backoff import Backoff
 from gpushare.kube.podwatch import NodePodWatch
 from gpushare.kube.port import KubeError

@@ -19,9 +19,9 @@ from pathlib import Path
 import grpc
 
 from gpushare.deviceplugin.config import PluginConfig, Stats
-from gpushare.deviceplugin.protos.v1beta1 import api_pb2 as dp
-from gpushare.deviceplugin.protos.v1beta1 import api_pb2_grpc as dp_grpc
-from gpushare.deviceplugin.servicer import Backend, DevicePluginService, plugin_options
+from gpushare.deviceplugin.kubelet.protos.v1beta1 import api_pb2 as dp
+from gpushare.deviceplugin.kubelet.protos.v1beta1 import api_pb2_grpc as dp_grpc
+from gpushare.deviceplugin.kubelet.servicer import Backend, DevicePluginService, plugin_options
 
 log = logging.getLogger(__name__)
 

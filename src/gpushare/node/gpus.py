@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpushare.core.model.topology import Distance, layout
-from gpushare.deviceplugin.interconnect import read_interconnect
+from gpushare.core.model.units import MemoryUnit
+from gpushare.node.interconnect import read_interconnect
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,11 @@ class GpuInfo:
     model: str
     memory_mib: int
     healthy: bool = True
+
+
+def mem_units(gpu: GpuInfo, unit: MemoryUnit) -> int:
+    """Whole memory units a GPU offers."""
+    return gpu.memory_mib // unit.mib
 
 
 class GpuSource(Protocol):

@@ -11,13 +11,13 @@ from gpushare.core.admitting.isolationpaths import CONTAINER_MPS_PIPE_DIR
 from gpushare.core.model.inventory import Mode
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.handoff import MEM
-from gpushare.deviceplugin.gpus import GpuInfo, GpuSource
-from gpushare.deviceplugin.hooks.mpsdaemon import DaemonRunner
-from gpushare.deviceplugin.serving import (
+from gpushare.node.enforcement.hook import (
     ContainerAnswer,
     IsolationError,
     Target,
 )
+from gpushare.node.enforcement.mpsdaemon import DaemonRunner
+from gpushare.node.gpus import GpuInfo, GpuSource
 
 log = logging.getLogger(__name__)
 

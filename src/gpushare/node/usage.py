@@ -1,6 +1,6 @@
 """What each container uses on its GPUs, beside what it was allocated: the metrics' source.
 
-The accounting broker (``deviceplugin.broker``) counts every byte of GPU memory a container's
+The accounting broker (``node.enforcement.broker``) counts every byte of GPU memory a container's
 processes hold, on ``cgpu`` and ``core_mem`` nodes, but knows a container only by its account
 key. An :class:`Owner` says whose the key is: the pod (``namespace/name``), the container, the
 host GPU of each device ordinal, and the computing power it was given. Allocate knows all of it

@@ -7,21 +7,21 @@ from pathlib import Path
 
 from gpushare.core.model.inventory import Mode
 from gpushare.core.model.units import MemoryUnit
-from gpushare.deviceplugin.config import BrokerStats
-from gpushare.deviceplugin.descriptors import BrokerCaps
-from gpushare.deviceplugin.gpus import GpuSource
-from gpushare.deviceplugin.hooks.interposer import InterposerIsolation
-from gpushare.deviceplugin.hooks.mountcheck import MountCheck
-from gpushare.deviceplugin.hooks.mps import MpsIsolation
-from gpushare.deviceplugin.hooks.mpsdaemon import DaemonRunner, MpsControl
-from gpushare.deviceplugin.serving import (
+from gpushare.isolation.policy import Policy
+from gpushare.node.descriptors import BrokerCaps
+from gpushare.node.enforcement.broker import BrokerStats
+from gpushare.node.enforcement.hook import (
     ContainerAnswer,
     IsolationHook,
     NoIsolation,
     Target,
 )
-from gpushare.deviceplugin.usage import ContainerUse
-from gpushare.isolation.policy import Policy
+from gpushare.node.enforcement.interposer import InterposerIsolation
+from gpushare.node.enforcement.mountcheck import MountCheck
+from gpushare.node.enforcement.mps import MpsIsolation
+from gpushare.node.enforcement.mpsdaemon import DaemonRunner, MpsControl
+from gpushare.node.gpus import GpuSource
+from gpushare.node.usage import ContainerUse
 
 log = logging.getLogger(__name__)
 

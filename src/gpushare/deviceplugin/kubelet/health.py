@@ -12,8 +12,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from gpushare.deviceplugin.gpus import GpuSource
 from gpushare.kube.port import KubeError
+from gpushare.node.gpus import GpuSource
 
 log = logging.getLogger(__name__)
 

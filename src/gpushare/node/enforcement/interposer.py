@@ -20,29 +20,6 @@ from gpushare.core.admitting.isolationpaths import (
 from gpushare.core.model.inventory import CORE_PER_GPU, Mode
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.handoff import MEM, Signature
-from gpushare.deviceplugin.broker import CONTAINER_BROKER_SOCKET, SETTLE_S, Broker
-from gpushare.deviceplugin.config import BrokerStats
-from gpushare.deviceplugin.descriptors import BrokerCaps
-from gpushare.deviceplugin.hooks.accounts import (
-    BY_DEVICES,
-    PER_CONTAINER,
-    accounting_key,
-    devices_key,
-    pod_of,
-    prune_accounting,
-)
-from gpushare.deviceplugin.hooks.library import (
-    PRELOAD_NAME,
-    install_library,
-    install_preload,
-    write_atomically,
-)
-from gpushare.deviceplugin.serving import (
-    ContainerAnswer,
-    IsolationError,
-    Target,
-)
-from gpushare.deviceplugin.usage import ContainerUse, Owner, read_owner, write_owner
 from gpushare.isolation.build import LIB_NAME
 from gpushare.isolation.limits import (
     LIMITS_FILE_NAME,
@@ -57,6 +34,28 @@ from gpushare.isolation.policy import (
     schedule,
     slot_id,
 )
+from gpushare.node.descriptors import BrokerCaps
+from gpushare.node.enforcement.accounts import (
+    BY_DEVICES,
+    PER_CONTAINER,
+    accounting_key,
+    devices_key,
+    pod_of,
+    prune_accounting,
+)
+from gpushare.node.enforcement.broker import CONTAINER_BROKER_SOCKET, SETTLE_S, Broker, BrokerStats
+from gpushare.node.enforcement.hook import (
+    ContainerAnswer,
+    IsolationError,
+    Target,
+)
+from gpushare.node.enforcement.library import (
+    PRELOAD_NAME,
+    install_library,
+    install_preload,
+    write_atomically,
+)
+from gpushare.node.usage import ContainerUse, Owner, read_owner, write_owner
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +105,7 @@ class InterposerIsolation:
         self.epoch_ns = time.monotonic_ns()
         """CLOCK_MONOTONIC is the host's, containers included: one epoch for every schedule."""
         self.owners: dict[str, Owner] = {}
-        """Per account key, whose it is (``deviceplugin.usage``): what the metrics label."""
+        """Per account key, whose it is (``node.usage``): what the metrics label."""
         self.pods_by_uid: dict[str, str] = {}
         """``namespace/name`` of each pod Allocate saw a candidate of, for :meth:`weigh`."""
 

@@ -5,11 +5,11 @@ One hook per node mode (``ack.node.gpu.schedule``), picked when the plugin start
 - ``cgpu`` and ``core_mem``: :class:`InterposerIsolation` preloads the native interposer
   (``gpushare/isolation/native``) and gives each container its memory limit in bytes per visible
   GPU, its SM percentage on core_mem, and an account of its own in the plugin's accounting
-  broker (``deviceplugin.broker``), through which the interposer counts usage across the
+  broker (``node.enforcement.broker``), through which the interposer counts usage across the
   container's processes.
 - ``mps``: :class:`MpsIsolation` runs one NVIDIA MPS control daemon per GPU and points each
   container at its GPU's pipe directory, with MPS's own pinned-memory limit.
-- ``share`` (and ``--isolation none``): :class:`~gpushare.deviceplugin.serving.NoIsolation`; the
+- ``share`` (and ``--isolation none``): :class:`~gpushare.node.enforcement.hook.NoIsolation`; the
   container gets the ``ALIYUN_COM_GPU_MEM_*`` variables only and limits itself
   (``gpushare.isolation.share``).
 
@@ -42,12 +42,19 @@ from the limits files.
 The MPS daemon commands run inside Allocate (which kubelet awaits anyway): at most one start per
 GPU, and one liveness probe per container.
 
-The modules, one per job:
+The modules, one per job, top first (an import-linter contract keeps lower ones from importing
+higher ones):
 
-- ``node``: ``NodeIsolation``, the hook the plugin holds; picks one of the below per mode.
+- ``nodehook``: ``NodeIsolation``, the hook the plugin holds; picks one of the below per mode.
 - ``interposer``: ``InterposerIsolation`` (cgpu, core_mem) with its cGPU schedules.
 - ``mps``: ``MpsIsolation`` (mps), the containers' side of MPS.
 - ``mpsdaemon``: ``MpsControl``, the MPS control daemon itself, behind ``DaemonRunner``.
 - ``library``: installing the interposer library and the preload list on the host.
+- ``mountcheck``: the OCI hook that refuses a container whose isolation mounts were moved, and
+  its CDI spec.
 - ``accounts``: each container's state directory, and pruning those of gone containers.
+- ``broker``: the accounting broker, each container's usage account on a socket, and its
+  counters.
+- ``hook``: the contract every hook keeps (``IsolationHook``), what it extends
+  (``ContainerAnswer``, ``Target``), and ``NoIsolation``.
 """

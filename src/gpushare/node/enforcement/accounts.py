@@ -9,7 +9,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from gpushare.deviceplugin.serving import Target
+from gpushare.node.enforcement.hook import Target
 
 log = logging.getLogger(__name__)
 

@@ -1,15 +1,10 @@
-"""What the device plugin advertises and what Allocate answers (pure, no gRPC here).
+"""The isolation hook's contract: what a container is answered, and what the hook adds to it.
 
-Memory is advertised as one device per memory unit per GPU (``<uuid>-mem-<k>``), computing power
-as one device per percent per GPU (``<uuid>-core-<k>``, 100 per GPU) on core_mem nodes. One device
-per unit of the resource as users write it is forced by kubelet: it asks a plugin for exactly as
-many device IDs as the container's limit (kubernetes/kubernetes
-pkg/kubelet/cm/devicemanager/manager.go, ``allocateContainerResources``), so a 30 % container
-names 30 devices, and node capacity (the number of healthy devices) reads 100 per GPU, as ACK
-shows it. The device IDs are tokens for kubelet's counting only: which GPU a container really
-gets comes from its pod's allocation, found through the hand-off invariant (core.records.handoff),
-and is
-put into the container's environment.
+A node driver (today kubelet's device plugin) decides which GPUs and how much of each a container
+gets (deviceplugin.answering); the hook for the node's mode (``nodehook``) then adds what enforces
+it: a preloaded interposer with its limits and broker account, or an MPS pipe directory. The
+answer is a plain value, so the same hooks can serve any driver that hands a container its
+environment, mounts and CDI devices.
 """
 
 from __future__ import annotations
@@ -18,39 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpushare.core.model.inventory import CORE_PER_GPU, Mode
-from gpushare.core.model.units import MemoryUnit
-from gpushare.core.records.handoff import MEM, Pending, Signature
-from gpushare.deviceplugin.cdi import HandOff
-from gpushare.deviceplugin.gpus import GpuInfo
-
-HEALTHY = "Healthy"
-UNHEALTHY = "Unhealthy"
-
-
-@dataclass(frozen=True)
-class DeviceEntry:
-    """One advertised device."""
-
-    id: str
-    healthy: bool
-
-
-def mem_units(gpu: GpuInfo, unit: MemoryUnit) -> int:
-    """Whole memory units a GPU offers."""
-    return gpu.memory_mib // unit.mib
-
-
-def devices(resource: str, gpus: list[GpuInfo], unit: MemoryUnit) -> list[DeviceEntry]:
-    """The device list for ListAndWatch; an unhealthy GPU's devices are Unhealthy."""
-    out: list[DeviceEntry] = []
-    for gpu in gpus:
-        if resource == MEM:
-            count, tag = mem_units(gpu, unit), "mem"
-        else:
-            count, tag = CORE_PER_GPU, "core"
-        out.extend(DeviceEntry(f"{gpu.uuid}-{tag}-{k}", gpu.healthy) for k in range(count))
-    return out
+from gpushare.core.model.inventory import Mode
+from gpushare.core.records.handoff import Pending, Signature
 
 
 @dataclass(frozen=True)
@@ -141,37 +105,3 @@ class NoIsolation:
 
     def close(self) -> None:
         """Nothing to release."""
-
-
-def container_answer(
-    signature: Signature,
-    gpus: list[GpuInfo],
-    unit: MemoryUnit,
-    mode: Mode,
-    handoff: HandOff | None = None,
-) -> ContainerAnswer:
-    """The environment (and under cdi-cri the CDI devices) of a container served by a signature."""
-    by_index = {g.index: g for g in gpus}
-    indexes = [i for i, _ in signature.layout]
-    mem_layout = signature.layout if signature.resource == MEM else ()
-    first = by_index.get(indexes[0]) if indexes else None
-    uuids = [by_index[i].uuid for i in indexes if i in by_index]
-    visible, cdi_devices = (handoff or HandOff()).answer(
-        uuids, carries_devices=signature.resource == MEM
-    )
-    envs = {
-        "NVIDIA_VISIBLE_DEVICES": visible,
-        "ALIYUN_COM_GPU_MEM_IDX": ",".join(str(i) for i in indexes),
-        "ALIYUN_COM_GPU_MEM_POD": str(signature.pod_mem_units),
-        "ALIYUN_COM_GPU_MEM_DEV": str(mem_units(first, unit) if first else 0),
-        "GPUSHARE_MEM_UNIT": unit.value,
-        "GPUSHARE_MODE": mode.value,
-    }
-    if mem_layout:
-        envs["ALIYUN_COM_GPU_MEM_CONTAINER"] = str(sum(m for _, m in mem_layout))
-        envs["GPUSHARE_MEM_PER_GPU"] = ",".join(f"{i}:{m}" for i, m in mem_layout)
-    if signature.core_layout:
-        per_gpu = {pct for _, pct in signature.core_layout}
-        envs["ALIYUN_COM_GPU_CORE_PERCENTAGE"] = str(max(per_gpu))
-        envs["GPUSHARE_CORE_PER_GPU"] = ",".join(f"{i}:{p}" for i, p in signature.core_layout)
-    return ContainerAnswer(envs=envs, cdi_devices=cdi_devices)

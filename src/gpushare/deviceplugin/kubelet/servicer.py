@@ -14,9 +14,10 @@ from typing import Any, Protocol
 import grpc
 
 from gpushare.core.model.status import Status
-from gpushare.deviceplugin.protos.v1beta1 import api_pb2 as dp
-from gpushare.deviceplugin.protos.v1beta1 import api_pb2_grpc as dp_grpc
-from gpushare.deviceplugin.serving import HEALTHY, UNHEALTHY, ContainerAnswer, DeviceEntry
+from gpushare.deviceplugin.kubelet.devices import HEALTHY, UNHEALTHY, DeviceEntry
+from gpushare.deviceplugin.kubelet.protos.v1beta1 import api_pb2 as dp
+from gpushare.deviceplugin.kubelet.protos.v1beta1 import api_pb2_grpc as dp_grpc
+from gpushare.node.enforcement.hook import ContainerAnswer
 
 
 def plugin_options() -> dp.DevicePluginOptions:

@@ -1,8 +1,8 @@
 """Generate the gRPC stubs from gpushare's own copies of kubelet's .proto files.
 
 The build backend (``packaging/gpushare_build.py``) runs it for every ``pip install`` and
-``pip wheel``; by hand: ``python -m gpushare.deviceplugin.genproto``. The stubs are build output
-and are not kept in git.
+``pip wheel``; by hand: ``python -m gpushare.deviceplugin.kubelet.genproto``. The stubs are
+build output and are not kept in git.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ def generate() -> list[Path]:
     """Write ``*_pb2.py`` and ``*_pb2_grpc.py`` beside each .proto; return the paths."""
     from grpc_tools import protoc
 
-    src = Path(__file__).resolve().parents[2]  # the directory that holds the gpushare package
+    src = Path(__file__).resolve().parents[3]  # the directory that holds the gpushare package
     written = []
     for proto in PROTOS:
-        relative = Path("gpushare/deviceplugin/protos") / proto
+        relative = Path("gpushare/deviceplugin/kubelet/protos") / proto
         code = protoc.main(
             [
                 "protoc",

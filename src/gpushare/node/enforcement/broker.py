@@ -23,7 +23,7 @@ line arrived on, never from the line: a container reports for itself only.
 
 Caps: every connection is a descriptor of the plugin's, so connections are capped per container
 (``accounting.MAX_CONNECTIONS``), per pod and per node, and the node's cap never reaches into
-the descriptors the plugin keeps for its own work (``deviceplugin.descriptors``): no tenant can
+the descriptors the plugin keeps for its own work (``node.descriptors``): no tenant can
 make Allocate, PodResources or the API client fail with ``Too many open files``. The pod is the
 one Allocate knew, or, for a container named by its device IDs, the one PodResources later
 names (:meth:`Broker.attribute`).
@@ -56,9 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpushare.core.admitting.isolationpaths import CONTAINER_BROKER_DIR
-from gpushare.deviceplugin.config import BrokerStats
-from gpushare.deviceplugin.descriptors import BrokerCaps, soft_limit
 from gpushare.isolation.accounting import MAX_CONNECTIONS, MAX_LINE, OK, Account
+from gpushare.node.descriptors import BrokerCaps, soft_limit
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +72,22 @@ ACCEPT_BATCH = 16
 ACCEPT_RETRY_S = 1.0
 """How long a socket waits after accept() ran out of descriptors or memory (asyncio's own)."""
 RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+@dataclass
+class BrokerStats:
+    """The accounting broker's connections: how many are open and why others were closed."""
+
+    open: int = 0
+    """Connections open now, on every container's socket."""
+    refused: dict[str, int] = field(default_factory=dict)
+    """Connections closed at once, by the cap they met: container, pod, node, descriptors."""
+    idle_closed: int = 0
+    """Connections holding nothing, closed after the idle timeout."""
+    accept_errors: int = 0
+    """accept() failures for want of descriptors or memory (the socket pauses a second)."""
+
+
 CAP_WORDS = {
     "container": "container",
     "pod": "pod",
@@ -101,7 +116,7 @@ class Broker:
     """Every container account of this node, served on the running event loop.
 
     Connections are taken by the broker itself, one ``accept`` at a time, and each is checked
-    against the caps (:class:`~gpushare.deviceplugin.descriptors.BrokerCaps`) before anything
+    against the caps (:class:`~gpushare.node.descriptors.BrokerCaps`) before anything
     is built around it: one over a cap is answered ``error too many connections ...`` and
     closed at once, so it holds a descriptor for microseconds, and the client, not the
     plugin, is left without. A connection holding no memory that stays silent for the idle

@@ -22,6 +22,7 @@ scheduler read links the node no longer has.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 from gpushare.core.model.gpumodel import gpu_node_labels
 from gpushare.core.model.inventory import Gpu, inventory_annotation
@@ -31,12 +32,25 @@ from gpushare.core.model.names import (
     ANN_NODE_TOPOLOGY,
     ANN_NODE_UNIT,
     HANDOFF_PODRESOURCES,
+    ResourceNames,
 )
 from gpushare.core.model.topology import Distance, topology_annotation
-from gpushare.deviceplugin.config import PluginConfig
-from gpushare.deviceplugin.gpus import GpuSource
-from gpushare.deviceplugin.serving import mem_units
+from gpushare.core.model.units import MemoryUnit
 from gpushare.kube.port import KubeAPI
+from gpushare.node.gpus import GpuSource, mem_units
+
+
+class Published(Protocol):
+    """What a node driver's settings give publishing: the node, its unit and resource names."""
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def unit(self) -> MemoryUnit: ...
+
+    @property
+    def names(self) -> ResourceNames: ...
 
 
 def topology_change(on_node: str | None, distance: Distance) -> Mapping[str, str | None]:
@@ -46,7 +60,7 @@ def topology_change(on_node: str | None, distance: Distance) -> Mapping[str, str
 
 
 async def publish(
-    api: KubeAPI, source: GpuSource, config: PluginConfig, *, topology_on_node: str | None = None
+    api: KubeAPI, source: GpuSource, config: Published, *, topology_on_node: str | None = None
 ) -> str | None:
     """Write the inventory, unit, hand-off marker, model labels and (when it changed) the
     topology on the node, and gpu-count in status; return the topology the node now holds.

@@ -1,0 +1,19 @@
+"""The node: what a node driver of gpushare works with, whichever API it serves kubelet through.
+
+Today's driver is kubelet's device plugin (``gpushare.deviceplugin``); a DRA driver will share
+this package. Nothing here speaks kubelet's gRPC or knows device IDs: it reads the node's GPUs,
+checks the node before serving, publishes what the scheduler reads, and enforces a container's
+share.
+
+The modules, one concept each (lower ones never import higher ones, an import-linter contract):
+
+- ``preflight``: whether the node may be served at all (mode label, unit change, CPU manager).
+- ``enforcement``: the isolation hooks that make a container keep to its share, and the
+  accounting broker (its own map in its ``__init__``).
+- ``publishing``: the inventory, unit, hand-off marker, model labels and topology on the node.
+- ``usage``: the GPU memory containers hold, summarised on the node (``gpushare.io/gpu-used``).
+- ``descriptors``: the open-file budget the accounting broker's connections live within.
+- ``cdi``: the device-list strategy and the node's CDI specs.
+- ``gpus``: where the GPUs come from (NVML, or fakes), behind the ``GpuSource`` port.
+- ``interconnect``: how NVML says the GPUs are connected.
+"""
