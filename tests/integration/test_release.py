@@ -1,9 +1,9 @@
 """`make release`'s artifacts: present, named for one version, and each usable on its own.
 
 packaging/release.py runs here without the image (``--no-image``; the image's recipe is
-tested by tests/unit/test_image_archive.py and built by the real-node Helm test): the wheel and
-sdist of ``kube-gpushare`` (the wheel built from the sdist), the packaged chart, the kubectl
-plugin per architecture with its krew manifest, LICENSE, CHANGELOG and SHA256SUMS. It needs
+tested by tests/unit/harness/test_image_archive.py and built by the real-node Helm test): the
+wheel and sdist of ``kube-gpushare`` (the wheel built from the sdist), the packaged chart, the
+kubectl plugin per architecture with its krew manifest, LICENSE, CHANGELOG and SHA256SUMS. It needs
 PyPI (build requirements and the plugin's wheels) and helm; without ``build`` or helm it skips,
 except under CI=true, where it fails.
 """

@@ -20,7 +20,7 @@ import yaml
 
 from harness.cluster import K8S_VERSION_ENV, build_env
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CONTROLPLANE = REPO / "harness" / "controlplane"
 BUILD_SH = CONTROLPLANE / "build.sh"
 MODULES = sorted(CONTROLPLANE.glob("kubernetes*/go.mod"))

@@ -342,7 +342,7 @@ def test_chart_crd_is_the_rendered_one() -> None:
 
     from gpushare.crds import render_yaml, resource_policy_crd
 
-    chart = Path(__file__).parents[2] / "charts/gpushare/crds/resourcepolicies.yaml"
+    chart = Path(__file__).parents[4] / "charts/gpushare/crds/resourcepolicies.yaml"
     assert chart.read_text() == render_yaml(resource_policy_crd())
     # every string map spelled out: no anchors or aliases for a reader to chase
     assert "&id" not in chart.read_text() and "*id" not in chart.read_text()

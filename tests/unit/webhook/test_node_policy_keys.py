@@ -16,7 +16,7 @@ from pathlib import Path
 from gpushare.core.model import names
 from gpushare.webhook.noderestriction import NODE_ANNOTATIONS
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "gpushare"
+SRC = Path(__file__).resolve().parents[3] / "src" / "gpushare"
 PLUGIN_SOURCES = [*sorted((SRC / "deviceplugin").rglob("*.py")), SRC / "cli" / "deviceplugin.py"]
 
 

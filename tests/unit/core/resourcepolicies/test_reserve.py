@@ -20,8 +20,7 @@ from gpushare.core.records.allocation import Allocation
 from gpushare.core.resourcepolicies.policybook import PolicyBook
 from gpushare.core.resourcepolicies.policyplugin import reserve_unit
 from gpushare.kube.objects import gpu_node, gpu_pod
-
-from .test_resource_policy import policy_obj
+from tests.unit.core.resourcepolicies.test_resource_policy import policy_obj
 
 NOW_NS = 1_767_226_200 * 10**9
 

@@ -26,7 +26,7 @@ from gpushare.sim.kubeyaml import (
 )
 from gpushare.sim.openb import TraceError, TraceNode
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "gpushare" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "src" / "gpushare" / "examples"
 
 CLUSTER = """\
 apiVersion: v1

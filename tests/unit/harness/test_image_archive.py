@@ -22,7 +22,7 @@ import pytest
 from harness import image_archive
 from harness.image_archive import RECIPE, Builder, project_version, recipe_argv
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

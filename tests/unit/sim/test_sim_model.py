@@ -17,7 +17,7 @@ from gpushare.cli.simulate import CHART_POLICY, model_line
 from gpushare.sim import gpumem, report, synthetic
 from gpushare.sim.experiment import run_experiment
 
-VALUES = Path(__file__).resolve().parents[2] / "charts" / "gpushare" / "values.yaml"
+VALUES = Path(__file__).resolve().parents[3] / "charts" / "gpushare" / "values.yaml"
 QUICK = ["simulate", "--seeds", "1", "--workers", "1"]
 
 

@@ -31,7 +31,7 @@ from gpushare.sim.openb import TraceError, TraceNode, TracePod, read_nodes, read
 from gpushare.sim.report import table
 from gpushare.sim.stream import arrival_stream, capacity_milli
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "openb"
+TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "openb"
 
 
 def test_reads_nodes_and_pods_and_names_bad_fields(tmp_path: Path) -> None:
