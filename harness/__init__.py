@@ -12,4 +12,6 @@ Kubernetes processes on this machine:
   archives, this release's and the last one's.
 - ``staged``, ``seeding``, ``helpers``: creating nodes and pods in bulk and timing them.
 - ``reaping``, ``ports``: finding and stopping what a run left behind; free ports.
+- ``hostile``: hostile values for every field and annotation gpushare reads (the hostile-input
+  test and benchmark).
 """

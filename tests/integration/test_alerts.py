@@ -1,7 +1,7 @@
 """The chart's PrometheusRule, on Prometheus's own engine: each alert fires when it should.
 
 ``promtool test rules`` would need promtool (23 minutes to build on 2 cores); the alerts'
-expressions are run here instead through promqltest scripts (tests/promqlengine.py): series
+expressions are run here instead through promqltest scripts (tests/support/promqlengine.py): series
 loaded as the chart's PodMonitors would scrape them, then the alert's expression evaluated,
 expecting exactly the label sets an alert would carry. What promqltest does not do is hold an
 expression for the rule's ``for:`` before firing; that is Prometheus's rule manager, and the
@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from ..promqlengine import need_binary, parse_all, run_scripts
+from tests.support.promqlengine import need_binary, parse_all, run_scripts
+
 from .test_chart import HELM, NAMESPACE, RELEASE, find, render
 
 pytestmark = pytest.mark.skipif(HELM is None, reason="helm not built: run `make controlplane`")

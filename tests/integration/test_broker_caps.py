@@ -31,7 +31,7 @@ from gpushare.deviceplugin.descriptors import RESERVED, BrokerCaps, CapsError
 from gpushare.deviceplugin.hooks.accounts import BY_DEVICES
 from gpushare.deviceplugin.metrics import registry_for
 from gpushare.kube.watchhealth import WatchHealth
-from tests import grpc_loop
+from tests.support import grpc_loop
 
 from .test_device_plugin import MEM, Rig, pod, run
 from .test_isolation_hooks import admit, ask, fake_library, isolation

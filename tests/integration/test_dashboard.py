@@ -3,7 +3,7 @@
 Two scheduler replicas run an extender each, and both export the per-GPU gauges from their own
 cache. The totals test scrapes both (and a device plugin per node) into one sample set as
 Prometheus would, each target with its own ``instance``, evaluates the dashboard's own panel
-expressions on it (tests/promql.py) and compares them with the GPU memory the cluster has.
+expressions on it (tests/support/promql.py) and compares them with the GPU memory the cluster has.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.webhook.app import WebhookMetrics
+from tests.support.promql import Vector, labelled, merge, names_in, scrape
+from tests.support.promqlengine import evaluate, evaluate_all, grafana, need_binary, parse_all
 
-from ..promql import Vector, labelled, merge, names_in, scrape
-from ..promqlengine import evaluate, evaluate_all, grafana, need_binary, parse_all
 from .conftest import rig_for
 
 CHART = Path(__file__).parents[2] / "charts" / "gpushare"

@@ -31,7 +31,7 @@ from gpushare.extender.driver import ExtenderDriver
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.port import Unreachable
-from tests import grpc_loop
+from tests.support import grpc_loop
 
 from .conftest import rig_for
 from .fake_kubelet import FakeKubelet

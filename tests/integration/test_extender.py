@@ -23,8 +23,8 @@ from gpushare.extender.app import server_config
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
 from gpushare.kube.port import Conflict, KubeDict, KubeError
+from tests.support.promql import scrape
 
-from ..promql import scrape
 from .conftest import Rig, binding, run_with_rig
 
 SEED = "cn-zhangjiakou.192.168.66.139"

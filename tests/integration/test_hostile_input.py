@@ -1,7 +1,7 @@
 """Hostile objects and bodies: no value from the API or a request raises past the boundary.
 
 Findings 4, 5 and 7 of the hostile-tenant review, each reproduced first, and then fuzzed over
-every field and annotation gpushare reads (``tests/hostile.py``):
+every field and annotation gpushare reads (``harness/hostile.py``):
 
 - one annotation (``ALIYUN_COM_GPU_MEM_ASSUME_TIME: "²"``) ended the extender's watch, which
   then stayed ready while blind; node annotations with numbers past Python's 4,300-digit limit
@@ -42,8 +42,8 @@ from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
 from gpushare.kube.port import KubeDict, WatchEvent
+from harness.hostile import NODE_PATHS, POD_PATHS, mutated, mutations
 
-from ..hostile import NODE_PATHS, POD_PATHS, mutated, mutations
 from .conftest import Rig, run_with_rig
 
 NODE = "gpu-node"

@@ -35,7 +35,7 @@ from gpushare.isolation.policy import (
     slot_id,
 )
 from gpushare.kube.memory import MemoryKube
-from tests import grpc_loop
+from tests.support import grpc_loop
 
 from .test_device_plugin import CORE, MEM, NODE, Rig, bare_node, pod, run, served
 

@@ -30,8 +30,8 @@ from gpushare.kube.port import KubeError
 from gpushare.webhook.app import WebhookMetrics
 from gpushare.webhook.app import create_app as create_webhook_app
 from harness.ports import free_port
+from tests.support.promql import target_label_clashes
 
-from ..promql import target_label_clashes
 from .conftest import Rig, run_with_rig
 from .test_extender import ConflictOnce
 

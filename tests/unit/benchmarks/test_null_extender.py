@@ -10,7 +10,7 @@ import httpx
 from gpushare.core.model.inventory import Mode
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
-from tests.benchmarks import load
+from tests.support.benchmarks import load
 
 null_extender = load("null_extender")
 

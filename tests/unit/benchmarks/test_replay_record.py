@@ -6,7 +6,7 @@ import json
 
 from gpushare.core.model.names import ANN_ALLOCATION
 from gpushare.sim.milligpu import Run
-from tests.benchmarks import load
+from tests.support.benchmarks import load
 
 replay = load("replay")
 

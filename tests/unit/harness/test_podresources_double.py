@@ -11,7 +11,7 @@ from gpushare.deviceplugin.protos.podresources_v1 import api_pb2 as pr
 from gpushare.deviceplugin.protos.podresources_v1 import api_pb2_grpc as pr_grpc
 from gpushare.deviceplugin.reconcile import ListedPod, list_pod_resources
 from harness.podresources_double import PodResourcesDouble
-from tests import grpc_loop
+from tests.support import grpc_loop
 
 MEM = "aliyun.com/gpu-mem"
 

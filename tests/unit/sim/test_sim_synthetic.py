@@ -13,7 +13,7 @@ import pytest
 from gpushare.sim import synthetic
 from gpushare.sim.openb import TraceNode, TracePod
 from gpushare.sim.synthetic import Mix, MixError
-from tests import benchmarks
+from tests.support import benchmarks
 
 NODES = synthetic.nodes()
 CAPACITY = sum(n.gpus for n in NODES) * 1000

@@ -22,7 +22,7 @@ from gpushare.core.admitting.tampering import (
     DEFAULT_EXEMPT_NAMESPACES,
     VisibleDevicesRule,
 )
-from tests.nvidia_shapes import GPU_OPERATOR_SHAPES, k8s_device_plugin, pods_of, tenant_pod
+from tests.support.nvidia_shapes import GPU_OPERATOR_SHAPES, k8s_device_plugin, pods_of, tenant_pod
 
 MEM = "aliyun.com/gpu-mem"
 RELEASE_NS = "gpushare-system"

@@ -1,6 +1,6 @@
 """Prometheus's own PromQL parser and engine, for the dashboard and alert tests.
 
-``tests/promqlcheck`` is a Go test binary of Prometheus's ``promql`` and ``promqltest``
+``tests/support/promqlcheck`` is a Go test binary of Prometheus's ``promql`` and ``promqltest``
 packages (built and cached by ``harness/controlplane/build.sh``, keyed by its sources). This
 module writes what to check into a folder and runs it: expressions to parse, promqltest scripts,
 and instant queries over loaded samples whose answers come back for the test to compare.

@@ -2,7 +2,7 @@
 
 Each target's series carry the target's own labels (``instance``, ``namespace``, ...), as
 Kubernetes discovery adds them. The expressions themselves are evaluated by Prometheus's own
-engine (``tests/promqlengine.py``), not here.
+engine (``tests/support/promqlengine.py``), not here.
 """
 
 from __future__ import annotations
