@@ -12,6 +12,7 @@ Kubernetes processes on this machine:
   archives, this release's and the last one's.
 - ``staged``, ``seeding``, ``helpers``: creating nodes and pods in bulk and timing them.
 - ``reaping``, ``ports``: finding and stopping what a run left behind; free ports.
+- ``fakegpu``: a fake GPU node on the CPU (fake driver and NVML, the interposer built on them).
 - ``hostile``: hostile values for every field and annotation gpushare reads (the hostile-input
   test and benchmark).
 """

@@ -17,8 +17,7 @@ from typing import Any
 from harness.cluster import Cluster, build_binaries
 from harness.reaping import find_running
 from harness.seeding import CORE_NODE, SHARE_NODE
-
-from .conftest import REPO, eventually
+from tests.support.e2e import REPO, eventually
 
 
 def cluster_command(*args: str, timeout: float = 240) -> str:

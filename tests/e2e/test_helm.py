@@ -50,8 +50,8 @@ from harness.cluster import Cluster, free_port
 from harness.image_archive import Builder, default_cache
 from harness.realnode import TOLERATION, RealNode, probe_env, unavailable
 from harness.seeding import kwok_node
+from tests.support.e2e import REAL_NODE_LOCK, create_nodes, delete_nodes, eventually
 
-from .conftest import REAL_NODE_LOCK, create_nodes, delete_nodes, eventually
 from .test_real_node import NS as REAL_NS
 from .test_real_node import (
     PROBE_THEN,

@@ -37,8 +37,7 @@ from gpushare.core.model.inventory import Mode
 from harness.cluster import Cluster
 from harness.helpers import apply_all, gpu_pod_manifest, pods
 from harness.seeding import labelled_kwok_nodes
-
-from .conftest import create_nodes, delete_nodes
+from tests.support.e2e import create_nodes, delete_nodes
 
 ATTACK_NS = "e2e-hold-attack"
 VICTIM_NS = "e2e-hold-victim"

@@ -37,9 +37,9 @@ from gpushare.kube.memory import MemoryKube
 from harness.cluster import Cluster, free_port, wait_for
 from harness.helpers import scrape_with_token
 from harness.identities import token_kubeconfig
+from tests.support.e2e import eventually
 
 from ..integration.test_observability import samples
-from .conftest import eventually
 
 RELEASE = "gpushare-ma"
 NAMESPACE = "gpushare-metrics-auth"

@@ -22,10 +22,9 @@ from gpushare.core.model.inventory import Mode
 from harness.cluster import Cluster, free_port, wait_for
 from harness.helpers import apply_all, gpu_pod_manifest, pods
 from harness.seeding import labelled_kwok_nodes
+from tests.support.e2e import create_nodes, delete_nodes, eventually
 from tests.support.promql import labelled, merge, scrape
 from tests.support.promqlengine import Vector, evaluate
-
-from .conftest import create_nodes, delete_nodes, eventually
 
 NS = "e2e-metrics"
 GIB = 2**30

@@ -15,8 +15,8 @@ import pytest
 
 from harness.cluster import Cluster
 from harness.realnode import RealNode, container, pod
+from tests.support.e2e import hold_real_node
 
-from .conftest import hold_real_node
 from .test_real_node import (
     NS,
     compare,

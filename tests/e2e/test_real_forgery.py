@@ -51,8 +51,7 @@ from harness.cluster import Cluster
 from harness.identities import token_kubeconfig
 from harness.realnode import NODE_NAME, RealNode, container, hand_off, pod, probe_env
 from harness.seeding import kwok_node
-
-from .conftest import create_nodes, delete_nodes, eventually
+from tests.support.e2e import create_nodes, delete_nodes, eventually
 
 NS = "e2e-forgery"
 GPUS = 4

@@ -26,8 +26,7 @@ import yaml
 from harness.cluster import Cluster
 from harness.images import PAUSE_IMAGE, TEST_IMAGE
 from harness.realnode import NODE_NAME, TOLERATION, RealNode, container, hand_off, pod, probe_env
-
-from .conftest import REPO, eventually
+from tests.support.e2e import REPO, eventually
 
 NS = "e2e-real"
 MiB = 2**20

@@ -33,8 +33,7 @@ from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.webhook.app import WebhookMetrics
 from tests.support.promql import Vector, labelled, merge, names_in, scrape
 from tests.support.promqlengine import evaluate, evaluate_all, grafana, need_binary, parse_all
-
-from .conftest import rig_for
+from tests.support.rig import rig_for
 
 CHART = Path(__file__).parents[2] / "charts" / "gpushare"
 DASHBOARD = CHART / "dashboards" / "gpushare.json"

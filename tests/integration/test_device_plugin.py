@@ -32,9 +32,8 @@ from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.port import Unreachable
 from tests.support import grpc_loop
-
-from .conftest import rig_for
-from .fake_kubelet import FakeKubelet
+from tests.support.fake_kubelet import FakeKubelet
+from tests.support.rig import rig_for
 
 T = TypeVar("T")
 NODE = "gpu-node-1"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from gpushare.core.model.names import ANN_NODE_GPUS_DISABLED
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
+from tests.support.rig import Rig, run_with_rig
 
-from .conftest import Rig, run_with_rig
 from .test_observability import gpu, scrape
 
 

@@ -24,8 +24,7 @@ from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
 from gpushare.kube.port import Conflict, KubeDict, KubeError
 from tests.support.promql import scrape
-
-from .conftest import Rig, binding, run_with_rig
+from tests.support.rig import Rig, binding, run_with_rig
 
 SEED = "cn-zhangjiakou.192.168.66.139"
 

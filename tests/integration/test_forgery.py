@@ -22,8 +22,8 @@ from gpushare.deviceplugin.metrics import registry_for
 from gpushare.inspect.cli import collect
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
+from tests.support.rig import Rig, run_with_rig
 
-from .conftest import Rig, run_with_rig
 from .test_device_plugin import MEM, NODE, pod, run
 from .test_device_plugin import Rig as PluginRig
 from .test_observability import samples

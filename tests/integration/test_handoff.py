@@ -18,8 +18,8 @@ from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.deviceplugin.preflight import StartRefused
 from gpushare.kube.memory import MemoryKube
 from tests.support import grpc_loop
+from tests.support.fake_kubelet import FakeKubelet
 
-from .fake_kubelet import FakeKubelet
 from .test_device_plugin import CORE, MEM, NODE, Rig, bare_node, pod, run
 
 

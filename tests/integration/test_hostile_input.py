@@ -43,8 +43,7 @@ from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
 from gpushare.kube.port import KubeDict, WatchEvent
 from harness.hostile import NODE_PATHS, POD_PATHS, mutated, mutations
-
-from .conftest import Rig, run_with_rig
+from tests.support.rig import Rig, run_with_rig
 
 NODE = "gpu-node"
 HUGE = "1" * 4301

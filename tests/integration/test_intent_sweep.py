@@ -19,8 +19,7 @@ from gpushare.extender.intents import LAG_S
 from gpushare.extender.wire import read_args
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
-
-from .conftest import Rig, binding, run_with_rig
+from tests.support.rig import Rig, binding, run_with_rig
 
 PODS = 6
 START = 1_700_000_000 * 10**9

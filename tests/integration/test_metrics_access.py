@@ -29,8 +29,8 @@ from gpushare.kube.memory import MemoryKube, MemoryReviews
 from gpushare.kube.metricsguard import MetricsGuard
 from gpushare.servingcert import self_signed
 from harness.ports import free_port
+from tests.support.rig import Rig, run_with_rig
 
-from .conftest import Rig, run_with_rig
 from .test_observability import cluster, samples
 
 PROMETHEUS = Identity("system:serviceaccount:monitoring:prometheus")

@@ -31,8 +31,8 @@ from gpushare.webhook.app import WebhookMetrics
 from gpushare.webhook.app import create_app as create_webhook_app
 from harness.ports import free_port
 from tests.support.promql import target_label_clashes
+from tests.support.rig import Rig, run_with_rig
 
-from .conftest import Rig, run_with_rig
 from .test_extender import ConflictOnce
 
 GIB = 2**30

@@ -16,8 +16,7 @@ from gpushare.core.model.names import ANN_ALLOCATION, ANN_IDX
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import Conflict, KubeDict, Unreachable
-
-from .conftest import Rig, binding, run_with_rig
+from tests.support.rig import Rig, binding, run_with_rig
 
 NODE = "two-gpus"
 OTHER = "other"

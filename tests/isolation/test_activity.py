@@ -1,6 +1,6 @@
 """cGPU policies with the device plugin's real schedules and activity, on fake GPUs.
 
-The plugin's isolation hook (``tests/isolation/node.py``) admits the containers, serves their
+The plugin's isolation hook (``harness/fakegpu/node.py``) admits the containers, serves their
 broker accounts and writes the schedules; each container's interposer reports its activity on
 its own connection. Two scenarios:
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from gpushare.isolation.policy import Policy
-from tests.isolation.node import (
+from harness.fakegpu.node import (
     Container,
     FakeNode,
     Launch,

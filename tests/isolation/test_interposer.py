@@ -37,7 +37,7 @@ from gpushare.deviceplugin.broker import SETTLE_S, SOCKET_NAME, Broker
 from gpushare.deviceplugin.descriptors import BrokerCaps
 from gpushare.isolation import build
 from gpushare.isolation.limits import ContainerLimits
-from tests.isolation.built import Built, build_all
+from harness.fakegpu.built import Built, build_all
 
 HERE = Path(__file__).parent
 MiB = 2**20

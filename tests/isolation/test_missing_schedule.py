@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from gpushare.isolation.policy import Policy, own_share_pct
-from tests.isolation.node import FakeNode, interposers, shared_env
+from harness.fakegpu.node import FakeNode, interposers, shared_env
 from tests.isolation.test_interposer import Built, built  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.skipif(

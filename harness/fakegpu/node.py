@@ -5,7 +5,7 @@ an event loop in a thread and admits containers through ``extend``, as Allocate 
 container's interposer is a copy built to read its own limits file (the compiled-in path cannot
 be /etc here); the test writes there the plugin's limits file with the host paths of the broker
 socket and the schedule directory in place of the container ones. Processes launch with
-``tests/isolation/programs/launches.c``; every host GPU is one fake SM, a ``FAKE_GPU_STATE``
+``harness/fakegpu/programs/launches.c``; every host GPU is one fake SM, a ``FAKE_GPU_STATE``
 file shared by the processes that launch on it.
 
 :func:`timeline` reads a fake SM's kernel ring back, so a test can see each process's share
