@@ -14,7 +14,7 @@ import pytest
 
 from gpushare.core.model.inventory import Mode
 from gpushare.isolation.policy import Policy
-from tests.unit.core.admitting.test_tampering import MEM, gpu_pod, refused, review
+from tests.support.tampering import MEM, gpu_pod, refused, review
 
 from .test_device_plugin import CORE, Rig, pod, run
 from .test_isolation_hooks import admit, fake_library, isolation

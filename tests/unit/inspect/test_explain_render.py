@@ -5,47 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from gpushare.core.booking.ledger import Ledger
-from gpushare.core.decision.scheduling import Scheduler
-from gpushare.core.model.inventory import Mode, read_node
-from gpushare.core.model.requests import PodRequest, read_pod
-from gpushare.core.model.units import MemoryUnit
-from gpushare.core.records.allocation import plan
-from gpushare.inspect.explain import Explanation, explain_pod, explanation_json
+from gpushare.inspect.explain import explanation_json
 from gpushare.inspect.render import render_explanation
-from gpushare.kube.objects import gpu_node, gpu_pod
-
-
-def cluster() -> tuple[list[object], Ledger]:
-    nodes = [
-        read_node(gpu_node("node-a", gpus_units=[15, 15])),
-        read_node(gpu_node("node-b", gpus_units=[15])),
-        read_node(gpu_node("node-c", gpus_units=[16], mode=Mode.CORE_MEM)),
-        read_node(gpu_node("node-x", gpus_units=[15], mode=None)),
-    ]
-    ledger = Ledger()
-    for uid, node, mem, index in [
-        ("a0", "node-a", 12, 0),
-        ("a1", "node-a", 4, 1),
-        ("b", "node-b", 2, 0),
-    ]:
-        pod = gpu_pod(uid, mem=mem)
-        pod["metadata"]["uid"] = uid
-        request = read_pod(pod)
-        assert isinstance(request, PodRequest)
-        ledger.assume(plan(request, node=node, indexes=[index], unit=MemoryUnit.GiB))
-    return nodes, ledger
-
-
-def explain(mem: int, core: int | None = None) -> Explanation:
-    nodes, ledger = cluster()
-    pod = gpu_pod("train", mem=mem, core=core, namespace="team-a")
-    pod["metadata"]["uid"] = "t"
-    pod["status"] = {"phase": "Pending"}
-    before = ledger.state()
-    explanation = explain_pod(pod, nodes, ledger, Scheduler())  # type: ignore[arg-type]
-    assert ledger.state() == before  # the what-if books nothing
-    return explanation
+from tests.support.inspecting import explain
 
 
 def test_pod_that_fits_some_nodes(golden: Callable[[str, str], None]) -> None:

@@ -21,8 +21,7 @@ from gpushare.inspect.explain import explanation_json
 from gpushare.inspect.schema import json_schema
 from gpushare.inspect.view import build_view, to_json
 from gpushare.kube.objects import gpu_node
-from tests.unit.inspect.test_explain_render import explain
-from tests.unit.inspect.test_render import mixed_view
+from tests.support.inspecting import explain, mixed_view
 
 CAMEL = re.compile(r"^[a-z][a-zA-Z0-9]*$")
 GPU_INDEX = re.compile(r"^[0-9]+$")

@@ -6,13 +6,14 @@ import json
 from collections.abc import Callable
 
 from gpushare.core.booking.ledger import Ledger
-from gpushare.core.model.inventory import Mode, read_node
+from gpushare.core.model.inventory import read_node
 from gpushare.core.model.requests import PodRequest, read_pod
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.allocation import plan
 from gpushare.inspect.render import render_details, render_summary
 from gpushare.inspect.view import ClusterView, build_view, to_json
 from gpushare.kube.objects import gpu_node, gpu_pod
+from tests.support.inspecting import mixed_view
 
 SEED_NODE = "cn-zhangjiakou.192.168.66.139"
 
@@ -41,27 +42,6 @@ def test_seed_summary_before_and_after(golden: Callable[[str, str], None]) -> No
     assert set(lines[2]) == {"-"}
     assert lines[3:] == ["Allocated/Total GPU Memory In Cluster:", "3/15 (20%)"]
     assert empty.splitlines()[-1] == "0/15 (0%)"
-
-
-def mixed_view() -> ClusterView:
-    share = read_node(gpu_node("a-share", ip="10.0.0.1", gpus_units=[15, 15]))
-    core = read_node(gpu_node("b-core", ip="10.0.0.2", gpus_units=[15] * 4, mode=Mode.CORE_MEM))
-    ledger = Ledger()
-    for name, node, mem, core_pct, index in [
-        ("train", share, 7, None, 1),
-        ("infer", core, 2, 30, 0),
-        ("infer2", core, 4, 50, 0),
-    ]:
-        pod = gpu_pod(name, mem=mem, core=core_pct)
-        pod["metadata"]["uid"] = name
-        request = read_pod(pod)
-        assert isinstance(request, PodRequest)
-        ledger.assume(plan(request, node=node.name, indexes=[index], unit=node.unit))
-    foreign = gpu_pod("foreign", mem=2, scheduler="default-scheduler")
-    foreign["metadata"]["uid"] = "f"
-    foreign["spec"]["nodeName"] = "a-share"
-    ledger.observe(foreign)
-    return build_view([share, core], ledger)
 
 
 def test_details_with_core_and_pending(golden: Callable[[str, str], None]) -> None:

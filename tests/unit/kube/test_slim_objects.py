@@ -29,8 +29,7 @@ from gpushare.core.resourcepolicies.policybook import PolicyBook, placing_of
 from gpushare.kube.lightkube_api import _NodeJSON, _PodJSON, _slim
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
 from gpushare.kube.pendingpods import PendingPods
-from tests.unit.core.resourcepolicies.test_reserve import node
-from tests.unit.core.resourcepolicies.test_resource_policy import policy_obj
+from tests.support.policies import node, policy_obj
 
 MANAGED = [{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
 CONDITIONS = [{"type": "Ready", "status": "True"}]

@@ -13,39 +13,9 @@ from gpushare.core.admitting.admission import TEMPLATE_PATHS, AdmissionSettings,
 from gpushare.core.model.names import ResourceNames
 from gpushare.core.model.requests import Rejection, read_pod
 from gpushare.core.model.units import MemoryUnit
+from tests.support.admission import MEM, container, job, pod, pod_template, review
 
-MEM = "aliyun.com/gpu-mem"
 CORE = "aliyun.com/gpu-core.percentage"
-
-
-def container(limits: dict[str, Any] | None = None, name: str = "main") -> dict[str, Any]:
-    resources = {"limits": limits} if limits is not None else {}
-    return {"name": name, "image": "busybox", "resources": resources}
-
-
-def pod_template(
-    *containers: dict[str, Any],
-    scheduler: str | None = "ack-co-scheduler",
-    labels: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": list(containers)}
-    if scheduler:
-        spec["schedulerName"] = scheduler
-    return {"metadata": {"labels": labels or {}}, "spec": spec}
-
-
-def pod(name: str, template: dict[str, Any]) -> dict[str, Any]:
-    meta = {"name": name, "namespace": "team-a", **template["metadata"]}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"]}
-
-
-def job(name: str, template: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": "team-a"},
-        "spec": {"template": {**template, "spec": {**template["spec"], "restartPolicy": "Never"}}},
-    }
 
 
 def tampered() -> dict[str, Any]:
@@ -56,29 +26,6 @@ def tampered() -> dict[str, Any]:
     obj["metadata"]["annotations"] = {"ALIYUN_COM_GPU_MEM_ASSIGNED": "true"}
     obj["spec"]["nodeName"] = "gpu-node-1"
     return obj
-
-
-GROUPS = {"Pod": ("", "pods"), "Job": ("batch", "jobs"), "CronJob": ("batch", "cronjobs")}
-
-
-def review(
-    obj: dict[str, Any], operation: str = "CREATE", old: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    kind = obj["kind"]
-    group, resource = GROUPS.get(kind, ("apps", kind.lower() + "s"))
-    request: dict[str, Any] = {
-        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
-        "kind": {"group": group, "version": "v1", "kind": kind},
-        "resource": {"group": group, "version": "v1", "resource": resource},
-        "name": obj["metadata"]["name"],
-        "namespace": obj["metadata"]["namespace"],
-        "operation": operation,
-        "userInfo": {"username": "admin"},
-        "object": obj,
-        "oldObject": old,
-        "dryRun": False,
-    }
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
 
 
 def exchange(request: Any, settings: AdmissionSettings | None = None) -> str:

@@ -11,7 +11,7 @@ import pytest
 
 from gpushare.core.admitting.admission import AdmissionSettings, mutate
 from gpushare.core.model.names import ResourceNames
-from tests.unit.core.admitting.test_admission import MEM, container, job, pod, pod_template, review
+from tests.support.admission import MEM, container, job, pod, pod_template, review
 
 
 def patched(decision_review: dict[str, Any], obj: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from gpushare.core.model.requests import PodRequest
 from gpushare.core.records.allocation import Allocation
 from gpushare.core.records.trust import SealKey, Trust
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
-from tests.unit.core.decision.test_properties import assert_never_overcommitted, clusters, pods
+from tests.support.properties import assert_never_overcommitted, clusters, pods
 
 TTL = 30 * 10**9
 TRUST = Trust.sealed(SealKey(b"intents-test-key-0123456789abcdef"))

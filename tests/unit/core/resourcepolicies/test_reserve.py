@@ -19,16 +19,10 @@ from gpushare.core.placement.filtering import Verdict
 from gpushare.core.records.allocation import Allocation
 from gpushare.core.resourcepolicies.policybook import PolicyBook
 from gpushare.core.resourcepolicies.policyplugin import reserve_unit
-from gpushare.kube.objects import gpu_node, gpu_pod
-from tests.unit.core.resourcepolicies.test_resource_policy import policy_obj
+from gpushare.kube.objects import gpu_pod
+from tests.support.policies import node, policy_obj
 
 NOW_NS = 1_767_226_200 * 10**9
-
-
-def node(name: str, pool: str) -> dict[str, Any]:
-    obj = gpu_node(name, gpus_units=[16])
-    obj["metadata"].setdefault("labels", {})["pool"] = pool
-    return obj
 
 
 def web(name: str, mem: int) -> dict[str, Any]:

@@ -24,30 +24,9 @@ from gpushare.core.resourcepolicies.resourcepolicy import (
     parse_duration,
     read_policy,
 )
+from tests.support.policies import policy_obj
 
 NODES = {"a1": {"pool": "a"}, "a2": {"pool": "a"}, "b1": {"pool": "b"}, "x": {}}
-
-
-def policy_obj(**spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "selector": {"app": "web"},
-        "strategy": "prefer",
-        "units": [
-            {"resource": "ecs", "nodeSelector": {"pool": "a"}, "max": 2},
-            {"resource": "ecs", "nodeSelector": {"pool": "b"}},
-        ],
-    }
-    body.update(spec)
-    return {
-        "apiVersion": "scheduling.alibabacloud.com/v1alpha1",
-        "kind": "ResourcePolicy",
-        "metadata": {
-            "name": "web",
-            "namespace": "default",
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-        },
-        "spec": body,
-    }
 
 
 def policy(**spec: Any) -> ResourcePolicy:
