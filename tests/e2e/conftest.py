@@ -5,5 +5,6 @@ they build and start the upstream binaries; plain ``pytest`` skips them.
 """
 
 from tests.support.e2e import cluster, pytest_collection_modifyitems, real_node
+from tests.support.realnode import ns
 
-__all__ = ["cluster", "pytest_collection_modifyitems", "real_node"]
+__all__ = ["cluster", "ns", "pytest_collection_modifyitems", "real_node"]

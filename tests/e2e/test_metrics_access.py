@@ -38,8 +38,7 @@ from harness.cluster import Cluster, free_port, wait_for
 from harness.helpers import scrape_with_token
 from harness.identities import token_kubeconfig
 from tests.support.e2e import eventually
-
-from ..integration.test_observability import samples
+from tests.support.scraping import samples
 
 RELEASE = "gpushare-ma"
 NAMESPACE = "gpushare-metrics-auth"

@@ -20,8 +20,7 @@ from harness.ports import free_port
 from harness.realnode import RealNode, container, pod
 from tests.support.promql import labelled, merge, scrape
 from tests.support.promqlengine import evaluate, need_binary
-
-from .test_real_node import NS, MiB, create, ns  # noqa: F401  (ns: the fixture)
+from tests.support.realnode import NS, MiB, create
 
 HOLD_MIB = 3000
 

@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.chart import HELM, NAMESPACE, RELEASE, find, render
 from tests.support.promqlengine import need_binary, parse_all, run_scripts
-
-from .test_chart import HELM, NAMESPACE, RELEASE, find, render
 
 pytestmark = pytest.mark.skipif(HELM is None, reason="helm not built: run `make controlplane`")
 

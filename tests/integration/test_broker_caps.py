@@ -32,9 +32,8 @@ from gpushare.deviceplugin.hooks.accounts import BY_DEVICES
 from gpushare.deviceplugin.metrics import registry_for
 from gpushare.kube.watchhealth import WatchHealth
 from tests.support import grpc_loop
-
-from .test_device_plugin import MEM, Rig, pod, run
-from .test_isolation_hooks import admit, ask, fake_library, isolation
+from tests.support.isolating import admit, ask, fake_library, isolation
+from tests.support.pluginrig import MEM, Rig, pod, run
 
 GiB = 2**30
 LIMIT = 1024

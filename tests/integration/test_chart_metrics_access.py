@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .test_chart import NAMESPACE, RELEASE, find, pytestmark, render  # noqa: F401
+from tests.support.chart import NAMESPACE, RELEASE, find, needs_helm, render
+
+pytestmark = needs_helm
 
 MONITORING = {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}
 

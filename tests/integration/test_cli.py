@@ -19,20 +19,7 @@ from gpushare.inspect.cli import main as inspect_cgpu
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node
 from gpushare.kube.sealing import load_key_file
-
-KUBECONFIG = """apiVersion: v1
-kind: Config
-clusters:
-- name: nowhere
-  cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}
-users:
-- name: nobody
-  user: {token: abc}
-contexts:
-- name: nowhere
-  context: {cluster: nowhere, user: nobody}
-current-context: nowhere
-"""
+from tests.support.kubeconfigs import KUBECONFIG
 
 
 def test_inspect_says_clearly_when_no_cluster_is_reachable(tmp_path: Path) -> None:

@@ -111,7 +111,7 @@ def test_every_metric_the_dashboard_queries_is_exported(tmp_path: Path) -> None:
 
 
 def test_chart_ships_the_dashboard_as_a_labelled_configmap() -> None:
-    from .test_chart import HELM, helm, template_args
+    from tests.support.chart import HELM, helm, template_args
 
     if HELM is None:
         pytest.skip("helm not built")

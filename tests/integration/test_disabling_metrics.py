@@ -6,8 +6,7 @@ from gpushare.core.model.names import ANN_NODE_GPUS_DISABLED
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from tests.support.rig import Rig, run_with_rig
-
-from .test_observability import gpu, scrape
+from tests.support.scraping import gpu, scrape
 
 
 def test_out_of_service_gpu_in_metrics_inspect_and_placement() -> None:

@@ -10,22 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from gpushare.core.decision.scheduling import Settings
-from gpushare.core.model.inventory import Mode
 from gpushare.inspect.cli import PodNotFound, collect_explanation, render_explained
 from gpushare.inspect.cli import main as inspect_cgpu
-from gpushare.kube.memory import MemoryKube
-from gpushare.kube.objects import gpu_node, gpu_pod
-
-from .test_cli import KUBECONFIG
-
-
-def kube_with_pods() -> MemoryKube:
-    kube = MemoryKube()
-    kube.put_node(gpu_node("node-a", gpus_units=[15]))
-    kube.put_node(gpu_node("node-b", gpus_units=[15, 15], mode=Mode.CGPU))
-    kube.create_pod(gpu_pod("big", mem=20, namespace="ml"))
-    kube.create_pod(gpu_pod("small", mem=3, namespace="ml"))
-    return kube
+from tests.support.kubeconfigs import KUBECONFIG, kube_with_pods
 
 
 def test_explain_a_pending_pod_through_the_port() -> None:

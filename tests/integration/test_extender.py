@@ -24,7 +24,7 @@ from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
 from gpushare.kube.port import Conflict, KubeDict, KubeError
 from tests.support.promql import scrape
-from tests.support.rig import Rig, binding, run_with_rig
+from tests.support.rig import ConflictOnce, Rig, binding, run_with_rig
 
 SEED = "cn-zhangjiakou.192.168.66.139"
 
@@ -152,20 +152,6 @@ def test_prioritize_names_only_the_nodes_that_score() -> None:
         assert outcome.node == "part"
 
     run_with_rig(kube, body)
-
-
-class ConflictOnce(MemoryKube):
-    """Changes the pod between the extender's read and its binding, once."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conflicts = 0
-
-    async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **kwargs: Any) -> None:
-        if self.conflicts == 0 and kwargs.get("resource_version"):
-            self.conflicts += 1
-            self.update_pod(namespace, name, message="touched by someone else")
-        await super().bind_pod(namespace, name, uid, node, **kwargs)
 
 
 def test_bind_retries_after_a_resource_version_conflict() -> None:

@@ -22,11 +22,10 @@ from gpushare.deviceplugin.metrics import registry_for
 from gpushare.inspect.cli import collect
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
+from tests.support.pluginrig import MEM, NODE, pod, run
+from tests.support.pluginrig import Rig as PluginRig
 from tests.support.rig import Rig, run_with_rig
-
-from .test_device_plugin import MEM, NODE, pod, run
-from .test_device_plugin import Rig as PluginRig
-from .test_observability import samples
+from tests.support.scraping import samples
 
 VICTIM = "victim-node"
 

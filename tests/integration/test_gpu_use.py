@@ -19,10 +19,9 @@ from gpushare.deviceplugin.usage import UsedSummaryPublisher
 from gpushare.inspect.cli import collect
 from gpushare.inspect.render import render_details
 from gpushare.inspect.view import to_json
+from tests.support.isolating import GiB, admit, fake_library, isolation
+from tests.support.pluginrig import NODE, Rig, pod, run
 from tests.support.promql import labelled, scrape, target_label_clashes
-
-from .test_device_plugin import NODE, Rig, pod, run
-from .test_isolation_hooks import GiB, admit, fake_library, isolation
 
 AT = datetime(2026, 11, 26, 18, 0, tzinfo=UTC)
 

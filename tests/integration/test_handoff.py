@@ -19,8 +19,7 @@ from gpushare.deviceplugin.preflight import StartRefused
 from gpushare.kube.memory import MemoryKube
 from tests.support import grpc_loop
 from tests.support.fake_kubelet import FakeKubelet
-
-from .test_device_plugin import CORE, MEM, NODE, Rig, bare_node, pod, run
+from tests.support.pluginrig import CORE, MEM, NODE, Rig, bare_node, pod, run
 
 
 def uuid(index: int) -> str:

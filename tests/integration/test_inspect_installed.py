@@ -12,9 +12,8 @@ from gpushare.core.model.units import MemoryUnit
 from gpushare.inspect.cli import CannotExplain, collect_explanation, installed_settings
 from gpushare.inspect.installed import extender_settings, flag_values
 from gpushare.kube.memory import MemoryKube
-
-from .test_chart import HELM, NAMESPACE, find, render
-from .test_explain_cli import kube_with_pods
+from tests.support.chart import HELM, NAMESPACE, find, render
+from tests.support.kubeconfigs import kube_with_pods
 
 needs_helm = pytest.mark.skipif(HELM is None, reason="helm is not installed (make controlplane)")
 

@@ -36,70 +36,10 @@ from gpushare.isolation.policy import (
 )
 from gpushare.kube.memory import MemoryKube
 from tests.support import grpc_loop
+from tests.support.isolating import FakeDaemons, GiB, admit, ask, fake_library, isolation
+from tests.support.pluginrig import CORE, MEM, NODE, Rig, bare_node, pod, run, served
 
-from .test_device_plugin import CORE, MEM, NODE, Rig, bare_node, pod, run, served
-
-GiB = 2**30
 PRELOAD = f"{paths.CONTAINER_LIB_DIR}/{LIB_NAME}"
-
-
-class FakeDaemons:
-    """MPS control daemons as a dictionary: pipe directory -> GPU uuid."""
-
-    def __init__(self) -> None:
-        self.running: dict[Path, str] = {}
-        self.starts: list[str] = []
-        self.stops: list[Path] = []
-
-    def missing(self) -> str:
-        return ""
-
-    def start(self, gpu: GpuInfo, pipe_dir: Path, log_dir: Path) -> None:
-        assert pipe_dir.is_dir() and log_dir.is_dir()
-        self.running[pipe_dir] = gpu.uuid
-        self.starts.append(gpu.uuid)
-
-    def alive(self, pipe_dir: Path) -> bool:
-        return pipe_dir in self.running
-
-    def stop(self, pipe_dir: Path) -> None:
-        self.stops.append(pipe_dir)
-        self.running.pop(pipe_dir, None)
-
-
-def fake_library() -> Path:
-    path = Path(tempfile.mkdtemp(prefix="gs-lib-", dir="/tmp")) / LIB_NAME
-    path.write_bytes(b"\x7fELF fake interposer")
-    return path
-
-
-def isolation(
-    policy: str = "auto",
-    packaged: Path | None = None,
-    daemons: FakeDaemons | None = None,
-    **settings: Any,
-) -> Any:
-    """The hook a rig builds; ``settings`` are more of NodeIsolation's keywords (``caps``)."""
-
-    def make(root: Path, source: FakeGpus) -> NodeIsolation:
-        return NodeIsolation(
-            policy=policy,
-            lib_dir=root / "lib",
-            state_dir=root / "state",
-            unit=MemoryUnit.GiB,
-            source=source,
-            runner=daemons or FakeDaemons(),
-            packaged=packaged,
-            **settings,
-        )
-
-    return make
-
-
-async def admit(r: Rig, manifest: dict[str, Any]) -> tuple[dict[str, Any], Any]:
-    placed = await r.place(manifest)
-    assert placed is not None
-    return placed, await r.kubelet.admit(placed)
 
 
 def limits_text(mem: str, core: int = 0) -> str:
@@ -110,18 +50,6 @@ def limits_text(mem: str, core: int = 0) -> str:
         f"version=2\nmem_limit={mem}\ncore_limit={core}\nunit=1GiB\n"
         "broker=/var/run/gpushare/broker.sock\n"
     )
-
-
-async def ask(path: Path, *lines: str) -> list[str]:
-    """Lines to a broker socket, as a container process would send them; the answers."""
-    reader, writer = await asyncio.open_unix_connection(str(path))
-    answers = []
-    for line in lines:
-        writer.write(line.encode() + b"\n")
-        answers.append((await reader.readline()).decode().rstrip("\n"))
-    writer.close()
-    await writer.wait_closed()
-    return answers
 
 
 def test_cgpu_containers_get_the_interposer_their_limit_and_their_own_accounting() -> None:

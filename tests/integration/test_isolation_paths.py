@@ -14,10 +14,9 @@ import pytest
 
 from gpushare.core.model.inventory import Mode
 from gpushare.isolation.policy import Policy
+from tests.support.isolating import admit, fake_library, isolation
+from tests.support.pluginrig import CORE, Rig, pod, run
 from tests.support.tampering import MEM, gpu_pod, refused, review
-
-from .test_device_plugin import CORE, Rig, pod, run
-from .test_isolation_hooks import admit, fake_library, isolation
 
 SETUPS = [
     (Mode.SHARE, Policy.NATIVE),

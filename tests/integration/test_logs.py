@@ -91,7 +91,7 @@ def test_every_long_running_command_takes_log_format(command: str) -> None:
 def test_the_chart_passes_log_format_to_every_component() -> None:
     import yaml
 
-    from .test_chart import HELM, helm, template_args
+    from tests.support.chart import HELM, helm, template_args
 
     if HELM is None:
         pytest.skip("helm not built")

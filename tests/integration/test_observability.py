@@ -13,7 +13,6 @@ import httpx
 import pytest
 from prometheus_client import Counter, generate_latest
 from prometheus_client.metrics_core import Metric
-from prometheus_client.parser import text_string_to_metric_families
 
 import gpushare
 from gpushare.core.admitting.admission import AdmissionSettings
@@ -31,38 +30,10 @@ from gpushare.webhook.app import WebhookMetrics
 from gpushare.webhook.app import create_app as create_webhook_app
 from harness.ports import free_port
 from tests.support.promql import target_label_clashes
-from tests.support.rig import Rig, run_with_rig
-
-from .test_extender import ConflictOnce
+from tests.support.rig import ConflictOnce, Rig, run_with_rig
+from tests.support.scraping import Samples, cluster, gpu, samples, scrape
 
 GIB = 2**30
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def samples(text: str) -> Samples:
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def gpu(node: str, index: int, model: str = "Tesla T4") -> tuple[tuple[str, str], ...]:
-    return (("gpu", str(index)), ("model", model), ("node", node))
-
-
-def cluster() -> MemoryKube:
-    kube = MemoryKube()
-    kube.put_node(gpu_node("node-a", gpus_units=[15, 15]))
-    kube.put_node(gpu_node("node-c", gpus_units=[16], mode=Mode.CORE_MEM, model="A10"))
-    kube.put_node(gpu_node("node-sick", gpus_units=[15, 15], unhealthy=[1]))
-    return kube
-
-
-async def scrape(rig: Rig) -> Samples:
-    response = await rig.client.get("/metrics")
-    assert response.status_code == 200
-    return samples(response.text)
 
 
 def test_metrics_show_memory_core_pods_health_and_latency() -> None:

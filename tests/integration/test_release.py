@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from harness.image_archive import project_version
-from tests.integration.test_chart import find_helm
+from tests.support.chart import find_helm
 
 REPO = Path(__file__).resolve().parents[2]
 

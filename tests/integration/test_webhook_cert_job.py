@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_chart import HELM, find, render
+from tests.support.chart import HELM, find, render
 
 pytestmark = pytest.mark.skipif(
     HELM is None or shutil.which("openssl") is None, reason="needs helm and openssl"

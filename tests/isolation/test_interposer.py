@@ -37,7 +37,7 @@ from gpushare.deviceplugin.broker import SETTLE_S, SOCKET_NAME, Broker
 from gpushare.deviceplugin.descriptors import BrokerCaps
 from gpushare.isolation import build
 from gpushare.isolation.limits import ContainerLimits
-from harness.fakegpu.built import Built, build_all
+from harness.fakegpu.built import Built
 
 HERE = Path(__file__).parent
 MiB = 2**20
@@ -45,11 +45,6 @@ MiB = 2**20
 pytestmark = pytest.mark.skipif(
     shutil.which("gcc") is None, reason="gcc not found: the interposer tests compile C"
 )
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    return build_all(tmp_path_factory.mktemp("native"))
 
 
 @pytest.fixture

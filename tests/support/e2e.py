@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -109,3 +110,25 @@ def create_nodes(cluster: Cluster, nodes: list[dict[str, Any]]) -> None:
 
 def delete_nodes(cluster: Cluster, names: list[str]) -> None:
     cluster.kubectl("delete", "node", *names, "--wait=false", check=False)
+
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "gpushare"
+
+
+def helm(cluster: Cluster, *args: str, check: bool = True) -> Any:
+
+    result = subprocess.run(
+        [str(cluster.binaries["helm"]), *args],
+        env={
+            **cluster.env(),
+            "HELM_CACHE_HOME": str(cluster.root / "helm" / "cache"),
+            "HELM_CONFIG_HOME": str(cluster.root / "helm" / "config"),
+            "HELM_DATA_HOME": str(cluster.root / "helm" / "data"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    if check:
+        assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stdout}{result.stderr}"
+    return result

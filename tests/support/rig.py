@@ -83,3 +83,17 @@ def binding(pod: KubeDict, node: str) -> dict[str, str]:
         "PodUID": meta["uid"],
         "Node": node,
     }
+
+
+class ConflictOnce(MemoryKube):
+    """Changes the pod between the extender's read and its binding, once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conflicts = 0
+
+    async def bind_pod(self, namespace: str, name: str, uid: str, node: str, **kwargs: Any) -> None:
+        if self.conflicts == 0 and kwargs.get("resource_version"):
+            self.conflicts += 1
+            self.update_pod(namespace, name, message="touched by someone else")
+        await super().bind_pod(namespace, name, uid, node, **kwargs)
