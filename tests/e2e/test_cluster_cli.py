@@ -21,9 +21,9 @@ from tests.support.e2e import REPO, eventually
 
 
 def cluster_command(*args: str, timeout: float = 240) -> str:
-    """``python -m harness.cluster ARGS`` from the repository; its output, checked."""
+    """``python -m harness.clusterctl ARGS`` from the repository; its output, checked."""
     result = subprocess.run(
-        [sys.executable, "-m", "harness.cluster", *args],
+        [sys.executable, "-m", "harness.clusterctl", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

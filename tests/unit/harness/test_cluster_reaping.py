@@ -63,7 +63,7 @@ def test_components_of_the_directory(argv: list[str], component: str) -> None:
 @pytest.mark.parametrize(
     "argv",
     [
-        [f"{VENV}/python", "-m", "harness.cluster", "down", "--dir", "/tmp/c"],  # ourselves
+        [f"{VENV}/python", "-m", "harness.clusterctl", "down", "--dir", "/tmp/c"],  # ourselves
         ["make", "cluster-down", "CLUSTER_DIR=/tmp/c"],
         ["tail", "-f", "/tmp/c/logs/etcd.log"],  # only reading a log
         [f"{VENV}/python", f"{VENV}/gpushare", "simulate", "--out", "/tmp/c/report"],
