@@ -2,16 +2,16 @@
 
 One hook per node mode (``ack.node.gpu.schedule``), picked when the plugin starts:
 
-- ``cgpu`` and ``core_mem``: :class:`InterposerIsolation` preloads the native interposer
+- on ``cgpu`` and ``core_mem`` nodes, :class:`InterposerIsolation` preloads the native interposer
   (``gpushare/isolation/native``) and gives each container its memory limit in bytes per visible
   GPU, its SM percentage on core_mem, and an account of its own in the plugin's accounting
   broker (``deviceplugin.broker``), through which the interposer counts usage across the
   container's processes.
-- ``mps``: :class:`MpsIsolation` runs one NVIDIA MPS control daemon per GPU and points each
-  container at its GPU's pipe directory, with MPS's own pinned-memory limit.
-- ``share`` (and ``--isolation none``): :class:`~gpushare.deviceplugin.serving.NoIsolation`; the
-  container gets the ``ALIYUN_COM_GPU_MEM_*`` variables only and limits itself
-  (``gpushare.isolation.share``).
+- on ``mps`` nodes, :class:`MpsIsolation` runs one NVIDIA MPS control daemon per GPU and
+  points each container at its GPU's pipe directory, with MPS's own pinned-memory limit.
+- on ``share`` nodes (and with ``--isolation none``),
+  :class:`~gpushare.deviceplugin.serving.NoIsolation`; the container gets the
+  ``ALIYUN_COM_GPU_MEM_*`` variables only and limits itself (``gpushare.isolation.share``).
 
 What the container cannot undo: the limits and the preload are files the plugin writes on the
 host and mounts read-only, ``/etc/gpushare/limits`` (``gpushare.isolation.limits``; the
@@ -50,4 +50,6 @@ The modules, one per job:
 - ``mpsdaemon``: ``MpsControl``, the MPS control daemon itself, behind ``DaemonRunner``.
 - ``library``: installing the interposer library and the preload list on the host.
 - ``accounts``: each container's state directory, and pruning those of gone containers.
+- ``mountcheck``: the runtime's check of the isolation mounts, a CDI device whose only edit
+  is a hook.
 """
