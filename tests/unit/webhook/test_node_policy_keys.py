@@ -1,7 +1,7 @@
 """Every node annotation the device plugin writes is one its ValidatingAdmissionPolicy allows.
 
 The policy (webhook/noderestriction.py, rendered into the chart's deviceplugin-policy.yaml, the
-two kept equal by tests/integration/test_chart.py) lists the node annotations the plugin may
+two kept equal by tests/integration/chart/test_chart.py) lists the node annotations the plugin may
 change. A new annotation written without being added there is refused by the API server on
 every write, which no test with admin credentials sees: ``gpushare.io/gpu-used`` was refused
 every five minutes this way. So the plugin's source is read here for every annotation key it

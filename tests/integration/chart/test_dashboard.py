@@ -35,7 +35,7 @@ from tests.support.promql import Vector, labelled, merge, names_in, scrape
 from tests.support.promqlengine import evaluate, evaluate_all, grafana, need_binary, parse_all
 from tests.support.rig import rig_for
 
-CHART = Path(__file__).parents[2] / "charts" / "gpushare"
+CHART = Path(__file__).parents[3] / "charts" / "gpushare"
 DASHBOARD = CHART / "dashboards" / "gpushare.json"
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
 """Series a family exposes besides its name (no ``_created``: gpushare.exporting drops it)."""

@@ -29,7 +29,7 @@ import pytest
 
 from harness.image_archive import project_version, recipe_repository
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BINFMT = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
 AARCH64 = 183
 """ELF e_machine of AArch64."""

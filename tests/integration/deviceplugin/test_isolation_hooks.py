@@ -395,7 +395,7 @@ def test_the_plugin_check_hands_the_live_pods_and_devices_to_the_hook() -> None:
 
 # A stand-in for nvidia-cuda-mps-control (the GPU run's rehearsal uses it too).
 FAKE_MPS_CONTROL = (
-    Path(__file__).parents[2] / "harness" / "fakegpu" / "fakes" / "nvidia-cuda-mps-control"
+    Path(__file__).parents[3] / "harness" / "fakegpu" / "fakes" / "nvidia-cuda-mps-control"
 ).read_text()
 
 

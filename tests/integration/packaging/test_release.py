@@ -27,7 +27,7 @@ import yaml
 from harness.image_archive import project_version
 from tests.support.chart import find_helm
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _packaging(name: str) -> ModuleType:

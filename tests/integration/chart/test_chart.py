@@ -944,7 +944,8 @@ def test_prometheus_rule_alerts_on_what_an_operator_needs_first() -> None:
     ):
         assert f'job="{NAMESPACE}/{RELEASE}-{monitor}"' in alerts[alert]["expr"]
         assert f"{RELEASE}-{monitor}" in monitors
-    # Prometheus's own parser and engine check the expressions: tests/integration/test_alerts.py
+    # Prometheus's own parser and engine check the expressions:
+    # tests/integration/chart/test_alerts.py
 
 
 def test_helm_test_checks_the_webhook_through_its_service_and_ca() -> None:

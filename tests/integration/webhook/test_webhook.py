@@ -19,7 +19,7 @@ from gpushare.core.model.units import MemoryUnit
 from gpushare.webhook.app import create_app
 from gpushare.webhook.configuration import webhook_configuration
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 
 
 def golden_request(case: str) -> Any:

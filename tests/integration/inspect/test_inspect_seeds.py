@@ -29,7 +29,7 @@ from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
 
 SEEDS = Path(
-    os.environ.get("GPUSHARE_SEEDS") or Path(__file__).resolve().parents[3] / "shared" / "seeds"
+    os.environ.get("GPUSHARE_SEEDS") or Path(__file__).resolve().parents[4] / "shared" / "seeds"
 )
 
 pytestmark = pytest.mark.skipif(
