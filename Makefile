@@ -85,10 +85,10 @@ test: $(STAMP) lint typecheck controlplane
 # REAL_NODE=1 adds one real node (containerd, kubelet, the device plugin; needs root).
 # cluster-down stops every process of CLUSTER_DIR, found by command line, and says which.
 cluster: $(STAMP) controlplane
-	$(BIN)/python -m harness.cluster up --dir $(CLUSTER_DIR) $(if $(UNIT),--unit $(UNIT)) $(if $(REAL_NODE),--real-node)
+	$(BIN)/python -m harness.clusterctl up --dir $(CLUSTER_DIR) $(if $(UNIT),--unit $(UNIT)) $(if $(REAL_NODE),--real-node)
 
 cluster-down: $(STAMP)
-	$(BIN)/python -m harness.cluster down --dir $(CLUSTER_DIR)
+	$(BIN)/python -m harness.clusterctl down --dir $(CLUSTER_DIR)
 
 # Benchmarks (not timed tests): the policy table on the shared openb traces (10 seeds, every
 # gpushare variant), the same table on the built-in stress workloads (multi-GPU,

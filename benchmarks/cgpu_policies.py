@@ -2,13 +2,13 @@
 and the spread over repeated runs.
 
 Builds the interposer (one copy per container, each reading its own limits file), the fake
-driver and NVML and the ``launches`` program from ``tests/isolation``, then, per policy, runs the
+driver and NVML and the ``launches`` program from ``harness/fakegpu``, then, per policy, runs the
 three containers flat out on one shared fake SM. ``early`` is each container's share of the SM
 between 0.2 s and 0.4 s after start (how fast the schedule holds), ``steady`` between 1.5 s and
 3 s; the spread is max - min of ``steady`` over the runs.
 
 A second table runs the device plugin's own schedules and activity tracking
-(``tests/isolation/test_activity.py``): a and b launch for 4.5 s, c joins at 1.5 s and leaves at
+(``harness/fakegpu/activity.py``): a and b launch for 4.5 s, c joins at 1.5 s and leaves at
 3 s (weights 1, 2, 3; fixed shares 10, 20, 40 %; 8 pods per GPU). It prints the steady shares
 of each stretch, the time each change took to settle (every share within max(4 points, 12 %)
 of its target in two 100 ms windows in a row) and the spread of the steady shares over the
@@ -30,15 +30,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpushare.isolation.policy import Member, Policy  # noqa: E402
-from tests.isolation import test_activity, test_interposer, test_policies  # noqa: E402
+from harness.fakegpu import activity as joining  # noqa: E402
+from harness.fakegpu import policies  # noqa: E402
+from harness.fakegpu.built import Built, build_all  # noqa: E402
+from harness.fakegpu.node import interposers  # noqa: E402
 
 CASES: dict[Policy, tuple[str, Callable[[], list[Member]], int]] = {
-    Policy.EVEN: ("1/20 each", lambda: test_policies.members(), 3),
-    Policy.PREEMPTIVE: ("1/3 each", lambda: test_policies.members(), 3),
-    Policy.WEIGHTED: ("weights 1,2,3", lambda: test_policies.members(weights=(1, 2, 3)), 3),
-    Policy.FIXED: ("10,20,40 %", lambda: test_policies.members((10, 20, 40)), 3),
-    Policy.SOFT: ("alone of 3", lambda: test_policies.members(), 1),
-    Policy.NATIVE: ("no schedule", lambda: test_policies.members(), 3),
+    Policy.EVEN: ("1/20 each", lambda: policies.members(), 3),
+    Policy.PREEMPTIVE: ("1/3 each", lambda: policies.members(), 3),
+    Policy.WEIGHTED: ("weights 1,2,3", lambda: policies.members(weights=(1, 2, 3)), 3),
+    Policy.FIXED: ("10,20,40 %", lambda: policies.members((10, 20, 40)), 3),
+    Policy.SOFT: ("alone of 3", lambda: policies.members(), 1),
+    Policy.NATIVE: ("no schedule", lambda: policies.members(), 3),
 }
 
 
@@ -48,16 +51,14 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="gs-cgpu-"))
     factory = _Factory(out)
-    built = test_interposer.built.__wrapped__(factory)  # type: ignore[attr-defined]
-    containers = test_policies.containers.__wrapped__(built, factory)  # type: ignore[attr-defined]
+    built = build_all(factory.mktemp("native"))
+    containers = policies.build_containers(factory.mktemp("policies"))
     print(f"| policy | case | early (0.2-0.4 s) % | steady (1.5-3 s) % | spread (n={args.runs}) |")
     print("| --- | --- | --- | --- | --- |")
     for policy, (case, members, running) in CASES.items():
-        early = test_policies.run_policy(
-            built, containers, out, policy, members(), running, seconds=0.4
-        )
+        early = policies.run_policy(built, containers, out, policy, members(), running, seconds=0.4)
         steady = [
-            test_policies.run_policy(built, containers, out, policy, members(), running)
+            policies.run_policy(built, containers, out, policy, members(), running)
             for _ in range(args.runs)
         ]
         means = [statistics.mean(r.own[i] for r in steady) for i in range(running)]
@@ -73,22 +74,22 @@ def main() -> None:
     activity(built, out, args.runs)
 
 
-def activity(built: test_interposer.Built, out: Path, runs: int) -> None:
+def activity(built: Built, out: Path, runs: int) -> None:
     """The join-and-leave scenario with the plugin's schedules, per scheduled policy."""
-    libs = test_activity.interposers(out / "activity-libs", 3)
+    libs = interposers(out / "activity-libs", 3)
     print()
     print(
         "| policy | a, b (0.6-1.5 s) % | a, b, c (2-3 s) % | a, b again (3.9-4.5 s) % "
         f"| settles after c joins / leaves, s | spread (n={runs}) |"
     )
     print("| --- | --- | --- | --- | --- | --- |")
-    for policy in test_activity.EXPECTED | {Policy.SOFT: {}}:
+    for policy in joining.EXPECTED | {Policy.SOFT: {}}:
         outcomes = [
-            test_activity.join_and_leave(built, libs, out / f"p{int(policy)}-{i}", policy)
+            joining.join_and_leave(built, libs, out / f"p{int(policy)}-{i}", policy)
             for i in range(runs)
         ]
         cells = []
-        for phase in test_activity.PHASES:
+        for phase in joining.PHASES:
             names = phase.split()[0]
             cells.append(
                 ", ".join(
@@ -97,7 +98,7 @@ def activity(built: test_interposer.Built, out: Path, runs: int) -> None:
             )
         spread = max(
             max(o.steady[p][c] for o in outcomes) - min(o.steady[p][c] for o in outcomes)
-            for p in test_activity.PHASES
+            for p in joining.PHASES
             for c in p.split()[0]
         )
         join = max(o.join_s for o in outcomes)

@@ -1,6 +1,6 @@
 """Count what hostile objects do to the extender: raised watch events and 5xx replies.
 
-Every field and annotation gpushare reads (``tests/hostile.py``) is set to hostile values, a
+Every field and annotation gpushare reads (``harness/hostile.py``) is set to hostile values, a
 seeded sample of them, and each object goes through the cache as a watch event and through
 ``/filter`` and ``/prioritize`` as a body; hostile names go to ``/bind``. It prints how many
 watch events raised out of the cache (each one would end a real watch) and how many replies
@@ -35,7 +35,7 @@ from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
 from gpushare.kube.port import WatchEvent
-from tests.hostile import NODE_PATHS, POD_PATHS, mutated, mutations
+from harness.hostile import NODE_PATHS, POD_PATHS, mutated, mutations
 
 NODE = "gpu-node"
 BIND_NAMES = ("../../../nodes/gpu-node", "x?dryRun=All", "x/status", "", "a" * 300, "p")

@@ -94,7 +94,8 @@ from gpushare.sim import gpumem  # noqa: E402
 from gpushare.sim.kubeyaml import card_units  # noqa: E402
 from gpushare.sim.milligpu import Run  # noqa: E402
 from gpushare.sim.openb import TraceNode, TracePod, read_nodes, read_pods  # noqa: E402
-from harness.cluster import Cluster, StartError, _down, running_cluster  # noqa: E402
+from harness.cluster import Cluster, StartError, running_cluster  # noqa: E402
+from harness.clusterctl import _down  # noqa: E402
 
 TRACES = ROOT.parent / "shared" / "traces" / "openb"
 NODE_LIST = "openb_node_list_gpu_node.csv"

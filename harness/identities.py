@@ -27,11 +27,32 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
-from harness.cluster import Cluster
+
+class ControlPlane(Protocol):
+    """What the identities need of a running control plane (``harness.cluster.Cluster``), so
+    that the cluster, which asks for the extender's kubeconfig here, is not imported back."""
+
+    root: Path
+    binaries: dict[str, Path]
+
+    @property
+    def pki(self) -> Path: ...
+
+    @property
+    def server(self) -> str: ...
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]: ...
+
+    def kubectl_json(self, *args: str) -> Any: ...
+
+    def create_namespace(self, name: str, *, check: bool = True) -> bool: ...
+
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "gpushare"
@@ -51,7 +72,7 @@ TOKEN_DURATION = "48h"
 
 
 def chart_documents(
-    cluster: Cluster,
+    cluster: ControlPlane,
     templates: tuple[str, ...],
     *,
     release: str = RELEASE,
@@ -91,7 +112,7 @@ def chart_documents(
     return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
-def apply_chart_identities(cluster: Cluster) -> None:
+def apply_chart_identities(cluster: ControlPlane) -> None:
     """Apply the chart's ServiceAccounts, RBAC and device plugin policies (once per cluster;
     again when a test changed them)."""
     cluster.create_namespace(NAMESPACE, check=False)
@@ -100,7 +121,12 @@ def apply_chart_identities(cluster: Cluster) -> None:
 
 
 def token_kubeconfig(
-    cluster: Cluster, token: str, path: Path, *, user: str = "device-plugin", namespace: str = ""
+    cluster: ControlPlane,
+    token: str,
+    path: Path,
+    *,
+    user: str = "device-plugin",
+    namespace: str = "",
 ) -> Path:
     """A kubeconfig that authenticates with a bearer token (a ServiceAccount's), its context
     naming ``namespace`` when given, as one handed to a tenant does."""
@@ -129,7 +155,7 @@ def token_kubeconfig(
 
 
 def service_account_kubeconfig(
-    cluster: Cluster, account: str, path: Path, *, node: str = ""
+    cluster: ControlPlane, account: str, path: Path, *, node: str = ""
 ) -> Path:
     """A kubeconfig with a fresh token of the chart's ServiceAccount ``account``; bound to
     ``node`` when given (its name then in the user's extra, as in the DaemonSet's pod)."""
@@ -140,7 +166,7 @@ def service_account_kubeconfig(
     return token_kubeconfig(cluster, token, path, user=account)
 
 
-def device_plugin_kubeconfig(cluster: Cluster, node: str) -> Path:
+def device_plugin_kubeconfig(cluster: ControlPlane, node: str) -> Path:
     """The device plugin's identity on ``node``, with the chart's RBAC and policies applied."""
     apply_chart_identities(cluster)
     return service_account_kubeconfig(
@@ -148,7 +174,7 @@ def device_plugin_kubeconfig(cluster: Cluster, node: str) -> Path:
     )
 
 
-def extender_kubeconfig(cluster: Cluster) -> Path:
+def extender_kubeconfig(cluster: ControlPlane) -> Path:
     """The extender's identity (the scheduler pod's ServiceAccount), RBAC applied."""
     apply_chart_identities(cluster)
     return service_account_kubeconfig(cluster, SCHEDULER_SA, cluster.root / "extender.kubeconfig")

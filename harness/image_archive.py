@@ -7,7 +7,7 @@ packages, PyPI and the control-plane build):
 - the gpushare image, ``ghcr.io/gpushare/gpushare:<version>`` as the chart names it by default:
   built by the release's own recipe, ``packaging/image.py``, run with the same arguments as
   ``make image`` (``RECIPE``), so the image the Helm test runs is the one a release ships
-  (``tests/unit/test_image_archive.py`` checks that the Makefile and this module agree);
+  (``tests/unit/harness/test_image_archive.py`` checks that the Makefile and this module agree);
 - ``gpushare.local/kube-scheduler:<version>``: the statically linked kube-scheduler that
   ``harness/controlplane/build.sh`` builds, as upstream's distroless image carries it (a
   stand-in for registry.k8s.io's, which a cluster pulls);

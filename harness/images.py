@@ -9,7 +9,7 @@ images that containerd's ``ctr images import`` reads (``manifest.json``, a confi
   plus ``/probe``, a dynamically linked program with the loader and the glibc libraries it and
   the interposer need, so a test can see ``LD_PRELOAD`` take effect under the real runtime; and
   ``/memops`` and ``/launches`` with the CPU-only fake driver and NVML of
-  ``tests/isolation/fakes`` installed as ``libcuda.so.1`` and ``libnvidia-ml.so.1`` where the
+  ``harness/fakegpu/fakes`` installed as ``libcuda.so.1`` and ``libnvidia-ml.so.1`` where the
   NVIDIA runtime would mount the real ones, so the interposer's limits and cGPU schedules can be
   exercised inside a real container; and ``/flood``, a hostile process that opens many
   connections to the accounting broker's socket (``node/flood.c``); and, as a hostile image
@@ -32,7 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PROBE_SOURCE = HERE / "node" / "probe.c"
 FLOOD_SOURCE = HERE / "node" / "flood.c"
-ISOLATION = HERE.parent / "tests" / "isolation"
+FAKEGPU = HERE / "fakegpu"
 NATIVE = HERE.parent / "src" / "gpushare" / "isolation" / "native"
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 PAUSE_IMAGE = "gpushare.local/pause:1"
@@ -74,7 +74,7 @@ def _build_driver(out: Path) -> dict[str, Path]:
         (nvml, "fake_nvml.c", ["-ldl"]),
     ):
         soname = f"-Wl,-soname,{lib.name}"
-        source_path = str(ISOLATION / "fakes" / source)
+        source_path = str(FAKEGPU / "fakes" / source)
         subprocess.run(
             [*cc, "-shared", soname, "-o", str(lib), source_path, *libs],
             check=True,
@@ -83,7 +83,7 @@ def _build_driver(out: Path) -> dict[str, Path]:
     linked = ["-l:libcuda.so.1", "-l:libnvidia-ml.so.1", "-ldl"]
     programs = {}
     for name in ("memops", "launches"):
-        program = str(ISOLATION / "programs" / f"{name}.c")
+        program = str(FAKEGPU / "programs" / f"{name}.c")
         subprocess.run(
             [*cc, "-o", str(out / name), program, f"-L{out}", *linked],
             check=True,

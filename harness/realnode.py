@@ -48,8 +48,9 @@ import yaml
 
 from gpushare.node.gpus import FakeGpus
 from harness import cdi_double
-from harness.cluster import Cluster, Process, StartError, _openssl, free_port, wait_for
+from harness.cluster import Cluster, Process, StartError, _openssl, wait_for
 from harness.images import PAUSE_IMAGE, TEST_IMAGE, build_images
+from harness.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 SETUP = HERE / "node" / "setup.sh"

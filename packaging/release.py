@@ -3,7 +3,7 @@
     python packaging/release.py --out dist/0.1.0 --image dist/0.1.0/gpushare-image-0.1.0.oci.tar
     make release                                   # the same, building the image first
 
-Into ``--out`` (the names are what ``tests/integration/test_release.py`` checks):
+Into ``--out`` (the names are what ``tests/integration/packaging/test_release.py`` checks):
 
 - ``gpushare-image-<v>.oci.tar``: the image from ``packaging/image.py`` (``make image``), named
   ``ghcr.io/gpushare/gpushare:<v>``; push with ``skopeo copy --all oci-archive:...``;
@@ -50,7 +50,7 @@ PLUGIN_REQUIREMENTS = (
     "click", "rich", "msgspec", "pydantic", "lightkube", "lightkube-models", "PyYAML",
 )  # fmt: skip
 """What ``gpushare.inspect`` imports (with what those need, which pip resolves); pinned by
-pyproject.toml's dependencies. tests/integration/test_release.py imports every module of
+pyproject.toml's dependencies. tests/integration/packaging/test_release.py imports every module of
 gpushare.inspect and gpushare.kube from the plugin to show nothing is missing."""
 PLUGIN_PYTHONS = ("3.11", "3.12", "3.13")
 """The CPython versions the plugin carries compiled dependencies for."""

@@ -25,6 +25,6 @@ def golden() -> object:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    from tests import grpc_loop
+    from tests.support import grpc_loop
 
     grpc_loop.close()

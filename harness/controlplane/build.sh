@@ -2,7 +2,7 @@
 # Builds, once, the upstream binaries the end-to-end tests run, from the Go module proxy:
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kwok, helm,
 #   the real node's container runtime: containerd 2 (daemon, runc shim, ctr), and promqlcheck
-#   (Prometheus's PromQL parser and engine as a test binary, ../../tests/promqlcheck).
+#   (Prometheus's PromQL parser and engine as a test binary, ../../tests/support/promqlcheck).
 # They land in a cache outside the repository, keyed by version, so a second run builds nothing:
 #   ${GPUSHARE_CACHE:-~/.cache/gpushare}/bin/<component>-<version>/<binary>
 # It prints the directory of each binary set; `bin-dir` prints one line PATH entries for all.
@@ -108,11 +108,11 @@ build_containerd() {
 }
 
 # Prometheus's own parser and engine, for the dashboard's and the alerts' PromQL: a test binary
-# of the promql and promqltest packages (tests/promqlcheck), not promtool, whose service
+# of the promql and promqltest packages (tests/support/promqlcheck), not promtool, whose service
 # discoveries and cloud SDKs took 23 minutes on 2 cores; this took 266 s cold (820 MB of
 # modules fetched) and seconds warm. Keyed by the hash of its sources, so an edit rebuilds it.
 build_promqlcheck() {
-  local src="$HERE/../../tests/promqlcheck" key
+  local src="$HERE/../../tests/support/promqlcheck" key
   key="$(cat "$src/go.mod" "$src/go.sum" "$src/check_test.go" | sha256sum | cut -c1-12)"
   local out="$CACHE/promqlcheck-$key"
   if [ -x "$out/promqlcheck.test" ]; then echo "$out"; return; fi

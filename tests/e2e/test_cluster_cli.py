@@ -17,14 +17,13 @@ from typing import Any
 from harness.cluster import Cluster, build_binaries
 from harness.reaping import find_running
 from harness.seeding import CORE_NODE, SHARE_NODE
-
-from .conftest import REPO, eventually
+from tests.support.e2e import REPO, eventually
 
 
 def cluster_command(*args: str, timeout: float = 240) -> str:
-    """``python -m harness.cluster ARGS`` from the repository; its output, checked."""
+    """``python -m harness.clusterctl ARGS`` from the repository; its output, checked."""
     result = subprocess.run(
-        [sys.executable, "-m", "harness.cluster", *args],
+        [sys.executable, "-m", "harness.clusterctl", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -46,11 +46,9 @@ import yaml
 from gpushare.core.admitting.tampering import DEFAULT_EXEMPT_NAMESPACES
 from harness.cluster import Cluster, Process, free_port, wait_for
 from harness.seeding import kwok_node
-from tests.nvidia_shapes import GPU_OPERATOR_SHAPES, k8s_device_plugin, tenant_pod
-
-from .conftest import create_nodes, delete_nodes, eventually
-from .test_helm import CHART, helm
-from .test_webhook import serving_pki
+from tests.support.e2e import CHART, create_nodes, delete_nodes, eventually, helm
+from tests.support.nvidia_shapes import GPU_OPERATOR_SHAPES, k8s_device_plugin, tenant_pod
+from tests.support.pki import serving_pki
 
 RELEASE = "gpushare-gpuop"
 OPERATOR_NS = "gpu-operator"

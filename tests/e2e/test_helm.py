@@ -50,10 +50,9 @@ from harness.cluster import Cluster, free_port
 from harness.image_archive import Builder, default_cache
 from harness.realnode import TOLERATION, RealNode, probe_env, unavailable
 from harness.seeding import kwok_node
-
-from .conftest import REAL_NODE_LOCK, create_nodes, delete_nodes, eventually
-from .test_real_node import NS as REAL_NS
-from .test_real_node import (
+from tests.support.e2e import CHART, REAL_NODE_LOCK, create_nodes, delete_nodes, eventually, helm
+from tests.support.realnode import NS as REAL_NS
+from tests.support.realnode import (
     PROBE_THEN,
     expected,
     gpu_uuids,
@@ -62,28 +61,7 @@ from .test_real_node import (
     wait_done_label,
 )
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "gpushare"
 RELEASE = "gpushare-e2e"
-
-
-def helm(cluster: Cluster, *args: str, check: bool = True) -> Any:
-    import subprocess
-
-    result = subprocess.run(
-        [str(cluster.binaries["helm"]), *args],
-        env={
-            **cluster.env(),
-            "HELM_CACHE_HOME": str(cluster.root / "helm" / "cache"),
-            "HELM_CONFIG_HOME": str(cluster.root / "helm" / "config"),
-            "HELM_DATA_HOME": str(cluster.root / "helm" / "data"),
-        },
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    if check:
-        assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stdout}{result.stderr}"
-    return result
 
 
 def without_client(webhook: dict[str, Any]) -> dict[str, Any]:

@@ -22,8 +22,7 @@ from typing import Any
 from harness.cluster import Cluster
 from harness.helpers import apply_all, gpu_pod_manifest
 from harness.seeding import labelled_kwok_nodes
-
-from .conftest import create_nodes, delete_nodes, eventually
+from tests.support.e2e import create_nodes, delete_nodes, eventually
 
 NS = "e2e-hostile"
 LABEL = "hostile"

@@ -37,8 +37,7 @@ from gpushare.core.model.inventory import Mode
 from harness.cluster import Cluster
 from harness.helpers import apply_all, gpu_pod_manifest, pods
 from harness.seeding import labelled_kwok_nodes
-
-from .conftest import create_nodes, delete_nodes
+from tests.support.e2e import create_nodes, delete_nodes
 
 ATTACK_NS = "e2e-hold-attack"
 VICTIM_NS = "e2e-hold-victim"
@@ -68,6 +67,32 @@ def _held(cluster: Cluster, nodes: Collection[str] = NODES) -> int:
     )
 
 
+STORAGE_CLASS_MANIFEST = {
+    "apiVersion": "storage.k8s.io/v1",
+    "kind": "StorageClass",
+    "metadata": {"name": STORAGE_CLASS},
+    "provisioner": "example.invalid/never",
+    "volumeBindingMode": "WaitForFirstConsumer",
+}
+"""Claims of this class wait for their first consumer, and no provisioner ever comes."""
+
+
+def _wait_held(
+    cluster: Cluster, nodes: Collection[str], amount: int, what: str, every_s: float
+) -> None:
+    """Until the extender's ledger holds ``amount`` on ``nodes`` (two minutes at most)."""
+    deadline = time.monotonic() + 120
+    while _held(cluster, nodes) < amount:
+        assert time.monotonic() < deadline, f"{what} never booked: {_held(cluster, nodes)}"
+        time.sleep(every_s)
+
+
+def _mount_claim(pod: dict[str, Any], claim: str) -> None:
+    """The pod's container mounts ``claim``, so PreBind waits for it."""
+    pod["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+
+
 def _claim(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -84,8 +109,7 @@ def _claim(name: str) -> dict[str, Any]:
 def _attacker(index: int, selector: dict[str, str]) -> dict[str, Any]:
     pod = gpu_pod_manifest(f"hold-{index}", ATTACK_NS, POD_MEM, selector=selector)
     claim = f"never-{index}"
-    pod["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]
-    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+    _mount_claim(pod, claim)
     return pod
 
 
@@ -120,22 +144,14 @@ def test_pods_stuck_in_prebind_do_not_hold_the_pool_from_other_tenants(cluster: 
         labelled_kwok_nodes(NODES, "intent-hold", gpus_units=[GPU_MEM] * 4, mode=Mode.SHARE),
     )
     selector = {"gpushare-e2e": "intent-hold"}
-    storage_class = {
-        "apiVersion": "storage.k8s.io/v1",
-        "kind": "StorageClass",
-        "metadata": {"name": STORAGE_CLASS},
-        "provisioner": "example.invalid/never",
-        "volumeBindingMode": "WaitForFirstConsumer",
-    }
     for namespace in (ATTACK_NS, VICTIM_NS):
         cluster.create_namespace(namespace)
     try:
-        apply_all(cluster, [storage_class, *(_claim(f"never-{i}") for i in range(ATTACKERS))])
+        apply_all(
+            cluster, [STORAGE_CLASS_MANIFEST, *(_claim(f"never-{i}") for i in range(ATTACKERS))]
+        )
         apply_all(cluster, [_attacker(i, selector) for i in range(ATTACKERS)])
-        deadline = time.monotonic() + 120
-        while _held(cluster) < ATTACKERS * POD_MEM:
-            assert time.monotonic() < deadline, f"the pool was never booked: {_held(cluster)}"
-            time.sleep(0.2)
+        _wait_held(cluster, NODES, ATTACKERS * POD_MEM, "the pool was", every_s=0.2)
         booked = time.monotonic()
         apply_all(cluster, [gpu_pod_manifest("victim", VICTIM_NS, POD_MEM, selector=selector)])
         created = time.monotonic()
@@ -199,8 +215,7 @@ def _stuck_pod(cluster: Cluster, namespace: str, wave: int, i: int, fresh: bool)
     if fresh or wave == 0:
         manifests.append(_claim(claim) | {"metadata": {"name": claim, "namespace": namespace}})
     pod = gpu_pod_manifest(f"hold-w{wave}-{i}", namespace, POD_MEM, selector=WAVE_SELECTOR)
-    pod["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]
-    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+    _mount_claim(pod, claim)
     manifests.append(pod)
     apply_all(cluster, manifests)
     return str(pod["metadata"]["name"])
@@ -222,13 +237,6 @@ def test_waves_of_re_created_stuck_pods_do_not_keep_victims_out(
         cluster,
         labelled_kwok_nodes(WAVE_NODES, "intent-waves", gpus_units=[GPU_MEM] * 4, mode=Mode.SHARE),
     )
-    storage_class = {
-        "apiVersion": "storage.k8s.io/v1",
-        "kind": "StorageClass",
-        "metadata": {"name": STORAGE_CLASS},
-        "provisioner": "example.invalid/never",
-        "volumeBindingMode": "WaitForFirstConsumer",
-    }
     suffix = "ns" if new_namespace_each_wave else "same"
     victims_ns = f"e2e-waves-victim-{suffix}"
     attack = [f"e2e-waves-attack-{suffix}-0"]
@@ -237,17 +245,12 @@ def test_waves_of_re_created_stuck_pods_do_not_keep_victims_out(
     stop = threading.Event()
     waves: list[float] = []
     try:
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(storage_class))
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(STORAGE_CLASS_MANIFEST))
         current = [
             (attack[0], _stuck_pod(cluster, attack[0], 0, i, new_namespace_each_wave))
             for i in range(WAVE_ATTACKERS)
         ]
-        deadline = time.monotonic() + 120
-        while _held(cluster, WAVE_NODES) < WAVE_ATTACKERS * POD_MEM:
-            assert time.monotonic() < deadline, (
-                f"the attack never booked: {_held(cluster, WAVE_NODES)}"
-            )
-            time.sleep(0.5)
+        _wait_held(cluster, WAVE_NODES, WAVE_ATTACKERS * POD_MEM, "the attack", every_s=0.5)
 
         def attacker() -> None:
             """Each pod deleted and created again every 25 s, one every 25/4 s, so that a

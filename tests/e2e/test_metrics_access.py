@@ -37,9 +37,8 @@ from gpushare.node.gpus import FakeGpus
 from harness.cluster import Cluster, free_port, wait_for
 from harness.helpers import scrape_with_token
 from harness.identities import token_kubeconfig
-
-from ..integration.test_observability import samples
-from .conftest import eventually
+from tests.support.e2e import eventually
+from tests.support.scraping import samples
 
 RELEASE = "gpushare-ma"
 NAMESPACE = "gpushare-metrics-auth"

@@ -5,7 +5,7 @@ leading kube-scheduler calls its extender, and the standby's extender keeps its 
 the cluster's extender (called by kube-scheduler) is the leader's and a second ``gpushare
 extender`` process, which nobody calls, is the standby's. Both /metrics are scraped into one
 sample set with their own ``instance``, as Prometheus would, and the dashboard's own panel
-expressions are evaluated on it by Prometheus's own engine (tests/promqlengine.py), with the
+expressions are evaluated on it by Prometheus's own engine (tests/support/promqlengine.py), with the
 node variable picking this test's kwok nodes. Then the leader's extender goes away, as at a
 hand-over, and the standby's numbers alone must still add up.
 """
@@ -22,10 +22,9 @@ from gpushare.core.model.inventory import Mode
 from harness.cluster import Cluster, free_port, wait_for
 from harness.helpers import apply_all, gpu_pod_manifest, pods
 from harness.seeding import labelled_kwok_nodes
-
-from ..promql import labelled, merge, scrape
-from ..promqlengine import Vector, evaluate
-from .conftest import create_nodes, delete_nodes, eventually
+from tests.support.e2e import create_nodes, delete_nodes, eventually
+from tests.support.promql import labelled, merge, scrape
+from tests.support.promqlengine import Vector, evaluate
 
 NS = "e2e-metrics"
 GIB = 2**30

@@ -18,8 +18,7 @@ from gpushare.node.publishing import publish
 from harness.cluster import Cluster
 from harness.helpers import apply_all, gpu_pod_manifest, pods
 from harness.seeding import labelled_kwok_nodes
-
-from .conftest import create_nodes, delete_nodes, eventually
+from tests.support.e2e import create_nodes, delete_nodes, eventually
 
 NS = "e2e-ops"
 NS_MODEL = "e2e-ops-model"

@@ -20,8 +20,7 @@ from gpushare.core.model.names import ANN_ASSIGNED
 from harness.cluster import Cluster
 from harness.identities import DEVICE_PLUGIN_SA, NAMESPACE
 from harness.realnode import RealNode, container, pod
-
-from .conftest import eventually, hold_real_node
+from tests.support.e2e import eventually, hold_real_node
 
 NS = "e2e-identity"
 PODS, MEM_GIB = 17, 5

@@ -29,8 +29,7 @@ from gpushare.kube.lightkube_api import LightkubeAPI
 from gpushare.kube.podwatch import NodePodWatch
 from harness.cluster import Cluster
 from harness.seeding import kwok_node
-
-from .conftest import delete_nodes, eventually
+from tests.support.e2e import delete_nodes, eventually
 
 NAMESPACE = "default"
 

@@ -25,9 +25,8 @@ import pytest
 
 from harness.cluster import Cluster
 from harness.realnode import RealNode, container, pod, probe_env
-
-from .conftest import eventually
-from .test_real_node import NS, create, fresh_namespace, ns_pods, reasons, wait_done
+from tests.support.e2e import eventually
+from tests.support.realnode import NS, create, fresh_namespace, ns_pods, reasons, wait_done
 
 PERIOD_NS = 100_000_000
 ROUNDS = 14

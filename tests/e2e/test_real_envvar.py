@@ -15,9 +15,8 @@ import pytest
 
 from harness.cluster import Cluster
 from harness.realnode import RealNode, container, pod
-
-from .conftest import hold_real_node
-from .test_real_node import (
+from tests.support.e2e import hold_real_node
+from tests.support.realnode import (
     NS,
     compare,
     create,

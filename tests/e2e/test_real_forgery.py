@@ -1,7 +1,7 @@
 """Issue 14 on the real node: no pod gets more GPU than it asked for.
 
-``tests/integration/test_forgery.py`` proves these findings on in-memory doubles (a fake
-kubelet that calls ``Allocate`` when told to). Here the same tenant moves meet the real thing:
+``tests/integration/deviceplugin/test_forgery.py`` proves these findings on in-memory doubles (a
+fake kubelet that calls ``Allocate`` when told to). Here the same tenant moves meet the real thing:
 kube-apiserver, kube-scheduler with the extender, a real kubelet with containerd, and the device
 plugin process registered with that kubelet. A tenant may create pods in their own namespace
 with any annotations, any ``schedulerName`` and ``spec.nodeName`` set (which skips the
@@ -51,8 +51,7 @@ from harness.cluster import Cluster
 from harness.identities import token_kubeconfig
 from harness.realnode import NODE_NAME, RealNode, container, hand_off, pod, probe_env
 from harness.seeding import kwok_node
-
-from .conftest import create_nodes, delete_nodes, eventually
+from tests.support.e2e import create_nodes, delete_nodes, eventually
 
 NS = "e2e-forgery"
 GPUS = 4
@@ -145,8 +144,8 @@ def forge(
 ) -> dict[str, Any]:
     """The manifest with a hand-written allocation on the real node: ``gpus`` is [(index, units)].
 
-    Written as ``tests/integration/test_forgery.py`` writes it, by gpushare's own serializer, so
-    only the missing seal tells it apart from the extender's.
+    Written as ``tests/integration/deviceplugin/test_forgery.py`` writes it, by gpushare's own
+    serializer, so only the missing seal tells it apart from the extender's.
     """
     shares = tuple(GpuShare(index=i, mem_units=m) for i, m in gpus)
     allocation = Allocation(

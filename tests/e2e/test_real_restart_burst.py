@@ -20,10 +20,7 @@ from typing import Any
 import pytest
 
 from harness.realnode import RealNode, container, pod
-
-from .test_real_node import NS, compare, create, gpu_uuids, ns, ns_pods, reasons
-
-__all__ = ["ns"]  # the fixture, shared with test_real_node
+from tests.support.realnode import NS, compare, create, gpu_uuids, ns_pods, reasons
 
 FAILED_GRACE_S = 15.0
 BURST = int(os.environ.get("GPUSHARE_RESTART_BURST_PODS", "150"))

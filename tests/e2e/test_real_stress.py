@@ -18,8 +18,7 @@ import pytest
 
 from harness.cluster import Cluster
 from harness.realnode import RealNode, container, pod
-
-from .test_real_node import NS, compare, fresh_namespace, gpu_uuids, ns_pods, reasons
+from tests.support.realnode import NS, compare, fresh_namespace, gpu_uuids, ns_pods, reasons
 
 TOTAL = int(os.environ.get("GPUSHARE_STRESS_PODS", "500"))
 WAVE = 30

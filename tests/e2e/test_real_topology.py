@@ -23,8 +23,7 @@ from gpushare.core.model.names import ANN_ALLOCATION, ANN_NODE_GPUS, ANN_NODE_TO
 from gpushare.core.model.topology import layout
 from harness.cluster import Cluster
 from harness.realnode import NODE_NAME, RealNode, container, hand_off, pod, probe_env
-
-from .conftest import eventually
+from tests.support.e2e import eventually
 
 NS = "e2e-topology"
 LAYOUT = "nvlink-pairs"

@@ -3,7 +3,7 @@ driver shows its use in the device plugin's metrics, joined with per-GPU series 
 ``kubectl inspect cgpu -d`` shows it beside the allocation.
 
 The join is checked as a dashboard would write it, with Prometheus's own engine
-(tests/promqlengine.py): the device plugin's scrape beside a per-GPU series labelled as
+(tests/support/promqlengine.py): the device plugin's scrape beside a per-GPU series labelled as
 dcgm-exporter labels it (``gpu``, ``UUID``, ``modelName``), made here from the node's
 inventory, since the fake GPUs have no DCGM.
 """
@@ -18,10 +18,9 @@ import pytest
 
 from harness.ports import free_port
 from harness.realnode import RealNode, container, pod
-
-from ..promql import labelled, merge, scrape
-from ..promqlengine import evaluate, need_binary
-from .test_real_node import NS, MiB, create, ns  # noqa: F401  (ns: the fixture)
+from tests.support.promql import labelled, merge, scrape
+from tests.support.promqlengine import evaluate, need_binary
+from tests.support.realnode import NS, MiB, create
 
 HOLD_MIB = 3000
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from harness.cluster import Cluster
-from tests import benchmarks
+from tests.support import benchmarks
 
 NODES = 40
 PODS = 400

@@ -24,8 +24,7 @@ from gpushare.core.resourcepolicies.resourcepolicy import GROUP, MAX_UNITS, PLUR
 from gpushare.crds import REFUSED_MESSAGE, render_yaml, resource_policy_crd
 from harness.cluster import Cluster
 from harness.seeding import labelled_kwok_nodes
-
-from .conftest import create_nodes, delete_nodes, eventually
+from tests.support.e2e import create_nodes, delete_nodes, eventually
 
 NS = "e2e-rp"
 CRD = f"{PLURAL}.{GROUP}"

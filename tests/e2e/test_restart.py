@@ -10,8 +10,7 @@ from gpushare.core.model.inventory import Mode
 from harness.cluster import Cluster
 from harness.helpers import apply_all, gpu_pod_manifest, per_gpu_memory, pods
 from harness.seeding import labelled_kwok_nodes
-
-from .conftest import create_nodes, delete_nodes, eventually
+from tests.support.e2e import create_nodes, delete_nodes, eventually
 
 NS = "e2e-restart"
 

@@ -22,8 +22,7 @@ from harness.cluster import Cluster
 from harness.helpers import per_gpu_memory
 from harness.seeding import labelled_kwok_nodes
 from harness.staged import create_in_parallel, run_stage, stage_pods
-
-from .conftest import eventually
+from tests.support.e2e import eventually
 
 NODES = int(os.environ.get("GPUSHARE_E2E_SCALE_NODES", "1000"))
 PODS = int(os.environ.get("GPUSHARE_E2E_SCALE_PODS", "5000"))

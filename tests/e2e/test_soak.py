@@ -35,8 +35,7 @@ import pytest
 from harness.cluster import Cluster
 from harness.helpers import per_gpu_memory
 from harness.realnode import NODE_NAME, RealNode, container, pod
-
-from .test_real_node import NS, compare, create, fresh_namespace, gpu_uuids, ns_pods, reasons
+from tests.support.realnode import NS, compare, create, fresh_namespace, gpu_uuids, ns_pods, reasons
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("GPUSHARE_SOAK") != "1", reason="the soak runs with make soak (GPUSHARE_SOAK=1)"

@@ -17,8 +17,7 @@ from harness.cluster import Cluster
 from harness.helpers import apply_all, gpu_pod_manifest, pods
 from harness.identities import token_kubeconfig
 from harness.seeding import labelled_kwok_nodes
-
-from .conftest import create_nodes, delete_nodes, eventually
+from tests.support.e2e import create_nodes, delete_nodes, eventually
 
 TENANT, NEIGHBOUR = "tenant-a", "tenant-b"
 NODE = "tenant-view-0"

@@ -8,8 +8,7 @@ from typing import Any
 from gpushare.core.model.inventory import Mode
 from harness.cluster import Cluster
 from harness.seeding import kwok_node
-
-from .conftest import REPO, create_nodes, delete_nodes, eventually
+from tests.support.e2e import REPO, create_nodes, delete_nodes, eventually
 
 SEED = "cn-zhangjiakou.192.168.66.139"
 CORE = "cn-zhangjiakou.192.168.66.140"

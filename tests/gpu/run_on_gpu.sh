@@ -13,7 +13,7 @@
 # else taken from .gpu-carry/lib.
 #
 # Mode: "gpu" where nvidia-smi is on PATH, else "rehearsal" (or GPUSHARE_GPU_REHEARSAL=1): the
-# same steps against the project's fake driver and NVML (tests/isolation/fakes), with a stand-in
+# same steps against the project's fake driver and NVML (harness/fakegpu/fakes), with a stand-in
 # nvidia-cuda-mps-control, so the plumbing is proven without a GPU.
 #
 # Knobs: GPUSHARE_GPU_BUDGET_S (the steps' time, default 420), GPUSHARE_GPU_STEPS (a comma list),
@@ -47,7 +47,7 @@ FAKE_DIR=""
 if [ "$MODE" = rehearsal ]; then
     FAKE_DIR="$WORK/fake"
     mkdir -p "$FAKE_DIR/bin"
-    cp tests/isolation/fakes/nvidia-cuda-mps-control "$FAKE_DIR/bin/"
+    cp harness/fakegpu/fakes/nvidia-cuda-mps-control "$FAKE_DIR/bin/"
     export PATH="$FAKE_DIR/bin:$PATH"
 fi
 LIB_DIR="$WORK/lib"

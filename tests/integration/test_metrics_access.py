@@ -29,9 +29,8 @@ from gpushare.kube.metricsguard import MetricsGuard
 from gpushare.node.gpus import FakeGpus
 from gpushare.servingcert import self_signed
 from harness.ports import free_port
-
-from .conftest import Rig, run_with_rig
-from .test_observability import cluster, samples
+from tests.support.rig import Rig, run_with_rig
+from tests.support.scraping import cluster, samples
 
 PROMETHEUS = Identity("system:serviceaccount:monitoring:prometheus")
 TENANT = Identity("system:serviceaccount:team-a:default")

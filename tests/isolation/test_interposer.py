@@ -1,10 +1,11 @@
 """The interposer, proved on the CPU: real C programs call the driver API through it.
 
-A fake driver (``fakes/fake_cuda.c``: host memory, a fake SM that each launch occupies for 1 ms)
-and a fake NVML (``fakes/fake_nvml.c``: utilisation = the fake SM's busy time over a sliding
-200 ms window) stand in for libcuda and libnvidia-ml. The programs in ``programs/`` are linked
-against them and run with ``LD_PRELOAD`` = the interposer, exactly as in a container. Everything
-is compiled into a temporary directory with gcc; without gcc the module is skipped.
+A fake driver (``harness/fakegpu/fakes/fake_cuda.c``: host memory, a fake SM that each launch
+occupies for 1 ms) and a fake NVML (``fake_nvml.c``: utilisation = the fake SM's busy time over
+a sliding 200 ms window) stand in for libcuda and libnvidia-ml. The programs in
+``harness/fakegpu/programs/`` are linked against them and run with ``LD_PRELOAD`` = the
+interposer, exactly as in a container. Everything is compiled into a temporary directory with
+gcc; without gcc the module is skipped.
 
 The limits file's path is compiled in, and this machine's /etc is every process's, so the file
 tests use a copy built to read a temporary path. What glibc's loader does with
@@ -37,7 +38,7 @@ from gpushare.isolation import build
 from gpushare.isolation.limits import ContainerLimits
 from gpushare.node.descriptors import BrokerCaps
 from gpushare.node.enforcement.broker import SETTLE_S, SOCKET_NAME, Broker
-from tests.isolation.built import Built, build_all
+from harness.fakegpu.built import Built
 
 HERE = Path(__file__).parent
 MiB = 2**20
@@ -45,11 +46,6 @@ MiB = 2**20
 pytestmark = pytest.mark.skipif(
     shutil.which("gcc") is None, reason="gcc not found: the interposer tests compile C"
 )
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    return build_all(tmp_path_factory.mktemp("native"))
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from gpushare.isolation.policy import Policy, own_share_pct
-from tests.isolation.node import FakeNode, interposers, shared_env
-from tests.isolation.test_interposer import Built, built  # noqa: F401 (a fixture)
+from harness.fakegpu.built import Built
+from harness.fakegpu.node import FakeNode, interposers, shared_env
 
 pytestmark = pytest.mark.skipif(
     shutil.which("gcc") is None, reason="gcc not found: the interposer tests compile C"
@@ -40,7 +40,7 @@ SCHEDULES = {
 
 
 @pytest.fixture(scope="module")
-def libs(built: Built, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, Path]]:  # noqa: F811
+def libs(built: Built, tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, Path]]:
     return interposers(tmp_path_factory.mktemp("missing"), 2)
 
 
@@ -54,7 +54,7 @@ def short_path() -> Iterator[Path]:
 
 
 def attack(
-    built: Built,  # noqa: F811
+    built: Built,
     libs: list[tuple[Path, Path]],
     root: Path,
     policy: Policy,
@@ -98,7 +98,7 @@ def attack(
     "policy", [Policy.EVEN, Policy.PREEMPTIVE, Policy.FIXED], ids=lambda p: p.name.lower()
 )
 def test_an_attacker_without_its_schedule_gets_no_more_than_its_own_share(
-    built: Built,  # noqa: F811
+    built: Built,
     libs: list[tuple[Path, Path]],
     short_path: Path,
     policy: Policy,

@@ -10,123 +10,30 @@ prints them as a table.
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
-import subprocess
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from gpushare.isolation import build
-from gpushare.isolation.limits import ContainerLimits
-from gpushare.isolation.policy import Member, Policy, schedule
-from tests.isolation.test_interposer import Built, built  # noqa: F401 (a fixture)
+from gpushare.isolation.policy import Policy
+from harness.fakegpu.built import Built
+from harness.fakegpu.policies import (
+    MAX_PODS,
+    Containers,
+    Run,
+    build_containers,
+    members,
+    run_policy,
+)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("gcc") is None, reason="gcc not found: the interposer tests compile C"
 )
 
-MAX_PODS = 20
-CONTAINERS = 3
-
-
-@dataclass(frozen=True)
-class Containers:
-    """Interposers that each read their own limits file, and the schedule directory."""
-
-    libs: tuple[Path, ...]
-    limits: tuple[Path, ...]
-    sched_dir: Path
-
 
 @pytest.fixture(scope="module")
-def containers(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Containers:  # noqa: F811
-    out = tmp_path_factory.mktemp("policies")
-    libs, limits = [], []
-    for i in range(CONTAINERS):
-        path = out / f"c{i}" / "limits"
-        path.parent.mkdir()
-        libs.append(build.build(out / f"c{i}" / build.LIB_NAME, limits_file=str(path)))
-        limits.append(path)
-    sched = out / "sched"
-    sched.mkdir()
-    return Containers(tuple(libs), tuple(limits), sched)
-
-
-@dataclass(frozen=True)
-class Run:
-    """What each container's launcher printed."""
-
-    own: tuple[float, ...]
-    """Percent of the fake SM's time each container's kernels took (second half of the run)."""
-    util: float
-    """The fake SM's utilisation, everyone's kernels."""
-
-
-def run_policy(
-    built: Built,  # noqa: F811
-    containers: Containers,
-    tmp_path: Path,
-    policy: Policy,
-    members: list[Member],
-    running: int = CONTAINERS,
-    seconds: float = 3.0,
-) -> Run:
-    """Write the limits files and the schedule, run ``running`` launchers together."""
-    for i, path in enumerate(containers.limits):
-        scheduled = policy is not Policy.NATIVE
-        limits = ContainerLimits(
-            (2**30,),
-            round(members[i].share_pct) if policy is Policy.FIXED else 0,
-            "1GiB",
-            "/nonexistent/broker.sock",
-            policy=int(policy) if scheduled else None,
-            weight=members[i].weight,
-            slot=members[i].slot,
-            sched_dir=str(containers.sched_dir),
-            gpus=(0,),
-        )
-        path.write_text(limits.render())
-    plan = schedule(policy, members, max_pods=MAX_PODS, epoch_ns=time.monotonic_ns())
-    (containers.sched_dir / "gpu0").write_text(plan.render())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
-    env.update(
-        GPUSHARE_REAL_CUDA=str(built.cuda),
-        GPUSHARE_REAL_NVML=str(built.nvml),
-        FAKE_GPU_STATE=str(tmp_path / "gpu"),
-    )
-    procs = [
-        subprocess.Popen(
-            [str(built.dir / "launches"), str(seconds)],
-            env={**env, "LD_PRELOAD": str(containers.libs[i])},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(running)
-    ]
-    outs = [p.communicate(timeout=60) for p in procs]
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err
-        assert "gpushare:" not in err, err
-    own = tuple(float(re.search(r"own=([\d.]+)", o).group(1)) for o, _ in outs)  # type: ignore[union-attr]
-    util = max(float(re.search(r"util=([\d.]+)", o).group(1)) for o, _ in outs)  # type: ignore[union-attr]
-    print(f"policy {int(policy)} {policy.name.lower()}: own {own} % of the fake SM, util {util}")
-    return Run(own, util)
-
-
-def members(shares: tuple[float, ...] = (), weights: tuple[int, ...] = ()) -> list[Member]:
-    return [
-        Member(
-            f"c{i}",
-            share_pct=shares[i] if shares else 0.0,
-            weight=weights[i] if weights else 1,
-        )
-        for i in range(CONTAINERS)
-    ]
+def containers(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Containers:
+    return build_containers(tmp_path_factory.mktemp("policies"))
 
 
 def best_of(attempts: int, run: callable, ok: callable) -> Run:  # type: ignore[valid-type]
@@ -140,7 +47,7 @@ def best_of(attempts: int, run: callable, ok: callable) -> Run:  # type: ignore[
 
 
 def test_native_policy_leaves_the_gpu_to_its_own_scheduling(
-    built: Built,  # noqa: F811
+    built: Built,
     containers: Containers,
     tmp_path: Path,
 ) -> None:
@@ -150,7 +57,7 @@ def test_native_policy_leaves_the_gpu_to_its_own_scheduling(
 
 
 def test_even_policy_gives_each_container_one_slot_of_the_most_a_gpu_holds(
-    built: Built,  # noqa: F811
+    built: Built,
     containers: Containers,
     tmp_path: Path,
 ) -> None:
@@ -165,7 +72,7 @@ def test_even_policy_gives_each_container_one_slot_of_the_most_a_gpu_holds(
 
 
 def test_fixed_policy_holds_each_container_to_its_own_share(
-    built: Built,  # noqa: F811
+    built: Built,
     containers: Containers,
     tmp_path: Path,
 ) -> None:
@@ -180,7 +87,7 @@ def test_fixed_policy_holds_each_container_to_its_own_share(
 
 
 def test_preemptive_policy_splits_the_gpu_among_its_containers(
-    built: Built,  # noqa: F811
+    built: Built,
     containers: Containers,
     tmp_path: Path,
 ) -> None:
@@ -195,7 +102,7 @@ def test_preemptive_policy_splits_the_gpu_among_its_containers(
 
 
 def test_weighted_policy_shares_in_proportion_to_the_weights(
-    built: Built,  # noqa: F811
+    built: Built,
     containers: Containers,
     tmp_path: Path,
 ) -> None:
@@ -217,7 +124,7 @@ def test_weighted_policy_shares_in_proportion_to_the_weights(
 
 
 def test_soft_policy_lets_a_container_use_the_idle_time_the_even_one_does_not(
-    built: Built,  # noqa: F811
+    built: Built,
     containers: Containers,
     tmp_path: Path,
 ) -> None:

@@ -1,10 +1,10 @@
-"""Samples as Prometheus holds them after scraping several targets (tests/promql.py)."""
+"""Samples as Prometheus holds them after scraping several targets (tests/support/promql.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ..promql import labelled, merge, names_in, scrape
+from tests.support.promql import labelled, merge, names_in, scrape
 
 TEXT = """\
 # TYPE m gauge

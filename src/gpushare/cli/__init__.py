@@ -6,13 +6,18 @@ it. What they share has one home each: the scheduling flags and the one path fro
 settings (``options``), the seal key flags (``sealing``), the logging setup of the long-running
 commands (``logs``) and how a command refuses (``errors``).
 
-- ``demo``: the seed walkthrough (``demo``)
-- ``extender``: the kube-scheduler extender (``extender``)
-- ``device-plugin``: kubelet's device plugin on one node (``deviceplugin``)
-- ``webhook`` and ``webhook-config``: the admission webhook and its configurations (``webhook``)
-- ``scheduler-config``: kube-scheduler's configuration (``scheduler``)
-- ``seal-key``: a new seal key (``sealing``)
-- ``simulate``: the policy simulator (``simulate``)
+- ``demo``: ``gpushare demo``, the seed walkthrough on an in-memory cluster.
+- ``extender``: ``gpushare extender``, the kube-scheduler extender.
+- ``deviceplugin``: ``gpushare device-plugin``, kubelet's device plugin on one node.
+- ``webhook``: ``gpushare webhook`` and ``webhook-config``, the admission webhook and its
+  configurations.
+- ``scheduler``: ``gpushare scheduler-config``, kube-scheduler's configuration.
+- ``sealing``: ``gpushare seal-key``, and the flags that load the seal key.
+- ``simulate``: ``gpushare simulate``, the policy simulator.
+- ``options``: the scheduling flags several commands share, and the one path to settings.
+- ``scrapeaccess``: who may scrape ``/metrics``, the flags the extender and plugin share.
+- ``logs``: the logging setup of the long-running commands.
+- ``errors``: how a command says it cannot go on.
 
 Imports that pull in a server, the API client or the simulator's extra stay inside each command,
 so ``gpushare --help`` and the printing commands start fast and run without them.

@@ -6,7 +6,7 @@ so a busy 5000-node cluster pays for them once per scrape, not once per bind.
 
 Every scheduler replica exports the per-GPU gauges, and a query must take each GPU once:
 ``sum(max by (node, gpu) (gpushare_gpu_memory_bytes))``, never a plain ``sum`` (the chart's
-dashboard does so, and tests/integration/test_dashboard.py checks its totals against two
+dashboard does so, and tests/integration/chart/test_dashboard.py checks its totals against two
 replicas). Exporting them from the leader alone was the other way, and is not taken because:
 
 - the extender does not know who leads. kube-scheduler beside it holds the Lease and tells

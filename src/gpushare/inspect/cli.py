@@ -41,7 +41,7 @@ from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.gpuuse import read_used
 from gpushare.core.records.trust import Trust
 from gpushare.core.resourcepolicies.policybook import recorded_units
-from gpushare.inspect.completion import complete_contexts, complete_namespaces, complete_pods
+from gpushare.inspect.choices import complete_contexts, complete_namespaces, complete_pods
 from gpushare.inspect.explain import Explanation, explain_pod, explanation_json
 from gpushare.inspect.installed import describe, extender_settings
 from gpushare.inspect.render import Layout, render_details, render_explanation, render_summary

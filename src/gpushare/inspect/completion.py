@@ -10,20 +10,16 @@ command path, ``kubectl inspect cgpu``: dashes of a word become underscores, spa
 dashes, and ``_complete`` goes before the first dash (``pluginCompletion`` and
 ``lookupCompletionExec`` in kubectl's ``pkg/cmd/plugin_completion.go``), so a plugin whose file
 is ``kubectl-inspect-cgpu`` is completed by ``kubectl_complete-inspect-cgpu``. Both ways use
-the same option definitions, so they offer the same choices.
-
-Values come from the kubeconfig (contexts, and the namespaces they name) and, for ``--explain``,
-from the pods of the namespace; a failure to read them offers nothing rather than an error.
+the same option definitions, so they offer the same choices (``choices``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import sys
-from typing import Any
 
-import click
-from click.shell_completion import CompletionItem, ShellComplete
+from click.shell_completion import ShellComplete
+
+from gpushare.inspect.cli import main as command
 
 PROG = "kubectl-inspect-cgpu"
 COMPLETE_VAR = "_KUBECTL_INSPECT_CGPU_COMPLETE"
@@ -33,55 +29,8 @@ FILES = 0
 """cobra's ShellCompDirectiveDefault: the shell offers file names."""
 
 
-def _contexts(ctx: click.Context) -> dict[str, str]:
-    from gpushare.kube.lightkube_api import kubeconfig_contexts
-
-    return kubeconfig_contexts(ctx.params.get("kubeconfig"))
-
-
-def complete_contexts(ctx: click.Context, param: Any, incomplete: str) -> list[CompletionItem]:
-    """``--context``: the kubeconfig's contexts."""
-    return [CompletionItem(c) for c in sorted(_contexts(ctx)) if c.startswith(incomplete)]
-
-
-def complete_namespaces(ctx: click.Context, param: Any, incomplete: str) -> list[CompletionItem]:
-    """``-n``: the namespaces the kubeconfig's contexts name (no API call, no right needed)."""
-    names = {ns for ns in _contexts(ctx).values() if ns} or {"default"}
-    return [CompletionItem(n) for n in sorted(names) if n.startswith(incomplete)]
-
-
-async def _pod_names(kubeconfig: str | None, context: str | None, namespace: str) -> list[str]:
-    from gpushare.kube.lightkube_api import LightkubeAPI
-
-    api = LightkubeAPI.connect(kubeconfig, context)
-    try:
-        pods, _ = await api.list_pods(namespace=namespace or api.namespace)
-        return sorted(str(p["metadata"]["name"]) for p in pods)
-    finally:
-        await api.close()
-
-
-def complete_pods(ctx: click.Context, param: Any, incomplete: str) -> list[CompletionItem]:
-    """``--explain``: the pods of ``-n``'s namespace, else the context's."""
-    from gpushare.kube.port import KubeError
-
-    try:
-        names = asyncio.run(
-            _pod_names(
-                ctx.params.get("kubeconfig"),
-                ctx.params.get("context"),
-                ctx.params.get("namespace") or "",
-            )
-        )
-    except (KubeError, KeyError, TypeError, OSError):
-        return []
-    return [CompletionItem(n) for n in names if n.startswith(incomplete)]
-
-
 def plugin_completions(args: list[str]) -> list[str]:
     """The lines ``kubectl_complete-inspect-cgpu ARGS`` prints: choices, then ``:directive``."""
-    from gpushare.inspect.cli import main as command
-
     words, incomplete = (args[:-1], args[-1]) if args else ([], "")
     completer = ShellComplete(command, {}, PROG, COMPLETE_VAR)
     items = completer.get_completions(words, incomplete)

@@ -61,7 +61,7 @@ NODE_ANNOTATIONS = (
     ANN_NODE_GPU_USED,
 )
 """What the device plugin writes on its node: ``node.publishing`` the first four,
-``node.usage`` the GPU use summary (tests/unit/test_node_policy_keys.py finds every
+``node.usage`` the GPU use summary (tests/unit/webhook/test_node_policy_keys.py finds every
 annotation the plugin's source writes and checks it is here)."""
 NODE_LABELS = (LABEL_MODEL, LABEL_COUNT, LABEL_MEM)
 """ACK's GPU labels ``node.publishing`` writes on its node (``core.model.gpumodel``)."""

@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
         for path in build_libs(lib_dir, work):
             print(f"built {path}")
         if len(argv) > 2:
-            from tests.isolation.built import build_all
+            from harness.fakegpu.built import build_all
 
             print(f"built the fakes in {build_all(Path(argv[2])).dir}")
     except build.BuildError as err:

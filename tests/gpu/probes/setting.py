@@ -6,7 +6,7 @@ limits file (the compiled-in path is fixed per copy, so each container ``c<i>`` 
 reading ``<work>/c<i>/limits``), the limits file the plugin's renderer writes, and an account
 in the broker. The same steps run in both modes: on a GPU the interposer forwards to the real
 ``libcuda.so.1`` and ``libnvidia-ml.so.1``; in rehearsal to the project's fake driver and NVML
-(``tests/isolation/fakes``), named by ``GPUSHARE_REAL_CUDA`` / ``GPUSHARE_REAL_NVML``.
+(``harness/fakegpu/fakes``), named by ``GPUSHARE_REAL_CUDA`` / ``GPUSHARE_REAL_NVML``.
 """
 
 from __future__ import annotations

@@ -310,7 +310,7 @@ class Workload:
         return results
 
     def _fake(self, envs: list[dict[str, str]]) -> list[list[float]]:
-        from tests.isolation.node import timeline
+        from harness.fakegpu.node import timeline
 
         assert self.s.fake_dir is not None
         state = self.s.work / f"fake-gpu-{self.runs}"

@@ -8,7 +8,7 @@ runtime mounts them in that order, so a volume at the same path replaces what th
 there, and the tenant writes its own limits or schedule. The two lists used to be kept apart
 and drifted (the schedule directory was mounted and not refused), so both read this one; the
 plugin's Allocate answers are checked against it in every mode and cGPU policy
-(``tests/integration/test_isolation_paths.py``).
+(``tests/integration/deviceplugin/test_isolation_paths.py``).
 
 This sits in the core, the lowest layer, because admission (core) and the device plugin and
 isolation (above it) all read it. Paths under ``/var/run`` are refused under ``/run`` too: in

@@ -455,7 +455,7 @@ class Scheduler:
         ``book``, the ResourcePolicy unit (``core.resourcepolicies.policyplugin``). As the
         framework asks of Unreserve, it is idempotent and safe after a reserve that stopped
         part-way: each store drops what it holds for the pod, if anything
-        (``tests/unit/test_reserve.py``).
+        (``tests/unit/core/resourcepolicies/test_reserve.py``).
 
         ``kept`` is the booking the pod held before this bind booked over it (``Ledger.kept``:
         an earlier bind's, whose outcome was unknown); it comes back instead of nothing, since

@@ -168,7 +168,7 @@ def read_fields(pod: KubeObject) -> dict[str, Any]:
     memory, most of it what only kubelet reads (the service-account volume and its mounts,
     image, probes, defaults); a burst of tens of thousands of pending pods set the extender's
     peak. Whatever the core reads of this copy reads as of the whole pod
-    (``tests/unit/test_slim_objects.py`` records what a decision reads and checks it).
+    (``tests/unit/kube/test_slim_objects.py`` records what a decision reads and checks it).
     Sub-objects are shared with ``pod``, not copied.
     """
     spec = spec_of(pod)

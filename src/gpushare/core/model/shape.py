@@ -16,9 +16,9 @@ may be absent wherever Kubernetes omits it, but ``null`` is refused where a list
 belongs: Kubernetes never writes it there (an empty list or map is omitted). The one ``null``
 Kubernetes does write, an unset ``creationTimestamp`` in an object not yet stored (what admission
 sees), is accepted. Quantities may be strings or numbers (hand-written YAML); their values are
-left to the readers, whose rules say more than a type can. A test (tests/unit/test_shape.py)
-runs every reader over objects that pass, so a reader that looks at a field not described here
-shows up as an exception there.
+left to the readers, whose rules say more than a type can. A test
+(tests/unit/core/model/test_shape.py) runs every reader over objects that pass, so a reader
+that looks at a field not described here shows up as an exception there.
 """
 
 from __future__ import annotations

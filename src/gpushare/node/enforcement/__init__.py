@@ -2,7 +2,7 @@
 
 One hook per node mode (``ack.node.gpu.schedule``), picked when the plugin starts:
 
-- ``cgpu`` and ``core_mem``: :class:`InterposerIsolation` preloads the native interposer
+- on ``cgpu`` and ``core_mem`` nodes, :class:`InterposerIsolation` preloads the native interposer
   (``gpushare/isolation/native``) and gives each container its memory limit in bytes per visible
   GPU, its SM percentage on core_mem, and an account of its own in the plugin's accounting
   broker (``node.enforcement.broker``), through which the interposer counts usage across the
