@@ -6,6 +6,8 @@ higher ones), and the modules every layer may share:
 - ``cli``: the ``gpushare`` command, one module per command or family.
 - ``extender``, ``deviceplugin``, ``webhook``, ``sim``: the adapters (scheduler extender, kubelet
   device plugin, admission webhook, simulator), which never import each other.
+- ``node``: what every node driver (the device plugin, the DRA driver) shares: the GPUs,
+  preflight, publishing, usage, CDI and the enforcement of each container's share.
 - ``inspect``, ``isolation``: ``kubectl inspect cgpu``; the isolation inside the containers.
 - ``kube``: the Kubernetes API behind a port, an in-memory cluster, the watches.
 - ``core``: the pure scheduling core.

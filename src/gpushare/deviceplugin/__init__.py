@@ -5,11 +5,12 @@ publishing, enforcement) is in ``gpushare.node``. Here, from top to bottom (lowe
 import higher ones, an import-linter contract):
 
 - ``plugin``: ``DevicePlugin``, the process for one node, its parts wired and started in order.
-- ``kubelet``: the gRPC adapter (servicer, registration, device list, health, reconcile, protos);
-  ``metrics`` and ``readiness``: its HTTP ports.
+- ``kubelet``: the gRPC adapter (servicer, registration, device list, health, reconcile, protos).
+- ``metrics``: the plugin's Prometheus metrics on ``--metrics-port``.
+- ``readiness``: ``/healthz`` and ``/readyz`` on 127.0.0.1 (``--health-port``).
 - ``allocating``: Allocate's reads and effects (the pods, the stranger wait, the hook, the
   checkpoint).
-- ``answering``: the answer to one container, a pure function of what was read;
-  ``checkpoint``: what was served per device-ID set; ``config``: what the plugin is told and its
-  counters.
+- ``answering``: the answer to one container, a pure function of what was read.
+- ``checkpoint``: what was served per device-ID set, kept on disk across restarts.
+- ``config``: what the plugin is told, and the counters its parts share.
 """
