@@ -446,3 +446,23 @@ def test_finding_5_a_filter_for_a_pod_that_does_not_exist_holds_nothing_for_long
         assert 'gpushare_intents_total{outcome="unseen"} 3.0' in text
 
     run_with_rig(cluster(), run)
+
+
+@pytest.mark.parametrize("field", ["requests", "limits"])
+@pytest.mark.parametrize(
+    "cpu", [1.7976931348623157e308, 10**400, "9" * 60 + "e60"], ids=["float", "int", "text"]
+)
+def test_a_cpu_beyond_what_kubernetes_counts_is_no_crash(field: str, cpu: Any) -> None:
+    """Found by the fuzz test above: a float near the largest one, times a thousand for milli-CPU
+    and weighed by the workload the policy learned, overflowed in the gpushare policy's balance
+    of CPU per GPU and ended the filter with a 500 (``OverflowError``)."""
+    pod = gpu_pod("hostile", mem=3)
+    pod["spec"]["containers"][0]["resources"][field] = {
+        **pod["spec"]["containers"][0]["resources"].get(field, {}),
+        "cpu": cpu,
+    }
+    logging.disable(logging.CRITICAL)
+    try:
+        asyncio.run(_through_everything("pod", pod))
+    finally:
+        logging.disable(logging.NOTSET)

@@ -15,7 +15,10 @@ is not followed: the spec's amounts count.) A container
 with a limit and no request requests its limit (the API server's defaulting,
 pkg/apis/core/v1/defaults.go, so raw manifests count as the stored pods do). An unreadable
 amount counts as nothing: the pod's real admission is the API server's, and the policy only
-loses some precision on a pod the API server would refuse anyway.
+loses some precision on a pod the API server would refuse anyway. An amount beyond what
+kube-scheduler counts in (an ``int64`` of milli-CPU or bytes: ``Resource`` in
+pkg/scheduler/framework/types.go) counts as that most, so no sum or weighing of amounts that
+a hostile manifest writes (``1.7e308`` CPUs) overflows the floats the policy weighs them in.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ from typing import Any
 from gpushare.core.model.containers import ContainerKind, counted
 from gpushare.core.model.kubejson import KubeObject, node_status_of, pod_spec_of
 from gpushare.core.model.quantity import Quantity, parse_quantity
+
+
+MOST = 2**63 - 1
+"""The largest amount counted (milli-CPU or bytes): kube-scheduler's ``int64``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +72,7 @@ def _amount(values: Mapping[str, Any], name: str, scale: int) -> int:
 def _scale(parsed: Quantity | str, scale: int) -> int:
     if not isinstance(parsed, Quantity) or parsed.value < 0:
         return 0
-    return math.ceil(parsed.value * scale)
+    return min(math.ceil(parsed.value * scale), MOST)
 
 
 @lru_cache(maxsize=1024)
