@@ -212,7 +212,7 @@ def _names(**names: str) -> None:
     """
     for what, value in names.items():
         problem = name_problem(value, namespace=what == "namespace")
-        if problem:
+        if problem is not None:
             raise NotFound(f"{what} {problem}: no such object can exist")
 
 

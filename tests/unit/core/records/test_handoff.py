@@ -136,7 +136,9 @@ def test_nodes_without_the_handoff_marker_are_not_constrained() -> None:
 
 def test_resolve_refuses_to_guess_and_explains() -> None:
     answer = resolve("mem", 3, [])
-    assert answer.signature is None and "no pod bound to this node is waiting" in answer.error
+    assert (
+        answer.signature is None and "no pod bound to this node is waiting" in answer.status.message
+    )
 
 
 def test_conflict_within_one_pod_is_reported() -> None:
