@@ -74,8 +74,8 @@ class FakeDaemons:
         self.starts: list[str] = []
         self.stops: list[Path] = []
 
-    def missing(self) -> str:
-        return ""
+    def missing(self) -> str | None:
+        return None
 
     def start(self, gpu: GpuInfo, pipe_dir: Path, log_dir: Path) -> None:
         assert pipe_dir.is_dir() and log_dir.is_dir()

@@ -234,7 +234,7 @@ def build_plugin(options: PluginOptions) -> Wired:
 
     trust = trust_from_flags(options.seal_key_file, options.insecure_no_seal)
     reason = refuse_static_cpu_policy(options.kubelet_config, options.cpu_manager_state)
-    if reason:
+    if reason is not None:
         raise CommandError(reason)
     try:
         source: GpuSource = (

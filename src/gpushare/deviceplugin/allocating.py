@@ -202,7 +202,7 @@ class Allocator(OnNode):
         for note in granted.notes:
             log.warning("%s", note)
         reason = self.config.handoff.refusal(granted.uuids)  # the toolkit may rewrite the specs
-        if reason:
+        if reason is not None:
             self.stats.refused += 1
             log.error("resource=%s count=%d phase=allocate hand-off: %s", resource, count, reason)
             return refusal(Code.ERROR, reason)

@@ -168,7 +168,8 @@ def answer(
     """
     settled = resolve(request.resource, request.count, pending_of(pods.allocations), pods.strangers)
     if settled.signature is None:
-        return refusal(Code.UNSCHEDULABLE, settled.error)
+        # kubelet shows the plugin's name in front of the reason, not the hand-off's
+        return refusal(settled.status.code, settled.status.message)
     weight, notes = weight_of(settled.candidates, specs, node.max_pods)
     placed = {i for i, _ in settled.signature.layout}
     return Granted(

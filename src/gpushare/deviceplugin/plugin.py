@@ -172,12 +172,12 @@ class DevicePlugin:
         checked = preflight(
             node, pods, unit=self.config.unit, names=self.config.names, hook=self.hook
         )
-        if checked.refused:
+        if checked.refused is not None:
             raise StartRefused(checked.refused)
         refused = refuse_exclusive_cpus(cpus or []) or self.config.handoff.refusal(
             [g.uuid for g in self.source.gpus()]
         )
-        if refused:
+        if refused is not None:
             raise StartRefused(refused)
         self.mode, self.resources = checked.mode, checked.resources
         self.allocator.mode = checked.mode

@@ -200,7 +200,7 @@ def read_binding_args(body: bytes) -> ExtenderBindingArgs:
         ("Node", args.Node, False),
     ):
         problem = name_problem(value, namespace=namespace)
-        if problem:
+        if problem is not None:
             raise WireError(("body", field), f"{problem}; send the pod's and node's own names")
     return args
 

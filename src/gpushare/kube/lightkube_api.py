@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import httpx2
 import msgspec
@@ -103,6 +103,36 @@ def _mapped(what: str) -> Iterator[None]:
         yield
     except _LIBRARY_ERRORS as err:
         raise _translate(err, what) from err
+
+
+_Review = TypeVar("_Review", TokenReview, SubjectAccessReview)
+_Verdict = TypeVar("_Verdict", TokenVerdict, AccessVerdict)
+
+
+def _token_verdict(answer: TokenReview) -> TokenVerdict:
+    """A TokenReview's answer: who the token is, or why kube-apiserver does not say."""
+    status = answer.status
+    if status is None or not status.authenticated or status.user is None:
+        return TokenVerdict(reason=(status.error if status else "") or "")
+    user = status.user
+    extra = {k: tuple(v or ()) for k, v in (user.extra or {}).items()}
+    identity = Identity(
+        user=user.username or "",
+        uid=user.uid or "",
+        groups=tuple(user.groups or ()),
+        extra=extra,
+    )
+    return TokenVerdict(identity=identity)
+
+
+def _access_verdict(answer: SubjectAccessReview) -> AccessVerdict:
+    """A SubjectAccessReview's answer: allowed or not, and kube-apiserver's reason."""
+    status = answer.status
+    if status is None:
+        return AccessVerdict(error="the SubjectAccessReview came back without a status")
+    if status.evaluationError and not status.allowed:
+        return AccessVerdict(reason=f"{status.reason or ''} {status.evaluationError}".strip())
+    return AccessVerdict(allowed=bool(status.allowed), reason=status.reason or "")
 
 
 def load_config(kubeconfig: str | None = None, context: str | None = None) -> SingleConfig:
@@ -212,7 +242,7 @@ def _names(**names: str) -> None:
     """
     for what, value in names.items():
         problem = name_problem(value, namespace=what == "namespace")
-        if problem:
+        if problem is not None:
             raise NotFound(f"{what} {problem}: no such object can exist")
 
 
@@ -565,23 +595,7 @@ class LightkubeAPI:
     async def review_token(self, token: str) -> TokenVerdict:
         """POST a TokenReview; its error, or a failed call, comes back as the verdict."""
         review = TokenReview(spec=TokenReviewSpec(token=token))
-        try:
-            with _mapped("create tokenreview"):
-                answer = await self._client.create(review)
-        except KubeError as err:
-            return TokenVerdict(error=str(err))
-        status = answer.status
-        if status is None or not status.authenticated or status.user is None:
-            return TokenVerdict(reason=(status.error if status else "") or "")
-        user = status.user
-        extra = {k: tuple(v or ()) for k, v in (user.extra or {}).items()}
-        identity = Identity(
-            user=user.username or "",
-            uid=user.uid or "",
-            groups=tuple(user.groups or ()),
-            extra=extra,
-        )
-        return TokenVerdict(identity=identity)
+        return await self._review(review, _token_verdict, lambda error: TokenVerdict(error=error))
 
     async def review_access(self, identity: Identity, *, path: str, verb: str) -> AccessVerdict:
         """POST a SubjectAccessReview for a non-resource URL."""
@@ -594,14 +608,20 @@ class LightkubeAPI:
                 nonResourceAttributes=NonResourceAttributes(path=path, verb=verb),
             )
         )
+        return await self._review(review, _access_verdict, lambda error: AccessVerdict(error=error))
+
+    async def _review(
+        self,
+        review: _Review,
+        verdict: Callable[[_Review], _Verdict],
+        failed: Callable[[str], _Verdict],
+    ) -> _Verdict:
+        """POST a review (TokenReview, SubjectAccessReview) and read kube-apiserver's answer
+        with ``verdict``; a call that fails becomes ``failed(why)``: the caller answers the
+        scrape, it does not raise."""
         try:
-            with _mapped("create subjectaccessreview"):
+            with _mapped(f"create {type(review).__name__.lower()}"):
                 answer = await self._client.create(review)
         except KubeError as err:
-            return AccessVerdict(error=str(err))
-        status = answer.status
-        if status is None:
-            return AccessVerdict(error="the SubjectAccessReview came back without a status")
-        if status.evaluationError and not status.allowed:
-            return AccessVerdict(reason=f"{status.reason or ''} {status.evaluationError}".strip())
-        return AccessVerdict(allowed=bool(status.allowed), reason=status.reason or "")
+            return failed(str(err))
+        return verdict(answer)

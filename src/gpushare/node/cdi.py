@@ -191,14 +191,14 @@ class HandOff:
             return []
         return [u for u in uuids if u not in self.scanned.names]
 
-    def refusal(self, uuids: Sequence[str]) -> str:
-        """Why the plugin must not serve these GPUs under the strategy, or ""."""
+    def refusal(self, uuids: Sequence[str]) -> str | None:
+        """Why the plugin must not serve these GPUs under the strategy; None when it may."""
         if self.strategy is not Strategy.CDI_CRI:
-            return ""
+            return None
         self.refresh()
         missing = self.missing(uuids)
         if not missing:
-            return ""
+            return None
         dirs = ", ".join(str(d) for d in self.spec_dirs)
         where = (
             f"the specs declaring {self.kind} ({', '.join(self.scanned.files)}) name "

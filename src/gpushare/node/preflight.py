@@ -41,10 +41,10 @@ class StartRefused(Exception):
 
 @dataclass(frozen=True)
 class Preflight:
-    """The node's mode, and the reason not to start ("" to start)."""
+    """The node's mode, and the reason not to start (None to start)."""
 
     mode: Mode
-    refused: str = ""
+    refused: str | None = None
 
     @property
     def resources(self) -> list[str]:
@@ -81,10 +81,10 @@ def preflight(
 ) -> Preflight:
     """Check the mode, the unit against the pods holding memory, then let the hook prepare."""
     checked = node_mode(node)
-    if checked.refused:
+    if checked.refused is not None:
         return checked
     reason = refuse_other_plugin(node) or refuse_unit_change(node, pods, unit, names=names)
-    if reason:
+    if reason is not None:
         return Preflight(checked.mode, reason)
     return Preflight(checked.mode, hook.prepare(checked.mode))
 
@@ -93,8 +93,9 @@ OTHER_PLUGIN_PREFIX = "nvidia.com/"
 """Resources of the device plugins that hand out whole NVIDIA GPUs or their MIG slices."""
 
 
-def refuse_other_plugin(node: KubeObject) -> str:
-    """Why the plugin must not serve a node whose GPUs another plugin hands out, or "".
+def refuse_other_plugin(node: KubeObject) -> str | None:
+    """Why the plugin must not serve a node whose GPUs another plugin hands out; None when
+    none does.
 
     Two plugins on one node each hand out the same GPUs, each blind to the other's pods: a
     container of theirs lands on a GPU gpushare thinks is shared, or takes it whole. kubelet
@@ -110,7 +111,7 @@ def refuse_other_plugin(node: KubeObject) -> str:
         and str(v).strip() not in ("0", "")
     }
     if not serving:
-        return ""
+        return None
     offered = ", ".join(f"{k}={v}" for k, v in sorted(serving.items()))
     node_name = name_of(node)
     return (
@@ -124,8 +125,9 @@ def refuse_other_plugin(node: KubeObject) -> str:
     )
 
 
-def refuse_exclusive_cpus(cpu_ids: Sequence[int]) -> str:
-    """Why the plugin must not start, from kubelet's PodResources ``GetAllocatableResources``.
+def refuse_exclusive_cpus(cpu_ids: Sequence[int]) -> str | None:
+    """Why the plugin must not start, from kubelet's PodResources ``GetAllocatableResources``;
+    None when it may.
 
     The CPUs kubelet may hand out exclusively are none under the CPU manager's none policy
     (``nonePolicy.GetAllocatableCPUs`` returns an empty set) and the non-reserved ones under
@@ -134,7 +136,7 @@ def refuse_exclusive_cpus(cpu_ids: Sequence[int]) -> str:
     elsewhere, or none).
     """
     if not cpu_ids:
-        return ""
+        return None
     return (
         f"kubelet runs the static CPU manager policy (PodResources offers {len(cpu_ids)} CPU(s) "
         f"for exclusive use); shared GPU scheduling does not support it: set cpuManagerPolicy: "
@@ -143,8 +145,8 @@ def refuse_exclusive_cpus(cpu_ids: Sequence[int]) -> str:
     )
 
 
-def refuse_static_cpu_policy(kubelet_config: Path, cpu_manager_state: Path) -> str:
-    """Why the plugin must not start (kubelet runs the static CPU policy), or ''.
+def refuse_static_cpu_policy(kubelet_config: Path, cpu_manager_state: Path) -> str | None:
+    """Why the plugin must not start (kubelet runs the static CPU policy); None when it may.
 
     From kubelet's files, where they are (kubeadm's paths by default; the command skips a file
     that is not there). The plugin also asks kubelet itself (:func:`refuse_exclusive_cpus`).
@@ -163,4 +165,4 @@ def refuse_static_cpu_policy(kubelet_config: Path, cpu_manager_state: Path) -> s
                 f"kubelet runs {key}: static ({path}); shared GPU scheduling does not support "
                 f"the static CPU manager policy: set cpuManagerPolicy: none on this node"
             )
-    return ""
+    return None

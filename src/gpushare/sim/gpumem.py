@@ -362,9 +362,12 @@ class MemoryCluster:
             reason = self._failure(pod, model, gpus, cpu, mem) if not len(candidates) else ""
             return 0, reason or _core_reason(reasons)
         _, i, request = best
-        booked = self.scheduler.reserve(request, self.inventories[i], self.ledger)
-        if not isinstance(booked, Allocation):
-            raise AssertionError(f"the core refused a node it had just passed: {booked.message}")
+        reserved = self.scheduler.reserve(request, self.inventories[i], self.ledger)
+        booked = reserved.allocation
+        if booked is None:
+            raise AssertionError(
+                f"the core refused a node it had just passed: {reserved.status.message}"
+            )
         self._take(i, pod, booked, uid)
         self.connected.record([share.index for share in booked.gpus], self.distance[i])
         return booked.mem_units, ""

@@ -394,7 +394,7 @@ def test_static_cpu_manager_policy_is_refused(tmp_path: Path) -> None:
     assert "cpuManagerPolicy: static" in reason and "set cpuManagerPolicy: none" in reason
     state = tmp_path / "cpu_manager_state"
     state.write_text('{"policyName":"none","defaultCpuSet":""}')
-    assert refuse_static_cpu_policy(tmp_path / "missing", state) == ""
+    assert refuse_static_cpu_policy(tmp_path / "missing", state) is None
 
 
 def test_a_node_labelled_with_a_mode_gpushare_does_not_share_is_refused(tmp_path: Path) -> None:

@@ -77,7 +77,7 @@ def test_the_owner_survives_a_plugin_restart(tmp_path: Path) -> None:
         uid = placed["metadata"]["uid"]
         # a new hook over the same state directory, as a restarted plugin builds it
         again = isolation(packaged=fake_library())(r.root, r.gpus)
-        assert again.prepare(Mode.CGPU) == ""
+        assert again.prepare(Mode.CGPU) is None
         [use] = again.usage()
         assert (use.namespace, use.pod_name, use.owner.container) == ("default", "trainer", "c0")
         assert use.limit_bytes == (3 * GiB,)

@@ -338,7 +338,7 @@ def test_a_restarted_plugin_serves_the_accounts_again_and_prunes_the_gone(
 
     async def body() -> None:
         hook = isolation(packaged=fake_library())(tmp_path, FakeGpus.parse("1x15GiB", node=NODE))
-        assert hook.prepare(Mode.CGPU) == ""
+        assert hook.prepare(Mode.CGPU) is None
         broker = hook.chosen.broker
         assert broker.served() == ["uid-gone/c0", "uid-live/c0"]  # not the version 1 file's
         sock = tmp_path / "state" / "broker" / "uid-live" / "c0" / SOCKET_NAME
@@ -410,7 +410,7 @@ def test_the_real_runner_speaks_nvidia_cuda_mps_control(
     binary.write_text(FAKE_MPS_CONTROL)
     binary.chmod(0o755)
     monkeypatch.setenv("PATH", f"{binary.parent}:/usr/bin:/bin")
-    assert runner.missing() == ""
+    assert runner.missing() is None
     pipe, logs = tmp_path / "pipe", tmp_path / "log"
     pipe.mkdir()
     assert not runner.alive(pipe)

@@ -20,9 +20,9 @@ class Recording(NoIsolation):
     def __init__(self) -> None:
         self.prepared: list[Mode] = []
 
-    def prepare(self, mode: Mode) -> str:
+    def prepare(self, mode: Mode) -> str | None:
         self.prepared.append(mode)
-        return ""
+        return None
 
 
 def node(labels: dict[str, str]) -> dict[str, Any]:
@@ -37,14 +37,14 @@ def check(labels: dict[str, str], hook: Recording) -> Preflight:
 def test_a_shared_mode_starts_and_the_hook_prepares_for_it(mode: Mode) -> None:
     hook = Recording()
     checked = check({LABEL_MODE: mode.value}, hook)
-    assert (checked.mode, checked.refused, hook.prepared) == (mode, "", [mode])
+    assert (checked.mode, checked.refused, hook.prepared) == (mode, None, [mode])
     assert checked.resources == ([MEM, CORE] if mode is Mode.CORE_MEM else [MEM])
 
 
 def test_a_node_without_the_label_is_served_as_share() -> None:
     hook = Recording()
     checked = check({}, hook)
-    assert (checked.mode, checked.refused, hook.prepared) == (Mode.SHARE, "", [Mode.SHARE])
+    assert (checked.mode, checked.refused, hook.prepared) == (Mode.SHARE, None, [Mode.SHARE])
 
 
 @pytest.mark.parametrize("value", ["exclusive", "none", "default", "mig", "", "Share"])

@@ -61,7 +61,7 @@ def test_the_plugins_spec_check_finds_every_fake_uuid(tmp_path: Path) -> None:
         g.uuid for g in gpus
     }
     handoff = HandOff(strategy=Strategy.CDI_CRI, spec_dirs=(tmp_path,))
-    assert handoff.refusal([g.uuid for g in gpus]) == ""
+    assert handoff.refusal([g.uuid for g in gpus]) is None
     assert scan([tmp_path], KIND).files == (str(tmp_path / SPEC_FILE),)
 
 

@@ -59,20 +59,20 @@ def refuse_unit_change(
     unit: MemoryUnit,
     *,
     names: ResourceNames = DEFAULT_NAMES,
-) -> str:
-    """Why ``unit`` must not replace the node's published unit now, or '' when it may."""
+) -> str | None:
+    """Why ``unit`` must not replace the node's published unit now; None when it may."""
     published = str(annotations_of(node).get(ANN_NODE_UNIT) or "").strip()
     if not published:
-        return ""
+        return None
     try:
         if MemoryUnit.parse(published) is unit:
-            return ""
+            return None
     except ValueError:
         pass  # an unreadable unit is a different one: pods were counted in something else
     name = name_of(node)
     held = holders(name, pods, names)
     if not held:
-        return ""
+        return None
     shown = ", ".join(held[:SHOWN_PODS])
     more = f" and {len(held) - SHOWN_PODS} more" if len(held) > SHOWN_PODS else ""
     return (

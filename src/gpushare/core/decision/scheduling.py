@@ -93,6 +93,16 @@ class NamesResult:
 
 
 @dataclass(frozen=True)
+class Booking:
+    """The GPUs ``Scheduler.reserve`` booked for a pod on one node; or, when ``status`` is not
+    ok, the filter's status saying why they no longer fit (then nothing is booked)."""
+
+    allocation: Allocation | None
+    """The GPUs booked; None when refused."""
+    status: Status = SUCCESS
+
+
+@dataclass(frozen=True)
 class Reservation:
     """A pod reserved in every booking store, its ResourcePolicy unit and its GPUs; or, when
     ``status`` is not ok, why not (then nothing is held)."""
@@ -389,27 +399,21 @@ class Scheduler:
         ledger: Ledger,
         *,
         now_ns: int = 0,
-    ) -> Allocation | Verdict:
-        """Choose GPUs and book them in the ledger; a failing verdict when it no longer fits.
+    ) -> Booking:
+        """Choose GPUs and book them in the ledger; refused with the filter's status when the
+        pod no longer fits (then nothing is booked).
 
         Check and booking happen with no I/O between them, so callers running on one event
         loop cannot double-book.
         """
-        verdict, booked = self._book(request, node, ledger, now_ns=now_ns)
-        return verdict if booked is None else booked
-
-    def _book(
-        self, request: PodRequest, node: NodeInventory, ledger: Ledger, *, now_ns: int
-    ) -> tuple[Verdict, Allocation | None]:
-        """``reserve``'s verdict, and the GPUs booked when it fits (None when not)."""
         verdict = self.verdict(request, node, ledger)
         if not verdict.fits:
-            return verdict, None
+            return Booking(None, verdict.status)
         allocation = plan(
             request, node=node.name, indexes=verdict.gpus, unit=node.unit, assume_time_ns=now_ns
         )
         ledger.assume(allocation, request.host)
-        return verdict, allocation
+        return Booking(allocation)
 
     def reserve_pod(
         self,
@@ -436,12 +440,13 @@ class Scheduler:
             return Reservation(unit, None, unit.status)
         if not request.wants_gpu:
             return Reservation(unit, None)
-        verdict, booked = self._book(request, node, ledger, now_ns=now_ns)
-        if booked is None:
+        booked = self.reserve(request, node, ledger, now_ns=now_ns)
+        if booked.allocation is None:
             unreserve_unit(book, request.uid)  # a part-way reserve leaves nothing behind
-            why = f"pod {key_of(pod)} no longer fits node {node.name}: {verdict.message}"
-            return Reservation(unit, None, Status(verdict.code, (why,), verdict.status.source))
-        return Reservation(unit, booked)
+            status = booked.status
+            why = f"pod {key_of(pod)} no longer fits node {node.name}: {status.message}"
+            return Reservation(unit, None, Status(status.code, (why,), status.source))
+        return Reservation(unit, booked.allocation)
 
     def unreserve(
         self,

@@ -266,8 +266,9 @@ _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
-def name_problem(value: object, *, namespace: bool = False) -> str:
-    """Why ``value`` cannot be an object's name (or, with ``namespace``, a namespace), or ''.
+def name_problem(value: object, *, namespace: bool = False) -> str | None:
+    """Why ``value`` cannot be an object's name (or, with ``namespace``, a namespace); None
+    when it can be.
 
     Pods, nodes, Secrets and Events are named by DNS-1123 subdomains (at most 253 characters of
     ``a-z``, ``0-9``, ``-`` and ``.``), namespaces by DNS-1123 labels (63, no ``.``): the rules
@@ -284,4 +285,4 @@ def name_problem(value: object, *, namespace: bool = False) -> str:
     pattern, most = (_LABEL, 63) if namespace else (_SUBDOMAIN, 253)
     if not isinstance(value, str) or len(value) > most or not pattern.fullmatch(value):
         return f"{str(value)[:80]!r} is not {rule}"
-    return ""
+    return None

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpushare.core.model.containers import ContainerKind
-from gpushare.core.model.status import Code, Status, refused
+from gpushare.core.model.status import SUCCESS, Code, Status, refused
 from gpushare.core.records.allocation import Allocation, ContainerShare
 
 MEM = "mem"
@@ -168,11 +168,18 @@ def preferred_gpus(candidate_sizes: Iterable[int], pending: Iterable[Pending]) -
 
 @dataclass(frozen=True)
 class Answer:
-    """What ``Allocate`` serves for one container request, or why it cannot."""
+    """What ``Allocate`` serves for one container request, or, when ``signature`` is None,
+    why it cannot (``status``)."""
 
     signature: Signature | None
     candidates: tuple[Pending, ...] = ()
-    error: str = ""
+    status: Status = SUCCESS
+    """Why the call gets no answer (``Code.UNSCHEDULABLE``: it may once the pods change)."""
+
+
+def _unanswered(reason: str) -> Status:
+    """Why an ``Allocate`` call gets no answer: refused for now, the pods may change."""
+    return refused(Code.UNSCHEDULABLE, reason, SOURCE)
 
 
 def resolve(
@@ -193,7 +200,7 @@ def resolve(
         if not matches:
             return Answer(
                 None,
-                error=(
+                status=_unanswered(
                     f"{named} asks for {count} {resource} device(s) but was not placed by "
                     f"gpushare, which serves only the pods it placed: delete it and create it "
                     f"without spec.nodeName, so that gpushare's scheduler places it"
@@ -203,7 +210,7 @@ def resolve(
         return Answer(
             None,
             matches,
-            error=(
+            status=_unanswered(
                 f"{named} is bound to this node and asks for {count} {resource} device(s) "
                 f"without being placed by gpushare; kubelet may be admitting it rather than "
                 f"{waiting}, which gpushare placed, so this container gets no answer (once "
@@ -214,7 +221,7 @@ def resolve(
     if not matches:
         return Answer(
             None,
-            error=(
+            status=_unanswered(
                 f"no pod bound to this node is waiting for {count} {resource} device(s); "
                 f"the pod being admitted was not placed by gpushare, or its annotations are "
                 f"missing"
@@ -226,7 +233,7 @@ def resolve(
         return Answer(
             None,
             matches,
-            error=(
+            status=_unanswered(
                 f"pods {pods} wait for {count} {resource} device(s) on different GPUs; refusing to "
                 f"guess which one kubelet is admitting"
             ),

@@ -196,7 +196,7 @@ class Trust:
                 Reason.WRONG_NODE, f"bound to node {bound}, allocation names {allocation.node}"
             )
         mismatch = requests_mismatch(pod, allocation, names=names)
-        if mismatch:
+        if mismatch is not None:
             return Ignored(
                 Reason.REQUESTS, f"allocation does not match the pod's requests: {mismatch}"
             )
@@ -287,8 +287,8 @@ def _described(containers: Iterable[ContainerShare]) -> str:
 
 def requests_mismatch(
     pod: KubeObject, allocation: Allocation, *, names: ResourceNames = DEFAULT_NAMES
-) -> str:
-    """How the allocation differs from what the pod's own requests plan to; empty if not.
+) -> str | None:
+    """How the allocation differs from what the pod's own requests plan to; None if not.
 
     Amounts are counts of the allocation's unit, as the limits are.
     """
@@ -308,7 +308,7 @@ def requests_mismatch(
                 f"the pod asks for {request.mem_units} units, the allocation holds "
                 f"{allocation.mem_units}"
             )
-        return ""
+        return None
     expected = plan(request, node=allocation.node, indexes=allocation.indexes, unit=allocation.unit)
     if expected.containers != allocation.containers:
         return (
@@ -319,7 +319,7 @@ def requests_mismatch(
         held = ", ".join(f"GPU{s.index}:{s.mem_units}" for s in allocation.gpus)
         planned = ", ".join(f"GPU{s.index}:{s.mem_units}" for s in expected.gpus)
         return f"the pod holds {planned}, the allocation names {held}"
-    return ""
+    return None
 
 
 def has_started(pod: KubeObject) -> bool:

@@ -224,7 +224,7 @@ def decide(
         if fit and not state.full:
             return _chosen(policy, unit, tuple(states), passed)
         wait = _wait(policy, state, created, now_s)
-        if wait:
+        if wait is not None:
             # a full unit is waited for with no node open (its nodes would break max)
             chosen = None if state.full else unit
             return Gate(policy.key, chosen, tuple(states), clip(wait), passed=tuple(passed))
@@ -273,8 +273,8 @@ def _then(policy: ResourcePolicy, unit: Unit) -> str:
     return "(the last unit)" if last else f"before unit {unit.number + 1}"
 
 
-def _wait(policy: ResourcePolicy, state: UnitState, created: str, now_s: float) -> str:
-    """Why the pod waits for this unit, or "" when it may go on (see the module docstring)."""
+def _wait(policy: ResourcePolicy, state: UnitState, created: str, now_s: float) -> str | None:
+    """Why the pod waits for this unit; None when it may go on (see the module docstring)."""
     unit = state.unit
     head = f"ResourcePolicy {policy.key}: waiting for {unit.describe()}"
     room = (
@@ -286,14 +286,14 @@ def _wait(policy: ResourcePolicy, state: UnitState, created: str, now_s: float) 
     rule = policy.next_policy
     if rule is NextPolicy.LACK_RESOURCE_AND_NO_TERMINATING:
         if not state.terminating:
-            return ""
+            return None
         return (
             f"{head} ({room}, {why}) {_then(policy, unit)}: {state.terminating} of the "
             f"policy's pods there are terminating, and whenTryNextUnits "
             f"LackResourceAndNoTerminating goes on only when none are"
         )
     if state.full or not _waits_for_room(unit):
-        return ""
+        return None
     scaling = " (podLabels ask to wait for scaling)" if unit.max_pods is None else ""
     if rule is NextPolicy.EXCEED_MAX:
         return (
@@ -308,7 +308,7 @@ def _wait(policy: ResourcePolicy, state: UnitState, created: str, now_s: float) 
                 f"{policy.timeout_s - waited:.0f}s left of whenTryNextUnits timeout "
                 f"{policy.timeout_s:.0f}s"
             )
-    return ""
+    return None
 
 
 def _passed(policy: ResourcePolicy, state: UnitState) -> str:

@@ -56,8 +56,8 @@ class IsolationHook(Protocol):
     plugin must not start (or ""); ``close`` runs when it stops and must be idempotent.
     """
 
-    def prepare(self, mode: Mode) -> str:
-        """Get ready to serve a node of this mode; the reason to refuse, or ""."""
+    def prepare(self, mode: Mode) -> str | None:
+        """Get ready to serve a node of this mode; the reason to refuse; None when ready."""
         ...
 
     def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
@@ -89,9 +89,9 @@ class IsolationHook(Protocol):
 class NoIsolation:
     """The default hook: share nodes, and nodes served with ``--isolation none``."""
 
-    def prepare(self, mode: Mode) -> str:
+    def prepare(self, mode: Mode) -> str | None:
         """Nothing to prepare."""
-        return ""
+        return None
 
     def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
         """Leave the answer as it is."""

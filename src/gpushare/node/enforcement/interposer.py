@@ -109,10 +109,10 @@ class InterposerIsolation:
         self.pods_by_uid: dict[str, str] = {}
         """``namespace/name`` of each pod Allocate saw a candidate of, for :meth:`weigh`."""
 
-    def prepare(self, mode: Mode) -> str:
+    def prepare(self, mode: Mode) -> str | None:
         """Install the library and the preload list, serve the accounts of running containers."""
         refused = install_library(self.packaged, self.lib_dir) or install_preload(self.lib_dir)
-        if not refused:
+        if refused is None:
             self.restore()
         return refused
 

@@ -31,13 +31,13 @@ def packaged_library() -> Path | None:
     return packaged(LIB_NAME)
 
 
-def install_library(source: Path | None, lib_dir: Path) -> str:
-    """Copy the library into ``lib_dir`` (atomically); the reason it is unusable, or ""."""
+def install_library(source: Path | None, lib_dir: Path) -> str | None:
+    """Copy the library into ``lib_dir`` (atomically); why it is unusable; None when done."""
     target = lib_dir / LIB_NAME
     if source is None:
         if target.is_file():
             log.warning("no packaged %s; serving the one already in %s", LIB_NAME, lib_dir)
-            return ""
+            return None
         return (
             f"isolation needs the interposer library {LIB_NAME}, but this gpushare package has "
             f"none (gpushare/isolation/native/{LIB_NAME}) and {lib_dir} has none either: build "
@@ -53,16 +53,16 @@ def install_library(source: Path | None, lib_dir: Path) -> str:
         tmp.replace(target)
     except OSError as err:
         return f"cannot install {LIB_NAME} into --isolation-lib-dir {lib_dir}: {err}"
-    return ""
+    return None
 
 
-def install_preload(lib_dir: Path) -> str:
-    """Write the preload list naming the library (atomically); the reason it failed, or ""."""
+def install_preload(lib_dir: Path) -> str | None:
+    """Write the preload list naming the library (atomically); why it failed; None when done."""
     try:
         write_atomically(lib_dir / PRELOAD_NAME, f"{CONTAINER_LIB_DIR}/{LIB_NAME}\n", 0o644)
     except OSError as err:
         return f"cannot write {PRELOAD_NAME} into --isolation-lib-dir {lib_dir}: {err}"
-    return ""
+    return None
 
 
 def write_atomically(path: Path, text: str, mode: int) -> None:

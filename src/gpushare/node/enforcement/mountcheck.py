@@ -84,8 +84,8 @@ class MountCheck:
             "devices": [{"name": NAME, "containerEdits": {"hooks": [hook]}}],
         }
 
-    def install(self) -> str:
-        """Copy the program and write the spec (each atomically); why it failed, or ""."""
+    def install(self) -> str | None:
+        """Copy the program and write the spec (each atomically); why it failed; None when done."""
         if self.packaged is None:
             return (
                 f"the isolation check {MOUNTCHECK_NAME} is not in this gpushare package "
@@ -111,7 +111,7 @@ class MountCheck:
                 f"cdi_spec_dirs, writable by the plugin (the chart mounts /var/run/cdi)"
             )
         log.info("cdi=%s hook=%s phase=mountcheck installed", DEVICE, self.program)
-        return ""
+        return None
 
     def guard(self, answer: ContainerAnswer) -> ContainerAnswer:
         """Name the check's device in an answer that mounts the isolation; others unchanged."""

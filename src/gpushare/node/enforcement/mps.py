@@ -34,7 +34,7 @@ class MpsIsolation:
         self.unit = unit
         self.started: dict[str, Path] = {}
 
-    def prepare(self, mode: Mode) -> str:
+    def prepare(self, mode: Mode) -> str | None:
         """Refuse to start when MPS cannot run."""
         return self.runner.missing()
 

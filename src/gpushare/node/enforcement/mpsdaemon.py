@@ -17,8 +17,8 @@ log = logging.getLogger(__name__)
 class DaemonRunner(Protocol):
     """Starts, probes and stops one MPS control daemon, named by its pipe directory."""
 
-    def missing(self) -> str:
-        """Why no daemon can be run on this node, or ""."""
+    def missing(self) -> str | None:
+        """Why no daemon can be run on this node; None when one can."""
         ...
 
     def start(self, gpu: GpuInfo, pipe_dir: Path, log_dir: Path) -> None:
@@ -42,14 +42,14 @@ class MpsControl:
     def _env(self, pipe_dir: Path, **extra: str) -> dict[str, str]:
         return {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir), **extra}
 
-    def missing(self) -> str:
-        """Why MPS cannot run here, or ""."""
+    def missing(self) -> str | None:
+        """Why MPS cannot run here; None when it can."""
         if shutil.which(self.binary) is None:
             return (
                 f"node mode is mps but {self.binary} is not on PATH in the device plugin's "
                 f"container: mount the NVIDIA driver's MPS tools, or start with --isolation none"
             )
-        return ""
+        return None
 
     def start(self, gpu: GpuInfo, pipe_dir: Path, log_dir: Path) -> None:
         """``nvidia-cuda-mps-control -d`` with only this GPU visible."""

@@ -69,7 +69,7 @@ class NodeIsolation:
         self.mount_check = mount_check
         """The runtime's check of the isolation mounts (``cdi-cri``); None: no CDI to carry it."""
 
-    def prepare(self, mode: Mode) -> str:
+    def prepare(self, mode: Mode) -> str | None:
         """Pick the hook for ``mode`` and prepare it."""
         if self.policy == "none" or not mode.isolated:
             if mode.isolated:
@@ -101,7 +101,7 @@ class NodeIsolation:
                     self.max_pods or self.unit.default_max_pods_per_gpu,
                 )
         refused = self.chosen.prepare(mode)
-        if refused or isinstance(self.chosen, NoIsolation):
+        if refused is not None or isinstance(self.chosen, NoIsolation):
             return refused
         if self.mount_check is None:
             log.warning(
@@ -110,7 +110,7 @@ class NodeIsolation:
                 "unnoticed; use cdi-cri where the runtime has CDI (docs/isolation.md)",
                 mode.value,
             )
-            return ""
+            return None
         return self.mount_check.install()
 
     def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:

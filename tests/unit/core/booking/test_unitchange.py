@@ -22,9 +22,9 @@ def bound(name: str, mem: int | None = 3, phase: str = "Running", node: str = NO
 def test_same_unit_or_no_published_unit_is_never_refused() -> None:
     node = gpu_node(NODE, gpus_units=[15])
     pods = [bound("a")]
-    assert refuse_unit_change(node, pods, MemoryUnit.GiB) == ""
+    assert refuse_unit_change(node, pods, MemoryUnit.GiB) is None
     del node["metadata"]["annotations"]["gpushare.io/gpu-mem-unit"]
-    assert refuse_unit_change(node, pods, MemoryUnit.MiB128) == ""
+    assert refuse_unit_change(node, pods, MemoryUnit.MiB128) is None
 
 
 def test_a_new_unit_with_no_holder_is_allowed() -> None:
@@ -35,7 +35,7 @@ def test_a_new_unit_with_no_holder_is_allowed() -> None:
         bound("cpu-only", mem=None),
         bound("elsewhere", node="gpu-b"),
     ]
-    assert refuse_unit_change(node, pods, MemoryUnit.MiB128) == ""
+    assert refuse_unit_change(node, pods, MemoryUnit.MiB128) is None
 
 
 def test_a_new_unit_under_held_memory_is_refused_naming_node_units_pods_and_fix() -> None:

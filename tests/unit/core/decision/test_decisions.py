@@ -16,7 +16,6 @@ from gpushare.core.model.inventory import NodeInventory, read_node
 from gpushare.core.model.requests import PodRequest
 from gpushare.core.placement.defragmenting import WorkloadFeed
 from gpushare.core.placement.fragmentation import WorkloadEstimate
-from gpushare.core.records.allocation import Allocation
 from gpushare.kube.objects import gpu_node, gpu_pod
 
 
@@ -93,8 +92,8 @@ def test_one_scheduler_answers_alike_by_names_by_nodes_and_at_reserve(policy: st
             target = table[max(by_names.passing, key=scores.__getitem__)]
             request = request_of(shared, new)
             expected = fresh.verdict(request, target, ledger)
-            booked = shared.reserve(request, target, ledger)
-            assert isinstance(booked, Allocation)
+            booked = shared.reserve(request, target, ledger).allocation
+            assert booked is not None
             assert (booked.node, booked.indexes) == (target.name, expected.gpus)
             bound += 1
         if step % 7 == 6:  # nodes replaced, as watch events would
@@ -117,8 +116,8 @@ def test_reserve_reuses_the_decision_made_for_the_names() -> None:
     scores = scheduler.prioritize_names(first, passing, table, ledger)
     assert len(decided) == 1  # six look-alikes: one decision
     chosen = passing[scores.index(max(scores))]
-    booked = scheduler.reserve(request_of(scheduler, first), table[chosen], ledger)
-    assert isinstance(booked, Allocation) and booked.node == chosen
+    booked = scheduler.reserve(request_of(scheduler, first), table[chosen], ledger).allocation
+    assert booked is not None and booked.node == chosen
     assert len(decided) == 1
     # the bind changed one node: the next pod of the shape decides that node only
     scheduler.filter_names(pod("second", 4), list(table), table, ledger)
@@ -134,8 +133,8 @@ def test_a_workload_refresh_decides_again_only_the_groups_the_pod_fits() -> None
     feed = WorkloadFeed(estimate=WorkloadEstimate(refresh=1))
     scheduler = Scheduler(Settings(policy="gpushare"), workload=feed)
     for name, mem, node in (("a", 12, full), ("b", 10, most)):
-        booked = scheduler.reserve(request_of(scheduler, pod(name, mem)), node, ledger)
-        assert isinstance(booked, Allocation)
+        booked = scheduler.reserve(request_of(scheduler, pod(name, mem)), node, ledger).allocation
+        assert booked is not None
     asked = pod("asked", 8)
     feed.observe(asked)
     names = list(table)
@@ -204,8 +203,8 @@ def test_a_pods_own_share_is_left_out_for_it_and_counted_for_others() -> None:
     ledger, scheduler = Ledger(), Scheduler(Settings(policy="binpack"))
     mine, other = pod("mine", 10), pod("other", 10)
     alone = Scheduler(Settings(policy="binpack")).prioritize(mine, [table["n0"]], Ledger())
-    booked = scheduler.reserve(request_of(scheduler, mine), table["n0"], ledger)
-    assert isinstance(booked, Allocation)
+    booked = scheduler.reserve(request_of(scheduler, mine), table["n0"], ledger).allocation
+    assert booked is not None
     for _ in range(2):
         assert scheduler.filter_names(mine, ["n0", "n1"], table, ledger).passing == ["n0"]
         assert scheduler.filter(mine, table.values(), ledger).passing == ["n0"]
@@ -215,8 +214,8 @@ def test_a_pods_own_share_is_left_out_for_it_and_counted_for_others() -> None:
         assert scheduler.prioritize(mine, [table["n0"]], ledger) == alone
         assert scheduler.filter_names(other, ["n0", "n1"], table, ledger).passing == []
         assert scheduler.filter(other, table.values(), ledger).passing == []
-        again = scheduler.reserve(request_of(scheduler, mine), table["n0"], ledger)
-        assert isinstance(again, Allocation)
+        again = scheduler.reserve(request_of(scheduler, mine), table["n0"], ledger).allocation
+        assert again is not None
 
 
 def test_another_table_or_ledger_starts_over() -> None:
@@ -231,8 +230,8 @@ def test_another_table_or_ledger_starts_over() -> None:
     assert scheduler.filter(asked, small.values(), ledger).passing == []
     assert scheduler.filter(asked, roomy.values(), ledger).passing == ["a"]
     busy = Ledger()
-    held = scheduler.reserve(request_of(scheduler, pod("held", 10)), roomy["a"], busy)
-    assert isinstance(held, Allocation)
+    held = scheduler.reserve(request_of(scheduler, pod("held", 10)), roomy["a"], busy).allocation
+    assert held is not None
     assert scheduler.filter_names(asked, ["a"], roomy, busy).passing == []
     assert scheduler.filter(asked, roomy.values(), busy).passing == []
     assert scheduler.filter_names(asked, ["a"], roomy, ledger).passing == ["a"]
@@ -249,8 +248,8 @@ def test_keys_past_the_limit_start_over_without_changing_answers() -> None:
         assert small.prioritize_names(asked, a, table, ledger) == roomy.prioritize_names(
             asked, a, table, ledger
         )
-        booked = small.reserve(request_of(small, asked), table[a[step % len(a)]], ledger)
-        assert isinstance(booked, Allocation)
+        booked = small.reserve(request_of(small, asked), table[a[step % len(a)]], ledger).allocation
+        assert booked is not None
     assert len(small.decisions) == 1
 
 
@@ -266,8 +265,10 @@ def test_the_one_node_answer_keeps_its_rule_over_ties_and_names_that_do_not_fit(
     scheduler = Scheduler(Settings(policy="binpack"))
     for i in range(9, 13):  # the same usage on four: binpack likes them better, all alike
         filler = pod(f"fill{i}", 3)
-        booked = scheduler.reserve(request_of(scheduler, filler), table[f"n{i:02d}"], ledger)
-        assert isinstance(booked, Allocation)
+        booked = scheduler.reserve(
+            request_of(scheduler, filler), table[f"n{i:02d}"], ledger
+        ).allocation
+        assert booked is not None
     asking = pod("asking", 6)
     request = request_of(scheduler, asking)
     for _ in range(20):

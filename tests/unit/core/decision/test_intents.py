@@ -110,8 +110,8 @@ def test_the_ledger_holds_the_bookings_and_the_live_intents_and_nothing_more(
                 target = table[intents[uid][0].node]
             else:
                 target = nodes[amount % len(nodes)]
-            result = scheduler.reserve(request, target, ledger, now_ns=now)
-            if isinstance(result, Allocation):
+            result = scheduler.reserve(request, target, ledger, now_ns=now).allocation
+            if result is not None:
                 booked[uid] = result
                 intents.pop(uid, None)
                 hosts[uid] = (result.node, request.host)
@@ -126,8 +126,8 @@ def test_the_ledger_holds_the_bookings_and_the_live_intents_and_nothing_more(
             kept = ledger.kept(uid)
             assert (kept is not None) == (uid in booked)
             target = nodes[amount % len(nodes)]
-            result = scheduler.reserve(request, target, ledger, now_ns=now)
-            if isinstance(result, Allocation):
+            result = scheduler.reserve(request, target, ledger, now_ns=now).allocation
+            if result is not None:
                 scheduler.unreserve(uid, ledger, kept=kept)
             else:
                 scheduler.drop_intent(uid, ledger)
@@ -193,8 +193,8 @@ def test_a_bind_to_the_top_node_never_finds_its_share_taken_however_many_binds_a
         request = scheduler.read(pod)
         assert isinstance(request, PodRequest)
         result = scheduler.reserve(request, table[intent.node], ledger)
-        if not isinstance(result, Allocation):
-            unfit.append((pod["metadata"]["name"], result.message))
+        if result.allocation is None:
+            unfit.append((pod["metadata"]["name"], result.status.message))
 
     for pod in stream:
         _, intent = ask(scheduler, pod, nodes, ledger, 0)

@@ -45,8 +45,7 @@ def place(
     if not fits:
         return None
     best = max(fits, key=lambda n: scheduler.score(request, n, ledger))
-    booked = scheduler.reserve(request, best, ledger)
-    return booked if isinstance(booked, Allocation) else None
+    return scheduler.reserve(request, best, ledger).allocation
 
 
 @settings(max_examples=150, deadline=None)

@@ -24,7 +24,7 @@ from gpushare.core.placement.defragmenting import (
     learned_workload,
 )
 from gpushare.core.placement.fragmentation import Shape, WorkloadEstimate, fragmentation
-from gpushare.core.records.allocation import Allocation, plan
+from gpushare.core.records.allocation import plan
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod
@@ -87,8 +87,8 @@ def test_gpu_choice_is_the_least_growth_then_the_lowest_index() -> None:
         assert chooser.verdict(req("new", 3), inv, ledger).gpus == (1,)
     assert scheduler("binpack").verdict(req("new", 3), inv, ledger).gpus == (0,)
     gpushare = scheduler("gpushare", *WORKLOAD)
-    booked = gpushare.reserve(req("new", 3), inv, ledger)
-    assert isinstance(booked, Allocation) and booked.indexes == (1,)
+    booked = gpushare.reserve(req("new", 3), inv, ledger).allocation
+    assert booked is not None and booked.indexes == (1,)
     # the tight variant takes the GPU left with less among equal growths
     estimate = WorkloadEstimate.of([Shape(0, 4, 1)] * 3 + [Shape(0, 5, 1)])
     tight = Defragmenter(estimate, replace(GPUSHARE, truncate=False, tight=True))
@@ -333,8 +333,8 @@ def test_names_view_answers_as_the_node_by_node_filter(policy: str, refresh: int
         if result.passing:
             request = read_pod(new)
             assert isinstance(request, PodRequest)
-            booked = slow.reserve(request, table[result.passing[0]], ledger)
-            assert isinstance(booked, Allocation)
+            booked = slow.reserve(request, table[result.passing[0]], ledger).allocation
+            assert booked is not None
         if step % 7 == 6:  # a node is replaced, as a watch event would
             table["n1"] = node("n1", [15, 15])
             table["n3"] = made(3)

@@ -63,9 +63,9 @@ def run_interleaving(rng: random.Random, marked: bool = True) -> tuple[int, int,
         request = scheduler.read(spec)
         assert isinstance(request, PodRequest)
         booked = scheduler.reserve(request, node, ledger)
-        if isinstance(booked, Allocation):
-            bound.append(booked)
-        elif any("waiting for pod" in r for r in booked.reasons):
+        if booked.allocation is not None:
+            bound.append(booked.allocation)
+        elif any("waiting for pod" in r for r in booked.status.reasons):
             deferred += 1
         # kubelet admits some of the bound-but-unserved pods, in an order of its own
         waiting = [a for a in bound if not ledger.holding(a.uid).assigned]  # type: ignore[union-attr]
@@ -108,35 +108,37 @@ def test_without_the_invariant_the_same_streams_are_ambiguous() -> None:
 
 def test_same_size_pods_share_the_gpu_when_it_fits() -> None:
     node, ledger, scheduler = handoff_node([15, 15]), Ledger(), Scheduler(Settings())
-    first = scheduler.reserve(scheduler.read(pod("a", [3])), node, ledger)  # type: ignore[arg-type]
-    second = scheduler.reserve(scheduler.read(pod("b", [3])), node, ledger)  # type: ignore[arg-type]
-    assert isinstance(first, Allocation) and isinstance(second, Allocation)
+    first = scheduler.reserve(scheduler.read(pod("a", [3])), node, ledger).allocation  # type: ignore[arg-type]
+    second = scheduler.reserve(scheduler.read(pod("b", [3])), node, ledger).allocation  # type: ignore[arg-type]
+    assert first is not None and second is not None
     assert first.indexes == second.indexes
 
 
 def test_bind_is_deferred_when_the_same_size_cannot_share_a_gpu() -> None:
     node, ledger, scheduler = handoff_node([4, 15]), Ledger(), Scheduler(Settings())
-    first = scheduler.reserve(scheduler.read(pod("a", [4])), node, ledger)  # type: ignore[arg-type]
-    assert isinstance(first, Allocation) and first.indexes == (0,)
+    first = scheduler.reserve(scheduler.read(pod("a", [4])), node, ledger).allocation  # type: ignore[arg-type]
+    assert first is not None and first.indexes == (0,)
     second = scheduler.reserve(scheduler.read(pod("b", [4])), node, ledger)  # type: ignore[arg-type]
-    assert not isinstance(second, Allocation)
-    assert "waiting for pod ns/a to start" in second.message
+    assert second.allocation is None
+    assert "waiting for pod ns/a to start" in second.status.message
     ledger.assume(dataclasses.replace(first, assigned=True))  # the device plugin served it
-    third = scheduler.reserve(scheduler.read(pod("b", [4])), node, ledger)  # type: ignore[arg-type]
-    assert isinstance(third, Allocation) and third.indexes == (1,)
+    third = scheduler.reserve(scheduler.read(pod("b", [4])), node, ledger).allocation  # type: ignore[arg-type]
+    assert third is not None and third.indexes == (1,)
 
 
 def test_nodes_without_the_handoff_marker_are_not_constrained() -> None:
     node = read_node(gpu_node("n", gpus_units=[4, 15]))
     ledger, scheduler = Ledger(), Scheduler(Settings())
     for name in ("a", "b"):
-        booked = scheduler.reserve(scheduler.read(pod(name, [4])), node, ledger)  # type: ignore[arg-type]
-        assert isinstance(booked, Allocation)
+        booked = scheduler.reserve(scheduler.read(pod(name, [4])), node, ledger).allocation  # type: ignore[arg-type]
+        assert booked is not None
 
 
 def test_resolve_refuses_to_guess_and_explains() -> None:
     answer = resolve("mem", 3, [])
-    assert answer.signature is None and "no pod bound to this node is waiting" in answer.error
+    assert (
+        answer.signature is None and "no pod bound to this node is waiting" in answer.status.message
+    )
 
 
 def test_conflict_within_one_pod_is_reported() -> None:
@@ -161,8 +163,10 @@ def test_names_path_tells_look_alike_nodes_apart_by_their_pending_pods(order: li
         table[name] = read_node(obj)
     ledger, scheduler = Ledger(), Scheduler(Settings())
     for name in ("a", "b"):
-        booked = scheduler.reserve(scheduler.read(pod(f"on-{name}", [4])), table[name], ledger)  # type: ignore[arg-type]
-        assert isinstance(booked, Allocation) and booked.indexes == (0,)
+        booked = scheduler.reserve(
+            scheduler.read(pod(f"on-{name}", [4])), table[name], ledger
+        ).allocation  # type: ignore[arg-type]
+        assert booked is not None and booked.indexes == (0,)
         if name == "b":
             ledger.assume(dataclasses.replace(booked, assigned=True))
     assert table["a"].kind == table["b"].kind

@@ -235,13 +235,13 @@ def test_finding_3_a_stranger_of_the_same_count_makes_allocate_refuse() -> None:
     pods = sort_node_pods([genuine, stranger], node="n", trust=TRUST)
     answer = resolve(MEM, 5, pending_of(pods.allocations), pods.strangers)
     assert answer.signature is None
-    assert "pod default/intruder (it carries no gpushare allocation)" in answer.error
-    assert "default/genuine" in answer.error
+    assert "pod default/intruder (it carries no gpushare allocation)" in answer.status.message
+    assert "default/genuine" in answer.status.message
     other_count = resolve(MEM, 3, pending_of(pods.allocations), pods.strangers)
-    assert other_count.signature is None and "no pod bound" in other_count.error
+    assert other_count.signature is None and "no pod bound" in other_count.status.message
     alone = sort_node_pods([stranger], node="n", trust=TRUST)
     refused = resolve(MEM, 5, [], alone.strangers)
-    assert refused.signature is None and "was not placed by gpushare" in refused.error
+    assert refused.signature is None and "was not placed by gpushare" in refused.status.message
     only_genuine = sort_node_pods([genuine], node="n", trust=TRUST)
     served = resolve(MEM, 5, pending_of(only_genuine.allocations))
     assert served.signature is not None
