@@ -33,7 +33,6 @@ from gpushare.core.model.containers import ContainerKind, counted
 from gpushare.core.model.kubejson import KubeObject, node_status_of, pod_spec_of
 from gpushare.core.model.quantity import Quantity, parse_quantity
 
-
 MOST = 2**63 - 1
 """The largest amount counted (milli-CPU or bytes): kube-scheduler's ``int64``."""
 
