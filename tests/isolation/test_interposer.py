@@ -680,7 +680,8 @@ def test_reordered_gpus_keep_each_gpus_own_limit(
     env = {**broker_env(built, accounting), "CUDA_VISIBLE_DEVICES": visible}
     on_gpu1, on_gpu0 = most(built, env, 0), most(built, env, 1)
     print(
-        f"CUDA_VISIBLE_DEVICES={visible}: GPU1 (ordinal 0) {on_gpu1} MiB, GPU0 (ordinal 1) {on_gpu0} MiB"
+        f"CUDA_VISIBLE_DEVICES={visible}: GPU1 (ordinal 0) {on_gpu1} MiB, "
+        f"GPU0 (ordinal 1) {on_gpu0} MiB"
     )
     assert (on_gpu1, on_gpu0) == (2 * 1024, 10 * 1024)
     lines, _ = memops(built, {**env, "MEMOPS_DEVICE": "0"}, "alloc:1024", "info", "nvml")
