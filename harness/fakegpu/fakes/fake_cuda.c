@@ -181,10 +181,10 @@ static CUresult launch(void) {
  * (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx); without it there are two, GPU-fa4e0000-0000-4000-
  * 8000-00000000000<index>. What a process sees follows the CUDA documentation, not more:
  * - CUDA_VISIBLE_DEVICES (CUDA C++ Programming Guide, "CUDA Environment Variables"): a
- *   comma-separated sequence of GPU identifiers, integer indices or UUID strings as nvidia-smi
- *   gives them ("GPU-..."), or enough of a UUID's beginning to name one GPU; "only the devices whose index is
- *   present in the sequence are visible to CUDA applications and they are enumerated in the order
- *   of the sequence", and an invalid entry hides it and every entry after it. Unset: every GPU.
+ *   comma-separated list of GPU indices or UUIDs as nvidia-smi prints them ("GPU-..."), a UUID
+ *   perhaps cut to the part that tells it from the others. Only the listed GPUs are visible, and
+ *   CUDA numbers them in the order listed; an entry that names no GPU hides itself and every
+ *   entry after it. Unset: every GPU.
  *   An entry naming a GPU already listed is taken as invalid here (the guide does not say).
  * - CUDA_DEVICE_ORDER (same page): FASTEST_FIRST (the default) or PCI_BUS_ID orders the indices;
  *   the fake GPUs are identical, so both give PCI order.

@@ -1084,7 +1084,7 @@ static unsigned long long gs_used(int dev) {
 static CUresult gs_reserve(int dev, unsigned long long bytes) {
     unsigned long long limit = gs_limit_of(dev);
     if (gs_refuse || dev == GS_NONE)
-        return CUDA_ERROR_OUT_OF_MEMORY; /* said on stderr when the limits or the device were read */
+        return CUDA_ERROR_OUT_OF_MEMORY; /* said once on stderr, with the reason */
     if (limit == 0)
         return CUDA_SUCCESS;
     if (*gs_broker != '\0')
@@ -1230,7 +1230,9 @@ static int gs_entry(CUdevice dev) {
     int entry = rc == CUDA_SUCCESS ? gs_entry_of_uuid((const unsigned char *)uuid.bytes) : GS_NONE;
     if (cached && rc == CUDA_SUCCESS)
         __atomic_store_n(&gs_entry_known[dev], entry >= 0 ? entry + 1 : GS_NONE, __ATOMIC_RELEASE);
-    if (entry == GS_NONE && (!cached || !__atomic_exchange_n(&gs_entry_said[dev], 1, __ATOMIC_ACQ_REL))) {
+    int say = entry == GS_NONE &&
+              (!cached || !__atomic_exchange_n(&gs_entry_said[dev], 1, __ATOMIC_ACQ_REL));
+    if (say) {
         char list[GS_MAX_DEVS * 41 + 1], seen[41] = "";
         gs_uuid_list(list, sizeof list);
         if (rc == CUDA_SUCCESS)
@@ -1246,15 +1248,18 @@ static int gs_entry(CUdevice dev) {
     return entry;
 }
 
-/* The limits entry of the current context's device (device 0 without a context). */
+/* The limits entry of the current context's device. Without a context (the driver refuses the
+ * call anyway): device 0 by ordinal, no entry by UUID, with nothing said. */
 static int gs_current_device(void) {
     typedef CUresult (*fn_t)(CUdevice *);
     static fn_t get;
     if (get == NULL)
         get = (fn_t)gs_real_cuda("cuCtxGetDevice");
     CUdevice dev = 0;
-    if (get == NULL || get(&dev) != CUDA_SUCCESS)
-        dev = 0;
+    if (get == NULL || get(&dev) != CUDA_SUCCESS) {
+        gs_config();
+        return gs_nuuids > 0 ? GS_NONE : 0;
+    }
     return gs_entry(dev);
 }
 
@@ -1583,7 +1588,7 @@ static void gs_sched_init(void) {
         pthread_mutex_init(&gs_scheds[d].lock, NULL);
 }
 
-/* Re-read the schedule of a device ordinal; sets why when it cannot be used. */
+/* Re-read the schedule of host GPU host; sets why when it cannot be used. */
 static void gs_sched_load(struct gs_sched *s, int host, char *why, size_t whylen) {
     char path[sizeof gs_sched_dir + 24];
     snprintf(path, sizeof path, "%s/gpu%d", gs_sched_dir, host);
@@ -1645,7 +1650,8 @@ static void gs_sched_own(struct gs_sched *s) {
     s->own = 0;
 }
 
-/* Tell the broker this container launches on device ordinal dev; 0 when it answered ok. */
+/* Tell the broker this container launches on the GPU of limits entry dev; 0 when it answered
+ * ok. */
 static int gs_sched_report(int dev) {
     char line[32], reply[96];
     snprintf(line, sizeof line, "active %d\n", dev);
