@@ -37,7 +37,8 @@ LIMITS_VERSION = 2
 SCHEDULED_VERSION = 3
 """Version 3 adds a cGPU policy's settings (``gpushare.isolation.policy``): ``policy``,
 ``weight``, ``slot`` (the container's name in the schedules), ``sched_dir`` (where the container
-sees the schedule files) and ``gpus`` (the host GPU index of each device ordinal); its
+sees the schedule files) and ``gpus`` (the host GPU index of each of its GPUs, in the order of
+``mem_limit`` and ``uuids``); its
 ``core_limit`` is the container's own share, which the interposer keeps to while it cannot use
 its schedule (never the whole GPU)."""
 UUID_FORM = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -63,7 +64,7 @@ class ContainerLimits:
     """What one container may use, as the interposer enforces it."""
 
     mem_limit_bytes: tuple[int, ...]
-    """Per visible GPU, in the order of the container's device ordinals."""
+    """Per GPU, in the order of ``uuids`` (without them, of the container's CUDA ordinals)."""
     core_pct: int
     """SM percent of each GPU; 0 (or 100) means no throttle. Under a cGPU policy (version 3)
     the container's own share (``policy.own_share_pct``), which the interposer keeps to while it
