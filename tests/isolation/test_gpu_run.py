@@ -78,6 +78,10 @@ def test_the_memory_limit_holds_through_the_driver(rehearsal: Any) -> None:
     memory = data["steps"]["memory"]
     assert set(memory["figures"]) >= {"driver", "nvml", "two_processes", "sigkill"}
     assert memory["checks"] and all(memory["checks"].values()), memory["checks"]
+    # by UUID, on the fake's two GPUs: the limit, a stranger refused, the order reversed
+    assert {"uuid_limit", "uuid_stranger", "uuid_reversed"} <= set(memory["figures"])
+    assert memory["checks"]["reversed: ordinal 0, the second GPU, has its own limit"]
+    assert "none of this container's GPUs" in memory["figures"]["uuid_stranger"]["gpushare_said"][0]
     assert memory["figures"]["sigkill"]["usage_before"] == 3 * 2**29
     allocators = data["steps"]["allocators"]
     assert all(allocators["checks"].values()), allocators["checks"]

@@ -632,6 +632,93 @@ def test_without_a_broker_every_allocation_is_refused(
     assert "does not answer" in err and "allocations are refused until it does" in err
 
 
+GPU0 = "GPU-fa4e0000-0000-4000-8000-000000000000"
+GPU1 = "GPU-fa4e0000-0000-4000-8000-000000000001"
+"""The fake driver's two GPUs (``fake_cuda.c``), which CUDA_VISIBLE_DEVICES can reorder."""
+GiB = 1024 * MiB
+
+
+@pytest.fixture
+def two_gpus(built: Built, limits: Path, tmp_path: Path) -> Iterator[RunningBroker]:
+    """A container given 10 GiB of GPU0 and 2 GiB of GPU1, as the plugin writes it."""
+    running = RunningBroker(tmp_path / "broker", (10 * GiB, 2 * GiB))
+    limits.write_text(
+        ContainerLimits(
+            (10 * GiB, 2 * GiB), 0, "1GiB", str(running.socket), uuids=(GPU0, GPU1)
+        ).render()
+    )
+    yield running
+    running.stop()
+
+
+def most(built: Built, env: dict[str, str], device: int) -> int:
+    """The most MiB one allocation on CUDA device ``device`` gets, in steps of 256 MiB."""
+    steps = (op for mib in range(256, 12 * 1024 + 1, 256) for op in (f"alloc:{mib}", "free"))
+    lines, _ = memops(built, {**env, "MEMOPS_DEVICE": str(device)}, *steps)
+    got = [
+        int(line.split()[0].removeprefix("alloc:"))
+        for line in lines
+        if line.startswith("alloc:") and "rc=0" in line
+    ]
+    return max(got, default=0)
+
+
+@pytest.mark.parametrize(
+    "visible",
+    [
+        "1,0",
+        f"{GPU1},{GPU0}",
+        f"{GPU1},0",
+    ],
+)
+def test_reordered_gpus_keep_each_gpus_own_limit(
+    built: Built, accounting: Path, two_gpus: RunningBroker, visible: str
+) -> None:
+    """The tenant chooses its CUDA ordinals: listing its GPUs the other way round must not give
+    GPU1 the 10 GiB meant for GPU0. Ordinal 0 is GPU1 here, so it gets 2 GiB, and ordinal 1
+    (GPU0) 10 GiB; the memory info of each reports its own limit."""
+    env = {**broker_env(built, accounting), "CUDA_VISIBLE_DEVICES": visible}
+    on_gpu1, on_gpu0 = most(built, env, 0), most(built, env, 1)
+    print(
+        f"CUDA_VISIBLE_DEVICES={visible}: GPU1 (ordinal 0) {on_gpu1} MiB, "
+        f"GPU0 (ordinal 1) {on_gpu0} MiB"
+    )
+    assert (on_gpu1, on_gpu0) == (2 * 1024, 10 * 1024)
+    lines, _ = memops(built, {**env, "MEMOPS_DEVICE": "0"}, "alloc:1024", "info", "nvml")
+    assert rcs(lines) == [0, 0, 0]
+    info, nvml = fields(lines[1]), fields(lines[2])
+    assert (info["total"], info["free"]) == (2 * GiB, 1 * GiB)
+    assert info["device_total"] == 2 * GiB  # cuDeviceTotalMem(0): GPU1
+    assert nvml["total"] == 10 * GiB  # NVML's index 0 is GPU0 whatever CUDA_VISIBLE_DEVICES says
+
+
+def test_in_plain_order_each_gpu_keeps_its_limit(
+    built: Built, accounting: Path, two_gpus: RunningBroker
+) -> None:
+    env = broker_env(built, accounting)
+    assert (most(built, env, 0), most(built, env, 1)) == (10 * 1024, 2 * 1024)
+
+
+def test_a_gpu_that_is_none_of_the_containers_gets_nothing(
+    built: Built, accounting: Path, two_gpus: RunningBroker
+) -> None:
+    """Fail closed: a device whose UUID the limits file does not name has no allowance."""
+    other = "GPU-fa4e0000-0000-4000-8000-0000000000ff"
+    env = {
+        **broker_env(built, accounting),
+        "FAKE_GPU_UUIDS": f"{GPU0},{GPU1},{other}",
+        "CUDA_VISIBLE_DEVICES": "2,1",
+    }
+    lines, err = memops(built, env, "alloc:1", "vmm:2", "info", "alloc:1")
+    assert rcs(lines) == [2, 2, 0, 2]
+    assert fields(lines[2])["free"] == 0
+    assert err.count("gpushare: CUDA device 0 is") == 1, err
+    assert f"CUDA device 0 is {other}, none of this container's GPUs" in err
+    assert f"(uuids={GPU0},{GPU1}); every GPU memory allocation on it is refused" in err
+    lines, _ = memops(built, {**env, "MEMOPS_DEVICE": "1"}, "alloc:2048", "alloc:1")
+    assert rcs(lines) == [0, 2]  # ordinal 1 is GPU1: its own 2 GiB
+
+
 GOOD = "version=2\nmem_limit=1073741824\ncore_limit=0\nunit=1GiB\nbroker=/b.sock\n"
 GOOD3 = (
     GOOD.replace("version=2", "version=3")
@@ -703,6 +790,25 @@ MALFORMED = {
     ),
     "too large": ("#" * 5000 + "\n" + GOOD, "it is larger than 4096 bytes"),
     "a NUL byte": (GOOD.replace("unit=1GiB", "unit=1G\0iB"), "it contains a NUL byte"),
+    "uuids not NVML's": (GOOD + "uuids=GPU-fake-node-0\n", "uuids=GPU-fake-node-0 is not a list"),
+    "uuids in upper case": (
+        GOOD + f"uuids={GPU0.upper()}\n",
+        f"uuids={GPU0.upper()} is not a list",
+    ),
+    "a uuid twice": (
+        GOOD + f"uuids={GPU0},{GPU0}\n",
+        f"uuids={(GPU0 + ',' + GPU0)[:64]} is not a list",  # cut at 64
+    ),
+    "uuids in version 1": (
+        GOOD.replace("version=2", "version=1").replace("broker=/b.sock", "accounting_dir=/a")
+        + f"uuids={GPU0}\n",
+        "line 6: uuids is not a setting of version 1",
+    ),
+    "more limits than uuids": (
+        GOOD.replace("=1073741824", "=1073741824,1073741824,1") + f"uuids={GPU0},{GPU1}\n",
+        "mem_limit has 3 limits but uuids names 2 GPUs",
+    ),
+    "gpus and uuids apart": (GOOD3 + f"uuids={GPU0}\n", "gpus names 2 GPUs but uuids 1"),
 }
 
 

@@ -15,7 +15,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <strings.h>
 #include <string.h>
 #include <time.h>
 
@@ -174,20 +176,118 @@ static CUresult launch(void) {
     return CUDA_SUCCESS;
 }
 
+/*
+ * The GPUs. FAKE_GPU_UUIDS names the physical GPUs in PCI order, comma-separated, in NVML's form
+ * (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx); without it there are two, GPU-fa4e0000-0000-4000-
+ * 8000-00000000000<index>. What a process sees follows the CUDA documentation, not more:
+ * - CUDA_VISIBLE_DEVICES (CUDA C++ Programming Guide, "CUDA Environment Variables"): a
+ *   comma-separated list of GPU indices or UUIDs as nvidia-smi prints them ("GPU-..."), a UUID
+ *   perhaps cut to the part that tells it from the others. Only the listed GPUs are visible, and
+ *   CUDA numbers them in the order listed; an entry that names no GPU hides itself and every
+ *   entry after it. Unset: every GPU.
+ *   An entry naming a GPU already listed is taken as invalid here (the guide does not say).
+ * - CUDA_DEVICE_ORDER (same page): FASTEST_FIRST (the default) or PCI_BUS_ID orders the indices;
+ *   the fake GPUs are identical, so both give PCI order.
+ * - cuDeviceGetUuid / cuDeviceGetUuid_v2 (driver API reference, "Device Management"): the 16
+ *   bytes of the device's UUID, which belongs to the physical GPU, whatever its ordinal is.
+ * One memory counter serves every GPU (FAKE_TOTAL in all).
+ */
+#define FAKE_MAX_GPUS 16
+static char gpu_uuid[FAKE_MAX_GPUS][48];
+static int gpu_count;
+static int visible[FAKE_MAX_GPUS]; /* the physical GPU of each CUDA ordinal */
+static int visible_count;
+static pthread_once_t gpus_once = PTHREAD_ONCE_INIT;
+
+static void gpus_init(void) {
+    const char *names = getenv("FAKE_GPU_UUIDS");
+    if (names != NULL && *names != '\0') {
+        for (const char *p = names; *p != '\0' && gpu_count < FAKE_MAX_GPUS;) {
+            size_t n = strcspn(p, ",");
+            snprintf(gpu_uuid[gpu_count++], sizeof gpu_uuid[0], "%.*s", (int)n, p);
+            p += n + (p[n] == ',');
+        }
+    } else {
+        for (gpu_count = 0; gpu_count < 2; gpu_count++)
+            snprintf(gpu_uuid[gpu_count], sizeof gpu_uuid[0],
+                     "GPU-fa4e0000-0000-4000-8000-%012d", gpu_count);
+    }
+    const char *list = getenv("CUDA_VISIBLE_DEVICES");
+    if (list == NULL) {
+        for (int i = 0; i < gpu_count; i++)
+            visible[visible_count++] = i;
+        return;
+    }
+    for (const char *p = list; *p != '\0' && visible_count < FAKE_MAX_GPUS;) {
+        size_t n = strcspn(p, ",");
+        char entry[48];
+        snprintf(entry, sizeof entry, "%.*s", (int)n, p);
+        p += n + (p[n] == ',');
+        int found = -1;
+        if (entry[0] != '\0' && strspn(entry, "0123456789") == strlen(entry)) {
+            int index = atoi(entry);
+            found = index < gpu_count ? index : -1;
+        } else if (strncmp(entry, "GPU-", 4) == 0 && entry[4] != '\0') {
+            for (int i = 0; i < gpu_count; i++) {
+                if (strncasecmp(gpu_uuid[i], entry, strlen(entry)) != 0)
+                    continue;
+                found = found < 0 ? i : -2; /* -2: more than one GPU begins so */
+            }
+        }
+        for (int k = 0; k < visible_count && found >= 0; k++)
+            if (visible[k] == found)
+                found = -1;
+        if (found < 0)
+            return;
+        visible[visible_count++] = found;
+    }
+}
+
+/* The fake NVML's view: physical GPUs, which CUDA_VISIBLE_DEVICES does not change. */
+int fakecuda_gpu_count(void) {
+    pthread_once(&gpus_once, gpus_init);
+    return gpu_count;
+}
+
+const char *fakecuda_gpu_uuid(int physical) {
+    pthread_once(&gpus_once, gpus_init);
+    return physical >= 0 && physical < gpu_count ? gpu_uuid[physical] : NULL;
+}
+
 CUresult cuInit(unsigned int flags) {
     (void)flags;
     return CUDA_SUCCESS;
 }
 CUresult cuDeviceGetCount(int *count) {
-    *count = 2;
+    pthread_once(&gpus_once, gpus_init);
+    *count = visible_count;
     return CUDA_SUCCESS;
 }
 CUresult cuDeviceGet(CUdevice *device, int ordinal) {
-    if (ordinal < 0 || ordinal >= 2)
+    pthread_once(&gpus_once, gpus_init);
+    if (ordinal < 0 || ordinal >= visible_count)
         return CUDA_ERROR_INVALID_DEVICE;
     *device = ordinal;
     return CUDA_SUCCESS;
 }
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+    pthread_once(&gpus_once, gpus_init);
+    if (dev < 0 || dev >= visible_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    const char *hex = gpu_uuid[visible[dev]] + 4;
+    memset(uuid->bytes, 0, sizeof uuid->bytes);
+    for (int i = 0; i < 16 && *hex != '\0';) {
+        unsigned int byte;
+        if (*hex == '-' || sscanf(hex, "%2x", &byte) != 1) {
+            hex++;
+            continue;
+        }
+        uuid->bytes[i++] = (char)byte;
+        hex += 2;
+    }
+    return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     (void)flags;
     current_dev = dev;
@@ -394,6 +494,7 @@ static const struct {
     {"cuLaunchCooperativeKernel", (void *)cuLaunchCooperativeKernel},
     {"cuGraphLaunch", (void *)cuGraphLaunch},
     {"cuCtxGetDevice", (void *)cuCtxGetDevice},
+    {"cuDeviceGetUuid", (void *)cuDeviceGetUuid_v2},
     {"cuGetProcAddress", (void *)cuGetProcAddress_v2},
 };
 

@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "gpushare_cuda.h"
@@ -33,18 +34,42 @@ static double util_pct(void) {
 nvmlReturn_t nvmlInit_v2(void) { return NVML_SUCCESS; }
 nvmlReturn_t nvmlInit(void) { return NVML_SUCCESS; }
 nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
+/* The fake driver's physical GPUs (FAKE_GPU_UUIDS, else two), in PCI order: NVML does not read
+ * CUDA_VISIBLE_DEVICES, so its indexes and UUIDs are the GPUs', whatever CUDA's ordinals are. */
+typedef int (*count_t)(void);
+typedef const char *(*uuid_of_t)(int);
+
+static int gpu_count(void) {
+    static count_t count;
+    if (count == NULL)
+        count = (count_t)dlsym(RTLD_DEFAULT, "fakecuda_gpu_count");
+    return count != NULL ? count() : 2;
+}
+
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
-    *count = 2;
+    *count = (unsigned int)gpu_count();
     return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
-    if (index >= 2)
+    if (index >= (unsigned int)gpu_count())
         return NVML_ERROR_INVALID_ARGUMENT;
     *device = (nvmlDevice_t)(uintptr_t)(index + 1);
     return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
     *index = (unsigned int)(uintptr_t)device - 1;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    static uuid_of_t of;
+    if (of == NULL)
+        of = (uuid_of_t)dlsym(RTLD_DEFAULT, "fakecuda_gpu_uuid");
+    const char *found = of != NULL ? of((int)(uintptr_t)device - 1) : NULL;
+    if (found == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(found) >= length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(uuid, found);
     return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {

@@ -13,8 +13,13 @@ The format is the interposer's (``native/interposer.c``, ``gs_parse_file``), ver
 ``mem_limit`` (bytes, one value for every visible GPU or one per GPU in order, as in
 ``GPUSHARE_MEM_LIMIT``), ``core_limit`` (SM percent, 0 for none), ``unit`` (the memory unit the
 limit was counted in, for people) and ``broker`` (the container path of the accounting broker's
-socket, ``gpushare.isolation.accounting``), each once; the file ends with a newline (so a
-cut-short file is told from a whole one). Anything else makes the interposer refuse every
+socket, ``gpushare.isolation.accounting``), each once, and ``uuids``, the NVML UUID of each of
+the container's GPUs in the order of its limits, which the plugin writes whenever it knows them
+(:data:`UUID_FORM`); the file ends with a newline (so a cut-short file is told from a whole one).
+The interposer finds each CUDA device's limit by the device's UUID (``cuDeviceGetUuid``), never by
+its CUDA ordinal: the container chooses its ordinals (``CUDA_VISIBLE_DEVICES`` may list its GPUs in
+any order), the UUID stays with the GPU. A file without ``uuids`` (written before it was added)
+is read by ordinal, as it was. Anything else makes the interposer refuse every
 allocation: a file it cannot read is more likely damage or tampering than an intent to run
 without limits. The interposer still reads version 1, which named ``accounting_dir``, a usage
 table the container itself wrote; the plugin no longer writes it.
@@ -22,6 +27,7 @@ table the container itself wrote; the plugin no longer writes it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from gpushare.core.model.inventory import CORE_PER_GPU
@@ -31,9 +37,14 @@ LIMITS_VERSION = 2
 SCHEDULED_VERSION = 3
 """Version 3 adds a cGPU policy's settings (``gpushare.isolation.policy``): ``policy``,
 ``weight``, ``slot`` (the container's name in the schedules), ``sched_dir`` (where the container
-sees the schedule files) and ``gpus`` (the host GPU index of each device ordinal); its
+sees the schedule files) and ``gpus`` (the host GPU index of each of its GPUs, in the order of
+``mem_limit`` and ``uuids``); its
 ``core_limit`` is the container's own share, which the interposer keeps to while it cannot use
 its schedule (never the whole GPU)."""
+UUID_FORM = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+"""NVML's form of a GPU's UUID, which the interposer compares with ``cuDeviceGetUuid``'s 16 bytes.
+The fake GPUs of test and kwok nodes (``GPU-fake-<node>-<index>``) are not in it; their limits
+files name no UUIDs."""
 LIMITS_FILE_NAME = "limits"
 MAX_SOCKET_PATH = 107
 """A unix socket path's longest (``sun_path`` is 108 bytes with its NUL)."""
@@ -53,7 +64,7 @@ class ContainerLimits:
     """What one container may use, as the interposer enforces it."""
 
     mem_limit_bytes: tuple[int, ...]
-    """Per visible GPU, in the order of the container's device ordinals."""
+    """Per GPU, in the order of ``uuids`` (without them, of the container's CUDA ordinals)."""
     core_pct: int
     """SM percent of each GPU; 0 (or 100) means no throttle. Under a cGPU policy (version 3)
     the container's own share (``policy.own_share_pct``), which the interposer keeps to while it
@@ -68,6 +79,8 @@ class ContainerLimits:
     slot: str = ""
     sched_dir: str = ""
     gpus: tuple[int, ...] = ()
+    uuids: tuple[str, ...] = ()
+    """The NVML UUID of each GPU, in the order of ``mem_limit_bytes``; () where not known."""
 
     def render(self) -> str:
         """The file's text: version 2, or 3 when a policy's schedule holds the container."""
@@ -84,6 +97,7 @@ class ContainerLimits:
         scheduled = self.policy is not None
         if scheduled:
             self._check_scheduled()
+        self._check_uuids()
         text = (
             "# gpushare: this container's GPU limits, written by the device plugin and read by\n"
             "# libgpushare-cuda.so; they win over GPUSHARE_* in the environment.\n"
@@ -93,6 +107,8 @@ class ContainerLimits:
             f"unit={self.unit}\n"
             f"broker={self.broker}\n"
         )
+        if self.uuids:
+            text += f"uuids={','.join(self.uuids)}\n"
         if scheduled:
             text += (
                 f"policy={self.policy}\n"
@@ -102,6 +118,26 @@ class ContainerLimits:
                 f"gpus={','.join(str(g) for g in self.gpus)}\n"
             )
         return text
+
+    def _check_uuids(self) -> None:
+        if not self.uuids:
+            return
+        bad = [u for u in self.uuids if not UUID_FORM.fullmatch(u)]
+        if bad or len(self.uuids) > 16 or len(set(self.uuids)) != len(self.uuids):
+            raise ValueError(
+                f"uuids must be 1..16 distinct GPU UUIDs in NVML's form "
+                f"(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, lower-case hex), got {self.uuids!r}"
+            )
+        if len(self.mem_limit_bytes) > 1 and len(self.mem_limit_bytes) != len(self.uuids):
+            raise ValueError(
+                f"uuids names {len(self.uuids)} GPUs but mem_limit has "
+                f"{len(self.mem_limit_bytes)} limits: give one limit, or one per GPU"
+            )
+        if self.gpus and len(self.gpus) != len(self.uuids):
+            raise ValueError(
+                f"uuids names {len(self.uuids)} GPUs but gpus has {len(self.gpus)}: "
+                f"give both in the order of the container's GPUs"
+            )
 
     def _check_scheduled(self) -> None:
         native = int(Policy.NATIVE)
@@ -151,6 +187,8 @@ class ContainerLimits:
                     sched_dir=settings["sched_dir"],
                     gpus=tuple(int(g) for g in settings["gpus"].split(",")),
                 )
+            if "uuids" in settings:
+                limits = replace(limits, uuids=tuple(settings["uuids"].split(",")))
         except (KeyError, ValueError) as err:
             raise ValueError(f"not a limits file of version {LIMITS_VERSION}: {err}") from err
         limits.render()  # the same checks as when it was written

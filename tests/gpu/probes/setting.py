@@ -114,9 +114,10 @@ class BrokerProcess:
             raise RuntimeError(f"broker answered {reply!r} to {line!r}")
         return reply
 
-    def open(self, key: str, limit_bytes: int) -> str:
-        """A fresh account; the socket's path."""
-        return self.ask(f"open {key} {limit_bytes}").split(" ", 1)[1]
+    def open(self, key: str, limit_bytes: int | tuple[int, ...]) -> str:
+        """A fresh account (one limit, or one per GPU); the socket's path."""
+        each = limit_bytes if isinstance(limit_bytes, tuple) else (limit_bytes,)
+        return self.ask(f"open {key} {','.join(str(b) for b in each)}").split(" ", 1)[1]
 
     def usage(self, key: str) -> int:
         return int(self.ask(f"usage {key}").split()[1].split(",")[0])
@@ -150,7 +151,7 @@ def container(
     limits: ContainerLimits | None = None,
 ) -> dict[str, str]:
     """Admit container ``c<index>`` (a fresh account, its limits file); its processes' env."""
-    socket = served.open(f"c{index}", mem_limit)
+    socket = served.open(f"c{index}", limits.mem_limit_bytes if limits else mem_limit)
     if limits is None:
         written = ContainerLimits((mem_limit,), core_pct, "1GiB", socket)
     else:

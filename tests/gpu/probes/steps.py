@@ -92,9 +92,70 @@ def memory(s: Setting, rec: Recorder) -> None:
         r = figure(rec, "nvml", run_child(s, container(s, b, 0, LIMIT), "nvml_memory"))
         rec.check("nvml: nvmlDeviceGetMemoryInfo total is the limit", r.get("total") == LIMIT)
         nvidia_smi(s, rec, container(s, b, 0, LIMIT))
+        by_uuid(s, rec, b)
         via = "driver" if no_torch else "torch"
         two_processes(s, rec, b, via)
         sigkill(s, rec, b, via)
+
+
+FAKE_UUIDS = (
+    "GPU-fa4e0000-0000-4000-8000-000000000000",
+    "GPU-fa4e0000-0000-4000-8000-000000000001",
+)
+"""The fake driver's two GPUs (``harness/fakegpu/fakes/fake_cuda.c``)."""
+STRANGER = "GPU-00000000-0000-4000-8000-0000000000ff"
+"""A UUID no GPU has."""
+
+
+def gpu_uuids(s: Setting) -> list[str]:
+    """The GPUs' UUIDs as NVML gives them (nvidia-smi), in NVML's order; the fake's in rehearsal."""
+    if s.rehearsal or shutil.which("nvidia-smi") is None:
+        return list(FAKE_UUIDS) if s.rehearsal else []
+    done = subprocess.run(
+        ["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
+
+
+def by_uuid(s: Setting, rec: Recorder, b: BrokerProcess) -> None:
+    """The limits file names each GPU by its NVML UUID (as the plugin writes it), and the
+    interposer matches the driver's ``cuDeviceGetUuid`` to it: the limit holds by UUID, a GPU
+    the file does not name gets nothing, and with two GPUs listed the other way round in
+    CUDA_VISIBLE_DEVICES each keeps its own limit (ordinal 0 is then the second GPU)."""
+    uuids = gpu_uuids(s)
+    if not uuids:
+        rec.skip("uuid_limit", "no GPU UUIDs: nvidia-smi not on PATH")
+        return
+    mine = ContainerLimits((LIMIT,), 0, "1GiB", "/x", uuids=(uuids[0],))
+    r = figure(
+        rec,
+        "uuid_limit",
+        run_child(s, container(s, b, 0, LIMIT, limits=mine), "driver_limit", str(LIMIT)),
+        uuids=uuids,
+    )
+    rec.check("by UUID: the limit in one allocation", r.get("at_limit") == 0)
+    rec.check("by UUID: one MiB more is out of memory", r.get("one_mib_more") == OOM)
+    other = ContainerLimits((LIMIT,), 0, "1GiB", "/x", uuids=(STRANGER,))
+    r = figure(
+        rec,
+        "uuid_stranger",
+        run_child(s, container(s, b, 0, LIMIT, limits=other), "driver_try", str(MiB)),
+    )
+    rec.check("by UUID: a GPU the file does not name gets nothing", r.get("alloc_rc") == OOM)
+    if len(uuids) < 2:
+        rec.skip("uuid_reversed", f"{len(uuids)} GPU: no order to reverse")
+        return
+    two = ContainerLimits((LIMIT, LIMIT // 2), 0, "1GiB", "/x", uuids=(uuids[0], uuids[1]))
+    env = {**container(s, b, 0, LIMIT, limits=two), "CUDA_VISIBLE_DEVICES": "1,0"}
+    r = figure(rec, "uuid_reversed", run_child(s, env, "driver_limit", str(LIMIT // 2)))
+    rec.check(
+        "reversed: ordinal 0, the second GPU, has its own limit", r.get("total") == LIMIT // 2
+    )
+    rec.check("reversed: its limit in one allocation", r.get("at_limit") == 0)
+    rec.check("reversed: one MiB more is out of memory", r.get("one_mib_more") == OOM)
 
 
 def nvidia_smi(s: Setting, rec: Recorder, env: dict[str, str]) -> None:

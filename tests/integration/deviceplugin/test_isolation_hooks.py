@@ -8,6 +8,7 @@ import os
 import stat
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,46 @@ def test_cgpu_containers_get_the_interposer_their_limit_and_their_own_accounting
             ]
 
     run(body, mode=Mode.CGPU, hook=isolation(packaged=library))
+
+
+class NvmlNamed:
+    """The fake GPUs under UUIDs of NVML's form, as a real node's GPUs are named."""
+
+    def __init__(self, source: FakeGpus) -> None:
+        self.source = source
+
+    def gpus(self) -> list[GpuInfo]:
+        return [
+            replace(g, uuid=f"GPU-{g.index:08x}-0000-4000-8000-00000000abcd")
+            for g in self.source.gpus()
+        ]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
+
+
+def test_the_limits_file_names_each_gpu_by_its_uuid() -> None:
+    """The interposer matches each CUDA device to its limit by UUID, so the file names the UUID
+    of each GPU in the order of its limits; a fake node's GPUs (not NVML's form) get none."""
+    make = isolation(packaged=fake_library())
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        # gpu-count 2, two containers of 3 units: each gets 1 unit of one GPU and 2 of the other
+        _, admitted = await admit(r, pod("twins", 3, 3, gpu_count=2))
+        for name in ("c0", "c1"):
+            layout = [p.split(":") for p in admitted.envs[name]["GPUSHARE_MEM_PER_GPU"].split(",")]
+            (host,) = [h for c, h, _ in admitted.mounts[name] if c == paths.CONTAINER_LIMITS_FILE]
+            text = Path(host).read_text()
+            limits = ContainerLimits.parse(text)
+            assert limits.uuids == tuple(
+                f"GPU-{int(i):08x}-0000-4000-8000-00000000abcd" for i, _ in layout
+            )
+            assert limits.mem_limit_bytes == tuple(int(m) * GiB for _, m in layout)
+            assert sorted(limits.mem_limit_bytes) == [GiB, 2 * GiB]
+            assert text.endswith(f"uuids={','.join(limits.uuids)}\n")
+
+    run(body, mode=Mode.CGPU, hook=lambda root, source: make(root, NvmlNamed(source)))
 
 
 def test_core_mem_holds_the_compute_limit_by_a_fixed_slice_and_mounts_once_per_container() -> None:

@@ -23,6 +23,22 @@ def test_the_file_of_a_two_gpu_core_mem_container(golden: Callable[[str, str], N
     assert ContainerLimits.parse(limits.render()) == limits
 
 
+UUID0 = "GPU-5a2f3b1c-0000-4000-8000-000000000000"
+UUID1 = "GPU-5a2f3b1c-0000-4000-8000-000000000001"
+
+
+def test_each_gpu_is_named_by_its_uuid_in_the_order_of_its_limits() -> None:
+    limits = ContainerLimits((4 * GiB, 2 * GiB), 0, "1GiB", SOCK, uuids=(UUID1, UUID0))
+    text = limits.render()
+    assert text.endswith(
+        f"mem_limit={4 * GiB},{2 * GiB}\ncore_limit=0\nunit=1GiB\n"
+        f"broker={SOCK}\nuuids={UUID1},{UUID0}\n"
+    )
+    assert ContainerLimits.parse(text) == limits
+    same = ContainerLimits((2 * GiB, 2 * GiB), 0, "1GiB", SOCK, uuids=(UUID0, UUID1))
+    assert ContainerLimits.parse(same.render()).uuids == (UUID0, UUID1)
+
+
 def test_one_value_stands_for_every_gpu_when_they_agree() -> None:
     assert mem_limit_text((2 * GiB, 2 * GiB)) == str(2 * GiB)
     assert mem_limit_text((2 * GiB, GiB)) == f"{2 * GiB},{GiB}"
@@ -37,6 +53,9 @@ def test_one_value_stands_for_every_gpu_when_they_agree() -> None:
         (ContainerLimits((GiB,), 0, "1 GiB", SOCK), "unit='1 GiB'"),
         (ContainerLimits((GiB,), 0, "1GiB", "var/run"), "must be an absolute path"),
         (ContainerLimits((GiB,), 0, "1GiB", "/" + "s" * 107), "at most 107 bytes"),
+        (ContainerLimits((GiB,), 0, "1GiB", SOCK, uuids=("GPU-fake-n-0",)), "NVML's form"),
+        (ContainerLimits((GiB,), 0, "1GiB", SOCK, uuids=(UUID0, UUID0)), "distinct"),
+        (ContainerLimits((GiB, 2 * GiB, GiB), 0, "1GiB", SOCK, uuids=(UUID0, UUID1)), "3 limits"),
     ],
 )
 def test_what_the_interposer_would_refuse_is_never_written(

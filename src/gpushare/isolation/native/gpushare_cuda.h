@@ -45,6 +45,9 @@ typedef struct {
     unsigned int Flags;
 } CUDA_ARRAY3D_DESCRIPTOR;
 typedef struct CUlaunchConfig_st CUlaunchConfig; /* only passed through */
+typedef struct {
+    char bytes[16];
+} CUuuid;
 typedef int CUdriverProcAddressQueryResult;
 
 /* cuGetProcAddress flags */
@@ -75,6 +78,8 @@ typedef struct {
 CUresult cuInit(unsigned int flags);
 CUresult cuDeviceGet(CUdevice *device, int ordinal);
 CUresult cuDeviceGetCount(int *count);
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
 CUresult cuCtxGetDevice(CUdevice *device);
 CUresult cuCtxSetCurrent(CUcontext ctx);
@@ -155,6 +160,7 @@ typedef struct {
 nvmlReturn_t nvmlInit_v2(void);
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device);
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index);
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length);
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization);

@@ -137,8 +137,23 @@ static int gs_policy = 5;           /* cGPU policy; 0..4 hold launches to the GP
 static char gs_slot[33];            /* this container's name in the schedules */
 static int gs_own_pct;              /* its own share, held while no schedule can be used */
 static char gs_sched_dir[256];      /* where the schedule files are, one per host GPU index */
-static int gs_gpus[GS_MAX_DEVS];    /* host GPU index of each device ordinal */
+static int gs_gpus[GS_MAX_DEVS];    /* host GPU index of each limits entry */
 static int gs_ngpus;
+/*
+ * Which limit is whose. The limits file lists one entry per GPU of the container, and names each
+ * GPU by its UUID (uuids=). A CUDA ordinal says nothing about the GPU: the container chooses
+ * them (CUDA_VISIBLE_DEVICES lists its GPUs in any order, by index or UUID; CUDA_DEVICE_ORDER
+ * sorts them), so a container whose GPUs have different limits could move the larger limit onto
+ * the other GPU. So each CUDA device the process uses is matched to its entry by the UUID the
+ * driver gives for it (cuDeviceGetUuid_v2, else cuDeviceGetUuid), which stays with the GPU; a
+ * device that matches no entry gets no allowance (GS_NONE: every allocation on it is refused).
+ * Every per-GPU table below (limits, the broker's device numbers, the schedules) is indexed by
+ * entry. Without uuids (the environment, or a file written before them) the entry is the CUDA
+ * ordinal, as it always was.
+ */
+#define GS_NONE (-1)
+static unsigned char gs_uuid[GS_MAX_DEVS][16]; /* the GPU of each entry */
+static int gs_nuuids;                         /* 0: entries are CUDA ordinals */
 
 /* "B" or "B,B,...", bytes per device ordinal: how many, or 0 when it is not that (strict: no
  * value may be 0). Digits only: no sign, space or suffix, no overflow. */
@@ -183,7 +198,46 @@ struct gs_file {
     char sched_dir[sizeof gs_sched_dir];
     int gpus[GS_MAX_DEVS];
     int ngpus;
+    int nmem;
+    unsigned char uuid[GS_MAX_DEVS][16];
+    int nuuids;
 };
+
+/* NVML's text of a GPU's UUID, "GPU-" and 32 lower-case hex digits grouped 8-4-4-4-12, as 16
+ * bytes; 0 when it is that, -1 when not. */
+static int gs_parse_uuid(const char *text, size_t len, unsigned char out[16]) {
+    static const int dash[] = {8, 13, 18, 23};
+    if (len != 40 || strncmp(text, "GPU-", 4) != 0)
+        return -1;
+    const char *hex = text + 4;
+    int nibbles = 0;
+    for (int i = 0, d = 0; i < 36; i++) {
+        if (d < 4 && i == dash[d]) {
+            if (hex[i] != '-')
+                return -1;
+            d++;
+            continue;
+        }
+        int v = hex[i] >= '0' && hex[i] <= '9' ? hex[i] - '0'
+                : hex[i] >= 'a' && hex[i] <= 'f' ? hex[i] - 'a' + 10
+                                                  : -1;
+        if (v < 0)
+            return -1;
+        if (nibbles % 2 == 0)
+            out[nibbles / 2] = (unsigned char)(v << 4);
+        else
+            out[nibbles / 2] |= (unsigned char)v;
+        nibbles++;
+    }
+    return 0;
+}
+
+static void gs_format_uuid(const unsigned char b[16], char out[41]) {
+    snprintf(out, 41,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
+}
 
 static int gs_printable(const char *v) {
     if (*v == '\0')
@@ -199,10 +253,13 @@ static int gs_printable(const char *v) {
  * comments. Version 1 names the usage table's directory (accounting_dir), version 2 the
  * accounting broker's socket (broker); neither may name the other's. */
 static void gs_parse_file(char *text, size_t len, struct gs_file *f, char *why, size_t whylen) {
-    enum { VERSION, MEM, CORE, UNIT, ACCOUNTING, BROKER, POLICY, WEIGHT, SLOT, SCHED, GPUS, NKEYS };
+    enum {
+        VERSION, MEM, CORE, UNIT, ACCOUNTING, BROKER, POLICY, WEIGHT, SLOT, SCHED, GPUS, UUIDS,
+        NKEYS
+    };
     static const char *keys[NKEYS] = {"version", "mem_limit", "core_limit", "unit",
                                       "accounting_dir", "broker", "policy", "weight",
-                                      "slot", "sched_dir", "gpus"};
+                                      "slot", "sched_dir", "gpus", "uuids"};
     int seen[NKEYS] = {0};
     why[0] = '\0';
     if (memchr(text, '\0', len) != NULL) {
@@ -257,7 +314,7 @@ static void gs_parse_file(char *text, size_t len, struct gs_file *f, char *why, 
             f->version = value[0] - '0';
         }
         if ((k == ACCOUNTING && f->version != 1) || (k == BROKER && f->version == 1) ||
-            (k >= POLICY && f->version != 3)) {
+            (k >= POLICY && k <= GPUS && f->version != 3) || (k == UUIDS && f->version == 1)) {
             snprintf(why, whylen, "line %d: %s is not a setting of version %d", lineno, keys[k],
                      f->version);
             return;
@@ -272,6 +329,7 @@ static void gs_parse_file(char *text, size_t len, struct gs_file *f, char *why, 
                 return;
             }
             gs_spread(f->limit, n);
+            f->nmem = n;
             snprintf(f->mem_text, sizeof f->mem_text, "%s", value);
         }
         if (k == CORE) {
@@ -346,16 +404,47 @@ static void gs_parse_file(char *text, size_t len, struct gs_file *f, char *why, 
                 f->gpus[i] = (int)g[i];
             f->ngpus = n;
         }
+        if (k == UUIDS) {
+            int n = 0;
+            for (const char *p = value;;) {
+                size_t len = strcspn(p, ",");
+                int ok = n < GS_MAX_DEVS && gs_parse_uuid(p, len, f->uuid[n]) == 0;
+                for (int i = 0; ok && i < n; i++)
+                    ok = memcmp(f->uuid[i], f->uuid[n], 16) != 0;
+                if (!ok) {
+                    n = 0;
+                    break;
+                }
+                n++;
+                if (p[len] == '\0')
+                    break;
+                p += len + 1;
+            }
+            if (n == 0) {
+                snprintf(why, whylen,
+                         "uuids=%.64s is not a list of at most %d distinct GPU UUIDs as NVML gives "
+                         "them (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)",
+                         value, GS_MAX_DEVS);
+                return;
+            }
+            f->nuuids = n;
+        }
     }
     for (int k = 0; k < NKEYS; k++) {
-        if (k == ACCOUNTING ? f->version != 1
-                            : k == BROKER ? f->version == 1 : k >= POLICY && f->version != 3)
+        if (k == UUIDS || (k == ACCOUNTING  ? f->version != 1
+                           : k == BROKER ? f->version == 1
+                                         : k >= POLICY && f->version != 3))
             continue;
         if (!seen[k]) {
             snprintf(why, whylen, "%s is missing", keys[k]);
             return;
         }
     }
+    if (f->nuuids > 0 && f->nmem > 1 && f->nmem != f->nuuids)
+        snprintf(why, whylen, "mem_limit has %d limits but uuids names %d GPUs", f->nmem,
+                 f->nuuids);
+    else if (f->nuuids > 0 && f->version == 3 && f->ngpus != f->nuuids)
+        snprintf(why, whylen, "gpus names %d GPUs but uuids %d", f->ngpus, f->nuuids);
 }
 
 /* 0: there is no limits file; 1: *f holds it; -1: it is there but unusable, why says why. */
@@ -450,6 +539,8 @@ static void gs_config_init(void) {
             memcpy(gs_gpus, f.gpus, sizeof gs_gpus);
             gs_ngpus = f.ngpus;
         }
+        memcpy(gs_uuid, f.uuid, sizeof gs_uuid);
+        gs_nuuids = f.nuuids;
     } else {
         if (mem != NULL && *mem != '\0' && env_n == 0)
             fprintf(stderr,
@@ -992,8 +1083,8 @@ static unsigned long long gs_used(int dev) {
 /* Reserve bytes on dev for this process; CUDA_ERROR_OUT_OF_MEMORY if over the limit. */
 static CUresult gs_reserve(int dev, unsigned long long bytes) {
     unsigned long long limit = gs_limit_of(dev);
-    if (gs_refuse)
-        return CUDA_ERROR_OUT_OF_MEMORY; /* said on stderr when the limits were read */
+    if (gs_refuse || dev == GS_NONE)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* said once on stderr, with the reason */
     if (limit == 0)
         return CUDA_SUCCESS;
     if (*gs_broker != '\0')
@@ -1094,15 +1185,82 @@ static void gs_forget(int kind, unsigned long long key) {
     }
 }
 
+/* The entries' UUIDs as the file names them, for messages. */
+static void gs_uuid_list(char *out, size_t len) {
+    out[0] = '\0';
+    for (int i = 0; i < gs_nuuids; i++) {
+        char one[41];
+        gs_format_uuid(gs_uuid[i], one);
+        size_t used = strlen(out);
+        snprintf(out + used, len - used, "%s%s", i ? "," : "", one);
+    }
+}
+
+/* The container's entry whose GPU has the UUID want; GS_NONE when none has. */
+static int gs_entry_of_uuid(const unsigned char want[16]) {
+    for (int i = 0; i < gs_nuuids; i++)
+        if (memcmp(gs_uuid[i], want, 16) == 0)
+            return i;
+    return GS_NONE;
+}
+
+static int gs_entry_known[GS_MAX_DEVS]; /* per CUDA device: entry + 1, or GS_NONE; 0: not yet */
+static int gs_entry_said[GS_MAX_DEVS];
+
+/* The limits entry of CUDA device dev: by its UUID when the limits file names UUIDs, else its
+ * ordinal (out of range: no limit, as before). */
+static int gs_entry(CUdevice dev) {
+    gs_config();
+    if (gs_nuuids == 0)
+        return dev >= 0 && dev < GS_MAX_DEVS ? dev : GS_MAX_DEVS;
+    int cached = dev >= 0 && dev < GS_MAX_DEVS;
+    if (cached) {
+        int known = __atomic_load_n(&gs_entry_known[dev], __ATOMIC_ACQUIRE);
+        if (known != 0)
+            return known > 0 ? known - 1 : GS_NONE;
+    }
+    typedef CUresult (*fn_t)(CUuuid *, CUdevice);
+    static fn_t get;
+    if (get == NULL)
+        get = (fn_t)gs_real_cuda("cuDeviceGetUuid_v2");
+    if (get == NULL)
+        get = (fn_t)gs_real_cuda("cuDeviceGetUuid");
+    CUuuid uuid;
+    CUresult rc = get != NULL ? get(&uuid, dev) : CUDA_ERROR_NOT_FOUND;
+    int entry = rc == CUDA_SUCCESS ? gs_entry_of_uuid((const unsigned char *)uuid.bytes) : GS_NONE;
+    if (cached && rc == CUDA_SUCCESS)
+        __atomic_store_n(&gs_entry_known[dev], entry >= 0 ? entry + 1 : GS_NONE, __ATOMIC_RELEASE);
+    int say = entry == GS_NONE &&
+              (!cached || !__atomic_exchange_n(&gs_entry_said[dev], 1, __ATOMIC_ACQ_REL));
+    if (say) {
+        char list[GS_MAX_DEVS * 41 + 1], seen[41] = "";
+        gs_uuid_list(list, sizeof list);
+        if (rc == CUDA_SUCCESS)
+            gs_format_uuid((const unsigned char *)uuid.bytes, seen);
+        fprintf(stderr,
+                "gpushare: CUDA device %d is %s%s, none of this container's GPUs in %s "
+                "(uuids=%s); every GPU memory allocation on it is refused. The device plugin "
+                "gave the container those GPUs: use them (CUDA_VISIBLE_DEVICES may list them in "
+                "any order)\n",
+                (int)dev, rc == CUDA_SUCCESS ? seen : "a GPU whose UUID the driver does not give",
+                rc == CUDA_SUCCESS ? "" : " (cuDeviceGetUuid failed)", GPUSHARE_LIMITS_FILE, list);
+    }
+    return entry;
+}
+
+/* The limits entry of the current context's device. Without a context (the driver refuses the
+ * call anyway): device 0 by ordinal, no entry by UUID, with nothing said. */
 static int gs_current_device(void) {
     typedef CUresult (*fn_t)(CUdevice *);
     static fn_t get;
     if (get == NULL)
         get = (fn_t)gs_real_cuda("cuCtxGetDevice");
     CUdevice dev = 0;
-    if (get == NULL || get(&dev) != CUDA_SUCCESS)
-        return 0;
-    return dev;
+    if (get == NULL || get(&dev) != CUDA_SUCCESS) {
+        gs_config();
+        return gs_nuuids > 0 ? GS_NONE : 0;
+    }
+    return gs_entry(dev);
 }
 
 /* ------------------------------------------------------------------ memory entry points */
@@ -1198,7 +1356,7 @@ GS_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
                           unsigned long long),
               "cuMemCreate");
     int dev = prop != NULL && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
-                  ? prop->location.id
+                  ? gs_entry(prop->location.id)
                   : gs_current_device();
     if (gs_reserve(dev, size) != CUDA_SUCCESS)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1288,7 +1446,7 @@ GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
         return rc;
     int dev = gs_current_device();
     unsigned long long limit = gs_limit_of(dev);
-    if (gs_refuse) {
+    if (gs_refuse || dev == GS_NONE) {
         *free_bytes = 0;
         *total_bytes = real_total;
         return rc;
@@ -1308,7 +1466,7 @@ GS_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
 GS_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     REAL_CUDA(CUresult(*)(size_t *, CUdevice), "cuDeviceTotalMem_v2");
     CUresult rc = real_fn(bytes, dev);
-    unsigned long long limit = gs_limit_of(dev);
+    unsigned long long limit = rc == CUDA_SUCCESS ? gs_limit_of(gs_entry(dev)) : 0;
     if (rc == CUDA_SUCCESS && limit != 0 && limit < *bytes)
         *bytes = limit;
     return rc;
@@ -1316,14 +1474,29 @@ GS_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
 
 /* ------------------------------------------------------------------ NVML memory */
 
+/* The limits entry of an NVML device: by its UUID when the limits file names UUIDs (NVML's
+ * indexes are the GPUs', not CUDA's ordinals), else its index; GS_NONE when neither is known. */
 static int gs_nvml_index(nvmlDevice_t device) {
+    gs_config();
+    if (gs_nuuids > 0) {
+        typedef nvmlReturn_t (*uuid_fn_t)(nvmlDevice_t, char *, unsigned int);
+        static uuid_fn_t get_uuid;
+        if (get_uuid == NULL)
+            get_uuid = (uuid_fn_t)gs_real_nvml("nvmlDeviceGetUUID");
+        char text[96];
+        unsigned char uuid[16];
+        if (get_uuid == NULL || get_uuid(device, text, sizeof text) != NVML_SUCCESS ||
+            gs_parse_uuid(text, strlen(text), uuid) != 0)
+            return GS_NONE;
+        return gs_entry_of_uuid(uuid);
+    }
     typedef nvmlReturn_t (*fn_t)(nvmlDevice_t, unsigned int *);
     static fn_t get;
     if (get == NULL)
         get = (fn_t)gs_real_nvml("nvmlDeviceGetIndex");
     unsigned int index = 0;
     if (get == NULL || get(device, &index) != NVML_SUCCESS)
-        return -1;
+        return GS_NONE;
     return (int)index;
 }
 
@@ -1407,15 +1580,15 @@ struct gs_sched {
     uint64_t last_launch_ns;
     double gap_ns; /* average time between this process's launches while it may launch */
 };
-static struct gs_sched gs_scheds[GS_MAX_DEVS];
+static struct gs_sched gs_scheds[GS_MAX_DEVS + 1]; /* the last: a device of no entry (GS_NONE) */
 static pthread_once_t gs_sched_once = PTHREAD_ONCE_INIT;
 
 static void gs_sched_init(void) {
-    for (int d = 0; d < GS_MAX_DEVS; d++)
+    for (int d = 0; d <= GS_MAX_DEVS; d++)
         pthread_mutex_init(&gs_scheds[d].lock, NULL);
 }
 
-/* Re-read the schedule of a device ordinal; sets why when it cannot be used. */
+/* Re-read the schedule of host GPU host; sets why when it cannot be used. */
 static void gs_sched_load(struct gs_sched *s, int host, char *why, size_t whylen) {
     char path[sizeof gs_sched_dir + 24];
     snprintf(path, sizeof path, "%s/gpu%d", gs_sched_dir, host);
@@ -1477,7 +1650,8 @@ static void gs_sched_own(struct gs_sched *s) {
     s->own = 0;
 }
 
-/* Tell the broker this container launches on device ordinal dev; 0 when it answered ok. */
+/* Tell the broker this container launches on the GPU of limits entry dev; 0 when it answered
+ * ok. */
 static int gs_sched_report(int dev) {
     char line[32], reply[96];
     snprintf(line, sizeof line, "active %d\n", dev);
@@ -1493,14 +1667,16 @@ static int gs_sched_report(int dev) {
     return rc;
 }
 
-/* Wait until this container may launch on device ordinal dev. Policy 5 with a core limit (no
- * schedule named): its own share, one slice a period, kept for good. */
+/* Wait until this container may launch on the device of limits entry dev. Policy 5 with a core
+ * limit (no schedule named), and a device of none of the container's entries: its own share,
+ * one slice a period, kept for good. */
 static void gs_sched_gate(int dev) {
-    if (dev < 0 || dev >= (gs_policy < 5 ? gs_ngpus : GS_MAX_DEVS))
+    int none = dev == GS_NONE;
+    if (!none && (dev < 0 || dev >= (gs_policy < 5 ? gs_ngpus : GS_MAX_DEVS)))
         return;
     pthread_once(&gs_sched_once, gs_sched_init);
-    struct gs_sched *s = &gs_scheds[dev];
-    if (gs_policy == 1 || gs_policy == 2 || gs_policy == 4) {
+    struct gs_sched *s = &gs_scheds[none ? GS_MAX_DEVS : dev];
+    if (!none && (gs_policy == 1 || gs_policy == 2 || gs_policy == 4)) {
         uint64_t now = gs_now_ns();
         pthread_mutex_lock(&s->lock);
         int due = s->reported_ns == 0 || now - s->reported_ns >= GS_ACTIVE_NS;
@@ -1520,7 +1696,7 @@ static void gs_sched_gate(int dev) {
         char why[384];
         why[0] = '\0';
         pthread_mutex_lock(&s->lock);
-        if (gs_policy >= 5) {
+        if (gs_policy >= 5 || none) {
             if (s->n == 0)
                 gs_sched_own(s);
         } else if (s->loaded_ns == 0 || now - s->loaded_ns > 100000000ULL) {

@@ -23,6 +23,7 @@ from gpushare.core.records.handoff import MEM, Signature
 from gpushare.isolation.build import LIB_NAME
 from gpushare.isolation.limits import (
     LIMITS_FILE_NAME,
+    UUID_FORM,
     ContainerLimits,
     mem_limit_text,
 )
@@ -77,6 +78,7 @@ class InterposerIsolation:
         packaged: Path | None = None,
         cgpu_policy: Policy = Policy.NATIVE,
         gpu_memory_mib: dict[int, int] | None = None,
+        gpu_uuids: dict[int, str] | None = None,
         max_pods: int | None = None,
         caps: BrokerCaps | None = None,
         broker_stats: BrokerStats | None = None,
@@ -90,6 +92,8 @@ class InterposerIsolation:
         )
         self.cgpu_policy = cgpu_policy
         self.gpu_memory_mib = gpu_memory_mib or {}
+        self.gpu_uuids = gpu_uuids or {}
+        """Per host GPU index, its NVML UUID: the limits file names each GPU by it."""
         self.max_pods = max_pods or unit.default_max_pods_per_gpu
         """The most pods one GPU may hold: policy 0's share is one over it."""
         self.members: dict[int, dict[str, Member]] = {}
@@ -212,6 +216,26 @@ class InterposerIsolation:
         ]
         return max(1, min(CORE_PER_GPU, round(max(shares)))) if shares else CORE_PER_GPU
 
+    def uuids_of(self, gpus: tuple[int, ...]) -> tuple[str, ...]:
+        """The UUIDs that key each GPU's limit in the limits file, or () to key them by ordinal.
+
+        By UUID, a container that reorders its GPUs (``CUDA_VISIBLE_DEVICES=1,0``, or UUIDs in
+        another order) keeps each GPU's own limit. Only GPUs whose every UUID is in NVML's form
+        can be compared with the driver's (``cuDeviceGetUuid``): a fake node's are not, and its
+        files name none, as before. A real GPU without a UUID here is an error, never a file
+        keyed by ordinal.
+        """
+        uuids = tuple(self.gpu_uuids.get(gpu, "") for gpu in gpus)
+        if all(UUID_FORM.fullmatch(u) for u in uuids):
+            return uuids
+        if any(UUID_FORM.fullmatch(u) for u in self.gpu_uuids.values()):
+            raise IsolationError(
+                f"GPUs {list(gpus)} have UUIDs {list(uuids)}, not all of them this node's NVML "
+                f"UUIDs: the limits file must name each GPU by its UUID; restart the device "
+                f"plugin so it reads the node's GPUs again"
+            )
+        return ()
+
     def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
         """Add the preload, the limits and the broker's socket to a memory answer."""
         signature = target.signature
@@ -227,6 +251,7 @@ class InterposerIsolation:
             ),
             unit=self.unit.value,
             broker=CONTAINER_BROKER_SOCKET,
+            uuids=self.uuids_of(tuple(gpu for gpu, _ in signature.layout)),
         )
         policy = self.policy_for(target, limits.core_pct)
         scheduled = policy is not None

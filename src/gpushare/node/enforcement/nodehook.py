@@ -89,6 +89,7 @@ class NodeIsolation:
                 packaged=self.packaged,
                 cgpu_policy=self.cgpu_policy,
                 gpu_memory_mib={g.index: g.memory_mib for g in self.source.gpus()},
+                gpu_uuids={g.index: g.uuid for g in self.source.gpus()},
                 max_pods=self.max_pods,
                 caps=self.caps,
                 broker_stats=self.broker_stats,
