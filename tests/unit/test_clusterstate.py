@@ -185,15 +185,8 @@ def test_the_verbs_price_scarce_shapes_over_every_node_of_the_state() -> None:
     scheduler = Scheduler(Settings(policy="gpushare"))
     policy = scheduler.policy
     assert isinstance(policy, FragmentationPolicy) and policy.defragmenter.supply is not None
-    ask = FilterAsk(
-        pod=pod("p"),
-        nodes=[state.nodes["n0"]],
-        now_ns=NOW_NS,
-        ttl_ns=30 * 10**9,
-        unseen_ttl_ns=3 * 10**9,
-        stuck={},
-        packing_profile="",
-    )
+    terms = {"now_ns": NOW_NS, "ttl_ns": 30 * 10**9, "unseen_ttl_ns": 3 * 10**9}
+    ask = FilterAsk(pod=pod("p"), nodes=[state.nodes["n0"]], stuck={}, packing_profile="", **terms)
     outcome = filter_pod(scheduler, state, ask, Waiting())
     assert outcome.fits and not outcome.one_node
     assert len(policy.defragmenter.supply) == 5
