@@ -65,7 +65,7 @@ async def main(nodes: int, pods: int) -> None:
             latencies.append(time.perf_counter() - start)
             bound += outcome.bound
             # apply the watch events synchronously, as the cache would
-            extender.cache.ledger.observe(await kube.get_pod("default", f"p{i}"))
+            extender.cache.state.ledger.observe(await kube.get_pod("default", f"p{i}"))
             progress.advance(task)
     await client.aclose()
     ref = statistics.median(reference)

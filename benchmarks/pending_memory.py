@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         cache.apply_pod(WatchEvent(type="ADDED", object=pod))
 
     held = held_mib(args.pods, raw, watched)
-    assert len(cache.pending) == args.pods
+    assert len(cache.state.pending) == args.pods
     per_pod = 2**20 / args.pods
     print(f"{args.pods} pending pods, {len(raw)} bytes of JSON each")
     print(f"kept whole (before):  {reference:.1f} MiB, {reference * per_pod:.0f} B per pod")

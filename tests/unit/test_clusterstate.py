@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpushare.core.booking.waiting import Waiting
 from gpushare.core.decision.clusterstate import (
     ClusterState,
     NodeChange,
@@ -20,13 +21,17 @@ from gpushare.core.decision.scheduling import Scheduler, Settings
 from gpushare.core.decision.verbs import (
     BindAsk,
     BindPlan,
+    FilterAsk,
     PrioritizeAsk,
+    filter_pod,
     namespace_stuck,
     prioritize_pod,
     reserve_bind,
 )
 from gpushare.core.model.requests import PodRequest, read_pod
 from gpushare.core.model.units import MemoryUnit
+from gpushare.core.placement.defragmenting import FragmentationPolicy
+from gpushare.core.placement.explain import placement_message
 from gpushare.core.records.allocation import plan
 from gpushare.core.records.trust import Reason, SealKey, Trust
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
@@ -157,3 +162,32 @@ def test_a_listed_state_is_what_inspect_and_the_simulator_start_from() -> None:
     )
     assert list(listed.nodes) == ["n1"]
     assert listed.ledger.usage("n1").mem_units == 4
+
+
+def test_a_bind_plan_carries_the_placement_event_and_the_log_fields() -> None:
+    state = new_state()
+    waiting = pod("w")
+    state.apply_pod("ADDED", waiting)
+    ask = BindAsk(pod=waiting, node="n1", asked_uid="uid-w", now_ns=NOW_NS)
+    made = reserve_bind(Scheduler(Settings()), state, ask)
+    assert isinstance(made, BindPlan) and made.allocation is not None
+    node = state.nodes["n1"]
+    assert made.placed == placement_message(made.allocation, node, state.ledger.usage("n1"))
+    assert made.gpus == ",".join(map(str, made.allocation.indexes)) and made.mem_units == 4
+
+
+def test_the_verbs_price_scarce_shapes_over_every_node_of_the_state() -> None:
+    """No node table is wired into the scheduler: the verbs hand it the state's nodes, also
+    when kube-scheduler sends node objects (one node here) instead of names."""
+    state = ClusterState(settings=Settings(policy="gpushare"), trust=SEAL)
+    for i in range(5):
+        state.apply_node("ADDED", gpu_node(f"n{i}", gpus_units=[16, 16]))
+    scheduler = Scheduler(Settings(policy="gpushare"))
+    policy = scheduler.policy
+    assert isinstance(policy, FragmentationPolicy) and policy.defragmenter.supply is not None
+    terms = {"now_ns": NOW_NS, "ttl_ns": 30 * 10**9, "unseen_ttl_ns": 3 * 10**9}
+    ask = FilterAsk(pod=pod("p"), nodes=[state.nodes["n0"]], stuck={}, packing_profile="", **terms)
+    outcome = filter_pod(scheduler, state, ask, Waiting())
+    assert outcome.fits and not outcome.one_node
+    assert len(policy.defragmenter.supply) == 5
+    assert not hasattr(scheduler, "cluster")

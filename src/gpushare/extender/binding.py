@@ -52,11 +52,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from gpushare.core.booking.ledger import Kept
+from gpushare.core.decision.clusterstate import ClusterState
 from gpushare.core.decision.scheduling import Scheduler
 from gpushare.core.decision.verbs import (
     BIND,
     BIND_OUTCOMES,
     BOUND,
+    DECIDED_FROM_THE_COPY,
+    SUCCEEDED,
     BindAsk,
     BindOutcome,
     BindPlan,
@@ -71,7 +74,6 @@ from gpushare.extender.intents import Intents
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.telling import Telling
 from gpushare.extender.wire import ExtenderBindingArgs, ExtenderBindingResult
-from gpushare.kube.cache import ClusterCache
 from gpushare.kube.port import Conflict, KubeAPI, KubeDict, KubeError, NotFound
 
 __all__ = ["BOUND", "BindOutcome", "Binding", "OnePerKey"]
@@ -105,7 +107,7 @@ class Binding:
     """Serves kube-scheduler's bind calls, one at a time per pod."""
 
     api: KubeAPI
-    cache: ClusterCache
+    state: ClusterState
     scheduler: Scheduler
     metrics: ExtenderMetrics
     intents: Intents
@@ -123,8 +125,8 @@ class Binding:
     async def _bind(self, args: ExtenderBindingArgs, key: str) -> ExtenderBindingResult:
         error = ""
         # the watch's copy of the pod saves a read (see the module docstring), when it will do
-        watched = self.cache.state.pending.get(args.PodUID) if args.PodUID else None
-        if watched is not None and not copy_will_do(self.cache.state.ledger, args.PodUID):
+        watched = self.state.pending.get(args.PodUID) if args.PodUID else None
+        if watched is not None and not copy_will_do(self.state.ledger, args.PodUID):
             watched = None
         attempt = 0
         while attempt < self.attempts:
@@ -136,7 +138,7 @@ class Binding:
                 error = f"bind {key}: internal error {type(err).__name__}: {err}"
                 result = await self._settle(args, key, args.PodUID, error)
             outcome, error = BIND_OUTCOMES[result.code], result.message
-            if watched is not None and outcome.decided_from_the_copy:
+            if watched is not None and outcome in DECIDED_FROM_THE_COPY:
                 # A write carries the copy's resourceVersion, so a success was checked against
                 # the API; these answers came from the copy before any write: read, try again.
                 if outcome is BindOutcome.CONFLICT:
@@ -144,7 +146,7 @@ class Binding:
                 watched = None
                 continue
             self.metrics.binds.labels(outcome.value).inc()
-            if outcome.succeeded:
+            if outcome in SUCCEEDED:
                 self.metrics.requests.labels("bind", "bound").inc()
                 return ExtenderBindingResult()
             if outcome is not BindOutcome.CONFLICT:
@@ -170,7 +172,7 @@ class Binding:
                 return _error(f"cannot read pod {key}: {err}")
         # no await from here to the writes: the check and the bookings are one step
         ask = BindAsk(pod=pod, node=args.Node, asked_uid=args.PodUID, now_ns=self.clock_ns())
-        plan = reserve_bind(self.scheduler, self.cache.state, ask)
+        plan = reserve_bind(self.scheduler, self.state, ask)
         if isinstance(plan, Status):
             if plan.code is Code.SKIP:
                 log.info(
@@ -183,15 +185,15 @@ class Binding:
         ref = PodRef(namespace=args.PodNamespace, name=args.PodName, uid=plan.uid)
         booked = plan.allocation
         if booked is not None:
-            self.telling.placed(ref, booked, plan.node)
+            self.telling.placed(ref, plan.placed)
         self.telling.unit(ref, args.Node, plan.gate)
         if booked is not None:
             log.info(
                 "pod=%s node=%s gpu=%s mem=%d phase=bind bound",
                 key,
                 args.Node,
-                ",".join(map(str, booked.indexes)),
-                booked.mem_units,
+                plan.gpus,
+                plan.mem_units,
             )
         return BOUND
 
@@ -247,7 +249,7 @@ class Binding:
     def _give_back(self, uid: str, *, kept: Kept | None = None) -> None:
         """Give back what this bind booked, in every store: its GPUs (``kept``, the booking the
         pod held before, comes back) and its ResourcePolicy unit. Idempotent."""
-        state = self.cache.state
+        state = self.state
         self.scheduler.unreserve(uid, state.ledger, kept=kept, book=state.book)
 
     async def _annotate(self, args: ExtenderBindingArgs, key: str, plan: BindPlan) -> Status | None:

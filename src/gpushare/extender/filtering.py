@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpushare.core.decision.clusterstate import ClusterState
 from gpushare.core.decision.scheduling import Scheduler
 from gpushare.core.decision.verbs import FilterAsk, PrioritizeAsk, filter_pod, prioritize_pod
 from gpushare.core.model.inventory import NodeInventory, read_node
@@ -22,14 +23,13 @@ from gpushare.extender.intents import Intents
 from gpushare.extender.metrics import ExtenderMetrics
 from gpushare.extender.telling import Telling
 from gpushare.extender.wire import ExtenderArgs, ExtenderFilterResult, NodeList
-from gpushare.kube.cache import ClusterCache
 
 
 @dataclass(eq=False, kw_only=True)
 class Filtering:
     """Serves kube-scheduler's filter and prioritize calls."""
 
-    cache: ClusterCache
+    state: ClusterState
     scheduler: Scheduler
     metrics: ExtenderMetrics
     intents: Intents
@@ -49,7 +49,7 @@ class Filtering:
         """Split the given nodes into passing, failed and unresolvable, with reasons: one core
         call (``core.decision.verbs.filter_pod``), then the answer, the counters and the
         Events from what it returns."""
-        pod, cache, intents = args.Pod, self.cache, self.intents
+        pod, intents = args.Pod, self.intents
         ask = FilterAsk(
             pod=pod,
             names=args.NodeNames or [],
@@ -61,7 +61,7 @@ class Filtering:
             stuck=intents.stuck_pods,
             packing_profile=self.packing_profile,
         )
-        outcome = filter_pod(self.scheduler, cache.state, ask, intents.waiting)
+        outcome = filter_pod(self.scheduler, self.state, ask, intents.waiting)
         intents.filtered(outcome)
         self.telling.filtered(
             pod,
@@ -99,6 +99,6 @@ class Filtering:
             **self.intents.terms(self.clock_ns()),
             stuck=self.intents.stuck_pods,
         )
-        outcome = prioritize_pod(self.scheduler, self.cache.state, ask)
-        self.intents.prioritized(args.Pod, outcome)
+        outcome = prioritize_pod(self.scheduler, self.state, ask)
+        self.intents.prioritized(outcome)
         return outcome.names, outcome.scores

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from gpushare.core.booking.waiting import Waiting, WaitingPod
+from gpushare.core.decision.clusterstate import ClusterState
 from gpushare.core.decision.scheduling import Scheduler
 from gpushare.core.decision.verbs import Deadline, FilterOutcome, PrioritizeOutcome
 from gpushare.core.decision.yielding import HOLD_S
-from gpushare.core.model.kubejson import KubeObject, namespace_of
+from gpushare.core.model.kubejson import namespace_of
 from gpushare.core.records.allocation import Allocation
 from gpushare.extender.metrics import ExtenderMetrics
-from gpushare.kube.cache import ClusterCache
 
 INTENT_TTL_S = 30.0
 """How long an intent booked at prioritize waits for its bind (``core.booking.ledger``).
@@ -80,7 +80,7 @@ class IntentTerms(TypedDict):
 class Intents:
     """The intents booked for pods on their way to bind, and the refused pods waiting."""
 
-    cache: ClusterCache
+    state: ClusterState
     scheduler: Scheduler
     metrics: ExtenderMetrics
     clock_ns: Callable[[], int]
@@ -121,20 +121,20 @@ class Intents:
     def bind_failed(self, uid: str) -> None:
         """After a bind that failed for good: the pod's intent goes back, and with it GPUs
         that pods refused meanwhile may fit (kube-scheduler will try this pod again)."""
-        if uid and self.scheduler.drop_intent(uid, self.cache.state.ledger):
+        if uid and self.scheduler.drop_intent(uid, self.state.ledger):
             self.metrics.intents.labels("dropped").inc()
             self.capacity_returned()
 
     def _expire(self) -> None:
         """Give back the intents past their deadline; their GPUs are free again."""
-        self._expired(self.cache.state.ledger.expire(self.clock_ns()))
+        self._expired(self.state.ledger.expire(self.clock_ns()))
 
     def _expired(self, expired: Sequence[str]) -> None:
         """Count intents given back at their deadline; their pods still pending are stuck."""
         if expired:
             self.metrics.intents.labels("expired").inc(len(expired))
             self.capacity_returned()
-            pending = self.cache.state.pending
+            pending = self.state.pending
             for uid in expired:
                 pod = pending.get(uid)
                 if pod is not None:
@@ -148,7 +148,7 @@ class Intents:
             return
         self.metrics.intents.labels("yielded").inc(len(yielded.uids))
         self.capacity_returned()
-        pending = self.cache.state.pending
+        pending = self.state.pending
         for uid in yielded.overdue:
             pod = pending.get(uid)
             if pod is not None:
@@ -162,8 +162,8 @@ class Intents:
         since = self.clock_ns() - HOLD_NS
         holding: set[str] = set()
         passed = 0
-        for allocation, _ in self.cache.state.ledger.intents():
-            booked = self.cache.state.ledger.intent_booked(allocation.uid)
+        for allocation, _ in self.state.ledger.intents():
+            booked = self.state.ledger.intent_booked(allocation.uid)
             if booked is None:
                 continue
             if booked > since:
@@ -178,7 +178,7 @@ class Intents:
     def _confirm_seen(self) -> None:
         """Give the intents of pods the watch now shows their full deadline (``UNSEEN_TTL_S``);
         forget the ones that ended."""
-        ledger, pending = self.cache.state.ledger, self.cache.state.pending
+        ledger, pending = self.state.ledger, self.state.pending
         for uid, until in list(self._unseen.items()):
             if ledger.intent_until(uid) is None:
                 del self._unseen[uid]
@@ -222,7 +222,7 @@ class Intents:
         stuck = self._stuck.get(namespace)
         if stuck is None:
             return set()
-        pending = self.cache.state.pending
+        pending = self.state.pending
         stuck.difference_update([uid for uid in stuck if uid not in pending])
         if not stuck:
             del self._stuck[namespace]
@@ -244,7 +244,7 @@ class Intents:
         self._mark_at(now - LAG_NS)
         if self._retry_after >= self._retry_before:
             return []  # none due: the book is not walked (pods before ``after`` stay in it)
-        pending = self.cache.state.pending
+        pending = self.state.pending
         taken = self.waiting.take(
             RETRIES_PER_SWEEP, before=self._retry_before, after=self._retry_after
         )
@@ -252,10 +252,10 @@ class Intents:
             self._retry_after = self._retry_before
         return [pod for pod in taken if pod.uid in pending]
 
-    def prioritized(self, pod: KubeObject, outcome: PrioritizeOutcome) -> None:
+    def prioritized(self, outcome: PrioritizeOutcome) -> None:
         """After a prioritize (``core.decision.verbs.prioritize_pod``): count the intent it
         withheld or booked, and remember a deadline taken for a pod the watch has not shown."""
-        self._stuck_in(namespace_of(pod))  # forget the pods bound or gone meanwhile
+        self._stuck_in(outcome.namespace)  # forget the pods bound or gone meanwhile
         if outcome.withheld:
             self.metrics.intents.labels("withheld").inc()
         if outcome.deadline is not None:

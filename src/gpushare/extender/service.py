@@ -74,8 +74,6 @@ class Extender:
         self.intent_ttl_s = intent_ttl_s
         self.cache = cache
         self.scheduler = scheduler
-        if scheduler.cluster is None:  # scarce shapes are priced over every node in the cache
-            scheduler.cluster = lambda: cache.state.nodes
         self.metrics = metrics or ExtenderMetrics(lambda: cache)
         self.attempts = attempts
         self.clock_ns = clock_ns
@@ -84,18 +82,17 @@ class Extender:
         self.telling = Telling(
             events=events if events is not None else EventRecorder(api),
             metrics=self.metrics,
-            cache=cache,
             scheduler_reports=scheduler_reports,
         )
         self.intents = Intents(
-            cache=cache,
+            state=cache.state,
             scheduler=scheduler,
             metrics=self.metrics,
             clock_ns=lambda: self.clock_ns(),
             ttl_s=lambda: self.intent_ttl_s,
         )
         self.filtering = Filtering(
-            cache=cache,
+            state=cache.state,
             scheduler=scheduler,
             metrics=self.metrics,
             intents=self.intents,
@@ -105,7 +102,7 @@ class Extender:
         )
         self.binding = Binding(
             api=api,
-            cache=cache,
+            state=cache.state,
             scheduler=scheduler,
             metrics=self.metrics,
             intents=self.intents,

@@ -11,12 +11,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpushare.core.model.inventory import NodeInventory
 from gpushare.core.model.kubejson import KubeObject, key_of
 from gpushare.core.model.names import ANN_ALLOCATION, SCHEDULER_NAME
 from gpushare.core.model.requests import PodRequest, Rejection
-from gpushare.core.placement.explain import placement_message, refusal_summary, scheduler_says_it
-from gpushare.core.records.allocation import Allocation
+from gpushare.core.placement.explain import refusal_summary, scheduler_says_it
 from gpushare.core.records.trust import Ignored
 from gpushare.core.resourcepolicies.gating import Gate, summary
 from gpushare.core.resourcepolicies.resourcepolicy import (
@@ -37,7 +35,6 @@ from gpushare.extender.events import (
     PodRef,
 )
 from gpushare.extender.metrics import ExtenderMetrics
-from gpushare.kube.cache import ClusterCache
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +45,6 @@ class Telling:
 
     events: EventRecorder
     metrics: ExtenderMetrics
-    cache: ClusterCache
     scheduler_reports: bool
     """Whether a kube-scheduler calls this extender, and so writes the filter's reasons into
     its own FailedScheduling event: then ``GPUShareUnschedulable`` is written only where
@@ -126,14 +122,9 @@ class Telling:
             return
         self.tell(PodRef.of(pod), "Warning", UNSCHEDULABLE, refusal_summary(reasons, len(reasons)))
 
-    def placed(self, ref: PodRef, booked: Allocation, node: NodeInventory) -> None:
-        """Say on the pod where it went and how full its GPUs are now."""
-        self.tell(
-            ref,
-            "Normal",
-            SCHEDULED,
-            lambda: placement_message(booked, node, self.cache.state.ledger.usage(node.name)),
-        )
+    def placed(self, ref: PodRef, message: str) -> None:
+        """Say on the pod where it went and how full its GPUs are now (``BindPlan.placed``)."""
+        self.tell(ref, "Normal", SCHEDULED, message)
 
     def unit(self, ref: PodRef, node: str, gate: Gate | None) -> None:
         """Say on the pod which unit of its ResourcePolicy took it, and why earlier ones did not."""

@@ -32,7 +32,6 @@ from pathlib import Path
 import click
 import yaml
 
-from gpushare.core.booking.ledger import Ledger
 from gpushare.core.decision.clusterstate import ClusterState
 from gpushare.core.decision.scheduling import Scheduler, Settings
 from gpushare.core.model.inventory import declared_unit, read_node
@@ -134,16 +133,19 @@ async def collect(
         unit, note = declared_unit(nodes or [])
         if note and notes is not None:
             notes.append(note)
-    ledger = Ledger.from_pods(pods, unit=unit, trust=trust)
     if nodes is None:
         inventories = nodes_from_pods(pods)
         used = {}
     else:
         inventories = [read_node(n, cluster_unit=unit) for n in nodes]
         used = {name_of(n): read_used(annotations_of(n)) for n in nodes}
+    # the state the extender's cache and ``--explain`` build from one list
+    state = ClusterState.listed(
+        settings=Settings(unit=unit), trust=trust, nodes=inventories, pods=pods
+    )
     return build_view(
-        inventories,
-        ledger,
+        state.nodes.values(),
+        state.ledger,
         unit=unit,
         units=recorded_units(pods),
         scope=scope,

@@ -60,19 +60,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import msgspec
 
-from gpushare.core.booking.changes import NodeTable
-from gpushare.core.booking.ledger import Ledger
 from gpushare.core.decision.clusterstate import ClusterState, NodeTaken, PodTaken, Relisted
 from gpushare.core.decision.scheduling import Settings
 from gpushare.core.model.kubejson import TERMINAL_PHASES, stored_uid_of
 from gpushare.core.model.shape import node_shape, pod_shape
 from gpushare.core.placement.defragmenting import WorkloadFeed
-from gpushare.core.placement.preferences import PlacedTerms
 from gpushare.core.records.trust import Trust
 from gpushare.core.resourcepolicies.policybook import PolicyBook
 from gpushare.kube.backoff import Backoff
@@ -139,49 +136,6 @@ class ClusterCache:
         self.relists = 0
         self.problem = ""
         """Why the last list failed with something other than an API error; empty when not."""
-
-    # what the decisions read, as the state holds it now (a relist replaces these objects)
-
-    @property
-    def nodes(self) -> NodeTable:
-        """Node inventories by name."""
-        return self.state.nodes
-
-    @property
-    def ledger(self) -> Ledger:
-        """What is held on each node, and by whom."""
-        return self.state.ledger
-
-    @property
-    def pending(self) -> MutableMapping[str, KubeDict]:
-        """Unbound, unfinished pods by UID, what the core reads of them as last listed or
-        watched (each read is a new copy, ``kube.pendingpods``)."""
-        return self.state.pending
-
-    @property
-    def placed_terms(self) -> PlacedTerms:
-        """Pod-affinity terms of placed pods that score nodes for other pods."""
-        return self.state.placed_terms
-
-    @property
-    def soft_tainted(self) -> set[str]:
-        """Nodes with a ``PreferNoSchedule`` taint."""
-        return self.state.soft_tainted
-
-    @property
-    def trust(self) -> Trust:
-        """How allocations are judged; the extender seals its own with the same key."""
-        return self.state.trust
-
-    @property
-    def book(self) -> PolicyBook | None:
-        """Placed pods and node labels for ResourcePolicy decisions."""
-        return self.state.book
-
-    @property
-    def workload(self) -> WorkloadFeed | None:
-        """The workload feed the fragmentation-aware policies learn from."""
-        return self.state.workload
 
     def _skip(self, kind: str, obj: KubeDict, why: str) -> Skipped:
         log.warning("%s=%s phase=watch skipped: %s", kind.lower(), _named(obj), why)

@@ -274,7 +274,6 @@ class MemoryCluster:
             settings=self.scheduler.settings, trust=Trust(), nodes=self.inventories
         )
         self.ledger = self.state.ledger
-        self.scheduler.cluster = lambda: self.state.nodes
         self.index = {n.name: i for i, n in enumerate(self.nodes)}
         self.units: IntArray = np.array([card_units(n, unit) for n in self.nodes], dtype=np.int64)
         self.core_mem: BoolArray = np.array(
@@ -345,7 +344,9 @@ class MemoryCluster:
             if not len(group):
                 continue
             nodes = [self.inventories[int(i)] for i in group]
-            result = self.scheduler.filter(objs[core_mem], nodes, self.ledger)
+            result = self.scheduler.filter(
+                objs[core_mem], nodes, self.ledger, cluster=self.state.nodes
+            )
             request = result.request
             if not isinstance(request, PodRequest):
                 reasons += request.reasons
@@ -354,7 +355,9 @@ class MemoryCluster:
                 if not verdict.fits:
                     reasons += verdict.reasons
                     continue
-                score = self.scheduler.score(request, inv, self.ledger, verdict=verdict)
+                score = self.scheduler.score(
+                    request, inv, self.ledger, verdict=verdict, cluster=self.state.nodes
+                )
                 key = (score, -int(self.rank[i]))
                 if best is None or key > (best[0], -int(self.rank[best[1]])):
                     best = (score, int(i), request)
@@ -362,7 +365,9 @@ class MemoryCluster:
             reason = self._failure(pod, model, gpus, cpu, mem) if not len(candidates) else ""
             return 0, reason or _core_reason(reasons)
         _, i, request = best
-        reserved = self.scheduler.reserve(request, self.inventories[i], self.ledger)
+        reserved = self.scheduler.reserve(
+            request, self.inventories[i], self.ledger, cluster=self.state.nodes
+        )
         booked = reserved.allocation
         if booked is None:
             raise AssertionError(
@@ -376,7 +381,7 @@ class MemoryCluster:
         if allocation is None:  # the core counts the CPU a CPU-only pod takes, as its cache would
             bound = pod_json(pod, uid=uid, units_per_gpu=0, core_per_gpu=0, unit=self.settings.unit)
             bound["spec"]["nodeName"] = self.nodes[i].name
-            self.ledger.observe(bound)
+            self.state.apply_pod("ADDED", bound)  # as the watch shows it bound
         self.cpu[i] -= pod.cpu_milli
         self.mem[i] -= pod.memory_mib
         for share in allocation.gpus if allocation else ():

@@ -213,7 +213,7 @@ def two_replicas_scraped(tmp_path: Path) -> tuple[Vector, Vector]:
             for _ in range(20):  # the follower learns the bindings from its watch
                 await leader.settle()
             for name in CLUSTER:
-                seen = [r.cache.ledger.usage(name).mem_units for r in (leader, follower)]
+                seen = [r.cache.state.ledger.usage(name).mem_units for r in (leader, follower)]
                 assert seen[0] == seen[1], (name, seen)
             replicas = []
             for i, rig in enumerate((leader, follower)):

@@ -283,7 +283,7 @@ def test_unhealthy_gpu_is_withdrawn_and_avoided() -> None:
         await r.kubelet.wait_devices(MEM, 30, healthy=15)
         for _ in range(100):
             await r.settle()
-            node = r.cache.nodes.get(NODE)
+            node = r.cache.state.nodes.get(NODE)
             if node is not None and not node.gpus[0].healthy:
                 break
             await asyncio.sleep(0.02)

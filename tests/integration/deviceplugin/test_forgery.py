@@ -115,7 +115,7 @@ def test_finding_2_a_nodename_pod_with_a_forged_allocation_is_not_served() -> No
         assert "default/overcommit" in str(refused.value.details())
         await asyncio.sleep(0.3)  # several served-checks
         assert await assigned(r, "overcommit") == "false"
-        usage = r.cache.ledger.usage(NODE)
+        usage = r.cache.state.ledger.usage(NODE)
         assert usage.on(0).mem_units == 15
         assert usage.unplaced_mem_units == 8  # on the node as a whole, never on GPU0
         assert r.plugin.stats.untrusted == {"no_seal": 1}  # once, though read on every check

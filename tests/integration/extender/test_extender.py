@@ -127,9 +127,9 @@ def test_relists_after_410_gone() -> None:
         rig.kube.compact()
         for _ in range(20):
             await rig.settle()
-            if "late-node" in rig.cache.nodes:
+            if "late-node" in rig.cache.state.nodes:
                 break
-        assert rig.cache.relists == 2 and "late-node" in rig.cache.nodes
+        assert rig.cache.relists == 2 and "late-node" in rig.cache.state.nodes
 
     run_with_rig(seed_cluster(), body)
 
@@ -166,7 +166,7 @@ def test_bind_retries_after_a_resource_version_conflict() -> None:
         metrics = (await rig.client.get("/metrics")).text
         assert 'gpushare_bind_total{outcome="conflict"} 1.0' in metrics
         assert 'gpushare_bind_total{outcome="bound"} 1.0' in metrics
-        assert rig.cache.ledger.usage(SEED).mem_units == 3
+        assert rig.cache.state.ledger.usage(SEED).mem_units == 3
 
     run_with_rig(kube, body)
 
@@ -194,7 +194,7 @@ def keep_a_booking(rig: Rig, pod: KubeDict) -> Allocation:
     request = read_pod(pod)
     assert isinstance(request, PodRequest)
     kept = plan(request, node=SEED, indexes=[0], unit=MemoryUnit.GiB)
-    rig.cache.ledger.assume(kept)
+    rig.cache.state.ledger.assume(kept)
     return kept
 
 
@@ -204,15 +204,15 @@ def test_bind_starts_from_the_watched_pod_without_reading_it() -> None:
 
     async def body(rig: Rig) -> None:
         await rig.settle()
-        assert pod["metadata"]["uid"] in rig.cache.pending
+        assert pod["metadata"]["uid"] in rig.cache.state.pending
         outcome = await rig.driver.schedule(pod, [SEED])
         assert outcome.bound and kube.reads == 0
         await rig.settle()
         # bound: the watch's copy is dropped, and a retried bind reads the pod and finds it
-        assert pod["metadata"]["uid"] not in rig.cache.pending
+        assert pod["metadata"]["uid"] not in rig.cache.state.pending
         reply = await rig.post("bind", binding(pod, SEED))
         assert reply["Error"] == "" and kube.reads == 1
-        assert rig.cache.ledger.usage(SEED).mem_units == 3
+        assert rig.cache.state.ledger.usage(SEED).mem_units == 3
 
     run_with_rig(kube, body)
 
@@ -224,11 +224,11 @@ def test_a_watched_copy_behind_the_api_costs_a_409_and_a_read_never_a_stale_writ
     async def body(rig: Rig) -> None:
         await rig.settle()
         uid = pod["metadata"]["uid"]
-        stale = rig.cache.pending[uid]
+        stale = rig.cache.state.pending[uid]
         # the API moves on and the watch has not told the cache yet
         kube.update_pod("default", "p", message="touched")
         await rig.settle()
-        rig.cache.pending[uid] = stale
+        rig.cache.state.pending[uid] = stale
         reply = await rig.post("bind", binding(pod, SEED))
         assert reply["Error"] == "" and kube.reads == 1
         stored = await kube.get_pod("default", "p")
@@ -237,7 +237,7 @@ def test_a_watched_copy_behind_the_api_costs_a_409_and_a_read_never_a_stale_writ
         metrics = (await rig.client.get("/metrics")).text
         assert 'gpushare_bind_total{outcome="conflict"} 1.0' in metrics
         assert 'gpushare_bind_total{outcome="bound"} 1.0' in metrics
-        assert rig.cache.ledger.usage(SEED).mem_units == 3
+        assert rig.cache.state.ledger.usage(SEED).mem_units == 3
 
     run_with_rig(kube, body)
 
@@ -254,10 +254,10 @@ def test_a_booking_kept_from_an_unknown_bind_sends_the_next_bind_to_a_fresh_read
         await rig.settle()
         uid = pod["metadata"]["uid"]
         keep_a_booking(rig, pod)
-        assert uid in rig.cache.pending
+        assert uid in rig.cache.state.pending
         reply = await rig.post("bind", binding(pod, SEED))
         assert reply["Error"] == "" and kube.reads == 1
-        assert rig.cache.ledger.usage(SEED).mem_units == 3
+        assert rig.cache.state.ledger.usage(SEED).mem_units == 3
 
     run_with_rig(kube, body)
 
@@ -297,16 +297,16 @@ def test_a_409_from_the_earlier_binding_keeps_its_booking_until_the_watch_shows_
 
     async def body(rig: Rig) -> None:
         await rig.settle()
-        kube.ledger = rig.cache.ledger
+        kube.ledger = rig.cache.state.ledger
         kept = keep_a_booking(rig, pod)
-        kube.booked_with = placed(pod, kept, trust=rig.cache.trust)["metadata"]["annotations"]
+        kube.booked_with = placed(pod, kept, trust=rig.cache.state.trust)["metadata"]["annotations"]
         reply = await rig.post("bind", binding(pod, SEED))
         # read 1 starts the bind (a kept booking); read 2 follows the 409 and finds it bound
         assert reply["Error"] == "" and kube.reads == 2
         assert kube.booked_at_read == [3, 3]
-        assert rig.cache.ledger.usage(SEED).mem_units == 3
+        assert rig.cache.state.ledger.usage(SEED).mem_units == 3
         await rig.settle()
-        assert rig.cache.ledger.usage(SEED).mem_units == 3
+        assert rig.cache.state.ledger.usage(SEED).mem_units == 3
 
     run_with_rig(kube, body)
 
@@ -317,7 +317,7 @@ def test_a_409_with_nothing_kept_gives_the_booking_back() -> None:
 
     async def body(rig: Rig) -> None:
         await rig.settle()
-        kube.ledger = rig.cache.ledger
+        kube.ledger = rig.cache.state.ledger
         reply = await rig.post("bind", binding(pod, SEED))
         # bound by another hand without gpushare's annotations: an error, nothing booked
         assert "is bound to" in reply["Error"] or "already" in reply["Error"], reply
@@ -339,7 +339,7 @@ def test_bind_gives_up_after_repeated_conflicts_and_frees_the_booking() -> None:
     async def body(rig: Rig) -> None:
         outcome = await rig.driver.schedule(pod, [SEED])
         assert not outcome.bound and "changed or was bound while binding" in outcome.error
-        assert rig.cache.ledger.usage(SEED).mem_units == 0
+        assert rig.cache.state.ledger.usage(SEED).mem_units == 0
 
     run_with_rig(kube, body)
 
@@ -375,7 +375,7 @@ def test_failed_binding_clears_annotations_and_booking(
         await rig.settle()
         stored = await rig.kube.get_pod("default", "p")
         assert ANN_ALLOCATION not in stored["metadata"].get("annotations", {})
-        assert rig.cache.ledger.usage(SEED).mem_units == 0
+        assert rig.cache.state.ledger.usage(SEED).mem_units == 0
 
     run_with_rig(kube, body)
 
@@ -404,7 +404,7 @@ def test_concurrent_binds_never_double_book() -> None:
         assert errors.count("") == 1
         assert all("no longer fits" in e for e in errors if e)
         await rig.settle()
-        assert rig.cache.ledger.usage(SEED).on(0).mem_units == 10
+        assert rig.cache.state.ledger.usage(SEED).on(0).mem_units == 10
 
     run_with_rig(kube, body)
 
@@ -442,7 +442,7 @@ def test_finished_and_deleted_pods_free_their_share() -> None:
         kube.update_pod("default", "p0", phase="Succeeded")
         kube.delete_pod("default", "p1")
         await rig.settle()
-        assert rig.cache.ledger.usage(SEED).mem_units == 5
+        assert rig.cache.state.ledger.usage(SEED).mem_units == 5
         assert (await rig.driver.schedule(fourth, [SEED])).bound
 
     run_with_rig(kube, body)
@@ -478,14 +478,14 @@ def test_relist_drops_assumptions_of_pods_that_vanished() -> None:
 
     async def body(rig: Rig) -> None:
         request = rig.extender.scheduler.read(pod)
-        node = rig.cache.nodes[SEED]
+        node = rig.cache.state.nodes[SEED]
         assert not isinstance(request, Rejection)
-        rig.extender.scheduler.reserve(request, node, rig.cache.ledger)
+        rig.extender.scheduler.reserve(request, node, rig.cache.state.ledger)
         await rig.cache.sync(rig.extender.take)  # the pod still exists: the booking stays
-        assert rig.cache.ledger.usage(SEED).mem_units == 5
+        assert rig.cache.state.ledger.usage(SEED).mem_units == 5
         kube.delete_pod_unseen("default", "p")
         await rig.cache.sync(rig.extender.take)
-        assert rig.cache.ledger.usage(SEED).mem_units == 0
+        assert rig.cache.state.ledger.usage(SEED).mem_units == 0
 
     run_with_rig(kube, body)
 
@@ -517,8 +517,8 @@ def test_fragmentation_aware_policy_learns_from_the_cache_and_avoids_fragments(
     async def body(rig: Rig) -> None:
         pod = rig.kube.create_pod(gpu_pod("new", mem=3))
         await rig.settle()
-        assert rig.extender.scheduler.workload is rig.cache.workload
-        assert rig.cache.workload is not None and rig.cache.workload.seen == 7
+        assert rig.extender.scheduler.workload is rig.cache.state.workload
+        assert rig.cache.state.workload is not None and rig.cache.state.workload.seen == 7
         scores = await rig.post("prioritize", {"Pod": pod, "NodeNames": ["full", "roomy"]})
         outcome = await rig.driver.schedule(pod, ["full", "roomy"])
         assert outcome.node == expected, scores
@@ -526,7 +526,7 @@ def test_fragmentation_aware_policy_learns_from_the_cache_and_avoids_fragments(
         # "full" keeps 6 GiB for the 4 GiB pods only when the 3 GiB pod went elsewhere
         stored = await rig.kube.get_pod("default", "new")
         assert stored["spec"]["nodeName"] == expected
-        assert rig.cache.workload.seen == 7  # the bind's MODIFIED events count nothing again
+        assert rig.cache.state.workload.seen == 7  # the bind's MODIFIED events count nothing again
 
     run_with_rig(kube, body, Settings(policy=policy))
 
@@ -656,7 +656,7 @@ def test_a_quantity_the_api_server_keeps_as_written_is_placed_as_its_number() ->
         for pod in pods:
             assert (await rig.driver.schedule(pod, [SEED])).bound
         await rig.settle()
-        assert rig.cache.ledger.usage(SEED).mem_units == 6
+        assert rig.cache.state.ledger.usage(SEED).mem_units == 6
 
     run_with_rig(kube, body)
 
@@ -760,7 +760,7 @@ def test_a_pod_scheduled_before_the_previous_bind_does_not_race_it() -> None:
         ]
         assert replies == [{"Error": ""}, {"Error": ""}]
         await rig.settle()
-        ledger = rig.cache.ledger
+        ledger = rig.cache.state.ledger
         assert [ledger.usage(n).on(0).mem_units for n in ("n0", "n1")] == [10, 10]
         assert list(ledger.intents()) == []
         # one write per pod: the binding carries the annotations
@@ -786,7 +786,7 @@ def test_an_intent_is_given_back_when_its_pod_is_filtered_again_or_its_time_is_u
 
     async def body(rig: Rig) -> None:
         rig.extender.clock_ns = lambda: now[0]
-        ledger = rig.cache.ledger
+        ledger = rig.cache.state.ledger
         await rig.post("filter", {"Pod": pod, "NodeNames": both})
         assert ledger.usage("n0").on(0).mem_units + ledger.usage("n1").on(0).mem_units == 0
         await rig.post("prioritize", {"Pod": pod, "NodeNames": ["n0"]})
@@ -824,7 +824,7 @@ def test_an_intent_past_its_deadline_is_given_back_by_the_clock_and_the_refused_
 
     async def body(rig: Rig) -> None:
         rig.extender.clock_ns = lambda: now[0]
-        ledger = rig.cache.ledger
+        ledger = rig.cache.state.ledger
         booked = await rig.post("filter", {"Pod": stuck, "NodeNames": ["n0"]})
         assert booked["NodeNames"] == ["n0"] and ledger.usage("n0").on(0).mem_units == 15
         refused = await rig.post("filter", {"Pod": victim, "NodeNames": ["n0"]})
@@ -861,7 +861,7 @@ def test_a_namespace_whose_intent_ran_out_books_none_while_that_pod_is_pending()
 
     async def body(rig: Rig) -> None:
         rig.extender.clock_ns = lambda: now[0]
-        ledger = rig.cache.ledger
+        ledger = rig.cache.state.ledger
         await rig.post("filter", {"Pod": stuck, "NodeNames": ["n0"]})
         now[0] += int(rig.extender.intent_ttl_s * 1e9)
         rig.extender.sweep()
@@ -901,7 +901,7 @@ def test_an_intent_older_than_the_hold_gives_way_to_a_pod_that_fits_nowhere_else
 
     async def body(rig: Rig) -> None:
         rig.extender.clock_ns = lambda: now[0]
-        ledger = rig.cache.ledger
+        ledger = rig.cache.state.ledger
         await rig.post("filter", {"Pod": stuck, "NodeNames": ["n0"]})
         assert ledger.intent_until(stuck["metadata"]["uid"]) is not None
         # within the hold, the stuck pod was there first: the victim waits
@@ -939,7 +939,7 @@ def test_a_fresh_intent_gives_way_only_to_a_pod_that_was_there_first() -> None:
 
     async def body(rig: Rig) -> None:
         rig.extender.clock_ns = lambda: now[0]
-        ledger = rig.cache.ledger
+        ledger = rig.cache.state.ledger
         await rig.post("filter", {"Pod": young, "NodeNames": ["n0"]})
         answer = await rig.post("filter", {"Pod": old, "NodeNames": ["n0"]})
         assert answer["NodeNames"] == ["n0"], "the older pod takes the younger one's share"
@@ -988,7 +988,7 @@ def test_the_filter_answers_a_packing_profile_pod_with_its_top_node_alone_and_bo
         scores = await rig.post("prioritize", {"Pod": twin, "NodeNames": NAMES})
         top = max(scores, key=lambda s: s["Score"])["Host"]
         await rig.post("filter", {"Pod": twin, "NodeNames": []})  # gives the twin's back
-        ledger = rig.cache.ledger
+        ledger = rig.cache.state.ledger
         held = {name: ledger.usage(name).mem_units for name in NAMES}
         alone = await rig.post("filter", {"Pod": first, "NodeNames": NAMES})
         assert alone["NodeNames"] == [top] and alone["FailedNodes"] == {}

@@ -101,8 +101,8 @@ def test_finding_4_one_annotation_no_longer_ends_the_watch(
             rig.kube.put_node(node)
         rig.kube.put_node(gpu_node("later-node", gpus_units=[15]))
         rig.kube.create_pod(sealed(rig.kube, "later", 4))
-        await until(lambda: rig.cache.ledger.usage(NODE).mem_units >= 4, rig)
-        assert "later-node" in rig.cache.nodes
+        await until(lambda: rig.cache.state.ledger.usage(NODE).mem_units >= 4, rig)
+        assert "later-node" in rig.cache.state.nodes
         assert (await rig.client.get("/readyz")).status_code == 200
 
     run_with_rig(cluster(), body)
@@ -111,7 +111,7 @@ def test_finding_4_one_annotation_no_longer_ends_the_watch(
 def test_finding_4_a_sealed_pod_with_a_bad_assume_time_still_holds_its_gpu() -> None:
     async def body(rig: Rig) -> None:
         rig.kube.create_pod(sealed(rig.kube, "odd", 5, **{ANN_ASSUME_TIME: "²"}))
-        await until(lambda: rig.cache.ledger.usage(NODE).mem_units == 5, rig)
+        await until(lambda: rig.cache.state.ledger.usage(NODE).mem_units == 5, rig)
 
     run_with_rig(cluster(), body)
 
@@ -174,7 +174,7 @@ def test_a_watched_object_of_the_wrong_shape_is_skipped_and_counted() -> None:
         rig.extender.take(rig.cache.apply_pod(WatchEvent("ADDED", bad)))
         good = gpu_node("fine", gpus_units=[15])
         rig.extender.take(rig.cache.apply_node(WatchEvent("ADDED", good)))
-        assert "fine" in rig.cache.nodes
+        assert "fine" in rig.cache.state.nodes
         text = generate_latest(rig.extender.metrics.registry).decode()
         assert 'gpushare_watch_skipped_total{kind="Pod",reason="shape"} 1.0' in text
 
@@ -290,9 +290,9 @@ def test_finding_7_a_thousand_units_stored_as_1k_are_placed_and_held() -> None:
             },
         )
         assert reply == {"Error": ""}
-        await until(lambda: rig.cache.ledger.usage(NODE).mem_units == 1000, rig)
+        await until(lambda: rig.cache.state.ledger.usage(NODE).mem_units == 1000, rig)
         await rig.cache.sync(rig.extender.take)  # rebuilt from the annotations alone: still held
-        assert rig.cache.ledger.usage(NODE).mem_units == 1000
+        assert rig.cache.state.ledger.usage(NODE).mem_units == 1000
 
     run_with_rig(kube, run, Settings(unit=unit))
 
@@ -332,7 +332,7 @@ async def _through_everything(kind: str, obj: KubeDict) -> None:
         else:
             cache.apply_node(WatchEvent("ADDED", obj))
         cache.apply_pod(WatchEvent("ADDED", pod))
-        assert cache.ledger.usage(NODE).mem_units >= 3  # later events still taken in
+        assert cache.state.ledger.usage(NODE).mem_units >= 3  # later events still taken in
         if _json_safe(obj):
             body = (
                 {"Pod": obj, "NodeNames": [NODE]}
@@ -350,7 +350,7 @@ async def _through_everything(kind: str, obj: KubeDict) -> None:
             kube.put_node(gpu_node("n2"))
             kube.list_nodes = _listing(kube, [obj], nodes=True)  # type: ignore[method-assign]
         await cache.sync()  # the list takes it in or skips it too
-        assert cache.synced and NODE in cache.nodes
+        assert cache.synced and NODE in cache.state.nodes
     finally:
         await client.aclose()
 
@@ -430,18 +430,18 @@ def test_finding_5_a_filter_for_a_pod_that_does_not_exist_holds_nothing_for_long
             ghost["metadata"]["uid"] = f"ghost-uid-{n}"
             reply = await rig.post("filter", {"Pod": ghost, "NodeNames": [NODE]})
             assert reply["NodeNames"] == [NODE]
-        assert rig.cache.ledger.usage(NODE).mem_units == 30  # booked, for a moment
+        assert rig.cache.state.ledger.usage(NODE).mem_units == 30  # booked, for a moment
         real = rig.kube.create_pod(gpu_pod("real", mem=15))
         now[0] += int((UNSEEN_TTL_S + 0.5) * 1e9)
         rig.extender.sweep()
-        assert rig.cache.ledger.usage(NODE).mem_units == 0  # the ghosts' intents are gone
+        assert rig.cache.state.ledger.usage(NODE).mem_units == 0  # the ghosts' intents are gone
         await rig.post("filter", {"Pod": real, "NodeNames": [NODE]})  # before the watch has it
         await rig.settle()  # now the watch shows it
         now[0] += int(1e9)
         rig.extender.sweep()
         now[0] += int((UNSEEN_TTL_S + 1) * 1e9)
         rig.extender.sweep()
-        assert rig.cache.ledger.usage(NODE).mem_units == 15  # seen: its intent kept
+        assert rig.cache.state.ledger.usage(NODE).mem_units == 15  # seen: its intent kept
         text = generate_latest(rig.extender.metrics.registry).decode()
         assert 'gpushare_intents_total{outcome="unseen"} 3.0' in text
 

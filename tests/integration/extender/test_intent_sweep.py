@@ -87,7 +87,7 @@ def test_no_intent_outlives_a_sweep_and_every_refused_pod_is_retried_once(
                     assert refused_at.get(pod_due.name, step) < returned_at
                     refused_at.pop(pod_due.name)
                     handed.append(pod_due.name)
-                assert all(until > now[0] for _, until in rig.cache.ledger.intents())
+                assert all(until > now[0] for _, until in rig.cache.state.ledger.intents())
                 owed = [name for name, at in refused_at.items() if at < returned_at]
                 assert not owed, f"refused before GPUs came back, never handed out: {owed}"
 
@@ -167,7 +167,7 @@ def test_a_pending_pods_intent_gone_with_it_makes_the_refused_pods_due() -> None
     async def body(rig: Rig) -> None:
         await rig.settle()
         assert _filter(rig, first) == ["n0"]
-        assert rig.cache.ledger.intent_until(first["metadata"]["uid"]) is not None
+        assert rig.cache.state.ledger.intent_until(first["metadata"]["uid"]) is not None
         assert _filter(rig, second) == []
         assert rig.extender.sweep() == []
         kube.delete_pod("default", "first")

@@ -35,7 +35,7 @@ async def annotations(rig: Rig, name: str) -> dict[str, str]:
 
 
 def per_gpu(rig: Rig, node: str = NODE) -> dict[int, int]:
-    usage = rig.cache.ledger.usage(node)
+    usage = rig.cache.state.ledger.usage(node)
     return {index: held.mem_units for index, held in sorted(usage.gpus.items())}
 
 

@@ -80,16 +80,16 @@ def fill(kube: MemoryKube) -> list[KubeDict]:
 
 def state(cache: ClusterCache, uids: list[str]) -> dict[str, Any]:
     """What the extender decides on, per pod and in all."""
-    assert cache.workload is not None and cache.book is not None
+    assert cache.state.workload is not None and cache.state.book is not None
     return {
-        "holding": {u: cache.ledger.holding(u) for u in uids},
-        "host": {u: cache.ledger.host_of(u) for u in uids},
-        "intent": {u: cache.ledger.intent_until(u) for u in uids},
-        "pending": sorted(cache.pending),
-        "terms": len(cache.placed_terms),
-        "workload": (cache.workload.seen, cache.workload.workload()),
-        "placed": sorted(p.uid for p in cache.book.placed()),
-        "nodes": sorted(cache.nodes),
+        "holding": {u: cache.state.ledger.holding(u) for u in uids},
+        "host": {u: cache.state.ledger.host_of(u) for u in uids},
+        "intent": {u: cache.state.ledger.intent_until(u) for u in uids},
+        "pending": sorted(cache.state.pending),
+        "terms": len(cache.state.placed_terms),
+        "workload": (cache.state.workload.seen, cache.state.workload.workload()),
+        "placed": sorted(p.uid for p in cache.state.book.placed()),
+        "nodes": sorted(cache.state.nodes),
     }
 
 
@@ -120,22 +120,22 @@ def test_bookings_made_while_the_pages_come_in_are_kept() -> None:
     def book(page: int) -> None:
         if page == 2:  # a bind books while the list is under way
             allocation = _allocation(first, "n0", 0)
-            cache.ledger.assume(allocation, NO_HOST)
+            cache.state.ledger.assume(allocation, NO_HOST)
             booked["bind"] = allocation
         if page == 5:  # and prioritize books an intent
             allocation = _allocation(second, "n1", 1)
-            cache.ledger.intend(allocation, NO_HOST, until_ns=123)
+            cache.state.ledger.intend(allocation, NO_HOST, until_ns=123)
             booked["intent"] = allocation
 
     kube.between = book
     kube.pages = 0
-    before = cache.ledger
+    before = cache.state.ledger
     asyncio.run(cache.sync())
-    assert cache.ledger is not before
-    kept = cache.ledger.kept(str(first["metadata"]["uid"]))
+    assert cache.state.ledger is not before
+    kept = cache.state.ledger.kept(str(first["metadata"]["uid"]))
     assert kept is not None and kept.allocation == booked["bind"]
-    assert cache.ledger.intent_until(str(second["metadata"]["uid"])) == 123
-    assert cache.ledger.holding(str(second["metadata"]["uid"])) == booked["intent"]
+    assert cache.state.ledger.intent_until(str(second["metadata"]["uid"])) == 123
+    assert cache.state.ledger.holding(str(second["metadata"]["uid"])) == booked["intent"]
 
 
 def test_a_pending_pod_is_kept_as_the_fields_the_core_reads_listed_or_watched() -> None:
@@ -151,7 +151,7 @@ def test_a_pending_pod_is_kept_as_the_fields_the_core_reads_listed_or_watched() 
     watched["metadata"]["uid"] = "uid-watched"
     cache.apply_pod(WatchEvent(type="ADDED", object=watched))
     for pod in (listed, watched):
-        kept = cache.pending[pod["metadata"]["uid"]]
+        kept = cache.state.pending[pod["metadata"]["uid"]]
         assert kept == read_fields(pod)
         [container] = kept["spec"]["containers"]
         assert set(container) == {"name", "resources"}
@@ -181,8 +181,8 @@ def test_the_listed_nodes_are_let_go_before_the_pods_are_listed() -> None:
     kube.between = lambda _: alive.append(sum(ref() is not None for ref in seen))
     cache = ClusterCache(kube, settings=Settings(), book=PolicyBook())
     asyncio.run(cache.sync())
-    assert len(seen) == len(NODES) and set(cache.nodes) == set(NODES)
-    assert cache.book is not None and set(cache.book.node_labels) == set(NODES)
+    assert len(seen) == len(NODES) and set(cache.state.nodes) == set(NODES)
+    assert cache.state.book is not None and set(cache.state.book.node_labels) == set(NODES)
     assert alive and set(alive) == {0}
 
 
@@ -196,13 +196,13 @@ def test_a_bound_pods_status_updates_are_passed_over_and_its_changes_taken_in() 
     cache = new_cache(kube)
     asyncio.run(cache.sync())
     taken: list[str] = []
-    observe = cache.ledger.observe
+    observe = cache.state.ledger.observe
 
     def counted(pod: KubeDict) -> Any:
         taken.append(pod["metadata"]["name"])
         return observe(pod)
 
-    cache.ledger.observe = counted  # type: ignore[method-assign]
+    cache.state.ledger.observe = counted  # type: ignore[method-assign]
     bound = json.loads(json.dumps(asyncio.run(kube.get_pod("default", "g0"))))
 
     def event(change: Callable[[KubeDict], None], version: int) -> WatchEvent:
@@ -236,10 +236,10 @@ def test_a_bound_pods_status_updates_are_passed_over_and_its_changes_taken_in() 
 
     cache.apply_pod(event(done, 905))
     assert taken == ["g0", "g0", "g0"]
-    assert cache.ledger.holding(bound["metadata"]["uid"]) is None
+    assert cache.state.ledger.holding(bound["metadata"]["uid"]) is None
     waiting = json.loads(json.dumps(pending[0]))
     for version in (906, 907):
         waiting["metadata"]["resourceVersion"] = str(version)
         cache.apply_pod(WatchEvent(type="MODIFIED", object=json.loads(json.dumps(waiting))))
     assert taken[3:] == ["p0", "p0"]
-    assert cache.pending[waiting["metadata"]["uid"]]["metadata"]["resourceVersion"] == "907"
+    assert cache.state.pending[waiting["metadata"]["uid"]]["metadata"]["resourceVersion"] == "907"

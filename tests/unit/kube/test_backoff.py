@@ -119,14 +119,14 @@ def test_the_cache_backs_off_while_the_api_is_down_and_starts_over_once_it_answe
             # the list went through, but only a watch event proves the server is back
             assert backoff.failures == 8
             kube.put_node(gpu_node("node-b", gpus_units=[15]))
-            await until(lambda: "node-b" in cache.nodes)
+            await until(lambda: "node-b" in cache.state.nodes)
             assert backoff.failures == 0
             # the watch expires (relist at once, no wait), and the server is down again: the
             # waits start from the base, not from the cap the last outage reached
             kube.down = 3
             kube.put_node(gpu_node("node-c", gpus_units=[15]))
             kube.compact()
-            await until(lambda: "node-c" in cache.nodes)
+            await until(lambda: "node-c" in cache.state.nodes)
             assert time.slept[8:] == [0.75, 1.5, 3.0]
             assert cache.relists == 2
         finally:

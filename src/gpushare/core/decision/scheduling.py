@@ -13,7 +13,7 @@ What one decision is lives in ``core.decision.decider``, how scores become 0..10
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import compress, repeat
@@ -128,9 +128,6 @@ class Scheduler:
     registry: PolicyRegistry | None = None
     keys_kept: int = 256
     """Request keys whose decisions are kept before the decision cache starts over."""
-    cluster: Callable[[], Mapping[str, NodeInventory]] | None = None
-    """Every node of the cluster (the extender's node table), for a policy that weighs
-    cluster-wide supply; None: the nodes the calls were asked about."""
 
     def __post_init__(self) -> None:
         if self.workload is None:
@@ -154,12 +151,11 @@ class Scheduler:
         table: Mapping[str, NodeInventory] | None = None,
         shown: Iterable[NodeInventory] = (),
     ) -> None:
-        """Let the policy catch up with the cluster before anything is decided."""
+        """Let the policy catch up with the cluster before anything is decided: with ``table``
+        every node of it (a policy that weighs cluster-wide supply), else the nodes shown."""
         policy = self.decider.choosing
         if policy is None:
             return
-        if table is None and self.cluster is not None:
-            table = self.cluster()
         if table is not None:
             policy.follow(table, ledger)
         else:
@@ -319,13 +315,29 @@ class Scheduler:
                 best, winner = raw, name
         return winner
 
-    def verdict(self, request: PodRequest, node: NodeInventory, ledger: Ledger) -> Verdict:
-        """Filter one node, leaving the pod's own earlier holding out of the count."""
-        self._survey(ledger, shown=(node,))
+    def verdict(
+        self,
+        request: PodRequest,
+        node: NodeInventory,
+        ledger: Ledger,
+        *,
+        cluster: Mapping[str, NodeInventory] | None = None,
+    ) -> Verdict:
+        """Filter one node, leaving the pod's own earlier holding out of the count.
+
+        ``cluster``, here and in the other calls, is every node of the cluster (the state's
+        ``nodes``), for a policy that weighs cluster-wide supply; None: the nodes the calls
+        were asked about."""
+        self._survey(ledger, table=cluster, shown=(node,))
         return self.decisions.on_node(request, node, ledger)[0]
 
     def filter(
-        self, pod: KubeObject, nodes: Iterable[NodeInventory], ledger: Ledger
+        self,
+        pod: KubeObject,
+        nodes: Iterable[NodeInventory],
+        ledger: Ledger,
+        *,
+        cluster: Mapping[str, NodeInventory] | None = None,
     ) -> FilterResult:
         """Verdicts for every node; an invalid pod fails everywhere with its reasons."""
         request = self._asked(pod)
@@ -338,7 +350,7 @@ class Scheduler:
                 request=request,
                 verdicts=tuple(Verdict(node=n.name) for n in nodes),
             )
-        self._survey(ledger, shown=nodes)
+        self._survey(ledger, table=cluster, shown=nodes)
         return FilterResult(
             request=request,
             verdicts=tuple(v for v, _ in self.decisions.on_nodes(request, nodes, ledger)),
@@ -351,6 +363,7 @@ class Scheduler:
         ledger: Ledger,
         *,
         verdict: Verdict | None = None,
+        cluster: Mapping[str, NodeInventory] | None = None,
     ) -> float:
         """The policy's liking in [0, 1]; 0 for nodes that do not fit.
 
@@ -358,7 +371,7 @@ class Scheduler:
         """
         if not request.wants_gpu or (verdict is not None and not verdict.fits):
             return 0.0
-        self._survey(ledger, shown=(node,))
+        self._survey(ledger, table=cluster, shown=(node,))
         return self.decisions.on_node(request, node, ledger)[1]
 
     def prioritize(
@@ -368,6 +381,7 @@ class Scheduler:
         ledger: Ledger,
         *,
         request: PodRequest | Rejection | None = None,
+        cluster: Mapping[str, NodeInventory] | None = None,
     ) -> dict[str, int]:
         """Extender scores 0..10 per node.
 
@@ -382,7 +396,7 @@ class Scheduler:
         nodes = list(nodes)
         if isinstance(request, Rejection) or not request.wants_gpu:
             return {n.name: 0 for n in nodes}
-        self._survey(ledger, shown=nodes)
+        self._survey(ledger, table=cluster, shown=nodes)
         decided: list[Decision] = self.decisions.on_nodes(request, nodes, ledger)
         names = [n.name for n in nodes]
         raw = {n: s if v.fits else None for n, (v, s) in zip(names, decided, strict=True)}
@@ -398,6 +412,7 @@ class Scheduler:
         node: NodeInventory,
         ledger: Ledger,
         *,
+        cluster: Mapping[str, NodeInventory] | None = None,
         now_ns: int = 0,
     ) -> Booking:
         """Choose GPUs and book them in the ledger; refused with the filter's status when the
@@ -406,7 +421,7 @@ class Scheduler:
         Check and booking happen with no I/O between them, so callers running on one event
         loop cannot double-book.
         """
-        verdict = self.verdict(request, node, ledger)
+        verdict = self.verdict(request, node, ledger, cluster=cluster)
         if not verdict.fits:
             return Booking(None, verdict.status)
         allocation = plan(
@@ -423,6 +438,7 @@ class Scheduler:
         ledger: Ledger,
         *,
         book: PolicyBook | None,
+        cluster: Mapping[str, NodeInventory] | None = None,
         now_ns: int = 0,
     ) -> Reservation:
         """Reserve the pod on ``node`` in every booking store, as kube-scheduler's Reserve
@@ -440,7 +456,7 @@ class Scheduler:
             return Reservation(unit, None, unit.status)
         if not request.wants_gpu:
             return Reservation(unit, None)
-        booked = self.reserve(request, node, ledger, now_ns=now_ns)
+        booked = self.reserve(request, node, ledger, cluster=cluster, now_ns=now_ns)
         if booked.allocation is None:
             unreserve_unit(book, request.uid)  # a part-way reserve leaves nothing behind
             status = booked.status
@@ -481,6 +497,7 @@ class Scheduler:
         *,
         until_ns: int,
         booked_ns: int | None = None,
+        cluster: Mapping[str, NodeInventory] | None = None,
     ) -> Allocation | None:
         """Book, as an intent, the GPUs that the top of a prioritize answer promises.
 
@@ -496,7 +513,13 @@ class Scheduler:
         top = max(scores, default=0)
         name = next((n for n, v in zip(names, scores, strict=True) if v == top), "")
         return self.intend_on(
-            request, name if top > 0 else "", nodes, ledger, until_ns=until_ns, booked_ns=booked_ns
+            request,
+            name if top > 0 else "",
+            nodes,
+            ledger,
+            until_ns=until_ns,
+            booked_ns=booked_ns,
+            cluster=cluster,
         )
 
     def intend_on(
@@ -508,6 +531,7 @@ class Scheduler:
         *,
         until_ns: int,
         booked_ns: int | None = None,
+        cluster: Mapping[str, NodeInventory] | None = None,
     ) -> Allocation | None:
         """Book the pod's GPUs on the named node as an intent (see ``intend``); no node name
         or a node where the pod no longer fits gives back the pod's earlier intent instead."""
@@ -517,7 +541,7 @@ class Scheduler:
         if ledger.is_assumed(uid) and ledger.intent_until(uid) is None:
             return None  # its bind has booked: that booking stands
         node = nodes.get(name) if name else None
-        verdict = self.verdict(request, node, ledger) if node is not None else None
+        verdict = self.verdict(request, node, ledger, cluster=cluster) if node is not None else None
         if node is None or verdict is None or not verdict.fits:
             self.drop_intent(uid, ledger)
             return None

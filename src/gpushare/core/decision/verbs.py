@@ -18,7 +18,7 @@ books no intent while that pod is pending (``namespace_stuck``).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from gpushare.core.booking.ledger import Kept, Ledger
@@ -41,6 +41,7 @@ from gpushare.core.model.kubejson import (
 from gpushare.core.model.names import ANN_ALLOCATION, ANN_SEAL
 from gpushare.core.model.requests import PodRequest, Rejection
 from gpushare.core.model.status import Code, Status, refused
+from gpushare.core.placement.explain import placement_message
 from gpushare.core.placement.preferences import stated_preference
 from gpushare.core.records.allocation import Allocation, to_annotations
 from gpushare.core.records.binding import already_bound
@@ -135,16 +136,15 @@ class FilterOutcome:
     (``NamesResult.scores``); None when not."""
     deferred: int = 0
     """How many failed nodes wait for another pod to start (``NamesResult.deferred``)."""
+    fits: bool = field(init=False)
+    """Whether any node passed."""
+    one_node: bool = field(init=False)
+    """Whether the answer is the top node alone rather than every fitting node."""
 
-    @property
-    def fits(self) -> bool:
-        """Whether any node passed."""
-        return bool(self.passing)
-
-    @property
-    def one_node(self) -> bool:
-        """Whether the answer is the top node alone rather than every fitting node."""
-        return bool(self.top) and len(self.passing) > 1
+    def __post_init__(self) -> None:
+        # in the value, so the adapter answers from it without a call back into the core
+        object.__setattr__(self, "fits", bool(self.passing))
+        object.__setattr__(self, "one_node", bool(self.top) and len(self.passing) > 1)
 
 
 def filter_pod(
@@ -224,7 +224,7 @@ def _fits(scheduler: Scheduler, ask: FilterAsk, state: ClusterState) -> NamesRes
     ResourcePolicy; a name not in the state's nodes fails as ``MISSING``."""
     pod, ledger = ask.pod, state.ledger
     if ask.nodes is not None:
-        result = scheduler.filter(pod, ask.nodes, ledger)
+        result = scheduler.filter(pod, ask.nodes, ledger, cluster=state.nodes)
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         fits: list[str] = []
@@ -284,7 +284,13 @@ def _top_only(
         unseen_ttl_ns=ask.unseen_ttl_ns,
     )
     intent = scheduler.intend_on(
-        request, name, table, ledger, until_ns=deadline.until_ns, booked_ns=ask.now_ns
+        request,
+        name,
+        table,
+        ledger,
+        until_ns=deadline.until_ns,
+        booked_ns=ask.now_ns,
+        cluster=table,
     )
     if intent is None:
         return _with(outcome, answer="no_score", deadline=deadline)
@@ -379,6 +385,8 @@ class PrioritizeOutcome:
     """The deadline an intent was asked for with (booked or not); None: none asked for."""
     intent: Allocation | None
     """The intent booked on the top node; None: none (no GPU asked, no node fits, withheld)."""
+    namespace: str = ""
+    """The pod's namespace (whose stuck pods the adapter looks at again)."""
 
 
 def prioritize_pod(
@@ -393,14 +401,22 @@ def prioritize_pod(
         names = list(filter(nodes.__contains__, ask.names))
         scores = scheduler.prioritize_names(pod, names, nodes, ledger)
     else:
-        by_name = scheduler.prioritize(pod, ask.nodes, ledger)
+        by_name = scheduler.prioritize(pod, ask.nodes, ledger, cluster=state.nodes)
         names = [n.name for n in ask.nodes]
         scores = [by_name.get(name, 0) for name in names]
         nodes = {n.name: n for n in ask.nodes}
     uid = stored_uid_of(pod)
     if namespace_stuck(namespace_of(pod), ask.stuck, state.pending):
         scheduler.drop_intent(uid_of(pod), ledger)
-        return PrioritizeOutcome(uid, names, scores, withheld=True, deadline=None, intent=None)
+        return PrioritizeOutcome(
+            uid,
+            names,
+            scores,
+            withheld=True,
+            deadline=None,
+            intent=None,
+            namespace=namespace_of(pod),
+        )
     deadline = intent_deadline(
         uid,
         state.pending,
@@ -409,9 +425,24 @@ def prioritize_pod(
         unseen_ttl_ns=ask.unseen_ttl_ns,
     )
     intent = scheduler.intend(
-        pod, names, scores, nodes, ledger, until_ns=deadline.until_ns, booked_ns=ask.now_ns
+        pod,
+        names,
+        scores,
+        nodes,
+        ledger,
+        until_ns=deadline.until_ns,
+        booked_ns=ask.now_ns,
+        cluster=state.nodes,
     )
-    return PrioritizeOutcome(uid, names, scores, withheld=False, deadline=deadline, intent=intent)
+    return PrioritizeOutcome(
+        uid,
+        names,
+        scores,
+        withheld=False,
+        deadline=deadline,
+        intent=intent,
+        namespace=namespace_of(pod),
+    )
 
 
 class BindOutcome(Enum):
@@ -429,17 +460,16 @@ class BindOutcome(Enum):
     """The pod's request, or its ResourcePolicy, is invalid."""
     ERROR = "error"
 
-    @property
-    def succeeded(self) -> bool:
-        """Whether kube-scheduler is answered with success."""
-        return self in (BindOutcome.BOUND, BindOutcome.ALREADY_BOUND)
 
-    @property
-    def decided_from_the_copy(self) -> bool:
-        """Reached with nothing written: from the watch's copy of the pod, bind checks it again
-        on a fresh read. Errors are not among them: after a write whose effect is unknown the
-        booking must stay as the adapter's settling left it."""
-        return self in (BindOutcome.CONFLICT, BindOutcome.UNFIT, BindOutcome.REJECTED)
+SUCCEEDED: frozenset[BindOutcome] = frozenset((BindOutcome.BOUND, BindOutcome.ALREADY_BOUND))
+"""The outcomes kube-scheduler is answered with success for."""
+DECIDED_FROM_THE_COPY: frozenset[BindOutcome] = frozenset(
+    (BindOutcome.CONFLICT, BindOutcome.UNFIT, BindOutcome.REJECTED)
+)
+"""The outcomes reached with nothing written: from the watch's copy of the pod, bind checks it
+again on a fresh read. Errors are not among them: after a write whose effect is unknown the
+booking must stay as the adapter's settling left it. (Sets, like ``BIND_OUTCOMES``, so the
+adapter looks an outcome up without a call into the core.)"""
 
 
 BIND_OUTCOMES: Mapping[Code, BindOutcome] = {
@@ -485,6 +515,13 @@ class BindPlan:
     annotation the pod carries (a binding can do neither)."""
     carried: dict[str, str]
     """The annotations the ``pods/binding`` carries."""
+    placed: str = ""
+    """The Event message that says where the pod went and how full its GPUs are with it
+    (``placement_message``); empty when it books no GPU."""
+    gpus: str = ""
+    """The booked GPUs' indexes, comma-separated, for the log line of the bind."""
+    mem_units: int = 0
+    """The memory units booked, for the log line of the bind."""
 
 
 def copy_will_do(ledger: Ledger, uid: str) -> bool:
@@ -531,7 +568,7 @@ def reserve_bind(scheduler: Scheduler, state: ClusterState, ask: BindAsk) -> Bin
     kept = ledger.kept(uid) if request.wants_gpu else None
     # checked again here because kube-scheduler binds while it filters the next pod
     reserved = scheduler.reserve_pod(
-        pod, request, inventory, ledger, book=state.book, now_ns=ask.now_ns
+        pod, request, inventory, ledger, book=state.book, cluster=state.nodes, now_ns=ask.now_ns
     )
     if not reserved.status.ok:
         return reserved.status
@@ -542,6 +579,10 @@ def reserve_bind(scheduler: Scheduler, state: ClusterState, ask: BindAsk) -> Bin
         written = to_annotations(booked, dev_units=dev.mem_units if dev else 0)
         annotations.update(written)
         annotations[ANN_SEAL] = trust.seal_for(booked, written[ANN_ALLOCATION]) or None
+    placed, gpus, mem_units = "", "", 0
+    if booked is not None:
+        placed = placement_message(booked, inventory, ledger.usage(inventory.name))
+        gpus, mem_units = ",".join(map(str, booked.indexes)), booked.mem_units
     present = annotations_of(pod)
     patch_first = bool(labels) or any(
         value is None and name in present for name, value in annotations.items()
@@ -557,4 +598,7 @@ def reserve_bind(scheduler: Scheduler, state: ClusterState, ask: BindAsk) -> Bin
         version=str(pod.get("metadata", {}).get("resourceVersion", "")),
         patch_first=patch_first,
         carried={name: value for name, value in annotations.items() if value is not None},
+        placed=placed,
+        gpus=gpus,
+        mem_units=mem_units,
     )

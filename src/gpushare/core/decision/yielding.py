@@ -33,7 +33,7 @@ stuck (``extender.intents``), as one whose intent ran out.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpushare.core.booking.ledger import Ledger
 from gpushare.core.model.hostresources import HostResources
@@ -55,10 +55,12 @@ class Yielded:
     """Pods whose fresh intent gave way to a pod that was there first."""
     booked: tuple[tuple[Allocation, HostResources, int, int | None], ...]
     """Each intent as it was: (allocation, host, deadline, booked at)."""
+    uids: tuple[str, ...] = field(init=False)
+    """Every pod given way: ``overdue``, then ``outranked`` (in the value, so the adapter
+    counts them without a call back into the core)."""
 
-    @property
-    def uids(self) -> tuple[str, ...]:
-        return self.overdue + self.outranked
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "uids", self.overdue + self.outranked)
 
     def restore(self, ledger: Ledger) -> None:
         """Book the intents again as they were (the pod did not fit all the same)."""

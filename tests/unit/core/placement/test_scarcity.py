@@ -262,12 +262,12 @@ def test_without_a_table_the_survey_counts_every_node_shown_so_far() -> None:
 
 def test_the_scheduler_prices_over_the_whole_cluster_not_the_nodes_of_one_call() -> None:
     table = NodeTable((n.name, n) for n in (node(f"n{i}", [16, 16]) for i in range(5)))
-    scheduler = Scheduler(Settings(policy="gpushare"), cluster=lambda: table)
+    scheduler = Scheduler(Settings(policy="gpushare"))
     policy = scheduler.policy
     assert isinstance(policy, FragmentationPolicy) and policy.defragmenter.supply is not None
     obj = gpu_pod("p", mem=4)
     obj["metadata"]["uid"] = "uid-p"
-    scheduler.filter(obj, [table["n0"]], Ledger())
+    scheduler.filter(obj, [table["n0"]], Ledger(), cluster=table)
     assert len(policy.defragmenter.supply) == 5
     lone = Scheduler(Settings(policy="gpushare"))
     lone.filter(obj, [table["n0"], table["n1"]], Ledger())
