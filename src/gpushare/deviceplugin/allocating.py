@@ -33,26 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpushare.core.model.inventory import Mode
-from gpushare.core.model.kubejson import (
-    TERMINAL_PHASES,
-    KubeObject,
-    name_of,
-    namespace_of,
-    status_of,
-    uid_of,
-)
+from gpushare.core.model.kubejson import KubeObject, name_of, namespace_of
 from gpushare.core.model.status import Code, Status
-from gpushare.core.records.trust import (
-    IgnoredOnce,
-    Judged,
-    NodePods,
-    Trust,
-    sort_node_pods,
-)
+from gpushare.core.records.trust import NodeJudge, NodePods, NodeReading, Trust
 from gpushare.deviceplugin.answering import (
     Granted,
     NodeFacts,
@@ -82,11 +69,10 @@ class NodeReader:
         self.config = config
         self.trust = trust
         self.stats = stats
-        self._judged = Judged(trust, config.names)
-        self._reported = IgnoredOnce()
+        self._judge = NodeJudge(trust, config.names, node=config.node)
         self.finished: frozenset[str] = frozenset()
         """UIDs of this node's pods in a terminal phase, as of the last read."""
-        self.by_uid: dict[str, KubeObject] = {}
+        self.by_uid: Mapping[str, KubeObject] = {}
         """This node's pods by UID, as of the last read (their specs give cGPU weights)."""
 
     async def read(self) -> NodePods:
@@ -96,25 +82,22 @@ class NodeReader:
         which the watch may not have shown yet, and a refusal fails the pod for good.
         """
         pods, _ = await self.api.list_pods(self.config.node)
-        self.by_uid = {uid_of(p): p for p in pods}
-        self.finished = frozenset(
-            uid_of(p) for p in pods if status_of(p).get("phase") in TERMINAL_PHASES
-        )
-        return self.judge(pods)
+        reading = self._told(self._judge.read(pods))
+        self.by_uid, self.finished = reading.by_uid, reading.finished
+        return reading.pods
 
     def judge(self, pods: Sequence[KubeObject]) -> NodePods:
         """These pods of this node (listed, or the watch's), judged."""
-        sorted_pods = sort_node_pods(pods, node=self.config.node, trust=self._judged)
-        uids = {uid_of(p) for p in pods}
-        self._judged.retain(uids)
-        self._reported.retain(uids)
-        for pod, why in sorted_pods.ignored:
-            if self._reported.note(uid_of(pod), why.reason).count:
-                reason = why.reason.value
-                self.stats.untrusted[reason] = self.stats.untrusted.get(reason, 0) + 1
-                key = f"{namespace_of(pod)}/{name_of(pod)}"
-                log.warning("pod=%s phase=trust allocation ignored: %s", key, why.message)
-        return sorted_pods
+        return self._told(self._judge.read(pods)).pods
+
+    def _told(self, reading: NodeReading) -> NodeReading:
+        """Count and log the allocations the reading ignores for the first time."""
+        for pod, why in reading.reports:
+            reason = why.reason.value
+            self.stats.untrusted[reason] = self.stats.untrusted.get(reason, 0) + 1
+            key = f"{namespace_of(pod)}/{name_of(pod)}"
+            log.warning("pod=%s phase=trust allocation ignored: %s", key, why.message)
+        return reading
 
 
 @dataclass(frozen=True)
@@ -156,7 +139,7 @@ class Allocator(OnNode):
     async def allocate(self, resource: str, device_ids: list[str]) -> ContainerAnswer | Status:
         """Answer one container's request for these device IDs of a resource."""
         request = Request(resource, tuple(device_ids))
-        count = request.count
+        count = len(device_ids)
         try:
             bound = await self.pods.read()
         except KubeError as err:
@@ -198,7 +181,7 @@ class Allocator(OnNode):
 
     def _serve(self, request: Request, granted: Granted) -> ContainerAnswer | Status:
         """Check the node's CDI specs again, let the hook enforce the answer, remember it."""
-        resource, count = request.resource, request.count
+        resource, count = request.resource, len(request.device_ids)
         for note in granted.notes:
             log.warning("%s", note)
         reason = self.config.handoff.refusal(granted.uuids)  # the toolkit may rewrite the specs

@@ -17,6 +17,8 @@ def test_each_verb_asks_the_core_once_and_answers_from_its_value(tmp_path: Path)
     trip = benchmarks.load("trip")
     traced, served = asyncio.run(trip.trip(tmp_path))
     assert served
-    returns = {verb: traced[verb].returns for verb in ("filter", "prioritize", "bind")}
-    # bind: reserve_bind, and copy_will_do (whether the watch's copy of the pod will do)
-    assert returns == {"filter": 1, "prioritize": 1, "bind": 2}
+    returns = {verb: traced[verb].returns for verb in ("filter", "prioritize", "bind", "allocate")}
+    # bind: reserve_bind, and copy_will_do (whether the watch's copy of the pod will do);
+    # allocate: the node's pods judged (NodeJudge.read), the answer, and the plugin's settings
+    # and GPU source reading the memory unit (max pods per GPU, MiB per unit)
+    assert returns == {"filter": 1, "prioritize": 1, "bind": 2, "allocate": 4}

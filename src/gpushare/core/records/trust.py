@@ -36,7 +36,7 @@ import hashlib
 import hmac
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -452,3 +452,46 @@ class IgnoredOnce:
         keep = set(uids)
         for uid in [u for u in self._reasons if u not in keep]:
             del self._reasons[uid]
+
+
+@dataclass(frozen=True)
+class NodeReading:
+    """One read of a node's pods, judged: what the device plugin answers and checks from."""
+
+    pods: NodePods
+    by_uid: Mapping[str, KubeObject]
+    """Every pod read, by UID (their specs give cGPU weights)."""
+    finished: frozenset[str]
+    """UIDs of the pods read in a terminal phase."""
+    reports: tuple[tuple[KubeObject, Ignored], ...] = ()
+    """The ignored allocations to count and log: each pod once per reason (``IgnoredOnce``)."""
+
+
+class NodeJudge:
+    """One node's pods, judged read after read, as the device plugin reads them.
+
+    Judgements are kept while their pods are read again (``Judged``), and an ignored allocation
+    is reported once per pod and reason, so one read is one call here and the plugin only acts
+    on the value: counts and logs the reports, answers from the pods.
+    """
+
+    def __init__(self, trust: Trust, names: ResourceNames, *, node: str) -> None:
+        self.node = node
+        self._judged = Judged(trust, names)
+        self._reported = IgnoredOnce()
+
+    def read(self, pods: Sequence[KubeObject]) -> NodeReading:
+        """These pods of this node (listed, or the watch's), judged."""
+        judged = sort_node_pods(pods, node=self.node, trust=self._judged)
+        by_uid = {uid_of(p): p for p in pods}
+        self._judged.retain(by_uid)
+        self._reported.retain(by_uid)
+        reports = tuple(
+            (pod, why)
+            for pod, why in judged.ignored
+            if self._reported.note(uid_of(pod), why.reason).count
+        )
+        finished = frozenset(
+            uid for uid, pod in by_uid.items() if pod_status_of(pod).get("phase") in TERMINAL_PHASES
+        )
+        return NodeReading(judged, by_uid, finished, reports)

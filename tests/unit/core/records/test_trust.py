@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpushare.core.booking.ledger import Ledger
-from gpushare.core.model.names import ANN_ALLOCATION, ANN_SEAL
+from gpushare.core.model.names import ANN_ALLOCATION, ANN_SEAL, DEFAULT_NAMES
 from gpushare.core.model.requests import PodRequest, read_pod
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.allocation import plan, to_annotations
@@ -22,6 +22,7 @@ from gpushare.core.records.handoff import CORE, MEM, pending_of, resolve
 from gpushare.core.records.trust import (
     TRUSTED,
     IgnoredOnce,
+    NodeJudge,
     Reason,
     SealKey,
     Trust,
@@ -227,6 +228,26 @@ def test_node_pods_split_into_trusted_strangers_and_ignored() -> None:
     assert [(p["metadata"]["name"], why.reason) for p, why in pods.ignored] == [
         ("bogus", Reason.NO_SEAL)
     ]
+
+
+def test_a_node_judge_reads_in_one_call_and_reports_each_ignored_pod_once_per_reason() -> None:
+    """The device plugin's read of its node: pods judged, by UID, the finished ones, and the
+    ignored allocations to count, each pod once per reason however often it is read again."""
+    genuine = sealed_pod("genuine", 5)
+    bogus = forged(stranger_pod("bogus", 8), node="n", gpus=[(0, 8)])
+    done = {**sealed_pod("done", 4), "status": {"phase": "Succeeded"}}
+    judge = NodeJudge(TRUST, DEFAULT_NAMES, node="n")
+    first = judge.read([genuine, bogus, done])
+    assert [a.name for a in first.pods.allocations] == ["genuine"]
+    assert set(first.by_uid) == {"uid-genuine", "uid-bogus", "uid-done"}
+    assert first.finished == {"uid-done"}
+    assert [(p["metadata"]["name"], why.reason) for p, why in first.reports] == [
+        ("bogus", Reason.NO_SEAL)
+    ]
+    assert judge.read([genuine, bogus]).reports == ()  # seen, not news
+    assert judge.read([genuine]).reports == ()  # gone: forgotten
+    again = judge.read([genuine, bogus])
+    assert [p["metadata"]["name"] for p, _ in again.reports] == ["bogus"]
 
 
 def test_finding_3_a_stranger_of_the_same_count_makes_allocate_refuse() -> None:
