@@ -56,6 +56,7 @@ def test_envvar_on_debian_containerd_1_6(debian_node: RealNode) -> None:
     assert checked == sum(len(gpu_containers(p)) for p in items) == 3
     assert uuids == {i: fake_uuid(debian_node.name, i) for i in range(debian_node.gpu_count())}
     assert all(
-        set(env["NVIDIA_VISIBLE_DEVICES"].split(",")) <= set(uuids.values()) for env in seen.values()
+        set(env["NVIDIA_VISIBLE_DEVICES"].split(",")) <= set(uuids.values())
+        for env in seen.values()
     )
     cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)

@@ -37,8 +37,8 @@ from gpushare.core.admitting.isolationpaths import CONTAINER_LIMITS_FILE
 from gpushare.isolation import build
 from gpushare.isolation.limits import ContainerLimits
 from gpushare.node.descriptors import BrokerCaps
-from gpushare.node.gpus import fake_uuid
 from gpushare.node.enforcement.broker import SETTLE_S, SOCKET_NAME, Broker
+from gpushare.node.gpus import fake_uuid
 from harness.fakegpu.built import Built
 
 HERE = Path(__file__).parent
@@ -735,7 +735,12 @@ NODE_GPU1, NODE_GPU3 = fake_uuid("gpushare-real-0", 1), fake_uuid("gpushare-real
     ids=["cdi", "envvar"],
 )
 def test_in_a_real_nodes_container_the_fake_driver_has_the_gpus_the_runtime_gave(
-    built: Built, accounting: Path, limits: Path, tmp_path: Path, given: dict[str, str], ordinal0: int
+    built: Built,
+    accounting: Path,
+    limits: Path,
+    tmp_path: Path,
+    given: dict[str, str],
+    ordinal0: int,
 ) -> None:
     """The real node's test image sets FAKE_GPU_FROM_RUNTIME=1: the fake driver's GPUs are then
     those the runtime handed the container, by the UUIDs the plugin reports, so the limits file's

@@ -8,7 +8,6 @@ import os
 import stat
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 

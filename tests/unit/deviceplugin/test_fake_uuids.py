@@ -15,4 +15,3 @@ def test_each_fake_gpu_has_an_nvml_uuid_of_its_node_and_index() -> None:
     # the same on every start and on every machine; another node's GPUs differ
     assert fake_uuid("gpushare-real-0", 0) == "GPU-d3281c79-5f0f-562f-aac1-6d7d88fada7d"
     assert not set(uuids) & {g.uuid for g in FakeGpus.parse("3x15GiB", node="other").gpus()}
-
