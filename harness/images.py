@@ -11,10 +11,8 @@ images that containerd's ``ctr images import`` reads (``manifest.json``, a confi
   ``/memops`` and ``/launches`` with the CPU-only fake driver and NVML of
   ``harness/fakegpu/fakes`` installed as ``libcuda.so.1`` and ``libnvidia-ml.so.1`` where the
   NVIDIA runtime would mount the real ones, so the interposer's limits and cGPU schedules can be
-  exercised inside a real container (``FAKE_GPU_FROM_RUNTIME=1`` in the image's environment: the
-  fake driver sees the GPUs the runtime gave the container, by the UUIDs the plugin reports); and
-  ``/flood``, a hostile process that opens many connections to the accounting broker's socket
-  (``node/flood.c``); and, as a hostile image
+  exercised inside a real container; and ``/flood``, a hostile process that opens many
+  connections to the accounting broker's socket (``node/flood.c``); and, as a hostile image
   would have them, links from ``/x/y/z/`` to each isolation path and to ``/etc``
   (:data:`HOSTILE_LINKS`), so that a volume at the link lands over what the plugin mounted;
   ``/var/run`` links to ``/run``, as in Debian's images.
@@ -138,7 +136,7 @@ def _archive(path: Path, tag: str, layer: bytes, cmd: list[str]) -> None:
     config = {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Env": ["PATH=/bin", "FAKE_GPU_FROM_RUNTIME=1"], "Cmd": cmd},
+        "config": {"Env": ["PATH=/bin"], "Cmd": cmd},
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         "history": [{"created_by": "gpushare harness/images.py"}],
     }

@@ -6,10 +6,7 @@ container's interposer is a copy built to read its own limits file (the compiled
 be /etc here); the test writes there the plugin's limits file with the host paths of the broker
 socket and the schedule directory in place of the container ones. Processes launch with
 ``harness/fakegpu/programs/launches.c``; every host GPU is one fake SM, a ``FAKE_GPU_STATE``
-file shared by the processes that launch on it. The host GPUs have the UUIDs a fake node's device
-plugin gives its GPUs (``gpushare.node.gpus.fake_uuid``), so the limits files name them, and each
-container's processes see only its own GPUs, by those UUIDs (``Container.runtime_env``), as a
-container runtime shows a container only the GPUs it was given.
+file shared by the processes that launch on it.
 
 :func:`timeline` reads a fake SM's kernel ring back, so a test can see each process's share
 per window of time: how fast a schedule holds after a process starts or stops, and how steady.
@@ -37,13 +34,9 @@ from gpushare.isolation.policy import Policy
 from gpushare.node.enforcement.broker import SOCKET_NAME
 from gpushare.node.enforcement.hook import ContainerAnswer, Target
 from gpushare.node.enforcement.interposer import SCHED, InterposerIsolation
-from gpushare.node.gpus import fake_uuid
 
 T = TypeVar("T")
 RING = 65536
-NODE = "fakegpu-node"
-HOST_GPUS = 16
-"""The host GPUs the node knows the UUIDs of (the fake driver's most)."""
 
 
 @dataclass
@@ -53,11 +46,6 @@ class Container:
     key: str
     lib: Path
     limits: ContainerLimits
-
-    def runtime_env(self) -> dict[str, str]:
-        """The fake driver's GPUs for this container's processes: its own, in the order of its
-        limits, by their UUIDs (CUDA ordinal ``d`` is its ``d``-th GPU)."""
-        return {"FAKE_GPU_UUIDS": ",".join(self.limits.uuids)}
 
 
 @dataclass
@@ -81,7 +69,6 @@ class FakeNode:
             unit=MemoryUnit.GiB,
             cgpu_policy=self.policy,
             max_pods=self.max_pods,
-            gpu_uuids={i: fake_uuid(NODE, i) for i in range(HOST_GPUS)},
         )
 
     def call(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -188,7 +175,6 @@ def run_launches(
             [str(launches_bin), str(launch.seconds), str(launch.device)],
             env={
                 **env,
-                **c.runtime_env(),
                 "LD_PRELOAD": str(c.lib),
                 "FAKE_GPU_STATE": str(state_of(c, launch.device)),
             },

@@ -38,7 +38,6 @@ from gpushare.isolation import build
 from gpushare.isolation.limits import ContainerLimits
 from gpushare.node.descriptors import BrokerCaps
 from gpushare.node.enforcement.broker import SETTLE_S, SOCKET_NAME, Broker
-from gpushare.node.gpus import fake_uuid
 from harness.fakegpu.built import Built
 
 HERE = Path(__file__).parent
@@ -720,49 +719,6 @@ def test_a_gpu_that_is_none_of_the_containers_gets_nothing(
     assert rcs(lines) == [0, 2]  # ordinal 1 is GPU1: its own 2 GiB
 
 
-# GPUs 1 and 3 of a fake node, as its device plugin names them; the container is given both
-NODE_GPU1, NODE_GPU3 = fake_uuid("gpushare-real-0", 1), fake_uuid("gpushare-real-0", 3)
-
-
-@pytest.mark.parametrize(
-    ("given", "ordinal0"),
-    [
-        # cdi-cri: each CDI device's edits name it by host index; the driver sees them in that order
-        ({"GPUSHARE_FAKE_CDI_DEVICE_3": NODE_GPU3, "GPUSHARE_FAKE_CDI_DEVICE_1": NODE_GPU1}, 10),
-        # envvar: the NVIDIA runtime reads the UUIDs the plugin handed over, in their order
-        ({"NVIDIA_VISIBLE_DEVICES": f"{NODE_GPU3},{NODE_GPU1}"}, 2),
-    ],
-    ids=["cdi", "envvar"],
-)
-def test_in_a_real_nodes_container_the_fake_driver_has_the_gpus_the_runtime_gave(
-    built: Built,
-    accounting: Path,
-    limits: Path,
-    tmp_path: Path,
-    given: dict[str, str],
-    ordinal0: int,
-) -> None:
-    """The real node's test image sets FAKE_GPU_FROM_RUNTIME=1: the fake driver's GPUs are then
-    those the runtime handed the container, by the UUIDs the plugin reports, so the limits file's
-    ``uuids`` find them (10 GiB of GPU 1, 2 GiB of GPU 3). Without it the driver keeps its own two
-    GPUs, which are none of the container's."""
-    running = RunningBroker(tmp_path / "broker", (10 * GiB, 2 * GiB))
-    try:
-        limits.write_text(
-            ContainerLimits(
-                (10 * GiB, 2 * GiB), 0, "1GiB", str(running.socket), uuids=(NODE_GPU1, NODE_GPU3)
-            ).render()
-        )
-        env = {**broker_env(built, accounting), **given}
-        assert rcs(memops(built, env, "alloc:1")[0]) == [2]  # not the runtime's: nothing
-        env["FAKE_GPU_FROM_RUNTIME"] = "1"
-        got = most(built, env, 0), most(built, env, 1)
-    finally:
-        running.stop()
-    print(f"{sorted(given)}: ordinal 0 {got[0]} MiB, ordinal 1 {got[1]} MiB")
-    assert got == (ordinal0 * 1024, (12 - ordinal0) * 1024)
-
-
 GOOD = "version=2\nmem_limit=1073741824\ncore_limit=0\nunit=1GiB\nbroker=/b.sock\n"
 GOOD3 = (
     GOOD.replace("version=2", "version=3")
@@ -834,7 +790,7 @@ MALFORMED = {
     ),
     "too large": ("#" * 5000 + "\n" + GOOD, "it is larger than 4096 bytes"),
     "a NUL byte": (GOOD.replace("unit=1GiB", "unit=1G\0iB"), "it contains a NUL byte"),
-    "uuids not NVML's": (GOOD + "uuids=GPU-node-0\n", "uuids=GPU-node-0 is not a list"),
+    "uuids not NVML's": (GOOD + "uuids=GPU-fake-node-0\n", "uuids=GPU-fake-node-0 is not a list"),
     "uuids in upper case": (
         GOOD + f"uuids={GPU0.upper()}\n",
         f"uuids={GPU0.upper()} is not a list",

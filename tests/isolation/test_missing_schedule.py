@@ -70,17 +70,17 @@ def attack(
         (a_lib, a_limits), (v_lib, v_limits) = libs
         attacker = node.admit("attacker", a_lib, a_limits, core_pct=10)
         a_limits.write_text(replace(attacker.limits, sched_dir=str(own)).render())
-        victim = node.admit("victim", v_lib, v_limits, core_pct=40)
+        node.admit("victim", v_lib, v_limits, core_pct=40)
         env = {**shared_env(built.cuda, built.nvml), "FAKE_GPU_STATE": str(root / "sm0")}
         procs = [
             subprocess.Popen(
                 [str(built.dir / "launches"), str(SECONDS)],
-                env={**env, **container.runtime_env(), "LD_PRELOAD": str(container.lib)},
+                env={**env, "LD_PRELOAD": str(lib)},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
             )
-            for container in (attacker, victim)
+            for lib in (a_lib, v_lib)
         ]
         outs = [p.communicate(timeout=60) for p in procs]
     finally:

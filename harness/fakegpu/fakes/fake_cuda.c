@@ -178,13 +178,8 @@ static CUresult launch(void) {
 
 /*
  * The GPUs. FAKE_GPU_UUIDS names the physical GPUs in PCI order, comma-separated, in NVML's form
- * (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx). Without it, and with FAKE_GPU_FROM_RUNTIME=1 (the
- * real node's test image sets it, harness/images.py), they are the GPUs the container runtime
- * gave the container, as a driver in a container sees only those: under CDI the devices whose
- * edits set GPUSHARE_FAKE_CDI_DEVICE_<host index>=<uuid> (harness/cdi_double.py), in host index
- * order; else the UUIDs NVIDIA_VISIBLE_DEVICES lists (the envvar strategy's hand-off, which the
- * NVIDIA runtime reads), in its order. Otherwise there are two, GPU-fa4e0000-0000-4000-8000-
- * 00000000000<index>. What a process sees follows the CUDA documentation, not more:
+ * (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx); without it there are two, GPU-fa4e0000-0000-4000-
+ * 8000-00000000000<index>. What a process sees follows the CUDA documentation, not more:
  * - CUDA_VISIBLE_DEVICES (CUDA C++ Programming Guide, "CUDA Environment Variables"): a
  *   comma-separated list of GPU indices or UUIDs as nvidia-smi prints them ("GPU-..."), a UUID
  *   perhaps cut to the part that tells it from the others. Only the listed GPUs are visible, and
@@ -204,55 +199,15 @@ static int visible[FAKE_MAX_GPUS]; /* the physical GPU of each CUDA ordinal */
 static int visible_count;
 static pthread_once_t gpus_once = PTHREAD_ONCE_INIT;
 
-static void add_gpus(const char *names) {
-    for (const char *p = names; *p != '\0' && gpu_count < FAKE_MAX_GPUS;) {
-        size_t n = strcspn(p, ",");
-        snprintf(gpu_uuid[gpu_count++], sizeof gpu_uuid[0], "%.*s", (int)n, p);
-        p += n + (p[n] == ',');
-    }
-}
-
-#define CDI_DEVICE "GPUSHARE_FAKE_CDI_DEVICE_"
-
-/* The GPUs whose CDI edits the runtime applied, by host index; how many. */
-static int cdi_gpus(void) {
-    const char *by_index[FAKE_MAX_GPUS] = {0};
-    for (char **e = environ; *e != NULL; e++) {
-        if (strncmp(*e, CDI_DEVICE, strlen(CDI_DEVICE)) != 0)
-            continue;
-        char *end;
-        long index = strtol(*e + strlen(CDI_DEVICE), &end, 10);
-        if (*end == '=' && index >= 0 && index < FAKE_MAX_GPUS)
-            by_index[index] = end + 1;
-    }
-    for (int i = 0; i < FAKE_MAX_GPUS; i++)
-        if (by_index[i] != NULL)
-            add_gpus(by_index[i]);
-    return gpu_count;
-}
-
-/* NVIDIA_VISIBLE_DEVICES when it lists GPU UUIDs only ("void", "all", indexes: none here). */
-static void visible_gpus(void) {
-    const char *list = getenv("NVIDIA_VISIBLE_DEVICES");
-    if (list == NULL || strncmp(list, "GPU-", 4) != 0)
-        return;
-    for (const char *p = list; *p != '\0';) {
-        if (strncmp(p, "GPU-", 4) != 0)
-            return;
-        size_t n = strcspn(p, ",");
-        p += n + (p[n] == ',');
-    }
-    add_gpus(list);
-}
-
 static void gpus_init(void) {
     const char *names = getenv("FAKE_GPU_UUIDS");
-    const char *from_runtime = getenv("FAKE_GPU_FROM_RUNTIME");
-    if (names != NULL && *names != '\0')
-        add_gpus(names);
-    else if (from_runtime != NULL && strcmp(from_runtime, "1") == 0 && cdi_gpus() == 0)
-        visible_gpus();
-    if (gpu_count == 0) {
+    if (names != NULL && *names != '\0') {
+        for (const char *p = names; *p != '\0' && gpu_count < FAKE_MAX_GPUS;) {
+            size_t n = strcspn(p, ",");
+            snprintf(gpu_uuid[gpu_count++], sizeof gpu_uuid[0], "%.*s", (int)n, p);
+            p += n + (p[n] == ',');
+        }
+    } else {
         for (gpu_count = 0; gpu_count < 2; gpu_count++)
             snprintf(gpu_uuid[gpu_count], sizeof gpu_uuid[0],
                      "GPU-fa4e0000-0000-4000-8000-%012d", gpu_count);

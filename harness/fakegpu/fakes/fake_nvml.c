@@ -34,9 +34,8 @@ static double util_pct(void) {
 nvmlReturn_t nvmlInit_v2(void) { return NVML_SUCCESS; }
 nvmlReturn_t nvmlInit(void) { return NVML_SUCCESS; }
 nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
-/* The fake driver's physical GPUs (fake_cuda.c: FAKE_GPU_UUIDS, else the runtime's, else two),
- * in PCI order: NVML does not read CUDA_VISIBLE_DEVICES, so its indexes and UUIDs are the GPUs',
- * whatever CUDA's ordinals are. */
+/* The fake driver's physical GPUs (FAKE_GPU_UUIDS, else two), in PCI order: NVML does not read
+ * CUDA_VISIBLE_DEVICES, so its indexes and UUIDs are the GPUs', whatever CUDA's ordinals are. */
 typedef int (*count_t)(void);
 typedef const char *(*uuid_of_t)(int);
 

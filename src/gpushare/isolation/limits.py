@@ -43,8 +43,8 @@ sees the schedule files) and ``gpus`` (the host GPU index of each of its GPUs, i
 its schedule (never the whole GPU)."""
 UUID_FORM = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 """NVML's form of a GPU's UUID, which the interposer compares with ``cuDeviceGetUuid``'s 16 bytes.
-A fake node's GPUs have UUIDs of this form too (``gpushare.node.gpus.fake_uuid``), so their limits
-files name them as a real node's do."""
+The fake GPUs of test and kwok nodes (``GPU-fake-<node>-<index>``) are not in it; their limits
+files name no UUIDs."""
 LIMITS_FILE_NAME = "limits"
 MAX_SOCKET_PATH = 107
 """A unix socket path's longest (``sun_path`` is 108 bytes with its NUL)."""

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import re
 import threading
-import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -93,21 +92,6 @@ class _Notifier:
             asyncio.run_coroutine_threadsafe(wake(), self._loop)
 
 
-FAKE_UUID_NAMESPACE = uuid.UUID("6f1c2e0a-3b7d-5e4f-9a8b-0c1d2e3f4a5b")
-"""Fixed, so that a fake GPU's UUID is the same wherever and whenever it is made."""
-
-
-def fake_uuid(node: str, index: int) -> str:
-    """The UUID of fake GPU ``index`` of ``node``, in NVML's form (``GPU-`` and 8-4-4-4-12 hex).
-
-    NVML's form lets the limits file name fake GPUs by UUID as it names real ones
-    (``isolation.limits.UUID_FORM``), and the fake driver of a test node report the same; a
-    name-based UUID (RFC 9562 version 5) of node and index keeps it the same across restarts,
-    and tells apart the GPUs of different nodes.
-    """
-    return f"GPU-{uuid.uuid5(FAKE_UUID_NAMESPACE, f'{node}/{index}')}"
-
-
 _SPEC = re.compile(r"^(?:(?P<count>\d+)x)?(?:(?P<model>[^:,]+):)?(?P<size>\d+)(?P<unit>GiB|MiB)$")
 
 
@@ -140,8 +124,6 @@ class FakeGpus:
     ) -> FakeGpus:
         """Read the flags; a ValueError names the flag, the part that is wrong and the rule.
 
-        GPU ``i`` has the UUID ``fake_uuid(node, i)``.
-
         ``topology`` (``--fake-topology``) is a layout of ``core.model.topology.LAYOUTS`` or an
         explicit matrix (``0,1;1,0``); empty: the node publishes none.
         """
@@ -157,7 +139,7 @@ class FakeGpus:
             for _ in range(int(match["count"] or 1)):
                 index = len(gpus)
                 gpus.append(
-                    GpuInfo(index, fake_uuid(node, index), match["model"] or "Fake GPU", size)
+                    GpuInfo(index, f"GPU-fake-{node}-{index}", match["model"] or "Fake GPU", size)
                 )
         distance: Distance = ()
         if topology.strip():

@@ -687,7 +687,7 @@ def mps(s: Setting, rec: Recorder) -> None:
     from gpushare.node.gpus import FakeGpus, GpuInfo, GpuSource, NvmlGpus
 
     source: GpuSource
-    source = FakeGpus([GpuInfo(0, FAKE_UUIDS[0], "fake", 16384)]) if s.rehearsal else NvmlGpus()
+    source = FakeGpus([GpuInfo(0, "GPU-fake-0", "fake", 16384)]) if s.rehearsal else NvmlGpus()
     runner = MpsControl()
     hook = MpsIsolation(
         runner=runner, state_dir=s.work / "state", source=source, unit=MemoryUnit.GiB
@@ -749,7 +749,7 @@ def use(s: Setting, rec: Recorder) -> None:
     from gpushare.node.usage import ContainerUse, Owner
 
     source: GpuSource
-    source = FakeGpus([GpuInfo(0, FAKE_UUIDS[0], "fake", 16384)]) if s.rehearsal else NvmlGpus()
+    source = FakeGpus([GpuInfo(0, "GPU-fake-0", "fake", 16384)]) if s.rehearsal else NvmlGpus()
     via = "driver" if modules_missing(["torch"]) else "torch"
     with broker(s) as b:
         env = container(s, b, 0, LIMIT)

@@ -21,7 +21,7 @@ from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.port import Unreachable
 from gpushare.node.enforcement.hook import NoIsolation
-from gpushare.node.gpus import FakeGpus, fake_uuid
+from gpushare.node.gpus import FakeGpus
 from gpushare.node.preflight import StartRefused, refuse_static_cpu_policy
 from tests.support import grpc_loop
 from tests.support.pluginrig import CORE, MEM, NODE, Rig, bare_node, pod, run, served
@@ -36,8 +36,8 @@ def test_registers_advertises_and_publishes_the_node() -> None:
         annotations = node["metadata"]["annotations"]
         inventory = json.loads(annotations["gpushare.io/gpus"])
         assert [(g["index"], g["memUnits"], g["uuid"]) for g in inventory] == [
-            (0, 15, fake_uuid(NODE, 0)),
-            (1, 15, fake_uuid(NODE, 1)),
+            (0, 15, f"GPU-fake-{NODE}-0"),
+            (1, 15, f"GPU-fake-{NODE}-1"),
         ]
         assert annotations["gpushare.io/gpu-mem-unit"] == "1GiB"
         assert annotations["gpushare.io/handoff"] == "podresources"
@@ -82,7 +82,7 @@ def test_seed_pod_gets_its_gpu_and_is_marked_served() -> None:
         index = record["gpus"][0]["index"]
         admitted = await r.kubelet.admit(placed)
         envs = admitted.envs["c0"]
-        assert envs["NVIDIA_VISIBLE_DEVICES"] == fake_uuid(NODE, index)
+        assert envs["NVIDIA_VISIBLE_DEVICES"] == f"GPU-fake-{NODE}-{index}"
         assert envs["ALIYUN_COM_GPU_MEM_IDX"] == str(index)
         assert (
             envs["ALIYUN_COM_GPU_MEM_POD"],

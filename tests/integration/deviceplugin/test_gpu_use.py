@@ -18,7 +18,6 @@ from gpushare.inspect.cli import collect
 from gpushare.inspect.render import render_details
 from gpushare.inspect.view import to_json
 from gpushare.node.enforcement.broker import SOCKET_NAME
-from gpushare.node.gpus import fake_uuid
 from gpushare.node.usage import UsedSummaryPublisher
 from tests.support.isolating import GiB, admit, fake_library, isolation
 from tests.support.pluginrig import NODE, Rig, pod, run
@@ -48,7 +47,7 @@ def test_containers_use_beside_their_limit_labelled_as_dcgm_exporter_labels_gpus
         uid = placed["metadata"]["uid"]
         allocation = json.loads(placed["metadata"]["annotations"]["gpushare.io/allocation"])
         gpu = str(allocation["containers"][0]["gpus"][0]["index"])
-        uuid = fake_uuid(NODE, int(gpu))
+        uuid = f"GPU-fake-{NODE}-{gpu}"
         broker = r.root / "state" / "broker" / uid
         first = await hold(broker / "c0" / SOCKET_NAME, GiB)
         second = await hold(broker / "c0" / SOCKET_NAME, GiB // 2)

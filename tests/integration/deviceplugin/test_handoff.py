@@ -15,7 +15,7 @@ from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.kube.memory import MemoryKube
 from gpushare.node.cdi import VOID, HandOff, Strategy
-from gpushare.node.gpus import FakeGpus, fake_uuid
+from gpushare.node.gpus import FakeGpus
 from gpushare.node.preflight import StartRefused
 from tests.support import grpc_loop
 from tests.support.fake_kubelet import FakeKubelet
@@ -24,7 +24,7 @@ from tests.support.pluginrig import CORE, MEM, NODE, Rig, bare_node, pod, run
 
 def uuid(index: int) -> str:
     """The fake GPUs' UUIDs (FakeGpus)."""
-    return fake_uuid(NODE, index)
+    return f"GPU-fake-{NODE}-{index}"
 
 
 def toolkit_spec(gpus: int, *, kind: str = "nvidia.com/gpu") -> dict[str, Any]:

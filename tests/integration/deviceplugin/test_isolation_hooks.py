@@ -8,6 +8,7 @@ import os
 import stat
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from gpushare.node.enforcement.library import PRELOAD_NAME
 from gpushare.node.enforcement.mountcheck import DEVICE, SPEC_NAME, MountCheck
 from gpushare.node.enforcement.mpsdaemon import MpsControl
 from gpushare.node.enforcement.nodehook import NodeIsolation
-from gpushare.node.gpus import FakeGpus, GpuInfo, fake_uuid
+from gpushare.node.gpus import FakeGpus, GpuInfo
 from gpushare.node.preflight import StartRefused
 from tests.support import grpc_loop
 from tests.support.isolating import FakeDaemons, GiB, admit, ask, fake_library, isolation
@@ -42,14 +43,13 @@ from tests.support.pluginrig import CORE, MEM, NODE, Rig, bare_node, pod, run, s
 PRELOAD = f"{paths.CONTAINER_LIB_DIR}/{LIB_NAME}"
 
 
-def limits_text(mem: str, core: int = 0, uuids: str = "") -> str:
-    """The limits file the plugin writes, as tests/golden/limits_file.txt spells it, naming the
-    GPUs ``uuids`` (comma-separated; empty: none)."""
+def limits_text(mem: str, core: int = 0) -> str:
+    """The limits file the plugin writes, as tests/golden/limits_file.txt spells it."""
     return (
         "# gpushare: this container's GPU limits, written by the device plugin and read by\n"
         "# libgpushare-cuda.so; they win over GPUSHARE_* in the environment.\n"
         f"version=2\nmem_limit={mem}\ncore_limit={core}\nunit=1GiB\n"
-        "broker=/var/run/gpushare/broker.sock\n" + (f"uuids={uuids}\n" if uuids else "")
+        "broker=/var/run/gpushare/broker.sock\n"
     )
 
 
@@ -78,8 +78,7 @@ def test_cgpu_containers_get_the_interposer_their_limit_and_their_own_accounting
             assert [p.name for p in broker.iterdir()] == [SOCKET_NAME]
             assert stat.S_ISSOCK(sock.stat().st_mode) and sock.stat().st_mode & 0o777 == 0o666
             assert broker.stat().st_mode & 0o777 == 0o755
-            uuid = fake_uuid(NODE, int(envs["ALIYUN_COM_GPU_MEM_IDX"]))
-            assert limits.read_text() == limits_text(str(size * GiB), uuids=uuid)
+            assert limits.read_text() == limits_text(str(size * GiB))
             assert limits.stat().st_mode & 0o777 == 0o444
             assert admitted.mounts[name] == [
                 (paths.CONTAINER_LIB_DIR, str(r.root / "lib"), True),
@@ -96,10 +95,25 @@ def test_cgpu_containers_get_the_interposer_their_limit_and_their_own_accounting
     run(body, mode=Mode.CGPU, hook=isolation(packaged=library))
 
 
+class NvmlNamed:
+    """The fake GPUs under UUIDs of NVML's form, as a real node's GPUs are named."""
+
+    def __init__(self, source: FakeGpus) -> None:
+        self.source = source
+
+    def gpus(self) -> list[GpuInfo]:
+        return [
+            replace(g, uuid=f"GPU-{g.index:08x}-0000-4000-8000-00000000abcd")
+            for g in self.source.gpus()
+        ]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
+
+
 def test_the_limits_file_names_each_gpu_by_its_uuid() -> None:
     """The interposer matches each CUDA device to its limit by UUID, so the file names the UUID
-    of each GPU in the order of its limits; a fake node's GPUs too, whose UUIDs are in NVML's
-    form (``fake_uuid``) as a real node's are."""
+    of each GPU in the order of its limits; a fake node's GPUs (not NVML's form) get none."""
     make = isolation(packaged=fake_library())
 
     async def body(r: Rig) -> None:
@@ -111,12 +125,14 @@ def test_the_limits_file_names_each_gpu_by_its_uuid() -> None:
             (host,) = [h for c, h, _ in admitted.mounts[name] if c == paths.CONTAINER_LIMITS_FILE]
             text = Path(host).read_text()
             limits = ContainerLimits.parse(text)
-            assert limits.uuids == tuple(fake_uuid(NODE, int(i)) for i, _ in layout)
+            assert limits.uuids == tuple(
+                f"GPU-{int(i):08x}-0000-4000-8000-00000000abcd" for i, _ in layout
+            )
             assert limits.mem_limit_bytes == tuple(int(m) * GiB for _, m in layout)
             assert sorted(limits.mem_limit_bytes) == [GiB, 2 * GiB]
             assert text.endswith(f"uuids={','.join(limits.uuids)}\n")
 
-    run(body, mode=Mode.CGPU, hook=make)
+    run(body, mode=Mode.CGPU, hook=lambda root, source: make(root, NvmlNamed(source)))
 
 
 def test_core_mem_holds_the_compute_limit_by_a_fixed_slice_and_mounts_once_per_container() -> None:
@@ -292,7 +308,7 @@ def test_mps_starts_one_daemon_per_gpu_lazily_and_injects_its_limits() -> None:
         assert daemons.starts == []  # lazily
         _, admitted = await admit(r, pod("a", 2))
         index = int(admitted.envs["c0"]["ALIYUN_COM_GPU_MEM_IDX"])
-        uuid = fake_uuid(NODE, index)
+        uuid = f"GPU-fake-{NODE}-{index}"
         pipe = r.root / "state" / "mps" / uuid / "pipe"
         envs = admitted.envs["c0"]
         assert envs["CUDA_MPS_PIPE_DIRECTORY"] == paths.CONTAINER_MPS_PIPE_DIR
@@ -314,8 +330,8 @@ def test_mps_starts_one_daemon_per_gpu_lazily_and_injects_its_limits() -> None:
         assert third is not None
         last = await r.kubelet.admit(third)
         assert len(daemons.starts) >= 2
-        assert daemons.starts[-1] == fake_uuid(NODE, int(last.envs["c0"]["ALIYUN_COM_GPU_MEM_IDX"]))
-        assert set(daemons.starts) <= {fake_uuid(NODE, i) for i in range(2)}
+        assert daemons.starts[-1].endswith(last.envs["c0"]["ALIYUN_COM_GPU_MEM_IDX"])
+        assert set(daemons.starts) <= {f"GPU-fake-{NODE}-{i}" for i in range(2)}
 
     run(body, mode=Mode.MPS, hook=isolation(daemons=daemons))
     # the plugin stopped: every daemon it started was asked to quit

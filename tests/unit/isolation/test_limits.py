@@ -53,7 +53,7 @@ def test_one_value_stands_for_every_gpu_when_they_agree() -> None:
         (ContainerLimits((GiB,), 0, "1 GiB", SOCK), "unit='1 GiB'"),
         (ContainerLimits((GiB,), 0, "1GiB", "var/run"), "must be an absolute path"),
         (ContainerLimits((GiB,), 0, "1GiB", "/" + "s" * 107), "at most 107 bytes"),
-        (ContainerLimits((GiB,), 0, "1GiB", SOCK, uuids=("GPU-n-0",)), "NVML's form"),
+        (ContainerLimits((GiB,), 0, "1GiB", SOCK, uuids=("GPU-fake-n-0",)), "NVML's form"),
         (ContainerLimits((GiB,), 0, "1GiB", SOCK, uuids=(UUID0, UUID0)), "distinct"),
         (ContainerLimits((GiB, 2 * GiB, GiB), 0, "1GiB", SOCK, uuids=(UUID0, UUID1)), "3 limits"),
     ],

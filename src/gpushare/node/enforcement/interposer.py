@@ -221,10 +221,9 @@ class InterposerIsolation:
 
         By UUID, a container that reorders its GPUs (``CUDA_VISIBLE_DEVICES=1,0``, or UUIDs in
         another order) keeps each GPU's own limit. Only GPUs whose every UUID is in NVML's form
-        can be compared with the driver's (``cuDeviceGetUuid``); a fake node's are in it too
-        (``gpus.fake_uuid``). A source whose UUIDs are none of that form (a test's own) gets files
-        keyed by ordinal, as before; a GPU without a UUID here, on a node whose GPUs have them,
-        is an error, never a file keyed by ordinal.
+        can be compared with the driver's (``cuDeviceGetUuid``): a fake node's are not, and its
+        files name none, as before. A real GPU without a UUID here is an error, never a file
+        keyed by ordinal.
         """
         uuids = tuple(self.gpu_uuids.get(gpu, "") for gpu in gpus)
         if all(UUID_FORM.fullmatch(u) for u in uuids):
