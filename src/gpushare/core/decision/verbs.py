@@ -89,15 +89,15 @@ class Deadline:
 
 
 def intent_deadline(
-    uid: str, pending: Mapping[str, KubeObject], *, now_ns: int, ttl_ns: int, unseen_ttl_ns: int
+    uid: str, pending: Mapping[str, KubeObject], ask: FilterAsk | PrioritizeAsk
 ) -> Deadline:
-    """The deadline of an intent booked now: the full one for a pod the watch shows unbound,
-    else the short one until it does (a filter for a pod that does not exist holds nothing
-    for long)."""
-    full = now_ns + ttl_ns
+    """The deadline of an intent booked at the ask's time: the full one for a pod the watch
+    shows unbound, else the short one until it does (a filter for a pod that does not exist
+    holds nothing for long)."""
+    full = ask.now_ns + ask.ttl_ns
     if uid in pending:
         return Deadline(full, full, seen=True)
-    return Deadline(min(full, now_ns + unseen_ttl_ns), full, seen=False)
+    return Deadline(min(full, ask.now_ns + ask.unseen_ttl_ns), full, seen=False)
 
 
 @dataclass(frozen=True)
@@ -276,13 +276,7 @@ def _top_only(
         namespace_of(ask.pod), ask.stuck, state.pending, expired=outcome.expired
     ):
         return _with(outcome, top=name, answer="top_node", withheld=True)
-    deadline = intent_deadline(
-        outcome.uid,
-        state.pending,
-        now_ns=ask.now_ns,
-        ttl_ns=ask.ttl_ns,
-        unseen_ttl_ns=ask.unseen_ttl_ns,
-    )
+    deadline = intent_deadline(outcome.uid, state.pending, ask)
     intent = scheduler.intend_on(
         request,
         name,
@@ -417,13 +411,7 @@ def prioritize_pod(
             intent=None,
             namespace=namespace_of(pod),
         )
-    deadline = intent_deadline(
-        uid,
-        state.pending,
-        now_ns=ask.now_ns,
-        ttl_ns=ask.ttl_ns,
-        unseen_ttl_ns=ask.unseen_ttl_ns,
-    )
+    deadline = intent_deadline(uid, state.pending, ask)
     intent = scheduler.intend(
         pod,
         names,
