@@ -9,8 +9,11 @@ extender itself listens on 127.0.0.1 beside kube-scheduler.
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
+from gpushare.cli.autoscalingoptions import autoscaling_options, autoscaling_settings
 from gpushare.cli.errors import CommandError
 from gpushare.cli.logs import log_format_option, log_level_option, setup_logging
 from gpushare.cli.options import resource_name_options, scheduling_config, scheduling_options
@@ -65,6 +68,7 @@ EXTENDER_ROLE = (
 @scheduling_options
 @resource_name_options
 @seal_options
+@autoscaling_options
 @click.option(
     "--recreate-refused-pods/--no-recreate-refused-pods",
     default=True,
@@ -96,6 +100,7 @@ def extender(
     seal_key_file: str | None,
     insecure_no_seal: bool,
     recreate_refused_pods: bool,
+    **autoscaling_flags: Any,
 ) -> None:
     """Serve the kube-scheduler extender (filter, prioritize, bind) over HTTP."""
     import asyncio
@@ -105,6 +110,7 @@ def extender(
     from gpushare.core.decision.scheduling import Scheduler
     from gpushare.core.resourcepolicies.policybook import PolicyBook
     from gpushare.extender.app import create_app, create_metrics_app, server_config
+    from gpushare.extender.autoscaling import Autoscaling
     from gpushare.extender.events import EventRecorder
     from gpushare.extender.readmitting import Readmitter
     from gpushare.extender.service import Extender
@@ -150,7 +156,13 @@ def extender(
         on_failed=readmitter.seen,
     )
     policies = PolicyWatch(api, book, notify=service.policy_notice, health=health)
-    app = create_app(service, run_cache=True, policies=policies)
+    autoscaling_config = autoscaling_settings(settings, autoscaling_flags)
+    autoscaling = (
+        Autoscaling(api=api, state=cache.state, settings=autoscaling_config)
+        if autoscaling_config is not None
+        else None
+    )
+    app = create_app(service, run_cache=True, policies=policies, autoscaling=autoscaling)
     main_server = uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level))
     if not metrics_port:
         main_server.run()

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gpushare.extender.autoscaling import Autoscaling
 from gpushare.extender.service import Extender
 from gpushare.extender.wire import (
     WireError,
@@ -225,6 +226,7 @@ def create_app(
     run_cache: bool = False,
     policies: PolicyWatch | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    autoscaling: Autoscaling | None = None,
 ) -> FastAPI:
     """Build the ASGI app around an extender (``policies``: the ResourcePolicy watch to run)."""
 
@@ -244,6 +246,8 @@ def create_app(
         if policies is not None:
             tasks.append(asyncio.create_task(policies.run()))
             running.append(tasks[-1])
+        if autoscaling is not None and run_cache:
+            tasks.append(asyncio.create_task(autoscaling.run()))
         for task in running:
             task.add_done_callback(_log_end)
         try:

@@ -25,6 +25,7 @@ from lightkube.models.meta_v1 import ObjectMeta, Status
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.authentication_v1 import TokenReview
 from lightkube.resources.authorization_v1 import SubjectAccessReview
+from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Event, Node, Pod, Secret
 from lightkube.types import PatchType
 
@@ -475,6 +476,20 @@ class LightkubeAPI:
         _names(namespace=namespace, name=name)
         with _mapped(f"create pod {namespace}/{name}"):
             return _to_dict(await self._client.create(Pod.from_dict(dict(pod))))
+
+    async def patch_pod_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge-patch ``pods/status``."""
+        _names(namespace=namespace, name=name)
+        with _mapped(f"patch pod {namespace}/{name} status"):
+            await self._client.patch(
+                Pod.Status, name, dict(patch), namespace=namespace, patch_type=PatchType.MERGE
+            )
+
+    async def get_lease(self, namespace: str, name: str) -> KubeDict:
+        """One Lease."""
+        _names(namespace=namespace, name=name)
+        with _mapped(f"get lease {namespace}/{name}"):
+            return _to_dict(await self._client.get(Lease, name, namespace=namespace))
 
     async def get_node(self, name: str) -> KubeDict:
         """One node."""

@@ -17,6 +17,7 @@ import bisect
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
 import msgspec
@@ -106,6 +107,7 @@ class MemoryKube:
         self.calls: list[str] = []
         """Names of port methods called, in order (tests assert on the protocol used)."""
         self._deployments: dict[tuple[str, str], KubeDict] = {}
+        self._leases: dict[tuple[str, str], KubeDict] = {}
         self.forbidden: set[str] = set()
         """Calls answered 403, as RBAC would: ``list_nodes``, ``list_pods:*`` (all
         namespaces), ``list_pods:NAMESPACE``, ``get_secret``, ``list_deployments:NAMESPACE``,
@@ -146,6 +148,9 @@ class MemoryKube:
         obj = _copy(dict(pod))
         meta = obj.setdefault("metadata", {})
         meta.setdefault("namespace", "default")
+        meta.setdefault(
+            "creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        )  # as the API server stamps it
         self._uids += 1
         meta.setdefault("uid", f"00000000-0000-0000-0000-{self._uids:012d}")
         obj.setdefault("status", {}).setdefault("phase", "Pending")
@@ -337,6 +342,29 @@ class MemoryKube:
         """Create a pod."""
         self.calls.append("add_pod")
         return _copy(self.create_pod(pod))
+
+    async def patch_pod_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge the patch's ``status`` fields into the pod's (lists replace, as a merge
+        patch does)."""
+        self.calls.append("patch_pod_status")
+        self._check("patch_pod_status")
+        obj = self._pod(namespace, name)
+        obj.setdefault("status", {}).update(_copy(dict(patch.get("status") or {})))
+        self._record("pods", "MODIFIED", obj)
+
+    def put_lease(self, lease: Mapping[str, Any]) -> None:
+        """Store a Lease (tests: who leads)."""
+        meta = lease.get("metadata") or {}
+        self._leases[(str(meta.get("namespace")), str(meta.get("name")))] = _copy(dict(lease))
+
+    async def get_lease(self, namespace: str, name: str) -> KubeDict:
+        """One Lease."""
+        self.calls.append("get_lease")
+        self._check("get_lease")
+        lease = self._leases.get((namespace, name))
+        if lease is None:
+            raise NotFound(f"lease {namespace}/{name} not found")
+        return _copy(lease)
 
     async def get_pod(self, namespace: str, name: str) -> KubeDict:
         """One pod."""

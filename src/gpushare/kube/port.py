@@ -144,6 +144,15 @@ class KubeAPI(Protocol):
         """Create a pod (namespace and name in its metadata); Conflict while the name is taken."""
         ...
 
+    async def patch_pod_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge-patch the pod's status subresource (gpushare marks its placeholder pods
+        ``PodScheduled=False/Unschedulable``, as a scheduler would)."""
+        ...
+
+    async def get_lease(self, namespace: str, name: str) -> KubeDict:
+        """One coordination.k8s.io/v1 Lease (who leads the scheduler replicas)."""
+        ...
+
     async def get_node(self, name: str) -> KubeDict:
         """One node."""
         ...

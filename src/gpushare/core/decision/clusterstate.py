@@ -5,9 +5,11 @@ nodes and pods; what the core decides over is the same every time, so it is kept
 object here: the node inventories (``nodes``), the ledger of what is held on each node and
 by whom (``ledger``, judged by ``trust``), the pods not bound yet (``pending``), the placed
 pods' scoring terms (``placed_terms``), the nodes with a ``PreferNoSchedule`` taint
-(``soft_tainted``), the ResourcePolicy book (``book``) and the workload the fragmentation-aware
-policies learn from (``workload``). All of it is given at construction; nothing is wired in
-later.
+(``soft_tainted``), the ResourcePolicy book (``book``), the workload the fragmentation-aware
+policies learn from (``workload``), and for the autoscalers (``core.autoscaling``) the GPU pods
+refused on every node (``shortfalls``), each node's creation time (``node_created``) and the
+nodes gpushare guards from scale-down (``guarded``). All of it is given at construction;
+nothing is wired in later.
 
 Whoever watches the API hands each node and pod to ``apply_node`` and ``apply_pod`` (or a
 whole list to ``relist``), and gets back what changed (``NodeTaken``, ``PodTaken``,
@@ -24,12 +26,16 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Literal
 
+from gpushare.core.autoscaling.placeholders import created_seconds
+from gpushare.core.autoscaling.scaledown import ANN_GUARD
+from gpushare.core.autoscaling.shortfall import Shortfalls
 from gpushare.core.booking.changes import NodeTable
 from gpushare.core.booking.ledger import Ledger, is_terminal
 from gpushare.core.decision.scheduling import Settings
 from gpushare.core.model.inventory import NodeInventory, read_node
 from gpushare.core.model.kubejson import (
     KubeObject,
+    annotations_of,
     labels_of,
     name_of,
     node_name_of,
@@ -147,6 +153,12 @@ class ClusterState:
         """ApiObject-affinity terms of placed pods that score nodes for other pods."""
         self.soft_tainted: set[str] = set()
         """Nodes with a ``PreferNoSchedule`` taint."""
+        self.shortfalls = Shortfalls()
+        """GPU pods the filter refused on every node it was asked about."""
+        self.node_created: dict[str, float] = {}
+        """Each node's ``creationTimestamp`` in seconds (the API server's clock)."""
+        self.guarded: dict[str, str] = {}
+        """Nodes carrying gpushare's scale-down guard marker, with its value."""
 
     @classmethod
     def listed(
@@ -207,6 +219,8 @@ class ClusterState:
         if event == "DELETED":
             self.nodes.pop(name, None)
             self.soft_tainted.discard(name)
+            self.node_created.pop(name, None)
+            self.guarded.pop(name, None)
             if self.book is not None:
                 self.book.forget_node(name)
             return NodeTaken(name, NodeChange.REMOVED)
@@ -214,6 +228,8 @@ class ClusterState:
             return NodeTaken(name, NodeChange.NONE)
         change = NodeChange.CHANGED if name in self.nodes else NodeChange.ADDED
         self.nodes[name] = self._read(node)
+        self.node_created[name] = created_seconds(node)
+        _note_guard(self.guarded, node)
         if has_prefer_no_schedule_taint(node):
             self.soft_tainted.add(name)
         else:
@@ -229,6 +245,7 @@ class ClusterState:
         taken = PodTaken(pod)
         if event == "DELETED":
             self.pending.pop(stored_uid_of(pod), None)
+            self.shortfalls.forget(stored_uid_of(pod))
             self.placed_terms.forget(uid)
             self.ledger.forget(uid)
             self._reported.forget(uid)
@@ -238,6 +255,8 @@ class ClusterState:
                 self.book.forget_pod(uid)
         elif event in ("ADDED", "MODIFIED"):
             self._track(self.pending, pod)
+            if node_name_of(pod) or is_terminal(pod):
+                self.shortfalls.forget(stored_uid_of(pod))
             self.placed_terms.observe(pod)
             taken = self._observe(self.ledger, pod)
             if self.book is not None:
@@ -254,6 +273,14 @@ class ClusterState:
         return Relist(self, nodes)
 
 
+def _note_guard(guarded: dict[str, str], node: ApiObject) -> None:
+    marker = annotations_of(node).get(ANN_GUARD)
+    if marker is None:
+        guarded.pop(name_of(node), None)
+    else:
+        guarded[name_of(node)] = marker
+
+
 class Relist:
     """A new state being built from a list, one page of pods at a time.
 
@@ -266,6 +293,10 @@ class Relist:
         nodes = list(listed_nodes)
         self.table = NodeTable((name_of(n), state._read(n)) for n in nodes)
         self.soft_tainted = {name_of(n) for n in nodes if has_prefer_no_schedule_taint(n)}
+        self.node_created = {name_of(n): created_seconds(n) for n in nodes}
+        self.guarded: dict[str, str] = {}
+        for n in nodes:
+            _note_guard(self.guarded, n)
         self.node_labels: dict[str, Mapping[str, str]] = {
             name_of(n): dict(labels_of(n)) for n in nodes
         }
@@ -337,6 +368,9 @@ class Relist:
                 state.book.take_pod(uid, placed, terminal=terminal)
         state.nodes = self.table
         state.soft_tainted = self.soft_tainted
+        state.node_created = self.node_created
+        state.guarded = self.guarded
+        state.shortfalls.retain(self.pending.keys())
         state.placed_terms = self.placed_terms
         state.ledger = ledger
         state.pending = self.pending

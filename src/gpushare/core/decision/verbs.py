@@ -21,6 +21,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from gpushare.core.autoscaling.shortfall import Shortfall
 from gpushare.core.booking.ledger import Kept, Ledger
 from gpushare.core.booking.waiting import Waiting, WaitingPod
 from gpushare.core.decision.clusterstate import ClusterState
@@ -196,6 +197,10 @@ def filter_pod(
         waiting.forget(uid)
     elif uid:
         waiting.refused(WaitingPod(uid, namespace_of(pod), name_of(pod)))
+    if fits or not isinstance(request, PodRequest) or not request.wants_gpu:
+        state.shortfalls.forget(uid)
+    elif uid:
+        state.shortfalls.refused(_shortfall(pod, uid, ask, state, failed))
     outcome = FilterOutcome(
         uid=uid,
         request=request,
@@ -217,6 +222,33 @@ def filter_pod(
     if ask.nodes is not None:
         return outcome
     return _top_only(scheduler, ask, state, outcome)
+
+
+def _shortfall(
+    pod: KubeObject, uid: str, ask: FilterAsk, state: ClusterState, failed: Mapping[str, str]
+) -> Shortfall:
+    """What the autoscalers' placeholders need of a refusal on every node
+    (``core.autoscaling``): the largest GPU among the nodes short of room, the newest node."""
+    inventories = (
+        {n.name: n for n in ask.nodes} if ask.nodes is not None else state.nodes
+    )
+    asked = [n.name for n in ask.nodes] if ask.nodes is not None else ask.names
+    gpu_mib = 0
+    for name in failed:
+        node = inventories.get(name)
+        if node is not None:
+            for gpu in node.gpus:
+                if gpu.in_service:
+                    gpu_mib = max(gpu_mib, gpu.mem_units * node.unit.mib)
+    created = state.node_created
+    return Shortfall(
+        uid=uid,
+        namespace=namespace_of(pod),
+        name=name_of(pod),
+        gpu_mib=gpu_mib,
+        newest_node_s=max((created.get(n, 0.0) for n in asked), default=0.0),
+        since_ns=ask.now_ns,
+    )
 
 
 def _fits(scheduler: Scheduler, ask: FilterAsk, state: ClusterState) -> NamesResult:
