@@ -14,6 +14,7 @@ commands (``logs``) and how a command refuses (``errors``).
 - ``scheduler``: ``gpushare scheduler-config``, kube-scheduler's configuration.
 - ``sealing``: ``gpushare seal-key``, and the flags that load the seal key.
 - ``simulate``: ``gpushare simulate``, the policy simulator.
+- ``autoscalingoptions``: the extender's flags for autoscaled GPU pools.
 - ``pluginoptions``: the device plugin's flags, validated into one value its builder takes.
 - ``options``: the scheduling flags several commands share, and the one path to settings.
 - ``scrapeaccess``: who may scrape ``/metrics``, the flags the extender and plugin share.

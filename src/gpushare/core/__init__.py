@@ -8,8 +8,9 @@ Its subpackages, each a floor that imports only the floors below it (an import c
 ``pyproject.toml``), top first:
 
 - ``decision``: the decision framework and the scheduler's facade;
-- ``resourcepolicies`` and ``admitting``: ResourcePolicy; the webhook's admission decision
-  (they never import each other);
+- ``resourcepolicies``, ``admitting`` and ``autoscaling``: ResourcePolicy; the webhook's
+  admission decision; what autoscalers must see (placeholders, the scale-down guard) (they
+  never import each other);
 - ``placement``: filtering, GPU choice, scoring, the fragmentation-aware policies;
 - ``booking``: the ledger, change logs, refused pods;
 - ``records``: allocations, seals, the hand-off;

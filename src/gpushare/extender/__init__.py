@@ -5,6 +5,7 @@
 - ``filtering``: filter and prioritize: which nodes fit a pod, and in what order.
 - ``binding``: bind, its outcomes as values.
 - ``intents``: intents and refused pods, the memory between filter, prioritize and bind.
+- ``autoscaling``: placeholder pods and the scale-down guard, written by the leading replica.
 - ``readmitting``: the GPU pods kubelet refused while no device plugin served them, back.
 - ``telling``: the Events on pods and ResourcePolicies, and their counters.
 - ``events``: the Events themselves, deduplicated.

@@ -104,11 +104,14 @@ class PlaceholderSettings:
     unit: MemoryUnit = MemoryUnit.GiB
 
     def __post_init__(self) -> None:
-        for field_name in ("limit", "per_namespace"):
+        for field_name, value_name in (
+            ("limit", "maxPlaceholders"),
+            ("per_namespace", "perNamespace"),
+        ):
             value = getattr(self, field_name)
             if value < 0:
                 raise ValueError(
-                    f"autoscaling.{field_name}={value} is refused: it must be 0 or more "
+                    f"autoscaling.{value_name}={value} is refused: it must be 0 or more "
                     f"(0 makes no placeholders)"
                 )
         if self.new_node_gpu_mib < 0:

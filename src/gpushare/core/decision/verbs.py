@@ -229,9 +229,7 @@ def _shortfall(
 ) -> Shortfall:
     """What the autoscalers' placeholders need of a refusal on every node
     (``core.autoscaling``): the largest GPU among the nodes short of room, the newest node."""
-    inventories = (
-        {n.name: n for n in ask.nodes} if ask.nodes is not None else state.nodes
-    )
+    inventories = {n.name: n for n in ask.nodes} if ask.nodes is not None else state.nodes
     asked = [n.name for n in ask.nodes] if ask.nodes is not None else ask.names
     gpu_mib = 0
     for name in failed:

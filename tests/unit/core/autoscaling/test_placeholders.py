@@ -189,7 +189,7 @@ def test_an_unknown_gpu_size_is_left_to_the_autoscaler_unless_configured() -> No
 
 
 def test_bad_settings_name_the_value() -> None:
-    with pytest.raises(ValueError, match="autoscaling.limit=-1"):
+    with pytest.raises(ValueError, match=r"autoscaling\.maxPlaceholders=-1"):
         PlaceholderSettings(namespace="x", limit=-1)
 
 

@@ -77,5 +77,5 @@ def test_a_pod_over_two_gpus_needs_one_node_with_both() -> None:
 
 
 def test_the_threshold_is_checked() -> None:
-    with pytest.raises(ValueError, match="scaleDownUtilizationThreshold=0"):
+    with pytest.raises(ValueError, match=r"scaleDownUtilizationThreshold=0"):
         guards({}, Ledger(), threshold=0)
