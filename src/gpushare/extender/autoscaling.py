@@ -94,6 +94,8 @@ class Autoscaling:
         self._marked: set[str] = set()
         """Placeholders this process marked (after a restart each is marked again, once)."""
         self._told: dict[str, str] = {}
+        self._quiet: dict[str, int] = {}
+        """Pods a placeholder stands for, pending and not refused: since when."""
 
     async def run(self) -> None:
         """Forever: a round every ``period_s``; a failed one is logged."""
@@ -140,8 +142,21 @@ class Autoscaling:
                 held = read_placeholder(pod)
                 existing.append(replace(held, marked=held.uid in self._marked))
         gpu_nodes = [n for n, node in state.nodes.items() if node.gpus]
+        now = self.clock_ns()
+        standing = {u for held in existing for u in held.covers}
+        self._quiet = {
+            u: self._quiet.get(u, now)
+            for u in standing
+            if u in pending and u not in state.shortfalls
+        }
         step = plan(
-            state.shortfalls, pending, existing, gpu_nodes, settings, now_ns=self.clock_ns()
+            state.shortfalls,
+            pending,
+            existing,
+            gpu_nodes,
+            settings,
+            now_ns=now,
+            quiet=self._quiet,
         )
         for held in step.delete:
             try:

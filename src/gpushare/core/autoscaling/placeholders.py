@@ -96,6 +96,10 @@ class PlaceholderSettings:
     """At most this many refused pods of one namespace are planned per round."""
     settle_s: float = 3.0
     """A pod is planned once it was first refused this long ago, so a burst is packed whole."""
+    grace_s: float = 120.0
+    """A placeholder stays this long for a pod still pending but not refused since (the
+    extender restarted and kube-scheduler has not tried it again, or it is on its way to bind),
+    so a restart never deletes and re-creates placeholders while their nodes are coming."""
     new_node_gpu_mib: int = 0
     """The GPU memory (MiB) assumed for a pod none of whose refusing nodes had room to speak
     of (no node of its pool yet); 0: such pods are left to the autoscaler's own estimate."""
@@ -221,13 +225,17 @@ def plan(
     settings: PlaceholderSettings,
     *,
     now_ns: int,
+    quiet: Mapping[str, int] | None = None,
 ) -> Plan:
     """The placeholders the refused pods need now, against those that exist.
 
     ``pods`` are the pending pods by UID (the state's ``pending``), ``nodes`` the names of
-    every GPU node gpushare knows (the new placeholders' ``NotIn``).
+    every GPU node gpushare knows (the new placeholders' ``NotIn``), ``quiet`` when each pod a
+    placeholder stands for was first seen pending and not refused (``settings.grace_s``).
     """
     short: dict[str, Shortfall] = {s.uid: s for s in shortfalls if s.uid in pods}
+    quiet = quiet or {}
+    grace_ns = int(settings.grace_s * 1e9)
     covered: dict[str, str] = {}
     delete: list[Placeholder] = []
     mark: list[str] = []
@@ -236,6 +244,11 @@ def plan(
             u
             for u in held.covers
             if u in short and short[u].newest_node_s <= held.created_s and u not in covered
+        ]
+        live += [
+            u
+            for u in held.covers
+            if u not in short and u in pods and now_ns - quiet.get(u, now_ns) < grace_ns
         ]
         if not live:
             delete.append(held)

@@ -201,3 +201,16 @@ def test_the_book_keeps_the_first_refusal_of_a_row_and_is_bounded() -> None:
     book.refused(Shortfall("b", "ns", "b", 1, 0.0, since_ns=9))
     book.refused(Shortfall("c", "ns", "c", 1, 0.0, since_ns=9))
     assert "a" not in book and len(book) == 2
+
+
+def test_a_pod_still_pending_but_not_refused_keeps_its_placeholder_for_a_grace() -> None:
+    """After a restart the book is empty until kube-scheduler tries the pods again: their
+    placeholders stay, so nothing is deleted and made again while a node is coming."""
+    pods = _pods(1, 8)
+    held = Placeholder("gpushare-placeholder-a", "ph-uid", ("uid-0",), 200.0, marked=True)
+    kept = plan([], pods, [held], ["n0"], SETTINGS, now_ns=NOW, quiet={"uid-0": NOW - 10**9})
+    assert kept.delete == () and kept.create == ()
+    late = NOW - int(SETTINGS.grace_s * 1e9) - 1
+    assert plan([], pods, [held], ["n0"], SETTINGS, now_ns=NOW, quiet={"uid-0": late}).delete == (
+        held,
+    )
