@@ -270,6 +270,8 @@ class Cluster:
     """``chart``: the extender runs with a token of the chart's scheduler ServiceAccount, bound
     by the chart's RBAC (harness.identities); ``admin``: with the admin kubeconfig."""
     """``gpushare extender --policy``; None: the extender's default."""
+    extender_extra: tuple[str, ...] = ()
+    """Flags the extender is started with besides the harness's own (``start_extender``)."""
     pods_run: bool = True
     """kwok's stage that turns bound pods Running. The replay benchmark turns it off: nothing
     it measures reads a pod's phase (a bound pod holds its share from its ``nodeName`` on), and
@@ -543,9 +545,11 @@ class Cluster:
         command: Sequence[str] = (),
         wrapper: Sequence[str] = (),
         ready_timeout: float = 60,
+        extra: Sequence[str] | None = None,
     ) -> None:
         """Start (or restart) the gpushare extender on its fixed port, counting ``unit`` and
-        scoring nodes with ``policy`` (each kept for later restarts).
+        scoring nodes with ``policy``, with ``extra`` flags (each kept for later restarts;
+        ``extra=()`` drops the kept ones).
 
         ``command`` serves another program there instead (a benchmark's reference extender),
         given the kubeconfig and the port as ``--kubeconfig K --port P``; ``wrapper`` runs
@@ -556,6 +560,8 @@ class Cluster:
             self.extender_unit = unit
         if policy is not None:
             self.extender_policy = policy
+        if extra is not None:
+            self.extender_extra = tuple(extra)
         old = self.processes.get("gpushare-extender")
         if old is not None:
             old.stop()
@@ -577,6 +583,7 @@ class Cluster:
             "--log-level",
             "warning",
             *(["--policy", self.extender_policy] if self.extender_policy else []),
+            *self.extender_extra,
         ]
         process = self._spawn(
             "gpushare-extender", [*command, *where] if command else [*wrapper, *own]
