@@ -47,6 +47,15 @@ autoscaling_options = option_group(
         help="The image placeholder pods name (never pulled: they are never bound).",
     ),
     click.option(
+        "--placeholder-exclusion",
+        type=click.Choice(["hostname", "label"]),
+        default="hostname",
+        show_default=True,
+        help="How placeholders keep off the existing nodes: hostname (kubernetes.io/hostname "
+        "NotIn, for cluster-autoscaler) or label (gpushare.io/gpus-published DoesNotExist, for "
+        "Karpenter, which ignores pods naming kubernetes.io/hostname).",
+    ),
+    click.option(
         "--new-node-gpu-memory-mib",
         type=click.IntRange(min=0),
         default=0,
@@ -105,6 +114,7 @@ def autoscaling_settings(settings: Settings, flags: dict[str, Any]) -> Autoscali
             per_namespace=int(flags["placeholder_per_namespace"]),
             new_node_gpu_mib=int(flags["new_node_gpu_memory_mib"]),
             image=str(flags["placeholder_image"]),
+            exclusion=str(flags["placeholder_exclusion"]),
             names=settings.names,
             unit=settings.unit,
         )

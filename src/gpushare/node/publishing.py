@@ -32,6 +32,7 @@ from gpushare.core.model.names import (
     ANN_NODE_TOPOLOGY,
     ANN_NODE_UNIT,
     HANDOFF_PODRESOURCES,
+    LABEL_NODE_GPUS_PUBLISHED,
     ResourceNames,
 )
 from gpushare.core.model.topology import Distance, topology_annotation
@@ -88,6 +89,9 @@ async def publish(
             **topology,
         },
         capacity={config.names.count: str(len(gpus))},
-        labels=gpu_node_labels([g.model for g in found], [g.memory_mib for g in found]),
+        labels={
+            **gpu_node_labels([g.model for g in found], [g.memory_mib for g in found]),
+            LABEL_NODE_GPUS_PUBLISHED: "true",
+        },
     )
     return topology[ANN_NODE_TOPOLOGY] if topology else topology_on_node

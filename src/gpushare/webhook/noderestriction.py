@@ -48,6 +48,7 @@ from gpushare.core.model.names import (
     ANN_NODE_TOPOLOGY,
     ANN_NODE_UNIT,
     DEFAULT_NAMES,
+    LABEL_NODE_GPUS_PUBLISHED,
 )
 
 POLICY_NAME = "gpushare-device-plugin"
@@ -63,8 +64,9 @@ NODE_ANNOTATIONS = (
 """What the device plugin writes on its node: ``node.publishing`` the first four,
 ``node.usage`` the GPU use summary (tests/unit/webhook/test_node_policy_keys.py finds every
 annotation the plugin's source writes and checks it is here)."""
-NODE_LABELS = (LABEL_MODEL, LABEL_COUNT, LABEL_MEM)
-"""ACK's GPU labels ``node.publishing`` writes on its node (``core.model.gpumodel``)."""
+NODE_LABELS = (LABEL_MODEL, LABEL_COUNT, LABEL_MEM, LABEL_NODE_GPUS_PUBLISHED)
+"""ACK's GPU labels ``node.publishing`` writes on its node (``core.model.gpumodel``), and
+gpushare's own that says it published them (placeholders for Karpenter read it)."""
 POD_ANNOTATIONS = (ANN_ASSIGNED,)
 """What ``deviceplugin.kubelet.reconcile`` writes on a pod it served."""
 NODE_STATUS_FIELDS = (

@@ -16,9 +16,15 @@ pool, becomes one placeholder pod in the release namespace that:
   that many placeholders per new node, which is GPU by GPU; and the real pods' gpu-mem is not
   counted twice (the autoscaler still sees the real pods, which no longer decide the count);
 - carries the real pods' node selector, required node affinity and tolerations, plus a
-  required ``kubernetes.io/hostname NotIn`` every node that existed when it was made: only a
-  new node satisfies it (a template node, warm or cold, gets a fresh hostname:
-  ``simulator/node_info_utils.go``; Karpenter gives a new NodeClaim a placeholder hostname);
+  requirement only a new node satisfies. For cluster-autoscaler (``exclusion="hostname"``):
+  ``kubernetes.io/hostname NotIn`` every GPU node that existed when it was made (a template
+  node, warm or cold, gets a fresh hostname: ``simulator/node_info_utils.go``; a warm template
+  copies every other label of a real node, so no label would do). Karpenter refuses any pod
+  whose affinity names ``kubernetes.io/hostname`` (``IsRestrictedLabel``,
+  ``pkg/apis/v1/labels.go``: "ignoring pod"), so for it (``exclusion="label"``):
+  ``gpushare.io/gpus-published DoesNotExist``, the label gpushare's device plugin writes on
+  its node with the GPU inventory; a NodeClaim Karpenter plans has no such label (a
+  requirement on a label its NodePool does not define is met by ``DoesNotExist``);
 - names a scheduler nobody runs (``gpushare-placeholder``), so it is never bound, and is
   marked ``PodScheduled=False/Unschedulable`` by gpushare, which is what both autoscalers
   read as "needs room" (CA's ``utils/kubernetes/listers.go``; Karpenter's provisionable pods).
@@ -59,7 +65,7 @@ from gpushare.core.model.kubejson import (
     pod_spec_of,
     uid_of,
 )
-from gpushare.core.model.names import DEFAULT_NAMES, ResourceNames
+from gpushare.core.model.names import DEFAULT_NAMES, LABEL_NODE_GPUS_PUBLISHED, ResourceNames
 from gpushare.core.model.requests import PodRequest, read_pod
 from gpushare.core.model.units import MemoryUnit
 
@@ -74,6 +80,7 @@ ANN_GPU_MIB = "gpushare.io/placeholder-gpu-mib"
 PLACEHOLDER_SCHEDULER = "gpushare-placeholder"
 """A scheduler name nobody serves: placeholders are never bound."""
 HOSTNAME = "kubernetes.io/hostname"
+EXCLUSIONS = ("hostname", "label")
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 PREFIX = "gpushare-placeholder-"
 CORE_PER_GPU = 100
@@ -104,6 +111,9 @@ class PlaceholderSettings:
     """The GPU memory (MiB) assumed for a pod none of whose refusing nodes had room to speak
     of (no node of its pool yet); 0: such pods are left to the autoscaler's own estimate."""
     image: str = PAUSE_IMAGE
+    exclusion: str = "hostname"
+    """How a placeholder avoids the existing nodes: ``hostname`` (cluster-autoscaler) or
+    ``label`` (Karpenter); see the module docstring."""
     names: ResourceNames = DEFAULT_NAMES
     unit: MemoryUnit = MemoryUnit.GiB
 
@@ -118,6 +128,12 @@ class PlaceholderSettings:
                     f"autoscaling.{value_name}={value} is refused: it must be 0 or more "
                     f"(0 makes no placeholders)"
                 )
+        if self.exclusion not in EXCLUSIONS:
+            raise ValueError(
+                f"autoscaling.autoscaler gives placeholder exclusion {self.exclusion!r}: it must "
+                f"be one of {', '.join(EXCLUSIONS)} (hostname for cluster-autoscaler, label "
+                f"for Karpenter)"
+            )
         if self.new_node_gpu_mib < 0:
             raise ValueError(
                 f"autoscaling.newNodeGpuMemoryMiB={self.new_node_gpu_mib} is refused: it must "
@@ -418,7 +434,11 @@ def manifest(
 ) -> dict[str, Any]:
     """The placeholder pod for GPUs the pods ``covers`` need, placed as ``pod`` is."""
     spec = pod_spec_of(pod)
-    not_in = {"key": HOSTNAME, "operator": "NotIn", "values": list(node_names)}
+    not_in: dict[str, Any] = (
+        {"key": HOSTNAME, "operator": "NotIn", "values": list(node_names)}
+        if settings.exclusion == "hostname"
+        else {"key": LABEL_NODE_GPUS_PUBLISHED, "operator": "DoesNotExist"}
+    )
     affinity = spec.get("affinity") or {}
     node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
     required = (
@@ -431,7 +451,7 @@ def manifest(
     for term in terms if isinstance(terms, list) and terms else [{}]:
         term = dict(term) if isinstance(term, Mapping) else {}
         expressions = list(term.get("matchExpressions") or [])
-        if node_names:
+        if node_names or settings.exclusion == "label":
             expressions.append(not_in)
         if expressions:
             term["matchExpressions"] = expressions

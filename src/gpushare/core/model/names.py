@@ -34,6 +34,10 @@ ANN_SEAL = "gpushare.io/seal"
 core.records.trust); only an allocation whose seal verifies counts, so a tenant cannot forge one."""
 ANN_NODE_GPUS = "gpushare.io/gpus"
 """Node: per-GPU inventory written by the device plugin (JSON list, see core.model.inventory)."""
+LABEL_NODE_GPUS_PUBLISHED = "gpushare.io/gpus-published"
+"""Node label: ``"true"`` once gpushare's device plugin published the node's GPUs (with the
+inventory). Placeholders for Karpenter ask ``DoesNotExist`` of it: a node Karpenter plans has
+none (core.autoscaling.placeholders)."""
 ANN_NODE_UNIT = "gpushare.io/gpu-mem-unit"
 """Node: the memory unit its device plugin advertises (``1GiB`` or ``128MiB``)."""
 ANN_NODE_GPUS_DISABLED = "gpushare.io/gpus-disabled"

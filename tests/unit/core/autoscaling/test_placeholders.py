@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -214,3 +215,20 @@ def test_a_pod_still_pending_but_not_refused_keeps_its_placeholder_for_a_grace()
     assert plan([], pods, [held], ["n0"], SETTINGS, now_ns=NOW, quiet={"uid-0": late}).delete == (
         held,
     )
+
+
+def test_for_karpenter_placeholders_keep_off_published_nodes_by_label() -> None:
+    """Karpenter ignores pods whose affinity names kubernetes.io/hostname (IsRestrictedLabel,
+    sigs.k8s.io/karpenter v1.15.0 pkg/apis/v1/labels.go)."""
+    pods = _pods(1, 8)
+    karpenter = PlaceholderSettings(namespace="gpushare", exclusion="label")
+    step = plan(_short(pods), pods, [], ["n0"], karpenter, now_ns=NOW)
+    terms = step.create[0].manifest["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms == [
+        {"matchExpressions": [{"key": "gpushare.io/gpus-published", "operator": "DoesNotExist"}]}
+    ]
+    assert HOSTNAME not in json.dumps(step.create[0].manifest)
+    with pytest.raises(ValueError, match="hostname, label"):
+        PlaceholderSettings(namespace="x", exclusion="zone")
