@@ -7,7 +7,7 @@ Library errors are translated into gpushare's own tree (``gpushare.kube.port``) 
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
@@ -525,6 +525,27 @@ class LightkubeAPI:
             if capacity:
                 body = {"status": {"capacity": dict(capacity), "allocatable": dict(capacity)}}
                 await self._client.patch(Node.Status, name, body, patch_type=PatchType.MERGE)
+
+    async def patch_node_json(self, name: str, operations: Sequence[Mapping[str, Any]]) -> KubeDict:
+        """PATCH ``application/json-patch+json``; a failed ``test`` (422) is a Conflict.
+
+        kube-apiserver applies the whole patch to the node as stored, or nothing: a ``test``
+        that fails is answered 422 Unprocessable Entity, "the server rejected our request due
+        to an error in our request" with the failed path in the message (``applyJSPatch`` in
+        k8s.io/apiserver pkg/endpoints/handlers/patch.go).
+        """
+        _names(name=name)
+        what = f"patch node {name}"
+        try:
+            with _mapped(what):
+                patched = await self._client.patch(
+                    Node, name, [dict(op) for op in operations], patch_type=PatchType.JSON
+                )
+        except KubeError as err:
+            if "(HTTP 422)" in str(err) and "test" in str(err):
+                raise Conflict(f"{err} (the node changed since it was read)") from err
+            raise
+        return _to_dict(patched)
 
     async def bind_pod(
         self,
