@@ -529,10 +529,12 @@ class LightkubeAPI:
     async def patch_node_json(self, name: str, operations: Sequence[Mapping[str, Any]]) -> KubeDict:
         """PATCH ``application/json-patch+json``; a failed ``test`` (422) is a Conflict.
 
-        kube-apiserver applies the whole patch to the node as stored, or nothing: a ``test``
-        that fails is answered 422 Unprocessable Entity, "the server rejected our request due
-        to an error in our request" with the failed path in the message (``applyJSPatch`` in
-        k8s.io/apiserver pkg/endpoints/handlers/patch.go).
+        kube-apiserver applies the whole patch to the node as stored, or nothing: an operation
+        that does not apply (a ``test`` that fails, a path that is gone) is answered 422 with
+        only "the server rejected our request due to an error in our request", no kind and no
+        causes (``applyJSPatch`` in k8s.io/apiserver v0.36.3 pkg/endpoints/handlers/patch.go,
+        ``NewGenericServerResponse``), unlike a node the patch made invalid (``NewInvalid``:
+        kind Node, a cause per field), which stays a KubeError.
         """
         _names(name=name)
         what = f"patch node {name}"
@@ -542,8 +544,14 @@ class LightkubeAPI:
                     Node, name, [dict(op) for op in operations], patch_type=PatchType.JSON
                 )
         except KubeError as err:
-            if "(HTTP 422)" in str(err) and "test" in str(err):
-                raise Conflict(f"{err} (the node changed since it was read)") from err
+            cause = err.__cause__
+            status = cause.status if isinstance(cause, ApiError) else None
+            details = status.details if status else None
+            if status and status.code == 422 and not (details and (details.kind or details.causes)):
+                raise Conflict(
+                    f"{what}: the patch did not apply: a test failed or a path is gone (HTTP "
+                    "422; the node changed since it was read)"
+                ) from err
             raise
         return _to_dict(patched)
 
