@@ -21,8 +21,9 @@ node removes when it is ready:
   ``--max-node-startup-time`` (15 min) as NotStarted, which ``calculateUpcomingNodesInNodeGroup``
   leaves among the upcoming nodes, and ``RunOnce`` puts a template node (with the template's
   gpu-mem) in its place in the snapshot, so the pending pod "fits" there and no second node is
-  added. ``SanitizeTaints`` drops the taint from templates made from real nodes, so pods need
-  not tolerate it.
+  added. ``SanitizeTaints`` drops the taint from every template node (the provider's, or one
+  made from a real node: ``simulator/node_info_utils.go`` ``createSanitizedNode``), so pods
+  need not tolerate it.
 - Karpenter v1.15.0: NodePool ``spec.template.spec.startupTaints`` (``pkg/apis/v1/nodepool.go``:
   "ignored for provisioning purposes"). ``pkg/controllers/nodeclaim/lifecycle/initialization.go``
   keeps a NodeClaim uninitialized while a startup taint (``MatchTaint``: key and effect) is on
