@@ -111,6 +111,14 @@ def test_the_plugin_removes_the_startup_taint_once_kubelet_allocates_gpu_memory(
             await api.patch_node_json(
                 mine, [{"op": "replace", "path": "/spec/taints", "value": [OURS]}]
             )
+        with pytest.raises(Forbidden, match="stay as they are"):  # nor cordon it on the way
+            await api.patch_node_json(
+                mine,
+                [
+                    {"op": "replace", "path": "/spec/taints", "value": [OTHER]},
+                    {"op": "add", "path": "/spec/unschedulable", "value": True},
+                ],
+            )
         kubelet_allocates(cluster, neighbour, "64")
         with pytest.raises(Forbidden, match=f"may write that node only, not node '{neighbour}'"):
             await release_once(api, neighbour, key=STARTUP_TAINT, resource=MEM)

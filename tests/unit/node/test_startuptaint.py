@@ -82,7 +82,7 @@ class ChangedUnderThePatch(MemoryKube):
         return await super().patch_node_json(name, operations)
 
 
-def prepared(kube: MemoryKube) -> MemoryKube:
+def prepared(kube: ChangedUnderThePatch) -> ChangedUnderThePatch:
     kube.put_node(
         {
             "metadata": {"name": NODE},
@@ -127,7 +127,7 @@ def test_a_node_that_keeps_changing_gives_up_after_the_conflicts_and_the_loop_re
 
 def test_the_in_memory_patch_refuses_a_failed_test_and_applies_nothing() -> None:
     kube = kube_with([OURS], gpu_mem="64")
-    stale = [
+    stale: list[dict[str, Any]] = [
         {"op": "test", "path": "/spec/taints", "value": [OTHER]},
         {"op": "replace", "path": "/spec/taints", "value": []},
     ]
