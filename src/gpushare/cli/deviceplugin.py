@@ -23,6 +23,7 @@ from gpushare.cli.logs import log_format_option, log_level_option, setup_logging
 from gpushare.cli.options import resource_name_options
 from gpushare.cli.scrapeaccess import metrics_access, metrics_access_options
 from gpushare.cli.sealing import seal_options, trust_from_flags
+from gpushare.core.model.startuptaint import STARTUP_TAINT
 
 if TYPE_CHECKING:
     from gpushare.cli.pluginoptions import PluginOptions
@@ -196,6 +197,14 @@ NVML_HINT = (
     "publish as the node annotation gpushare.io/gpu-used (written only when a GPU's use moved "
     "by a memory unit; kubectl inspect cgpu -d shows it); 0 never writes it.",
 )
+@click.option(
+    "--startup-taint",
+    default=STARTUP_TAINT,
+    show_default=True,
+    help="Remove this taint (any effect) from the node once kubelet allocates its GPU memory, "
+    "so an autoscaler counts a new node as starting until then instead of adding another "
+    "(docs/device-plugin.md); the node pool puts it on new nodes. Empty: none.",
+)
 @resource_name_options
 @seal_options
 def device_plugin(**flags: Any) -> None:
@@ -277,6 +286,7 @@ def build_plugin(options: PluginOptions) -> Wired:
         max_pods_per_gpu=settings.max_pods_per_gpu,
         names=settings.names,
         handoff=options.handoff,
+        startup_taint=options.startup_taint,
     )
     stats = Stats()
     hook = NodeIsolation(

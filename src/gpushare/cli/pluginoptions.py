@@ -3,11 +3,11 @@
 The command's flags (and the chart's environment behind some of them) are checked here, all of
 them, before anything reads the node: the cGPU policy and pods per GPU, the device-list strategy
 and CDI kind, the accounting broker's caps against the open-file limit, a fake topology without
-fake GPUs, and the scheduling settings (through ``gpushare.config``, as the extender reads the
-same values). A flag that does not parse is click's ``BadParameter`` naming the flag; values that
-do not go together are a ``CommandError``; either message names the value, the rule and what to
-change. What only the node can say (the seal key file, kubelet's CPU manager, the GPUs, the API
-server) is checked by the builder (``cli.deviceplugin.build_plugin``).
+fake GPUs, the startup taint's key, and the scheduling settings (through ``gpushare.config``, as
+the extender reads the same values). A flag that does not parse is click's ``BadParameter``
+naming the flag; values that do not go together are a ``CommandError``; either message names the
+value, the rule and what to change. What only the node can say (the seal key file, kubelet's CPU
+manager, the GPUs, the API server) is checked by the builder (``cli.deviceplugin.build_plugin``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import click
 from gpushare.cli.errors import CommandError
 from gpushare.cli.options import scheduling_config
 from gpushare.core.decision.scheduling import Settings
+from gpushare.core.model.startuptaint import STARTUP_TAINT, key_problem
 from gpushare.isolation.policy import Policy, PolicyError, parse_max_pods, parse_policy
 from gpushare.node.cdi import HandOff, HandOffError, parse_kind, parse_strategy
 from gpushare.node.descriptors import BrokerCaps, CapsError, descriptor_limit
@@ -62,6 +63,8 @@ class PluginOptions:
     fake_gpus: str | None
     fake_health_file: Path | None
     fake_topology: str
+    startup_taint: str
+    """The taint key removed once kubelet allocates the GPU memory; empty: none."""
     metrics_port: int
     metrics: MetricsAccess
     health_port: int
@@ -114,6 +117,14 @@ class PluginOptions:
             count_resource=flags["count_resource"] or None,
         ).settings()
         health_file = flags["fake_health_file"]
+        taint = flags["startup_taint"].strip()
+        problem = key_problem(taint)
+        if problem:
+            raise click.BadParameter(
+                f"{taint!r} is not a taint key: {problem}; give a key such as {STARTUP_TAINT}, "
+                "the one the node pool puts on its new nodes, or '' for none",
+                param_hint="--startup-taint",
+            )
         return cls(
             node=flags["node_name"],
             settings=settings,
@@ -133,6 +144,7 @@ class PluginOptions:
             fake_gpus=flags["fake_gpus"],
             fake_health_file=Path(health_file) if health_file else None,
             fake_topology=flags["fake_topology"],
+            startup_taint=taint,
             metrics_port=flags["metrics_port"],
             metrics=MetricsAccess(
                 enabled=flags["metrics_authorization"],

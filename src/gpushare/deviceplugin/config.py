@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpushare.core.model.names import DEFAULT_NAMES, ResourceNames
+from gpushare.core.model.startuptaint import STARTUP_TAINT
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.handoff import MEM
 from gpushare.node.cdi import HandOff
@@ -48,6 +49,9 @@ class PluginConfig:
     handoff: HandOff = field(default_factory=HandOff)
     """How Allocate hands the GPUs over (``cdi``): envvar unless told; the CLI's default, and
     the chart's, is cdi-cri."""
+    startup_taint: str = STARTUP_TAINT
+    """The taint key removed from the node once kubelet allocates the GPU memory
+    (``core.model.startuptaint``); empty: none."""
 
     @property
     def max_pods(self) -> int:

@@ -23,7 +23,10 @@ Life cycle:
    costs kube-apiserver no request while the watch stays open;
 7. when the watch or Allocate tells of a change (and every ``reconcile.RESYNC_S``), read
    kubelet's PodResources API and mark the admitted pods served, counting any that were served
-   other than placed (reconcile.py).
+   other than placed (reconcile.py);
+8. when the node was born with the startup taint (``config.startup_taint``), remove it once
+   kubelet allocates the GPU memory, so an autoscaler counts the node as starting until then
+   rather than adding a second one (node/startuptaint.py).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from pathlib import Path
 
 from gpushare.core.model.inventory import Mode
 from gpushare.core.model.names import ANN_NODE_TOPOLOGY
+from gpushare.core.model.startuptaint import Step, release
 from gpushare.core.model.status import Status
 from gpushare.core.records.handoff import MEM, Signature
 from gpushare.core.records.trust import Trust
@@ -55,6 +59,7 @@ from gpushare.node.enforcement.hook import ContainerAnswer, IsolationHook, NoIso
 from gpushare.node.gpus import GpuSource
 from gpushare.node.preflight import StartRefused, preflight, refuse_exclusive_cpus
 from gpushare.node.publishing import publish
+from gpushare.node.startuptaint import release_when_serving
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +131,8 @@ class DevicePlugin:
         """The node's pods, from a list and a watch; the served check reads them."""
         self.served_check = ServedCheck(parts, watch=self.watch)
         self._tasks: list[asyncio.Task[None]] = []
+        self._taint: asyncio.Task[object] | None = None
+        """Removing the startup taint; apart from ``_tasks``, because it ends when done."""
         self._topology_on_node: str | None = None
         """``gpushare.io/gpu-topology`` as the node holds it, read at start, then as written."""
 
@@ -194,6 +201,11 @@ class DevicePlugin:
             asyncio.create_task(watch_health(self.source, self.generations, self.publish)),
             asyncio.create_task(self.served_check.run(self.resources)),
         ]
+        taint, mem = self.config.startup_taint, self.config.resource_name(MEM)
+        if release(node, key=taint, resource=mem).step is not Step.DONE:
+            self._taint = asyncio.create_task(
+                release_when_serving(self.api, self.config.node, key=taint, resource=mem)
+            )
         log.info(
             "node=%s mode=%s resources=%s gpus=%d phase=start read_s=%.3f checks_s=%.3f "
             "register_s=%.3f publish_s=%.3f registered_after_exec_s=%s",
@@ -210,9 +222,10 @@ class DevicePlugin:
 
     async def stop(self) -> None:
         """Stop the watchers and the servers."""
-        for task in self._tasks:
+        tasks = [*self._tasks, *([self._taint] if self._taint else [])]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.registrar.stop(grace=0.5)

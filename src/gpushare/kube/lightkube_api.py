@@ -7,7 +7,7 @@ Library errors are translated into gpushare's own tree (``gpushare.kube.port``) 
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
@@ -540,6 +540,35 @@ class LightkubeAPI:
             if capacity:
                 body = {"status": {"capacity": dict(capacity), "allocatable": dict(capacity)}}
                 await self._client.patch(Node.Status, name, body, patch_type=PatchType.MERGE)
+
+    async def patch_node_json(self, name: str, operations: Sequence[Mapping[str, Any]]) -> KubeDict:
+        """PATCH ``application/json-patch+json``; a failed ``test`` (422) is a Conflict.
+
+        kube-apiserver applies the whole patch to the node as stored, or nothing: an operation
+        that does not apply (a ``test`` that fails, a path that is gone) is answered 422 with
+        only "the server rejected our request due to an error in our request", no kind and no
+        causes (``applyJSPatch`` in k8s.io/apiserver v0.36.3 pkg/endpoints/handlers/patch.go,
+        ``NewGenericServerResponse``), unlike a node the patch made invalid (``NewInvalid``:
+        kind Node, a cause per field), which stays a KubeError.
+        """
+        _names(name=name)
+        what = f"patch node {name}"
+        try:
+            with _mapped(what):
+                patched = await self._client.patch(
+                    Node, name, [dict(op) for op in operations], patch_type=PatchType.JSON
+                )
+        except KubeError as err:
+            cause = err.__cause__
+            status = cause.status if isinstance(cause, ApiError) else None
+            details = status.details if status else None
+            if status and status.code == 422 and not (details and (details.kind or details.causes)):
+                raise Conflict(
+                    f"{what}: the patch did not apply: a test failed or a path is gone (HTTP "
+                    "422; the node changed since it was read)"
+                ) from err
+            raise
+        return _to_dict(patched)
 
     async def bind_pod(
         self,

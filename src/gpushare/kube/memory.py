@@ -15,7 +15,7 @@ import asyncio
 import base64
 import bisect
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
@@ -44,6 +44,31 @@ def _copy(obj: _J) -> _J:
     """
     copied: _J = _DECODE.decode(_ENCODE.encode(obj))
     return copied
+
+
+def _json_patch_step(doc: Any, op: Mapping[str, Any], *, what: str) -> Any:
+    """``doc`` after one RFC 6902 operation (test, add, replace, remove; paths of object keys
+    and list indexes), as kube-apiserver applies a ``application/json-patch+json`` body."""
+    tokens = [t.replace("~1", "/").replace("~0", "~") for t in op["path"].split("/")[1:]]
+    parent: Any = doc
+    for token in tokens[:-1]:
+        parent = parent[int(token)] if isinstance(parent, list) else parent[token]
+    last = tokens[-1] if tokens else ""
+    kind = op["op"]
+    if kind == "test":
+        at = parent[int(last)] if isinstance(parent, list) else parent.get(last)
+        if at != op["value"]:
+            raise Conflict(f"patch {what}: testing value {op['path']} failed")
+    elif kind in ("add", "replace") and isinstance(parent, list):
+        index = len(parent) if last == "-" else int(last)
+        parent[index : index + (kind == "replace")] = [_copy(op["value"])]
+    elif kind in ("add", "replace"):
+        parent[last] = _copy(op["value"])
+    elif kind == "remove":
+        del parent[int(last) if isinstance(parent, list) else last]
+    else:
+        raise ValueError(f"patch {what}: operation {kind!r} is not one the in-memory API knows")
+    return doc
 
 
 Kind = Literal["nodes", "pods", "resourcepolicies"]
@@ -463,6 +488,18 @@ class MemoryKube:
         for field in ("capacity", "allocatable"):
             status.setdefault(field, {}).update(capacity or {})
         self._record("nodes", "MODIFIED", obj)
+
+    async def patch_node_json(self, name: str, operations: Sequence[Mapping[str, Any]]) -> KubeDict:
+        """Apply the JSON patch's test, add, replace and remove operations, all or none; a
+        failed ``test`` is a Conflict (kube-apiserver's 422)."""
+        self.calls.append("patch_node_json")
+        if name not in self._nodes:
+            raise NotFound(f"node {name} not found")
+        patched = _copy(self._nodes[name])
+        for op in operations:
+            patched = _json_patch_step(patched, op, what=f"node {name}")
+        self._nodes[name] = patched
+        return self._record("nodes", "MODIFIED", patched)
 
     async def bind_pod(
         self,

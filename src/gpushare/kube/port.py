@@ -13,7 +13,7 @@ Errors (raised by every implementation, never the client library's own)::
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -182,6 +182,14 @@ class KubeAPI(Protocol):
     ) -> None:
         """Merge labels and annotations (None deletes), and extended resources into status
         capacity and allocatable."""
+        ...
+
+    async def patch_node_json(self, name: str, operations: Sequence[Mapping[str, Any]]) -> KubeDict:
+        """Apply a JSON patch (RFC 6902) to the node, as one write, and return the node.
+
+        Conflict when one of its ``test`` operations fails (the node changed since it was read:
+        kube-apiserver answers 422 and applies nothing).
+        """
         ...
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:

@@ -12,6 +12,7 @@ The modules, one concept each (lower ones never import higher ones, an import-li
   accounting broker (its own map in its ``__init__``).
 - ``publishing``: the inventory, unit, hand-off marker, model labels and topology on the node.
 - ``usage``: the GPU memory containers hold, summarised on the node (``gpushare.io/gpu-used``).
+- ``startuptaint``: removing the autoscaler's startup taint once kubelet allocates the GPU memory.
 - ``descriptors``: the open-file budget the accounting broker's connections live within.
 - ``cdi``: the device-list strategy and the node's CDI specs.
 - ``gpus``: where the GPUs come from (NVML, or fakes), behind the ``GpuSource`` port.

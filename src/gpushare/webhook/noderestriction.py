@@ -19,7 +19,9 @@ evaluates itself:
 - **where**: its own node, and pods already bound to it (``oldObject.spec.nodeName``).
 - **which keys**: on the node, only the annotations and ACK's GPU labels it publishes
   (:data:`NODE_ANNOTATIONS`, :data:`NODE_LABELS`), with the other labels, finalizers, owner
-  references and the whole spec (taints, unschedulable, podCIDR, providerID) as they were; in
+  references and the whole spec (taints, unschedulable, podCIDR, providerID) as they were, but
+  for one change: removing every taint with the startup taint's key (``core.model.startuptaint``,
+  when the chart names one), the other taints and spec fields (:data:`NODE_SPEC_FIELDS`) kept; in
   node status, only ``<count resource>`` in capacity and allocatable, with metadata and the
   other status fields as they were (the addresses the API server dials for logs and exec among
   them); on a pod, only :data:`POD_ANNOTATIONS`, with labels, finalizers, owner references and
@@ -50,6 +52,7 @@ from gpushare.core.model.names import (
     DEFAULT_NAMES,
     LABEL_NODE_GPUS_PUBLISHED,
 )
+from gpushare.core.model.startuptaint import STARTUP_TAINT
 
 POLICY_NAME = "gpushare-device-plugin"
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
@@ -81,6 +84,15 @@ NODE_STATUS_FIELDS = (
     "config",
 )
 """NodeStatus fields besides capacity and allocatable, as of Kubernetes 1.30."""
+NODE_SPEC_FIELDS = (
+    "podCIDR",
+    "podCIDRs",
+    "providerID",
+    "unschedulable",
+    "configSource",
+    "externalID",
+)
+"""NodeSpec fields besides taints, as of Kubernetes 1.30: kept when the startup taint goes."""
 
 
 def _list(items: tuple[str, ...]) -> str:
@@ -159,8 +171,23 @@ NODE_KEPT = " && ".join(_same(p) for p in ("metadata.finalizers", "metadata.owne
 UPDATE = "request.operation != 'UPDATE' || "
 
 
-def _node_spec(count: str) -> dict[str, Any]:
+def _spec_kept(startup_taint: str) -> str:
+    """The node's spec is as it was, or (with a startup taint key) only lost that key's taints."""
+    if not startup_taint:
+        return _same("spec")
+    key = f"'{startup_taint}'"
+    old = "oldObject.spec.taints"
+    others = " && ".join(_same(f"spec.{f}") for f in NODE_SPEC_FIELDS)
+    return (
+        f"({_same('spec')} || (has({old}) && {old}.exists(t, t.key == {key}) && "
+        f"(has(object.spec.taints) ? object.spec.taints : []) == {old}.filter(t, t.key != {key})"
+        f" && {others}))"
+    )
+
+
+def _node_spec(count: str, startup_taint: str) -> dict[str, Any]:
     status = " && ".join(_same(f"status.{f}") for f in NODE_STATUS_FIELDS)
+    spared = f" but for removing the startup taint {startup_taint}" if startup_taint else ""
     return {
         "variables": [
             *_common_variables(),
@@ -185,11 +212,11 @@ def _node_spec(count: str) -> dict[str, Any]:
                 "expression": f"{UPDATE}variables.subResource != '' || ("
                 f"{_annotations_only(_list(NODE_ANNOTATIONS))} && "
                 f"{_annotations_only(_list(NODE_LABELS), 'Labels')} && {NODE_KEPT} && "
-                f"{_same('spec')})",
+                f"{_spec_kept(startup_taint)})",
                 "message": "the device plugin may change only the annotations "
                 f"{', '.join(NODE_ANNOTATIONS)} and the labels {', '.join(NODE_LABELS)} of its "
                 "node; finalizers, owner references, other labels and annotations and the spec "
-                "(taints, unschedulable, podCIDR, providerID) stay as they are",
+                f"(taints, unschedulable, podCIDR, providerID) stay as they are{spared}",
                 "reason": "Forbidden",
             },
             {
@@ -237,17 +264,22 @@ def device_plugin_policies(
     service_account: str,
     count_resource: str = DEFAULT_NAMES.count,
     name: str = POLICY_NAME,
+    startup_taint: str = STARTUP_TAINT,
 ) -> list[dict[str, Any]]:
     """Two policies, ``<name>-nodes`` and ``<name>-pods``, each with its binding (Deny).
 
     One policy per kind, because the API server type-checks a policy's expressions against
     every kind it matches, and a node has no ``spec.nodeName`` nor a pod ``status.addresses``.
     ``service_account`` is the username the device plugin authenticates as,
-    ``system:serviceaccount:<namespace>:<name>``.
+    ``system:serviceaccount:<namespace>:<name>``; ``startup_taint`` the taint key it may
+    remove from its node (empty: none).
     """
     labels = {"app.kubernetes.io/name": "gpushare"}
     documents: list[dict[str, Any]] = []
-    for kind, spec in (("nodes", _node_spec(count_resource)), ("pods", _pod_spec())):
+    for kind, spec in (
+        ("nodes", _node_spec(count_resource, startup_taint)),
+        ("pods", _pod_spec()),
+    ):
         named = f"{name}-{kind}"
         documents.append(
             {

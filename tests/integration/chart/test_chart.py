@@ -27,6 +27,7 @@ from gpushare.cli.logs import LEVELS
 from gpushare.core.admitting.tampering import DEFAULT_EXEMPT_NAMESPACES, VISIBLE_DEVICES_MODES
 from gpushare.core.model.inventory import SHARED_MODES
 from gpushare.core.model.names import ResourceNames
+from gpushare.core.model.startuptaint import STARTUP_TAINT
 from gpushare.schedconfig import scheduler_configuration
 from harness.image_archive import project_version, recipe_repository
 from tests.support.chart import (
@@ -296,7 +297,11 @@ def test_device_plugin_daemonset(default_docs: list[dict[str, Any]]) -> None:
         "operator": "In",
         "values": ["share", "cgpu", "core_mem", "mps"],
     }
-    assert {t["key"] for t in pod["tolerations"]} == {"nvidia.com/gpu", "CriticalAddonsOnly"}
+    assert {t["key"] for t in pod["tolerations"]} == {
+        "nvidia.com/gpu",
+        "CriticalAddonsOnly",
+        STARTUP_TAINT,
+    }
     (container,) = pod["containers"]
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
@@ -403,10 +408,18 @@ def test_device_plugin_policies_equal_the_renderer(
     from gpushare.webhook.noderestriction import device_plugin_policies
 
     plugin = f"system:serviceaccount:{NAMESPACE}:{RELEASE}-device-plugin"
-    for docs, count in ((default_docs, "aliyun.com/gpu-count"), (ci_docs, "example.com/gpu-count")):
+    for docs, count, taint in (
+        (default_docs, "aliyun.com/gpu-count", STARTUP_TAINT),
+        (ci_docs, "example.com/gpu-count", STARTUP_TAINT),
+        (render("--set", "devicePlugin.startupTaint="), "aliyun.com/gpu-count", ""),
+        (render("--set", "devicePlugin.startupTaint=ready"), "aliyun.com/gpu-count", "ready"),
+    ):
         chart = plugin_policy_docs(docs)
         expected = device_plugin_policies(
-            service_account=plugin, count_resource=count, name=f"{RELEASE}-device-plugin"
+            service_account=plugin,
+            count_resource=count,
+            name=f"{RELEASE}-device-plugin",
+            startup_taint=taint,
         )
         assert [d["metadata"]["name"] for d in chart] == [d["metadata"]["name"] for d in expected]
         for document in (*chart, *expected):
@@ -417,6 +430,29 @@ def test_device_plugin_policies_equal_the_renderer(
         assert not [
             d for d in docs if d["metadata"]["name"].startswith(f"{RELEASE}-device-plugin-")
         ]
+
+
+def test_the_plugin_tolerates_and_is_told_the_startup_taint_it_removes(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    """Any effect is tolerated: the pool chooses it (docs/device-plugin.md, "Autoscaled
+    pools"); without a key, no toleration and no removal."""
+
+    def plugin(docs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+        pod = find(docs, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+        return pod.get("tolerations", []), pod["containers"][0]["args"]
+
+    tolerations, args = plugin(default_docs)
+    assert {"key": STARTUP_TAINT, "operator": "Exists"} in tolerations
+    assert f"--startup-taint={STARTUP_TAINT}" in args
+    tolerations, args = plugin(render("--set", "devicePlugin.startupTaint=example.com/ready"))
+    assert {"key": "example.com/ready", "operator": "Exists"} in tolerations
+    assert "--startup-taint=example.com/ready" in args
+    tolerations, args = plugin(render("--set", "devicePlugin.startupTaint="))
+    assert STARTUP_TAINT not in {t["key"] for t in tolerations}
+    assert "--startup-taint=" in args
+    tolerations, _ = plugin(render("--set", "devicePlugin.tolerations=null"))
+    assert tolerations == [{"key": STARTUP_TAINT, "operator": "Exists"}]
 
 
 def test_the_seal_key_is_made_in_the_cluster_and_mounted_into_extender_and_plugin(
@@ -766,6 +802,7 @@ def test_values_follow_into_every_component(ci_docs: list[dict[str, Any]]) -> No
         ("isolation.broker.idleTimeoutSeconds=-1", "idleTimeoutSeconds"),
         ("webhook.nvidiaVisibleDevices=deny", "nvidiaVisibleDevices"),
         ("webhook.nvidiaVisibleDevicesExemptNamespaces[0]=GPU Operator", "ExemptNamespaces"),
+        ("devicePlugin.startupTaint=not a key", "startupTaint"),
     ],
 )
 def test_schema_refuses(setting: str, words: str) -> None:

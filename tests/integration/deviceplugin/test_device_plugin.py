@@ -15,6 +15,7 @@ import pytest
 
 from gpushare.core.model.inventory import Mode
 from gpushare.core.model.names import ANN_ALLOCATION, ANN_ASSIGNED
+from gpushare.core.model.startuptaint import STARTUP_TAINT
 from gpushare.core.model.units import MemoryUnit
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.plugin import DevicePlugin
@@ -428,5 +429,31 @@ def test_changing_the_unit_while_pods_hold_memory_is_refused() -> None:
         r.plugin = changed
         node = await r.kube.get_node(NODE)
         assert node["metadata"]["annotations"]["gpushare.io/gpu-mem-unit"] == "128MiB"
+
+    run(body)
+
+
+def test_a_node_born_with_the_startup_taint_loses_it_once_kubelet_allocates_gpu_memory() -> None:
+    """The plugin keeps the taint while kubelet shows no gpu-mem, then removes it and nothing
+    else (core.model.startuptaint; docs/device-plugin.md, "Autoscaled pools")."""
+    ours = {"key": STARTUP_TAINT, "effect": "NoSchedule"}
+    other = {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}
+
+    async def body(r: Rig) -> None:
+        await r.plugin.stop()
+        node = await r.kube.get_node(NODE)
+        node["spec"] = {"taints": [other, ours]}
+        r.kube.put_node(node)
+        r.plugin = r.new_plugin()
+        await r.plugin.start()
+        await asyncio.sleep(0.5)
+        assert (await r.kube.get_node(NODE))["spec"]["taints"] == [other, ours]
+        await r.kube.patch_node(NODE, capacity={MEM: "30"})  # kubelet took the registration
+        for _ in range(100):
+            if (await r.kube.get_node(NODE))["spec"]["taints"] == [other]:
+                break
+            await asyncio.sleep(0.05)
+        assert (await r.kube.get_node(NODE))["spec"]["taints"] == [other]
+        assert r.plugin.not_ready() == ""  # the finished removal is no stopped watcher
 
     run(body)

@@ -11,6 +11,7 @@
 - ``inventory``: a node read into its GPUs (``NodeInventory``).
 - ``requests``, ``spreading``: a pod read into its validated GPU request (``PodRequest``) or a
   rejection with reasons, and its containers spread over its GPUs.
+- ``startuptaint``: when a node's device plugin removes the autoscaler's startup taint.
 - ``status``: how a check ended (``Status``: code, reasons, source), as the scheduler
   framework says it: the refusals of filter, reserve, bind and Allocate.
 """
