@@ -54,7 +54,8 @@ def test_explain_names_the_placeholder_that_asks_for_a_new_node() -> None:
     """The installed extender's --placeholder-namespace is read from its Deployment, and the
     placeholder there that stands for the pod is named (not the other pods it stands for)."""
     kube = kube_with_pods()
-    big = next(p for p in kube._pods.values() if p["metadata"]["name"] == "big")
+    pods, _ = asyncio.run(kube.list_pods(namespace="ml"))
+    big = next(p for p in pods if p["metadata"]["name"] == "big")
     body = manifest(
         big,
         name="gpushare-placeholder-feedc0ffee00",
