@@ -2,27 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from gpushare.core.booking.ledger import Ledger
 from gpushare.core.decision.clusterstate import ClusterState
 from gpushare.core.decision.scheduling import Scheduler, Settings
 from gpushare.core.model.inventory import Mode, read_node
+from gpushare.core.model.kubejson import KubeObject
 from gpushare.core.model.requests import PodRequest, read_pod
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.allocation import plan
 from gpushare.core.records.trust import Trust
 from gpushare.inspect.explain import Explanation, explain_pod
+from gpushare.inspect.newnode import PlaceholderSight
 from gpushare.inspect.view import ClusterView, build_view
 from gpushare.kube.objects import gpu_node, gpu_pod
 
 
-def explain(mem: int, core: int | None = None) -> Explanation:
+def explain(
+    mem: int,
+    core: int | None = None,
+    *,
+    sight: PlaceholderSight | None = None,
+    pods: Iterable[KubeObject] = (),
+) -> Explanation:
     state = cluster()
     ledger = state.ledger
     pod = gpu_pod("train", mem=mem, core=core, namespace="team-a")
     pod["metadata"]["uid"] = "t"
     pod["status"] = {"phase": "Pending"}
+    if sight is not None:
+        sight = sight.seeing([*pods, pod])
     before = ledger.state()
-    explanation = explain_pod(pod, state, Scheduler())
+    explanation = explain_pod(pod, state, Scheduler(), placeholders=sight)
     assert ledger.state() == before  # the what-if books nothing
     return explanation
 

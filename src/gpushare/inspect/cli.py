@@ -42,7 +42,8 @@ from gpushare.core.records.trust import Trust
 from gpushare.core.resourcepolicies.policybook import recorded_units
 from gpushare.inspect.choices import complete_contexts, complete_namespaces, complete_pods
 from gpushare.inspect.explain import Explanation, explain_pod, explanation_json
-from gpushare.inspect.installed import describe, extender_settings
+from gpushare.inspect.installed import describe, extender_settings, placeholder_namespace
+from gpushare.inspect.newnode import PlaceholderSight
 from gpushare.inspect.render import Layout, render_details, render_explanation, render_summary
 from gpushare.inspect.schema import DOCUMENTS, json_schema
 from gpushare.inspect.scope import (
@@ -163,19 +164,44 @@ class CannotExplain(KubeError):
     """The user may not read what ``--explain`` needs (every node and every pod)."""
 
 
+@dataclass(frozen=True)
+class Installed:
+    """What ``--explain`` read of the installed extender."""
+
+    settings: Settings
+    note: str
+    placeholders: PlaceholderSight
+    """Where its placeholder pods are (``inspect.newnode``), or a guess when unread."""
+
+
+async def installed_extender(api: KubeAPI, namespace: str) -> Installed:
+    """The installed extender's settings (``inspect.installed``) and where it keeps
+    placeholders, with a note; the extender's defaults stand in when they cannot be read."""
+    guess = PlaceholderSight(namespace=namespace, known=False)
+    try:
+        deployments = await api.list_deployments(namespace)
+        settings, where = extender_settings(deployments, namespace)
+    except (KubeError, ValueError) as err:
+        settings = Settings()
+        return Installed(
+            settings,
+            f"note: cannot read the installed extender's settings ({err}); explaining with the "
+            f"extender's defaults ({describe(settings)}); give --policy, or "
+            f"--extender-namespace where gpushare is installed",
+            guess,
+        )
+    found = placeholder_namespace(deployments)
+    sight = guess if found is None else PlaceholderSight(namespace=found)
+    return Installed(
+        settings, f"note: explaining with the settings of {where} ({describe(settings)})", sight
+    )
+
+
 async def installed_settings(api: KubeAPI, namespace: str) -> tuple[Settings, str]:
     """The installed extender's settings (``inspect.installed``), and a note when they could
     not be read and the extender's defaults stand in."""
-    try:
-        settings, where = extender_settings(await api.list_deployments(namespace), namespace)
-    except (KubeError, ValueError) as err:
-        settings = Settings()
-        return settings, (
-            f"note: cannot read the installed extender's settings ({err}); explaining with the "
-            f"extender's defaults ({describe(settings)}); give --policy, or "
-            f"--extender-namespace where gpushare is installed"
-        )
-    return settings, f"note: explaining with the settings of {where} ({describe(settings)})"
+    installed = await installed_extender(api, namespace)
+    return installed.settings, installed.note
 
 
 async def collect_explanation(
@@ -187,10 +213,12 @@ async def collect_explanation(
     trust: Trust | None = None,
     find_unit: bool = False,
     notes: list[str] | None = None,
+    placeholders: PlaceholderSight | None = None,
 ) -> Explanation:
     """List nodes and pods, rebuild the ledger and run the extender's filter for one pod.
 
-    With ``find_unit`` the unit in ``settings`` is replaced by the one the nodes declare.
+    With ``find_unit`` the unit in ``settings`` is replaced by the one the nodes declare; with
+    ``placeholders`` a pod no node fits is told whether a new node is asked for.
     """
     if trust is None:
         trust, _ = await find_trust(api)
@@ -213,7 +241,8 @@ async def collect_explanation(
         raise PodNotFound(f"pod {namespace}/{name} not found")
     inventories = [read_node(n, cluster_unit=settings.unit, names=settings.names) for n in nodes]
     state = ClusterState.listed(settings=settings, trust=trust, nodes=inventories, pods=pods)
-    return explain_pod(found[0], state, Scheduler(settings))
+    sight = placeholders.seeing(pods) if placeholders is not None else None
+    return explain_pod(found[0], state, Scheduler(settings), placeholders=sight)
 
 
 OUTPUTS = ("text", "wide", "json", "yaml")
@@ -264,9 +293,10 @@ async def _explain(
     """``--explain``, with the installed extender's settings unless ``--policy`` is given."""
     assert query.explain is not None
     pod_ns, pod_name = query.explain
+    installed = await installed_extender(api, query.extender_namespace)
     if query.policy is None:
-        settings, note = await installed_settings(api, query.extender_namespace)
-        notes.append(note)
+        settings = installed.settings
+        notes.append(installed.note)
     else:
         settings = Settings(policy=query.policy)
     if query.unit is not None:
@@ -279,6 +309,7 @@ async def _explain(
         trust=trust,
         find_unit=query.unit is None,
         notes=notes,
+        placeholders=installed.placeholders,
     )
 
 

@@ -4,7 +4,8 @@ It runs the extender's own filter and scores (``gpushare.core.decision.schedulin
 rebuilt from pod annotations, so the answer is the one kube-scheduler would get from the
 extender at this moment: per node a verdict with its reasons, and on nodes that fit the GPUs
 the pod would get and how full they would be. A pod that already holds GPUs is judged with its
-own share left out, as a re-bind would be.
+own share left out, as a re-bind would be. When no node fits, ``inspect.newnode`` says whether
+a new node is asked for (a placeholder of the installed extender stands for the pod).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from gpushare.core.model.requests import PodRequest, Rejection
 from gpushare.core.model.status import Code
 from gpushare.core.placement.explain import IN_CLUSTER, placement_message, refusal_summary
 from gpushare.core.records.allocation import plan
+from gpushare.inspect.newnode import PlaceholderSight, new_node_line
 from gpushare.inspect.schema import ExplainDocument, NodeExplanationDoc, dump
 
 OUTCOMES = {
@@ -57,6 +59,9 @@ class Explanation:
     verdict: str
     """One line: the best node and its GPUs, or the refusals counted per reason."""
     rejection: tuple[str, ...] = ()
+    new_node: str = ""
+    """Whether it waits for a new node (``inspect.newnode``); empty when there is nothing
+    to say."""
 
 
 def _asks(request: PodRequest | Rejection, scheduler: Scheduler) -> str:
@@ -78,11 +83,19 @@ def _asks(request: PodRequest | Rejection, scheduler: Scheduler) -> str:
     return text
 
 
-def explain_pod(pod: KubeObject, state: ClusterState, scheduler: Scheduler) -> Explanation:
+def explain_pod(
+    pod: KubeObject,
+    state: ClusterState,
+    scheduler: Scheduler,
+    *,
+    placeholders: PlaceholderSight | None = None,
+) -> Explanation:
     """Filter and score the pod on every node of the state, as the extender would now.
 
-    The state's ledger is borrowed: a fitting node's placement is booked and given back at
-    once to read how full its GPUs would be.
+    With ``placeholders`` (the installed extender's, as listed), a pod no node fits is told
+    whether one of them asks an autoscaler for a new node for it. The state's ledger
+    is borrowed: a fitting node's placement is booked and given back at once to read how full
+    its GPUs would be.
     """
     ledger = state.ledger
     nodes = sorted(state.nodes.values(), key=lambda n: n.name)
@@ -133,6 +146,13 @@ def explain_pod(pod: KubeObject, state: ClusterState, scheduler: Scheduler) -> E
         nodes=tuple(out),
         verdict=verdict_line,
         rejection=request.reasons if isinstance(request, Rejection) else (),
+        new_node=new_node_line(
+            pod,
+            fits_somewhere=bool(fitting),
+            wants_gpu=isinstance(request, PodRequest) and request.wants_gpu,
+            sight=placeholders,
+            names=scheduler.settings.names,
+        ),
     )
 
 
@@ -158,5 +178,6 @@ def explanation_json(explanation: Explanation) -> dict[str, Any]:
         ],
         verdict=e.verdict,
         rejection=list(e.rejection),
+        new_node=e.new_node,
     )
     return dump(document)

@@ -7,7 +7,8 @@ ConfigMap: it passes them as flags of the ``extender`` container of the schedule
 ``--*-resource`` names, then ``scheduler.extraArgs``), so those flags are what is read here, the
 last one of a name winning as it does for the extender's own parser. The values go through
 ``gpushare.config.load``, the path every component's flags take, so a value the extender would
-refuse is refused here with the same message.
+refuse is refused here with the same message. The extender's ``--placeholder-namespace``
+(the chart's ``autoscaling.placeholders``) is read beside them, for ``inspect.newnode``.
 """
 
 from __future__ import annotations
@@ -27,19 +28,21 @@ FLAGS = {
     "--count-resource": "count_resource",
 }
 """The extender's flags that change what ``--explain`` computes, by their config field."""
+PLACEHOLDER_FLAGS = {"--placeholder-namespace": "placeholder_namespace"}
+"""The extender's flag naming where it keeps placeholder pods ('' or absent: it keeps none)."""
 
 
-def flag_values(args: Sequence[str]) -> dict[str, str]:
-    """The FLAGS among a command line, ``--flag=value`` or ``--flag value``; the last wins."""
+def flag_values(args: Sequence[str], flags: Mapping[str, str] = FLAGS) -> dict[str, str]:
+    """The ``flags`` among a command line, ``--flag=value`` or ``--flag value``; the last wins."""
     values: dict[str, str] = {}
     i = 0
     while i < len(args):
         name, eq, value = args[i].partition("=")
-        if name in FLAGS:
+        if name in flags:
             if not eq and i + 1 < len(args):
                 i += 1
                 value = args[i]
-            values[FLAGS[name]] = value
+            values[flags[name]] = value
         i += 1
     return values
 
@@ -70,6 +73,16 @@ def extender_settings(
             raise ValueError(f"{where}: the extender's flags do not read: {err}") from None
         return config.settings(), where
     raise ValueError(f"no Deployment in namespace {namespace} runs the gpushare extender")
+
+
+def placeholder_namespace(deployments: Iterable[Mapping[str, Any]]) -> str | None:
+    """Where the extender a Deployment runs keeps its placeholder pods ('' when it keeps
+    none); None when no Deployment runs one."""
+    for deployment in deployments:
+        args = _extender_args(deployment)
+        if args is not None:
+            return flag_values(args, PLACEHOLDER_FLAGS).get("placeholder_namespace", "")
+    return None
 
 
 def describe(settings: Settings) -> str:

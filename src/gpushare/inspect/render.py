@@ -300,6 +300,8 @@ def render_explanation(explanation: Explanation, layout: Layout = Layout()) -> s
     ]
     out += [f"INVALID:  {reason}" for reason in e.rejection]
     out.append(f"VERDICT:  {e.verdict}")
+    if e.new_node:
+        out.append(f"NEW NODE: {e.new_node}")
     out.append("")
     rows = [["NODE", "FITS", "GPUS", "SCORE", "WHY / WOULD GET"]]
     for node in e.nodes:

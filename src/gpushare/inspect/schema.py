@@ -177,6 +177,11 @@ class ExplainDocument(_Doc):
     nodes: list[NodeExplanationDoc]
     verdict: str = Field(description="One line: the best node, or the refusals per reason.")
     rejection: list[str] = Field(description="Why the request itself is invalid, or empty.")
+    new_node: str = Field(
+        default="",
+        description="When no node fits: whether a gpushare placeholder asks an autoscaler for a "
+        "new node for the pod (its name and GPUs), or why none does; empty otherwise.",
+    )
 
 
 DOCUMENTS: dict[str, type[_Doc]] = {"summary": InspectDocument, "explain": ExplainDocument}

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from gpushare.core.autoscaling.placeholders import PlaceholderSettings, manifest
 from gpushare.core.decision.scheduling import Settings
-from gpushare.inspect.cli import PodNotFound, collect_explanation, render_explained
+from gpushare.core.records.trust import Trust
+from gpushare.inspect.cli import PodNotFound, Query, _explain, collect_explanation, render_explained
 from gpushare.inspect.cli import main as inspect_cgpu
 from tests.support.kubeconfigs import KUBECONFIG, kube_with_pods
 
@@ -46,3 +48,42 @@ def test_explain_flags(tmp_path: Path) -> None:
     assert policy.exit_code == 2 and "nope" in policy.output
     down = runner.invoke(inspect_cgpu, ["-e", "p", "-n", "ml", "--kubeconfig", str(config)])
     assert down.exit_code == 1 and "cannot read from the Kubernetes API" in down.output
+
+
+def test_explain_names_the_placeholder_that_asks_for_a_new_node() -> None:
+    """The installed extender's --placeholder-namespace is read from its Deployment, and the
+    placeholder there that stands for the pod is named (not the other pods it stands for)."""
+    kube = kube_with_pods()
+    pods, _ = asyncio.run(kube.list_pods(namespace="ml"))
+    big = next(p for p in pods if p["metadata"]["name"] == "big")
+    body = manifest(
+        big,
+        name="gpushare-placeholder-feedc0ffee00",
+        covers=[big["metadata"]["uid"], "other-uid"],
+        keys=["ml/big", "team-b/hidden"],
+        gpus=2,
+        gpu_mib=15360,
+        node_names=["node-a", "node-b"],
+        settings=PlaceholderSettings(namespace="gpushare"),
+    )
+    kube.create_pod(body)
+    containers = [{"name": "extender", "args": ["extender", "--placeholder-namespace=gpushare"]}]
+    kube.put_deployment(
+        {
+            "metadata": {"namespace": "gpushare", "name": "gpushare-scheduler"},
+            "spec": {"template": {"spec": {"containers": containers}}},
+        }
+    )
+    notes: list[str] = []
+    query = Query(explain=("ml", "big"))
+    explained = asyncio.run(_explain(kube, query, Trust.structural(), notes, home="ml"))
+    text = render_explained(explained, output="text")
+    assert (
+        "NEW NODE: waits for a new node: placeholder gpushare-placeholder-feedc0ffee00 asks the "
+        "autoscaler for one (2 GPU(s) of 15 GiB)" in text
+    )
+    assert "team-b" not in text and "hidden" not in text
+    small = asyncio.run(
+        _explain(kube, Query(explain=("ml", "small")), Trust.structural(), [], home="ml")
+    )
+    assert small.new_node == ""  # it fits

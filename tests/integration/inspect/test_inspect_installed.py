@@ -9,8 +9,14 @@ import pytest
 
 from gpushare.core.decision.scheduling import Settings
 from gpushare.core.model.units import MemoryUnit
-from gpushare.inspect.cli import CannotExplain, collect_explanation, installed_settings
-from gpushare.inspect.installed import extender_settings, flag_values
+from gpushare.inspect.cli import (
+    CannotExplain,
+    collect_explanation,
+    installed_extender,
+    installed_settings,
+)
+from gpushare.inspect.installed import extender_settings, flag_values, placeholder_namespace
+from gpushare.inspect.newnode import PlaceholderSight
 from gpushare.kube.memory import MemoryKube
 from tests.support.chart import HELM, NAMESPACE, find, render
 from tests.support.kubeconfigs import kube_with_pods
@@ -53,6 +59,20 @@ def test_explain_uses_the_installed_settings_and_says_when_it_cannot() -> None:
     assert "no Deployment in namespace elsewhere runs the gpushare extender" in note
 
 
+def test_explain_reads_where_the_extender_keeps_placeholders() -> None:
+    assert placeholder_namespace([deployment("--placeholder-namespace=gpushare")]) == "gpushare"
+    assert placeholder_namespace([deployment("--placeholder-namespace", "a", "--policy=x")]) == "a"
+    assert placeholder_namespace([deployment("--policy=spread")]) == ""  # it keeps none
+    assert placeholder_namespace([]) is None
+    kube = kube_with_pods()
+    kube.put_deployment(deployment("--placeholder-namespace=gpushare"))
+    on = asyncio.run(installed_extender(kube, "gpushare"))
+    assert on.placeholders == PlaceholderSight(namespace="gpushare")
+    kube.forbidden.add("list_deployments:gpushare")
+    unread = asyncio.run(installed_extender(kube, "gpushare"))
+    assert unread.placeholders == PlaceholderSight(namespace="gpushare", known=False)
+
+
 def test_explain_without_cluster_rights_says_what_it_needs() -> None:
     kube = kube_with_pods()
     kube.forbidden.add("list_nodes")
@@ -71,3 +91,11 @@ def test_the_chart_s_deployment_gives_its_values() -> None:
     assert role["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
     assert {r["resources"][0] for r in role["rules"]} == {"pods", "resourcepolicies"}
     assert find(docs, "ClusterRole", "-inspect-nodes")["rules"][0]["resources"] == ["nodes"]
+
+
+@needs_helm
+def test_the_chart_s_autoscaling_values_reach_explain() -> None:
+    on = find(render(), "Deployment", "-scheduler")
+    assert placeholder_namespace([on]) == NAMESPACE  # autoscaling.placeholders: true (default)
+    off = find(render("--set", "autoscaling.placeholders=false"), "Deployment", "-scheduler")
+    assert placeholder_namespace([off]) == ""
