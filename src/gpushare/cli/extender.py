@@ -158,7 +158,7 @@ def extender(
     policies = PolicyWatch(api, book, notify=service.policy_notice, health=health)
     autoscaling_config = autoscaling_settings(settings, autoscaling_flags)
     autoscaling = (
-        Autoscaling(api=api, state=cache.state, settings=autoscaling_config)
+        Autoscaling(api=api, state=cache.state, settings=autoscaling_config, events=events)
         if autoscaling_config is not None
         else None
     )

@@ -42,6 +42,7 @@ from gpushare.core.autoscaling.scaledown import (
     guards,
 )
 from gpushare.core.decision.clusterstate import ClusterState
+from gpushare.extender.events import WAITING_FOR_NODE, EventRecorder, PodRef
 from gpushare.kube.port import KubeAPI, KubeError, NotFound
 
 log = logging.getLogger(__name__)
@@ -86,8 +87,11 @@ class Autoscaling:
         state: ClusterState,
         settings: AutoscalingSettings,
         clock_ns: Callable[[], int] = time.time_ns,
+        events: EventRecorder | None = None,
     ) -> None:
         self.api = api
+        self.events = events
+        """Where each pod a new placeholder stands for is told it waits for a new node."""
         self.state = state
         self.settings = settings
         self.clock_ns = clock_ns
@@ -182,6 +186,7 @@ class Autoscaling:
                 ", ".join(planned.pods),
             )
             await self._mark(settings, planned.name, str(created["metadata"]["uid"]), planned.pods)
+            self._tell(settings, planned.name, planned.covers, planned.gpus)
         by_name = {h.name: h for h in existing}
         for name in step.mark:
             held = by_name[name]
@@ -191,6 +196,24 @@ class Autoscaling:
                 log.info("no placeholder for %s: %s", key, why)
         self._told = dict(step.left)
         done.left = dict(step.left)
+
+    def _tell(
+        self, settings: PlaceholderSettings, name: str, covers: tuple[str, ...], gpus: int
+    ) -> None:
+        """A Normal Event on each pod: ``kubectl describe pod`` says why it waits."""
+        if self.events is None:
+            return
+        for uid in covers:
+            pod = self.state.pending.get(uid)
+            if pod is None or not self.events.allows("Normal"):
+                continue
+            self.events.record(
+                PodRef.of(pod),
+                "Normal",
+                WAITING_FOR_NODE,
+                f"no existing GPU holds it; placeholder {settings.namespace}/{name} asks the "
+                f"autoscaler for a new node ({gpus} GPU(s))",
+            )
 
     async def _mark(
         self, settings: PlaceholderSettings, name: str, uid: str, pods: tuple[str, ...]

@@ -41,6 +41,8 @@ UNSCHEDULABLE = "GPUShareUnschedulable"
 UNTRUSTED = "GPUShareUntrustedAllocation"
 POLICY_UNIT = "GPUSharePolicyUnit"
 POLICY_NOTICE = "GPUSharePolicyNotice"
+WAITING_FOR_NODE = "GPUShareWaitingForNode"
+"""Normal: a placeholder asks the autoscaler for a node for the pod (``extender.autoscaling``)."""
 
 EventKind = Literal["Normal", "Warning"]
 

@@ -67,6 +67,7 @@ def test_a_refused_pod_gets_a_placeholder_until_a_new_node_takes_it() -> None:
             ),
             clock_ns=lambda: now[0],
         )
+        loop.events = rig.extender.events
         assert (await loop.round()).created == []  # not settled yet
         now[0] += 10 * 10**9
         done = await loop.round()
@@ -75,6 +76,10 @@ def test_a_refused_pod_gets_a_placeholder_until_a_new_node_takes_it() -> None:
         (held,) = _placeholders(kube)
         condition = held["status"]["conditions"][0]
         assert (condition["reason"], condition["status"]) == ("Unschedulable", "False")
+        await rig.extender.events.drain()
+        told = [e for e in kube.events() if e["reason"] == "GPUShareWaitingForNode"]
+        assert [e["involvedObject"]["name"] for e in told] == ["big"]
+        assert held["metadata"]["name"] in told[0]["message"]
         assert (await loop.round()).created == []  # it stands; nothing twice
         # n0's GPUs are 81 % used: guarded from scale-down
         assert kube._nodes["n0"]["metadata"]["annotations"][CA_SCALE_DOWN_DISABLED] == "true"
