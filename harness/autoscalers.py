@@ -70,9 +70,9 @@ KARPENTER_NODEPOOL_LABEL = "karpenter.sh/nodepool"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 GIB_MIB = 1024
 
-SCALE_UP = re.compile(r"Scale-up: setting group (\S+) size to (\d+)")
+SCALE_UP = re.compile(r"\] Scale-up: setting group (\S+) size to (\d+)$", re.MULTILINE)
 """cluster-autoscaler's line for each scale-up it executes (``core/scaleup/orchestrator/
-executor.go``, logged at level 0)."""
+executor.go``, logged at level 0); the ScaledUpGroup event it also logs says "... instead of"."""
 
 
 # -- building ---------------------------------------------------------------------------------
