@@ -720,9 +720,11 @@ def running_karpenter(
         yield karpenter
     finally:
         with contextlib.suppress(Exception):
+            # NodeClaims before their NodePools: Karpenter drains and deletes each node while its
+            # pool still exists (the other order leaves it retrying "NodePool not found")
+            _drop_karpenter_nodes(cluster, karpenter.groups, process)
             for pool in karpenter.groups:
                 cluster.kubectl("delete", "nodepool", pool, "--wait=false", check=False)
-            _drop_karpenter_nodes(cluster, karpenter.groups, process)
         process.stop(grace=10)
         delete_group_nodes(cluster, karpenter.groups)
 
