@@ -12,7 +12,7 @@ DIST ?= dist/$(VERSION)
 IMAGE_ARCHIVE ?= $(DIST)/gpushare-image-$(VERSION).oci.tar
 ARCH ?=
 
-.PHONY: demo test unit native e2e e2e-oldest soak lint typecheck controlplane cluster cluster-down bench sizing replay plugin-requests image image-in-docker image-archive release clean
+.PHONY: demo test unit native e2e e2e-oldest soak lint typecheck controlplane autoscalers cluster cluster-down bench sizing replay plugin-requests image image-in-docker image-archive release clean
 
 $(STAMP): pyproject.toml constraints.txt packaging/gpushare_build.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,13 @@ controlplane:
 	bash harness/controlplane/build.sh > /dev/null
 	bash harness/node/setup.sh
 
+# Build (once; cached under ~/.cache/gpushare like the control plane) the node autoscalers the
+# autoscaling e2e tests run: cluster-autoscaler 1.36.1's kwok provider from ../shared/vendor
+# (skipped, and its tests with it, without ../shared) and Karpenter v1.15.0's kwok provider from
+# the Go module proxy (harness/controlplane/autoscalers.sh; cold times in docs/testing.md).
+autoscalers:
+	bash harness/controlplane/autoscalers.sh > /dev/null
+
 # The native interposer (src/gpushare/isolation/native/libgpushare-cuda.so; needs gcc only).
 native: $(STAMP)
 	$(BIN)/python -m gpushare.isolation.build
@@ -47,7 +54,7 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit tests/integration tests/isolation
 
 # End-to-end tests on the real control plane.
-e2e: $(STAMP) controlplane
+e2e: $(STAMP) controlplane autoscalers
 	GPUSHARE_E2E=1 $(BIN)/python -m pytest -q tests/e2e
 
 # The soak (docs/testing.md, "The soak"): 10,000 containers of churn on the real node with
@@ -77,7 +84,7 @@ e2e-oldest: $(STAMP)
 # Everything: lint, types, unit, integration, GPU (skipped without one) and end-to-end, in that
 # order, so the busy control plane of the e2e tests runs last. pytest's exit code 5 (no tests)
 # is not a failure.
-test: $(STAMP) lint typecheck controlplane
+test: $(STAMP) lint typecheck controlplane autoscalers
 	GPUSHARE_E2E=1 $(BIN)/python -m pytest -q tests/unit tests/integration tests/isolation tests/gpu tests/e2e; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 # A control plane with the gpushare extender and kwok, for a person with kubectl, with the seeds'

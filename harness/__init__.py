@@ -15,6 +15,8 @@ Kubernetes processes on this machine:
 - ``image_archive``, ``previous_release``: the chart's images as archives
   (``make image-archive``), this release's and the last one's.
 - ``staged``, ``seeding``, ``helpers``: creating nodes and pods in bulk and timing them.
+- ``autoscalers``: cluster-autoscaler and Karpenter (kwok providers) beside the cluster;
+  ``controlplane/autoscalers.sh`` builds them.
 - ``reaping``, ``ports``: finding and stopping what a run left behind; free ports.
 - ``fakegpu``: a fake GPU node on the CPU (fake driver and NVML, the interposer built on them).
 - ``hostile``: hostile values for every field and annotation gpushare reads (the hostile-input

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BINARIES = (
+    "cluster-autoscaler",
+    "karpenter-kwok",
     "gpushare-device-plugin",
     "kubelet",
     "containerd-shim-runc-v2",

@@ -53,6 +53,17 @@ def test_names_directory(arg: str, named: bool) -> None:
             "containerd-shim-runc-v2",
         ),
         ([f"{BIN}/kubelet", "--root-dir=/tmp/c/realnode/kubelet"], "kubelet"),
+        (
+            ["/c/cluster-autoscaler-1.36.1/cluster-autoscaler", "--kubeconfig=/tmp/c/admin.kc"],
+            "cluster-autoscaler",
+        ),
+        (
+            [
+                "/c/karpenter-kwok-v1.15.0/karpenter-kwok",
+                "--instance-types-file-path=/tmp/c/k.json",
+            ],
+            "karpenter-kwok",
+        ),
     ],
 )
 def test_components_of_the_directory(argv: list[str], component: str) -> None:
