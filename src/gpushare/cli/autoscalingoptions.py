@@ -51,8 +51,8 @@ autoscaling_options = option_group(
         type=click.Choice(["hostname", "label"]),
         default="hostname",
         show_default=True,
-        help="How placeholders keep off the existing nodes: hostname (kubernetes.io/hostname "
-        "NotIn, for cluster-autoscaler) or label (gpushare.io/gpus-published DoesNotExist, for "
+        help="How placeholders keep off the existing nodes: hostname (the node name, "
+        "matchFields metadata.name NotIn, for cluster-autoscaler) or label (gpushare.io/gpus-published DoesNotExist, for "
         "Karpenter, which ignores pods naming kubernetes.io/hostname).",
     ),
     click.option(

@@ -139,7 +139,7 @@ def test_a_newer_node_that_refuses_the_pod_makes_a_new_placeholder() -> None:
         terms = held["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"
         ]["nodeSelectorTerms"]
-        assert terms[0]["matchExpressions"][0]["values"] == ["n0", "n1"]
+        assert terms[0]["matchFields"][0]["values"] == ["n0", "n1"]
 
     run_with_rig(kube, body)
 

@@ -16,10 +16,12 @@ pool, becomes one placeholder pod in the release namespace that:
   that many placeholders per new node, which is GPU by GPU; and the real pods' gpu-mem is not
   counted twice (the autoscaler still sees the real pods, which no longer decide the count);
 - carries the real pods' node selector, required node affinity and tolerations, plus a
-  requirement only a new node satisfies. For cluster-autoscaler (``exclusion="hostname"``):
-  ``kubernetes.io/hostname NotIn`` every GPU node that existed when it was made (a template
-  node, warm or cold, gets a fresh hostname: ``simulator/node_info_utils.go``; a warm template
-  copies every other label of a real node, so no label would do). Karpenter refuses any pod
+  requirement only a new node satisfies. For cluster-autoscaler (``exclusion="hostname"``): a
+  required ``matchFields`` ``metadata.name NotIn`` every GPU node that existed when it was made
+  (a template node, warm or cold, gets a fresh name and hostname,
+  ``template-node-for-<group>-<n>``: ``simulator/node_info_utils.go``; a warm template copies
+  every other label of a real node, so no label would do; the node's name, not its hostname
+  label, which a platform may set otherwise). Karpenter refuses any pod
   whose affinity names ``kubernetes.io/hostname`` (``IsRestrictedLabel``,
   ``pkg/apis/v1/labels.go``: "ignoring pod"), so for it (``exclusion="label"``):
   ``gpushare.io/gpus-published DoesNotExist``, the label gpushare's device plugin writes on
@@ -80,6 +82,7 @@ ANN_GPU_MIB = "gpushare.io/placeholder-gpu-mib"
 PLACEHOLDER_SCHEDULER = "gpushare-placeholder"
 """A scheduler name nobody serves: placeholders are never bound."""
 HOSTNAME = "kubernetes.io/hostname"
+NAME_FIELD = "metadata.name"
 EXCLUSIONS = ("hostname", "label")
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 PREFIX = "gpushare-placeholder-"
@@ -434,11 +437,13 @@ def manifest(
 ) -> dict[str, Any]:
     """The placeholder pod for GPUs the pods ``covers`` need, placed as ``pod`` is."""
     spec = pod_spec_of(pod)
+    by_name = settings.exclusion == "hostname"
     not_in: dict[str, Any] = (
-        {"key": HOSTNAME, "operator": "NotIn", "values": list(node_names)}
-        if settings.exclusion == "hostname"
+        {"key": NAME_FIELD, "operator": "NotIn", "values": list(node_names)}
+        if by_name
         else {"key": LABEL_NODE_GPUS_PUBLISHED, "operator": "DoesNotExist"}
     )
+    where = "matchFields" if by_name else "matchExpressions"
     affinity = spec.get("affinity") or {}
     node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
     required = (
@@ -450,11 +455,11 @@ def manifest(
     new_terms: list[dict[str, Any]] = []
     for term in terms if isinstance(terms, list) and terms else [{}]:
         term = dict(term) if isinstance(term, Mapping) else {}
-        expressions = list(term.get("matchExpressions") or [])
-        if node_names or settings.exclusion == "label":
-            expressions.append(not_in)
-        if expressions:
-            term["matchExpressions"] = expressions
+        requirements = list(term.get(where) or [])
+        if node_names or not by_name:
+            requirements.append(not_in)
+        if requirements:
+            term[where] = requirements
         new_terms.append(term)
     amount = {settings.names.count: str(gpus)}
     body: dict[str, Any] = {

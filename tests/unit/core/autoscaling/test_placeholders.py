@@ -64,7 +64,7 @@ def test_the_trap_pod_gets_one_placeholder_that_no_existing_node_fits() -> None:
     assert spec["containers"][0]["resources"]["requests"] == {"aliyun.com/gpu-count": "1"}
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"] == [
-        {"matchExpressions": [{"key": HOSTNAME, "operator": "NotIn", "values": ["n0", "n1"]}]}
+        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n0", "n1"]}]}
     ]
     assert body["metadata"]["annotations"][ANN_FOR] == "uid-0"
     assert step.covered == {"uid-0": step.create[0].name}
@@ -114,9 +114,10 @@ def test_the_pods_own_affinity_and_tolerations_are_kept() -> None:
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]
-    not_in = {"key": HOSTNAME, "operator": "NotIn", "values": ["n0"]}
-    assert terms[0]["matchExpressions"] == [term["matchExpressions"][0], not_in]
-    assert terms[1]["matchExpressions"] == [not_in]  # every ORed term excludes the old nodes
+    not_in = {"key": "metadata.name", "operator": "NotIn", "values": ["n0"]}
+    assert terms[0] == {**term, "matchFields": [not_in]}
+    # every ORed term excludes the old nodes, beside its own fields
+    assert terms[1]["matchFields"] == [{"key": "x", "operator": "In", "values": ["y"]}, not_in]
     assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
 
 
@@ -154,7 +155,7 @@ def test_an_existing_placeholder_stands_until_its_pods_bind_or_a_newer_node_refu
     assert len(again.create) == 1 and again.create[0].name != held.name
     values = again.create[0].manifest["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
-    ]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
+    ]["nodeSelectorTerms"][0]["matchFields"][0]["values"]
     assert values == ["n0", "n1"]
 
 
