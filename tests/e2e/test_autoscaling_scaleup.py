@@ -53,9 +53,23 @@ ASK_GIB = 12
 UNITS = {"gib": MemoryUnit.GiB, "mib128": MemoryUnit.MiB128}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def autoscalers() -> dict[str, Path]:
     return build_autoscalers()
+
+
+@pytest.fixture(scope="session")
+def ca_binaries(autoscalers: dict[str, Path]) -> dict[str, Path]:
+    """The binaries, where cluster-autoscaler can run (else the test skips before the control
+    plane starts: session fixtures come first, in argument order)."""
+    need(autoscalers, CA_BINARY)
+    return autoscalers
+
+
+@pytest.fixture(scope="session")
+def karpenter_binaries(autoscalers: dict[str, Path]) -> dict[str, Path]:
+    need(autoscalers, KARPENTER_BINARY)
+    return autoscalers
 
 
 @pytest.fixture(params=sorted(UNITS), ids=sorted(UNITS))
@@ -158,17 +172,15 @@ def run_ca_scaleup(
 
 
 def test_cluster_autoscaler_adds_one_node_from_zero(
-    cluster: Cluster, autoscalers: dict[str, Path], unit: MemoryUnit
+    ca_binaries: dict[str, Path], cluster: Cluster, unit: MemoryUnit
 ) -> None:
-    need(autoscalers, CA_BINARY)
-    run_ca_scaleup(cluster, autoscalers, unit, warm=False)
+    run_ca_scaleup(cluster, ca_binaries, unit, warm=False)
 
 
 def test_cluster_autoscaler_adds_one_node_to_a_warm_pool(
-    cluster: Cluster, autoscalers: dict[str, Path], unit: MemoryUnit
+    ca_binaries: dict[str, Path], cluster: Cluster, unit: MemoryUnit
 ) -> None:
-    need(autoscalers, CA_BINARY)
-    run_ca_scaleup(cluster, autoscalers, unit, warm=True)
+    run_ca_scaleup(cluster, ca_binaries, unit, warm=True)
 
 
 def run_karpenter_scaleup(
@@ -245,14 +257,12 @@ def run_karpenter_scaleup(
 
 
 def test_karpenter_adds_one_node_from_zero(
-    cluster: Cluster, autoscalers: dict[str, Path], unit: MemoryUnit
+    karpenter_binaries: dict[str, Path], cluster: Cluster, unit: MemoryUnit
 ) -> None:
-    need(autoscalers, KARPENTER_BINARY)
-    run_karpenter_scaleup(cluster, autoscalers, unit, warm=False)
+    run_karpenter_scaleup(cluster, karpenter_binaries, unit, warm=False)
 
 
 def test_karpenter_adds_one_node_to_a_warm_pool(
-    cluster: Cluster, autoscalers: dict[str, Path], unit: MemoryUnit
+    karpenter_binaries: dict[str, Path], cluster: Cluster, unit: MemoryUnit
 ) -> None:
-    need(autoscalers, KARPENTER_BINARY)
-    run_karpenter_scaleup(cluster, autoscalers, unit, warm=True)
+    run_karpenter_scaleup(cluster, karpenter_binaries, unit, warm=True)
