@@ -305,9 +305,13 @@ class Publisher:
     errors: list[str] = field(default_factory=list)
 
 
-def node_agent_patch(node: Mapping[str, Any], shape: GpuShape | None) -> dict[str, Any]:
-    """The metadata patch kubelet (the hostname label) and gpushare's device plugin (inventory,
-    unit, model labels) would make on ``node``; {} when it holds them already. Pure."""
+def node_agent_patch(
+    node: Mapping[str, Any], shape: GpuShape | None, *, clears_taint: str = ""
+) -> dict[str, Any]:
+    """The patch kubelet (the hostname label) and gpushare's device plugin (inventory, unit,
+    model labels; with ``clears_taint``, removing the taint of that key, as a plugin that lifts
+    a startup taint once it published) would make on ``node``; {} when nothing is left to do.
+    Pure."""
     meta = node["metadata"]
     name = meta["name"]
     labels: dict[str, str | None] = {}
@@ -327,7 +331,12 @@ def node_agent_patch(node: Mapping[str, Any], shape: GpuShape | None) -> dict[st
         patch["labels"] = labels
     if annotations:
         patch["annotations"] = annotations
-    return {"metadata": patch} if patch else {}
+    result: dict[str, Any] = {"metadata": patch} if patch else {}
+    taints = (node.get("spec") or {}).get("taints") or []
+    if clears_taint and any(t.get("key") == clears_taint for t in taints):
+        # a merge patch replaces the whole list: the others are written back as they are
+        result["spec"] = {"taints": [t for t in taints if t.get("key") != clears_taint]}
+    return result
 
 
 @contextlib.contextmanager
@@ -337,10 +346,13 @@ def publishing_gpus(
     *,
     delay_s: float = 0.0,
     period_s: float = 1.0,
+    clears_taint: str = "",
 ) -> Iterator[Publisher]:
     """Play kubelet's and the device plugin's publishing part on the nodes of ``shapes``' groups
     (``GROUP_LABEL`` value to the shape its device plugin finds; None: a node without GPUs),
-    ``delay_s`` after each node appeared, until the block ends (module docstring)."""
+    ``delay_s`` after each node appeared, until the block ends (module docstring). With
+    ``clears_taint`` it also removes the taint of that key when it publishes (a startup taint
+    that the device plugin lifts; only on nodes with a shape)."""
     done = Publisher()
     stop = threading.Event()
     first_seen: dict[str, float] = {}
@@ -358,7 +370,10 @@ def publishing_gpus(
                 seen = first_seen.setdefault(name, time.monotonic())
                 if time.monotonic() - seen < delay_s:
                     continue
-                patch = node_agent_patch(node, shapes[node["metadata"]["labels"][GROUP_LABEL]])
+                shape = shapes[node["metadata"]["labels"][GROUP_LABEL]]
+                patch = node_agent_patch(
+                    node, shape, clears_taint=clears_taint if shape is not None else ""
+                )
                 if patch:
                     cluster.kubectl(
                         "patch", "node", name, "--type=merge", "-p", json.dumps(patch), check=False

@@ -53,9 +53,23 @@ ASK_GIB = 12
 UNITS = {"gib": MemoryUnit.GiB, "mib128": MemoryUnit.MiB128}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def autoscalers() -> dict[str, Path]:
     return build_autoscalers()
+
+
+@pytest.fixture(scope="session")
+def ca_binaries(autoscalers: dict[str, Path]) -> dict[str, Path]:
+    """The binaries, where cluster-autoscaler can run (else the test skips before the control
+    plane starts: session fixtures come first, in argument order)."""
+    need(autoscalers, CA_BINARY)
+    return autoscalers
+
+
+@pytest.fixture(scope="session")
+def karpenter_binaries(autoscalers: dict[str, Path]) -> dict[str, Path]:
+    need(autoscalers, KARPENTER_BINARY)
+    return autoscalers
 
 
 @pytest.fixture(params=sorted(UNITS), ids=sorted(UNITS))
@@ -158,27 +172,28 @@ def run_ca_scaleup(
 
 
 def test_cluster_autoscaler_adds_one_node_from_zero(
-    cluster: Cluster, autoscalers: dict[str, Path], unit: MemoryUnit
+    ca_binaries: dict[str, Path], cluster: Cluster, unit: MemoryUnit
 ) -> None:
-    need(autoscalers, CA_BINARY)
-    run_ca_scaleup(cluster, autoscalers, unit, warm=False)
+    run_ca_scaleup(cluster, ca_binaries, unit, warm=False)
 
 
 def test_cluster_autoscaler_adds_one_node_to_a_warm_pool(
-    cluster: Cluster, autoscalers: dict[str, Path], unit: MemoryUnit
+    ca_binaries: dict[str, Path], cluster: Cluster, unit: MemoryUnit
 ) -> None:
-    need(autoscalers, CA_BINARY)
-    run_ca_scaleup(cluster, autoscalers, unit, warm=True)
+    run_ca_scaleup(cluster, ca_binaries, unit, warm=True)
 
 
-def test_karpenter_adds_one_node_from_zero(
-    cluster: Cluster, autoscalers: dict[str, Path], unit: MemoryUnit
+def run_karpenter_scaleup(
+    cluster: Cluster, binaries: dict[str, Path], unit: MemoryUnit, *, warm: bool
 ) -> None:
-    """Karpenter's kwok Node has the instance type's gpu-mem and gpu-count; the GPU inventory
+    """One pending 12 GiB pod beside a BIG and a SMALL NodePool (with ``warm``, after four
+    pods of a whole GPU each made Karpenter add one BIG node, which they fill): exactly one BIG
+    node is added for it and the pod is bound there.
+
+    Karpenter's kwok Node has the instance type's gpu-mem and gpu-count; the GPU inventory
     comes from the device plugin's stand-in (harness.autoscalers.publishing_gpus). The SMALL
     type is the cheaper, so Karpenter would take it if it held the pod."""
-    need(autoscalers, KARPENTER_BINARY)
-    tag = f"kp-zero-{unit.name.lower()}"
+    tag = f"kp-{'warm' if warm else 'zero'}-{unit.name.lower()}"
     big, small = f"{tag}-4x16", f"{tag}-1x8"
     select = {"gpushare-e2e": tag}
     types = [
@@ -190,34 +205,64 @@ def test_karpenter_adds_one_node_from_zero(
     try:
         with (
             running_karpenter(
-                cluster, autoscalers, types, pools, name=f"karpenter-{tag}"
+                cluster, binaries, types, pools, name=f"karpenter-{tag}"
             ) as karpenter,
             publishing_gpus(cluster, {big: shaped(BIG, unit), small: shaped(SMALL, unit)}),
         ):
-            started = time.monotonic()
-            apply_all(
-                cluster, [gpu_pod_manifest("ask", ns, units_of(ASK_GIB, unit), selector=select)]
-            )
             try:
-                nodes = wait_group_size(cluster, big, 1, 90, karpenter.process)
+                warm_nodes: list[str] = []
+                if warm:
+                    fill = units_of(BIG.gib, unit)
+                    apply_all(
+                        cluster,
+                        [
+                            gpu_pod_manifest(f"fill{i}", ns, fill, selector=select)
+                            for i in range(BIG.gpus)
+                        ],
+                    )
+                    wait_group_size(cluster, big, 1, 90, karpenter.process)
+                    warm_nodes = sorted(
+                        {wait_bound(cluster, ns, f"fill{i}", 60) for i in range(BIG.gpus)}
+                    )
+                    assert len(warm_nodes) == 1, warm_nodes
+                started = time.monotonic()
+                apply_all(
+                    cluster, [gpu_pod_manifest("ask", ns, units_of(ASK_GIB, unit), selector=select)]
+                )
+                nodes = wait_group_size(cluster, big, len(warm_nodes) + 1, 90, karpenter.process)
                 timed(f"{tag}: node added", started)
                 landed = wait_bound(cluster, ns, "ask", 60, karpenter.process)
                 timed(f"{tag}: pod bound", started)
-                assert landed == nodes[0]["metadata"]["name"]
-                status = nodes[0]["status"]
+                added = [
+                    n["metadata"]["name"] for n in nodes if n["metadata"]["name"] not in warm_nodes
+                ]
+                assert landed == added[0], (landed, added)
+                status = nodes[-1]["status"]
                 print("Karpenter's node: capacity", status["capacity"])
                 print("Karpenter's node: allocatable", status["allocatable"])
                 time.sleep(3)  # a few batching windows: no second NodeClaim
-                assert group_node_names(cluster, big) == [landed]
+                assert sorted(group_node_names(cluster, big)) == sorted([*warm_nodes, landed])
                 assert group_node_names(cluster, small) == []
                 claims = [
                     c
                     for c in karpenter.nodeclaims()
                     if c["metadata"]["labels"].get(GROUP_LABEL) in (big, small)
                 ]
-                assert len(claims) == 1, [c["metadata"]["name"] for c in claims]
+                assert len(claims) == len(warm_nodes) + 1, [c["metadata"]["name"] for c in claims]
             except BaseException:
                 print(f"--- {karpenter.process.name} log tail ---\n{karpenter.tail(80)}")
                 raise
     finally:
         drop_namespace(cluster, ns)
+
+
+def test_karpenter_adds_one_node_from_zero(
+    karpenter_binaries: dict[str, Path], cluster: Cluster, unit: MemoryUnit
+) -> None:
+    run_karpenter_scaleup(cluster, karpenter_binaries, unit, warm=False)
+
+
+def test_karpenter_adds_one_node_to_a_warm_pool(
+    karpenter_binaries: dict[str, Path], cluster: Cluster, unit: MemoryUnit
+) -> None:
+    run_karpenter_scaleup(cluster, karpenter_binaries, unit, warm=True)

@@ -73,3 +73,15 @@ def test_karpenter_objects_name_the_gpu_resources_and_the_group() -> None:
     labels = pool["spec"]["template"]["metadata"]["labels"]
     assert labels[GROUP_LABEL] == "p" and labels["x"] == "y"
     assert pool["spec"]["template"]["spec"]["requirements"][0]["values"] == ["t"]
+
+
+def test_the_stand_in_lifts_only_the_startup_taint_it_is_told() -> None:
+    shape = GpuShape(gpus=1, gib=16)
+    key = "startup-taint.cluster-autoscaler.kubernetes.io/gpushare"
+    other = {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}
+    node = {
+        "metadata": {"name": "n1", "labels": {HOSTNAME_LABEL: "n1"}, "annotations": {}},
+        "spec": {"taints": [{"key": key, "effect": "NoSchedule"}, other]},
+    }
+    assert node_agent_patch(node, shape, clears_taint=key)["spec"] == {"taints": [other]}
+    assert "spec" not in node_agent_patch(node, shape)
