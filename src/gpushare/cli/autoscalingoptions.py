@@ -52,8 +52,9 @@ autoscaling_options = option_group(
         default="hostname",
         show_default=True,
         help="How placeholders keep off the existing nodes: hostname (the node name, "
-        "matchFields metadata.name NotIn, for cluster-autoscaler) or label (gpushare.io/gpus-published DoesNotExist, for "
-        "Karpenter, which ignores pods naming kubernetes.io/hostname).",
+        "matchFields metadata.name NotIn, for cluster-autoscaler) or label "
+        "(gpushare.io/gpus-published DoesNotExist, for Karpenter, which ignores pods naming "
+        "kubernetes.io/hostname).",
     ),
     click.option(
         "--new-node-gpu-memory-mib",
