@@ -48,7 +48,7 @@ import yaml
 
 from gpushare.core.model.gpumodel import gpu_node_labels
 from gpushare.core.model.inventory import Gpu, Mode, inventory_annotation
-from gpushare.core.model.names import ANN_NODE_GPUS, ANN_NODE_UNIT
+from gpushare.core.model.names import ANN_NODE_GPUS, ANN_NODE_UNIT, LABEL_NODE_GPUS_PUBLISHED
 from gpushare.core.model.units import MemoryUnit
 from gpushare.kube.objects import gpu_node
 from harness.cluster import Cluster, Process, wait_for
@@ -323,7 +323,10 @@ def node_agent_patch(
         wanted = {ANN_NODE_GPUS: inventory_annotation(gpus), ANN_NODE_UNIT: shape.unit.value}
         held = meta.get("annotations") or {}
         annotations = {k: v for k, v in wanted.items() if held.get(k) != v}
-        model_labels = gpu_node_labels([g.model for g in gpus], [shape.gib * GIB_MIB] * shape.gpus)
+        model_labels: dict[str, str | None] = {
+            **gpu_node_labels([g.model for g in gpus], [shape.gib * GIB_MIB] * shape.gpus),
+            LABEL_NODE_GPUS_PUBLISHED: "true",  # as node.publishing writes with them
+        }
         current = meta.get("labels") or {}
         labels.update({k: v for k, v in model_labels.items() if current.get(k) != v})
     patch: dict[str, Any] = {}

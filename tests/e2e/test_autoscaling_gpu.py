@@ -32,14 +32,18 @@ from gpushare.node.startuptaint import release_once
 from harness.autoscalers import (
     CA_BINARY,
     GROUP_LABEL,
+    KARPENTER_BINARY,
     GpuShape,
     build_autoscalers,
+    gpu_instance_type,
     gpu_template,
     group_node_names,
     node_agent_patch,
     node_of_group,
+    nodepool,
     publishing_gpus,
     running_cluster_autoscaler,
+    running_karpenter,
     unavailable,
     wait_bound,
     wait_group_size,
@@ -427,6 +431,62 @@ def test_a_node_that_registers_before_its_device_plugin_adds_no_second_node(
                 assert ca.scale_ups() == [(group, 1)]
             except BaseException:
                 print(f"--- {ca.process.name} log tail ---\n{ca.tail(80)}")
+                raise
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def test_the_fragmentation_trap_with_karpenter(
+    cluster: Cluster, autoscalers: dict[str, Path], fix: bool
+) -> None:
+    """The trap with Karpenter v1.15.0: it packs by the node's totals too. Four 13 GiB pods get
+    one 4 x 16 GiB node; an 8 GiB pod then "fits" it by its 12 GiB free. Off: no NodeClaim.
+    Fix (``autoscaling.autoscaler: karpenter``: placeholders keep off published nodes by the
+    ``gpushare.io/gpus-published`` label, since Karpenter ignores pods naming the hostname or
+    using ``matchFields``): one more node, the pod bound there."""
+    reason = unavailable(autoscalers, KARPENTER_BINARY)
+    if reason:
+        pytest.skip(reason)
+    if fix:
+        cluster.start_extender(extra=(*AUTOSCALING, "--placeholder-exclusion", "label"))
+    tag = f"kptrap-{'fix' if fix else 'off'}"
+    group = f"{tag}-4x16"
+    select = {"gpushare-e2e": tag}
+    ns = tag
+    cluster.create_namespace(ns, check=False)
+    try:
+        with (
+            running_karpenter(
+                cluster,
+                autoscalers,
+                [gpu_instance_type(group, BIG)],
+                [nodepool(group, [group], labels=select)],
+                name=f"karpenter-{tag}",
+            ) as karpenter,
+            publishing_gpus(cluster, {group: BIG}),
+        ):
+            try:
+                apply_all(
+                    cluster,
+                    [gpu_pod_manifest(f"fill{i}", ns, 13, selector=select) for i in range(4)],
+                )
+                (first,) = [n["metadata"]["name"] for n in wait_group_size(cluster, group, 1, 90)]
+                for i in range(4):
+                    assert wait_bound(cluster, ns, f"fill{i}", 60) == first
+                apply_all(cluster, [gpu_pod_manifest("ask", ns, 8, selector=select)])
+                if not fix:
+                    time.sleep(20)  # many batching windows
+                    assert group_node_names(cluster, group) == [first]
+                    assert not _bound(cluster, ns)["ask"]
+                    return
+                nodes = wait_group_size(cluster, group, 2, 90, karpenter.process)
+                added = [n["metadata"]["name"] for n in nodes if n["metadata"]["name"] != first]
+                assert wait_bound(cluster, ns, "ask", 90, karpenter.process) == added[0]
+                wait_for("the placeholder gone", lambda: not _placeholders(cluster), 30)
+                time.sleep(10)
+                assert len(group_node_names(cluster, group)) == 2
+            except BaseException:
+                print(f"--- {karpenter.process.name} log tail ---\n{karpenter.tail(80)}")
                 raise
     finally:
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
