@@ -75,6 +75,10 @@ build_karpenter() {
 
 main() {
   mkdir -p "$CACHE"
+  # one build at a time: `make test` starts one in the background while the unit tests run, and
+  # the autoscaling e2e tests' own call waits here for it, then finds both cached
+  exec 9>"$CACHE/.autoscalers.lock"
+  flock 9
   build_cluster_autoscaler
   build_karpenter
 }
