@@ -42,9 +42,10 @@ def main() -> int:
     parser.add_argument("--delay-after-add-s", type=float, default=defaults.delay_after_add_s)
     parser.add_argument("--headroom", type=float, default=defaults.headroom)
     parser.add_argument("--out", type=Path, default=Path("bench-out") / "autoscale")
+    parser.add_argument("--traces", type=Path, default=TRACES, help="folder of the openb csv files")
     args = parser.parse_args()
-    if not TRACES.exists():
-        print(f"error: the openb traces are not at {TRACES}; put ../shared beside the project")
+    if not args.traces.exists():
+        print(f"error: the openb traces are not at {args.traces}; put ../shared beside the project")
         return 2
     try:
         settings = Settings(
@@ -57,7 +58,7 @@ def main() -> int:
         print(f"error: {err}")
         return 2
     policies = args.policy or list(POLICIES)
-    nodes = read_nodes(TRACES / "openb_node_list_gpu_node.csv")
+    nodes = read_nodes(args.traces / "openb_node_list_gpu_node.csv")
     names = args.trace or list(NAMES)
     progress = PlainProgress(
         len(names) * len(policies) * args.seeds, say=lambda line: print(line, flush=True)
@@ -65,7 +66,7 @@ def main() -> int:
     tables: dict[str, list[str]] = {}
     notes: list[str] = []
     for name in names:
-        pods = read_pods(TRACES / f"openb_pod_list_{name}.csv")
+        pods = read_pods(args.traces / f"openb_pod_list_{name}.csv")
         print(f"{name}: {len(policies)} policies x {args.seeds} seeds", flush=True)
         started = time.perf_counter()
         experiment = autoscalereport.run_autoscale_experiment(
