@@ -34,7 +34,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--trace", action="append")
     parser.add_argument("--policy", action="append")
-    parser.add_argument("--load", type=float, default=LOAD, help="demand, share of the trace's GPUs")
+    parser.add_argument("--load", type=float, default=LOAD, help="demand, of the trace's GPUs")
     parser.add_argument("--volume", type=float, default=VOLUME, help="stream, in capacities")
     defaults = Settings()
     parser.add_argument("--provision-s", type=float, default=defaults.provision_s)
@@ -85,12 +85,11 @@ def main() -> int:
         print(f"{name}: {time.perf_counter() - started:.0f} s; {', '.join(map(str, written))}")
         for reference in ("fgd", "bestfit"):
             if reference in policies:
-                tables.setdefault(reference, []).extend(
-                    autoscalereport.rows(experiment, reference)
-                )
+                tables.setdefault(reference, []).extend(autoscalereport.rows(experiment, reference))
         notes += autoscalereport.notes(experiment)
     for reference, lines in tables.items():
-        print(f"\nautoscaled, demand {100 * args.load:.0f} % of the trace's GPUs, {args.seeds} seeds")
+        demand = f"{100 * args.load:.0f} % of the trace's GPUs"
+        print(f"\nautoscaled, demand {demand}, {args.seeds} seeds")
         print("\n".join(autoscalereport.header(reference)))
         print("\n".join(lines))
     print()

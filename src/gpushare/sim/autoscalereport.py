@@ -82,9 +82,7 @@ def run_autoscale_experiment(
                 if progress:
                     progress(runs[-1])
     runs.sort(key=lambda r: (list(policies).index(r.policy), r.seed))
-    return AutoscaleExperiment(
-        trace, settings, load, volume, list(seeds), list(policies), runs
-    )
+    return AutoscaleExperiment(trace, settings, load, volume, list(seeds), list(policies), runs)
 
 
 COLUMNS = (
@@ -180,7 +178,10 @@ def plot_nodes(experiment: AutoscaleExperiment, path: Path, seed: int | None = N
             hours = [p[0] for p in run.series]
             nodes = [p[1] for p in run.series]
             axis.step(
-                hours, nodes, where="post", lw=1.6,
+                hours,
+                nodes,
+                where="post",
+                lw=1.6,
                 label=f"{policy}: {run.node_hours:.0f} node-hours, most {run.peak_nodes}",
             )
     s = experiment.settings

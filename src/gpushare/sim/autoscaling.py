@@ -223,8 +223,14 @@ class Pool:
     def __init__(self, groups: Sequence[NodeGroup], seed: int) -> None:
         self.groups = list(groups)
         slots = [
-            TraceNode(f"{g.name}-{k}", g.template.cpu_milli, g.template.memory_mib,
-                      g.template.gpus, g.template.model, gpu_mem_mib=g.template.gpu_mem_mib)
+            TraceNode(
+                f"{g.name}-{k}",
+                g.template.cpu_milli,
+                g.template.memory_mib,
+                g.template.gpus,
+                g.template.model,
+                gpu_mem_mib=g.template.gpu_mem_mib,
+            )
             for g in self.groups
             for k in range(g.max_size)
         ]
@@ -273,7 +279,6 @@ class Pool:
     def room(self, group: int) -> int:
         """Nodes the group may still add."""
         return int(((self.group_of == group) & (self.state == CLOSED)).sum())
-
 
 
 @dataclass(frozen=True)
@@ -536,8 +541,9 @@ def run_autoscaling(
         nonlocal bought, bought_gpus, dirty
         if clock - last_up < settings.delay_after_add_s:
             return
-        due = sorted((since, i) for i, since in empty_since.items()
-                     if clock - since >= settings.unneeded_s)
+        due = sorted(
+            (since, i) for i, since in empty_since.items() if clock - since >= settings.unneeded_s
+        )
         for _, i in due[: settings.max_delete]:
             pool.close(i)
             del empty_since[i]
