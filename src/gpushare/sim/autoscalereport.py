@@ -13,17 +13,18 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 from gpushare.sim.autoscaling import LOAD, VOLUME, AutoscaleRun, Settings, run_autoscaling
 from gpushare.sim.openb import TraceNode, TracePod
 from gpushare.sim.report import spread
+from gpushare.sim.seeds import PairedRuns, run_all
 
 
 @dataclass
-class AutoscaleExperiment:
+class AutoscaleExperiment(PairedRuns[AutoscaleRun]):
     """Every policy on every seed of one trace, autoscaled."""
 
     trace: str
@@ -33,19 +34,6 @@ class AutoscaleExperiment:
     seeds: list[int]
     policies: list[str]
     runs: list[AutoscaleRun]
-
-    def of(self, policy: str) -> list[AutoscaleRun]:
-        return [r for r in self.runs if r.policy == policy]
-
-    def values(self, policy: str, metric: str) -> list[float]:
-        return [float(getattr(r, metric)) for r in self.of(policy)]
-
-    def paired(self, policy: str, reference: str, metric: str) -> list[float]:
-        """(policy - reference) of ``metric`` on each seed both ran."""
-        theirs = {r.seed: float(getattr(r, metric)) for r in self.of(reference)}
-        return [
-            float(getattr(r, metric)) - theirs[r.seed] for r in self.of(policy) if r.seed in theirs
-        ]
 
 
 def run_autoscale_experiment(
@@ -63,25 +51,8 @@ def run_autoscale_experiment(
 ) -> AutoscaleExperiment:
     """Each (policy, seed) run is independent: in a process pool when ``workers`` > 1."""
     settings = settings or Settings()
-    jobs = [(policy, seed) for seed in seeds for policy in policies]
-    options = {"settings": settings, "load": load, "volume": volume}
-    runs: list[AutoscaleRun] = []
-    if workers <= 1:
-        for policy, seed in jobs:
-            runs.append(run_autoscaling(nodes, pods, policy, seed, **options))  # type: ignore[arg-type]
-            if progress:
-                progress(runs[-1])
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [
-                pool.submit(run_autoscaling, nodes, pods, policy, seed, **options)  # type: ignore[arg-type]
-                for policy, seed in jobs
-            ]
-            for future in as_completed(futures):
-                runs.append(future.result())
-                if progress:
-                    progress(runs[-1])
-    runs.sort(key=lambda r: (list(policies).index(r.policy), r.seed))
+    one = partial(run_autoscaling, nodes, pods, settings=settings, load=load, volume=volume)
+    runs = run_all(one, policies, seeds, workers=workers, progress=progress)
     return AutoscaleExperiment(trace, settings, load, volume, list(seeds), list(policies), runs)
 
 
