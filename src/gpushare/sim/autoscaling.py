@@ -10,7 +10,7 @@ and the bill is counted in node-hours and GPU-hours provisioned.
 memory: 15 on openb), each at most ``headroom`` x as many nodes as the trace has of it (rounded
 up): a node group has a maximum size, and the trace's own counts say how many of each shape a
 provider offered. A group at its maximum takes no more nodes; the pods it would have taken go
-to another group or wait for room. The runs below count how often that happened
+to another group or wait for room; a run counts the loops where that happened
 (``refused_at_max``).
 
 *Demand.* The churn protocol's pods (the seed's stream, each running its own time in the
@@ -41,7 +41,13 @@ ask again at the next loop. New nodes cost from the moment they are asked for an
 ``provision_s`` to become ready (3 minutes by default: launch, boot, kubelet and the device
 plugin publishing ``aliyun.com/gpu-mem``; the startup taint keeps pods off until then, so no
 second scale-up follows a node that registers early). Pods that fit no group at all wait for
-ever (``unplaceable``).
+ever (``unplaceable``). Least-waste rather than the others cluster-autoscaler offers: it is
+the default, so what an operator gets without choosing; ``random`` would add noise that has
+nothing to do with placement, ``price`` needs prices the trace does not have, and
+``priority`` an order someone must write. A loop with nothing new (the same pods waiting, the
+same nodes on their way and no group freed) gives the same answer and is skipped.
+Karpenter (``sigs.k8s.io/karpenter`` v1.15.0) is not modelled: it packs by node totals too
+(AUTOSCALERS.md 1c), but picks instance types and consolidates by its own rules.
 
 *Placement.* Every arriving pod, and every waiting pod when something frees or a node becomes
 ready, is placed by the policy among the ready nodes it fits, through the same ports as the
@@ -82,8 +88,9 @@ from gpushare.sim.stream import arrival_stream, capacity_milli
 
 LOAD = 0.25
 """GPU demand kept present, share of the trace cluster's GPU capacity: about 1,550 GPUs on
-openb, some 450 nodes. A quarter rather than the churn protocol's 95 % keeps a seed of gpushare
-under a minute on one core; a cluster that scales has no fixed size to fill."""
+openb, 450 to 670 nodes at the peak. A quarter rather than the churn protocol's 95 % keeps a
+seed of gpushare under a minute on one core (at 95 % it takes several); a cluster that scales
+has no fixed size to fill."""
 
 VOLUME = 1.0
 """GPU demand of the whole stream, in capacities of the trace cluster: at ``LOAD`` four times
@@ -191,7 +198,8 @@ class AutoscaleRun:
     nodes_added: int = 0
     nodes_removed: int = 0
     refused_at_max: int = 0
-    """Loops where a group that fitted a pending pod was at its maximum size."""
+    """Loops (those with something new) where a group whose empty node fits a pending pod was
+    at its maximum size."""
     unplaceable: int = 0
     """Pods that fit no group's empty node (they wait for ever)."""
     arrived: int = 0
