@@ -12,6 +12,9 @@
 - ``churn``: the churn protocol, pods arriving and leaving at a steady load.
 - ``experiment``: several policies over several seeds, in parallel processes.
 - ``churnreport``: the churn protocol's experiment and report.
+- ``autoscaling``: the autoscaling protocol, nodes bought on demand and removed when empty.
+- ``autoscalereport``: the autoscaling protocol's experiment, table and picture.
+- ``seeds``: the process pool and the differences paired by seed the protocols share.
 - ``lpbound``: the LP lower bound on unallocated GPU % for any policy.
 - ``progress``: progress as plain lines, for logs, pipes and CI.
 - ``report``: the report: a table, a JSON file with every number, and pictures.

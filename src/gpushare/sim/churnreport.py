@@ -12,17 +12,18 @@ import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 from gpushare.sim.churn import LOAD, VOLUME, ChurnRun, run_churn
 from gpushare.sim.openb import TraceNode, TracePod
 from gpushare.sim.report import spread
+from gpushare.sim.seeds import PairedRuns, run_all
 
 
 @dataclass
-class ChurnExperiment:
+class ChurnExperiment(PairedRuns[ChurnRun]):
     """Every policy on every seed of one trace under churn."""
 
     trace: str
@@ -33,19 +34,6 @@ class ChurnExperiment:
     seeds: list[int]
     policies: list[str]
     runs: list[ChurnRun]
-
-    def of(self, policy: str) -> list[ChurnRun]:
-        return [r for r in self.runs if r.policy == policy]
-
-    def values(self, policy: str, metric: str) -> list[float]:
-        return [float(getattr(r, metric)) for r in self.of(policy)]
-
-    def paired(self, policy: str, reference: str, metric: str) -> list[float]:
-        """(policy - reference) of ``metric`` on each seed both ran."""
-        theirs = {r.seed: float(getattr(r, metric)) for r in self.of(reference)}
-        return [
-            float(getattr(r, metric)) - theirs[r.seed] for r in self.of(policy) if r.seed in theirs
-        ]
 
 
 def run_churn_experiment(
@@ -61,24 +49,8 @@ def run_churn_experiment(
     progress: Callable[[ChurnRun], None] | None = None,
 ) -> ChurnExperiment:
     """Each (policy, seed) run is independent: in a process pool when ``workers`` > 1."""
-    jobs = [(policy, seed) for policy in policies for seed in seeds]
-    runs: list[ChurnRun] = []
-    if workers <= 1:
-        for policy, seed in jobs:
-            runs.append(run_churn(nodes, pods, policy, seed, load=load, volume=volume))
-            if progress:
-                progress(runs[-1])
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [
-                pool.submit(run_churn, nodes, pods, policy, seed, load=load, volume=volume)
-                for policy, seed in jobs
-            ]
-            for future in as_completed(futures):
-                runs.append(future.result())
-                if progress:
-                    progress(runs[-1])
-    runs.sort(key=lambda r: (list(policies).index(r.policy), r.seed))
+    one = partial(run_churn, nodes, pods, load=load, volume=volume)
+    runs = run_all(one, policies, seeds, workers=workers, progress=progress)
     gpus = sum(n.gpus for n in nodes)
     return ChurnExperiment(trace, len(nodes), gpus, load, volume, list(seeds), list(policies), runs)
 
