@@ -19,6 +19,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,25 @@ def fix(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[bool]:
     cluster.start_extender(extra=())
 
 
+@dataclass(frozen=True)
+class _Case:
+    """One test's names: its namespace (the tag), its 4 x 16 GiB group and the pods' selector."""
+
+    tag: str
+    group: str
+    select: dict[str, str]
+
+    @property
+    def ns(self) -> str:
+        return self.tag
+
+
+def _case(cluster: Cluster, name: str, fix: bool) -> _Case:
+    tag = f"{name}-{'fix' if fix else 'off'}"
+    cluster.create_namespace(tag, check=False)
+    return _Case(tag, f"{tag}-4x16", {"gpushare-e2e": tag})
+
+
 def _placeholders(cluster: Cluster) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = cluster.kubectl_json(
         "get", "pods", "-n", NAMESPACE, "-l", f"{PLACEHOLDER_LABEL}=true"
@@ -129,12 +149,9 @@ def test_the_fragmentation_trap(cluster: Cluster, autoscalers: dict[str, Path], 
     Off: cluster-autoscaler finds the pod a place on the full node and adds nothing (the pod
     waits for ever). Fix: one placeholder; one node added; the pod bound there; the
     placeholder gone; the count put for 5 loops."""
-    tag = f"trap-{'fix' if fix else 'off'}"
-    group = f"{tag}-4x16"
-    select = {"gpushare-e2e": tag}
+    case = _case(cluster, "trap", fix)
+    tag, group, select, ns = case.tag, case.group, case.select, case.ns
     template = gpu_template(group, BIG, labels=select)
-    ns = tag
-    cluster.create_namespace(ns, check=False)
     warm = _warm(cluster, template, f"{group}-warm0")
     try:
         _fill(cluster, ns, select, warm, [13] * 4)
@@ -174,12 +191,9 @@ def test_the_estimate_is_gpu_by_gpu(
     """5 pods of 10 GiB from zero, template 4 x 16 GiB: by totals one node holds 6, GPU by GPU
     4, so they need 2 nodes. Off: 1 node, and the fifth pod waits for ever (it fits the node by
     totals). Fix: 2 nodes, every pod bound, the count put for 5 loops."""
-    tag = f"est-{'fix' if fix else 'off'}"
-    group = f"{tag}-4x16"
-    select = {"gpushare-e2e": tag}
+    case = _case(cluster, "est", fix)
+    tag, group, select, ns = case.tag, case.group, case.select, case.ns
     template = gpu_template(group, BIG, labels=select)
-    ns = tag
-    cluster.create_namespace(ns, check=False)
     try:
         with (
             running_cluster_autoscaler(cluster, autoscalers, [template], name=f"ca-{tag}") as ca,
@@ -225,12 +239,9 @@ def test_scale_down(cluster: Cluster, autoscalers: dict[str, Path], fix: bool) -
     GPUs have 7, 7, 16 and 16 GiB free), or a, its pods moved to b by totals (20 GiB free)
     where none fits (5 GiB a GPU). Fix: both stay (b's GPUs are used; a's pods fit nowhere else GPU
     by GPU: b has 5 GiB a GPU); once a's pods are gone, a (empty) is removed and b stays."""
-    tag = f"down-{'fix' if fix else 'off'}"
-    group = f"{tag}-4x16"
-    select = {"gpushare-e2e": tag}
+    case = _case(cluster, "down", fix)
+    tag, group, select, ns = case.tag, case.group, case.select, case.ns
     template = gpu_template(group, BIG, labels=select)
-    ns = tag
-    cluster.create_namespace(ns, check=False)
     a, b = f"{group}-a", f"{group}-b"
     try:
         # b first, alone: four 11 GiB pods; then a: 9 GiB pods fit only there. Nothing pins a
@@ -399,15 +410,12 @@ def test_a_node_that_registers_before_its_device_plugin_adds_no_second_node(
     allocates gpu-mem): the node counts as starting, in the simulation as a template node that
     holds the pod (``utils/taints``, ``clusterstate``); one scale-up, the pod bound there, the
     count put for 5 loops."""
-    tag = f"late-{'fix' if fix else 'off'}"
-    group = f"{tag}-4x16"
-    select = {"gpushare-e2e": tag}
+    case = _case(cluster, "late", fix)
+    tag, group, select, ns = case.tag, case.group, case.select, case.ns
     taints = [{"key": STARTUP_TAINT, "effect": "PreferNoSchedule"}] if fix else []
     template = gpu_template(group, BIG, labels=select, taints=taints)
     for key in PUBLISHED:  # a node group's template declares resources, never the inventory
         template["metadata"]["annotations"].pop(key)
-    ns = tag
-    cluster.create_namespace(ns, check=False)
     try:
         with (
             running_cluster_autoscaler(cluster, autoscalers, [template], name=f"ca-{tag}") as ca,
@@ -420,7 +428,7 @@ def test_a_node_that_registers_before_its_device_plugin_adds_no_second_node(
                 if not fix:
                     # the Ready node without gpu-mem becomes the group's template: the
                     # autoscaler can add no node of the group for any pod until it registers
-                    wait_for("a template without gpu-mem", lambda: ca.log_lines(blind), 25)
+                    wait_for("a template without gpu-mem", lambda: bool(ca.log_lines(blind)), 25)
                     assert not _bound(cluster, ns)["ask"]
                     return
                 landed = wait_bound(cluster, ns, "ask", 90, ca.process)
@@ -449,11 +457,8 @@ def test_the_fragmentation_trap_with_karpenter(
         pytest.skip(reason)
     if fix:
         cluster.start_extender(extra=(*AUTOSCALING, "--placeholder-exclusion", "label"))
-    tag = f"kptrap-{'fix' if fix else 'off'}"
-    group = f"{tag}-4x16"
-    select = {"gpushare-e2e": tag}
-    ns = tag
-    cluster.create_namespace(ns, check=False)
+    case = _case(cluster, "kptrap", fix)
+    tag, group, select, ns = case.tag, case.group, case.select, case.ns
     try:
         with (
             running_karpenter(
