@@ -63,7 +63,7 @@ def test_a_refused_pod_gets_a_placeholder_until_a_new_node_takes_it() -> None:
             api=kube,
             state=rig.cache.state,
             settings=AutoscalingSettings(
-                placeholders=PlaceholderSettings(namespace=NS), guard=True
+                placeholders=PlaceholderSettings(namespace=NS), guard=True, guard_every=1
             ),
             clock_ns=lambda: now[0],
         )

@@ -116,21 +116,31 @@ class _Room:
         self.slots: list[tuple[int, str, int]] = []
         """(free memory units, node, GPU index), sorted."""
         self.core: dict[tuple[str, int], int] = {}
+        self.free: dict[tuple[str, int], int] = {}
+        """Each GPU's free memory units now (its slot's first field)."""
+        self.gpus: dict[str, list[int]] = {}
+        """Each node's GPU indexes in this room."""
+        self._away = ""
+        """The node whose pods are being moved (its room is not theirs)."""
 
     def add(self, node: str, index: int, mem: int, core: int) -> None:
         insort(self.slots, (mem, node, index))
         self.core[(node, index)] = core
+        self.free[(node, index)] = mem
+        self.gpus.setdefault(node, []).append(index)
 
     def _take(self, slot: tuple[int, str, int], mem: int, core: int) -> None:
         del self.slots[bisect_left(self.slots, slot)]
         _, node, index = slot
         insort(self.slots, (slot[0] - mem, node, index))
         self.core[(node, index)] -= core
+        self.free[(node, index)] = slot[0] - mem
 
     def move_away(self, name: str, allocations: Sequence[Allocation]) -> bool:
         """Place the node's pods on the others' room; keep that (and drop the node's own
         room) when every pod fits, else leave the room as it was."""
-        own = [s for s in self.slots if s[1] == name]
+        own = [(self.free[(name, i)], name, i) for i in self.gpus.get(name, ())]
+        self._away = name
         for slot in own:
             del self.slots[bisect_left(self.slots, slot)]
         done: list[tuple[tuple[int, str, int], int, int]] = []
@@ -142,27 +152,33 @@ class _Room:
                     del self.slots[bisect_left(self.slots, taken)]
                     insort(self.slots, slot)
                     self.core[(slot[1], slot[2])] += core
+                    self.free[(slot[1], slot[2])] = slot[0]
                 for slot in own:
                     insort(self.slots, slot)
                 return False
             done += placed
         for slot in own:
             self.core.pop((slot[1], slot[2]), None)
+            self.free.pop((slot[1], slot[2]), None)
+        self.gpus.pop(name, None)
         return True
 
     def _place(self, allocation: Allocation) -> list[tuple[tuple[int, str, int], int, int]] | None:
         shares = sorted(allocation.gpus, key=lambda s: -s.mem_units)
         if len(shares) == 1:  # best fit: the smallest room that holds it
             share = shares[0]
-            at = bisect_left(self.slots, (share.mem_units, "", -1))
-            for slot in self.slots[at:]:
-                if self.core[(slot[1], slot[2])] >= share.core_pct:
+            slots, cores = self.slots, self.core
+            for at in range(bisect_left(slots, (share.mem_units, "", -1)), len(slots)):
+                slot = slots[at]
+                if cores[(slot[1], slot[2])] >= share.core_pct:
                     self._take(slot, share.mem_units, share.core_pct)
                     return [(slot, share.mem_units, share.core_pct)]
             return None
-        by_node: dict[str, list[tuple[int, str, int]]] = {}
-        for slot in self.slots:
-            by_node.setdefault(slot[1], []).append(slot)
+        by_node = {
+            node: [(self.free[(node, i)], node, i) for i in indexes]
+            for node, indexes in self.gpus.items()
+            if node != self._away
+        }
         for slots in by_node.values():  # a pod over several GPUs: one node holding them all
             chosen: list[tuple[tuple[int, str, int], int, int]] = []
             free = list(slots)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Literal
 
-from gpushare.core.autoscaling.placeholders import created_seconds
+from gpushare.core.autoscaling.placeholders import PLACEHOLDER_LABEL, created_seconds
 from gpushare.core.autoscaling.scaledown import ANN_GUARD
 from gpushare.core.autoscaling.shortfall import Shortfalls
 from gpushare.core.booking.changes import NodeTable
@@ -159,6 +159,9 @@ class ClusterState:
         """Each node's ``creationTimestamp`` in seconds (the API server's clock)."""
         self.guarded: dict[str, str] = {}
         """Nodes carrying gpushare's scale-down guard marker, with its value."""
+        self.placeholders: dict[str, ApiObject] = {}
+        """Pods labelled as gpushare's placeholders, by UID, so the autoscaling loop finds
+        them without reading every pending pod."""
 
     @classmethod
     def listed(
@@ -246,6 +249,7 @@ class ClusterState:
         if event == "DELETED":
             self.pending.pop(stored_uid_of(pod), None)
             self.shortfalls.forget(stored_uid_of(pod))
+            self.placeholders.pop(stored_uid_of(pod), None)
             self.placed_terms.forget(uid)
             self.ledger.forget(uid)
             self._reported.forget(uid)
@@ -257,6 +261,7 @@ class ClusterState:
             self._track(self.pending, pod)
             if node_name_of(pod) or is_terminal(pod):
                 self.shortfalls.forget(stored_uid_of(pod))
+            _note_placeholder(self.placeholders, pod)
             self.placed_terms.observe(pod)
             taken = self._observe(self.ledger, pod)
             if self.book is not None:
@@ -271,6 +276,14 @@ class ClusterState:
         """Start a relist from the listed nodes (shapes checked): feed it the listed pods,
         then ``Relist.finish`` replaces the state at once."""
         return Relist(self, nodes)
+
+
+def _note_placeholder(placeholders: dict[str, ApiObject], pod: ApiObject) -> None:
+    uid = stored_uid_of(pod)
+    if uid and labels_of(pod).get(PLACEHOLDER_LABEL) == "true" and not is_terminal(pod):
+        placeholders[uid] = pod
+    else:
+        placeholders.pop(uid, None)
 
 
 def _note_guard(guarded: dict[str, str], node: ApiObject) -> None:
@@ -306,6 +319,7 @@ class Relist:
         self.ledger = state._new_ledger(state.ledger.judged)  # unchanged pods' judgements stand
         self.pending = state._pending_store()
         self.placed_terms = PlacedTerms()
+        self.placeholders: dict[str, ApiObject] = {}
         self.listed: set[str] = set()
         self.alive: set[str] = set()
         self.kept: dict[str, ApiObject] = {}
@@ -325,6 +339,7 @@ class Relist:
             self.alive.add(uid)
         taken = state._observe(self.ledger, pod)
         state._track(self.pending, pod)
+        _note_placeholder(self.placeholders, pod)
         if node_name_of(pod) and state.books(uid):
             self.kept[uid] = pod
         self.placed_terms.observe(pod)
@@ -371,6 +386,7 @@ class Relist:
         state.node_created = self.node_created
         state.guarded = self.guarded
         state.shortfalls.retain(self.pending.keys())
+        state.placeholders = self.placeholders
         state.placed_terms = self.placed_terms
         state.ledger = ledger
         state.pending = self.pending
