@@ -160,6 +160,7 @@ def driver_root(base: Path, gpus: int = 2) -> Iterator[DriverRoot]:
         node = found.dev / name
         if not node.exists():
             os.mknod(node, 0o666 | 0o020000, os.makedev(1, 3))
+            os.chmod(node, 0o666)  # whatever the umask
     try:
         yield found
     finally:
@@ -192,24 +193,26 @@ class OtherPlugin:
         stop, count = self._stop, self.count
 
         class Servicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
-            def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:  # noqa: N802
+            def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
                 return dp.DevicePluginOptions()
 
-            def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:  # noqa: N802
+            def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:
                 devices = [dp.Device(ID=f"other-{i}", health="Healthy") for i in range(count)]
                 yield dp.ListAndWatchResponse(devices=devices)
                 while not stop.wait(1) and context.is_active():
                     pass
 
-            def Allocate(self, request: Any, context: Any) -> Any:  # noqa: N802
+            def Allocate(self, request: Any, context: Any) -> Any:
                 return dp.AllocateResponse(
-                    container_responses=[dp.ContainerAllocateResponse() for _ in request.container_requests]
+                    container_responses=[
+                        dp.ContainerAllocateResponse() for _ in request.container_requests
+                    ]
                 )
 
-            def GetPreferredAllocation(self, request: Any, context: Any) -> Any:  # noqa: N802
+            def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
                 return dp.PreferredAllocationResponse()
 
-            def PreStartContainer(self, request: Any, context: Any) -> Any:  # noqa: N802
+            def PreStartContainer(self, request: Any, context: Any) -> Any:
                 return dp.PreStartContainerResponse()
 
         socket = self.plugin_dir / self.endpoint
@@ -251,14 +254,18 @@ def node_look(
     """The node with a platform's labels and extra taints; both taken off again after."""
     labels, taints = labels or {}, taints or []
     if labels:
-        cluster.kubectl("label", "node", node, "--overwrite", *(f"{k}={v}" for k, v in labels.items()))
+        cluster.kubectl(
+            "label", "node", node, "--overwrite", *(f"{k}={v}" for k, v in labels.items())
+        )
     for taint in taints:
         cluster.kubectl("taint", "node", node, "--overwrite", _taint(taint))
     try:
         yield
     finally:
         for taint in taints:
-            cluster.kubectl("taint", "node", node, f"{taint['key']}:{taint['effect']}-", check=False)
+            cluster.kubectl(
+                "taint", "node", node, f"{taint['key']}:{taint['effect']}-", check=False
+            )
         if labels:
             cluster.kubectl("label", "node", node, *(f"{k}-" for k in labels), check=False)
 
@@ -344,7 +351,11 @@ def critical_quota(namespace: str, name: str = "critical-pods") -> dict[str, Any
             "hard": {"pods": "1000"},
             "scopeSelector": {
                 "matchExpressions": [
-                    {"scopeName": "PriorityClass", "operator": "In", "values": list(CRITICAL_CLASSES)}
+                    {
+                        "scopeName": "PriorityClass",
+                        "operator": "In",
+                        "values": list(CRITICAL_CLASSES),
+                    }
                 ]
             },
         },
@@ -474,9 +485,11 @@ PLATFORMS: dict[str, Platform] = {
             exec_exceptions=("/home/kubernetes/bin", "/var/lib/kubelet"),
             driver_root=True,
             priority_quota=True,
-            managed_plugin="GKE's device plugin (node label gke-no-default-nvidia-gpu-device-plugin=true)",
+            managed_plugin="GKE's device plugin "
+            "(node label gke-no-default-nvidia-gpu-device-plugin=true)",
             reproduced="driver root + fake NVML, no NVIDIA runtime, read-only /usr/local, noexec "
-            "/var, nvidia.com/gpu taint and labels, critical-priority quota admission, second plugin",
+            "/var, nvidia.com/gpu taint and labels, critical-priority quota admission, "
+            "second plugin",
             not_here="osImage/providerID (kubelet reports this machine's); the webhook port on "
             "private clusters (one machine, no firewall between master and node)",
         ),
@@ -494,9 +507,13 @@ PLATFORMS: dict[str, Platform] = {
         ),
         Platform(
             "bottlerocket",
-            labels={"eks.amazonaws.com/nodegroup": "gpu-br", "node.kubernetes.io/instance-type": "g5.xlarge"},
+            labels={
+                "eks.amazonaws.com/nodegroup": "gpu-br",
+                "node.kubernetes.io/instance-type": "g5.xlarge",
+            },
             read_only=("/usr", "/etc", "/opt", "/lib", "/bin", "/sbin", "/boot"),
-            managed_plugin="Bottlerocket's host plugin (settings.kubelet-device-plugins.nvidia.enabled=false)",
+            managed_plugin="Bottlerocket's host plugin "
+            "(settings.kubelet-device-plugins.nvidia.enabled=false)",
             reproduced="read-only /usr/local, the toolkit granting nothing for the variable "
             "(no NVIDIA runtime), CDI through containerd 2, second plugin",
             not_here="SELinux enforcing (this kernel runs none); the toolkit's and the host "
