@@ -151,8 +151,8 @@ def build_nvml(out: Path) -> Path:
 def driver_root(base: Path, gpus: int = 2) -> Iterator[DriverRoot]:
     """A driver root at ``base`` (``lib64``) with its device nodes in ``base/dev``: each a
     character device 1:3 (``/dev/null``'s numbers, harmless to open), named as the driver names
-    them. Removed after."""
-    made = not base.exists()
+    them. Removed after, with the parents made for it."""
+    made = next((p for p in reversed([base, *base.parents]) if not p.exists()), None)
     found = DriverRoot(base, base / "dev", gpus)
     build_nvml(found.nvml)
     found.dev.mkdir(parents=True, exist_ok=True)
@@ -164,8 +164,8 @@ def driver_root(base: Path, gpus: int = 2) -> Iterator[DriverRoot]:
     try:
         yield found
     finally:
-        if made:
-            shutil.rmtree(base, ignore_errors=True)
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
 
 
 # -- a second plugin offering nvidia.com/gpu --------------------------------------------------
@@ -440,6 +440,8 @@ class Platform:
     priority_quota: bool = False
     managed_plugin: str = ""
     """Who offers ``nvidia.com/gpu`` there unless told not to, and the switch that stops it."""
+    switch: str = ""
+    """Words of that switch a refusal beside the managed plugin must name."""
     reproduced: str = ""
     not_here: str = ""
     """What of the platform cannot be reproduced on this machine, and why."""
@@ -487,6 +489,7 @@ PLATFORMS: dict[str, Platform] = {
             priority_quota=True,
             managed_plugin="GKE's device plugin "
             "(node label gke-no-default-nvidia-gpu-device-plugin=true)",
+            switch="gke-no-default-nvidia-gpu-device-plugin",
             reproduced="driver root + fake NVML, no NVIDIA runtime, read-only /usr/local, noexec "
             "/var, nvidia.com/gpu taint and labels, critical-priority quota admission, "
             "second plugin",
@@ -501,6 +504,7 @@ PLATFORMS: dict[str, Platform] = {
                 "node.kubernetes.io/instance-type": "g5.xlarge",
             },
             managed_plugin="NVIDIA's plugin installed by eksctl (--install-nvidia-plugin=false)",
+            switch="--install-nvidia-plugin=false",
             reproduced="second plugin; CDI through containerd 2 (nodeadm sets enable_cdi)",
             not_here="the NVIDIA runtime as the default (this machine has none); custom CNI "
             "reachability of the webhook",
@@ -514,6 +518,7 @@ PLATFORMS: dict[str, Platform] = {
             read_only=("/usr", "/etc", "/opt", "/lib", "/bin", "/sbin", "/boot"),
             managed_plugin="Bottlerocket's host plugin "
             "(settings.kubelet-device-plugins.nvidia.enabled=false)",
+            switch="settings.kubelet-device-plugins.nvidia.enabled",
             reproduced="read-only /usr/local, the toolkit granting nothing for the variable "
             "(no NVIDIA runtime), CDI through containerd 2, second plugin",
             not_here="SELinux enforcing (this kernel runs none); the toolkit's and the host "
@@ -527,6 +532,7 @@ PLATFORMS: dict[str, Platform] = {
                 "node.kubernetes.io/instance-type": "Standard_NC4as_T4_v3",
             },
             managed_plugin="AKS-managed GPU pool's plugin (--gpu-driver none / standard pool)",
+            switch="gpu-driver",
             reproduced="second plugin; CDI through containerd 2",
             not_here="the AKS GPU image's toolkit runtime; ExtendedResourceToleration absent",
         ),
@@ -558,6 +564,7 @@ PLATFORMS: dict[str, Platform] = {
         Platform(
             "kubeadm",
             managed_plugin="the GPU Operator's plugin (nvidia.com/gpu.deploy.device-plugin=false)",
+            switch="nvidia.com/gpu.deploy.device-plugin=false",
             reproduced="the documented path: CDI through containerd 2, second plugin",
         ),
     )
