@@ -192,7 +192,7 @@ class OtherPlugin:
 
         stop, count = self._stop, self.count
 
-        class Servicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
+        class Servicer(dp_grpc.DevicePluginServicer):
             def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
                 return dp.DevicePluginOptions()
 

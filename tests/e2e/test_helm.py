@@ -56,7 +56,7 @@ from tests.support.realchart import (
 )
 from tests.support.realchart import allocatable as _allocatable
 from tests.support.realchart import component_pods as _component_pods
-from tests.support.realchart import ready as _ready
+from tests.support.realchart import pod_ready as _ready
 from tests.support.realchart import real_values as _real_values
 from tests.support.realchart import restart_device_plugin as _restart_device_plugin
 from tests.support.realchart import steered_job as _steered_job
@@ -263,11 +263,11 @@ def test_helm_install(cluster: Cluster) -> None:
 
 # -- the chart on the real node ----------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def helm_node(cluster: Cluster) -> Iterator[tuple[RealNode, dict[str, str]]]:
     """The real node for the chart (``realchart.chart_node``), put back afterwards."""
     yield from chart_node(cluster)
-
 
 
 @pytest.mark.e2e

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from harness.cluster import Cluster, free_port
+from harness.cluster import Cluster
 from harness.image_archive import Builder, default_cache
+from harness.ports import free_port
 from harness.realnode import TOLERATION, RealNode, probe_env, unavailable
 from tests.support.e2e import REAL_NODE_LOCK, eventually
 from tests.support.realnode import NS as REAL_NS
@@ -88,7 +89,7 @@ def component_pods(cluster: Cluster) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def ready(item: dict[str, Any]) -> bool:
+def pod_ready(item: dict[str, Any]) -> bool:
     conditions = item.get("status", {}).get("conditions") or []
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
@@ -129,7 +130,7 @@ def wait_components(cluster: Cluster, what: str, timeout: float = 240) -> None:
 
     def ready() -> bool:
         pods = component_pods(cluster)
-        if not all(pods.get(c) and all(ready(p) for p in pods[c]) for c in COMPONENTS):
+        if not all(pods.get(c) and all(pod_ready(p) for p in pods[c]) for c in COMPONENTS):
             return False
         jobs = cluster.kubectl_json("get", "jobs", "-n", REAL_NAMESPACE)["items"]
         return bool(jobs) and all(j.get("status", {}).get("succeeded") for j in jobs)
@@ -177,7 +178,7 @@ def restart_device_plugin(cluster: Cluster) -> None:
 
     def replaced() -> bool:
         pods = component_pods(cluster).get("device-plugin", [])
-        return bool(pods) and all(p["metadata"]["uid"] not in old and ready(p) for p in pods)
+        return bool(pods) and all(p["metadata"]["uid"] not in old and pod_ready(p) for p in pods)
 
     eventually(replaced, 120, "a new device-plugin pod Ready")
 
