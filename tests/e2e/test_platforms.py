@@ -92,6 +92,7 @@ from tests.support.realchart import (
     chart_node,
     component_pods,
     real_values,
+    restart_device_plugin,
     steered_job,
     wait_components,
     why_not,
@@ -319,6 +320,24 @@ def _file_system_rules(platform: Platform, paths: dict[str, str]) -> Iterator[li
 # -- the walkthrough on the installed chart ------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _core_mem(cluster: Cluster, node: RealNode) -> Iterator[None]:
+    """The node in ``core_mem`` mode (the cuda-sample asks for computing power; memory-only
+    pods such as GPUtest go to ``share`` nodes only), its plugin restarted; ``share`` after."""
+    label = "ack.node.gpu.schedule"
+    cluster.kubectl("label", "node", node.name, f"{label}=core_mem", "--overwrite")
+    try:
+        restart_device_plugin(cluster)
+        eventually(
+            lambda: int(allocatable(node).get("aliyun.com/gpu-core.percentage", "0")) > 0,
+            90,
+            "gpu-core.percentage",
+        )
+        yield
+    finally:
+        cluster.kubectl("label", "node", node.name, f"{label}=share", "--overwrite")
+
+
 def _hand_off(
     env: dict[str, str], item: dict[str, Any], strategy: str, uuids: dict[int, str]
 ) -> None:
@@ -358,7 +377,9 @@ def _walkthrough(cluster: Cluster, node: RealNode, strategy: str) -> None:
     _hand_off(env, item, strategy, uuids)
     cluster.kubectl("delete", "job", "-n", REAL_NS, "gpu-share-sample", "--wait=false")
 
-    env = steered_job(cluster, "cuda-sample")
+    eventually(lambda: not ns_pods(cluster, REAL_NS), 90, "GPUtest pod gone")
+    with _core_mem(cluster, node):
+        env = steered_job(cluster, "cuda-sample")
     assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2", env
     assert env["GPUSHARE_CORE_LIMIT"] == "30", env
     assert "libgpushare-cuda.so" in env["PROBE_MAPPED"], env
@@ -560,19 +581,23 @@ def test_before_silent_hand_off_noexec_and_taint(
             flush=True,
         )
         cluster.kubectl("delete", "job", "-n", REAL_NS, "gpu-share-sample", "--wait=true")
+        eventually(lambda: not ns_pods(cluster, REAL_NS), 90, "GPUtest pod gone")
 
         job = local_job("cuda-sample.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 1"])
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
-        logs = _seen(
-            lambda: cluster.kubectl("logs", "-n", REAL_NS, "job/cuda-sample", check=False).stdout,
-            "libgpushare-cuda.so",
-            "cannot be preloaded",
-            what="the loader's word on the interposer",
-        )
-        print(f"[before] noexec lib dir: {logs}", flush=True)
-        cluster.kubectl("delete", "job", "-n", REAL_NS, "cuda-sample", "--wait=true")
+        with _core_mem(cluster, node):
+            cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
+            logs = _seen(
+                lambda: (
+                    cluster.kubectl("logs", "-n", REAL_NS, "job/cuda-sample", check=False).stdout
+                ),
+                "libgpushare-cuda.so",
+                "cannot be preloaded",
+                what="the loader's word on the interposer",
+            )
+            print(f"[before] noexec lib dir: {logs}", flush=True)
+            cluster.kubectl("delete", "job", "-n", REAL_NS, "cuda-sample", "--wait=true")
 
-        with node_look(cluster, node.name, taints=[GKE_TAINT]):
+        with _core_mem(cluster, node), node_look(cluster, node.name, taints=[GKE_TAINT]):
             cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
             line = _seen(lambda: _events(cluster, REAL_NS), "FailedScheduling", "untolerated taint")
             print(f"[before] GKE's GPU taint: {line}", flush=True)
