@@ -115,7 +115,10 @@ def platform_node(cluster: Cluster) -> Iterator[tuple[RealNode, dict[str, str]]]
         return PlatformNode(cluster=cluster, root=root, plugin=False, gateway=True, mode="core_mem")
 
     cluster.kubectl("apply", "-f", "-", input=json.dumps(runtime_class()))
-    yield from chart_node(cluster, make)
+    try:
+        yield from chart_node(cluster, make)
+    finally:
+        cluster.kubectl("delete", "runtimeclass", runtime_class()["metadata"]["name"], check=False)
 
 
 # -- installing ---------------------------------------------------------------------------------
@@ -193,12 +196,18 @@ def _seen(read: Any, *words: str, timeout: float = 120, what: str = "") -> str:
 # -- values -------------------------------------------------------------------------------------
 
 
-def _daemonset(cluster: Cluster) -> dict[str, Any]:
-    items = cluster.kubectl_json(
-        "get", "daemonsets", "-n", REAL_NAMESPACE, "-l", "app.kubernetes.io/component=device-plugin"
-    )["items"]
-    assert len(items) == 1, items
-    return dict(items[0])
+def _rendered_daemonset(
+    cluster: Cluster, values: dict[str, Any], tmp: Path, *sets: str
+) -> dict[str, Any]:
+    """The device plugin's DaemonSet as ``helm template`` renders it with these values."""
+    path = tmp / "rendered-values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    done = helm(
+        cluster, "template", REAL_RELEASE, str(CHART), "-n", REAL_NAMESPACE, "-f", str(path),
+        "--show-only", "templates/deviceplugin-daemonset.yaml", *sets,
+    )  # fmt: skip
+    rendered: dict[str, Any] = yaml.safe_load(done.stdout)
+    return rendered
 
 
 def _host_paths(daemonset: dict[str, Any]) -> dict[str, str]:
@@ -424,18 +433,19 @@ def test_platform(
                 "label", "namespace", REAL_NAMESPACE, "--overwrite",
                 "pod-security.kubernetes.io/enforce=privileged",
             )  # fmt: skip
-        with _installed(cluster, values, tmp_path, *sets):
-            daemonset = _daemonset(cluster)
-            paths = _host_paths(daemonset)
-            with _file_system_rules(platform, paths) as problems:
-                assert problems == [], f"the {name} preset's host paths: {problems}"
-                if platform.runtime_class:
-                    spec = daemonset["spec"]["template"]["spec"]
-                    assert spec.get("runtimeClassName") == platform.runtime_class, spec
-                strategy = _arg(daemonset, "--device-list-strategy")
-                if platform.driver_root:
-                    assert strategy == "driver-root", strategy
-                    assert paths.get("driver-root", str(DRIVER_ROOT)) == str(DRIVER_ROOT), paths
+        daemonset = _rendered_daemonset(cluster, values, tmp_path, *sets)
+        paths = _host_paths(daemonset)
+        strategy = _arg(daemonset, "--device-list-strategy")
+        if platform.runtime_class:
+            spec = daemonset["spec"]["template"]["spec"]
+            assert spec.get("runtimeClassName") == platform.runtime_class, spec
+        if platform.driver_root:
+            assert strategy == "driver-root", strategy
+            assert str(DRIVER_ROOT) in paths.values(), paths
+        # the platform's read-only and noexec directories over the host paths the preset chose
+        with _file_system_rules(platform, paths) as problems:
+            assert problems == [], f"the {name} preset's host paths: {problems}"
+            with _installed(cluster, values, tmp_path, *sets):
                 wait_components(cluster, f"{name}: components Ready", timeout=240)
                 installed = time.monotonic() - started
                 if driver is not None:
