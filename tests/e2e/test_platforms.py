@@ -108,11 +108,10 @@ GKE_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSc
 @pytest.fixture(scope="module")
 def platform_node(cluster: Cluster) -> Iterator[tuple[RealNode, dict[str, str]]]:
     """The real node with k3s's containerd socket and an ``nvidia`` runtime handler (harmless
-    to the other platforms: nothing else reads either), on ``core_mem`` so one plugin start
-    serves both the GPUtest (memory) and the cuda-sample (memory and computing power)."""
+    to the other platforms: nothing else reads either), in ``share`` mode (GPUtest's)."""
 
     def make(root: Path) -> RealNode:
-        return PlatformNode(cluster=cluster, root=root, plugin=False, gateway=True, mode="core_mem")
+        return PlatformNode(cluster=cluster, root=root, plugin=False, gateway=True)
 
     cluster.kubectl("apply", "-f", "-", input=json.dumps(runtime_class()))
     try:
