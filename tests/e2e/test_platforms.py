@@ -366,26 +366,9 @@ def _walkthrough(cluster: Cluster, node: RealNode, strategy: str) -> None:
     (steered by its webhook; core_mem, the interposer mapped)."""
     eventually(lambda: int(allocatable(node).get("aliyun.com/gpu-mem", "0")) > 0, 120, "gpu-mem")
     uuids = gpu_uuids(cluster, node.name)
-    job = local_job("GPUtest.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 2"])
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
-
-    def finished() -> list[dict[str, Any]]:
-        return [
-            p for p in ns_pods(cluster, REAL_NS)
-            if p["metadata"].get("labels", {}).get("job-name") == "gpu-share-sample"
-            and p["status"].get("phase") == "Succeeded"
-        ]  # fmt: skip
-
-    try:
-        (item,) = eventually(finished, 150, "GPUtest Succeeded")[:1]
-    except AssertionError as err:
-        raise AssertionError(f"{err}\n{why_not(cluster)}") from None
-    env = probe_env(cluster.kubectl("logs", "-n", REAL_NS, item["metadata"]["name"]).stdout)
+    item, env = _run_job(cluster, "GPUtest", "GPUtest Succeeded")
     assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "3", env
     _hand_off(env, item, strategy, uuids)
-    cluster.kubectl("delete", "job", "-n", REAL_NS, "gpu-share-sample", "--wait=false")
-
-    eventually(lambda: not ns_pods(cluster, REAL_NS), 90, "GPUtest pod gone")
     with _core_mem(cluster, node):
         env = steered_job(cluster, "cuda-sample")
     assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2", env
@@ -561,39 +544,73 @@ def test_before_other_plugin(
             print(f"[before] another plugin: {line}", flush=True)
 
 
+def _plugin_help() -> str:
+    """``gpushare device-plugin --help`` of this checkout (which flags have landed)."""
+    import subprocess
+    import sys
+
+    gpushare = Path(sys.executable).parent / "gpushare"
+    done = subprocess.run(
+        [str(gpushare), "device-plugin", "--help"], capture_output=True, text=True
+    )
+    return done.stdout
+
+
+def _run_job(cluster: Cluster, name: str, what: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """Run the seed Job ``examples/<name>.yaml`` with the probe to completion; its pod and
+    what the probe printed. The Job is deleted after."""
+    job = local_job(f"{name}.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 1"])
+    job_name = job["metadata"]["name"]
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
+
+    def done() -> list[dict[str, Any]]:
+        return [
+            p for p in ns_pods(cluster, REAL_NS)
+            if p["metadata"].get("labels", {}).get("job-name") == job_name
+            and p["status"].get("phase") == "Succeeded"
+        ]  # fmt: skip
+
+    try:
+        item = eventually(done, 150, what)[0]
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{why_not(cluster)}") from None
+    logs = cluster.kubectl("logs", "-n", REAL_NS, item["metadata"]["name"]).stdout
+    cluster.kubectl("delete", "job", "-n", REAL_NS, job_name, "--wait=true")
+    eventually(lambda: not ns_pods(cluster, REAL_NS), 90, f"{job_name} pod gone")
+    env = probe_env(logs)
+    env["PROBE_LOG"] = logs
+    return item, env
+
+
 @pytest.mark.e2e
-def test_before_silent_hand_off_noexec_and_taint(
+def test_before_envvar_without_runtime(
     cluster: Cluster, platform_node: tuple[RealNode, dict[str, str]], tmp_path: Path
 ) -> None:
-    """Three failures that let the chart install and run:
-
-    - C5, B2, A3: ``envvar`` where no runtime turns the variable into devices: the GPUtest pod
-      runs and succeeds with ``NVIDIA_VISIBLE_DEVICES`` set and no ``/dev/nvidia*``.
-    - G4: the lib directory on a noexec mount (COS's ``/var``): the bind mount into the tenant
-      keeps ``noexec``, the loader ignores the interposer, and the cuda-sample runs unlimited.
-    - G6, C3: GKE's ``nvidia.com/gpu=present:NoSchedule``: the steered cuda-sample stays
-      Pending (nothing adds the toleration).
-    """
+    """C5, B2, A3: ``envvar`` where no runtime turns the variable into devices (Bottlerocket's
+    toolkit refusing it, an image without the NVIDIA runtime). Before: the GPUtest pod runs and
+    succeeds with ``NVIDIA_VISIBLE_DEVICES`` set and no ``/dev/nvidia*``, and nothing notices.
+    With the hand-off proof (h3, ``devicePlugin.handOffCheck``) the plugin or ``helm test``
+    says so instead."""
     node, images = platform_node
     _fresh_namespaces(cluster)
     values = _defaults(cluster, node, images)
     values["devicePlugin"]["deviceListStrategy"] = "envvar"
     values["devicePlugin"].pop("cdi", None)
-    lib = node.root / "platform" / "var" / "lib" / "gpushare-lib"
-    values["isolation"]["libHostPath"] = str(lib)
-    with noexec(lib), _installed(cluster, values, tmp_path):
+    proof = "handOffCheck" in (CHART / "values.yaml").read_text()
+    with _installed(cluster, values, tmp_path):
+        if proof:
+            # the plugin refuses (or warns and helm test fails) in words
+            def said() -> str:
+                return _line_with(_plugin_log(cluster), "NVIDIA_VISIBLE_DEVICES")
+
+            line = str(eventually(said, 120, "the hand-off proof's words"))
+            print(f"[after] envvar without an NVIDIA runtime: {line}", flush=True)
+            tested = helm(cluster, "test", REAL_RELEASE, "-n", REAL_NAMESPACE, check=False)
+            assert tested.returncode != 0 or "refus" in line, tested.stdout
+            return
         wait_components(cluster, "components Ready", timeout=240)
         uuids = gpu_uuids(cluster, node.name)
-        job = local_job("GPUtest.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 1"])
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
-        done = eventually(
-            lambda: [
-                p for p in ns_pods(cluster, REAL_NS) if p["status"].get("phase") == "Succeeded"
-            ],
-            150,
-            "GPUtest Succeeded",
-        )
-        env = probe_env(cluster.kubectl("logs", "-n", REAL_NS, done[0]["metadata"]["name"]).stdout)
+        _, env = _run_job(cluster, "GPUtest", "GPUtest Succeeded")
         assert env["NVIDIA_VISIBLE_DEVICES"] in uuids.values(), env
         assert env["PROBE_DEVICES"] == "", env
         print(
@@ -601,23 +618,53 @@ def test_before_silent_hand_off_noexec_and_taint(
             f"{env['NVIDIA_VISIBLE_DEVICES']} and PROBE_DEVICES='' (no /dev/nvidia*)",
             flush=True,
         )
-        cluster.kubectl("delete", "job", "-n", REAL_NS, "gpu-share-sample", "--wait=true")
-        eventually(lambda: not ns_pods(cluster, REAL_NS), 90, "GPUtest pod gone")
 
-        job = local_job("cuda-sample.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 1"])
+
+@pytest.mark.e2e
+def test_before_noexec_lib_dir(
+    cluster: Cluster, platform_node: tuple[RealNode, dict[str, str]], tmp_path: Path
+) -> None:
+    """G4: ``isolation.libHostPath`` on a noexec mount (COS's ``/var``). With the start check
+    (h1) the plugin refuses, naming the path and the mount flag. Before it, the cuda-sample's
+    interposer is what this machine's runtime makes of a bind mount from a noexec directory
+    (the test prints it: the loader's refusal, or the library mapped)."""
+    node, images = platform_node
+    _fresh_namespaces(cluster)
+    values = _defaults(cluster, node, images)
+    lib = node.root / "platform" / "var" / "lib" / "gpushare-lib"
+    values["isolation"]["libHostPath"] = str(lib)
+    checked = "--driver-root" in _plugin_help()  # h1's start check came with its flags
+    with noexec(lib), _installed(cluster, values, tmp_path):
+        if checked:
+            line = _seen(lambda: _plugin_log(cluster), str(lib), "noexec")
+            print(f"[after] noexec lib dir: {line}", flush=True)
+            assert "isolation.libHostPath" in line, line
+            return
+        wait_components(cluster, "components Ready", timeout=240)
         with _core_mem(cluster, node):
-            cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
-            logs = _seen(
-                lambda: (
-                    cluster.kubectl("logs", "-n", REAL_NS, "job/cuda-sample", check=False).stdout
-                ),
-                "libgpushare-cuda.so",
-                "cannot be preloaded",
-                what="the loader's word on the interposer",
-            )
-            print(f"[before] noexec lib dir: {logs}", flush=True)
-            cluster.kubectl("delete", "job", "-n", REAL_NS, "cuda-sample", "--wait=true")
+            _, env = _run_job(cluster, "cuda-sample", "cuda-sample Succeeded")
+        preload = _line_with(env["PROBE_LOG"], "libgpushare-cuda.so", "cannot be preloaded")
+        print(
+            f"[before] noexec lib dir: loader: {preload or '(nothing)'}; "
+            f"PROBE_MAPPED={env.get('PROBE_MAPPED')}",
+            flush=True,
+        )
+        # the plugin starts on a lib dir it cannot vouch for: nothing checks the mount flag
+        assert preload or "libgpushare-cuda.so" in env.get("PROBE_MAPPED", ""), env
 
+
+@pytest.mark.e2e
+def test_before_gpu_taint(
+    cluster: Cluster, platform_node: tuple[RealNode, dict[str, str]], tmp_path: Path
+) -> None:
+    """G6, C3: GKE's ``nvidia.com/gpu=present:NoSchedule`` on the GPU node: with the chart's
+    defaults (``webhook.steer.tolerations`` empty, the gke preset sets it) the steered
+    cuda-sample stays Pending; ExtendedResourceToleration adds only the requested resource's."""
+    node, images = platform_node
+    _fresh_namespaces(cluster)
+    with _installed(cluster, _defaults(cluster, node, images), tmp_path):
+        wait_components(cluster, "components Ready", timeout=240)
+        job = local_job("cuda-sample.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 1"])
         with _core_mem(cluster, node), node_look(cluster, node.name, taints=[GKE_TAINT]):
             cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
             line = _seen(lambda: _events(cluster, REAL_NS), "FailedScheduling", "untolerated taint")
