@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -308,10 +309,14 @@ def _shape(cluster: Cluster, node: RealNode, platform: Platform) -> Iterator[Dri
 @contextlib.contextmanager
 def _file_system_rules(platform: Platform, paths: dict[str, str]) -> Iterator[list[str]]:
     """The platform's file-system rules laid over the host paths the chart chose: a read-only
-    or noexec mount over each directory that would be so there. Returns the problems found."""
+    or noexec mount over each directory that would be so there. Returns the problems found.
+    The chart's state and lib directories on this machine (kubelet creates them) are removed
+    after, where they did not exist before."""
     problems = []
     with contextlib.ExitStack() as stack:
         for name, path in paths.items():
+            if name in ("isolation-lib", "state"):
+                stack.enter_context(_removed_after(Path(path)))
             if name == "isolation-lib":
                 problem = platform.lib_dir_problem(path)
             elif name == "state":
@@ -323,6 +328,17 @@ def _file_system_rules(platform: Platform, paths: dict[str, str]) -> Iterator[li
                 mount = read_only if "read-only" in problem else noexec
                 stack.enter_context(mount(Path(path)))
         yield problems
+
+
+@contextlib.contextmanager
+def _removed_after(path: Path) -> Iterator[None]:
+    """Remove ``path`` and the parents made for it afterwards, unless it existed before."""
+    made = next((p for p in reversed([path, *path.parents]) if not p.exists()), None)
+    try:
+        yield
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
 
 
 # -- the walkthrough on the installed chart ------------------------------------------------------
