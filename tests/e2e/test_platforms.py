@@ -480,16 +480,25 @@ def test_before_pod_security_baseline(
     cluster: Cluster, platform_node: tuple[RealNode, dict[str, str]], tmp_path: Path
 ) -> None:
     """C2, R5, O1/O2: the release namespace enforcing ``baseline`` (Rancher's and OpenShift's
-    defaults are stricter still): the DaemonSet controller cannot create the plugin's pod."""
+    defaults are stricter still). Before: the install succeeds and the DaemonSet controller
+    cannot create the plugin's pod. With the chart's Pod Security check (h2, ``podSecurity``)
+    the install itself refuses, naming the label to set."""
     node, images = platform_node
     _fresh_namespaces(cluster)
-    with (
-        pod_security(cluster, REAL_NAMESPACE, "baseline"),
-        _installed(cluster, _defaults(cluster, node, images), tmp_path),
-    ):
-        line = _seen(lambda: _events(cluster), "FailedCreate", 'violates PodSecurity "baseline')
-        print(f"[before] Pod Security baseline: {line}", flush=True)
-        assert "hostPID=true" in line and "hostPath volumes" in line, line
+    with pod_security(cluster, REAL_NAMESPACE, "baseline"):
+        done = _install(cluster, _defaults(cluster, node, images), tmp_path)
+        try:
+            if "podSecurity" in (CHART / "values.yaml").read_text():
+                assert done.returncode != 0, done.stdout
+                assert "pod-security.kubernetes.io/enforce" in done.stderr, done.stderr
+                print(f"[after] Pod Security baseline: {done.stderr.strip()}", flush=True)
+                return
+            assert done.returncode == 0, done.stderr
+            line = _seen(lambda: _events(cluster), "FailedCreate", 'violates PodSecurity "baseline')
+            print(f"[before] Pod Security baseline: {line}", flush=True)
+            assert "hostPID=true" in line and "hostPath volumes" in line, line
+        finally:
+            _uninstall(cluster)
 
 
 @pytest.mark.e2e
