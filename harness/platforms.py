@@ -128,7 +128,12 @@ class DriverRoot:
 
     def device_nodes(self) -> list[str]:
         """The device nodes' names, as the driver makes them under ``/dev``."""
-        return [*(f"nvidia{i}" for i in range(self.gpus)), "nvidiactl", "nvidia-uvm"]
+        return [
+            *(f"nvidia{i}" for i in range(self.gpus)),
+            "nvidiactl",
+            "nvidia-uvm",
+            "nvidia-uvm-tools",
+        ]
 
     def uuids(self) -> list[str]:
         """The UUIDs its NVML reports (``driver_root_nvml.c``)."""
