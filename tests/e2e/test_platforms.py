@@ -51,6 +51,13 @@ The "nvidia" runtime handler here is runc under that name: RuntimeClass ``nvidia
 it mounts nothing, so where a platform's preset relies on the NVIDIA runtime for NVML the plugin
 runs with ``testing.fakeGpus`` (GKE's driver root apart: there NVML is really loaded, from the
 fake driver). Run one platform alone with ``-k gke`` (``-k "before and quota"`` for one case).
+
+``helm test`` runs without the webhook's own test pod: it calls the webhook's Service by DNS
+name, and this control plane has no cluster DNS.
+
+The before tests check the fixed behaviour instead once it is in the checkout: the Pod Security
+refusal at install (``podSecurity`` in values.yaml), the hand-off proof (``handOffCheck``), the
+plugin's lib-dir check (its ``--driver-root`` flag came with it).
 """
 
 from __future__ import annotations
