@@ -564,21 +564,6 @@ def test_before_no_nvidia_runtime(
         print(f"[before] no NVIDIA runtime: {line}", flush=True)
 
 
-@pytest.mark.e2e
-def test_before_other_plugin(
-    cluster: Cluster, platform_node: tuple[RealNode, dict[str, str]], tmp_path: Path
-) -> None:
-    """E2, B1, G1, A2: a managed plugin already offering ``nvidia.com/gpu``: the plugin
-    refuses to start, and names only the GPU Operator's switch."""
-    node, images = platform_node
-    _fresh_namespaces(cluster)
-    with OtherPlugin():
-        eventually(lambda: allocatable(node).get("nvidia.com/gpu") == "1", 60, "nvidia.com/gpu")
-        with _installed(cluster, _defaults(cluster, node, images), tmp_path):
-            line = _seen(lambda: _plugin_log(cluster), "already offers nvidia.com/gpu=1")
-            print(f"[before] another plugin: {line}", flush=True)
-
-
 def _plugin_help() -> str:
     """``gpushare device-plugin --help`` of this checkout (which flags have landed)."""
     import subprocess
@@ -716,7 +701,8 @@ def test_before_gpu_taint(
 def test_other_plugin_refusal(
     cluster: Cluster, platform_node: tuple[RealNode, dict[str, str]], tmp_path: Path, name: str
 ) -> None:
-    """(h4) The refusal names the platform's own switch, the platform told by the node's
+    """E2, B1, G1, A2: beside a managed plugin offering ``nvidia.com/gpu`` the plugin refuses
+    to start; (h4) its refusal names the platform's own switch, the platform told by the node's
     labels. Bottlerocket's is told by osImage, which kubelet reports from this machine."""
     node, images = platform_node
     platform = PLATFORMS[name]
@@ -724,5 +710,7 @@ def test_other_plugin_refusal(
     with node_look(cluster, node.name, labels=platform.labels), OtherPlugin():
         eventually(lambda: allocatable(node).get("nvidia.com/gpu") == "1", 60, "nvidia.com/gpu")
         with _installed(cluster, _defaults(cluster, node, images), tmp_path):
+            # before (E2, B1, G1, A2): the refusal names only the GPU Operator's switch
             line = _seen(lambda: _plugin_log(cluster), "already offers nvidia.com/gpu=1")
+            print(f"[before] another plugin ({name}): {line}", flush=True)
             assert platform.switch in line, f"{name}: {platform.switch!r} not in {line}"
