@@ -392,3 +392,15 @@ def test_pod_security_namespace_for_gitops_and_no_check_without_a_cluster() -> N
     labels = namespace["metadata"]["labels"]
     for mode in ("enforce", "audit", "warn"):
         assert labels[f"pod-security.kubernetes.io/{mode}"] == "privileged"
+
+
+def test_the_notes_name_the_preset_and_the_namespace_label(tmp_path: Path) -> None:
+    from tests.integration.chart.test_chart import render_notes
+
+    notes = render_notes(tmp_path, "--set", "platform=gke")
+    assert "Platform preset: gke" in notes
+    assert (
+        f"kubectl label namespace {NAMESPACE} pod-security.kubernetes.io/enforce=privileged"
+        in notes
+    )
+    assert "Platform preset: none (generic)" in render_notes(tmp_path / "generic")
