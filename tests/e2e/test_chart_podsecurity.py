@@ -41,9 +41,7 @@ def test_install_into_a_baseline_namespace_is_refused_in_words(cluster: Cluster)
     namespace = f"gpushare-psa-{suffix}"
     node = f"psa-gpu-{suffix}"
     cluster.create_namespace(namespace)
-    cluster.kubectl(
-        "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=baseline"
-    )
+    cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=baseline")
     create_nodes(cluster, [kwok_node(node)])
     label = f"webhook.namespaceLabels.gpushare\\.io/e2e-webhook={namespace}"
     install = ["install", RELEASE, str(CHART), "-n", namespace, "--wait=false", *QUIET]

@@ -44,6 +44,7 @@ from tests.support.chart import (
     helm,
     needs_helm,
     render,
+    render_notes,
     template_args,
 )
 
@@ -1055,24 +1056,6 @@ def test_a_mirror_sets_the_registry_or_the_whole_name() -> None:
     names = {c["image"] for c in containers(whole)}
     assert f"reg.example/gp:{project_version()}" in names
     assert not [n for n in names if "ghcr.io" in n]
-
-
-def render_notes(tmp_path: Path, *args: str) -> str:
-    """NOTES.txt as `helm install` prints it: helm template leaves NOTES out, so a copy of the
-    chart renders it into a ConfigMap."""
-    import shutil
-
-    chart = tmp_path / "gpushare"
-    shutil.copytree(CHART, chart)
-    (chart / "notes.txt").write_text((chart / "templates" / "NOTES.txt").read_text())
-    (chart / "templates" / "zz-notes.yaml").write_text(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\n"
-        'data:\n  notes: {{ tpl (.Files.Get "notes.txt") . | toJson }}\n'
-    )
-    out = helm("template", RELEASE, str(chart), "-n", NAMESPACE, "--kube-version", KUBE_VERSION,
-               "--show-only", "templates/zz-notes.yaml", *args).stdout  # fmt: skip
-    notes: str = yaml.safe_load(out)["data"]["notes"]
-    return notes
 
 
 def test_the_notes_install_the_plugin_from_our_own_distribution(tmp_path: Path) -> None:

@@ -158,9 +158,9 @@ def violations(spec: dict[str, Any], scc: Scc) -> list[str]:
         if options and scc.se_linux == "MustRunAs":
             found.append(f"{where}: seLinuxOptions {options} are not the namespace's")
         profile = (context.get("seccompProfile") or {}).get("type")
-        if profile and "*" not in scc.seccomp:
-            if _SECCOMP.get(profile, profile.lower()) not in scc.seccomp:
-                found.append(f"{where}: seccompProfile {profile}")
+        allowed = "*" in scc.seccomp or _SECCOMP.get(profile or "", "") in scc.seccomp
+        if profile and not allowed:
+            found.append(f"{where}: seccompProfile {profile}")
     group = pod_context.get("fsGroup")
     if group is not None and scc.fs_group == "MustRunAs":
         found.append(f"pod: fsGroup {group} is outside the namespace's range")
@@ -195,9 +195,8 @@ def granted(docs: list[dict[str, Any]]) -> dict[str, str]:
     roles = {
         d["metadata"]["name"]: d["rules"][0]
         for d in docs
-        if d["kind"] == "ClusterRole" and d["rules"][0].get("resources") == [
-            "securitycontextconstraints"
-        ]
+        if d["kind"] == "ClusterRole"
+        and d["rules"][0].get("resources") == ["securitycontextconstraints"]
     }
     for rule in roles.values():
         assert rule["apiGroups"] == ["security.openshift.io"] and rule["verbs"] == ["use"]

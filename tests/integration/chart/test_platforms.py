@@ -28,6 +28,7 @@ from tests.support.chart import (
     helm,
     needs_helm,
     render,
+    render_notes,
     template_args,
 )
 
@@ -244,9 +245,7 @@ def test_empty_maps_and_lists_set_by_the_user_win_too(tmp_path: Path) -> None:
     assert seen["libDir"] == "/var/lib/gpushare-lib"
     gke = observed(render("--set", "platform=gke", "--set-json", "webhook.steer.tolerations=[]"))
     assert gke["steerTolerations"] == []
-    openshift = observed(
-        render("--set", "platform=openshift", "--set", "openshift.enabled=false")
-    )
+    openshift = observed(render("--set", "platform=openshift", "--set", "openshift.enabled=false"))
     assert openshift["fixedUids"] is True and openshift["sccBindings"] == {}
     assert openshift["runtimeClassName"] == "nvidia"
     own = observed(render("--set", "platform=k3s", "--set", "devicePlugin.runtimeClassName=crun"))
@@ -395,8 +394,6 @@ def test_pod_security_namespace_for_gitops_and_no_check_without_a_cluster() -> N
 
 
 def test_the_notes_name_the_preset_and_the_namespace_label(tmp_path: Path) -> None:
-    from tests.integration.chart.test_chart import render_notes
-
     notes = render_notes(tmp_path, "--set", "platform=gke")
     assert "Platform preset: gke" in notes
     assert (

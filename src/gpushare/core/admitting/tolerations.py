@@ -65,15 +65,15 @@ def parse_toleration(text: str) -> Toleration:
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{text!r} is not JSON ({err.msg}); write a Toleration object "
-                             f'such as {{"key": "nvidia.com/gpu", "operator": "Exists"}}') from None
+            raise ValueError(
+                f"{text!r} is not JSON ({err.msg}); write a Toleration object "
+                f'such as {{"key": "nvidia.com/gpu", "operator": "Exists"}}'
+            ) from None
         return from_json(raw, text)
     rest, _, effect = text.partition(":")
     key, equal, value = rest.partition("=")
     return _checked(
-        Toleration(
-            key=key, operator="Equal" if equal else "Exists", value=value, effect=effect
-        ),
+        Toleration(key=key, operator="Equal" if equal else "Exists", value=value, effect=effect),
         text,
     )
 
