@@ -175,6 +175,11 @@ def test_each_preset_renders_what_its_platform_needs(
     privileged = EXPECTED[platform]["privileged"]
     security = plugin["containers"][0]["securityContext"]
     assert ("capabilities" in security) is not privileged
+    daemonset = (CHART / "templates" / "deviceplugin-daemonset.yaml").read_text()
+    if platform == "gke" and "--driver-root=" in daemonset:
+        # the driver-root hand-off's flags, from the preset's driverRoot.hostPath
+        args = plugin["containers"][0]["args"]
+        assert _flag(args, "--driver-root") == "/home/kubernetes/bin/nvidia"
 
 
 def test_no_preset_changes_what_the_chart_rendered_before(
@@ -211,22 +216,27 @@ def test_gke_steers_tolerations_and_sends_pods_naming_gpushare(
 
 
 OVERRIDES = [
-    ("devicePlugin.privileged=false", "privileged", False),
-    ("isolation.libHostPath=/opt/gpushare", "libDir", "/opt/gpushare"),
-    ("devicePlugin.deviceListStrategy=envvar", "deviceListStrategy", "envvar"),
-    ("devicePlugin.kubeletConfigPath=", "kubeletConfig", None),
-    ("priorityClassQuota.enabled=false", "quotaClasses", None),
+    ("bottlerocket", "devicePlugin.privileged=false", "privileged", False),
+    ("gke", "isolation.libHostPath=/opt/gpushare", "libDir", "/opt/gpushare"),
+    ("bottlerocket", "devicePlugin.deviceListStrategy=envvar", "deviceListStrategy", "envvar"),
+    ("gke", "devicePlugin.kubeletConfigPath=", "kubeletConfig", None),
+    ("gke", "priorityClassQuota.enabled=false", "quotaClasses", None),
+    ("openshift", "devicePlugin.runtimeClassName=crun", "runtimeClassName", "crun"),
 ]
 
 
-@pytest.mark.parametrize(("setting", "field", "value"), OVERRIDES, ids=[o[0] for o in OVERRIDES])
-def test_a_value_the_user_sets_wins_over_the_preset(setting: str, field: str, value: Any) -> None:
-    docs = render("--set", "platform=gke", "--set", setting)
+@pytest.mark.parametrize(
+    ("platform", "setting", "field", "value"), OVERRIDES, ids=[o[1] for o in OVERRIDES]
+)
+def test_a_value_the_user_sets_wins_over_the_preset(
+    platform: str, setting: str, field: str, value: Any
+) -> None:
+    docs = render("--set", f"platform={platform}", "--set", setting)
     seen = observed(docs)
     assert seen[field] == value
     # and nothing else of the preset moves
     assert {k: v for k, v in seen.items() if k != field} == {
-        k: v for k, v in EXPECTED["gke"].items() if k != field
+        k: v for k, v in EXPECTED[platform].items() if k != field
     }
 
 
