@@ -122,12 +122,18 @@ def observed(docs: list[dict[str, Any]]) -> dict[str, Any]:
         (expression,) = quota["spec"]["scopeSelector"]["matchExpressions"]
         assert expression["scopeName"] == "PriorityClass" and expression["operator"] == "In"
         classes = expression["values"]
+    jobs = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]["spec"]
+        for d in docs
+        if d["kind"] == "Job"
+    }
+    (test_pod,) = [d for d in docs if d["metadata"]["name"] == f"{RELEASE}-test"]
     workloads = [
         find(docs, "Deployment", "-scheduler")["spec"]["template"]["spec"],
         webhook,
-        find(docs, "Job", "-seal-1")["spec"]["template"]["spec"],
-        find(docs, "Job", "-webhook-certs-1")["spec"]["template"]["spec"],
-        find(docs, "Pod", "-test")["spec"],
+        jobs["seal"],
+        jobs["webhook-certs"],
+        test_pod["spec"],
     ]
     fixed = [bool(_uids(spec)) for spec in workloads]
     assert len(set(fixed)) == 1, f"some non-root pods fix uids and some do not: {fixed}"
