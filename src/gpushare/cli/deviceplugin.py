@@ -36,7 +36,10 @@ NVML_HINT = (
     "is the NVIDIA driver installed, and does this container see /dev/nvidiactl, "
     "/dev/nvidia<N> and libnvidia-ml.so.1? The chart gets them from the NVIDIA "
     "container runtime (NVIDIA_VISIBLE_DEVICES=all; set devicePlugin.runtimeClassName "
-    "where it is not the node's default runtime). For tests use --fake-gpus"
+    "where it is not the node's default runtime). Nodes without the NVIDIA runtime (GKE's "
+    "Container-Optimized OS) keep the driver in a host directory: set the chart's "
+    "devicePlugin.deviceListStrategy=driver-root and devicePlugin.driverRoot.hostPath "
+    "(--driver-root). For tests use --fake-gpus"
 )
 
 
@@ -140,8 +143,30 @@ NVML_HINT = (
     envvar="GPUSHARE_DEVICE_LIST_STRATEGY",
     show_default=True,
     help="How Allocate hands the placed GPUs over: cdi-cri (CDI devices KIND=<uuid>, which the "
-    "node's CDI spec must name; NVIDIA_VISIBLE_DEVICES=void) or envvar "
-    "(NVIDIA_VISIBLE_DEVICES=<uuids>, for nodes without CDI). docs/gpu-operator.md.",
+    "node's CDI spec must name; NVIDIA_VISIBLE_DEVICES=void), envvar "
+    "(NVIDIA_VISIBLE_DEVICES=<uuids>, for nodes without CDI) or driver-root (device nodes and "
+    "the --driver-root directory, for nodes without the NVIDIA runtime, as GKE's "
+    "Container-Optimized OS). docs/gpu-operator.md, docs/driver-root.md.",
+)
+@click.option(
+    "--driver-root",
+    default="",
+    help="The host's NVIDIA driver directory (GKE: /home/kubernetes/bin/nvidia), mounted at the "
+    "same path in the plugin: NVML is loaded from its lib64/, lib/ or lib/x86_64-linux-gnu/, "
+    "and under driver-root containers get it read-only. Empty: NVML from the loader's path.",
+)
+@click.option(
+    "--driver-root-container-path",
+    default="/usr/local/nvidia",
+    show_default=True,
+    help="driver-root: where containers see --driver-root (GKE's convention).",
+)
+@click.option(
+    "--dev-root",
+    default="/dev",
+    show_default=True,
+    help="driver-root: the host's device directory, mounted at the same path in the plugin; "
+    "containers get its nvidia<minor>, nvidiactl, nvidia-uvm and nvidia-uvm-tools at /dev.",
 )
 @click.option(
     "--cdi-kind",
@@ -235,14 +260,19 @@ def build_plugin(options: PluginOptions) -> Wired:
     from gpushare.kube.port import KubeError
     from gpushare.node.cdi import Strategy
     from gpushare.node.descriptors import RESERVED
+    from gpushare.node.driverroot import DriverRootError
     from gpushare.node.enforcement.library import packaged_library
     from gpushare.node.enforcement.mountcheck import MountCheck, packaged_mountcheck
     from gpushare.node.enforcement.nodehook import NodeIsolation
     from gpushare.node.gpus import FakeGpus, NvmlGpus
+    from gpushare.node.hostpaths import refuse_lib_dir, refuse_state_dir
     from gpushare.node.preflight import refuse_static_cpu_policy
 
     trust = trust_from_flags(options.seal_key_file, options.insecure_no_seal)
     reason = refuse_static_cpu_policy(options.kubelet_config, options.cpu_manager_state)
+    reason = reason or refuse_state_dir(options.state_dir)
+    if options.isolation != "none":
+        reason = reason or refuse_lib_dir(options.isolation_lib_dir)
     if reason is not None:
         raise CommandError(reason)
     try:
@@ -254,10 +284,10 @@ def build_plugin(options: PluginOptions) -> Wired:
                 topology=options.fake_topology,
             )
             if options.fake_gpus
-            else NvmlGpus()
+            else NvmlGpus(options.handoff.driver_root)
         )
         api = LightkubeAPI.connect(options.kubeconfig)
-    except (ValueError, KubeError) as err:
+    except (ValueError, KubeError, DriverRootError) as err:
         raise CommandError(str(err)) from None
     except Exception as err:
         raise CommandError(

@@ -24,8 +24,9 @@ from gpushare.cli.options import scheduling_config
 from gpushare.core.decision.scheduling import Settings
 from gpushare.core.model.startuptaint import STARTUP_TAINT, key_problem
 from gpushare.isolation.policy import Policy, PolicyError, parse_max_pods, parse_policy
-from gpushare.node.cdi import HandOff, HandOffError, parse_kind, parse_strategy
+from gpushare.node.cdi import HandOff, HandOffError, Strategy, parse_kind, parse_strategy
 from gpushare.node.descriptors import BrokerCaps, CapsError, descriptor_limit
+from gpushare.node.driverroot import DriverRoot
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class PluginOptions:
                 spec_dirs=tuple(
                     Path(d.strip()) for d in flags["cdi_spec_dirs"].split(",") if d.strip()
                 ),
+                driver_root=driver_root_of(flags),
             )
         except HandOffError as err:
             raise click.BadParameter(str(err)) from None
@@ -159,3 +161,33 @@ class PluginOptions:
             log_level=flags["log_level"],
             log_format=flags["log_format"],
         )
+
+
+def driver_root_of(flags: Mapping[str, Any]) -> DriverRoot | None:
+    """``--driver-root`` and its companions; None when not given (HandOffError: why not valid)."""
+    root = flags.get("driver_root") or ""
+    strategy = flags["device_list_strategy"]
+    if not root:
+        if strategy == Strategy.DRIVER_ROOT:
+            raise HandOffError(
+                "--device-list-strategy driver-root needs --driver-root: the host directory the "
+                "NVIDIA driver installer fills (GKE: /home/kubernetes/bin/nvidia), mounted at the "
+                "same path in the plugin (the chart's devicePlugin.driverRoot.hostPath)"
+            )
+        return None
+    paths = {
+        "--driver-root": root,
+        "--driver-root-container-path": flags.get("driver_root_container_path") or "",
+        "--dev-root": flags.get("dev_root") or "",
+    }
+    for name, value in paths.items():
+        if not value.startswith("/"):
+            raise HandOffError(
+                f"{name}={value!r} is not an absolute path: give the directory from the root, "
+                f"as in /home/kubernetes/bin/nvidia, /usr/local/nvidia or /dev"
+            )
+    return DriverRoot(
+        Path(root),
+        container_path=Path(paths["--driver-root-container-path"]),
+        dev_root=Path(paths["--dev-root"]),
+    )

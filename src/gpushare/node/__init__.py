@@ -15,6 +15,10 @@ The modules, one concept each (lower ones never import higher ones, an import-li
 - ``startuptaint``: removing the autoscaler's startup taint once kubelet allocates the GPU memory.
 - ``descriptors``: the open-file budget the accounting broker's connections live within.
 - ``cdi``: the device-list strategy and the node's CDI specs.
+- ``hostpaths``: whether the interposer's and the state's host directories are writable (and
+  exec-mappable), checked at start.
 - ``gpus``: where the GPUs come from (NVML, or fakes), behind the ``GpuSource`` port.
 - ``interconnect``: how NVML says the GPUs are connected.
+- ``driverroot``: the host's driver directory and device nodes (the ``driver-root`` hand-off),
+  and NVML loaded from it.
 """

@@ -381,6 +381,69 @@ def test_device_plugin_hands_gpus_over_by_cdi_unless_told_envvar(
     assert not [v for v in pod["volumes"] if v["name"].startswith("cdi")]
 
 
+def test_driver_root_mounts_the_driver_and_passes_its_flags() -> None:
+    """GKE's layout (docs/driver-root.md): the driver at the same path, read-only; privileged,
+    as NVML opens the host's device nodes without a runtime to grant them; no CDI mounts."""
+    docs = render(
+        "--set",
+        "devicePlugin.deviceListStrategy=driver-root",
+        "--set",
+        "devicePlugin.driverRoot.hostPath=/home/kubernetes/bin/nvidia",
+    )
+    pod = find(docs, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = container["args"]
+    assert [a for a in args if a.startswith(("--driver-root", "--dev-root"))] == [
+        "--driver-root=/home/kubernetes/bin/nvidia",
+        "--driver-root-container-path=/usr/local/nvidia",
+        "--dev-root=/dev",
+    ]
+    assert not [a for a in args if a.startswith("--cdi")]
+    assert container["securityContext"]["privileged"] is True
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["driver-root"] == {
+        "name": "driver-root",
+        "mountPath": "/home/kubernetes/bin/nvidia",
+        "readOnly": True,
+    }
+    assert "dev-root" not in mounts  # a privileged container's /dev is the host's
+    volumes = {v["name"]: v.get("hostPath") for v in pod["volumes"]}
+    assert volumes["driver-root"] == {"path": "/home/kubernetes/bin/nvidia", "type": "Directory"}
+    webhook = find(docs, "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"][0]
+    assert "--device-list-strategy=driver-root" in webhook["args"]
+    docs = render(
+        "--set",
+        "devicePlugin.deviceListStrategy=driver-root",
+        "--set",
+        "devicePlugin.driverRoot.hostPath=/opt/nvidia",
+        "--set",
+        "devicePlugin.driverRoot.devHostPath=/run/fake-dev",
+    )
+    pod = find(docs, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["dev-root"]["mountPath"] == "/run/fake-dev" and mounts["dev-root"]["readOnly"]
+
+
+def test_driver_root_without_the_driver_s_directory_is_refused_naming_the_field() -> None:
+    done = helm(
+        *template_args(), "--set", "devicePlugin.deviceListStrategy=driver-root", check=False
+    )
+    # hostPath defaults to null (the platform preset fills it), so the template's own refusal
+    # names the field; an explicit "" is the schema's to refuse
+    assert done.returncode != 0
+    assert "driver-root needs devicePlugin.driverRoot.hostPath" in done.stderr
+    done = helm(
+        *template_args(),
+        "--set",
+        "devicePlugin.deviceListStrategy=driver-root",
+        "--set",
+        "devicePlugin.driverRoot.hostPath=",
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "at '/devicePlugin/driverRoot/hostPath': minLength: got 0, want 1" in done.stderr
+
+
 def test_device_plugin_can_be_privileged_again_and_name_the_nvidia_runtime() -> None:
     docs = render(
         "--set", "devicePlugin.privileged=true", "--set", "devicePlugin.runtimeClassName=nvidia"
