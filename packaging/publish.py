@@ -319,7 +319,7 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def dry_run(ctx: Context) -> int:
+def dry_run(ctx: Context, steps: Sequence[Step] = STEPS) -> int:
     """Every step against ``crane registry serve`` on 127.0.0.1 (in memory, gone at the end)."""
     port = _free_port()
     server = subprocess.Popen(
@@ -337,7 +337,7 @@ def dry_run(ctx: Context) -> int:
                     raise PublishError("crane registry serve did not listen within 10 s") from None
                 time.sleep(0.1)
         ctx.registry = f"127.0.0.1:{port}/gpushare"
-        for step in STEPS:
+        for step in steps:
             print(f"== {step.name}", flush=True)
             step.run(ctx)
     finally:

@@ -176,6 +176,15 @@ def check_versions(version: str) -> None:
             f'says {version}: set version: {want} and appVersion: "{version}" '
             "(pyproject.toml is the version source)"
         )
+    listed = re.findall(
+        rf"image: {re.escape(image.REPOSITORY)}:(\S+)", (CHART / "Chart.yaml").read_text()
+    )
+    if listed != [version]:
+        raise ReleaseError(
+            f"charts/gpushare/Chart.yaml's artifacthub.io/images names {image.REPOSITORY} at "
+            f"{listed or 'no version'}; set it to {image.REPOSITORY}:{version} (Artifact Hub scans "
+            "that image)"
+        )
 
 
 def find_helm() -> str:
