@@ -285,7 +285,9 @@ def test_the_windows_file_is_distlibs_launcher_with_a_python_shebang(
     end = data.rfind(b"PK\x05\x06")
     cd_size, cd_offset = struct.unpack("<II", data[end + 12 : end + 20])
     start = end - cd_size - cd_offset
-    assert data[start : start + 24] == b"#!/usr/bin/env python\r\n"
+    shebang = b"#!/usr/bin/env python\r\n"
+    assert data[start : start + len(shebang)] == shebang
+    assert data[start + len(shebang) : start + len(shebang) + 4] == b"PK\x03\x04"  # the zip
 
 
 def test_the_plugin_runs_alone(dist: Path, tmp_path: Path) -> None:
