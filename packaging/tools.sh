@@ -12,7 +12,8 @@ ACTIONLINT_VERSION=v1.7.12      # github.com/rhysd/actionlint: the workflow's li
 ORAS_VERSION=v1.3.6             # oras.land/oras: copies the image's OCI layout to the registry
 CRANE_VERSION=v0.22.1           # github.com/google/go-containerregistry: digests; a local registry
 KREW_VERSION=v0.4.3             # sigs.k8s.io/krew: installs the plugin from its manifest
-HELM_VERSION=v3.22.0            # helm.sh/helm/v3, the version build.sh builds: package and push
+# helm: the one harness/controlplane/build.sh pins (one helm version for tests and releases)
+HELM_VERSION="$(sed -n 's/^HELM_VERSION=//p' "$(dirname "$0")/../harness/controlplane/build.sh")"
 
 CACHE="${GPUSHARE_CACHE:-$HOME/.cache/gpushare}/bin"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod

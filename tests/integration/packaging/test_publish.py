@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib
 import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -26,10 +25,10 @@ import pytest
 import yaml
 
 from harness.image_archive import project_version
+from tests.support.releasetools import release_tools
 
 REPO = Path(__file__).resolve().parents[3]
 WORKFLOW = REPO / ".github" / "workflows" / "release.yml"
-CACHE = Path(os.environ.get("GPUSHARE_CACHE", Path.home() / ".cache" / "gpushare")) / "bin"
 
 
 def _packaging(name: str) -> ModuleType:
@@ -175,27 +174,13 @@ def test_an_archive_without_dpkg_records_is_refused(tmp_path: Path) -> None:
         sbom.packages(archive)
 
 
-def _tools() -> dict[str, str]:
-    want = {"oras": "oras-v1.3.6/oras", "crane": "crane-v0.22.1/crane", "helm": "helm-v3.22.0/helm"}
-    found = {name: CACHE / path for name, path in want.items()}
-    missing = [name for name, path in found.items() if not os.access(path, os.X_OK)]
-    if missing and os.environ.get("CI") == "true":
-        built = subprocess.run(
-            ["bash", "packaging/tools.sh", *missing], cwd=REPO, capture_output=True, text=True
-        )
-        assert built.returncode == 0, built.stderr
-    elif missing:
-        pytest.skip(f"release tools not built ({', '.join(missing)}): bash packaging/tools.sh")
-    return {name: str(path) for name, path in found.items()}
-
-
 def test_the_dry_run_pushes_and_pulls_back_with_the_workflows_commands(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Every step but `build` (the image recipe and the wheels need Debian's archive and PyPI;
     `make release-dryrun` runs it too) against a local registry: the image by its index digest,
     the chart pulled back at its version; signing and the GitHub release shown, not run."""
-    tools = _tools()
+    tools = {name: str(path) for name, path in release_tools("oras", "crane", "helm").items()}
     version = project_version()
     dist = tmp_path / version
     dist.mkdir()

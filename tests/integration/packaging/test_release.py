@@ -26,6 +26,7 @@ import yaml
 
 from harness.image_archive import project_version
 from tests.support.chart import find_helm, pinned
+from tests.support.releasetools import release_tools
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -180,16 +181,6 @@ def test_the_krew_manifest_names_each_plugin_archive(dist: Path) -> None:
     assert seen == PLATFORMS
 
 
-def _krew_tools() -> tuple[Path, Path, Path] | None:
-    """krew, its manifest validator and kubectl, as packaging/tools.sh and build.sh cache them."""
-    found = (
-        CACHE / "krew-v0.4.3" / "krew",
-        CACHE / "validate-krew-manifest-v0.4.3" / "validate-krew-manifest",
-        CACHE / f"kubernetes-{K8S_VERSION}" / "kubectl",
-    )
-    return found if all(os.access(p, os.X_OK) for p in found) else None
-
-
 def test_krew_validates_and_installs_the_plugin_on_every_platform(
     dist: Path, tmp_path: Path
 ) -> None:
@@ -197,19 +188,11 @@ def test_krew_validates_and_installs_the_plugin_on_every_platform(
     --archive`` for each (os, arch) (KREW_OS/KREW_ARCH, as validate-krew-manifest does it),
     which checks the sha256, unpacks and links the bin; the installed Linux one then runs as
     ``kubectl inspect-cgpu``."""
-    tools = _krew_tools()
-    if tools is None:
-        if os.environ.get("CI") == "true":
-            built = subprocess.run(
-                ["bash", "packaging/tools.sh", "krew", "validate-krew-manifest"],
-                cwd=REPO, capture_output=True, text=True, check=False,
-            )  # fmt: skip
-            assert built.returncode == 0, built.stderr
-            tools = _krew_tools()
-        if tools is None:
-            pytest.skip("krew or kubectl not built: bash packaging/tools.sh krew "
-                        "validate-krew-manifest; make controlplane")  # fmt: skip
-    krew, validator, kubectl = tools
+    tools = release_tools("krew", "validate-krew-manifest")
+    krew, validator = tools["krew"], tools["validate-krew-manifest"]
+    kubectl = CACHE / f"kubernetes-{K8S_VERSION}" / "kubectl"
+    if not os.access(kubectl, os.X_OK):
+        pytest.skip("kubectl is not built: make controlplane")
     checked = subprocess.run(
         [str(validator), "-manifest", str(dist / "inspect-cgpu.yaml"), "-skip-install"],
         capture_output=True, text=True, check=False,
