@@ -16,7 +16,8 @@ For each architecture the image is one layer:
    stubs and compiles the interposer with ``$CC``, a cross compiler for a foreign architecture)
    and every runtime dependency as a binary wheel for that architecture, at the versions
    ``constraints.txt`` pins (``pip download --platform``), so nothing is compiled but our own C;
-2. a Debian bookworm root filesystem (``mmdebstrap --variant=minbase``, Debian's python3 3.11),
+2. a Debian bookworm root filesystem (``mmdebstrap --variant=minbase``, Debian's python3 3.11;
+   from deb.debian.org, or Debian's archive as it was at ``--snapshot``, which releases pin),
    into which those wheels are installed offline, plus the non-root ``gpushare`` account
    (uid/gid 65532); a foreign architecture runs its installers under qemu-user (binfmt_misc);
 3. an OCI image layout in one tar: an image index (one manifest per architecture) named
