@@ -64,10 +64,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* The gpushare image: by image.digest when set (what cosign signed), else by tag. */}}
 {{- define "gpushare.image" -}}
 {{- $name := .Values.image.repository -}}
 {{- with .Values.image.registry }}{{ $name = printf "%s/%s" . $name }}{{ end -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" $name .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" $name (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Settings every gpushare component shares, as command-line arguments. Resource names are

@@ -1121,14 +1121,21 @@ def test_a_mirror_sets_the_registry_or_the_whole_name() -> None:
     assert not [n for n in names if "ghcr.io" in n]
 
 
-def test_the_notes_install_the_plugin_from_our_own_distribution(tmp_path: Path) -> None:
-    """`pip install gpushare` installs another project's code (that PyPI name is not ours)."""
+def test_the_notes_install_the_plugin_from_what_a_release_publishes(tmp_path: Path) -> None:
+    """`pip install gpushare` installs another project's code (that PyPI name is not ours), and
+    nothing is on PyPI under ours: the notes point at the krew manifest each release attaches
+    (.github/workflows/release.yml), by the URL packaging/release.py writes into it."""
     notes = render_notes(tmp_path)
-    assert "pip install gpushare" not in notes
-    assert f"pip install kube-gpushare=={project_version()}" in notes
-    assert "kubectl inspect cgpu" in notes
-    pyproject = (REPO / "pyproject.toml").read_text()
-    assert 'name = "kube-gpushare"' in pyproject
+    assert "pip install" not in notes
+    version = project_version()
+    assert (
+        "kubectl krew install --manifest-url=https://github.com/gpushare/gpushare/releases/"
+        f"download/v{version}/inspect-cgpu.yaml"
+    ) in notes
+    assert "kubectl inspect-cgpu" in notes  # krew's link is kubectl-inspect_cgpu
+    release = (REPO / "packaging" / "release.py").read_text()
+    assert 'RELEASES = "https://github.com/gpushare/gpushare/releases/download"' in release
+    assert 'manifest = out / "inspect-cgpu.yaml"' in release
 
 
 def test_recreating_refused_bare_pods_is_opt_in_with_its_rights() -> None:
@@ -1149,3 +1156,23 @@ def test_recreating_refused_bare_pods_is_opt_in_with_its_rights() -> None:
     args, rules = extender_and_rules("--set", "scheduler.extender.recreateRefusedPods=true")
     assert "--recreate-refused-pods" in args
     assert any({"create", "delete"} <= set(r["verbs"]) for r in rules)
+
+
+def test_image_digest_pins_every_gpushare_container_and_is_checked() -> None:
+    """image.digest (each release prints it; cosign signs it) replaces the tag in every pod that
+    runs the gpushare image; a digest that is not sha256:<64 hex> is refused by the schema."""
+    digest = "sha256:" + "0123456789abcdef" * 4
+    docs = render("--set", f"image.digest={digest}", "--set", "image.tag=ignored")
+    images = [
+        c["image"]
+        for d in docs
+        for c in (
+            d.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+            + d.get("spec", {}).get("containers", [])
+        )
+        if "gpushare/gpushare" in c["image"]
+    ]
+    assert len(images) >= 4 and set(images) == {f"ghcr.io/gpushare/gpushare@{digest}"}
+    bad = helm(*template_args(), "--set", "image.digest=sha256:abc", check=False)
+    assert bad.returncode != 0
+    assert "/image/digest" in bad.stderr and "sha256:[a-f0-9]{64}" in bad.stderr
