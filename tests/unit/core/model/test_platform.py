@@ -157,7 +157,12 @@ CASES: list[tuple[dict[str, Any], Platform, bool, list[str]]] = [
         True,
         [f"kubectl label node worker-gpu-0.ocp.example.com --overwrite {OPERATOR_LABEL}=false"],
     ),
-    (K3S, Platform.K3S, False, ["k3s ships no NVIDIA plugin", "ack.node.gpu.schedule DoesNotExist"]),
+    (
+        K3S,
+        Platform.K3S,
+        False,
+        ["k3s ships no NVIDIA plugin", "ack.node.gpu.schedule DoesNotExist"],
+    ),
     (RKE2, Platform.RKE2, False, ["RKE2 ships no NVIDIA plugin", "DoesNotExist"]),
     (KUBEADM, Platform.KUBERNETES, False, ["DoesNotExist", f"{OPERATOR_LABEL}=false"]),
     (
