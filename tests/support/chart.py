@@ -109,3 +109,16 @@ def find(docs: list[dict[str, Any]], kind: str, suffix: str = "") -> dict[str, A
     found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
     assert len(found) == 1, f"{kind} *{suffix}: {[d['metadata']['name'] for d in found]}"
     return found[0]
+
+
+def find_job(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
+    """The one Job of a component (``seal``, ``webhook-certs``): its name ends in a hash of its
+    spec (the chart's ``gpushare.jobName``), so it is found by its component label."""
+    found = [
+        d
+        for d in docs
+        if d["kind"] == "Job"
+        and d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component
+    ]
+    assert len(found) == 1, f"Job {component}: {[d['metadata']['name'] for d in found]}"
+    return found[0]
