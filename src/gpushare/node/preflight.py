@@ -121,8 +121,8 @@ def refuse_other_plugin(node: KubeObject) -> str | None:
         f"k8s-device-plugin, the GPU Operator's, the platform's own or HAMi's): two plugins "
         f"would hand out the same GPUs, each blind to the other's pods. Keep that plugin off "
         f"this node. {plugin_switch(node)}. kubelet stops offering its resource as soon as it is "
-        f"gone, and this plugin starts on its next restart (docs/device-plugin.md, \"Beside "
-        f"another plugin\")"
+        f'gone, and this plugin starts on its next restart (docs/device-plugin.md, "Beside '
+        f'another plugin")'
     )
 
 

@@ -109,7 +109,7 @@ def test_new_alerts_fire_after_their_grace_and_not_on_healthy_series(tmp_path: P
         # two extender replicas report node gpu-a from minute 0: one alert, after 15 minutes
         *(
             {
-                "series": f"gpushare_node_device_plugin_missing{{{TARGET}, pod=\"s-{i}\", "
+                "series": f'gpushare_node_device_plugin_missing{{{TARGET}, pod="s-{i}", '
                 'node="gpu-a", mode="share", reason="unregistered"}',
                 "values": "1x40",
             }
@@ -196,9 +196,7 @@ def test_a_node_mode_the_plugin_does_not_serve_raises_no_alert(tmp_path: Path) -
             ],
         }
     ]
-    run_promtool(
-        tmp_path, rules("--set-json", 'devicePlugin.nodeModes=["share"]'), tests
-    )
+    run_promtool(tmp_path, rules("--set-json", 'devicePlugin.nodeModes=["share"]'), tests)
 
 
 def test_down_alerts_need_the_chart_s_pod_monitors(tmp_path: Path) -> None:

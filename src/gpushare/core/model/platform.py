@@ -37,10 +37,11 @@ switches are the vendors' word, none is exercised here; sources in ../shared/doc
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from gpushare.core.model.kubejson import KubeObject, labels_of, name_of, node_status_of, spec_of
+from gpushare.core.model.kubejson import KubeObject, labels_of, name_of, spec_of, status_of
 
 OPERATOR_LABEL = "nvidia.com/gpu.deploy.device-plugin"
 """The GPU Operator's per-node switch for its device plugin."""
@@ -78,7 +79,9 @@ class NodePlatform:
 def detect(node: KubeObject) -> NodePlatform:
     """The node's platform from its labels, ``status.nodeInfo`` and ``spec.providerID``."""
     labels = labels_of(node)
-    info = node_status_of(node).get("nodeInfo") or {}
+    info = status_of(node).get("nodeInfo") or {}
+    if not isinstance(info, Mapping):
+        info = {}
     os_image = str(info.get("osImage", ""))
     kubelet = str(info.get("kubeletVersion", ""))
     provider = str(spec_of(node).get("providerID", ""))
