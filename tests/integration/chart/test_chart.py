@@ -975,6 +975,9 @@ def test_prometheus_rule_alerts_on_what_an_operator_needs_first() -> None:
         "GPUSharePodResourcesMismatch",
         "GPUShareExtenderWatchRefused",
         "GPUShareDevicePluginWatchRefused",
+        "GPUShareDevicePluginMissing",
+        "GPUShareDevicePluginAllocationFailures",
+        "GPUShareBrokerConnectionsRefused",
     }
     monitors = {d["metadata"]["name"] for d in docs if d["kind"] == "PodMonitor"}
     for alert, monitor in (
@@ -984,7 +987,7 @@ def test_prometheus_rule_alerts_on_what_an_operator_needs_first() -> None:
         assert f'job="{NAMESPACE}/{RELEASE}-{monitor}"' in alerts[alert]["expr"]
         assert f"{RELEASE}-{monitor}" in monitors
     # Prometheus's own parser and engine check the expressions:
-    # tests/integration/chart/test_alerts.py
+    # tests/integration/chart/test_alerts.py; promtool: test_alert_rules.py
 
 
 def test_helm_test_checks_the_webhook_through_its_service_and_ca() -> None:
