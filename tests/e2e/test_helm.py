@@ -651,7 +651,8 @@ def test_helm_template_applied_twice_by_kubectl_changes_nothing(
     object (no resourceVersion moves), the seal key the Job made is the same, a GPU pod placed
     before the second apply keeps running and its seal still verifies with the cluster's key
     (judged as the device plugin judges it), and the webhook still admits and steers. Before,
-    every render held a new random seal key."""
+    every render held a new random seal key. Then a values change that reaches the certs Job
+    is applied: no error, and the new Job runs to completion."""
     node, images = helm_node
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump(_real_values(cluster, node, images)))
@@ -664,8 +665,20 @@ def test_helm_template_applied_twice_by_kubectl_changes_nothing(
         ).stdout  # fmt: skip
         return out
 
+    def render_changed() -> str:
+        out: str = helm(
+            cluster, "template", REAL_RELEASE, str(CHART), "-n", REAL_NAMESPACE,
+            "-f", str(values), "--kube-version", version, "--skip-tests",
+            "--set", "webhook.certs.job.validityDays=3649",
+        ).stdout  # fmt: skip
+        return out
+
     first, second = render(), render()
     assert first == second  # the same objects, byte for byte
+    before_jobs = {
+        d["metadata"]["name"] for d in yaml.safe_load_all(first) if d and d["kind"] == "Job"
+    }
+    changed = ""
     # the install test above leaves the namespace terminating: wait for it to go
     cluster.kubectl(
         "delete", "namespace", REAL_NAMESPACE, "--ignore-not-found", "--wait=true", timeout=240
@@ -710,8 +723,28 @@ def test_helm_template_applied_twice_by_kubectl_changes_nothing(
         assert _seals(cluster, node) == ([pod["metadata"]["name"]], [])
         assert _untrusted_warnings(cluster) == []
         assert _admitted(cluster) == (True, "")
+        # A values change that reaches the certs Job: a new Job (its name is a hash of its
+        # spec), applied without error and run to completion; before, the Job named after the
+        # revision (always 1 here) refused it: "spec.template: ... field is immutable".
+        changed = render_changed()
+        cluster.kubectl(*apply, input=changed)
+        (new_job,) = [
+            d["metadata"]["name"]
+            for d in yaml.safe_load_all(changed)
+            if d and d["kind"] == "Job" and d["metadata"]["name"] not in before_jobs
+        ]
+
+        def succeeded() -> bool:
+            job = cluster.kubectl_json("get", "job", new_job, "-n", REAL_NAMESPACE)
+            return bool(job.get("status", {}).get("succeeded"))
+
+        eventually(succeeded, 180, f"the changed certs Job {new_job} done")
+        assert _admitted(cluster) == (True, "")
     finally:
         cluster.kubectl("delete", "namespace", REAL_NS, "--wait=true", check=False, timeout=180)
+        if changed:
+            cluster.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=true",
+                            input=changed, check=False, timeout=240)  # fmt: skip
         cluster.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=true", input=first,
                         check=False, timeout=240)  # fmt: skip
         cluster.kubectl("delete", "secret", f"{REAL_RELEASE}-seal", "-n", REAL_NAMESPACE,

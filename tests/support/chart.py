@@ -126,3 +126,16 @@ def render_notes(tmp_path: Path, *args: str) -> str:
                "--show-only", "templates/zz-notes.yaml", *args).stdout  # fmt: skip
     notes: str = yaml.safe_load(out)["data"]["notes"]
     return notes
+
+
+def find_job(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
+    """The one Job of a component (``seal``, ``webhook-certs``): its name ends in a hash of its
+    spec (the chart's ``gpushare.jobName``), so it is found by its component label."""
+    found = [
+        d
+        for d in docs
+        if d["kind"] == "Job"
+        and d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component
+    ]
+    assert len(found) == 1, f"Job {component}: {[d['metadata']['name'] for d in found]}"
+    return found[0]

@@ -118,6 +118,15 @@ exec:
 {{- end -}}
 {{- define "gpushare.webhook.certJobName" -}}{{ include "gpushare.fullname" . }}-webhook-certs{{- end -}}
 
+{{/* A Job's name: its base (cut to 52 characters) and the first 10 hex digits of the SHA-256 of
+its rendered spec (.spec), 63 characters at most, as the job-name label on its pods needs. The
+same render gives the same name, so applying the chart again changes nothing; any change to the
+spec gives a new name, so the changed Job is created and runs, never patched (a Job's template
+is immutable). */}}
+{{- define "gpushare.jobName" -}}
+{{- printf "%s-%s" (.base | trunc 52 | trimSuffix "-") (.spec | sha256sum | trunc 10) -}}
+{{- end -}}
+
 {{/* Who may write gpushare.io/* and ALIYUN_COM_GPU_MEM_* pod annotations (and nodeName on GPU
 pods), as a JSON list: the extender's and the device plugin's ServiceAccounts when this release
 runs them, then webhook.trustedUsers. The webhook's flags, its matchConditions and the policy

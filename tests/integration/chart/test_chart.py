@@ -41,6 +41,7 @@ from tests.support.chart import (
     REPO,
     cached,
     find,
+    find_job,
     helm,
     needs_helm,
     render,
@@ -526,14 +527,15 @@ def test_the_seal_key_is_made_in_the_cluster_and_mounted_into_extender_and_plugi
     assert not [
         d for d in default_docs if d["kind"] == "Secret" and "-seal" in d["metadata"]["name"]
     ]
-    job = find(default_docs, "Job", "-seal-1")["spec"]["template"]["spec"]
+    job = find_job(default_docs, "seal")["spec"]["template"]["spec"]
     (container,) = job["containers"]
     assert container["args"][:2] == ["seal-key", f"--secret={NAMESPACE}/{RELEASE}-seal"]
     role = find(default_docs, "Role", "-seal")
     assert {"get"} == {v for r in role["rules"] if r.get("resourceNames") for v in r["verbs"]}
     assert helm(*template_args()).stdout == helm(*template_args()).stdout
     mine = render("--set", "seal.existingSecret=mine")
-    assert not [d for d in mine if d["metadata"]["name"].endswith(("-seal", "-seal-1"))]
+    assert not [d for d in mine if d["metadata"]["name"].endswith("-seal")]
+    assert not [d for d in mine if d["kind"] == "Job" and "-seal-" in d["metadata"]["name"]]
     for docs, name in ((default_docs, f"{RELEASE}-seal"), (mine, "mine")):
         for kind, suffix, index, mode in (
             ("Deployment", "-scheduler", 1, 0o440),
@@ -626,7 +628,7 @@ def test_steering_config_equals_renderer(
     flags = args["containers"][0]["args"]
     assert "--scheduler-name=ack-co-scheduler" in flags
     assert "--steer-from=default-scheduler" in flags and "--no-steer" not in flags
-    certs = find(default_docs, "Job", "-webhook-certs-1")["spec"]["template"]["spec"]
+    certs = find_job(default_docs, "webhook-certs")["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in certs["containers"][0]["env"]}
     assert env["WEBHOOK_KINDS"] == "validatingwebhookconfiguration mutatingwebhookconfiguration"
 
@@ -637,7 +639,7 @@ def test_steering_can_be_turned_off_or_renamed() -> None:
     flags = find(docs, "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"][0]
     assert "--no-steer" in flags["args"]
     assert not [a for a in flags["args"] if a.startswith("--steer-from")]
-    certs = find(docs, "Job", "-webhook-certs-1")["spec"]["template"]["spec"]
+    certs = find_job(docs, "webhook-certs")["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in certs["containers"][0]["env"]}
     assert env["WEBHOOK_KINDS"] == "validatingwebhookconfiguration"
     configuration = pytest.importorskip("gpushare.webhook.configuration")
@@ -772,7 +774,7 @@ def test_policy_equals_renderer(
 
 
 def test_cert_modes(default_docs: list[dict[str, Any]], ci_docs: list[dict[str, Any]]) -> None:
-    job = find(default_docs, "Job", "-webhook-certs-1")
+    job = find_job(default_docs, "webhook-certs")
     script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
     assert "openssl" in script and "caBundle" in script
     assert "cert-manager.io/inject-ca-from" not in webhook_config(default_docs)["metadata"].get(
@@ -1037,6 +1039,9 @@ def test_prometheus_rule_alerts_on_what_an_operator_needs_first() -> None:
         "GPUSharePodResourcesMismatch",
         "GPUShareExtenderWatchRefused",
         "GPUShareDevicePluginWatchRefused",
+        "GPUShareDevicePluginMissing",
+        "GPUShareDevicePluginAllocationFailures",
+        "GPUShareBrokerConnectionsRefused",
     }
     monitors = {d["metadata"]["name"] for d in docs if d["kind"] == "PodMonitor"}
     for alert, monitor in (
@@ -1046,7 +1051,7 @@ def test_prometheus_rule_alerts_on_what_an_operator_needs_first() -> None:
         assert f'job="{NAMESPACE}/{RELEASE}-{monitor}"' in alerts[alert]["expr"]
         assert f"{RELEASE}-{monitor}" in monitors
     # Prometheus's own parser and engine check the expressions:
-    # tests/integration/chart/test_alerts.py
+    # tests/integration/chart/test_alerts.py; promtool: test_alert_rules.py
 
 
 def test_helm_test_checks_the_webhook_through_its_service_and_ca() -> None:
