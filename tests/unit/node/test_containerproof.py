@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpushare.cli import main as gpushare
 from gpushare.node.containerproof import check
 
 CDI_ENV = {
@@ -59,3 +65,20 @@ def test_isolation_promises_the_limits_file() -> None:
 def test_a_container_the_plugin_never_answered() -> None:
     seen = check({"NVIDIA_VISIBLE_DEVICES": "all"}, ["/dev/nvidia0"])
     assert not seen.ok and "no ALIYUN_COM_GPU_MEM_IDX" in seen.lines[0]
+
+
+def test_the_command_lists_the_device_nodes_and_exits_by_the_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in CDI_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("GPUSHARE_MEM_LIMIT", raising=False)
+    (tmp_path / "nvidia1").touch()
+    (tmp_path / "nvidia-uvm").touch()
+    runner = CliRunner()
+    passed = runner.invoke(
+        gpushare, ["check-hand-off", "--dev", str(tmp_path), "--no-control-device"]
+    )
+    assert passed.exit_code == 0 and passed.output.endswith("hand-off ok\n"), passed.output
+    failed = runner.invoke(gpushare, ["check-hand-off", "--dev", str(tmp_path)])
+    assert failed.exit_code == 1 and "FAIL no /dev/nvidiactl" in failed.output
