@@ -28,7 +28,7 @@ from gpushare.deviceplugin.kubelet.protos.cri_v1 import api_pb2_grpc as cri_grpc
 from gpushare.node.handoffproof import Verdict
 
 
-class Containerd(cri_grpc.RuntimeServiceServicer):  # type: ignore[misc]
+class Containerd(cri_grpc.RuntimeServiceServicer):
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
         self.verbose: list[bool] = []
