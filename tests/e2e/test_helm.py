@@ -530,7 +530,15 @@ def test_helm_install_runs_on_the_real_node(
         # helm test's GPU pod: one unit through the chart's scheduler, and from inside, the
         # device node of its GPU (containerd applied the plugin's CDI name); the webhook test
         # needs a Service this node cannot route (no kube-proxy), so only the GPU pod runs.
+        # The chart's plugin asked this node's containerd through the mounted CRI socket.
+        plugin_log = cluster.kubectl(
+            "logs", "-n", REAL_NAMESPACE, "-l", "app.kubernetes.io/component=device-plugin"
+        ).stdout
+        checked = [line for line in plugin_log.splitlines() if "phase=hand-off-check" in line]
+        print(f"[e2e] the chart's device plugin: {checked}", flush=True)
+        assert checked and "applied: containerd v2.2.9: enable_cdi = true" in checked[0]
         passed = _helm_test_gpu_pod(cluster)
+        print(f"[e2e] helm test's GPU pod:\n{passed.stdout.partition('POD LOGS')[2]}", flush=True)
         assert "Phase:          Succeeded" in passed.stdout, passed.stdout + passed.stderr
         assert "ok   device nodes /dev/nvidia" in passed.stdout and "hand-off ok" in passed.stdout
 
