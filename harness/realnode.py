@@ -105,6 +105,12 @@ class RealNode:
     containerd: str = "v2"
     """``v2``: containerd 2 as ``controlplane/build.sh`` builds it, CDI on, spec directory
     :attr:`cdi_dir`; ``debian``: Debian's containerd 1.6, which has no CDI."""
+    enable_cdi: bool = True
+    """containerd 2's ``enable_cdi``: False gives the node of PLATFORMS.md gap 4, where the
+    runtime drops the CDI names the plugin hands over."""
+    hand_off_check: str = "refuse"
+    """The plugin's ``--hand-off-check``, asked of this node's containerd (``--cri-socket``);
+    empty: neither flag, for a plugin from before they existed."""
     device_list_strategy: str = field(
         default_factory=lambda: os.environ.get("GPUSHARE_E2E_DEVICE_LIST_STRATEGY", "cdi-cri")
     )
@@ -301,7 +307,7 @@ disabled_plugins = ['io.containerd.snapshotter.v1.devmapper', 'io.containerd.sna
   # this VM lacks CAP_SYS_RESOURCE: runc cannot lower the sandbox's oom_score_adj
   restrict_oom_score_adj = true
   enable_selinux = false
-  enable_cdi = true
+  enable_cdi = {"true" if self.enable_cdi else "false"}
   cdi_spec_dirs = ['{self.cdi_dir}']
   [{runtime}.containerd]
     default_runtime_name = 'runc'
@@ -617,6 +623,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 "--seal-key-file",
                 str(self.cluster.seal_key),
                 *(("--fake-topology", self.fake_topology) if self.fake_topology else ()),
+                *(
+                    (
+                        "--hand-off-check",
+                        self.hand_off_check,
+                        "--cri-socket",
+                        str(self.containerd_socket),
+                    )
+                    if self.hand_off_check
+                    else ()
+                ),
                 *extra,
             ],
             env,

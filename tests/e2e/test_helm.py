@@ -296,7 +296,10 @@ def _real_values(cluster: Cluster, node: RealNode, images: dict[str, str]) -> di
             "kubeletConfigPath": str(node.kubelet_config),
             "cpuManagerStatePath": "",
             "stateHostPath": str(node.state_dir),
+            # the start's hand-off check asks this node's containerd, not the host's
+            "criSocketPath": str(node.containerd_socket),
         },
+        "tests": {"gpuPod": {"nodeSelector": on_node, "tolerations": tolerations}},
         "isolation": {"libHostPath": str(node.lib_dir)},
         "webhook": {
             "replicas": 1,
@@ -307,6 +310,28 @@ def _real_values(cluster: Cluster, node: RealNode, images: dict[str, str]) -> di
             "certs": {"job": {"image": image(images["webhook-certs"])}},
         },
     }
+
+
+def _helm_test_gpu_pod(cluster: Cluster) -> Any:
+    """``helm test`` of the GPU pod alone, with its log; the pod is deleted afterwards, so it
+    holds no memory for the unit guard's count."""
+    pod = f"{REAL_RELEASE}-test-gpu-pod"
+    try:
+        return helm(
+            cluster,
+            "test",
+            REAL_RELEASE,
+            "-n",
+            REAL_NAMESPACE,
+            "--filter",
+            f"name={pod}",
+            "--logs",
+            "--timeout",
+            "180s",
+            check=False,
+        )
+    finally:
+        cluster.kubectl("delete", "pod", "-n", REAL_NAMESPACE, pod, "--wait=true", check=False)
 
 
 def _component_pods(cluster: Cluster) -> dict[str, list[dict[str, Any]]]:
@@ -502,6 +527,21 @@ def test_helm_install_runs_on_the_real_node(
         assert webhook["clientConfig"].get("caBundle"), "the cert Job wrote the CA"
         uuids = gpu_uuids(cluster, node.name)
 
+        # helm test's GPU pod: one unit through the chart's scheduler, and from inside, the
+        # device node of its GPU (containerd applied the plugin's CDI name); the webhook test
+        # needs a Service this node cannot route (no kube-proxy), so only the GPU pod runs.
+        # The chart's plugin asked this node's containerd through the mounted CRI socket.
+        plugin_log = cluster.kubectl(
+            "logs", "-n", REAL_NAMESPACE, "-l", "app.kubernetes.io/component=device-plugin"
+        ).stdout
+        checked = [line for line in plugin_log.splitlines() if "phase=hand-off-check" in line]
+        print(f"[e2e] the chart's device plugin: {checked}", flush=True)
+        assert checked and "applied: containerd v2.2.9: enable_cdi = true" in checked[0]
+        passed = _helm_test_gpu_pod(cluster)
+        print(f"[e2e] helm test's GPU pod:\n{passed.stdout.partition('POD LOGS')[2]}", flush=True)
+        assert "Phase:          Succeeded" in passed.stdout, passed.stdout + passed.stderr
+        assert "ok   device nodes /dev/nvidia" in passed.stdout and "hand-off ok" in passed.stdout
+
         # GPUtest: placed by the chart's kube-scheduler and extender, served by its plugin.
         job = local_job("GPUtest.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 3600"])
         cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
@@ -586,6 +626,21 @@ def test_helm_install_runs_on_the_real_node(
         assert env["GPUSHARE_MEM_UNIT"] == "128MiB"
         cluster.kubectl("delete", "statefulset", "-n", REAL_NS, "binpack", "--wait=true")
         eventually(lambda: not ns_pods(cluster, REAL_NS), 90, "binpack-0 gone")
+
+        # The shape of PLATFORMS.md gap 4 after the plugin started: containerd restarted with
+        # enable_cdi = false. The running plugin cannot know (it checked at start); helm test's
+        # GPU pod does, and fails naming the missing device node and the likely cause.
+        node.enable_cdi = False
+        node.start_containerd()
+        try:
+            failed = _helm_test_gpu_pod(cluster)
+            print(f"[e2e] helm test on the CDI-off node:\n{failed.stdout}{failed.stderr}")
+            assert failed.returncode != 0
+            assert "FAIL 1 GPU device node(s) expected (/dev/nvidia" in failed.stdout
+            assert "likely cause (cdi-cri)" in failed.stdout
+        finally:
+            node.enable_cdi = True
+            node.start_containerd()
     except BaseException:
         print(_why_not(cluster), flush=True)
         raise

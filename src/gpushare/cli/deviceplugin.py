@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from gpushare.kube.port import KubeAPI
     from gpushare.node.enforcement.nodehook import NodeIsolation
     from gpushare.node.gpus import GpuSource
+    from gpushare.node.handoffproof import Proof
 
 NVML_HINT = (
     "is the NVIDIA driver installed, and does this container see /dev/nvidiactl, "
@@ -189,6 +190,37 @@ NVML_HINT = (
     "refuses a container whose isolation mounts a volume or an image link moved; one of the "
     "runtime's cdi_spec_dirs, writable. docs/isolation.md.",
 )
+@click.option(
+    "--cdi-spec-host-dirs",
+    default="",
+    help="cdi-cri: the --cdi-spec-dirs as the host names them, same order, comma-separated, "
+    "where the plugin sees them elsewhere (the chart mounts them under /host/cdi); empty: the "
+    "same paths. The hand-off check compares them with the runtime's cdi_spec_dirs.",
+)
+@click.option(
+    "--hand-off-check",
+    type=click.Choice(["refuse", "warn", "off"]),
+    default="refuse",
+    show_default=True,
+    help="At start, ask the runtime whether it applies the hand-off (cdi-cri: containerd's "
+    "enable_cdi and cdi_spec_dirs through --cri-socket; envvar: the NVIDIA Container Toolkit's "
+    "--toolkit-config). refuse: do not start where it does not; warn: log it and start; off: "
+    "do not ask. A runtime that cannot be asked is logged as 'cannot tell', never refused.",
+)
+@click.option(
+    "--cri-socket",
+    default="/run/containerd/containerd.sock",
+    show_default=True,
+    help="cdi-cri: the container runtime's CRI socket, asked for its CDI settings "
+    "(k3s and RKE2: /run/k3s/containerd/containerd.sock).",
+)
+@click.option(
+    "--toolkit-config",
+    default="/etc/nvidia-container-runtime/config.toml",
+    show_default=True,
+    help="envvar: the NVIDIA Container Toolkit's config.toml, read for "
+    "accept-nvidia-visible-devices-envvar-when-unprivileged.",
+)
 @click.option("--kubelet-config", default="/var/lib/kubelet/config.yaml", show_default=True)
 @click.option(
     "--cpu-manager-state", default="/var/lib/kubelet/cpu_manager_state", show_default=True
@@ -275,6 +307,7 @@ def build_plugin(options: PluginOptions) -> Wired:
         reason = reason or refuse_lib_dir(options.isolation_lib_dir)
     if reason is not None:
         raise CommandError(reason)
+    proof = prove_hand_off(options)
     try:
         source: GpuSource = (
             FakeGpus.parse(
@@ -341,10 +374,50 @@ def build_plugin(options: PluginOptions) -> Wired:
             else None
         ),
     )
+    stats.hand_off = proof.verdict.value
     plugin = DevicePlugin(
         api=api, source=source, config=config, hook=hook, trust=trust, stats=stats
     )
     return Wired(options=options, plugin=plugin, hook=hook, source=source, api=api)
+
+
+def prove_hand_off(options: PluginOptions) -> Proof:
+    """Ask the runtime whether it applies the hand-off; refuse (CommandError), warn or log."""
+    import logging
+
+    from gpushare.node.cdi import Strategy
+    from gpushare.node.handoffproof import (
+        Mode,
+        ToolkitAnswer,
+        on_host,
+        prove_cdi,
+        prove_envvar,
+        refusal,
+        skipped,
+    )
+
+    handoff = options.handoff
+    proof = skipped(handoff.strategy, options.hand_off_check)
+    if proof is None and handoff.strategy is Strategy.CDI_CRI:
+        from gpushare.deviceplugin.kubelet.cri import ask_runtime
+
+        files = on_host(handoff.refresh().files, handoff.spec_dirs, options.cdi_spec_host_dirs)
+        proof = prove_cdi(
+            ask_runtime(options.cri_socket),
+            spec_files=files,
+            spec_dirs=options.cdi_spec_host_dirs,
+        )
+    elif proof is None:
+        proof = prove_envvar(ToolkitAnswer.read(options.toolkit_config))
+    log = logging.getLogger("gpushare.deviceplugin.handoff")
+    words = refusal(proof, handoff.strategy)
+    if words is None:
+        log.info("node=%s phase=hand-off-check %s", options.node, proof.summary())
+    elif options.hand_off_check is Mode.REFUSE:
+        raise CommandError(words)
+    else:
+        log.warning("node=%s phase=hand-off-check --hand-off-check warn: %s", options.node, words)
+    return proof
 
 
 def run_plugin(wired: Wired) -> None:

@@ -27,6 +27,7 @@ from gpushare.isolation.policy import Policy, PolicyError, parse_max_pods, parse
 from gpushare.node.cdi import HandOff, HandOffError, Strategy, parse_kind, parse_strategy
 from gpushare.node.descriptors import BrokerCaps, CapsError, descriptor_limit
 from gpushare.node.driverroot import DriverRoot
+from gpushare.node.handoffproof import Mode as HandOffCheck
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,13 @@ class PluginOptions:
     caps: BrokerCaps
     handoff: HandOff
     """The device-list strategy, CDI kind and spec directories (it caches the specs it reads)."""
+    hand_off_check: HandOffCheck
+    """``--hand-off-check``: refuse, warn or off when the runtime ignores the hand-off."""
+    cri_socket: Path
+    toolkit_config: Path
+    cdi_spec_host_dirs: tuple[Path, ...]
+    """The CDI spec directories as the host (and so the runtime) names them, in the order of
+    ``handoff.spec_dirs``."""
     isolation: str
     plugin_dir: Path
     pod_resources_socket: Path
@@ -118,6 +126,15 @@ class PluginOptions:
             core_resource=flags["core_resource"] or None,
             count_resource=flags["count_resource"] or None,
         ).settings()
+        host_dirs = tuple(
+            Path(d.strip()) for d in (flags["cdi_spec_host_dirs"] or "").split(",") if d.strip()
+        ) or tuple(handoff.spec_dirs)
+        if len(host_dirs) != len(handoff.spec_dirs):
+            raise click.BadParameter(
+                f"{len(host_dirs)} host director(ies) for {len(handoff.spec_dirs)} in "
+                "--cdi-spec-dirs: give one host path per spec directory, in the same order",
+                param_hint="--cdi-spec-host-dirs",
+            )
         health_file = flags["fake_health_file"]
         taint = flags["startup_taint"].strip()
         problem = key_problem(taint)
@@ -134,6 +151,10 @@ class PluginOptions:
             cgpu_policy=policy,
             caps=caps,
             handoff=handoff,
+            hand_off_check=HandOffCheck(flags["hand_off_check"]),
+            cri_socket=Path(flags["cri_socket"]),
+            toolkit_config=Path(flags["toolkit_config"]),
+            cdi_spec_host_dirs=host_dirs,
             isolation=flags["isolation"],
             plugin_dir=Path(flags["device_plugin_dir"]),
             pod_resources_socket=Path(flags["pod_resources_socket"]),

@@ -1181,3 +1181,87 @@ def test_image_digest_pins_every_gpushare_container_and_is_checked() -> None:
     bad = helm(*template_args(), "--set", "image.digest=sha256:abc", check=False)
     assert bad.returncode != 0
     assert "/image/digest" in bad.stderr and "sha256:[a-f0-9]{64}" in bad.stderr
+
+
+def test_the_plugin_asks_the_runtime_it_hands_gpus_to(default_docs: list[dict[str, Any]]) -> None:
+    """devicePlugin.handOffCheck: the CRI socket's directory under cdi-cri, the toolkit's under
+    envvar, read-only; nothing under off (issue 59, PLATFORMS.md C5)."""
+    pod = find(default_docs, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = container["args"]
+    assert "--hand-off-check=refuse" in args and "--cri-socket=/host/cri/containerd.sock" in args
+    assert "--cdi-spec-host-dirs=/etc/cdi,/var/run/cdi" in args
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["cri-socket"] == {
+        "name": "cri-socket",
+        "mountPath": "/host/cri",
+        "readOnly": True,
+    }
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["cri-socket"]["hostPath"] == {
+        "path": "/run/containerd",
+        "type": "DirectoryOrCreate",
+    }
+    k3s = render(
+        "--set",
+        "devicePlugin.criSocketPath=/run/k3s/containerd/containerd.sock",
+        "--set",
+        "devicePlugin.handOffCheck=warn",
+    )
+    pod = find(k3s, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    assert "--hand-off-check=warn" in pod["containers"][0]["args"]
+    assert {v["name"]: v for v in pod["volumes"]}["cri-socket"]["hostPath"]["path"] == (
+        "/run/k3s/containerd"
+    )
+    envvar = render("--set", "devicePlugin.deviceListStrategy=envvar")
+    pod = find(envvar, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert "--toolkit-config=/host/nvidia-container-runtime/config.toml" in args
+    assert not [a for a in args if a.startswith("--cri-socket")]
+    assert {v["name"]: v for v in pod["volumes"]}["toolkit-config"]["hostPath"]["path"] == (
+        "/etc/nvidia-container-runtime"
+    )
+    off = render("--set", "devicePlugin.handOffCheck=off")
+    pod = find(off, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    assert "--hand-off-check=off" in pod["containers"][0]["args"]
+    assert not {"cri-socket", "toolkit-config"} & {v["name"] for v in pod["volumes"]}
+
+
+def test_helm_test_runs_a_gpu_pod_that_checks_its_hand_off(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    pod = find(default_docs, "Pod", "-test-gpu-pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    spec = pod["spec"]
+    assert spec["schedulerName"] == "ack-co-scheduler"
+    (container,) = spec["containers"]
+    assert container["image"].startswith(GPUSHARE_IMAGE)
+    assert container["args"] == ["check-hand-off"]
+    assert container["resources"] == {"limits": {"aliyun.com/gpu-mem": 1}}
+    # Pod Security "restricted"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert cli.commands["check-hand-off"].make_context("check-hand-off", container["args"][1:])
+    steered = render(
+        "--set",
+        "testing.fakeGpus=1x15GiB",
+        "--set",
+        "tests.gpuPod.nodeSelector.gpu=yes",
+        "--set",
+        "tests.gpuPod.tolerations[0].key=nvidia.com/gpu",
+        "--set",
+        "tests.gpuPod.tolerations[0].operator=Exists",
+        "--set",
+        "scheduler.schedulerName=gpushare",
+    )
+    spec = find(steered, "Pod", "-test-gpu-pod")["spec"]
+    assert spec["schedulerName"] == "gpushare" and spec["nodeSelector"] == {"gpu": "yes"}
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert spec["containers"][0]["args"] == ["check-hand-off", "--no-control-device"]
+    off = render("--set", "tests.gpuPod.enabled=false")
+    assert not [d for d in off if d["metadata"]["name"].endswith("-test-gpu-pod")]

@@ -281,8 +281,6 @@ def test_the_presets_are_the_platforms_the_schema_offers() -> None:
             for part in path.split(".")[:-1]:
                 node = node.get(part) if isinstance(node, dict) else None
             last = path.rsplit(".", 1)[-1]
-            if path.startswith("devicePlugin.driverRoot."):
-                continue  # the driver-root hand-off's keys come with that hand-off
             # a preset can only fill a value the user left null
             assert isinstance(node, dict) and last in node, f"{name}.yaml: {path} not in values"
             assert node[last] is None, f"{name}.yaml: {path} must be null in values.yaml"
