@@ -12,7 +12,7 @@ DIST ?= dist/$(VERSION)
 IMAGE_ARCHIVE ?= $(DIST)/gpushare-image-$(VERSION).oci.tar
 ARCH ?=
 
-.PHONY: demo test unit native e2e e2e-oldest soak lint typecheck controlplane autoscalers cluster cluster-down bench sizing replay plugin-requests image image-in-docker image-archive release clean
+.PHONY: demo test unit native e2e e2e-oldest soak lint typecheck controlplane autoscalers cluster cluster-down bench sizing replay plugin-requests image image-in-docker image-archive release release-dryrun clean
 
 $(STAMP): pyproject.toml constraints.txt packaging/gpushare_build.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests harness benchmarks packaging
 	$(BIN)/ruff format --check src tests harness benchmarks packaging
 	$(BIN)/lint-imports --no-cache
+	$$(bash packaging/tools.sh actionlint) .github/workflows/*.yml
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -180,6 +181,19 @@ image-in-docker:
 # ARCH); RELEASE_ARGS=--no-image leaves the image out.
 release: $(STAMP) $(if $(filter --no-image,$(RELEASE_ARGS)),,image)
 	$(BIN)/python packaging/release.py --out $(DIST) $(if $(filter --no-image,$(RELEASE_ARGS)),,--image $(IMAGE_ARCHIVE)) $(RELEASE_ARGS)
+
+# Publishing a release (.github/workflows/release.yml, on a tag v$(VERSION)) runs one
+# `make release-step-<name>` per step of packaging/publish.py's STEPS: check-tag, build (the
+# image for amd64 and arm64 with Debian pinned to a snapshot.debian.org moment, then `release`),
+# sbom, login, push-image, sign-image (keyless cosign), push-chart, verify, github-release.
+# release-dryrun runs the same steps here against `crane registry serve` on 127.0.0.1 and says
+# which commands only the forge can run (signing, logging in, the GitHub release); DRYRUN_IMAGE
+# reuses an OCI archive of the recipe instead of building one (e.g. harness/image_archive.py's).
+release-step-%: $(STAMP)
+	$(BIN)/python packaging/publish.py $*
+
+release-dryrun: $(STAMP)
+	$(BIN)/python packaging/publish.py --dry-run $(if $(DRYRUN_IMAGE),--image $(DRYRUN_IMAGE))
 
 # The real-node Helm test's images (harness/image_archive.py): the gpushare image by
 # the recipe above, plus stand-ins for kube-scheduler and the certificate Job's image, for

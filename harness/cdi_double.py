@@ -121,19 +121,24 @@ def write(spec_dir: Path, node_dir: Path, gpus: Sequence[FakeGpu], kind: str = K
     ends in neither ``.json`` nor ``.yaml``, so no reader sees half a file.
     """
     content = spec(gpus, node_dir, kind)
-    node_dir.mkdir(parents=True, exist_ok=True)
-    null = os.stat("/dev/null").st_rdev
-    for gpu in gpus:
-        node = node_dir / f"nvidia{gpu.index}"
-        if not (node.exists() and stat.S_ISCHR(node.stat().st_mode)):
-            node.unlink(missing_ok=True)
-            os.mknod(node, 0o666 | stat.S_IFCHR, null)
+    make_nodes(node_dir, [f"nvidia{gpu.index}" for gpu in gpus])
     spec_dir.mkdir(parents=True, exist_ok=True)
     path = spec_dir / SPEC_FILE
     tmp = spec_dir / f".{SPEC_FILE}.tmp"
     tmp.write_text(yaml.safe_dump(content, sort_keys=False))
     tmp.replace(path)
     return path
+
+
+def make_nodes(node_dir: Path, names: Sequence[str]) -> None:
+    """Character devices ``names`` in ``node_dir`` with ``/dev/null``'s numbers (kept if there)."""
+    node_dir.mkdir(parents=True, exist_ok=True)
+    null = os.stat("/dev/null").st_rdev
+    for name in names:
+        node = node_dir / name
+        if not (node.exists() and stat.S_ISCHR(node.stat().st_mode)):
+            node.unlink(missing_ok=True)
+            os.mknod(node, 0o666 | stat.S_IFCHR, null)
 
 
 def seen(env: dict[str, str]) -> tuple[str, str]:
@@ -162,6 +167,7 @@ __all__ = [
     "FakeGpu",
     "container_path",
     "expected",
+    "make_nodes",
     "name_problems",
     "seen",
     "spec",

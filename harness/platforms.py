@@ -57,7 +57,6 @@ from harness.cluster import Cluster
 from harness.realnode import DEVICE_PLUGIN_DIR, RealNode
 
 HERE = Path(__file__).resolve().parent
-DRIVER_ROOT_NVML = HERE / "fakegpu" / "fakes" / "driver_root_nvml.c"
 FAKE_NVML = HERE / "fakegpu" / "fakes" / "fake_nvml.c"
 K3S_CONTAINERD_SOCKET = Path("/run/k3s/containerd/containerd.sock")
 NVIDIA_RUNTIME = "nvidia"
@@ -136,24 +135,25 @@ class DriverRoot:
         ]
 
     def uuids(self) -> list[str]:
-        """The UUIDs its NVML reports (``driver_root_nvml.c``)."""
-        return [f"GPU-d71e0000-0000-4000-8000-{i:012d}" for i in range(self.gpus)]
+        """The UUIDs its NVML reports without the fake driver (``fake_nvml.c``'s own two)."""
+        return [f"GPU-fa4e0000-0000-4000-8000-{i:012d}" for i in range(self.gpus)]
 
 
 def build_nvml(out: Path) -> Path:
-    """``libnvidia-ml.so.1`` from the fake NVML, standing alone (``driver_root_nvml.c``)."""
+    """``libnvidia-ml.so.1`` from the fake NVML, which names its GPUs itself when loaded
+    without the fake driver (as a device plugin loads it)."""
     from gpushare.isolation import build
 
     return build.compile_shared(
         [FAKE_NVML],
         out,
-        extra=("-include", str(DRIVER_ROOT_NVML), "-Wl,-soname,libnvidia-ml.so.1"),
+        extra=("-Wl,-soname,libnvidia-ml.so.1",),
         libs=("-ldl",),
     )
 
 
 @contextlib.contextmanager
-def driver_root(base: Path, gpus: int = 2) -> Iterator[DriverRoot]:
+def driver_root(base: Path, gpus: int = 2) -> Iterator[DriverRoot]:  # fake_nvml.c's two
     """A driver root at ``base`` (``lib64``) with its device nodes in ``base/dev``: each a
     character device 1:3 (``/dev/null``'s numbers, harmless to open), named as the driver names
     them. Removed after, with the parents made for it."""

@@ -16,7 +16,10 @@ Choices, and why:
   variable), so a container shows from inside which GPUs it got. Its CDI spec directory is the
   node's own, not ``/etc/cdi``: nothing on the host can add devices to the test's containers.
   ``containerd="debian"`` runs Debian's containerd 1.6 instead (no CDI), for the ``envvar``
-  strategy's smoke test.
+  strategy's smoke test. ``driver_root=True`` is GKE's node shape (Container-Optimized OS): no
+  CDI spec and no NVIDIA runtime, but a host driver directory holding the fake NVML as
+  ``lib64/libnvidia-ml.so.1`` and a device directory of ``/dev/null``-numbered nodes
+  (``nvidia<i>``, ``nvidiactl``, ``nvidia-uvm``); the plugin reads the GPUs through that NVML.
 
 - kubelet authenticates callers by client certificate (the cluster CA) and authorizes every
   authenticated caller (``AlwaysAllow``): kube-apiserver reaches it with the admin certificate
@@ -102,12 +105,23 @@ class RealNode:
     containerd: str = "v2"
     """``v2``: containerd 2 as ``controlplane/build.sh`` builds it, CDI on, spec directory
     :attr:`cdi_dir`; ``debian``: Debian's containerd 1.6, which has no CDI."""
+    enable_cdi: bool = True
+    """containerd 2's ``enable_cdi``: False gives the node of PLATFORMS.md gap 4, where the
+    runtime drops the CDI names the plugin hands over."""
+    hand_off_check: str = "refuse"
+    """The plugin's ``--hand-off-check``, asked of this node's containerd (``--cri-socket``);
+    empty: neither flag, for a plugin from before they existed."""
     device_list_strategy: str = field(
         default_factory=lambda: os.environ.get("GPUSHARE_E2E_DEVICE_LIST_STRATEGY", "cdi-cri")
     )
     """The plugin's ``--device-list-strategy``: ``cdi-cri`` (CDI devices by UUID, the plugin's
     default; containerd 2 only) or ``envvar`` (``NVIDIA_VISIBLE_DEVICES`` alone).
     ``GPUSHARE_E2E_DEVICE_LIST_STRATEGY`` sets it for a whole run, to compare the two."""
+    driver_root: bool = False
+    """GKE's shape: no CDI spec, the fake NVML in :attr:`driver_dir`, device nodes in
+    :attr:`driver_dev_dir`. The plugin reads its GPUs through that NVML (``fake_gpus`` must then
+    be ``<n>x16GiB``, the fake NVML's size; the UUIDs are the same as ``--fake-gpus`` gives),
+    and is told ``--driver-root`` only under the ``driver-root`` strategy, as the chart does."""
     processes: dict[str, Process] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     _plugin_log_offset: int = 0
@@ -140,8 +154,36 @@ class RealNode:
         return [cdi_double.FakeGpu(g.index, g.uuid) for g in gpus]
 
     def write_cdi_spec(self) -> Path:
-        """(Re)write the fake GPUs' CDI spec for the current ``fake_gpus``."""
+        """(Re)write the fake GPUs' CDI spec for the current ``fake_gpus``; on a driver-root
+        node, remove it instead (that shape has none) and write the driver root."""
+        if self.driver_root:
+            (self.cdi_dir / cdi_double.SPEC_FILE).unlink(missing_ok=True)
+            return self.write_driver_root()
         return cdi_double.write(self.cdi_dir, self.cdi_node_dir, self.fake_gpus_list())
+
+    @property
+    def driver_dir(self) -> Path:
+        """GKE's ``/home/kubernetes/bin/nvidia`` here: the fake NVML in ``lib64/``."""
+        return self.root / "nvidia-driver"
+
+    @property
+    def driver_dev_dir(self) -> Path:
+        """The host's ``/dev`` for the driver-root hand-off: ``/dev/null``-numbered GPU nodes."""
+        return self.root / "nvidia-dev"
+
+    def write_driver_root(self) -> Path:
+        """Compile the fake NVML into the driver directory and make the device nodes."""
+        from gpushare.isolation.build import compile_shared
+
+        nvml = compile_shared(
+            [HERE / "fakegpu" / "fakes" / "fake_nvml.c"],
+            self.driver_dir / "lib64" / "libnvidia-ml.so.1",
+            extra=("-Wl,-soname,libnvidia-ml.so.1",),
+            libs=("-ldl",),
+        )
+        names = [f"nvidia{g.index}" for g in self.fake_gpus_list()]
+        cdi_double.make_nodes(self.driver_dev_dir, [*names, "nvidiactl", "nvidia-uvm"])
+        return nvml
 
     @property
     def kubelet_root(self) -> Path:
@@ -265,7 +307,7 @@ disabled_plugins = ['io.containerd.snapshotter.v1.devmapper', 'io.containerd.sna
   # this VM lacks CAP_SYS_RESOURCE: runc cannot lower the sandbox's oom_score_adj
   restrict_oom_score_adj = true
   enable_selinux = false
-  enable_cdi = true
+  enable_cdi = {"true" if self.enable_cdi else "false"}
   cdi_spec_dirs = ['{self.cdi_dir}']
   [{runtime}.containerd]
     default_runtime_name = 'runc'
@@ -534,6 +576,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             raise StartError("the cdi-cri strategy needs containerd 2: Debian's 1.6 has no CDI")
         if self.containerd != "debian":
             self.write_cdi_spec()  # fake_gpus may have changed since containerd started
+        gpus: tuple[str, ...] = ("--fake-gpus", self.fake_gpus)
+        env = None
+        if self.driver_root:
+            gpus = ()
+            if self.device_list_strategy == "driver-root":
+                gpus = ("--driver-root", str(self.driver_dir))
+                gpus += ("--dev-root", str(self.driver_dev_dir))
+            uuids = ",".join(g.uuid for g in self.fake_gpus_list())
+            env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+            env["FAKE_GPU_UUIDS"] = uuids  # the fake NVML's GPUs, named as --fake-gpus names them
         return self._spawn(
             "gpushare-device-plugin",
             [
@@ -541,8 +593,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 "device-plugin",
                 "--node-name",
                 self.name,
-                "--fake-gpus",
-                self.fake_gpus,
+                *gpus,
                 "--gpu-memory-unit",
                 self.unit,
                 "--kubeconfig",
@@ -572,8 +623,19 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 "--seal-key-file",
                 str(self.cluster.seal_key),
                 *(("--fake-topology", self.fake_topology) if self.fake_topology else ()),
+                *(
+                    (
+                        "--hand-off-check",
+                        self.hand_off_check,
+                        "--cri-socket",
+                        str(self.containerd_socket),
+                    )
+                    if self.hand_off_check
+                    else ()
+                ),
                 *extra,
             ],
+            env,
         )
 
     def plugin_kubeconfig(self) -> Path:
@@ -840,11 +902,16 @@ def hand_off(placed: list[int], uuids: dict[int, str], strategy: str) -> dict[st
 
     ``envvar``: the UUIDs in ``NVIDIA_VISIBLE_DEVICES`` and no device node (runc alone reads no
     variable). ``cdi-cri``: the variable ``void``, and exactly the placed GPUs' device nodes and
-    CDI variables, which only containerd's CDI edits can have put there.
+    CDI variables, which only containerd's CDI edits can have put there. ``driver-root``: the
+    variable ``void`` and exactly the placed GPUs' device nodes (minor = index for the fake
+    NVML), which only the Allocate answer's DeviceSpecs can have put there.
     """
     gpus = [cdi_double.FakeGpu(i, uuids[i]) for i in placed]
     if strategy == "cdi-cri":
         devices, cdi_env = cdi_double.expected(gpus)
+        visible = "void"
+    elif strategy == "driver-root":  # the placed GPUs' nodes, from the answer: no CDI edit
+        devices, cdi_env = cdi_double.expected(gpus)[0], ""
         visible = "void"
     else:
         devices, cdi_env = "", ""

@@ -16,7 +16,8 @@ For each architecture the image is one layer:
    stubs and compiles the interposer with ``$CC``, a cross compiler for a foreign architecture)
    and every runtime dependency as a binary wheel for that architecture, at the versions
    ``constraints.txt`` pins (``pip download --platform``), so nothing is compiled but our own C;
-2. a Debian bookworm root filesystem (``mmdebstrap --variant=minbase``, Debian's python3 3.11),
+2. a Debian bookworm root filesystem (``mmdebstrap --variant=minbase``, Debian's python3 3.11;
+   from deb.debian.org, or Debian's archive as it was at ``--snapshot``, which releases pin),
    into which those wheels are installed offline, plus the non-root ``gpushare`` account
    (uid/gid 65532); a foreign architecture runs its installers under qemu-user (binfmt_misc);
 3. an OCI image layout in one tar: an image index (one manifest per architecture) named
@@ -33,6 +34,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +55,11 @@ stays ``gpushare``."""
 WHEEL_NAME = DISTRIBUTION.replace("-", "_")
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
+SNAPSHOT_MIRROR = "http://snapshot.debian.org/archive/debian/{stamp}"
+"""Debian's archive as it was at one moment (``--snapshot 20261201T000000Z``): a release pins one,
+so rebuilding a tag installs the same Debian packages; ``deb.debian.org`` moves on every point
+release and security update."""
+SNAPSHOT_STAMP = re.compile(r"\d{8}T\d{6}Z")
 PYTHON = "3.11"
 """Debian bookworm's python3, which the wheels are chosen for."""
 GLIBC_MINOR = 36
@@ -244,13 +251,29 @@ def wheels(arch: Arch, out: Path, python: str) -> None:
 # -- 2. the root filesystem -----------------------------------------------------------------------
 
 
-def rootfs(arch: Arch, wheel_dir: Path, version: str, out: Path, python: str) -> None:
+def debian_mirror(snapshot: str) -> tuple[str, list[str]]:
+    """The mirror and extra apt options for ``--snapshot`` (empty: deb.debian.org, unpinned).
+    A snapshot's Release files are old by design, so apt must not refuse them as expired."""
+    if not snapshot:
+        return MIRROR, []
+    if not SNAPSHOT_STAMP.fullmatch(snapshot):
+        raise RecipeError(
+            f"--snapshot {snapshot!r}: not a snapshot.debian.org timestamp; give "
+            "YYYYMMDDTHHMMSSZ (UTC), e.g. 20261201T000000Z"
+        )
+    return SNAPSHOT_MIRROR.format(stamp=snapshot), ["--aptopt=Acquire::Check-Valid-Until false"]
+
+
+def rootfs(
+    arch: Arch, wheel_dir: Path, version: str, out: Path, python: str, snapshot: str = ""
+) -> None:
     """A bookworm root filesystem tar at ``out`` with gpushare installed from ``wheel_dir``."""
     if shutil.which("mmdebstrap") is None:
         raise RecipeError(
             "mmdebstrap is not installed: it makes the Debian root filesystem. Install it "
             "(Debian/Ubuntu: apt-get install -y mmdebstrap) or run `make image-in-docker`."
         )
+    mirror, aptopts = debian_mirror(snapshot)
     work = out.parent
     _run(
         "pip download pip",
@@ -282,10 +305,11 @@ def rootfs(arch: Arch, wheel_dir: Path, version: str, out: Path, python: str) ->
         f"--include={','.join(DEB_PACKAGES)}",
         *(f"--dpkgopt=path-exclude={pattern}" for pattern in DPKG_EXCLUDES),
         "--aptopt=Acquire::Retries 3",
+        *aptopts,
         *(f"--customize-hook={hook}" for hook in hooks),
         SUITE,
         str(out),
-        MIRROR,
+        mirror,
     ]
     foreign = (
         "" if arch == host_arch() else ", qemu-user-static registered in binfmt_misc, arch-test"
@@ -293,7 +317,7 @@ def rootfs(arch: Arch, wheel_dir: Path, version: str, out: Path, python: str) ->
     _run(
         "mmdebstrap",
         argv,
-        fix=f"It needs root (or unprivileged user namespaces){foreign}, and deb.debian.org.",
+        fix=f"It needs root (or unprivileged user namespaces){foreign}, and {mirror}.",
     )
 
 
@@ -420,7 +444,15 @@ def created_time() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(epoch)))
 
 
-def build(out: Path, *, arches: Sequence[Arch], name: str, version: str, python: str) -> Path:
+def build(
+    out: Path,
+    *,
+    arches: Sequence[Arch],
+    name: str,
+    version: str,
+    python: str,
+    snapshot: str = "",
+) -> Path:
     """The whole recipe: wheels, a root filesystem per architecture, the OCI archive."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpushare-image-") as tmp:
@@ -431,7 +463,7 @@ def build(out: Path, *, arches: Sequence[Arch], name: str, version: str, python:
             print(f"[image] {arch.debian}: wheels", flush=True)
             wheels(arch, work / "wheels", python)
             print(f"[image] {arch.debian}: root filesystem (mmdebstrap)", flush=True)
-            rootfs(arch, work / "wheels", version, work / "rootfs.tar", python)
+            rootfs(arch, work / "wheels", version, work / "rootfs.tar", python, snapshot)
             layers[arch.debian] = work / "rootfs.tar"
         print(f"[image] {out}: OCI archive", flush=True)
         write_oci(out, name, version, layers, created_time())
@@ -445,11 +477,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--name", default=REPOSITORY, help=f"repository (default {REPOSITORY})")
     parser.add_argument("--version", default="", help="tag (default: pyproject.toml's version)")
     parser.add_argument("--python", default=sys.executable, help="the Python that runs pip")
+    parser.add_argument(
+        "--snapshot",
+        default=os.environ.get("DEBIAN_SNAPSHOT", ""),
+        help="snapshot.debian.org timestamp YYYYMMDDTHHMMSSZ (default $DEBIAN_SNAPSHOT; "
+        "empty: deb.debian.org)",
+    )
     args = parser.parse_args(argv)
     try:
         arches = parse_arches(args.arch) if args.arch else [host_arch()]
         version = args.version or project_version()
-        build(args.out, arches=arches, name=args.name, version=version, python=args.python)
+        debian_mirror(args.snapshot)  # a bad timestamp stops before any download
+        build(
+            args.out,
+            arches=arches,
+            name=args.name,
+            version=version,
+            python=args.python,
+            snapshot=args.snapshot,
+        )
     except RecipeError as err:
         print(f"packaging/image.py: {err}", file=sys.stderr)
         return 1

@@ -13,10 +13,12 @@ Into ``--out`` (the names are what ``tests/integration/packaging/test_release.py
 - ``kube_gpushare-<v>.tar.gz`` and ``kube_gpushare-<v>-py3-none-manylinux_2_17_<m>.whl``: the
   ``kube-gpushare`` distribution (``gpushare`` on PyPI is another project's; the import name
   is still ``gpushare``), built by ``python -m build``, the wheel from the sdist;
-- ``kubectl-inspect-cgpu_<v>_linux_<arch>.tar.gz``: the kubectl plugin alone, one file (a
-  zipapp carrying its dependencies, which it unpacks once into ``~/.cache``; any CPython in
-  ``PLUGIN_PYTHONS`` runs it) and LICENSE, for each of amd64 and arm64; ``inspect-cgpu.yaml``,
-  the krew manifest pointing at them (``kubectl krew install --manifest=inspect-cgpu.yaml``);
+- ``kubectl-inspect-cgpu_<v>_<os>_<arch>.tar.gz`` (``.zip`` on Windows): the kubectl plugin
+  alone, one file (a zipapp carrying its dependencies, which it unpacks once into the user's
+  cache folder; any CPython in ``PLUGIN_PYTHONS`` runs it; on Windows behind distlib's ``.exe``
+  launcher) and LICENSE, for each of ``PLUGIN_PLATFORMS``: Linux and macOS on amd64 and arm64,
+  Windows on amd64; ``inspect-cgpu.yaml``, the krew manifest pointing at them
+  (``kubectl krew install --manifest=inspect-cgpu.yaml``);
 - ``LICENSE``, ``CHANGELOG.md`` and ``SHA256SUMS``.
 
 Nothing here pushes: publishing needs credentials, which a build does not hold.
@@ -36,6 +38,7 @@ import tarfile
 import tempfile
 import zipfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import image
@@ -52,9 +55,65 @@ PLUGIN_REQUIREMENTS = (
 """What ``gpushare.inspect`` imports (with what those need, which pip resolves); pinned by
 pyproject.toml's dependencies. tests/integration/packaging/test_release.py imports every module of
 gpushare.inspect and gpushare.kube from the plugin to show nothing is missing."""
-PLUGIN_PYTHONS = ("3.11", "3.12", "3.13")
-"""The CPython versions the plugin carries compiled dependencies for."""
-PLUGIN_ARCHES = ("amd64", "arm64")
+PLUGIN_PYTHONS = ("3.11", "3.12", "3.13", "3.14")
+"""The CPython versions the plugin carries compiled dependencies for. 3.11 is the floor of the
+code itself (gpushare.kube uses ``except*`` and ``asyncio.TaskGroup``)."""
+MACOS_MIN = 12
+"""The oldest macOS whose wheels the plugin takes (pip's macosx_* tags up to this one)."""
+
+
+@dataclass(frozen=True)
+class PluginPlatform:
+    """One (os, arch) of krew's, and what the plugin's file for it is made of."""
+
+    os: str
+    """krew's ``os`` (Go's GOOS): linux, darwin, windows."""
+    arch: str
+    """krew's ``arch`` (GOARCH): amd64, arm64."""
+    sys_platform: str
+    """Python's ``sys.platform`` there."""
+    machines: tuple[str, ...]
+    """What Python's ``platform.machine()`` says there."""
+    wheel_tags: tuple[str, ...]
+    """pip's ``--platform`` tags whose wheels load there."""
+
+    @property
+    def windows(self) -> bool:
+        return self.os == "windows"
+
+    @property
+    def bin(self) -> str:
+        """krew links ``kubectl-inspect_cgpu`` (``.exe`` on Windows) to this file, and Windows
+        runs only an ``.exe`` so named (krew's installation.pluginNameToBin)."""
+        return PLUGIN + (".exe" if self.windows else "")
+
+    def archive(self, version: str) -> str:
+        return f"{PLUGIN}_{version}_{self.os}_{self.arch}.{'zip' if self.windows else 'tar.gz'}"
+
+
+def _macos_tags(machine: str) -> tuple[str, ...]:
+    releases = [f"10_{minor}" for minor in range(9, 16)] + [
+        f"{major}_0" for major in range(11, MACOS_MIN + 1)
+    ]
+    if machine == "arm64":
+        releases = [r for r in releases if not r.startswith("10_")]
+    return tuple(f"macosx_{r}_{m}" for r in releases for m in (machine, "universal2"))
+
+
+PLUGIN_PLATFORMS = (
+    PluginPlatform("linux", "amd64", "linux", ("x86_64",),
+                   tuple(image.platform_tags(image.ARCHES["amd64"]))),
+    PluginPlatform("linux", "arm64", "linux", ("aarch64",),
+                   tuple(image.platform_tags(image.ARCHES["arm64"]))),
+    PluginPlatform("darwin", "amd64", "darwin", ("x86_64",), _macos_tags("x86_64")),
+    PluginPlatform("darwin", "arm64", "darwin", ("arm64",), _macos_tags("arm64")),
+    PluginPlatform("windows", "amd64", "win32", ("AMD64",), ("win_amd64",)),
+)  # fmt: skip
+"""Where ``kubectl inspect cgpu`` runs: the laptops people run kubectl from."""
+WINDOWS_LAUNCHER = "t64.exe"
+"""distlib's console launcher (in pip, pip/_vendor/distlib): the ``.exe`` pip puts in front of
+every console script on Windows. It reads the ``#!`` line before the zip appended to it, finds
+``python`` on PATH for ``#!/usr/bin/env python``, and runs the file itself as a zipapp."""
 
 
 class ReleaseError(RuntimeError):
@@ -117,6 +176,15 @@ def check_versions(version: str) -> None:
             f'says {version}: set version: {want} and appVersion: "{version}" '
             "(pyproject.toml is the version source)"
         )
+    listed = re.findall(
+        rf"image: {re.escape(image.REPOSITORY)}:(\S+)", (CHART / "Chart.yaml").read_text()
+    )
+    if listed != [version]:
+        raise ReleaseError(
+            f"charts/gpushare/Chart.yaml's artifacthub.io/images names {image.REPOSITORY} at "
+            f"{listed or 'no version'}; set it to {image.REPOSITORY}:{version} (Artifact Hub scans "
+            "that image)"
+        )
 
 
 def find_helm() -> str:
@@ -144,23 +212,26 @@ def distribution(out: Path, python: str) -> list[Path]:
 
 # -- the kubectl plugin ---------------------------------------------------------------------------
 
-BOOTSTRAP = '''\
-"""kubectl-inspect-cgpu {version} ({arch}) as one file: unpacks its libraries once, then runs."""
+BOOTSTRAP = """\
+\"\"\"kubectl-inspect-cgpu {version} ({os}/{arch}): unpacks its libraries once, then runs.\"\"\"
 import os, platform, sys, tempfile, zipfile, shutil
 
-BUILD, MACHINE, PYTHONS = {build!r}, {machine!r}, {pythons!r}
+BUILD, SYS_PLATFORM, MACHINES, PYTHONS = {build!r}, {sys_platform!r}, {machines!r}, {pythons!r}
 
 
 def main():
     abi = "cp%d%d" % sys.version_info[:2]
     if sys.implementation.name != "cpython" or abi not in PYTHONS:
-        sys.exit("kubectl-inspect-cgpu needs CPython %s; this is %s %s" % (
+        sys.exit("kubectl-inspect-cgpu needs CPython %s; this is %s %s (%s)" % (
             ", ".join(p[2] + "." + p[3:] for p in PYTHONS), sys.implementation.name,
-            platform.python_version()))
-    if platform.machine() != MACHINE:
-        sys.exit("kubectl-inspect-cgpu: this file is for %s, this machine is %s; take the "
-                 "release file for it" % (MACHINE, platform.machine()))
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+            platform.python_version(), sys.executable))
+    if sys.platform != SYS_PLATFORM or platform.machine() not in MACHINES:
+        sys.exit("kubectl-inspect-cgpu: this file is for {os}/{arch}, this Python runs on %s/%s; "
+                 "take the release file for it" % (sys.platform, platform.machine()))
+    if sys.platform == "win32":
+        cache = os.environ.get("LOCALAPPDATA") or os.path.expanduser("~")
+    else:
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     home = os.path.join(cache, "kubectl-inspect-cgpu", BUILD)
     if not os.path.exists(os.path.join(home, "complete")):
         os.makedirs(os.path.dirname(home), exist_ok=True)
@@ -178,7 +249,7 @@ def main():
 
 
 main()
-'''
+"""
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
@@ -187,34 +258,43 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> Non
     tar.addfile(info, io.BytesIO(data))
 
 
-def plugin(wheel: Path, arch: image.Arch, version: str, work: Path, python: str) -> bytes:
-    """The plugin for ``arch`` as one executable zipapp: gpushare's wheel and the plugin's
-    requirements unpacked, compiled ones per CPython in PLUGIN_PYTHONS."""
+def windows_launcher() -> bytes:
+    """distlib's console launcher, from the pip this build runs (pinned by the Makefile)."""
+    from pip._vendor import distlib
+
+    return (Path(distlib.__file__).parent / WINDOWS_LAUNCHER).read_bytes()
+
+
+def plugin(wheel: Path, target: PluginPlatform, version: str, work: Path, python: str) -> bytes:
+    """The plugin for ``target`` as one executable file: a zipapp of gpushare's wheel and the
+    plugin's requirements unpacked, compiled ones per CPython in PLUGIN_PYTHONS, behind a
+    ``#!`` line (Linux, macOS) or distlib's launcher and a ``#!`` line (Windows)."""
     pins = {re.split(r"[=<>]", r)[0].lower(): r for r in image.runtime_requirements()}
     requirements = [pins[name.lower()] for name in PLUGIN_REQUIREMENTS]
-    tags = [arg for tag in image.platform_tags(arch) for arg in ("--platform", tag)]
+    tags = [arg for tag in target.wheel_tags for arg in ("--platform", tag)]
     layout: dict[str, Path] = {}
     for version_ in PLUGIN_PYTHONS:
         abi = "cp" + version_.replace(".", "")
-        target = work / arch.debian / abi
+        folder = work / f"{target.os}-{target.arch}" / abi
         _run(
-            f"pip download (plugin, {arch.debian}, Python {version_})",
+            f"pip download (plugin, {target.os}/{target.arch}, Python {version_})",
             [
                 python, "-m", "pip", "download", "-q", "--only-binary=:all:", *tags,
                 "--python-version", version_, "--implementation", "cp", "--abi", abi,
-                "-c", "constraints.txt", "--dest", str(target), *requirements,
+                "-c", "constraints.txt", "--dest", str(folder), *requirements,
             ],
         )  # fmt: skip
-        for found in sorted(target.glob("*.whl")):
+        for found in sorted(folder.glob("*.whl")):
             pure = found.name.endswith("-none-any.whl")
             layout[f"site/{found.name}" if pure else f"{abi}/{found.name}"] = found
     layout[f"site/{wheel.name}"] = wheel
+    shebang = b"#!/usr/bin/env python\r\n" if target.windows else b"#!/usr/bin/env python3\n"
     buffer = io.BytesIO()
-    buffer.write(b"#!/usr/bin/env python3\n")
-    digest = hashlib.sha256(version.encode())
+    buffer.write(shebang)
+    digest = hashlib.sha256(f"{version} {target.os} {target.arch}".encode())
     with zipfile.ZipFile(buffer, "a", zipfile.ZIP_DEFLATED) as archive:
         for where, path in sorted(layout.items()):
-            folder = where.split("/", 1)[0]
+            folder_name = where.split("/", 1)[0]
             digest.update(where.encode())
             with zipfile.ZipFile(path) as whl:
                 for member in whl.infolist():
@@ -223,43 +303,53 @@ def plugin(wheel: Path, arch: image.Arch, version: str, work: Path, python: str)
                     interposer = top == "gpushare" and member.filename.endswith(".so")
                     if member.is_dir() or top.endswith(".data") or interposer:
                         continue
-                    info = zipfile.ZipInfo(f"{folder}/{member.filename}", (1980, 1, 1, 0, 0, 0))
+                    info = zipfile.ZipInfo(
+                        f"{folder_name}/{member.filename}", (1980, 1, 1, 0, 0, 0)
+                    )
                     info.compress_type = zipfile.ZIP_DEFLATED
                     info.external_attr = member.external_attr
                     archive.writestr(info, whl.read(member))
         module, function = PLUGIN_ENTRY.split(":")
         main = BOOTSTRAP.format(
             version=version,
-            arch=arch.debian,
+            os=target.os,
+            arch=target.arch,
             build=digest.hexdigest()[:16],
-            machine=arch.machine,
+            sys_platform=target.sys_platform,
+            machines=target.machines,
             pythons=tuple("cp" + v.replace(".", "") for v in PLUGIN_PYTHONS),
             module=module,
             function=function,
         )
         info = zipfile.ZipInfo("__main__.py", (1980, 1, 1, 0, 0, 0))
         archive.writestr(info, main)
-    return buffer.getvalue()
+    # the launcher goes in front of the #! line: the zip's offsets count from that line, which
+    # the launcher and Python's zipimport both find
+    return (windows_launcher() if target.windows else b"") + buffer.getvalue()
 
 
-def krew_manifest(version: str, archives: dict[str, tuple[str, str]]) -> str:
-    """The krew plugin manifest: one platform per (arch -> (file name, sha256))."""
+def krew_manifest(version: str, archives: dict[PluginPlatform, tuple[str, str]]) -> str:
+    """The krew plugin manifest: one platform per (PluginPlatform -> (file name, sha256)).
+    krew names the installed link ``kubectl-inspect_cgpu``, so the command it gives is
+    ``kubectl inspect-cgpu``; ``pip``/``pipx`` install ``kubectl-inspect-cgpu``, which kubectl
+    runs as ``kubectl inspect cgpu``."""
     platforms = "".join(
         f"""  - selector:
       matchLabels:
-        os: linux
-        arch: {arch}
+        os: {target.os}
+        arch: {target.arch}
     uri: {RELEASES}/v{version}/{name}
     sha256: {sha}
-    bin: {PLUGIN}
+    bin: {target.bin}
     files:
-    - from: {PLUGIN}
+    - from: {target.bin}
       to: .
     - from: LICENSE
       to: .
 """
-        for arch, (name, sha) in sorted(archives.items())
+        for target, (name, sha) in archives.items()
     )
+    pythons = ", ".join(PLUGIN_PYTHONS)
     return f"""apiVersion: krew.googlecontainertools.github.com/v1alpha2
 kind: Plugin
 metadata:
@@ -269,31 +359,47 @@ spec:
   homepage: https://github.com/gpushare/gpushare
   shortDescription: Show shared GPU memory and compute per node, GPU and pod
   description: |
-    kubectl inspect cgpu shows how gpushare (ACK's aliyun.com/gpu-mem contract) has shared each
-    node's GPUs among pods, and --explain POD says why a GPU pod is Pending. Needs CPython
-    {", ".join(PLUGIN_PYTHONS)} on PATH as python3.
+    kubectl inspect-cgpu shows how gpushare (ACK's aliyun.com/gpu-mem contract) has shared each
+    node's GPUs among pods, and --explain POD says why a GPU pod is Pending.
+  caveats: |
+    Needs CPython {pythons} on PATH: as python3 on Linux and macOS ({MACOS_MIN} or newer), as
+    python on Windows (python.org's installer with "Add python.exe to PATH").
+    The first run unpacks its libraries into your cache folder.
   platforms:
 {platforms}"""
 
 
 def plugins(wheel_python: str, version: str, out: Path, work: Path) -> list[Path]:
-    """The plugin's archive per PLUGIN_ARCHES and the krew manifest."""
-    archives: dict[str, tuple[str, str]] = {}
+    """The plugin's archive per PLUGIN_PLATFORMS and the krew manifest."""
+    archives: dict[PluginPlatform, tuple[str, str]] = {}
     made = []
-    for name in PLUGIN_ARCHES:
-        arch = image.ARCHES[name]
-        # gpushare's own wheel is the same Python code for every machine but its interposer,
-        # which the plugin leaves out
-        (wheel,) = out.glob(f"{image.WHEEL_NAME}-{version}-*.whl")
-        zipapp = plugin(wheel, arch, version, work, wheel_python)
-        target = out / f"{PLUGIN}_{version}_linux_{name}.tar.gz"
-        raw = io.BytesIO()
-        with tarfile.open(fileobj=raw, mode="w") as tar:
-            _add(tar, PLUGIN, zipapp, 0o755)
-            _add(tar, "LICENSE", (REPO / "LICENSE").read_bytes())
-        target.write_bytes(_gzip(raw.getvalue()))
-        archives[name] = (target.name, hashlib.sha256(target.read_bytes()).hexdigest())
-        made.append(target)
+    # gpushare's own wheel is the same Python code for every machine but its interposer, which
+    # the plugin leaves out
+    (wheel,) = out.glob(f"{image.WHEEL_NAME}-{version}-*.whl")
+    for target in PLUGIN_PLATFORMS:
+        executable = plugin(wheel, target, version, work, wheel_python)
+        archive = out / target.archive(version)
+        licence = (REPO / "LICENSE").read_bytes()
+        if target.windows:
+            raw = io.BytesIO()
+            with zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as packed:
+                for name, data, mode in (
+                    (target.bin, executable, 0o755),
+                    ("LICENSE", licence, 0o644),
+                ):
+                    info = zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0))
+                    info.compress_type = zipfile.ZIP_DEFLATED
+                    info.external_attr = mode << 16
+                    packed.writestr(info, data)
+            archive.write_bytes(raw.getvalue())
+        else:
+            raw = io.BytesIO()
+            with tarfile.open(fileobj=raw, mode="w") as tar:
+                _add(tar, target.bin, executable, 0o755)
+                _add(tar, "LICENSE", licence)
+            archive.write_bytes(_gzip(raw.getvalue()))
+        archives[target] = (archive.name, hashlib.sha256(archive.read_bytes()).hexdigest())
+        made.append(archive)
     manifest = out / "inspect-cgpu.yaml"
     manifest.write_text(krew_manifest(version, archives))
     return [*made, manifest]

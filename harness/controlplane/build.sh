@@ -2,7 +2,8 @@
 # Builds, once, the upstream binaries the end-to-end tests run, from the Go module proxy:
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kwok, helm,
 #   the real node's container runtime: containerd 2 (daemon, runc shim, ctr), and promqlcheck
-#   (Prometheus's PromQL parser and engine as a test binary, ../../tests/support/promqlcheck).
+#   (Prometheus's PromQL parser and engine as a test binary, ../../tests/support/promqlcheck);
+#   and promtool, unpacked from Debian's prometheus package (install_promtool below).
 # They land in a cache outside the repository, keyed by version, so a second run builds nothing:
 #   ${GPUSHARE_CACHE:-~/.cache/gpushare}/bin/<component>-<version>/<binary>
 # It prints the directory of each binary set; `bin-dir` prints one line PATH entries for all.
@@ -125,6 +126,38 @@ build_promqlcheck() {
   echo "$out"
 }
 
+# promtool, for `promtool test rules` on the chart's alerts (tests/integration/chart/test_alert_rules.py): taken
+# from Debian's prometheus package (the registry these machines reach; seconds, 19 MB), unpacked
+# into the cache rather than installed, so no Prometheus server is set up as a service. Building
+# it from source pulls every service discovery's cloud SDK (23 minutes on 2 cores, above).
+# Where apt-get is missing or the download fails, it is left out with a note, and the tests that
+# need it say how to get it; nothing else depends on it.
+PROMTOOL_DEB="${PROMTOOL_DEB:-prometheus=2.42.0+ds-5+deb12u1}"
+install_promtool() {
+  local found
+  found="$(ls -d "$CACHE"/promtool-*/ 2>/dev/null | head -n1)"
+  if [ -n "$found" ] && [ -x "$found/promtool" ]; then echo "${found%/}"; return; fi
+  if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then
+    log "promtool left out: no apt-get/dpkg-deb here (the alert tests that need it skip)"
+    return
+  fi
+  local tmp version
+  tmp="$(mktemp -d)"
+  if ! (cd "$tmp" && { apt-get download "$PROMTOOL_DEB" >/dev/null 2>&1 \
+        || { apt-get update -qq >/dev/null 2>&1 && apt-get download "$PROMTOOL_DEB" >/dev/null 2>&1; } \
+        || apt-get download prometheus >/dev/null 2>&1; }); then
+    log "promtool left out: apt-get download prometheus failed (the alert tests that need it skip)"
+    rm -rf "$tmp"; return
+  fi
+  version="$(dpkg-deb -f "$tmp"/prometheus_*.deb Version | cut -d+ -f1)"
+  dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/x"
+  mkdir -p "$CACHE/promtool-$version"
+  mv "$tmp/x/usr/bin/promtool" "$CACHE/promtool-$version/promtool"
+  rm -rf "$tmp"
+  log "promtool $version unpacked from Debian's prometheus package"
+  echo "$CACHE/promtool-$version"
+}
+
 main() {
   K8S_MODULE="$(kubernetes_module)"  # before any build: an unpinned version fails at once
   mkdir -p "$CACHE"
@@ -134,6 +167,7 @@ main() {
   install_module helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" helm
   build_containerd
   build_promqlcheck
+  install_promtool || true
 }
 
 main "$@"

@@ -56,6 +56,7 @@ from tests.support.realchart import (
 )
 from tests.support.realchart import allocatable as _allocatable
 from tests.support.realchart import component_pods as _component_pods
+from tests.support.realchart import helm_test_gpu_pod as _helm_test_gpu_pod
 from tests.support.realchart import pod_ready as _ready
 from tests.support.realchart import real_values as _real_values
 from tests.support.realchart import restart_device_plugin as _restart_device_plugin
@@ -311,6 +312,21 @@ def test_helm_install_runs_on_the_real_node(
         assert webhook["clientConfig"].get("caBundle"), "the cert Job wrote the CA"
         uuids = gpu_uuids(cluster, node.name)
 
+        # helm test's GPU pod: one unit through the chart's scheduler, and from inside, the
+        # device node of its GPU (containerd applied the plugin's CDI name); the webhook test
+        # needs a Service this node cannot route (no kube-proxy), so only the GPU pod runs.
+        # The chart's plugin asked this node's containerd through the mounted CRI socket.
+        plugin_log = cluster.kubectl(
+            "logs", "-n", REAL_NAMESPACE, "-l", "app.kubernetes.io/component=device-plugin"
+        ).stdout
+        checked = [line for line in plugin_log.splitlines() if "phase=hand-off-check" in line]
+        print(f"[e2e] the chart's device plugin: {checked}", flush=True)
+        assert checked and "applied: containerd v2.2.9: enable_cdi = true" in checked[0]
+        passed = _helm_test_gpu_pod(cluster)
+        print(f"[e2e] helm test's GPU pod:\n{passed.stdout.partition('POD LOGS')[2]}", flush=True)
+        assert "Phase:          Succeeded" in passed.stdout, passed.stdout + passed.stderr
+        assert "ok   device nodes /dev/nvidia" in passed.stdout and "hand-off ok" in passed.stdout
+
         # GPUtest: placed by the chart's kube-scheduler and extender, served by its plugin.
         job = local_job("GPUtest.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 3600"])
         cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
@@ -395,6 +411,21 @@ def test_helm_install_runs_on_the_real_node(
         assert env["GPUSHARE_MEM_UNIT"] == "128MiB"
         cluster.kubectl("delete", "statefulset", "-n", REAL_NS, "binpack", "--wait=true")
         eventually(lambda: not ns_pods(cluster, REAL_NS), 90, "binpack-0 gone")
+
+        # The shape of PLATFORMS.md gap 4 after the plugin started: containerd restarted with
+        # enable_cdi = false. The running plugin cannot know (it checked at start); helm test's
+        # GPU pod does, and fails naming the missing device node and the likely cause.
+        node.enable_cdi = False
+        node.start_containerd()
+        try:
+            failed = _helm_test_gpu_pod(cluster)
+            print(f"[e2e] helm test on the CDI-off node:\n{failed.stdout}{failed.stderr}")
+            assert failed.returncode != 0
+            assert "FAIL 1 GPU device node(s) expected (/dev/nvidia" in failed.stdout
+            assert "likely cause (cdi-cri)" in failed.stdout
+        finally:
+            node.enable_cdi = True
+            node.start_containerd()
     except BaseException:
         print(_why_not(cluster), flush=True)
         raise
@@ -460,7 +491,8 @@ def test_helm_template_applied_twice_by_kubectl_changes_nothing(
     object (no resourceVersion moves), the seal key the Job made is the same, a GPU pod placed
     before the second apply keeps running and its seal still verifies with the cluster's key
     (judged as the device plugin judges it), and the webhook still admits and steers. Before,
-    every render held a new random seal key."""
+    every render held a new random seal key. Then a values change that reaches the certs Job
+    is applied: no error, and the new Job runs to completion."""
     node, images = helm_node
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump(_real_values(cluster, node, images)))
@@ -473,8 +505,20 @@ def test_helm_template_applied_twice_by_kubectl_changes_nothing(
         ).stdout  # fmt: skip
         return out
 
+    def render_changed() -> str:
+        out: str = helm(
+            cluster, "template", REAL_RELEASE, str(CHART), "-n", REAL_NAMESPACE,
+            "-f", str(values), "--kube-version", version, "--skip-tests",
+            "--set", "webhook.certs.job.validityDays=3649",
+        ).stdout  # fmt: skip
+        return out
+
     first, second = render(), render()
     assert first == second  # the same objects, byte for byte
+    before_jobs = {
+        d["metadata"]["name"] for d in yaml.safe_load_all(first) if d and d["kind"] == "Job"
+    }
+    changed = ""
     # the install test above leaves the namespace terminating: wait for it to go
     cluster.kubectl(
         "delete", "namespace", REAL_NAMESPACE, "--ignore-not-found", "--wait=true", timeout=240
@@ -519,8 +563,28 @@ def test_helm_template_applied_twice_by_kubectl_changes_nothing(
         assert _seals(cluster, node) == ([pod["metadata"]["name"]], [])
         assert _untrusted_warnings(cluster) == []
         assert _admitted(cluster) == (True, "")
+        # A values change that reaches the certs Job: a new Job (its name is a hash of its
+        # spec), applied without error and run to completion; before, the Job named after the
+        # revision (always 1 here) refused it: "spec.template: ... field is immutable".
+        changed = render_changed()
+        cluster.kubectl(*apply, input=changed)
+        (new_job,) = [
+            d["metadata"]["name"]
+            for d in yaml.safe_load_all(changed)
+            if d and d["kind"] == "Job" and d["metadata"]["name"] not in before_jobs
+        ]
+
+        def succeeded() -> bool:
+            job = cluster.kubectl_json("get", "job", new_job, "-n", REAL_NAMESPACE)
+            return bool(job.get("status", {}).get("succeeded"))
+
+        eventually(succeeded, 180, f"the changed certs Job {new_job} done")
+        assert _admitted(cluster) == (True, "")
     finally:
         cluster.kubectl("delete", "namespace", REAL_NS, "--wait=true", check=False, timeout=180)
+        if changed:
+            cluster.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=true",
+                            input=changed, check=False, timeout=240)  # fmt: skip
         cluster.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=true", input=first,
                         check=False, timeout=240)  # fmt: skip
         cluster.kubectl("delete", "secret", f"{REAL_RELEASE}-seal", "-n", REAL_NAMESPACE,

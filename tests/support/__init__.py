@@ -7,6 +7,7 @@
 - ``isolating``: the isolation hooks in the plugin rig.
 - ``grpc_loop``: the one event loop the gRPC clients and servers of the tests run on.
 - ``admission``, ``tampering``: AdmissionReview requests, by workload and by user.
+- ``platform_nodes``: nodes as GKE, EKS, Bottlerocket, AKS, OpenShift, k3s and RKE2 write them.
 - ``nvidia_shapes``: the pods and plugins of NVIDIA's GPU Operator, as the admission sees them.
 - ``properties``: random clusters and request streams (hypothesis) and their invariant.
 - ``policies``: ResourcePolicy objects and the nodes their units select.
@@ -17,6 +18,7 @@
 - ``promqlengine``: Prometheus's own parser and engine (``promqlcheck/``, a Go test binary).
 - ``e2e``: the end-to-end fixtures (one control plane a session, the real node) and helpers.
 - ``realnode``: pods on the real node, created, waited for and compared with the bookings.
+- ``releasetools``: the release's tools (oras, crane, krew, ...) at packaging/tools.sh's versions.
 - ``pki``: a CA and a serving certificate signed by it, for the webhook's TLS.
 - ``benchmarks``: the benchmark scripts loaded as modules, for tests that run them small.
 """

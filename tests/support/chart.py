@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -108,4 +109,33 @@ def render(*args: str) -> list[dict[str, Any]]:
 def find(docs: list[dict[str, Any]], kind: str, suffix: str = "") -> dict[str, Any]:
     found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
     assert len(found) == 1, f"{kind} *{suffix}: {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def render_notes(tmp_path: Path, *args: str) -> str:
+    """NOTES.txt as `helm install` prints it: helm template leaves NOTES out, so a copy of the
+    chart renders it into a ConfigMap."""
+    chart = tmp_path / "gpushare"
+    shutil.copytree(CHART, chart)
+    (chart / "notes.txt").write_text((chart / "templates" / "NOTES.txt").read_text())
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\n"
+        'data:\n  notes: {{ tpl (.Files.Get "notes.txt") . | toJson }}\n'
+    )
+    out = helm("template", RELEASE, str(chart), "-n", NAMESPACE, "--kube-version", KUBE_VERSION,
+               "--show-only", "templates/zz-notes.yaml", *args).stdout  # fmt: skip
+    notes: str = yaml.safe_load(out)["data"]["notes"]
+    return notes
+
+
+def find_job(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
+    """The one Job of a component (``seal``, ``webhook-certs``): its name ends in a hash of its
+    spec (the chart's ``gpushare.jobName``), so it is found by its component label."""
+    found = [
+        d
+        for d in docs
+        if d["kind"] == "Job"
+        and d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component
+    ]
+    assert len(found) == 1, f"Job {component}: {[d['metadata']['name'] for d in found]}"
     return found[0]

@@ -53,6 +53,9 @@ class Admitted:
     cdi_devices: dict[str, list[str]] = field(default_factory=dict)
     """CDI device names per container, every resource's answer's in turn (kubelet's device
     manager appends each response's ``CDIDevices`` to the container's run options)."""
+    devices: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)
+    """Device nodes per container (container path, host path, permissions), every resource's
+    answer's in turn."""
 
 
 class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServicer):
@@ -242,6 +245,10 @@ class FakeKubelet(dp_grpc.RegistrationServicer, pr_grpc.PodResourcesListerServic
             mounts.extend(
                 (m.container_path, m.host_path, m.read_only)
                 for m in response.container_responses[0].mounts
+            )
+            admitted.devices.setdefault(container["name"], []).extend(
+                (d.container_path, d.host_path, d.permissions)
+                for d in response.container_responses[0].devices
             )
         if envs:
             admitted.envs[container["name"]] = envs

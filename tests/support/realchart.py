@@ -19,7 +19,7 @@ from harness.cluster import Cluster
 from harness.image_archive import Builder, default_cache
 from harness.ports import free_port
 from harness.realnode import TOLERATION, RealNode, probe_env, unavailable
-from tests.support.e2e import REAL_NODE_LOCK, eventually
+from tests.support.e2e import REAL_NODE_LOCK, eventually, helm
 from tests.support.realnode import NS as REAL_NS
 from tests.support.realnode import PROBE_THEN, local_job, ns_pods, wait_done_label
 
@@ -66,7 +66,10 @@ def real_values(cluster: Cluster, node: RealNode, images: dict[str, str]) -> dic
             "kubeletConfigPath": str(node.kubelet_config),
             "cpuManagerStatePath": "",
             "stateHostPath": str(node.state_dir),
+            # the start's hand-off check asks this node's containerd, not the host's
+            "criSocketPath": str(node.containerd_socket),
         },
+        "tests": {"gpuPod": {"nodeSelector": on_node, "tolerations": tolerations}},
         "isolation": {"libHostPath": str(node.lib_dir)},
         "webhook": {
             "replicas": 1,
@@ -77,6 +80,28 @@ def real_values(cluster: Cluster, node: RealNode, images: dict[str, str]) -> dic
             "certs": {"job": {"image": image(images["webhook-certs"])}},
         },
     }
+
+
+def helm_test_gpu_pod(cluster: Cluster) -> Any:
+    """``helm test`` of the GPU pod alone, with its log; the pod is deleted afterwards, so it
+    holds no memory for the unit guard's count."""
+    pod = f"{REAL_RELEASE}-test-gpu-pod"
+    try:
+        return helm(
+            cluster,
+            "test",
+            REAL_RELEASE,
+            "-n",
+            REAL_NAMESPACE,
+            "--filter",
+            f"name={pod}",
+            "--logs",
+            "--timeout",
+            "180s",
+            check=False,
+        )
+    finally:
+        cluster.kubectl("delete", "pod", "-n", REAL_NAMESPACE, pod, "--wait=true", check=False)
 
 
 def component_pods(cluster: Cluster) -> dict[str, list[dict[str, Any]]]:

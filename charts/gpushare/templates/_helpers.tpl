@@ -64,10 +64,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* The gpushare image: by image.digest when set (what cosign signed), else by tag. */}}
 {{- define "gpushare.image" -}}
 {{- $name := .Values.image.repository -}}
 {{- with .Values.image.registry }}{{ $name = printf "%s/%s" . $name }}{{ end -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" $name .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" $name (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Settings every gpushare component shares, as command-line arguments. Resource names are
@@ -112,6 +117,15 @@ exec:
 {{- default (printf "%s-tls" (include "gpushare.webhook.fullname" .)) .Values.webhook.certs.secretName -}}
 {{- end -}}
 {{- define "gpushare.webhook.certJobName" -}}{{ include "gpushare.fullname" . }}-webhook-certs{{- end -}}
+
+{{/* A Job's name: its base (cut to 52 characters) and the first 10 hex digits of the SHA-256 of
+its rendered spec (.spec), 63 characters at most, as the job-name label on its pods needs. The
+same render gives the same name, so applying the chart again changes nothing; any change to the
+spec gives a new name, so the changed Job is created and runs, never patched (a Job's template
+is immutable). */}}
+{{- define "gpushare.jobName" -}}
+{{- printf "%s-%s" (.base | trunc 52 | trimSuffix "-") (.spec | sha256sum | trunc 10) -}}
+{{- end -}}
 
 {{/* Who may write gpushare.io/* and ALIYUN_COM_GPU_MEM_* pod annotations (and nodeName on GPU
 pods), as a JSON list: the extender's and the device plugin's ServiceAccounts when this release
@@ -256,4 +270,59 @@ hostNetwork: true
 # metrics.authorization.enabled=false: plain HTTP, /metrics to anyone who reaches the pod.
 - --no-metrics-authorization
 {{- end }}
+{{- end -}}
+
+{{/*
+The platform preset (values: platform; docs/platforms.md). The values a preset may set are null
+in values.yaml; this fills every such value that is still null or missing, first from
+platforms/<platform>.yaml, then from platforms/generic.yaml (the built-in defaults). Both files
+name each key by its dotted path, so a preset sets whole values, never parts of a map the user
+gave. A value the user set (anything but null) is never touched, so it wins over the preset.
+
+Helm gives every template the same values, so filling them in place once is enough, but the
+order templates render in is Helm's: every template (or helper) that reads one of these keys
+includes this first. It is idempotent. tests/integration/chart/test_platforms.py checks that
+each template naming a preset key includes it.
+*/}}
+{{- define "gpushare.platform.resolve" -}}
+{{- $sources := list -}}
+{{- with .Values.platform -}}
+{{- $sources = append $sources (printf "platforms/%s.yaml" .) -}}
+{{- end -}}
+{{- $sources = append $sources "platforms/generic.yaml" -}}
+{{- range $sources -}}
+{{- range $path, $value := ($.Files.Get . | fromYaml) -}}
+{{- $node := $.Values -}}
+{{- $parts := splitList "." $path -}}
+{{- range initial $parts -}}
+{{- if not (kindIs "map" (index $node .)) -}}
+{{- $_ := set $node . dict -}}
+{{- end -}}
+{{- $node = index $node . -}}
+{{- end -}}
+{{- if kindIs "invalid" (index $node (last $parts)) -}}
+{{- $_ := set $node (last $parts) $value -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The pod securityContext of the chart's non-root pods (scheduler, webhook, Jobs, test pods):
+uid and gid 65532, and fsGroup too when .fsGroup. Under openshift.enabled none of them is fixed:
+restricted-v2 assigns the namespace's range (and its fsGroup) and refuses fixed ones.
+*/}}
+{{- define "gpushare.podSecurityContext" -}}
+{{- include "gpushare.platform.resolve" .root -}}
+runAsNonRoot: true
+{{- if not .root.Values.openshift.enabled }}
+runAsUser: 65532
+runAsGroup: 65532
+{{- if .fsGroup }}
+# The seal key's files belong to this group (mode 0440), readable by the extender only.
+fsGroup: 65532
+{{- end }}
+{{- end }}
+seccompProfile:
+  type: RuntimeDefault
 {{- end -}}

@@ -3,10 +3,15 @@
  * of its fake SM over the last FAKE_NVML_WINDOW_MS milliseconds (default 200), as a percentage;
  * the per-process samples give each process whose kernels ran in that window its own busy time,
  * as NVML's do on a shared GPU. Memory: 16 GiB, nothing used.
+ *
+ * Loaded without the fake driver (a device plugin reading the GPUs from a driver root), it names
+ * the GPUs itself, from FAKE_GPU_UUIDS as the fake driver reads it, else the same two. The minor
+ * number of a GPU is its index, as on a node whose driver numbers /dev/nvidia<N> in PCI order.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -33,17 +38,47 @@ static double util_pct(void) {
 
 nvmlReturn_t nvmlInit_v2(void) { return NVML_SUCCESS; }
 nvmlReturn_t nvmlInit(void) { return NVML_SUCCESS; }
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    return NVML_SUCCESS;
+}
 nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
 /* The fake driver's physical GPUs (FAKE_GPU_UUIDS, else two), in PCI order: NVML does not read
  * CUDA_VISIBLE_DEVICES, so its indexes and UUIDs are the GPUs', whatever CUDA's ordinals are. */
 typedef int (*count_t)(void);
 typedef const char *(*uuid_of_t)(int);
 
+#define OWN_MAX_GPUS 16
+static char own_uuid[OWN_MAX_GPUS][96];
+static int own_count = -1;
+
+/* The GPUs as FAKE_GPU_UUIDS names them (else two), for a process without the fake driver. */
+static void own_gpus(void) {
+    if (own_count >= 0)
+        return;
+    own_count = 0;
+    const char *names = getenv("FAKE_GPU_UUIDS");
+    if (names != NULL && *names != '\0') {
+        for (const char *p = names; *p != '\0' && own_count < OWN_MAX_GPUS;) {
+            size_t n = strcspn(p, ",");
+            snprintf(own_uuid[own_count++], sizeof own_uuid[0], "%.*s", (int)n, p);
+            p += n + (p[n] == ',');
+        }
+        return;
+    }
+    for (; own_count < 2; own_count++)
+        snprintf(own_uuid[own_count], sizeof own_uuid[0], "GPU-fa4e0000-0000-4000-8000-%012d",
+                 own_count);
+}
+
 static int gpu_count(void) {
     static count_t count;
     if (count == NULL)
         count = (count_t)dlsym(RTLD_DEFAULT, "fakecuda_gpu_count");
-    return count != NULL ? count() : 2;
+    if (count != NULL)
+        return count();
+    own_gpus();
+    return own_count;
 }
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
@@ -64,12 +99,30 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int len
     static uuid_of_t of;
     if (of == NULL)
         of = (uuid_of_t)dlsym(RTLD_DEFAULT, "fakecuda_gpu_uuid");
-    const char *found = of != NULL ? of((int)(uintptr_t)device - 1) : NULL;
+    int index = (int)(uintptr_t)device - 1;
+    const char *found = NULL;
+    if (of != NULL) {
+        found = of(index);
+    } else {
+        own_gpus();
+        found = index >= 0 && index < own_count ? own_uuid[index] : NULL;
+    }
     if (found == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (strlen(found) >= length)
         return NVML_ERROR_INSUFFICIENT_SIZE;
     strcpy(uuid, found);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    *minor = (unsigned int)(uintptr_t)device - 1;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    (void)device;
+    if (length < sizeof "Fake GPU")
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(name, "Fake GPU");
     return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {

@@ -9,6 +9,8 @@ commands (``logs``) and how a command refuses (``errors``).
 - ``demo``: ``gpushare demo``, the seed walkthrough on an in-memory cluster.
 - ``extender``: ``gpushare extender``, the kube-scheduler extender.
 - ``deviceplugin``: ``gpushare device-plugin``, kubelet's device plugin on one node.
+- ``checkhandoff``: ``gpushare check-hand-off``, run inside a GPU container (the chart's
+  ``helm test`` pod): did it get the device nodes and files the plugin promised.
 - ``webhook``: ``gpushare webhook`` and ``webhook-config``, the admission webhook and its
   configurations.
 - ``scheduler``: ``gpushare scheduler-config``, kube-scheduler's configuration.
@@ -30,6 +32,7 @@ from __future__ import annotations
 import click
 
 from gpushare import __version__
+from gpushare.cli.checkhandoff import check_hand_off
 from gpushare.cli.demo import demo
 from gpushare.cli.deviceplugin import device_plugin
 from gpushare.cli.extender import extender
@@ -48,6 +51,7 @@ def main() -> None:
 
 
 for command in (
+    check_hand_off,
     demo,
     device_plugin,
     extender,

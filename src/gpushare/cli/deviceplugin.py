@@ -31,12 +31,16 @@ if TYPE_CHECKING:
     from gpushare.kube.port import KubeAPI
     from gpushare.node.enforcement.nodehook import NodeIsolation
     from gpushare.node.gpus import GpuSource
+    from gpushare.node.handoffproof import Proof
 
 NVML_HINT = (
     "is the NVIDIA driver installed, and does this container see /dev/nvidiactl, "
     "/dev/nvidia<N> and libnvidia-ml.so.1? The chart gets them from the NVIDIA "
     "container runtime (NVIDIA_VISIBLE_DEVICES=all; set devicePlugin.runtimeClassName "
-    "where it is not the node's default runtime). For tests use --fake-gpus"
+    "where it is not the node's default runtime). Nodes without the NVIDIA runtime (GKE's "
+    "Container-Optimized OS) keep the driver in a host directory: set the chart's "
+    "devicePlugin.deviceListStrategy=driver-root and devicePlugin.driverRoot.hostPath "
+    "(--driver-root). For tests use --fake-gpus"
 )
 
 
@@ -140,8 +144,30 @@ NVML_HINT = (
     envvar="GPUSHARE_DEVICE_LIST_STRATEGY",
     show_default=True,
     help="How Allocate hands the placed GPUs over: cdi-cri (CDI devices KIND=<uuid>, which the "
-    "node's CDI spec must name; NVIDIA_VISIBLE_DEVICES=void) or envvar "
-    "(NVIDIA_VISIBLE_DEVICES=<uuids>, for nodes without CDI). docs/gpu-operator.md.",
+    "node's CDI spec must name; NVIDIA_VISIBLE_DEVICES=void), envvar "
+    "(NVIDIA_VISIBLE_DEVICES=<uuids>, for nodes without CDI) or driver-root (device nodes and "
+    "the --driver-root directory, for nodes without the NVIDIA runtime, as GKE's "
+    "Container-Optimized OS). docs/gpu-operator.md, docs/driver-root.md.",
+)
+@click.option(
+    "--driver-root",
+    default="",
+    help="The host's NVIDIA driver directory (GKE: /home/kubernetes/bin/nvidia), mounted at the "
+    "same path in the plugin: NVML is loaded from its lib64/, lib/ or lib/x86_64-linux-gnu/, "
+    "and under driver-root containers get it read-only. Empty: NVML from the loader's path.",
+)
+@click.option(
+    "--driver-root-container-path",
+    default="/usr/local/nvidia",
+    show_default=True,
+    help="driver-root: where containers see --driver-root (GKE's convention).",
+)
+@click.option(
+    "--dev-root",
+    default="/dev",
+    show_default=True,
+    help="driver-root: the host's device directory, mounted at the same path in the plugin; "
+    "containers get its nvidia<minor>, nvidiactl, nvidia-uvm and nvidia-uvm-tools at /dev.",
 )
 @click.option(
     "--cdi-kind",
@@ -163,6 +189,37 @@ NVML_HINT = (
     help="cdi-cri: where the plugin writes the CDI spec of its isolation check, a hook that "
     "refuses a container whose isolation mounts a volume or an image link moved; one of the "
     "runtime's cdi_spec_dirs, writable. docs/isolation.md.",
+)
+@click.option(
+    "--cdi-spec-host-dirs",
+    default="",
+    help="cdi-cri: the --cdi-spec-dirs as the host names them, same order, comma-separated, "
+    "where the plugin sees them elsewhere (the chart mounts them under /host/cdi); empty: the "
+    "same paths. The hand-off check compares them with the runtime's cdi_spec_dirs.",
+)
+@click.option(
+    "--hand-off-check",
+    type=click.Choice(["refuse", "warn", "off"]),
+    default="refuse",
+    show_default=True,
+    help="At start, ask the runtime whether it applies the hand-off (cdi-cri: containerd's "
+    "enable_cdi and cdi_spec_dirs through --cri-socket; envvar: the NVIDIA Container Toolkit's "
+    "--toolkit-config). refuse: do not start where it does not; warn: log it and start; off: "
+    "do not ask. A runtime that cannot be asked is logged as 'cannot tell', never refused.",
+)
+@click.option(
+    "--cri-socket",
+    default="/run/containerd/containerd.sock",
+    show_default=True,
+    help="cdi-cri: the container runtime's CRI socket, asked for its CDI settings "
+    "(k3s and RKE2: /run/k3s/containerd/containerd.sock).",
+)
+@click.option(
+    "--toolkit-config",
+    default="/etc/nvidia-container-runtime/config.toml",
+    show_default=True,
+    help="envvar: the NVIDIA Container Toolkit's config.toml, read for "
+    "accept-nvidia-visible-devices-envvar-when-unprivileged.",
 )
 @click.option("--kubelet-config", default="/var/lib/kubelet/config.yaml", show_default=True)
 @click.option(
@@ -235,16 +292,22 @@ def build_plugin(options: PluginOptions) -> Wired:
     from gpushare.kube.port import KubeError
     from gpushare.node.cdi import Strategy
     from gpushare.node.descriptors import RESERVED
+    from gpushare.node.driverroot import DriverRootError
     from gpushare.node.enforcement.library import packaged_library
     from gpushare.node.enforcement.mountcheck import MountCheck, packaged_mountcheck
     from gpushare.node.enforcement.nodehook import NodeIsolation
     from gpushare.node.gpus import FakeGpus, NvmlGpus
+    from gpushare.node.hostpaths import refuse_lib_dir, refuse_state_dir
     from gpushare.node.preflight import refuse_static_cpu_policy
 
     trust = trust_from_flags(options.seal_key_file, options.insecure_no_seal)
     reason = refuse_static_cpu_policy(options.kubelet_config, options.cpu_manager_state)
+    reason = reason or refuse_state_dir(options.state_dir)
+    if options.isolation != "none":
+        reason = reason or refuse_lib_dir(options.isolation_lib_dir)
     if reason is not None:
         raise CommandError(reason)
+    proof = prove_hand_off(options)
     try:
         source: GpuSource = (
             FakeGpus.parse(
@@ -254,10 +317,10 @@ def build_plugin(options: PluginOptions) -> Wired:
                 topology=options.fake_topology,
             )
             if options.fake_gpus
-            else NvmlGpus()
+            else NvmlGpus(options.handoff.driver_root)
         )
         api = LightkubeAPI.connect(options.kubeconfig)
-    except (ValueError, KubeError) as err:
+    except (ValueError, KubeError, DriverRootError) as err:
         raise CommandError(str(err)) from None
     except Exception as err:
         raise CommandError(
@@ -311,10 +374,50 @@ def build_plugin(options: PluginOptions) -> Wired:
             else None
         ),
     )
+    stats.hand_off = proof.verdict.value
     plugin = DevicePlugin(
         api=api, source=source, config=config, hook=hook, trust=trust, stats=stats
     )
     return Wired(options=options, plugin=plugin, hook=hook, source=source, api=api)
+
+
+def prove_hand_off(options: PluginOptions) -> Proof:
+    """Ask the runtime whether it applies the hand-off; refuse (CommandError), warn or log."""
+    import logging
+
+    from gpushare.node.cdi import Strategy
+    from gpushare.node.handoffproof import (
+        Mode,
+        ToolkitAnswer,
+        on_host,
+        prove_cdi,
+        prove_envvar,
+        refusal,
+        skipped,
+    )
+
+    handoff = options.handoff
+    proof = skipped(handoff.strategy, options.hand_off_check)
+    if proof is None and handoff.strategy is Strategy.CDI_CRI:
+        from gpushare.deviceplugin.kubelet.cri import ask_runtime
+
+        files = on_host(handoff.refresh().files, handoff.spec_dirs, options.cdi_spec_host_dirs)
+        proof = prove_cdi(
+            ask_runtime(options.cri_socket),
+            spec_files=files,
+            spec_dirs=options.cdi_spec_host_dirs,
+        )
+    elif proof is None:
+        proof = prove_envvar(ToolkitAnswer.read(options.toolkit_config))
+    log = logging.getLogger("gpushare.deviceplugin.handoff")
+    words = refusal(proof, handoff.strategy)
+    if words is None:
+        log.info("node=%s phase=hand-off-check %s", options.node, proof.summary())
+    elif options.hand_off_check is Mode.REFUSE:
+        raise CommandError(words)
+    else:
+        log.warning("node=%s phase=hand-off-check --hand-off-check warn: %s", options.node, words)
+    return proof
 
 
 def run_plugin(wired: Wired) -> None:

@@ -24,8 +24,10 @@ from gpushare.cli.options import scheduling_config
 from gpushare.core.decision.scheduling import Settings
 from gpushare.core.model.startuptaint import STARTUP_TAINT, key_problem
 from gpushare.isolation.policy import Policy, PolicyError, parse_max_pods, parse_policy
-from gpushare.node.cdi import HandOff, HandOffError, parse_kind, parse_strategy
+from gpushare.node.cdi import HandOff, HandOffError, Strategy, parse_kind, parse_strategy
 from gpushare.node.descriptors import BrokerCaps, CapsError, descriptor_limit
+from gpushare.node.driverroot import DriverRoot
+from gpushare.node.handoffproof import Mode as HandOffCheck
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,13 @@ class PluginOptions:
     caps: BrokerCaps
     handoff: HandOff
     """The device-list strategy, CDI kind and spec directories (it caches the specs it reads)."""
+    hand_off_check: HandOffCheck
+    """``--hand-off-check``: refuse, warn or off when the runtime ignores the hand-off."""
+    cri_socket: Path
+    toolkit_config: Path
+    cdi_spec_host_dirs: tuple[Path, ...]
+    """The CDI spec directories as the host (and so the runtime) names them, in the order of
+    ``handoff.spec_dirs``."""
     isolation: str
     plugin_dir: Path
     pod_resources_socket: Path
@@ -93,6 +102,7 @@ class PluginOptions:
                 spec_dirs=tuple(
                     Path(d.strip()) for d in flags["cdi_spec_dirs"].split(",") if d.strip()
                 ),
+                driver_root=driver_root_of(flags),
             )
         except HandOffError as err:
             raise click.BadParameter(str(err)) from None
@@ -116,6 +126,15 @@ class PluginOptions:
             core_resource=flags["core_resource"] or None,
             count_resource=flags["count_resource"] or None,
         ).settings()
+        host_dirs = tuple(
+            Path(d.strip()) for d in (flags["cdi_spec_host_dirs"] or "").split(",") if d.strip()
+        ) or tuple(handoff.spec_dirs)
+        if len(host_dirs) != len(handoff.spec_dirs):
+            raise click.BadParameter(
+                f"{len(host_dirs)} host director(ies) for {len(handoff.spec_dirs)} in "
+                "--cdi-spec-dirs: give one host path per spec directory, in the same order",
+                param_hint="--cdi-spec-host-dirs",
+            )
         health_file = flags["fake_health_file"]
         taint = flags["startup_taint"].strip()
         problem = key_problem(taint)
@@ -132,6 +151,10 @@ class PluginOptions:
             cgpu_policy=policy,
             caps=caps,
             handoff=handoff,
+            hand_off_check=HandOffCheck(flags["hand_off_check"]),
+            cri_socket=Path(flags["cri_socket"]),
+            toolkit_config=Path(flags["toolkit_config"]),
+            cdi_spec_host_dirs=host_dirs,
             isolation=flags["isolation"],
             plugin_dir=Path(flags["device_plugin_dir"]),
             pod_resources_socket=Path(flags["pod_resources_socket"]),
@@ -159,3 +182,33 @@ class PluginOptions:
             log_level=flags["log_level"],
             log_format=flags["log_format"],
         )
+
+
+def driver_root_of(flags: Mapping[str, Any]) -> DriverRoot | None:
+    """``--driver-root`` and its companions; None when not given (HandOffError: why not valid)."""
+    root = flags.get("driver_root") or ""
+    strategy = flags["device_list_strategy"]
+    if not root:
+        if strategy == Strategy.DRIVER_ROOT:
+            raise HandOffError(
+                "--device-list-strategy driver-root needs --driver-root: the host directory the "
+                "NVIDIA driver installer fills (GKE: /home/kubernetes/bin/nvidia), mounted at the "
+                "same path in the plugin (the chart's devicePlugin.driverRoot.hostPath)"
+            )
+        return None
+    paths = {
+        "--driver-root": root,
+        "--driver-root-container-path": flags.get("driver_root_container_path") or "",
+        "--dev-root": flags.get("dev_root") or "",
+    }
+    for name, value in paths.items():
+        if not value.startswith("/"):
+            raise HandOffError(
+                f"{name}={value!r} is not an absolute path: give the directory from the root, "
+                f"as in /home/kubernetes/bin/nvidia, /usr/local/nvidia or /dev"
+            )
+    return DriverRoot(
+        Path(root),
+        container_path=Path(paths["--driver-root-container-path"]),
+        dev_root=Path(paths["--dev-root"]),
+    )

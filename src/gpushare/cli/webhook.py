@@ -23,6 +23,7 @@ from gpushare.core.admitting.tampering import (
     VISIBLE_DEVICES_MODES,
     VisibleDevicesRule,
 )
+from gpushare.core.admitting.tolerations import Toleration, parse_toleration
 from gpushare.core.model.names import DEFAULT_SCHEDULER, SCHEDULER_NAME
 
 
@@ -103,6 +104,14 @@ def visible_devices_options(command: Callable[..., Any]) -> Callable[..., Any]:
     is_flag=True,
     help="POST /mutate changes nothing (the chart's webhook.steer.enabled=false).",
 )
+@click.option(
+    "--steer-toleration",
+    "steer_tolerations",
+    multiple=True,
+    help="A toleration POST /mutate adds to GPU pods that lack it, for tainted GPU nodes (GKE: "
+    "nvidia.com/gpu:NoSchedule): key[=value][:effect] or a Toleration as JSON (repeatable; the "
+    "chart's webhook.steer.tolerations). Pods naming --scheduler-name get them too.",
+)
 @visible_devices_options
 @log_level_option
 @log_format_option
@@ -121,6 +130,7 @@ def webhook(
     scheduler_name: str,
     steer_from: tuple[str, ...],
     no_steer: bool,
+    steer_tolerations: tuple[str, ...],
     nvidia_visible_devices: str,
     device_list_strategy: str,
     exempt_namespaces: tuple[str, ...],
@@ -149,6 +159,7 @@ def webhook(
         trust=TrustedWriters(users=frozenset(trusted_user), groups=frozenset(trusted_group)),
         scheduler_name=scheduler_name,
         steer_from=() if no_steer else tuple(steer_from),
+        steer_tolerations=steer_tolerations_option(steer_tolerations),
         visible_devices=_visible_devices_rule(
             nvidia_visible_devices, device_list_strategy, exempt_namespaces
         ),
@@ -178,6 +189,14 @@ def webhook(
         reloader=reloader,
     )
     asyncio.run(serve(config, reloader))
+
+
+def steer_tolerations_option(texts: tuple[str, ...]) -> tuple[Toleration, ...]:
+    """The --steer-toleration values, or the flag's error saying which one is wrong and why."""
+    try:
+        return tuple(parse_toleration(text) for text in texts)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--steer-toleration") from None
 
 
 def _visible_devices_rule(mode: str, strategy: str, exempt: tuple[str, ...]) -> VisibleDevicesRule:
@@ -241,6 +260,21 @@ def _visible_devices_rule(mode: str, strategy: str, exempt: tuple[str, ...]) -> 
     help="Scheduler name that counts as none named (the webhook's own --steer-from; repeatable).",
 )
 @click.option(
+    "--scheduler-name",
+    default=SCHEDULER_NAME,
+    show_default=True,
+    help="gpushare's scheduler profile: with --steer-toleration, GPU pods naming it are sent to "
+    "/mutate too.",
+)
+@click.option(
+    "--steer-toleration",
+    "steer_tolerations",
+    multiple=True,
+    help="A toleration the webhook adds to GPU pods that lack it, for tainted GPU nodes (GKE: "
+    "nvidia.com/gpu:NoSchedule): key[=value][:effect] or a Toleration as JSON (repeatable; the "
+    "chart's webhook.steer.tolerations).",
+)
+@click.option(
     "--steer-url",
     default=None,
     help="https://HOST:PORT/mutate; default: --url with /validate replaced by /mutate.",
@@ -261,6 +295,8 @@ def webhook_config(
     with_policy: bool,
     no_steer: bool,
     steer_from: tuple[str, ...],
+    scheduler_name: str,
+    steer_tolerations: tuple[str, ...],
     steer_url: str | None,
     mem_resource: str,
     core_resource: str,
@@ -341,6 +377,9 @@ def webhook_config(
                     url=steer_url if url is not None else None,
                     steer_from=steer_from,
                     names=names,
+                    tolerating=scheduler_name
+                    if steer_tolerations_option(steer_tolerations)
+                    else "",
                     **common,
                 )
             )

@@ -184,7 +184,8 @@ class Allocator(OnNode):
         resource, count = request.resource, len(request.device_ids)
         for note in granted.notes:
             log.warning("%s", note)
-        reason = self.config.handoff.refusal(granted.uuids)  # the toolkit may rewrite the specs
+        # the toolkit may rewrite the specs; a driver may be unloaded
+        reason = self.config.handoff.refusal(granted.uuids, granted.minors)
         if reason is not None:
             self.stats.refused += 1
             log.error("resource=%s count=%d phase=allocate hand-off: %s", resource, count, reason)

@@ -75,6 +75,8 @@ class Granted:
     target: Target
     uuids: tuple[str, ...]
     """The placed GPUs' UUIDs, which the node's CDI specs must name under cdi-cri."""
+    minors: tuple[int | None, ...] = ()
+    """Their minor numbers, in the same order, whose device nodes driver-root hands over."""
     notes: tuple[str, ...] = ()
     """Problems with the candidates' cGPU weights, to be logged."""
 
@@ -124,14 +126,18 @@ def container_answer(
     mode: Mode,
     handoff: HandOff | None = None,
 ) -> ContainerAnswer:
-    """The environment (and under cdi-cri the CDI devices) of a container served by a signature."""
+    """The environment of a container served by a signature, and what hands it the GPUs: CDI
+    devices under cdi-cri, device nodes and the driver's mount under driver-root."""
     by_index = {g.index: g for g in gpus}
     indexes = [i for i, _ in signature.layout]
     mem_layout = signature.layout if signature.resource == MEM else ()
     first = by_index.get(indexes[0]) if indexes else None
-    uuids = [by_index[i].uuid for i in indexes if i in by_index]
-    visible, cdi_devices = (handoff or HandOff()).answer(
-        uuids, carries_devices=signature.resource == MEM
+    placed = [by_index[i] for i in indexes if i in by_index]
+    handoff = handoff or HandOff()
+    carries = signature.resource == MEM
+    visible, cdi_devices = handoff.answer([g.uuid for g in placed], carries_devices=carries)
+    devices, mounts = handoff.host_edits(
+        [g.index if g.minor is None else g.minor for g in placed], carries_devices=carries
     )
     envs = {
         "NVIDIA_VISIBLE_DEVICES": visible,
@@ -148,7 +154,7 @@ def container_answer(
         per_gpu = {pct for _, pct in signature.core_layout}
         envs["ALIYUN_COM_GPU_CORE_PERCENTAGE"] = str(max(per_gpu))
         envs["GPUSHARE_CORE_PER_GPU"] = ",".join(f"{i}:{p}" for i, p in signature.core_layout)
-    return ContainerAnswer(envs=envs, cdi_devices=cdi_devices)
+    return ContainerAnswer(envs=envs, mounts=mounts, cdi_devices=cdi_devices, devices=devices)
 
 
 def blocking_strangers(request: Request, pods: NodePods) -> frozenset[str]:
@@ -178,5 +184,6 @@ def answer(
             settled.signature, node.mode, settled.candidates, request.device_ids, weight=weight
         ),
         uuids=tuple(g.uuid for g in node.gpus if g.index in placed),
+        minors=tuple(g.minor for g in node.gpus if g.index in placed),
         notes=notes,
     )

@@ -31,6 +31,9 @@ class Stats:
     """Pods whose allocation was ignored, by reason (core.records.trust), each pod once per
     reason."""
     broker: BrokerStats = field(default_factory=BrokerStats)
+    hand_off: str = "skipped"
+    """What the start's hand-off check found (``node.handoffproof.Verdict``): applied,
+    ignored (started under ``--hand-off-check warn``), unknown or skipped."""
 
 
 @dataclass

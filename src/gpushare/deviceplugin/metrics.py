@@ -48,6 +48,7 @@ DEVICE_PLUGIN_METRICS = (
     "gpushare_device_plugin_broker_idle_closed_total",
     "gpushare_device_plugin_broker_accept_errors_total",
     "gpushare_device_plugin_watch_refused",
+    "gpushare_device_plugin_hand_off_check",
     "gpushare_container_gpu_memory_used_bytes",
     "gpushare_container_gpu_memory_limit_bytes",
     "gpushare_container_gpu_core_limit_ratio",
@@ -63,6 +64,7 @@ class _Stats(Protocol):
     mismatches: int
     registrations: int
     untrusted: dict[str, int]
+    hand_off: str
 
 
 class _Plugin(Protocol):
@@ -158,6 +160,15 @@ class DevicePluginCollector(Collector):
         )
         connections.add_metric([self._node], stats.broker.open)
         yield connections
+        hand_off = GaugeMetricFamily(
+            "gpushare_device_plugin_hand_off_check",
+            "1 for what the start's check found the runtime does with the hand-off: applied, "
+            "ignored (started under --hand-off-check warn: pods get no GPU), unknown (the "
+            "runtime could not be asked; the log says why) or skipped",
+            labels=["node", "verdict"],
+        )
+        hand_off.add_metric([self._node, stats.hand_off], 1.0)
+        yield hand_off
         health = self._plugin.health
         yield watch_refused_family(
             "gpushare_device_plugin_watch_refused",

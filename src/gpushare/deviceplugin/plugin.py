@@ -181,8 +181,9 @@ class DevicePlugin:
         )
         if checked.refused is not None:
             raise StartRefused(checked.refused)
+        gpus = self.source.gpus()
         refused = refuse_exclusive_cpus(cpus or []) or self.config.handoff.refusal(
-            [g.uuid for g in self.source.gpus()]
+            [g.uuid for g in gpus], [g.minor for g in gpus]
         )
         if refused is not None:
             raise StartRefused(refused)

@@ -32,6 +32,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpushare.core.model.inventory import CORE_PER_GPU
+from gpushare.core.model.pluginserving import plugin_missing
 from gpushare.core.records.allocation import Allocation
 from gpushare.core.resourcepolicies.resourcepolicy import InvalidResourcePolicy
 from gpushare.exporting import ExportRegistry, watch_refused_family
@@ -67,6 +68,7 @@ LEDGER_METRICS = (
     "gpushare_gpu_unhealthy",
     "gpushare_gpu_out_of_service",
     "gpushare_node_memory_unplaced_bytes",
+    "gpushare_node_device_plugin_missing",
     "gpushare_namespace_gpu_memory_allocated_bytes",
     "gpushare_namespace_gpu_core_allocated",
     "gpushare_cache_synced",
@@ -195,12 +197,23 @@ class _LedgerCollector(Collector):
             "GPU memory held on a node by pods whose GPU is unknown (placed by something else)",
             labels=["node"],
         )
+        missing = GaugeMetricFamily(
+            "gpushare_node_device_plugin_missing",
+            "1 for each node labelled ack.node.gpu.schedule with a shared mode where no device "
+            "plugin serves GPU memory (reason unpublished: gpushare's plugin never published "
+            "the node's GPUs; unregistered: it did, but kubelet offers no GPU memory now); no "
+            "series for the other nodes",
+            labels=["node", "mode", "reason"],
+        )
         by_namespace = _NamespaceTotals()
         synced = GaugeMetricFamily("gpushare_cache_synced", "1 once the cache has listed")
         synced.add_metric([], 1.0 if cache and cache.synced else 0.0)
         if cache is not None:
             ledger = cache.state.ledger
             for name, node in cache.state.nodes.items():
+                why = plugin_missing(node)
+                if why is not None:
+                    missing.add_metric([name, node.mode.value, why.value], 1.0)
                 if not node.gpus:
                     continue
                 usage = ledger.usage(name)
@@ -208,7 +221,7 @@ class _LedgerCollector(Collector):
                     unplaced.add_metric([name], usage.unplaced_mem_units * node.unit.mib * MIB)
             for allocation in ledger.allocations():
                 by_namespace.add(allocation)
-        yield from (unplaced, *by_namespace.families())
+        yield from (unplaced, missing, *by_namespace.families())
         yield synced
         health = cache.health if cache is not None else None
         yield watch_refused_family(

@@ -42,7 +42,12 @@ from gpushare.core.records.trust import Trust
 from gpushare.core.resourcepolicies.policybook import recorded_units
 from gpushare.inspect.choices import complete_contexts, complete_namespaces, complete_pods
 from gpushare.inspect.explain import Explanation, explain_pod, explanation_json
-from gpushare.inspect.installed import describe, extender_settings, placeholder_namespace
+from gpushare.inspect.installed import (
+    describe,
+    extender_settings,
+    placeholder_namespace,
+    seal_secret,
+)
 from gpushare.inspect.newnode import PlaceholderSight
 from gpushare.inspect.render import Layout, render_details, render_explanation, render_summary
 from gpushare.inspect.schema import DOCUMENTS, json_schema
@@ -85,6 +90,16 @@ async def find_trust(
             f"seals (give --seal-key-file or --seal-secret)"
         )
     return Trust.sealed(key), ""
+
+
+async def installed_seal_secret(api: KubeAPI, namespace: str) -> str:
+    """The Secret the installed extender mounts its seal key from (``inspect.installed``), else
+    the chart's under the default release name (``DEFAULT_SECRET``)."""
+    try:
+        found = seal_secret(await api.list_deployments(namespace), namespace)
+    except KubeError:
+        found = None
+    return found or DEFAULT_SECRET
 
 
 async def read_cluster(
@@ -283,7 +298,8 @@ class Query:
     policy: str | None = None
     """``--policy``; None: the installed extender's."""
     extender_namespace: str = DEFAULT_EXTENDER_NAMESPACE
-    seal_secret: str = DEFAULT_SECRET
+    seal_secret: str | None = None
+    """``NAMESPACE/NAME``; None: the one the installed extender mounts, else DEFAULT_SECRET."""
     seal_key_file: str | None = None
 
 
@@ -321,7 +337,12 @@ async def _fetch(
 
     api = LightkubeAPI.connect(kubeconfig, context)
     try:
-        trust, note = await find_trust(api, secret=query.seal_secret, key_file=query.seal_key_file)
+        secret = query.seal_secret
+        if secret is None and query.seal_key_file is None:
+            secret = await installed_seal_secret(api, query.extender_namespace)
+        trust, note = await find_trust(
+            api, secret=secret or DEFAULT_SECRET, key_file=query.seal_key_file
+        )
         notes = [note] if note else []
         if query.explain is not None:
             return await _explain(api, query, trust, notes, home=api.namespace), notes
@@ -410,7 +431,8 @@ def _check(query: Query, *, explain: str | None, policy: str | None) -> Query:
     "--extender-namespace",
     default=DEFAULT_EXTENDER_NAMESPACE,
     show_default=True,
-    help="Where gpushare's chart is installed, for --explain to read the extender's settings.",
+    help="Where gpushare's chart is installed, for --explain to read the extender's settings "
+    "and to find the seal key's Secret.",
 )
 @click.option(
     "--kubeconfig",
@@ -421,11 +443,11 @@ def _check(query: Query, *, explain: str | None, policy: str | None) -> Query:
 @click.option("--context", shell_complete=complete_contexts, help="The kubeconfig context to use.")
 @click.option(
     "--seal-secret",
-    default=DEFAULT_SECRET,
-    show_default=True,
+    default=None,
     metavar="NAMESPACE/NAME",
-    help="The Secret holding gpushare's seal key (the chart's gpushare-seal), read through the "
-    "API; without access, only the allocations' structure is checked.",
+    help="The Secret holding gpushare's seal key, read through the API; without access, only "
+    "the allocations' structure is checked. Default: the Secret the extender Deployment in "
+    f"--extender-namespace mounts (the chart's <release>-seal), else {DEFAULT_SECRET}.",
 )
 @click.option(
     "--seal-key-file",
@@ -457,7 +479,7 @@ def main(
     extender_namespace: str,
     kubeconfig: str | None,
     context: str | None,
-    seal_secret: str,
+    seal_secret: str | None,
     seal_key_file: str | None,
     unit: str | None,
     schema: str | None,
@@ -471,7 +493,8 @@ def main(
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--unit") from None
     try:
-        parse_secret_ref(seal_secret)
+        if seal_secret is not None:
+            parse_secret_ref(seal_secret)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--seal-secret") from None
     try:

@@ -8,7 +8,9 @@ ConfigMap: it passes them as flags of the ``extender`` container of the schedule
 last one of a name winning as it does for the extender's own parser. The values go through
 ``gpushare.config.load``, the path every component's flags take, so a value the extender would
 refuse is refused here with the same message. The extender's ``--placeholder-namespace``
-(the chart's ``autoscaling.placeholders``) is read beside them, for ``inspect.newnode``.
+(the chart's ``autoscaling.placeholders``) is read beside them, for ``inspect.newnode``, and
+the Secret its ``--seal-key-file`` is mounted from, so that ``--seal-secret`` needs no giving
+under a release name other than ``gpushare`` (the Secret is ``<release>-seal``).
 """
 
 from __future__ import annotations
@@ -82,6 +84,34 @@ def placeholder_namespace(deployments: Iterable[Mapping[str, Any]]) -> str | Non
         args = _extender_args(deployment)
         if args is not None:
             return flag_values(args, PLACEHOLDER_FLAGS).get("placeholder_namespace", "")
+    return None
+
+
+SEAL_FLAG = {"--seal-key-file": "seal_key_file"}
+"""The extender's flag naming the file of the seal key (a Secret volume's ``key``)."""
+
+
+def seal_secret(deployments: Iterable[Mapping[str, Any]], namespace: str) -> str | None:
+    """``NAMESPACE/NAME`` of the Secret mounted where the extender a Deployment runs reads its
+    seal key (``--seal-key-file``); None when no Deployment runs one that reads it from a
+    Secret volume."""
+    for deployment in deployments:
+        args = _extender_args(deployment)
+        if args is None:
+            continue
+        key_file = flag_values(args, SEAL_FLAG).get("seal_key_file", "")
+        spec = deployment.get("spec", {}).get("template", {}).get("spec", {})
+        mounts = [
+            m
+            for c in spec.get("containers") or []
+            for m in c.get("volumeMounts") or []
+            if key_file.startswith(str(m.get("mountPath", "")).rstrip("/") + "/")
+        ]
+        volumes = {v.get("name"): v for v in spec.get("volumes") or []}
+        for mount in mounts:
+            secret = (volumes.get(mount.get("name")) or {}).get("secret") or {}
+            if secret.get("secretName"):
+                return f"{namespace}/{secret['secretName']}"
     return None
 
 

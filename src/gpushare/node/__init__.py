@@ -8,6 +8,9 @@ share.
 The modules, one concept each (lower ones never import higher ones, an import-linter contract):
 
 - ``preflight``: whether the node may be served at all (mode label, unit change, CPU manager).
+- ``handoffproof``: whether the container runtime applies the hand-off (containerd's CDI
+  setting, the NVIDIA toolkit's), decided at start from what they report.
+- ``containerproof``: what a GPU container got of the hand-off, checked from inside it.
 - ``enforcement``: the isolation hooks that make a container keep to its share, and the
   accounting broker (its own map in its ``__init__``).
 - ``publishing``: the inventory, unit, hand-off marker, model labels and topology on the node.
@@ -15,6 +18,10 @@ The modules, one concept each (lower ones never import higher ones, an import-li
 - ``startuptaint``: removing the autoscaler's startup taint once kubelet allocates the GPU memory.
 - ``descriptors``: the open-file budget the accounting broker's connections live within.
 - ``cdi``: the device-list strategy and the node's CDI specs.
+- ``hostpaths``: whether the interposer's and the state's host directories are writable (and
+  exec-mappable), checked at start.
 - ``gpus``: where the GPUs come from (NVML, or fakes), behind the ``GpuSource`` port.
 - ``interconnect``: how NVML says the GPUs are connected.
+- ``driverroot``: the host's driver directory and device nodes (the ``driver-root`` hand-off),
+  and NVML loaded from it.
 """

@@ -18,6 +18,13 @@ device-list strategies, and gpushare uses its names):
   toolkit's ``accept-nvidia-visible-devices-envvar-when-unprivileged = false`` the variable grants
   an unprivileged pod nothing at all (docs/gpu-operator.md).
 
+- ``driver-root``: for nodes without the NVIDIA container runtime (GKE's Container-Optimized OS).
+  The answer itself carries the GPU, as GKE's own device plugin does (``driverroot``): a
+  DeviceSpec for ``/dev/nvidia<minor>`` of each placed GPU and for the shared ``nvidiactl``,
+  ``nvidia-uvm`` and ``nvidia-uvm-tools`` the host has, and the host's driver directory mounted
+  read-only at ``/usr/local/nvidia``. ``NVIDIA_VISIBLE_DEVICES=void`` keeps any hook that does
+  run from adding GPUs. The plugin refuses to start when a GPU's device node is missing.
+
 ``cdi-cri`` is the default: it is what current GPU nodes run (the GPU Operator enables CDI), and
 it is the one strategy under which the variable can be switched off. A name the runtime cannot
 resolve fails the container's creation, so the plugin checks before it starts that the node's
@@ -43,6 +50,8 @@ from typing import Any
 
 import yaml
 
+from gpushare.node.driverroot import DeviceSpec, DriverRoot, Mount
+
 DEFAULT_KIND = "nvidia.com/gpu"
 DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 VOID = "void"
@@ -62,6 +71,7 @@ class Strategy(StrEnum):
 
     ENVVAR = "envvar"
     CDI_CRI = "cdi-cri"
+    DRIVER_ROOT = "driver-root"
 
 
 class HandOffError(ValueError):
@@ -76,8 +86,9 @@ def parse_strategy(value: str, field_name: str = "--device-list-strategy") -> St
         allowed = ", ".join(s.value for s in Strategy)
         raise HandOffError(
             f"{field_name}={value!r} is not a device-list strategy: use {allowed} (cdi-cri "
-            f"where the node has the NVIDIA Container Toolkit's CDI spec, envvar where it does "
-            f"not)"
+            f"where the node has the NVIDIA Container Toolkit's CDI spec, envvar where the NVIDIA "
+            f"runtime honours NVIDIA_VISIBLE_DEVICES, driver-root where the node has no NVIDIA "
+            f"runtime and a driver directory, as GKE's Container-Optimized OS)"
         ) from None
 
 
@@ -171,6 +182,9 @@ class HandOff:
     scanned: SpecScan = field(default_factory=lambda: SpecScan(frozenset()))
     _seen: tuple[tuple[str, int, int, int], ...] | None = field(default=None, repr=False)
     """What the spec files were (path, inode, size, mtime) when last parsed."""
+    driver_root: DriverRoot | None = None
+    """``--driver-root``: where the host's driver is; needed by ``driver-root``, and used by
+    any strategy to load NVML."""
 
     def refresh(self) -> SpecScan:
         """Read the spec directories again (they are the node's; the toolkit may rewrite them).
@@ -191,8 +205,16 @@ class HandOff:
             return []
         return [u for u in uuids if u not in self.scanned.names]
 
-    def refusal(self, uuids: Sequence[str]) -> str | None:
-        """Why the plugin must not serve these GPUs under the strategy; None when it may."""
+    def refusal(self, uuids: Sequence[str], minors: Sequence[int | None] = ()) -> str | None:
+        """Why the plugin must not serve these GPUs under the strategy; None when it may.
+
+        ``minors`` are the GPUs' minor numbers, in the order of ``uuids`` (driver-root only).
+        """
+        if self.strategy is Strategy.DRIVER_ROOT:
+            if self.driver_root is None:
+                return "device-list strategy driver-root needs --driver-root"
+            known = list(minors) + [None] * (len(uuids) - len(minors))
+            return self.driver_root.refusal(list(zip(uuids, known, strict=False)))
         if self.strategy is not Strategy.CDI_CRI:
             return None
         self.refresh()
@@ -225,5 +247,21 @@ class HandOff:
         """
         if self.strategy is Strategy.ENVVAR:
             return ",".join(uuids), ()
+        if self.strategy is Strategy.DRIVER_ROOT:
+            return VOID, ()
         devices = tuple(f"{self.kind}={u}" for u in uuids) if carries_devices else ()
         return VOID, devices
+
+    def host_edits(
+        self, minors: Sequence[int], *, carries_devices: bool
+    ) -> tuple[tuple[DeviceSpec, ...], tuple[Mount, ...]]:
+        """The device nodes and mounts of one container's answer (driver-root; else none).
+
+        Like the CDI names, only the answer that ``carries_devices`` names them: kubelet merges
+        the answers of a container's resources, and one copy is enough.
+        """
+        if self.strategy is not Strategy.DRIVER_ROOT or self.driver_root is None:
+            return (), ()
+        if not carries_devices:
+            return (), ()
+        return self.driver_root.devices(minors), (self.driver_root.mount(),)

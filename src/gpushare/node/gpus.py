@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from gpushare.core.model.topology import Distance, layout
 from gpushare.core.model.units import MemoryUnit
+from gpushare.node.driverroot import DriverRoot, load_nvml
 from gpushare.node.interconnect import read_interconnect
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,9 @@ class GpuInfo:
     model: str
     memory_mib: int
     healthy: bool = True
+    minor: int | None = None
+    """The driver's minor number, ``/dev/nvidia<minor>`` (NVML's, or the index of a fake GPU);
+    None when NVML did not say. The ``driver-root`` hand-off names the device node by it."""
 
 
 def mem_units(gpu: GpuInfo, unit: MemoryUnit) -> int:
@@ -138,9 +142,8 @@ class FakeGpus:
             size = int(match["size"]) * (1024 if match["unit"] == "GiB" else 1)
             for _ in range(int(match["count"] or 1)):
                 index = len(gpus)
-                gpus.append(
-                    GpuInfo(index, f"GPU-fake-{node}-{index}", match["model"] or "Fake GPU", size)
-                )
+                model = match["model"] or "Fake GPU"
+                gpus.append(GpuInfo(index, f"GPU-fake-{node}-{index}", model, size, minor=index))
         distance: Distance = ()
         if topology.strip():
             distance, problem = layout(topology, len(gpus))
@@ -187,15 +190,23 @@ class FakeGpus:
 
 
 class NvmlGpus:
-    """GPUs from NVML (nvidia-ml-py); XID critical errors mark a GPU unhealthy."""
+    """GPUs from NVML (nvidia-ml-py); XID critical errors mark a GPU unhealthy.
+
+    With a ``driver_root``, NVML is loaded from that directory (``driverroot.load_nvml``) rather
+    than from the loader's search path, which the NVIDIA container runtime fills and nodes
+    without it (GKE's Container-Optimized OS) leave empty.
+    """
 
     APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
     """XIDs caused by applications, not the GPU; they do not withdraw it."""
 
-    def __init__(self) -> None:
+    def __init__(self, driver_root: DriverRoot | None = None) -> None:
         import pynvml
 
         self._nvml: Any = pynvml
+        if driver_root is not None:
+            loaded = load_nvml(driver_root, pynvml)
+            log.info("phase=nvml library=%s (--driver-root)", loaded)
         pynvml.nvmlInit()
         self._gpus: list[GpuInfo] = []
         for index in range(pynvml.nvmlDeviceGetCount()):
@@ -209,6 +220,7 @@ class NvmlGpus:
                     uuid.decode() if isinstance(uuid, bytes) else str(uuid),
                     name.decode() if isinstance(name, bytes) else str(name),
                     int(memory.total) // (1024 * 1024),
+                    minor=self._minor(handle),
                 )
             )
         handles = [pynvml.nvmlDeviceGetHandleByIndex(g.index) for g in self._gpus]
@@ -222,6 +234,14 @@ class NvmlGpus:
         self._notifier = _Notifier()
         self._thread = threading.Thread(target=self._watch, name="nvml-xid", daemon=True)
         self._thread.start()
+
+    def _minor(self, handle: Any) -> int | None:
+        """The GPU's minor number, or None where NVML does not give one (the driver-root
+        hand-off then refuses, naming the GPU)."""
+        try:
+            return int(self._nvml.nvmlDeviceGetMinorNumber(handle))
+        except self._nvml.NVMLError:
+            return None
 
     def _watch(self) -> None:
         nvml = self._nvml

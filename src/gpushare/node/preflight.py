@@ -30,6 +30,7 @@ from gpushare.core.booking.unitchange import refuse_unit_change
 from gpushare.core.model.inventory import SHARED_MODES, Mode
 from gpushare.core.model.kubejson import KubeObject, labels_of, name_of
 from gpushare.core.model.names import LABEL_MODE, ResourceNames
+from gpushare.core.model.platform import plugin_switch
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.handoff import CORE, MEM
 from gpushare.node.enforcement.hook import IsolationHook
@@ -101,6 +102,7 @@ def refuse_other_plugin(node: KubeObject) -> str | None:
     container of theirs lands on a GPU gpushare thinks is shared, or takes it whole. kubelet
     offers a resource as allocatable only while its plugin is registered and its devices healthy
     (it drops to 0 when the plugin goes), so a non-zero allocatable is a plugin serving now.
+    The message names the switch of the node's platform (``core.model.platform``).
     """
     allocatable = (node.get("status") or {}).get("allocatable") or {}
     serving = {
@@ -116,12 +118,11 @@ def refuse_other_plugin(node: KubeObject) -> str | None:
     node_name = name_of(node)
     return (
         f"node {node_name} already offers {offered} from another device plugin (NVIDIA's "
-        f"k8s-device-plugin, the GPU Operator's or HAMi's): two plugins would hand out the same "
-        f"GPUs, each blind to the other's pods. Keep that plugin off this node (with the GPU "
-        f"Operator: kubectl label node {node_name} --overwrite "
-        f"nvidia.com/gpu.deploy.device-plugin=false; see docs/gpu-operator.md); kubelet stops "
-        f"offering its resource as soon as it is gone, and this plugin starts on its next "
-        f"restart"
+        f"k8s-device-plugin, the GPU Operator's, the platform's own or HAMi's): two plugins "
+        f"would hand out the same GPUs, each blind to the other's pods. Keep that plugin off "
+        f"this node. {plugin_switch(node)}. kubelet stops offering its resource as soon as it is "
+        f'gone, and this plugin starts on its next restart (docs/device-plugin.md, "Beside '
+        f'another plugin")'
     )
 
 

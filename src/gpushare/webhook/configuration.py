@@ -293,9 +293,13 @@ def steering_configuration(
     steer_from: Sequence[str] = (DEFAULT_SCHEDULER,),
     names: ResourceNames = DEFAULT_NAMES,
     name: str = CONFIGURATION_NAME,
+    tolerating: str = "",
 ) -> dict[str, Any]:
     """The ``MutatingWebhookConfiguration`` that sends new GPU pods naming no scheduler to
     ``/mutate`` (``core.admitting.admission.mutate``).
+
+    ``tolerating``: gpushare's scheduler name when the webhook adds tolerations
+    (``--steer-toleration``); GPU pods naming it are then sent too, to get them.
 
     **Only those pods are sent** (``matchConditions``, evaluated by the API server): a pod that
     names another scheduler, or asks for no gpushare resource, never waits on the webhook, so
@@ -311,6 +315,7 @@ def steering_configuration(
     """
     if not steer_from:
         raise ValueError("steer_from is empty: with no name to steer from, install no steering")
+    sent = [*steer_from, tolerating] if tolerating and tolerating not in steer_from else steer_from
     webhook = _webhook(
         STEERING_WEBHOOK_NAME,
         _client(url, service, ca_bundle, STEERING_PATH),
@@ -333,7 +338,7 @@ def steering_configuration(
             {
                 "name": "names-no-scheduler",
                 "expression": "!has(object.spec.schedulerName) || "
-                f"object.spec.schedulerName in {_cel_list(steer_from)}",
+                f"object.spec.schedulerName in {_cel_list(sent)}",
             },
             {"name": "asks-gpushare", "expression": asks_gpushare(names)},
         ],

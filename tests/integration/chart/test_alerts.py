@@ -5,7 +5,7 @@ expressions are run here instead through promqltest scripts (tests/support/promq
 loaded as the chart's PodMonitors would scrape them, then the alert's expression evaluated,
 expecting exactly the label sets an alert would carry. What promqltest does not do is hold an
 expression for the rule's ``for:`` before firing; that is Prometheus's rule manager, and the
-value is checked by the chart tests.
+value is checked by the chart tests, and by promtool in test_alert_rules.py.
 """
 
 from __future__ import annotations
@@ -93,6 +93,36 @@ CASES: dict[str, list[tuple[str, list[str]]]] = {
             f'{{{TARGET}, pod="dp-b", node="b", resource="pods", verb="list", '
             'reason="failing"} 0x15',
             ['{node="a", resource="pods", verb="watch", reason="forbidden"}'],
+        ),
+    ],
+    "GPUShareDevicePluginMissing": [
+        (  # both extender replicas report gpu-a: one alert; nodeModes keeps mps, drops none
+            "gpushare_node_device_plugin_missing"
+            f'{{{TARGET}, pod="s-0", node="a", mode="share", reason="unpublished"}} 1x15\n'
+            "gpushare_node_device_plugin_missing"
+            f'{{{TARGET}, pod="s-1", node="a", mode="share", reason="unpublished"}} 1x15\n'
+            "gpushare_node_device_plugin_missing"
+            f'{{{TARGET}, pod="s-0", node="b", mode="other", reason="unpublished"}} 1x15',
+            ['{node="a", mode="share", reason="unpublished"}'],
+        ),
+        (f'gpushare_build_info{{{TARGET}, pod="s-0"}} 1x15', []),
+    ],
+    "GPUShareDevicePluginAllocationFailures": [
+        (
+            "gpushare_device_plugin_allocation_failures_total"
+            f'{{{TARGET}, pod="dp-a", node="a"}} 0x5 1x10\n'
+            "gpushare_device_plugin_allocation_failures_total"
+            f'{{{TARGET}, pod="dp-b", node="b"}} 0x15',
+            ['{node="a"}'],
+        ),
+    ],
+    "GPUShareBrokerConnectionsRefused": [
+        (
+            "gpushare_device_plugin_broker_connections_refused_total"
+            f'{{{TARGET}, pod="dp-a", node="a", cap="pod"}} 0x5 2x10\n'
+            "gpushare_device_plugin_broker_connections_refused_total"
+            f'{{{TARGET}, pod="dp-a", node="a", cap="node"}} 0x15',
+            ['{node="a", cap="pod"}'],
         ),
     ],
     "GPUSharePodResourcesMismatch": [

@@ -41,9 +41,11 @@ from tests.support.chart import (
     REPO,
     cached,
     find,
+    find_job,
     helm,
     needs_helm,
     render,
+    render_notes,
     template_args,
 )
 
@@ -380,6 +382,69 @@ def test_device_plugin_hands_gpus_over_by_cdi_unless_told_envvar(
     assert not [v for v in pod["volumes"] if v["name"].startswith("cdi")]
 
 
+def test_driver_root_mounts_the_driver_and_passes_its_flags() -> None:
+    """GKE's layout (docs/driver-root.md): the driver at the same path, read-only; privileged,
+    as NVML opens the host's device nodes without a runtime to grant them; no CDI mounts."""
+    docs = render(
+        "--set",
+        "devicePlugin.deviceListStrategy=driver-root",
+        "--set",
+        "devicePlugin.driverRoot.hostPath=/home/kubernetes/bin/nvidia",
+    )
+    pod = find(docs, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = container["args"]
+    assert [a for a in args if a.startswith(("--driver-root", "--dev-root"))] == [
+        "--driver-root=/home/kubernetes/bin/nvidia",
+        "--driver-root-container-path=/usr/local/nvidia",
+        "--dev-root=/dev",
+    ]
+    assert not [a for a in args if a.startswith("--cdi")]
+    assert container["securityContext"]["privileged"] is True
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["driver-root"] == {
+        "name": "driver-root",
+        "mountPath": "/home/kubernetes/bin/nvidia",
+        "readOnly": True,
+    }
+    assert "dev-root" not in mounts  # a privileged container's /dev is the host's
+    volumes = {v["name"]: v.get("hostPath") for v in pod["volumes"]}
+    assert volumes["driver-root"] == {"path": "/home/kubernetes/bin/nvidia", "type": "Directory"}
+    webhook = find(docs, "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"][0]
+    assert "--device-list-strategy=driver-root" in webhook["args"]
+    docs = render(
+        "--set",
+        "devicePlugin.deviceListStrategy=driver-root",
+        "--set",
+        "devicePlugin.driverRoot.hostPath=/opt/nvidia",
+        "--set",
+        "devicePlugin.driverRoot.devHostPath=/run/fake-dev",
+    )
+    pod = find(docs, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["dev-root"]["mountPath"] == "/run/fake-dev" and mounts["dev-root"]["readOnly"]
+
+
+def test_driver_root_without_the_driver_s_directory_is_refused_naming_the_field() -> None:
+    done = helm(
+        *template_args(), "--set", "devicePlugin.deviceListStrategy=driver-root", check=False
+    )
+    # hostPath defaults to null (the platform preset fills it), so the template's own refusal
+    # names the field; an explicit "" is the schema's to refuse
+    assert done.returncode != 0
+    assert "driver-root needs devicePlugin.driverRoot.hostPath" in done.stderr
+    done = helm(
+        *template_args(),
+        "--set",
+        "devicePlugin.deviceListStrategy=driver-root",
+        "--set",
+        "devicePlugin.driverRoot.hostPath=",
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "at '/devicePlugin/driverRoot/hostPath': minLength: got 0, want 1" in done.stderr
+
+
 def test_device_plugin_can_be_privileged_again_and_name_the_nvidia_runtime() -> None:
     docs = render(
         "--set", "devicePlugin.privileged=true", "--set", "devicePlugin.runtimeClassName=nvidia"
@@ -462,14 +527,15 @@ def test_the_seal_key_is_made_in_the_cluster_and_mounted_into_extender_and_plugi
     assert not [
         d for d in default_docs if d["kind"] == "Secret" and "-seal" in d["metadata"]["name"]
     ]
-    job = find(default_docs, "Job", "-seal-1")["spec"]["template"]["spec"]
+    job = find_job(default_docs, "seal")["spec"]["template"]["spec"]
     (container,) = job["containers"]
     assert container["args"][:2] == ["seal-key", f"--secret={NAMESPACE}/{RELEASE}-seal"]
     role = find(default_docs, "Role", "-seal")
     assert {"get"} == {v for r in role["rules"] if r.get("resourceNames") for v in r["verbs"]}
     assert helm(*template_args()).stdout == helm(*template_args()).stdout
     mine = render("--set", "seal.existingSecret=mine")
-    assert not [d for d in mine if d["metadata"]["name"].endswith(("-seal", "-seal-1"))]
+    assert not [d for d in mine if d["metadata"]["name"].endswith("-seal")]
+    assert not [d for d in mine if d["kind"] == "Job" and "-seal-" in d["metadata"]["name"]]
     for docs, name in ((default_docs, f"{RELEASE}-seal"), (mine, "mine")):
         for kind, suffix, index, mode in (
             ("Deployment", "-scheduler", 1, 0o440),
@@ -562,7 +628,7 @@ def test_steering_config_equals_renderer(
     flags = args["containers"][0]["args"]
     assert "--scheduler-name=ack-co-scheduler" in flags
     assert "--steer-from=default-scheduler" in flags and "--no-steer" not in flags
-    certs = find(default_docs, "Job", "-webhook-certs-1")["spec"]["template"]["spec"]
+    certs = find_job(default_docs, "webhook-certs")["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in certs["containers"][0]["env"]}
     assert env["WEBHOOK_KINDS"] == "validatingwebhookconfiguration mutatingwebhookconfiguration"
 
@@ -573,7 +639,7 @@ def test_steering_can_be_turned_off_or_renamed() -> None:
     flags = find(docs, "Deployment", "-webhook")["spec"]["template"]["spec"]["containers"][0]
     assert "--no-steer" in flags["args"]
     assert not [a for a in flags["args"] if a.startswith("--steer-from")]
-    certs = find(docs, "Job", "-webhook-certs-1")["spec"]["template"]["spec"]
+    certs = find_job(docs, "webhook-certs")["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in certs["containers"][0]["env"]}
     assert env["WEBHOOK_KINDS"] == "validatingwebhookconfiguration"
     configuration = pytest.importorskip("gpushare.webhook.configuration")
@@ -708,7 +774,7 @@ def test_policy_equals_renderer(
 
 
 def test_cert_modes(default_docs: list[dict[str, Any]], ci_docs: list[dict[str, Any]]) -> None:
-    job = find(default_docs, "Job", "-webhook-certs-1")
+    job = find_job(default_docs, "webhook-certs")
     script = job["spec"]["template"]["spec"]["containers"][0]["args"][0]
     assert "openssl" in script and "caBundle" in script
     assert "cert-manager.io/inject-ca-from" not in webhook_config(default_docs)["metadata"].get(
@@ -973,6 +1039,9 @@ def test_prometheus_rule_alerts_on_what_an_operator_needs_first() -> None:
         "GPUSharePodResourcesMismatch",
         "GPUShareExtenderWatchRefused",
         "GPUShareDevicePluginWatchRefused",
+        "GPUShareDevicePluginMissing",
+        "GPUShareDevicePluginAllocationFailures",
+        "GPUShareBrokerConnectionsRefused",
     }
     monitors = {d["metadata"]["name"] for d in docs if d["kind"] == "PodMonitor"}
     for alert, monitor in (
@@ -982,7 +1051,7 @@ def test_prometheus_rule_alerts_on_what_an_operator_needs_first() -> None:
         assert f'job="{NAMESPACE}/{RELEASE}-{monitor}"' in alerts[alert]["expr"]
         assert f"{RELEASE}-{monitor}" in monitors
     # Prometheus's own parser and engine check the expressions:
-    # tests/integration/chart/test_alerts.py
+    # tests/integration/chart/test_alerts.py; promtool: test_alert_rules.py
 
 
 def test_helm_test_checks_the_webhook_through_its_service_and_ca() -> None:
@@ -1057,32 +1126,21 @@ def test_a_mirror_sets_the_registry_or_the_whole_name() -> None:
     assert not [n for n in names if "ghcr.io" in n]
 
 
-def render_notes(tmp_path: Path, *args: str) -> str:
-    """NOTES.txt as `helm install` prints it: helm template leaves NOTES out, so a copy of the
-    chart renders it into a ConfigMap."""
-    import shutil
-
-    chart = tmp_path / "gpushare"
-    shutil.copytree(CHART, chart)
-    (chart / "notes.txt").write_text((chart / "templates" / "NOTES.txt").read_text())
-    (chart / "templates" / "zz-notes.yaml").write_text(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\n"
-        'data:\n  notes: {{ tpl (.Files.Get "notes.txt") . | toJson }}\n'
-    )
-    out = helm("template", RELEASE, str(chart), "-n", NAMESPACE, "--kube-version", KUBE_VERSION,
-               "--show-only", "templates/zz-notes.yaml", *args).stdout  # fmt: skip
-    notes: str = yaml.safe_load(out)["data"]["notes"]
-    return notes
-
-
-def test_the_notes_install_the_plugin_from_our_own_distribution(tmp_path: Path) -> None:
-    """`pip install gpushare` installs another project's code (that PyPI name is not ours)."""
+def test_the_notes_install_the_plugin_from_what_a_release_publishes(tmp_path: Path) -> None:
+    """`pip install gpushare` installs another project's code (that PyPI name is not ours), and
+    nothing is on PyPI under ours: the notes point at the krew manifest each release attaches
+    (.github/workflows/release.yml), by the URL packaging/release.py writes into it."""
     notes = render_notes(tmp_path)
-    assert "pip install gpushare" not in notes
-    assert f"pip install kube-gpushare=={project_version()}" in notes
-    assert "kubectl inspect cgpu" in notes
-    pyproject = (REPO / "pyproject.toml").read_text()
-    assert 'name = "kube-gpushare"' in pyproject
+    assert "pip install" not in notes
+    version = project_version()
+    assert (
+        "kubectl krew install --manifest-url=https://github.com/gpushare/gpushare/releases/"
+        f"download/v{version}/inspect-cgpu.yaml"
+    ) in notes
+    assert "kubectl inspect-cgpu" in notes  # krew's link is kubectl-inspect_cgpu
+    release = (REPO / "packaging" / "release.py").read_text()
+    assert 'RELEASES = "https://github.com/gpushare/gpushare/releases/download"' in release
+    assert 'manifest = out / "inspect-cgpu.yaml"' in release
 
 
 def test_recreating_refused_bare_pods_is_opt_in_with_its_rights() -> None:
@@ -1103,3 +1161,107 @@ def test_recreating_refused_bare_pods_is_opt_in_with_its_rights() -> None:
     args, rules = extender_and_rules("--set", "scheduler.extender.recreateRefusedPods=true")
     assert "--recreate-refused-pods" in args
     assert any({"create", "delete"} <= set(r["verbs"]) for r in rules)
+
+
+def test_image_digest_pins_every_gpushare_container_and_is_checked() -> None:
+    """image.digest (each release prints it; cosign signs it) replaces the tag in every pod that
+    runs the gpushare image; a digest that is not sha256:<64 hex> is refused by the schema."""
+    digest = "sha256:" + "0123456789abcdef" * 4
+    docs = render("--set", f"image.digest={digest}", "--set", "image.tag=ignored")
+    images = [
+        c["image"]
+        for d in docs
+        for c in (
+            d.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+            + d.get("spec", {}).get("containers", [])
+        )
+        if "gpushare/gpushare" in c["image"]
+    ]
+    assert len(images) >= 4 and set(images) == {f"ghcr.io/gpushare/gpushare@{digest}"}
+    bad = helm(*template_args(), "--set", "image.digest=sha256:abc", check=False)
+    assert bad.returncode != 0
+    assert "/image/digest" in bad.stderr and "sha256:[a-f0-9]{64}" in bad.stderr
+
+
+def test_the_plugin_asks_the_runtime_it_hands_gpus_to(default_docs: list[dict[str, Any]]) -> None:
+    """devicePlugin.handOffCheck: the CRI socket's directory under cdi-cri, the toolkit's under
+    envvar, read-only; nothing under off (issue 59, PLATFORMS.md C5)."""
+    pod = find(default_docs, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = container["args"]
+    assert "--hand-off-check=refuse" in args and "--cri-socket=/host/cri/containerd.sock" in args
+    assert "--cdi-spec-host-dirs=/etc/cdi,/var/run/cdi" in args
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["cri-socket"] == {
+        "name": "cri-socket",
+        "mountPath": "/host/cri",
+        "readOnly": True,
+    }
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["cri-socket"]["hostPath"] == {
+        "path": "/run/containerd",
+        "type": "DirectoryOrCreate",
+    }
+    k3s = render(
+        "--set",
+        "devicePlugin.criSocketPath=/run/k3s/containerd/containerd.sock",
+        "--set",
+        "devicePlugin.handOffCheck=warn",
+    )
+    pod = find(k3s, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    assert "--hand-off-check=warn" in pod["containers"][0]["args"]
+    assert {v["name"]: v for v in pod["volumes"]}["cri-socket"]["hostPath"]["path"] == (
+        "/run/k3s/containerd"
+    )
+    envvar = render("--set", "devicePlugin.deviceListStrategy=envvar")
+    pod = find(envvar, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert "--toolkit-config=/host/nvidia-container-runtime/config.toml" in args
+    assert not [a for a in args if a.startswith("--cri-socket")]
+    assert {v["name"]: v for v in pod["volumes"]}["toolkit-config"]["hostPath"]["path"] == (
+        "/etc/nvidia-container-runtime"
+    )
+    off = render("--set", "devicePlugin.handOffCheck=off")
+    pod = find(off, "DaemonSet", "-device-plugin")["spec"]["template"]["spec"]
+    assert "--hand-off-check=off" in pod["containers"][0]["args"]
+    assert not {"cri-socket", "toolkit-config"} & {v["name"] for v in pod["volumes"]}
+
+
+def test_helm_test_runs_a_gpu_pod_that_checks_its_hand_off(
+    default_docs: list[dict[str, Any]],
+) -> None:
+    pod = find(default_docs, "Pod", "-test-gpu-pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    spec = pod["spec"]
+    assert spec["schedulerName"] == "ack-co-scheduler"
+    (container,) = spec["containers"]
+    assert container["image"].startswith(GPUSHARE_IMAGE)
+    assert container["args"] == ["check-hand-off"]
+    assert container["resources"] == {"limits": {"aliyun.com/gpu-mem": 1}}
+    # Pod Security "restricted"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert cli.commands["check-hand-off"].make_context("check-hand-off", container["args"][1:])
+    steered = render(
+        "--set",
+        "testing.fakeGpus=1x15GiB",
+        "--set",
+        "tests.gpuPod.nodeSelector.gpu=yes",
+        "--set",
+        "tests.gpuPod.tolerations[0].key=nvidia.com/gpu",
+        "--set",
+        "tests.gpuPod.tolerations[0].operator=Exists",
+        "--set",
+        "scheduler.schedulerName=gpushare",
+    )
+    spec = find(steered, "Pod", "-test-gpu-pod")["spec"]
+    assert spec["schedulerName"] == "gpushare" and spec["nodeSelector"] == {"gpu": "yes"}
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert spec["containers"][0]["args"] == ["check-hand-off", "--no-control-device"]
+    off = render("--set", "tests.gpuPod.enabled=false")
+    assert not [d for d in off if d["metadata"]["name"].endswith("-test-gpu-pod")]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.chart import HELM, find, render
+from tests.support.chart import HELM, find_job, render
 
 pytestmark = pytest.mark.skipif(
     HELM is None or shutil.which("openssl") is None, reason="needs helm and openssl"
@@ -58,7 +58,7 @@ else:
 
 def job_script(work: Path) -> tuple[str, dict[str, str]]:
     """The rendered Job's script (working in ``work``, not /tmp) and its environment."""
-    job = find(render(), "Job", "-webhook-certs-1")
+    job = find_job(render(), "webhook-certs")
     (container,) = job["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     script = container["args"][0].replace("cd /tmp\n", f"cd {work}\n")

@@ -14,11 +14,13 @@ from gpushare.cli import main as gpushare
 from gpushare.core.model.names import ANN_NODE_GPUS, ANN_NODE_UNIT
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.trust import SealKey, Trust
-from gpushare.inspect.cli import collect, find_trust, render
+from gpushare.inspect.cli import collect, find_trust, installed_seal_secret, render
 from gpushare.inspect.cli import main as inspect_cgpu
+from gpushare.inspect.installed import seal_secret
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node
-from gpushare.kube.sealing import load_key_file
+from gpushare.kube.sealing import DEFAULT_SECRET, load_key_file
+from tests.support.chart import CHART, HELM, KUBE_VERSION, find, helm
 from tests.support.kubeconfigs import KUBECONFIG
 
 
@@ -201,6 +203,28 @@ def test_inspect_reads_the_key_from_the_secret_or_says_it_checks_structure_only(
         "allocations' structure only (node and requests), not their seals (give "
         "--seal-key-file or --seal-secret)"
     )
+
+
+def test_inspect_finds_the_seal_secret_of_any_release_through_the_extender_deployment() -> None:
+    """The chart's Secret is <release>-seal in the release namespace: a release named other
+    than gpushare was checked against gpushare/gpushare-seal (absent) and fell back to the
+    structure alone, unless --seal-secret was given. Now the Secret is read off the extender
+    Deployment's seal volume; the old default stays when that cannot be read."""
+    if HELM is None:
+        pytest.skip("helm not built")
+    rendered = helm(
+        "template", "team-a", str(CHART), "-n", "gpu-system", "--kube-version", KUBE_VERSION
+    ).stdout
+    deployment = find([d for d in yaml.safe_load_all(rendered) if d], "Deployment", "-scheduler")
+    assert seal_secret([deployment], "gpu-system") == "gpu-system/team-a-gpushare-seal"
+    kube = MemoryKube()
+    kube.put_deployment(deployment)
+    assert asyncio.run(installed_seal_secret(kube, "gpu-system")) == (
+        "gpu-system/team-a-gpushare-seal"
+    )
+    assert asyncio.run(installed_seal_secret(kube, "elsewhere")) == DEFAULT_SECRET
+    kube.forbidden.add("list_deployments:gpu-system")
+    assert asyncio.run(installed_seal_secret(kube, "gpu-system")) == DEFAULT_SECRET
 
 
 def test_inspect_refuses_a_bad_seal_secret_or_key_file(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.plugin import DevicePlugin
 from gpushare.kube.memory import MemoryKube
 from gpushare.node.cdi import VOID, HandOff, Strategy
+from gpushare.node.driverroot import DriverRoot
 from gpushare.node.gpus import FakeGpus
 from gpushare.node.preflight import StartRefused
 from tests.support import grpc_loop
@@ -193,3 +194,61 @@ def test_kubelet_s_static_cpu_policy_is_seen_through_pod_resources(tmp_path: Pat
         refused.value
     )
     start(HandOff(spec_dirs=(tmp_path / "none",)), exclusive_cpus=())
+
+
+def driver_root(*, nodes: tuple[str, ...] = ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm")):
+    """A driver-root hand-off: a driver directory and a device directory under the rig's root
+    (plain files stand for the device nodes: the plugin only checks that they are there)."""
+
+    def make(root: Path) -> HandOff:
+        (root / "driver" / "lib64").mkdir(parents=True)
+        (root / "dev").mkdir()
+        for name in nodes:
+            (root / "dev" / name).touch()
+        found = DriverRoot(root / "driver", dev_root=root / "dev")
+        return HandOff(Strategy.DRIVER_ROOT, spec_dirs=(root / "none",), driver_root=found)
+
+    return make
+
+
+def test_driver_root_hands_over_the_placed_gpu_s_node_the_shared_ones_and_the_driver() -> None:
+    """GKE's plugin's contract (docs/driver-root.md): /dev/nvidia<minor> of the GPU, nvidiactl
+    and nvidia-uvm (nvidia-uvm-tools only where the host has it), the driver directory read-only
+    at /usr/local/nvidia; the variable voided, no CDI device."""
+
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(MEM, 30)
+        admitted, index = await admit_one(r, pod("one", 4))
+        root = r.plugin.config.handoff.driver_root
+        assert root is not None
+        dev = root.dev_root
+        assert admitted.devices["c0"] == [
+            (f"/dev/nvidia{index}", f"{dev}/nvidia{index}", "mrw"),
+            ("/dev/nvidiactl", f"{dev}/nvidiactl", "mrw"),
+            ("/dev/nvidia-uvm", f"{dev}/nvidia-uvm", "mrw"),
+        ]
+        assert ("/usr/local/nvidia", str(root.host_path), True) in admitted.mounts["c0"]
+        assert admitted.envs["c0"]["NVIDIA_VISIBLE_DEVICES"] == VOID
+        assert admitted.cdi_devices["c0"] == []
+
+    run(body, handoff=driver_root())
+
+
+def test_under_driver_root_and_core_mem_the_nodes_are_answered_once() -> None:
+    async def body(r: Rig) -> None:
+        await r.kubelet.wait_devices(CORE, 200)
+        admitted, index = await admit_one(r, pod("both", 2, core=30))
+        assert set(admitted.containers["c0"]) == {MEM, CORE}
+        paths = [c for c, _, _ in admitted.devices["c0"]]
+        assert paths == [f"/dev/nvidia{index}", "/dev/nvidiactl", "/dev/nvidia-uvm"]
+
+    run(body, mode=Mode.CORE_MEM, handoff=driver_root())
+
+
+def test_driver_root_refuses_to_start_without_a_gpu_s_device_node(tmp_path: Path) -> None:
+    handoff = driver_root(nodes=("nvidia0", "nvidiactl"))(tmp_path)
+    with pytest.raises(StartRefused) as refused:
+        start(handoff)
+    message = str(refused.value)
+    assert f"no device node for GPU(s) {uuid(1)} ({tmp_path}/dev/nvidia1)" in message
+    assert "devicePlugin.driverRoot.devHostPath" in message

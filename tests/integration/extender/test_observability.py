@@ -17,7 +17,7 @@ from prometheus_client.metrics_core import Metric
 import gpushare
 from gpushare.core.admitting.admission import AdmissionSettings
 from gpushare.core.model.inventory import Mode
-from gpushare.core.model.names import ANN_NODE_HANDOFF, HANDOFF_PODRESOURCES
+from gpushare.core.model.names import ANN_NODE_GPUS, ANN_NODE_HANDOFF, HANDOFF_PODRESOURCES
 from gpushare.deviceplugin.config import PluginConfig
 from gpushare.deviceplugin.metrics import registry_for, serve_metrics
 from gpushare.deviceplugin.plugin import DevicePlugin
@@ -390,6 +390,33 @@ def test_gpu_labels_are_escaped_as_the_text_format_asks() -> None:
         got = await scrape(rig)
         assert got[("gpushare_gpu_memory_bytes", gpu("n1", 1, odd))] == 15 * GIB
         assert got[("gpushare_gpu_out_of_service", gpu("n1", 0, odd))] == 0.0
+
+    run_with_rig(kube, body)
+
+
+def test_labelled_nodes_without_a_serving_device_plugin_are_exported_by_name() -> None:
+    """What GPUShareDevicePluginMissing reads: a series for each labelled node no plugin serves,
+    none for the served, the unlabelled, or the one whose GPUs are all withdrawn."""
+    kube = MemoryKube()
+    kube.put_node(gpu_node("served"))
+    never = gpu_node("never", mode=Mode.CGPU)
+    del never["metadata"]["annotations"][ANN_NODE_GPUS]
+    for part in ("capacity", "allocatable"):
+        never["status"][part].pop("aliyun.com/gpu-mem")
+    kube.put_node(never)
+    gone = gpu_node("gone")
+    gone["status"]["allocatable"]["aliyun.com/gpu-mem"] = "0"
+    kube.put_node(gone)
+    kube.put_node(gpu_node("sick", unhealthy=[0]))
+    kube.put_node(gpu_node("plain", mode=None))
+
+    async def body(rig: Rig) -> None:
+        got = await scrape(rig)
+        missing = {k[1]: v for k, v in got.items() if k[0] == "gpushare_node_device_plugin_missing"}
+        assert missing == {
+            (("mode", "cgpu"), ("node", "never"), ("reason", "unpublished")): 1.0,
+            (("mode", "share"), ("node", "gone"), ("reason", "unregistered")): 1.0,
+        }
 
     run_with_rig(kube, body)
 

@@ -25,7 +25,8 @@ import pytest
 import yaml
 
 from harness.image_archive import project_version
-from tests.support.chart import find_helm
+from tests.support.chart import find_helm, pinned
+from tests.support.releasetools import release_tools
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -39,6 +40,8 @@ def _packaging(name: str) -> ModuleType:
         sys.path.remove(str(REPO / "packaging"))
 
 
+CACHE = Path(os.environ.get("GPUSHARE_CACHE", Path.home() / ".cache" / "gpushare")) / "bin"
+K8S_VERSION = pinned("K8S_VERSION")
 VERSION = project_version()
 CHART_VERSION = _packaging("release").semver(VERSION)
 MACHINE = {"x86_64": "x86_64", "aarch64": "aarch64"}.get(platform.machine(), "")
@@ -85,6 +88,9 @@ def test_every_artifact_is_there_under_one_version(dist: Path) -> None:
             f"kube_gpushare-{VERSION}.tar.gz",
             f"kubectl-inspect-cgpu_{VERSION}_linux_amd64.tar.gz",
             f"kubectl-inspect-cgpu_{VERSION}_linux_arm64.tar.gz",
+            f"kubectl-inspect-cgpu_{VERSION}_darwin_amd64.tar.gz",
+            f"kubectl-inspect-cgpu_{VERSION}_darwin_arm64.tar.gz",
+            f"kubectl-inspect-cgpu_{VERSION}_windows_amd64.zip",
         ]
     )
     assert "Apache License" in (dist / "LICENSE").read_text()
@@ -130,17 +136,141 @@ def test_the_chart_is_packaged_at_the_version(dist: Path) -> None:
     assert (image["registry"], image["repository"]) == ("ghcr.io", "gpushare/gpushare")
 
 
+def _plugin_file(dist: Path, os_: str, arch: str, tmp_path: Path) -> Path:
+    """The plugin's one file out of its release archive (tar.gz, or zip on Windows)."""
+    if os_ == "windows":
+        with zipfile.ZipFile(dist / f"kubectl-inspect-cgpu_{VERSION}_{os_}_{arch}.zip") as packed:
+            data = packed.read("kubectl-inspect-cgpu.exe")
+            assert sorted(packed.namelist()) == ["LICENSE", "kubectl-inspect-cgpu.exe"]
+        name = "kubectl-inspect-cgpu.exe"
+    else:
+        with tarfile.open(dist / f"kubectl-inspect-cgpu_{VERSION}_{os_}_{arch}.tar.gz") as tar:
+            assert sorted(tar.getnames()) == ["LICENSE", "kubectl-inspect-cgpu"]
+            member = tar.extractfile("kubectl-inspect-cgpu")
+            assert member is not None
+            data = member.read()
+        name = "kubectl-inspect-cgpu"
+    target = tmp_path / f"{os_}-{arch}" / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    return target
+
+
+PLATFORMS = [("linux", "amd64"), ("linux", "arm64"), ("darwin", "amd64"), ("darwin", "arm64"),
+             ("windows", "amd64")]  # fmt: skip
+
+
 def test_the_krew_manifest_names_each_plugin_archive(dist: Path) -> None:
+    """One platform per laptop kubectl runs on; on Windows the bin is an .exe, because krew
+    links it as kubectl-inspect_cgpu.exe (krew internal/installation/install.go,
+    pluginNameToBin) and Windows runs only what is named .exe."""
     manifest = yaml.safe_load((dist / "inspect-cgpu.yaml").read_text())
     assert manifest["kind"] == "Plugin" and manifest["metadata"]["name"] == "inspect-cgpu"
     assert manifest["spec"]["version"] == f"v{CHART_VERSION}"
+    seen = []
     for entry in manifest["spec"]["platforms"]:
-        arch = entry["selector"]["matchLabels"]["arch"]
-        name = f"kubectl-inspect-cgpu_{VERSION}_linux_{arch}.tar.gz"
+        labels = entry["selector"]["matchLabels"]
+        seen.append((labels["os"], labels["arch"]))
+        ext = "zip" if labels["os"] == "windows" else "tar.gz"
+        name = f"kubectl-inspect-cgpu_{VERSION}_{labels['os']}_{labels['arch']}.{ext}"
         assert entry["uri"].endswith(f"/v{VERSION}/{name}")
         assert entry["sha256"] == hashlib.sha256((dist / name).read_bytes()).hexdigest()
-        with tarfile.open(dist / name) as tar:
-            assert entry["bin"] in tar.getnames()
+        want = "kubectl-inspect-cgpu.exe" if labels["os"] == "windows" else "kubectl-inspect-cgpu"
+        assert entry["bin"] == want
+        assert {"from": "LICENSE", "to": "."} in entry["files"]
+    assert seen == PLATFORMS
+
+
+def test_krew_validates_and_installs_the_plugin_on_every_platform(
+    dist: Path, tmp_path: Path
+) -> None:
+    """krew's own code: validate-krew-manifest's rules, then ``kubectl krew install --manifest
+    --archive`` for each (os, arch) (KREW_OS/KREW_ARCH, as validate-krew-manifest does it),
+    which checks the sha256, unpacks and links the bin; the installed Linux one then runs as
+    ``kubectl inspect-cgpu``."""
+    tools = release_tools("krew", "validate-krew-manifest")
+    krew, validator = tools["krew"], tools["validate-krew-manifest"]
+    kubectl = CACHE / f"kubernetes-{K8S_VERSION}" / "kubectl"
+    if not os.access(kubectl, os.X_OK):
+        pytest.skip("kubectl is not built: make controlplane")
+    checked = subprocess.run(
+        [str(validator), "-manifest", str(dist / "inspect-cgpu.yaml"), "-skip-install"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
+    assert "no overlapping spec.platform[].selector" in checked.stderr
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "kubectl-krew").symlink_to(krew)
+    (bin_dir / "kubectl").symlink_to(kubectl)
+    for os_, arch in PLATFORMS:
+        root = tmp_path / f"krew-{os_}-{arch}"
+        ext = "zip" if os_ == "windows" else "tar.gz"
+        env = {
+            "PATH": f"{bin_dir}:{os.environ['PATH']}", "KREW_ROOT": str(root),
+            "KREW_OS": os_, "KREW_ARCH": arch, "HOME": str(tmp_path),
+        }  # fmt: skip
+        installed = subprocess.run(
+            [str(kubectl), "krew", "install", f"--manifest={dist / 'inspect-cgpu.yaml'}",
+             f"--archive={dist / f'kubectl-inspect-cgpu_{VERSION}_{os_}_{arch}.{ext}'}"],
+            env=env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert installed.returncode == 0, installed.stderr
+        link = "kubectl-inspect_cgpu" + (".exe" if os_ == "windows" else "")
+        assert [p.name for p in (root / "bin").iterdir()] == [link]
+    if MACHINE == "x86_64":
+        env = {
+            "PATH": f"{tmp_path / 'krew-linux-amd64' / 'bin'}:{bin_dir}:/usr/bin:/bin",
+            "XDG_CACHE_HOME": str(tmp_path / "cache"), "HOME": str(tmp_path),
+        }  # fmt: skip
+        shown = subprocess.run(
+            [str(kubectl), "inspect-cgpu", "--help"], env=env, capture_output=True, text=True
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert "Usage: kubectl-inspect_cgpu" in shown.stdout
+
+
+@pytest.mark.parametrize(("os_", "arch"), [p for p in PLATFORMS if p[0] != "linux"])
+def test_the_macos_and_windows_files_start_and_say_where_they_belong(
+    dist: Path, tmp_path: Path, os_: str, arch: str
+) -> None:
+    """They cannot run here, but their zipapp does up to the platform check: this Python runs
+    the file (on Windows, the launcher's appended zip) and is told which file to take. What is
+    inside is each CPython's compiled dependencies for that platform."""
+    plugin = _plugin_file(dist, os_, arch, tmp_path)
+    env = {"PATH": os.environ["PATH"], "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    ran = subprocess.run(
+        [sys.executable, "-I", str(plugin), "--help"], env=env, capture_output=True, text=True
+    )
+    assert ran.returncode == 1
+    assert f"this file is for {os_}/{arch}, this Python runs on linux/" in ran.stderr
+    with zipfile.ZipFile(plugin) as archive:
+        names = archive.namelist()
+    suffix = {"darwin": "-darwin.so", "windows": ".pyd"}[os_]
+    for abi in ("cp311", "cp312", "cp313", "cp314"):
+        compiled = [n for n in names if n.startswith(f"{abi}/") and n.endswith(suffix)]
+        tops = {n.split("/")[1] for n in compiled}
+        assert {"msgspec", "pydantic_core", "yaml"} <= tops, (abi, tops)
+    assert not [n for n in names if n.startswith("cp3") and n.endswith(".so") and os_ == "windows"]
+
+
+def test_the_windows_file_is_distlibs_launcher_with_a_python_shebang(
+    dist: Path, tmp_path: Path
+) -> None:
+    """distlib's launcher (what pip puts before every Windows console script) finds its ``#!``
+    line where the zip's end record says the archive starts (PC/launcher.c, find_shebang), and
+    for ``#!/usr/bin/env python`` looks for python on PATH (USE_ENVIRONMENT). Read the same way
+    here."""
+    import struct
+
+    data = _plugin_file(dist, "windows", "amd64", tmp_path).read_bytes()
+    assert data[:2] == b"MZ"
+    end = data.rfind(b"PK\x05\x06")
+    cd_size, cd_offset = struct.unpack("<II", data[end + 12 : end + 20])
+    start = end - cd_size - cd_offset
+    shebang = b"#!/usr/bin/env python\r\n"
+    assert data[start : start + len(shebang)] == shebang
+    assert data[start + len(shebang) : start + len(shebang) + 4] == b"PK\x03\x04"  # the zip
 
 
 def test_the_plugin_runs_alone(dist: Path, tmp_path: Path) -> None:

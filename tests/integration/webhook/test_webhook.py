@@ -320,3 +320,29 @@ def test_webhook_config_sends_pods_setting_nvidia_visible_devices_only_where_ref
     assert '!(request.namespace in ["gpu-ops"])' in listed
     bad = CliRunner().invoke(gpushare, [*base, "--nvidia-visible-devices-exempt-namespace", " "])
     assert bad.exit_code == 2 and "exempt namespace ' ' is not a namespace name" in bad.output
+
+
+def test_steer_tolerations_send_pods_naming_gpushare_too_and_bad_ones_are_refused(
+    tmp_path: Path,
+) -> None:
+    """``--steer-toleration`` (the chart's webhook.steer.tolerations): the configuration also
+    sends GPU pods naming gpushare's scheduler, and the server refuses a bad toleration."""
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    base = ["webhook-config", "--ca-bundle-file", str(ca), "--url", "https://h:1/validate"]
+    result = CliRunner().invoke(gpushare, [*base, "--steer-toleration", "nvidia.com/gpu"])
+    assert result.exit_code == 0, result.output
+    _, steering = yaml.safe_load_all(result.output)
+    condition = steering["webhooks"][0]["matchConditions"][0]["expression"]
+    assert condition.endswith('in ["default-scheduler","ack-co-scheduler"]')
+    bad = CliRunner().invoke(gpushare, [*base, "--steer-toleration", "gpu:Never"])
+    assert bad.exit_code == 2 and "effect='Never' is not one of" in bad.output
+    cert = tmp_path / "tls.crt"
+    cert.write_text("x")
+    served = CliRunner().invoke(
+        gpushare,
+        ["webhook", "--tls-cert-file", str(cert), "--tls-private-key-file", str(cert),
+         "--steer-toleration", '{"key": "k", "operator": "Exists", "value": "v"}'],
+    )  # fmt: skip
+    assert served.exit_code == 2
+    assert "--steer-toleration" in served.output and "Exists takes no value" in served.output

@@ -166,6 +166,7 @@ def test_the_nvml_backend_reads_the_topology_at_start(monkeypatch: pytest.Monkey
         "nvmlDeviceGetHandleByIndex": lambda index: index,
         "nvmlDeviceGetUUID": lambda handle: f"GPU-{handle}".encode(),
         "nvmlDeviceGetName": lambda handle: b"Tesla V100-SXM2-16GB",
+        "nvmlDeviceGetMinorNumber": lambda handle: handle,
         "nvmlDeviceGetMemoryInfo": lambda handle: memory,
         "nvmlEventSetCreate": lambda: (_ for _ in ()).throw(NVMLError("Not Supported")),
     }.items():
@@ -174,6 +175,7 @@ def test_the_nvml_backend_reads_the_topology_at_start(monkeypatch: pytest.Monkey
     source = NvmlGpus()
     assert source.topology() == ((0, 1, 6, 6), (1, 0, 6, 6), (6, 6, 0, 1), (6, 6, 1, 0))
     assert [g.uuid for g in source.gpus()] == ["GPU-0", "GPU-1", "GPU-2", "GPU-3"]
+    assert [g.minor for g in source.gpus()] == [0, 1, 2, 3]  # the driver-root hand-off's
 
 
 # -- layouts for made-up nodes -----------------------------------------------------------------

@@ -4,6 +4,7 @@
 - ``tampering``: the hand-off annotations, variables and mounts a pod may not carry itself.
 - ``isolationpaths``: the container paths where the GPU isolation is mounted.
 - ``metricsaccess``: a ``/metrics`` request let in or not, from the token and access reviews.
+- ``tolerations``: the tolerations the steering webhook adds to GPU pods that lack them.
 
 Above the model only; independent of ResourcePolicy.
 """

@@ -38,6 +38,11 @@ writes ``default-scheduler`` itself cannot be told apart and is steered too (set
 a patched Deployment template would differ from what its owner applied, and every pod a
 controller creates passes this webhook anyway. A pod the validating webhook refuses (an invalid
 request, ``nodeName`` set) is left as it is for that refusal.
+
+Where GPU nodes are tainted (GKE's ``nvidia.com/gpu``), ``mutate`` also gives the GPU pods it
+sees the tolerations listed in ``AdmissionSettings.steer_tolerations`` that they lack
+(``core.admitting.tolerations``): the pods it steers, and pods that name gpushare's scheduler
+themselves (the steering configuration sends those too when tolerations are listed).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from gpushare.core.admitting import tolerations
 from gpushare.core.admitting.tampering import (
     Checked,
     Requester,
@@ -94,6 +100,8 @@ class AdmissionSettings:
     """The extender's and device plugin's identities (``--trusted-user``); none by default."""
     steer_from: tuple[str, ...] = (DEFAULT_SCHEDULER,)
     """Scheduler names that count as none named: ``mutate`` replaces them on GPU pods."""
+    steer_tolerations: tuple[tolerations.Toleration, ...] = ()
+    """Tolerations ``mutate`` adds to the GPU pods it sees that lack them (tainted GPU pools)."""
     visible_devices: VisibleDevicesRule = field(default_factory=VisibleDevicesRule)
     """Where ``NVIDIA_VISIBLE_DEVICES`` is refused; by default everywhere but the exempt
     namespaces (``gpushare webhook`` and the chart resolve it from their settings)."""
@@ -267,22 +275,39 @@ def mutate(body: Any, settings: AdmissionSettings | None = None) -> Decision:
     if not isinstance(spec, Mapping) or spec.get("nodeName"):
         return untouched
     scheduler = spec.get("schedulerName")
-    if not _steered(scheduler, settings):
+    steered = _steered(scheduler, settings)
+    named = scheduler == settings.scheduler_name and bool(settings.steer_from)
+    if not steered and not (named and settings.steer_tolerations):
         return untouched
     pod, _, problem = _read(obj, kind, settings)
     if problem or not isinstance(pod, PodRequest) or not pod.wants_gpu:
         return untouched
-    shown = repr(scheduler) if scheduler else "not set"
-    warning = (
-        f"Pod {_object_name(obj, request)}: spec.schedulerName was {shown}; gpushare set it to "
-        f"{settings.scheduler_name!r} because the pod asks for {settings.names.mem} (another "
-        f"scheduler would not place it on a shared GPU)"
-    )
-    patch = [{"op": "add", "path": "/spec/schedulerName", "value": settings.scheduler_name}]
-    review = _response(uid, allowed=True, warnings=[warning])
+    patch: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    if steered:
+        shown = repr(scheduler) if scheduler else "not set"
+        warnings.append(
+            f"Pod {_object_name(obj, request)}: spec.schedulerName was {shown}; gpushare set it "
+            f"to {settings.scheduler_name!r} because the pod asks for {settings.names.mem} "
+            f"(another scheduler would not place it on a shared GPU)"
+        )
+        patch.append({"op": "add", "path": "/spec/schedulerName", "value": settings.scheduler_name})
+    added = tolerations.missing(spec.get("tolerations"), settings.steer_tolerations)
+    if added:
+        shown_added = ", ".join(json.dumps(t.as_json(), sort_keys=True) for t in added)
+        warnings.append(
+            f"Pod {_object_name(obj, request)}: gpushare added the toleration(s) {shown_added} "
+            f"that the cluster's GPU nodes need (the webhook's --steer-toleration)"
+        )
+        patch += tolerations.patch(spec.get("tolerations"), added)
+    if not patch:
+        return untouched
+    review = _response(uid, allowed=True, warnings=warnings)
     review["response"]["patchType"] = "JSONPatch"
     review["response"]["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
-    return Decision(review=review, kind=kind, decision="mutated", reasons=(warning,), user=user)
+    return Decision(
+        review=review, kind=kind, decision="mutated", reasons=tuple(warnings), user=user
+    )
 
 
 def _decide(request: Mapping[str, Any], uid: str, settings: AdmissionSettings) -> Decision:

@@ -160,7 +160,7 @@ OWNED_VARIABLES = (
 
 VisibleDevicesMode = Literal["auto", "refuse", "allow"]
 """How the webhook treats ``NVIDIA_VISIBLE_DEVICES`` (chart: ``webhook.nvidiaVisibleDevices``)."""
-DeviceListStrategy = Literal["cdi-cri", "envvar"]
+DeviceListStrategy = Literal["cdi-cri", "envvar", "driver-root"]
 """How the device plugin hands GPUs over (the chart's ``devicePlugin.deviceListStrategy``)."""
 VISIBLE_DEVICES_MODES: tuple[str, ...] = get_args(VisibleDevicesMode)
 DEVICE_LIST_STRATEGIES: tuple[str, ...] = get_args(DeviceListStrategy)
@@ -176,7 +176,7 @@ documentation installs it (``gpu-operator``) and as OpenShift's OperatorHub does
 The chart adds its release namespace."""
 
 
-Cause = Literal["unset", "refuse", "envvar", "allow", "cdi-cri"]
+Cause = Literal["unset", "refuse", "envvar", "allow", "cdi-cri", "driver-root"]
 """What decided the rule: no setting, the mode itself, or ``auto`` beside a strategy."""
 _BECAUSE: Mapping[str, str] = {
     "unset": "nothing tells the webhook that the nodes ignore it from unprivileged containers",
@@ -187,6 +187,8 @@ _BECAUSE: Mapping[str, str] = {
     "cdi-cri": "the device plugin hands GPUs over by CDI (device-list strategy cdi-cri), where "
     "the variable is harmless only on nodes whose NVIDIA Container Toolkit ignores it from "
     "unprivileged containers, which the webhook cannot see",
+    "driver-root": "the device plugin hands GPUs over as device nodes (device-list strategy "
+    "driver-root), on nodes meant to have no NVIDIA runtime, which the webhook cannot see",
 }
 
 
@@ -211,7 +213,7 @@ class VisibleDevicesRule:
     def unprivileged_only(self) -> bool:
         """Whether privileged containers may set it: ``auto`` beside CDI hand-off, where what
         the nodes' toolkit setting decides is what unprivileged containers get."""
-        return self.cause == "cdi-cri"
+        return self.cause in ("cdi-cri", "driver-root")
 
     @property
     def because(self) -> str:
@@ -254,7 +256,11 @@ class VisibleDevicesRule:
             )
         cause: Cause = "refuse" if mode == "refuse" else "allow"
         if mode == "auto":
-            cause = "envvar" if strategy == "envvar" else "cdi-cri"
+            cause = "cdi-cri"
+            if strategy == "envvar":
+                cause = "envvar"
+            elif strategy == "driver-root":
+                cause = "driver-root"
         return cls(cause=cause, exempt=namespaces)
 
     def applies(self, namespace: str) -> bool:

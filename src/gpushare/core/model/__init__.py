@@ -12,6 +12,10 @@
 - ``requests``, ``spreading``: a pod read into its validated GPU request (``PodRequest``) or a
   rejection with reasons, and its containers spread over its GPUs.
 - ``startuptaint``: when a node's device plugin removes the autoscaler's startup taint.
+- ``pluginserving``: whether a node labelled for sharing has a device plugin serving it (the
+  extender's ``gpushare_node_device_plugin_missing``).
+- ``platform``: which platform a node runs on (GKE, EKS, Bottlerocket, AKS, OpenShift, k3s,
+  RKE2) and that platform's own switch for keeping its NVIDIA device plugin off the node.
 - ``status``: how a check ended (``Status``: code, reasons, source), as the scheduler
   framework says it: the refusals of filter, reserve, bind and Allocate.
 """

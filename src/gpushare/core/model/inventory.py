@@ -145,6 +145,9 @@ class NodeInventory:
     published."""
     topology_problem: str = ""
     """Why the published topology was not read (the node is placed without it)."""
+    published: bool = False
+    """Whether the node carries gpushare's inventory annotation (``gpushare.io/gpus``), which
+    only gpushare's device plugin writes (``core.model.pluginserving``)."""
 
     @cached_property
     def kind(self) -> tuple[object, ...]:
@@ -333,6 +336,7 @@ def read_node(
         ),
         distance=distance,
         topology_problem=topology_problem,
+        published=ANN_NODE_GPUS in annotations,
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-PROTOS = ("v1beta1/api.proto", "podresources_v1/api.proto")
+PROTOS = ("v1beta1/api.proto", "podresources_v1/api.proto", "cri_v1/api.proto")
 
 
 def generate() -> list[Path]:

@@ -48,6 +48,10 @@ def allocate_response(answer: ContainerAnswer) -> dp.ContainerAllocateResponse:
         annotations=dict(answer.annotations),
         mounts=[dp.Mount(container_path=c, host_path=h, read_only=r) for c, h, r in answer.mounts],
         cdi_devices=[dp.CDIDevice(name=n) for n in answer.cdi_devices],
+        devices=[
+            dp.DeviceSpec(container_path=c, host_path=h, permissions=p)
+            for c, h, p in answer.devices
+        ],
     )
 
 

@@ -26,6 +26,8 @@ class ContainerAnswer:
     annotations: Mapping[str, str] = field(default_factory=dict)
     cdi_devices: tuple[str, ...] = ()
     """Fully qualified CDI device names (``nvidia.com/gpu=<uuid>``) under cdi-cri."""
+    devices: tuple[tuple[str, str, str], ...] = ()
+    """Device nodes (container path, host path, cgroup permissions) under driver-root."""
 
 
 class IsolationError(Exception):

@@ -106,9 +106,10 @@ class NodeIsolation:
             return refused
         if self.mount_check is None:
             log.warning(
-                "mode=%s device-list-strategy=envvar: no CDI to carry the runtime's check of the "
-                "isolation mounts, so a volume that an image's link moves over them goes "
-                "unnoticed; use cdi-cri where the runtime has CDI (docs/isolation.md)",
+                "mode=%s device-list-strategy envvar or driver-root: no CDI to carry the "
+                "runtime's check of the isolation mounts, so a volume that an image's link "
+                "moves over them goes unnoticed; use cdi-cri where the runtime has CDI "
+                "(docs/isolation.md)",
                 mode.value,
             )
             return None

@@ -267,3 +267,12 @@ def test_bad_settings_are_refused_naming_what_to_write(
         VisibleDevicesRule.resolve(mode, strategy, exempt)
     with pytest.raises(click.BadParameter, match=words):
         _visible_devices_rule(mode, strategy, exempt)
+
+
+def test_driver_root_is_read_as_cdi_cri_is_refused_from_unprivileged_tenants() -> None:
+    """The chart passes the device plugin's strategy to the webhook; driver-root nodes are meant
+    to have no NVIDIA runtime, which the webhook cannot see, so auto stays as under cdi-cri."""
+    rule = VisibleDevicesRule.resolve("auto", "driver-root")
+    assert rule.refused and rule.unprivileged_only
+    assert "device-list strategy driver-root" in rule.because
+    assert not VisibleDevicesRule.resolve("allow", "driver-root").refused
