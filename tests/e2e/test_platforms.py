@@ -244,9 +244,12 @@ def _defaults(cluster: Cluster, node: RealNode, images: dict[str, str]) -> dict[
 
 def _tolerate_gke_taint(values: dict[str, Any]) -> None:
     """The scheduler and webhook run on the GPU node here (a single node): on a platform they
-    would run elsewhere, so they tolerate the GPU nodes' taint as a test-only value."""
+    would run elsewhere, so they tolerate the GPU nodes' taint as a test-only value. The
+    plugin tolerates it by default, which the machine's tolerations replaced."""
     for component in ("scheduler", "webhook"):
         values[component]["tolerations"] = [TOLERATION, GKE_TOLERATION]
+    # the machine's values replace the plugin's default tolerations, which hold GKE's taint
+    values["devicePlugin"]["tolerations"].append(GKE_TOLERATION)
 
 
 PRESET_KEYS = {
