@@ -418,7 +418,23 @@ def _test_suites(output: str) -> list[str]:
 
 # -- the matrix ---------------------------------------------------------------------------------
 
-MATRIX = ["gke", "eks", "bottlerocket", "aks", "openshift", "k3s", "rke2", "kubeadm"]
+SCC_ONLY = pytest.mark.xfail(
+    strict=True,
+    reason="the openshift preset drops the fixed runAsUser/fsGroup for OpenShift's SCC "
+    "admission to assign from the namespace's range; this API server has no SCC admission, so "
+    "the extender runs without a group that may read its 0400 seal key: 'cannot read the seal "
+    "key file /var/run/gpushare/seal/key: Permission denied' (the vendor's word covers the rest)",
+)
+MATRIX = [
+    "gke",
+    "eks",
+    "bottlerocket",
+    "aks",
+    pytest.param("openshift", marks=SCC_ONLY),
+    "k3s",
+    "rke2",
+    "kubeadm",
+]
 
 
 @pytest.mark.e2e
