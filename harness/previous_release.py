@@ -13,6 +13,7 @@ the first run pays for the image (about as long as ``make image``).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.image_archive import REPO, ImageBuildError, default_cache
 
@@ -47,6 +49,33 @@ class Built:
     @property
     def image_name(self) -> str:
         return f"ghcr.io/gpushare/gpushare:{self.release.version}"
+
+    def fit_values(self, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` less the keys this release's schema does not know.
+
+        The release's ``values.schema.json`` refuses unknown keys (``additionalProperties:
+        false``), so values written for the working chart (a key added since, such as
+        ``devicePlugin.criSocketPath``) would stop its install. A user upgrading carries the
+        values their installed release accepted; this gives the test the same."""
+        with tarfile.open(self.chart) as tar:
+            member = tar.extractfile("gpushare/values.schema.json")
+            if member is None:
+                raise ImageBuildError(f"{self.chart} holds no gpushare/values.schema.json")
+            schema = json.load(member)
+        return _fit(values, schema)
+
+
+def _fit(value: Any, schema: dict[str, Any]) -> Any:
+    """``value`` pruned to what ``schema`` allows where it closes its properties."""
+    if not isinstance(value, dict):
+        return value
+    properties: dict[str, Any] = schema.get("properties", {})
+    closed = schema.get("additionalProperties") is False
+    return {
+        key: _fit(item, properties.get(key, {}))
+        for key, item in value.items()
+        if key in properties or not closed
+    }
 
 
 def _run(step: str, argv: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> str:

@@ -826,6 +826,11 @@ def test_helm_upgrade_from_the_previous_release_keeps_gpu_pods(
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump(_real_values(cluster, node, images)))
     chart = ["-n", REAL_NAMESPACE, "-f", str(values)]
+    # the previous release's schema refuses keys added since: it gets the values it knew
+    previous_values = tmp_path / "previous-values.yaml"
+    previous_values.write_text(
+        yaml.safe_dump(previous.fit_values(_real_values(cluster, node, images)))
+    )
     for namespace in (REAL_NAMESPACE, REAL_NS):  # an earlier test's may still be going
         cluster.kubectl(
             "delete", "namespace", namespace, "--ignore-not-found", "--wait=true", timeout=240
@@ -836,7 +841,17 @@ def test_helm_upgrade_from_the_previous_release_keeps_gpu_pods(
     working = packaged.rsplit(" ", 1)[-1]
     installed = False
     try:
-        helm(cluster, "install", REAL_RELEASE, str(previous.chart), *chart, "--wait=false")
+        helm(
+            cluster,
+            "install",
+            REAL_RELEASE,
+            str(previous.chart),
+            "-n",
+            REAL_NAMESPACE,
+            "-f",
+            str(previous_values),
+            "--wait=false",
+        )
         installed = True
         _rolled_to(cluster, previous.image_name, "the previous release Ready")
         pod = _sealed_gpu_pod(cluster, node, "GPUtest Running under the previous release")
