@@ -25,6 +25,9 @@ watch what users would see:
   ``nvidia.com/gpu=present:NoSchedule`` [S8]).
 - :func:`pod_security` — Pod Security enforcing a level on the release namespace (Rancher's
   restricted template, OpenShift's ``restricted-v2`` [S18][S19]).
+- :func:`scc_defaults` — what OpenShift's ``restricted-v2`` SCC does to a pod that sets no ids:
+  ``runAsUser`` and ``fsGroup`` from the namespace's range, by a MutatingAdmissionPolicy
+  [S19]; the SCC's refusals are not reproduced.
 - :func:`priority_quota` — GKE's admission configuration: pods of the two critical priority
   classes need a ResourceQuota covering them outside kube-system [S6] (the Kubernetes recipe
   "Limit Priority Class consumption by default").
@@ -33,10 +36,10 @@ watch what users would see:
   [S16]; OpenShift's operands use it [S19]). The real node's kubelet root already moves
   ``pod-resources`` while ``device-plugins`` stays in ``/var/lib/kubelet`` [S17].
 
-Not reproducible here, and why: SELinux (this kernel runs none), OpenShift's SCC admission (an
-OpenShift API server), Bottlerocket's toolkit settings and host-service plugin (its API), the
-platforms' ``osImage`` and ``providerID`` (kubelet reports this machine's; a node's providerID
-is set once).
+Not reproducible here, and why: SELinux (this kernel runs none), OpenShift's SCC admission
+itself (an OpenShift API server; only its defaulting of ids is reproduced), Bottlerocket's
+toolkit settings and host-service plugin (its API), the platforms' ``osImage`` and
+``providerID`` (kubelet reports this machine's; a node's providerID is set once).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -295,6 +299,142 @@ def pod_security(cluster: Cluster, namespace: str, level: str) -> Iterator[None]
         cluster.kubectl("label", "namespace", namespace, f"{PSA}/enforce-", check=False)
 
 
+SCC_RANGE_START = 1000680000
+"""The first id of the range OpenShift gives a new namespace (its annotations'
+``1000680000/10000``, the figure OpenShift's documentation shows)."""
+SCC_ANNOTATIONS = {
+    "openshift.io/sa.scc.uid-range": f"{SCC_RANGE_START}/10000",
+    "openshift.io/sa.scc.supplemental-groups": f"{SCC_RANGE_START}/10000",
+}
+
+
+def scc_defaults_policy(namespace: str) -> list[dict[str, Any]]:
+    """A MutatingAdmissionPolicy (admissionregistration.k8s.io/v1, on by default in 1.36) and
+    its binding that do to ``namespace``'s pods what OpenShift's ``restricted-v2`` SCC does when
+    it admits a pod that sets no ids [S19]: ``runAsUser`` (MustRunAsRange) and ``fsGroup``
+    (MustRunAs) from the first id of the namespace's ranges, read from its annotations.
+
+    Only the defaulting is reproduced: pods that only the ``privileged`` SCC would admit
+    (a privileged container, ``hostPID``) are left alone, as that SCC's RunAsAny leaves them;
+    SCC's refusals, SELinux labels and capability drops are not (the chart's SCC rules are
+    checked as data by ``tests/integration/chart/test_openshift.py``)."""
+    name = "gpushare-test-scc-restricted-v2"
+    privileged = (
+        "object.spec.containers.exists(c, has(c.securityContext) && "
+        "has(c.securityContext.privileged) && c.securityContext.privileged)"
+    )
+    host_pid = "(has(object.spec.hostPID) && object.spec.hostPID)"
+    context = "has(object.spec.securityContext)"
+    field_or = (
+        "{context} && has(object.spec.securityContext.{field}) ? "
+        "object.spec.securityContext.{field} : variables.first"
+    )
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE"],
+                            "resources": ["pods"],
+                        }
+                    ]
+                },
+                "matchConditions": [
+                    {"name": "restricted-v2", "expression": f"!{privileged} && !{host_pid}"}
+                ],
+                "variables": [
+                    {
+                        "name": "first",
+                        "expression": "int(namespaceObject.metadata.annotations"
+                        "['openshift.io/sa.scc.uid-range'].split('/')[0])",
+                    }
+                ],
+                "failurePolicy": "Fail",
+                "reinvocationPolicy": "Never",
+                "mutations": [
+                    {
+                        "patchType": "ApplyConfiguration",
+                        "applyConfiguration": {
+                            "expression": "Object{spec: Object.spec{securityContext: "
+                            "Object.spec.securityContext{"
+                            f"runAsUser: {field_or.format(context=context, field='runAsUser')}, "
+                            f"fsGroup: {field_or.format(context=context, field='fsGroup')}"
+                            "}}}"
+                        },
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "matchResources": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+                },
+            },
+        },
+    ]
+
+
+@contextlib.contextmanager
+def scc_defaults(cluster: Cluster, namespace: str) -> Iterator[None]:
+    """OpenShift's ``restricted-v2`` defaulting of ids on ``namespace`` (created if missing,
+    given OpenShift's range annotations): :func:`scc_defaults_policy`. Removed after."""
+    cluster.create_namespace(namespace, check=False)
+    cluster.kubectl(
+        "annotate", "namespace", namespace, "--overwrite",
+        *(f"{k}={v}" for k, v in SCC_ANNOTATIONS.items()),
+    )  # fmt: skip
+    documents = scc_defaults_policy(namespace)
+    cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps({"kind": "List", "apiVersion": "v1", "items": documents}),
+    )
+    # the API server loads policies from its informer: a server-side dry run shows when (a
+    # pod Pod Security "restricted" admits, which the namespace may enforce)
+    restricted = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "scc-defaults-probe", "namespace": namespace},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "securityContext": restricted}]},
+    }
+    deadline = time.monotonic() + 30
+    while True:
+        done = cluster.kubectl(
+            "create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(probe)
+        )
+        if json.loads(done.stdout)["spec"].get("securityContext", {}).get("runAsUser"):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the SCC stand-in policy never applied to {namespace}'s pods")
+        time.sleep(0.5)
+    try:
+        yield
+    finally:
+        for document in reversed(documents):
+            kind = document["kind"].lower()
+            cluster.kubectl(
+                "delete", kind, document["metadata"]["name"], "--ignore-not-found", check=False
+            )
+
+
 CRITICAL_CLASSES = ("system-node-critical", "system-cluster-critical")
 
 
@@ -443,6 +583,8 @@ class Platform:
     namespace_psa: str = ""
     """The Pod Security level a new namespace enforces by default there."""
     priority_quota: bool = False
+    scc_defaults: bool = False
+    """OpenShift's SCC admission gives the release namespace's pods their ids."""
     managed_plugin: str = ""
     """Who offers ``nvidia.com/gpu`` there unless told not to, and the switch that stops it."""
     switch: str = ""
@@ -546,9 +688,11 @@ PLATFORMS: dict[str, Platform] = {
             labels={"node.openshift.io/os_id": "rhcos"},
             runtime_class=NVIDIA_RUNTIME,
             namespace_psa="restricted",
-            reproduced="Pod Security restricted on the namespace, RuntimeClass nvidia",
-            not_here="SCC admission (needs OpenShift's API server: the SCC rules are checked "
-            "as data), SELinux, CRI-O",
+            scc_defaults=True,
+            reproduced="Pod Security restricted on the namespace, RuntimeClass nvidia, "
+            "restricted-v2's ids from the namespace's range (a MutatingAdmissionPolicy)",
+            not_here="SCC admission's refusals (needs OpenShift's API server: the SCC rules are "
+            "checked as data), SELinux, CRI-O",
         ),
         Platform(
             "k3s",
@@ -595,4 +739,6 @@ __all__ = [
     "priority_quota",
     "read_only",
     "runtime_class",
+    "scc_defaults",
+    "scc_defaults_policy",
 ]

@@ -34,10 +34,11 @@ bottlerocket  read-only /usr/local, the toolkit granting      SELinux (this kern
                                                               osImage, so the refusal's switch
                                                               [S9][S10][S11][S12]
 aks           CDI via containerd 2, 2nd plugin, AKS labels    the GPU image's toolkit [S15]
-openshift     Pod Security restricted on the namespace,       SCC admission (OpenShift's API
-              RuntimeClass nvidia (not the default)           server: the SCC rules are checked
-                                                              as data by the chart's tests),
-                                                              SELinux, CRI-O [S19]
+openshift     Pod Security restricted on the namespace,       SCC admission's refusals
+              RuntimeClass nvidia (not the default),          (OpenShift's API server: the SCC
+              restricted-v2's ids from the namespace's        rules are checked as data by the
+              range (a MutatingAdmissionPolicy)               chart's tests), SELinux, CRI-O
+                                                              [S19]
 k3s           /run/k3s/containerd socket, RuntimeClass        k3s's embedded containerd itself
               nvidia not default, kubelet root moved          [S16][S17]
               (pod-resources moves, device-plugins stays)
@@ -77,6 +78,7 @@ from harness.cluster import Cluster
 from harness.platforms import (
     GKE_TAINT,
     PLATFORMS,
+    SCC_RANGE_START,
     DriverRoot,
     OtherPlugin,
     Platform,
@@ -89,6 +91,7 @@ from harness.platforms import (
     priority_quota,
     read_only,
     runtime_class,
+    scc_defaults,
 )
 from harness.realnode import TOLERATION, RealNode, probe_env
 from tests.support.e2e import CHART, eventually, helm
@@ -296,7 +299,7 @@ def _preset_values(
 @contextlib.contextmanager
 def _shape(cluster: Cluster, node: RealNode, platform: Platform) -> Iterator[DriverRoot | None]:
     """Lay ``platform``'s node over the real node (labels, taints, driver root, quota
-    admission, the release namespace's Pod Security level); undo after."""
+    admission, the release namespace's Pod Security level, OpenShift's ids); undo after."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(
             node_look(cluster, node.name, labels=platform.labels, taints=list(platform.taints))
@@ -306,6 +309,8 @@ def _shape(cluster: Cluster, node: RealNode, platform: Platform) -> Iterator[Dri
             stack.enter_context(priority_quota(cluster))
         if platform.namespace_psa:
             stack.enter_context(pod_security(cluster, REAL_NAMESPACE, platform.namespace_psa))
+        if platform.scc_defaults:
+            stack.enter_context(scc_defaults(cluster, REAL_NAMESPACE))
         yield driver
 
 
@@ -418,19 +423,12 @@ def _test_suites(output: str) -> list[str]:
 
 # -- the matrix ---------------------------------------------------------------------------------
 
-SCC_ONLY = pytest.mark.xfail(
-    strict=True,
-    reason="the openshift preset drops the fixed runAsUser/fsGroup for OpenShift's SCC "
-    "admission to assign from the namespace's range; this API server has no SCC admission, so "
-    "the extender runs without a group that may read its 0400 seal key: 'cannot read the seal "
-    "key file /var/run/gpushare/seal/key: Permission denied' (the vendor's word covers the rest)",
-)
 MATRIX = [
     "gke",
     "eks",
     "bottlerocket",
     "aks",
-    pytest.param("openshift", marks=SCC_ONLY),
+    "openshift",
     "k3s",
     "rke2",
     "kubeadm",
@@ -701,7 +699,8 @@ def test_before_gpu_taint(
     with _installed(cluster, _defaults(cluster, node, images), tmp_path):
         wait_components(cluster, "components Ready", timeout=240)
         job = local_job("cuda-sample.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 1"])
-        with _core_mem(cluster, node), node_look(cluster, node.name, taints=[GKE_TAINT]):
+        # TaintToleration filters before NodeResourcesFit: the node's mode does not matter
+        with node_look(cluster, node.name, taints=[GKE_TAINT]):
             cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
             line = _seen(lambda: _events(cluster, REAL_NS), "FailedScheduling", "untolerated taint")
             print(f"[before] GKE's GPU taint: {line}", flush=True)
@@ -712,13 +711,16 @@ def test_before_gpu_taint(
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("name", ["gke", "eks", "aks", "kubeadm"])
+@pytest.mark.parametrize("name", ["gke", "kubeadm"])
 def test_other_plugin_refusal(
     cluster: Cluster, platform_node: tuple[RealNode, dict[str, str]], tmp_path: Path, name: str
 ) -> None:
     """E2, B1, G1, A2: beside a managed plugin offering ``nvidia.com/gpu`` the plugin refuses
     to start; (h4) its refusal names the platform's own switch, the platform told by the node's
-    labels. Bottlerocket's is told by osImage, which kubelet reports from this machine."""
+    labels. Two platforms here, a node label's switch (GKE) and the operator's (kubeadm): the
+    plugin's registration with the real kubelet is the same for all; every platform's words,
+    EKS's and AKS's included, are checked on kwok nodes by ``test_platform_refusals.py``.
+    Bottlerocket's is told by osImage, which kubelet reports from this machine."""
     node, images = platform_node
     platform = PLATFORMS[name]
     _fresh_namespaces(cluster)
@@ -729,3 +731,45 @@ def test_other_plugin_refusal(
             line = _seen(lambda: _plugin_log(cluster), "already offers nvidia.com/gpu=1")
             print(f"[before] another plugin ({name}): {line}", flush=True)
             assert platform.switch in line, f"{name}: {platform.switch!r} not in {line}"
+
+
+@pytest.mark.e2e
+def test_scc_defaults_as_openshift_gives_them(cluster: Cluster) -> None:
+    """The stand-in for OpenShift's ``restricted-v2`` defaulting (``scc_defaults``), against
+    the real API server: a pod that sets no ids gets the first of its namespace's range, as
+    OpenShift documents; ids a pod sets are kept; a ``hostPID`` or privileged pod (only the
+    ``privileged`` SCC, RunAsAny, admits those) is left alone."""
+    namespace = "scc-defaults"
+
+    def pod(name: str, **spec: Any) -> dict[str, Any]:
+        container = {"name": "c", "image": "busybox", **spec.pop("container", {})}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"containers": [container], "nodeName": "nowhere", **spec},
+        }
+
+    with scc_defaults(cluster, namespace):
+        pods = [
+            pod("plain"),
+            pod("own-ids", securityContext={"runAsUser": 1000680007, "fsGroup": 1000680009}),
+            pod("host-pid", hostPID=True),
+            pod("privileged", container={"securityContext": {"privileged": True}}),
+        ]
+        cluster.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps({"kind": "List", "apiVersion": "v1", "items": pods}),
+        )
+        got = {
+            p["metadata"]["name"]: p["spec"].get("securityContext", {})
+            for p in cluster.kubectl_json("get", "pods", "-n", namespace)["items"]
+        }
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+    first = SCC_RANGE_START
+    assert got["plain"] == {"runAsUser": first, "fsGroup": first}, got
+    assert got["own-ids"] == {"runAsUser": 1000680007, "fsGroup": 1000680009}, got
+    assert "runAsUser" not in got["host-pid"] and "fsGroup" not in got["host-pid"], got
+    assert "runAsUser" not in got["privileged"] and "fsGroup" not in got["privileged"], got
