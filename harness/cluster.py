@@ -272,6 +272,9 @@ class Cluster:
     """``gpushare extender --policy``; None: the extender's default."""
     extender_extra: tuple[str, ...] = ()
     """Flags the extender is started with besides the harness's own (``start_extender``)."""
+    apiserver_extra: tuple[str, ...] = ()
+    """Flags kube-apiserver starts with besides the harness's own: a platform's admission
+    configuration (``harness/platforms.py``), applied with :meth:`restart_apiserver`."""
     pods_run: bool = True
     """kwok's stage that turns bound pods Running. The replay benchmark turns it off: nothing
     it measures reads a pod's phase (a bound pod holds its share from its ``nodeName`` on), and
@@ -497,6 +500,7 @@ class Cluster:
                 # No kube-proxy: webhooks behind a Service (the chart's) are called at the
                 # Service's endpoint IPs rather than its ClusterIP.
                 "--enable-aggregator-routing=true",
+                *self.apiserver_extra,
             ],
         )
         wait_for(

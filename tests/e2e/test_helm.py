@@ -21,10 +21,7 @@ other tests, and the release is uninstalled at the end.
 from __future__ import annotations
 
 import base64
-import fcntl
 import json
-import os
-import shutil
 import socket
 import ssl
 import subprocess
@@ -46,11 +43,26 @@ from gpushare.core.records.trust import SealKey, Trust, sort_node_pods
 from gpushare.kube.sealing import key_from_secret
 from gpushare.webhook.configuration import steering_configuration, webhook_configuration
 from harness import previous_release
-from harness.cluster import Cluster, free_port
-from harness.image_archive import Builder, default_cache
-from harness.realnode import TOLERATION, RealNode, probe_env, unavailable
+from harness.cluster import Cluster
+from harness.realnode import RealNode, probe_env
 from harness.seeding import kwok_node
-from tests.support.e2e import CHART, REAL_NODE_LOCK, create_nodes, delete_nodes, eventually, helm
+from tests.support.e2e import CHART, create_nodes, delete_nodes, eventually, helm
+from tests.support.realchart import (
+    COMPONENTS,
+    REAL_NAMESPACE,
+    REAL_RELEASE,
+    WEBHOOK_LABEL,
+    chart_node,
+)
+from tests.support.realchart import allocatable as _allocatable
+from tests.support.realchart import component_pods as _component_pods
+from tests.support.realchart import helm_test_gpu_pod as _helm_test_gpu_pod
+from tests.support.realchart import pod_ready as _ready
+from tests.support.realchart import real_values as _real_values
+from tests.support.realchart import restart_device_plugin as _restart_device_plugin
+from tests.support.realchart import steered_job as _steered_job
+from tests.support.realchart import wait_components as _wait_components
+from tests.support.realchart import why_not as _why_not
 from tests.support.realnode import NS as REAL_NS
 from tests.support.realnode import (
     PROBE_THEN,
@@ -58,7 +70,6 @@ from tests.support.realnode import (
     gpu_uuids,
     local_job,
     ns_pods,
-    wait_done_label,
 )
 
 RELEASE = "gpushare-e2e"
@@ -253,237 +264,11 @@ def test_helm_install(cluster: Cluster) -> None:
 
 # -- the chart on the real node ----------------------------------------------------------------
 
-REAL_RELEASE = "gpushare-real"
-REAL_NAMESPACE = "gpushare-real"
-WEBHOOK_LABEL = "gpushare.io/e2e-webhook"
-COMPONENTS = ("scheduler", "webhook", "device-plugin")
-
-
-def _real_values(cluster: Cluster, node: RealNode, images: dict[str, str]) -> dict[str, Any]:
-    """Values for the real node: local images never pulled, the node's own kubelet paths, the
-    API server at its loopback address (no kube-proxy), fake GPUs, the taint tolerated."""
-    on_node = {"kubernetes.io/hostname": node.name}
-    tolerations = [TOLERATION]
-    never = "Never"
-
-    def image(tag: str) -> dict[str, str]:
-        repository, _, version = tag.rpartition(":")
-        return {"repository": repository, "tag": version, "pullPolicy": never}
-
-    return {
-        # the chart's default name, which the release recipe's image carries: never pulled
-        "image": {"pullPolicy": never},
-        "testing": {
-            "apiServer": f"127.0.0.1:{cluster.ports['apiserver']}",
-            "fakeGpus": node.fake_gpus,
-        },
-        "scheduler": {
-            "replicas": 1,
-            "image": image(images["kube-scheduler"]),
-            # host network: ports nobody else on this machine holds
-            "securePort": free_port(),
-            "extender": {"port": free_port(), "metricsPort": 0},
-            "nodeSelector": on_node,
-            "tolerations": tolerations,
-        },
-        "devicePlugin": {
-            "metricsPort": 0,
-            # the chart's default, cdi-cri, against the fake GPUs' CDI spec (realnode.py)
-            "deviceListStrategy": node.device_list_strategy,
-            "cdi": {"specDirs": [str(node.cdi_dir)]},
-            "tolerations": [*tolerations, {"key": "CriticalAddonsOnly", "operator": "Exists"}],
-            "podResourcesPath": str(node.pod_resources_socket.parent),
-            "kubeletConfigPath": str(node.kubelet_config),
-            "cpuManagerStatePath": "",
-            "stateHostPath": str(node.state_dir),
-            # the start's hand-off check asks this node's containerd, not the host's
-            "criSocketPath": str(node.containerd_socket),
-        },
-        "tests": {"gpuPod": {"nodeSelector": on_node, "tolerations": tolerations}},
-        "isolation": {"libHostPath": str(node.lib_dir)},
-        "webhook": {
-            "replicas": 1,
-            # only the walkthrough's namespace is checked and steered (Fail, the default)
-            "namespaceLabels": {WEBHOOK_LABEL: REAL_NS},
-            "nodeSelector": on_node,
-            "tolerations": tolerations,
-            "certs": {"job": {"image": image(images["webhook-certs"])}},
-        },
-    }
-
-
-def _helm_test_gpu_pod(cluster: Cluster) -> Any:
-    """``helm test`` of the GPU pod alone, with its log; the pod is deleted afterwards, so it
-    holds no memory for the unit guard's count."""
-    pod = f"{REAL_RELEASE}-test-gpu-pod"
-    try:
-        return helm(
-            cluster,
-            "test",
-            REAL_RELEASE,
-            "-n",
-            REAL_NAMESPACE,
-            "--filter",
-            f"name={pod}",
-            "--logs",
-            "--timeout",
-            "180s",
-            check=False,
-        )
-    finally:
-        cluster.kubectl("delete", "pod", "-n", REAL_NAMESPACE, pod, "--wait=true", check=False)
-
-
-def _component_pods(cluster: Cluster) -> dict[str, list[dict[str, Any]]]:
-    items = cluster.kubectl_json("get", "pods", "-n", REAL_NAMESPACE)["items"]
-    out: dict[str, list[dict[str, Any]]] = {}
-    for item in items:
-        component = item["metadata"]["labels"].get("app.kubernetes.io/component", "")
-        if item["metadata"].get("deletionTimestamp") is None:
-            out.setdefault(component, []).append(item)
-    return out
-
-
-def _ready(item: dict[str, Any]) -> bool:
-    conditions = item.get("status", {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
-def _why_not(cluster: Cluster) -> str:
-    """Pod states and events of the workload namespace, then of the release namespace, and the
-    extender's last log lines, for a failure message (the workload's come first: a CI excerpt
-    keeps only so much)."""
-    parts = []
-    for namespace in (REAL_NS, REAL_NAMESPACE):
-        pods = cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
-        events = cluster.kubectl(
-            "get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False
-        ).stdout
-        parts.append(f"--- {namespace}\n{pods}\n{events[-3000:]}")
-    logs = cluster.kubectl(
-        "logs",
-        "-n",
-        REAL_NAMESPACE,
-        "-l",
-        "app.kubernetes.io/component=scheduler",
-        "-c",
-        "extender",
-        "--tail=30",
-        check=False,
-    )
-    parts.append(f"--- extender log\n{logs.stdout[-3000:]}{logs.stderr[-500:]}")
-    jobs = cluster.kubectl(
-        "logs", "-n", REAL_NAMESPACE, "-l", "app.kubernetes.io/component in (seal,webhook-certs)",
-        "--tail=15", "--prefix", check=False,
-    )  # fmt: skip
-    parts.append(f"--- the Jobs' logs\n{jobs.stdout[-3000:]}{jobs.stderr[-500:]}")
-    return "\n".join(parts)
-
-
-def _wait_components(cluster: Cluster, what: str, timeout: float = 240) -> None:
-    """Every component's pods Ready (one each), the cert Job complete."""
-
-    def ready() -> bool:
-        pods = _component_pods(cluster)
-        if not all(pods.get(c) and all(_ready(p) for p in pods[c]) for c in COMPONENTS):
-            return False
-        jobs = cluster.kubectl_json("get", "jobs", "-n", REAL_NAMESPACE)["items"]
-        return bool(jobs) and all(j.get("status", {}).get("succeeded") for j in jobs)
-
-    try:
-        eventually(ready, timeout, what)
-    except AssertionError as err:
-        raise AssertionError(f"{err}\n{_why_not(cluster)}") from None
-
-
-def _allocatable(node: RealNode) -> dict[str, str]:
-    status: dict[str, str] = node.node().get("status", {}).get("allocatable", {})
-    return status
-
-
-def _steered_job(cluster: Cluster, name: str) -> dict[str, str]:
-    """Run the seed Job ``examples/<name>.yaml`` (it names no scheduler) to completion with the
-    probe as its command; check the chart's webhook steered it to ack-co-scheduler; delete it
-    and return the environment the probe saw."""
-    job = local_job(f"{name}.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 2"])
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
-    try:
-        items = wait_done_label(cluster, f"job-name={name}")
-    except AssertionError as err:
-        raise AssertionError(f"{err}\n{_why_not(cluster)}") from None
-    assert items[0]["spec"]["schedulerName"] == "ack-co-scheduler"
-    env = probe_env(cluster.kubectl("logs", "-n", REAL_NS, items[0]["metadata"]["name"]).stdout)
-    cluster.kubectl("delete", "job", "-n", REAL_NS, name, "--wait=true")
-
-    def gone() -> bool:
-        pods = ns_pods(cluster, REAL_NS)
-        return not [p for p in pods if p["metadata"].get("labels", {}).get("job-name") == name]
-
-    eventually(gone, 90, f"{name} pod gone")
-    return env
-
-
-def _restart_device_plugin(cluster: Cluster) -> None:
-    """Delete the DaemonSet's pod (the plugin reads the node's mode at start) and wait for the
-    new one to be Ready."""
-    old = {p["metadata"]["uid"] for p in _component_pods(cluster).get("device-plugin", [])}
-    cluster.kubectl(
-        "delete", "pods", "-n", REAL_NAMESPACE, "-l", "app.kubernetes.io/component=device-plugin"
-    )
-
-    def replaced() -> bool:
-        pods = _component_pods(cluster).get("device-plugin", [])
-        return bool(pods) and all(p["metadata"]["uid"] not in old and _ready(p) for p in pods)
-
-    eventually(replaced, 120, "a new device-plugin pod Ready")
-
 
 @pytest.fixture(scope="module")
 def helm_node(cluster: Cluster) -> Iterator[tuple[RealNode, dict[str, str]]]:
-    """The real node without a device-plugin process (the chart's DaemonSet brings one), the
-    chart's images imported into its containerd, and the control plane's own kube-scheduler
-    serving only ``default-scheduler`` (as a cluster's would), so ``ack-co-scheduler`` is the
-    chart's alone. Everything is put back afterwards for the tests that follow."""
-    reason = unavailable()
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"real node unavailable in CI: {reason}")
-        pytest.skip(f"real node unavailable: {reason}")
-    if shutil.which("mmdebstrap") is None and os.environ.get("CI") != "true":
-        pytest.skip("mmdebstrap is not installed (apt-get install -y mmdebstrap)")
-    started = time.monotonic()
-    builder = Builder(cache=default_cache(), binaries=cluster.binaries, progress=True)
-    built = {
-        "gpushare": builder.gpushare(),
-        "kube-scheduler": builder.kube_scheduler(),
-        "webhook-certs": builder.webhook_certs(),
-    }
-    print(f"[e2e] chart images ready in {time.monotonic() - started:.1f}s", flush=True)
-    with open(REAL_NODE_LOCK, "w") as lock:
-        # one kubelet per machine, as conftest's real_node: wait for another session's to go
-        waited = time.monotonic()
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        print(f"[e2e] waited {time.monotonic() - waited:.0f}s for the real node", flush=True)
-        node = RealNode(cluster=cluster, root=cluster.root / "realnode", plugin=False, gateway=True)
-        saved_settings = dict(cluster.scheduler_settings)
-        try:
-            node.start(progress=lambda s: print(f"[e2e] starting {s}", flush=True))
-            for _, archive in built.values():
-                node.ctr("images", "import", str(archive), timeout=300)
-            cluster.processes["gpushare-extender"].stop()
-            cluster.scheduler_settings = {
-                **saved_settings,
-                "profiles": [{"schedulerName": "default-scheduler"}],
-                "extenders": [],
-            }
-            cluster.restart_scheduler()
-            print(f"[e2e] real node for helm up in {time.monotonic() - started:.1f}s", flush=True)
-            yield node, {name: tag for name, (tag, _) in built.items()}
-        finally:
-            node.stop()
-            cluster.scheduler_settings = saved_settings
-            cluster.restart_scheduler()
-            cluster.start_extender(unit="1GiB")
+    """The real node for the chart (``realchart.chart_node``), put back afterwards."""
+    yield from chart_node(cluster)
 
 
 @pytest.mark.e2e
