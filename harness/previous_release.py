@@ -62,7 +62,8 @@ class Built:
             if member is None:
                 raise ImageBuildError(f"{self.chart} holds no gpushare/values.schema.json")
             schema = json.load(member)
-        return _fit(values, schema)
+        fitted: dict[str, Any] = _fit(values, schema)
+        return fitted
 
 
 def _fit(value: Any, schema: dict[str, Any]) -> Any:
