@@ -20,7 +20,7 @@ allowed; requiredDropCapabilities are added by the SCC, so only added capabiliti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -71,37 +71,16 @@ RESTRICTED_V2 = Scc(
     seccomp=("runtime/default",),
     volumes=(*_V2_VOLUMES, "image"),
 )
-NONROOT_V2 = Scc(
+# the other v2 SCCs differ from restricted-v2 only where named
+NONROOT_V2 = replace(
+    RESTRICTED_V2,
     name="nonroot-v2",
-    host_network=False,
-    host_ports=False,
-    host_pid=False,
-    host_ipc=False,
-    host_dir_volumes=False,
-    privileged=False,
-    privilege_escalation=False,
-    allowed_capabilities=("NET_BIND_SERVICE",),
     run_as_user="MustRunAsNonRoot",
     fs_group="RunAsAny",
-    se_linux="MustRunAs",
-    seccomp=("runtime/default",),
     volumes=_V2_VOLUMES,
 )
-HOSTNETWORK_V2 = Scc(
-    name="hostnetwork-v2",
-    host_network=True,
-    host_ports=True,
-    host_pid=False,
-    host_ipc=False,
-    host_dir_volumes=False,
-    privileged=False,
-    privilege_escalation=False,
-    allowed_capabilities=("NET_BIND_SERVICE",),
-    run_as_user="MustRunAsRange",
-    fs_group="MustRunAs",
-    se_linux="MustRunAs",
-    seccomp=("runtime/default",),
-    volumes=_V2_VOLUMES,
+HOSTNETWORK_V2 = replace(
+    RESTRICTED_V2, name="hostnetwork-v2", host_network=True, host_ports=True, volumes=_V2_VOLUMES
 )
 PRIVILEGED = Scc(
     name="privileged",
