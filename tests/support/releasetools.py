@@ -7,10 +7,13 @@ tools.sh build it (the Go module proxy is reachable there) rather than skip sile
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -55,3 +58,12 @@ def release_tools(*names: str) -> dict[str, Path]:
         pytest.skip(f"release tools not built ({', '.join(missing)}): bash packaging/tools.sh")
     found = {name: cached_tool(name) for name in names}
     return {name: path for name, path in found.items() if path is not None}
+
+
+def packaging_module(name: str) -> ModuleType:
+    """A module of packaging/ (not importable by name: pip's ``packaging`` holds it)."""
+    sys.path.insert(0, str(REPO / "packaging"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(REPO / "packaging"))

@@ -19,25 +19,18 @@ import sys
 import tarfile
 import zipfile
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
 
 from harness.image_archive import project_version
 from tests.support.chart import find_helm, pinned
-from tests.support.releasetools import release_tools
+from tests.support.releasetools import packaging_module, release_tools
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _packaging(name: str) -> ModuleType:
-    """A module of packaging/ (not importable by name: pip's ``packaging`` holds it)."""
-    sys.path.insert(0, str(REPO / "packaging"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(REPO / "packaging"))
+_packaging = packaging_module
 
 
 CACHE = Path(os.environ.get("GPUSHARE_CACHE", Path.home() / ".cache" / "gpushare")) / "bin"
