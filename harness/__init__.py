@@ -15,6 +15,8 @@ Kubernetes processes on this machine:
 - ``image_archive``, ``previous_release``: the chart's images as archives
   (``make image-archive``), this release's and the last one's.
 - ``staged``, ``seeding``, ``helpers``: creating nodes and pods in bulk and timing them.
+- ``platforms``: managed platforms' GPU node shapes (read-only and noexec host paths, a driver
+  root, a second plugin, admission rules) laid over the real node and undone.
 - ``autoscalers``: cluster-autoscaler and Karpenter (kwok providers) beside the cluster;
   ``controlplane/autoscalers.sh`` builds them.
 - ``reaping``, ``ports``: finding and stopping what a run left behind; free ports.

@@ -17,6 +17,7 @@
 - ``promql``: samples as Prometheus holds them after scraping several targets.
 - ``promqlengine``: Prometheus's own parser and engine (``promqlcheck/``, a Go test binary).
 - ``e2e``: the end-to-end fixtures (one control plane a session, the real node) and helpers.
+- ``realchart``: the chart installed on the real node: its values, components and ``helm test``.
 - ``realnode``: pods on the real node, created, waited for and compared with the bookings.
 - ``releasetools``: the release's tools (oras, crane, krew, ...) at packaging/tools.sh's versions.
 - ``pki``: a CA and a serving certificate signed by it, for the webhook's TLS.
