@@ -86,10 +86,11 @@ e2e-oldest: $(STAMP)
 # order, so the busy control plane of the e2e tests runs last. pytest's exit code 5 (no tests)
 # is not a failure. The node autoscalers build (cold, about 11 minutes) in the background while
 # the unit and integration tests run; the autoscaling e2e tests wait for it (autoscalers.sh
-# holds a lock) and its log is autoscalers-build.log.
+# holds a lock) and its log is autoscalers-build.log. The 30 slowest tests are listed at the end,
+# so a CI log shows where its time goes.
 test: $(STAMP) lint typecheck controlplane
 	bash harness/controlplane/autoscalers.sh > /dev/null 2> autoscalers-build.log & \
-	GPUSHARE_E2E=1 $(BIN)/python -m pytest -q tests/unit tests/integration tests/isolation tests/gpu tests/e2e; rc=$$?; wait; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	GPUSHARE_E2E=1 $(BIN)/python -m pytest -q --durations=30 tests/unit tests/integration tests/isolation tests/gpu tests/e2e; rc=$$?; wait; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 # A control plane with the gpushare extender and kwok, for a person with kubectl, with the seeds'
 # share and core_mem GPU nodes as kwok nodes; UNIT=128MiB sets gpuMemoryUnit (default 1GiB);
