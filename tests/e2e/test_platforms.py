@@ -401,7 +401,7 @@ def _walkthrough(cluster: Cluster, node: RealNode, strategy: str) -> None:
 
 
 def _helm_test(cluster: Cluster) -> str:
-    """``helm test`` but the webhook's own test pod: must pass, and (h3) run a pod that asks
+    """``helm test`` but the webhook's own test pod: must pass, and run a pod that asks
     for a GPU unit. The webhook's test calls its Service by DNS name, and this control plane
     runs no cluster DNS (nor kube-proxy), so it cannot pass here whatever the platform."""
     done = helm(
@@ -450,7 +450,7 @@ def test_platform(
         values = _preset_values(cluster, node, images, platform, driver)
         sets = () if name == "kubeadm" else ("--set", f"platform={name}")
         if platform.namespace_psa:
-            # h2: the install refuses in words while the namespace enforces less than privileged
+            # the install refuses in words while the namespace enforces less than privileged
             refused = _install(cluster, values, tmp_path, *sets)
             assert refused.returncode != 0, refused.stdout
             assert "pod-security.kubernetes.io/enforce" in refused.stderr, refused.stderr
@@ -481,7 +481,7 @@ def test_platform(
                 _walkthrough(cluster, node, strategy)
                 tested = _helm_test(cluster)
                 suites = _test_suites(tested)
-                # (h3) a test pod that asks for a GPU unit, besides the webhook's
+                # a test pod that asks for a GPU unit, besides the webhook's
                 gpu_tests = [n for n in suites if n.removeprefix(REAL_RELEASE).find("gpu") >= 0]
                 assert gpu_tests, f"no GPU pod in helm test: {suites}\n{tested}"
                 assert "hand-off ok" in tested, tested
@@ -501,7 +501,7 @@ def test_before_pod_security_baseline(
 ) -> None:
     """C2, R5, O1/O2: the release namespace enforcing ``baseline`` (Rancher's and OpenShift's
     defaults are stricter still). Before: the install succeeds and the DaemonSet controller
-    cannot create the plugin's pod. With the chart's Pod Security check (h2, ``podSecurity``)
+    cannot create the plugin's pod. With the chart's Pod Security check (``podSecurity``)
     the install itself refuses, naming the label to set."""
     node, images = platform_node
     _fresh_namespaces(cluster)
@@ -619,7 +619,7 @@ def test_before_envvar_without_runtime(
     """C5, B2, A3: ``envvar`` where no runtime turns the variable into devices (Bottlerocket's
     toolkit refusing it, an image without the NVIDIA runtime). Before: the GPUtest pod runs and
     succeeds with ``NVIDIA_VISIBLE_DEVICES`` set and no ``/dev/nvidia*``, and nothing notices.
-    With the hand-off proof (h3, ``devicePlugin.handOffCheck``) the plugin or ``helm test``
+    With the hand-off proof (``devicePlugin.handOffCheck``) the plugin or ``helm test``
     says so instead."""
     node, images = platform_node
     _fresh_namespaces(cluster)
@@ -658,7 +658,7 @@ def test_before_noexec_lib_dir(
     cluster: Cluster, platform_node: tuple[RealNode, dict[str, str]], tmp_path: Path
 ) -> None:
     """G4: ``isolation.libHostPath`` on a noexec mount (COS's ``/var``). With the start check
-    (h1) the plugin refuses, naming the path and the mount flag. Before it, the plugin starts
+    the plugin refuses, naming the path and the mount flag. Before it, the plugin starts
     and serves, and every isolated container fails to start: runc cannot execute the mount
     check hook the plugin put in that directory."""
     node, images = platform_node
@@ -666,7 +666,7 @@ def test_before_noexec_lib_dir(
     values = _defaults(cluster, node, images)
     lib = node.root / "platform" / "var" / "lib" / "gpushare-lib"
     values["isolation"]["libHostPath"] = str(lib)
-    checked = "--driver-root" in _plugin_help()  # h1's start check came with its flags
+    checked = "--driver-root" in _plugin_help()  # the start check came with these flags
     with noexec(lib), _installed(cluster, values, tmp_path):
         if checked:
             line = _seen(lambda: _plugin_log(cluster), str(lib), "noexec")
@@ -716,7 +716,7 @@ def test_other_plugin_refusal(
     cluster: Cluster, platform_node: tuple[RealNode, dict[str, str]], tmp_path: Path, name: str
 ) -> None:
     """E2, B1, G1, A2: beside a managed plugin offering ``nvidia.com/gpu`` the plugin refuses
-    to start; (h4) its refusal names the platform's own switch, the platform told by the node's
+    to start; its refusal names the platform's own switch, the platform told by the node's
     labels. Two platforms here, a node label's switch (GKE) and the operator's (kubeadm): the
     plugin's registration with the real kubelet is the same for all; every platform's words,
     EKS's and AKS's included, are checked on kwok nodes by ``test_platform_refusals.py``.
