@@ -11,6 +11,8 @@ Its subpackages, each a floor that imports only the floors below it (an import c
 - ``resourcepolicies``, ``admitting`` and ``autoscaling``: ResourcePolicy; the webhook's
   admission decision; what autoscalers must see (placeholders, the scale-down guard) (they
   never import each other);
+- ``dra``: DRA mode (slices, claims made from ACK resources, the ledger read from claims,
+  allocation);
 - ``placement``: filtering, GPU choice, scoring, the fragmentation-aware policies;
 - ``booking``: the ledger, change logs, refused pods;
 - ``records``: allocations, seals, the hand-off;

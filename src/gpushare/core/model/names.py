@@ -86,3 +86,30 @@ class ResourceNames:
 
 
 DEFAULT_NAMES = ResourceNames()
+
+
+# DRA mode (docs/dra.md): the same contract through Dynamic Resource Allocation (resource.k8s.io/v1).
+DRA_DRIVER = "gpushare.io"
+"""The DRA driver's name: ResourceSlices' ``spec.driver``, allocation results' ``driver``, and the
+domain of the device attributes (``gpushare.io/uuid``)."""
+DRA_DEVICE_CLASS = "gpu.gpushare.io"
+"""The DeviceClass every gpushare claim names; it selects devices of ``DRA_DRIVER``."""
+DRA_CAPACITY_MEMORY = "memory"
+"""Consumable capacity: GPU memory, in steps of the node's unit (1Gi or 128Mi)."""
+DRA_CAPACITY_CORES = "cores"
+"""Consumable capacity: computing power in percent of the GPU (0-100, steps of 5, ACK's
+``aliyun.com/gpu-core.percentage``)."""
+LABEL_ALLOCATION_MODE = "gpushare.io/allocation-mode"
+"""Node label: ``dra`` puts a node in DRA mode (the DRA driver serves it, the device plugin
+refuses it); absent or ``device-plugin``: the device plugin serves it. A node is in one mode."""
+ALLOCATION_MODE_DRA = "dra"
+ALLOCATION_MODE_DEVICE_PLUGIN = "device-plugin"
+DRA_CLAIM_NAME = "gpushare"
+"""``pod.spec.resourceClaims[].name`` the webhook gives the claim it makes from ACK resources."""
+DRA_SCHEDULING_GATE = "gpushare.io/dra-allocation"
+"""Scheduling gate the webhook puts on a pod it converted; gpushare's DRA allocator removes it once
+it has allocated the pod's claim (or found none fits, so the scheduler and the autoscaler see the
+pod)."""
+ANN_DRA_REQUESTS = "gpushare.io/dra-requests"
+"""Pod: the ACK resources the webhook converted into a claim (JSON, see core.dra.claims), so
+inspect and users still see what the manifest asked."""
