@@ -1,5 +1,6 @@
 """DRA mode's pure core (docs/dra.md): what the driver publishes, the claims made from ACK
 resources, the ledger read from allocated claims, and gpushare's allocation of a claim.
 
-- ``names``: the DRA wire names (re-exported from core.model.names, their one home).
+- ``names``: the DRA wire names (re-exported from core.model.names, their one home);
+- ``slices``: the ResourceSlice a node publishes, and the GPUs read back from one.
 """
