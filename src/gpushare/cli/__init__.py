@@ -9,6 +9,7 @@ commands (``logs``) and how a command refuses (``errors``).
 - ``demo``: ``gpushare demo``, the seed walkthrough on an in-memory cluster.
 - ``extender``: ``gpushare extender``, the kube-scheduler extender.
 - ``deviceplugin``: ``gpushare device-plugin``, kubelet's device plugin on one node.
+- ``dradriver``: ``gpushare dra-driver``, the DRA kubelet plugin on one node (DRA mode).
 - ``checkhandoff``: ``gpushare check-hand-off``, run inside a GPU container (the chart's
   ``helm test`` pod): did it get the device nodes and files the plugin promised.
 - ``webhook``: ``gpushare webhook`` and ``webhook-config``, the admission webhook and its
@@ -35,6 +36,7 @@ from gpushare import __version__
 from gpushare.cli.checkhandoff import check_hand_off
 from gpushare.cli.demo import demo
 from gpushare.cli.deviceplugin import device_plugin
+from gpushare.cli.dradriver import dra_driver
 from gpushare.cli.extender import extender
 from gpushare.cli.scheduler import scheduler_config
 from gpushare.cli.sealing import seal_key
@@ -54,6 +56,7 @@ for command in (
     check_hand_off,
     demo,
     device_plugin,
+    dra_driver,
     extender,
     scheduler_config,
     seal_key,

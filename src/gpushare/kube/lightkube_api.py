@@ -17,7 +17,7 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.core import resource as lightkube_resource
 from lightkube.core.exceptions import ApiError, ConfigError, NotReadyError
-from lightkube.generic_resource import create_namespaced_resource
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.models.authentication_v1 import TokenReviewSpec
 from lightkube.models.authorization_v1 import NonResourceAttributes, SubjectAccessReviewSpec
 from lightkube.models.core_v1 import ObjectReference
@@ -45,6 +45,14 @@ from gpushare.kube.port import (
 )
 
 ResourcePolicyResource: Any = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
+# DRA objects as generic resources: lightkube's own resource.k8s.io models may predate fields
+# the driver writes (consumable capacity, KEP-5075), and a model drops what it does not know.
+ResourceSliceResource: Any = create_global_resource(
+    "resource.k8s.io", "v1", "ResourceSlice", "resourceslices"
+)
+ResourceClaimResource: Any = create_namespaced_resource(
+    "resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"
+)
 
 
 class _WatchLine(msgspec.Struct):
@@ -669,3 +677,43 @@ class LightkubeAPI:
         except KubeError as err:
             return failed(str(err))
         return verdict(answer)
+
+    # -- DRA (DraAPI) ----------------------------------------------------------------------------
+
+    async def list_resource_slices(self, node: str, driver: str) -> list[KubeDict]:
+        """The slices of ``driver`` on ``node``."""
+        _names(node=node)
+        fields = {"spec.nodeName": node, "spec.driver": driver}
+        items, _ = await self._list(
+            ResourceSliceResource, f"list resourceslices of {driver} on {node}", fields=fields
+        )
+        return items
+
+    async def create_resource_slice(self, obj: Mapping[str, Any]) -> KubeDict:
+        """Create a slice."""
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        with _mapped(f"create resourceslice {name}"):
+            created = await self._client.create(ResourceSliceResource.from_dict(dict(obj)))
+            return _to_dict(created)
+
+    async def replace_resource_slice(self, obj: Mapping[str, Any]) -> KubeDict:
+        """Replace a slice (the resourceVersion in ``obj`` guards against a lost update)."""
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        _names(name=name)
+        with _mapped(f"replace resourceslice {name}"):
+            replaced = await self._client.replace(ResourceSliceResource.from_dict(dict(obj)))
+            return _to_dict(replaced)
+
+    async def delete_resource_slice(self, name: str) -> None:
+        """Delete a slice."""
+        _names(name=name)
+        with _mapped(f"delete resourceslice {name}"):
+            await self._client.delete(ResourceSliceResource, name)
+
+    async def get_resource_claim(self, namespace: str, name: str) -> KubeDict:
+        """One claim."""
+        _names(namespace=namespace, name=name)
+        with _mapped(f"get resourceclaim {namespace}/{name}"):
+            return _to_dict(
+                await self._client.get(ResourceClaimResource, name, namespace=namespace)
+            )

@@ -229,3 +229,29 @@ class ReviewAPI(Protocol):
         """Whether ``identity`` may ``verb`` the non-resource URL ``path``
         (SubjectAccessReview)."""
         ...
+
+
+class DraAPI(Protocol):
+    """What the DRA driver reads and writes (``resource.k8s.io/v1``): its node's
+    ResourceSlices and the claims kubelet asks it to prepare."""
+
+    async def list_resource_slices(self, node: str, driver: str) -> list[KubeDict]:
+        """The slices of ``driver`` on ``node`` (field selectors ``spec.nodeName``,
+        ``spec.driver``)."""
+        ...
+
+    async def create_resource_slice(self, obj: Mapping[str, Any]) -> KubeDict:
+        """Create a slice."""
+        ...
+
+    async def replace_resource_slice(self, obj: Mapping[str, Any]) -> KubeDict:
+        """Replace a slice (its ``metadata.resourceVersion`` guards against a lost update)."""
+        ...
+
+    async def delete_resource_slice(self, name: str) -> None:
+        """Delete a slice (NotFound when it is gone)."""
+        ...
+
+    async def get_resource_claim(self, namespace: str, name: str) -> KubeDict:
+        """One claim."""
+        ...

@@ -1,9 +1,9 @@
 """The node: what a node driver of gpushare works with, whichever API it serves kubelet through.
 
-Today's driver is kubelet's device plugin (``gpushare.deviceplugin``); a DRA driver will share
-this package. Nothing here speaks kubelet's gRPC or knows device IDs: it reads the node's GPUs,
-checks the node before serving, publishes what the scheduler reads, and enforces a container's
-share.
+Its drivers are kubelet's device plugin (``gpushare.deviceplugin``) and the DRA driver
+(``gpushare.dra``). Nothing here speaks kubelet's gRPC or knows device IDs: it reads the node's
+GPUs, checks the node before serving, publishes what the scheduler reads, and enforces a
+container's share.
 
 The modules, one concept each (lower ones never import higher ones, an import-linter contract):
 
@@ -11,6 +11,8 @@ The modules, one concept each (lower ones never import higher ones, an import-li
 - ``handoffproof``: whether the container runtime applies the hand-off (containerd's CDI
   setting, the NVIDIA toolkit's), decided at start from what they report.
 - ``containerproof``: what a GPU container got of the hand-off, checked from inside it.
+- ``handout``: what a container is handed for its share (environment, CDI devices, device
+  nodes), the same for both drivers.
 - ``enforcement``: the isolation hooks that make a container keep to its share, and the
   accounting broker (its own map in its ``__init__``).
 - ``publishing``: the inventory, unit, hand-off marker, model labels and topology on the node.

@@ -1,9 +1,10 @@
 """Whether the plugin may start on this node, decided before it publishes or serves anything.
 
-Six things refuse a start, each with the reason and what to do: kubelet running the static CPU
+Seven things refuse a start, each with the reason and what to do: kubelet running the static CPU
 manager policy (the seeds' limit; checked by the CLI from kubelet's files), a node labelled with
-a mode gpushare does not share GPUs in, another device plugin already handing out the node's
-GPUs (an ``nvidia.com/`` resource the node's status offers: NVIDIA's k8s-device-plugin, the GPU
+a mode gpushare does not share GPUs in, a node labelled for DRA mode (the DRA driver serves it,
+``refuse_dra_node``), another device plugin already handing out the node's GPUs (an
+``nvidia.com/`` resource the node's status offers: NVIDIA's k8s-device-plugin, the GPU
 Operator's, HAMi's), a memory unit that differs from the node's published one while pods still
 hold memory counted in it (the scheduler's ledger would mix units), an isolation hook that
 cannot serve the node's mode, and under the ``cdi-cri`` hand-off a GPU the node's CDI specs do
@@ -29,7 +30,13 @@ import yaml
 from gpushare.core.booking.unitchange import refuse_unit_change
 from gpushare.core.model.inventory import SHARED_MODES, Mode
 from gpushare.core.model.kubejson import KubeObject, labels_of, name_of
-from gpushare.core.model.names import LABEL_MODE, ResourceNames
+from gpushare.core.model.names import (
+    ALLOCATION_MODE_DEVICE_PLUGIN,
+    ALLOCATION_MODE_DRA,
+    LABEL_ALLOCATION_MODE,
+    LABEL_MODE,
+    ResourceNames,
+)
 from gpushare.core.model.platform import plugin_switch
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.handoff import CORE, MEM
@@ -84,10 +91,33 @@ def preflight(
     checked = node_mode(node)
     if checked.refused is not None:
         return checked
-    reason = refuse_other_plugin(node) or refuse_unit_change(node, pods, unit, names=names)
+    reason = (
+        refuse_dra_node(node)
+        or refuse_other_plugin(node)
+        or refuse_unit_change(node, pods, unit, names=names)
+    )
     if reason is not None:
         return Preflight(checked.mode, reason)
     return Preflight(checked.mode, hook.prepare(checked.mode))
+
+
+def refuse_dra_node(node: KubeObject) -> str | None:
+    """Why the device plugin must not serve a node labelled for DRA mode; None when it may.
+
+    A node is in one mode (docs/dra.md): there the DRA driver publishes the GPUs in a
+    ResourceSlice and hands them out through claims, and a device plugin beside it would hand
+    out the same GPUs to pods asking ``aliyun.com/gpu-mem``, each blind to the other's.
+    """
+    if labels_of(node).get(LABEL_ALLOCATION_MODE) != ALLOCATION_MODE_DRA:
+        return None
+    name = name_of(node)
+    return (
+        f"node {name} has {LABEL_ALLOCATION_MODE}={ALLOCATION_MODE_DRA}: the DRA driver "
+        f"(gpushare dra-driver) serves its GPUs, and the device plugin would hand out the same "
+        f"GPUs beside it. Keep the device plugin off DRA nodes (the chart's node affinity does), "
+        f"or put the node back in device-plugin mode after draining its GPU pods (kubectl label "
+        f"node {name} --overwrite {LABEL_ALLOCATION_MODE}={ALLOCATION_MODE_DEVICE_PLUGIN})"
+    )
 
 
 OTHER_PLUGIN_PREFIX = "nvidia.com/"

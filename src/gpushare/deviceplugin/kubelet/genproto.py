@@ -1,4 +1,5 @@
-"""Generate the gRPC stubs from gpushare's own copies of kubelet's .proto files.
+"""Generate the gRPC stubs from gpushare's own copies of kubelet's .proto files (the device
+plugin's in ``deviceplugin/kubelet/protos``, the DRA driver's in ``dra/protos``).
 
 The build backend (``packaging/gpushare_build.py``) runs it for every ``pip install`` and
 ``pip wheel``; by hand: ``python -m gpushare.deviceplugin.kubelet.genproto``. The stubs are
@@ -10,7 +11,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-PROTOS = ("v1beta1/api.proto", "podresources_v1/api.proto", "cri_v1/api.proto")
+PROTOS = (
+    "deviceplugin/kubelet/protos/v1beta1/api.proto",
+    "deviceplugin/kubelet/protos/podresources_v1/api.proto",
+    "deviceplugin/kubelet/protos/cri_v1/api.proto",
+    "dra/protos/dra_v1/api.proto",
+    "dra/protos/pluginregistration_v1/api.proto",
+)
+"""Paths under the gpushare package: the device plugin's and the DRA driver's copies."""
 
 
 def generate() -> list[Path]:
@@ -20,7 +28,7 @@ def generate() -> list[Path]:
     src = Path(__file__).resolve().parents[3]  # the directory that holds the gpushare package
     written = []
     for proto in PROTOS:
-        relative = Path("gpushare/deviceplugin/kubelet/protos") / proto
+        relative = Path("gpushare") / proto
         code = protoc.main(
             [
                 "protoc",
