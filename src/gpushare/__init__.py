@@ -4,8 +4,9 @@ Its packages, each a layer of an import contract in ``pyproject.toml`` (lower on
 higher ones), and the modules every layer may share:
 
 - ``cli``: the ``gpushare`` command, one module per command or family.
-- ``extender``, ``deviceplugin``, ``webhook``, ``sim``: the adapters (scheduler extender, kubelet
-  device plugin, admission webhook, simulator), which never import each other.
+- ``extender``, ``deviceplugin``, ``dra``, ``webhook``, ``sim``: the adapters (scheduler
+  extender, kubelet device plugin, DRA kubelet plugin, admission webhook, simulator), which never
+  import each other.
 - ``node``: what every node driver (the device plugin, the DRA driver) shares: the GPUs,
   preflight, publishing, usage, CDI and the enforcement of each container's share.
 - ``inspect``, ``isolation``: ``kubectl inspect cgpu``; the isolation inside the containers.

@@ -59,3 +59,17 @@ def test_a_label_that_is_not_a_shared_mode_refuses_to_start(value: str) -> None:
         f"ack.node.gpu.schedule=share), or keep the device plugin off it (the chart's "
         f"devicePlugin.nodeModes)"
     )
+
+
+def test_a_node_labelled_for_dra_is_refused_by_the_device_plugin() -> None:
+    hook = Recording()
+    checked = check({"gpushare.io/allocation-mode": "dra"}, hook)
+    assert checked.refused is not None
+    assert "gpushare.io/allocation-mode=dra" in checked.refused
+    assert "gpushare.io/allocation-mode=device-plugin" in checked.refused  # what to do
+    assert hook.prepared == []
+
+
+def test_a_node_labelled_for_the_device_plugin_starts() -> None:
+    checked = check({"gpushare.io/allocation-mode": "device-plugin"}, Recording())
+    assert checked.refused is None
