@@ -15,6 +15,10 @@ component runs here as the chart runs it:
   extra as it does for the token kubelet mounts into the DaemonSet's pod, and the node policy
   holds it to that node.
 
+The DRA driver's identity (``dra-driver.yaml``: its ServiceAccount and RBAC, rendered with
+``dra.enabled=true``, without the DaemonSet) is applied when a test first runs the driver
+(:func:`dra_driver_kubeconfig`).
+
 The webhook makes no API call (its ServiceAccount has no rules and mounts no token), so there
 is no identity to give it. The chart's tenant-facing policy (``webhook-policy.yaml``) is not
 applied by default: it refuses gpushare annotations written by anyone but the components, and
@@ -60,6 +64,7 @@ RELEASE = "gpushare"
 NAMESPACE = "gpushare-system"
 DEVICE_PLUGIN_SA = f"{RELEASE}-device-plugin"
 SCHEDULER_SA = f"{RELEASE}-scheduler"
+DRA_DRIVER_SA = f"{RELEASE}-dra-driver"
 IDENTITY_TEMPLATES = (
     "templates/deviceplugin-rbac.yaml",
     "templates/deviceplugin-policy.yaml",
@@ -178,3 +183,17 @@ def extender_kubeconfig(cluster: ControlPlane) -> Path:
     """The extender's identity (the scheduler pod's ServiceAccount), RBAC applied."""
     apply_chart_identities(cluster)
     return service_account_kubeconfig(cluster, SCHEDULER_SA, cluster.root / "extender.kubeconfig")
+
+
+def dra_driver_kubeconfig(cluster: ControlPlane, node: str) -> Path:
+    """The DRA driver's identity on ``node``: the chart's ServiceAccount and RBAC applied, a
+    token bound to the node."""
+    cluster.create_namespace(NAMESPACE, check=False)
+    documents = chart_documents(
+        cluster, ("templates/dra-driver.yaml",), values=("--set", "dra.enabled=true")
+    )
+    identity = [d for d in documents if d["kind"] != "DaemonSet"]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(identity))
+    return service_account_kubeconfig(
+        cluster, DRA_DRIVER_SA, cluster.root / f"dra-driver-{node}.kubeconfig", node=node
+    )

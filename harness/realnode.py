@@ -638,6 +638,46 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             env,
         )
 
+    def start_dra_driver(self, *, extra: tuple[str, ...] = ()) -> Process:
+        """Start (or restart) ``gpushare dra-driver`` for this node, with the chart's identity:
+        kubelet's plugin directories under its root, claims' CDI specs in :attr:`cdi_dir`."""
+        from harness.identities import dra_driver_kubeconfig
+
+        gpushare = Path(sys.executable).parent / "gpushare"
+        self.write_cdi_spec()
+        return self._spawn(
+            "gpushare-dra-driver",
+            [
+                str(gpushare),
+                "dra-driver",
+                "--node-name",
+                self.name,
+                "--fake-gpus",
+                self.fake_gpus,
+                "--fake-health-file",
+                str(self.root / "fake-health"),
+                "--gpu-memory-unit",
+                self.unit,
+                "--kubeconfig",
+                str(dra_driver_kubeconfig(self.cluster, self.name)),
+                "--plugins-dir",
+                str(self.kubelet_root / "plugins"),
+                "--registry-dir",
+                str(self.kubelet_root / "plugins_registry"),
+                "--state-dir",
+                str(self.state_dir),
+                "--isolation-lib-dir",
+                str(self.lib_dir),
+                "--cdi-dir",
+                str(self.cdi_dir),
+                "--cdi-spec-dirs",
+                str(self.cdi_dir),
+                "--device-list-strategy",
+                self.device_list_strategy,
+                *extra,
+            ],
+        )
+
     def plugin_kubeconfig(self) -> Path:
         """The credentials the plugin runs with (see ``plugin_identity``)."""
         if self.plugin_identity == "admin":
@@ -771,7 +811,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         if self.processes.get("kubelet") and self.processes["kubelet"].alive():
             with contextlib.suppress(Exception):
                 self.delete_pods()
-        for name in ("gpushare-device-plugin", "kubelet"):
+        for name in ("gpushare-device-plugin", "gpushare-dra-driver", "kubelet"):
             process = self.processes.get(name)
             if process is not None:
                 process.stop()

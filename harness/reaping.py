@@ -29,6 +29,7 @@ BINARIES = (
     "cluster-autoscaler",
     "karpenter-kwok",
     "gpushare-device-plugin",
+    "gpushare-dra-driver",
     "kubelet",
     "containerd-shim-runc-v2",
     "containerd",
@@ -42,7 +43,7 @@ BINARIES = (
 )
 """The components, in the order they are stopped: clients before what they talk to, so each
 exits on its signal instead of retrying a server that is already gone."""
-GPUSHARE_COMMANDS = ("extender", "device-plugin", "webhook")
+GPUSHARE_COMMANDS = ("extender", "device-plugin", "dra-driver", "webhook")
 """``gpushare`` subcommands the cluster (or a test on it) runs as processes of their own."""
 
 

@@ -117,12 +117,14 @@ class DraDriver:
         self._registered = False
         self._registration_error = ""
         self._slice_error = ""
+        self._node: KubeObject = {}
 
     # -- start and stop ------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Check the node, publish its slice, serve kubelet; StartRefused says why not."""
         node = await self.api.get_node(self.config.node)
+        self._node = node
         reason = refuse_not_dra(node, self.config.node)
         if reason is not None:
             raise StartRefused(reason)
@@ -194,6 +196,7 @@ class DraDriver:
                 unit=self.config.unit,
                 mode=self.mode,
                 gpus=self.source.gpus(),
+                owner=self._node,
             )
             self._slice_error = ""
         except KubeError as err:

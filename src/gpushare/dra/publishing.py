@@ -16,7 +16,7 @@ generation goes up with every change of the devices, as the API asks of a pool t
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpushare.core.dra.slices import SliceSpec, build_slice, gpus_from_slice, slice_name
@@ -75,11 +75,14 @@ async def publish_slice(
     unit: MemoryUnit,
     mode: Mode,
     gpus: Sequence[GpuInfo],
+    owner: Mapping[str, Any] | None = None,
     retry: bool = True,
 ) -> dict[str, Any]:
     """Make the node's slice say what ``gpus`` are; delete this driver's other slices there.
 
-    Returns the slice as the API server stored it. Raises KubeError when the API refuses.
+    ``owner`` is the Node object: the slice names it as its owner, so the garbage collector
+    deletes the slice with the node. Returns the slice as the API server stored it. Raises
+    KubeError when the API refuses.
     """
     name = slice_name(node)
     existing = await api.list_resource_slices(node, DRA_DRIVER)
@@ -94,6 +97,11 @@ async def publish_slice(
     generation = int((((current or {}).get("spec") or {}).get("pool") or {}).get("generation", 0))
     spec = SliceSpec(node=node, unit=unit, mode=mode, gpus=slice_gpus(gpus, unit), generation=1)
     wanted = build_slice(spec)
+    owner_uid = ((owner or {}).get("metadata") or {}).get("uid")
+    if owner_uid:
+        wanted["metadata"]["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Node", "name": node, "uid": owner_uid}
+        ]
     if current is None:
         created = await api.create_resource_slice(wanted)
         log.info(
@@ -111,7 +119,9 @@ async def publish_slice(
             raise
         # changed or deleted meanwhile (kubelet wipes a node's slices): read it again, once
         log.info("slice=%s node=%s phase=update changed meanwhile, read again", name, node)
-        return await publish_slice(api, node=node, unit=unit, mode=mode, gpus=gpus, retry=False)
+        return await publish_slice(
+            api, node=node, unit=unit, mode=mode, gpus=gpus, owner=owner, retry=False
+        )
     log.info(
         "slice=%s node=%s devices=%d generation=%d phase=update",
         name,

@@ -261,6 +261,6 @@ def test_a_node_not_labelled_for_dra_is_refused(tmp_path: Path, labels: dict[str
     async def body() -> None:
         await driver(tmp_path, api, FakeGpus.parse("1x16GiB", node="n1")).start()
 
-    with pytest.raises(StartRefused, match="gpushare.io/allocation-mode=dra"):
+    with pytest.raises(StartRefused, match=r"gpushare\.io/allocation-mode=dra"):
         asyncio.run(body())
     assert not api.slices

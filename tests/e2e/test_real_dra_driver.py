@@ -1,0 +1,283 @@
+"""The DRA driver on a real node: kubelet v1.36 (DRA on by default), containerd 2 with CDI, the
+real API server validating the slice and the claims, the default scheduler allocating them.
+
+The node runs no device plugin; it is labelled ``gpushare.io/allocation-mode=dra`` and
+``gpushare dra-driver`` runs beside kubelet with the chart's ServiceAccount and RBAC
+(``templates/dra-driver.yaml``). Claims are written by hand (the webhook that makes them from
+ACK resources is another part), a DeviceClass selects the driver's devices, and each container
+runs ``/probe``, which prints the environment the claim's CDI spec gave it and the fake GPUs'
+device nodes the GPU's own CDI device (cdi-cri) gave it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.cluster import Cluster
+from harness.images import TEST_IMAGE
+from harness.realnode import NODE_NAME, TOLERATION, RealNode, probe_env
+from tests.support.e2e import eventually, hold_real_node
+from tests.support.realnode import create
+
+NS = "e2e-dra"
+DRIVER = "gpushare.io"
+CLASS = "gpu.gpushare.io"
+LABEL = "gpushare.io/allocation-mode"
+
+
+@pytest.fixture(scope="module")
+def dra_node(cluster: Cluster) -> Iterator[RealNode]:
+    """A real node with kubelet and containerd, no device plugin; the driver is started by the
+    first test, which checks the refusals on the way."""
+    for node in hold_real_node(cluster, plugin=False, fake_gpus="2x15GiB"):
+        cluster.create_namespace(NS, check=False)
+        device_class = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": CLASS},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        }
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(device_class))
+        try:
+            yield node
+        finally:
+            cluster.kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=false")
+            cluster.kubectl("delete", "deviceclass", CLASS, "--ignore-not-found")
+            cluster.kubectl(
+                "delete",
+                "resourceslices",
+                f"--field-selector=spec.nodeName={node.name}",
+                "--ignore-not-found",
+                check=False,
+            )
+
+
+def driver_log(node: RealNode) -> str:
+    return (node.cluster.root / "logs" / "gpushare-dra-driver.log").read_text()
+
+
+def registered_times(node: RealNode) -> int:
+    log = node.cluster.root / "logs" / "gpushare-dra-driver.log"
+    return log.read_text().count("phase=registered") if log.exists() else 0
+
+
+def slices(cluster: Cluster) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = cluster.kubectl_json(
+        "get", "resourceslices", f"--field-selector=spec.nodeName={NODE_NAME}"
+    )["items"]
+    return items
+
+
+def devices(cluster: Cluster) -> list[str]:
+    found = slices(cluster)
+    return [d["name"] for s in found for d in s["spec"].get("devices", [])]
+
+
+def start_driver(node: RealNode) -> None:
+    before = registered_times(node)
+    process = node.start_dra_driver()
+    eventually(
+        lambda: registered_times(node) > before or not process.alive(),
+        timeout=60,
+        what="kubelet registers the DRA driver",
+    )
+    assert process.alive(), process.tail()
+
+
+def claim(name: str, requests: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": CLASS,
+                            "allocationMode": "ExactCount",
+                            "count": 1,
+                            "capacity": {"requests": requests},
+                        },
+                    }
+                ]
+            }
+        },
+    }
+
+
+def claimed_pod(name: str, claim_name: str) -> dict[str, Any]:
+    """A pod on the real node using the claim, printing what it got, then sleeping."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": NODE_NAME},
+            "tolerations": [TOLERATION],
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": TEST_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", "/probe; exec sleep 3600"],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+
+
+def running_env(cluster: Cluster, pod: str) -> dict[str, str]:
+    """The pod's /probe output once it runs; fails with its events when it does not."""
+
+    def running() -> bool:
+        item = cluster.kubectl_json("get", "pod", pod, "-n", NS)
+        return bool(item.get("status", {}).get("phase") == "Running")
+
+    try:
+        eventually(running, timeout=90, what=f"pod {pod} Running")
+    except AssertionError:
+        events = cluster.kubectl("get", "events", "-n", NS, "-o", "wide", check=False).stdout
+        raise AssertionError(f"pod {pod} did not run:\n{events}") from None
+    text = eventually(
+        lambda: cluster.kubectl("logs", pod, "-n", NS, check=False).stdout.strip(),
+        timeout=30,
+        what=f"{pod}'s log",
+    )
+    return probe_env(text)
+
+
+def allocation(cluster: Cluster, name: str) -> dict[str, Any]:
+    item = cluster.kubectl_json("get", "resourceclaim", name, "-n", NS)
+    [result] = item["status"]["allocation"]["devices"]["results"]
+    return dict(result)
+
+
+def test_the_driver_refuses_a_node_not_labelled_for_dra_then_serves_it(dra_node: RealNode) -> None:
+    cluster = dra_node.cluster
+    process = dra_node.start_dra_driver()
+    eventually(lambda: not process.alive(), timeout=60, what="the driver refuses")
+    assert process.popen is not None and process.popen.returncode == 2
+    assert f"{LABEL}=dra" in driver_log(dra_node)
+    assert not devices(cluster)
+
+    cluster.kubectl("label", "node", NODE_NAME, f"{LABEL}=dra", "--overwrite")
+    # the device plugin refuses the node now
+    plugin = dra_node.start_plugin()
+    eventually(lambda: not plugin.alive(), timeout=60, what="the device plugin refuses")
+    plugin_log = (cluster.root / "logs" / "gpushare-device-plugin.log").read_text()
+    assert f"{LABEL}=dra: the DRA driver" in plugin_log
+
+    start_driver(dra_node)
+    [published] = eventually(lambda: slices(cluster), timeout=30, what="the slice")
+    spec = published["spec"]
+    assert (spec["driver"], spec["nodeName"], spec["pool"]["name"]) == (
+        DRIVER,
+        NODE_NAME,
+        NODE_NAME,
+    )
+    assert [d["name"] for d in spec["devices"]] == ["gpu-0", "gpu-1"]
+    memory = spec["devices"][0]["capacity"]["memory"]
+    assert memory["value"] == "15Gi"
+    assert memory["requestPolicy"]["validRange"]["step"] == "1Gi"
+    assert spec["devices"][0]["allowMultipleAllocations"] is True
+
+
+def test_two_claims_share_one_gpu_with_the_device_plugins_hand_off(dra_node: RealNode) -> None:
+    cluster = dra_node.cluster
+    create(cluster, [claim("c1", {"memory": "3Gi", "cores": "30"}), claimed_pod("p1", "c1")])
+    env = running_env(cluster, "p1")
+    result = allocation(cluster, "c1")
+    assert result["consumedCapacity"] == {"memory": "3Gi", "cores": "30"}
+    index = int(result["device"].removeprefix("gpu-"))
+    uuid = dra_node.fake_gpus_list()[index].uuid
+    assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "3"
+    assert env["ALIYUN_COM_GPU_MEM_DEV"] == "15"
+    assert env["ALIYUN_COM_GPU_MEM_IDX"] == str(index)
+    assert env["ALIYUN_COM_GPU_CORE_PERCENTAGE"] == "30"
+    assert env["GPUSHARE_MEM_UNIT"] == "1GiB"
+    # cdi-cri: the GPU came from its own CDI device, the variable is void
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert env["PROBE_CDI_ENV"] == f"{index}={uuid}"
+
+    create(cluster, [claim("c2", {"memory": "5Gi"}), claimed_pod("p2", "c2")])
+    env2 = running_env(cluster, "p2")
+    second = allocation(cluster, "c2")
+    assert second["device"] == result["device"]  # the stock allocator: first fit, shared
+    assert second["consumedCapacity"]["memory"] == "5Gi"
+    assert env2["ALIYUN_COM_GPU_MEM_CONTAINER"] == "5"
+    assert "ALIYUN_COM_GPU_CORE_PERCENTAGE" not in env2
+    specs = sorted(p.name for p in dra_node.cdi_dir.glob("gpushare.io-claim-*.json"))
+    assert len(specs) == 2, specs
+
+
+def test_a_restarted_driver_serves_new_claims_and_unprepares_old_ones(dra_node: RealNode) -> None:
+    cluster = dra_node.cluster
+    dra_node.kill("gpushare-dra-driver")
+    start_driver(dra_node)
+    create(cluster, [claim("c3", {"memory": "2Gi"}), claimed_pod("p3", "c3")])
+    assert running_env(cluster, "p3")["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2"
+    # the pods prepared by the driver before its restart are unprepared by the new one
+    cluster.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=1", timeout=120)
+    eventually(
+        lambda: not list(dra_node.cdi_dir.glob("gpushare.io-claim-*.json")),
+        timeout=60,
+        what="every claim's CDI spec removed",
+    )
+    assert "phase=unprepare" in driver_log(dra_node)
+    state = json.loads(
+        Path(dra_node.state_dir / f"dra-prepared-{NODE_NAME}.json").read_text() or "{}"
+    )
+    assert state == {}
+
+
+def test_an_unhealthy_gpu_leaves_the_slice(dra_node: RealNode) -> None:
+    cluster = dra_node.cluster
+    health = dra_node.root / "fake-health"
+    health.write_text("0\n")
+    try:
+        eventually(lambda: devices(cluster) == ["gpu-1"], timeout=30, what="gpu-0 withdrawn")
+    finally:
+        health.write_text("")
+    eventually(lambda: devices(cluster) == ["gpu-0", "gpu-1"], timeout=30, what="gpu-0 back")
+
+
+def test_a_128mib_node_publishes_its_unit_and_rounds_claims_up(dra_node: RealNode) -> None:
+    cluster = dra_node.cluster
+    dra_node.kill("gpushare-dra-driver")
+    dra_node.unit = "128MiB"
+    try:
+        start_driver(dra_node)
+
+        def stepped() -> bool:
+            found = slices(cluster)
+            return (
+                bool(found)
+                and found[0]["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"][
+                    "validRange"
+                ]["step"]
+                == "128Mi"
+            )
+
+        eventually(stepped, timeout=30, what="the slice in 128MiB steps")
+        create(cluster, [claim("c4", {"memory": "300Mi"}), claimed_pod("p4", "c4")])
+        env = running_env(cluster, "p4")
+        assert allocation(cluster, "c4")["consumedCapacity"]["memory"] == "384Mi"
+        assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "3"
+        assert env["GPUSHARE_MEM_UNIT"] == "128MiB"
+        assert env["ALIYUN_COM_GPU_MEM_DEV"] == str(15 * 8)
+    finally:
+        cluster.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=1", timeout=120)
+        dra_node.unit = "1GiB"
