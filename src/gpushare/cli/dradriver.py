@@ -151,10 +151,11 @@ def build_driver(flags: dict[str, Any]) -> DraDriver:
     from gpushare.isolation.policy import PolicyError, parse_max_pods, parse_policy
     from gpushare.kube.lightkube_api import LightkubeAPI
     from gpushare.kube.port import KubeError
-    from gpushare.node.cdi import HandOff, HandOffError, parse_kind, parse_strategy
+    from gpushare.node.cdi import HandOff, HandOffError, Strategy, parse_kind, parse_strategy
     from gpushare.node.descriptors import BrokerCaps, descriptor_limit
     from gpushare.node.driverroot import DriverRootError
     from gpushare.node.enforcement.library import packaged_library
+    from gpushare.node.enforcement.mountcheck import MountCheck, packaged_mountcheck
     from gpushare.node.enforcement.nodehook import NodeIsolation
     from gpushare.node.gpus import FakeGpus, GpuSource, NvmlGpus
     from gpushare.node.hostpaths import refuse_lib_dir, refuse_state_dir
@@ -216,6 +217,17 @@ def build_driver(flags: dict[str, Any]) -> DraDriver:
         unit=unit,
         source=source,
         packaged=packaged_library(),
+        # the runtime's check of the isolation mounts, as the device plugin's (docs/isolation.md)
+        mount_check=(
+            MountCheck(
+                spec_dir=Path(flags["cdi_dir"]),
+                lib_dir=lib_dir,
+                watched=(state_dir, lib_dir),
+                packaged=packaged_mountcheck(),
+            )
+            if handoff.strategy is Strategy.CDI_CRI
+            else None
+        ),
     )
     config = DriverConfig(
         node=node,
