@@ -260,6 +260,8 @@ class DraDriver:
         results = results_of(claim, pool=self.config.node, unit=self.config.unit, gpus=gpus)
         if isinstance(results, Refusal):
             return results
+        if not results:  # nothing of this driver on this node: no spec (CDI wants a device)
+            return ()
         handouts = hand_out(
             results, gpus=gpus, unit=self.config.unit, mode=self.mode, handoff=self.config.handoff
         )
