@@ -229,6 +229,8 @@ def test_a_restarted_driver_serves_new_claims_and_unprepares_old_ones(dra_node: 
     start_driver(dra_node)
     create(cluster, [claim("c3", {"memory": "2Gi"}), claimed_pod("p3", "c3")])
     assert running_env(cluster, "p3")["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2"
+    for name in ("p1", "p2"):  # the pods the driver prepared before its restart run on
+        assert cluster.kubectl_json("get", "pod", name, "-n", NS)["status"]["phase"] == "Running"
     # the pods prepared by the driver before its restart are unprepared by the new one
     cluster.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=1", timeout=120)
     eventually(
