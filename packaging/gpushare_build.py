@@ -4,9 +4,9 @@
 backend (pyproject.toml's ``[build-system]``), which first writes the two build outputs that the
 package carries but git does not keep, then hands over to setuptools:
 
-- the gRPC stubs from gpushare's copies of kubelet's .proto files
-  (``src/gpushare/deviceplugin/kubelet/genproto.py``, with grpcio-tools from the build
-  requirements);
+- the gRPC stubs from gpushare's copies of kubelet's .proto files, the device plugin's and the
+  DRA driver's (``src/gpushare/deviceplugin/kubelet/genproto.py``, with grpcio-tools from the
+  build requirements);
 - the CUDA interposer ``libgpushare-cuda.so`` (``src/gpushare/isolation/build.py``, with gcc).
 
 Both scripts run as files in a child process: importing them as ``gpushare.*`` would import the

@@ -69,6 +69,8 @@ def test_pip_wheel_from_a_clean_checkout_carries_stubs_and_interposer(tmp_path: 
         ]
     for stub in ("v1beta1/api_pb2.py", "v1beta1/api_pb2_grpc.py", "podresources_v1/api_pb2.py"):
         assert f"gpushare/deviceplugin/kubelet/protos/{stub}" in names
+    for stub in ("dra_v1/api_pb2_grpc.py", "pluginregistration_v1/api_pb2_grpc.py"):
+        assert f"gpushare/dra/protos/{stub}" in names
     assert "gpushare/isolation/native/libgpushare-cuda.so" in names
     runtime = [r for r in requires if "extra ==" not in r]
     assert not [r for r in runtime if r.split("==")[0].lower() in {"numpy", "matplotlib"}]
