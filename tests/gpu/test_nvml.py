@@ -10,9 +10,9 @@ import pytest
 from gpushare.core.model.inventory import Mode
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.handoff import MEM, Signature
-from gpushare.node.handout import container_answer
 from gpushare.deviceplugin.kubelet.devices import devices
 from gpushare.node.gpus import mem_units
+from gpushare.node.handout import container_answer
 
 
 def nvml_or_skip() -> object:
