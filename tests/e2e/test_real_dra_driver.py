@@ -256,6 +256,25 @@ def test_an_unhealthy_gpu_leaves_the_slice(dra_node: RealNode) -> None:
     eventually(lambda: devices(cluster) == ["gpu-0", "gpu-1"], timeout=30, what="gpu-0 back")
 
 
+def test_a_kubelet_restart_registers_the_driver_again_and_the_slice_comes_back(
+    dra_node: RealNode,
+) -> None:
+    """kubelet deletes its node's slices when it starts; the driver publishes again when kubelet
+    registers it anew, and serves claims."""
+    cluster = dra_node.cluster
+    before = registered_times(dra_node)
+    dra_node.kill("kubelet", 15)
+    dra_node.start_kubelet()
+    dra_node.wait_ready()
+    eventually(lambda: registered_times(dra_node) > before, timeout=60, what="registered again")
+    eventually(lambda: devices(cluster) == ["gpu-0", "gpu-1"], timeout=30, what="the slice")
+    try:
+        create(cluster, [claim("c5", {"memory": "4Gi"}), claimed_pod("p5", "c5")])
+        assert running_env(cluster, "p5")["ALIYUN_COM_GPU_MEM_CONTAINER"] == "4"
+    finally:
+        cluster.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=1", timeout=120)
+
+
 def test_a_128mib_node_publishes_its_unit_and_rounds_claims_up(dra_node: RealNode) -> None:
     cluster = dra_node.cluster
     dra_node.kill("gpushare-dra-driver")

@@ -4,9 +4,9 @@ Start: read the node and refuse a node not labelled ``gpushare.io/allocation-mod
 device plugin serves those; a node is in one mode), or one whose ``ack.node.gpu.schedule`` is no
 shared mode; let the isolation hook prepare for the mode; check the hand-off can name every GPU
 (under cdi-cri the node's CDI specs must); publish the slice; then serve kubelet's two sockets.
-Afterwards the slice follows GPU health (``GpuSource.changed``) and is checked every
-``publishing.RECHECK_S`` (kubelet wipes slices), and the isolation state of claims no longer
-prepared is pruned.
+Afterwards the slice follows GPU health (``GpuSource.changed``), is published again when kubelet
+registers the driver and checked every ``publishing.RECHECK_S`` (kubelet wipes slices), and the
+isolation state of claims no longer prepared is pruned.
 
 Prepare reads the claim, checks its UID, computes the hand-off (``preparing``), lets the
 isolation hook add the interposer, its limits and the cGPU schedules, writes the claim's CDI
@@ -118,6 +118,7 @@ class DraDriver:
         self._registration_error = ""
         self._slice_error = ""
         self._node: KubeObject = {}
+        self._republish: asyncio.Task[None] | None = None
 
     # -- start and stop ------------------------------------------------------------------------
 
@@ -180,6 +181,9 @@ class DraDriver:
         self._registered, self._registration_error = ok, error
         if ok:
             log.info("node=%s phase=registered", self.config.node)
+            # kubelet deletes the node's slices when it starts, before it registers drivers:
+            # publish again now rather than at the next recheck
+            self._republish = asyncio.get_running_loop().create_task(self._publish_quietly())
         else:
             log.warning(
                 "node=%s phase=registration refused by kubelet: %s", self.config.node, error
@@ -202,6 +206,12 @@ class DraDriver:
         except KubeError as err:
             self._slice_error = str(err)
             raise
+
+    async def _publish_quietly(self) -> None:
+        try:
+            await self.publish()
+        except KubeError as err:
+            log.warning("node=%s phase=publish cannot publish the slice: %s", self.config.node, err)
 
     async def _follow_health(self) -> None:
         while True:

@@ -2,8 +2,9 @@
 
 One slice per node (``core.dra.slices.build_slice``: its pool is the node, one device per GPU in
 service). The driver publishes it at start, again when a GPU's health changes (an unhealthy GPU
-leaves the slice, so no allocator hands it out), and checks it every ``RECHECK_S``: kubelet
-deletes a node's slices when it starts and when a driver stays unregistered for 30 s
+leaves the slice, so no allocator hands it out), when kubelet registers it, and checks it
+every ``RECHECK_S``: kubelet deletes a node's slices when it starts and when a driver stays
+unregistered for 30 s
 (k8s v1.36.3 ``pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go``, ``wipeResourceSlices``;
 ``pkg/kubelet/cm/dra/manager.go``, ``defaultWipingDelay``), so a slice can vanish under a
 running driver.
@@ -29,8 +30,10 @@ from gpushare.node.gpus import GpuInfo, mem_units
 
 log = logging.getLogger(__name__)
 
-RECHECK_S = 10.0
-"""How often the slice is read back and re-created when kubelet (or anyone) deleted it."""
+RECHECK_S = 30.0
+"""How often the slice is read back and re-created when kubelet (or anyone) deleted it: one list
+call per node, so not too often; the driver also publishes when kubelet registers it, which
+follows kubelet's own wipe at its start."""
 
 
 def slice_gpus(gpus: Sequence[GpuInfo], unit: MemoryUnit) -> tuple[Gpu, ...]:
