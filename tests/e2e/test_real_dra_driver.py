@@ -275,6 +275,34 @@ def test_a_kubelet_restart_registers_the_driver_again_and_the_slice_comes_back(
         cluster.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=1", timeout=120)
 
 
+def test_a_core_mem_node_enforces_the_consumed_capacity_with_the_interposer(
+    dra_node: RealNode,
+) -> None:
+    """The isolation hook adds the interposer, its limits from the consumed capacity and the
+    mount check to the claim's CDI spec, as it does to an Allocate answer."""
+    cluster = dra_node.cluster
+    cluster.kubectl("label", "node", NODE_NAME, "ack.node.gpu.schedule=core_mem", "--overwrite")
+    dra_node.kill("gpushare-dra-driver")
+    try:
+        start_driver(dra_node)
+        create(cluster, [claim("c6", {"memory": "2Gi", "cores": "30"}), claimed_pod("p6", "c6")])
+        env = running_env(cluster, "p6")
+        assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2"
+        assert env["ALIYUN_COM_GPU_CORE_PERCENTAGE"] == "30"
+        assert env["GPUSHARE_MODE"] == "core_mem"
+        assert env["GPUSHARE_MEM_LIMIT"] == str(2 * 1024**3)
+        assert env["GPUSHARE_CORE_LIMIT"] == "30"
+        assert "libgpushare-cuda.so" in env["PROBE_MAPPED"], env
+        [spec] = dra_node.cdi_dir.glob("gpushare.io-claim-*.json")
+        mounts = json.loads(spec.read_text())["devices"][0]["containerEdits"]["mounts"]
+        assert all("ro" in m["options"] for m in mounts), mounts
+    finally:
+        cluster.kubectl("delete", "pods", "--all", "-n", NS, "--grace-period=1", timeout=120)
+        cluster.kubectl("label", "node", NODE_NAME, "ack.node.gpu.schedule=share", "--overwrite")
+        dra_node.kill("gpushare-dra-driver")
+        start_driver(dra_node)
+
+
 def test_a_128mib_node_publishes_its_unit_and_rounds_claims_up(dra_node: RealNode) -> None:
     cluster = dra_node.cluster
     dra_node.kill("gpushare-dra-driver")
