@@ -20,7 +20,7 @@ import pytest
 
 from harness.cluster import Cluster
 from harness.images import TEST_IMAGE
-from harness.realnode import NODE_NAME, TOLERATION, RealNode, probe_env
+from harness.realnode import NODE_NAME, TOLERATION, RealNode, hand_off, probe_env
 from tests.support.e2e import eventually, hold_real_node
 from tests.support.realnode import create
 
@@ -208,9 +208,13 @@ def test_two_claims_share_one_gpu_with_the_device_plugins_hand_off(dra_node: Rea
     assert env["ALIYUN_COM_GPU_MEM_IDX"] == str(index)
     assert env["ALIYUN_COM_GPU_CORE_PERCENTAGE"] == "30"
     assert env["GPUSHARE_MEM_UNIT"] == "1GiB"
-    # cdi-cri: the GPU came from its own CDI device, the variable is void
-    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
-    assert env["PROBE_CDI_ENV"] == f"{index}={uuid}"
+    # as Allocate hands it over (cdi-cri: the GPU's own CDI device, the variable void; envvar:
+    # the variable names the GPU)
+    uuids = {g.index: g.uuid for g in dra_node.fake_gpus_list()}
+    wanted = hand_off([index], uuids, dra_node.device_list_strategy)
+    assert {k: env[k] for k in wanted} == wanted
+    if dra_node.device_list_strategy == "cdi-cri":
+        assert (env["NVIDIA_VISIBLE_DEVICES"], env["PROBE_CDI_ENV"]) == ("void", f"{index}={uuid}")
 
     create(cluster, [claim("c2", {"memory": "5Gi"}), claimed_pod("p2", "c2")])
     env2 = running_env(cluster, "p2")
