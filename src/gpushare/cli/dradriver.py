@@ -239,6 +239,7 @@ def build_driver(flags: dict[str, Any]) -> DraDriver:
             plugin_dir=Path(flags["plugins_dir"]) / "gpushare.io",
         ),
         handoff=handoff,
+        max_pods=max_pods or unit.default_max_pods_per_gpu,
     )
     return DraDriver(api=api, source=source, config=config, hook=hook)
 

@@ -22,12 +22,13 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from gpushare.core.model.inventory import Mode
-from gpushare.core.model.kubejson import KubeObject, labels_of
+from gpushare.core.model.kubejson import KubeObject, labels_of, name_of, uid_of
 from gpushare.core.model.names import (
     ALLOCATION_MODE_DRA,
     LABEL_ALLOCATION_MODE,
@@ -41,9 +42,11 @@ from gpushare.dra.preparing import (
     Refusal,
     check_claim,
     claim_spec,
+    claim_users,
     hand_out,
     pending,
     prepared_devices,
+    request_weight,
     results_of,
     spec_file_name,
 )
@@ -59,10 +62,15 @@ log = logging.getLogger(__name__)
 
 
 class DriverAPI(DraAPI, Protocol):
-    """The API calls the driver makes: DRA's objects, and its node."""
+    """The API calls the driver makes: DRA's objects, its node, and (cgpu nodes) the pods a
+    claim is reserved for, whose spec gives cGPU policy 2's weight."""
 
     async def get_node(self, name: str) -> KubeDict:
         """One node."""
+        ...
+
+    async def get_pod(self, namespace: str, name: str) -> KubeDict:
+        """One pod."""
         ...
 
 
@@ -77,6 +85,8 @@ class DriverConfig:
     """Where claims' CDI specs are written: one of the runtime's ``cdi_spec_dirs``."""
     sockets: Sockets
     handoff: HandOff
+    max_pods: int = 20
+    """The most pods a GPU may hold (the chart's maxPodsPerGpu): cGPU weights' ceiling."""
 
 
 def refuse_not_dra(node: KubeObject, name: str) -> str | None:
@@ -253,7 +263,8 @@ class DraDriver:
             except KubeError as err:
                 return f"cannot read ResourceClaim {namespace}/{name}: {err}"
             refused = check_claim(claim, namespace=namespace, name=name, uid=uid)
-            outcome = refused or self._prepare(claim, uid)
+            users = await self._users(claim) if self.mode is Mode.CGPU else []
+            outcome = refused or self._prepare(claim, uid, users)
             if isinstance(outcome, Refusal):
                 log.warning(
                     "claim=%s/%s uid=%s phase=prepare refused: %s",
@@ -265,7 +276,37 @@ class DraDriver:
                 return outcome.reason
             return outcome
 
-    def _prepare(self, claim: KubeObject, uid: str) -> tuple[PreparedDevice, ...] | Refusal:
+    async def _users(self, claim: KubeObject) -> list[KubeObject]:
+        """The pods the claim is reserved for, as far as they can be read."""
+        meta = claim.get("metadata") or {}
+        pods: list[KubeObject] = []
+        for name in claim_users(claim):
+            try:
+                pods.append(await self.api.get_pod(str(meta.get("namespace", "")), name))
+            except KubeError as err:
+                log.warning(
+                    "claim=%s pod=%s phase=prepare cannot read the pod: %s",
+                    uid_of(claim),
+                    name,
+                    err,
+                )
+        return pods
+
+    def _weight(self, claim: KubeObject, request: str, users: Sequence[KubeObject]) -> int:
+        readings = [
+            request_weight(p, name_of(claim), request, max_weight=self.config.max_pods)
+            for p in users
+        ]
+        for reading in readings:
+            if reading.problem:
+                log.warning(
+                    "claim=%s phase=prepare cgpu weight: %s", uid_of(claim), reading.problem
+                )
+        return min((r.weight for r in readings), default=1)
+
+    def _prepare(
+        self, claim: KubeObject, uid: str, users: Sequence[KubeObject] = ()
+    ) -> tuple[PreparedDevice, ...] | Refusal:
         gpus = self.source.gpus()
         results = results_of(claim, pool=self.config.node, unit=self.config.unit, gpus=gpus)
         if isinstance(results, Refusal):
@@ -282,6 +323,7 @@ class DraDriver:
                 self.mode,
                 candidates=(pending(claim, handout),),
                 device_ids=(f"{uid}/{handout.request}",),
+                weight=self._weight(claim, handout.request, users),
             )
             try:
                 answers[handout.request] = self.hook.extend(handout.answer, target)

@@ -16,6 +16,12 @@ isolation hook's additions (interposer, limits, schedules) are made by the calle
 the files; :func:`claim_spec` then writes the whole answer as one CDI spec, one CDI device per
 request, which kubelet passes to the runtime with the GPUs' own CDI devices.
 
+cGPU policy 2's weight comes from the pod spec as in device-plugin mode
+(``ALIYUN_COM_GPU_SCHD_WEIGHT`` in the ``env`` of the containers that use the request,
+``isolation.policy.weight_from_env``), from the pods the claim is reserved for; where several
+containers use one request, the lowest weight is given, so no container gets more than its spec
+asks.
+
 A claim that cannot be served is a ``Refusal`` with the reason kubelet shows on the pod.
 """
 
@@ -33,6 +39,7 @@ from gpushare.core.model.names import DRA_CAPACITY_CORES, DRA_CAPACITY_MEMORY, D
 from gpushare.core.model.quantity import parse_quantity
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.handoff import MEM, Pending, Signature
+from gpushare.isolation.policy import WeightReading, weight_from_env
 from gpushare.node.cdi import HandOff
 from gpushare.node.enforcement.hook import ContainerAnswer
 from gpushare.node.gpus import GpuInfo, mem_units
@@ -311,3 +318,39 @@ def prepared_devices(
             ids = (*gpu_ids[result.index], *(rest if n == 0 else ()))
             out.append(PreparedDevice(handout.request, pool, result.device, ids))
     return tuple(out)
+
+
+def claim_users(claim: KubeObject) -> tuple[str, ...]:
+    """The names of the pods the claim is reserved for (``status.reservedFor``), in its
+    namespace."""
+    reserved = (claim.get("status") or {}).get("reservedFor") or []
+    return tuple(
+        str(r["name"])
+        for r in reserved
+        if isinstance(r, dict) and r.get("resource") == "pods" and r.get("name")
+    )
+
+
+def request_weight(
+    pod: KubeObject, claim_name: str, request: str, *, max_weight: int
+) -> WeightReading:
+    """The cGPU weight the pod's containers using ``request`` of the claim ask for (the lowest
+    of them; 1 when none asks), with the first problem of a bad value."""
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    entries = [*(spec.get("resourceClaims") or []), *(status.get("resourceClaimStatuses") or [])]
+    names = {
+        e.get("name")
+        for e in entries
+        if isinstance(e, dict) and e.get("resourceClaimName") == claim_name
+    }
+    readings = []
+    for c in (*(spec.get("initContainers") or []), *(spec.get("containers") or [])):
+        refs = ((c.get("resources") or {}).get("claims") or []) if isinstance(c, dict) else []
+        if any(r.get("name") in names and r.get("request") in (None, "", request) for r in refs):
+            where = f"pod {namespace_of(pod)}/{name_of(pod)} container {c.get('name')}"
+            readings.append(weight_from_env(c.get("env"), max_weight=max_weight, where=where))
+    if not readings:
+        return WeightReading()
+    problem = next((r.problem for r in readings if r.problem), "")
+    return WeightReading(min(r.weight for r in readings), problem)

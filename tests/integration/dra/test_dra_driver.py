@@ -22,7 +22,7 @@ from gpushare.dra.protos.pluginregistration_v1 import api_pb2 as reg
 from gpushare.dra.protos.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from gpushare.kube.port import Conflict, KubeDict, NotFound
 from gpushare.node.cdi import HandOff, Strategy
-from gpushare.node.enforcement.hook import NoIsolation
+from gpushare.node.enforcement.hook import ContainerAnswer, NoIsolation, Target
 from gpushare.node.gpus import FakeGpus
 from gpushare.node.preflight import StartRefused
 
@@ -34,6 +34,7 @@ class MemoryDra:
         self.node = {"metadata": {"name": "n1", "labels": dict(labels)}}
         self.slices: dict[str, KubeDict] = {}
         self.claims: dict[tuple[str, str], KubeDict] = {}
+        self.pods: dict[tuple[str, str], KubeDict] = {}
         self.version = 0
 
     async def get_node(self, name: str) -> KubeDict:
@@ -69,6 +70,12 @@ class MemoryDra:
     async def delete_resource_slice(self, name: str) -> None:
         if self.slices.pop(name, None) is None:
             raise NotFound(name)
+
+    async def get_pod(self, namespace: str, name: str) -> KubeDict:
+        try:
+            return copy.deepcopy(self.pods[(namespace, name)])
+        except KeyError:
+            raise NotFound(f"{namespace}/{name}") from None
 
     async def get_resource_claim(self, namespace: str, name: str) -> KubeDict:
         try:
@@ -264,3 +271,52 @@ def test_a_node_not_labelled_for_dra_is_refused(tmp_path: Path, labels: dict[str
     with pytest.raises(StartRefused, match=r"gpushare\.io/allocation-mode=dra"):
         asyncio.run(body())
     assert not api.slices
+
+
+class Recording(NoIsolation):
+    """A hook that remembers the targets it extended."""
+
+    def __init__(self) -> None:
+        self.targets: list[Target] = []
+
+    def extend(self, answer: ContainerAnswer, target: Target) -> ContainerAnswer:
+        self.targets.append(target)
+        return answer
+
+
+def test_a_cgpu_claim_takes_its_weight_from_the_pod_it_is_reserved_for(tmp_path: Path) -> None:
+    api = MemoryDra({"gpushare.io/allocation-mode": "dra", "ack.node.gpu.schedule": "cgpu"})
+    c = claim("u1", "2Gi", "0", device="gpu-0")
+    c["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "pu"}]
+    api.claims = {("ns", "c-u1"): c}
+    api.pods = {
+        ("ns", "p"): {
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {
+                "resourceClaims": [{"name": "g", "resourceClaimName": "c-u1"}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "resources": {"claims": [{"name": "g"}]},
+                        "env": [{"name": "ALIYUN_COM_GPU_SCHD_WEIGHT", "value": "3"}],
+                    }
+                ],
+            },
+        }
+    }
+    hook = Recording()
+
+    async def body() -> None:
+        d = driver(tmp_path, api, FakeGpus.parse("1x16GiB", node="n1"))
+        d.hook = hook
+        await d.start()
+        try:
+            answer = await prepare(d.config.sockets.service, c)
+            assert answer.claims["u1"].error == ""
+        finally:
+            await d.stop()
+
+    asyncio.run(body())
+    [target] = hook.targets
+    assert target.weight == 3
+    assert [(p.uid, p.pod, p.container) for p in target.candidates] == [("u1", "ns/c-u1", "gpu")]

@@ -15,8 +15,10 @@ from gpushare.dra.preparing import (
     Refusal,
     check_claim,
     claim_spec,
+    claim_users,
     hand_out,
     prepared_devices,
+    request_weight,
     results_of,
     signatures,
 )
@@ -166,3 +168,57 @@ def test_signatures_add_up_to_the_claim(parts: list[tuple[str, int, int]]) -> No
     sigs = signatures(results)
     assert sum(s.count for s in sigs.values()) == sum(m for _, _, m in parts)
     assert all(s.pod_mem_units == sum(m for _, _, m in parts) for s in sigs.values())
+
+
+def weighted_pod(weights: dict[str, str | None], *, template: bool = False) -> dict[str, Any]:
+    """A pod whose containers use request ``gpu`` of claim ``c`` (through a template when asked)."""
+    containers = []
+    for name, weight in weights.items():
+        c: dict[str, Any] = {"name": name, "resources": {"claims": [{"name": "g"}]}}
+        if weight is not None:
+            c["env"] = [{"name": "ALIYUN_COM_GPU_SCHD_WEIGHT", "value": weight}]
+        containers.append(c)
+    containers.append(
+        {"name": "other", "env": [{"name": "ALIYUN_COM_GPU_SCHD_WEIGHT", "value": "1"}]}
+    )
+    if template:
+        return {
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {
+                "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "t"}],
+                "containers": containers,
+            },
+            "status": {"resourceClaimStatuses": [{"name": "g", "resourceClaimName": "c"}]},
+        }
+    return {
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {
+            "resourceClaims": [{"name": "g", "resourceClaimName": "c"}],
+            "containers": containers,
+        },
+    }
+
+
+def test_the_weight_is_the_lowest_the_claims_containers_ask() -> None:
+    pod = weighted_pod({"a": "3", "b": "5"})
+    assert request_weight(pod, "c", "gpu", max_weight=8).weight == 3
+    assert (
+        request_weight(weighted_pod({"a": "4"}, template=True), "c", "gpu", max_weight=8).weight
+        == 4
+    )
+    assert request_weight(weighted_pod({"a": None}), "c", "gpu", max_weight=8).weight == 1
+    assert request_weight(pod, "other-claim", "gpu", max_weight=8).weight == 1
+
+
+def test_a_bad_weight_is_named() -> None:
+    reading = request_weight(weighted_pod({"a": "99"}), "c", "gpu", max_weight=8)
+    assert reading.weight == 1 and "ALIYUN_COM_GPU_SCHD_WEIGHT" in reading.problem
+
+
+def test_the_claims_users_are_its_reserved_pods() -> None:
+    c = claim()
+    c["status"]["reservedFor"] = [
+        {"resource": "pods", "name": "p", "uid": "x"},
+        {"resource": "jobs", "name": "j"},
+    ]
+    assert claim_users(c) == ("p",)
