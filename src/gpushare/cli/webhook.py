@@ -202,7 +202,6 @@ def webhook(
         visible_devices=_visible_devices_rule(
             nvidia_visible_devices, device_list_strategy, exempt_namespaces
         ),
-        dra_gate=not (dra_enabled and dra_no_gate),
     )
     for flag, path in (
         ("--tls-cert-file", tls_cert_file),

@@ -105,9 +105,6 @@ class AdmissionSettings:
     visible_devices: VisibleDevicesRule = field(default_factory=VisibleDevicesRule)
     """Where ``NVIDIA_VISIBLE_DEVICES`` is refused; by default everywhere but the exempt
     namespaces (``gpushare webhook`` and the chart resolve it from their settings)."""
-    dra_gate: bool = True
-    """DRA mode gates the pods it converts (``--dra-no-gate`` turns it off): a new pod may carry
-    ``gpushare.io/dra-requests`` only beside the gate (``core.admitting.tampering``)."""
 
 
 @dataclass(frozen=True)
@@ -401,7 +398,6 @@ def _tampering(
         trust=settings.trust,
         scheduler_name=settings.scheduler_name,
         visible_devices=settings.visible_devices,
-        dra_gate=settings.dra_gate,
     )
 
 

@@ -519,14 +519,14 @@ def _gated(template: Mapping[str, Any] | None) -> bool:
     )
 
 
-def _annotation_findings(checked: Checked, dra_gate: bool = True) -> list[_Finding]:
+def _annotation_findings(checked: Checked) -> list[_Finding]:
     new = _annotations(checked.template)
     path = _at(checked.where, "metadata.annotations")
     findings: list[_Finding] = []
     if checked.old is None:
         # the webhook's own mark on a pod it converted: it grants nothing while the pod waits
-        # behind the gate for gpushare's allocator (or, with the gate off, the stock one)
-        converted = not dra_gate or _gated(checked.template)
+        # behind the gate for gpushare's allocator, which reads the claim, not the annotation
+        converted = _gated(checked.template)
         for key, value in new.items():
             if key == ANN_DRA_REQUESTS and converted:
                 continue
@@ -608,7 +608,6 @@ def check(
     trust: TrustedWriters,
     scheduler_name: str = SCHEDULER_NAME,
     visible_devices: VisibleDevicesRule | None = None,
-    dra_gate: bool = True,
 ) -> Tampering:
     """Refuse what the request newly sets that only gpushare may write; keep the rest."""
     asked = gpushare_resources(checked.template, names)
@@ -617,7 +616,7 @@ def check(
     new = _env_findings(checked.template, checked.where, asked, owned)
     new += _mount_findings(checked.template, checked.where, asked)
     if not trusted:
-        new += _annotation_findings(checked, dra_gate) + _gate_findings(checked)
+        new += _annotation_findings(checked) + _gate_findings(checked)
         new += _node_findings(checked, asked, scheduler_name)
     if checked.old is None:
         return Tampering(refused=tuple(f.message for f in new))

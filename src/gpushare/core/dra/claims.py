@@ -74,6 +74,8 @@ UNIQUE_ATTRIBUTE = f"{DRA_DRIVER}/uuid"
 """The attribute ``distinctAttribute`` compares: one device per GPU."""
 CORE_MEM_SELECTOR = f'device.attributes["{DRA_DRIVER}"].mode == "{Mode.CORE_MEM.value}"'
 """CEL: only ``core_mem`` GPUs enforce computing power, as device-plugin mode's filter requires."""
+GATED_PATHS = ("/spec/schedulingGates", "/metadata/annotations")
+"""What ``convert(gate=False)`` leaves out: the gate, and the annotation that goes with it."""
 MAX_NAME = 63
 """Request names are DNS labels."""
 
@@ -345,8 +347,8 @@ def convert(
 ) -> Outcome:
     """The conversion of a pod in DRA mode: a ``Conversion``, or why it is left as written.
 
-    ``gate=False`` leaves the scheduling gate off, for a cluster without gpushare's allocator
-    (the stock allocator then places the claim first-fit).
+    ``gate=False`` leaves the scheduling gate (and the annotation) off, for a cluster without
+    gpushare's allocator (the stock allocator then places the claim first-fit).
     """
     spec = pod_spec_of(pod)
     if spec.get("resourceClaims"):
@@ -362,6 +364,6 @@ def convert(
     template = build_template(requests, unit, namespace_of(pod))
     name = str(template["metadata"]["name"])
     ops = _patch(pod, read, requests, name, asked_json(read, unit, names), names)
-    if not gate:
-        ops = [op for op in ops if not op["path"].startswith("/spec/schedulingGates")]
+    if not gate:  # the annotation goes with the gate: the tampering rules accept it only beside it
+        ops = [op for op in ops if not op["path"].startswith(GATED_PATHS)]
     return Conversion(template=template, patch=tuple(ops), requests=requests, unit=unit)

@@ -183,6 +183,7 @@ def test_without_the_gate_no_gate_is_added_and_existing_gates_are_kept() -> None
     outcome = convert(pod, gate=False)
     assert isinstance(outcome, Conversion)
     assert "schedulingGates" not in apply(pod, list(outcome.patch))["spec"]
+    assert "annotations" not in apply(pod, list(outcome.patch))["metadata"]
     pod["spec"]["schedulingGates"] = [{"name": "other"}]
     after = apply(pod, list(converted(pod).patch))
     assert after["spec"]["schedulingGates"] == [{"name": "other"}, {"name": DRA_SCHEDULING_GATE}]
