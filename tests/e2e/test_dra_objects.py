@@ -299,6 +299,13 @@ def test_dra_objects_on_the_real_control_plane(cluster: Cluster, dra: dict[str, 
     assert pod["spec"]["schedulingGates"] == [{"name": DRA_SCHEDULING_GATE}]
     assert "gpushare.io/dra-requests" in pod["metadata"]["annotations"]
 
+    # A second pod of the same shape finds the template stored (AlreadyExists, same spec);
+    # it stays behind its gate, holding nothing.
+    result = create(cluster, gpu_pod("same-shape", 3))
+    assert result.returncode == 0, result.stderr
+    again = cluster.kubectl_json("get", "pod", "same-shape", "-n", NS)["spec"]["resourceClaims"]
+    assert again == [entry]
+
     # 3. A tenant (here the admin, not one of gpushare's identities) may not lift the gate.
     lifted = cluster.kubectl(
         "patch",
