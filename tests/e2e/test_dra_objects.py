@@ -301,7 +301,13 @@ def test_dra_objects_on_the_real_control_plane(cluster: Cluster, dra: dict[str, 
 
     # A second pod of the same shape finds the template stored (AlreadyExists, same spec);
     # it stays behind its gate, holding nothing.
-    result = create(cluster, gpu_pod("same-shape", 3))
+    same = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "same-shape", "namespace": NS},
+        "spec": copy.deepcopy(seed["spec"]["template"]["spec"]),
+    }
+    result = create(cluster, same)
     assert result.returncode == 0, result.stderr
     again = cluster.kubectl_json("get", "pod", "same-shape", "-n", NS)["spec"]["resourceClaims"]
     assert again == [entry]
