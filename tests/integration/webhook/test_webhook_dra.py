@@ -38,7 +38,9 @@ class Templates:
         key = (template["metadata"]["namespace"], template["metadata"]["name"])
         if key in self.stored:
             raise Conflict(f"{key} already exists")
-        self.stored[key] = copy.deepcopy(dict(template))
+        stored = copy.deepcopy(dict(template))
+        stored["spec"].setdefault("metadata", {})  # as kube-apiserver v1.36.3 stores it
+        self.stored[key] = stored
         return self.stored[key]
 
     async def get_claim_template(self, namespace: str, name: str) -> KubeDict:
