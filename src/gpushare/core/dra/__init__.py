@@ -2,5 +2,6 @@
 resources, the ledger read from allocated claims, and gpushare's allocation of a claim.
 
 - ``names``: the DRA wire names (re-exported from core.model.names, their one home);
-- ``slices``: the ResourceSlice a node publishes, and the GPUs read back from one.
+- ``slices``: the ResourceSlice a node publishes, and the GPUs read back from one;
+- ``claims``: the claim template and pod patch a pod's ACK resources become.
 """
