@@ -221,8 +221,11 @@ class DraAllocator:
 
     async def _loop(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+            # that comes as the event is set, and the loop would outlive its task group
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=self.period_s)
+                async with asyncio.timeout(self.period_s):
+                    await self.wake.wait()
             self.wake.clear()
             try:
                 await self.round()
