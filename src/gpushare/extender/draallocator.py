@@ -261,7 +261,7 @@ class DraAllocator:
                 inventory=dra.inventory(name, by_name[name]),
                 node=by_name[name],
                 used=ledger.usage(name).host,
-                pods=0,
+                pods=ledger.pods_on(name),
             )
             for name in sorted(dra.nodes)
             if name in by_name

@@ -246,3 +246,20 @@ def test_no_gpu_is_overfilled_and_the_ledger_sums_the_claims(
             assert held.mem_units <= gpu.mem_units and held.core_pct <= CORE_PER_GPU
             assert held.mem_units == consumed.get((node, gpu.index), 0)
             assert ledger.usage(node).on(gpu.index).mem_units == held.mem_units
+
+
+def test_the_pod_count_the_ledger_keeps_fills_a_node() -> None:
+    ledger = Ledger()
+    for name in ("x", "y"):
+        bound = a_pod(name)
+        bound["spec"]["nodeName"] = "n1"
+        ledger.observe(bound)
+    assert ledger.pods_on("n1") == 2
+    world = World({"n1": ((16,), None)})
+    dra, _ = world.ledger()
+    node = a_node("n1")
+    node["status"]["allocatable"]["pods"] = "2"
+    view = NodeView(dra.inventory("n1", node), node, NOTHING, ledger.pods_on("n1"))
+    assert "2/2 pods" in (node_refusal(a_pod("p"), view) or "")
+    ledger.forget("uid-x")
+    assert ledger.pods_on("n1") == 1
