@@ -263,3 +263,28 @@ def test_the_pod_count_the_ledger_keeps_fills_a_node() -> None:
     assert "2/2 pods" in (node_refusal(a_pod("p"), view) or "")
     ledger.forget("uid-x")
     assert ledger.pods_on("n1") == 1
+
+
+def _result(memory: str, device: str = "gpu-0", cores: str = "0") -> dict[str, Any]:
+    return {
+        "request": "main",
+        "driver": DRA_DRIVER,
+        "pool": "n1",
+        "device": device,
+        "consumedCapacity": {"memory": memory, "cores": cores},
+    }
+
+
+def test_what_counts_is_the_recorded_capacity_and_overfilling_is_reported() -> None:
+    world = World({"n1": ((16,), None)})
+    asks_little = a_claim("t", 1)  # the spec asked 1 GiB; the status records what was granted
+    asks_little["status"] = {"allocation": {"devices": {"results": [_result("12Gi")]}}}
+    second = a_claim("u", 8)
+    second["status"] = {"allocation": {"devices": {"results": [_result("8Gi", cores="60")]}}}
+    dra = read_ledger(world.slices, [asks_little, second])
+    assert dra.usage("n1").on(0).mem_units == 20
+    assert len(dra.over) == 1 and "20/16" in dra.over[0]
+    odd = a_claim("v", 1)
+    odd["status"] = {"allocation": {"devices": {"results": [_result("1500Mi")]}}}
+    dra = read_ledger(world.slices, [odd])
+    assert not dra.holdings and "whole units" in dra.problems[0].message
