@@ -288,3 +288,37 @@ def test_what_counts_is_the_recorded_capacity_and_overfilling_is_reported() -> N
     odd["status"] = {"allocation": {"devices": {"results": [_result("1500Mi")]}}}
     dra = read_ledger(world.slices, [odd])
     assert not dra.holdings and "whole units" in dra.problems[0].message
+
+
+def test_the_webhooks_core_mem_claim_is_placed_on_core_mem_gpus() -> None:
+    from gpushare.core.dra.claims import CORE_MEM_SELECTOR
+
+    slices = [a_slice("n1", (16,)), a_slice("n2", (16,), Mode.CORE_MEM)]
+    nodes = {n: a_node(n) for n in ("n1", "n2")}
+    claim = a_claim("c", 4, cores=30)
+    claim["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+        {"cel": {"expression": CORE_MEM_SELECTOR}}
+    ]
+    dra = read_ledger(slices, ())
+    ledger = Ledger()
+    views = [NodeView(dra.inventory(n, nodes[n]), nodes[n], NOTHING, 0) for n in sorted(nodes)]
+    scheduler = Scheduler(Settings(unit=MemoryUnit.GiB))
+    outcome = allocate(a_pod("c"), claim, views, ledger, scheduler, unit=MemoryUnit.GiB)
+    assert devices(outcome) == [("n2", "gpu-0")]
+    assert isinstance(outcome, Allocated)
+    consumed = outcome.status["allocation"]["devices"]["results"][0]["consumedCapacity"]
+    assert consumed == {"memory": "4Gi", "cores": "30"}
+
+
+def test_the_webhooks_template_is_read_back() -> None:
+    from gpushare.core.dra.claims import claim_requests, template_spec
+    from gpushare.core.model.requests import PodRequest, read_pod
+    from gpushare.kube.objects import gpu_pod
+
+    asked = read_pod(gpu_pod("w", mem=6, gpu_count="2"))
+    assert isinstance(asked, PodRequest)
+    spec = template_spec(claim_requests(asked), MemoryUnit.GiB)["spec"]
+    claim = {"metadata": {"name": "w", "namespace": "default", "uid": "claim-w"}, "spec": spec}
+    read = read_requests(claim)
+    assert not isinstance(read, NotOurs), read
+    assert [(r.count, r.memory_bytes // 2**30) for r in read] == [(2, 3)]
