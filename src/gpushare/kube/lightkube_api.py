@@ -57,13 +57,6 @@ ResourceClaimResource: Any = create_namespaced_resource(
 ResourceClaimTemplateResource: Any = create_namespaced_resource(
     "resource.k8s.io", "v1", "ResourceClaimTemplate", "resourceclaimtemplates"
 )
-ResourceClaimResource: Any = create_namespaced_resource(
-    "resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"
-)
-ResourceSliceResource: Any = create_global_resource(
-    "resource.k8s.io", "v1", "ResourceSlice", "resourceslices"
-)
-"""DRA objects as plain JSON (generic resources): the allocator reads and writes them as dicts."""
 
 
 class _WatchLine(msgspec.Struct):
@@ -621,8 +614,15 @@ class LightkubeAPI:
             fields={"spec.driver": DRA_DRIVER},
         )
 
-    async def list_resource_claims(self) -> tuple[list[KubeDict], str]:
-        """Every ResourceClaim."""
+    async def list_resource_claims(self, namespace: str = "") -> tuple[list[KubeDict], str]:
+        """Every ResourceClaim, or those of ``namespace``."""
+        if namespace:
+            _names(namespace=namespace)
+            return await self._list(
+                ResourceClaimResource,
+                f"list resourceclaims in namespace {namespace}",
+                namespace=namespace,
+            )
         return await self._list(ResourceClaimResource, "list resourceclaims", namespace="*")
 
     def watch_resource_claims(self, resource_version: str) -> AsyncIterator[WatchEvent]:
@@ -801,9 +801,9 @@ class LightkubeAPI:
             return failed(str(err))
         return verdict(answer)
 
-    # -- DRA (DraAPI) ----------------------------------------------------------------------------
+    # -- DRA driver (SliceAPI) ---------------------------------------------------------------------
 
-    async def list_resource_slices(self, node: str, driver: str) -> list[KubeDict]:
+    async def list_node_slices(self, node: str, driver: str) -> list[KubeDict]:
         """The slices of ``driver`` on ``node``."""
         _names(node=node)
         fields = {"spec.nodeName": node, "spec.driver": driver}
@@ -832,11 +832,3 @@ class LightkubeAPI:
         _names(name=name)
         with _mapped(f"delete resourceslice {name}"):
             await self._client.delete(ResourceSliceResource, name)
-
-    async def get_resource_claim(self, namespace: str, name: str) -> KubeDict:
-        """One claim."""
-        _names(namespace=namespace, name=name)
-        with _mapped(f"get resourceclaim {namespace}/{name}"):
-            return _to_dict(
-                await self._client.get(ResourceClaimResource, name, namespace=namespace)
-            )

@@ -217,7 +217,8 @@ class PolicyAPI(Protocol):
 
 
 class DraAPI(Protocol):
-    """DRA objects (``resource.k8s.io/v1``) for gpushare's DRA allocator (docs/dra.md).
+    """DRA objects (``resource.k8s.io/v1``) for gpushare's DRA allocator and for what
+    ``kubectl inspect cgpu`` and the extender's metrics read in DRA mode (docs/dra.md).
 
     Writes of a claim carry its ``metadata.resourceVersion``: the API server refuses a stale
     one with Conflict, and the caller reads the claim again.
@@ -231,8 +232,9 @@ class DraAPI(Protocol):
         """Changes of gpushare's ResourceSlices."""
         ...
 
-    async def list_resource_claims(self) -> tuple[list[KubeDict], str]:
-        """Every ResourceClaim, in all namespaces, and the list's version."""
+    async def list_resource_claims(self, namespace: str = "") -> tuple[list[KubeDict], str]:
+        """Every ResourceClaim, in all namespaces (or in ``namespace``: what a tenant's Role
+        may list, for ``kubectl inspect cgpu``), and the list's version."""
         ...
 
     def watch_resource_claims(self, resource_version: str) -> AsyncIterator[WatchEvent]:
@@ -281,11 +283,11 @@ class ReviewAPI(Protocol):
         ...
 
 
-class DraAPI(Protocol):
+class SliceAPI(Protocol):
     """What the DRA driver reads and writes (``resource.k8s.io/v1``): its node's
     ResourceSlices and the claims kubelet asks it to prepare."""
 
-    async def list_resource_slices(self, node: str, driver: str) -> list[KubeDict]:
+    async def list_node_slices(self, node: str, driver: str) -> list[KubeDict]:
         """The slices of ``driver`` on ``node`` (field selectors ``spec.nodeName``,
         ``spec.driver``)."""
         ...
