@@ -163,6 +163,7 @@ class Round:
     refused: list[str] = field(default_factory=list)
     ungated: list[str] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)
+    not_ours: list[str] = field(default_factory=list)
 
 
 async def _always() -> bool:
@@ -198,6 +199,8 @@ class DraAllocator:
         self.nodes = Mirror("DRA nodes", api.list_dra_nodes, api.watch_dra_nodes, self.wake)
         self.gated: dict[str, KubeDict] = {}
         """Gated pods by UID, as the extender's pod watch last showed them."""
+        self.on_round: Callable[[Round], None] | None = None
+        """Told what each round did (the extender's metrics count it)."""
 
     def take(self, change: object) -> None:
         """Follow the extender's pod watch (``ClusterCache.run`` hands each change): keep the
@@ -228,7 +231,9 @@ class DraAllocator:
                     await self.wake.wait()
             self.wake.clear()
             try:
-                await self.round()
+                done = await self.round()
+                if self.on_round is not None:
+                    self.on_round(done)
             except Exception:
                 log.exception("DRA allocation round failed; trying again")
 
@@ -306,6 +311,7 @@ class DraAllocator:
                 done.refused.append(key)
                 self._tell(pod, "Warning", "DRANoFit", outcome.message[:1000])
             else:
+                done.not_ours.append(key)
                 log.info("pod %s: %s; left to kube-scheduler", key, outcome.reason)
         if await self._ungate(pod):
             done.ungated.append(key)

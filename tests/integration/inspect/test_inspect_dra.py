@@ -11,6 +11,9 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
+
+from gpushare.core.decision.scheduling import Settings
 from gpushare.core.dra.slices import SliceSpec, build_slice, device_name
 from gpushare.core.model.inventory import Gpu, Mode
 from gpushare.core.model.names import (
@@ -23,7 +26,7 @@ from gpushare.core.model.names import (
 from gpushare.core.model.requests import PodRequest, read_pod
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.allocation import plan
-from gpushare.inspect.cli import collect, render
+from gpushare.inspect.cli import CannotExplain, collect, collect_explanation, render
 from gpushare.inspect.scope import Scope
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node, gpu_pod, placed
@@ -242,3 +245,20 @@ def test_a_device_plugin_cluster_whose_reader_may_not_list_dra_objects_is_unchan
     kube.forbidden |= {"list_resource_slices", "list_resource_claims:*"}
     assert text(kube, details=True) == before
     assert "Note:" not in before
+
+
+def test_explain_says_it_covers_device_plugin_nodes_only() -> None:
+    kube = dra_cluster()
+    with pytest.raises(CannotExplain, match=r"DRA mode.*covers device-plugin nodes only"):
+        asyncio.run(collect_explanation(kube, "team-a", "train", settings=Settings()))
+    kube.put_node(gpu_node("n2", ip="10.0.0.2", gpus_units=[15]))
+    kube.create_pod(gpu_pod("small", mem=2, namespace="team-a"))
+    notes: list[str] = []
+    explanation = asyncio.run(
+        collect_explanation(kube, "team-a", "small", settings=Settings(), notes=notes)
+    )
+    assert explanation is not None
+    assert notes == [
+        "note: --explain covers device-plugin nodes only; 1 DRA node(s) (n1) are not scored "
+        "(docs/dra.md, limits)"
+    ]
