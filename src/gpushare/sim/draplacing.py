@@ -49,7 +49,7 @@ from gpushare.core.model.hostresources import HostResources
 from gpushare.core.model.inventory import Gpu, NodeInventory
 from gpushare.core.model.names import DRA_DEVICE_CLASS
 from gpushare.kube.port import KubeDict
-from gpushare.sim.gpumem import MemoryCluster, MemorySettings, pod_json
+from gpushare.sim.gpumem import MemoryCluster, MemorySettings, node_json, pod_json
 from gpushare.sim.openb import TraceNode, TracePod
 
 MODES = ("first-fit", "first-fit-order", "dra", "device-plugin")
@@ -125,6 +125,7 @@ class DraCluster(MemoryCluster):
             self.state.nodes[view.name] = view
             self.inventories[i] = view
         self.pods_on: list[int] = [0] * len(self.nodes)
+        self._labels: dict[int, dict[str, str]] = {}
 
     def place(self, pod: TracePod, uid: str) -> tuple[int, str]:
         if not pod.num_gpu:
@@ -185,7 +186,17 @@ class DraCluster(MemoryCluster):
         return read.allocation.mem_units, ""
 
     def _node_object(self, i: int) -> KubeDict:
-        return {"metadata": {"name": self.nodes[i].name}, "spec": {}, "status": {}}
+        """The Node as the allocator reads it: its labels (the GPU model's among them, which a
+        pod's required node affinity names) as ``MemoryCluster`` writes them."""
+        labels = self._labels.get(i)
+        if labels is None:
+            node = node_json(self.nodes[i], self.settings, self.distance[i])
+            labels = self._labels[i] = dict((node.get("metadata") or {}).get("labels") or {})
+        return {
+            "metadata": {"name": self.nodes[i].name, "labels": labels},
+            "spec": {},
+            "status": {},
+        }
 
 
 def _with_host(view: NodeInventory, inv: NodeInventory) -> NodeInventory:
