@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -262,3 +263,19 @@ def test_explain_says_it_covers_device_plugin_nodes_only() -> None:
         "note: --explain covers device-plugin nodes only; 1 DRA node(s) (n1) are not scored "
         "(docs/dra.md, limits)"
     ]
+
+
+def test_a_mixed_cluster_golden(golden: Callable[[str, str], None]) -> None:
+    """A core_mem DRA node with shares of memory and computing power, a device-plugin node,
+    and a claim on a device the slice does not publish: the table, -d and -o json."""
+    kube = MemoryKube()
+    dra_node(kube, "dra-a", "10.0.1.1", [16, 16, 16], mode=Mode.CORE_MEM)
+    dra_pod(kube, "train", "ml", "dra-a", 0, 8, cores=50)
+    dra_pod(kube, "tune", "ml", "dra-a", 0, 4, cores=25)
+    dra_pod(kube, "serve", "web", "dra-a", 2, 6, cores=30)
+    dra_pod(kube, "stray", "web", "dra-a", 5, 2)
+    kube.put_node(gpu_node("dp-b", ip="10.0.1.2", gpus_units=[15, 15]))
+    dp_pod(kube, "infer", "web", "dp-b", 1, 7)
+    golden("inspect_dra_summary.txt", text(kube))
+    golden("inspect_dra_details.txt", text(kube, details=True))
+    golden("inspect_dra.json", text(kube, output="json"))
