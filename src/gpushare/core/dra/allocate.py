@@ -14,9 +14,10 @@ and ``allocation_status`` writes the claim's ``status`` as kube-scheduler's own 
   ``device`` (``gpu-<index>``), ``consumedCapacity`` and ``shareID`` on a device that allows
   multiple allocations. ``shareID`` must be an RFC 4122 UUID in lowercase
   (pkg/apis/resource/validation/validation.go ``validateDeviceRequestAllocationResult`` ->
-  ``validateUID``); the scheduler's allocator tracks shared devices by (device, shareID) and
-  sums ``consumedCapacity`` of allocated claims (``structured.MakeSharedDeviceID``), so it sees
-  gpushare's shares as taken.
+  ``validateUID``). kube-scheduler counts an allocated result with a ``shareID`` as a share of the
+  device consuming its ``consumedCapacity``, and one without as the whole device taken
+  (pkg/scheduler/framework/plugins/dynamicresources/allocateddevices.go), so both must be
+  written for stock claims to see gpushare's shares and the rest of the GPU.
 - ``status.allocation.nodeSelector``: ``matchFields metadata.name In [node]``; the scheduler's
   dynamicresources PreFilter reads an allocated claim's node selector as where the pod may go
   (pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go, ``availableOnNodes``)
