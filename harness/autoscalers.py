@@ -48,7 +48,13 @@ import yaml
 
 from gpushare.core.model.gpumodel import gpu_node_labels
 from gpushare.core.model.inventory import Gpu, Mode, inventory_annotation
-from gpushare.core.model.names import ANN_NODE_GPUS, ANN_NODE_UNIT, LABEL_NODE_GPUS_PUBLISHED
+from gpushare.core.model.names import (
+    ALLOCATION_MODE_DRA,
+    ANN_NODE_GPUS,
+    ANN_NODE_UNIT,
+    LABEL_ALLOCATION_MODE,
+    LABEL_NODE_GPUS_PUBLISHED,
+)
 from gpushare.core.model.units import MemoryUnit
 from gpushare.kube.objects import gpu_node
 from harness.cluster import Cluster, Process, wait_for
@@ -180,6 +186,32 @@ def cpu_template(
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": group, "labels": {}, "annotations": {}},
+        "status": {"capacity": dict(resources), "allocatable": dict(resources)},
+    }
+    return _template(node, group, labels, (), min_count, max_count)
+
+
+def dra_template(
+    group: str,
+    *,
+    labels: Mapping[str, str] | None = None,
+    min_count: int = 0,
+    max_count: int = 4,
+) -> dict[str, Any]:
+    """A cluster-autoscaler kwok template Node for a group of DRA nodes: labelled
+    ``gpushare.io/allocation-mode=dra``, no ``aliyun.com/*`` resources (the device plugin
+    refuses a DRA node, so kubelet reports none). Its GPUs are in its ResourceSlice, which the
+    kwok provider's template cannot carry (``cloudprovider/kwok/kwok_nodegroups.go``
+    ``TemplateNodeInfo`` gives no slices)."""
+    resources = {"cpu": "32", "memory": "128Gi", "pods": "110"}
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": group,
+            "labels": {LABEL_ALLOCATION_MODE: ALLOCATION_MODE_DRA},
+            "annotations": {},
+        },
         "status": {"capacity": dict(resources), "allocatable": dict(resources)},
     }
     return _template(node, group, labels, (), min_count, max_count)
