@@ -73,6 +73,9 @@ SCALE_DOWN = (
     "--scale-down-delay-after-add=0s",
     "--scale-down-delay-after-delete=0s",
     "--scale-down-delay-after-failure=0s",
+    # a node found unremovable is simulated again only after this (default 5 min,
+    # core/scaledown/planner/planner.go)
+    "--unremovable-node-recheck-timeout=5s",
     # every node is a candidate: what keeps one is the re-placement of its pods, GPU by GPU
     # (cluster-autoscaler counts a shared device with any claim as wholly used,
     # simulator/dynamicresources/utils/utilization.go)
