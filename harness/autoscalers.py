@@ -72,6 +72,10 @@ it (``nodegroups.fromNodeLabelKey``) and each Karpenter NodePool here sets it to
 CA_GROUP_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/name"
 CA_MIN_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/min-count"
 CA_MAX_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/max-count"
+CA_DESIRED_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/desired-count"
+"""The group's size when the provider starts; it must lie within min and max or the provider
+exits (``cloudprovider/kwok/kwok_helpers.go`` ``parseAnnotations``, default 0), and each loop
+replaces it with the nodes the group has (``kwok_provider.go`` ``Refresh``)."""
 KARPENTER_NODEPOOL_LABEL = "karpenter.sh/nodepool"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 GIB_MIB = 1024
@@ -231,7 +235,11 @@ def _template(
     meta["labels"].setdefault("kubernetes.io/arch", "amd64")
     # the provider writes into the annotations map, which must exist (AUTOSCALERS.md 1b)
     meta["annotations"].update(
-        {CA_MIN_ANNOTATION: str(min_count), CA_MAX_ANNOTATION: str(max_count)}
+        {
+            CA_MIN_ANNOTATION: str(min_count),
+            CA_MAX_ANNOTATION: str(max_count),
+            CA_DESIRED_ANNOTATION: str(min_count),
+        }
     )
     if taints:
         node["spec"] = {"taints": [dict(t) for t in taints]}

@@ -225,8 +225,15 @@ def test_scale_down_keeps_a_node_whose_claims_fit_nowhere_else(
             try:
                 ca.wait_loops(8, timeout=90)  # well past the 5 s unneeded time
                 assert sorted(group_node_names(cluster, group)) == [a, b]
-                for node in (a, b):
-                    assert ca.log_lines(f"Node {node} is not suitable for removal"), ca.tail(80)
+                # its claims re-placed GPU by GPU: none of a's on b (5 GiB free a GPU), two of
+                # b's on a (16 GiB free on two GPUs); by the nodes' sums both would move
+                for node, moved in ((a, "0 out of 2"), (b, "2 out of 4")):
+                    why = f"Node {node} is not suitable for removal: can reschedule only {moved} "
+                    assert ca.log_lines(why), ca.tail(80)
+                # and its utilization counts a GPU with any claim as used: b's 69 % of GPU
+                # memory is 100 %, a's 28 % is 50 %
+                assert ca.log_lines(f"Node {b} - .* requested is 100% of allocatable")
+                assert ca.log_lines(f"Node {a} - .* requested is 50% of allocatable")
                 started = time.monotonic()
                 cluster.kubectl("delete", "pod", "-n", tag, f"{a}-0", f"{a}-1")
                 wait_for(
