@@ -84,7 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     traces: Path = args.traces
     pods_file = traces / f"openb_pod_list_{args.trace}.csv"
     if not (traces / NODE_LIST).exists() or not pods_file.exists():
-        print(f"the openb traces are not at {traces} (--traces): nothing to measure", file=sys.stderr)
+        print(
+            f"the openb traces are not at {traces} (--traces): nothing to measure", file=sys.stderr
+        )
         return 2
     nodes = read_nodes(traces / NODE_LIST)
     if args.nodes:

@@ -46,7 +46,7 @@ from gpushare.core.dra.allocate import (
 from gpushare.core.dra.ledger import DraLedger, read_holding, read_ledger
 from gpushare.core.dra.slices import SliceSpec, build_slice
 from gpushare.core.model.hostresources import HostResources
-from gpushare.core.model.inventory import Gpu, Mode, NodeInventory
+from gpushare.core.model.inventory import Gpu, NodeInventory
 from gpushare.core.model.names import DRA_DEVICE_CLASS
 from gpushare.kube.port import KubeDict
 from gpushare.sim.gpumem import MemoryCluster, MemorySettings, pod_json
@@ -68,7 +68,11 @@ def claim_json(pod: TracePod, *, uid: str, units_per_gpu: int, unit_mib: int) ->
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
-        "metadata": {"name": f"{pod.name}-{uid}-gpushare", "namespace": "default", "uid": f"c{uid}"},
+        "metadata": {
+            "name": f"{pod.name}-{uid}-gpushare",
+            "namespace": "default",
+            "uid": f"c{uid}",
+        },
         "spec": {"devices": {"requests": [{"name": "main", "exactly": exactly}]}},
     }
 
@@ -84,8 +88,14 @@ def dra_pod_json(pod: TracePod, *, uid: str) -> KubeDict:
 class DraCluster(MemoryCluster):
     """``MemoryCluster`` whose GPU pods go through ``core.dra.allocate`` (see the module)."""
 
-    def __init__(self, nodes: Sequence[TraceNode], *, policy: str, seed: int,
-                 settings: MemorySettings | None = None) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[TraceNode],
+        *,
+        policy: str,
+        seed: int,
+        settings: MemorySettings | None = None,
+    ) -> None:
         super().__init__(nodes, policy=policy, seed=seed, settings=settings)
         unit = self.settings.unit
         slices = [
@@ -94,8 +104,15 @@ class DraCluster(MemoryCluster):
                     node=inv.name,
                     unit=unit,
                     mode=inv.mode,
-                    gpus=tuple(Gpu(index=g.index, mem_units=g.mem_units, uuid=f"{inv.name}-{g.index}",
-                                   model=n.model) for g in inv.gpus),
+                    gpus=tuple(
+                        Gpu(
+                            index=g.index,
+                            mem_units=g.mem_units,
+                            uuid=f"{inv.name}-{g.index}",
+                            model=n.model,
+                        )
+                        for g in inv.gpus
+                    ),
                 )
             )
             for inv, n in zip(self.inventories, self.nodes, strict=True)
@@ -119,7 +136,9 @@ class DraCluster(MemoryCluster):
         candidates = np.flatnonzero(model & room & gpus)
         obj = dra_pod_json(pod, uid=uid)
         claim = claim_json(pod, uid=uid, units_per_gpu=need, unit_mib=self.settings.unit.mib)
-        requests = (ClaimRequest("main", max(1, pod.num_gpu), need * self.settings.unit.mib * MIB, 0),)
+        requests = (
+            ClaimRequest("main", max(1, pod.num_gpu), need * self.settings.unit.mib * MIB, 0),
+        )
         request = claim_request(obj, requests, self.settings.unit)
         if self.scheduler.workload is not None:  # the extender counts the claim's shape
             self.scheduler.workload.count(uid, request)
@@ -136,8 +155,16 @@ class DraCluster(MemoryCluster):
             )
             for i in order
         ]
-        outcome = allocate(obj, claim, views, self.ledger, self.scheduler, unit=self.settings.unit,
-                           cluster=self.state.nodes, requests=requests)
+        outcome = allocate(
+            obj,
+            claim,
+            views,
+            self.ledger,
+            self.scheduler,
+            unit=self.settings.unit,
+            cluster=self.state.nodes,
+            requests=requests,
+        )
         if not isinstance(outcome, Allocated):
             return 0, "no node" if not len(candidates) else "core filter"
         # what the claim's status records is what counts: read it back as the ledger does
@@ -170,8 +197,14 @@ class FirstFitCluster(MemoryCluster):
     """The stock path's model (see the module docstring): first devices in published order;
     nodes by kube-scheduler's default scores (``by_order=False``) or the seed's order."""
 
-    def __init__(self, nodes: Sequence[TraceNode], *, seed: int, by_order: bool,
-                 settings: MemorySettings | None = None) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[TraceNode],
+        *,
+        seed: int,
+        by_order: bool,
+        settings: MemorySettings | None = None,
+    ) -> None:
         super().__init__(nodes, policy="binpack", seed=seed, settings=settings)
         self.by_order = by_order
         self.cpu0 = np.array([n.cpu_milli for n in self.nodes], dtype=np.float64)
@@ -190,8 +223,12 @@ class FirstFitCluster(MemoryCluster):
         if self.by_order:
             i = int(candidates[np.argmin(self.rank[candidates])])
         else:
-            cpu = (self.cpu0[candidates] - self.cpu[candidates] + pod.cpu_milli) / self.cpu0[candidates]
-            mem = (self.mem0[candidates] - self.mem[candidates] + pod.memory_mib) / self.mem0[candidates]
+            cpu = (self.cpu0[candidates] - self.cpu[candidates] + pod.cpu_milli) / self.cpu0[
+                candidates
+            ]
+            mem = (self.mem0[candidates] - self.mem[candidates] + pod.memory_mib) / self.mem0[
+                candidates
+            ]
             least = ((1 - cpu) * 100 + (1 - mem) * 100) / 2
             balanced = (1 - np.abs(cpu - mem) / 2) * 100
             score = np.floor(least) + np.floor(balanced)

@@ -6,8 +6,9 @@ it with the same placement code as device-plugin mode: the claim's requests beco
 ``PodRequest`` (``claim_request``), every candidate node is filtered and scored by the
 ``Placer`` (the extender's ``core.decision.scheduling.Scheduler``: binpack or spread per node
 label, the fragmentation-aware policy inside a node), the best score wins with ties to the first
-node given (the adapter gives them in name order: ``core.placement.ranking.single_top``'s rule), and ``allocation_status`` writes the
-claim's ``status`` as kube-scheduler's own allocator would (checked against kubernetes v1.36.3):
+node given (the adapter gives them in name order: ``core.placement.ranking.single_top``'s rule),
+and ``allocation_status`` writes the claim's ``status`` as kube-scheduler's own allocator would
+(checked against kubernetes v1.36.3):
 
 - ``status.allocation.devices.results[]``: ``request``, ``driver``, ``pool`` (= the node),
   ``device`` (``gpu-<index>``), ``consumedCapacity`` and ``shareID`` on a device that allows
@@ -46,6 +47,7 @@ from typing import Any, Protocol
 from gpushare.core.booking.ledger import Ledger
 from gpushare.core.dra.slices import device_name, quantity
 from gpushare.core.model.containers import ContainerKind
+from gpushare.core.model.gpumodel import pod_models
 from gpushare.core.model.hostresources import HostResources, pod_requests
 from gpushare.core.model.inventory import NodeInventory
 from gpushare.core.model.kubejson import (
@@ -67,7 +69,6 @@ from gpushare.core.model.names import (
 )
 from gpushare.core.model.quantity import parse_quantity
 from gpushare.core.model.requests import CORE_STEP, ContainerRequest, PodRequest
-from gpushare.core.model.gpumodel import pod_models
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.placement.filtering import Verdict
 from gpushare.core.records.allocation import Allocation, plan
@@ -298,7 +299,8 @@ def node_refusal(pod: KubeObject, view: NodeView) -> str | None:
     name = name_of(node)
     spec = spec_of(node)
     pod_spec = pod_spec_of(pod)
-    tolerations = list(pod_spec.get("tolerations") or [])
+    raw_tolerations = pod_spec.get("tolerations")
+    tolerations: list[Any] = list(raw_tolerations) if isinstance(raw_tolerations, list) else []
     if spec.get("unschedulable") and not _tolerated(
         {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}, tolerations
     ):
@@ -315,12 +317,9 @@ def node_refusal(pod: KubeObject, view: NodeView) -> str | None:
     for key, value in (pod_spec.get("nodeSelector") or {}).items():
         if labels.get(key) != value:
             return f"node {name} does not match the pod's nodeSelector {key}={value}"
-    required = (
-        ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        )
-        or {}
-    )
+    required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
     terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
     if terms and not any(_term_matches(t, labels, name) for t in terms if isinstance(t, Mapping)):
         return f"node {name} does not match the pod's required node affinity"

@@ -37,6 +37,7 @@ from typing import Any
 
 from gpushare.core.booking.ledger import GpuUsage, Ledger, NodeUsage
 from gpushare.core.dra.slices import SliceSpec, device_name, gpus_from_slice, index_of
+from gpushare.core.model.containers import ContainerKind
 from gpushare.core.model.hostresources import NOTHING, node_allocatable
 from gpushare.core.model.inventory import CORE_PER_GPU, NodeInventory, Placement
 from gpushare.core.model.kubejson import KubeObject, labels_of, name_of, namespace_of, uid_of
@@ -49,7 +50,6 @@ from gpushare.core.model.names import (
 from gpushare.core.model.quantity import parse_quantity
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.allocation import Allocation, ContainerShare, GpuShare
-from gpushare.core.model.containers import ContainerKind
 
 MIB = 1024 * 1024
 
@@ -228,9 +228,9 @@ def memory_units(raw: Any, unit: MemoryUnit) -> int | None:
     return int(units) if units.denominator == 1 else None
 
 
-def read_holding(claim: KubeObject, nodes: Mapping[str, SliceSpec]) -> tuple[
-    ClaimHolding | None, list[LedgerProblem]
-]:
+def read_holding(
+    claim: KubeObject, nodes: Mapping[str, SliceSpec]
+) -> tuple[ClaimHolding | None, list[LedgerProblem]]:
     """One claim's holding of gpushare GPUs, with the results not counted and why; None when
     it holds none (not allocated, or only other drivers' devices)."""
     key = f"{namespace_of(claim)}/{name_of(claim)}"
@@ -250,15 +250,21 @@ def read_holding(claim: KubeObject, nodes: Mapping[str, SliceSpec]) -> tuple[
         index = index_of(device)
         if spec is None:
             problems.append(
-                LedgerProblem(key, f"{here}.pool={pool!r}: no gpushare ResourceSlice publishes "
-                "this pool; the share is not counted until the node's driver publishes it")
+                LedgerProblem(
+                    key,
+                    f"{here}.pool={pool!r}: no gpushare ResourceSlice publishes "
+                    "this pool; the share is not counted until the node's driver publishes it",
+                )
             )
             continue
         gpu = next((g for g in spec.gpus if g.index == index), None) if index is not None else None
         if gpu is None:
             problems.append(
-                LedgerProblem(key, f"{here}.device={device!r}: node {pool}'s slice publishes no "
-                "such device (out of service or never there); the share is not counted")
+                LedgerProblem(
+                    key,
+                    f"{here}.device={device!r}: node {pool}'s slice publishes no "
+                    "such device (out of service or never there); the share is not counted",
+                )
             )
             continue
         consumed = result.get("consumedCapacity") or {}
@@ -270,14 +276,20 @@ def read_holding(claim: KubeObject, nodes: Mapping[str, SliceSpec]) -> tuple[
         core_amount = _amount(core_raw)
         if mem is None or core_amount is None or core_amount.denominator != 1:
             problems.append(
-                LedgerProblem(key, f"{here}.consumedCapacity={dict(consumed)!r}: memory must be "
-                f"whole units of {spec.unit.value} and cores a whole percent; not counted")
+                LedgerProblem(
+                    key,
+                    f"{here}.consumedCapacity={dict(consumed)!r}: memory must be "
+                    f"whole units of {spec.unit.value} and cores a whole percent; not counted",
+                )
             )
             continue
         if where_node and pool != where_node:
             problems.append(
-                LedgerProblem(key, f"{here}.pool={pool!r}: the claim also holds GPUs on "
-                f"{where_node}; gpushare claims hold one node, this result is not counted")
+                LedgerProblem(
+                    key,
+                    f"{here}.pool={pool!r}: the claim also holds GPUs on "
+                    f"{where_node}; gpushare claims hold one node, this result is not counted",
+                )
             )
             continue
         where_node = pool
