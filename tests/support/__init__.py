@@ -7,6 +7,7 @@
 - ``isolating``: the isolation hooks in the plugin rig.
 - ``grpc_loop``: the one event loop the gRPC clients and servers of the tests run on.
 - ``admission``, ``tampering``: AdmissionReview requests, by workload and by user.
+- ``jsonpatching``: a JSON Patch applied as the API server would, to check a patched pod.
 - ``platform_nodes``: nodes as GKE, EKS, Bottlerocket, AKS, OpenShift, k3s and RKE2 write them.
 - ``nvidia_shapes``: the pods and plugins of NVIDIA's GPU Operator, as the admission sees them.
 - ``properties``: random clusters and request streams (hypothesis) and their invariant.

@@ -7,7 +7,7 @@ Lease its kube-scheduler holds.
 
 from __future__ import annotations
 
-import os
+import socket
 from typing import Any
 
 import click
@@ -128,6 +128,9 @@ def autoscaling_settings(settings: Settings, flags: dict[str, Any]) -> Autoscali
         threshold=float(flags["scale_down_threshold"]),
         lease=lease,
         lease_namespace=namespace,
-        identity=os.environ.get("POD_NAME") or os.environ.get("HOSTNAME", ""),
+        # kube-scheduler names the Lease's holder os.Hostname() + "_" + a UUID (k8s v1.36
+        # cmd/kube-scheduler/app/server.go); the extender shares its container's UTS namespace,
+        # so the same hostname is the pod's name, or the node's under hostNetwork.
+        identity=socket.gethostname(),
         period_s=float(flags["autoscaling_period"]),
     )

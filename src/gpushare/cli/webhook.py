@@ -112,6 +112,38 @@ def visible_devices_options(command: Callable[..., Any]) -> Callable[..., Any]:
     "nvidia.com/gpu:NoSchedule): key[=value][:effect] or a Toleration as JSON (repeatable; the "
     "chart's webhook.steer.tolerations). Pods naming --scheduler-name get them too.",
 )
+@click.option(
+    "--dra",
+    "dra_enabled",
+    is_flag=True,
+    help="Serve POST /mutate-dra and /mutate-dra-namespace: turn the ACK resources of pods in DRA "
+    "mode into a claim, creating its ResourceClaimTemplate (the chart's dra.enabled; needs an API "
+    "client: in-cluster or --kubeconfig).",
+)
+@click.option(
+    "--dra-memory-unit",
+    default="1GiB",
+    show_default=True,
+    help="What one aliyun.com/gpu-mem counts in DRA mode: 1GiB or 128MiB (dra.memoryUnit).",
+)
+@click.option(
+    "--dra-default-mode",
+    type=click.Choice(["device-plugin", "dra"]),
+    default="device-plugin",
+    show_default=True,
+    help="dra: every new GPU pod outside the skipped namespaces is converted, not only those of "
+    "namespaces labelled gpushare.io/allocation-mode=dra or selecting such nodes "
+    "(dra.defaultMode).",
+)
+@click.option(
+    "--dra-no-gate",
+    is_flag=True,
+    help="Leave the gpushare.io/dra-allocation scheduling gate off converted pods, for clusters "
+    "where gpushare's DRA allocator does not run (the stock allocator then places claims).",
+)
+@click.option(
+    "--kubeconfig", default=None, help="Path to a kubeconfig (default: in-cluster or $KUBECONFIG)."
+)
 @visible_devices_options
 @log_level_option
 @log_format_option
@@ -134,6 +166,11 @@ def webhook(
     nvidia_visible_devices: str,
     device_list_strategy: str,
     exempt_namespaces: tuple[str, ...],
+    dra_enabled: bool,
+    dra_memory_unit: str,
+    dra_default_mode: str,
+    dra_no_gate: bool,
+    kubeconfig: str | None,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -142,7 +179,9 @@ def webhook(
     from pathlib import Path
 
     from gpushare.core.admitting.admission import AdmissionSettings
+    from gpushare.core.admitting.draconverting import DraSettings
     from gpushare.core.admitting.tampering import TrustedWriters
+    from gpushare.core.model.units import MemoryUnit
     from gpushare.webhook.app import WebhookMetrics, create_app, serve, server_config
     from gpushare.webhook.certs import CertificateReloader
 
@@ -170,9 +209,20 @@ def webhook(
     ):
         if not Path(path).is_file():
             raise CommandError(f"{flag}={path!r} is not a readable file")
+    dra = None
+    templates = None
+    if dra_enabled:
+        try:
+            unit = MemoryUnit.parse(dra_memory_unit)
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--dra-memory-unit") from None
+        dra = DraSettings(unit=unit, default_dra=dra_default_mode == "dra", gate=not dra_no_gate)
+        from gpushare.kube.lightkube_api import LightkubeAPI
+
+        templates = LightkubeAPI.connect(kubeconfig)
     setup_logging(log_level, log_format)
     metrics = WebhookMetrics()
-    app = create_app(settings, metrics)
+    app = create_app(settings, metrics, dra=dra, templates=templates)
     reloader = CertificateReloader(
         tls_cert_file,
         tls_private_key_file,

@@ -45,6 +45,9 @@ from gpushare.kube.port import (
 )
 
 ResourcePolicyResource: Any = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
+ResourceClaimTemplateResource: Any = create_namespaced_resource(
+    "resource.k8s.io", "v1", "ResourceClaimTemplate", "resourceclaimtemplates"
+)
 
 
 class _WatchLine(msgspec.Struct):
@@ -515,6 +518,23 @@ class LightkubeAPI:
         )
         with _mapped(f"create secret {namespace}/{name}"):
             return _to_dict(await self._client.create(secret))  # its namespace is in metadata
+
+    async def create_claim_template(self, template: Mapping[str, Any]) -> KubeDict:
+        """Create a ResourceClaimTemplate in its namespace; Conflict (409) when it exists."""
+        metadata = template.get("metadata") or {}
+        namespace, name = str(metadata.get("namespace", "")), str(metadata.get("name", ""))
+        _names(namespace=namespace, name=name)
+        with _mapped(f"create resourceclaimtemplate {namespace}/{name}"):
+            posted = ResourceClaimTemplateResource.from_dict(dict(template))
+            created = await self._client.create(posted)
+            return _to_dict(created)
+
+    async def get_claim_template(self, namespace: str, name: str) -> KubeDict:
+        """One ResourceClaimTemplate."""
+        _names(namespace=namespace, name=name)
+        with _mapped(f"get resourceclaimtemplate {namespace}/{name}"):
+            found = await self._client.get(ResourceClaimTemplateResource, name, namespace=namespace)
+            return _to_dict(found)
 
     async def patch_node(
         self,

@@ -229,3 +229,15 @@ class ReviewAPI(Protocol):
         """Whether ``identity`` may ``verb`` the non-resource URL ``path``
         (SubjectAccessReview)."""
         ...
+
+
+class ClaimTemplateAPI(Protocol):
+    """ResourceClaimTemplates (``resource.k8s.io/v1``), which the webhook makes in DRA mode."""
+
+    async def create_claim_template(self, template: Mapping[str, Any]) -> KubeDict:
+        """Create the template in its ``metadata.namespace``; Conflict (409) when it exists."""
+        ...
+
+    async def get_claim_template(self, namespace: str, name: str) -> KubeDict:
+        """One template; NotFound when there is none."""
+        ...

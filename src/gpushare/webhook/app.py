@@ -1,5 +1,10 @@
 """The webhook's HTTP service (FastAPI): ``POST /validate``, ``POST /mutate``, probes, metrics.
 
+In DRA mode (``dra`` given) it also serves ``POST /mutate-dra`` and ``POST /mutate-dra-namespace``
+(``core.admitting.draconverting``): the ResourceClaimTemplate of a converted pod is created
+(``dratemplates``) before the patch is answered, and a pod whose template cannot be made is
+refused with the reason.
+
 The decisions are ``core.admitting.admission.decide`` and ``core.admitting.admission.mutate``; this
 module only
 reads the body, times the call, counts it and logs it, with the requester (``user=``) so a
@@ -17,6 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -25,8 +31,11 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
 from gpushare.core.admitting.admission import AdmissionSettings, Decision, decide, malformed, mutate
+from gpushare.core.admitting.draconverting import DraSettings, mutate_dra, refused
 from gpushare.exporting import ExportRegistry
+from gpushare.kube.port import ClaimTemplateAPI
 from gpushare.webhook.certs import CertificateReloader
+from gpushare.webhook.dratemplates import ensure_template
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +78,17 @@ class WebhookMetrics:
 Answer = Callable[[Any, AdmissionSettings], Decision]
 
 
-def _review(body: bytes, settings: AdmissionSettings, answer: Answer = decide) -> Decision:
+@dataclass(frozen=True)
+class _Body:
+    """A review body read as JSON."""
+
+    data: Any
+
+
+def _parse(body: bytes) -> _Body | Decision:
+    """The body as JSON, or the malformed Decision saying why it is not."""
     try:
-        data: Any = json.loads(body)
+        return _Body(json.loads(body))
     except UnicodeDecodeError as err:
         where = f"byte 0x{err.object[err.start : err.start + 1].hex()} at offset {err.start}"
         return malformed("", "unknown", f"the body is not UTF-8 ({where}); send JSON as UTF-8")
@@ -84,18 +101,30 @@ def _review(body: bytes, settings: AdmissionSettings, answer: Answer = decide) -
             "the body is JSON nested too deeply to read; an AdmissionReview is a few dozen "
             "levels deep at most",
         )
-    return answer(data, settings)
 
 
-def create_app(settings: AdmissionSettings, metrics: WebhookMetrics | None = None) -> FastAPI:
-    """Build the ASGI app for these admission settings."""
+def _review(body: bytes, settings: AdmissionSettings, answer: Answer = decide) -> Decision:
+    parsed = _parse(body)
+    return answer(parsed.data, settings) if isinstance(parsed, _Body) else parsed
+
+
+def create_app(
+    settings: AdmissionSettings,
+    metrics: WebhookMetrics | None = None,
+    *,
+    dra: DraSettings | None = None,
+    templates: ClaimTemplateAPI | None = None,
+) -> FastAPI:
+    """Build the ASGI app for these admission settings (and DRA mode's, when given)."""
     metrics = metrics or WebhookMetrics()
     app = FastAPI(title="gpushare admission webhook", docs_url=None, redoc_url=None)
     app.state.metrics = metrics
 
     def answer(body: bytes, phase: str, how: Answer) -> Response:
         started = time.perf_counter()
-        decision = _review(body, settings, how)
+        return sent(_review(body, settings, how), phase, started)
+
+    def sent(decision: Decision, phase: str, started: float) -> Response:
         metrics.reviews.labels(decision.kind, decision.decision).inc()
         metrics.latency.observe(time.perf_counter() - started)
         response = decision.review["response"]
@@ -118,6 +147,34 @@ def create_app(settings: AdmissionSettings, metrics: WebhookMetrics | None = Non
     @app.post("/mutate")
     async def mutate_route(request: Request) -> Response:
         return answer(await request.body(), "mutation", mutate)
+
+    async def convert(body: bytes, namespace_selected: bool) -> Response:
+        started = time.perf_counter()
+        parsed = _parse(body)
+        if not isinstance(parsed, _Body):
+            return sent(parsed, "dra", started)
+        assert dra is not None
+        mutation = mutate_dra(parsed.data, settings, dra, namespace_selected=namespace_selected)
+        decision = mutation.decision
+        if mutation.template is not None and not mutation.dry_run:
+            problem = (
+                "the webhook has no API client (gpushare webhook --dra-enabled needs one)"
+                if templates is None
+                else await ensure_template(templates, mutation.template)
+            )
+            if problem:
+                decision = refused(mutation, problem)
+        return sent(decision, "dra", started)
+
+    if dra is not None:
+
+        @app.post("/mutate-dra")
+        async def mutate_dra_route(request: Request) -> Response:
+            return await convert(await request.body(), namespace_selected=False)
+
+        @app.post("/mutate-dra-namespace")
+        async def mutate_dra_namespace_route(request: Request) -> Response:
+            return await convert(await request.body(), namespace_selected=True)
 
     @app.get("/healthz", response_class=PlainTextResponse)
     async def healthz() -> str:

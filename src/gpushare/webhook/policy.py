@@ -8,7 +8,10 @@ such gap. It carries the two rules a forger needs most, in the same words as
 - a pod's ``gpushare.io/*`` and ``ALIYUN_COM_GPU_MEM_*`` annotations cannot be set on CREATE,
   nor added, changed or removed on UPDATE, by anyone but the trusted identities;
 - ``spec.nodeName`` cannot be set on CREATE on a pod whose containers ask for a gpushare
-  resource under limits or requests.
+  resource under limits or requests;
+- DRA mode's scheduling gate ``gpushare.io/dra-allocation`` cannot be lifted by anyone but the
+  trusted identities, and ``gpushare.io/dra-requests`` (the DRA webhook's mark) is accepted on a
+  new pod only beside that gate.
 
 The isolation's variables stay with the webhook (their prefix rules and messages are longer
 than a policy should carry): a tenant who catches the webhook down can switch a container's
@@ -28,7 +31,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpushare.core.admitting.tampering import HANDOFF_ANNOTATION_PREFIXES
-from gpushare.core.model.names import DEFAULT_NAMES, ResourceNames
+from gpushare.core.model.names import (
+    ANN_DRA_REQUESTS,
+    DEFAULT_NAMES,
+    DRA_SCHEDULING_GATE,
+    ResourceNames,
+)
 from gpushare.webhook.configuration import (
     DEFAULT_EXCLUDED_NAMESPACES,
     asks_gpushare,
@@ -55,6 +63,16 @@ def _variables(names: ResourceNames) -> list[dict[str, str]]:
             " ? oldObject.metadata.annotations : {}",
         },
         {"name": "asksGpushare", "expression": asks_gpushare(names)},
+        {
+            "name": "draGated",
+            "expression": "has(object.spec.schedulingGates) && "
+            f"object.spec.schedulingGates.exists(g, g.name == '{DRA_SCHEDULING_GATE}')",
+        },
+        {
+            "name": "oldDraGated",
+            "expression": "request.operation == 'UPDATE' && has(oldObject.spec.schedulingGates) "
+            f"&& oldObject.spec.schedulingGates.exists(g, g.name == '{DRA_SCHEDULING_GATE}')",
+        },
     ]
 
 
@@ -63,7 +81,10 @@ def _lit(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-_KEPT = "(k in variables.oldAnnotations && variables.oldAnnotations[k] == variables.annotations[k])"
+_KEPT = (
+    "((k in variables.oldAnnotations && variables.oldAnnotations[k] == variables.annotations[k])"
+    f" || (k == '{ANN_DRA_REQUESTS}' && request.operation == 'CREATE' && variables.draGated))"
+)
 _BY = " + ' by \"' + request.userInfo.username + '\" is refused: ' + "
 
 
@@ -76,6 +97,11 @@ def _validations(scheduler_name: str) -> list[dict[str, str]]:
         "a pod placed without the gpushare scheduler gets no GPU allocation; remove "
         f"spec.nodeName and let the scheduler place it (schedulerName: {scheduler_name}, with a "
         "nodeSelector or node affinity to choose nodes)"
+    )
+    gate = (
+        "only gpushare's DRA allocator lifts it, once it has placed the pod's claim (lifted by "
+        "anyone else, the stock allocator places the claim outside gpushare's placement); leave "
+        "the gate, gpushare lifts it"
     )
     return [
         {
@@ -97,6 +123,14 @@ def _validations(scheduler_name: str) -> list[dict[str, str]]:
             f"{_HANDOFF} && !(k in variables.annotations))"
             ".map(k, '[\"' + k + '\"]').join(', ') + ' removed'"
             f"{_BY}{_lit(f'{rule}; leave it as it was')}",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": "!variables.oldDraGated || variables.draGated",
+            "message": f'spec.schedulingGates: removing the gate "{DRA_SCHEDULING_GATE}" is '
+            f"refused: {gate}",
+            "messageExpression": f'\'spec.schedulingGates: the gate "{DRA_SCHEDULING_GATE}" '
+            f"removed'{_BY}{_lit(gate)}",
             "reason": "Forbidden",
         },
         {

@@ -20,6 +20,13 @@ without ever asking the scheduler:
   below: kubelet lists the pod's volume mounts after the device plugin's, and runtimes mount
   them in that order (deeper paths later), so the pod's own wins.
 
+- In DRA mode (docs/dra.md) the webhook marks a pod it converted with ``gpushare.io/dra-requests``
+  and holds it with the scheduling gate ``gpushare.io/dra-allocation`` until gpushare's
+  allocator has placed its claim. A tenant who lifts the gate itself has the stock allocator
+  place the claim first-fit, out of gpushare's placement and its ResourcePolicies; so the gate
+  may only be removed by the trusted identities, and the annotation is accepted on a new pod
+  only beside the gate (a pod the webhook converted), never on its own.
+
 So these are refused, by rules that are values (``OWNED_VARIABLES``) and outcomes that are
 values (``Tampering``): each refusal names the field path, the value, the rule and what to do.
 
@@ -73,7 +80,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from gpushare.core.admitting.isolationpaths import covered_by
-from gpushare.core.model.names import SCHEDULER_NAME, ResourceNames
+from gpushare.core.model.names import (
+    ANN_DRA_REQUESTS,
+    DRA_SCHEDULING_GATE,
+    SCHEDULER_NAME,
+    ResourceNames,
+)
 
 HANDOFF_ANNOTATION_PREFIXES = ("gpushare.io/", "ALIYUN_COM_GPU_MEM_")
 """Pod annotation keys only gpushare's extender and device plugin write."""
@@ -498,12 +510,26 @@ def _annotations(template: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return _mapping(_mapping(_mapping(template).get("metadata")).get("annotations"))
 
 
+def _gated(template: Mapping[str, Any] | None) -> bool:
+    """Whether the pod (template) carries DRA mode's scheduling gate."""
+    gates = _mapping(_mapping(template).get("spec")).get("schedulingGates")
+    return any(
+        _mapping(g).get("name") == DRA_SCHEDULING_GATE
+        for g in (gates if isinstance(gates, list) else ())
+    )
+
+
 def _annotation_findings(checked: Checked) -> list[_Finding]:
     new = _annotations(checked.template)
     path = _at(checked.where, "metadata.annotations")
     findings: list[_Finding] = []
     if checked.old is None:
+        # the webhook's own mark on a pod it converted: it grants nothing while the pod waits
+        # behind the gate for gpushare's allocator, which reads the claim, not the annotation
+        converted = _gated(checked.template)
         for key, value in new.items():
+            if key == ANN_DRA_REQUESTS and converted:
+                continue
             if _handoff(key):
                 findings.append(
                     _Finding(
@@ -536,6 +562,23 @@ def _annotation_findings(checked: Checked) -> list[_Finding]:
             )
         )
     return findings
+
+
+def _gate_findings(checked: Checked) -> list[_Finding]:
+    """An untrusted UPDATE that lifts DRA mode's scheduling gate."""
+    if checked.old is None or not _gated(checked.old) or _gated(checked.template):
+        return []
+    path = _at(checked.where, "spec.schedulingGates")
+    return [
+        _Finding(
+            ("schedulingGate", DRA_SCHEDULING_GATE),
+            f'{path}: the gate "{DRA_SCHEDULING_GATE}" removed by '
+            f'"{checked.requester.username}", which is not one of gpushare\'s trusted identities: '
+            f"only gpushare's DRA allocator lifts it, once it has placed the pod's claim (lifted "
+            f"by anyone else, the stock allocator places the claim first-fit, outside gpushare's "
+            f"placement and ResourcePolicies); leave the gate, gpushare lifts it",
+        )
+    ]
 
 
 def _node_findings(checked: Checked, asked: tuple[str, ...], scheduler_name: str) -> list[_Finding]:
@@ -573,7 +616,8 @@ def check(
     new = _env_findings(checked.template, checked.where, asked, owned)
     new += _mount_findings(checked.template, checked.where, asked)
     if not trusted:
-        new += _annotation_findings(checked) + _node_findings(checked, asked, scheduler_name)
+        new += _annotation_findings(checked) + _gate_findings(checked)
+        new += _node_findings(checked, asked, scheduler_name)
     if checked.old is None:
         return Tampering(refused=tuple(f.message for f in new))
     before = {

@@ -88,7 +88,7 @@ class ResourceNames:
 DEFAULT_NAMES = ResourceNames()
 
 
-# DRA mode (docs/dra.md): the same contract through Dynamic Resource Allocation (resource.k8s.io/v1).
+# DRA mode (docs/dra.md): the same contract through Dynamic Resource Allocation.
 DRA_DRIVER = "gpushare.io"
 """The DRA driver's name: ResourceSlices' ``spec.driver``, allocation results' ``driver``, and the
 domain of the device attributes (``gpushare.io/uuid``)."""
