@@ -174,6 +174,8 @@ class Ledger:
         self._confirmed: dict[str, Allocation] = {}
         self._assumed: dict[str, Allocation] = {}
         self._unplaced: dict[str, Unplaced] = {}
+        self._claimed: dict[str, Allocation] = {}
+        """Allocations of DRA claims, by claim UID (``claim``)."""
         self._intents: dict[str, int] = {}
         """Assumptions that are intents: pod UID to the deadline (ns) of its intent."""
         self._booked: dict[str, int] = {}
@@ -271,6 +273,23 @@ class Ledger:
         self._unplaced.pop(uid, None)
         self._drop_host(uid)
         self._reindex(uid)
+
+    def claim(self, allocation: Allocation) -> None:
+        """Hold what an allocated DRA claim holds (``core.dra.ledger.ClaimHolding``), keyed by
+        the claim's UID; a claim seen again replaces its earlier holding. The pods that use the
+        claim count their CPU and memory through ``observe`` as any pod does."""
+        self._claimed[allocation.uid] = allocation
+        self._reindex(allocation.uid)
+
+    def unclaim(self, uid: str) -> None:
+        """Drop a claim's holding (deallocated or deleted); idempotent."""
+        if self._claimed.pop(uid, None) is not None:
+            self._reindex(uid)
+
+    def claims(self) -> Iterator[Allocation]:
+        """Every DRA claim's holding, in claim UID order."""
+        for uid in sorted(self._claimed):
+            yield self._claimed[uid]
 
     def assume(self, allocation: Allocation, host: HostResources = NO_HOST) -> None:
         """Reserve at bind time, before the annotations are seen back.
@@ -410,8 +429,9 @@ class Ledger:
     # -- queries ---------------------------------------------------------------------------
 
     def holding(self, uid: str) -> Allocation | None:
-        """The pod's effective allocation: its assumption if any, else what was observed."""
-        return self._assumed.get(uid) or self._confirmed.get(uid)
+        """The pod's effective allocation: its assumption if any, else what was observed; for
+        a claim's UID, the claim's holding."""
+        return self._assumed.get(uid) or self._confirmed.get(uid) or self._claimed.get(uid)
 
     def assumptions(self) -> Iterator[Allocation]:
         """Bind-time reservations not yet seen back, in UID order."""
@@ -434,8 +454,8 @@ class Ledger:
             yield self._assumed[uid], self._intents[uid]
 
     def allocations(self) -> Iterator[Allocation]:
-        """Every effective allocation, in UID order."""
-        for uid in sorted(set(self._confirmed) | set(self._assumed)):
+        """Every effective allocation (DRA claims' included), in UID order."""
+        for uid in sorted(set(self._confirmed) | set(self._assumed) | set(self._claimed)):
             holding = self.holding(uid)
             if holding is not None:
                 yield holding
