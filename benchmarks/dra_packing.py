@@ -58,6 +58,8 @@ def table(runs: dict[str, list[draplacing.ModeRun]]) -> str:
         cells = [_spread([float(getattr(r, attr)) for r in runs[m]], digits) for m in modes]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     pairs = [p for p in PAIRS if p[0] in runs and p[1] in runs]
+    if not pairs:
+        return "\n".join(lines)
     lines += ["", "| paired difference | " + " | ".join(f"{a} - {b}" for a, b in pairs) + " |"]
     lines.append("|---" * (len(pairs) + 1) + "|")
     for label, attr, digits in METRICS:

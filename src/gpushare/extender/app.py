@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpushare.extender.autoscaling import Autoscaling
+from gpushare.extender.draallocator import DraAllocator
 from gpushare.extender.service import Extender
 from gpushare.extender.wire import (
     WireError,
@@ -227,18 +228,25 @@ def create_app(
     policies: PolicyWatch | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     autoscaling: Autoscaling | None = None,
+    dra_allocator: DraAllocator | None = None,
 ) -> FastAPI:
     """Build the ASGI app around an extender (``policies``: the ResourcePolicy watch to run)."""
 
     running: list[asyncio.Task[None]] = []
     """The watches, which run forever: one that ended leaves the cache stale, so not ready."""
 
+    def _take(change: Any) -> None:
+        """Each change the cache took in: to the extender, and to the DRA allocator."""
+        extender.take(change)
+        if dra_allocator is not None:
+            dra_allocator.take(change)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         tasks = []
         if run_cache:
             tasks = [
-                asyncio.create_task(extender.cache.run(extender.take)),
+                asyncio.create_task(extender.cache.run(_take)),
                 asyncio.create_task(_freeze()),
                 asyncio.create_task(extender.keep_intents()),
             ]
@@ -248,6 +256,9 @@ def create_app(
             running.append(tasks[-1])
         if autoscaling is not None and run_cache:
             tasks.append(asyncio.create_task(autoscaling.run()))
+        if dra_allocator is not None and run_cache:
+            tasks.append(asyncio.create_task(dra_allocator.run()))
+            running.append(tasks[-1])
         for task in running:
             task.add_done_callback(_log_end)
         try:

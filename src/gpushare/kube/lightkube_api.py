@@ -31,6 +31,7 @@ from lightkube.types import PatchType
 
 from gpushare.core.admitting.metricsaccess import AccessVerdict, Identity, TokenVerdict
 from gpushare.core.model.kubejson import name_problem
+from gpushare.core.model.names import ALLOCATION_MODE_DRA, DRA_DRIVER, LABEL_ALLOCATION_MODE
 from gpushare.core.resourcepolicies.resourcepolicy import GROUP, KIND, PLURAL, VERSION
 from gpushare.kube.port import (
     Conflict,
@@ -56,6 +57,13 @@ ResourceClaimResource: Any = create_namespaced_resource(
 ResourceClaimTemplateResource: Any = create_namespaced_resource(
     "resource.k8s.io", "v1", "ResourceClaimTemplate", "resourceclaimtemplates"
 )
+ResourceClaimResource: Any = create_namespaced_resource(
+    "resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"
+)
+ResourceSliceResource: Any = create_global_resource(
+    "resource.k8s.io", "v1", "ResourceSlice", "resourceslices"
+)
+"""DRA objects as plain JSON (generic resources): the allocator reads and writes them as dicts."""
 
 
 class _WatchLine(msgspec.Struct):
@@ -595,6 +603,101 @@ class LightkubeAPI:
                     f"{what}: the patch did not apply: a test failed or a path is gone (HTTP "
                     "422; the node changed since it was read)"
                 ) from err
+            raise
+        return _to_dict(patched)
+
+    async def list_resource_slices(self) -> tuple[list[KubeDict], str]:
+        """gpushare's ResourceSlices (field selector ``spec.driver``)."""
+        return await self._list(
+            ResourceSliceResource, "list resourceslices", fields={"spec.driver": DRA_DRIVER}
+        )
+
+    def watch_resource_slices(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """Changes of gpushare's ResourceSlices."""
+        return self._watch(
+            ResourceSliceResource,
+            resource_version,
+            "watch resourceslices",
+            fields={"spec.driver": DRA_DRIVER},
+        )
+
+    async def list_resource_claims(self) -> tuple[list[KubeDict], str]:
+        """Every ResourceClaim."""
+        return await self._list(ResourceClaimResource, "list resourceclaims", namespace="*")
+
+    def watch_resource_claims(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """ResourceClaim changes."""
+        return self._watch(
+            ResourceClaimResource, resource_version, "watch resourceclaims", namespace="*"
+        )
+
+    async def list_dra_nodes(self) -> tuple[list[KubeDict], str]:
+        """Nodes labelled for DRA mode, without what ``_UNREAD`` names."""
+        with _mapped("list DRA nodes"):
+            listing: Any = self._client.list(
+                _NodeJSON, labels={LABEL_ALLOCATION_MODE: ALLOCATION_MODE_DRA}
+            )
+            items = [_slim_node(item) async for item in listing]
+            return items, _version(listing)
+
+    def watch_dra_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """Changes of nodes labelled for DRA mode."""
+        return self._watch(
+            _NodeJSON,
+            resource_version,
+            "watch DRA nodes",
+            _slim_node,
+            labels={LABEL_ALLOCATION_MODE: ALLOCATION_MODE_DRA},
+        )
+
+    async def get_resource_claim(self, namespace: str, name: str) -> KubeDict:
+        """One claim as stored now."""
+        _names(namespace=namespace, name=name)
+        with _mapped(f"get resourceclaim {namespace}/{name}"):
+            return _to_dict(
+                await self._client.get(ResourceClaimResource, name, namespace=namespace)
+            )
+
+    async def replace_resource_claim(self, claim: Mapping[str, Any]) -> KubeDict:
+        """PUT the claim; the server checks ``metadata.resourceVersion`` (409: Conflict)."""
+        meta = claim.get("metadata") or {}
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        _names(namespace=namespace, name=name)
+        with _mapped(f"update resourceclaim {namespace}/{name}"):
+            obj = ResourceClaimResource.from_dict(dict(claim))
+            return _to_dict(await self._client.replace(obj, name, namespace=namespace))
+
+    async def replace_resource_claim_status(self, claim: Mapping[str, Any]) -> KubeDict:
+        """PUT the claim's status; the server checks ``metadata.resourceVersion``."""
+        meta = claim.get("metadata") or {}
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        _names(namespace=namespace, name=name)
+        with _mapped(f"update resourceclaim {namespace}/{name} status"):
+            obj = ResourceClaimResource.Status.from_dict(dict(claim))
+            return _to_dict(await self._client.replace(obj, name, namespace=namespace))
+
+    async def patch_pod_json(
+        self, namespace: str, name: str, operations: Sequence[Mapping[str, Any]]
+    ) -> KubeDict:
+        """PATCH a pod ``application/json-patch+json``; a failed ``test`` (422) is a Conflict
+        (see ``patch_node_json``)."""
+        _names(namespace=namespace, name=name)
+        what = f"patch pod {namespace}/{name}"
+        try:
+            with _mapped(what):
+                patched = await self._client.patch(
+                    Pod,
+                    name,
+                    [dict(op) for op in operations],
+                    namespace=namespace,
+                    patch_type=PatchType.JSON,
+                )
+        except KubeError as err:
+            cause = err.__cause__
+            status = cause.status if isinstance(cause, ApiError) else None
+            details = status.details if status else None
+            if status and status.code == 422 and not (details and (details.kind or details.causes)):
+                raise Conflict(f"{what}: the patch did not apply: the pod changed") from err
             raise
         return _to_dict(patched)
 

@@ -188,6 +188,9 @@ class Ledger:
         self._host: dict[str, tuple[str, HostResources, bool]] = {}
         """Per pod: (node, its CPU and memory requests, whether only assumed at bind)."""
         self._host_by_node: dict[str, HostResources] = {}
+        self._pods_by_node: dict[str, int] = {}
+        """Live pods counted on each node (bound, or assumed at bind): NodeResourcesFit's pod
+        count, which DRA mode's allocator checks before it pins a claim to a node."""
         self.epoch = 0
         """Counts changes; equal epochs mean equal holdings (for reusing filter verdicts)."""
         self._usage: dict[str, NodeUsage] = {}
@@ -379,6 +382,7 @@ class Ledger:
         self._drop_host(uid)
         self._host[uid] = (node, host, assumed)
         self._host_by_node[node] = self._host_by_node.get(node, NO_HOST) + host
+        self._pods_by_node[node] = self._pods_by_node.get(node, 0) + 1
         self._touch(node)
 
     def _drop_host(self, uid: str) -> None:
@@ -386,6 +390,11 @@ class Ledger:
         if known is None:
             return
         node, host, _ = known
+        count = self._pods_by_node.get(node, 0) - 1
+        if count > 0:
+            self._pods_by_node[node] = count
+        else:
+            self._pods_by_node.pop(node, None)
         left = self._host_by_node.get(node, NO_HOST) - host
         if left == NO_HOST:
             self._host_by_node.pop(node, None)
@@ -437,6 +446,10 @@ class Ledger:
         """Bind-time reservations not yet seen back, in UID order."""
         for uid in sorted(self._assumed):
             yield self._assumed[uid]
+
+    def pods_on(self, node: str) -> int:
+        """Live pods counted on the node (those whose CPU and memory count there)."""
+        return self._pods_by_node.get(node, 0)
 
     def host_of(self, uid: str) -> HostResources:
         """The CPU and memory the pod's requests count on its node (nothing if not counted)."""

@@ -14,9 +14,10 @@ and ``allocation_status`` writes the claim's ``status`` as kube-scheduler's own 
   ``device`` (``gpu-<index>``), ``consumedCapacity`` and ``shareID`` on a device that allows
   multiple allocations. ``shareID`` must be an RFC 4122 UUID in lowercase
   (pkg/apis/resource/validation/validation.go ``validateDeviceRequestAllocationResult`` ->
-  ``validateUID``); the scheduler's allocator tracks shared devices by (device, shareID) and
-  sums ``consumedCapacity`` of allocated claims (``structured.MakeSharedDeviceID``), so it sees
-  gpushare's shares as taken.
+  ``validateUID``). kube-scheduler counts an allocated result with a ``shareID`` as a share of the
+  device consuming its ``consumedCapacity``, and one without as the whole device taken
+  (pkg/scheduler/framework/plugins/dynamicresources/allocateddevices.go), so both must be
+  written for stock claims to see gpushare's shares and the rest of the GPU.
 - ``status.allocation.nodeSelector``: ``matchFields metadata.name In [node]``; the scheduler's
   dynamicresources PreFilter reads an allocated claim's node selector as where the pod may go
   (pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go, ``availableOnNodes``)
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpushare.core.booking.ledger import Ledger
+from gpushare.core.dra.claims import CORE_MEM_SELECTOR
 from gpushare.core.dra.slices import device_name, quantity
 from gpushare.core.model.containers import ContainerKind
 from gpushare.core.model.gpumodel import pod_models
@@ -185,7 +187,10 @@ def read_requests(claim: KubeObject) -> tuple[ClaimRequest, ...] | NotOurs:
             )
         if exactly.get("allocationMode", "ExactCount") != "ExactCount":
             return NotOurs(f"{where}.exactly.allocationMode must be ExactCount")
-        if exactly.get("selectors"):
+        selectors = exactly.get("selectors") or []
+        if selectors and selectors != [{"cel": {"expression": CORE_MEM_SELECTOR}}]:
+            # the webhook writes only the core_mem selector, which the placement's own mode
+            # rule enforces (core.placement.filtering); any other CEL is the scheduler's
             return NotOurs(f"{where}.exactly.selectors: CEL selectors are the scheduler's")
         count = exactly.get("count", 1)
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
@@ -206,6 +211,9 @@ def read_requests(claim: KubeObject) -> tuple[ClaimRequest, ...] | NotOurs:
         out.append(ClaimRequest(str(raw.get("name", "")), count, memory, cores))
     counts = {r.count for r in out}
     if len(counts) > 1:
+        # the webhook splits a container whose memory does not divide over its GPUs into one
+        # request per distinct share (core.dra.claims); those are left to the scheduler's
+        # allocator until the placement reads them back into one container
         return NotOurs(f"claim {key_of(claim)}: requests ask different GPU counts {sorted(counts)}")
     return tuple(out)
 
