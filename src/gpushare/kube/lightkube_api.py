@@ -46,8 +46,9 @@ from gpushare.kube.port import (
 )
 
 ResourcePolicyResource: Any = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
-# DRA objects as generic resources: lightkube's own resource.k8s.io models may predate fields
-# the driver writes (consumable capacity, KEP-5075), and a model drops what it does not know.
+# DRA objects as generic resources, read and written as plain dicts: lightkube's own
+# resource.k8s.io models may predate fields gpushare writes (consumable capacity, KEP-5075), and
+# a model drops what it does not know.
 ResourceSliceResource: Any = create_global_resource(
     "resource.k8s.io", "v1", "ResourceSlice", "resourceslices"
 )
@@ -57,13 +58,6 @@ ResourceClaimResource: Any = create_namespaced_resource(
 ResourceClaimTemplateResource: Any = create_namespaced_resource(
     "resource.k8s.io", "v1", "ResourceClaimTemplate", "resourceclaimtemplates"
 )
-ResourceClaimResource: Any = create_namespaced_resource(
-    "resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"
-)
-ResourceSliceResource: Any = create_global_resource(
-    "resource.k8s.io", "v1", "ResourceSlice", "resourceslices"
-)
-"""DRA objects as plain JSON (generic resources): the allocator reads and writes them as dicts."""
 
 
 class _WatchLine(msgspec.Struct):
@@ -801,9 +795,9 @@ class LightkubeAPI:
             return failed(str(err))
         return verdict(answer)
 
-    # -- DRA (DraAPI) ----------------------------------------------------------------------------
+    # -- DRA driver (SliceAPI) ----------------------------------------------------------------
 
-    async def list_resource_slices(self, node: str, driver: str) -> list[KubeDict]:
+    async def list_node_slices(self, node: str, driver: str) -> list[KubeDict]:
         """The slices of ``driver`` on ``node``."""
         _names(node=node)
         fields = {"spec.nodeName": node, "spec.driver": driver}
@@ -832,11 +826,3 @@ class LightkubeAPI:
         _names(name=name)
         with _mapped(f"delete resourceslice {name}"):
             await self._client.delete(ResourceSliceResource, name)
-
-    async def get_resource_claim(self, namespace: str, name: str) -> KubeDict:
-        """One claim."""
-        _names(namespace=namespace, name=name)
-        with _mapped(f"get resourceclaim {namespace}/{name}"):
-            return _to_dict(
-                await self._client.get(ResourceClaimResource, name, namespace=namespace)
-            )

@@ -281,11 +281,11 @@ class ReviewAPI(Protocol):
         ...
 
 
-class DraAPI(Protocol):
+class SliceAPI(Protocol):
     """What the DRA driver reads and writes (``resource.k8s.io/v1``): its node's
     ResourceSlices and the claims kubelet asks it to prepare."""
 
-    async def list_resource_slices(self, node: str, driver: str) -> list[KubeDict]:
+    async def list_node_slices(self, node: str, driver: str) -> list[KubeDict]:
         """The slices of ``driver`` on ``node`` (field selectors ``spec.nodeName``,
         ``spec.driver``)."""
         ...
