@@ -46,8 +46,9 @@ from gpushare.kube.port import (
 )
 
 ResourcePolicyResource: Any = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
-# DRA objects as generic resources: lightkube's own resource.k8s.io models may predate fields
-# the driver writes (consumable capacity, KEP-5075), and a model drops what it does not know.
+# DRA objects as generic resources, read and written as plain dicts: lightkube's own
+# resource.k8s.io models may predate fields gpushare writes (consumable capacity, KEP-5075), and
+# a model drops what it does not know.
 ResourceSliceResource: Any = create_global_resource(
     "resource.k8s.io", "v1", "ResourceSlice", "resourceslices"
 )
@@ -801,7 +802,7 @@ class LightkubeAPI:
             return failed(str(err))
         return verdict(answer)
 
-    # -- DRA driver (SliceAPI) ---------------------------------------------------------------------
+    # -- DRA driver (SliceAPI) ----------------------------------------------------------------
 
     async def list_node_slices(self, node: str, driver: str) -> list[KubeDict]:
         """The slices of ``driver`` on ``node``."""
