@@ -20,7 +20,7 @@ import click
 
 from gpushare.cli.errors import CommandError
 from gpushare.cli.logs import log_format_option, log_level_option, setup_logging
-from gpushare.cli.options import resource_name_options
+from gpushare.cli.options import node_driver_options, resource_name_options
 from gpushare.cli.scrapeaccess import metrics_access, metrics_access_options
 from gpushare.cli.sealing import seal_options, trust_from_flags
 from gpushare.core.model.startuptaint import STARTUP_TAINT
@@ -45,14 +45,17 @@ NVML_HINT = (
 
 
 @click.command("device-plugin")
-@click.option("--node-name", envvar="NODE_NAME", required=True, help="This node (env NODE_NAME).")
-@click.option(
-    "--fake-gpus", default=None, help="Fake GPUs instead of NVML: 4x15GiB or T4:15GiB,A10:24GiB."
-)
-@click.option(
-    "--fake-health-file",
-    default=None,
-    help="With --fake-gpus: a file listing the indexes of failed GPUs (tests withdraw GPUs).",
+@node_driver_options(
+    state_dir_help="Checkpoint, limits files, accounting broker sockets and MPS pipes; the same "
+    "path as on the host.",
+    strategy_help="How Allocate hands the placed GPUs over: cdi-cri (CDI devices KIND=<uuid>, "
+    "which the node's CDI spec must name; NVIDIA_VISIBLE_DEVICES=void), envvar "
+    "(NVIDIA_VISIBLE_DEVICES=<uuids>, for nodes without CDI) or driver-root (device nodes and "
+    "the --driver-root directory, for nodes without the NVIDIA runtime, as GKE's "
+    "Container-Optimized OS). docs/gpu-operator.md, docs/driver-root.md.",
+    health_help="Serve /healthz and /readyz on 127.0.0.1 at this port (0 disables): /readyz "
+    "answers 503 with the reason until the plugin has registered, and while the API server "
+    "refuses its pod watch (the chart's readiness probe reads it).",
 )
 @click.option(
     "--fake-topology",
@@ -67,44 +70,6 @@ NVML_HINT = (
     "--pod-resources-socket",
     default="/var/lib/kubelet/pod-resources/kubelet.sock",
     show_default=True,
-)
-@click.option(
-    "--state-dir",
-    default="/var/lib/gpushare",
-    show_default=True,
-    help=(
-        "Checkpoint, limits files, accounting broker sockets and MPS pipes; the same path as "
-        "on the host."
-    ),
-)
-@click.option(
-    "--isolation",
-    type=click.Choice(["auto", "none"]),
-    default="auto",
-    show_default=True,
-    help="auto: enforce cgpu/core_mem (interposer) and mps limits, refusing to start when it "
-    "cannot; none: serve every mode without isolation.",
-)
-@click.option(
-    "--isolation-lib-dir",
-    default="/usr/local/gpushare",
-    show_default=True,
-    help="Host directory the interposer library is copied into and mounted from.",
-)
-@click.option(
-    "--cgpu-policy",
-    default="5",
-    envvar="GPUSHARE_ISOLATION_POLICY",
-    show_default=True,
-    help="cgpu nodes: ACK's cGPU computing-power policy, 0 even share, 1 preemptive, "
-    "2 weighted preemptive, 3 fixed share, 4 soft, 5 native (no limit).",
-)
-@click.option(
-    "--max-pods-per-gpu",
-    default=None,
-    envvar="GPUSHARE_MAX_PODS_PER_GPU",
-    help="The chart's maxPodsPerGpu (1..64; default 20, or 16 at 128MiB): cGPU policy 0 gives "
-    "each container one over it, and it bounds ALIYUN_COM_GPU_SCHD_WEIGHT.",
 )
 @click.option(
     "--broker-max-connections-per-pod",
@@ -137,50 +102,6 @@ NVML_HINT = (
     show_default=True,
     help="Seconds a broker connection holding no memory may stay silent before it is closed "
     "(the interposer reconnects when it next asks); 0: never.",
-)
-@click.option(
-    "--device-list-strategy",
-    default="cdi-cri",
-    envvar="GPUSHARE_DEVICE_LIST_STRATEGY",
-    show_default=True,
-    help="How Allocate hands the placed GPUs over: cdi-cri (CDI devices KIND=<uuid>, which the "
-    "node's CDI spec must name; NVIDIA_VISIBLE_DEVICES=void), envvar "
-    "(NVIDIA_VISIBLE_DEVICES=<uuids>, for nodes without CDI) or driver-root (device nodes and "
-    "the --driver-root directory, for nodes without the NVIDIA runtime, as GKE's "
-    "Container-Optimized OS). docs/gpu-operator.md, docs/driver-root.md.",
-)
-@click.option(
-    "--driver-root",
-    default="",
-    help="The host's NVIDIA driver directory (GKE: /home/kubernetes/bin/nvidia), mounted at the "
-    "same path in the plugin: NVML is loaded from its lib64/, lib/ or lib/x86_64-linux-gnu/, "
-    "and under driver-root containers get it read-only. Empty: NVML from the loader's path.",
-)
-@click.option(
-    "--driver-root-container-path",
-    default="/usr/local/nvidia",
-    show_default=True,
-    help="driver-root: where containers see --driver-root (GKE's convention).",
-)
-@click.option(
-    "--dev-root",
-    default="/dev",
-    show_default=True,
-    help="driver-root: the host's device directory, mounted at the same path in the plugin; "
-    "containers get its nvidia<minor>, nvidiactl, nvidia-uvm and nvidia-uvm-tools at /dev.",
-)
-@click.option(
-    "--cdi-kind",
-    default="nvidia.com/gpu",
-    show_default=True,
-    help="cdi-cri: the CDI kind of the GPUs, as the NVIDIA Container Toolkit's spec declares it.",
-)
-@click.option(
-    "--cdi-spec-dirs",
-    default="/etc/cdi,/var/run/cdi",
-    show_default=True,
-    help="cdi-cri: where the node's CDI specs are (the container runtime's cdi_spec_dirs), "
-    "comma-separated.",
 )
 @click.option(
     "--cdi-hook-dir",
@@ -225,7 +146,6 @@ NVML_HINT = (
 @click.option(
     "--cpu-manager-state", default="/var/lib/kubelet/cpu_manager_state", show_default=True
 )
-@click.option("--kubeconfig", default=None)
 @log_level_option
 @log_format_option
 @click.option(
@@ -236,15 +156,6 @@ NVML_HINT = (
     help="Serve Prometheus /metrics on this port (0 disables).",
 )
 @metrics_access_options
-@click.option(
-    "--health-port",
-    type=click.IntRange(min=0, max=65535),
-    default=0,
-    show_default=True,
-    help="Serve /healthz and /readyz on 127.0.0.1 at this port (0 disables): /readyz answers "
-    "503 with the reason until the plugin has registered, and while the API server refuses "
-    "its pod watch (the chart's readiness probe reads it).",
-)
 @click.option(
     "--used-summary-interval",
     type=click.FloatRange(min=0),

@@ -1,7 +1,8 @@
 """``gpushare dra-driver``: the DRA kubelet plugin for one node's shared GPUs (docs/dra.md).
 
 The composition root, modelled on ``gpushare device-plugin``'s: the flags are validated first
-(the memory unit, the cGPU policy and pods per GPU, the hand-off), then :func:`build_driver`
+(the memory unit; the cGPU policy, pods per GPU and hand-off through the device plugin's
+``cli.pluginoptions.isolation_flags``, the flags the two share), then :func:`build_driver`
 checks what only the node can say (the state and library directories, the GPUs, the API
 client) and wires the driver with the same isolation hook as the device plugin, and
 :func:`run_driver` serves ``/readyz`` and runs it. The driver's own start refuses a node not
@@ -17,6 +18,7 @@ import click
 
 from gpushare.cli.errors import CommandError
 from gpushare.cli.logs import log_format_option, log_level_option, setup_logging
+from gpushare.cli.options import node_driver_options
 
 if TYPE_CHECKING:
     from gpushare.dra.driver import DraDriver
@@ -30,14 +32,15 @@ NVML_HINT = (
 
 
 @click.command("dra-driver")
-@click.option("--node-name", envvar="NODE_NAME", required=True, help="This node (env NODE_NAME).")
-@click.option(
-    "--fake-gpus", default=None, help="Fake GPUs instead of NVML: 4x15GiB or T4:15GiB,A10:24GiB."
-)
-@click.option(
-    "--fake-health-file",
-    default=None,
-    help="With --fake-gpus: a file listing the indexes of failed GPUs (tests withdraw GPUs).",
+@node_driver_options(
+    state_dir_help="The prepared-claims checkpoint, limits files, broker sockets; the same path "
+    "as on the host.",
+    strategy_help="How a claim's GPUs reach the container: cdi-cri (the GPU's CDI device "
+    "KIND=<uuid> beside the claim's, NVIDIA_VISIBLE_DEVICES=void), envvar "
+    "(NVIDIA_VISIBLE_DEVICES=<uuid> in the claim's CDI spec) or driver-root (device nodes and "
+    "--driver-root).",
+    health_help="Serve /healthz and /readyz on 127.0.0.1 (0 disables): /readyz answers 503 with "
+    "the reason until kubelet registered the driver and the slice is published.",
 )
 @click.option(
     "--gpu-memory-unit",
@@ -46,13 +49,6 @@ NVML_HINT = (
     show_default=True,
     help="The node's memory unit: the slice's memory step and ALIYUN_COM_GPU_MEM_*'s unit "
     "(1GiB or 128MiB).",
-)
-@click.option(
-    "--state-dir",
-    default="/var/lib/gpushare",
-    show_default=True,
-    help="The prepared-claims checkpoint, limits files, broker sockets; the same path as on "
-    "the host.",
 )
 @click.option(
     "--cdi-dir",
@@ -74,66 +70,6 @@ NVML_HINT = (
     show_default=True,
     help="kubelet's plugin registration directory (<root-dir>/plugins_registry).",
 )
-@click.option("--kubeconfig", default=None)
-@click.option(
-    "--isolation",
-    type=click.Choice(["auto", "none"]),
-    default="auto",
-    show_default=True,
-    help="auto: enforce cgpu/core_mem (interposer) and mps limits, refusing to start when it "
-    "cannot; none: serve every mode without isolation.",
-)
-@click.option(
-    "--isolation-lib-dir",
-    default="/usr/local/gpushare",
-    show_default=True,
-    help="Host directory the interposer library is copied into and mounted from.",
-)
-@click.option(
-    "--cgpu-policy",
-    default="5",
-    envvar="GPUSHARE_ISOLATION_POLICY",
-    show_default=True,
-    help="cgpu nodes: ACK's cGPU computing-power policy (0-5), as the device plugin's.",
-)
-@click.option(
-    "--max-pods-per-gpu",
-    default=None,
-    envvar="GPUSHARE_MAX_PODS_PER_GPU",
-    help="The chart's maxPodsPerGpu (cGPU policy 0's share).",
-)
-@click.option(
-    "--device-list-strategy",
-    default="cdi-cri",
-    envvar="GPUSHARE_DEVICE_LIST_STRATEGY",
-    show_default=True,
-    help="How a claim's GPUs reach the container: cdi-cri (the GPU's CDI device KIND=<uuid> "
-    "beside the claim's, NVIDIA_VISIBLE_DEVICES=void), envvar (NVIDIA_VISIBLE_DEVICES=<uuid> in "
-    "the claim's CDI spec) or driver-root (device nodes and --driver-root).",
-)
-@click.option("--driver-root", default="", help="The host's NVIDIA driver directory (driver-root).")
-@click.option("--driver-root-container-path", default="/usr/local/nvidia", show_default=True)
-@click.option("--dev-root", default="/dev", show_default=True)
-@click.option(
-    "--cdi-kind",
-    default="nvidia.com/gpu",
-    show_default=True,
-    help="cdi-cri: the CDI kind of the GPUs, as the NVIDIA Container Toolkit's spec declares it.",
-)
-@click.option(
-    "--cdi-spec-dirs",
-    default="/etc/cdi,/var/run/cdi",
-    show_default=True,
-    help="cdi-cri: where the node's CDI specs are, comma-separated (checked at start).",
-)
-@click.option(
-    "--health-port",
-    type=click.IntRange(min=0, max=65535),
-    default=0,
-    show_default=True,
-    help="Serve /healthz and /readyz on 127.0.0.1 (0 disables): /readyz answers 503 with the "
-    "reason until kubelet registered the driver and the slice is published.",
-)
 @log_level_option
 @log_format_option
 def dra_driver(**flags: Any) -> None:
@@ -144,14 +80,13 @@ def dra_driver(**flags: Any) -> None:
 
 def build_driver(flags: dict[str, Any]) -> DraDriver:
     """Validate the flags, check the node's directories and GPUs, wire the driver."""
-    from gpushare.cli.pluginoptions import driver_root_of
+    from gpushare.cli.pluginoptions import isolation_flags
     from gpushare.core.model.units import MemoryUnit
     from gpushare.dra.driver import DraDriver, DriverConfig
     from gpushare.dra.kubeletapi import Sockets
-    from gpushare.isolation.policy import PolicyError, parse_max_pods, parse_policy
     from gpushare.kube.lightkube_api import LightkubeAPI
     from gpushare.kube.port import KubeError
-    from gpushare.node.cdi import HandOff, HandOffError, Strategy, parse_kind, parse_strategy
+    from gpushare.node.cdi import Strategy
     from gpushare.node.descriptors import BrokerCaps, descriptor_limit
     from gpushare.node.driverroot import DriverRootError
     from gpushare.node.enforcement.library import packaged_library
@@ -164,23 +99,8 @@ def build_driver(flags: dict[str, Any]) -> DraDriver:
         unit = MemoryUnit.parse(flags["gpu_memory_unit"])
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--gpu-memory-unit") from None
-    try:
-        policy = parse_policy(flags["cgpu_policy"], "--cgpu-policy (GPUSHARE_ISOLATION_POLICY)")
-        given = flags["max_pods_per_gpu"]
-        max_pods = None if given is None else parse_max_pods(given)
-    except PolicyError as err:
-        raise click.BadParameter(str(err)) from None
-    try:
-        handoff = HandOff(
-            strategy=parse_strategy(flags["device_list_strategy"]),
-            kind=parse_kind(flags["cdi_kind"]),
-            spec_dirs=tuple(
-                Path(d.strip()) for d in flags["cdi_spec_dirs"].split(",") if d.strip()
-            ),
-            driver_root=driver_root_of(flags),
-        )
-    except HandOffError as err:
-        raise click.BadParameter(str(err)) from None
+    given = isolation_flags(flags)
+    policy, max_pods, handoff = given.cgpu_policy, given.max_pods, given.handoff
     state_dir, lib_dir = Path(flags["state_dir"]), Path(flags["isolation_lib_dir"])
     reason = refuse_state_dir(state_dir)
     if flags["isolation"] != "none":

@@ -8,6 +8,8 @@ the extender reads the same values). A flag that does not parse is click's ``Bad
 naming the flag; values that do not go together are a ``CommandError``; either message names the
 value, the rule and what to change. What only the node can say (the seal key file, kubelet's CPU
 manager, the GPUs, the API server) is checked by the builder (``cli.deviceplugin.build_plugin``).
+The flags ``gpushare dra-driver`` shares with it (the cGPU policy, pods per GPU and hand-off) are
+parsed by :func:`isolation_flags`, for both commands.
 """
 
 from __future__ import annotations
@@ -86,26 +88,8 @@ class PluginOptions:
     @classmethod
     def from_flags(cls, flags: Mapping[str, Any]) -> PluginOptions:
         """The options the click flags give; raises BadParameter or CommandError with the rule."""
-        try:
-            policy = parse_policy(flags["cgpu_policy"], "--cgpu-policy (GPUSHARE_ISOLATION_POLICY)")
-        except PolicyError as err:
-            raise click.BadParameter(str(err), param_hint="--cgpu-policy") from None
-        given_max = flags["max_pods_per_gpu"]
-        try:
-            max_pods = None if given_max is None else parse_max_pods(given_max)
-        except PolicyError as err:
-            raise click.BadParameter(str(err), param_hint="--max-pods-per-gpu") from None
-        try:
-            handoff = HandOff(
-                strategy=parse_strategy(flags["device_list_strategy"]),
-                kind=parse_kind(flags["cdi_kind"]),
-                spec_dirs=tuple(
-                    Path(d.strip()) for d in flags["cdi_spec_dirs"].split(",") if d.strip()
-                ),
-                driver_root=driver_root_of(flags),
-            )
-        except HandOffError as err:
-            raise click.BadParameter(str(err)) from None
+        given = isolation_flags(flags)
+        policy, max_pods, handoff = given.cgpu_policy, given.max_pods, given.handoff
         try:
             caps = BrokerCaps(
                 per_pod=flags["broker_max_connections_per_pod"],
@@ -182,6 +166,46 @@ class PluginOptions:
             log_level=flags["log_level"],
             log_format=flags["log_format"],
         )
+
+
+@dataclass(frozen=True)
+class IsolationFlags:
+    """The isolation and hand-off flags both node drivers take (``node_driver_options``)."""
+
+    cgpu_policy: Policy
+    max_pods: int | None
+    """``--max-pods-per-gpu`` as given (None: the unit's default), for cGPU's max_inst."""
+    handoff: HandOff
+    """The device-list strategy, CDI kind and spec directories (it caches the specs it reads)."""
+
+
+def isolation_flags(flags: Mapping[str, Any]) -> IsolationFlags:
+    """The cGPU policy, pods per GPU and hand-off the flags give; BadParameter naming the flag.
+
+    One parser for ``gpushare device-plugin`` and ``gpushare dra-driver``, so a node refuses the
+    same values with the same message whichever mode it runs in.
+    """
+    try:
+        policy = parse_policy(flags["cgpu_policy"], "--cgpu-policy (GPUSHARE_ISOLATION_POLICY)")
+    except PolicyError as err:
+        raise click.BadParameter(str(err), param_hint="--cgpu-policy") from None
+    given_max = flags["max_pods_per_gpu"]
+    try:
+        max_pods = None if given_max is None else parse_max_pods(given_max)
+    except PolicyError as err:
+        raise click.BadParameter(str(err), param_hint="--max-pods-per-gpu") from None
+    try:
+        handoff = HandOff(
+            strategy=parse_strategy(flags["device_list_strategy"]),
+            kind=parse_kind(flags["cdi_kind"]),
+            spec_dirs=tuple(
+                Path(d.strip()) for d in flags["cdi_spec_dirs"].split(",") if d.strip()
+            ),
+            driver_root=driver_root_of(flags),
+        )
+    except HandOffError as err:
+        raise click.BadParameter(str(err)) from None
+    return IsolationFlags(cgpu_policy=policy, max_pods=max_pods, handoff=handoff)
 
 
 def driver_root_of(flags: Mapping[str, Any]) -> DriverRoot | None:
