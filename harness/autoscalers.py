@@ -397,36 +397,48 @@ def publishing_gpus(
     ``clears_taint`` it also removes the taint of that key when it publishes (a startup taint
     that the device plugin lifts; only on nodes with a shape)."""
     done = Publisher()
-    stop = threading.Event()
     first_seen: dict[str, float] = {}
     selector = f"{GROUP_LABEL} in ({','.join(shapes)})"
 
+    def one_round() -> None:
+        try:
+            items = cluster.kubectl_json("get", "nodes", "-l", selector)["items"]
+        except Exception as err:  # a busy apiserver: next round
+            done.errors.append(f"{type(err).__name__}: {err}")
+            return
+        for node in items:
+            name = node["metadata"]["name"]
+            seen = first_seen.setdefault(name, time.monotonic())
+            if time.monotonic() - seen < delay_s:
+                continue
+            shape = shapes[node["metadata"]["labels"][GROUP_LABEL]]
+            patch = node_agent_patch(
+                node, shape, clears_taint=clears_taint if shape is not None else ""
+            )
+            if patch:
+                cluster.kubectl(
+                    "patch", "node", name, "--type=merge", "-p", json.dumps(patch), check=False
+                )
+            done.published.setdefault(name, time.monotonic())
+
+    with polling(one_round, period_s=period_s, name="publishing-gpus"):
+        yield done
+
+
+@contextlib.contextmanager
+def polling(one_round: Callable[[], None], *, period_s: float, name: str) -> Iterator[None]:
+    """Run ``one_round`` every ``period_s`` in a daemon thread until the block ends: the node
+    agents these helpers play (kubelet, a device plugin, a DRA driver) publish in rounds."""
+    stop = threading.Event()
+
     def loop() -> None:
         while not stop.wait(period_s):
-            try:
-                items = cluster.kubectl_json("get", "nodes", "-l", selector)["items"]
-            except Exception as err:  # a busy apiserver: next round
-                done.errors.append(f"{type(err).__name__}: {err}")
-                continue
-            for node in items:
-                name = node["metadata"]["name"]
-                seen = first_seen.setdefault(name, time.monotonic())
-                if time.monotonic() - seen < delay_s:
-                    continue
-                shape = shapes[node["metadata"]["labels"][GROUP_LABEL]]
-                patch = node_agent_patch(
-                    node, shape, clears_taint=clears_taint if shape is not None else ""
-                )
-                if patch:
-                    cluster.kubectl(
-                        "patch", "node", name, "--type=merge", "-p", json.dumps(patch), check=False
-                    )
-                done.published.setdefault(name, time.monotonic())
+            one_round()
 
-    thread = threading.Thread(target=loop, name="publishing-gpus", daemon=True)
+    thread = threading.Thread(target=loop, name=name, daemon=True)
     thread.start()
     try:
-        yield done
+        yield
     finally:
         stop.set()
         thread.join(timeout=30)

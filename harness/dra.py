@@ -12,14 +12,14 @@ exercised here).
 The objects a converted pod needs are written by hand in the shape docs/dra.md gives (the
 webhook's conversion is not used): the ``gpu.gpushare.io`` DeviceClass the chart installs, one
 ``ResourceClaimTemplate`` per pod shape with one request per GPU container, and pods naming it.
-No scheduling gate: the stock allocator of kube-scheduler allocates the claims.
+No scheduling gate unless asked (:func:`dra_pod`): the stock allocator of kube-scheduler allocates
+the claims. The same builders give the integration and unit tests their claims.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -32,8 +32,9 @@ from gpushare.core.model.names import (
     DRA_CLAIM_NAME,
     DRA_DEVICE_CLASS,
     DRA_DRIVER,
+    DRA_SCHEDULING_GATE,
 )
-from harness.autoscalers import GROUP_LABEL, GpuShape
+from harness.autoscalers import GROUP_LABEL, GpuShape, polling
 from harness.cluster import Cluster
 
 RESOURCE_API = "resource.k8s.io/v1"
@@ -67,27 +68,56 @@ def node_slice(node: Mapping[str, Any], shape: GpuShape) -> dict[str, Any]:
     return obj
 
 
+def device_request(name: str, gib: int, *, count: int = 1, cores: int = 0) -> dict[str, Any]:
+    """One request of a gpushare claim (docs/dra.md): ``count`` devices of the class, each with
+    ``gib`` GiB of ``memory`` and, when given, ``cores`` (its default, 0: ACK's share)."""
+    requests: dict[str, str] = {DRA_CAPACITY_MEMORY: quantity(gib * 1024)}
+    if cores:
+        requests["cores"] = str(cores)
+    return {
+        "name": name,
+        "exactly": {
+            "deviceClassName": DRA_DEVICE_CLASS,
+            "allocationMode": "ExactCount",
+            "count": count,
+            "capacity": {"requests": requests},
+        },
+    }
+
+
+def resource_claim(
+    name: str,
+    namespace: str,
+    gib: int,
+    *,
+    count: int = 1,
+    cores: int = 0,
+    metadata: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A ResourceClaim with one request ``main`` (:func:`device_request`), as
+    kube-controller-manager makes one from the webhook's template; ``metadata`` adds fields
+    such as ``uid``."""
+    return {
+        "apiVersion": RESOURCE_API,
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, **(metadata or {})},
+        "spec": {"devices": {"requests": [device_request("main", gib, count=count, cores=cores)]}},
+    }
+
+
 def claim_template(name: str, namespace: str, mem_gib: Mapping[str, int]) -> dict[str, Any]:
     """A ResourceClaimTemplate in the webhook's shape (docs/dra.md): one request per GPU
     container (``mem_gib``: container name to GiB of one GPU), one device of the class with
     that much ``memory``; ``cores`` not requested (its default, 0: ACK's share)."""
-    requests = [
-        {
-            "name": container,
-            "exactly": {
-                "deviceClassName": DRA_DEVICE_CLASS,
-                "allocationMode": "ExactCount",
-                "count": 1,
-                "capacity": {"requests": {DRA_CAPACITY_MEMORY: quantity(gib * 1024)}},
-            },
-        }
-        for container, gib in mem_gib.items()
-    ]
     return {
         "apiVersion": RESOURCE_API,
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": requests}}},
+        "spec": {
+            "spec": {
+                "devices": {"requests": [device_request(c, gib) for c, gib in mem_gib.items()]}
+            }
+        },
     }
 
 
@@ -99,9 +129,29 @@ def dra_pod(
     selector: Mapping[str, str],
     containers: tuple[str, ...] = ("main",),
     annotations: Mapping[str, str] | None = None,
+    gated: bool = False,
+    tolerate_all: bool = False,
 ) -> dict[str, Any]:
-    """A pod as the webhook leaves it (docs/dra.md), without the scheduling gate: its claim
-    ``gpushare`` made from ``template``, each container naming its own request."""
+    """A pod as the webhook leaves it (docs/dra.md): its claim ``gpushare`` made from
+    ``template``, each container naming its own request; the scheduling gate only when
+    ``gated`` (gpushare's allocator, not the stock one, fills the claim), and a toleration of
+    every taint (kwok nodes' included) when ``tolerate_all``."""
+    spec: dict[str, Any] = {
+        "nodeSelector": dict(selector),
+        "resourceClaims": [{"name": DRA_CLAIM_NAME, "resourceClaimTemplateName": template}],
+        "containers": [
+            {
+                "name": c,
+                "image": "busybox",
+                "resources": {"claims": [{"name": DRA_CLAIM_NAME, "request": c}]},
+            }
+            for c in containers
+        ],
+    }
+    if gated:
+        spec["schedulingGates"] = [{"name": DRA_SCHEDULING_GATE}]
+    if tolerate_all:
+        spec["tolerations"] = [{"operator": "Exists"}]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -111,18 +161,7 @@ def dra_pod(
             "labels": {"app": "e2e"},
             "annotations": dict(annotations or {}),
         },
-        "spec": {
-            "nodeSelector": dict(selector),
-            "resourceClaims": [{"name": DRA_CLAIM_NAME, "resourceClaimTemplateName": template}],
-            "containers": [
-                {
-                    "name": c,
-                    "image": "busybox",
-                    "resources": {"claims": [{"name": DRA_CLAIM_NAME, "request": c}]},
-                }
-                for c in containers
-            ],
-        },
+        "spec": spec,
     }
 
 
@@ -167,31 +206,24 @@ def publishing_slices(
     (``GROUP_LABEL`` value to the GPUs its driver finds) that has none, until the block ends
     (module docstring)."""
     done = SlicePublisher()
-    stop = threading.Event()
     selector = f"{GROUP_LABEL} in ({','.join(shapes)})"
 
-    def loop() -> None:
-        while not stop.wait(period_s):
-            try:
-                items = cluster.kubectl_json("get", "nodes", "-l", selector)["items"]
-                held = {
-                    s["metadata"]["name"]
-                    for s in cluster.kubectl_json("get", "resourceslices")["items"]
-                }
-            except Exception as err:  # a busy apiserver: next round
-                done.errors.append(f"{type(err).__name__}: {err}")
+    def one_round() -> None:
+        try:
+            items = cluster.kubectl_json("get", "nodes", "-l", selector)["items"]
+            held = {
+                s["metadata"]["name"]
+                for s in cluster.kubectl_json("get", "resourceslices")["items"]
+            }
+        except Exception as err:  # a busy apiserver: next round
+            done.errors.append(f"{type(err).__name__}: {err}")
+            return
+        for node in items:
+            name = node["metadata"]["name"]
+            if slice_name(name) in held or node["metadata"].get("deletionTimestamp"):
                 continue
-            for node in items:
-                name = node["metadata"]["name"]
-                if slice_name(name) in held or node["metadata"].get("deletionTimestamp"):
-                    continue
-                publish_slice(cluster, node, shapes[node["metadata"]["labels"][GROUP_LABEL]])
-                done.published.setdefault(name, time.monotonic())
+            publish_slice(cluster, node, shapes[node["metadata"]["labels"][GROUP_LABEL]])
+            done.published.setdefault(name, time.monotonic())
 
-    thread = threading.Thread(target=loop, name="publishing-slices", daemon=True)
-    thread.start()
-    try:
+    with polling(one_round, period_s=period_s, name="publishing-slices"):
         yield done
-    finally:
-        stop.set()
-        thread.join(timeout=30)

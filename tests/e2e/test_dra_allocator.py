@@ -21,15 +21,13 @@ from gpushare.core.dra.slices import SliceSpec, build_slice
 from gpushare.core.model.inventory import Gpu, Mode
 from gpushare.core.model.names import (
     ALLOCATION_MODE_DRA,
-    DRA_CLAIM_NAME,
-    DRA_DEVICE_CLASS,
     DRA_DRIVER,
-    DRA_SCHEDULING_GATE,
     LABEL_ALLOCATION_MODE,
     LABEL_PLACEMENT,
 )
 from gpushare.core.model.units import MemoryUnit
 from harness.cluster import Cluster
+from harness.dra import claim_template, device_class, dra_pod, pod_claim
 from harness.identities import (
     EXTENDER_VALUES,
     IDENTITY_TEMPLATES,
@@ -41,12 +39,6 @@ from tests.support.e2e import create_nodes, delete_nodes, eventually
 
 NS = "e2e-dra"
 NODES = {"dra-pack": None, "dra-spread": "spread"}
-DEVICE_CLASS = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceClass",
-    "metadata": {"name": DRA_DEVICE_CLASS},
-    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRA_DRIVER}"'}}]},
-}
 
 
 def _apply(cluster: Cluster, docs: list[dict[str, Any]]) -> None:
@@ -54,62 +46,17 @@ def _apply(cluster: Cluster, docs: list[dict[str, Any]]) -> None:
 
 
 def _template(gib: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": f"gpushare-{gib}g", "namespace": NS},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "main",
-                            "exactly": {
-                                "deviceClassName": DRA_DEVICE_CLASS,
-                                "allocationMode": "ExactCount",
-                                "count": 1,
-                                "capacity": {"requests": {"memory": f"{gib}Gi"}},
-                            },
-                        }
-                    ]
-                }
-            }
-        },
-    }
+    return claim_template(f"gpushare-{gib}g", NS, {"main": gib})
 
 
 def _pod(name: str, gib: int, node: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "schedulingGates": [{"name": DRA_SCHEDULING_GATE}],
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "tolerations": [{"operator": "Exists"}],
-            "resourceClaims": [
-                {"name": DRA_CLAIM_NAME, "resourceClaimTemplateName": f"gpushare-{gib}g"}
-            ],
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": DRA_CLAIM_NAME, "request": "main"}]},
-                }
-            ],
-        },
-    }
+    selector = {"kubernetes.io/hostname": node}
+    template = f"gpushare-{gib}g"
+    return dra_pod(name, NS, template, selector=selector, gated=True, tolerate_all=True)
 
 
 def _claim_of(cluster: Cluster, pod: str) -> dict[str, Any]:
-    got = cluster.kubectl_json("get", "pod", "-n", NS, pod)
-    for entry in (got.get("status") or {}).get("resourceClaimStatuses") or []:
-        if entry.get("name") == DRA_CLAIM_NAME and entry.get("resourceClaimName"):
-            claim = cluster.kubectl_json(
-                "get", "resourceclaim", "-n", NS, entry["resourceClaimName"]
-            )
-            return claim if isinstance(claim, dict) else {}
-    return {}
+    return pod_claim(cluster, NS, pod) or {}
 
 
 def _running_on(cluster: Cluster, pod: str) -> tuple[str, str]:
@@ -159,7 +106,7 @@ def test_gpushare_allocates_gated_claims(cluster: Cluster) -> None:
     ]
     cluster.create_namespace(NS)
     try:
-        _apply(cluster, [DEVICE_CLASS, *slices, _template(4), _template(12), _template(40)])
+        _apply(cluster, [device_class(), *slices, _template(4), _template(12), _template(40)])
         # binpack: the second pod shares the first one's GPU (as first-fit would too)
         _apply(cluster, [_pod("pack-a", 4, "dra-pack")])
         first = _running_on(cluster, "pack-a")

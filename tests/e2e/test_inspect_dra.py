@@ -23,24 +23,17 @@ from gpushare.core.model.inventory import Gpu, Mode
 from gpushare.core.model.names import (
     ALLOCATION_MODE_DRA,
     DRA_CLAIM_NAME,
-    DRA_DEVICE_CLASS,
-    DRA_DRIVER,
     LABEL_ALLOCATION_MODE,
 )
 from gpushare.core.model.units import MemoryUnit
 from harness.cluster import Cluster
+from harness.dra import claim_template, device_class, dra_pod
 from harness.identities import token_kubeconfig
 from harness.seeding import KWOK_ANNOTATION, labelled_kwok_nodes
 from tests.support.e2e import create_nodes, delete_nodes, eventually
 
 NODE = "inspect-dra-0"
 TEAM, OTHER = "e2e-inspect-dra-a", "e2e-inspect-dra-b"
-DEVICE_CLASS = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "DeviceClass",
-    "metadata": {"name": DRA_DEVICE_CLASS},
-    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRA_DRIVER}"'}}]},
-}
 
 
 def _apply(cluster: Cluster, docs: list[dict[str, Any]]) -> None:
@@ -64,40 +57,12 @@ def _dra_node() -> dict[str, Any]:
 
 
 def _template(namespace: str, gib: int) -> dict[str, Any]:
-    exactly = {
-        "deviceClassName": DRA_DEVICE_CLASS,
-        "allocationMode": "ExactCount",
-        "count": 1,
-        "capacity": {"requests": {"memory": f"{gib}Gi"}},
-    }
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": f"gpushare-{gib}g", "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": [{"name": "main", "exactly": exactly}]}}},
-    }
+    return claim_template(f"gpushare-{gib}g", namespace, {"main": gib})
 
 
 def _pod(namespace: str, name: str, gib: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": NODE},
-            "tolerations": [{"operator": "Exists"}],
-            "resourceClaims": [
-                {"name": DRA_CLAIM_NAME, "resourceClaimTemplateName": f"gpushare-{gib}g"}
-            ],
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": DRA_CLAIM_NAME, "request": "main"}]},
-                }
-            ],
-        },
-    }
+    selector = {"kubernetes.io/hostname": NODE}
+    return dra_pod(name, namespace, f"gpushare-{gib}g", selector=selector, tolerate_all=True)
 
 
 def _held(cluster: Cluster, namespace: str, pod: str) -> tuple[int, int] | None:
@@ -178,7 +143,7 @@ def test_inspect_shows_dra_claims_as_device_plugin_allocations(
     for namespace in (TEAM, OTHER):
         cluster.create_namespace(namespace)
     try:
-        _apply(cluster, [DEVICE_CLASS, published])
+        _apply(cluster, [device_class(), published])
         _apply(cluster, [_template(TEAM, 4), _template(OTHER, 6)])
         _apply(cluster, [_pod(TEAM, "train", 4), _pod(OTHER, "serve", 6)])
         held: dict[str, tuple[int, int]] = {}

@@ -17,11 +17,12 @@ from gpushare.core.decision.scheduling import Scheduler, Settings
 from gpushare.core.dra.allocate import FINALIZER
 from gpushare.core.dra.slices import SliceSpec, build_slice
 from gpushare.core.model.inventory import Gpu, Mode
-from gpushare.core.model.names import DRA_CLAIM_NAME, DRA_DEVICE_CLASS, DRA_SCHEDULING_GATE
+from gpushare.core.model.names import DRA_CLAIM_NAME, DRA_SCHEDULING_GATE
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.trust import Trust
 from gpushare.extender.draallocator import DraAllocator
 from gpushare.kube.port import Conflict, KubeDict, NotFound, WatchEvent
+from harness.dra import resource_claim
 
 
 class DraDouble:
@@ -117,31 +118,12 @@ def _world(api: DraDouble, sizes: dict[str, tuple[int, ...]]) -> None:
 
 
 def _pod_and_claim(api: DraDouble, name: str, gib: int) -> KubeDict:
-    claim = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {
-            "name": f"{name}-gpushare-x1",
-            "namespace": "default",
-            "uid": f"claim-{name}",
-            "resourceVersion": "1",
-        },
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "main",
-                        "exactly": {
-                            "deviceClassName": DRA_DEVICE_CLASS,
-                            "allocationMode": "ExactCount",
-                            "count": 1,
-                            "capacity": {"requests": {"memory": f"{gib}Gi"}},
-                        },
-                    }
-                ]
-            }
-        },
-    }
+    claim = resource_claim(
+        f"{name}-gpushare-x1",
+        "default",
+        gib,
+        metadata={"uid": f"claim-{name}", "resourceVersion": "1"},
+    )
     api.claims[f"default/{name}-gpushare-x1"] = claim
     pod = {
         "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},

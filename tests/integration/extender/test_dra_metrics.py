@@ -19,7 +19,6 @@ from gpushare.core.model.inventory import Gpu, Mode
 from gpushare.core.model.names import (
     ALLOCATION_MODE_DRA,
     DRA_CLAIM_NAME,
-    DRA_DEVICE_CLASS,
     DRA_SCHEDULING_GATE,
     LABEL_ALLOCATION_MODE,
 )
@@ -31,6 +30,7 @@ from gpushare.kube.backoff import Backoff
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.memory import MemoryKube
 from gpushare.kube.objects import gpu_node
+from harness.dra import resource_claim
 from tests.support.scraping import gpu, samples
 
 GIB = 1024**3
@@ -55,28 +55,7 @@ def dra_world(kube: MemoryKube) -> None:
 
 def gated_pod(kube: MemoryKube, name: str, gib: int) -> None:
     claim = f"{name}-gpushare-x1"
-    kube.put_resource_claim(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": claim, "namespace": "team-a"},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "main",
-                            "exactly": {
-                                "deviceClassName": DRA_DEVICE_CLASS,
-                                "allocationMode": "ExactCount",
-                                "count": 1,
-                                "capacity": {"requests": {"memory": f"{gib}Gi"}},
-                            },
-                        }
-                    ]
-                }
-            },
-        }
-    )
+    kube.put_resource_claim(resource_claim(claim, "team-a", gib))
     kube.create_pod(
         {
             "metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}"},

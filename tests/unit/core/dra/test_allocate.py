@@ -29,8 +29,9 @@ from gpushare.core.dra.ledger import DraLedger, read_ledger
 from gpushare.core.dra.slices import SliceSpec, build_slice
 from gpushare.core.model.hostresources import NOTHING, HostResources
 from gpushare.core.model.inventory import CORE_PER_GPU, Gpu, Mode
-from gpushare.core.model.names import DRA_DEVICE_CLASS, DRA_DRIVER, LABEL_PLACEMENT
+from gpushare.core.model.names import DRA_DRIVER, LABEL_PLACEMENT
 from gpushare.core.model.units import MemoryUnit
+from harness.dra import resource_claim
 
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -62,27 +63,10 @@ def a_pod(name: str, cpu: str = "1", **spec: Any) -> dict[str, Any]:
 
 
 def a_claim(name: str, gib: int, count: int = 1, cores: int = 0) -> dict[str, Any]:
-    requests: dict[str, Any] = {"memory": f"{gib}Gi"}
-    if cores:
-        requests["cores"] = str(cores)
-    return {
-        "metadata": {"name": f"{name}-gpushare", "namespace": "default", "uid": f"claim-{name}"},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "main",
-                        "exactly": {
-                            "deviceClassName": DRA_DEVICE_CLASS,
-                            "allocationMode": "ExactCount",
-                            "count": count,
-                            "capacity": {"requests": requests},
-                        },
-                    }
-                ]
-            }
-        },
-    }
+    uid = {"uid": f"claim-{name}"}
+    return resource_claim(
+        f"{name}-gpushare", "default", gib, count=count, cores=cores, metadata=uid
+    )
 
 
 class World:
