@@ -65,6 +65,15 @@ HERE = Path(__file__).resolve().parent
 BUILD = HERE / "controlplane" / "autoscalers.sh"
 CA_BINARY = "cluster-autoscaler"
 KARPENTER_BINARY = "karpenter-kwok"
+SCALE_DOWN_AT_ONCE = (
+    "--scale-down-enabled=true",
+    "--scale-down-unneeded-time=5s",
+    "--scale-down-delay-after-add=0s",
+    "--scale-down-delay-after-delete=0s",
+    "--scale-down-delay-after-failure=0s",
+)
+"""cluster-autoscaler's flags that let it remove an unneeded node within seconds (a test's
+time), whatever it has just added, deleted or failed to; each test adds its threshold."""
 
 GROUP_LABEL = "gpushare-e2e/node-group"
 """The label naming a node's group: cluster-autoscaler's kwok provider groups its templates by

@@ -41,15 +41,13 @@ from gpushare.core.model.names import (
     LABEL_ALLOCATION_MODE,
 )
 from harness.autoscalers import (
-    CA_BINARY,
+    SCALE_DOWN_AT_ONCE,
     GpuShape,
-    build_autoscalers,
     dra_template,
     group_node_names,
     node_of_group,
     running_cluster_autoscaler,
     timed,
-    unavailable,
     wait_bound,
     wait_group_size,
 )
@@ -64,15 +62,11 @@ from harness.dra import (
     publishing_slices,
 )
 from harness.helpers import apply_all
-from tests.support.e2e import create_nodes
+from tests.support.e2e import cluster_autoscaler_binaries, create_nodes
 
 BIG = GpuShape(gpus=4, gib=16)
 SCALE_DOWN = (
-    "--scale-down-enabled=true",
-    "--scale-down-unneeded-time=5s",
-    "--scale-down-delay-after-add=0s",
-    "--scale-down-delay-after-delete=0s",
-    "--scale-down-delay-after-failure=0s",
+    *SCALE_DOWN_AT_ONCE,
     # a node found unremovable is simulated again only after this (default 5 min,
     # core/scaledown/planner/planner.go)
     "--unremovable-node-recheck-timeout=5s",
@@ -85,11 +79,7 @@ SCALE_DOWN = (
 
 @pytest.fixture(scope="module")
 def autoscalers() -> dict[str, Path]:
-    binaries = build_autoscalers()
-    reason = unavailable(binaries, CA_BINARY)
-    if reason:
-        pytest.skip(reason)
-    return binaries
+    return cluster_autoscaler_binaries()
 
 
 @pytest.fixture(scope="module")

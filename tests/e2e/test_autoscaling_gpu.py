@@ -31,11 +31,10 @@ from gpushare.core.model.startuptaint import STARTUP_TAINT
 from gpushare.kube.lightkube_api import LightkubeAPI
 from gpushare.node.startuptaint import release_once
 from harness.autoscalers import (
-    CA_BINARY,
     GROUP_LABEL,
     KARPENTER_BINARY,
+    SCALE_DOWN_AT_ONCE,
     GpuShape,
-    build_autoscalers,
     gpu_instance_type,
     gpu_template,
     group_node_names,
@@ -52,7 +51,7 @@ from harness.autoscalers import (
 from harness.cluster import Cluster, wait_for
 from harness.helpers import apply_all, gpu_pod_manifest, pods
 from harness.identities import NAMESPACE, device_plugin_kubeconfig
-from tests.support.e2e import create_nodes
+from tests.support.e2e import cluster_autoscaler_binaries, create_nodes
 
 BIG = GpuShape(gpus=4, gib=16)
 PUBLISHED = ("gpushare.io/gpus", "gpushare.io/gpu-mem-unit")
@@ -67,22 +66,14 @@ AUTOSCALING = (
 """The chart's defaults (``autoscaling.placeholders``, ``autoscaling.scaleDownGuard``) as the
 extender's flags, with a round a second for the test."""
 SCALE_DOWN = (
-    "--scale-down-enabled=true",
-    "--scale-down-unneeded-time=5s",
-    "--scale-down-delay-after-add=0s",
-    "--scale-down-delay-after-delete=0s",
-    "--scale-down-delay-after-failure=0s",
+    *SCALE_DOWN_AT_ONCE,
     "--scale-down-utilization-threshold=0.5",
 )
 
 
 @pytest.fixture(scope="module")
 def autoscalers() -> dict[str, Path]:
-    binaries = build_autoscalers()
-    reason = unavailable(binaries, CA_BINARY)
-    if reason:
-        pytest.skip(reason)
-    return binaries
+    return cluster_autoscaler_binaries()
 
 
 @pytest.fixture(params=["fix", "off"])

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from harness.autoscalers import CA_BINARY, build_autoscalers
+from harness.autoscalers import unavailable as autoscaler_unavailable
 from harness.cluster import Cluster, running_cluster
 from harness.realnode import RealNode, unavailable
 
@@ -89,6 +91,16 @@ def _real_node(cluster: Cluster, **options: Any) -> Iterator[RealNode]:
         node.stop()
         if cluster.extender_unit != "1GiB":  # the tests after these count in GiB
             cluster.start_extender(unit="1GiB")
+
+
+def cluster_autoscaler_binaries() -> dict[str, Path]:
+    """The autoscalers' binaries (``harness.autoscalers.build_autoscalers``), skipping the test
+    with the reason where cluster-autoscaler cannot run here."""
+    binaries = build_autoscalers()
+    reason = autoscaler_unavailable(binaries, CA_BINARY)
+    if reason:
+        pytest.skip(reason)
+    return binaries
 
 
 def eventually(check: Callable[[], Any], timeout: float = 60, what: str = "") -> Any:
