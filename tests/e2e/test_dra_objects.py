@@ -85,6 +85,13 @@ def create(cluster: Cluster, obj: dict[str, Any], kubeconfig: Path | None = None
     return cluster.kubectl("create", *args, "-f", "-", input=json.dumps(obj), check=False)
 
 
+def dry_run(cluster: Cluster, obj: dict[str, Any]) -> Any:
+    """``kubectl create --dry-run=server -o json``: the object as admission leaves it, unstored."""
+    return cluster.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(obj), check=False
+    )
+
+
 def pod_of_job(cluster: Cluster, job: str) -> dict[str, Any]:
     def found() -> dict[str, Any] | None:
         items = cluster.kubectl_json("get", "pods", "-n", NS, "-l", f"job-name={job}")["items"]
@@ -228,16 +235,7 @@ def dra(cluster: Cluster) -> Iterator[dict[str, Path]]:
         probe = gpu_pod("probe", 1)
 
         def active() -> bool:
-            result = cluster.kubectl(
-                "create",
-                "--dry-run=server",
-                "-o",
-                "json",
-                "-f",
-                "-",
-                input=json.dumps(probe),
-                check=False,
-            )
+            result = dry_run(cluster, probe)
             return result.returncode == 0 and "resourceClaims" in result.stdout
 
         wait_for("the DRA webhook to take effect", active, 60, process)
@@ -420,30 +418,12 @@ def test_pods_outside_dra_namespaces_are_not_converted(
         plain = gpu_pod("plain", 2)
         plain["metadata"]["namespace"] = other
         plain["spec"]["nodeSelector"] = {"gpushare-e2e": "dra-nowhere"}
-        result = cluster.kubectl(
-            "create",
-            "--dry-run=server",
-            "-o",
-            "json",
-            "-f",
-            "-",
-            input=json.dumps(plain),
-            check=False,
-        )
+        result = dry_run(cluster, plain)
         assert result.returncode == 0, result.stderr
         assert "resourceClaims" not in json.loads(result.stdout)["spec"]
         demanding = copy.deepcopy(plain)
         demanding["spec"]["nodeSelector"] = {"gpushare.io/allocation-mode": "dra"}
-        result = cluster.kubectl(
-            "create",
-            "--dry-run=server",
-            "-o",
-            "json",
-            "-f",
-            "-",
-            input=json.dumps(demanding),
-            check=False,
-        )
+        result = dry_run(cluster, demanding)
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["spec"]["resourceClaims"][0]["name"] == "gpushare"
         # a dry run creates no template
