@@ -159,6 +159,27 @@ def token_kubeconfig(
     return path
 
 
+def tenant_kubeconfig(
+    cluster: ControlPlane, namespace: str, path: Path, *, role: str, resources: str
+) -> Path:
+    """The kubeconfig of a ServiceAccount ``inspector`` of ``namespace`` whose Role ``role`` may
+    only get and list ``resources`` (kubectl's comma-separated form) there, as a platform team
+    hands one to a tenant (:func:`token_kubeconfig`)."""
+    ns = ("-n", namespace)
+    cluster.kubectl(*ns, "create", "serviceaccount", "inspector")
+    cluster.kubectl(*ns, "create", "role", role, "--verb=get,list", f"--resource={resources}")
+    cluster.kubectl(
+        *ns,
+        "create",
+        "rolebinding",
+        "inspector",
+        f"--role={role}",
+        f"--serviceaccount={namespace}:inspector",
+    )
+    token = cluster.kubectl(*ns, "create", "token", "inspector").stdout.strip()
+    return token_kubeconfig(cluster, token, path, user="inspector", namespace=namespace)
+
+
 def service_account_kubeconfig(
     cluster: ControlPlane, account: str, path: Path, *, node: str = ""
 ) -> Path:

@@ -11,7 +11,6 @@ pods and claims in its namespace sees its own pod, and is told that slices are h
 from __future__ import annotations
 
 import json
-import subprocess
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,9 @@ from gpushare.core.model.names import (
 from gpushare.core.model.units import MemoryUnit
 from harness.cluster import Cluster
 from harness.dra import claim_template, device_class, dra_pod
-from harness.identities import token_kubeconfig
+from harness.identities import tenant_kubeconfig
 from harness.seeding import KWOK_ANNOTATION, labelled_kwok_nodes
-from tests.support.e2e import create_nodes, delete_nodes, eventually
+from tests.support.e2e import create_nodes, delete_nodes, eventually, kubectl_inspect
 
 NODE = "inspect-dra-0"
 TEAM, OTHER = "e2e-inspect-dra-a", "e2e-inspect-dra-b"
@@ -84,45 +83,9 @@ def _held(cluster: Cluster, namespace: str, pod: str) -> tuple[int, int] | None:
     return None
 
 
-def _tenant(cluster: Cluster, path: Path) -> Path:
-    """A ServiceAccount of TEAM whose Role lists pods and claims there, nothing else."""
-    cluster.kubectl("-n", TEAM, "create", "serviceaccount", "inspector")
-    cluster.kubectl(
-        "-n",
-        TEAM,
-        "create",
-        "role",
-        "inspect-dra",
-        "--verb=get,list",
-        "--resource=pods,resourceclaims.resource.k8s.io",
-    )
-    cluster.kubectl(
-        "-n",
-        TEAM,
-        "create",
-        "rolebinding",
-        "inspector",
-        "--role=inspect-dra",
-        f"--serviceaccount={TEAM}:inspector",
-    )
-    token = cluster.kubectl("-n", TEAM, "create", "token", "inspector").stdout.strip()
-    return token_kubeconfig(cluster, token, path, user="inspector", namespace=TEAM)
-
-
 def _inspect(cluster: Cluster, *args: str, config: Path | None = None) -> str:
-    env = cluster.env()
-    if config is not None:
-        env = {**env, "KUBECONFIG": str(config)}
-    result = subprocess.run(
-        [str(cluster.binaries["kubectl"]), "inspect", "cgpu", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    print(f"$ kubectl inspect cgpu {' '.join(args)}  (exit {result.returncode})")
-    print(result.stdout + result.stderr)
-    assert result.returncode == 0 and "Traceback" not in result.stderr
+    result = kubectl_inspect(cluster, *args, config=config)
+    assert result.returncode == 0
     return result.stdout
 
 
@@ -173,7 +136,13 @@ def test_inspect_shows_dra_claims_as_device_plugin_allocations(
         assert f"NAME:       {NODE}" in details and "train" in details and "serve" in details
         assert "Allocated :  10 (31%)" in details.split(f"NAME:       {NODE}")[1]
 
-        config = _tenant(cluster, tmp_path / "tenant.kubeconfig")
+        config = tenant_kubeconfig(
+            cluster,
+            TEAM,
+            tmp_path / "tenant.kubeconfig",
+            role="inspect-dra",
+            resources="pods,resourceclaims.resource.k8s.io",
+        )
         tenant = json.loads(_inspect(cluster, "-o", "json", config=config))
         assert "resourceslices" in tenant["scope"]["forbidden"]
         [mine] = tenant["nodes"]

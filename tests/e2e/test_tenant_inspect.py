@@ -15,45 +15,16 @@ from typing import Any
 from gpushare.core.model.inventory import Mode
 from harness.cluster import Cluster
 from harness.helpers import apply_all, gpu_pod_manifest, pods
-from harness.identities import token_kubeconfig
+from harness.identities import tenant_kubeconfig
 from harness.seeding import labelled_kwok_nodes
-from tests.support.e2e import create_nodes, delete_nodes, eventually
+from tests.support.e2e import create_nodes, delete_nodes, eventually, kubectl_inspect
 
 TENANT, NEIGHBOUR = "tenant-a", "tenant-b"
 NODE = "tenant-view-0"
 
 
-def tenant_kubeconfig(cluster: Cluster, path: Path) -> Path:
-    cluster.kubectl("-n", TENANT, "create", "serviceaccount", "inspector")
-    cluster.kubectl(
-        "-n", TENANT, "create", "role", "pod-reader", "--verb=get,list", "--resource=pods"
-    )
-    cluster.kubectl(
-        "-n",
-        TENANT,
-        "create",
-        "rolebinding",
-        "inspector",
-        "--role=pod-reader",
-        f"--serviceaccount={TENANT}:inspector",
-    )
-    token = cluster.kubectl("-n", TENANT, "create", "token", "inspector").stdout.strip()
-    return token_kubeconfig(cluster, token, path, user="inspector", namespace=TENANT)
-
-
 def as_tenant(cluster: Cluster, config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**cluster.env(), "KUBECONFIG": str(config)}
-    result = subprocess.run(
-        [str(cluster.binaries["kubectl"]), "inspect", "cgpu", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    print(f"$ kubectl inspect cgpu {' '.join(args)}  (exit {result.returncode})")
-    print(result.stdout + result.stderr)
-    assert "Traceback" not in result.stderr
-    return result
+    return kubectl_inspect(cluster, *args, config=config)
 
 
 def test_a_service_account_with_namespace_rights_sees_its_namespace(
@@ -75,7 +46,9 @@ def test_a_service_account_with_namespace_rights_sees_its_namespace(
             return items if all(p["spec"].get("nodeName") == NODE for p in items) else []
 
         eventually(bound, 90, "both pods bound")
-        config = tenant_kubeconfig(cluster, tmp_path / "tenant.kubeconfig")
+        config = tenant_kubeconfig(
+            cluster, TENANT, tmp_path / "tenant.kubeconfig", role="pod-reader", resources="pods"
+        )
 
         table = as_tenant(cluster, config)
         assert table.returncode == 0

@@ -103,6 +103,27 @@ def cluster_autoscaler_binaries() -> dict[str, Path]:
     return binaries
 
 
+def kubectl_inspect(
+    cluster: Cluster, *args: str, config: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``kubectl inspect cgpu`` with ``args``, as the admin or as ``config``'s user, printed for
+    the log; the plugin never ends in a traceback, whoever runs it."""
+    env = cluster.env()
+    if config is not None:
+        env = {**env, "KUBECONFIG": str(config)}
+    result = subprocess.run(
+        [str(cluster.binaries["kubectl"]), "inspect", "cgpu", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    print(f"$ kubectl inspect cgpu {' '.join(args)}  (exit {result.returncode})")
+    print(result.stdout + result.stderr)
+    assert "Traceback" not in result.stderr
+    return result
+
+
 def eventually(check: Callable[[], Any], timeout: float = 60, what: str = "") -> Any:
     """Poll until ``check`` returns something truthy; return it."""
     deadline = time.monotonic() + timeout
