@@ -131,10 +131,7 @@ class DraCluster(MemoryCluster):
         if not pod.num_gpu:
             return super().place(pod, uid)
         need = self.need(pod)
-        model = self.model_mask(pod.gpu_spec)
-        room = (self.cpu >= pod.cpu_milli) & (self.mem >= pod.memory_mib)
-        gpus = ((self.free >= need).sum(axis=1) >= pod.num_gpu) & (need > 0)
-        candidates = np.flatnonzero(model & room & gpus)
+        candidates = self.gpu_candidates(pod, need)
         obj = dra_pod_json(pod, uid=uid)
         claim = claim_json(pod, uid=uid, units_per_gpu=need, unit_mib=self.settings.unit.mib)
         requests = (
@@ -225,10 +222,7 @@ class FirstFitCluster(MemoryCluster):
         if not pod.num_gpu:
             return super().place(pod, uid)
         need = self.need(pod)
-        model = self.model_mask(pod.gpu_spec)
-        room = (self.cpu >= pod.cpu_milli) & (self.mem >= pod.memory_mib)
-        gpus = ((self.free >= need).sum(axis=1) >= pod.num_gpu) & (need > 0)
-        candidates = np.flatnonzero(model & room & gpus)
+        candidates = self.gpu_candidates(pod, need)
         if not len(candidates):
             return 0, "no node"
         if self.by_order:

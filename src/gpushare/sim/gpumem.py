@@ -312,6 +312,14 @@ class MemoryCluster:
         """The pod's request in units, for arrived % (see the module docstring)."""
         return float(self.need(pod) * pod.num_gpu)
 
+    def gpu_candidates(self, pod: TracePod, need: int) -> IntArray:
+        """The nodes kube-scheduler's own filters pass (the pod's model, CPU and memory) with
+        ``pod.num_gpu`` GPUs of ``need`` units free: where a GPU pod may go at all."""
+        model = self.model_mask(pod.gpu_spec)
+        room = (self.cpu >= pod.cpu_milli) & (self.mem >= pod.memory_mib)
+        gpus = ((self.free >= need).sum(axis=1) >= pod.num_gpu) & (need > 0)
+        return np.flatnonzero(model & room & gpus)
+
     def place(self, pod: TracePod, uid: str) -> tuple[int, str]:
         """Place one pod: (units booked, failure reason or "")."""
         model = self.model_mask(pod.gpu_spec)
