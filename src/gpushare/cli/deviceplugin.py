@@ -13,7 +13,9 @@ isolation hook) refuses from inside the running plugin and ends the command the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -28,6 +30,7 @@ from gpushare.core.model.startuptaint import STARTUP_TAINT
 if TYPE_CHECKING:
     from gpushare.cli.pluginoptions import PluginOptions
     from gpushare.deviceplugin.plugin import DevicePlugin
+    from gpushare.kube.lightkube_api import LightkubeAPI
     from gpushare.kube.port import KubeAPI
     from gpushare.node.enforcement.nodehook import NodeIsolation
     from gpushare.node.gpus import GpuSource
@@ -199,11 +202,8 @@ def build_plugin(options: PluginOptions) -> Wired:
     """Check what only the node can say, then wire the plugin; a CommandError says why not."""
     from gpushare.deviceplugin.config import PluginConfig, Stats
     from gpushare.deviceplugin.plugin import DevicePlugin
-    from gpushare.kube.lightkube_api import LightkubeAPI
-    from gpushare.kube.port import KubeError
     from gpushare.node.cdi import Strategy
     from gpushare.node.descriptors import RESERVED
-    from gpushare.node.driverroot import DriverRootError
     from gpushare.node.enforcement.library import packaged_library
     from gpushare.node.enforcement.mountcheck import MountCheck, packaged_mountcheck
     from gpushare.node.enforcement.nodehook import NodeIsolation
@@ -219,31 +219,23 @@ def build_plugin(options: PluginOptions) -> Wired:
     if reason is not None:
         raise CommandError(reason)
     proof = prove_hand_off(options)
-    try:
-        source: GpuSource = (
-            FakeGpus.parse(
+    source, api = open_node(
+        f"gpushare device plugin on {options.node}",
+        gpus=(
+            partial(
+                FakeGpus.parse,
                 options.fake_gpus,
                 node=options.node,
                 health_file=options.fake_health_file,
                 topology=options.fake_topology,
             )
             if options.fake_gpus
-            else NvmlGpus(options.handoff.driver_root)
-        )
-        api = LightkubeAPI.connect(options.kubeconfig)
-    except (ValueError, KubeError, DriverRootError) as err:
-        raise CommandError(str(err)) from None
-    except Exception as err:
-        raise CommandError(
-            f"cannot read GPUs through NVML ({type(err).__name__}: {err}); {NVML_HINT}"
-        ) from None
-    gpus = source.gpus()
-    caps, settings = options.caps, options.settings
-    click.echo(
-        f"gpushare device plugin on {options.node}: {len(gpus)} GPU(s) "
-        + ", ".join(f"{g.index}:{g.model}:{g.memory_mib}MiB" for g in gpus),
-        err=True,
+            else partial(NvmlGpus, options.handoff.driver_root)
+        ),
+        kubeconfig=options.kubeconfig,
+        hint=NVML_HINT,
     )
+    caps, settings = options.caps, options.settings
     click.echo(
         f"accounting broker: at most {caps.per_pod} connections per pod, "
         f"{caps.room(listeners=0)} per node, {caps.kept} kept for each container "
@@ -290,6 +282,34 @@ def build_plugin(options: PluginOptions) -> Wired:
         api=api, source=source, config=config, hook=hook, trust=trust, stats=stats
     )
     return Wired(options=options, plugin=plugin, hook=hook, source=source, api=api)
+
+
+def open_node(
+    who: str, *, gpus: Callable[[], GpuSource], kubeconfig: str | None, hint: str
+) -> tuple[GpuSource, LightkubeAPI]:
+    """The node's GPUs and the API client, for both node drivers: ``gpus`` opens the fakes or
+    NVML (here, so a missing driver is told with ``hint``: where the command's chart gets the
+    driver). Logs the GPUs found as ``who``; a CommandError says why not."""
+    from gpushare.kube.lightkube_api import LightkubeAPI
+    from gpushare.kube.port import KubeError
+    from gpushare.node.driverroot import DriverRootError
+
+    try:
+        source = gpus()
+        api = LightkubeAPI.connect(kubeconfig)
+    except (ValueError, KubeError, DriverRootError) as err:
+        raise CommandError(str(err)) from None
+    except Exception as err:
+        raise CommandError(
+            f"cannot read GPUs through NVML ({type(err).__name__}: {err}); {hint}"
+        ) from None
+    found = source.gpus()
+    click.echo(
+        f"{who}: {len(found)} GPU(s) "
+        + ", ".join(f"{g.index}:{g.model}:{g.memory_mib}MiB" for g in found),
+        err=True,
+    )
+    return source, api
 
 
 def prove_hand_off(options: PluginOptions) -> Proof:

@@ -3,14 +3,15 @@
 The composition root, modelled on ``gpushare device-plugin``'s: the flags are validated first
 (the memory unit; the cGPU policy, pods per GPU and hand-off through the device plugin's
 ``cli.pluginoptions.isolation_flags``, the flags the two share), then :func:`build_driver`
-checks what only the node can say (the state and library directories, the GPUs, the API
-client) and wires the driver with the same isolation hook as the device plugin, and
+checks what only the node can say (the state and library directories; the GPUs and the API
+client, opened by the device plugin's ``cli.deviceplugin.open_node``) and wires the driver with the same isolation hook as the device plugin, and
 :func:`run_driver` serves ``/readyz`` and runs it. The driver's own start refuses a node not
 labelled ``gpushare.io/allocation-mode=dra``, and ends the command the same way (exit 2).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,19 +81,17 @@ def dra_driver(**flags: Any) -> None:
 
 def build_driver(flags: dict[str, Any]) -> DraDriver:
     """Validate the flags, check the node's directories and GPUs, wire the driver."""
+    from gpushare.cli.deviceplugin import open_node
     from gpushare.cli.pluginoptions import isolation_flags
     from gpushare.core.model.units import MemoryUnit
     from gpushare.dra.driver import DraDriver, DriverConfig
     from gpushare.dra.kubeletapi import Sockets
-    from gpushare.kube.lightkube_api import LightkubeAPI
-    from gpushare.kube.port import KubeError
     from gpushare.node.cdi import Strategy
     from gpushare.node.descriptors import BrokerCaps, descriptor_limit
-    from gpushare.node.driverroot import DriverRootError
     from gpushare.node.enforcement.library import packaged_library
     from gpushare.node.enforcement.mountcheck import MountCheck, packaged_mountcheck
     from gpushare.node.enforcement.nodehook import NodeIsolation
-    from gpushare.node.gpus import FakeGpus, GpuSource, NvmlGpus
+    from gpushare.node.gpus import FakeGpus, NvmlGpus
     from gpushare.node.hostpaths import refuse_lib_dir, refuse_state_dir
 
     try:
@@ -108,24 +107,15 @@ def build_driver(flags: dict[str, Any]) -> DraDriver:
     if reason is not None:
         raise CommandError(reason)
     node = flags["node_name"]
-    try:
-        source: GpuSource = (
-            FakeGpus.parse(flags["fake_gpus"], node=node, health_file=_path(flags))
+    source, api = open_node(
+        f"gpushare DRA driver on {node}",
+        gpus=(
+            partial(FakeGpus.parse, flags["fake_gpus"], node=node, health_file=_path(flags))
             if flags["fake_gpus"]
-            else NvmlGpus(handoff.driver_root)
-        )
-        api = LightkubeAPI.connect(flags["kubeconfig"])
-    except (ValueError, KubeError, DriverRootError) as err:
-        raise CommandError(str(err)) from None
-    except Exception as err:
-        raise CommandError(
-            f"cannot read GPUs through NVML ({type(err).__name__}: {err}); {NVML_HINT}"
-        ) from None
-    gpus = source.gpus()
-    click.echo(
-        f"gpushare DRA driver on {node}: {len(gpus)} GPU(s) "
-        + ", ".join(f"{g.index}:{g.model}:{g.memory_mib}MiB" for g in gpus),
-        err=True,
+            else partial(NvmlGpus, handoff.driver_root)
+        ),
+        kubeconfig=flags["kubeconfig"],
+        hint=NVML_HINT,
     )
     hook = NodeIsolation(
         caps=BrokerCaps(descriptors=descriptor_limit()),
