@@ -4,9 +4,10 @@ The composition root, modelled on ``gpushare device-plugin``'s: the flags are va
 (the memory unit; the cGPU policy, pods per GPU and hand-off through the device plugin's
 ``cli.pluginoptions.isolation_flags``, the flags the two share), then :func:`build_driver`
 checks what only the node can say (the state and library directories; the GPUs and the API
-client, opened by the device plugin's ``cli.deviceplugin.open_node``) and wires the driver with the same isolation hook as the device plugin, and
-:func:`run_driver` serves ``/readyz`` and runs it. The driver's own start refuses a node not
-labelled ``gpushare.io/allocation-mode=dra``, and ends the command the same way (exit 2).
+client, opened by the device plugin's ``cli.deviceplugin.open_node``) and wires the driver
+with the same isolation hook as the device plugin, and :func:`run_driver` serves ``/readyz``
+and runs it. The driver's own start refuses a node not labelled
+``gpushare.io/allocation-mode=dra``, and ends the command the same way (exit 2).
 """
 
 from __future__ import annotations
