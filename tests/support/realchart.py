@@ -150,12 +150,15 @@ def why_not(cluster: Cluster) -> str:
     return "\n".join(parts)
 
 
-def wait_components(cluster: Cluster, what: str, timeout: float = 240) -> None:
-    """Every component's pods Ready (one each), the cert Job complete."""
+def wait_components(
+    cluster: Cluster, what: str, timeout: float = 240, components: tuple[str, ...] = COMPONENTS
+) -> None:
+    """Every component's pods Ready (one each), the cert Job complete; ``components``: the
+    ones the values run (DRA mode's driver in place of the device plugin on a DRA node)."""
 
     def ready() -> bool:
         pods = component_pods(cluster)
-        if not all(pods.get(c) and all(pod_ready(p) for p in pods[c]) for c in COMPONENTS):
+        if not all(pods.get(c) and all(pod_ready(p) for p in pods[c]) for c in components):
             return False
         jobs = cluster.kubectl_json("get", "jobs", "-n", REAL_NAMESPACE)["items"]
         return bool(jobs) and all(j.get("status", {}).get("succeeded") for j in jobs)
