@@ -87,6 +87,8 @@ def _openssl(*args: str, cwd: Path) -> None:
 def make_pki(pki: Path) -> None:
     """CA, serving and client certificates, front-proxy pair and service-account keys."""
     pki.mkdir(parents=True, exist_ok=True)
+    from harness.realnode import GATEWAY  # (realnode imports this module)
+
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     for ca in ("ca", "front-proxy-ca"):
         _openssl(
@@ -110,7 +112,8 @@ def make_pki(pki: Path) -> None:
             "/CN=kube-apiserver",
             "serverAuth",
             "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
-            "DNS:kubernetes.default.svc,IP:10.0.0.1",
+            # GATEWAY: pods of the real node reach the API server through a relay there
+            f"DNS:kubernetes.default.svc,IP:10.0.0.1,IP:{GATEWAY}",
         ),
         ("admin", "ca", "/O=system:masters/CN=kubernetes-admin", "clientAuth", ""),
         ("scheduler", "ca", "/CN=system:kube-scheduler", "clientAuth", ""),

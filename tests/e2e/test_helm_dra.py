@@ -42,8 +42,10 @@ from tests.support.realchart import (
     REAL_NAMESPACE,
     REAL_RELEASE,
     WEBHOOK_LABEL,
+    api_relay,
     chart_node,
     component_pods,
+    open_bridge,
     pod_ready,
     real_values,
     wait_components,
@@ -75,12 +77,15 @@ def dra_helm_node(cluster: Cluster) -> Iterator[tuple[RealNode, dict[str, str]]]
             cluster.kubectl("label", "node", node.name, f"{LABEL_ALLOCATION_MODE}-", check=False)
 
 
-def dra_values(cluster: Cluster, node: RealNode, images: dict[str, str]) -> dict[str, Any]:
-    """``realchart.real_values`` with DRA mode on: the driver given this node's kubelet
-    directories, its CDI directory (the only one containerd reads here) and state paths, and
-    ports on the host network nobody else on this machine holds."""
+def dra_values(
+    cluster: Cluster, node: RealNode, images: dict[str, str], api_server: str
+) -> dict[str, Any]:
+    """``realchart.real_values`` with DRA mode on: the API server at ``api_server`` (the relay
+    on the pods' bridge: DRA mode's webhook calls it from the pod network), the driver given
+    this node's kubelet directories, its CDI directory (the only one containerd reads here)
+    and state paths, and a health port on the host network nobody else on this machine holds."""
     values = real_values(cluster, node, images)
-    values["webhook"]["port"] = free_port()
+    values["testing"]["apiServer"] = api_server
     values["dra"] = {
         "enabled": True,
         "driver": {
@@ -137,13 +142,30 @@ def test_helm_install_in_dra_mode_runs_on_the_real_node(
     cluster: Cluster, dra_helm_node: tuple[RealNode, dict[str, str]], tmp_path: Path
 ) -> None:
     node, images = dra_helm_node
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump(dra_values(cluster, node, images)))
     cluster.create_namespace(REAL_NAMESPACE)
     cluster.kubectl(
         "delete", "namespace", REAL_NS, "--ignore-not-found", "--wait=true", timeout=180
     )
     cluster.create_namespace(REAL_NS)
+    open_bridge(cluster, REAL_NS)
+    with api_relay(cluster) as api_server:
+        values = tmp_path / "values.yaml"
+        values.write_text(yaml.safe_dump(dra_values(cluster, node, images, api_server)))
+        installed_and_checked(cluster, node, values)
+    # The slice goes with the driver: kubelet deletes a driver's slices once it left
+    # (pkg/kubelet/cm/dra/plugin, kubernetes v1.36.3), or the driver at its stop.
+    gone = time.monotonic()
+    eventually(lambda: not node_slices(cluster, node.name), 90, "the node's slices deleted")
+    print(f"[e2e] no slice left {time.monotonic() - gone:.1f}s after uninstall", flush=True)
+    assert not cluster.kubectl(
+        "get", "deviceclass", DRA_DEVICE_CLASS, "--ignore-not-found", "-o", "name"
+    ).stdout.strip()
+    cluster.kubectl("delete", "namespace", REAL_NAMESPACE, "--wait=false", check=False)
+
+
+def installed_and_checked(cluster: Cluster, node: RealNode, values: Path) -> None:
+    """Install with ``values``, check each component and GPUtest, uninstall (whatever
+    happened)."""
     # checked by the chart's webhook (its scope here), and in DRA mode: a seed lands unchanged
     cluster.kubectl(
         "label",
@@ -253,13 +275,3 @@ def test_helm_install_in_dra_mode_runs_on_the_real_node(
             helm(cluster, "uninstall", REAL_RELEASE, "-n", REAL_NAMESPACE, "--wait", check=False)
             print(f"[e2e] uninstalled in {time.monotonic() - uninstalling:.1f}s", flush=True)
         cluster.kubectl("delete", "namespace", REAL_NS, "--wait=false", check=False)
-
-    # The slice goes with the driver: kubelet deletes a driver's slices once it left
-    # (pkg/kubelet/cm/dra/plugin, kubernetes v1.36.3), or the driver at its stop.
-    gone = time.monotonic()
-    eventually(lambda: not node_slices(cluster, node.name), 90, "the node's slices deleted")
-    print(f"[e2e] no slice left {time.monotonic() - gone:.1f}s after uninstall", flush=True)
-    assert not cluster.kubectl(
-        "get", "deviceclass", DRA_DEVICE_CLASS, "--ignore-not-found", "-o", "name"
-    ).stdout.strip()
-    cluster.kubectl("delete", "namespace", REAL_NAMESPACE, "--wait=false", check=False)

@@ -93,18 +93,18 @@ def test_a_cluster_wide_default_sends_every_gpu_pod_and_steering_can_be_off() ->
     assert "--dra-default-mode=dra" in webhook_container(docs)["args"]
 
 
-def test_under_a_test_api_server_the_dra_callers_use_the_nodes_network() -> None:
-    """testing.apiServer names an address only the node's network reaches (no kube-proxy): in
-    DRA mode the webhook (it creates claim templates) and the driver call the API server, so
-    both run there; elsewhere neither does."""
+def test_under_a_test_api_server_the_dra_driver_uses_the_nodes_network() -> None:
+    """testing.apiServer names an address the node's network reaches (no kube-proxy): the
+    driver calls the API server, so it runs there as the device plugin does; DRA mode's
+    webhook is told the address too but stays on the pod network (its Service routes to it)."""
     testing = ("--set", "testing.apiServer=127.0.0.1:6443")
     for docs, on in ((render(*ON, *testing), True), (render(*ON), False)):
-        for kind, suffix in (("Deployment", "-webhook"), ("DaemonSet", "-dra-driver")):
-            spec = find(docs, kind, suffix)["spec"]["template"]["spec"]
-            assert spec.get("hostNetwork", False) is on, (kind, suffix)
-            [container] = [c for c in spec["containers"] if c["name"] in {"webhook", "dra-driver"}]
-            env = {e["name"]: e.get("value") for e in container.get("env", [])}
-            assert (env.get("KUBERNETES_SERVICE_HOST") == "127.0.0.1") is on, env
-    # device-plugin mode's webhook never calls the API server: it stays on the pod network
-    plain = find(render(*testing), "Deployment", "-webhook")["spec"]["template"]["spec"]
-    assert "hostNetwork" not in plain
+        spec = find(docs, "DaemonSet", "-dra-driver")["spec"]["template"]["spec"]
+        assert spec.get("hostNetwork", False) is on
+        [container] = spec["containers"]
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        assert (env.get("KUBERNETES_SERVICE_HOST") == "127.0.0.1") is on, env
+        webhook = find(docs, "Deployment", "-webhook")["spec"]["template"]["spec"]
+        assert "hostNetwork" not in webhook
+        env = {e["name"]: e.get("value") for e in webhook_container(docs).get("env", [])}
+        assert (env.get("KUBERNETES_SERVICE_HOST") == "127.0.0.1") is on, env
