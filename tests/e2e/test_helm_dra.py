@@ -251,6 +251,19 @@ def installed_and_checked(cluster: Cluster, node: RealNode, values: Path) -> Non
         assert result.get("shareID"), result
         reserved = [(r["resource"], r["name"], r["uid"]) for r in status["reservedFor"]]
         assert reserved == [("pods", item["metadata"]["name"], item["metadata"]["uid"])]
+        # gpushare's allocator wrote the status, not kube-scheduler's own allocator
+        writers = {
+            f["manager"]
+            for f in claim["metadata"].get("managedFields") or []
+            if f.get("subresource") == "status"
+        }
+        print(f"[e2e] the claim's status written by {sorted(writers)}", flush=True)
+        assert writers and "kube-scheduler" not in writers, writers
+        extender_log = cluster.kubectl(
+            "logs", "-n", REAL_NAMESPACE, "-l", "app.kubernetes.io/component=scheduler",
+            "-c", "extender", "--tail=-1",
+        ).stdout  # fmt: skip
+        assert "left to kube-scheduler" not in extender_log, extender_log[-2000:]
 
         name = item["metadata"]["name"]
         env = eventually(
