@@ -80,6 +80,12 @@ def build_binaries() -> dict[str, Path]:
     return found
 
 
+GATEWAY = "10.88.77.1"
+"""This machine's address on a real node's pod bridge (``gateway`` nodes; host-local gives the
+bridge the first address of ``realnode.SUBNET``). The API server's certificate names it, so a
+pod on the pod network can reach the API server through a relay there."""
+
+
 def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
@@ -87,8 +93,6 @@ def _openssl(*args: str, cwd: Path) -> None:
 def make_pki(pki: Path) -> None:
     """CA, serving and client certificates, front-proxy pair and service-account keys."""
     pki.mkdir(parents=True, exist_ok=True)
-    from harness.realnode import GATEWAY  # (realnode imports this module)
-
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     for ca in ("ca", "front-proxy-ca"):
         _openssl(

@@ -61,10 +61,8 @@ DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 TAINT_KEY = "gpushare-e2e/real-node"
 TOLERATION = {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
 BRIDGE = "gse2e0"
-GATEWAY = "10.88.77.1"
-"""This machine's address on the pods' bridge of a ``gateway`` node (host-local gives the bridge
-the first address of :data:`SUBNET`); the API server's certificate names it, for a relay there."""
 SUBNET = "10.88.77.0/24"
+"""The pods' addresses; the bridge of a ``gateway`` node takes the first, ``cluster.GATEWAY``."""
 NODE_NAME = "gpushare-real-0"
 
 

@@ -19,12 +19,11 @@ from typing import Any
 
 import pytest
 
-from harness.cluster import Cluster
+from harness.cluster import GATEWAY, Cluster
 from harness.image_archive import Builder, default_cache
 from harness.ports import free_port
 from harness.realnode import (
     BRIDGE,
-    GATEWAY,
     NODE_NAME,
     TEST_IMAGE,
     TOLERATION,
