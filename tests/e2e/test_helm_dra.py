@@ -116,8 +116,9 @@ def claim_of(cluster: Cluster, pod: dict[str, Any]) -> dict[str, Any]:
     for entry in (got.get("status") or {}).get("resourceClaimStatuses") or []:
         if entry.get("resourceClaimName"):
             found: dict[str, Any] = cluster.kubectl_json(
-                "get", "resourceclaim", "-n", namespace, entry["resourceClaimName"]
-            )
+                "get", "resourceclaim", "-n", namespace, entry["resourceClaimName"],
+                "--show-managed-fields",
+            )  # fmt: skip
             return found
     return {}
 
