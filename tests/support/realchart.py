@@ -1,5 +1,6 @@
 """The chart installed on the real node: its values there, its components waited for, the seed
-Jobs run through it. Shared by ``tests/e2e/test_helm.py`` and ``tests/e2e/test_platforms.py``.
+Jobs run through it, the API server relayed onto the pods' bridge. Shared by
+``tests/e2e/test_helm.py``, ``test_helm_dra.py`` and ``test_platforms.py``.
 """
 
 from __future__ import annotations
