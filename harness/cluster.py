@@ -80,6 +80,12 @@ def build_binaries() -> dict[str, Path]:
     return found
 
 
+GATEWAY = "10.88.77.1"
+"""This machine's address on a real node's pod bridge (``gateway`` nodes; host-local gives the
+bridge the first address of ``realnode.SUBNET``). The API server's certificate names it, so a
+pod on the pod network can reach the API server through a relay there."""
+
+
 def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
@@ -110,7 +116,8 @@ def make_pki(pki: Path) -> None:
             "/CN=kube-apiserver",
             "serverAuth",
             "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
-            "DNS:kubernetes.default.svc,IP:10.0.0.1",
+            # GATEWAY: pods of the real node reach the API server through a relay there
+            f"DNS:kubernetes.default.svc,IP:10.0.0.1,IP:{GATEWAY}",
         ),
         ("admin", "ca", "/O=system:masters/CN=kubernetes-admin", "clientAuth", ""),
         ("scheduler", "ca", "/CN=system:kube-scheduler", "clientAuth", ""),

@@ -62,6 +62,7 @@ TAINT_KEY = "gpushare-e2e/real-node"
 TOLERATION = {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
 BRIDGE = "gse2e0"
 SUBNET = "10.88.77.0/24"
+"""The pods' addresses; the bridge of a ``gateway`` node takes the first, ``cluster.GATEWAY``."""
 NODE_NAME = "gpushare-real-0"
 
 

@@ -1,13 +1,18 @@
 """The chart installed on the real node: its values there, its components waited for, the seed
-Jobs run through it. Shared by ``tests/e2e/test_helm.py`` and ``tests/e2e/test_platforms.py``.
+Jobs run through it, the API server relayed onto the pods' bridge. Shared by
+``tests/e2e/test_helm.py``, ``test_helm_dra.py`` and ``test_platforms.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import shutil
+import socket
+import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,10 +20,18 @@ from typing import Any
 
 import pytest
 
-from harness.cluster import Cluster
+from harness.cluster import GATEWAY, Cluster
 from harness.image_archive import Builder, default_cache
 from harness.ports import free_port
-from harness.realnode import TOLERATION, RealNode, probe_env, unavailable
+from harness.realnode import (
+    BRIDGE,
+    NODE_NAME,
+    TEST_IMAGE,
+    TOLERATION,
+    RealNode,
+    probe_env,
+    unavailable,
+)
 from tests.support.e2e import REAL_NODE_LOCK, eventually, helm
 from tests.support.realnode import NS as REAL_NS
 from tests.support.realnode import PROBE_THEN, local_job, ns_pods, wait_done_label
@@ -150,12 +163,15 @@ def why_not(cluster: Cluster) -> str:
     return "\n".join(parts)
 
 
-def wait_components(cluster: Cluster, what: str, timeout: float = 240) -> None:
-    """Every component's pods Ready (one each), the cert Job complete."""
+def wait_components(
+    cluster: Cluster, what: str, timeout: float = 240, components: tuple[str, ...] = COMPONENTS
+) -> None:
+    """Every component's pods Ready (one each), the cert Job complete; ``components``: the
+    ones the values run (DRA mode's driver in place of the device plugin on a DRA node)."""
 
     def ready() -> bool:
         pods = component_pods(cluster)
-        if not all(pods.get(c) and all(pod_ready(p) for p in pods[c]) for c in COMPONENTS):
+        if not all(pods.get(c) and all(pod_ready(p) for p in pods[c]) for c in components):
             return False
         jobs = cluster.kubectl_json("get", "jobs", "-n", REAL_NAMESPACE)["items"]
         return bool(jobs) and all(j.get("status", {}).get("succeeded") for j in jobs)
@@ -261,3 +277,93 @@ def chart_node(
             cluster.scheduler_settings = saved_settings
             cluster.restart_scheduler()
             cluster.start_extender(unit="1GiB")
+
+
+def _bridge_has_gateway() -> bool:
+    shown = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show", "dev", BRIDGE], capture_output=True, text=True
+    )
+    return f" {GATEWAY}/" in shown.stdout
+
+
+def open_bridge(cluster: Cluster, namespace: str) -> None:
+    """Make sure the pods' bridge exists with this machine's address on it (CNI creates it for
+    the first pod on the pod network): run one short pod there when it does not yet."""
+    if _bridge_has_gateway():
+        return
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "open-bridge", "namespace": namespace},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": NODE_NAME},
+            "tolerations": [TOLERATION],
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": TEST_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", "true"],
+                }
+            ],
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    eventually(_bridge_has_gateway, 60, f"{GATEWAY} on {BRIDGE}")
+    cluster.kubectl("delete", "pod", "-n", namespace, "open-bridge", "--wait=false")
+
+
+@contextlib.contextmanager
+def api_relay(cluster: Cluster) -> Iterator[str]:
+    """``GATEWAY:<port>``, relayed byte for byte to the API server on the loopback, for values'
+    ``testing.apiServer`` when a pod on the pod network calls the API server (DRA mode's
+    webhook creates claim templates; it stays on the pod network because its Service must
+    route to it, and a host-network pod's address here is the loopback, which an EndpointSlice
+    refuses). TLS passes through: the API server's certificate names ``GATEWAY``. Needs the
+    bridge (:func:`open_bridge`)."""
+    upstream = ("127.0.0.1", cluster.ports["apiserver"])
+    server = socket.create_server((GATEWAY, 0))
+    server.settimeout(0.5)
+    stopping = threading.Event()
+    open_sockets: list[socket.socket] = []
+
+    def pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def serve() -> None:
+        while not stopping.is_set():
+            try:
+                client, _ = server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                backend = socket.create_connection(upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            backend.settimeout(None)
+            client.settimeout(None)
+            open_sockets.extend((client, backend))
+            for a, b in ((client, backend), (backend, client)):
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"{GATEWAY}:{server.getsockname()[1]}"
+    finally:
+        stopping.set()
+        thread.join(timeout=5)
+        server.close()
+        for sock in open_sockets:
+            with contextlib.suppress(OSError):
+                sock.close()

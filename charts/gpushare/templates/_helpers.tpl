@@ -238,7 +238,8 @@ matchLabels:
 Test clusters only (values: testing.apiServer). Where no kube-proxy serves the kubernetes Service,
 the pods that call the API run in the node's network namespace and are told the API server's
 address directly (kubelet's KUBERNETES_SERVICE_* variables name the Service's ClusterIP, and a
-container's own env wins over them).
+container's own env wins over them). DRA mode's webhook also calls the API server but stays on
+the pod network (its Service routes to it): there the address must be one pods reach too.
 */}}
 {{- define "gpushare.testing.hostNetwork" -}}
 {{- if .Values.testing.apiServer }}

@@ -91,3 +91,20 @@ def test_a_cluster_wide_default_sends_every_gpu_pod_and_steering_can_be_off() ->
         "names-no-claims",
     }
     assert "--dra-default-mode=dra" in webhook_container(docs)["args"]
+
+
+def test_under_a_test_api_server_the_dra_driver_uses_the_nodes_network() -> None:
+    """testing.apiServer names an address the node's network reaches (no kube-proxy): the
+    driver calls the API server, so it runs there as the device plugin does; DRA mode's
+    webhook is told the address too but stays on the pod network (its Service routes to it)."""
+    testing = ("--set", "testing.apiServer=127.0.0.1:6443")
+    for docs, on in ((render(*ON, *testing), True), (render(*ON), False)):
+        spec = find(docs, "DaemonSet", "-dra-driver")["spec"]["template"]["spec"]
+        assert spec.get("hostNetwork", False) is on
+        [container] = spec["containers"]
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        assert (env.get("KUBERNETES_SERVICE_HOST") == "127.0.0.1") is on, env
+        webhook = find(docs, "Deployment", "-webhook")["spec"]["template"]["spec"]
+        assert "hostNetwork" not in webhook
+        env = {e["name"]: e.get("value") for e in webhook_container(docs).get("env", [])}
+        assert (env.get("KUBERNETES_SERVICE_HOST") == "127.0.0.1") is on, env
