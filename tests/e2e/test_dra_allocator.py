@@ -21,6 +21,7 @@ from gpushare.core.dra.slices import SliceSpec, build_slice
 from gpushare.core.model.inventory import Gpu, Mode
 from gpushare.core.model.names import (
     ALLOCATION_MODE_DRA,
+    DRA_DEVICE_CLASS,
     DRA_DRIVER,
     LABEL_ALLOCATION_MODE,
     LABEL_PLACEMENT,
@@ -37,7 +38,7 @@ from harness.identities import (
 from harness.seeding import labelled_kwok_nodes
 from tests.support.e2e import create_nodes, delete_nodes, eventually
 
-NS = "e2e-dra"
+NS = "e2e-dra-alloc"
 NODES = {"dra-pack": None, "dra-spread": "spread"}
 
 
@@ -150,6 +151,10 @@ def test_gpushare_allocates_gated_claims(cluster: Cluster) -> None:
         cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
         cluster.kubectl(
             "delete", "resourceslice", *[s["metadata"]["name"] for s in slices], check=False
+        )
+        # the chart installs its own DeviceClass later in the session (test_helm_dra)
+        cluster.kubectl(
+            "delete", "deviceclass", DRA_DEVICE_CLASS, "--ignore-not-found", check=False
         )
         delete_nodes(cluster, names)
         cluster.start_extender(extra=())

@@ -22,6 +22,7 @@ from gpushare.core.model.inventory import Gpu, Mode
 from gpushare.core.model.names import (
     ALLOCATION_MODE_DRA,
     DRA_CLAIM_NAME,
+    DRA_DEVICE_CLASS,
     LABEL_ALLOCATION_MODE,
 )
 from gpushare.core.model.units import MemoryUnit
@@ -153,4 +154,8 @@ def test_inspect_shows_dra_claims_as_device_plugin_allocations(
         for namespace in (TEAM, OTHER):
             cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
         cluster.kubectl("delete", "resourceslice", published["metadata"]["name"], check=False)
+        # the chart installs its own DeviceClass later in the session (test_helm_dra)
+        cluster.kubectl(
+            "delete", "deviceclass", DRA_DEVICE_CLASS, "--ignore-not-found", check=False
+        )
         delete_nodes(cluster, [NODE])

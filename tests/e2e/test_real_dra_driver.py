@@ -24,7 +24,7 @@ from harness.realnode import NODE_NAME, TOLERATION, RealNode, hand_off, probe_en
 from tests.support.e2e import eventually, hold_real_node
 from tests.support.realnode import create
 
-NS = "e2e-dra"
+NS = "e2e-dra-driver"
 DRIVER = "gpushare.io"
 CLASS = "gpu.gpushare.io"
 LABEL = "gpushare.io/allocation-mode"
