@@ -46,6 +46,7 @@ from tests.support.e2e import eventually, hold_real_node
 from tests.support.realnode import (
     NS,
     PROBE_THEN,
+    Want,
     compare,
     fresh_namespace,
     handed,
@@ -109,7 +110,7 @@ def watch_claims(node: RealNode) -> ClaimWatch:
     return watch
 
 
-def from_claim(node: RealNode, watch: ClaimWatch) -> Any:
+def from_claim(node: RealNode, watch: ClaimWatch) -> Want:
     """What each container must see, from its claim's allocation (``compare``'s ``want``)."""
     uuids = uuids_of(node)
 
