@@ -19,6 +19,8 @@ Kubernetes processes on this machine:
   root, a second plugin, admission rules) laid over the real node and undone.
 - ``autoscalers``: cluster-autoscaler and Karpenter (kwok providers) beside the cluster;
   ``controlplane/autoscalers.sh`` builds them.
+- ``dra``: DRA mode on kwok nodes: the driver's ResourceSlices published as it would (no
+  kubelet there for it), the DeviceClass, claim templates and pods written by hand.
 - ``reaping``, ``ports``: finding and stopping what a run left behind; free ports.
 - ``fakegpu``: a fake GPU node on the CPU (fake driver and NVML, the interposer built on them).
 - ``hostile``: hostile values for every field and annotation gpushare reads (the hostile-input

@@ -48,7 +48,13 @@ import yaml
 
 from gpushare.core.model.gpumodel import gpu_node_labels
 from gpushare.core.model.inventory import Gpu, Mode, inventory_annotation
-from gpushare.core.model.names import ANN_NODE_GPUS, ANN_NODE_UNIT, LABEL_NODE_GPUS_PUBLISHED
+from gpushare.core.model.names import (
+    ALLOCATION_MODE_DRA,
+    ANN_NODE_GPUS,
+    ANN_NODE_UNIT,
+    LABEL_ALLOCATION_MODE,
+    LABEL_NODE_GPUS_PUBLISHED,
+)
 from gpushare.core.model.units import MemoryUnit
 from gpushare.kube.objects import gpu_node
 from harness.cluster import Cluster, Process, wait_for
@@ -66,6 +72,10 @@ it (``nodegroups.fromNodeLabelKey``) and each Karpenter NodePool here sets it to
 CA_GROUP_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/name"
 CA_MIN_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/min-count"
 CA_MAX_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/max-count"
+CA_DESIRED_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/desired-count"
+"""The group's size when the provider starts; it must lie within min and max or the provider
+exits (``cloudprovider/kwok/kwok_helpers.go`` ``parseAnnotations``, default 0), and each loop
+replaces it with the nodes the group has (``kwok_provider.go`` ``Refresh``)."""
 KARPENTER_NODEPOOL_LABEL = "karpenter.sh/nodepool"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 GIB_MIB = 1024
@@ -185,6 +195,32 @@ def cpu_template(
     return _template(node, group, labels, (), min_count, max_count)
 
 
+def dra_template(
+    group: str,
+    *,
+    labels: Mapping[str, str] | None = None,
+    min_count: int = 0,
+    max_count: int = 4,
+) -> dict[str, Any]:
+    """A cluster-autoscaler kwok template Node for a group of DRA nodes: labelled
+    ``gpushare.io/allocation-mode=dra``, no ``aliyun.com/*`` resources (the device plugin
+    refuses a DRA node, so kubelet reports none). Its GPUs are in its ResourceSlice, which the
+    kwok provider's template cannot carry (``cloudprovider/kwok/kwok_nodegroups.go``
+    ``TemplateNodeInfo`` gives no slices)."""
+    resources = {"cpu": "32", "memory": "128Gi", "pods": "110"}
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": group,
+            "labels": {LABEL_ALLOCATION_MODE: ALLOCATION_MODE_DRA},
+            "annotations": {},
+        },
+        "status": {"capacity": dict(resources), "allocatable": dict(resources)},
+    }
+    return _template(node, group, labels, (), min_count, max_count)
+
+
 def _template(
     node: dict[str, Any],
     group: str,
@@ -199,7 +235,11 @@ def _template(
     meta["labels"].setdefault("kubernetes.io/arch", "amd64")
     # the provider writes into the annotations map, which must exist (AUTOSCALERS.md 1b)
     meta["annotations"].update(
-        {CA_MIN_ANNOTATION: str(min_count), CA_MAX_ANNOTATION: str(max_count)}
+        {
+            CA_MIN_ANNOTATION: str(min_count),
+            CA_MAX_ANNOTATION: str(max_count),
+            CA_DESIRED_ANNOTATION: str(min_count),
+        }
     )
     if taints:
         node["spec"] = {"taints": [dict(t) for t in taints]}

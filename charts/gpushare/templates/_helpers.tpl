@@ -326,3 +326,14 @@ fsGroup: 65532
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
+
+{{/*
+Whether the extender allocates DRA claims (docs/dra.md): dra.allocator.enabled, which follows
+dra.enabled when left unset (null). "true" or "".
+*/}}
+{{- define "gpushare.dra.allocator" -}}
+{{- $dra := .Values.dra | default dict -}}
+{{- $allocator := dig "allocator" "enabled" nil $dra -}}
+{{- if kindIs "invalid" $allocator -}}{{- $allocator = dig "enabled" false $dra -}}{{- end -}}
+{{- if $allocator -}}true{{- end -}}
+{{- end -}}

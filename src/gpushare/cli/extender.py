@@ -77,6 +77,14 @@ EXTENDER_ROLE = (
     "refused (UnexpectedAdmissionError) while its node's device plugin was not serving; a "
     "pod with a controller is left to it (docs/operations.md, 'Device plugin restarts').",
 )
+@click.option(
+    "--dra-allocator/--no-dra-allocator",
+    default=False,
+    show_default=True,
+    help="DRA mode (docs/dra.md): allocate the claims of pods gated with "
+    "gpushare.io/dra-allocation with gpushare's placement, then remove the gate (the leading "
+    "replica only, when --leader-lease is given).",
+)
 def extender(
     host: str,
     port: int,
@@ -100,6 +108,7 @@ def extender(
     seal_key_file: str | None,
     insecure_no_seal: bool,
     recreate_refused_pods: bool,
+    dra_allocator: bool,
     **autoscaling_flags: Any,
 ) -> None:
     """Serve the kube-scheduler extender (filter, prioritize, bind) over HTTP."""
@@ -162,7 +171,24 @@ def extender(
         if autoscaling_config is not None
         else None
     )
-    app = create_app(service, run_cache=True, policies=policies, autoscaling=autoscaling)
+    allocator = None
+    if dra_allocator:
+        from gpushare.extender.draallocator import DraAllocator
+
+        allocator = DraAllocator(
+            api=api,
+            state=cache.state,
+            scheduler=scheduler,
+            events=events,
+            leading=autoscaling.leading if autoscaling is not None else _lead_alone,
+        )
+    app = create_app(
+        service,
+        run_cache=True,
+        policies=policies,
+        autoscaling=autoscaling,
+        dra_allocator=allocator,
+    )
     main_server = uvicorn.Server(server_config(app, host=host, port=port, log_level=log_level))
     if not metrics_port:
         main_server.run()
@@ -189,3 +215,8 @@ def extender(
 
     with asyncio.Runner(loop_factory=main_server.config.get_loop_factory()) as runner:
         runner.run(both())
+
+
+async def _lead_alone() -> bool:
+    """Without a Lease to read (one replica), this replica leads."""
+    return True

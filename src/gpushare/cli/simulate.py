@@ -89,6 +89,16 @@ if TYPE_CHECKING:
     help="Memory mode: ack.node.gpu.schedule of nodes without their own label.",
 )
 @click.option(
+    "--allocation-mode",
+    type=click.Choice(["device-plugin", "dra"]),
+    default="device-plugin",
+    show_default=True,
+    help="Memory accounting: device-plugin, pods bound with gpushare's allocation record; dra, "
+    "every node published as its DRA driver's ResourceSlice and every GPU pod allocated as a "
+    "ResourceClaim by gpushare's DRA allocator, counted as the DRA ledger reads the claim "
+    "(docs/dra.md).",
+)
+@click.option(
     "--seeds",
     type=int,
     default=None,
@@ -125,6 +135,7 @@ def simulate(
     load: float,
     unit_text: str,
     node_mode: str,
+    allocation_mode: str,
     seeds: int | None,
     first_seed: int,
     tune: float,
@@ -174,7 +185,16 @@ def simulate(
     unit = MemoryUnit.parse(unit_text)
     if accounting is None:  # the churn protocol has only the paper's accounting
         accounting = "milli" if protocol == "churn" else "memory"
-    settings = gpumem.MemorySettings(unit, Mode(node_mode)) if accounting == "memory" else None
+    if allocation_mode == "dra" and accounting != "memory":
+        raise click.UsageError(
+            "--allocation-mode dra runs in memory accounting (DRA claims hold GPU memory); "
+            "leave out --accounting milli and --protocol churn"
+        )
+    settings = (
+        gpumem.MemorySettings(unit, Mode(node_mode), allocation_mode=allocation_mode)
+        if accounting == "memory"
+        else None
+    )
     known = gpumem.policies() if settings else list(POLICIES)
     chosen = list(policies) or (known if settings else ["bestfit", "fgd", "gpushare"])
     for name in chosen:
@@ -205,7 +225,8 @@ def simulate(
             trace = "synthetic"
         if settings:
             gpumem.check(nodes, unit)
-            trace += f" (memory, {unit.value}, {node_mode})"
+            mode_note = ", DRA mode" if allocation_mode == "dra" else ""
+            trace += f" (memory, {unit.value}, {node_mode}{mode_note})"
     except TraceError as err:
         raise CommandError(str(err)) from None
     if not nodes or not pods:
@@ -220,7 +241,7 @@ def simulate(
             f"pass --force to overwrite them, or --out NEW_FOLDER to keep them"
         )
     seed_list = list(range(first_seed, first_seed + count))
-    click.echo(model_line(accounting, protocol, unit_text, node_mode))
+    click.echo(model_line(accounting, protocol, unit_text, node_mode, allocation_mode))
     if protocol == "churn":
         _churn(trace, nodes, pods, chosen, seed_list, load, workers, folder, no_plots)
         return
@@ -320,12 +341,26 @@ CHART_POLICY: str = SchedulingConfig.model_fields["policy"].default
 """The extender's policy when none is set, which is the chart's ``policy`` value too."""
 
 
-def model_line(accounting: str, protocol: str, unit: str, node_mode: str) -> str:
+def model_line(
+    accounting: str,
+    protocol: str,
+    unit: str,
+    node_mode: str,
+    allocation_mode: str = "device-plugin",
+) -> str:
     """The one line that says which model the run is, and how to get the other one.
 
     A platform engineer reads the default as a prediction of their cluster, so the line says
     when the numbers are the paper's protocol instead, which the chart does not run.
     """
+    if accounting == "memory" and allocation_mode == "dra":
+        return (
+            f"model: what the chart deploys in DRA mode: nodes as their DRA driver's "
+            f"ResourceSlices, each GPU pod's gpu-mem in {unit} units as a ResourceClaim "
+            f"allocated by the extender's DRA allocator (its scheduler core), nodes without a "
+            f"label in {node_mode} mode, the extender's policy names (the chart runs "
+            f"{CHART_POLICY}); for device-plugin mode leave out --allocation-mode dra"
+        )
     if accounting == "memory":
         return (
             f"model: what the chart deploys: the extender's scheduler core, aliyun.com/gpu-mem "

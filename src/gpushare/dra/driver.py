@@ -51,7 +51,7 @@ from gpushare.dra.preparing import (
     spec_file_name,
 )
 from gpushare.dra.publishing import RECHECK_S, publish_slice
-from gpushare.kube.port import DraAPI, KubeDict, KubeError, NotFound
+from gpushare.kube.port import KubeDict, KubeError, NotFound, SliceAPI
 from gpushare.node.cdi import HandOff
 from gpushare.node.enforcement.hook import ContainerAnswer, IsolationError, IsolationHook, Target
 from gpushare.node.enforcement.library import write_atomically
@@ -61,7 +61,7 @@ from gpushare.node.preflight import StartRefused, node_mode
 log = logging.getLogger(__name__)
 
 
-class DriverAPI(DraAPI, Protocol):
+class DriverAPI(SliceAPI, Protocol):
     """The API calls the driver makes: DRA's objects, its node, and (cgpu nodes) the pods a
     claim is reserved for, whose spec gives cGPU policy 2's weight."""
 

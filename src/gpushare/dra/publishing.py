@@ -25,7 +25,7 @@ from gpushare.core.model.inventory import Gpu, Mode
 from gpushare.core.model.kubejson import name_of
 from gpushare.core.model.names import DRA_DRIVER
 from gpushare.core.model.units import MemoryUnit
-from gpushare.kube.port import Conflict, DraAPI, NotFound
+from gpushare.kube.port import Conflict, NotFound, SliceAPI
 from gpushare.node.gpus import GpuInfo, mem_units
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def same_content(stored: dict[str, Any], wanted: SliceSpec) -> bool:
 
 
 async def publish_slice(
-    api: DraAPI,
+    api: SliceAPI,
     *,
     node: str,
     unit: MemoryUnit,
@@ -88,7 +88,7 @@ async def publish_slice(
     KubeError when the API refuses.
     """
     name = slice_name(node)
-    existing = await api.list_resource_slices(node, DRA_DRIVER)
+    existing = await api.list_node_slices(node, DRA_DRIVER)
     for other in existing:
         if name_of(other) != name:
             try:

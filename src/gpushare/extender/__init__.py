@@ -11,5 +11,7 @@
 - ``events``: the Events themselves, deduplicated.
 - ``metrics``: Prometheus metrics, on a registry the app owns.
 - ``wire``: the extender wire format (k8s.io/kube-scheduler/extender/v1), spelled exactly.
+- ``draallocator``: DRA mode: gated pods' claims allocated with gpushare's placement, the gate
+  removed (leading replica only).
 - ``driver``: calls the extender as kube-scheduler does, for the demo and the tests.
 """

@@ -25,6 +25,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpushare.extender.autoscaling import Autoscaling
+from gpushare.extender.draallocator import DraAllocator, Round
+from gpushare.extender.metrics import DraSource
 from gpushare.extender.service import Extender
 from gpushare.extender.wire import (
     WireError,
@@ -35,6 +37,7 @@ from gpushare.extender.wire import (
     read_args,
     read_binding_args,
 )
+from gpushare.inspect.dramode import DraView, read_dra
 from gpushare.inspect.view import build_view, to_json
 from gpushare.kube.metricsguard import MetricsGuard
 from gpushare.kube.policies import PolicyWatch
@@ -220,6 +223,30 @@ def create_metrics_app(extender: Extender, guard: MetricsGuard | None = None) ->
     return guarded(app, guard)
 
 
+def follow_dra(extender: Extender, allocator: DraAllocator) -> DraSource:
+    """DRA mode's nodes and holdings as the allocator follows them (its watches of slices,
+    claims and DRA nodes), for ``GET /inspect`` and the metrics, and its rounds counted."""
+
+    def source() -> DraView | None:
+        if not (allocator.slices.synced and allocator.claims.synced):
+            return None
+        return read_dra(
+            allocator.slices.objects.values(),
+            allocator.claims.objects.values(),
+            allocator.nodes.objects.values(),
+            unit=extender.scheduler.settings.unit,
+        )
+
+    def counted(done: Round) -> None:
+        extender.metrics.count_dra(
+            allocated=len(done.allocated), refused=len(done.refused), not_ours=len(done.not_ours)
+        )
+
+    extender.metrics.follow_dra(source)
+    allocator.on_round = counted
+    return source
+
+
 def create_app(
     extender: Extender,
     *,
@@ -227,18 +254,25 @@ def create_app(
     policies: PolicyWatch | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     autoscaling: Autoscaling | None = None,
+    dra_allocator: DraAllocator | None = None,
 ) -> FastAPI:
     """Build the ASGI app around an extender (``policies``: the ResourcePolicy watch to run)."""
 
     running: list[asyncio.Task[None]] = []
     """The watches, which run forever: one that ended leaves the cache stale, so not ready."""
 
+    def _take(change: Any) -> None:
+        """Each change the cache took in: to the extender, and to the DRA allocator."""
+        extender.take(change)
+        if dra_allocator is not None:
+            dra_allocator.take(change)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         tasks = []
         if run_cache:
             tasks = [
-                asyncio.create_task(extender.cache.run(extender.take)),
+                asyncio.create_task(extender.cache.run(_take)),
                 asyncio.create_task(_freeze()),
                 asyncio.create_task(extender.keep_intents()),
             ]
@@ -248,6 +282,9 @@ def create_app(
             running.append(tasks[-1])
         if autoscaling is not None and run_cache:
             tasks.append(asyncio.create_task(autoscaling.run()))
+        if dra_allocator is not None and run_cache:
+            tasks.append(asyncio.create_task(dra_allocator.run()))
+            running.append(tasks[-1])
         for task in running:
             task.add_done_callback(_log_end)
         try:
@@ -316,12 +353,20 @@ def create_app(
             openapi_extra=_documented(name),
         )
 
+    dra_source = follow_dra(extender, dra_allocator) if dra_allocator is not None else None
+
     @app.get("/inspect")
     async def inspect() -> dict[str, Any]:
         state = extender.cache.state
         unit = extender.scheduler.settings.unit
         units = state.book.recorded_units() if state.book is not None else {}
-        return to_json(build_view(state.nodes.values(), state.ledger, unit=unit, units=units))
+        dra = dra_source() if dra_source is not None else None
+        if dra is None or not dra.present:
+            return to_json(build_view(state.nodes.values(), state.ledger, unit=unit, units=units))
+        # the claims as followed now: what the allocator's next round books as well
+        dra.book(state.ledger)
+        nodes = dra.merge(state.nodes.values())
+        return to_json(build_view(nodes, state.ledger, unit=unit, units=units, dra=dra))
 
     @app.get("/healthz", response_class=PlainTextResponse)
     async def healthz() -> str:

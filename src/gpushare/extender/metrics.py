@@ -20,22 +20,30 @@ replicas). Exporting them from the leader alone was the other way, and is not ta
 
 Counters need nothing of the kind: only the leading kube-scheduler calls its extender, so a
 ``sum`` of rates over replicas counts each call once.
+
+DRA mode (``--dra-allocator``, docs/dra.md): the nodes are those gpushare's ResourceSlices publish
+and the holdings the claims' allocations, read at scrape time from what the allocator follows
+(``inspect.dramode``, the same reading as ``kubectl inspect cgpu``'s), so the per-GPU,
+per-node and per-namespace series cover DRA nodes with the same labels. The allocator's
+decisions are counted by outcome (``gpushare_dra_allocations_total``), a fixed set of labels.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpushare.core.model.inventory import CORE_PER_GPU
+from gpushare.core.booking.ledger import NodeUsage
+from gpushare.core.model.inventory import CORE_PER_GPU, NodeInventory
 from gpushare.core.model.pluginserving import plugin_missing
 from gpushare.core.records.allocation import Allocation
 from gpushare.core.resourcepolicies.resourcepolicy import InvalidResourcePolicy
 from gpushare.exporting import ExportRegistry, watch_refused_family
+from gpushare.inspect.dramode import DraView
 from gpushare.kube.cache import ClusterCache
 from gpushare.kube.watchhealth import FAILING_AFTER
 
@@ -75,6 +83,19 @@ LEDGER_METRICS = (
     "gpushare_watch_refused",
 )
 """Series the scrape-time collector exports (the dashboard test reads this list)."""
+
+DRA_OUTCOMES = ("allocated", "refused", "not_ours")
+"""``gpushare_dra_allocations_total``'s outcomes: a claim allocated by gpushare's placement, a
+pod no DRA node fits now (ungated, a Warning Event with the reasons), a claim left to
+kube-scheduler's own allocator (another class or shape)."""
+
+DraSource = Callable[[], DraView | None]
+"""What the DRA allocator follows, read as ``kubectl inspect cgpu`` reads it; None until its
+watches have listed."""
+
+
+def _dra_nodes(dra: DraView | None) -> Mapping[str, NodeInventory]:
+    return dra.inventories if dra is not None else {}
 
 
 GPU_FAMILIES: tuple[tuple[str, str], ...] = (
@@ -132,6 +153,8 @@ class GpuSeries:
 
     def __init__(self, cache: Callable[[], ClusterCache | None]) -> None:
         self._cache = cache
+        self.dra: DraSource | None = None
+        """DRA mode's nodes and holdings (``ExtenderMetrics.follow_dra``)."""
 
     async def chunks(self) -> list[bytes]:
         """The six families, HELP and TYPE first, every GPU of every node with GPUs, as pieces
@@ -140,11 +163,22 @@ class GpuSeries:
         bodies: list[list[bytes]] = [[] for _ in GPU_FAMILIES]
         cache = self._cache()
         if cache is not None:
-            names = [name for name, node in cache.state.nodes.items() if node.gpus]
+            dra = self.dra() if self.dra is not None else None
+            dra_nodes = _dra_nodes(dra)
+            names = [
+                name
+                for name, node in cache.state.nodes.items()
+                if node.gpus and name not in dra_nodes
+            ]
             for start in range(0, len(names), NODES_PER_TURN):
                 if start:
                     await asyncio.sleep(0)
-                turn = self._lines(cache, names[start : start + NODES_PER_TURN])
+                nodes, ledger = cache.state.nodes, cache.state.ledger
+                turn = self._lines(nodes, ledger.usage, names[start : start + NODES_PER_TURN])
+                for body, lines in zip(bodies, turn, strict=True):
+                    body.append("".join(lines).encode())
+            if dra is not None:
+                turn = self._lines(dra_nodes, dra.ledger.usage, sorted(dra_nodes))
                 for body, lines in zip(bodies, turn, strict=True):
                     body.append("".join(lines).encode())
         out: list[bytes] = []
@@ -154,7 +188,9 @@ class GpuSeries:
         return out
 
     @staticmethod
-    def _lines(cache: ClusterCache, names: list[str]) -> list[list[str]]:
+    def _lines(
+        nodes: Mapping[str, NodeInventory], usage_of: Callable[[str], NodeUsage], names: list[str]
+    ) -> list[list[str]]:
         """One turn's lines of each family (a turn's lines are joined and encoded in the same
         turn, so the end of the scrape only copies bytes)."""
         lines: list[list[str]] = [[] for _ in GPU_FAMILIES]
@@ -162,12 +198,11 @@ class GpuSeries:
         (n_total, _), (n_used, _), (n_core, _), (n_pods, _), (n_unhealthy, _), (n_off, _) = (
             GPU_FAMILIES
         )
-        nodes, ledger = cache.state.nodes, cache.state.ledger
         for name in names:
             node = nodes.get(name)
             if node is None or not node.gpus:
                 continue
-            usage = ledger.usage(name)
+            usage = usage_of(name)
             unit_bytes = node.unit.mib * MIB
             node_label = _label_value(name)
             for gpu in node.gpus:
@@ -189,6 +224,8 @@ class _LedgerCollector(Collector):
 
     def __init__(self, cache: Callable[[], ClusterCache | None]) -> None:
         self._cache = cache
+        self.dra: DraSource | None = None
+        """DRA mode's holdings (``ExtenderMetrics.follow_dra``)."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         cache = self._cache()
@@ -219,8 +256,18 @@ class _LedgerCollector(Collector):
                 usage = ledger.usage(name)
                 if usage.unplaced:
                     unplaced.add_metric([name], usage.unplaced_mem_units * node.unit.mib * MIB)
-            for allocation in ledger.allocations():
-                by_namespace.add(allocation)
+            dra = self.dra() if self.dra is not None else None
+            if dra is None:
+                for allocation in ledger.allocations():
+                    by_namespace.add(allocation)
+            else:
+                # the claims as the allocator follows them now, not as its last round booked
+                booked = {a.uid for a in ledger.claims()}
+                for allocation in ledger.allocations():
+                    if allocation.uid not in booked:
+                        by_namespace.add(allocation)
+                for holding in dra.ledger.holdings:
+                    by_namespace.add(holding.allocation)
         yield from (unplaced, missing, *by_namespace.families())
         yield synced
         health = cache.health if cache is not None else None
@@ -381,9 +428,31 @@ class ExtenderMetrics:
             ["kind", "reason"],
             registry=self.registry,
         )
-        self.registry.register(_LedgerCollector(cache))
+        self.dra_allocations = Counter(
+            "gpushare_dra_allocations_total",
+            "DRA mode: gated pods' claims by what the allocator decided: allocated (gpushare's "
+            "placement wrote the claim's status), refused (no DRA node fits now; the pod is "
+            "ungated and told why in a Warning Event), not_ours (left to kube-scheduler)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        for outcome in DRA_OUTCOMES:
+            self.dra_allocations.labels(outcome)
+        self._ledger = _LedgerCollector(cache)
+        self.registry.register(self._ledger)
         self.registry.register(_PolicyCollector(cache))
         self.gpus = GpuSeries(cache)
+
+    def follow_dra(self, source: DraSource) -> None:
+        """Include DRA mode's nodes and holdings in the ledger series (``--dra-allocator``)."""
+        self.gpus.dra = source
+        self._ledger.dra = source
+
+    def count_dra(self, *, allocated: int = 0, refused: int = 0, not_ours: int = 0) -> None:
+        """Count one allocator round's decisions (``gpushare_dra_allocations_total``)."""
+        for outcome, count in zip(DRA_OUTCOMES, (allocated, refused, not_ours), strict=True):
+            if count:
+                self.dra_allocations.labels(outcome).inc(count)
 
     async def exposition(self) -> list[bytes]:
         """What ``/metrics`` serves, in pieces: the registry's series, then the per-GPU gauges."""

@@ -14,6 +14,11 @@ gets them as the pods describe them, each with a note in the output, never a tra
 ``--explain`` needs the whole cluster and says so in one line when it cannot have it; it scores
 with the installed extender's settings (``inspect.installed``), read from its Deployment.
 
+In DRA mode (docs/dra.md) it also lists gpushare's ResourceSlices and the ResourceClaims where
+it listed pods, and shows DRA nodes and claims' holdings the same way (``inspect.dramode``); a
+user who may not list slices gets DRA nodes as its claims describe them. ``--explain`` covers
+device-plugin nodes only, and says so for a DRA pod or a cluster with DRA nodes.
+
 Like the extender it counts only allocations gpushare sealed for their pod (core.records.trust). The
 key comes from ``--seal-key-file``, or from the Secret the chart creates (``--seal-secret``,
 read through the API). A user who may not read that Secret gets one line on stderr saying so,
@@ -28,6 +33,7 @@ import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 import click
 import yaml
@@ -35,12 +41,14 @@ import yaml
 from gpushare.core.decision.clusterstate import ClusterState
 from gpushare.core.decision.scheduling import Scheduler, Settings
 from gpushare.core.model.inventory import declared_unit, read_node
-from gpushare.core.model.kubejson import annotations_of, name_of, namespace_of
+from gpushare.core.model.kubejson import annotations_of, labels_of, name_of, namespace_of
+from gpushare.core.model.names import ALLOCATION_MODE_DRA, DRA_CLAIM_NAME, LABEL_ALLOCATION_MODE
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.gpuuse import read_used
 from gpushare.core.records.trust import Trust
 from gpushare.core.resourcepolicies.policybook import recorded_units
 from gpushare.inspect.choices import complete_contexts, complete_namespaces, complete_pods
+from gpushare.inspect.dramode import DraView, read_dra
 from gpushare.inspect.explain import Explanation, explain_pod, explanation_json
 from gpushare.inspect.installed import (
     describe,
@@ -60,7 +68,7 @@ from gpushare.inspect.scope import (
     selected_uids,
 )
 from gpushare.inspect.view import ClusterView, build_view, to_json
-from gpushare.kube.port import Forbidden, KubeAPI, KubeDict, KubeError
+from gpushare.kube.port import DraAPI, Forbidden, KubeAPI, KubeDict, KubeError
 from gpushare.kube.sealing import (
     DEFAULT_SECRET,
     SealKeyError,
@@ -71,6 +79,10 @@ from gpushare.kube.sealing import (
 
 DEFAULT_EXTENDER_NAMESPACE = "gpushare"
 """The namespace the chart is installed into by default (that of ``--seal-secret``'s default)."""
+
+
+class InspectAPI(KubeAPI, DraAPI, Protocol):
+    """What the plugin reads: nodes, pods, Secrets and Deployments, and DRA objects."""
 
 
 async def find_trust(
@@ -124,8 +136,51 @@ async def read_cluster(
     return nodes, pods, Sight(nodes=nodes is not None, pods_namespace=home)
 
 
+@dataclass(frozen=True)
+class DraObjects:
+    """The DRA objects the user may list (``read_dra_objects``)."""
+
+    slices: list[KubeDict] | None
+    """gpushare's ResourceSlices; None when forbidden."""
+    claims: list[KubeDict]
+    claims_forbidden: bool = False
+
+
+async def read_dra_objects(api: DraAPI, *, namespace: str = "") -> DraObjects:
+    """gpushare's ResourceSlices and the ResourceClaims of every namespace (or of
+    ``namespace``, where the user's pods were listed).
+
+    Forbidden is noted, not raised (a tenant may list neither); any other error, such as a
+    cluster without ``resource.k8s.io/v1`` (404), is a cluster without DRA mode.
+    """
+    slices: list[KubeDict] | None
+    try:
+        slices = (await api.list_resource_slices())[0]
+    except Forbidden:
+        slices = None
+    except KubeError:
+        slices = []
+    try:
+        claims = (await api.list_resource_claims(namespace))[0]
+    except Forbidden:
+        return DraObjects(slices, [], claims_forbidden=True)
+    except KubeError:
+        claims = []
+    return DraObjects(slices, claims)
+
+
+def dra_sight(sight: Sight, objects: DraObjects, dra: DraView) -> Sight:
+    """``sight`` with what DRA mode hid: a note on slices only where claims showed DRA mode,
+    on claims only where slices did, so a device-plugin cluster's view is unchanged."""
+    return replace(
+        sight,
+        slices=objects.slices is not None or not dra.ledger.holdings,
+        claims=not (objects.claims_forbidden and bool(objects.slices)),
+    )
+
+
 async def collect(
-    api: KubeAPI,
+    api: InspectAPI,
     *,
     unit: MemoryUnit | None = None,
     trust: Trust | None = None,
@@ -143,6 +198,7 @@ async def collect(
     if trust is None:
         trust, _ = await find_trust(api)
     nodes, pods, sight = await read_cluster(api, home=home)
+    objects = await read_dra_objects(api, namespace=sight.pods_namespace)
     if sight.pods_namespace:
         scope = replace(scope, namespace=sight.pods_namespace)
     if unit is None:
@@ -155,10 +211,18 @@ async def collect(
     else:
         inventories = [read_node(n, cluster_unit=unit) for n in nodes]
         used = {name_of(n): read_used(annotations_of(n)) for n in nodes}
+    dra: DraView | None = read_dra(objects.slices, objects.claims, nodes, unit=unit)
+    if dra is not None and dra.present:
+        inventories = dra.merge(inventories)
+        sight = dra_sight(sight, objects, dra)
+    else:
+        dra = None
     # the state the extender's cache and ``--explain`` build from one list
     state = ClusterState.listed(
         settings=Settings(unit=unit), trust=trust, nodes=inventories, pods=pods
     )
+    if dra is not None:
+        dra.book(state.ledger)
     return build_view(
         state.nodes.values(),
         state.ledger,
@@ -168,7 +232,19 @@ async def collect(
         selected=selected_uids(pods, scope),
         sight=sight,
         used=used,
+        dra=dra,
     )
+
+
+def is_dra_node(node: KubeDict) -> bool:
+    """Whether the node is labelled for DRA mode (``gpushare.io/allocation-mode=dra``)."""
+    return labels_of(node).get(LABEL_ALLOCATION_MODE) == ALLOCATION_MODE_DRA
+
+
+def uses_dra_claim(pod: KubeDict) -> bool:
+    """Whether the pod takes its GPUs from gpushare's ResourceClaim (DRA mode)."""
+    entries = (pod.get("spec") or {}).get("resourceClaims") or []
+    return any(isinstance(e, dict) and e.get("name") == DRA_CLAIM_NAME for e in entries)
 
 
 class PodNotFound(KubeError):
@@ -254,6 +330,19 @@ async def collect_explanation(
     found = [p for p in pods if namespace_of(p) == namespace and name_of(p) == name]
     if not found:
         raise PodNotFound(f"pod {namespace}/{name} not found")
+    if uses_dra_claim(found[0]):
+        raise CannotExplain(
+            f"cannot explain {namespace}/{name}: it is in DRA mode (its GPUs come from its "
+            f"ResourceClaim {DRA_CLAIM_NAME!r}); --explain covers device-plugin nodes only: see "
+            f"the pod's Events (DRAAllocated, DRANoFit) and `kubectl inspect cgpu -d`"
+        )
+    dra_nodes = sorted(name_of(n) for n in nodes if is_dra_node(n))
+    if dra_nodes and notes is not None:
+        notes.append(
+            f"note: --explain covers device-plugin nodes only; {len(dra_nodes)} DRA node(s) "
+            f"({', '.join(dra_nodes[:3])}{', ...' if len(dra_nodes) > 3 else ''}) are not "
+            "scored (docs/dra.md, limits)"
+        )
     inventories = [read_node(n, cluster_unit=settings.unit, names=settings.names) for n in nodes]
     state = ClusterState.listed(settings=settings, trust=trust, nodes=inventories, pods=pods)
     sight = placeholders.seeing(pods) if placeholders is not None else None

@@ -208,6 +208,16 @@ def _scope_lines(view: ClusterView) -> list[str]:
             f"Note: nodes: forbidden; each node is what its pods' allocations say: the GPUs they "
             f"hold ({UNKNOWN}: others), sized by {ANN_DEV}."
         )
+    if not sight.slices:
+        out.append(
+            "Note: resourceslices: forbidden; each DRA node is what its claims hold: the GPUs "
+            "they name, each as large as the most held on it."
+        )
+    if not sight.claims:
+        out.append(
+            "Note: resourceclaims: forbidden; DRA nodes show no holdings (ask for get/list on "
+            "resourceclaims beside pods)."
+        )
     return out
 
 

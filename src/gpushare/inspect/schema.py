@@ -125,7 +125,8 @@ class ScopeDoc(_Doc):
     selector: str = Field(default="", description="The label selector given with -l, or empty.")
     forbidden: list[str] = Field(
         default_factory=list,
-        description="What the reader's rights hid ('nodes', 'pods outside namespace X'); when "
+        description="What the reader's rights hid ('nodes', 'pods outside namespace X', "
+        "'resourceslices', 'resourceclaims'); when "
         "pods are hidden, allocated amounts count only the pods of the namespace it may list.",
     )
 

@@ -133,11 +133,17 @@ class Sight:
     """Nodes could be listed; else they are described from the pods (``nodes_from_pods``)."""
     pods_namespace: str = ""
     """Empty: pods of every namespace could be listed; else only this namespace's."""
+    slices: bool = True
+    """DRA mode: gpushare's ResourceSlices could be listed; else each DRA node is what the
+    claims hold (``inspect.dramode``). Set False only where claims showed DRA mode."""
+    claims: bool = True
+    """DRA mode: the ResourceClaims could be listed where the pods were; else DRA holdings are
+    missing. Set False only where slices showed DRA mode."""
 
     @property
     def whole(self) -> bool:
         """Whether nothing was hidden from the user."""
-        return self.nodes and not self.pods_namespace
+        return self.nodes and not self.pods_namespace and self.slices and self.claims
 
     def hidden(self) -> tuple[str, ...]:
         """What could not be read, one phrase each (the JSON's ``scope.forbidden``)."""
@@ -146,6 +152,10 @@ class Sight:
             out.append("nodes")
         if self.pods_namespace:
             out.append("pods outside namespace " + self.pods_namespace)
+        if not self.slices:
+            out.append("resourceslices")
+        if not self.claims:
+            out.append("resourceclaims")
         return tuple(out)
 
 

@@ -9,6 +9,9 @@ label is added, which is the first thing to check when a pod stays Pending.
 A pod a ResourcePolicy placed carries the policy and unit its bind recorded (``units``, by pod
 UID, from ``core.resourcepolicies.policybook.recorded_units``), so the view says which pool each
 pod went to.
+In DRA mode (docs/dra.md) the nodes are those the ResourceSlices publish and the holdings are
+the claims' allocations (``inspect.dramode``): they are booked into the same ledger and shown
+the same way, each under the name of the pod its claim is reserved for.
 A view can be narrowed to the pods in a scope (``inspect.scope``: a namespace, a label
 selector): it then shows those pods and the nodes they are on, with the nodes' full totals, and
 it records what its reader could not see, so the renderers can say it.
@@ -24,6 +27,7 @@ from gpushare.core.booking.ledger import Ledger
 from gpushare.core.model.inventory import CORE_PER_GPU, Mode, NodeInventory
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.gpuuse import UsedSummary
+from gpushare.inspect.dramode import DraView
 from gpushare.inspect.schema import (
     ClusterDoc,
     GpuDoc,
@@ -171,22 +175,38 @@ def build_view(
     selected: frozenset[str] | None = None,
     sight: Sight = ALL_VISIBLE,
     used: Mapping[str, UsedSummary | None] | None = None,
+    dra: DraView | None = None,
 ) -> ClusterView:
     """Join inventories, holdings, recorded policy units and published use into the view.
 
     ``selected``: the UIDs of the pods in ``scope`` (``scope.selected_uids``); None shows all.
+    ``dra``: DRA mode's claims (``inspect.dramode``), already booked into ``ledger`` and their
+    nodes among ``nodes``: shown under their pods' names, in scope with their pods.
     """
     units = units or {}
     used = used or {}
     busy = ledger.nodes()
     views = []
     nodes = sorted(nodes, key=lambda n: n.name)
+    claimed = dra.names if dra is not None else {}
+    dra_nodes = dra.inventories if dra is not None else {}
     unlabelled = tuple(
-        n.name for n in nodes if n.mode is Mode.NONE and n.gpus and selected is None and sight.nodes
+        n.name
+        for n in nodes
+        if n.mode is Mode.NONE
+        and n.gpus
+        and selected is None
+        and sight.nodes
+        and n.name not in dra_nodes
     )
 
     def shown(uid: str) -> bool:
+        if dra is not None and uid in claimed:
+            return dra.shown(uid, selected)
         return selected is None or uid in selected
+
+    def named(namespace: str, name: str, uid: str) -> tuple[str, str]:
+        return claimed.get(uid, (namespace, name))
 
     for node in nodes:
         if not (node.mode is not Mode.NONE and node.gpus) and node.name not in busy:
@@ -210,8 +230,8 @@ def build_view(
         )
         pods = [
             PodView(
-                namespace=a.namespace,
-                name=a.name,
+                namespace=named(a.namespace, a.name, a.uid)[0],
+                name=named(a.namespace, a.name, a.uid)[1],
                 mem_units={s.index: s.mem_units for s in a.gpus},
                 core_pct={s.index: s.core_pct for s in a.gpus if s.core_pct},
                 state="assumed"
@@ -250,16 +270,18 @@ def build_view(
                 used=used.get(node.name),
             )
         )
-    ignored = tuple(
-        sorted(
-            (
-                IgnoredView(namespace=i.namespace, name=i.name, node=i.node, reason=i.why.message)
-                for i in ledger.ignored()
-                if shown(i.uid)
-            ),
-            key=lambda i: (i.namespace, i.name),
-        )
-    )
+    ignored_views = [
+        IgnoredView(namespace=i.namespace, name=i.name, node=i.node, reason=i.why.message)
+        for i in ledger.ignored()
+        if shown(i.uid)
+    ]
+    if dra is not None:
+        ignored_views += [
+            IgnoredView(namespace=i.namespace, name=i.name, node=i.node, reason=i.reason)
+            for i in dra.ignored
+            if selected is None or i.pods & selected
+        ]
+    ignored = tuple(sorted(ignored_views, key=lambda i: (i.namespace, i.name)))
     return ClusterView(
         nodes=tuple(views),
         ignored=ignored,

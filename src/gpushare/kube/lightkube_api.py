@@ -31,6 +31,7 @@ from lightkube.types import PatchType
 
 from gpushare.core.admitting.metricsaccess import AccessVerdict, Identity, TokenVerdict
 from gpushare.core.model.kubejson import name_problem
+from gpushare.core.model.names import ALLOCATION_MODE_DRA, DRA_DRIVER, LABEL_ALLOCATION_MODE
 from gpushare.core.resourcepolicies.resourcepolicy import GROUP, KIND, PLURAL, VERSION
 from gpushare.kube.port import (
     Conflict,
@@ -45,8 +46,9 @@ from gpushare.kube.port import (
 )
 
 ResourcePolicyResource: Any = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
-# DRA objects as generic resources: lightkube's own resource.k8s.io models may predate fields
-# the driver writes (consumable capacity, KEP-5075), and a model drops what it does not know.
+# DRA objects as generic resources, read and written as plain dicts: lightkube's own
+# resource.k8s.io models may predate fields gpushare writes (consumable capacity, KEP-5075), and
+# a model drops what it does not know.
 ResourceSliceResource: Any = create_global_resource(
     "resource.k8s.io", "v1", "ResourceSlice", "resourceslices"
 )
@@ -598,6 +600,108 @@ class LightkubeAPI:
             raise
         return _to_dict(patched)
 
+    async def list_resource_slices(self) -> tuple[list[KubeDict], str]:
+        """gpushare's ResourceSlices (field selector ``spec.driver``)."""
+        return await self._list(
+            ResourceSliceResource, "list resourceslices", fields={"spec.driver": DRA_DRIVER}
+        )
+
+    def watch_resource_slices(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """Changes of gpushare's ResourceSlices."""
+        return self._watch(
+            ResourceSliceResource,
+            resource_version,
+            "watch resourceslices",
+            fields={"spec.driver": DRA_DRIVER},
+        )
+
+    async def list_resource_claims(self, namespace: str = "") -> tuple[list[KubeDict], str]:
+        """Every ResourceClaim, or those of ``namespace``."""
+        if namespace:
+            _names(namespace=namespace)
+            return await self._list(
+                ResourceClaimResource,
+                f"list resourceclaims in namespace {namespace}",
+                namespace=namespace,
+            )
+        return await self._list(ResourceClaimResource, "list resourceclaims", namespace="*")
+
+    def watch_resource_claims(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """ResourceClaim changes."""
+        return self._watch(
+            ResourceClaimResource, resource_version, "watch resourceclaims", namespace="*"
+        )
+
+    async def list_dra_nodes(self) -> tuple[list[KubeDict], str]:
+        """Nodes labelled for DRA mode, without what ``_UNREAD`` names."""
+        with _mapped("list DRA nodes"):
+            listing: Any = self._client.list(
+                _NodeJSON, labels={LABEL_ALLOCATION_MODE: ALLOCATION_MODE_DRA}
+            )
+            items = [_slim_node(item) async for item in listing]
+            return items, _version(listing)
+
+    def watch_dra_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """Changes of nodes labelled for DRA mode."""
+        return self._watch(
+            _NodeJSON,
+            resource_version,
+            "watch DRA nodes",
+            _slim_node,
+            labels={LABEL_ALLOCATION_MODE: ALLOCATION_MODE_DRA},
+        )
+
+    async def get_resource_claim(self, namespace: str, name: str) -> KubeDict:
+        """One claim as stored now."""
+        _names(namespace=namespace, name=name)
+        with _mapped(f"get resourceclaim {namespace}/{name}"):
+            return _to_dict(
+                await self._client.get(ResourceClaimResource, name, namespace=namespace)
+            )
+
+    async def replace_resource_claim(self, claim: Mapping[str, Any]) -> KubeDict:
+        """PUT the claim; the server checks ``metadata.resourceVersion`` (409: Conflict)."""
+        meta = claim.get("metadata") or {}
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        _names(namespace=namespace, name=name)
+        with _mapped(f"update resourceclaim {namespace}/{name}"):
+            obj = ResourceClaimResource.from_dict(dict(claim))
+            return _to_dict(await self._client.replace(obj, name, namespace=namespace))
+
+    async def replace_resource_claim_status(self, claim: Mapping[str, Any]) -> KubeDict:
+        """PUT the claim's status; the server checks ``metadata.resourceVersion``."""
+        meta = claim.get("metadata") or {}
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        _names(namespace=namespace, name=name)
+        with _mapped(f"update resourceclaim {namespace}/{name} status"):
+            obj = ResourceClaimResource.Status.from_dict(dict(claim))
+            return _to_dict(await self._client.replace(obj, name, namespace=namespace))
+
+    async def patch_pod_json(
+        self, namespace: str, name: str, operations: Sequence[Mapping[str, Any]]
+    ) -> KubeDict:
+        """PATCH a pod ``application/json-patch+json``; a failed ``test`` (422) is a Conflict
+        (see ``patch_node_json``)."""
+        _names(namespace=namespace, name=name)
+        what = f"patch pod {namespace}/{name}"
+        try:
+            with _mapped(what):
+                patched = await self._client.patch(
+                    Pod,
+                    name,
+                    [dict(op) for op in operations],
+                    namespace=namespace,
+                    patch_type=PatchType.JSON,
+                )
+        except KubeError as err:
+            cause = err.__cause__
+            status = cause.status if isinstance(cause, ApiError) else None
+            details = status.details if status else None
+            if status and status.code == 422 and not (details and (details.kind or details.causes)):
+                raise Conflict(f"{what}: the patch did not apply: the pod changed") from err
+            raise
+        return _to_dict(patched)
+
     async def bind_pod(
         self,
         namespace: str,
@@ -698,9 +802,9 @@ class LightkubeAPI:
             return failed(str(err))
         return verdict(answer)
 
-    # -- DRA (DraAPI) ----------------------------------------------------------------------------
+    # -- DRA driver (SliceAPI) ----------------------------------------------------------------
 
-    async def list_resource_slices(self, node: str, driver: str) -> list[KubeDict]:
+    async def list_node_slices(self, node: str, driver: str) -> list[KubeDict]:
         """The slices of ``driver`` on ``node``."""
         _names(node=node)
         fields = {"spec.nodeName": node, "spec.driver": driver}
@@ -729,11 +833,3 @@ class LightkubeAPI:
         _names(name=name)
         with _mapped(f"delete resourceslice {name}"):
             await self._client.delete(ResourceSliceResource, name)
-
-    async def get_resource_claim(self, namespace: str, name: str) -> KubeDict:
-        """One claim."""
-        _names(namespace=namespace, name=name)
-        with _mapped(f"get resourceclaim {namespace}/{name}"):
-            return _to_dict(
-                await self._client.get(ResourceClaimResource, name, namespace=namespace)
-            )

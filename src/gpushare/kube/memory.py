@@ -23,6 +23,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from gpushare.core.admitting.metricsaccess import AccessVerdict, Identity, TokenVerdict
+from gpushare.core.model.names import ALLOCATION_MODE_DRA, DRA_DRIVER, LABEL_ALLOCATION_MODE
 from gpushare.kube.port import (
     Conflict,
     EventType,
@@ -71,7 +72,7 @@ def _json_patch_step(doc: Any, op: Mapping[str, Any], *, what: str) -> Any:
     return doc
 
 
-Kind = Literal["nodes", "pods", "resourcepolicies"]
+Kind = Literal["nodes", "pods", "resourcepolicies", "resourceslices", "resourceclaims"]
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,8 @@ class MemoryKube:
         self._nodes: dict[str, KubeDict] = {}
         self._pods: dict[tuple[str, str], KubeDict] = {}
         self._policies: dict[tuple[str, str], KubeDict] = {}
+        self._slices: dict[str, KubeDict] = {}
+        self._claims: dict[tuple[str, str], KubeDict] = {}
         self._log: list[_Logged] = []
         self._compacted = 0
         self._waiters: list[asyncio.Future[None]] = []
@@ -136,7 +139,8 @@ class MemoryKube:
         self.forbidden: set[str] = set()
         """Calls answered 403, as RBAC would: ``list_nodes``, ``list_pods:*`` (all
         namespaces), ``list_pods:NAMESPACE``, ``get_secret``, ``list_deployments:NAMESPACE``,
-        ``watch_nodes``, ``watch_pods`` (the watch's first read raises)."""
+        ``watch_nodes``, ``watch_pods`` (the watch's first read raises),
+        ``list_resource_slices``, ``list_resource_claims:*``, ``list_resource_claims:NAMESPACE``."""
 
     # -- writes used by tests and the demo ---------------------------------------------------
 
@@ -355,6 +359,132 @@ class MemoryKube:
         """ResourcePolicy events after ``resource_version``."""
         self.calls.append("watch_resource_policies")
         return self._watch("resourcepolicies", resource_version)
+
+    # -- DRA objects (DraAPI) -------------------------------------------------------------------
+
+    def put_resource_slice(self, obj: Mapping[str, Any]) -> KubeDict:
+        """Create or replace a ResourceSlice (as a driver publishes it)."""
+        stored = _copy(dict(obj))
+        name = stored["metadata"]["name"]
+        type_: EventType = "MODIFIED" if name in self._slices else "ADDED"
+        self._slices[name] = stored
+        return self._record("resourceslices", type_, stored)
+
+    def put_resource_claim(self, claim: Mapping[str, Any]) -> KubeDict:
+        """Create or replace a ResourceClaim as given (status included), with a UID."""
+        stored = _copy(dict(claim))
+        meta = stored.setdefault("metadata", {})
+        meta.setdefault("namespace", "default")
+        key = (meta["namespace"], meta["name"])
+        if key not in self._claims:
+            self._uids += 1
+            meta.setdefault("uid", f"00000000-0000-0000-c1a1-{self._uids:012d}")
+        type_: EventType = "MODIFIED" if key in self._claims else "ADDED"
+        self._claims[key] = stored
+        return self._record("resourceclaims", type_, stored)
+
+    def delete_resource_claim(self, namespace: str, name: str) -> None:
+        """Remove a claim at once."""
+        obj = self._claims.pop((namespace, name), None)
+        if obj is None:
+            raise NotFound(f"resourceclaim {namespace}/{name} not found")
+        self._record("resourceclaims", "DELETED", obj)
+
+    async def list_resource_slices(self) -> tuple[list[KubeDict], str]:
+        """gpushare's ResourceSlices (``spec.driver``) and the current resourceVersion."""
+        self.calls.append("list_resource_slices")
+        self._check("list_resource_slices")
+        found = [
+            _copy(s)
+            for s in self._slices.values()
+            if (s.get("spec") or {}).get("driver") == DRA_DRIVER
+        ]
+        return found, str(self._version)
+
+    def watch_resource_slices(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """ResourceSlice events after ``resource_version``."""
+        self.calls.append("watch_resource_slices")
+        return self._watch("resourceslices", resource_version)
+
+    async def list_resource_claims(self, namespace: str = "") -> tuple[list[KubeDict], str]:
+        """Every claim (or those of ``namespace``) and the current resourceVersion."""
+        self.calls.append("list_resource_claims")
+        self._check(f"list_resource_claims:{namespace or '*'}")
+        found = [
+            _copy(c) for (ns, _), c in self._claims.items() if not namespace or ns == namespace
+        ]
+        return found, str(self._version)
+
+    def watch_resource_claims(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """ResourceClaim events after ``resource_version``."""
+        self.calls.append("watch_resource_claims")
+        return self._watch("resourceclaims", resource_version)
+
+    async def list_dra_nodes(self) -> tuple[list[KubeDict], str]:
+        """Nodes labelled for DRA mode."""
+        self.calls.append("list_dra_nodes")
+        found = [
+            n
+            for n in self.nodes()
+            if ((n.get("metadata") or {}).get("labels") or {}).get(LABEL_ALLOCATION_MODE)
+            == ALLOCATION_MODE_DRA
+        ]
+        return found, str(self._version)
+
+    async def watch_dra_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """Node events after ``resource_version`` (every node: the in-memory API does not
+        select by label; the allocator reads only the nodes its slices name)."""
+        self.calls.append("watch_dra_nodes")
+        async for event in self._watch("nodes", resource_version):
+            yield event
+
+    async def get_resource_claim(self, namespace: str, name: str) -> KubeDict:
+        """One claim as stored now."""
+        self.calls.append("get_resource_claim")
+        found = self._claims.get((namespace, name))
+        if found is None:
+            raise NotFound(f"resourceclaim {namespace}/{name} not found")
+        return _copy(found)
+
+    def _replace_claim(self, claim: Mapping[str, Any], *, status: bool) -> KubeDict:
+        meta = claim.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        stored = self._claims.get(key)
+        if stored is None:
+            raise NotFound(f"resourceclaim {key[0]}/{key[1]} not found")
+        if meta.get("resourceVersion") != stored["metadata"].get("resourceVersion"):
+            raise Conflict(
+                f"resourceclaim {key[0]}/{key[1]}: resourceVersion "
+                f"{meta.get('resourceVersion')} is stale"
+            )
+        new = _copy(stored)
+        if status:  # the status subresource changes only the status
+            new["status"] = _copy(dict(claim.get("status") or {}))
+        else:  # the main resource leaves the status as it is
+            new = {**_copy(dict(claim)), "status": new.get("status") or {}}
+        self._claims[key] = new
+        return self._record("resourceclaims", "MODIFIED", new)
+
+    async def replace_resource_claim(self, claim: Mapping[str, Any]) -> KubeDict:
+        """PUT the claim; Conflict on a stale resourceVersion."""
+        self.calls.append("replace_resource_claim")
+        return self._replace_claim(claim, status=False)
+
+    async def replace_resource_claim_status(self, claim: Mapping[str, Any]) -> KubeDict:
+        """PUT the claim's status; Conflict on a stale resourceVersion."""
+        self.calls.append("replace_resource_claim_status")
+        return self._replace_claim(claim, status=True)
+
+    async def patch_pod_json(
+        self, namespace: str, name: str, operations: Sequence[Mapping[str, Any]]
+    ) -> KubeDict:
+        """Apply a JSON patch to a pod, all or none; a failed ``test`` is a Conflict."""
+        self.calls.append("patch_pod_json")
+        patched = _copy(self._pod(namespace, name))
+        for op in operations:
+            patched = _json_patch_step(patched, op, what=f"pod {namespace}/{name}")
+        self._pods[(namespace, name)] = patched
+        return self._record("pods", "MODIFIED", patched)
 
     async def remove_pod(self, namespace: str, name: str, *, uid: str) -> None:
         """Delete the pod if it has ``uid``."""

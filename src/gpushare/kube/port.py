@@ -216,6 +216,58 @@ class PolicyAPI(Protocol):
         ...
 
 
+class DraAPI(Protocol):
+    """DRA objects (``resource.k8s.io/v1``) for gpushare's DRA allocator and for what
+    ``kubectl inspect cgpu`` and the extender's metrics read in DRA mode (docs/dra.md).
+
+    Writes of a claim carry its ``metadata.resourceVersion``: the API server refuses a stale
+    one with Conflict, and the caller reads the claim again.
+    """
+
+    async def list_resource_slices(self) -> tuple[list[KubeDict], str]:
+        """gpushare's ResourceSlices (``spec.driver`` gpushare.io) and the list's version."""
+        ...
+
+    def watch_resource_slices(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """Changes of gpushare's ResourceSlices."""
+        ...
+
+    async def list_resource_claims(self, namespace: str = "") -> tuple[list[KubeDict], str]:
+        """Every ResourceClaim, in all namespaces (or in ``namespace``: what a tenant's Role
+        may list, for ``kubectl inspect cgpu``), and the list's version."""
+        ...
+
+    def watch_resource_claims(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """ResourceClaim changes in all namespaces."""
+        ...
+
+    async def list_dra_nodes(self) -> tuple[list[KubeDict], str]:
+        """Nodes labelled for DRA mode (``gpushare.io/allocation-mode=dra``)."""
+        ...
+
+    def watch_dra_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """Changes of nodes labelled for DRA mode."""
+        ...
+
+    async def get_resource_claim(self, namespace: str, name: str) -> KubeDict:
+        """One claim as stored now."""
+        ...
+
+    async def replace_resource_claim(self, claim: Mapping[str, Any]) -> KubeDict:
+        """PUT the claim (its metadata: the finalizer); Conflict when its version is stale."""
+        ...
+
+    async def replace_resource_claim_status(self, claim: Mapping[str, Any]) -> KubeDict:
+        """PUT the claim's status subresource; Conflict when its version is stale."""
+        ...
+
+    async def patch_pod_json(
+        self, namespace: str, name: str, operations: Sequence[Mapping[str, Any]]
+    ) -> KubeDict:
+        """PATCH a pod ``application/json-patch+json``; a failed ``test`` is a Conflict."""
+        ...
+
+
 class ReviewAPI(Protocol):
     """TokenReview and SubjectAccessReview, to check who scrapes ``/metrics``
     (``core.admitting.metricsaccess``). Neither raises: a failed review is a verdict with
@@ -231,11 +283,11 @@ class ReviewAPI(Protocol):
         ...
 
 
-class DraAPI(Protocol):
+class SliceAPI(Protocol):
     """What the DRA driver reads and writes (``resource.k8s.io/v1``): its node's
     ResourceSlices and the claims kubelet asks it to prepare."""
 
-    async def list_resource_slices(self, node: str, driver: str) -> list[KubeDict]:
+    async def list_node_slices(self, node: str, driver: str) -> list[KubeDict]:
         """The slices of ``driver`` on ``node`` (field selectors ``spec.nodeName``,
         ``spec.driver``)."""
         ...

@@ -17,5 +17,6 @@
 - ``seeds``: the process pool and the differences paired by seed the protocols share.
 - ``lpbound``: the LP lower bound on unallocated GPU % for any policy.
 - ``progress``: progress as plain lines, for logs, pipes and CI.
+- ``draplacing``: stock first-fit, gpushare's DRA allocator and device-plugin mode on one replay.
 - ``report``: the report: a table, a JSON file with every number, and pictures.
 """

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from gpushare.core.placement.fragmentation import WorkloadEstimate
 from gpushare.sim import gpumem as memory_mode
 from gpushare.sim import lpbound
+from gpushare.sim.draplacing import DraCluster
 from gpushare.sim.milligpu import BestFit, Cluster, make_policy, replay, shape_of
 from gpushare.sim.openb import TraceNode, TracePod
 from gpushare.sim.stream import arrival_stream, capacity_milli
@@ -82,7 +83,8 @@ def run_seed(
     Fragmentation is sampled ``samples`` times along the run (0: not at all; 40 samples
     cost about a second on the openb cluster, a tenth of an FGD run). With ``memory`` the
     extender's core places the pods in memory units (``sim.gpumem``) and ``policy`` is one of
-    its node policies. ``topology`` gives the nodes a layout of
+    its node policies, in the allocation mode ``memory`` names (DRA mode: ``sim.draplacing``).
+    ``topology`` gives the nodes a layout of
     ``core.model.topology.LAYOUTS``; ``aware``: multi-GPU pods follow it (in the memory mode,
     the nodes publish it to the core).
     """
@@ -91,7 +93,8 @@ def run_seed(
         stream = memory_mode.stream(pods, nodes, seed=seed, tune=tune, unit=memory.unit)
         if topology:
             memory = dataclasses.replace(memory, topology=topology, topology_aware=aware)
-        run = memory_mode.replay(nodes, stream, policy, seed=seed, settings=memory)
+        kind = DraCluster if memory.allocation_mode == "dra" else None
+        run = memory_mode.replay(nodes, stream, policy, seed=seed, settings=memory, kind=kind)
     elif policy == OFFLINE:
         stream = arrival_stream(pods, nodes, seed=seed, tune=tune)
         points = offline_reference(nodes, stream, seed=seed)

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,6 +88,11 @@ class MemorySettings:
     topology_aware: bool = True
     """Publish that topology on the nodes, so the core follows it; False: the same nodes
     placed as if they published none (the measure of what following it costs)."""
+    allocation_mode: str = "device-plugin"
+    """``device-plugin``: pods bound with gpushare's allocation record (``MemoryCluster``);
+    ``dra``: every node published as its DRA driver's ResourceSlice and every GPU pod allocated
+    as a ResourceClaim by gpushare's DRA allocator, its share counted as the DRA ledger reads
+    the claim's status back (``sim.draplacing.DraCluster``)."""
 
     def mode_label(self, node: TraceNode) -> str:
         """The node's ``ack.node.gpu.schedule`` as written: its own label, else ``node_mode``."""
@@ -446,6 +451,11 @@ def stream(
     return arrival_stream(written, nodes, seed=seed, tune=tune, weight=units, capacity=capacity)
 
 
+ClusterKind = Callable[..., "MemoryCluster"]
+"""Makes the cluster a replay places into: ``MemoryCluster`` or a mode's subclass
+(``sim.draplacing.DraCluster``), called as ``MemoryCluster`` is."""
+
+
 def replay(
     nodes: Sequence[TraceNode],
     stream: Sequence[TracePod],
@@ -453,9 +463,12 @@ def replay(
     *,
     seed: int = 0,
     settings: MemorySettings | None = None,
+    kind: ClusterKind | None = None,
 ) -> Run:
-    """Place every pod of the stream once, in order, with the extender's core."""
-    cluster = MemoryCluster(nodes, policy=policy, seed=seed, settings=settings)
+    """Place every pod of the stream once, in order, with the extender's core (in ``kind``'s
+    cluster: the device plugin's by default)."""
+    make = kind or MemoryCluster
+    cluster = make(nodes, policy=policy, seed=seed, settings=settings)
     run = Run(policy=policy)
     requested = 0.0
     allocated = 0

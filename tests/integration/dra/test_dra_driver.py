@@ -40,7 +40,7 @@ class MemoryDra:
     async def get_node(self, name: str) -> KubeDict:
         return copy.deepcopy(self.node)
 
-    async def list_resource_slices(self, node: str, driver: str) -> list[KubeDict]:
+    async def list_node_slices(self, node: str, driver: str) -> list[KubeDict]:
         return [
             copy.deepcopy(s)
             for s in self.slices.values()

@@ -89,8 +89,13 @@ def test_the_chart_s_deployment_gives_its_values() -> None:
     assert where.startswith(f"Deployment {NAMESPACE}/")
     role = find(docs, "ClusterRole", "-inspect")
     assert role["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
-    assert {r["resources"][0] for r in role["rules"]} == {"pods", "resourcepolicies"}
-    assert find(docs, "ClusterRole", "-inspect-nodes")["rules"][0]["resources"] == ["nodes"]
+    assert {r["resources"][0] for r in role["rules"]} == {
+        "pods",
+        "resourcepolicies",
+        "resourceclaims",  # DRA mode's shares, in the namespace
+    }
+    nodes = find(docs, "ClusterRole", "-inspect-nodes")["rules"]
+    assert [r["resources"] for r in nodes] == [["nodes"], ["resourceslices"]]
 
 
 @needs_helm

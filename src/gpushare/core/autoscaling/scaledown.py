@@ -25,6 +25,12 @@ The adapter writes the answer as the opt-outs both autoscalers read: the node an
 ``ScaleDownDisabledKey``) and ``karpenter.sh/do-not-disrupt: "true"`` (Karpenter v1), with a
 marker of its own so it only ever removes what it wrote.
 
+In DRA mode (docs/dra.md) the same decision reads allocated claims instead of pods:
+``dra_guards`` takes the nodes from their ResourceSlices and the usage from the claims'
+recorded ``consumedCapacity`` (``core.dra.ledger.DraLedger``), one claim standing where a pod
+stands. cluster-autoscaler 1.36 already re-places claims GPU by GPU itself (docs/autoscaling.md,
+DRA mode); Karpenter does not, as it ignores DRA requests by default.
+
 Pure: inventories and the ledger in, one ``Guard`` per GPU node out.
 """
 
@@ -33,9 +39,12 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from gpushare.core.booking.ledger import Ledger
+from gpushare.core.booking.ledger import NodeUsage
+from gpushare.core.dra.ledger import DraLedger
 from gpushare.core.model.inventory import NodeInventory
+from gpushare.core.model.kubejson import KubeObject
 from gpushare.core.records.allocation import Allocation
 
 CA_SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
@@ -55,14 +64,22 @@ class Guard:
     reason: str
 
 
+class Usages(Protocol):
+    """What the guard reads of a ledger: each node's usage (``core.booking.ledger.Ledger`` in
+    device-plugin mode, ``core.dra.ledger.DraLedger`` in DRA mode)."""
+
+    def usage(self, node: str) -> NodeUsage: ...
+
+
 def _pool(node: NodeInventory) -> tuple[object, ...]:
     return (node.mode.value, node.unit.value, node.model)
 
 
 def guards(
-    nodes: Mapping[str, NodeInventory], ledger: Ledger, *, threshold: float = THRESHOLD
+    nodes: Mapping[str, NodeInventory], ledger: Usages, *, threshold: float = THRESHOLD
 ) -> dict[str, Guard]:
-    """One ``Guard`` per node that has GPUs."""
+    """One ``Guard`` per node that has GPUs. ``nodes`` are of one allocation mode: a pod of
+    one mode cannot move to a node of the other."""
     if not 0 < threshold <= 1:
         raise ValueError(
             f"autoscaling.scaleDownUtilizationThreshold={threshold} is refused: it must be "
@@ -107,6 +124,19 @@ def guards(
             continue
         out[name] = Guard(name, False, "")
     return out
+
+
+def dra_guards(
+    dra: DraLedger,
+    node_objects: Mapping[str, KubeObject] | None = None,
+    *,
+    threshold: float = THRESHOLD,
+) -> dict[str, Guard]:
+    """One ``Guard`` per DRA node with GPUs in its slice, from the allocated claims; the Node
+    objects, when given, add the placement label and host resources."""
+    objects = node_objects or {}
+    nodes = {name: dra.inventory(name, objects.get(name)) for name in dra.nodes}
+    return guards(nodes, dra, threshold=threshold)
 
 
 class _Room:

@@ -174,6 +174,8 @@ class Ledger:
         self._confirmed: dict[str, Allocation] = {}
         self._assumed: dict[str, Allocation] = {}
         self._unplaced: dict[str, Unplaced] = {}
+        self._claimed: dict[str, Allocation] = {}
+        """Allocations of DRA claims, by claim UID (``claim``)."""
         self._intents: dict[str, int] = {}
         """Assumptions that are intents: pod UID to the deadline (ns) of its intent."""
         self._booked: dict[str, int] = {}
@@ -186,6 +188,9 @@ class Ledger:
         self._host: dict[str, tuple[str, HostResources, bool]] = {}
         """Per pod: (node, its CPU and memory requests, whether only assumed at bind)."""
         self._host_by_node: dict[str, HostResources] = {}
+        self._pods_by_node: dict[str, int] = {}
+        """Live pods counted on each node (bound, or assumed at bind): NodeResourcesFit's pod
+        count, which DRA mode's allocator checks before it pins a claim to a node."""
         self.epoch = 0
         """Counts changes; equal epochs mean equal holdings (for reusing filter verdicts)."""
         self._usage: dict[str, NodeUsage] = {}
@@ -271,6 +276,23 @@ class Ledger:
         self._unplaced.pop(uid, None)
         self._drop_host(uid)
         self._reindex(uid)
+
+    def claim(self, allocation: Allocation) -> None:
+        """Hold what an allocated DRA claim holds (``core.dra.ledger.ClaimHolding``), keyed by
+        the claim's UID; a claim seen again replaces its earlier holding. The pods that use the
+        claim count their CPU and memory through ``observe`` as any pod does."""
+        self._claimed[allocation.uid] = allocation
+        self._reindex(allocation.uid)
+
+    def unclaim(self, uid: str) -> None:
+        """Drop a claim's holding (deallocated or deleted); idempotent."""
+        if self._claimed.pop(uid, None) is not None:
+            self._reindex(uid)
+
+    def claims(self) -> Iterator[Allocation]:
+        """Every DRA claim's holding, in claim UID order."""
+        for uid in sorted(self._claimed):
+            yield self._claimed[uid]
 
     def assume(self, allocation: Allocation, host: HostResources = NO_HOST) -> None:
         """Reserve at bind time, before the annotations are seen back.
@@ -360,6 +382,7 @@ class Ledger:
         self._drop_host(uid)
         self._host[uid] = (node, host, assumed)
         self._host_by_node[node] = self._host_by_node.get(node, NO_HOST) + host
+        self._pods_by_node[node] = self._pods_by_node.get(node, 0) + 1
         self._touch(node)
 
     def _drop_host(self, uid: str) -> None:
@@ -367,6 +390,11 @@ class Ledger:
         if known is None:
             return
         node, host, _ = known
+        count = self._pods_by_node.get(node, 0) - 1
+        if count > 0:
+            self._pods_by_node[node] = count
+        else:
+            self._pods_by_node.pop(node, None)
         left = self._host_by_node.get(node, NO_HOST) - host
         if left == NO_HOST:
             self._host_by_node.pop(node, None)
@@ -410,13 +438,18 @@ class Ledger:
     # -- queries ---------------------------------------------------------------------------
 
     def holding(self, uid: str) -> Allocation | None:
-        """The pod's effective allocation: its assumption if any, else what was observed."""
-        return self._assumed.get(uid) or self._confirmed.get(uid)
+        """The pod's effective allocation: its assumption if any, else what was observed; for
+        a claim's UID, the claim's holding."""
+        return self._assumed.get(uid) or self._confirmed.get(uid) or self._claimed.get(uid)
 
     def assumptions(self) -> Iterator[Allocation]:
         """Bind-time reservations not yet seen back, in UID order."""
         for uid in sorted(self._assumed):
             yield self._assumed[uid]
+
+    def pods_on(self, node: str) -> int:
+        """Live pods counted on the node (those whose CPU and memory count there)."""
+        return self._pods_by_node.get(node, 0)
 
     def host_of(self, uid: str) -> HostResources:
         """The CPU and memory the pod's requests count on its node (nothing if not counted)."""
@@ -434,8 +467,8 @@ class Ledger:
             yield self._assumed[uid], self._intents[uid]
 
     def allocations(self) -> Iterator[Allocation]:
-        """Every effective allocation, in UID order."""
-        for uid in sorted(set(self._confirmed) | set(self._assumed)):
+        """Every effective allocation (DRA claims' included), in UID order."""
+        for uid in sorted(set(self._confirmed) | set(self._assumed) | set(self._claimed)):
             holding = self.holding(uid)
             if holding is not None:
                 yield holding

@@ -1,0 +1,378 @@
+"""DRA mode's allocator (``gpushare extender --dra-allocator``): gated pods' claims, allocated.
+
+The webhook gives every pod it converts to a claim the scheduling gate
+``gpushare.io/dra-allocation`` (docs/dra.md), so kube-scheduler leaves it alone until gpushare
+has placed it. This loop, in the leading replica only (like the autoscaling loop: the other
+replica would decide from the same watches and race for the same claims):
+
+1. follows gpushare's ResourceSlices, every ResourceClaim and the nodes labelled for DRA mode
+   (list, then watch; relist on expiry), and takes the gated pods from the extender's own pod
+   watch (``take``, fed by ``ClusterCache.run``);
+2. for each gated pod whose claim exists (the resourceclaim controller makes it from the
+   template and names it in ``pod.status.resourceClaimStatuses``), reads the ledger
+   (``core.dra.ledger``: the slices and every allocated claim, booked into the extender's
+   ledger beside the bound pods' CPU and memory) and asks ``core.dra.allocate`` for the node
+   and GPUs, with the extender's own scheduler core and node policy;
+3. allocated: adds the finalizer ``resource.kubernetes.io/delete-protection`` (PUT with the
+   claim's resourceVersion), then writes ``status.allocation`` and ``status.reservedFor`` (PUT
+   of the status subresource with the new resourceVersion); on Conflict it reads the claim
+   again and tries again (a claim allocated meanwhile by someone else is left as it is);
+4. removes the gate (JSON patch with a ``test`` of the gates as read), whether allocated,
+   refused (no node fits now: kube-scheduler then reports the pod unschedulable and the cluster
+   autoscaler sees it) or not gpushare's to place; a refusal is told in a Warning Event with the
+   reasons.
+
+Why the finalizer and the order: pkg/controller/resourceclaim/controller.go (v1.36.3,
+``syncClaim``) clears an allocation when its last ``reservedFor`` pod goes only if the claim
+carries the finalizer, and kube-scheduler's PreBind adds it before the status for the same
+reason: a claim with an allocation and no finalizer could be deleted while in use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpushare.core.decision.clusterstate import ClusterState, PodTaken
+from gpushare.core.decision.scheduling import Scheduler
+from gpushare.core.dra.allocate import (
+    FINALIZER,
+    Allocated,
+    NodeView,
+    NotOurs,
+    Outcome,
+    Refused,
+    allocate,
+    claim_request,
+    read_requests,
+)
+from gpushare.core.dra.ledger import read_ledger
+from gpushare.core.model.kubejson import (
+    KubeObject,
+    name_of,
+    namespace_of,
+    node_name_of,
+    stored_uid_of,
+    uid_of,
+)
+from gpushare.core.model.names import DRA_CLAIM_NAME, DRA_SCHEDULING_GATE
+from gpushare.extender.events import EventRecorder, PodRef
+from gpushare.kube.backoff import Backoff
+from gpushare.kube.port import Conflict, DraAPI, Gone, KubeDict, KubeError, NotFound, WatchEvent
+
+log = logging.getLogger(__name__)
+
+WRITE_TRIES = 3
+"""Claim writes tried before the pod waits for the next round (each Conflict reads again)."""
+
+
+def is_gated(pod: KubeObject) -> bool:
+    """Whether the pod is unbound, alive and carries gpushare's DRA gate."""
+    if node_name_of(pod) or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(isinstance(g, Mapping) and g.get("name") == DRA_SCHEDULING_GATE for g in gates)
+
+
+def claim_name(pod: KubeObject) -> str:
+    """The name of the pod's gpushare claim: given in the spec, or made by the resourceclaim
+    controller from the template and recorded in ``status.resourceClaimStatuses``; empty
+    while not made yet."""
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
+        named = isinstance(entry, Mapping) and entry.get("name") == DRA_CLAIM_NAME
+        if named and entry.get("resourceClaimName"):
+            return str(entry["resourceClaimName"])
+    for entry in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+        if isinstance(entry, Mapping) and entry.get("name") == DRA_CLAIM_NAME:
+            return str(entry.get("resourceClaimName") or "")
+    return ""
+
+
+def ungate_operations(pod: KubeObject) -> list[dict[str, Any]]:
+    """The JSON patch that removes gpushare's gate, tested against the gates as read (a pod
+    whose gates changed meanwhile answers Conflict and is read again)."""
+    gates = list((pod.get("spec") or {}).get("schedulingGates") or [])
+    rest = [
+        g for g in gates if not (isinstance(g, Mapping) and g.get("name") == DRA_SCHEDULING_GATE)
+    ]
+    test = {"op": "test", "path": "/spec/schedulingGates", "value": gates}
+    if rest:
+        return [test, {"op": "replace", "path": "/spec/schedulingGates", "value": rest}]
+    return [test, {"op": "remove", "path": "/spec/schedulingGates"}]
+
+
+class _Listing(Protocol):
+    def __call__(self) -> Awaitable[tuple[list[KubeDict], str]]: ...
+
+
+def _key(obj: KubeObject) -> str:
+    return f"{namespace_of(obj)}/{name_of(obj)}"
+
+
+@dataclass
+class Mirror:
+    """Objects of one kind as last listed or watched, by ``namespace/name``."""
+
+    what: str
+    listing: _Listing
+    watching: Callable[[str], AsyncIterator[WatchEvent]]
+    changed: asyncio.Event
+    objects: dict[str, KubeDict] = field(default_factory=dict)
+    synced: bool = False
+    backoff: Backoff = field(default_factory=Backoff)
+
+    async def run(self) -> None:
+        """List, then watch, forever; relist on expiry, after a growing wait on errors."""
+        while True:
+            try:
+                items, version = await self.listing()
+                self.objects = {_key(o): o for o in items}
+                self.synced = True
+                self.changed.set()
+                async for event in self.watching(version):
+                    self.backoff.reset()
+                    if event.type == "DELETED":
+                        self.objects.pop(_key(event.object), None)
+                    elif event.type in ("ADDED", "MODIFIED"):
+                        self.objects[_key(event.object)] = event.object
+                    else:
+                        continue
+                    self.changed.set()
+            except Gone:
+                log.info("%s watch expired; relisting", self.what)
+            except KubeError as err:
+                wait = self.backoff.failed()
+                log.warning("%s: %s; relisting in %.1fs", self.what, err, wait)
+                await asyncio.sleep(wait)
+
+    def put(self, obj: KubeDict) -> None:
+        """Keep what a write returned, until the watch brings it (or a newer one)."""
+        self.objects[_key(obj)] = obj
+
+
+@dataclass
+class Round:
+    """What one round did (for logs and tests)."""
+
+    led: bool = False
+    allocated: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    ungated: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)
+    not_ours: list[str] = field(default_factory=list)
+
+
+async def _always() -> bool:
+    return True
+
+
+class DraAllocator:
+    """Allocates gated pods' claims with gpushare's placement (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        api: DraAPI,
+        state: ClusterState,
+        scheduler: Scheduler,
+        events: EventRecorder | None = None,
+        leading: Callable[[], Awaitable[bool]] = _always,
+        period_s: float = 5.0,
+    ) -> None:
+        self.api = api
+        self.state = state
+        self.scheduler = scheduler
+        self.events = events
+        self.leading = leading
+        self.period_s = period_s
+        self.wake = asyncio.Event()
+        self.slices = Mirror(
+            "resourceslices", api.list_resource_slices, api.watch_resource_slices, self.wake
+        )
+        self.claims = Mirror(
+            "resourceclaims", api.list_resource_claims, api.watch_resource_claims, self.wake
+        )
+        self.nodes = Mirror("DRA nodes", api.list_dra_nodes, api.watch_dra_nodes, self.wake)
+        self.gated: dict[str, KubeDict] = {}
+        """Gated pods by UID, as the extender's pod watch last showed them."""
+        self.on_round: Callable[[Round], None] | None = None
+        """Told what each round did (the extender's metrics count it)."""
+
+    def take(self, change: object) -> None:
+        """Follow the extender's pod watch (``ClusterCache.run`` hands each change): keep the
+        gated pods, drop the others; wake the loop when a gated pod came or share was freed."""
+        if not isinstance(change, PodTaken):
+            return
+        pod = change.pod
+        uid = stored_uid_of(pod)
+        if is_gated(pod):
+            self.gated[uid] = pod
+            self.wake.set()
+        elif self.gated.pop(uid, None) is not None or change.freed:
+            self.wake.set()
+
+    async def run(self) -> None:
+        """The mirrors and the loop, forever."""
+        async with asyncio.TaskGroup() as group:
+            for mirror in (self.slices, self.claims, self.nodes):
+                group.create_task(mirror.run())
+            group.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+            # that comes as the event is set, and the loop would outlive its task group
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.period_s):
+                    await self.wake.wait()
+            self.wake.clear()
+            try:
+                done = await self.round()
+                if self.on_round is not None:
+                    self.on_round(done)
+            except Exception:
+                log.exception("DRA allocation round failed; trying again")
+
+    async def round(self) -> Round:
+        """One pass over the gated pods, oldest first, if this replica leads."""
+        done = Round()
+        if not self.gated or not (self.slices.synced and self.claims.synced and self.nodes.synced):
+            return done
+        if not await self.leading():
+            return done
+        done.led = True
+        pods = sorted(
+            self.gated.values(),
+            key=lambda p: (str((p.get("metadata") or {}).get("creationTimestamp", "")), _key(p)),
+        )
+        for pod in pods:
+            await self.place(pod, done)
+        return done
+
+    def _outcome(self, pod: KubeDict, claim: KubeDict) -> Outcome:
+        """Decide with the ledger as the mirrors and the extender's state show it now."""
+        dra = read_ledger(self.slices.objects.values(), self.claims.objects.values())
+        for problem in dra.problems:
+            log.warning("dra ledger: claim %s: %s", problem.claim, problem.message)
+        ledger = self.state.ledger
+        dra.book(ledger)
+        by_name = {name_of(n): n for n in self.nodes.objects.values()}
+        views = [
+            NodeView(
+                inventory=dra.inventory(name, by_name[name]),
+                node=by_name[name],
+                used=ledger.usage(name).host,
+                pods=ledger.pods_on(name),
+            )
+            for name in sorted(dra.nodes)
+            if name in by_name
+        ]
+        cluster = {v.inventory.name: v.inventory for v in views}
+        requests = read_requests(claim)
+        if isinstance(requests, NotOurs):
+            return requests
+        workload = self.scheduler.workload
+        if workload is not None:  # the fragmentation-aware policies learn DRA pods too
+            workload.count(uid_of(pod), claim_request(pod, requests, self.scheduler.settings.unit))
+        return allocate(
+            pod,
+            claim,
+            views,
+            ledger,
+            self.scheduler,
+            unit=self.scheduler.settings.unit,
+            cluster=cluster,
+            requests=requests,
+        )
+
+    async def place(self, pod: KubeDict, done: Round) -> None:
+        """Allocate one gated pod's claim (or find it cannot be now), then ungate it."""
+        key = _key(pod)
+        name = claim_name(pod)
+        claim = self.claims.objects.get(f"{namespace_of(pod)}/{name}") if name else None
+        if claim is None:
+            done.waiting.append(key)  # the controller has not made the claim yet
+            return
+        status = claim.get("status") or {}
+        if not status.get("allocation"):
+            outcome = self._outcome(pod, claim)
+            if isinstance(outcome, Allocated):
+                written = await self._write(pod, claim, outcome)
+                if written is None:
+                    done.waiting.append(key)
+                    return
+                done.allocated.append(key)
+                self._tell(pod, "Normal", "DRAAllocated", _where(claim, outcome))
+            elif isinstance(outcome, Refused):
+                done.refused.append(key)
+                self._tell(pod, "Warning", "DRANoFit", outcome.message[:1000])
+            else:
+                done.not_ours.append(key)
+                log.info("pod %s: %s; left to kube-scheduler", key, outcome.reason)
+        if await self._ungate(pod):
+            done.ungated.append(key)
+            self.gated.pop(stored_uid_of(pod), None)
+
+    async def _write(self, pod: KubeDict, claim: KubeDict, outcome: Allocated) -> KubeDict | None:
+        """Finalizer, then status, each with the claim's version; on Conflict read again. None
+        when it did not land (the pod stays gated for the next round)."""
+        current: KubeDict = claim
+        for _ in range(WRITE_TRIES):
+            try:
+                if (current.get("status") or {}).get("allocation"):
+                    return None  # allocated meanwhile: the next round sees it
+                finalizers = list((current.get("metadata") or {}).get("finalizers") or [])
+                if FINALIZER not in finalizers:
+                    current = await self.api.replace_resource_claim(
+                        {
+                            **current,
+                            "metadata": {
+                                **current["metadata"],
+                                "finalizers": [*finalizers, FINALIZER],
+                            },
+                        }
+                    )
+                written = await self.api.replace_resource_claim_status(
+                    {**current, "status": {**(current.get("status") or {}), **outcome.status}}
+                )
+                self.claims.put(written)
+                self.state.ledger.claim(outcome.allocation)
+                return written
+            except Conflict:
+                try:
+                    current = await self.api.get_resource_claim(namespace_of(claim), name_of(claim))
+                except NotFound:
+                    return None
+            except KubeError as err:
+                log.warning("claim %s: %s", _key(claim), err)
+                return None
+        return None
+
+    async def _ungate(self, pod: KubeDict) -> bool:
+        try:
+            await self.api.patch_pod_json(namespace_of(pod), name_of(pod), ungate_operations(pod))
+        except NotFound:
+            return True
+        except KubeError as err:  # Conflict included: the watch brings the pod as it is now
+            log.info("pod %s: gate not removed (%s); next round", _key(pod), err)
+            return False
+        return True
+
+    def _tell(self, pod: KubeDict, kind: str, reason: str, message: str) -> None:
+        if self.events is not None:
+            self.events.record(
+                PodRef.of(pod), "Warning" if kind == "Warning" else "Normal", reason, message
+            )
+
+
+def _where(claim: KubeDict, outcome: Allocated) -> str:
+    shares = ", ".join(
+        f"GPU{s.index} {outcome.allocation.unit.describe(s.mem_units)}"
+        + (f" {s.core_pct}%" if s.core_pct else "")
+        for s in outcome.allocation.gpus
+    )
+    return f"claim {_key(claim)} allocated on node {outcome.node}: {shares}"

@@ -1,0 +1,209 @@
+"""DRA mode's allocator on the real control plane: gpushare places gated pods' claims.
+
+kube-apiserver, kube-scheduler and kube-controller-manager v1.36.3 (DRA with consumable
+capacity on by default), kwok nodes labelled for DRA mode with the slices their driver would
+publish (``build_slice``), and ``gpushare extender --dra-allocator`` under the chart's identity
+and RBAC (``dra.allocator.enabled``). The pods are written as the webhook converts them
+(docs/dra.md): a ResourceClaimTemplate, the claim in the pod, the gate. gpushare allocates
+the claim (its status names gpushare's shareIDs, the node selector and the pod), removes the
+gate, kube-scheduler binds the pod where the claim says, kwok runs it; deleting the pod frees the
+share; a pod that fits nowhere is ungated unallocated and reported unschedulable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from gpushare.core.dra.allocate import FINALIZER
+from gpushare.core.dra.slices import SliceSpec, build_slice
+from gpushare.core.model.inventory import Gpu, Mode
+from gpushare.core.model.names import (
+    ALLOCATION_MODE_DRA,
+    DRA_CLAIM_NAME,
+    DRA_DEVICE_CLASS,
+    DRA_DRIVER,
+    DRA_SCHEDULING_GATE,
+    LABEL_ALLOCATION_MODE,
+    LABEL_PLACEMENT,
+)
+from gpushare.core.model.units import MemoryUnit
+from harness.cluster import Cluster
+from harness.identities import (
+    EXTENDER_VALUES,
+    IDENTITY_TEMPLATES,
+    apply_chart_identities,
+    chart_documents,
+)
+from harness.seeding import labelled_kwok_nodes
+from tests.support.e2e import create_nodes, delete_nodes, eventually
+
+NS = "e2e-dra"
+NODES = {"dra-pack": None, "dra-spread": "spread"}
+DEVICE_CLASS = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": DRA_DEVICE_CLASS},
+    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRA_DRIVER}"'}}]},
+}
+
+
+def _apply(cluster: Cluster, docs: list[dict[str, Any]]) -> None:
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+
+
+def _template(gib: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": f"gpushare-{gib}g", "namespace": NS},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "main",
+                            "exactly": {
+                                "deviceClassName": DRA_DEVICE_CLASS,
+                                "allocationMode": "ExactCount",
+                                "count": 1,
+                                "capacity": {"requests": {"memory": f"{gib}Gi"}},
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+
+
+def _pod(name: str, gib: int, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "schedulingGates": [{"name": DRA_SCHEDULING_GATE}],
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [{"operator": "Exists"}],
+            "resourceClaims": [
+                {"name": DRA_CLAIM_NAME, "resourceClaimTemplateName": f"gpushare-{gib}g"}
+            ],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": DRA_CLAIM_NAME, "request": "main"}]},
+                }
+            ],
+        },
+    }
+
+
+def _claim_of(cluster: Cluster, pod: str) -> dict[str, Any]:
+    got = cluster.kubectl_json("get", "pod", "-n", NS, pod)
+    for entry in (got.get("status") or {}).get("resourceClaimStatuses") or []:
+        if entry.get("name") == DRA_CLAIM_NAME and entry.get("resourceClaimName"):
+            claim = cluster.kubectl_json(
+                "get", "resourceclaim", "-n", NS, entry["resourceClaimName"]
+            )
+            return claim if isinstance(claim, dict) else {}
+    return {}
+
+
+def _running_on(cluster: Cluster, pod: str) -> tuple[str, str]:
+    """(node, device) once the pod runs with its claim allocated by gpushare."""
+
+    def ready() -> tuple[str, str] | None:
+        got = cluster.kubectl_json("get", "pod", "-n", NS, pod)
+        if (got.get("status") or {}).get("phase") != "Running":
+            return None
+        claim = _claim_of(cluster, pod)
+        allocation = (claim.get("status") or {}).get("allocation")
+        if not allocation:
+            return None
+        return got["spec"]["nodeName"], allocation["devices"]["results"][0]["device"]
+
+    found: tuple[str, str] = eventually(ready, 60, f"pod {pod} running with its claim")
+    claim = _claim_of(cluster, pod)
+    result = claim["status"]["allocation"]["devices"]["results"][0]
+    assert result["driver"] == DRA_DRIVER and result["pool"] == found[0]
+    assert result["shareID"] and result["consumedCapacity"]["memory"].endswith("Gi")
+    assert FINALIZER in claim["metadata"]["finalizers"]
+    assert [r["name"] for r in claim["status"]["reservedFor"]] == [pod]
+    return found
+
+
+def test_gpushare_allocates_gated_claims(cluster: Cluster) -> None:
+    names = list(NODES)
+    nodes = labelled_kwok_nodes(names, "dra", gpus_units=[16, 16], mode=Mode.SHARE)
+    for node in nodes:
+        node["metadata"]["labels"][LABEL_ALLOCATION_MODE] = ALLOCATION_MODE_DRA
+        if NODES[node["metadata"]["name"]]:
+            node["metadata"]["labels"][LABEL_PLACEMENT] = str(NODES[node["metadata"]["name"]])
+    values = (*EXTENDER_VALUES, "--set", "dra.allocator.enabled=true")
+    _apply(cluster, chart_documents(cluster, IDENTITY_TEMPLATES, values=values))
+    cluster.start_extender(extra=["--dra-allocator"])
+    create_nodes(cluster, nodes)
+    slices = [
+        build_slice(
+            SliceSpec(
+                node=name,
+                unit=MemoryUnit.GiB,
+                mode=Mode.SHARE,
+                gpus=tuple(Gpu(index=i, mem_units=16, uuid=f"GPU-{name}-{i}") for i in (0, 1)),
+            )
+        )
+        for name in names
+    ]
+    cluster.create_namespace(NS)
+    try:
+        _apply(cluster, [DEVICE_CLASS, *slices, _template(4), _template(12), _template(40)])
+        # binpack: the second pod shares the first one's GPU (as first-fit would too)
+        _apply(cluster, [_pod("pack-a", 4, "dra-pack")])
+        first = _running_on(cluster, "pack-a")
+        _apply(cluster, [_pod("pack-b", 4, "dra-pack")])
+        assert _running_on(cluster, "pack-b") == first == ("dra-pack", "gpu-0")
+        # where gpushare differs from first-fit: a spread node gives its second pod the other
+        # GPU (first-fit: gpu-0 again)
+        _apply(cluster, [_pod("spread-a", 4, "dra-spread")])
+        one = _running_on(cluster, "spread-a")
+        _apply(cluster, [_pod("spread-b", 4, "dra-spread")])
+        two = _running_on(cluster, "spread-b")
+        assert one[0] == two[0] == "dra-spread" and one[1] != two[1]
+        # deleting a pod frees its share: its claim goes, and 12 GiB fit on gpu-0 again
+        claim = _claim_of(cluster, "pack-a")["metadata"]["name"]
+        cluster.kubectl("delete", "pod", "-n", NS, "pack-a", "--wait=true")
+        eventually(
+            lambda: (
+                cluster.kubectl("get", "resourceclaim", "-n", NS, claim, check=False).returncode
+                != 0
+            ),
+            60,
+            f"claim {claim} gone with its pod",
+        )
+        _apply(cluster, [_pod("pack-c", 12, "dra-pack")])
+        assert _running_on(cluster, "pack-c") == ("dra-pack", "gpu-0")
+        # fits nowhere: ungated, unallocated, unschedulable
+        _apply(cluster, [_pod("huge", 40, "dra-pack")])
+
+        def refused() -> str:
+            got = cluster.kubectl_json("get", "pod", "-n", NS, "huge")
+            if got["spec"].get("schedulingGates"):
+                return ""
+            out = cluster.kubectl("describe", "pod", "-n", NS, "huge").stdout
+            return out if "FailedScheduling" in out else ""
+
+        described = eventually(refused, 60, "the pod that fits nowhere ungated and refused")
+        print(described)
+        assert "DRANoFit" in described
+        assert not (_claim_of(cluster, "huge").get("status") or {}).get("allocation")
+    finally:
+        cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
+        cluster.kubectl(
+            "delete", "resourceslice", *[s["metadata"]["name"] for s in slices], check=False
+        )
+        delete_nodes(cluster, names)
+        cluster.start_extender(extra=())
+        apply_chart_identities(cluster)
