@@ -4,9 +4,9 @@ One real node (kubelet and containerd 2, kube-scheduler and kube-controller-mana
 labelled ``gpushare.io/allocation-mode=dra``, no device plugin: ``gpushare dra-driver`` runs
 beside kubelet with the chart's identity (as in ``test_real_dra_driver.py``), and
 ``gpushare webhook --dra`` (``tests.support.dra``) turns the ACK resources of the pods of the
-test namespace, labelled for DRA mode, into claims. Where this commit has gpushare's DRA
-allocator, ``gpushare extender --dra-allocator`` places the gated pods' claims; otherwise the
-webhook runs with ``--dra-no-gate`` and kube-scheduler's stock allocator places them.
+test namespace, labelled for DRA mode, into claims behind the gate ``gpushare.io/dra-allocation``;
+``gpushare extender --dra-allocator``, with the chart's identity and RBAC
+(``dra.allocator.enabled``), places them and lifts the gate.
 
 The manifests are the seed documents' (``examples/``), as the device-plugin tests run them
 (``test_real_node.py``, ``test_real_stress.py``): the image is the local test image and each
@@ -34,7 +34,6 @@ from harness.realnode import NODE_NAME, RealNode, probe_env
 from tests.support.dra import (
     MODE_LABEL,
     ClaimWatch,
-    allocator_available,
     capacities,
     claim_name,
     claim_shares,
@@ -65,26 +64,24 @@ GIB = 2**30
 @pytest.fixture(scope="module")
 def dra_node(cluster: Cluster) -> Iterator[RealNode]:
     """The real node in DRA mode, the webhook converting the test namespace's pods, and the
-    allocator where this commit has it; the seed's one 15 GiB GPU to start with."""
+    allocator placing them; the seed's one 15 GiB GPU to start with."""
     started = time.monotonic()
     for node in hold_real_node(cluster, plugin=False, fake_gpus="1x15GiB"):
         cluster.kubectl("label", "node", NODE_NAME, f"{MODE_LABEL}=dra", "--overwrite")
         fresh_namespace(cluster)
         cluster.kubectl("label", "namespace", NS, f"{MODE_LABEL}=dra", "--overwrite")
-        gated = allocator_available()
-        if gated:
-            values = (*EXTENDER_VALUES, "--set", "dra.allocator.enabled=true")
-            identities = chart_documents(cluster, IDENTITY_TEMPLATES, values=values)
-            cluster.kubectl("apply", "-f", "-", input=json.dumps(_list(identities)))
-            cluster.start_extender(extra=["--dra-allocator"])
+        values = (*EXTENDER_VALUES, "--set", "dra.allocator.enabled=true")
+        identities = chart_documents(cluster, IDENTITY_TEMPLATES, values=values)
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(_list(identities)))
         root = cluster.root / "dra-real-webhook"
         root.mkdir(exist_ok=True)
         try:
-            with dra_webhook(cluster, root, probe_namespace=NS, gate=gated):
+            cluster.start_extender(extra=["--dra-allocator"])
+            with dra_webhook(cluster, root, probe_namespace=NS):
                 set_dra_mode(node, "share")
                 print(
-                    f"[dra] node, driver and webhook up in {time.monotonic() - started:.1f}s; "
-                    f"placed by {'gpushare --dra-allocator' if gated else 'the stock allocator'}",
+                    f"[dra] node, driver, webhook and allocator up in "
+                    f"{time.monotonic() - started:.1f}s",
                     flush=True,
                 )
                 yield node
@@ -92,8 +89,7 @@ def dra_node(cluster: Cluster) -> Iterator[RealNode]:
             # the node is torn down next (its pods deleted, kubelet stopped): the namespace
             # need not be waited for here
             cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
-            if gated:
-                cluster.start_extender(extra=())
+            cluster.start_extender(extra=())
 
 
 def _list(items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -139,13 +135,24 @@ def running_pod(cluster: Cluster, selector: str) -> dict[str, Any]:
         raise AssertionError(f"{selector} did not run:\n{events[-3000:]}") from None
 
 
+def inspected(shown: str) -> tuple[str, str]:
+    """(the node's GPU0 Allocated/Total, the cluster's line) of ``kubectl inspect cgpu``, as the
+    seed's walkthrough reads them: ``3/15`` and ``3/15 (20%)`` with its Job running."""
+    row = next((x.split() for x in shown.splitlines() if x.startswith(NODE_NAME)), [])
+    return (row[2] if len(row) > 2 else "", shown.strip().splitlines()[-1])
+
+
 def test_seed_walkthrough_in_dra_mode(dra_node: RealNode) -> None:
     """The seed's GPUtest Job as written (its image and command the probe's): converted into a
-    claim of 3 GiB, allocated on the seed's 15 GiB GPU, Running with the seed's variables."""
+    claim of 3 GiB, allocated on the seed's 15 GiB GPU, Running with the seed's variables;
+    ``kubectl inspect cgpu`` shows 0/15, then 3/15 (20%), then 0/15 again, as the seed says."""
     started = time.monotonic()
     cluster = dra_node.cluster
     watch = watch_claims(dra_node)
     try:
+        before = cluster.kubectl("inspect", "cgpu").stdout
+        print(before)
+        assert inspected(before) == ("0/15", "0/15 (0%)"), before
         job = local_job("GPUtest.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 3600"])
         cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
         pod = running_pod(cluster, "job-name=gpu-share-sample")
@@ -188,12 +195,7 @@ def test_seed_walkthrough_in_dra_mode(dra_node: RealNode) -> None:
 
         shown = cluster.kubectl("inspect", "cgpu").stdout
         print(shown)
-        if NODE_NAME in shown:
-            line = next(x for x in shown.splitlines() if x.startswith(NODE_NAME))
-            assert "3/15" in line, line
-            assert shown.splitlines()[-1] == "3/15 (20%)", shown
-        else:
-            print("[dra] kubectl inspect cgpu lists no DRA node on this commit: not checked")
+        assert inspected(shown) == ("3/15", "3/15 (20%)"), shown
 
         cluster.kubectl("delete", "job", "gpu-share-sample", "-n", NS, "--wait=false")
         eventually(
@@ -201,6 +203,15 @@ def test_seed_walkthrough_in_dra_mode(dra_node: RealNode) -> None:
             60,
             "the claim unprepared (its CDI spec removed)",
         )
+        released = eventually(
+            lambda: (
+                inspected(out := cluster.kubectl("inspect", "cgpu").stdout) == ("0/15", "0/15 (0%)")
+                and out
+            ),
+            30,
+            "the claim's 3 GiB released in kubectl inspect cgpu",
+        )
+        print(released)
         assert not watch.over, watch.over
         print(f"[dra] walkthrough in {time.monotonic() - started:.1f}s", flush=True)
     finally:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import importlib.util
 import json
 import ssl
 import subprocess
@@ -47,12 +46,6 @@ CLAIM = "gpushare"
 """The name of the claim the webhook puts in a converted pod (``pod.spec.resourceClaims``)."""
 MEM = "aliyun.com/gpu-mem"
 WATCH_JSON = ("--output-watch-events", "-o", "json")
-
-
-def allocator_available() -> bool:
-    """Whether this commit has gpushare's DRA allocator (``gpushare extender --dra-allocator``);
-    without it the webhook must leave the gate off so the stock allocator places the pods."""
-    return importlib.util.find_spec("gpushare.core.dra.allocate") is not None
 
 
 @dataclass
