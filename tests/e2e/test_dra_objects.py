@@ -16,14 +16,10 @@ the stock allocator places the claims. The same lift by a tenant is refused by t
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
-import ssl
-import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,24 +31,21 @@ from gpushare.core.dra.slices import SliceSpec, build_slice
 from gpushare.core.model.inventory import Gpu, Mode
 from gpushare.core.model.names import DRA_SCHEDULING_GATE
 from gpushare.core.model.units import MemoryUnit
-from harness.cluster import Cluster, Process, wait_for
+from harness.cluster import Cluster
 from harness.identities import (
     SCHEDULER_SA,
     apply_chart_identities,
-    chart_documents,
     service_account_kubeconfig,
 )
-from harness.ports import free_port
 from harness.seeding import KWOK_ANNOTATION, KWOK_VALUE
+from tests.support.dra import dra_webhook
 from tests.support.e2e import eventually
-from tests.support.pki import serving_pki
 
 NS = "e2e-dra"
 GIB_NODE = "e2e-dra-gib"
 MIB_NODE = "e2e-dra-mib"
 MIB_TAINT = {"key": "e2e-dra/fine-unit", "value": "only", "effect": "NoSchedule"}
 EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "gpushare" / "examples"
-DRA_VALUES = ("--set", "dra.enabled=true", "--set", "webhook.steer.enabled=false")
 MEM = "aliyun.com/gpu-mem"
 
 
@@ -176,46 +169,6 @@ def dra(cluster: Cluster) -> Iterator[dict[str, Path]]:
     root = Path(tempfile.mkdtemp(prefix="gs-dra-", dir="/tmp"))
     apply_chart_identities(cluster)
     allocator = service_account_kubeconfig(cluster, SCHEDULER_SA, root / "allocator.kubeconfig")
-    claims_docs = chart_documents(cluster, ("templates/dra-claims.yaml",), values=DRA_VALUES)
-    webhook_docs = chart_documents(cluster, ("templates/webhook.yaml",), values=DRA_VALUES)
-    config_docs = chart_documents(
-        cluster, ("templates/webhook-configuration.yaml",), values=DRA_VALUES
-    )
-    policy_docs = chart_documents(cluster, ("templates/webhook-policy.yaml",), values=DRA_VALUES)
-    identity = [
-        d
-        for d in webhook_docs
-        if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
-    ]
-    account = next(d for d in identity if d["kind"] == "ServiceAccount")["metadata"]["name"]
-    apply(cluster, *identity)
-    webhook_kubeconfig = service_account_kubeconfig(cluster, account, root / "webhook.kubeconfig")
-
-    ca, cert, key = serving_pki(root)
-    port = free_port()
-    url = f"https://127.0.0.1:{port}"
-    process = Process(
-        "gpushare-webhook-dra",
-        [
-            str(Path(sys.executable).parent / "gpushare"),
-            "webhook",
-            "--host=127.0.0.1",
-            f"--port={port}",
-            f"--tls-cert-file={cert}",
-            f"--tls-private-key-file={key}",
-            "--no-steer",
-            "--dra",
-            "--dra-memory-unit=1GiB",
-            f"--kubeconfig={webhook_kubeconfig}",
-        ],
-        cluster.root / "logs" / "webhook-dra.log",
-    )
-    process.start()
-    (mutating,) = [d for d in config_docs if d["kind"] == "MutatingWebhookConfiguration"]
-    bundle = base64.b64encode(ca.read_bytes()).decode()
-    for hook in mutating["webhooks"]:
-        path = hook["clientConfig"]["service"]["path"]
-        hook["clientConfig"] = {"url": f"{url}{path}", "caBundle": bundle}
     nodes = [node(GIB_NODE), node(MIB_NODE, [MIB_TAINT])]
     try:
         cluster.create_nodes(nodes)
@@ -224,31 +177,13 @@ def dra(cluster: Cluster) -> Iterator[dict[str, Path]]:
         # the policy's adminAccess rule is what this test checks, not the API server's own
         # namespace rule for admin access (DRAAdminAccess), which would refuse first
         cluster.kubectl("label", "namespace", NS, "resource.kubernetes.io/admin-access=true")
-        apply(cluster, *claims_docs, *policy_docs, mutating)
-        context = ssl.create_default_context(cafile=str(ca))
-
-        def healthy() -> bool:
-            with urllib.request.urlopen(f"{url}/healthz", context=context, timeout=2) as answer:
-                return bool(answer.status == 200)
-
-        wait_for("gpushare webhook --dra /healthz", healthy, 30, process)
-        probe = gpu_pod("probe", 1)
-
-        def active() -> bool:
-            result = dry_run(cluster, probe)
-            return result.returncode == 0 and "resourceClaims" in result.stdout
-
-        wait_for("the DRA webhook to take effect", active, 60, process)
-        print(f"[e2e] DRA set up in {time.monotonic() - started:.1f}s", flush=True)
-        yield {"allocator": allocator, "root": root}
+        with dra_webhook(cluster, root, probe_namespace=NS):
+            print(f"[e2e] DRA set up in {time.monotonic() - started:.1f}s", flush=True)
+            yield {"allocator": allocator, "root": root}
     finally:
-        for d in (*policy_docs, mutating, *claims_docs):
-            cluster.kubectl("delete", d["kind"], d["metadata"]["name"], "--wait=false", check=False)
         cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
         cluster.kubectl("delete", "resourceslice", "-l", "e2e-dra=yes", check=False)
         cluster.kubectl("delete", "node", GIB_NODE, MIB_NODE, "--wait=false", check=False)
-        process.stop()
-        print(f"[e2e] webhook log tail:\n{process.tail(15)}", flush=True)
 
 
 def labelled(slice_obj: dict[str, Any]) -> dict[str, Any]:

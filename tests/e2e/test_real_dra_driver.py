@@ -21,6 +21,7 @@ import pytest
 from harness.cluster import Cluster
 from harness.images import TEST_IMAGE
 from harness.realnode import NODE_NAME, TOLERATION, RealNode, hand_off, probe_env
+from tests.support.dra import registered_times, start_driver
 from tests.support.e2e import eventually, hold_real_node
 from tests.support.realnode import create
 
@@ -64,11 +65,6 @@ def driver_log(node: RealNode) -> str:
     return (node.cluster.root / "logs" / "gpushare-dra-driver.log").read_text()
 
 
-def registered_times(node: RealNode) -> int:
-    log = node.cluster.root / "logs" / "gpushare-dra-driver.log"
-    return log.read_text().count("phase=registered") if log.exists() else 0
-
-
 def slices(cluster: Cluster) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = cluster.kubectl_json(
         "get", "resourceslices", f"--field-selector=spec.nodeName={NODE_NAME}"
@@ -79,17 +75,6 @@ def slices(cluster: Cluster) -> list[dict[str, Any]]:
 def devices(cluster: Cluster) -> list[str]:
     found = slices(cluster)
     return [d["name"] for s in found for d in s["spec"].get("devices", [])]
-
-
-def start_driver(node: RealNode) -> None:
-    before = registered_times(node)
-    process = node.start_dra_driver()
-    eventually(
-        lambda: registered_times(node) > before or not process.alive(),
-        timeout=60,
-        what="kubelet registers the DRA driver",
-    )
-    assert process.alive(), process.tail()
 
 
 def claim(name: str, requests: dict[str, str]) -> dict[str, Any]:

@@ -17,6 +17,8 @@
 - ``chart``: the chart rendered by the pinned helm, and finding objects in it.
 - ``promql``: samples as Prometheus holds them after scraping several targets.
 - ``promqlengine``: Prometheus's own parser and engine (``promqlcheck/``, a Go test binary).
+- ``dra``: DRA mode on the loopback cluster: the webhook with ``--dra``, the driver's mode and
+  slice, the claims of a namespace watched and what a converted pod's container must see.
 - ``e2e``: the end-to-end fixtures (one control plane a session, the real node) and helpers.
 - ``realchart``: the chart installed on the real node: its values, components and ``helm test``.
 - ``realnode``: pods on the real node, created, waited for and compared with the bookings.

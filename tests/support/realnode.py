@@ -5,7 +5,10 @@ and compared with what the scheduler booked; the ``ns`` fixture (a fresh namespa
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -13,7 +16,15 @@ import yaml
 
 from harness.cluster import Cluster
 from harness.images import TEST_IMAGE
-from harness.realnode import NODE_NAME, TOLERATION, RealNode, hand_off, probe_env
+from harness.realnode import (
+    NODE_NAME,
+    TOLERATION,
+    RealNode,
+    container,
+    hand_off,
+    pod,
+    probe_env,
+)
 from tests.support.e2e import REPO, eventually
 
 NS = "e2e-real"
@@ -42,29 +53,42 @@ def probed(entry: dict[str, Any]) -> dict[str, str] | None:
     return probe_env(last) if last else None
 
 
+def handed(
+    gpus: list[tuple[int, int, int]], pod_mem: int, uuids: dict[int, str], strategy: str
+) -> dict[str, str]:
+    """The variables (and, read back from inside, device nodes) a container placed on ``gpus``
+    (``(index, memory units, percent)`` in placement order) must have, its pod holding
+    ``pod_mem`` units, for the device-list strategy: the one expectation of both modes."""
+    gpus = [g for g in gpus if g[1] or g[2]]
+    out = {
+        "ALIYUN_COM_GPU_MEM_IDX": ",".join(str(index) for index, _, _ in gpus),
+        "ALIYUN_COM_GPU_MEM_POD": str(pod_mem),
+        **hand_off([index for index, _, _ in gpus], uuids, strategy),
+    }
+    mem = [g for g in gpus if g[1]]
+    if mem:
+        out["ALIYUN_COM_GPU_MEM_CONTAINER"] = str(sum(m for _, m, _ in mem))
+        out["GPUSHARE_MEM_PER_GPU"] = ",".join(f"{index}:{m}" for index, m, _ in mem)
+    cores = [core for _, _, core in gpus if core]
+    if cores:
+        out["ALIYUN_COM_GPU_CORE_PERCENTAGE"] = str(max(cores))
+    return out
+
+
 def expected(
     item: dict[str, Any], name: str, uuids: dict[int, str], strategy: str
 ) -> dict[str, str]:
-    """The variables (and, read back from inside, device nodes) a container must have, from its
-    pod's allocation record and the plugin's device-list strategy."""
+    """What a container must have, from its pod's allocation record (device-plugin mode)."""
     record = json.loads(item["metadata"]["annotations"]["gpushare.io/allocation"])
     entry = next((c for c in record["containers"] if c["name"] == name), None)
     if entry is None:
         return {}
-    gpus = [g for g in entry["gpus"] if g["mem"] or g["core"]]
-    out = {
-        "ALIYUN_COM_GPU_MEM_IDX": ",".join(str(g["index"]) for g in gpus),
-        "ALIYUN_COM_GPU_MEM_POD": str(sum(g["mem"] for g in record["gpus"])),
-        **hand_off([g["index"] for g in gpus], uuids, strategy),
-    }
-    mem = [g for g in gpus if g["mem"]]
-    if mem:
-        out["ALIYUN_COM_GPU_MEM_CONTAINER"] = str(sum(g["mem"] for g in mem))
-        out["GPUSHARE_MEM_PER_GPU"] = ",".join(f"{g['index']}:{g['mem']}" for g in mem)
-    cores = [g for g in gpus if g["core"]]
-    if cores:
-        out["ALIYUN_COM_GPU_CORE_PERCENTAGE"] = str(max(g["core"] for g in cores))
-    return out
+    gpus = [(g["index"], g["mem"], g["core"]) for g in entry["gpus"]]
+    return handed(gpus, sum(g["mem"] for g in record["gpus"]), uuids, strategy)
+
+
+Want = Callable[[dict[str, Any], str], dict[str, str] | str]
+"""What a container of a pod must see, or why nothing can be compared (a mismatch)."""
 
 
 def gpu_uuids(cluster: Cluster, node: str = NODE_NAME) -> dict[int, str]:
@@ -73,20 +97,23 @@ def gpu_uuids(cluster: Cluster, node: str = NODE_NAME) -> dict[int, str]:
 
 
 def gpu_containers(item: dict[str, Any]) -> list[str]:
-    """Names of the pod's containers that ask for GPU memory or computing power."""
+    """Names of the pod's containers that ask for GPU memory or computing power: in their
+    limits (device-plugin mode) or through a claim (a pod the webhook converted for DRA)."""
     spec = item["spec"]
     names = []
     for c in [*(spec.get("initContainers") or []), *spec["containers"]]:
         limits = c.get("resources", {}).get("limits", {})
-        if "aliyun.com/gpu-mem" in limits or "aliyun.com/gpu-core.percentage" in limits:
+        claims = c.get("resources", {}).get("claims") or []
+        if "aliyun.com/gpu-mem" in limits or "aliyun.com/gpu-core.percentage" in limits or claims:
             names.append(c["name"])
     return names
 
 
 def compare(
-    items: list[dict[str, Any]], uuids: dict[int, str], strategy: str
+    items: list[dict[str, Any]], uuids: dict[int, str], strategy: str, want: Want | None = None
 ) -> tuple[int, list[str], dict[str, dict[str, str]]]:
-    """(containers checked, mismatches, env by pod/container) for pods whose containers ran."""
+    """(containers checked, mismatches, env by pod/container) for pods whose containers ran;
+    ``want`` says what each must see (by default: its pod's allocation record)."""
     checked, mismatches, seen = 0, [], {}
     for item in items:
         states = statuses(item)
@@ -96,9 +123,12 @@ def compare(
                 continue
             key = f"{item['metadata']['name']}/{name}"
             seen[key] = got
-            want = expected(item, name, uuids, strategy)
+            wanted = want(item, name) if want else expected(item, name, uuids, strategy)
             checked += 1
-            wrong = {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v}
+            if isinstance(wanted, str):
+                mismatches.append(f"{key}: {wanted}")
+                continue
+            wrong = {k: (got.get(k), v) for k, v in wanted.items() if got.get(k) != v}
             if wrong:
                 mismatches.append(f"{key}: {wrong}")
     return checked, mismatches, seen
@@ -228,3 +258,121 @@ def wait_done_label(cluster: Cluster, selector: str, timeout: float = 120) -> li
 
     result: list[dict[str, Any]] = eventually(done, timeout, f"{selector} Succeeded")
     return result
+
+
+# -- the randomized stress --------------------------------------------------------------------
+
+STRESS_WAVE = 30
+STRESS_IN_FLIGHT = 70
+
+
+def random_pod(rng: random.Random, index: int) -> dict[str, Any]:
+    """One pod of a random shape: 1-8 units, sometimes two containers, an init container or
+    two GPUs; each container runs for a random moment after probing."""
+    pause = f"sleep {rng.choice(['0', '0.5', '1', '2', '3'])}"
+    shape = rng.random()
+    labels = {"app": "stress"}
+    init = None
+    if shape < 0.15:
+        containers = [
+            container("a", rng.randint(1, 4), command=pause),
+            container("b", rng.randint(1, 4), command=pause),
+        ]
+    elif shape < 0.25:
+        labels["aliyun.com/gpu-count"] = "2"
+        containers = [container("main", 2 * rng.randint(1, 4), command=pause)]
+    elif shape < 0.35:
+        containers = [container("main", rng.randint(1, 4), command=pause)]
+        init = [container("setup", rng.randint(1, 6))]
+    else:
+        containers = [container("main", rng.randint(1, 8), command=pause)]
+    manifest = pod(f"st-{index:04d}", NS, containers, labels=labels, init=init)
+    manifest["spec"]["hostNetwork"] = True  # no CNI set-up per pod: the kubelet's pace is the
+    return manifest  # device plugin's and the runtime's, not the bridge plugin's
+
+
+Check = Callable[[list[dict[str, Any]]], tuple[int, list[str]]]
+"""(containers checked, mismatches) for pods that Succeeded."""
+
+
+@dataclass
+class StressRun:
+    """What a stress run did: pods created, finished and deleted early, containers checked,
+    the mismatches and the pods left unfinished (with why), and how long it took."""
+
+    created: int = 0
+    finished: set[str] = field(default_factory=set)
+    deleted_early: set[str] = field(default_factory=set)
+    checked: int = 0
+    mismatches: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    elapsed: float = 0.0
+
+    def summary(self, tag: str = "stress") -> str:
+        return (
+            f"[{tag}] {self.created} pods in {self.elapsed:.0f}s: {len(self.finished)} finished, "
+            f"{len(self.deleted_early)} deleted early; {self.checked} containers checked, "
+            f"{len(self.mismatches)} mismatches; {len(self.pending)} left Pending"
+        )
+
+
+def run_stress(
+    cluster: Cluster,
+    rng: random.Random,
+    total: int,
+    check: Check,
+    *,
+    tag: str = "stress",
+    timeout: float = 900,
+) -> StressRun:
+    """Create ``total`` random pods in waves, at most ``STRESS_IN_FLIGHT`` unfinished at once,
+    delete each once it finished (after ``check`` read it) and some at random while they wait
+    or run; until all are gone or ``timeout``. A pod that Failed is a mismatch."""
+    run = StressRun()
+    started = time.monotonic()
+    deadline = started + timeout
+    last_report = 0.0
+    while time.monotonic() < deadline:
+        items = ns_pods(cluster)
+        live = [p for p in items if p["metadata"]["name"] not in run.finished | run.deleted_early]
+        finished = [p for p in live if p["status"].get("phase") in ("Succeeded", "Failed")]
+        failed = [p for p in finished if p["status"]["phase"] == "Failed"]
+        for p in failed:
+            run.mismatches.append(f"{p['metadata']['name']} Failed: {reasons(p)}")
+        n, wrong = check([p for p in finished if p not in failed])
+        run.checked += n
+        run.mismatches.extend(wrong)
+        names = [p["metadata"]["name"] for p in finished]
+        run.finished.update(names)
+        # some pods are deleted while they wait or run, at random
+        unfinished = [p for p in live if p not in finished]
+        victims = [p["metadata"]["name"] for p in unfinished if rng.random() < 0.03]
+        run.deleted_early.update(victims)
+        if names or victims:
+            cluster.kubectl(
+                "delete", "pods", "-n", NS, *names, *victims, "--wait=false", check=False
+            )
+        in_flight = len(unfinished) - len(victims)
+        if run.created < total and in_flight < STRESS_IN_FLIGHT:
+            count = min(STRESS_WAVE, total - run.created)
+            create(cluster, [random_pod(rng, run.created + i) for i in range(count)])
+            run.created += count
+        elif run.created >= total and in_flight == 0:
+            break
+        if time.monotonic() - last_report > 15:
+            last_report = time.monotonic()
+            print(
+                f"[{tag}] {time.monotonic() - started:.0f}s: created {run.created}/{total}, "
+                f"finished {len(run.finished)}, deleted early {len(run.deleted_early)}, in "
+                f"flight {in_flight}, containers checked {run.checked}, mismatches "
+                f"{len(run.mismatches)}",
+                flush=True,
+            )
+        time.sleep(1)
+    run.pending = [
+        f"{p['metadata']['name']}: {p['status'].get('phase')} {reasons(p)}"
+        for p in ns_pods(cluster)
+        if p["metadata"]["name"] not in run.finished | run.deleted_early
+    ]
+    run.elapsed = time.monotonic() - started
+    return run
