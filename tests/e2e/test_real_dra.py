@@ -53,8 +53,8 @@ from tests.support.realnode import (
     logged,
     ns_pods,
     reasons,
+    run_cuda_sample,
     run_stress,
-    wait_done_label,
 )
 
 TOTAL = int(os.environ.get("GPUSHARE_STRESS_PODS", "500"))
@@ -233,18 +233,7 @@ def test_cuda_sample_in_dra_mode_on_a_core_mem_node(dra_node: RealNode) -> None:
         assert device["capacity"]["memory"]["value"] == "15Gi", device
     watch = watch_claims(dra_node)
     try:
-        job = local_job("cuda-sample.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 2"])
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
-        items = wait_done_label(cluster, "job-name=cuda-sample")
-        name = items[0]["metadata"]["name"]
-        env = probe_env(cluster.kubectl("logs", "-n", NS, name).stdout)
-        print(env)
-        assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2"
-        assert env["ALIYUN_COM_GPU_CORE_PERCENTAGE"] == "30"
-        assert env["GPUSHARE_CORE_LIMIT"] == "30"
-        assert env["GPUSHARE_CGPU_POLICY"] == "3"
-        assert env["GPUSHARE_MEM_LIMIT"] == str(2 * GIB)
-        assert "libgpushare-cuda.so" in env["PROBE_MAPPED"], env
+        items, _ = run_cuda_sample(cluster)
         claim = claim_name(items[0])
         assert claim is not None
         (result,) = watch.results(claim) or [{}]

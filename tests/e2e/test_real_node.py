@@ -36,9 +36,9 @@ from tests.support.realnode import (
     local_job,
     logged,
     ns_pods,
+    run_cuda_sample,
     served,
     wait_done,
-    wait_done_label,
 )
 
 # -- reading containers back -----------------------------------------------------------------
@@ -114,19 +114,7 @@ def test_cuda_sample_on_a_real_core_mem_node(real_node: RealNode, ns: str) -> No
         assert status[key]["aliyun.com/gpu-core.percentage"] == "400", status[key]
         assert status[key]["aliyun.com/gpu-mem"] == "60"
         assert status[key]["aliyun.com/gpu-count"] == "4"
-    job = local_job("cuda-sample.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 2"])
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
-    items = wait_done_label(cluster, "job-name=cuda-sample")
-    name = items[0]["metadata"]["name"]
-    env = probe_env(cluster.kubectl("logs", "-n", NS, name).stdout)
-    print(env)
-    assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2"
-    assert env["ALIYUN_COM_GPU_CORE_PERCENTAGE"] == "30"
-    assert env["GPUSHARE_CORE_LIMIT"] == "30"
-    # its own slice of each period, from the GPU's schedule (mounted read-only: it started)
-    assert env["GPUSHARE_CGPU_POLICY"] == "3"
-    assert env["GPUSHARE_MEM_LIMIT"] == str(2 * 1024**3)
-    assert "libgpushare-cuda.so" in env["PROBE_MAPPED"], env
+    items, _ = run_cuda_sample(cluster)
     checked, mismatches, _ = compare(items, gpu_uuids(cluster), real_node.device_list_strategy)
     assert checked == 1 and not mismatches, mismatches
 

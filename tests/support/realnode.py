@@ -376,3 +376,23 @@ def run_stress(
     ]
     run.elapsed = time.monotonic() - started
     return run
+
+
+def run_cuda_sample(cluster: Cluster) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The seed's cuda-sample Job (2 GiB, 30 % of a core_mem GPU) run to its end on this node:
+    its pods and what the probe in its container saw, checked as the seed document says. Both
+    modes run it, so the same checks hold for device-plugin and DRA mode."""
+    job = local_job("cuda-sample.yaml", command=["/bin/sh", "-c", PROBE_THEN + "sleep 2"])
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(job))
+    items = wait_done_label(cluster, "job-name=cuda-sample")
+    name = items[0]["metadata"]["name"]
+    env = probe_env(cluster.kubectl("logs", "-n", NS, name).stdout)
+    print(env)
+    assert env["ALIYUN_COM_GPU_MEM_CONTAINER"] == "2"
+    assert env["ALIYUN_COM_GPU_CORE_PERCENTAGE"] == "30"
+    assert env["GPUSHARE_CORE_LIMIT"] == "30"
+    # its own slice of each period, from the GPU's schedule (mounted read-only: it started)
+    assert env["GPUSHARE_CGPU_POLICY"] == "3"
+    assert env["GPUSHARE_MEM_LIMIT"] == str(2 * 1024**3)
+    assert "libgpushare-cuda.so" in env["PROBE_MAPPED"], env
+    return items, env
