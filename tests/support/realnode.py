@@ -196,7 +196,8 @@ def served(item: dict[str, Any]) -> bool:
 
 
 def fresh_namespace(cluster: Cluster) -> None:
-    cluster.kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=true", timeout=180)
+    # a 500-pod namespace of the stress before takes about 2 minutes to go; 300 s leaves room
+    cluster.kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=true", timeout=300)
     cluster.create_namespace(NS)
 
 
