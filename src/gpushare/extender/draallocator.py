@@ -50,7 +50,7 @@ from gpushare.core.dra.allocate import (
     claim_request,
     read_requests,
 )
-from gpushare.core.dra.ledger import read_ledger
+from gpushare.core.dra.ledger import DraLedger, read_ledger
 from gpushare.core.model.kubejson import (
     KubeObject,
     name_of,
@@ -124,6 +124,8 @@ class Mirror:
     objects: dict[str, KubeDict] = field(default_factory=dict)
     synced: bool = False
     backoff: Backoff = field(default_factory=Backoff)
+    revision: int = 0
+    """Counts every change to ``objects``, so a reader knows whether what it read still holds."""
 
     async def run(self) -> None:
         """List, then watch, forever; relist on expiry, after a growing wait on errors."""
@@ -132,6 +134,7 @@ class Mirror:
                 items, version = await self.listing()
                 self.objects = {_key(o): o for o in items}
                 self.synced = True
+                self.revision += 1
                 self.changed.set()
                 async for event in self.watching(version):
                     self.backoff.reset()
@@ -141,6 +144,7 @@ class Mirror:
                         self.objects[_key(event.object)] = event.object
                     else:
                         continue
+                    self.revision += 1
                     self.changed.set()
             except Gone:
                 log.info("%s watch expired; relisting", self.what)
@@ -152,6 +156,7 @@ class Mirror:
     def put(self, obj: KubeDict) -> None:
         """Keep what a write returned, until the watch brings it (or a newer one)."""
         self.objects[_key(obj)] = obj
+        self.revision += 1
 
 
 @dataclass
@@ -201,6 +206,9 @@ class DraAllocator:
         """Gated pods by UID, as the extender's pod watch last showed them."""
         self.on_round: Callable[[Round], None] | None = None
         """Told what each round did (the extender's metrics count it)."""
+        self._read: tuple[tuple[int, int], DraLedger] | None = None
+        """The slices and claims read into a ledger, with the mirrors' revisions it was read at:
+        read again only when either changed, not once for every gated pod."""
 
     def take(self, change: object) -> None:
         """Follow the extender's pod watch (``ClusterCache.run`` hands each change): keep the
@@ -255,9 +263,14 @@ class DraAllocator:
 
     def _outcome(self, pod: KubeDict, claim: KubeDict) -> Outcome:
         """Decide with the ledger as the mirrors and the extender's state show it now."""
-        dra = read_ledger(self.slices.objects.values(), self.claims.objects.values())
-        for problem in dra.problems:
-            log.warning("dra ledger: claim %s: %s", problem.claim, problem.message)
+        at = (self.slices.revision, self.claims.revision)
+        if self._read is not None and self._read[0] == at:
+            dra = self._read[1]
+        else:
+            dra = read_ledger(self.slices.objects.values(), self.claims.objects.values())
+            self._read = (at, dra)
+            for problem in dra.problems:
+                log.warning("dra ledger: claim %s: %s", problem.claim, problem.message)
         ledger = self.state.ledger
         dra.book(ledger)
         by_name = {name_of(n): n for n in self.nodes.objects.values()}
