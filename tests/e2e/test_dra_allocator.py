@@ -7,7 +7,10 @@ and RBAC (``dra.allocator.enabled``). The pods are written as the webhook conver
 (docs/dra.md): a ResourceClaimTemplate, the claim in the pod, the gate. gpushare allocates
 the claim (its status names gpushare's shareIDs, the node selector and the pod), removes the
 gate, kube-scheduler binds the pod where the claim says, kwok runs it; deleting the pod frees the
-share; a pod that fits nowhere is ungated unallocated and reported unschedulable.
+share; a pod that fits nowhere is ungated unallocated and reported unschedulable. A
+ResourcePolicy (the chart's CRD, served for real) orders DRA pods as it orders the extender's:
+its first unit's node until its ``max``, then the next, each pod marked as bind marks it, and a
+pod the policy keeps off every node that fits stays gated with the reason.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from gpushare.core.model.names import (
     LABEL_PLACEMENT,
 )
 from gpushare.core.model.units import MemoryUnit
+from gpushare.core.resourcepolicies.gating import ANN_POLICY, ANN_UNIT
+from gpushare.core.resourcepolicies.resourcepolicy import GROUP, PLURAL
+from gpushare.crds import render_yaml, resource_policy_crd
 from harness.cluster import Cluster
 from harness.dra import claim_template, device_class, dra_pod, pod_claim
 from harness.identities import (
@@ -40,6 +46,7 @@ from tests.support.e2e import create_nodes, delete_nodes, eventually
 
 NS = "e2e-dra-alloc"
 NODES = {"dra-pack": None, "dra-spread": "spread"}
+CRD = f"{PLURAL}.{GROUP}"
 
 
 def _apply(cluster: Cluster, docs: list[dict[str, Any]]) -> None:
@@ -51,9 +58,29 @@ def _template(gib: int) -> dict[str, Any]:
 
 
 def _pod(name: str, gib: int, node: str) -> dict[str, Any]:
-    selector = {"kubernetes.io/hostname": node}
+    selector = {"kubernetes.io/hostname": node} if node else {}
     template = f"gpushare-{gib}g"
     return dra_pod(name, NS, template, selector=selector, gated=True, tolerate_all=True)
+
+
+def _ordered(name: str, app: str) -> dict[str, Any]:
+    """A 4 GiB pod of ``app`` with no node selector: its ResourcePolicy picks the node."""
+    pod = _pod(name, 4, "")
+    pod["metadata"]["labels"]["app"] = app
+    return pod
+
+
+def _policy(name: str, app: str, units: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/v1alpha1",
+        "kind": "ResourcePolicy",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"selector": {"app": app}, "units": units},
+    }
+
+
+def _unit(node: str, **more: Any) -> dict[str, Any]:
+    return {"resource": "ecs", "nodeSelector": {"kubernetes.io/hostname": node}, **more}
 
 
 def _claim_of(cluster: Cluster, pod: str) -> dict[str, Any]:
@@ -92,6 +119,9 @@ def test_gpushare_allocates_gated_claims(cluster: Cluster) -> None:
             node["metadata"]["labels"][LABEL_PLACEMENT] = str(NODES[node["metadata"]["name"]])
     values = (*EXTENDER_VALUES, "--set", "dra.allocator.enabled=true")
     _apply(cluster, chart_documents(cluster, IDENTITY_TEMPLATES, values=values))
+    # the CRD before the extender starts: it lists policies at start-up, then watches them
+    cluster.kubectl("apply", "-f", "-", input=render_yaml(resource_policy_crd()))
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
     cluster.start_extender(extra=["--dra-allocator"])
     create_nodes(cluster, nodes)
     slices = [
@@ -147,7 +177,36 @@ def test_gpushare_allocates_gated_claims(cluster: Cluster) -> None:
         print(described)
         assert "DRANoFit" in described
         assert not (_claim_of(cluster, "huge").get("status") or {}).get("allocation")
+        # ResourcePolicy: dra-spread holds one web pod, then dra-pack takes the rest (binpack
+        # alone would have put both on dra-pack's free GPU)
+        web = [_unit("dra-spread", max=1, podLabels={"tier": "first"}), _unit("dra-pack")]
+        _apply(cluster, [_policy("web", "web", web), _policy("solo", "solo", web[:1])])
+        for name, node, unit in (("web-1", "dra-spread", "1"), ("web-2", "dra-pack", "2")):
+            _apply(cluster, [_ordered(name, "web")])
+            assert _running_on(cluster, name)[0] == node
+            marks = cluster.kubectl_json("get", "pod", "-n", NS, name)["metadata"]
+            assert marks["annotations"][ANN_POLICY] == "web"
+            assert marks["annotations"][ANN_UNIT] == unit
+            assert (marks["labels"].get("tier") == "first") == (unit == "1")
+        # a pod the policy keeps off every node that fits stays gated, with the reason
+        _apply(cluster, [_ordered("solo-1", "solo")])
+        assert _running_on(cluster, "solo-1")[0] == "dra-spread"
+        _apply(cluster, [_ordered("solo-2", "solo")])
+
+        def held() -> str:
+            out = cluster.kubectl("describe", "pod", "-n", NS, "solo-2").stdout
+            return out if "DRAHeld" in out else ""
+
+        described = eventually(held, 60, "the pod the policy keeps off every node held")
+        print(described)
+        assert "ResourcePolicy" in described and "is full" in described
+        got = cluster.kubectl_json("get", "pod", "-n", NS, "solo-2")
+        assert got["spec"].get("schedulingGates") and not got["spec"].get("nodeName")
+        # its unit's pod goes: it takes the place
+        cluster.kubectl("delete", "pod", "-n", NS, "solo-1", "--wait=true")
+        assert _running_on(cluster, "solo-2")[0] == "dra-spread"
     finally:
+        cluster.kubectl("delete", "crd", CRD, "--wait=false", check=False)
         cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
         cluster.kubectl(
             "delete", "resourceslice", *[s["metadata"]["name"] for s in slices], check=False

@@ -181,6 +181,7 @@ def extender(
             scheduler=scheduler,
             events=events,
             leading=autoscaling.leading if autoscaling is not None else _lead_alone,
+            book=book,
         )
     app = create_app(
         service,

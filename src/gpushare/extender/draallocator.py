@@ -22,6 +22,16 @@ replica would decide from the same watches and race for the same claims):
    autoscaler sees it) or not gpushare's to place; a refusal is told in a Warning Event with the
    reasons.
 
+ResourcePolicy (docs/resource-policy.md) orders DRA pods as it orders the extender's: the nodes
+that fit are narrowed to the unit the policy opens to the pod (``filter_units``), the chosen
+node's unit is assumed in the extender's ``PolicyBook`` before anything is written
+(``reserve_unit``, so the next pod of the round counts it), and the unit's ``podLabels``,
+``podAnnotations``, policy, unit number and deletion cost are merged into the pod (with its
+``resourceVersion``) before the claim is written, so a pod never runs in a unit without saying
+which. A pod whose GPUs fit only on nodes the policy keeps it off now stays gated (``Held``:
+ungated, the scheduler's first-fit allocator would place it on any node) with a Warning Event
+``DRAHeld`` each time the reason changes, and is decided again on every round.
+
 Why the finalizer and the order: pkg/controller/resourceclaim/controller.go (v1.36.3,
 ``syncClaim``) clears an allocation when its last ``reservedFor`` pod goes only if the claim
 carries the finalizer, and kube-scheduler's PreBind adds it before the status for the same
@@ -33,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -42,6 +53,7 @@ from gpushare.core.decision.scheduling import Scheduler
 from gpushare.core.dra.allocate import (
     FINALIZER,
     Allocated,
+    Held,
     NodeView,
     NotOurs,
     Outcome,
@@ -60,9 +72,19 @@ from gpushare.core.model.kubejson import (
     uid_of,
 )
 from gpushare.core.model.names import DRA_CLAIM_NAME, DRA_SCHEDULING_GATE
+from gpushare.core.resourcepolicies.policybook import PolicyBook
+from gpushare.core.resourcepolicies.policyplugin import filter_units, reserve_unit, unreserve_unit
 from gpushare.extender.events import EventRecorder, PodRef
 from gpushare.kube.backoff import Backoff
-from gpushare.kube.port import Conflict, DraAPI, Gone, KubeDict, KubeError, NotFound, WatchEvent
+from gpushare.kube.port import (
+    Conflict,
+    DraAllocatorAPI,
+    Gone,
+    KubeDict,
+    KubeError,
+    NotFound,
+    WatchEvent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +190,8 @@ class Round:
     refused: list[str] = field(default_factory=list)
     ungated: list[str] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
+    """Kept gated: their GPUs fit only where a ResourcePolicy keeps them off now."""
     not_ours: list[str] = field(default_factory=list)
 
 
@@ -181,14 +205,19 @@ class DraAllocator:
     def __init__(
         self,
         *,
-        api: DraAPI,
+        api: DraAllocatorAPI,
         state: ClusterState,
         scheduler: Scheduler,
         events: EventRecorder | None = None,
         leading: Callable[[], Awaitable[bool]] = _always,
         period_s: float = 5.0,
+        book: PolicyBook | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.api = api
+        self.book = book
+        """The extender's ResourcePolicy book (None: no policy orders DRA pods)."""
+        self.clock = clock
         self.state = state
         self.scheduler = scheduler
         self.events = events
@@ -206,6 +235,8 @@ class DraAllocator:
         """Gated pods by UID, as the extender's pod watch last showed them."""
         self.on_round: Callable[[Round], None] | None = None
         """Told what each round did (the extender's metrics count it)."""
+        self._held: dict[str, str] = {}
+        """The last ``DRAHeld`` reason told per held pod's UID (told again only when it changes)."""
         self._read: tuple[tuple[int, int], DraLedger] | None = None
         """The slices and claims read into a ledger, with the mirrors' revisions it was read at:
         read again only when either changed, not once for every gated pod."""
@@ -221,6 +252,7 @@ class DraAllocator:
             self.gated[uid] = pod
             self.wake.set()
         elif self.gated.pop(uid, None) is not None or change.freed:
+            self._held.pop(uid, None)
             self.wake.set()
 
     async def run(self) -> None:
@@ -300,7 +332,17 @@ class DraAllocator:
             unit=self.scheduler.settings.unit,
             cluster=cluster,
             requests=requests,
+            narrow=self._narrow if self.book is not None else None,
         )
+
+    def _narrow(self, pod: KubeObject, fitting: list[str], failed: dict[str, str]) -> list[str]:
+        """ResourcePolicy's filter over the nodes that fit (``core.dra.allocate.Narrowing``)."""
+        unresolvable: dict[str, str] = {}
+        book = self.book
+        labels = book.node_labels if book is not None else {}
+        kept = filter_units(book, pod, fitting, failed, unresolvable, labels, now_s=self.clock())
+        failed.update(unresolvable)
+        return kept
 
     async def place(self, pod: KubeDict, done: Round) -> None:
         """Allocate one gated pod's claim (or find it cannot be now), then ungate it."""
@@ -314,12 +356,20 @@ class DraAllocator:
         if not status.get("allocation"):
             outcome = self._outcome(pod, claim)
             if isinstance(outcome, Allocated):
+                held = await self._reserve_unit(pod, outcome.node)
+                if held is not None:
+                    self._hold(pod, held, done)
+                    return
                 written = await self._write(pod, claim, outcome)
                 if written is None:
+                    unreserve_unit(self.book, uid_of(pod))
                     done.waiting.append(key)
                     return
                 done.allocated.append(key)
                 self._tell(pod, "Normal", "DRAAllocated", _where(claim, outcome))
+            elif isinstance(outcome, Held):
+                self._hold(pod, outcome.message, done)
+                return
             elif isinstance(outcome, Refused):
                 done.refused.append(key)
                 self._tell(pod, "Warning", "DRANoFit", outcome.message[:1000])
@@ -329,6 +379,43 @@ class DraAllocator:
         if await self._ungate(pod):
             done.ungated.append(key)
             self.gated.pop(stored_uid_of(pod), None)
+            self._held.pop(stored_uid_of(pod), None)
+
+    async def _reserve_unit(self, pod: KubeDict, node: str) -> str | None:
+        """Assume the pod in its ResourcePolicy unit on ``node`` and write the unit's marks on
+        the pod (``reserve_unit``: the same as bind writes in device-plugin mode). None when
+        done (or no policy orders the pod); else why the pod waits: the unit closed, or the
+        pod changed before its marks were written (the next round reads it again)."""
+        unit = reserve_unit(self.book, pod, node, now_s=self.clock())
+        if not unit.status.ok:
+            return unit.status.message
+        if not unit.annotations and not unit.labels:
+            return None
+        version = str((pod.get("metadata") or {}).get("resourceVersion", ""))
+        try:
+            await self.api.patch_pod_annotations(
+                namespace_of(pod),
+                name_of(pod),
+                unit.annotations,
+                resource_version=version,
+                labels=unit.labels,
+            )
+        except KubeError as err:
+            unreserve_unit(self.book, uid_of(pod))
+            log.info("pod %s: ResourcePolicy marks not written (%s); next round", _key(pod), err)
+            return ""
+        return None
+
+    def _hold(self, pod: KubeDict, why: str, done: Round) -> None:
+        """Keep the pod gated; tell why once per reason (empty: a write to try again)."""
+        key, uid = _key(pod), stored_uid_of(pod)
+        if not why:
+            done.waiting.append(key)
+            return
+        done.held.append(key)
+        if self._held.get(uid) != why:
+            self._held[uid] = why
+            self._tell(pod, "Warning", "DRAHeld", why[:1000])
 
     async def _write(self, pod: KubeDict, claim: KubeDict, outcome: Allocated) -> KubeDict | None:
         """Finalizer, then status, each with the claim's version; on Conflict read again. None

@@ -268,6 +268,11 @@ class DraAPI(Protocol):
         ...
 
 
+class DraAllocatorAPI(KubeAPI, DraAPI, Protocol):
+    """What DRA mode's allocator (``extender.draallocator``) writes: claims, and the pods'
+    gates and ResourcePolicy marks."""
+
+
 class ReviewAPI(Protocol):
     """TokenReview and SubjectAccessReview, to check who scrapes ``/metrics``
     (``core.admitting.metricsaccess``). Neither raises: a failed review is a verdict with

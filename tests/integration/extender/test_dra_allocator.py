@@ -20,6 +20,8 @@ from gpushare.core.model.inventory import Gpu, Mode
 from gpushare.core.model.names import DRA_CLAIM_NAME, DRA_SCHEDULING_GATE
 from gpushare.core.model.units import MemoryUnit
 from gpushare.core.records.trust import Trust
+from gpushare.core.resourcepolicies.gating import ANN_POLICY, ANN_UNIT
+from gpushare.core.resourcepolicies.policybook import PolicyBook
 from gpushare.extender.draallocator import DraAllocator
 from gpushare.kube.port import Conflict, KubeDict, NotFound, WatchEvent
 from harness.dra import resource_claim
@@ -82,6 +84,27 @@ class DraDouble:
             raise Conflict("claim changed")
         stored["status"] = copy.deepcopy(claim["status"])
         return self._bump(stored)
+
+    async def patch_pod_annotations(
+        self,
+        namespace: str,
+        name: str,
+        annotations: Mapping[str, str | None],
+        *,
+        resource_version: str,
+        labels: Mapping[str, str] | None = None,
+    ) -> KubeDict:
+        pod = self.pods[f"{namespace}/{name}"]
+        if pod["metadata"].get("resourceVersion") != resource_version:
+            raise Conflict(f"pod {name} changed")
+        notes = pod["metadata"].setdefault("annotations", {})
+        for key, value in annotations.items():
+            if value is None:
+                notes.pop(key, None)
+            else:
+                notes[key] = value
+        pod["metadata"].setdefault("labels", {}).update(labels or {})
+        return self._bump(pod)
 
     async def patch_pod_json(
         self, namespace: str, name: str, operations: Sequence[Mapping[str, Any]]
@@ -216,6 +239,121 @@ def test_a_pod_whose_claim_is_not_made_yet_waits_gated() -> None:
         _seen(allocator, api, pod)
         done = await allocator.round()
         assert done.waiting == ["default/early"] and not done.ungated
+        task.cancel()
+
+    asyncio.run(body())
+
+
+def _policy_world(api: DraDouble, units: list[dict[str, Any]]) -> tuple[DraAllocator, PolicyBook]:
+    """n1 (pool a) and n2 (pool b), 16 GiB each, and a ResourcePolicy over pods app=web."""
+    _world(api, {"n1": (16,), "n2": (16,)})
+    book = PolicyBook()
+    for node, pool in (("n1", "a"), ("n2", "b")):
+        book.observe_node({"metadata": {"name": node, "labels": {"pool": pool}}})
+    book.put_policy(
+        {
+            "apiVersion": "scheduling.alibabacloud.com/v1alpha1",
+            "kind": "ResourcePolicy",
+            "metadata": {"name": "web", "namespace": "default", "uid": "rp"},
+            "spec": {"selector": {"app": "web"}, "strategy": "prefer", "units": units},
+        }
+    )
+    state = ClusterState(settings=Settings(), trust=Trust())
+    allocator = DraAllocator(
+        api=api,  # type: ignore[arg-type]
+        state=state,
+        scheduler=Scheduler(Settings()),
+        book=book,
+        clock=lambda: 1_000_000.0,
+    )
+    return allocator, book
+
+
+def _web_pod(api: DraDouble, name: str) -> KubeDict:
+    pod = _pod_and_claim(api, name, 4)
+    for stored in (pod, api.pods[f"default/{name}"]):
+        stored["metadata"]["labels"] = {"app": "web"}
+        stored["metadata"]["resourceVersion"] = "7"
+    return pod
+
+
+def _bound(book: PolicyBook, api: DraDouble, name: str) -> None:
+    """The pod as the watch shows it once kube-scheduler bound it where its claim says."""
+    pod = copy.deepcopy(api.pods[f"default/{name}"])
+    pod["spec"]["nodeName"] = _device(api, name)[0]
+    book.observe_pod(pod)
+
+
+def test_a_resource_policy_orders_dra_pods_and_marks_them_as_bind_does() -> None:
+    async def body() -> None:
+        api = DraDouble()
+        units = [
+            {"resource": "ecs", "nodeSelector": {"pool": "a"}, "max": 1, "podLabels": {"t": "1"}},
+            {"resource": "ecs", "nodeSelector": {"pool": "b"}},
+        ]
+        allocator, book = _policy_world(api, units)
+        task = await _synced(allocator)
+        # binpack alone would put both on n1's GPU; the policy's max sends the second to n2
+        for name, node in (("w1", "n1"), ("w2", "n2")):
+            _seen(allocator, api, _web_pod(api, name))
+            done = await allocator.round()
+            assert done.allocated == [f"default/{name}"], done
+            assert _device(api, name) == (node, "gpu-0")
+            _bound(book, api, name)
+        first, second = api.pods["default/w1"]["metadata"], api.pods["default/w2"]["metadata"]
+        assert first["labels"] == {"app": "web", "t": "1"}
+        assert first["annotations"][ANN_POLICY] == "web" == second["annotations"][ANN_POLICY]
+        assert (first["annotations"][ANN_UNIT], second["annotations"][ANN_UNIT]) == ("1", "2")
+        assert second["labels"] == {"app": "web"}
+        task.cancel()
+
+    asyncio.run(body())
+
+
+def test_a_pod_the_policy_keeps_off_every_fitting_node_stays_gated() -> None:
+    async def body() -> None:
+        api = DraDouble()
+        units = [{"resource": "ecs", "nodeSelector": {"pool": "a"}, "max": 1}]
+        allocator, book = _policy_world(api, units)
+        events: list[tuple[str, str]] = []
+        allocator._tell = lambda pod, kind, reason, message: events.append((reason, message))  # type: ignore[method-assign]
+        task = await _synced(allocator)
+        _seen(allocator, api, _web_pod(api, "w1"))
+        assert (await allocator.round()).allocated == ["default/w1"]
+        _bound(book, api, "w1")
+        _seen(allocator, api, _web_pod(api, "w2"))
+        for _ in range(2):  # told once, however many rounds it waits
+            done = await allocator.round()
+            assert done.held == ["default/w2"] and not done.ungated, done
+        assert api.pods["default/w2"]["spec"]["schedulingGates"]
+        assert "status" not in api.claims["default/w2-gpushare-x1"]
+        held = [message for reason, message in events if reason == "DRAHeld"]
+        assert len(held) == 1 and "nodes n1, n2: ResourcePolicy default/web" in held[0], held
+        # the unit's pod goes: w2 takes its place
+        book.forget_pod("uid-w1")
+        done = await allocator.round()
+        assert done.allocated == ["default/w2"] and _device(api, "w2") == ("n1", "gpu-0")
+        task.cancel()
+
+    asyncio.run(body())
+
+
+def test_a_stale_pod_gets_no_claim_until_its_marks_are_written() -> None:
+    async def body() -> None:
+        api = DraDouble()
+        units = [{"resource": "ecs", "nodeSelector": {"pool": "a"}, "podLabels": {"t": "1"}}]
+        allocator, book = _policy_world(api, units)
+        task = await _synced(allocator)
+        pod = _web_pod(api, "w1")
+        api.pods["default/w1"]["metadata"]["resourceVersion"] = "8"  # changed since the watch
+        _seen(allocator, api, pod)
+        done = await allocator.round()
+        assert done.waiting == ["default/w1"] and not done.allocated
+        assert "status" not in api.claims["default/w1-gpushare-x1"]
+        assert not book.placed("default")  # the unit's assumption given back
+        _seen(allocator, api, copy.deepcopy(api.pods["default/w1"]))
+        assert (await allocator.round()).allocated == ["default/w1"]
+        assert api.pods["default/w1"]["metadata"]["labels"]["t"] == "1"
         task.cancel()
 
     asyncio.run(body())

@@ -34,7 +34,15 @@ scheduler will refuse. ``node_refusal`` checks what it can see: the node is sche
 pod tolerates its ``NoSchedule``/``NoExecute`` taints, its ``nodeSelector`` and required node
 affinity match, and the pod's CPU, memory and one more pod fit the allocatable left.
 
-Pure: no I/O; outcomes are values (``Allocated``, ``Refused``, ``NotOurs``) with reasons.
+ResourcePolicy: the caller may narrow the nodes that fit (``Narrowing``; the extender passes the
+ResourcePolicy filter of ``core.resourcepolicies.policyplugin``, which this layer may not import),
+as kube-scheduler's filter chain runs the extender's ResourcePolicy filter after the fit. GPUs
+that fit on nodes the narrowing left out are not a refusal but a wait (``Held``): the pod keeps
+its gate, since without it the scheduler's own allocator would place the claim first-fit on any
+node, the policy's or not.
+
+Pure: no I/O; outcomes are values (``Allocated``, ``Refused``, ``Held``, ``NotOurs``) with
+reasons.
 """
 
 from __future__ import annotations
@@ -151,6 +159,19 @@ class Refused:
 
 
 @dataclass(frozen=True)
+class Held:
+    """GPUs fit on some nodes, but the narrowing (a ResourcePolicy) keeps the pod off all of
+    them now; ``reasons`` per node, as ``Refused``'s."""
+
+    reasons: tuple[str, ...]
+
+    @property
+    def message(self) -> str:
+        """The reasons in one line."""
+        return "; ".join(self.reasons)
+
+
+@dataclass(frozen=True)
 class NotOurs:
     """A claim gpushare does not allocate (another class, another shape); the scheduler's own
     allocator takes it once the gate is gone."""
@@ -158,7 +179,16 @@ class NotOurs:
     reason: str
 
 
-Outcome = Allocated | Refused | NotOurs
+Outcome = Allocated | Refused | Held | NotOurs
+
+
+class Narrowing(Protocol):
+    """What keeps only some of the nodes that fit (the extender's ResourcePolicy filter): the
+    names kept, in the order given, with a sentence in ``failed`` for each node left out."""
+
+    def __call__(
+        self, pod: KubeObject, fitting: list[str], failed: dict[str, str]
+    ) -> list[str]: ...
 
 
 def _bytes(raw: Any) -> int | None:
@@ -408,6 +438,7 @@ def allocate(
     cluster: Mapping[str, NodeInventory] | None = None,
     requests: tuple[ClaimRequest, ...] | None = None,
     fits: Callable[[KubeObject, NodeView], str | None] = node_refusal,
+    narrow: Narrowing | None = None,
 ) -> Outcome:
     """Choose the node and GPUs for the pod's claim (see the module docstring). Nothing is
     booked: the caller books the ``Allocated.allocation`` (``Ledger.claim``) once written."""
@@ -417,7 +448,7 @@ def allocate(
             return read
         requests = read
     request = claim_request(pod, requests, unit)
-    best: tuple[float, str, NodeView, Verdict] | None = None
+    fitting: list[tuple[float, NodeView, Verdict]] = []
     reasons: list[str] = []
     for view in nodes:
         refusal = fits(pod, view)
@@ -429,11 +460,22 @@ def allocate(
             reasons.append(f"node {view.inventory.name}: {verdict.message}")
             continue
         score = placer.score(request, view.inventory, ledger, verdict=verdict, cluster=cluster)
-        if best is None or score > best[0]:  # ties: the first given
-            best = (score, view.inventory.name, view, verdict)
+        fitting.append((score, view, verdict))
+    if fitting and narrow is not None:
+        failed: dict[str, str] = {}
+        kept = set(narrow(pod, [view.inventory.name for _, view, _ in fitting], failed))
+        left_out = [(n, why) for n, why in failed.items() if n not in kept]
+        fitting = [f for f in fitting if f[1].inventory.name in kept]
+        if not fitting:
+            return Held(_grouped(left_out))
+    best: tuple[float, NodeView, Verdict] | None = None
+    for candidate in fitting:
+        if best is None or candidate[0] > best[0]:  # ties: the first given
+            best = candidate
     if best is None:
         return Refused(tuple(reasons) or ("no node in DRA mode publishes gpushare GPUs",))
-    _, name, view, verdict = best
+    _, view, verdict = best
+    name = view.inventory.name
     allocation = plan(request, node=name, indexes=verdict.gpus, unit=view.inventory.unit)
     holding = Allocation(
         uid=uid_of(claim),
@@ -447,3 +489,15 @@ def allocate(
     )
     status = allocation_status(claim, pod, holding, unit=view.inventory.unit)
     return Allocated(node=name, allocation=holding, status=status)
+
+
+def _grouped(reasons: Sequence[tuple[str, str]]) -> tuple[str, ...]:
+    """One sentence per distinct reason, naming its nodes (a policy gives every node of a unit
+    the same reason; a hundred copies of it would only hide it)."""
+    nodes: dict[str, list[str]] = {}
+    for name, why in reasons:
+        nodes.setdefault(why, []).append(name)
+    return tuple(
+        f"node{'s' if len(names) > 1 else ''} {', '.join(names)}: {why}"
+        for why, names in nodes.items()
+    )
