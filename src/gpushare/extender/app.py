@@ -239,7 +239,10 @@ def follow_dra(extender: Extender, allocator: DraAllocator) -> DraSource:
 
     def counted(done: Round) -> None:
         extender.metrics.count_dra(
-            allocated=len(done.allocated), refused=len(done.refused), not_ours=len(done.not_ours)
+            allocated=len(done.allocated),
+            refused=len(done.refused),
+            held=len(done.held_anew),
+            not_ours=len(done.not_ours),
         )
 
     extender.metrics.follow_dra(source)

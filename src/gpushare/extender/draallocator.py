@@ -192,6 +192,8 @@ class Round:
     waiting: list[str] = field(default_factory=list)
     held: list[str] = field(default_factory=list)
     """Kept gated: their GPUs fit only where a ResourcePolicy keeps them off now."""
+    held_anew: list[str] = field(default_factory=list)
+    """Of ``held``, those held for the first time or for a new reason (told in ``DRAHeld``)."""
     not_ours: list[str] = field(default_factory=list)
 
 
@@ -415,6 +417,7 @@ class DraAllocator:
         done.held.append(key)
         if self._held.get(uid) != why:
             self._held[uid] = why
+            done.held_anew.append(key)
             self._tell(pod, "Warning", "DRAHeld", why[:1000])
 
     async def _write(self, pod: KubeDict, claim: KubeDict, outcome: Allocated) -> KubeDict | None:

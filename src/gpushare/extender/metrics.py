@@ -84,10 +84,12 @@ LEDGER_METRICS = (
 )
 """Series the scrape-time collector exports (the dashboard test reads this list)."""
 
-DRA_OUTCOMES = ("allocated", "refused", "not_ours")
+DRA_OUTCOMES = ("allocated", "refused", "held", "not_ours")
 """``gpushare_dra_allocations_total``'s outcomes: a claim allocated by gpushare's placement, a
-pod no DRA node fits now (ungated, a Warning Event with the reasons), a claim left to
-kube-scheduler's own allocator (another class or shape)."""
+pod no DRA node fits now (ungated, a Warning Event with the reasons), a pod a ResourcePolicy
+keeps off every node that fits (kept gated; counted when held and each time its reason changes,
+not on every round it waits), a claim left to kube-scheduler's own allocator (another class or
+shape)."""
 
 DraSource = Callable[[], DraView | None]
 """What the DRA allocator follows, read as ``kubectl inspect cgpu`` reads it; None until its
@@ -432,7 +434,8 @@ class ExtenderMetrics:
             "gpushare_dra_allocations_total",
             "DRA mode: gated pods' claims by what the allocator decided: allocated (gpushare's "
             "placement wrote the claim's status), refused (no DRA node fits now; the pod is "
-            "ungated and told why in a Warning Event), not_ours (left to kube-scheduler)",
+            "ungated and told why in a Warning Event), held (a ResourcePolicy keeps the pod off "
+            "every node that fits; it stays gated), not_ours (left to kube-scheduler)",
             ["outcome"],
             registry=self.registry,
         )
@@ -448,9 +451,12 @@ class ExtenderMetrics:
         self.gpus.dra = source
         self._ledger.dra = source
 
-    def count_dra(self, *, allocated: int = 0, refused: int = 0, not_ours: int = 0) -> None:
+    def count_dra(
+        self, *, allocated: int = 0, refused: int = 0, held: int = 0, not_ours: int = 0
+    ) -> None:
         """Count one allocator round's decisions (``gpushare_dra_allocations_total``)."""
-        for outcome, count in zip(DRA_OUTCOMES, (allocated, refused, not_ours), strict=True):
+        counts = (allocated, refused, held, not_ours)
+        for outcome, count in zip(DRA_OUTCOMES, counts, strict=True):
             if count:
                 self.dra_allocations.labels(outcome).inc(count)
 

@@ -322,9 +322,10 @@ def test_a_pod_the_policy_keeps_off_every_fitting_node_stays_gated() -> None:
         assert (await allocator.round()).allocated == ["default/w1"]
         _bound(book, api, "w1")
         _seen(allocator, api, _web_pod(api, "w2"))
-        for _ in range(2):  # told once, however many rounds it waits
+        for anew in (["default/w2"], []):  # told once, however many rounds it waits
             done = await allocator.round()
             assert done.held == ["default/w2"] and not done.ungated, done
+            assert done.held_anew == anew
         assert api.pods["default/w2"]["spec"]["schedulingGates"]
         assert "status" not in api.claims["default/w2-gpushare-x1"]
         held = [message for reason, message in events if reason == "DRAHeld"]

@@ -133,6 +133,7 @@ def test_allocated_claims_show_in_metrics_and_inspect() -> None:
     assert got[(outcome, (("outcome", "allocated"),))] == 1.0
     assert got[(outcome, (("outcome", "refused"),))] == 1.0
     assert got[(outcome, (("outcome", "not_ours"),))] == 0.0
+    assert got[(outcome, (("outcome", "held"),))] == 0.0
     nodes = {n["name"]: n for n in doc["nodes"]}
     assert set(nodes) == {"d1", "p1"}
     assert nodes["d1"]["ip"] == "10.0.0.9" and nodes["d1"]["mode"] == "share"
