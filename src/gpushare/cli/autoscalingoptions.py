@@ -18,6 +18,7 @@ from gpushare.core.autoscaling.placeholders import PAUSE_IMAGE, PlaceholderSetti
 from gpushare.core.autoscaling.scaledown import THRESHOLD
 from gpushare.core.decision.scheduling import Settings
 from gpushare.extender.autoscaling import AutoscalingSettings
+from gpushare.extender.leadership import Leadership
 
 autoscaling_options = option_group(
     click.option(
@@ -82,8 +83,14 @@ autoscaling_options = option_group(
     click.option(
         "--leader-lease",
         default="",
-        help="The Lease (in --placeholder-namespace) kube-scheduler leads with: only the "
-        "replica whose kube-scheduler holds it writes; '' when there is one replica.",
+        help="The Lease kube-scheduler leads with: only the replica whose kube-scheduler "
+        "holds it runs the autoscaling loop and DRA mode's allocator; '' when there is one "
+        "replica.",
+    ),
+    click.option(
+        "--leader-lease-namespace",
+        default="",
+        help="The namespace of --leader-lease (the release's); '' means --placeholder-namespace.",
     ),
     click.option(
         "--autoscaling-period",
@@ -96,18 +103,29 @@ autoscaling_options = option_group(
 """Add the autoscaling flags (``autoscaling_settings`` reads them)."""
 
 
+def leadership(flags: dict[str, Any]) -> Leadership:
+    """Which Lease says this replica leads (``--leader-lease`` in its namespace)."""
+    lease = str(flags["leader_lease"])
+    namespace = str(flags["leader_lease_namespace"] or flags["placeholder_namespace"])
+    if lease and not namespace:
+        raise CommandError(
+            f"--leader-lease={lease!r} needs --leader-lease-namespace (or "
+            "--placeholder-namespace): the Lease is read in the release namespace; give it, "
+            "or leave --leader-lease out with one replica"
+        )
+    # kube-scheduler names the Lease's holder os.Hostname() + "_" + a UUID (k8s v1.36
+    # cmd/kube-scheduler/app/server.go); the extender shares its container's UTS namespace,
+    # so the same hostname is the pod's name, or the node's under hostNetwork.
+    return Leadership(lease, namespace, socket.gethostname())
+
+
 def autoscaling_settings(settings: Settings, flags: dict[str, Any]) -> AutoscalingSettings | None:
     """The loop's settings from the flags; None when it has nothing to do."""
     namespace = str(flags["placeholder_namespace"])
     guard = bool(flags["scale_down_guard"])
-    lease = str(flags["leader_lease"])
+    leader = leadership(flags)
     if not namespace and not guard:
         return None
-    if lease and not namespace:
-        raise CommandError(
-            f"--leader-lease={lease!r} needs --placeholder-namespace: the Lease is read in "
-            f"the release namespace; give both, or leave --leader-lease out with one replica"
-        )
     placeholders = (
         PlaceholderSettings(
             namespace=namespace,
@@ -126,11 +144,8 @@ def autoscaling_settings(settings: Settings, flags: dict[str, Any]) -> Autoscali
         placeholders=placeholders,
         guard=guard,
         threshold=float(flags["scale_down_threshold"]),
-        lease=lease,
-        lease_namespace=namespace,
-        # kube-scheduler names the Lease's holder os.Hostname() + "_" + a UUID (k8s v1.36
-        # cmd/kube-scheduler/app/server.go); the extender shares its container's UTS namespace,
-        # so the same hostname is the pod's name, or the node's under hostNetwork.
-        identity=socket.gethostname(),
+        lease=leader.lease,
+        lease_namespace=leader.namespace,
+        identity=leader.identity,
         period_s=float(flags["autoscaling_period"]),
     )

@@ -9,11 +9,12 @@ extender itself listens on 127.0.0.1 beside kube-scheduler.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import click
 
-from gpushare.cli.autoscalingoptions import autoscaling_options, autoscaling_settings
+from gpushare.cli.autoscalingoptions import autoscaling_options, autoscaling_settings, leadership
 from gpushare.cli.errors import CommandError
 from gpushare.cli.logs import log_format_option, log_level_option, setup_logging
 from gpushare.cli.options import resource_name_options, scheduling_config, scheduling_options
@@ -83,7 +84,7 @@ EXTENDER_ROLE = (
     show_default=True,
     help="DRA mode (docs/dra.md): allocate the claims of pods gated with "
     "gpushare.io/dra-allocation with gpushare's placement, then remove the gate (the leading "
-    "replica only, when --leader-lease is given).",
+    "replica only, when --leader-lease is given: two replicas without it both allocate).",
 )
 def extender(
     host: str,
@@ -180,7 +181,7 @@ def extender(
             state=cache.state,
             scheduler=scheduler,
             events=events,
-            leading=autoscaling.leading if autoscaling is not None else _lead_alone,
+            leading=functools.partial(leadership(autoscaling_flags).leading, api),
             book=book,
         )
     app = create_app(
@@ -216,8 +217,3 @@ def extender(
 
     with asyncio.Runner(loop_factory=main_server.config.get_loop_factory()) as runner:
         runner.run(both())
-
-
-async def _lead_alone() -> bool:
-    """Without a Lease to read (one replica), this replica leads."""
-    return True

@@ -43,6 +43,7 @@ from gpushare.core.autoscaling.scaledown import (
 )
 from gpushare.core.decision.clusterstate import ClusterState
 from gpushare.extender.events import WAITING_FOR_NODE, EventRecorder, PodRef
+from gpushare.extender.leadership import Leadership
 from gpushare.kube.port import KubeAPI, KubeError, NotFound
 
 log = logging.getLogger(__name__)
@@ -120,14 +121,7 @@ class Autoscaling:
     async def leading(self) -> bool:
         """Whether this replica's kube-scheduler holds the Lease (True without one)."""
         s = self.settings
-        if not s.lease:
-            return True
-        try:
-            lease = await self.api.get_lease(s.lease_namespace, s.lease)
-        except NotFound:
-            return False
-        holder = str(((lease.get("spec") or {}).get("holderIdentity")) or "")
-        return bool(s.identity) and (holder == s.identity or holder.startswith(s.identity + "_"))
+        return await Leadership(s.lease, s.lease_namespace, s.identity).leading(self.api)
 
     async def round(self) -> Round:
         """One round: lead or do nothing; then placeholders, then the guard."""
