@@ -8,6 +8,8 @@ The real node (kubelet v1.36.3, containerd 2 with CDI, fake GPUs ``4x15GiB``) is
   probe passes and the API server accepts the node's ResourceSlice (one device per GPU);
 - the device plugin's DaemonSet keeps off the node (one mode per node);
 - the scheduler Deployment's extender runs with ``--dra-allocator``;
+- ``helm test``'s GPU pod (``tests.gpuPod.mode=dra``): a claim of one unit, allocated by the
+  chart's extender, prepared by the driver, its hand-off checked from inside the container;
 - the seed ``examples/GPUtest.yaml`` (its command replaced by the probe) in a namespace labelled
   for DRA mode: the chart's webhook turns the pod's ``aliyun.com/gpu-mem: 3`` into a claim and
   gates it, the chart's extender allocates the claim (``consumedCapacity`` memory 3Gi on
@@ -45,6 +47,7 @@ from tests.support.realchart import (
     api_relay,
     chart_node,
     component_pods,
+    helm_test_gpu_pod,
     open_bridge,
     pod_ready,
     real_values,
@@ -99,6 +102,8 @@ def dra_values(
             "tolerations": [TOLERATION],
         },
     }
+    # the release namespace is not labelled for DRA: helm test's GPU pod asks its unit by claim
+    values.setdefault("tests", {}).setdefault("gpuPod", {})["mode"] = "dra"
     return values
 
 
@@ -214,6 +219,13 @@ def installed_and_checked(cluster: Cluster, node: RealNode, values: Path) -> Non
         ]
         assert "--dra-allocator" in extender["args"], extender["args"]
         assert cluster.kubectl_json("get", "deviceclass", DRA_DEVICE_CLASS)
+
+        # helm test's GPU pod in DRA mode: its claim allocated by the chart's allocator (the pod
+        # is gated), prepared by the driver, and the hand-off checked from inside
+        passed = helm_test_gpu_pod(cluster, dra=True)
+        print(f"[e2e] helm test's GPU pod:\n{passed.stdout.partition('POD LOGS')[2]}", flush=True)
+        assert "Phase:          Succeeded" in passed.stdout, passed.stdout + passed.stderr
+        assert "ok   device nodes /dev/nvidia" in passed.stdout and "hand-off ok" in passed.stdout
 
         # GPUtest: converted by the chart's webhook, allocated by its extender, bound by its
         # kube-scheduler, prepared by its driver
