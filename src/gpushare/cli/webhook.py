@@ -329,6 +329,20 @@ def _visible_devices_rule(mode: str, strategy: str, exempt: tuple[str, ...]) -> 
     default=None,
     help="https://HOST:PORT/mutate; default: --url with /validate replaced by /mutate.",
 )
+@click.option(
+    "--dra",
+    is_flag=True,
+    help="Also send new GPU pods in DRA mode to /mutate-dra-namespace and /mutate-dra (the "
+    "webhook's own --dra; docs/dra.md), in front of steering.",
+)
+@click.option(
+    "--dra-default-mode",
+    type=click.Choice(["device-plugin", "dra"]),
+    default="device-plugin",
+    show_default=True,
+    help="With --dra: dra sends every GPU pod outside the excluded namespaces (the webhook's "
+    "own --dra-default-mode).",
+)
 @click.option("--mem-resource", default="aliyun.com/gpu-mem", show_default=True)
 @click.option("--core-resource", default="aliyun.com/gpu-core.percentage", show_default=True)
 @visible_devices_options
@@ -348,6 +362,8 @@ def webhook_config(
     scheduler_name: str,
     steer_tolerations: tuple[str, ...],
     steer_url: str | None,
+    dra: bool,
+    dra_default_mode: str,
     mem_resource: str,
     core_resource: str,
     nvidia_visible_devices: str,
@@ -356,8 +372,9 @@ def webhook_config(
 ) -> None:
     """Print the webhook configurations that send reviews to gpushare webhook.
 
-    The ValidatingWebhookConfiguration, then (unless --no-steer) the
-    MutatingWebhookConfiguration for GPU pods that name no scheduler.
+    The ValidatingWebhookConfiguration, then (unless --no-steer, or with --dra) the
+    MutatingWebhookConfiguration: DRA mode's webhooks (--dra) in front of the one for GPU pods
+    that name no scheduler.
     """
     import base64
     from pathlib import Path
@@ -369,6 +386,8 @@ def webhook_config(
         DEFAULT_EXCLUDED_NAMESPACES,
         PATH,
         STEERING_PATH,
+        dra_webhooks,
+        mutating_configuration,
         steering_configuration,
         webhook_configuration,
     )
@@ -400,6 +419,12 @@ def webhook_config(
     }
     names = ResourceNames(mem=mem_resource, core=core_resource)
     visible = _visible_devices_rule(nvidia_visible_devices, device_list_strategy, exempt_namespaces)
+    if dra and url is not None and not url.endswith(PATH):
+        raise click.BadParameter(
+            f"{url!r} does not end in {PATH}, so the DRA webhooks' URLs (/mutate-dra, "
+            f"/mutate-dra-namespace) cannot be derived from it; give https://HOST:PORT{PATH}",
+            param_hint="--url",
+        )
     if not no_steer and url is not None and steer_url is None:
         if not url.endswith(PATH):
             raise click.BadParameter(
@@ -421,18 +446,21 @@ def webhook_config(
                 **common,
             )
         ]
+        mutating = []
+        if dra:
+            base = url.removesuffix(PATH) if url is not None else None
+            mutating += dra_webhooks(url=base, names=names, default_mode=dra_default_mode, **common)
         if not no_steer:
-            documents.append(
-                steering_configuration(
-                    url=steer_url if url is not None else None,
-                    steer_from=steer_from,
-                    names=names,
-                    tolerating=scheduler_name
-                    if steer_tolerations_option(steer_tolerations)
-                    else "",
-                    **common,
-                )
+            steering = steering_configuration(
+                url=steer_url if url is not None else None,
+                steer_from=steer_from,
+                names=names,
+                tolerating=scheduler_name if steer_tolerations_option(steer_tolerations) else "",
+                **common,
             )
+            mutating += steering["webhooks"]
+        if mutating:
+            documents.append(mutating_configuration(mutating))
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     if with_policy:

@@ -3,7 +3,8 @@
 One renderer serves ``gpushare webhook-config``, the chart's reference and the e2e test, so
 what is tested is what is installed: the ``ValidatingWebhookConfiguration`` (``/validate``) and
 the ``MutatingWebhookConfiguration`` that steers GPU pods naming no scheduler to gpushare's
-(``/mutate``, ``steering_configuration``).
+(``/mutate``, ``steering_configuration``), with DRA mode's two webhooks in front of it
+(``dra_webhooks``: a pod they convert asks no ACK resource any more, so steering is not sent it).
 
 **Pods are matched on CREATE and UPDATE, and ``pods/ephemeralcontainers`` on UPDATE**: the
 hand-off annotations must not be forged at creation nor patched in later (a merge patch is an
@@ -54,6 +55,20 @@ CONFIGURATION_NAME = "gpushare-webhook"
 PATH = "/validate"
 STEERING_WEBHOOK_NAME = "steer.gpushare.io"
 STEERING_PATH = "/mutate"
+DRA_NAMESPACE_WEBHOOK = ("dra-namespace.gpushare.io", "/mutate-dra-namespace")
+"""DRA mode's webhook for namespaces labelled ``gpushare.io/allocation-mode=dra``, and its path."""
+DRA_WEBHOOK = ("dra.gpushare.io", "/mutate-dra")
+"""DRA mode's webhook for the other namespaces (pods that demand DRA nodes, or every GPU pod
+under ``--dra-default-mode=dra``), and its path."""
+DEMANDS_DRA_NODES = (
+    "(has(object.spec.nodeSelector) && 'gpushare.io/allocation-mode' in object.spec.nodeSelector"
+    " && object.spec.nodeSelector['gpushare.io/allocation-mode'] == 'dra') || "
+    "(has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && "
+    "has(object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution))"
+)
+"""CEL: the pod may demand DRA nodes (the webhook reads a required node affinity itself,
+``core.dra.claims.demanded_by_pod``); what ``dra.gpushare.io`` is sent outside
+``--dra-default-mode=dra``."""
 DEFAULT_PORT = 9443
 DEFAULT_EXCLUDED_NAMESPACES = ("kube-system",)
 OPT_OUT_LABEL = "gpushare.io/webhook"
@@ -344,3 +359,79 @@ def steering_configuration(
         ],
     }
     return _document("MutatingWebhookConfiguration", name, webhook)
+
+
+def dra_webhooks(
+    *,
+    ca_bundle: str,
+    url: str | None = None,
+    service: Mapping[str, Any] | None = None,
+    failure_policy: FailurePolicy = DEFAULT_FAILURE_POLICY,
+    timeout_seconds: int = 5,
+    excluded_namespaces: Sequence[str] = DEFAULT_EXCLUDED_NAMESPACES,
+    namespace_labels: Mapping[str, str] | None = None,
+    names: ResourceNames = DEFAULT_NAMES,
+    default_mode: str = "device-plugin",
+) -> list[dict[str, Any]]:
+    """DRA mode's two webhooks (docs/dra.md), for the front of the mutating configuration:
+    ``dra-namespace.gpushare.io`` for namespaces labelled for DRA mode, ``dra.gpushare.io`` for
+    the others (a namespace's pods reach one of them, never both). Each is sent new GPU pods
+    that name no claims; ``dra.gpushare.io`` only those that demand DRA nodes unless
+    ``default_mode`` is ``dra``. ``url`` is the webhook's base (``https://HOST:PORT``), each
+    path added. ``NoneOnDryRun``: the webhook creates the pod's ResourceClaimTemplate, but not
+    on a dry run."""
+    if default_mode not in ("device-plugin", "dra"):
+        raise ValueError(f"default_mode={default_mode!r}: use device-plugin or dra")
+    out = []
+    for name, path in (DRA_NAMESPACE_WEBHOOK, DRA_WEBHOOK):
+        by_namespace = path == DRA_NAMESPACE_WEBHOOK[1]
+        selector = namespace_selector(excluded_namespaces, namespace_labels)
+        selector["matchExpressions"].append(
+            {
+                "key": "gpushare.io/allocation-mode",
+                "operator": "In" if by_namespace else "NotIn",
+                "values": ["dra"],
+            }
+        )
+        webhook = _webhook(
+            name,
+            _client(None if url is None else url + path, service, ca_bundle, path),
+            failure_policy,
+            timeout_seconds,
+            selector,
+        )
+        conditions = [
+            {"name": "asks-gpushare", "expression": asks_gpushare(names)},
+            {
+                "name": "names-no-claims",
+                "expression": "!has(object.spec.resourceClaims) || "
+                "size(object.spec.resourceClaims) == 0",
+            },
+        ]
+        if not by_namespace and default_mode != "dra":
+            conditions.append({"name": "demands-dra-nodes", "expression": DEMANDS_DRA_NODES})
+        webhook |= {
+            "sideEffects": "NoneOnDryRun",
+            "reinvocationPolicy": "Never",
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "resources": ["pods"],
+                    "operations": ["CREATE"],
+                    "scope": "Namespaced",
+                }
+            ],
+            "matchConditions": conditions,
+        }
+        out.append(webhook)
+    return out
+
+
+def mutating_configuration(
+    webhooks: Sequence[dict[str, Any]], name: str = CONFIGURATION_NAME
+) -> dict[str, Any]:
+    """One ``MutatingWebhookConfiguration`` of ``webhooks`` (DRA mode's, then steering's)."""
+    document = _document("MutatingWebhookConfiguration", name, webhooks[0])
+    document["webhooks"] = list(webhooks)
+    return document

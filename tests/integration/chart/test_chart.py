@@ -633,6 +633,33 @@ def test_steering_config_equals_renderer(
     assert env["WEBHOOK_KINDS"] == "validatingwebhookconfiguration mutatingwebhookconfiguration"
 
 
+@pytest.mark.parametrize(("default_mode", "steer"), [("device-plugin", True), ("dra", False)])
+def test_dra_webhooks_equal_the_renderer(default_mode: str, steer: bool) -> None:
+    """The chart's DRA webhooks are what ``gpushare webhook-config --dra`` prints: in front of
+    steering, one for namespaces labelled for DRA mode and one for the rest."""
+    configuration = pytest.importorskip("gpushare.webhook.configuration")
+    docs = render(
+        "--set", "dra.enabled=true", "--set", f"dra.defaultMode={default_mode}",
+        "--set", f"webhook.steer.enabled={str(steer).lower()}",
+    )  # fmt: skip
+    chart = find(docs, "MutatingWebhookConfiguration", "-webhook")
+    common: dict[str, Any] = {
+        "ca_bundle": "",
+        "service": {"namespace": NAMESPACE, "name": f"{RELEASE}-webhook", "port": 443},
+        "failure_policy": "Fail",
+        "excluded_namespaces": ["kube-system", NAMESPACE],
+    }
+    webhooks = configuration.dra_webhooks(default_mode=default_mode, **common)
+    if steer:
+        webhooks += configuration.steering_configuration(**common)["webhooks"]
+    expected = configuration.mutating_configuration(webhooks)
+    assert comparable(chart) == comparable(expected)
+    assert [w["name"] for w in chart["webhooks"]][:2] == [
+        "dra-namespace.gpushare.io",
+        "dra.gpushare.io",
+    ]
+
+
 def test_steering_can_be_turned_off_or_renamed() -> None:
     docs = render("--set", "webhook.steer.enabled=false")
     assert not [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
