@@ -183,6 +183,7 @@ def extender(
             events=events,
             leading=functools.partial(leadership(autoscaling_flags).leading, api),
             book=book,
+            health=health,
         )
     app = create_app(
         service,

@@ -13,5 +13,6 @@
 - ``wire``: the extender wire format (k8s.io/kube-scheduler/extender/v1), spelled exactly.
 - ``draallocator``: DRA mode: gated pods' claims allocated with gpushare's placement, the gate
   removed (leading replica only).
+- ``leadership``: which replica leads (its kube-scheduler holds the Lease), for both loops.
 - ``driver``: calls the extender as kube-scheduler does, for the demo and the tests.
 """

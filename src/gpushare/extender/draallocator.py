@@ -44,9 +44,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from gpushare.core.decision.clusterstate import ClusterState, PodTaken
 from gpushare.core.decision.scheduling import Scheduler
@@ -75,16 +75,9 @@ from gpushare.core.model.names import DRA_CLAIM_NAME, DRA_SCHEDULING_GATE
 from gpushare.core.resourcepolicies.policybook import PolicyBook
 from gpushare.core.resourcepolicies.policyplugin import filter_units, reserve_unit, unreserve_unit
 from gpushare.extender.events import EventRecorder, PodRef
-from gpushare.kube.backoff import Backoff
-from gpushare.kube.port import (
-    Conflict,
-    DraAllocatorAPI,
-    Gone,
-    KubeDict,
-    KubeError,
-    NotFound,
-    WatchEvent,
-)
+from gpushare.kube.mirror import Mirror, key_of
+from gpushare.kube.port import Conflict, DraAllocatorAPI, KubeDict, KubeError, NotFound
+from gpushare.kube.watchhealth import WatchHealth
 
 log = logging.getLogger(__name__)
 
@@ -127,60 +120,6 @@ def ungate_operations(pod: KubeObject) -> list[dict[str, Any]]:
     return [test, {"op": "remove", "path": "/spec/schedulingGates"}]
 
 
-class _Listing(Protocol):
-    def __call__(self) -> Awaitable[tuple[list[KubeDict], str]]: ...
-
-
-def _key(obj: KubeObject) -> str:
-    return f"{namespace_of(obj)}/{name_of(obj)}"
-
-
-@dataclass
-class Mirror:
-    """Objects of one kind as last listed or watched, by ``namespace/name``."""
-
-    what: str
-    listing: _Listing
-    watching: Callable[[str], AsyncIterator[WatchEvent]]
-    changed: asyncio.Event
-    objects: dict[str, KubeDict] = field(default_factory=dict)
-    synced: bool = False
-    backoff: Backoff = field(default_factory=Backoff)
-    revision: int = 0
-    """Counts every change to ``objects``, so a reader knows whether what it read still holds."""
-
-    async def run(self) -> None:
-        """List, then watch, forever; relist on expiry, after a growing wait on errors."""
-        while True:
-            try:
-                items, version = await self.listing()
-                self.objects = {_key(o): o for o in items}
-                self.synced = True
-                self.revision += 1
-                self.changed.set()
-                async for event in self.watching(version):
-                    self.backoff.reset()
-                    if event.type == "DELETED":
-                        self.objects.pop(_key(event.object), None)
-                    elif event.type in ("ADDED", "MODIFIED"):
-                        self.objects[_key(event.object)] = event.object
-                    else:
-                        continue
-                    self.revision += 1
-                    self.changed.set()
-            except Gone:
-                log.info("%s watch expired; relisting", self.what)
-            except KubeError as err:
-                wait = self.backoff.failed()
-                log.warning("%s: %s; relisting in %.1fs", self.what, err, wait)
-                await asyncio.sleep(wait)
-
-    def put(self, obj: KubeDict) -> None:
-        """Keep what a write returned, until the watch brings it (or a newer one)."""
-        self.objects[_key(obj)] = obj
-        self.revision += 1
-
-
 @dataclass
 class Round:
     """What one round did (for logs and tests)."""
@@ -215,6 +154,7 @@ class DraAllocator:
         period_s: float = 5.0,
         book: PolicyBook | None = None,
         clock: Callable[[], float] = time.time,
+        health: WatchHealth | None = None,
     ) -> None:
         self.api = api
         self.book = book
@@ -226,13 +166,25 @@ class DraAllocator:
         self.leading = leading
         self.period_s = period_s
         self.wake = asyncio.Event()
+        # the extender's WatchHealth: a refused DRA list or watch shows in /readyz and the
+        # extender_watch_refused series like the extender's own
         self.slices = Mirror(
-            "resourceslices", api.list_resource_slices, api.watch_resource_slices, self.wake
+            "resourceslices",
+            api.list_resource_slices,
+            api.watch_resource_slices,
+            self.wake,
+            health=health,
         )
         self.claims = Mirror(
-            "resourceclaims", api.list_resource_claims, api.watch_resource_claims, self.wake
+            "resourceclaims",
+            api.list_resource_claims,
+            api.watch_resource_claims,
+            self.wake,
+            health=health,
         )
-        self.nodes = Mirror("DRA nodes", api.list_dra_nodes, api.watch_dra_nodes, self.wake)
+        self.nodes = Mirror(
+            "nodes", api.list_dra_nodes, api.watch_dra_nodes, self.wake, health=health
+        )
         self.gated: dict[str, KubeDict] = {}
         """Gated pods by UID, as the extender's pod watch last showed them."""
         self.on_round: Callable[[Round], None] | None = None
@@ -289,7 +241,7 @@ class DraAllocator:
         done.led = True
         pods = sorted(
             self.gated.values(),
-            key=lambda p: (str((p.get("metadata") or {}).get("creationTimestamp", "")), _key(p)),
+            key=lambda p: (str((p.get("metadata") or {}).get("creationTimestamp", "")), key_of(p)),
         )
         for pod in pods:
             await self.place(pod, done)
@@ -348,7 +300,7 @@ class DraAllocator:
 
     async def place(self, pod: KubeDict, done: Round) -> None:
         """Allocate one gated pod's claim (or find it cannot be now), then ungate it."""
-        key = _key(pod)
+        key = key_of(pod)
         name = claim_name(pod)
         claim = self.claims.objects.get(f"{namespace_of(pod)}/{name}") if name else None
         if claim is None:
@@ -404,13 +356,13 @@ class DraAllocator:
             )
         except KubeError as err:
             unreserve_unit(self.book, uid_of(pod))
-            log.info("pod %s: ResourcePolicy marks not written (%s); next round", _key(pod), err)
+            log.info("pod %s: ResourcePolicy marks not written (%s); next round", key_of(pod), err)
             return ""
         return None
 
     def _hold(self, pod: KubeDict, why: str, done: Round) -> None:
         """Keep the pod gated; tell why once per reason (empty: a write to try again)."""
-        key, uid = _key(pod), stored_uid_of(pod)
+        key, uid = key_of(pod), stored_uid_of(pod)
         if not why:
             done.waiting.append(key)
             return
@@ -451,7 +403,7 @@ class DraAllocator:
                 except NotFound:
                     return None
             except KubeError as err:
-                log.warning("claim %s: %s", _key(claim), err)
+                log.warning("claim %s: %s", key_of(claim), err)
                 return None
         return None
 
@@ -461,7 +413,7 @@ class DraAllocator:
         except NotFound:
             return True
         except KubeError as err:  # Conflict included: the watch brings the pod as it is now
-            log.info("pod %s: gate not removed (%s); next round", _key(pod), err)
+            log.info("pod %s: gate not removed (%s); next round", key_of(pod), err)
             return False
         return True
 
@@ -478,4 +430,4 @@ def _where(claim: KubeDict, outcome: Allocated) -> str:
         + (f" {s.core_pct}%" if s.core_pct else "")
         for s in outcome.allocation.gpus
     )
-    return f"claim {_key(claim)} allocated on node {outcome.node}: {shares}"
+    return f"claim {key_of(claim)} allocated on node {outcome.node}: {shares}"

@@ -7,6 +7,7 @@
 - ``pendingpods``: the pods kube-scheduler has not placed yet, kept as compact bytes.
 - ``policies``: a list-then-watch of ResourcePolicies into the PolicyBook.
 - ``podwatch``: the pods bound to one node, for the device plugin.
+- ``mirror``: objects of one kind, list-then-watch (DRA mode's slices, claims and nodes).
 - ``watchhealth``: whether the API server refuses a list or watch, and why.
 - ``backoff``: how long to wait before asking the API server again after a failure.
 - ``objects``: builders of the objects the demo, the tests and the simulator create.
