@@ -100,7 +100,7 @@ def test_frameworks_missing_are_skipped_with_the_reason(rehearsal: Any) -> None:
         if not modules[module]:
             assert module in data["steps"][step]["skipped"][probe]
     if not modules["torch"]:
-        assert "torch" in data["steps"]["overhead"]["reason"]
+        assert "torch" in data["steps"]["workloads"]["reason"]
 
 
 def test_computing_power_figures_have_one_shape(rehearsal: Any) -> None:
@@ -133,10 +133,48 @@ def run_cases() -> list[str]:
 
 def test_the_mps_daemon_is_started_and_stopped_as_the_plugin_does(rehearsal: Any) -> None:
     _, data, _ = rehearsal
-    mps = data["steps"]["mps"]["figures"]
+    step = data["steps"]["mps"]
+    mps = step["figures"]
     assert mps["daemon"]["alive"] and not mps["stopped"]["alive_after_close"]
     assert mps["daemon"]["envs"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
     assert mps["daemon"]["envs"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    # from a PID namespace of its own (hostPID off), where this machine allows one
+    if "no_host_pid" in mps:
+        ns = mps["no_host_pid"]
+        assert ns["alive"] and not ns["stopped"]["alive_after_close"], ns
+        assert ns["envs"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    else:
+        assert "unshare" in step["skipped"]["no_host_pid"]
+
+
+def test_the_node_path_publishes_allocates_and_holds(rehearsal: Any) -> None:
+    """The plugin on the fake NVML before the kubelet double; processes started with its
+    answers, held to 2 GiB and to 30 %."""
+    _, data, _ = rehearsal
+    node = data["steps"]["node"]
+    assert node["status"] == "ok", node
+    assert node["checks"] and all(node["checks"].values()), node["checks"]
+    fig = node["figures"]
+    assert fig["published_cgpu"]["devices"]["aliyun.com/gpu-mem"]["count"] == 32  # 2 x 16 GiB
+    assert fig["published_core_mem"]["devices"]["aliyun.com/gpu-core.percentage"]["count"] == 200
+    assert fig["allocate_mem_2gib"]["envs"]["GPUSHARE_MEM_LIMIT"] == str(2 * 2**30)
+    assert fig["allocate_core_30"]["envs"]["GPUSHARE_CORE_LIMIT"] == "30"
+    assert fig["held_mem_2gib"]["total"] == 2 * 2**30
+    assert "broker=/var/run/gpushare/broker.sock" in fig["held_mem_2gib"]["answer"]["limits_file"]
+    assert abs(fig["held_core_30"]["process"]["off_pts"]) <= 5
+
+
+def test_overhead_and_kernels_run_their_plumbing_on_the_fake_driver(rehearsal: Any) -> None:
+    _, data, _ = rehearsal
+    launches = data["steps"]["overhead"]["figures"]["launches"]
+    assert launches["kind"] == "driver" and launches["warm_rounds_discarded"] == 2
+    assert {"plain_again_pct", "preload_pct", "preload_limit_pct", "noise_pct"} <= set(launches)
+    assert all(len(v) == launches["rounds"] for v in launches["seconds"].values())
+    kernels = data["steps"]["kernels"]["figures"]
+    assert set(kernels) == {f"kernel_{ms}ms" for ms in (1, 10, 50, 200)}
+    assert all(k["process"]["windows_pct"] for k in kernels.values())
+    if not data["machine"]["modules"]["torch"]:
+        assert "torch" in data["steps"]["workloads"]["reason"]
 
 
 def test_a_step_without_time_left_is_skipped_with_the_budget(
@@ -153,7 +191,7 @@ def test_a_step_without_time_left_is_skipped_with_the_budget(
         monkeypatch.setenv(name, value)
     assert run.main() == 0
     steps = json.loads((tmp_path / "figures.json").read_text())["steps"]
-    assert list(steps) == ["nvml", "mps"]
+    assert list(steps) == ["mps", "nvml"]  # in the run's order, not the list's
     assert all(e["status"] == "skipped" and "budget" in e["reason"] for e in steps.values())
 
 

@@ -312,6 +312,174 @@ def launches(args: list[str]) -> dict[str, Any]:
 
 
 @probe
+def launch_batches(args: list[str]) -> dict[str, Any]:
+    """Batches of tiny launches on demand: ``torch`` (x.add_(1) on 16 floats) or ``driver``
+    (cuLaunchKernel of the fake driver's kernel, the rehearsal). Warm-up of WARM launches, then
+    says ``{"ready": true}``; each line ``COUNT`` on stdin is answered with the batch's seconds
+    (wall clock from the first launch to the synchronize after the last). Ends at end of input.
+    Long-lived, so that runs compared with each other share no process start."""
+    if cpu := os.environ.get("GPUSHARE_GPU_PIN"):
+        os.sched_setaffinity(0, {int(cpu)})
+    kind, warm = args[0], int(args[1])
+    if kind == "torch":
+        torch = _torch()
+        x = torch.zeros(16, device="cuda")
+
+        def batch(n: int) -> None:
+            for _ in range(n):
+                x.add_(1)
+            torch.cuda.synchronize()
+
+    else:
+        d = Driver()
+        launch, sync = d.cu.cuLaunchKernel, d.cu.cuCtxSynchronize
+        vp, uint = ctypes.c_void_p, ctypes.c_uint
+        launch.argtypes = [vp, uint, uint, uint, uint, uint, uint, uint, vp, vp, vp]
+
+        def batch(n: int) -> None:
+            for _ in range(n):
+                launch(1, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+            sync()
+
+    batch(warm)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        t = time.perf_counter()
+        batch(int(line))
+        print(json.dumps({"seconds": time.perf_counter() - t}), flush=True)
+    return {"done": True}
+
+
+@probe
+def spin(args: list[str]) -> dict[str, Any]:
+    """Kernels of MS milliseconds each (``torch.cuda._sleep``, a clock64 spin) for SECONDS.
+
+    The cycles per millisecond are measured first with CUDA events on one long spin, or given as
+    a third argument (measured unlimited: under a limit the wait before a held launch would
+    count as spinning). Each kernel
+    is synchronised before the next, so the share taken is the kernels' time over the wall time
+    of the second half of the run (``share_pct``)."""
+    torch = _torch()
+    ms, seconds = float(args[0]), float(args[1])
+    if args[2:]:
+        per_ms = float(args[2])
+    else:
+        probe_cycles = 50_000_000
+        torch.cuda._sleep(1000)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(probe_cycles)
+        end.record()
+        torch.cuda.synchronize()
+        per_ms = probe_cycles / start.elapsed_time(end)
+    cycles = int(per_ms * ms)
+    t0 = time.perf_counter()
+    half, kernels, n = t0 + seconds / 2, [], 0
+    while (now := time.perf_counter()) - t0 < seconds:
+        torch.cuda._sleep(cycles)
+        torch.cuda.synchronize()
+        n += 1
+        if now >= half:
+            kernels.append(time.perf_counter() - now)
+    span = time.perf_counter() - half
+    return {
+        "ms": ms,
+        "cycles_per_ms": round(per_ms),
+        "kernels": n,
+        "kernel_ms_median": round(1000 * sorted(kernels)[len(kernels) // 2], 2)
+        if kernels
+        else None,
+        "share_pct": round(100 * len(kernels) * ms / 1000 / span, 1) if span > 0 else None,
+    }
+
+
+@probe
+def torch_workload(args: list[str]) -> dict[str, Any]:
+    """One of the workloads for SECONDS: ``graphs`` (inference replayed from a CUDA graph),
+    ``compile`` (``torch.compile``, mode reduce-overhead), ``expandable`` (inference with
+    PYTORCH_CUDA_ALLOC_CONF as set, then tensors of 256 MiB until out of memory), ``amp`` (a
+    bf16 autocast training loop). Seeded and deterministic, so its ``checksum`` compares with
+    the same run unlimited; ``per_s`` is its iterations a second."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS, deterministic
+    torch = _torch()
+    kind, seconds = args[0], float(args[1])
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2048, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 2048)
+    ).cuda()
+    x = torch.randn(256, 2048, device="cuda")
+    result: dict[str, Any] = {"torch": torch.__version__, "kind": kind}
+    if kind == "amp":
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        target = torch.randn(256, 2048, device="cuda")
+
+        def step() -> Any:
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = torch.nn.functional.mse_loss(model(x).float(), target)
+            loss.backward()
+            opt.step()
+            return loss
+
+        fixed = 50  # the checksum's steps: the same number limited and not
+    else:
+        model.eval()
+        if kind == "graphs":
+            static = x.clone()
+            with torch.no_grad():
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(3):
+                        model(static)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    out = model(static)
+
+            def step() -> Any:
+                graph.replay()
+                return out
+
+        else:
+            fn = torch.compile(model, mode="reduce-overhead") if kind == "compile" else model
+
+            def step() -> Any:
+                with torch.no_grad():
+                    return fn(x)
+
+        fixed = 1
+    for _ in range(fixed):
+        got = step()
+    torch.cuda.synchronize()
+    result["checksum"] = float(got.double().sum().item())
+    t0, n = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(10):
+            step()
+        torch.cuda.synchronize()
+        n += 10
+    result["per_s"] = round(n / (time.perf_counter() - t0), 2)
+    result["peak_bytes"] = torch.cuda.max_memory_reserved()
+    if kind == "expandable" and os.environ.get("GPUSHARE_MEM_LIMIT"):
+        _, total = torch.cuda.mem_get_info()
+        held = []
+        while True:
+            ok, t = _torch_alloc(torch, 256 * MiB)
+            if ok != "allocated":
+                break
+            held.append(t)
+        result.update(
+            alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            total=total,
+            reserved_at_oom=torch.cuda.memory_reserved(),
+        )
+        del held
+    return result
+
+
+@probe
 def share_helper(args: list[str]) -> dict[str, Any]:
     """gpushare.isolation.share.apply() with a container's ALIYUN_* variables, then allocate."""
     torch = _torch()

@@ -27,13 +27,16 @@ from . import figures
 from .setting import Setting, from_env
 
 STEP_CAPS_S = {
-    "memory": 120,
-    "allocators": 110,
+    "node": 60,
+    "workloads": 180,
+    "overhead": 50,
+    "kernels": 60,
+    "mps": 50,
+    "memory": 90,
+    "allocators": 80,
     "compute": 170,
-    "overhead": 80,
-    "nvml": 40,
-    "mps": 70,
-    "use": 40,
+    "nvml": 30,
+    "use": 30,
 }
 """Each step's own timeout, in the order they run (most valuable first)."""
 MIN_STEP_S = 15

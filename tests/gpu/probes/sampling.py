@@ -86,3 +86,13 @@ class NvmlSampler:
         """The mean SM clock between two wall times, or None."""
         got = [mhz for t, mhz in self.clocks if start <= t <= end]
         return round(statistics.mean(got)) if got else None
+
+    def sm_pct_any(self, start: float, end: float) -> float | None:
+        """The mean over sample times between two wall times of every process's smUtil summed
+        (one process running: its time share, whatever pid NVML files it under), or None."""
+        lo, hi = start * 1e6, end * 1e6
+        by_time: dict[int, int] = {}
+        for (_, ts), u in self.samples.items():
+            if lo <= ts <= hi:
+                by_time[ts] = by_time.get(ts, 0) + u
+        return round(statistics.mean(by_time.values()), 1) if by_time else None

@@ -26,7 +26,7 @@ from typing import Any
 from gpushare.isolation.limits import ContainerLimits
 from gpushare.isolation.policy import OPEN, Member, Policy, schedule
 
-from . import figures
+from . import figures, loads
 from .figures import Recorder
 from .sampling import NvmlSampler
 from .setting import (
@@ -568,49 +568,6 @@ def policies(
     rec.check(f"{probe}: within {TOLERANCE_PTS:g} points", held(each))
 
 
-# ------------------------------------------------------------------ 4. overhead
-
-
-def overhead(s: Setting, rec: Recorder) -> None:
-    """50,000 tiny launches: plain, preloaded with no limit, preloaded under a memory limit."""
-    if missing := modules_missing(["torch"]):
-        figures.finish(s.figures, "overhead", "skipped", 0, missing)
-        raise SystemExit(0)
-    # the machine's noise (a run of 50,000 launches took 0.33 to 0.49 s plain) is larger than
-    # the goal: many runs of each, interleaved, compared by their fastest and their median
-    count, reps = ("5000", "2") if quick() else ("50000", "8")
-    best: dict[str, list[float]] = {"plain": [], "preload": [], "preload_limit": []}
-    with broker(s) as b:
-        for _ in range(2):
-            for name in best:
-                if name == "plain":
-                    env = s.base_env()
-                elif name == "preload":
-                    env = {**s.base_env(), "LD_PRELOAD": str(s.interposer)}
-                else:
-                    env = container(s, b, 0, COMPUTE_MEM)
-                pin = {"GPUSHARE_GPU_PIN": str(min(2, (os.cpu_count() or 1) - 1))}
-                out = run_child(s, {**env, **pin}, "launches", count, reps)
-                if "seconds" not in out.result:
-                    figure(rec, f"launches_{name}", out)
-                    raise RuntimeError(f"launches under {name} failed")
-                best[name] += out.result["seconds"]
-    plain = min(best["plain"])
-    value: dict[str, Any] = {
-        "count": int(count),
-        "seconds": {k: [round(x, 4) for x in v] for k, v in best.items()},
-    }
-    median = statistics.median(best["plain"])
-    for name in ("preload", "preload_limit"):
-        value[f"{name}_overhead_pct"] = round(100 * (min(best[name]) / plain - 1), 2)
-        value[f"{name}_median_overhead_pct"] = round(
-            100 * (statistics.median(best[name]) / median - 1), 2
-        )
-        rec.check(f"overhead: {name} 3 % or less", value[f"{name}_overhead_pct"] <= 3)
-    value["limits_file_present"] = Path("/etc/gpushare/limits").exists()
-    rec.figure("launches", value)
-
-
 # ------------------------------------------------------------------ 5. NVML as the plugin reads it
 
 
@@ -729,6 +686,80 @@ def mps(s: Setting, rec: Recorder) -> None:
     finally:
         hook.close()
     rec.figure("stopped", {"alive_after_close": runner.alive(pipe)})
+    mps_without_host_pid(s, rec)
+
+
+UNSHARE = (
+    ("unshare", "--pid", "--fork", "--kill-child", "--mount-proc"),
+    ("unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child", "--mount-proc"),
+)
+"""A PID namespace as root, else inside a user namespace (CI runs as any user)."""
+
+
+def mps_without_host_pid(s: Setting, rec: Recorder) -> None:
+    """The daemon started from a PID namespace of its own (``mpsns.py``), its clients outside:
+    the plugin with ``hostPID`` off. On a GPU a client's pinned-memory limit (it fills 64 MiB
+    tensors up to twice its 2 GiB) and thread percentage (its SM count beside a plain
+    process's) are checked; in rehearsal the stand-in daemon's start and stop."""
+    if shutil.which("unshare") is None:
+        rec.skip("no_host_pid", "unshare not on PATH")
+        return
+    plain_sms = None
+    if not s.rehearsal and not modules_missing(["torch"]):
+        r = run_child(s, s.base_env(), "torch_fill", "64", "64", timeout=45).result
+        plain_sms = r.get("multi_processor_count")
+    tried = []
+    for cmd in UNSHARE:
+        proc = subprocess.Popen(
+            [
+                *cmd,
+                s.python,
+                "-m",
+                "tests.gpu.probes.mpsns",
+                str(s.work),
+                "1" if s.rehearsal else "0",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**s.base_env(), "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+        )
+        assert proc.stdout is not None and proc.stdin is not None
+        started = last_json(proc.stdout.readline())
+        if "envs" in started:
+            break
+        _, err = proc.communicate(timeout=30)
+        tried.append(f"{' '.join(cmd)}: {started.get('error') or err.strip()[-300:]}")
+    else:
+        rec.skip("no_host_pid", "; ".join(tried))
+        return
+    value: dict[str, Any] = {"unshare": " ".join(cmd), "tried_first": tried, **started}
+    try:
+        rec.check("mps without hostPID: the daemon answers", bool(started["alive"]))
+        if s.rehearsal:
+            rec.skip("no_host_pid_client", "rehearsal: the stand-in daemon serves no clients")
+        elif missing := modules_missing(["torch"]):
+            rec.skip("no_host_pid_client", missing)
+        else:
+            env = {**s.base_env(), **started["envs"], "CUDA_MPS_PIPE_DIRECTORY": started["pipe"]}
+            out = run_child(s, env, "torch_fill", "64", str(2 * LIMIT // MiB), timeout=45)
+            client = figure(rec, "no_host_pid_client", out, plain_multi_processors=plain_sms)
+            filled = int(client.get("filled", 0))
+            rec.check(
+                "mps without hostPID: the client fills at most its 2 GiB", 0 < filled <= LIMIT
+            )
+            sms = client.get("multi_processors")
+            if plain_sms and sms:
+                value["thread_pct"] = round(100 * sms / plain_sms, 1)
+                rec.check(
+                    "mps without hostPID: the client's SMs are 30 ± 5 % of the GPU's",
+                    abs(value["thread_pct"] - 30) <= TOLERANCE_PTS,
+                )
+    finally:
+        out_rest, _ = proc.communicate("", timeout=30)
+        value["stopped"] = last_json(out_rest)
+        rec.figure("no_host_pid", value)
 
 
 # ------------------------------------------------------------------ 7. use beside allocation
@@ -831,13 +862,23 @@ def nvml_process(pid: int) -> dict[str, Any]:
         pynvml.nvmlShutdown()
 
 
+def node(s: Setting, rec: Recorder) -> None:
+    """The device plugin on this machine's NVML before a kubelet double (``node.py``)."""
+    from .node import node as node_path
+
+    node_path(s, rec)
+
+
 STEPS: dict[str, Callable[[Setting, Recorder], None]] = {
+    "node": node,
+    "workloads": loads.workloads,
+    "overhead": loads.overhead,
+    "kernels": loads.kernels,
+    "mps": mps,
     "memory": memory,
     "allocators": allocators,
     "compute": compute,
-    "overhead": overhead,
     "nvml": nvml,
-    "mps": mps,
     "use": use,
 }
 
