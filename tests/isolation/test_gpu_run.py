@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.gpu.probes import figures, run, sampling, steps
+from tests.gpu.probes import figures, loads, run, sampling, steps
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = list(run.STEP_CAPS_S)
@@ -263,3 +263,19 @@ def test_without_nvml_the_sampler_says_why_and_the_rate_is_checked(
         steps.summary([61.0] * 8, 60, 0.25, nvml_pct=87.1),
     ]
     assert steps.held(pair)
+
+
+def test_overhead_is_the_median_of_per_round_ratios_after_the_warm_up() -> None:
+    """A slow round slows every variant in it and so cancels out; a slow warm-up is left out."""
+    drift = [2.0, 1.5, 1.0, 1.3, 0.9, 1.1, 1.0]  # the machine's state, round by round
+    times = {
+        "plain": [d * 0.40 for d in drift],
+        "plain_again": [d * 0.40 * (1.004 if i % 2 else 0.998) for i, d in enumerate(drift)],
+        "preload": [d * 0.41 for d in drift],
+        "preload_limit": [d * 0.40 * (5.0 if i == 0 else 1.02) for i, d in enumerate(drift)],
+    }
+    got = loads.paired(times, warm=1)
+    assert got["preload_pct"] == 2.5
+    assert got["preload_limit_pct"] == 2.0  # the first round's 5x was warm-up
+    assert got["noise_pct"] < 1 and got["plain_again_iqr_pts"] < 1
+    assert len(got["seconds"]["plain"]) == len(drift) - 1

@@ -317,9 +317,8 @@ def launch_batches(args: list[str]) -> dict[str, Any]:
     (cuLaunchKernel of the fake driver's kernel, the rehearsal). Warm-up of WARM launches, then
     says ``{"ready": true}``; each line ``COUNT`` on stdin is answered with the batch's seconds
     (wall clock from the first launch to the synchronize after the last). Ends at end of input.
-    Long-lived, so that runs compared with each other share no process start."""
-    if cpu := os.environ.get("GPUSHARE_GPU_PIN"):
-        os.sched_setaffinity(0, {int(cpu)})
+    Long-lived, so that runs compared with each other share no process start. Pinned to one
+    core (``GPUSHARE_GPU_PIN``) once warm, so that the variants' imports run side by side."""
     kind, warm = args[0], int(args[1])
     if kind == "torch":
         torch = _torch()
@@ -342,6 +341,8 @@ def launch_batches(args: list[str]) -> dict[str, Any]:
             sync()
 
     batch(warm)
+    if cpu := os.environ.get("GPUSHARE_GPU_PIN"):
+        os.sched_setaffinity(0, {int(cpu)})
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         t = time.perf_counter()
@@ -375,6 +376,7 @@ def spin(args: list[str]) -> dict[str, Any]:
     cycles = int(per_ms * ms)
     t0 = time.perf_counter()
     half, kernels, n = t0 + seconds / 2, [], 0
+    half_wall = time.time() + seconds / 2
     while (now := time.perf_counter()) - t0 < seconds:
         torch.cuda._sleep(cycles)
         torch.cuda.synchronize()
@@ -390,6 +392,7 @@ def spin(args: list[str]) -> dict[str, Any]:
         if kernels
         else None,
         "share_pct": round(100 * len(kernels) * ms / 1000 / span, 1) if span > 0 else None,
+        "second_half_wall": [half_wall, time.time()],
     }
 
 
@@ -399,7 +402,10 @@ def torch_workload(args: list[str]) -> dict[str, Any]:
     ``compile`` (``torch.compile``, mode reduce-overhead), ``expandable`` (inference with
     PYTORCH_CUDA_ALLOC_CONF as set, then tensors of 256 MiB until out of memory), ``amp`` (a
     bf16 autocast training loop). Seeded and deterministic, so its ``checksum`` compares with
-    the same run unlimited; ``per_s`` is its iterations a second."""
+    the same run unlimited; ``per_s`` is its iterations a second over the timed loop, whose wall
+    times (``loop_wall``) say where to read NVML. With a third argument ``sync`` it says
+    ``{"ready": true}`` before the timed loop and waits for a line on stdin, so that processes
+    started together time the same stretch."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS, deterministic
     torch = _torch()
     kind, seconds = args[0], float(args[1])
@@ -454,13 +460,17 @@ def torch_workload(args: list[str]) -> dict[str, Any]:
         got = step()
     torch.cuda.synchronize()
     result["checksum"] = float(got.double().sum().item())
-    t0, n = time.perf_counter(), 0
+    if args[2:] == ["sync"]:
+        print(json.dumps({"ready": True}), flush=True)
+        sys.stdin.readline()
+    wall, t0, n = time.time(), time.perf_counter(), 0
     while time.perf_counter() - t0 < seconds:
         for _ in range(10):
             step()
         torch.cuda.synchronize()
         n += 10
     result["per_s"] = round(n / (time.perf_counter() - t0), 2)
+    result["loop_wall"] = [wall, time.time()]
     result["peak_bytes"] = torch.cuda.max_memory_reserved()
     if kind == "expandable" and os.environ.get("GPUSHARE_MEM_LIMIT"):
         _, total = torch.cuda.mem_get_info()

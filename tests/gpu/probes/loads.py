@@ -11,7 +11,6 @@ import contextlib
 import os
 import statistics
 import subprocess
-import time
 from typing import Any
 
 from . import figures
@@ -80,8 +79,8 @@ def workloads(s: Setting, rec: Recorder) -> None:
             env = container(s, b, 0, WORK_MEM, core_pct=WORK_CORE)
             env.update(extra, GPUSHARE_CORE_LIMIT=str(WORK_CORE), **cuda_cache)
             limited = run_child(s, env, "torch_workload", kind, seconds, timeout=150)
-            nvml = sampler.sm_pct_any(time.time() - float(seconds), time.time())  # its timed loop
             alone, held_ = base.result, limited.result
+            nvml = sampler.sm_pct_any(*held_["loop_wall"]) if "loop_wall" in held_ else None
             if kind == "amp":
                 amp = alone
             value: dict[str, Any] = {
@@ -112,7 +111,15 @@ def two_processes(s: Setting, rec: Recorder, b: Any, seconds: str, alone: dict[s
     (the amp workload's unlimited run)."""
     env = container(s, b, 0, WORK_MEM, core_pct=WORK_CORE)
     env["GPUSHARE_CORE_LIMIT"] = str(WORK_CORE)
-    procs = [start_child(s, env, "torch_workload", "amp", seconds) for _ in range(2)]
+    procs = [start_child(s, env, "torch_workload", "amp", seconds, "sync") for _ in range(2)]
+    for p in procs:  # both warm and checksummed, then both timed at once
+        assert p.stdout is not None
+        p.stdout.readline()
+    for p in procs:
+        assert p.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # one that died is reported below
+            p.stdin.write("go\n")
+            p.stdin.flush()
     got = []
     for p in procs:
         out, err = p.communicate(timeout=150)
@@ -145,11 +152,12 @@ def overhead(s: Setting, rec: Recorder) -> None:
 
     One long-lived process per variant, each warm, asked in turn for a batch of 50,000 launches
     (wall clock from the first launch to the synchronize after the last), round after round:
-    plain, plain_again, preload, preload_limit, then the next round in another order. Two warm-up
-    rounds are discarded. Each variant's overhead is the median over rounds of its batch time
-    over plain's in the same round; the median of ``plain_again``'s ratios, and the spread of
-    all ratios, say how much of that is noise. No process start, no import and no CUDA context
-    is inside any figure, and neighbouring batches see the same machine state.
+    plain, plain_again, preload, preload_limit, then the next round in the reverse order. Two
+    warm-up rounds are discarded, then 12 are kept (``paired``). Each variant's overhead is the
+    median over rounds of its batch time over plain's in the same round; the median of
+    ``plain_again``'s ratios, and the spread of all ratios, say how much of that is noise. No
+    process start, no import and no CUDA context is inside any figure, and neighbouring batches
+    see the same machine state.
     """
     if s.rehearsal:
         kind, count, rounds = "driver", 2000, 4
@@ -157,7 +165,7 @@ def overhead(s: Setting, rec: Recorder) -> None:
         figures.finish(s.figures, "overhead", "skipped", 0, missing)
         raise SystemExit(0)
     else:
-        kind, count, rounds = "torch", 50_000, 6 if quick() else 14
+        kind, count, rounds = "torch", 50_000, 6 if quick() else 12
     warm_rounds = 2
     pin = {"GPUSHARE_GPU_PIN": str(min(2, (os.cpu_count() or 1) - 1))}
     fast = {"FAKE_KERNEL_US": "1"} if s.rehearsal else {}
@@ -179,35 +187,45 @@ def overhead(s: Setting, rec: Recorder) -> None:
                     _, err = p.communicate(timeout=30)
                     raise RuntimeError(f"launch_batches under {name} failed: {err[-600:]}")
             times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+            value: dict[str, Any] = {}
             for r in range(warm_rounds + rounds):
                 order = VARIANTS if r % 2 == 0 else tuple(reversed(VARIANTS))
                 for name in order:
                     times[name].append(batch(procs[name], count))
+                if r >= warm_rounds:  # the figure so far, in case the step is cut off
+                    value = {
+                        "kind": kind,
+                        "count": count,
+                        "rounds": r + 1 - warm_rounds,
+                        "warm_rounds_discarded": warm_rounds,
+                        **paired(times, warm_rounds),
+                    }
+                    rec.figure("launches", value)
         finally:
             for p in procs.values():
                 with contextlib.suppress(Exception):
                     p.communicate(timeout=30)
-    kept = {name: t[warm_rounds:] for name, t in times.items()}
-    value: dict[str, Any] = {
-        "kind": kind,
-        "count": count,
-        "rounds": rounds,
-        "warm_rounds_discarded": warm_rounds,
-        "seconds": {k: [round(x, 5) for x in v] for k, v in kept.items()},
-    }
-    for name in VARIANTS[1:]:
-        ratios = [x / p for x, p in zip(kept[name], kept["plain"], strict=True)]
-        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-        value[f"{name}_pct"] = round(100 * (statistics.median(ratios) - 1), 2)
-        value[f"{name}_iqr_pts"] = round(100 * (q[2] - q[0]), 2)
-        rec.figure("launches", value)
-    value["noise_pct"] = abs(value["plain_again_pct"])
-    rec.figure("launches", value)
     rec.check(
         "overhead: the method's noise (plain against plain) under 1 %", value["noise_pct"] < 1
     )
     for name in ("preload", "preload_limit"):
         rec.check(f"overhead: {name} 3 % or less", value[f"{name}_pct"] <= 3)
+
+
+def paired(times: dict[str, list[float]], warm: int) -> dict[str, Any]:
+    """Each variant against ``plain`` round by round, the first ``warm`` rounds left out: the
+    median of its per-round ratios as a percentage over plain (``<name>_pct``), their
+    interquartile range in points (``<name>_iqr_pts``), and the noise, ``plain_again``'s
+    distance from plain (``noise_pct``). The kept times are in ``seconds``."""
+    kept = {name: t[warm:] for name, t in times.items()}
+    value: dict[str, Any] = {"seconds": {k: [round(x, 5) for x in v] for k, v in kept.items()}}
+    for name in VARIANTS[1:]:
+        ratios = [x / p for x, p in zip(kept[name], kept["plain"], strict=True)]
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        value[f"{name}_pct"] = round(100 * (statistics.median(ratios) - 1), 2)
+        value[f"{name}_iqr_pts"] = round(100 * (q[2] - q[0]), 2)
+    value["noise_pct"] = abs(value["plain_again_pct"])
+    return value
 
 
 def batch(p: subprocess.Popen[str], count: int) -> float:
@@ -257,8 +275,9 @@ def kernels(s: Setting, rec: Recorder) -> None:
                 share = each["steady_pct"]
             else:
                 out = run_child(s, env, "spin", str(ms), seconds, *per_ms, timeout=60)
-                end = time.time()  # NVML over the second half, as the spin's own share
-                got = {**out.result, "nvml_sm_pct": sampler.sm_pct_any(end - work.seconds / 2, end)}
+                got = dict(out.result)
+                if "second_half_wall" in got:  # NVML over the stretch of the spin's own share
+                    got["nvml_sm_pct"] = sampler.sm_pct_any(*got["second_half_wall"])
                 if out.rc:
                     got["stderr_tail"] = out.stderr[-600:]
                 rec.figure(probe, got)
