@@ -8,6 +8,7 @@ checked; the memory figures, which are exact, are.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -279,3 +280,68 @@ def test_overhead_is_the_median_of_per_round_ratios_after_the_warm_up() -> None:
     assert got["preload_limit_pct"] == 2.0  # the first round's 5x was warm-up
     assert got["noise_pct"] < 1 and got["plain_again_iqr_pts"] < 1
     assert len(got["seconds"]["plain"]) == len(drift) - 1
+
+
+SYNCED_AMP = (
+    "import json, sys; print(json.dumps({'ready': True}), flush=True); sys.stdin.readline(); "
+    "print(json.dumps({'checksum': 1.5, 'per_s': 26.0}))"
+)
+"""A stand-in for ``torch_workload amp 3 sync``: warm, waits for the go, a quarter of the rate."""
+
+
+def test_the_gpu_branches_of_workloads_and_kernels_read_their_children(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The steps' GPU half, which no rehearsal reaches (it needs PyTorch and a GPU), on children
+    that answer as the GPU's would: what is asked of them and what is checked of their answers."""
+    monkeypatch.setenv("PYTHONPATH", f"{ROOT / 'src'}:{ROOT}")
+    monkeypatch.delenv("GPUSHARE_GPU_QUICK", raising=False)
+    s = steps.Setting("gpu", tmp_path / "figures.json", tmp_path, tmp_path / "lib", None, "python3")
+    s = dataclasses.replace(s, python=sys.executable)
+    figures.start(s.figures, "gpu", {})
+    asked: list[tuple[str, ...]] = []
+
+    def child(setting: Any, env: dict[str, str], probe: str, *args: str, **_: Any) -> Any:
+        asked.append((probe, *args))
+        limited = "GPUSHARE_CORE_LIMIT" in env
+        if probe == "torch_workload":
+            result = {"checksum": 1.5, "per_s": 50.0 if limited else 100.0}
+            if args[0] == "expandable" and limited:
+                result |= {"reserved_at_oom": 8 * 2**30 - 2**20, "total": 8 * 2**30}
+        elif args[:2] == ("1", "0.2"):  # the unlimited calibration
+            result = {"cycles_per_ms": 1_980_000}
+        else:
+            result = {"ms": float(args[0]), "share_pct": 31.0, "second_half_wall": [0, 1]}
+        return setting_outcome(result)
+
+    def start(setting: Any, env: dict[str, str], probe: str, *args: str) -> Any:
+        asked.append((probe, *args))
+        return subprocess.Popen(
+            [sys.executable, "-c", SYNCED_AMP],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    monkeypatch.setattr(loads, "modules_missing", lambda names: "")
+    monkeypatch.setattr(loads, "run_child", child)
+    monkeypatch.setattr(loads, "start_child", start)
+    for step in ("workloads", "kernels"):
+        figures.begin(s.figures, step)
+        steps.STEPS[step](s, figures.Recorder(s.figures, step))
+    data = json.loads(s.figures.read_text())["steps"]
+    work = data["workloads"]
+    assert set(work["figures"]) == {*loads.WORKLOADS, "two_processes_one_container"}
+    assert work["checks"] and all(work["checks"].values()), work["checks"]
+    assert work["figures"]["two_processes_one_container"]["sum_share_pct"] == 52.0
+    assert ("torch_workload", "amp", "3", "sync") in asked
+    kern = data["kernels"]
+    assert kern["checks"] and all(kern["checks"].values()), kern["checks"]
+    assert ("spin", "200", "3", "1980000") in asked  # the calibrated cycles, passed on
+
+
+def setting_outcome(result: dict[str, Any]) -> Any:
+    from tests.gpu.probes.setting import Outcome
+
+    return Outcome(result, 0, "", 0.1)

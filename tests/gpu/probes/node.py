@@ -11,7 +11,9 @@ fake NVML, loaded by path as ``--driver-root`` loads a driver's. What is recorde
 - ``allocate_mem_2gib`` and ``allocate_core_30``: kubelet's Allocate answers (envs, mounts) for
   a 2 GiB pod and for a 2 GiB, 30 % ``gpu-core.percentage`` pod on a core_mem node;
 - ``held_mem_2gib`` and ``held_core_30``: a process started with exactly that answer, its env
-  as given, and each mount's host file where the container would see it. Nothing here can bind
+  as given (the GPUs it names in ``NVIDIA_VISIBLE_DEVICES`` made its only ones through
+  ``CUDA_VISIBLE_DEVICES``, the runtime's part), and each mount's host file where the container
+  would see it. Nothing here can bind
   mount (no root in CI, no CAP_SYS_ADMIN in most GPU boxes), so the container's paths are
   replaced by their host paths: the limits file the plugin wrote is copied, with that change
   alone, to where a per-container copy of the interposer reads it (``setting``), and the broker
@@ -115,6 +117,10 @@ def answer_env(
     # the answer's library reads the container's limits path, compiled in; this copy reads
     # ``path`` instead, built from the same source
     env["LD_PRELOAD"] = str(s.lib_dir / f"c{index}" / "libgpushare-cuda.so")
+    # the container runtime's part: only the GPUs the answer names are seen
+    if (named := envs.get("NVIDIA_VISIBLE_DEVICES", "")).startswith("GPU-"):
+        env["CUDA_VISIBLE_DEVICES"] = named
+        how["cuda_visible_devices"] = named
     return env, how
 
 

@@ -129,6 +129,9 @@ class BrokerProcess:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
 
 
 @contextmanager

@@ -707,7 +707,7 @@ def mps_without_host_pid(s: Setting, rec: Recorder) -> None:
     plain_sms = None
     if not s.rehearsal and not modules_missing(["torch"]):
         r = run_child(s, s.base_env(), "torch_fill", "64", "64", timeout=45).result
-        plain_sms = r.get("multi_processor_count")
+        plain_sms = r.get("multi_processors")
     tried = []
     for cmd in UNSHARE:
         proc = subprocess.Popen(
