@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Build .gpu-carry/ for tests/gpu/run_on_gpu.sh on a GPU machine with no package index:
-#   site-cp312/  msgspec, nvidia-ml-py, prometheus-client, and for the node step the device plugin's
-#                grpcio, protobuf, PyYAML and typing_extensions, at constraints.txt's versions, for its Python 3.12
+#   site-cp312/  msgspec, nvidia-ml-py, prometheus-client, and for the node step the device
+#                plugin's grpcio, protobuf, PyYAML and typing_extensions, at constraints.txt's
+#                versions, for its Python 3.12
 #   protos/      the device plugin's generated gRPC stubs (build output, not in git), which
 #                run_on_gpu.sh puts back in src/ where they are missing
 #   site-cpXY/   the same for this machine's python3 (the rehearsal runs on a bare python3)
 #   lib/         the interposer and one copy per container reading /tmp/gpushare-gpu/c<i>/limits,
 #                for a machine without gcc (x86-64, glibc 2.34 or newer)
-# Name .gpu-carry in the device call's carry list. About 15 MB.
+# About 50 MB; the GPU needs site-cp312, protos and lib (about 25 MB, grpcio 18 MB of it): name
+# those three in the device call's carry list (docs/isolation.md, "On a real GPU").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"

@@ -19,9 +19,9 @@
 # probe says "skipped" with the reason where one is missing), the standard library and src/:
 # gpushare's own dependencies are not installed on the GPU machine, so the few the plugin's code
 # needs (msgspec, nvidia-ml-py, prometheus-client, grpcio, protobuf, PyYAML) and its generated gRPC
-# stubs come from .gpu-carry/, built here by tests/gpu/make_carry.sh (name .gpu-carry in the
-# call's carry list). The interposer is built with gcc when there is one, else taken from
-# .gpu-carry/lib.
+# stubs come from .gpu-carry/, built here by tests/gpu/make_carry.sh (name .gpu-carry/site-cp312,
+# .gpu-carry/protos and .gpu-carry/lib in the call's carry list). The interposer is built with
+# gcc when there is one, else taken from .gpu-carry/lib.
 #
 # Mode: "gpu" where nvidia-smi is on PATH, else "rehearsal" (or GPUSHARE_GPU_REHEARSAL=1): the
 # same steps against the project's fake driver and NVML (harness/fakegpu/fakes), with a stand-in
