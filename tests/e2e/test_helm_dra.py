@@ -222,7 +222,7 @@ def installed_and_checked(cluster: Cluster, node: RealNode, values: Path) -> Non
 
         # helm test's GPU pod in DRA mode: its claim allocated by the chart's allocator (the pod
         # is gated), prepared by the driver, and the hand-off checked from inside
-        passed = helm_test_gpu_pod(cluster, dra=True)
+        passed = helm_test_gpu_pod(cluster)
         print(f"[e2e] helm test's GPU pod:\n{passed.stdout.partition('POD LOGS')[2]}", flush=True)
         assert "Phase:          Succeeded" in passed.stdout, passed.stdout + passed.stderr
         assert "ok   device nodes /dev/nvidia" in passed.stdout and "hand-off ok" in passed.stdout

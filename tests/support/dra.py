@@ -223,15 +223,22 @@ class ClaimWatch:
     """``kubectl get resourceclaims --watch`` on one namespace, in a thread.
 
     ``allocations``: each claim's allocation results, by claim name, as first seen allocated
-    (kept after the claim is gone). ``over``: every moment a device held more memory, summed
-    over the claims allocated on it then, than ``capacity`` (bytes by ``pool/device``) says it
-    has. ``peak``: the most memory each device held at once.
+    (kept after the claim is gone); ``reserved``: the same by the UID of the pod the claim was
+    reserved for. A pod is compared with the claim reserved for it, not with the one its status
+    names when it is read: kube-controller-manager v1.36.3 sometimes makes a second claim for a
+    pod that just finished (its cache still showing the first one missing), names that one in
+    the pod's status and then deletes it as unused ("delete unused generated claim" in its
+    log), so a finished pod's status can name a claim that never ran anything. ``over``: every
+    moment a device held more memory, summed over the claims allocated on it then, than
+    ``capacity`` (bytes by ``pool/device``) says it has. ``peak``: the most memory each device
+    held at once.
     """
 
     cluster: Cluster
     namespace: str
     capacity: dict[str, Fraction]
     allocations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    reserved: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     over: list[str] = field(default_factory=list)
     peak: dict[str, Fraction] = field(default_factory=dict)
     events: int = 0
@@ -289,6 +296,9 @@ class ClaimWatch:
             self._live.pop(uid, None)
             return
         self.allocations.setdefault(name, results)
+        for entry in (claim.get("status") or {}).get("reservedFor") or []:
+            if entry.get("resource") == "pods" and entry.get("uid"):
+                self.reserved.setdefault(str(entry["uid"]), results)
         self._live[uid] = [
             (f"{r['pool']}/{r['device']}", _bytes((r.get("consumedCapacity") or {})["memory"]))
             for r in results
@@ -308,6 +318,11 @@ class ClaimWatch:
     def results(self, claim: str) -> list[dict[str, Any]] | None:
         with self._lock:
             return self.allocations.get(claim)
+
+    def results_for(self, pod_uid: str) -> list[dict[str, Any]] | None:
+        """The results of the claim reserved for the pod (see the class docstring)."""
+        with self._lock:
+            return self.reserved.get(pod_uid)
 
 
 def capacities(cluster: Cluster, node: str) -> dict[str, Fraction]:
@@ -344,9 +359,9 @@ def claim_shares(
     claim = claim_name(item)
     if claim is None:
         return "the pod names no ResourceClaim"
-    results = watch.results(claim)
+    results = watch.results_for(str(item["metadata"].get("uid", ""))) or watch.results(claim)
     if results is None:
-        return f"claim {claim} was never seen allocated"
+        return f"claim {claim} was never seen allocated, nor any claim reserved for the pod"
     requests = set(container_requests(item, name))
 
     def share(r: dict[str, Any]) -> tuple[int, int, int]:

@@ -95,12 +95,10 @@ def real_values(cluster: Cluster, node: RealNode, images: dict[str, str]) -> dic
     }
 
 
-def helm_test_gpu_pod(cluster: Cluster, *, dra: bool = False) -> Any:
-    """``helm test`` of the GPU pod alone (in DRA mode with its claim template, another test
-    hook), with its log; the pod is deleted afterwards, so it holds no memory for the unit
-    guard's count."""
+def helm_test_gpu_pod(cluster: Cluster) -> Any:
+    """``helm test`` of the GPU pod alone, with its log; the pod is deleted afterwards, so it
+    holds no memory for the unit guard's count."""
     pod = f"{REAL_RELEASE}-test-gpu-pod"
-    hooks = [pod, f"{REAL_RELEASE}-test-gpu"] if dra else [pod]
     try:
         return helm(
             cluster,
@@ -108,7 +106,8 @@ def helm_test_gpu_pod(cluster: Cluster, *, dra: bool = False) -> Any:
             REAL_RELEASE,
             "-n",
             REAL_NAMESPACE,
-            *[arg for name in hooks for arg in ("--filter", f"name={name}")],
+            "--filter",
+            f"name={pod}",
             "--logs",
             "--timeout",
             "180s",

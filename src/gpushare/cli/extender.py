@@ -86,6 +86,15 @@ EXTENDER_ROLE = (
     "gpushare.io/dra-allocation with gpushare's placement, then remove the gate (the leading "
     "replica only, when --leader-lease is given: two replicas without it both allocate).",
 )
+@click.option(
+    "--dra-ungate-refused/--no-dra-ungate-refused",
+    default=False,
+    show_default=True,
+    help="With --dra-allocator: remove the gate of a pod no DRA node fits now, so that "
+    "cluster-autoscaler (which scales only for ungated pods) adds a node; kube-scheduler's "
+    "own allocator may then place it at the same moment as gpushare places another pod on "
+    "the same GPU (docs/dra.md). Off: such pods stay gated until gpushare places them.",
+)
 def extender(
     host: str,
     port: int,
@@ -110,6 +119,7 @@ def extender(
     insecure_no_seal: bool,
     recreate_refused_pods: bool,
     dra_allocator: bool,
+    dra_ungate_refused: bool,
     **autoscaling_flags: Any,
 ) -> None:
     """Serve the kube-scheduler extender (filter, prioritize, bind) over HTTP."""
@@ -184,6 +194,7 @@ def extender(
             leading=functools.partial(leadership(autoscaling_flags).leading, api),
             book=book,
             health=health,
+            ungate_refused=dra_ungate_refused,
         )
     app = create_app(
         service,

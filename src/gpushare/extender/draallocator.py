@@ -17,10 +17,15 @@ replica would decide from the same watches and race for the same claims):
    claim's resourceVersion), then writes ``status.allocation`` and ``status.reservedFor`` (PUT
    of the status subresource with the new resourceVersion); on Conflict it reads the claim
    again and tries again (a claim allocated meanwhile by someone else is left as it is);
-4. removes the gate (JSON patch with a ``test`` of the gates as read), whether allocated,
-   refused (no node fits now: kube-scheduler then reports the pod unschedulable and the cluster
-   autoscaler sees it) or not gpushare's to place; a refusal is told in a Warning Event with the
-   reasons.
+4. removes the gate (JSON patch with a ``test`` of the gates as read) once allocated, or when
+   the claim is not gpushare's to place. A pod no node fits now (``Refused``) keeps its gate and
+   is decided again every round, told in a Warning Event ``DRANoFit`` each time the reasons
+   change: ungated, kube-scheduler's own allocator would take it up as soon as a claim frees
+   room, at the same moment as gpushare allocates a gated pod into that room, and neither sees
+   the other's write, so the GPU is overcommitted (seen on the real node: the 500-pod stress
+   held up to 40 GiB on 32 GiB GPUs). With ``ungate_refused`` (``--dra-ungate-refused``, for
+   node pools that cluster-autoscaler grows: it scales only for ungated, unschedulable pods)
+   the refused pod is ungated instead, and that race is accepted.
 
 ResourcePolicy (docs/resource-policy.md) orders DRA pods as it orders the extender's: the nodes
 that fit are narrowed to the unit the policy opens to the pod (``filter_units``), the chosen
@@ -81,6 +86,8 @@ from gpushare.kube.watchhealth import WatchHealth
 
 log = logging.getLogger(__name__)
 
+RETELL_S = 60.0
+"""Least seconds between two Events for one gated pod whose reason changed."""
 WRITE_TRIES = 3
 """Claim writes tried before the pod waits for the next round (each Conflict reads again)."""
 
@@ -155,8 +162,11 @@ class DraAllocator:
         book: PolicyBook | None = None,
         clock: Callable[[], float] = time.time,
         health: WatchHealth | None = None,
+        ungate_refused: bool = False,
     ) -> None:
         self.api = api
+        self.ungate_refused = ungate_refused
+        """Ungate pods no node fits now, for cluster-autoscaler (see the module docstring)."""
         self.book = book
         """The extender's ResourcePolicy book (None: no policy orders DRA pods)."""
         self.clock = clock
@@ -189,8 +199,8 @@ class DraAllocator:
         """Gated pods by UID, as the extender's pod watch last showed them."""
         self.on_round: Callable[[Round], None] | None = None
         """Told what each round did (the extender's metrics count it)."""
-        self._held: dict[str, str] = {}
-        """The last ``DRAHeld`` reason told per held pod's UID (told again only when it changes)."""
+        self._held: dict[str, tuple[str, float]] = {}
+        """The last ``DRAHeld`` or ``DRANoFit`` reason told per waiting pod's UID, and when."""
         self._read: tuple[tuple[int, int], DraLedger] | None = None
         """The slices and claims read into a ledger, with the mirrors' revisions it was read at:
         read again only when either changed, not once for every gated pod."""
@@ -325,6 +335,9 @@ class DraAllocator:
                 self._hold(pod, outcome.message, done)
                 return
             elif isinstance(outcome, Refused):
+                if not self.ungate_refused:
+                    self._hold(pod, outcome.message, done, reason="DRANoFit")
+                    return
                 done.refused.append(key)
                 self._tell(pod, "Warning", "DRANoFit", outcome.message[:1000])
             else:
@@ -360,17 +373,26 @@ class DraAllocator:
             return ""
         return None
 
-    def _hold(self, pod: KubeDict, why: str, done: Round) -> None:
-        """Keep the pod gated; tell why once per reason (empty: a write to try again)."""
+    def _hold(self, pod: KubeDict, why: str, done: Round, *, reason: str = "DRAHeld") -> None:
+        """Keep the pod gated; tell why once per reason (empty: a write to try again). A pod
+        no node fits (``DRANoFit``) counts as refused when told, else as waiting."""
         key, uid = key_of(pod), stored_uid_of(pod)
         if not why:
             done.waiting.append(key)
             return
-        done.held.append(key)
-        if self._held.get(uid) != why:
-            self._held[uid] = why
-            done.held_anew.append(key)
-            self._tell(pod, "Warning", "DRAHeld", why[:1000])
+        last = self._held.get(uid)
+        # told again when the reason changed, at most once a RETELL_S: a refusal's per-node
+        # reasons move with every pod placed or gone, and Warnings are never rate-limited
+        told = last is not None and (last[0] == why or self.clock() - last[1] < RETELL_S)
+        if reason == "DRANoFit":
+            (done.waiting if told else done.refused).append(key)
+        else:
+            done.held.append(key)
+            if not told:
+                done.held_anew.append(key)
+        if not told:
+            self._held[uid] = (why, self.clock())
+            self._tell(pod, "Warning", reason, why[:1000])
 
     async def _write(self, pod: KubeDict, claim: KubeDict, outcome: Allocated) -> KubeDict | None:
         """Finalizer, then status, each with the claim's version; on Conflict read again. None

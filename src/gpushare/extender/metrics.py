@@ -86,7 +86,8 @@ LEDGER_METRICS = (
 
 DRA_OUTCOMES = ("allocated", "refused", "held", "not_ours")
 """``gpushare_dra_allocations_total``'s outcomes: a claim allocated by gpushare's placement, a
-pod no DRA node fits now (ungated, a Warning Event with the reasons), a pod a ResourcePolicy
+pod no DRA node fits now (gated, or ungated with ``--dra-ungate-refused``; a Warning Event with the
+reasons, counted when told), a pod a ResourcePolicy
 keeps off every node that fits (kept gated; counted when held and each time its reason changes,
 not on every round it waits), a claim left to kube-scheduler's own allocator (another class or
 shape)."""
@@ -434,7 +435,7 @@ class ExtenderMetrics:
             "gpushare_dra_allocations_total",
             "DRA mode: gated pods' claims by what the allocator decided: allocated (gpushare's "
             "placement wrote the claim's status), refused (no DRA node fits now; the pod is "
-            "ungated and told why in a Warning Event), held (a ResourcePolicy keeps the pod off "
+            "told why in a Warning Event), held (a ResourcePolicy keeps the pod off "
             "every node that fits; it stays gated), not_ours (left to kube-scheduler)",
             ["outcome"],
             registry=self.registry,

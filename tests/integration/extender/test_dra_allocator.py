@@ -213,11 +213,41 @@ def test_gated_pods_are_allocated_binpacked_and_ungated() -> None:
     asyncio.run(body())
 
 
-def test_a_pod_that_fits_nowhere_is_ungated_unallocated() -> None:
+def test_a_pod_that_fits_nowhere_waits_gated_until_room_frees() -> None:
+    """Ungated, the scheduler's own allocator could take it up at the moment gpushare places
+    another pod in the room that freed: the GPU overcommitted by two allocators."""
+
+    async def body() -> None:
+        api = DraDouble()
+        _world(api, {"n1": (16,)})
+        allocator = _allocator(api)
+        task = await _synced(allocator)
+        _seen(allocator, api, _pod_and_claim(api, "first", 8))
+        assert (await allocator.round()).allocated == ["default/first"]
+        _seen(allocator, api, _pod_and_claim(api, "big", 12))
+        for refused in (["default/big"], []):  # counted when told, then waiting
+            done = await allocator.round()
+            assert done.refused == refused and not done.ungated, done
+        assert api.pods["default/big"]["spec"]["schedulingGates"]
+        assert "status" not in api.claims["default/big-gpushare-x1"]
+        # the first pod's claim goes (the resourceclaim controller deallocates it)
+        del api.claims["default/first-gpushare-x1"]
+        allocator.claims.objects.pop("default/first-gpushare-x1")
+        allocator.claims.revision += 1
+        allocator.state.ledger.forget("claim-first")
+        done = await allocator.round()
+        assert done.allocated == ["default/big"] and done.ungated == ["default/big"]
+        task.cancel()
+
+    asyncio.run(body())
+
+
+def test_with_ungate_refused_a_pod_that_fits_nowhere_is_ungated_for_the_autoscaler() -> None:
     async def body() -> None:
         api = DraDouble()
         _world(api, {"n1": (8,)})
         allocator = _allocator(api)
+        allocator.ungate_refused = True
         task = await _synced(allocator)
         _seen(allocator, api, _pod_and_claim(api, "big", 12))
         done = await allocator.round()

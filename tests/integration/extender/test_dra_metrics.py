@@ -88,7 +88,10 @@ def test_allocated_claims_show_in_metrics_and_inspect() -> None:
         scheduler = Scheduler(settings)
         cache = ClusterCache(kube, settings=settings, backoff=Backoff(base_s=0.01, cap_s=0.01))
         extender = Extender(api=kube, cache=cache, scheduler=scheduler)
-        allocator = DraAllocator(api=kube, state=cache.state, scheduler=scheduler, period_s=0.05)
+        # ungate_refused: the pod that fits nowhere is ungated, so the wait below has an end
+        allocator = DraAllocator(
+            api=kube, state=cache.state, scheduler=scheduler, period_s=0.05, ungate_refused=True
+        )
         app = create_app(extender, dra_allocator=allocator)
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x")
 
