@@ -89,6 +89,15 @@ RULES: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = (
 )
 """(API group, version, resources, operations): the kinds ``core.admitting.admission`` reads."""
 
+NEW_PODS: Mapping[str, Any] = {
+    "apiGroups": [""],
+    "apiVersions": ["v1"],
+    "resources": ["pods"],
+    "operations": ["CREATE"],
+    "scope": "Namespaced",
+}
+"""The rule of the mutating webhooks (steering, DRA mode's): new pods only."""
+
 
 def not_trusted(users: Sequence[str], groups: Sequence[str]) -> dict[str, str] | None:
     """The matchCondition that leaves the trusted identities out; None when there are none.
@@ -340,15 +349,7 @@ def steering_configuration(
     )
     webhook["reinvocationPolicy"] = "Never"
     webhook |= {
-        "rules": [
-            {
-                "apiGroups": [""],
-                "apiVersions": ["v1"],
-                "resources": ["pods"],
-                "operations": ["CREATE"],
-                "scope": "Namespaced",
-            }
-        ],
+        "rules": [dict(NEW_PODS)],
         "matchConditions": [
             {
                 "name": "names-no-scheduler",
@@ -413,15 +414,7 @@ def dra_webhooks(
         webhook |= {
             "sideEffects": "NoneOnDryRun",
             "reinvocationPolicy": "Never",
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "apiVersions": ["v1"],
-                    "resources": ["pods"],
-                    "operations": ["CREATE"],
-                    "scope": "Namespaced",
-                }
-            ],
+            "rules": [dict(NEW_PODS)],
             "matchConditions": conditions,
         }
         out.append(webhook)

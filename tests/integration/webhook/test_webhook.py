@@ -130,6 +130,34 @@ def test_webhook_command_refuses_bad_flags_before_serving(tmp_path: Path) -> Non
     assert unit.exit_code == 2 and "gpuMemoryUnit='1MiB' is not supported" in unit.output
 
 
+def test_webhook_config_with_dra_puts_the_dra_webhooks_before_steering(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    args = ["webhook-config", "--url", "https://h:9443/validate", "--ca-bundle-file", str(ca)]
+    result = CliRunner().invoke(gpushare, [*args, "--dra"])
+    assert result.exit_code == 0, result.output
+    _, mutating = yaml.safe_load_all(result.output)
+    urls = {w["name"]: w["clientConfig"]["url"] for w in mutating["webhooks"]}
+    assert list(urls) == ["dra-namespace.gpushare.io", "dra.gpushare.io", "steer.gpushare.io"]
+    assert urls["dra.gpushare.io"] == "https://h:9443/mutate-dra"
+    assert urls["dra-namespace.gpushare.io"] == "https://h:9443/mutate-dra-namespace"
+    conditions = [c["name"] for c in mutating["webhooks"][1]["matchConditions"]]
+    assert conditions == ["asks-gpushare", "names-no-claims", "demands-dra-nodes"]
+    # everywhere DRA: the second webhook no longer asks the pod to demand DRA nodes
+    every = CliRunner().invoke(
+        gpushare, [*args, "--dra", "--dra-default-mode", "dra", "--no-steer"]
+    )
+    assert every.exit_code == 0, every.output
+    _, mutating = yaml.safe_load_all(every.output)
+    assert [w["name"] for w in mutating["webhooks"]] == [
+        "dra-namespace.gpushare.io",
+        "dra.gpushare.io",
+    ]
+    assert "demands-dra-nodes" not in str(mutating["webhooks"][1]["matchConditions"])
+    wrong = CliRunner().invoke(gpushare, [*args[:2], "https://h:9443/x", *args[3:], "--dra"])
+    assert wrong.exit_code != 0 and "/mutate-dra" in wrong.output
+
+
 def test_webhook_config_renders_url_or_service_with_the_chosen_failure_policy(
     tmp_path: Path,
 ) -> None:
