@@ -89,14 +89,17 @@ RULES: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...] = (
 )
 """(API group, version, resources, operations): the kinds ``core.admitting.admission`` reads."""
 
-NEW_PODS: Mapping[str, Any] = {
-    "apiGroups": [""],
-    "apiVersions": ["v1"],
-    "resources": ["pods"],
-    "operations": ["CREATE"],
-    "scope": "Namespaced",
-}
-"""The rule of the mutating webhooks (steering, DRA mode's): new pods only."""
+
+def new_pods_rule() -> dict[str, Any]:
+    """The rule of the mutating webhooks (steering, DRA mode's): new pods only. A fresh dict
+    each time: a list shared by two webhooks of one document is dumped as a YAML alias."""
+    return {
+        "apiGroups": [""],
+        "apiVersions": ["v1"],
+        "resources": ["pods"],
+        "operations": ["CREATE"],
+        "scope": "Namespaced",
+    }
 
 
 def not_trusted(users: Sequence[str], groups: Sequence[str]) -> dict[str, str] | None:
@@ -349,7 +352,7 @@ def steering_configuration(
     )
     webhook["reinvocationPolicy"] = "Never"
     webhook |= {
-        "rules": [dict(NEW_PODS)],
+        "rules": [new_pods_rule()],
         "matchConditions": [
             {
                 "name": "names-no-scheduler",
@@ -414,7 +417,7 @@ def dra_webhooks(
         webhook |= {
             "sideEffects": "NoneOnDryRun",
             "reinvocationPolicy": "Never",
-            "rules": [dict(NEW_PODS)],
+            "rules": [new_pods_rule()],
             "matchConditions": conditions,
         }
         out.append(webhook)

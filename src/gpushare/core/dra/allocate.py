@@ -468,10 +468,8 @@ def allocate(
         fitting = [f for f in fitting if f[1].inventory.name in kept]
         if not fitting:
             return Held(_grouped(left_out))
-    best: tuple[float, NodeView, Verdict] | None = None
-    for candidate in fitting:
-        if best is None or candidate[0] > best[0]:  # ties: the first given
-            best = candidate
+    # max keeps the first of equal scores: ties go to the first node given
+    best = max(fitting, key=lambda candidate: candidate[0], default=None)
     if best is None:
         return Refused(tuple(reasons) or ("no node in DRA mode publishes gpushare GPUs",))
     _, view, verdict = best
