@@ -212,7 +212,8 @@ class DraAllocator:
             return
         pod = change.pod
         uid = stored_uid_of(pod)
-        if is_gated(pod):
+        # a deleted pod's last state may still carry the gate: it must not come back
+        if is_gated(pod) and not change.deleted:
             self.gated[uid] = pod
             self.wake.set()
         elif self.gated.pop(uid, None) is not None or change.freed:

@@ -388,3 +388,21 @@ def test_a_stale_pod_gets_no_claim_until_its_marks_are_written() -> None:
         task.cancel()
 
     asyncio.run(body())
+
+
+def test_a_gated_pod_deleted_while_it_waits_is_forgotten() -> None:
+    """Its DELETED event's object still carries the gate (an unbound pod is deleted at once)."""
+
+    async def body() -> None:
+        api = DraDouble()
+        _world(api, {"n1": (8,)})
+        allocator = _allocator(api)
+        task = await _synced(allocator)
+        pod = _pod_and_claim(api, "big", 12)
+        _seen(allocator, api, pod)
+        assert (await allocator.round()).refused == ["default/big"]
+        allocator.take(PodTaken(pod, deleted=True))
+        assert not allocator.gated and not allocator._held
+        task.cancel()
+
+    asyncio.run(body())

@@ -89,6 +89,8 @@ class PodTaken:
     freed: bool = False
     """Whether the pod gave back the GPU share it held (deleted, finished, its intent gone
     with it): pods refused just before may fit now."""
+    deleted: bool = False
+    """Whether this was the pod's deletion (the object is its last state, gates and all)."""
 
 
 @dataclass(frozen=True)
@@ -245,7 +247,7 @@ class ClusterState:
         """Take in one pod event (the pod's shape checked already)."""
         uid = uid_of(pod)
         held = bool(self.ledger.nodes_held_by(uid))
-        taken = PodTaken(pod)
+        taken = PodTaken(pod, deleted=event == "DELETED")
         if event == "DELETED":
             self.pending.pop(stored_uid_of(pod), None)
             self.shortfalls.forget(stored_uid_of(pod))
